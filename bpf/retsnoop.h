@@ -1,0 +1,109 @@
+/* Records shared by the BPF side (retsnoop.bpf.c) and user space (retsnoop_otel/records.py).
+ * This header is the only contract between kernel and user space: keep both in sync.
+ * All records start with a u32 type; layouts are naturally aligned, little endian.
+ */
+#ifndef __RETSNOOP_H
+#define __RETSNOOP_H
+
+#define MAX_FSTACK_DEPTH 64	/* traced-function nesting kept per session */
+#define MAX_KSTACK_DEPTH 64	/* kernel stack frames captured at the error point */
+#define TASK_COMM_LEN 16
+#define DUR_BUCKETS 40		/* log2(ns) latency buckets: [2^i, 2^(i+1)) ns, last one open */
+
+enum rec_type {
+	REC_SESSION_START = 1,
+	REC_FUNC_ENTRY = 2,
+	REC_FUNC_EXIT = 3,
+	REC_SESSION_END = 4,
+};
+
+/* func_info.flags */
+#define FUNC_IS_ENTRY 0x1
+#define FUNC_RET_KIND_SHIFT 8	/* ret kind code (retsnoop_otel.model.RET_KIND_CODES) in bits 8..15 */
+
+enum ret_kind {
+	RK_VOID = 0,
+	RK_BOOL = 1,
+	RK_UNSIGNED = 2,
+	RK_INT32 = 3,
+	RK_SIGNED = 4,
+	RK_POINTER = 5,
+	RK_UNKNOWN = 6,
+};
+
+struct func_info {
+	__u64 ip;
+	__u32 flags;
+	__u32 pad;
+};
+
+struct rec_session_start {
+	__u32 type;
+	__u32 tid;
+	__u32 tgid;
+	__u32 cpu;
+	__u64 start_ts;
+	char comm[TASK_COMM_LEN];
+	char proc_comm[TASK_COMM_LEN];
+};
+
+/* REC_FUNC_ENTRY and REC_FUNC_EXIT (lat/res are 0 on entry). */
+struct rec_func_trace {
+	__u32 type;
+	__u32 tid;
+	__u64 ts;
+	__u32 seq;
+	__u16 depth;
+	__u16 func_id;
+	__u64 lat;
+	__s64 res;
+};
+
+struct rec_session_end {
+	__u32 type;
+	__u32 tid;
+	__u32 tgid;
+	__u32 cpu;
+	__u64 start_ts;
+	__u64 end_ts;
+	__u64 cgroup_id;
+	__u32 last_seq;		/* sequence number the next record would have had */
+	__u32 dropped_records;	/* per-call records lost to a full ring buffer */
+	__u8 is_err;
+	__u8 pad[3];
+	__s32 chain_depth;	/* levels in chain_*: 0 = no chain */
+	__s32 chain_top;	/* lowest level whose result is known; levels above are still running */
+	__s32 kstack_sz;	/* bytes of kstack filled, or negative error */
+	char comm[TASK_COMM_LEN];
+	char proc_comm[TASK_COMM_LEN];
+	__u16 chain_ids[MAX_FSTACK_DEPTH];
+	__s64 chain_res[MAX_FSTACK_DEPTH];
+	__u64 chain_lat[MAX_FSTACK_DEPTH];
+	__u64 kstack[MAX_KSTACK_DEPTH];
+};
+
+struct func_stats {
+	__u64 calls;
+	__u64 errors;
+	__u64 dur_sum_ns;
+	__u64 dur_buckets[DUR_BUCKETS];
+};
+
+struct err_key {
+	__u32 func_id;
+	__u32 err;		/* positive errno, 0 = NULL pointer */
+};
+
+struct capture_stats {
+	__u64 dropped_sessions;		/* sessions map full or SESSION_END record lost */
+	__u64 incomplete_sessions;	/* sessions that lost per-call records or had mismatched exits */
+	__u64 dropped_records;		/* per-call records lost to a full ring buffer */
+	__u64 sessions_started;
+	__u64 sessions_reported;
+};
+
+/* Filters (maps tgid_filter / comm_filter values). */
+#define FILTER_ALLOW 1
+#define FILTER_DENY 2
+
+#endif

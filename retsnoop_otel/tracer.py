@@ -1,0 +1,309 @@
+"""Kernel-facing orchestration: configure and load the BPF object, attach, poll, read maps, detach.
+
+This is the only module (with libbpf.py) that touches the kernel; everything it produces is plain
+data from model.py. Attach failures detach whatever was already attached before raising.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import resource
+import struct
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from . import libbpf as lb
+from . import records
+from .model import RET_KIND_CODES, CaptureStats, FuncStats, TracedFunc, error_type
+
+MODES = ("fentry", "kprobe", "kprobe_multi")
+_MODE_PROGRAMS = {
+    "fentry": ("fentry_entry", "fexit_exit"),
+    "kprobe": ("kprobe_entry", "kretprobe_exit"),
+    "kprobe_multi": ("kmulti_entry", "kmulti_exit"),
+}
+
+
+def bpf_object_path() -> Path:
+    path = Path(str(resources.files("retsnoop_otel") / "bpf" / "retsnoop.bpf.o"))
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{path} is missing: the package was installed without its BPF object; reinstall with "
+            "`pip install .` on a machine with clang and libbpf-dev")
+    return path
+
+
+@dataclass(frozen=True)
+class CaptureConfig:
+    """What the kernel side records; becomes the object's read-only data before load."""
+
+    mode: str
+    emit_calls: bool = False
+    capture_success: bool = False
+    min_duration_ns: int = 0
+    pids: Sequence[int] = ()
+    no_pids: Sequence[int] = ()
+    comms: Sequence[str] = ()
+    no_comms: Sequence[str] = ()
+    cgroup_id: int = 0
+    ringbuf_size: int = 8 << 20
+    max_sessions: int = 4096
+
+
+@dataclass
+class AttachReport:
+    attached: list[TracedFunc] = field(default_factory=list)
+    failed: list[tuple[TracedFunc, str]] = field(default_factory=list)
+    attach_ms: float = 0.0
+
+
+class Tracer:
+    """One loaded BPF object with its attachments for one set of functions."""
+
+    def __init__(self, funcs: Sequence[TracedFunc], config: CaptureConfig,
+                 btf_func_id: Callable[[str], int | None] | None = None) -> None:
+        if config.mode not in MODES:
+            raise ValueError(f"unknown attach mode '{config.mode}' (expected one of {', '.join(MODES)})")
+        if not funcs:
+            raise ValueError("no functions to trace")
+        self.funcs = list(funcs)
+        self.config = config
+        self._btf_func_id = btf_func_id
+        self._links: list[lb.Link] = []
+        self._prog_fds: list[int] = []
+        self._rb: lb.RingBuffer | None = None
+        self._obj: lb.BpfObject | None = None
+        self._ncpus = lb.num_possible_cpus()
+
+    # ---- load ----------------------------------------------------------------------------
+
+    def load(self) -> None:
+        _raise_nofile_limit(4 * len(self.funcs) + 1024)
+        obj = lb.BpfObject.open_file(str(bpf_object_path()))
+        self._obj = obj
+        try:
+            self._configure(obj)
+            obj.load()
+            self._fill_maps(obj)
+        except BaseException:
+            self.close()
+            raise
+
+    def _configure(self, obj: lb.BpfObject) -> None:
+        cfg = self.config
+        rodata = obj.map(".rodata")
+        data = bytearray(rodata.initial_value())
+        layout = obj.btf().datasec_vars(".rodata")
+        allow_pids = [p for p in cfg.pids if p not in set(cfg.no_pids)]
+        allow_comms = [c for c in cfg.comms if c not in set(cfg.no_comms)]
+        values = {
+            "emit_calls": struct.pack("<?", cfg.emit_calls),
+            "capture_success": struct.pack("<?", cfg.capture_success),
+            "min_duration_ns": struct.pack("<Q", cfg.min_duration_ns),
+            "tgid_allow_cnt": struct.pack("<I", len(allow_pids)),
+            "comm_allow_cnt": struct.pack("<I", len(allow_comms)),
+            "has_tgid_filter": struct.pack("<?", bool(cfg.pids or cfg.no_pids)),
+            "has_comm_filter": struct.pack("<?", bool(cfg.comms or cfg.no_comms)),
+            "cgroup_id_filter": struct.pack("<Q", cfg.cgroup_id),
+        }
+        for name, raw in values.items():
+            off, size = layout[name]
+            data[off:off + size] = raw
+        rodata.set_initial_value(bytes(data))
+        n = len(self.funcs)
+        obj.map("func_infos").set_max_entries(n)
+        obj.map("func_stats").set_max_entries(n)
+        obj.map("rb").set_max_entries(_ringbuf_size(cfg.ringbuf_size))
+        obj.map("sessions").set_max_entries(cfg.max_sessions)
+        entry_prog, exit_prog = _MODE_PROGRAMS[cfg.mode]
+        for progs in _MODE_PROGRAMS.values():
+            for name in progs:
+                obj.program(name).set_autoload(name in (entry_prog, exit_prog))
+        if cfg.mode == "fentry":
+            # the templates are verified against the first function, then cloned for every function
+            obj.program(entry_prog).set_attach_target(self.funcs[0].name)
+            obj.program(exit_prog).set_attach_target(self.funcs[0].name)
+
+    def _fill_maps(self, obj: lb.BpfObject) -> None:
+        infos = obj.map("func_infos")
+        for f in self.funcs:
+            flags = (records.FUNC_IS_ENTRY if f.is_entry else 0) | (RET_KIND_CODES[f.ret] << 8)
+            infos.update(struct.pack("<I", f.id), records.FUNC_INFO.pack(f.addr, flags, 0))
+        pids = obj.map("tgid_filter")
+        for pid in self.config.pids:
+            pids.update(struct.pack("<I", pid), bytes([1]))
+        for pid in self.config.no_pids:
+            pids.update(struct.pack("<I", pid), bytes([2]))  # deny entries written last: they win
+        comms = obj.map("comm_filter")
+        for comm in self.config.comms:
+            comms.update(_comm_key(comm), bytes([1]))
+        for comm in self.config.no_comms:
+            comms.update(_comm_key(comm), bytes([2]))
+
+    # ---- attach --------------------------------------------------------------------------
+
+    def attach(self, on_error: Callable[[TracedFunc, str], None] | None = None,
+               strict: bool = False) -> AttachReport:
+        """Attach exit probes before entry probes so no session starts without its exit probe.
+
+        A function that cannot be attached is reported and skipped, unless `strict`; if nothing
+        could be attached at all, everything is detached and the error raised.
+        """
+        assert self._obj is not None, "load() first"
+        report = AttachReport()
+        t0 = time.monotonic()
+        try:
+            if self.config.mode == "kprobe_multi":
+                self._attach_multi(report)
+            else:
+                for f in self.funcs:
+                    try:
+                        self._attach_one(f)
+                        report.attached.append(f)
+                    except lb.LibbpfError as exc:
+                        if strict:
+                            raise
+                        report.failed.append((f, str(exc)))
+                        if on_error:
+                            on_error(f, str(exc))
+            if not report.attached:
+                reason = report.failed[0][1] if report.failed else "no functions"
+                raise lb.LibbpfError(f"could not attach any function ({reason.splitlines()[0]})",
+                                     errno.EINVAL)
+        except BaseException:
+            self.detach()
+            raise
+        report.attach_ms = (time.monotonic() - t0) * 1000
+        return report
+
+    def _attach_one(self, f: TracedFunc) -> None:
+        assert self._obj is not None
+        entry_name, exit_name = _MODE_PROGRAMS[self.config.mode]
+        entry, exit_ = self._obj.program(entry_name), self._obj.program(exit_name)
+        if self.config.mode == "kprobe":
+            self._links.append(exit_.attach_kprobe(f.name, retprobe=True, cookie=f.id))
+            self._links.append(entry.attach_kprobe(f.name, cookie=f.id))
+            return
+        btf_id = self._btf_func_id(f.name) if self._btf_func_id else None
+        if btf_id is None:
+            raise lb.LibbpfError(f"fentry needs BTF for {f.name} (module functions and functions without BTF "
+                                 "are not supported in fentry mode; use -K)", errno.EOPNOTSUPP)
+        fds = []
+        for prog, attach_type, tag in ((exit_, lb.ATTACH_TRACE_FEXIT, "rs_fexit"),
+                                       (entry, lb.ATTACH_TRACE_FENTRY, "rs_fentry")):
+            fd = lb.clone_program(prog, attach_btf_id=btf_id, attach_type=attach_type, name=tag)
+            self._prog_fds.append(fd)
+            fds.append((fd, attach_type, tag))
+        for fd, attach_type, tag in fds:
+            self._links.append(lb.link_create(fd, attach_type, cookie=f.id, what=f"{tag} to {f.name}"))
+
+    def _attach_multi(self, report: AttachReport) -> None:
+        assert self._obj is not None
+        entry = self._obj.program("kmulti_entry")
+        exit_ = self._obj.program("kmulti_exit")
+        addrs = [f.addr for f in self.funcs]
+        cookies = [f.id for f in self.funcs]
+        try:
+            self._links.append(exit_.attach_kprobe_multi(addrs=addrs, cookies=cookies, retprobe=True))
+            self._links.append(entry.attach_kprobe_multi(addrs=addrs, cookies=cookies))
+        except lb.LibbpfError:
+            # addresses are strict about notrace functions; names go through the kernel's own lookup
+            self.detach_links()
+            names = [f.name for f in self.funcs]
+            self._links.append(exit_.attach_kprobe_multi(syms=names, cookies=cookies, retprobe=True))
+            self._links.append(entry.attach_kprobe_multi(syms=names, cookies=cookies))
+        report.attached.extend(self.funcs)
+
+    # ---- capture -------------------------------------------------------------------------
+
+    def open_ring_buffer(self, on_record: Callable[[records.Record], None]) -> None:
+        assert self._obj is not None
+
+        def on_raw(data: bytes) -> None:
+            on_record(records.decode(data))
+
+        self._rb = lb.RingBuffer(self._obj.map("rb").fd, on_raw)
+
+    def poll(self, timeout_ms: int) -> int:
+        assert self._rb is not None
+        return self._rb.poll(timeout_ms)
+
+    def func_stats(self) -> list[FuncStats]:
+        """Aggregates summed over CPUs, read at call time (scrape time for Prometheus)."""
+        assert self._obj is not None
+        stats_map = self._obj.map("func_stats")
+        vsize = records.FUNC_STATS.size * self._ncpus
+        errors: dict[int, dict[str, int]] = {}
+        err_map = self._obj.map("err_stats")
+        for key in list(err_map.keys()):
+            raw = err_map.lookup(key, 8 * self._ncpus)
+            if raw is None:
+                continue
+            fid, err = records.ERR_KEY.unpack(key)
+            count = sum(struct.unpack(f"<{self._ncpus}Q", raw))
+            func = self.funcs[fid] if fid < len(self.funcs) else None
+            if func is None:
+                continue
+            name = "NULL" if err == 0 else error_type((1 << 64) - err, func.ret) or f"E{err}"
+            errors.setdefault(fid, {})[name] = errors.get(fid, {}).get(name, 0) + count
+        out = []
+        for f in self.funcs:
+            raw = stats_map.lookup(struct.pack("<I", f.id), vsize)
+            if raw is None:
+                continue
+            calls, _errs, dur, buckets = records.decode_func_stats(raw, self._ncpus)
+            out.append(FuncStats(f.id, calls, errors.get(f.id, {}), tuple(buckets), dur))
+        return out
+
+    def capture_stats(self) -> CaptureStats:
+        assert self._obj is not None
+        size = records.CAPTURE_STATS.size * self._ncpus
+        raw = self._obj.map("cap_stats").lookup(struct.pack("<I", 0), size)
+        return records.decode_capture_stats(raw or b"", self._ncpus) if raw else CaptureStats()
+
+    # ---- teardown ------------------------------------------------------------------------
+
+    def detach_links(self) -> None:
+        links, self._links = self._links, []
+        for link in reversed(links):  # entries first (attached last), then exits
+            link.destroy()
+
+    def detach(self) -> None:
+        self.detach_links()
+        fds, self._prog_fds = self._prog_fds, []
+        for fd in fds:
+            os.close(fd)
+
+    def close(self) -> None:
+        self.detach()
+        if self._rb is not None:
+            self._rb.free()
+            self._rb = None
+        if self._obj is not None:
+            self._obj.close()
+            self._obj = None
+
+
+def _comm_key(comm: str) -> bytes:
+    return comm.encode()[:15].ljust(16, b"\0")
+
+
+def _ringbuf_size(size: int) -> int:
+    """Ring buffers must be a power-of-two number of pages."""
+    page = 4096
+    n = max(page, size)
+    return 1 << (n - 1).bit_length()
+
+
+def _raise_nofile_limit(need: int) -> None:
+    """Each fentry/fexit attachment holds two fds (program and link)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < need:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(max(need, soft), hard), hard))
+        except (ValueError, OSError):
+            pass
