@@ -25,6 +25,7 @@ const volatile __u32 comm_allow_cnt = 0;
 const volatile bool has_tgid_filter = false;
 const volatile bool has_comm_filter = false;
 const volatile __u64 cgroup_id_filter = 0;
+const volatile __u32 max_depth = MAX_FSTACK_DEPTH;	/* nesting recorded per session (<= 64) */
 
 struct session {
 	__u64 start_ts;
@@ -139,6 +140,15 @@ static __always_inline void exit_guard(void)
 
 	if (r)
 		*r = 0;
+}
+
+static __always_inline __u32 lvl(int d)
+{
+	/* mask after an opaque copy so the compiler cannot drop it: the verifier needs the bound */
+	__u32 i = d;
+
+	asm volatile("" : "+r"(i));
+	return i & (MAX_FSTACK_DEPTH - 1);
 }
 
 static __always_inline __u32 session_key(__u32 tid)
@@ -307,10 +317,10 @@ static __always_inline void handle_entry(void *ctx, __u32 func_id)
 	}
 	d = s->depth;
 	s->depth = d + 1;
-	if (d < 0 || d >= MAX_FSTACK_DEPTH)
+	if (d < 0 || d >= max_depth || d >= MAX_FSTACK_DEPTH)
 		return;	/* too deep: tracked by depth only, never recorded */
-	s->func_ids[d & (MAX_FSTACK_DEPTH - 1)] = func_id;
-	s->func_ts[d & (MAX_FSTACK_DEPTH - 1)] = now;
+	s->func_ids[lvl(d)] = func_id;
+	s->func_ts[lvl(d)] = now;
 	if (emit_calls && !s->defunct)
 		emit_trace(s, REC_FUNC_ENTRY, tid, now, d, func_id, 0, 0);
 }
@@ -367,8 +377,8 @@ static __always_inline void take_chain(void *ctx, struct session *s, int d)
 static __always_inline void fill_level(struct session *s, int d, __s64 res, __u64 lat)
 {
 	s->chain_top = d;
-	s->chain_res[d & (MAX_FSTACK_DEPTH - 1)] = res;
-	s->chain_lat[d & (MAX_FSTACK_DEPTH - 1)] = lat;
+	s->chain_res[lvl(d)] = res;
+	s->chain_lat[lvl(d)] = lat;
 }
 
 static __always_inline void end_session(struct session *s, __u32 key, __u64 now)
@@ -430,11 +440,11 @@ static __always_inline void handle_exit(void *ctx, __u32 func_id, __s64 res)
 		return;
 	now = bpf_ktime_get_boot_ns();
 	d = s->depth - 1;
-	if (d >= MAX_FSTACK_DEPTH) {
+	if (d >= max_depth || d >= MAX_FSTACK_DEPTH) {
 		s->depth = d;
 		return;
 	}
-	if (d < 0 || s->func_ids[d & (MAX_FSTACK_DEPTH - 1)] != func_id) {
+	if (d < 0 || s->func_ids[lvl(d)] != func_id) {
 		/* an exit without its entry (attach raced with a running call): the session is unusable */
 		cs = cstats();
 		if (cs)
@@ -443,7 +453,7 @@ static __always_inline void handle_exit(void *ctx, __u32 func_id, __s64 res)
 		return;
 	}
 	s->depth = d;
-	lat = now - s->func_ts[d & (MAX_FSTACK_DEPTH - 1)];
+	lat = now - s->func_ts[lvl(d)];
 	failed = is_failure(res, fi->flags);
 	count_call(func_id, lat, failed, failed ? errno_of(res, fi->flags) : 0);
 

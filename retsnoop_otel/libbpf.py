@@ -58,7 +58,7 @@ class LibbpfError(OSError):
         self.log = [line.rstrip() for line in log if line.strip()]
         msg = f"{what}: {os.strerror(err)} (errno {err})"
         if self.log:
-            msg += "\n  libbpf: " + "\n  libbpf: ".join(self.log[-8:])
+            msg += "\n  " + "\n  ".join(self.log[-8:])
         super().__init__(err, msg)
 
     def __str__(self) -> str:
@@ -85,6 +85,11 @@ class _KprobeMultiOpts(ctypes.Structure):
     _fields_ = [("sz", ctypes.c_size_t), ("syms", ctypes.POINTER(ctypes.c_char_p)),
                 ("addrs", ctypes.POINTER(ctypes.c_ulong)), ("cookies", ctypes.POINTER(ctypes.c_uint64)),
                 ("cnt", ctypes.c_size_t), ("retprobe", ctypes.c_bool)]
+
+
+class _UprobeOpts(ctypes.Structure):
+    _fields_ = [("sz", ctypes.c_size_t), ("ref_ctr_offset", ctypes.c_size_t), ("bpf_cookie", ctypes.c_uint64),
+                ("retprobe", ctypes.c_bool), ("func_name", ctypes.c_char_p)]
 
 
 class _TraceOpts(ctypes.Structure):
@@ -159,6 +164,9 @@ _SIGNATURES: dict[str, tuple[object, list[object]]] = {
                                         [ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(_KprobeOpts)]),
     "bpf_program__attach_kprobe_multi_opts": (
         ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(_KprobeMultiOpts)]),
+    "bpf_program__attach_uprobe_opts": (
+        ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t,
+                          ctypes.POINTER(_UprobeOpts)]),
     "bpf_program__attach_raw_tracepoint": (ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p]),
     "bpf_link__destroy": (ctypes.c_int, [ctypes.c_void_p]),
     "bpf_link__fd": (ctypes.c_int, [ctypes.c_void_p]),
@@ -219,7 +227,7 @@ class _Libbpf:
         self.lib.libbpf_set_print(self._print_cb)
 
     def _on_print(self, level: int, fmt: bytes, args: int) -> int:
-        buf = ctypes.create_string_buffer(1024)
+        buf = ctypes.create_string_buffer(256 * 1024)  # verifier logs arrive as one message
         self._vsnprintf(buf, len(buf), fmt, args)
         text = buf.value.decode(errors="replace").rstrip("\n")
         self.log.append(text)
@@ -433,6 +441,14 @@ class BpfProgram:
         ptr = lib().lib.bpf_program__attach_kprobe_multi_opts(self._ptr, None, ctypes.byref(opts))
         kind = "kretprobe.multi" if retprobe else "kprobe.multi"
         return Link(_check_ptr(ptr, f"attach {kind} to {n} functions"))
+
+    def attach_uprobe(self, binary: str, func: str, retprobe: bool = False, cookie: int = 0,
+                      pid: int = -1) -> Link:
+        """Uprobes run the same kprobe-type programs; the host allows them where kprobes are off."""
+        opts = _UprobeOpts(ctypes.sizeof(_UprobeOpts), 0, cookie, retprobe, func.encode())
+        ptr = lib().lib.bpf_program__attach_uprobe_opts(self._ptr, pid, binary.encode(), 0, ctypes.byref(opts))
+        kind = "uretprobe" if retprobe else "uprobe"
+        return Link(_check_ptr(ptr, f"attach {kind} to {binary}:{func}"))
 
     def attach_raw_tracepoint(self, name: str) -> Link:
         ptr = lib().lib.bpf_program__attach_raw_tracepoint(self._ptr, name.encode())

@@ -20,11 +20,12 @@ from . import libbpf as lb
 from . import records
 from .model import RET_KIND_CODES, CaptureStats, FuncStats, TracedFunc, error_type
 
-MODES = ("fentry", "kprobe", "kprobe_multi")
+MODES = ("fentry", "kprobe", "kprobe_multi", "uprobe")
 _MODE_PROGRAMS = {
     "fentry": ("fentry_entry", "fexit_exit"),
     "kprobe": ("kprobe_entry", "kretprobe_exit"),
     "kprobe_multi": ("kmulti_entry", "kmulti_exit"),
+    "uprobe": ("kprobe_entry", "kretprobe_exit"),  # user-space functions: drives the logic in host tests
 }
 
 
@@ -52,6 +53,8 @@ class CaptureConfig:
     cgroup_id: int = 0
     ringbuf_size: int = 8 << 20
     max_sessions: int = 4096
+    max_depth: int = 64  # traced-call nesting recorded per session (1..64)
+    uprobe_binary: str = ""  # mode 'uprobe' only: the ELF file whose functions are traced
 
 
 @dataclass
@@ -109,6 +112,7 @@ class Tracer:
             "has_tgid_filter": struct.pack("<?", bool(cfg.pids or cfg.no_pids)),
             "has_comm_filter": struct.pack("<?", bool(cfg.comms or cfg.no_comms)),
             "cgroup_id_filter": struct.pack("<Q", cfg.cgroup_id),
+            "max_depth": struct.pack("<I", min(max(cfg.max_depth, 1), records.MAX_FSTACK_DEPTH)),
         }
         for name, raw in values.items():
             off, size = layout[name]
@@ -120,7 +124,7 @@ class Tracer:
         obj.map("rb").set_max_entries(_ringbuf_size(cfg.ringbuf_size))
         obj.map("sessions").set_max_entries(cfg.max_sessions)
         entry_prog, exit_prog = _MODE_PROGRAMS[cfg.mode]
-        for progs in _MODE_PROGRAMS.values():
+        for progs in set(_MODE_PROGRAMS.values()):
             for name in progs:
                 obj.program(name).set_autoload(name in (entry_prog, exit_prog))
         if cfg.mode == "fentry":
@@ -187,6 +191,11 @@ class Tracer:
         if self.config.mode == "kprobe":
             self._links.append(exit_.attach_kprobe(f.name, retprobe=True, cookie=f.id))
             self._links.append(entry.attach_kprobe(f.name, cookie=f.id))
+            return
+        if self.config.mode == "uprobe":
+            binary = self.config.uprobe_binary
+            self._links.append(exit_.attach_uprobe(binary, f.name, retprobe=True, cookie=f.id))
+            self._links.append(entry.attach_uprobe(binary, f.name, cookie=f.id))
             return
         btf_id = self._btf_func_id(f.name) if self._btf_func_id else None
         if btf_id is None:

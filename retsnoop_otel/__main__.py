@@ -1,0 +1,7 @@
+"""`python -m retsnoop_otel`."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

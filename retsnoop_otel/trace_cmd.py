@@ -1,0 +1,317 @@
+"""`retsnoop-otel trace`: discovery -> load -> attach -> poll -> sinks -> detach."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from . import __version__
+from . import libbpf as lb
+from .errfilter import ErrorFilter
+from .model import Session, TracedFunc
+
+
+class UsageError(Exception):
+    """Bad input: one clear sentence for the user, exit code 2."""
+
+
+class SetupError(Exception):
+    """The environment cannot run the trace (privileges, kernel features): exit code 1."""
+
+
+@dataclass
+class TraceOptions:
+    entry: list[str]
+    allow: list[str]
+    deny: list[str]
+    mode: str | None
+    calls: bool
+    call_stack: bool
+    success: bool
+    json: bool
+    dry_run: bool
+    verbose: int
+    errors: ErrorFilter
+    pids: list[int]
+    no_pids: list[int]
+    comms: list[str]
+    no_comms: list[str]
+    min_duration_ns: int
+    cgroup: str | None
+    otlp_endpoint: str | None
+    otlp_protocol: str | None
+    export_addresses: bool
+    metrics_port: int | None
+    metrics_addr: str
+    probe_set: str
+    kernel: str | None
+    symbolize: int | None
+    ringbuf_size: int = 8 << 20
+    sessions_size: int = 4096
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def otlp_enabled(self) -> bool:
+        return bool(self.otlp_endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+                    or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+
+
+def parse_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> TraceOptions | None:
+    args = parser.parse_args(list(argv))
+    if args.version:
+        print(f"retsnoop-otel v{__version__}")
+        if args.verbose:
+            from . import features
+            print(features.format_features(features.detect()))
+        return None
+    if not args.entry:
+        parser.error("at least one entry glob is needed: -e GLOB (for example -e '*sys_bpf')")
+    if args.success_stacks and args.allow_errors:
+        parser.error("-S (success sessions) conflicts with -x (only sessions with given errors)")
+    try:
+        errors = ErrorFilter.parse(args.allow_errors, args.deny_errors)
+    except ValueError as exc:
+        parser.error(str(exc))
+    cfg = {}
+    for item in args.config:
+        key, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"-C expects KEY=VALUE, got '{item}'")
+        cfg[key.strip()] = value.strip()
+    ringbuf_size = _int_cfg(parser, cfg, "bpf.ringbuf-size", 8 << 20)
+    sessions_size = _int_cfg(parser, cfg, "bpf.sessions-size", 4096)
+    unknown = set(cfg) - {"bpf.ringbuf-size", "bpf.sessions-size"}
+    if unknown:
+        parser.error(f"unknown -C key '{sorted(unknown)[0]}' (known: bpf.ringbuf-size, bpf.sessions-size)")
+    if args.metrics_port is not None and not 0 < args.metrics_port < 65536:
+        parser.error(f"--metrics-port {args.metrics_port} is not a TCP port (1..65535)")
+    return TraceOptions(
+        entry=args.entry, allow=args.allow, deny=args.deny, mode=args.mode, calls=args.calls,
+        call_stack=args.call_stack or not args.calls, success=args.success_stacks or (args.calls and
+                                                                                        not args.allow_errors),
+        json=args.json, dry_run=args.dry_run, verbose=args.verbose, errors=errors, pids=args.pid,
+        no_pids=args.no_pid, comms=args.comm, no_comms=args.no_comm, min_duration_ns=args.longer,
+        cgroup=args.cgroup, otlp_endpoint=args.otlp_endpoint, otlp_protocol=args.otlp_protocol,
+        export_addresses=args.export_addresses, metrics_port=args.metrics_port,
+        metrics_addr=args.metrics_addr, probe_set=args.probe_set, kernel=args.kernel,
+        symbolize=args.symbolize, ringbuf_size=ringbuf_size, sessions_size=sessions_size)
+
+
+def _int_cfg(parser: argparse.ArgumentParser, cfg: dict[str, str], key: str, default: int) -> int:
+    if key not in cfg:
+        return default
+    try:
+        value = int(cfg[key], 0)
+    except ValueError:
+        parser.error(f"-C {key} expects an integer, got '{cfg[key]}'")
+    if value <= 0:
+        parser.error(f"-C {key} must be positive")
+    return value
+
+
+def run_trace(parser: argparse.ArgumentParser, argv: Sequence[str], out: TextIO = sys.stdout,
+              err: TextIO = sys.stderr) -> int:
+    opts = parse_options(parser, argv)
+    if opts is None:
+        return 0
+    try:
+        return _run(opts, out, err)
+    except (UsageError,) as exc:
+        print(f"retsnoop-otel: {exc}", file=err)
+        return 2
+    except (SetupError, lb.LibbpfError, lb.LibbpfUnavailable) as exc:
+        print(f"retsnoop-otel: {exc}", file=err)
+        return 1
+
+
+def _log(opts: TraceOptions, level: int, msg: str, err: TextIO) -> None:
+    if opts.verbose >= level:
+        print(msg, file=err, flush=True)
+
+
+def _check_privileges() -> None:
+    from .caps import effective_caps
+    caps = effective_caps()
+    if os.geteuid() != 0 and not {"CAP_BPF", "CAP_PERFMON"} <= caps and "CAP_SYS_ADMIN" not in caps:
+        raise SetupError("tracing kernel functions needs root or the CAP_BPF and CAP_PERFMON capabilities: "
+                         "run it with sudo")
+
+
+def _run(opts: TraceOptions, out: TextIO, err: TextIO) -> int:
+    from . import discovery, features, tracefs
+    from .btf import ReturnKinds
+    from .kallsyms import Kallsyms, KallsymsError
+
+    _check_privileges()
+    feats = features.detect()
+    mode = opts.mode or features.choose_mode(feats)
+    try:
+        features.require_tracing(feats, mode)
+    except features.FeatureError as exc:
+        raise SetupError(str(exc)) from None
+    _log(opts, 1, f"Using attach mode {mode}" + ("" if opts.mode else " (auto-detected)"), err)
+
+    try:
+        ksyms = Kallsyms.load()
+    except KallsymsError as exc:
+        raise SetupError(str(exc)) from None
+    try:
+        available = tracefs.read_available_filter_functions()
+    except tracefs.TracefsError as exc:
+        raise SetupError(str(exc)) from None
+    btf = lb.Btf.load_vmlinux()
+    ret_kinds = ReturnKinds(btf)
+    try:
+        disc = discovery.discover(opts.entry, opts.allow, opts.deny, ksyms, available, ret_kinds, mode)
+    except discovery.DiscoveryError as exc:
+        raise UsageError(str(exc)) from None
+    if opts.dry_run or opts.verbose:
+        print(discovery.format_dry_run(disc, opts.verbose), file=err if not opts.dry_run else out, flush=True)
+    if opts.dry_run:
+        return 0
+    funcs = {f.id: f for f in disc.funcs}
+    symbolizer = _symbolizer(ksyms)
+
+    from .tracer import CaptureConfig, Tracer
+    cgroup_id = _cgroup_id(opts.cgroup) if opts.cgroup else 0
+    cfg = CaptureConfig(mode=mode, emit_calls=opts.calls or opts.otlp_enabled, capture_success=opts.success,
+                        min_duration_ns=opts.min_duration_ns, pids=opts.pids, no_pids=opts.no_pids,
+                        comms=opts.comms, no_comms=opts.no_comms, cgroup_id=cgroup_id,
+                        ringbuf_size=opts.ringbuf_size, max_sessions=opts.sessions_size)
+    tracer = Tracer(disc.funcs, cfg, btf_func_id=ret_kinds.func_id)
+    sinks = _Sinks(opts, funcs, symbolizer, out, err)
+    stop = _install_stop_handlers()
+    try:
+        tracer.load()
+        report = tracer.attach(on_error=lambda f, e: _log(opts, 1, f"Failed to attach {f.name}: {e}", err))
+        _log(opts, 1, f"Successfully attached {len(report.attached)} functions in {report.attach_ms:.0f} ms.",
+             err)
+        sinks.start(tracer)
+        print("Receiving data...", file=out, flush=True)
+        from .sessions import SessionAssembler
+        assembler = SessionAssembler()
+
+        def on_record(rec: object) -> None:
+            session = assembler.feed(rec)  # type: ignore[arg-type]
+            if session is not None:
+                sinks.emit(session)
+
+        tracer.open_ring_buffer(on_record)
+        while not stop():
+            tracer.poll(100)
+    finally:
+        print("Detaching... ", end="", file=out, flush=True)
+        t0 = time.monotonic()
+        cstats = None
+        try:
+            cstats = tracer.capture_stats() if tracer._obj is not None else None
+        finally:
+            tracer.close()
+            sinks.close()
+        if cstats and (cstats.dropped_sessions or cstats.incomplete_sessions):
+            print(f"DROPPED SESSIONS: {cstats.dropped_sessions}, INCOMPLETE SESSIONS: "
+                  f"{cstats.incomplete_sessions}, LOST RECORDS: {cstats.dropped_records}. ", end="", file=out)
+        print(f"DONE in {(time.monotonic() - t0) * 1000:.0f} ms.", file=out, flush=True)
+    return 0
+
+
+def _symbolizer(ksyms: object) -> object:
+    from .symbolize import KallsymsSymbolizer
+    return KallsymsSymbolizer(ksyms)
+
+
+def _cgroup_id(path: str) -> int:
+    """A cgroup v2 id is the inode number of its directory."""
+    full = path if path.startswith("/sys/fs/cgroup") else os.path.join("/sys/fs/cgroup", path.lstrip("/"))
+    try:
+        return os.stat(full).st_ino
+    except OSError as exc:
+        raise UsageError(f"--cgroup {path}: {exc.strerror} ({full}); give a cgroup v2 path such as "
+                         "/sys/fs/cgroup/system.slice/foo.service") from None
+
+
+def _install_stop_handlers() -> Callable[[], bool]:
+    stopped = {"flag": False}
+
+    def handler(_sig: int, _frame: object) -> None:
+        stopped["flag"] = True
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    return lambda: stopped["flag"]
+
+
+class _Sinks:
+    """Text/JSON output, OTLP export and the metrics endpoint for one trace run."""
+
+    def __init__(self, opts: TraceOptions, funcs: dict[int, TracedFunc], symbolizer: object, out: TextIO,
+                 err: TextIO) -> None:
+        self.opts = opts
+        self.funcs = funcs
+        self.symbolizer = symbolizer
+        self.out = out
+        self.err = err
+        self.otlp = None
+        self.metrics_server = None
+        self.resource = None
+        from .clock import measure_boot_to_wall_offset
+        self.offset_ns = measure_boot_to_wall_offset()
+
+    def start(self, tracer: object) -> None:
+        if self.opts.otlp_enabled:
+            from .otlp import OtlpTraceSink
+            from .resource import build_resource
+            self.resource = build_resource()
+            self.otlp = OtlpTraceSink(endpoint=self.opts.otlp_endpoint, protocol=self.opts.otlp_protocol)
+        if self.opts.metrics_port is not None:
+            from .metrics import MetricsCollector, make_registry, serve_metrics
+            collector = MetricsCollector(
+                probe_set=self.opts.probe_set, funcs=self.funcs,
+                func_stats=tracer.func_stats,  # type: ignore[attr-defined]
+                capture_stats=tracer.capture_stats,  # type: ignore[attr-defined]
+                export_stats=(lambda: self.otlp.stats()) if self.otlp else None)
+            self.metrics_server = serve_metrics(self.opts.metrics_port, make_registry(collector),
+                                                addr=self.opts.metrics_addr)
+
+    def emit(self, session: Session) -> None:
+        if not self.opts.errors.accepts(session, self.funcs):
+            return
+        if self.opts.json:
+            self.out.write(json.dumps(_session_json(session, self.funcs, self.offset_ns)) + "\n")
+        else:
+            from .render import render_stack
+            self.out.write(render_stack(session, self.funcs, self.symbolizer, self.offset_ns))
+        self.out.flush()
+        if self.otlp is not None:
+            from .otlp import session_to_spans
+            spans = session_to_spans(session, self.funcs, self.offset_ns, self.resource,
+                                     symbolize=self.symbolizer.describe,  # type: ignore[attr-defined]
+                                     export_addresses=self.opts.export_addresses)
+            self.otlp.submit(spans)
+
+    def close(self) -> None:
+        if self.otlp is not None:
+            self.otlp.shutdown(timeout=5.0)
+        if self.metrics_server is not None:
+            server = self.metrics_server[0]
+            server.shutdown()
+
+
+def _session_json(session: Session, funcs: dict[int, TracedFunc], offset_ns: int) -> dict[str, object]:
+    from .model import error_type, format_result
+    chain = []
+    for e in session.chain:
+        f = funcs[e.func_id]
+        chain.append({"function": f.name, "latency_ns": e.latency_ns,
+                      "result": format_result(e.result if e.latency_ns is not None else None, f.ret),
+                      "error": error_type(e.result, f.ret) if e.latency_ns is not None else None})
+    return {"tid": session.tid, "pid": session.pid, "comm": session.comm, "proc_comm": session.proc_comm,
+            "start_ns": session.start_ns + offset_ns, "end_ns": session.end_ns + offset_ns,
+            "is_err": session.is_err, "chain": chain, "dropped_records": session.dropped_records}

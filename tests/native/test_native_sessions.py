@@ -1,0 +1,167 @@
+"""The real BPF session logic, loaded into the host kernel and driven through uprobes.
+
+Kernel functions cannot be traced on the development host (see VM.md), but uprobes run the same
+kprobe-type programs; attaching them to tests/native/simkern.c checks sessions, error chains,
+per-call records and in-kernel aggregates natively and fast. Kernel attach modes run in tests/vm.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from retsnoop_otel import libbpf as lb
+from retsnoop_otel.model import RetKind, TracedFunc, format_result
+from retsnoop_otel.sessions import SessionAssembler
+from retsnoop_otel.tracer import CaptureConfig, Tracer
+
+HERE = Path(__file__).parent
+FUNCS = [
+    ("sk_syscall", RetKind.SIGNED, True),
+    ("sk_create", RetKind.SIGNED, False),
+    ("sk_check", RetKind.INT32, False),
+    ("sk_alloc", RetKind.POINTER, False),
+    ("sk_log", RetKind.VOID, False),
+    ("sk_flag", RetKind.BOOL, False),
+    ("sk_recurse", RetKind.INT32, True),
+]
+
+
+@pytest.fixture(scope="module")
+def simkern(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, ctypes.CDLL]:
+    out = tmp_path_factory.mktemp("simkern") / "libsimkern.so"
+    subprocess.run(["gcc", "-O1", "-shared", "-fPIC", "-o", str(out), str(HERE / "simkern.c")], check=True)
+    return str(out), ctypes.CDLL(str(out))
+
+
+def _funcs() -> list[TracedFunc]:
+    return [TracedFunc(i, name, 0, kind, entry) for i, (name, kind, entry) in enumerate(FUNCS)]
+
+
+def _capture(simkern: tuple[str, ctypes.CDLL], calls: list[tuple[str, int]], **cfg: object):
+    path, lib = simkern
+    funcs = _funcs()
+    config = CaptureConfig(mode="uprobe", uprobe_binary=path, pids=[os.getpid()], **cfg)  # type: ignore[arg-type]
+    tracer = Tracer(funcs, config)
+    sessions = []
+    assembler = SessionAssembler()
+    try:
+        tracer.load()
+        tracer.attach(strict=True)
+        tracer.open_ring_buffer(lambda rec: (s := assembler.feed(rec)) and sessions.append(s))
+        for fn, arg in calls:
+            getattr(lib, fn)(arg)
+        while tracer.poll(50):
+            pass
+        stats = {f.func_id: f for f in tracer.func_stats()}
+        cstats = tracer.capture_stats()
+    finally:
+        tracer.close()
+    return funcs, sessions, stats, cstats
+
+
+def _chain(funcs: list[TracedFunc], session) -> list[tuple[str, str]]:
+    return [(funcs[e.func_id].name, format_result(e.result if e.latency_ns is not None else None,
+                                                  funcs[e.func_id].ret)) for e in session.chain]
+
+
+def test_error_chain_passes_over_void_call(simkern):
+    funcs, sessions, stats, cstats = _capture(simkern, [("sk_syscall", 0)])
+    assert len(sessions) == 1
+    s = sessions[0]
+    assert s.is_err and s.pid == os.getpid()
+    # sk_log (void) ran between sk_check's error and sk_create's return: the chain survives it
+    assert _chain(funcs, s) == [("sk_syscall", "-EINVAL"), ("sk_create", "-EINVAL"), ("sk_check", "-EINVAL")]
+    assert all(e.latency_ns and e.latency_ns > 0 for e in s.chain)
+    assert s.chain[0].latency_ns >= s.chain[1].latency_ns >= s.chain[2].latency_ns
+    assert stats[2].calls == 1 and stats[2].errors == {"EINVAL": 1}
+    assert stats[4].calls == 2 and not stats[4].errors  # void never fails
+    assert cstats.sessions_started == 1 and cstats.sessions_reported == 1
+
+
+def test_null_pointer_becomes_enomem(simkern):
+    funcs, sessions, stats, _ = _capture(simkern, [("sk_syscall", 500)])
+    assert [_chain(funcs, s) for s in sessions] == [
+        [("sk_syscall", "-ENOMEM"), ("sk_create", "-ENOMEM"), ("sk_alloc", "NULL")]]
+    assert stats[3].errors == {"NULL": 1}
+
+
+def test_success_sessions_only_with_S(simkern):
+    _, sessions, stats, cstats = _capture(simkern, [("sk_syscall", 5)])
+    assert sessions == []
+    assert cstats.sessions_started == 1 and cstats.sessions_reported == 0
+    assert stats[0].calls == 1 and stats[0].errors == {}
+    funcs, sessions, _, _ = _capture(simkern, [("sk_syscall", 5)], capture_success=True)
+    assert len(sessions) == 1 and not sessions[0].is_err
+    # the deepest chain seen in a successful session
+    assert _chain(funcs, sessions[0])[0] == ("sk_syscall", "3")
+    assert len(sessions[0].chain) == 3
+
+
+def test_call_records_build_the_call_tree(simkern):
+    funcs, sessions, _, _ = _capture(simkern, [("sk_syscall", 5)], emit_calls=True, capture_success=True)
+    (s,) = sessions
+    (root,) = s.calls
+    assert funcs[root.func_id].name == "sk_syscall" and root.result == 3
+    names = [funcs[c.func_id].name for c in root.children]
+    assert names == ["sk_create", "sk_log"]
+    create = root.children[0]
+    assert [funcs[c.func_id].name for c in create.children] == ["sk_check", "sk_alloc", "sk_flag"]
+    for call in (root, *root.children, *create.children):
+        assert call.end_ns is not None and call.end_ns >= call.start_ns
+        assert sum(c.duration_ns for c in call.children) <= call.duration_ns
+    assert s.dropped_records == 0
+
+
+def test_calls_outside_sessions_are_ignored(simkern):
+    _, sessions, stats, cstats = _capture(simkern, [("sk_check", 0), ("sk_alloc", 500)], emit_calls=True)
+    assert sessions == [] and cstats.sessions_started == 0
+    assert 2 not in stats or stats[2].calls == 0
+
+
+def test_depth_beyond_limit_does_not_corrupt(simkern):
+    # uretprobes stop at 64 nested returns, so the session depth limit is lowered to show the logic
+    funcs, sessions, _, cstats = _capture(simkern, [("sk_recurse", 40), ("sk_syscall", 0)], max_depth=16)
+    names = [[funcs[e.func_id].name for e in s.chain] for s in sessions]
+    assert names == [["sk_recurse"] * 16, ["sk_syscall", "sk_create", "sk_check"]]
+    deep = sessions[0]
+    # levels past the limit are not recorded; the recorded levels still get their results and latencies
+    assert all(e.latency_ns is not None for e in deep.chain)
+    assert format_result(deep.chain[0].result, RetKind.INT32) == "-E2BIG"
+    assert cstats.incomplete_sessions == 0
+
+
+def test_ring_buffer_overflow_is_counted(simkern):
+    funcs, sessions, _, cstats = _capture(simkern, [("sk_syscall", 5)] * 400, emit_calls=True,
+                                          capture_success=True, ringbuf_size=4096)
+    assert cstats.dropped_records > 0 or cstats.dropped_sessions > 0
+    assert len(sessions) < 400
+
+
+def test_pid_filter_excludes_other_processes(simkern):
+    path, lib = simkern
+    funcs = _funcs()
+    tracer = Tracer(funcs, CaptureConfig(mode="uprobe", uprobe_binary=path, pids=[os.getpid() + 100000]))
+    try:
+        tracer.load()
+        tracer.attach(strict=True)
+        lib.sk_syscall(0)
+        assert tracer.capture_stats().sessions_started == 0
+    finally:
+        tracer.close()
+
+
+def test_attach_failure_leaves_nothing_attached(simkern):
+    path, _ = simkern
+    funcs = [TracedFunc(0, "sk_syscall", 0, RetKind.SIGNED, True),
+             TracedFunc(1, "no_such_function_xyz", 0, RetKind.INT32, False)]
+    tracer = Tracer(funcs, CaptureConfig(mode="uprobe", uprobe_binary=path))
+    tracer.load()
+    with pytest.raises(lb.LibbpfError):
+        tracer.attach(strict=True)
+    assert tracer._links == []
+    tracer.close()
