@@ -27,6 +27,9 @@ const volatile bool has_comm_filter = false;
 const volatile __u64 cgroup_id_filter = 0;
 const volatile __u32 max_depth = MAX_FSTACK_DEPTH;	/* nesting recorded per session (<= 64) */
 
+/* Set by user space once every probe is attached: no session starts half-instrumented. */
+volatile bool ready = false;
+
 struct session {
 	__u64 start_ts;
 	__u32 tid;
@@ -309,7 +312,7 @@ static __always_inline void handle_entry(void *ctx, __u32 func_id)
 	now = bpf_ktime_get_boot_ns();
 	s = bpf_map_lookup_elem(&sessions, &key);
 	if (!s) {
-		if (!(fi->flags & FUNC_IS_ENTRY))
+		if (!ready || !(fi->flags & FUNC_IS_ENTRY))
 			return;
 		s = start_session(key, tid, pid_tgid >> 32, now);
 		if (!s)

@@ -54,6 +54,7 @@ class CaptureConfig:
     ringbuf_size: int = 8 << 20
     max_sessions: int = 4096
     max_depth: int = 64  # traced-call nesting recorded per session (1..64)
+    exclude_self: bool = True  # our own bpf() calls (map reads at scrape time) are not the user's
     uprobe_binary: str = ""  # mode 'uprobe' only: the ELF file whose functions are traced
 
 
@@ -101,7 +102,8 @@ class Tracer:
         rodata = obj.map(".rodata")
         data = bytearray(rodata.initial_value())
         layout = obj.btf().datasec_vars(".rodata")
-        allow_pids = [p for p in cfg.pids if p not in set(cfg.no_pids)]
+        no_pids = self._no_pids()
+        allow_pids = [p for p in cfg.pids if p not in set(no_pids)]
         allow_comms = [c for c in cfg.comms if c not in set(cfg.no_comms)]
         values = {
             "emit_calls": struct.pack("<?", cfg.emit_calls),
@@ -109,7 +111,7 @@ class Tracer:
             "min_duration_ns": struct.pack("<Q", cfg.min_duration_ns),
             "tgid_allow_cnt": struct.pack("<I", len(allow_pids)),
             "comm_allow_cnt": struct.pack("<I", len(allow_comms)),
-            "has_tgid_filter": struct.pack("<?", bool(cfg.pids or cfg.no_pids)),
+            "has_tgid_filter": struct.pack("<?", bool(cfg.pids or no_pids)),
             "has_comm_filter": struct.pack("<?", bool(cfg.comms or cfg.no_comms)),
             "cgroup_id_filter": struct.pack("<Q", cfg.cgroup_id),
             "max_depth": struct.pack("<I", min(max(cfg.max_depth, 1), records.MAX_FSTACK_DEPTH)),
@@ -132,6 +134,9 @@ class Tracer:
             obj.program(entry_prog).set_attach_target(self.funcs[0].name)
             obj.program(exit_prog).set_attach_target(self.funcs[0].name)
 
+    def _no_pids(self) -> list[int]:
+        return [*self.config.no_pids, *([os.getpid()] if self.config.exclude_self else [])]
+
     def _fill_maps(self, obj: lb.BpfObject) -> None:
         infos = obj.map("func_infos")
         for f in self.funcs:
@@ -140,7 +145,7 @@ class Tracer:
         pids = obj.map("tgid_filter")
         for pid in self.config.pids:
             pids.update(struct.pack("<I", pid), bytes([1]))
-        for pid in self.config.no_pids:
+        for pid in self._no_pids():
             pids.update(struct.pack("<I", pid), bytes([2]))  # deny entries written last: they win
         comms = obj.map("comm_filter")
         for comm in self.config.comms:
@@ -181,8 +186,17 @@ class Tracer:
         except BaseException:
             self.detach()
             raise
+        self._set_ready()
         report.attach_ms = (time.monotonic() - t0) * 1000
         return report
+
+    def _set_ready(self) -> None:
+        assert self._obj is not None
+        bss = self._obj.map(".bss")
+        off, size = self._obj.btf().datasec_vars(".bss")["ready"]
+        value = bytearray(bss.value_size)
+        value[off:off + size] = b"\x01"
+        bss.update(struct.pack("<I", 0), bytes(value))
 
     def _attach_one(self, f: TracedFunc) -> None:
         assert self._obj is not None

@@ -45,7 +45,8 @@ def _funcs() -> list[TracedFunc]:
 def _capture(simkern: tuple[str, ctypes.CDLL], calls: list[tuple[str, int]], **cfg: object):
     path, lib = simkern
     funcs = _funcs()
-    config = CaptureConfig(mode="uprobe", uprobe_binary=path, pids=[os.getpid()], **cfg)  # type: ignore[arg-type]
+    config = CaptureConfig(mode="uprobe", uprobe_binary=path, pids=[os.getpid()], exclude_self=False,
+                           **cfg)  # type: ignore[arg-type]
     tracer = Tracer(funcs, config)
     sessions = []
     assembler = SessionAssembler()
@@ -145,7 +146,8 @@ def test_ring_buffer_overflow_is_counted(simkern):
 def test_pid_filter_excludes_other_processes(simkern):
     path, lib = simkern
     funcs = _funcs()
-    tracer = Tracer(funcs, CaptureConfig(mode="uprobe", uprobe_binary=path, pids=[os.getpid() + 100000]))
+    tracer = Tracer(funcs, CaptureConfig(mode="uprobe", uprobe_binary=path, pids=[os.getpid() + 100000],
+                                         exclude_self=False))
     try:
         tracer.load()
         tracer.attach(strict=True)
@@ -165,3 +167,15 @@ def test_attach_failure_leaves_nothing_attached(simkern):
         tracer.attach(strict=True)
     assert tracer._links == []
     tracer.close()
+
+
+def test_own_process_is_excluded_by_default(simkern):
+    path, lib = simkern
+    tracer = Tracer(_funcs(), CaptureConfig(mode="uprobe", uprobe_binary=path))
+    try:
+        tracer.load()
+        tracer.attach(strict=True)
+        lib.sk_syscall(0)
+        assert tracer.capture_stats().sessions_started == 0
+    finally:
+        tracer.close()
