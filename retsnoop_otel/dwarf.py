@@ -27,7 +27,7 @@ from .globs import glob_to_regex
 _TREE_DIRS = ("arch", "block", "certs", "crypto", "drivers", "fs", "include", "init", "io_uring", "ipc",
               "kernel", "lib", "mm", "net", "rust", "samples", "scripts", "security", "sound", "tools",
               "usr", "virt")
-_TREE_RE = re.compile(r"(?:^|/)((?:%s)/.*)$" % "|".join(_TREE_DIRS))
+_TREE_RE = re.compile(r"(?:^|/)((?:{})/.*)$".format("|".join(_TREE_DIRS)))
 
 
 class DwarfError(Exception):

@@ -123,7 +123,7 @@ def run_trace(parser: argparse.ArgumentParser, argv: Sequence[str], out: TextIO 
         return 0
     try:
         return _run(opts, out, err)
-    except (UsageError,) as exc:
+    except UsageError as exc:
         print(f"retsnoop-otel: {exc}", file=err)
         return 2
     except (SetupError, lb.LibbpfError, lb.LibbpfUnavailable) as exc:
