@@ -1,0 +1,77 @@
+"""The Python mirror of bpf/retsnoop.h against the sizes the BPF side asserts at compile time."""
+
+from __future__ import annotations
+
+import re
+import struct
+from pathlib import Path
+
+import pytest
+
+from retsnoop_otel import records
+from retsnoop_otel.model import RET_KIND_CODES, RetKind
+from retsnoop_otel.records import FuncTraceRec, SessionEndRec, SessionStartRec, decode
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _asserted_sizes() -> dict[str, int]:
+    src = (ROOT / "bpf" / "retsnoop.bpf.c").read_text()
+    return {m.group(1): int(m.group(2)) for m in
+            re.finditer(r"_Static_assert\(sizeof\(struct (\w+)\) == (\d+)", src)}
+
+
+@pytest.mark.parametrize("name,fmt", [
+    ("rec_session_start", records.SESSION_START), ("rec_func_trace", records.FUNC_TRACE),
+    ("rec_session_end", records.SESSION_END), ("func_stats", records.FUNC_STATS),
+    ("capture_stats", records.CAPTURE_STATS), ("func_info", records.FUNC_INFO)])
+def test_struct_sizes_match_the_bpf_side(name, fmt):
+    assert _asserted_sizes()[name] == fmt.size
+
+
+def test_header_constants_match():
+    hdr = (ROOT / "bpf" / "retsnoop.h").read_text()
+    consts = dict(re.findall(r"#define (\w+) (0x[0-9a-f]+|\d+)", hdr))
+    assert int(consts["MAX_FSTACK_DEPTH"]) == records.MAX_FSTACK_DEPTH
+    assert int(consts["MAX_KSTACK_DEPTH"]) == records.MAX_KSTACK_DEPTH
+    assert int(consts["DUR_BUCKETS"]) == records.DUR_BUCKETS
+    assert int(consts["FUNC_RET_KIND_SHIFT"]) == records.FUNC_RET_KIND_SHIFT
+    kinds = dict(re.findall(r"RK_(\w+) = (\d+)", hdr))
+    assert {RetKind[k]: int(v) for k, v in kinds.items()} == RET_KIND_CODES
+
+
+def test_decode_func_trace_and_start():
+    raw = records.FUNC_TRACE.pack(records.REC_FUNC_EXIT, 42, 1000, 7, 2, 5, 30, -22)
+    assert decode(raw) == FuncTraceRec(True, 42, 1000, 7, 2, 5, 30, -22)
+    raw = records.SESSION_START.pack(records.REC_SESSION_START, 1, 2, 3, 99, b"simfail\0", b"simfail")
+    assert decode(raw) == SessionStartRec(1, 2, 3, 99, "simfail", "simfail")
+
+
+def test_decode_session_end_trims_kstack():
+    m = records.MAX_FSTACK_DEPTH
+    ids = [3, 1] + [0] * (m - 2)
+    res = [-22, -22] + [0] * (m - 2)
+    lat = [500, 20] + [0] * (m - 2)
+    kstack = [0xffffffff81000010, 0xffffffff81000020] + [0] * (records.MAX_KSTACK_DEPTH - 2)
+    raw = records.SESSION_END.pack(records.REC_SESSION_END, 10, 11, 1, 100, 600, 77, 9, 0, 1, 2, 0, 16,
+                                   b"a", b"b", *ids, *res, *lat, *kstack)
+    rec = decode(raw)
+    assert isinstance(rec, SessionEndRec)
+    assert rec.is_err and rec.chain_depth == 2 and rec.chain_top == 0
+    assert rec.kstack == (0xffffffff81000010, 0xffffffff81000020)
+    assert rec.chain_ids[:2] == (3, 1) and rec.chain_res[:2] == (-22, -22)
+
+
+def test_unknown_record_type():
+    with pytest.raises(ValueError):
+        decode(struct.pack("<I", 99) + b"\0" * 60)
+
+
+def test_per_cpu_sums():
+    one = records.FUNC_STATS.pack(2, 1, 300, *([1] + [0] * (records.DUR_BUCKETS - 1)))
+    two = records.FUNC_STATS.pack(3, 0, 700, *([0, 2] + [0] * (records.DUR_BUCKETS - 2)))
+    calls, errors, dur, buckets = records.decode_func_stats(one + two, 2)
+    assert (calls, errors, dur, buckets[:2]) == (5, 1, 1000, [1, 2])
+    cs = records.decode_capture_stats(records.CAPTURE_STATS.pack(1, 2, 3, 4, 5) * 2, 2)
+    assert (cs.dropped_sessions, cs.incomplete_sessions, cs.dropped_records, cs.sessions_started,
+            cs.sessions_reported) == (2, 4, 6, 8, 10)

@@ -1,0 +1,95 @@
+"""Session assembly from recorded record streams: nesting, lost records, replaced sessions."""
+
+from __future__ import annotations
+
+from retsnoop_otel import records
+from retsnoop_otel.records import FuncTraceRec, SessionEndRec, SessionStartRec
+from retsnoop_otel.sessions import SessionAssembler
+
+M = records.MAX_FSTACK_DEPTH
+
+
+def start(tid=1, ts=100):
+    return SessionStartRec(tid, tid, 0, ts, "simfail", "simfail")
+
+
+def ent(seq, depth, fid, ts, tid=1):
+    return FuncTraceRec(False, tid, ts, seq, depth, fid, 0, 0)
+
+
+def ext(seq, depth, fid, ts, lat, res, tid=1):
+    return FuncTraceRec(True, tid, ts, seq, depth, fid, lat, res)
+
+
+def end(last_seq, tid=1, ts=100, dropped=0, chain=((0, -22, 50),), top=0):
+    ids = [c[0] for c in chain] + [0] * (M - len(chain))
+    res = [c[1] for c in chain] + [0] * (M - len(chain))
+    lat = [c[2] for c in chain] + [0] * (M - len(chain))
+    return SessionEndRec(tid, tid, 0, ts, ts + 60, 0, last_seq, dropped, True, len(chain), top, 0, "simfail",
+                         "simfail", tuple(ids), tuple(res), tuple(lat), ())
+
+
+def feed(asm, recs):
+    out = [asm.feed(r) for r in recs]
+    return [s for s in out if s is not None]
+
+
+def test_nested_calls_and_chain():
+    asm = SessionAssembler()
+    (s,) = feed(asm, [start(), ent(0, 0, 0, 100), ent(1, 1, 1, 110), ext(2, 1, 1, 120, 10, -22),
+                      ent(3, 1, 2, 125), ext(4, 1, 2, 130, 5, 0), ext(5, 0, 0, 160, 60, -22),
+                      end(6, chain=((0, -22, 60), (1, -22, 10)))])
+    (root,) = s.calls
+    assert [c.func_id for c in root.children] == [1, 2]
+    assert root.duration_ns == 60 and root.result == (1 << 64) - 22
+    assert [e.func_id for e in s.chain] == [0, 1] and s.chain[1].latency_ns == 10
+    assert s.dropped_records == 0
+
+
+def test_gap_marks_the_next_call_and_counts():
+    asm = SessionAssembler()
+    # seq 1..2 lost (the entry and exit of one call)
+    (s,) = feed(asm, [start(), ent(0, 0, 0, 100), ent(3, 1, 2, 125), ext(4, 1, 2, 130, 5, 0),
+                      ext(5, 0, 0, 160, 60, 0), end(6)])
+    (root,) = s.calls
+    assert root.children[0].missing_before == 2
+    assert s.dropped_records == 2
+
+
+def test_lost_entry_is_rebuilt_from_exit_latency():
+    asm = SessionAssembler()
+    (s,) = feed(asm, [start(), ent(0, 0, 0, 100), ext(2, 1, 1, 120, 15, -12), ext(3, 0, 0, 160, 60, -12),
+                      end(4)])
+    child = s.calls[0].children[0]
+    assert child.start_ns == 105 and child.end_ns == 120 and child.missing_before == 1
+
+
+def test_records_lost_at_the_end_are_counted():
+    asm = SessionAssembler()
+    (s,) = feed(asm, [start(), ent(0, 0, 0, 100), end(5)])
+    assert s.dropped_records == 4
+    assert s.calls[0].end_ns is None
+
+
+def test_unreported_session_is_replaced_and_threads_do_not_mix():
+    asm = SessionAssembler()
+    recs = [start(1, 10), ent(0, 0, 0, 10, tid=1), start(2, 20), ent(0, 0, 0, 20, tid=2),
+            start(1, 30), ent(0, 0, 0, 30, tid=1), ext(1, 0, 0, 40, 10, 0, tid=1),
+            ext(1, 0, 0, 50, 30, -1, tid=2), end(2, tid=2, ts=20), end(2, tid=1, ts=30)]
+    s2, s1 = feed(asm, recs)
+    assert (s2.tid, s2.calls[0].start_ns) == (2, 20)
+    assert (s1.tid, s1.calls[0].start_ns, s1.calls[0].end_ns) == (1, 30, 40)
+
+
+def test_open_sessions_are_bounded():
+    asm = SessionAssembler(max_open=2)
+    for tid in range(5):
+        asm.feed(start(tid))
+    assert asm.evicted == 3
+
+
+def test_stack_mode_session_without_call_records():
+    asm = SessionAssembler()
+    (s,) = feed(asm, [end(0, chain=((0, -22, 60), (1, -22, 10), (2, 0, 0)), top=1)])
+    assert s.calls == []
+    assert [e.latency_ns for e in s.chain] == [None, 10, 0]
