@@ -1,0 +1,165 @@
+"""Prometheus metrics read from the kernel-side aggregates at scrape time.
+
+Nothing is updated per event: the collector calls the supplied readers (BPF map reads, sink
+counters) when Prometheus scrapes, so the cost is proportional to the scrape rate, not the event rate.
+"""
+
+from __future__ import annotations
+
+import errno
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from . import __version__
+from .model import CaptureStats, FuncStats, TracedFunc
+
+if TYPE_CHECKING:  # otlp pulls in the OTel SDK: a metrics-only run should not pay for importing it
+    from .otlp import ExportStats
+
+FuncTable = Mapping[int, TracedFunc] | Sequence[TracedFunc]
+
+
+class MetricsPortInUseError(RuntimeError):
+    """The metrics port is taken; says which one so the user can pick another."""
+
+    def __init__(self, port: int, addr: str) -> None:
+        super().__init__(f"cannot serve metrics on {addr}:{port}: the port is already in use "
+                         f"(choose another with --metrics-port)")
+        self.port = port
+        self.addr = addr
+
+
+@dataclass(slots=True)
+class _Merged:
+    calls: int
+    errors: dict[str, int]
+    buckets: list[int]
+    sum_ns: int
+
+
+def bucket_bounds_seconds(count: int) -> list[str]:
+    """`le` labels for log2 ns buckets: bucket i is [2^i, 2^(i+1)) ns, so its upper bound is 2^(i+1) ns.
+
+    The kernel's last bucket is open-ended (it also holds everything longer), so it has no finite
+    bound of its own and is covered only by +Inf.
+    """
+    return [floatToGoString(2 ** (i + 1) / 1e9) for i in range(count - 1)] + ["+Inf"]
+
+
+def _cumulative(buckets: Sequence[int]) -> list[int]:
+    total, out = 0, []
+    for n in buckets:
+        total += n
+        out.append(total)
+    return out
+
+
+class MetricsCollector(Collector):
+    """Custom collector over callables returning the current stats; holds no metric state itself."""
+
+    def __init__(self, probe_set: str, funcs: FuncTable, func_stats: Callable[[], Iterable[FuncStats]],
+                 capture_stats: Callable[[], CaptureStats],
+                 export_stats: Callable[[], ExportStats] | None = None) -> None:
+        self.probe_set = probe_set
+        self.funcs = funcs
+        self._func_stats = func_stats
+        self._capture_stats = capture_stats
+        self._export_stats = export_stats
+
+    def _name(self, func_id: int) -> str:
+        try:
+            return self.funcs[func_id].name
+        except (KeyError, IndexError):
+            return f"func#{func_id}"
+
+    def _merge(self, stats: Iterable[FuncStats]) -> dict[str, _Merged]:
+        """One series per function name: same-named instances (e.g. in two modules) are summed."""
+        merged: dict[str, _Merged] = {}
+        for s in stats:
+            name = self._name(s.func_id)
+            m = merged.get(name)
+            if m is None:
+                merged[name] = _Merged(s.calls, dict(s.errors), list(s.duration_buckets), s.duration_sum_ns)
+                continue
+            m.calls += s.calls
+            m.sum_ns += s.duration_sum_ns
+            for err, n in s.errors.items():
+                m.errors[err] = m.errors.get(err, 0) + n
+            if len(s.duration_buckets) > len(m.buckets):
+                m.buckets.extend([0] * (len(s.duration_buckets) - len(m.buckets)))
+            for i, n in enumerate(s.duration_buckets):
+                m.buckets[i] += n
+        return merged
+
+    def collect(self) -> Iterator[Metric]:
+        ps = self.probe_set
+        calls = CounterMetricFamily("retsnoop_function_calls", "Calls of a traced kernel function",
+                                    labels=["probe_set", "function"])
+        errors = CounterMetricFamily("retsnoop_function_errors",
+                                     "Failing returns of a traced kernel function, by error type",
+                                     labels=["probe_set", "function", "error_type"])
+        durations = HistogramMetricFamily("retsnoop_function_duration_seconds",
+                                          "Duration of traced kernel function calls",
+                                          labels=["probe_set", "function"])
+        for name, m in sorted(self._merge(self._func_stats()).items()):
+            calls.add_metric([ps, name], m.calls)
+            for err, n in sorted(m.errors.items()):
+                errors.add_metric([ps, name, err], n)
+            if m.buckets:
+                cum = _cumulative(m.buckets)
+                durations.add_metric([ps, name], list(zip(bucket_bounds_seconds(len(cum)), cum, strict=True)),
+                                     m.sum_ns / 1e9)
+        yield calls
+        yield errors
+        yield durations
+
+        cap = self._capture_stats()
+        yield _counter("retsnoop_sessions_dropped",
+                       "Sessions lost in the kernel (sessions map full or end record lost)", cap.dropped_sessions)
+        yield _counter("retsnoop_sessions_incomplete",
+                       "Sessions that lost per-call records or had mismatched exits", cap.incomplete_sessions)
+        yield _counter("retsnoop_records_lost", "Per-call records lost in the kernel (ring buffer full)",
+                       cap.dropped_records)
+        yield _counter("retsnoop_sessions_started", "Entry-function sessions started", cap.sessions_started)
+        yield _counter("retsnoop_sessions_reported", "Sessions sent to user space", cap.sessions_reported)
+
+        exp = self._export_stats() if self._export_stats is not None else None
+        yield _counter("retsnoop_spans_exported", "Spans accepted by the OTLP endpoint",
+                       exp.spans_exported if exp else 0)
+        dropped = CounterMetricFamily("retsnoop_spans_dropped", "Spans not exported, by cause", labels=["cause"])
+        for cause, n in sorted(exp.spans_dropped.items() if exp else ()):
+            dropped.add_metric([cause], n)
+        yield dropped
+        yield _counter("retsnoop_export_errors", "Failed OTLP export requests", exp.export_errors if exp else 0)
+
+        info = GaugeMetricFamily("retsnoop_build_info", "retsnoop-otel version", labels=["version"])
+        info.add_metric([__version__], 1)
+        yield info
+
+
+def _counter(name: str, doc: str, value: int) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=value)
+
+
+def make_registry(collector: Collector) -> CollectorRegistry:
+    """A private registry holding only our collector (no process/platform defaults, no global state)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return registry
+
+
+def serve_metrics(port: int, registry: CollectorRegistry, addr: str = "0.0.0.0") -> tuple[object, threading.Thread]:
+    """Serve /metrics from a daemon thread; returns (server, thread). Port 0 picks a free port."""
+    try:
+        return start_http_server(port, addr=addr, registry=registry)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise MetricsPortInUseError(port, addr) from exc
+        raise

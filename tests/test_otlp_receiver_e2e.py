@@ -1,0 +1,149 @@
+"""OTLP export over real sockets: OtlpTraceSink -> tests/otlp_receiver.py (gRPC and HTTP)."""
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from retsnoop_otel.model import Call, RetKind, Session, StackEntry, TracedFunc
+from retsnoop_otel.otlp import OtlpTraceSink, session_to_spans
+from retsnoop_otel.resource import build_resource
+from tests.otlp_receiver import load_spans, start_receiver
+
+REPO = Path(__file__).resolve().parent.parent
+EINVAL = (1 << 64) - 22
+OFFSET = 1_700_000_000_000_000_000
+FUNCS = {
+    0: TracedFunc(0, "__x64_sys_bpf", 0, RetKind.SIGNED, True),
+    1: TracedFunc(1, "map_create", 0, RetKind.INT32, False),
+    2: TracedFunc(2, "security_bpf", 0, RetKind.INT32, False),
+}
+
+
+def session():
+    create = Call(1, 1, 2_000, 8_000, EINVAL, children=[Call(2, 2, 2_100, 2_200, 0)])
+    return Session(tid=7, pid=7, comm="simfail", proc_comm="simfail", start_ns=1_000, end_ns=9_000, is_err=True,
+                   chain=[StackEntry(0, EINVAL, 8_000), StackEntry(1, EINVAL, 6_000)], kstack=[0xFFFFFFFF81000000],
+                   calls=[Call(0, 0, 1_000, 9_000, EINVAL, children=[create])])
+
+
+@pytest.fixture
+def receiver_proc(tmp_path):
+    out = tmp_path / "received.jsonl"
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+    proc = subprocess.Popen([sys.executable, "-m", "tests.otlp_receiver", "--port", "0", "--http-port", "0",
+                             "--out", str(out)], cwd=REPO, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 30)
+        line = proc.stdout.readline().split() if ready else []
+        assert line[:1] == ["READY"] and line[2:3] == ["HTTP"], f"receiver did not start: {line}"
+        yield proc, int(line[1]), int(line[3]), out
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+
+
+def wait_spans(path, count, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        spans = load_spans(path) if path.exists() else []
+        if len(spans) >= count:
+            return spans
+        time.sleep(0.05)
+    raise AssertionError(f"expected {count} spans in {path}, got {len(spans)}")
+
+
+def check_trace(spans):
+    assert len({s["trace_id"] for s in spans}) == 1
+    by_name = {s["name"]: s for s in spans}
+    root, create, sec = by_name["__x64_sys_bpf"], by_name["map_create"], by_name["security_bpf"]
+    assert root["parent_span_id"] == ""
+    assert create["parent_span_id"] == root["span_id"] and sec["parent_span_id"] == create["span_id"]
+    for failing in (root, create):
+        assert failing["attributes"]["error.type"] == "EINVAL"
+        assert failing["status_code"] == "STATUS_CODE_ERROR" and failing["status_message"] == "-EINVAL"
+        assert failing["attributes"]["retsnoop.return_value"] == -22
+    assert "error.type" not in sec["attributes"] and sec["status_code"] == "STATUS_CODE_UNSET"
+    assert (root["start_ns"], root["end_ns"]) == (OFFSET + 1_000, OFFSET + 9_000)
+    assert root["attributes"]["thread.id"] == 7 and root["attributes"]["process.executable.name"] == "simfail"
+    assert all(s["kind"] == "SPAN_KIND_INTERNAL" for s in spans)
+    assert root["scope"]["name"] == "retsnoop_otel"
+    assert root["resource"]["service.name"] == "retsnoop-otel" and root["resource"]["os.type"] == "linux"
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_export_to_subprocess_receiver(receiver_proc, protocol, monkeypatch):
+    proxies = [v for v in os.environ if v.lower().endswith("_proxy")]  # the exporters must reach 127.0.0.1
+    for var in ("OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES", *proxies):
+        monkeypatch.delenv(var, raising=False)
+    proc, grpc_port, http_port, out = receiver_proc
+    port = grpc_port if protocol == "grpc" else http_port
+    sink = OtlpTraceSink(endpoint=f"http://127.0.0.1:{port}", protocol=protocol, timeout=10)
+    spans = session_to_spans(session(), FUNCS, OFFSET, build_resource())
+    assert sink.submit(spans)
+    assert sink.flush(15)
+    sink.shutdown(5)
+    assert sink.stats().spans_exported == 3 and sink.stats().export_errors == 0
+    check_trace(wait_spans(out, 3))
+
+
+def test_in_process_receiver_and_export_failure(monkeypatch):
+    monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+    monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
+    receiver = start_receiver(http_port=0)
+    try:
+        sink = OtlpTraceSink(endpoint=f"http://127.0.0.1:{receiver.port}", protocol="grpc")
+        for _ in range(2):
+            sink.submit(session_to_spans(session(), FUNCS, OFFSET, build_resource()))
+        assert sink.flush(15)
+        sink.shutdown(5)
+        spans = receiver.wait_for_spans(6)
+        assert len({s["trace_id"] for s in spans}) == 2  # one trace per session
+        check_trace([s for s in spans if s["trace_id"] == spans[0]["trace_id"]])
+        dead_port = receiver.port
+    finally:
+        receiver.stop()
+    # nothing listens any more: the export fails, is counted, and the caller never blocks
+    sink = OtlpTraceSink(endpoint=f"http://127.0.0.1:{dead_port}", protocol="grpc", timeout=1)
+    t0 = time.perf_counter()
+    sink.submit(session_to_spans(session(), FUNCS, OFFSET, build_resource()))
+    assert time.perf_counter() - t0 < 0.1
+    assert sink.flush(15)
+    sink.shutdown(2)
+    stats = sink.stats()
+    assert stats.export_errors == 1 and stats.spans_dropped == {"export_failed": 3} and stats.spans_exported == 0
+
+
+def test_receiver_accepts_otlp_json_and_rejects_other_paths():
+    receiver = start_receiver(http_port=0)
+    try:
+        body = json.dumps({"resourceSpans": [{
+            "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "curl"}}]},
+            "scopeSpans": [{"spans": [{
+                "traceId": "5b8efff798038103d269b633813fc60c", "spanId": "eee19b7ec3c1b174", "name": "probe",
+                "startTimeUnixNano": "1", "endTimeUnixNano": "2",
+                "attributes": [{"key": "n", "value": {"intValue": "-5"}}]}]}]}]}).encode()
+        url = f"http://127.0.0.1:{receiver.http_port}"
+        req = urllib.request.Request(url + "/v1/traces", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            assert resp.status == 200 and resp.headers["Content-Type"] == "application/json"
+        (span,) = receiver.wait_for_spans(1)
+        assert span["name"] == "probe" and span["attributes"] == {"n": -5}
+        assert span["resource"]["service.name"] == "curl"
+        # OTLP/JSON ids are hex (not protobuf-JSON base64): the raw bytes must survive the round trip
+        assert (span["trace_id"], span["span_id"]) == ("5b8efff798038103d269b633813fc60c", "eee19b7ec3c1b174")
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(urllib.request.Request(url + "/v1/metrics", b"", method="POST"), timeout=5)
+        assert info.value.code == 404
+        with pytest.raises(TimeoutError, match="expected 2 spans, received 1"):
+            receiver.wait_for_spans(2, timeout=0.2)
+    finally:
+        receiver.stop()
