@@ -168,8 +168,16 @@ def _run(opts: TraceOptions, out: TextIO, err: TextIO) -> int:
         raise SetupError(str(exc)) from None
     btf = lb.Btf.load_vmlinux()
     ret_kinds = ReturnKinds(btf)
+    vmlinux = _find_vmlinux(opts)
+    _log(opts, 1, f"Using vmlinux {vmlinux} for DWARF" if vmlinux else
+         "No vmlinux with DWARF found: kallsyms names only", err)
+    resolve = None
+    if vmlinux:
+        from .dwarf import SourceIndex
+        resolve = SourceIndex.load_or_build(vmlinux).match
     try:
-        disc = discovery.discover(opts.entry, opts.allow, opts.deny, ksyms, available, ret_kinds, mode)
+        disc = discovery.discover(opts.entry, opts.allow, opts.deny, ksyms, available, ret_kinds, mode,
+                                  resolve_source_glob=resolve)
     except discovery.DiscoveryError as exc:
         raise UsageError(str(exc)) from None
     if opts.dry_run or opts.verbose:
@@ -177,7 +185,7 @@ def _run(opts: TraceOptions, out: TextIO, err: TextIO) -> int:
     if opts.dry_run:
         return 0
     funcs = {f.id: f for f in disc.funcs}
-    symbolizer = _symbolizer(ksyms)
+    symbolizer = _symbolizer(ksyms, vmlinux if opts.symbolize != 0 else None, opts.symbolize)
 
     from .tracer import CaptureConfig, Tracer
     cgroup_id = _cgroup_id(opts.cgroup) if opts.cgroup else 0
@@ -222,9 +230,26 @@ def _run(opts: TraceOptions, out: TextIO, err: TextIO) -> int:
     return 0
 
 
-def _symbolizer(ksyms: object) -> object:
-    from .symbolize import KallsymsSymbolizer
-    return KallsymsSymbolizer(ksyms)
+def _find_vmlinux(opts: TraceOptions) -> str | None:
+    """-k must match the running kernel; otherwise look in the standard places (-sn skips unless -k)."""
+    from .dwarf import DwarfError, find_vmlinux
+    if opts.symbolize == 0 and not opts.kernel:
+        return None
+    try:
+        return find_vmlinux(opts.kernel)
+    except DwarfError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _symbolizer(ksyms: object, vmlinux: str | None, level: int | None) -> object:
+    """kallsyms names always; with a vmlinux, file:line (-s) and inlined frames (-ss, the default)."""
+    from .symbolize import DwarfSymbolizer, KallsymsSymbolizer
+    if not vmlinux:
+        return KallsymsSymbolizer(ksyms)  # type: ignore[arg-type]
+    from .dwarf import LlvmSymbolizer, kaslr_offset
+    source = LlvmSymbolizer(vmlinux, kaslr_offset(vmlinux, ksyms.stext),  # type: ignore[attr-defined]
+                            inlines=level is None or level >= 2)
+    return DwarfSymbolizer(ksyms, source)  # type: ignore[arg-type]
 
 
 def _cgroup_id(path: str) -> int:
