@@ -412,11 +412,13 @@ class BpfProgram:
         ptr = lib().lib.bpf_program__attach_trace_opts(self._ptr, ctypes.byref(opts))
         return Link(_check_ptr(ptr, f"attach {self.name}"))
 
-    def attach_kprobe(self, func: str, retprobe: bool = False, cookie: int = 0, offset: int = 0) -> Link:
+    def attach_kprobe(self, func: str | None, retprobe: bool = False, cookie: int = 0, offset: int = 0) -> Link:
+        """With func None, `offset` is an absolute kernel address (for names with several instances)."""
         opts = _KprobeOpts(ctypes.sizeof(_KprobeOpts), cookie, offset, retprobe)
-        ptr = lib().lib.bpf_program__attach_kprobe_opts(self._ptr, func.encode(), ctypes.byref(opts))
+        ptr = lib().lib.bpf_program__attach_kprobe_opts(self._ptr, func.encode() if func else None,
+                                                        ctypes.byref(opts))
         kind = "kretprobe" if retprobe else "kprobe"
-        return Link(_check_ptr(ptr, f"attach {kind} to {func}"))
+        return Link(_check_ptr(ptr, f"attach {kind} to {func or hex(offset)}"))
 
     def attach_kprobe_multi(self, *, syms: Sequence[str] | None = None, addrs: Sequence[int] | None = None,
                             cookies: Sequence[int] | None = None, retprobe: bool = False) -> Link:

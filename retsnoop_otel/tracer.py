@@ -82,6 +82,9 @@ class Tracer:
         self._rb: lb.RingBuffer | None = None
         self._obj: lb.BpfObject | None = None
         self._ncpus = lb.num_possible_cpus()
+        self._name_count: dict[str, int] = {}
+        for f in self.funcs:
+            self._name_count[f.name] = self._name_count.get(f.name, 0) + 1
 
     # ---- load ----------------------------------------------------------------------------
 
@@ -203,8 +206,10 @@ class Tracer:
         entry_name, exit_name = _MODE_PROGRAMS[self.config.mode]
         entry, exit_ = self._obj.program(entry_name), self._obj.program(exit_name)
         if self.config.mode == "kprobe":
-            self._links.append(exit_.attach_kprobe(f.name, retprobe=True, cookie=f.id))
-            self._links.append(entry.attach_kprobe(f.name, cookie=f.id))
+            # a name with several instances (static functions, clones) is attached per instance address
+            name, off = (None, f.addr) if self._name_count.get(f.name, 0) > 1 and f.addr else (f.name, 0)
+            self._links.append(exit_.attach_kprobe(name, retprobe=True, cookie=f.id, offset=off))
+            self._links.append(entry.attach_kprobe(name, cookie=f.id, offset=off))
             return
         if self.config.mode == "uprobe":
             binary = self.config.uprobe_binary

@@ -1,0 +1,120 @@
+"""/proc/kallsyms: kernel function symbols by address (stack frames) and by name (discovery).
+
+The file has ~120-200k lines and is read inside a TCG VM where Python runs ~30x slower, so the
+parse is one C-level regex scan over the whole text, addresses stay as fixed-width hex strings
+(which sort like the numbers they spell) and are converted to int only for the symbols asked for.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections import Counter
+from dataclasses import dataclass
+from operator import itemgetter
+from pathlib import Path
+
+# 'addr type name' or 'addr type name\t[module]'; t/T/w/W are code symbols (weak ones included).
+_FUNC_LINE = re.compile(r"^([0-9a-f]+) [tTwW] (\S+)(?:[ \t]+\[(\S+)\])?$", re.M)
+
+
+class KallsymsError(Exception):
+    """/proc/kallsyms is unreadable or hides addresses: one sentence naming the fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class KSym:
+    """A function symbol; `offset` is how far the looked-up address lies past `addr`."""
+
+    name: str
+    addr: int
+    offset: int = 0
+    module: str | None = None
+    size: int = 0  # gap to the next function symbol; 0 for the last one (unknown)
+
+
+class Kallsyms:
+    """Function symbols sorted by address, with a name index for discovery."""
+
+    def __init__(self, items: list[tuple[str, str, str]]) -> None:
+        # (zero-padded hex address, name, module or '') sorted by address; all addresses one width
+        self._items = items
+        self._width = len(items[0][0]) if items else 16
+        self._first: dict[str, int] | None = None
+        self._multi: dict[str, list[int]] = {}
+
+    @classmethod
+    def parse(cls, text: str) -> Kallsyms:
+        items = _FUNC_LINE.findall(text)
+        if not items:
+            raise KallsymsError("no function symbols found in kallsyms")
+        widths = {len(a) for a, _, _ in items}
+        if len(widths) > 1:  # %px prints fixed width; pad anything else so string order = number order
+            width = max(widths)
+            items = [(a.zfill(width), n, m) for a, n, m in items]
+        items.sort()  # nearly sorted already (modules trail): timsort makes this cheap
+        if int(items[-1][0], 16) == 0:
+            raise KallsymsError(
+                "/proc/kallsyms shows only zero addresses (kernel.kptr_restrict or missing CAP_SYSLOG): "
+                "run as root, or set `sysctl kernel.kptr_restrict=0`")
+        return cls(items)
+
+    @classmethod
+    def load(cls, root: str = "/") -> Kallsyms:
+        path = Path(root, "proc/kallsyms")
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise KallsymsError(f"cannot read {path}: {exc.strerror}; kernel symbols are needed to find "
+                                "functions and name stack frames") from None
+        return cls.parse(text)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def _ksym(self, i: int, offset: int = 0) -> KSym:
+        hexaddr, name, module = self._items[i]
+        start = int(hexaddr, 16)
+        size = int(self._items[i + 1][0], 16) - start if i + 1 < len(self._items) else 0
+        return KSym(name, start, offset, module or None, size)
+
+    def lookup(self, addr: int) -> KSym | None:
+        """The function containing `addr` (binary search), or None below the first symbol."""
+        if addr < 0:
+            return None
+        key = f"{addr:0{self._width}x}"
+        i = bisect.bisect_right(self._items, key, key=itemgetter(0)) - 1
+        if i < 0:
+            return None
+        start = int(self._items[i][0], 16)
+        return self._ksym(i, addr - start)
+
+    def _index(self) -> dict[str, int]:
+        """name -> position of its first instance; names with several instances also go to _multi."""
+        if self._first is None:
+            names = list(map(itemgetter(1), self._items))
+            first = dict(zip(reversed(names), range(len(names) - 1, -1, -1), strict=True))
+            if len(first) != len(names):
+                dups = {n for n, c in Counter(names).items() if c > 1}
+                for i, n in enumerate(names):
+                    if n in dups:
+                        self._multi.setdefault(n, []).append(i)
+            self._first = first
+        return self._first
+
+    def names(self) -> list[str]:
+        """Distinct function names (discovery matches globs against these)."""
+        return list(self._index())
+
+    def by_name(self, name: str) -> list[KSym]:
+        """Every instance of `name` (static functions and compiler clones can repeat), by address."""
+        first = self._index().get(name)
+        if first is None:
+            return []
+        return [self._ksym(i) for i in self._multi.get(name, [first])]
+
+    @property
+    def stext(self) -> int | None:
+        """Runtime address of _stext: the KASLR-shifted start of kernel text."""
+        syms = self.by_name("_stext")
+        return syms[0].addr if syms else None

@@ -1,0 +1,59 @@
+"""tracefs: which kernel functions ftrace (and so fentry and kprobes) can attach to."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+_AFF = "available_filter_functions"
+_INVALID_PREFIX = "__ftrace_invalid_address__"  # placeholders for records of discarded code
+
+
+class TracefsError(Exception):
+    """tracefs is missing or refuses reads: one sentence saying what to do."""
+
+
+def find_tracefs(root: str = "/") -> Path:
+    """The tracefs directory: the native mount if it lists functions, else the debugfs path."""
+    native = Path(root, "sys/kernel/tracing")
+    legacy = Path(root, "sys/kernel/debug/tracing")
+    for path in (native, legacy):
+        try:
+            (path / _AFF).stat()
+        except PermissionError:
+            return path  # there, but not for us: the read reports EACCES with the fix
+        except OSError:
+            continue
+        return path
+    raise TracefsError(
+        f"tracefs is not mounted (no {_AFF} under {native} or {legacy}): "
+        "mount it with `mount -t tracefs nodev /sys/kernel/tracing` (as root)")
+
+
+def parse_available_filter_functions(text: str) -> list[tuple[str, str | None]]:
+    """'name' / 'name [module]' lines -> (name, module); ftrace's invalid-address placeholders dropped."""
+    out: list[tuple[str, str | None]] = []
+    for line in text.splitlines():
+        parts = line.split(maxsplit=1)
+        if not parts or parts[0].startswith(_INVALID_PREFIX):
+            continue
+        mod = parts[1].strip() if len(parts) > 1 else ""
+        out.append((parts[0], mod[1:-1] if mod.startswith("[") and mod.endswith("]") else None))
+    return out
+
+
+def read_available_filter_functions(root: str = "/") -> list[tuple[str, str | None]]:
+    path = find_tracefs(root) / _AFF
+    try:
+        text = path.read_text()
+    except PermissionError as exc:
+        if exc.errno == errno.EPERM:
+            raise TracefsError(
+                f"reading {path} failed with EPERM: this kernel does not allow function tracing here "
+                "(lockdown or a restricted container); run retsnoop-otel as root on a kernel that allows "
+                "it, for example in a VM") from None
+        raise TracefsError(f"reading {path} failed with EACCES: run retsnoop-otel as root") from None
+    except OSError as exc:
+        raise TracefsError(f"cannot read {path}: {exc.strerror}; function tracing needs tracefs mounted "
+                           "at /sys/kernel/tracing and root privileges") from None
+    return parse_available_filter_functions(text)

@@ -1,0 +1,238 @@
+"""Stack rendering against the retsnoop outputs in the "Tracing Linux kernel with retsnoop" article.
+
+Expected texts are the article's, with two documented differences: source columns (':120:0') are
+gone (retsnoop dropped them in v0.10, and our frames carry file:line), and the stitched-frame mark in
+column 2 ('*') is not produced (the kernel side keeps a single error chain).
+"""
+
+from __future__ import annotations
+
+import calendar
+import time
+from pathlib import Path
+
+import pytest
+
+from retsnoop_otel.dwarf import SourceFrame
+from retsnoop_otel.kallsyms import Kallsyms
+from retsnoop_otel.model import RetKind, Session, StackEntry, TracedFunc
+from retsnoop_otel.render import filter_kstack, render_header, render_stack
+from retsnoop_otel.symbolize import DwarfSymbolizer, Frame, KallsymsSymbolizer
+
+ROOT = Path(__file__).resolve().parent.parent / "fixtures" / "kernel_root"
+NEG = 1 << 64  # raw 64-bit register value of a negative return: NEG - 12 is -ENOMEM
+
+
+@pytest.fixture(scope="module")
+def ksyms() -> Kallsyms:
+    return Kallsyms.load(str(ROOT))
+
+
+@pytest.fixture(autouse=True)
+def utc(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def addr(ksyms: Kallsyms, name: str, off: int = 0, module: str | None = None) -> int:
+    return next(s.addr for s in ksyms.by_name(name) if s.module == module) + off
+
+
+class FakeDwarf:
+    """Stands in for llvm-symbolizer: source frames per address, innermost inline first."""
+
+    def __init__(self, table: dict[int, list[SourceFrame]]) -> None:
+        self.table = table
+
+    def frames(self, a: int) -> list[SourceFrame]:
+        return self.table.get(a, [])
+
+
+def funcs_for(ksyms: Kallsyms, spec: list[tuple[str, RetKind]]) -> dict[int, TracedFunc]:
+    return {i: TracedFunc(i, name, addr(ksyms, name), ret, i == 0) for i, (name, ret) in enumerate(spec)}
+
+
+# Boot-clock start of 1 s; the offset makes it 2022-10-14 20:19:36.372607 UTC, the article's first header.
+BOOT_START = 1_000_000_000
+WALL_START = calendar.timegm((2022, 10, 14, 20, 19, 36, 0, 0, 0)) * 10**9 + 372_607_000
+OFFSET = WALL_START - BOOT_START
+
+KRETPROBE_FRAMES = [  # what bpf_get_stack can show inside a kretprobe program, innermost first
+    ("bpf_prog_e5d01ee9a8b6fa01_rs_kretprobe", 0x4a, "bpf"), ("bpf_get_stack", 0x1c, None),
+    ("trace_call_bpf", 0xf6, None), ("kretprobe_perf_func", 0x67, None), ("kretprobe_dispatcher", 0x30, None),
+    ("__kretprobe_trampoline_handler", 0x9c, None), ("trampoline_handler", 0x44, None),
+    ("__kretprobe_trampoline", 0x2a, None),
+]
+
+SEED_1 = """\
+20:19:36.372607 -> 20:19:36.372682 TID/PID 8346/8346 (simfail/simfail):
+
+                    entry_SYSCALL_64_after_hwframe+0x63  (arch/x86/entry/entry_64.S:120)
+                    do_syscall_64+0x35                   (arch/x86/entry/common.c:80)
+                    . do_syscall_x64                     (arch/x86/entry/common.c:50)
+    73us [-ENOMEM]  __x64_sys_bpf+0x1a                   (kernel/bpf/syscall.c:5067)
+    70us [-ENOMEM]  __sys_bpf+0x38b                      (kernel/bpf/syscall.c:4947)
+                    . map_create                         (kernel/bpf/syscall.c:1106)
+                    . find_and_alloc_map                 (kernel/bpf/syscall.c:132)
+!   50us [-ENOMEM]  array_map_alloc
+!    2us [NULL]     bpf_map_alloc_percpu
+
+
+"""
+
+
+def seed1_symbolizer(ksyms: Kallsyms) -> DwarfSymbolizer:
+    a = lambda name, off: addr(ksyms, name, off)  # noqa: E731
+    return DwarfSymbolizer(ksyms, FakeDwarf({
+        a("entry_SYSCALL_64_after_hwframe", 0x63): [SourceFrame("entry_SYSCALL_64", "arch/x86/entry/entry_64.S", 120)],
+        a("do_syscall_64", 0x35): [SourceFrame("do_syscall_x64", "arch/x86/entry/common.c", 50),
+                                   SourceFrame("do_syscall_64", "arch/x86/entry/common.c", 80)],
+        a("__x64_sys_bpf", 0x1a): [SourceFrame("__x64_sys_bpf", "kernel/bpf/syscall.c", 5067)],
+        a("__sys_bpf", 0x38b): [SourceFrame("find_and_alloc_map", "kernel/bpf/syscall.c", 132),
+                                SourceFrame("map_create", "kernel/bpf/syscall.c", 1106),
+                                SourceFrame("__sys_bpf", "kernel/bpf/syscall.c", 4947)],
+        a("__sys_bpf", 0x11a4): [SourceFrame("__sys_bpf", "kernel/bpf/syscall.c", 4965)],
+    }))
+
+
+def seed1_session(ksyms: Kallsyms, chain: list[StackEntry]) -> Session:
+    kstack = [addr(ksyms, n, off, mod) for n, off, mod in KRETPROBE_FRAMES]
+    kstack += [addr(ksyms, "__sys_bpf", 0x38b), addr(ksyms, "__x64_sys_bpf", 0x1a),
+               addr(ksyms, "do_syscall_64", 0x35), addr(ksyms, "entry_SYSCALL_64_after_hwframe", 0x63)]
+    return Session(tid=8346, pid=8346, comm="simfail", proc_comm="simfail", start_ns=BOOT_START,
+                   end_ns=BOOT_START + 75_000, is_err=True, chain=chain, kstack=kstack + [0, 0])
+
+
+def test_seed_percpu_array_example_layout(ksyms: Kallsyms) -> None:
+    funcs = funcs_for(ksyms, [("__x64_sys_bpf", RetKind.SIGNED), ("__sys_bpf", RetKind.INT32),
+                              ("array_map_alloc", RetKind.POINTER), ("bpf_map_alloc_percpu", RetKind.POINTER)])
+    chain = [StackEntry(0, NEG - 12, 73_400), StackEntry(1, NEG - 12, 70_999), StackEntry(2, NEG - 12, 50_000),
+             StackEntry(3, 0, 2_100)]
+    out = render_stack(seed1_session(ksyms, chain), funcs, seed1_symbolizer(ksyms), OFFSET)
+    assert out == SEED_1
+
+
+SEED_2 = """\
+                 entry_SYSCALL_64_after_hwframe+0x63  (arch/x86/entry/entry_64.S:120)
+                 do_syscall_64+0x35                   (arch/x86/entry/common.c:80)
+                 . do_syscall_x64                     (arch/x86/entry/common.c:50)
+                 __x64_sys_bpf+0x1a                   (kernel/bpf/syscall.c:5067)
+                 __sys_bpf+0x11a4                     (kernel/bpf/syscall.c:4965)
+!  374us [5]     bpf_prog_load
+!    6us [void]  bpf_prog_kallsyms_add
+!    2us [void]  bpf_ksym_add
+!   29us [0]     check_mem_access
+!    1us [NULL]  bpf_map_kptr_off_contains
+"""
+
+
+def test_seed_success_stack_chain_below_kernel_stack(ksyms: Kallsyms) -> None:
+    """No traced function is on the kernel stack: every kernel frame first, then the '!' chain."""
+    funcs = funcs_for(ksyms, [("bpf_prog_load", RetKind.INT32), ("bpf_prog_kallsyms_add", RetKind.VOID),
+                              ("bpf_ksym_add", RetKind.VOID), ("check_mem_access", RetKind.INT32),
+                              ("bpf_map_kptr_off_contains", RetKind.POINTER)])
+    chain = [StackEntry(0, 5, 374_697), StackEntry(1, 0, 6_104), StackEntry(2, 0, 2_046), StackEntry(3, 0, 29_000),
+             StackEntry(4, 0, 1_500)]
+    kstack = [addr(ksyms, "__sys_bpf", 0x11a4), addr(ksyms, "__x64_sys_bpf", 0x1a), addr(ksyms, "do_syscall_64", 0x35),
+              addr(ksyms, "entry_SYSCALL_64_after_hwframe", 0x63)]
+    session = Session(8385, 8385, "simfail", "simfail", BOOT_START, BOOT_START + 377_000, False, chain, kstack)
+    out = render_stack(session, funcs, seed1_symbolizer(ksyms), OFFSET)
+    assert out.split("\n\n", 1)[1] == SEED_2 + "\n\n"
+
+
+SEED_3 = """\
+                    entry_SYSCALL_64_after_hwframe+0x44
+                    do_syscall_64+0x2d
+    30us [-EINVAL]  __x64_sys_bpf+0x1c
+    23us [-EINVAL]  __sys_bpf+0xca0
+!    8us [-EINVAL]  array_map_alloc_check
+"""
+
+
+def test_seed_lbr_example_stack_with_kallsyms_only(ksyms: Kallsyms) -> None:
+    """Without DWARF: names and offsets only, no source column, same alignment of the other columns."""
+    funcs = funcs_for(ksyms, [("__x64_sys_bpf", RetKind.SIGNED), ("__sys_bpf", RetKind.INT32),
+                              ("array_map_alloc_check", RetKind.INT32)])
+    chain = [StackEntry(0, NEG - 22, 30_900), StackEntry(1, (1 << 32) - 22, 23_000), StackEntry(2, NEG - 22, 8_000)]
+    kstack = [addr(ksyms, n, off, mod) for n, off, mod in KRETPROBE_FRAMES] + [
+        addr(ksyms, "__sys_bpf", 0xca0), addr(ksyms, "__x64_sys_bpf", 0x1c), addr(ksyms, "do_syscall_64", 0x2d),
+        addr(ksyms, "entry_SYSCALL_64_after_hwframe", 0x44)]
+    session = Session(2385333, 2385333, "simfail", "simfail", BOOT_START, BOOT_START + 31_000, True, chain, kstack)
+    out = render_stack(session, funcs, KallsymsSymbolizer(ksyms), OFFSET)
+    assert out.split("\n\n", 1)[1] == SEED_3 + "\n\n"
+
+
+def test_fexit_trampoline_pattern_and_untraced_middle_frames(ksyms: Kallsyms) -> None:
+    """fexit stacks: the BPF program, its trampoline and the probed function's fentry site (f+0x5) go;
+    an untraced function between two traced ones stays in place; the deepest one gets '!'."""
+    funcs = funcs_for(ksyms, [("__x64_sys_bpf", RetKind.SIGNED), ("array_map_alloc_check", RetKind.INT32)])
+    kstack = [addr(ksyms, "bpf_prog_e5d01ee9a8b6fa01_rs_kretprobe", 0x60, "bpf"),
+              addr(ksyms, "bpf_trampoline_6442491234", 0x8c, "bpf"),
+              addr(ksyms, "array_map_alloc_check", 0x5),
+              addr(ksyms, "__sys_bpf", 0xca0), addr(ksyms, "__x64_sys_bpf", 0x1c)]
+    chain = [StackEntry(0, NEG - 22, 30_000), StackEntry(1, NEG - 22, 8_000)]
+    session = Session(1, 1, "t", "t", BOOT_START, BOOT_START + 31_000, True, chain, kstack)
+    body = render_stack(session, funcs, KallsymsSymbolizer(ksyms), OFFSET).split("\n\n", 1)[1]
+    assert body == ("    30us [-EINVAL]  __x64_sys_bpf+0x1c\n"
+                    "                    __sys_bpf+0xca0\n"
+                    "!    8us [-EINVAL]  array_map_alloc_check\n\n\n")
+
+
+def test_fexit_trampoline_of_a_running_outer_function_is_removed(ksyms: Kallsyms) -> None:
+    """An outer fexit-traced function reads 'f+0x5, trampoline, f+0x1c' (innermost last): only f+0x1c stays."""
+    funcs = funcs_for(ksyms, [("__x64_sys_bpf", RetKind.SIGNED)])
+    kstack = [addr(ksyms, "__sys_bpf", 0xca0), addr(ksyms, "__x64_sys_bpf", 0x1c),
+              addr(ksyms, "bpf_trampoline_6442491234", 0x6f, "bpf"), addr(ksyms, "__x64_sys_bpf", 0x5),
+              addr(ksyms, "do_syscall_64", 0x2d)]
+    frames = filter_kstack(kstack, KallsymsSymbolizer(ksyms))
+    assert [f[0].name + f"+0x{f[0].offset:x}" for _, f in frames] == [
+        "__sys_bpf+0xca0", "__x64_sys_bpf+0x1c", "do_syscall_64+0x2d"]
+    session = Session(1, 1, "t", "t", 0, 1, True, [StackEntry(0, NEG - 22, 5_000)], kstack)
+    body = render_stack(session, funcs, KallsymsSymbolizer(ksyms), 0).split("\n\n", 1)[1]
+    assert body.splitlines()[1] == "     5us [-EINVAL]  __x64_sys_bpf+0x1c"
+
+
+def test_unfinished_function_and_unknown_address(ksyms: Kallsyms) -> None:
+    funcs = funcs_for(ksyms, [("__x64_sys_bpf", RetKind.SIGNED), ("__sys_bpf", RetKind.INT32)])
+    kstack = [addr(ksyms, "__sys_bpf", 0x10), 0x1234]  # 0x1234: below every kernel symbol
+    chain = [StackEntry(0, 0, None), StackEntry(1, 0, None)]
+    session = Session(7, 7, "a", "b", 0, 1, False, chain, kstack)
+    rows = render_stack(session, funcs, KallsymsSymbolizer(ksyms), 0).split("\n\n", 1)[1].rstrip("\n").splitlines()
+    assert rows == ["                0x1234", "!    ... [...]  __x64_sys_bpf", "     ... [...]  __sys_bpf+0x10"]
+
+
+def test_header_uses_local_time_of_boot_plus_offset(ksyms: Kallsyms, monkeypatch: pytest.MonkeyPatch) -> None:
+    session = Session(10, 20, "worker", "proc", BOOT_START, BOOT_START + 1_500_000_001, False, [], [])
+    assert render_header(session, OFFSET) == \
+        "20:19:36.372607 -> 20:19:37.872607 TID/PID 10/20 (worker/proc):"
+    monkeypatch.setenv("TZ", "Asia/Kolkata")  # UTC+05:30
+    time.tzset()
+    assert render_header(session, OFFSET).startswith("01:49:36.372607 -> ")
+
+
+def test_kallsyms_symbolizer(ksyms: Kallsyms) -> None:
+    sym = KallsymsSymbolizer(ksyms)
+    a = addr(ksyms, "show_stat", 0x10, "kvm")
+    assert sym.frames(a) == [Frame("show_stat", 0x10, "kvm")]
+    assert sym.describe(a) == "show_stat+0x10"
+    assert sym.frames(0x10) == [] and sym.describe(0x10) == "0x10"
+
+
+def test_dwarf_symbolizer_orders_outermost_first(ksyms: Kallsyms) -> None:
+    sym = seed1_symbolizer(ksyms)
+    frames = sym.frames(addr(ksyms, "__sys_bpf", 0x38b))
+    assert [(f.name, f.offset, f.line, f.inlined) for f in frames] == [
+        ("__sys_bpf", 0x38b, 4947, False), ("map_create", 0, 1106, True), ("find_and_alloc_map", 0, 132, True)]
+    # no DWARF for module code or unknown addresses: kallsyms only
+    assert sym.frames(addr(ksyms, "kvm_vcpu_ioctl", 4, "kvm")) == [Frame("kvm_vcpu_ioctl", 4, "kvm")]
+    assert sym.frames(addr(ksyms, "bpf_ksym_add", 4)) == [Frame("bpf_ksym_add", 4)]
+
+
+def test_chain_entry_missing_from_function_table(ksyms: Kallsyms) -> None:
+    """A stale or corrupt function id still renders (raw result), rather than failing the whole session."""
+    session = Session(7, 7, "a", "b", 0, 1, True, [StackEntry(99, 5, 1_999)], [])
+    body = render_stack(session, {}, KallsymsSymbolizer(ksyms), 0).split("\n\n", 1)[1]
+    assert body == "!    1us [0x5]  <func #99>\n\n\n"
