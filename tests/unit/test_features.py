@@ -1,0 +1,204 @@
+"""Feature report: formatting, mode choice and refusal messages with synthetic results; file-based
+probes against fixture trees; capability parsing; and a real detect() that leaves nothing behind."""
+
+from __future__ import annotations
+
+import errno
+import gzip
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from retsnoop_otel import caps, features
+from retsnoop_otel.features import Feature, FeatureError, Features
+
+
+def _feats(**over: Feature) -> Features:
+    """A kernel where everything works, with the given entries replaced."""
+    names = ["btf", "fentry", "kprobes", "kprobe_multi", "ringbuf", "func_ip", "bpf_cookie", "branch_snapshot",
+             "lbr", "filter_functions", "kallsyms", "capabilities"]
+    entries = {n: over.get(n, Feature(n, True, f"{n} works")) for n in names}
+    return Features(kernel_release="6.12.117+deb12-amd64", libbpf_version="1.1", **entries)
+
+
+FENTRY_EPERM = Feature("fentry", False, "refused (EPERM): denied", errno.EPERM,
+                       "refuses fentry/fexit programs (EPERM)")
+NO_KPROBES = Feature("kprobes", False, "kprobes are not configured (CONFIG_KPROBES is off)", errno.ENOENT,
+                     "has no kprobes (CONFIG_KPROBES is off)")
+NO_KMULTI = Feature("kprobe_multi", False, "not supported (EOPNOTSUPP)", errno.EOPNOTSUPP,
+                    "has no kprobe_multi (CONFIG_FPROBE is off)")
+HOST = _feats(fentry=FENTRY_EPERM, kprobes=NO_KPROBES, kprobe_multi=NO_KMULTI)
+KERNEL_61 = _feats(kprobe_multi=NO_KMULTI)
+
+
+def test_host_like_kernel_gets_one_sentence_naming_what_is_missing() -> None:
+    for mode in ("auto", "fentry", "kprobe", "kprobe_multi"):
+        with pytest.raises(FeatureError) as info:
+            features.require_tracing(HOST, mode)
+        msg = str(info.value)
+        assert "\n" not in msg and msg.count(": ") == 1
+        assert "refuses fentry/fexit programs (EPERM)" in msg and "has no kprobes (CONFIG_KPROBES is off)" in msg
+        assert "tests/vm/run -- retsnoop-otel trace" in msg
+    with pytest.raises(FeatureError) as info:
+        features.require_tracing(HOST, "auto")
+    assert str(info.value) == (
+        "this kernel refuses fentry/fexit programs (EPERM) and has no kprobes (CONFIG_KPROBES is off), so "
+        "kernel functions cannot be traced here: run retsnoop-otel on a kernel that allows them, for example "
+        "in a VM (tests/vm/run -- retsnoop-otel trace ...)")
+    assert features.choose_mode(HOST) == "auto"
+
+
+def test_missing_mode_suggests_the_ones_that_work() -> None:
+    features.require_tracing(KERNEL_61, "auto")
+    features.require_tracing(KERNEL_61, "fentry")
+    features.require_tracing(KERNEL_61, "kprobe")
+    with pytest.raises(FeatureError) as info:
+        features.require_tracing(KERNEL_61, "kprobe_multi")
+    assert str(info.value) == (
+        "this kernel has no kprobe_multi (CONFIG_FPROBE is off), so -M (kprobe_multi) cannot be used here: use "
+        "-F (fentry/fexit) or -K (kprobes) instead, or leave the mode out to pick one automatically")
+
+
+def test_choose_mode_prefers_kprobe_multi_then_fentry_then_kprobe() -> None:
+    assert features.choose_mode(_feats()) == "kprobe_multi"
+    assert features.choose_mode(KERNEL_61) == "fentry"
+    assert features.choose_mode(_feats(kprobe_multi=NO_KMULTI, fentry=FENTRY_EPERM)) == "kprobe"
+
+
+def test_prerequisites_btf_and_ringbuf() -> None:
+    no_btf = Feature("btf", False, "missing", errno.ENOENT, "has no BTF (CONFIG_DEBUG_INFO_BTF is off)")
+    with pytest.raises(FeatureError, match=r"^this kernel has no BTF \(CONFIG_DEBUG_INFO_BTF is off\), which"):
+        features.require_tracing(_feats(btf=no_btf), "kprobe")
+    no_rb = Feature("ringbuf", False, "old", errno.EINVAL, "has no BPF ring buffer (Linux 5.8+ needed)")
+    with pytest.raises(FeatureError, match="ring buffer"):
+        features.require_tracing(_feats(ringbuf=no_rb), "auto")
+    with pytest.raises(ValueError, match="unknown tracing mode"):
+        features.require_tracing(_feats(), "uprobe")
+
+
+def test_format_features_lists_every_entry_and_the_verdict() -> None:
+    text = features.format_features(HOST)
+    lines = text.splitlines()
+    assert lines[0] == "Kernel 6.12.117+deb12-amd64, libbpf 1.1"
+    assert len(lines) == 2 + 12
+    fentry_line = next(x for x in lines if x.split()[0] == "fentry")
+    assert fentry_line.split()[1] == "NO" and fentry_line.endswith("refused (EPERM): denied")
+    assert next(x for x in lines if x.split()[0] == "btf").split()[1] == "yes"
+    assert lines[-1].startswith("Tracing: not possible: this kernel refuses fentry/fexit programs (EPERM)")
+    assert features.format_features(KERNEL_61).splitlines()[-1] == "Tracing: possible; default attach mode fentry"
+
+
+def test_to_dict_is_json_ready() -> None:
+    d = json.loads(json.dumps(HOST.to_dict()))
+    assert d["kernel_release"] == "6.12.117+deb12-amd64" and d["libbpf_version"] == "1.1"
+    assert len(d["features"]) == 12
+    assert d["features"]["fentry"] == {"available": False, "detail": "refused (EPERM): denied",
+                                       "errno": errno.EPERM, "why": "refuses fentry/fexit programs (EPERM)"}
+
+
+# ---- file-based probes against fixture trees ----------------------------------------------------
+
+
+def _write(root: Path, rel: str, text: str) -> None:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_kernel_config_from_boot_and_proc(tmp_path: Path) -> None:
+    _write(tmp_path, "boot/config-6.18.0", "CONFIG_BPF=y\n# CONFIG_KPROBES is not set\nCONFIG_LSM=\"bpf\"\n")
+    cfg = features.kernel_config(str(tmp_path), "6.18.0")
+    assert cfg == {"CONFIG_BPF": "y", "CONFIG_KPROBES": "n", "CONFIG_LSM": '"bpf"'}
+    assert features.kernel_config(str(tmp_path), "6.1.0") == {}
+    (tmp_path / "proc").mkdir()
+    with gzip.open(tmp_path / "proc/config.gz", "wt") as f:
+        f.write("CONFIG_FPROBE=y\n")
+    assert features.kernel_config(str(tmp_path), "6.18.0") == {"CONFIG_FPROBE": "y"}
+
+
+def test_kprobes_without_pmu_explained_from_config(tmp_path: Path) -> None:
+    f = features.probe_kprobes(str(tmp_path), None, {"CONFIG_KPROBES": "n"})
+    assert not f.available and f.why == "has no kprobes (CONFIG_KPROBES is off)"
+    f = features.probe_kprobes(str(tmp_path), None, {})
+    assert not f.available and "no kprobe PMU" in f.detail
+
+
+def test_btf_probe(tmp_path: Path) -> None:
+    assert not features.probe_btf(str(tmp_path)).available
+    _write(tmp_path, "sys/kernel/btf/vmlinux", "x" * 2_000_000)
+    f = features.probe_btf(str(tmp_path))
+    assert f.available and f.detail.endswith("(2.0 MB)")
+
+
+def test_kallsyms_probe(tmp_path: Path) -> None:
+    _write(tmp_path, "proc/kallsyms", "0000000000000000 T _stext\n0000000000000000 T do_sys_open\n")
+    f = features.probe_kallsyms(str(tmp_path))
+    assert not f.available and "kptr_restrict" in f.detail
+    _write(tmp_path, "proc/kallsyms", "ffffffff81000000 T _stext\n")
+    assert features.probe_kallsyms(str(tmp_path)).available
+    assert not features.probe_kallsyms(str(tmp_path / "nowhere")).available
+
+
+def test_filter_functions_probe(tmp_path: Path) -> None:
+    f = features.probe_filter_functions(str(tmp_path))
+    assert not f.available and "tracefs is not mounted" in f.detail
+    _write(tmp_path, "sys/kernel/tracing/available_filter_functions", "do_sys_open\nbpf_map_create\nfoo [mod]\n")
+    f = features.probe_filter_functions(str(tmp_path))
+    assert f.available and f.detail == "available_filter_functions lists 3 functions"
+
+
+STATUS = "Name:\tpython\nCapInh:\t0000000000000000\nCapPrm:\t000001fffeffffff\nCapEff:\t000001fffeffffff\n"
+
+
+def test_caps_from_status_fixture(tmp_path: Path) -> None:
+    _write(tmp_path, "proc/self/status", STATUS)
+    held = caps.effective_caps(str(tmp_path))
+    assert {"CAP_BPF", "CAP_PERFMON", "CAP_SYS_ADMIN", "CAP_SYSLOG", "CAP_CHOWN"} <= held
+    assert "CAP_SYS_RESOURCE" not in held
+    assert len(held) == 40
+    f = features.probe_capabilities(str(tmp_path))
+    assert f.available and f.detail == "holds CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, CAP_SYSLOG; lacks CAP_SYS_RESOURCE"
+
+
+def test_caps_unprivileged_and_broken(tmp_path: Path) -> None:
+    _write(tmp_path, "proc/self/status", "CapEff:\t0000000000000000\n")
+    assert caps.effective_caps(str(tmp_path)) == set()
+    f = features.probe_capabilities(str(tmp_path))
+    assert not f.available and f.errno == errno.EPERM and "CAP_BPF and CAP_PERFMON" in f.why
+    assert caps.parse_cap_mask(1 << 39 | 1 << 38) == {"CAP_BPF", "CAP_PERFMON"}
+    assert caps.parse_cap_mask(1 << 50) == {"CAP_50"}
+    assert caps.can_trace({"CAP_SYS_ADMIN"}) and not caps.can_trace({"CAP_BPF"})
+    _write(tmp_path, "proc/self/status", "Name:\tx\n")
+    with pytest.raises(caps.CapsError, match="no CapEff"):
+        caps.effective_caps(str(tmp_path))
+    with pytest.raises(caps.CapsError, match="cannot read"):
+        caps.effective_caps(str(tmp_path / "nowhere"))
+
+
+# ---- the real kernel ----------------------------------------------------------------------------
+
+
+def test_detect_on_this_kernel_is_consistent_and_leaves_nothing_open() -> None:
+    before = set(os.listdir("/proc/self/fd"))
+    feats = features.detect()
+    assert set(os.listdir("/proc/self/fd")) == before
+    assert feats.kernel_release == os.uname().release
+    for f in feats.entries():
+        assert f.detail, f
+        if not f.available:
+            assert f.why and f.errno, f
+    try:
+        features.require_tracing(feats, features.choose_mode(feats))
+    except FeatureError as exc:
+        assert features.choose_mode(feats) == "auto" and "\n" not in str(exc)
+
+
+def test_main_json_and_text(capsys) -> None:
+    assert features.main(["--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert set(d["features"]) >= {"btf", "fentry", "kprobes", "kprobe_multi", "lbr"}
+    assert d["default_mode"] in features.MODES
+    assert features.main([]) == 0
+    assert capsys.readouterr().out.startswith(f"Kernel {os.uname().release}, libbpf ")
