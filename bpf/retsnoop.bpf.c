@@ -82,6 +82,14 @@ struct {
 	__type(value, struct func_stats);
 } func_stats SEC(".maps");
 
+/* Whole sessions per entry function: calls = sessions, errors = failed sessions. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);	/* resized to the number of traced functions */
+	__type(key, __u32);
+	__type(value, struct func_stats);
+} entry_stats SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
 	__uint(max_entries, 16384);
@@ -343,24 +351,30 @@ static __always_inline __u32 log2_u64(__u64 v)
 	return r;
 }
 
+static __always_inline void count_into(struct func_stats *st, __u64 lat, bool failed)
+{
+	__u32 b = log2_u64(lat);
+
+	if (b >= DUR_BUCKETS)
+		b = DUR_BUCKETS - 1;
+	st->calls++;
+	st->dur_sum_ns += lat;
+	st->dur_buckets[b]++;
+	if (failed)
+		st->errors++;
+}
+
 static __always_inline void count_call(__u32 func_id, __u64 lat, bool failed, __u32 err)
 {
 	struct func_stats *st = bpf_map_lookup_elem(&func_stats, &func_id);
 	struct err_key ek = { .func_id = func_id, .err = err };
 	__u64 one = 1, *cnt;
-	__u32 b;
 
 	if (!st)
 		return;
-	st->calls++;
-	st->dur_sum_ns += lat;
-	b = log2_u64(lat);
-	if (b >= DUR_BUCKETS)
-		b = DUR_BUCKETS - 1;
-	st->dur_buckets[b]++;
+	count_into(st, lat, failed);
 	if (!failed)
 		return;
-	st->errors++;
 	cnt = bpf_map_lookup_elem(&err_stats, &ek);
 	if (cnt)
 		(*cnt)++;
@@ -389,7 +403,11 @@ static __always_inline void end_session(struct session *s, __u32 key, __u64 now)
 	struct capture_stats *cs = cstats();
 	struct rec_session_end *r;
 	__u64 lat = now - s->start_ts;
+	__u32 entry_id = s->func_ids[0];
+	struct func_stats *es = bpf_map_lookup_elem(&entry_stats, &entry_id);
 
+	if (es)
+		count_into(es, lat, s->is_err);
 	if (s->defunct || !(s->is_err || capture_success) || lat < min_duration_ns)
 		goto out;
 	r = bpf_ringbuf_reserve(&rb, sizeof(*r), 0);

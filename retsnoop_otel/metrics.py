@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from . import __version__
-from .model import CaptureStats, FuncStats, TracedFunc
+from .model import CaptureStats, FuncStats, SessionStats, TracedFunc
 
 if TYPE_CHECKING:  # otlp pulls in the OTel SDK: a metrics-only run should not pay for importing it
     from .otlp import ExportStats
@@ -66,12 +66,39 @@ class MetricsCollector(Collector):
 
     def __init__(self, probe_set: str, funcs: FuncTable, func_stats: Callable[[], Iterable[FuncStats]],
                  capture_stats: Callable[[], CaptureStats],
-                 export_stats: Callable[[], ExportStats] | None = None) -> None:
+                 export_stats: Callable[[], ExportStats] | None = None,
+                 session_stats: Callable[[], Iterable[SessionStats]] | None = None) -> None:
         self.probe_set = probe_set
         self.funcs = funcs
         self._func_stats = func_stats
         self._capture_stats = capture_stats
         self._export_stats = export_stats
+        self._session_stats = session_stats
+
+    def _collect_sessions(self) -> Iterator[Metric]:
+        ps = self.probe_set
+        outcomes = CounterMetricFamily("retsnoop_sessions", "Entry-function sessions by outcome (error: the "
+                                       "entry function returned an error)", labels=["probe_set", "entry_function",
+                                                                                     "outcome"])
+        durations = HistogramMetricFamily("retsnoop_session_duration_seconds",
+                                          "Duration of entry-function sessions", labels=["probe_set", "entry_function"])
+        merged: dict[str, _Merged] = {}
+        for s in self._session_stats():  # type: ignore[misc]
+            name = self._name(s.entry_func_id)
+            m = merged.setdefault(name, _Merged(0, {"error": 0}, [0] * len(s.duration_buckets), 0))
+            m.calls += s.sessions
+            m.errors["error"] += s.error_sessions
+            m.sum_ns += s.duration_sum_ns
+            for i, n in enumerate(s.duration_buckets):
+                m.buckets[i] += n
+        for name, m in sorted(merged.items()):
+            outcomes.add_metric([ps, name, "error"], m.errors["error"])
+            outcomes.add_metric([ps, name, "success"], m.calls - m.errors["error"])
+            cum = _cumulative(m.buckets)
+            durations.add_metric([ps, name], list(zip(bucket_bounds_seconds(len(cum)), cum, strict=True)),
+                                 m.sum_ns / 1e9)
+        yield outcomes
+        yield durations
 
     def _name(self, func_id: int) -> str:
         try:
@@ -119,6 +146,8 @@ class MetricsCollector(Collector):
         yield calls
         yield errors
         yield durations
+        if self._session_stats is not None:
+            yield from self._collect_sessions()
 
         cap = self._capture_stats()
         yield _counter("retsnoop_sessions_dropped",

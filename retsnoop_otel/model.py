@@ -178,6 +178,17 @@ class FuncStats:
 
 
 @dataclass(frozen=True, slots=True)
+class SessionStats:
+    """In-kernel aggregates of whole sessions per entry function (every session, reported or not)."""
+
+    entry_func_id: int
+    sessions: int
+    error_sessions: int
+    duration_buckets: tuple[int, ...]  # log2(ns) buckets like FuncStats
+    duration_sum_ns: int
+
+
+@dataclass(frozen=True, slots=True)
 class CaptureStats:
     """Loss counters kept by the kernel side."""
 

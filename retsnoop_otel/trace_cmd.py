@@ -301,7 +301,8 @@ class _Sinks:
                 probe_set=self.opts.probe_set, funcs=self.funcs,
                 func_stats=tracer.func_stats,  # type: ignore[attr-defined]
                 capture_stats=tracer.capture_stats,  # type: ignore[attr-defined]
-                export_stats=(lambda: self.otlp.stats()) if self.otlp else None)
+                export_stats=(lambda: self.otlp.stats()) if self.otlp else None,
+                session_stats=tracer.session_stats)  # type: ignore[attr-defined]
             self.metrics_server = serve_metrics(self.opts.metrics_port, make_registry(collector),
                                                 addr=self.opts.metrics_addr)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from . import libbpf as lb
 from . import records
-from .model import RET_KIND_CODES, CaptureStats, FuncStats, TracedFunc, error_type
+from .model import RET_KIND_CODES, CaptureStats, FuncStats, SessionStats, TracedFunc, error_type
 
 MODES = ("fentry", "kprobe", "kprobe_multi", "uprobe")
 _MODE_PROGRAMS = {
@@ -126,6 +126,7 @@ class Tracer:
         n = len(self.funcs)
         obj.map("func_infos").set_max_entries(n)
         obj.map("func_stats").set_max_entries(n)
+        obj.map("entry_stats").set_max_entries(n)
         obj.map("rb").set_max_entries(_ringbuf_size(cfg.ringbuf_size))
         obj.map("sessions").set_max_entries(cfg.max_sessions)
         entry_prog, exit_prog = _MODE_PROGRAMS[cfg.mode]
@@ -285,6 +286,22 @@ class Tracer:
                 continue
             calls, _errs, dur, buckets = records.decode_func_stats(raw, self._ncpus)
             out.append(FuncStats(f.id, calls, errors.get(f.id, {}), tuple(buckets), dur))
+        return out
+
+    def session_stats(self) -> list[SessionStats]:
+        """Sessions per entry function (outcome counts and duration histogram), summed over CPUs."""
+        assert self._obj is not None
+        stats_map = self._obj.map("entry_stats")
+        vsize = records.FUNC_STATS.size * self._ncpus
+        out = []
+        for f in self.funcs:
+            if not f.is_entry:
+                continue
+            raw = stats_map.lookup(struct.pack("<I", f.id), vsize)
+            if raw is None:
+                continue
+            sessions, errors, dur, buckets = records.decode_func_stats(raw, self._ncpus)
+            out.append(SessionStats(f.id, sessions, errors, tuple(buckets), dur))
         return out
 
     def capture_stats(self) -> CaptureStats:

@@ -179,3 +179,20 @@ def test_own_process_is_excluded_by_default(simkern):
         assert tracer.capture_stats().sessions_started == 0
     finally:
         tracer.close()
+
+
+def test_session_aggregates_per_entry_function(simkern):
+    path, lib = simkern
+    tracer = Tracer(_funcs(), CaptureConfig(mode="uprobe", uprobe_binary=path, pids=[os.getpid()],
+                                            exclude_self=False))
+    try:
+        tracer.load()
+        tracer.attach(strict=True)
+        for v in (0, 5, 500, 7):
+            lib.sk_syscall(v)
+        stats = {s.entry_func_id: s for s in tracer.session_stats()}
+    finally:
+        tracer.close()
+    s = stats[0]  # sk_syscall
+    assert (s.sessions, s.error_sessions) == (4, 2)
+    assert sum(s.duration_buckets) == 4 and s.duration_sum_ns > 0

@@ -160,3 +160,21 @@ def test_serve_metrics_over_http_and_port_in_use():
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", port))
         s.listen()
+
+
+def test_session_outcomes_and_duration_per_entry_function():
+    from retsnoop_otel.metrics import MetricsCollector, make_registry
+    from retsnoop_otel.model import SessionStats
+
+    funcs = {0: TracedFunc(0, "__x64_sys_bpf", 0, RetKind.SIGNED, True)}
+    buckets = [0] * 40
+    buckets[10] = 3  # [1024, 2048) ns
+    buckets[20] = 1  # [~1 ms, ~2 ms)
+    coll = MetricsCollector("bpf", funcs, func_stats=list, capture_stats=CaptureStats,
+                            session_stats=lambda: [SessionStats(0, 4, 1, tuple(buckets), 3 * 1500 + 1_500_000)])
+    text = generate_latest(make_registry(coll)).decode()
+    assert 'retsnoop_sessions_total{entry_function="__x64_sys_bpf",outcome="error",probe_set="bpf"} 1.0' in text
+    assert 'retsnoop_sessions_total{entry_function="__x64_sys_bpf",outcome="success",probe_set="bpf"} 3.0' in text
+    assert ('retsnoop_session_duration_seconds_bucket{entry_function="__x64_sys_bpf",le="2.048e-06",'
+            'probe_set="bpf"} 3.0') in text
+    assert 'retsnoop_session_duration_seconds_count{entry_function="__x64_sys_bpf",probe_set="bpf"} 4.0' in text
