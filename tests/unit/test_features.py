@@ -61,9 +61,9 @@ def test_missing_mode_suggests_the_ones_that_work() -> None:
         "-F (fentry/fexit) or -K (kprobes) instead, or leave the mode out to pick one automatically")
 
 
-def test_choose_mode_prefers_kprobe_multi_then_fentry_then_kprobe() -> None:
+def test_choose_mode_prefers_kprobe_multi_then_kprobe_then_fentry() -> None:
     assert features.choose_mode(_feats()) == "kprobe_multi"
-    assert features.choose_mode(KERNEL_61) == "fentry"
+    assert features.choose_mode(KERNEL_61) == "kprobe"
     assert features.choose_mode(_feats(kprobe_multi=NO_KMULTI, fentry=FENTRY_EPERM)) == "kprobe"
 
 
@@ -87,7 +87,7 @@ def test_format_features_lists_every_entry_and_the_verdict() -> None:
     assert fentry_line.split()[1] == "NO" and fentry_line.endswith("refused (EPERM): denied")
     assert next(x for x in lines if x.split()[0] == "btf").split()[1] == "yes"
     assert lines[-1].startswith("Tracing: not possible: this kernel refuses fentry/fexit programs (EPERM)")
-    assert features.format_features(KERNEL_61).splitlines()[-1] == "Tracing: possible; default attach mode fentry"
+    assert features.format_features(KERNEL_61).splitlines()[-1] == "Tracing: possible; default attach mode kprobe"
 
 
 def test_to_dict_is_json_ready() -> None:

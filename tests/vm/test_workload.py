@@ -103,6 +103,6 @@ def test_features_kprobe_multi_needs_fprobe(vm_batch_61, vm_batch_612) -> None:
     kmulti_61 = vm_batch_61["features"]["json"]["features"]["kprobe_multi"]
     assert not kmulti_61["available"] and kmulti_61["errno"] == errno.EOPNOTSUPP
     assert kmulti_61["why"] == "has no kprobe_multi (CONFIG_FPROBE is off)"
-    assert vm_batch_61["features"]["json"]["default_mode"] == "fentry"
+    assert vm_batch_61["features"]["json"]["default_mode"] == "kprobe"
     assert vm_batch_612["features"]["json"]["features"]["kprobe_multi"]["available"]
     assert vm_batch_612["features"]["json"]["default_mode"] == "kprobe_multi"
