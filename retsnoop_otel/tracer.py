@@ -12,6 +12,7 @@ import resource
 import struct
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -20,6 +21,8 @@ from . import libbpf as lb
 from . import records
 from .model import RET_KIND_CODES, CaptureStats, FuncStats, SessionStats, TracedFunc, error_type
 
+PARALLEL_DETACH_MIN = 32
+DETACH_THREADS = 32
 MODES = ("fentry", "kprobe", "kprobe_multi", "uprobe")
 _MODE_PROGRAMS = {
     "fentry": ("fentry_entry", "fexit_exit"),
@@ -313,9 +316,20 @@ class Tracer:
     # ---- teardown ------------------------------------------------------------------------
 
     def detach_links(self) -> None:
+        """Entries first (attached last), then exits; many links are destroyed from several threads.
+
+        Each kprobe or trampoline detach waits for an RCU grace period in the kernel; issued from
+        parallel threads (ctypes drops the GIL) those waits overlap instead of adding up.
+        """
         links, self._links = self._links, []
-        for link in reversed(links):  # entries first (attached last), then exits
-            link.destroy()
+        # every attach appends (exit, entry): entries are the odd positions
+        for group in (links[1::2], links[0::2]):
+            if len(group) < PARALLEL_DETACH_MIN:
+                for link in reversed(group):
+                    link.destroy()
+                continue
+            with ThreadPoolExecutor(max_workers=DETACH_THREADS) as pool:
+                list(pool.map(lambda link: link.destroy(), group))
 
     def detach(self) -> None:
         self.detach_links()
