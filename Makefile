@@ -1,0 +1,69 @@
+# Entry points: `make demo` and `make test` work on a fresh Debian 12 machine (root or sudo).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+APT_PACKAGES := clang llvm libbpf-dev bpftool qemu-system-x86 kmod busybox-static prometheus
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+PYTEST_ARGS ?= -ra
+
+.NOTPARALLEL:
+.PHONY: setup apt bpf kernels test unit vmtest lint demo clean distclean
+
+## setup: Debian packages (only missing ones), .venv with the project and its dev extra, BPF objects
+setup:
+	@$(MAKE) --no-print-directory apt
+	@$(MAKE) --no-print-directory $(STAMP)
+	@$(MAKE) --no-print-directory bpf
+
+apt:
+	@missing=$$(for p in $(APT_PACKAGES); do \
+	    dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed$$' || echo $$p; \
+	  done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:" $$missing; \
+	  $(SUDO) apt-get update && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y $$missing; \
+	fi
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml setup.py | $(PY)
+	$(PY) -m pip install -e '.[dev]'
+	touch $@
+
+bpf:
+	@$(MAKE) --no-print-directory -s -C bpf OUT=$(CURDIR)/retsnoop_otel/bpf
+
+## kernels: Debian 6.1 (with its DWARF vmlinux) and 6.12 kernels for the VM tests, cached outside the repo
+kernels:
+	tests/vm/fetch-kernel 6.1 --dbg
+	tests/vm/fetch-kernel 6.12
+
+## test: lint, then every test: unit, native (uprobes on the host) and VM scenarios on 6.1 and 6.12
+test: setup kernels lint
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+## unit: the tests that need no VM
+unit: setup
+	$(PY) -m pytest -m 'not vm' $(PYTEST_ARGS)
+
+## vmtest: only the VM tests (one boot per kernel)
+vmtest: setup kernels
+	$(PY) -m pytest -m vm $(PYTEST_ARGS)
+
+lint: setup
+	$(PY) -m ruff check .
+
+## demo: boot 6.12 and trace the bundled failure workload
+demo: setup kernels
+	tests/vm/run --kernel 6.12 -- python -m retsnoop_otel.demo
+
+clean:
+	rm -rf build *.egg-info .pytest_cache .ruff_cache .benchmarks
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -print0 | xargs -0 rm -rf
+	@$(MAKE) --no-print-directory -s -C bpf clean OUT=$(CURDIR)/retsnoop_otel/bpf
+
+distclean: clean
+	rm -rf $(VENV)

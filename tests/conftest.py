@@ -1,0 +1,22 @@
+"""Suite-wide pytest options: the `vm` marker and which kernels the VM tests boot."""
+
+from __future__ import annotations
+
+import pytest
+
+VM_KERNELS = ("6.1", "6.12")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("vm", "real-kernel VM tests (tests/vm, one boot per kernel)")
+    group.addoption("--vm-kernels", default=",".join(VM_KERNELS),
+                    help="comma-separated kernel series to boot (default: %(default)s); tests for the others "
+                         "are reported as deselected. Leave out all VM tests only with -m 'not vm'.")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "vm: runs inside a real-kernel VM (tests/vm/run), one boot per kernel")
+    chosen = [k.strip() for k in config.getoption("--vm-kernels").split(",") if k.strip()]
+    bad = [k for k in chosen if k not in VM_KERNELS]
+    if bad or not chosen:
+        raise pytest.UsageError(f"--vm-kernels: expected some of {', '.join(VM_KERNELS)}, got {chosen!r}")

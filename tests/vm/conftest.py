@@ -1,0 +1,196 @@
+"""Host side of the VM tests: boot each kernel once per pytest run and run every scenario in it.
+
+Fixtures (all session-scoped, sharing one cache, so a kernel boots at most once per run):
+- `vm_batch`: parametrized over the kernels chosen with --vm-kernels (ids `6.1`, `6.12`);
+- `vm_batch_61`, `vm_batch_612`: one kernel each.
+Each returns a `VmBatch`: a read-only mapping scenario name -> result dict (the name is the guest
+function's name without `scenario_`). Looking up a scenario that raised, overran its budget or never
+ran fails the test with the guest traceback; `raw(name)` returns the stored dict unchecked.
+
+If the VM does not boot or the batch produces no summary, every test using that kernel fails (as a
+setup error) with the tail of the VM output: VM tests never skip. Tests that use these fixtures get
+the `vm` marker automatically; deselect them only with -m 'not vm'.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from tests.vm import guest_batch  # noqa: E402 - needs the repo root on sys.path
+
+KERNELS = {"6.1": {"dbg": True}, "6.12": {"dbg": False}}
+FIXTURE_KERNEL = {"vm_batch_61": "6.1", "vm_batch_612": "6.12"}
+BOOT_MARGIN_S = 900.0  # boot (20-40 s under TCG) + guest Python start-up and imports, generously
+LOG_TAIL = 80
+STASH = pytest.StashKey["VmBatches"]()
+
+
+def _tail(text: str, n: int = LOG_TAIL) -> str:
+    return "\n".join(text.splitlines()[-n:])
+
+
+class VmBatch(Mapping):
+    """The results of one kernel's batch, read from the JSON files the guest wrote."""
+
+    def __init__(self, series: str, results_dir: Path, log: str, run_rc: int, seconds: float) -> None:
+        self.series = series
+        self.results_dir = results_dir
+        self.log = log
+        self.run_rc = run_rc
+        self.seconds = seconds
+        self.summary = json.loads((results_dir / guest_batch.SUMMARY_FILE).read_text())
+        self.release: str = self.summary.get("release", "")
+        self.statuses: dict[str, dict] = self.summary.get("scenarios", {})
+
+    def raw(self, name: str) -> dict:
+        """The stored dict of a scenario, including {"error": ...} ones."""
+        path = self.results_dir / f"{name.removeprefix(guest_batch.SCENARIO_PREFIX)}.json"
+        if not path.exists():
+            raise AssertionError(f"scenario {name!r} has no result on {self.series} ({self.release}); "
+                                 f"tests/vm/run exit {self.run_rc}; batch output tail:\n{_tail(self.log)}")
+        return json.loads(path.read_text())
+
+    def __getitem__(self, name: str) -> dict:
+        key = name.removeprefix(guest_batch.SCENARIO_PREFIX)
+        result = self.raw(key)
+        status = self.statuses.get(key, {}).get("status", "missing from _batch.json")
+        if status != "ok":
+            raise AssertionError(f"scenario {key!r} on {self.release}: {status}\n{result.get('error', result)}")
+        return result
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.statuses)
+
+    def __len__(self) -> int:
+        return len(self.statuses)
+
+
+class VmBatches:
+    """Boots each kernel on first request and caches the outcome (success or failure) for the session."""
+
+    def __init__(self, config: pytest.Config, tmp_factory: pytest.TempPathFactory) -> None:
+        self.config = config
+        self.tmp_factory = tmp_factory
+        self.done: dict[str, VmBatch | str] = {}
+
+    def get(self, series: str) -> VmBatch:
+        if series not in self.done:
+            try:
+                self.done[series] = self._boot(series)
+            except RuntimeError as e:
+                self.done[series] = str(e)
+        outcome = self.done[series]
+        if isinstance(outcome, str):
+            pytest.fail(outcome, pytrace=False)
+        return outcome
+
+    def _say(self, line: str) -> None:
+        """Progress on the terminal even while pytest captures output (a batch takes minutes)."""
+        capman = self.config.pluginmanager.getplugin("capturemanager")
+        reporter = self.config.pluginmanager.getplugin("terminalreporter")
+        if capman is None or reporter is None:
+            return
+        with capman.global_and_fixture_disabled():
+            reporter.write_line(line)
+
+    def _boot(self, series: str) -> VmBatch:
+        scenarios = guest_batch.discover()
+        timeout = BOOT_MARGIN_S + sum(s.budget_s for s in scenarios)
+        rwdir = self.tmp_factory.mktemp(f"vm-{series}")
+        results = rwdir / "results"
+        cmd = [str(REPO / "tests" / "vm" / "run"), "--kernel", series, "--timeout", f"{timeout:.0f}",
+               "--rwdir", str(rwdir)]
+        if KERNELS[series]["dbg"]:
+            cmd.append("--dbg")
+        cmd += ["--", "python", "-m", "tests.vm.guest_batch", "--out", str(results)]
+        self._say(f"\n[vm {series}] booting for {len(scenarios)} scenarios (timeout {timeout:.0f} s, "
+                  f"log {rwdir / 'batch.log'})")
+        start = time.monotonic()
+        lines: list[str] = []
+        with open(rwdir / "batch.log", "w") as log, subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                errors="replace", cwd=REPO) as proc:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                lines.append(line)
+                log.write(line)
+                log.flush()
+                if line.startswith(("[batch]", "tests/vm/run:", "[vm]")):
+                    self._say(f"[vm {series}] {line.rstrip()}")
+        seconds = time.monotonic() - start
+        text = "".join(lines)
+        if not (results / guest_batch.SUMMARY_FILE).exists():
+            raise RuntimeError(f"VM batch on kernel {series} produced no results (tests/vm/run exit {proc.returncode}, "
+                               f"{seconds:.0f} s). Output tail:\n{_tail(text)}")
+        return VmBatch(series, results, text, proc.returncode, seconds)
+
+
+def _item_kernels(item: pytest.Item) -> set[str]:
+    kernels = {k for f, k in FIXTURE_KERNEL.items() if f in getattr(item, "fixturenames", ())}
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and "vm_batch" in callspec.params:
+        kernels.add(callspec.params["vm_batch"])
+    return kernels
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark VM-fixture users `vm` (before -m filtering) and drop kernels not in --vm-kernels."""
+    chosen = {k.strip() for k in config.getoption("--vm-kernels").split(",")}
+    keep, drop = [], []
+    for item in items:
+        kernels = _item_kernels(item)
+        if kernels:
+            item.add_marker(pytest.mark.vm)
+        (drop if kernels - chosen else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """How long each boot + batch took and each scenario's status: the numbers CI cost depends on."""
+    batches = config.stash.get(STASH, None)
+    if batches is None or not batches.done:
+        return
+    terminalreporter.section("VM batches")
+    for series, outcome in batches.done.items():
+        if isinstance(outcome, str):
+            terminalreporter.write_line(f"kernel {series}: FAILED to produce results")
+            continue
+        parts = ", ".join(f"{n} {s['status']} {s['seconds']:.0f}s" for n, s in outcome.statuses.items())
+        terminalreporter.write_line(f"kernel {series} ({outcome.release}): boot + batch {outcome.seconds:.0f} s; "
+                                    f"{parts}")
+
+
+@pytest.fixture(scope="session")
+def vm_batches(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> VmBatches:
+    if STASH not in pytestconfig.stash:
+        pytestconfig.stash[STASH] = VmBatches(pytestconfig, tmp_path_factory)
+    return pytestconfig.stash[STASH]
+
+
+@pytest.fixture(scope="session", params=list(KERNELS), ids=list(KERNELS))
+def vm_batch(request: pytest.FixtureRequest, vm_batches: VmBatches) -> VmBatch:
+    return vm_batches.get(request.param)
+
+
+@pytest.fixture(scope="session")
+def vm_batch_61(vm_batches: VmBatches) -> VmBatch:
+    return vm_batches.get("6.1")
+
+
+@pytest.fixture(scope="session")
+def vm_batch_612(vm_batches: VmBatches) -> VmBatch:
+    return vm_batches.get("6.12")
