@@ -37,9 +37,11 @@ bpf:
 	@$(MAKE) --no-print-directory -s -C bpf OUT=$(CURDIR)/retsnoop_otel/bpf
 
 ## kernels: Debian 6.1 (with its DWARF vmlinux) and 6.12 kernels for the VM tests, cached outside the repo
-kernels:
+kernels: setup
 	tests/vm/fetch-kernel 6.1 --dbg
 	tests/vm/fetch-kernel 6.12
+	@# index the 6.1 DWARF once on the host (cached by build-id): ':path' globs then start fast in the guest
+	$(PY) -m retsnoop_otel.dwarf index "$$(tests/vm/fetch-kernel 6.1 --dbg)"/usr/lib/debug/boot/vmlinux-*
 
 ## test: lint, then every test: unit, native (uprobes on the host) and VM scenarios on 6.1 and 6.12
 test: setup kernels lint

@@ -1,0 +1,39 @@
+"""Issue 3's headline capture: `-e '*sys_bpf' -a ':kernel/bpf/*.c'` with source lines and inlines.
+
+On 6.1 the guest has the kernel's DWARF vmlinux (RETSNOOP_OTEL_VMLINUX): source-path globs
+resolve through it and stacks carry kernel-tree file:line and inlined frames. On 6.12 there is no
+DWARF: the same failures are captured with a name-glob function set, kallsyms names only.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from tests.vm.guest_batch import budget
+
+PY = sys.executable
+CASES = ("bpf-bad-map-val-size-percpu-array", "bpf-bad-map-max-entries-array")
+
+
+@budget(1500)
+def scenario_dwarf_stack(ctx) -> dict:
+    if ctx.vmlinux:
+        cmd = ["-e", "*sys_bpf", "-a", ":kernel/bpf/*.c", "-k", ctx.vmlinux]
+    else:
+        cmd = ["-e", "*sys_bpf", "-a", "array_map_alloc_check", "-a", "map_create", "-a", "array_map_alloc"]
+    tracer = ctx.spawn([PY, "-m", "retsnoop_otel", "trace", *cmd, "-v"])
+    result: dict = {"cmd": cmd, "cases": {}}
+    try:
+        tracer.wait_for_line(r"Receiving data", timeout=900)
+        for case in CASES:
+            rc, out, err = ctx.run([PY, "-m", "retsnoop_otel", "simfail", case], 120)
+            result["cases"][case] = {"rc": rc, "out": out + err}
+            tracer.wait_for_line(r"array_map_alloc_check", timeout=300)
+            tracer.wait_output_settled(5, timeout=300)
+    finally:
+        result["rc"] = tracer.terminate(timeout=900)
+        result["output"] = tracer.output()
+    result["progs_after"] = [p.get("name") for p in ctx.bpf_prog_ids()
+                             if p.get("name") in ("kprobe_entry", "kretprobe_exit", "kmulti_entry", "kmulti_exit",
+                                                  "rs_fentry", "rs_fexit")]
+    return result
