@@ -25,7 +25,8 @@ const volatile __u32 comm_allow_cnt = 0;
 const volatile bool has_tgid_filter = false;
 const volatile bool has_comm_filter = false;
 const volatile __u64 cgroup_id_filter = 0;
-const volatile __u32 max_depth = MAX_FSTACK_DEPTH;	/* nesting recorded per session (<= 64) */
+const volatile __u32 max_depth = MAX_FSTACK_DEPTH;
+const volatile bool capture_args = false;	/* -A: off unless asked, kernel memory can hold secrets */	/* nesting recorded per session (<= 64) */
 
 /* Set by user space once every probe is attached: no session starts half-instrumented. */
 volatile bool ready = false;
@@ -81,6 +82,13 @@ struct {
 	__type(key, __u32);
 	__type(value, struct func_stats);
 } func_stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);	/* resized to the number of traced functions */
+	__type(key, __u32);
+	__type(value, struct arg_spec);
+} arg_specs SEC(".maps");
 
 /* Whole sessions per entry function: calls = sessions, errors = failed sessions. */
 struct {
@@ -305,7 +313,67 @@ static __always_inline struct session *start_session(__u32 key, __u32 tid, __u32
 	return s;
 }
 
-static __always_inline void handle_entry(void *ctx, __u32 func_id)
+static __always_inline __u64 read_arg(void *ctx, int i, bool fentry)
+{
+	struct pt_regs *regs = ctx;
+	__u64 v = 0;
+
+	if (fentry) {
+		bpf_get_func_arg(ctx, i, &v);
+		return v;
+	}
+	switch (i) {
+	case 0: return PT_REGS_PARM1_CORE(regs);
+	case 1: return PT_REGS_PARM2_CORE(regs);
+	case 2: return PT_REGS_PARM3_CORE(regs);
+	case 3: return PT_REGS_PARM4_CORE(regs);
+	case 4: return PT_REGS_PARM5_CORE(regs);
+	default: return BPF_CORE_READ(regs, r9);	/* PT_REGS_PARM6 is missing in libbpf 1.1 */
+	}
+}
+
+static __always_inline void emit_args(void *ctx, struct session *s, __u32 tid, int depth, __u32 func_id,
+				      __u32 seq, bool fentry)
+{
+	struct rec_func_args *r;
+	struct arg_spec *as;
+	__u32 kind, size;
+	__u64 v;
+	long n;
+	int i;
+
+	as = bpf_map_lookup_elem(&arg_specs, &func_id);
+	if (!as)
+		return;
+	r = bpf_ringbuf_reserve(&rb, sizeof(*r), 0);
+	if (!r) {
+		s->dropped_records++;
+		return;
+	}
+	r->type = REC_FUNC_ARGS;
+	r->tid = tid;
+	r->seq = seq;
+	r->func_id = func_id;
+	r->depth = depth;
+#pragma unroll
+	for (i = 0; i < MAX_FUNC_ARGS; i++) {
+		kind = as->spec[i] >> ARG_KIND_SHIFT;
+		size = as->spec[i] & ARG_SIZE_MASK;
+		v = kind ? read_arg(ctx, i, fentry) : 0;
+		r->args[i] = v;
+		n = 0;
+		if (size > MAX_ARG_DATA)
+			size = MAX_ARG_DATA;
+		if (kind == ARG_PTR && v)
+			n = bpf_probe_read_kernel(r->data[i], size, (void *)v) ?: size;
+		else if (kind == ARG_STR && v)
+			n = bpf_probe_read_kernel_str(r->data[i], MAX_ARG_DATA, (void *)v);
+		r->data_len[i] = n;
+	}
+	bpf_ringbuf_submit(r, 0);
+}
+
+static __always_inline void handle_entry(void *ctx, __u32 func_id, bool fentry)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	__u32 tid = (__u32)pid_tgid, key = session_key(tid);
@@ -332,8 +400,11 @@ static __always_inline void handle_entry(void *ctx, __u32 func_id)
 		return;	/* too deep: tracked by depth only, never recorded */
 	s->func_ids[lvl(d)] = func_id;
 	s->func_ts[lvl(d)] = now;
-	if (emit_calls && !s->defunct)
+	if (emit_calls && !s->defunct) {
 		emit_trace(s, REC_FUNC_ENTRY, tid, now, d, func_id, 0, 0);
+		if (capture_args)
+			emit_args(ctx, s, tid, d, func_id, s->next_seq - 1, fentry);
+	}
 }
 
 static __always_inline __u32 log2_u64(__u64 v)
@@ -503,7 +574,7 @@ int BPF_PROG(fentry_entry)
 {
 	if (!enter_guard())
 		return 0;
-	handle_entry(ctx, (__u32)bpf_get_attach_cookie(ctx));
+	handle_entry(ctx, (__u32)bpf_get_attach_cookie(ctx), true);
 	exit_guard();
 	return 0;
 }
@@ -526,7 +597,7 @@ int kprobe_entry(struct pt_regs *ctx)
 {
 	if (!enter_guard())
 		return 0;
-	handle_entry(ctx, (__u32)bpf_get_attach_cookie(ctx));
+	handle_entry(ctx, (__u32)bpf_get_attach_cookie(ctx), false);
 	exit_guard();
 	return 0;
 }
@@ -546,7 +617,7 @@ int kmulti_entry(struct pt_regs *ctx)
 {
 	if (!enter_guard())
 		return 0;
-	handle_entry(ctx, (__u32)bpf_get_attach_cookie(ctx));
+	handle_entry(ctx, (__u32)bpf_get_attach_cookie(ctx), false);
 	exit_guard();
 	return 0;
 }
@@ -568,3 +639,5 @@ _Static_assert(sizeof(struct rec_session_end) == 1760, "rec_session_end layout")
 _Static_assert(sizeof(struct func_stats) == 344, "func_stats layout");
 _Static_assert(sizeof(struct capture_stats) == 40, "capture_stats layout");
 _Static_assert(sizeof(struct func_info) == 16, "func_info layout");
+_Static_assert(sizeof(struct rec_func_args) == 1616, "rec_func_args layout");
+_Static_assert(sizeof(struct arg_spec) == 16, "arg_spec layout");

@@ -15,6 +15,38 @@ enum rec_type {
 	REC_FUNC_ENTRY = 2,
 	REC_FUNC_EXIT = 3,
 	REC_SESSION_END = 4,
+	REC_FUNC_ARGS = 5,
+};
+
+#define MAX_FUNC_ARGS 6
+#define MAX_ARG_DATA 256	/* bytes captured per pointed-to argument (-A) */
+
+/* arg_spec.spec[i]: kind in bits 12..15, bytes to copy in bits 0..11 */
+#define ARG_KIND_SHIFT 12
+#define ARG_SIZE_MASK 0xfff
+enum arg_kind {
+	ARG_NONE = 0,	/* no such argument */
+	ARG_RAW = 1,	/* register value only (integers, enums, opaque pointers) */
+	ARG_PTR = 2,	/* pointer: also copy `size` bytes it points to (structs, unions) */
+	ARG_STR = 3,	/* char pointer: copy a NUL-terminated string */
+};
+
+struct arg_spec {
+	__u16 spec[MAX_FUNC_ARGS];
+	__u16 pad[2];
+};
+
+/* Arguments of one call, right after its REC_FUNC_ENTRY (same seq). */
+struct rec_func_args {
+	__u32 type;
+	__u32 tid;
+	__u32 seq;
+	__u16 func_id;
+	__u16 depth;
+	__u64 args[MAX_FUNC_ARGS];
+	__s16 data_len[MAX_FUNC_ARGS];	/* bytes copied, or negative error */
+	__u16 pad[2];
+	__u8 data[MAX_FUNC_ARGS][MAX_ARG_DATA];
 };
 
 /* func_info.flags */

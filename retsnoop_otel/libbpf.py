@@ -646,6 +646,19 @@ class Btf:
             out.append((name.decode(), p.type))
         return out
 
+    def members(self, tid: int) -> list[tuple[str, int, int, int]]:
+        """(name, type id, bit offset, bitfield size or 0) of a STRUCT/UNION's members."""
+        t = lib().lib.btf__type_by_id(self._ptr, tid)
+        info = t.contents.info
+        vlen, kflag = info & 0xFFFF, info >> 31
+        base = ctypes.addressof(t.contents) + ctypes.sizeof(_BtfType)
+        out = []
+        for name_off, mtype, offset in (ctypes.c_uint32 * 3 * vlen).from_address(base):
+            name = lib().lib.btf__name_by_offset(self._ptr, name_off) or b""
+            bits, off = (offset >> 24, offset & 0xFFFFFF) if kflag else (0, offset)
+            out.append((name.decode(), mtype, off, bits))
+        return out
+
     def datasec_vars(self, section: str) -> dict[str, tuple[int, int]]:
         """Variables of a data section (.rodata, .bss) as name -> (offset, size)."""
         sec_id = self.find(section, BTF_KIND_DATASEC)

@@ -110,6 +110,14 @@ class TracedFunc:
     size: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class ArgValue:
+    """One captured argument: the register value and, for pointers and strings, the bytes behind it."""
+
+    raw: int
+    data: bytes | None = None
+
+
 @dataclass(slots=True)
 class Call:
     """One traced call inside a session, from the per-call (-T) records.
@@ -126,6 +134,7 @@ class Call:
     seq: int = 0
     children: list[Call] = field(default_factory=list)
     missing_before: int = 0  # records lost right before this call (sequence gap)
+    args: tuple[ArgValue, ...] | None = None  # -A: captured at entry
 
     @property
     def duration_ns(self) -> int | None:

@@ -19,6 +19,11 @@ REC_SESSION_START = 1
 REC_FUNC_ENTRY = 2
 REC_FUNC_EXIT = 3
 REC_SESSION_END = 4
+REC_FUNC_ARGS = 5
+MAX_FUNC_ARGS = 6
+MAX_ARG_DATA = 256
+ARG_KIND_SHIFT = 12
+ARG_RAW, ARG_PTR, ARG_STR = 1, 2, 3
 
 FUNC_IS_ENTRY = 0x1
 FUNC_RET_KIND_SHIFT = 8
@@ -31,6 +36,9 @@ FUNC_INFO = struct.Struct("<QII")
 FUNC_STATS = struct.Struct(f"<QQQ{DUR_BUCKETS}Q")
 ERR_KEY = struct.Struct("<II")
 CAPTURE_STATS = struct.Struct("<QQQQQ")
+FUNC_ARGS_HEAD = struct.Struct(f"<IIIHH{MAX_FUNC_ARGS}Q{MAX_FUNC_ARGS}h2x2x")
+FUNC_ARGS_SIZE = FUNC_ARGS_HEAD.size + MAX_FUNC_ARGS * MAX_ARG_DATA
+ARG_SPEC = struct.Struct(f"<{MAX_FUNC_ARGS}H2x2x")
 
 
 def _comm(raw: bytes) -> str:
@@ -81,7 +89,17 @@ class SessionEndRec:
     kstack: tuple[int, ...]
 
 
-Record = SessionStartRec | FuncTraceRec | SessionEndRec
+@dataclass(frozen=True, slots=True)
+class FuncArgsRec:
+    tid: int
+    seq: int
+    func_id: int
+    depth: int
+    args: tuple[int, ...]
+    data: tuple[bytes | None, ...]  # pointed-to bytes / string per argument, None when not captured
+
+
+Record = SessionStartRec | FuncTraceRec | SessionEndRec | FuncArgsRec
 
 
 def decode(data: bytes) -> Record:
@@ -90,6 +108,14 @@ def decode(data: bytes) -> Record:
     if rtype in (REC_FUNC_ENTRY, REC_FUNC_EXIT):
         _, tid, ts, seq, depth, fid, lat, res = FUNC_TRACE.unpack_from(data)
         return FuncTraceRec(rtype == REC_FUNC_EXIT, tid, ts, seq, depth, fid, lat, res)
+    if rtype == REC_FUNC_ARGS:
+        v = FUNC_ARGS_HEAD.unpack_from(data)
+        n = MAX_FUNC_ARGS
+        lens = v[5 + n:5 + 2 * n]
+        base = FUNC_ARGS_HEAD.size
+        blobs = tuple(data[base + i * MAX_ARG_DATA:base + i * MAX_ARG_DATA + ln] if ln > 0 else None
+                      for i, ln in enumerate(lens))
+        return FuncArgsRec(v[1], v[2], v[3], v[4], tuple(v[5:5 + n]), blobs)
     if rtype == REC_SESSION_START:
         _, tid, tgid, cpu, ts, comm, pcomm = SESSION_START.unpack_from(data)
         return SessionStartRec(tid, tgid, cpu, ts, _comm(comm), _comm(pcomm))

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from .model import Call, Session, StackEntry
-from .records import FuncTraceRec, Record, SessionEndRec, SessionStartRec
+from .model import ArgValue, Call, Session, StackEntry
+from .records import FuncArgsRec, FuncTraceRec, Record, SessionEndRec, SessionStartRec
 
 
 @dataclass(slots=True)
@@ -56,6 +56,11 @@ class SessionAssembler:
         self.evicted = 0
 
     def feed(self, rec: Record) -> Session | None:
+        if isinstance(rec, FuncArgsRec):
+            tree = self._open.get(rec.tid)
+            if tree is not None and tree.stack and tree.stack[-1].seq == rec.seq:
+                tree.stack[-1].args = tuple(ArgValue(a, d) for a, d in zip(rec.args, rec.data, strict=True))
+            return None
         if isinstance(rec, FuncTraceRec):
             tree = self._open.get(rec.tid)
             if tree is not None:

@@ -57,6 +57,7 @@ class CaptureConfig:
     ringbuf_size: int = 8 << 20
     max_sessions: int = 4096
     max_depth: int = 64  # traced-call nesting recorded per session (1..64)
+    capture_args: bool = False  # -A; needs emit_calls (arguments travel with the per-call records)
     exclude_self: bool = True  # our own bpf() calls (map reads at scrape time) are not the user's
     uprobe_binary: str = ""  # mode 'uprobe' only: the ELF file whose functions are traced
 
@@ -72,7 +73,8 @@ class Tracer:
     """One loaded BPF object with its attachments for one set of functions."""
 
     def __init__(self, funcs: Sequence[TracedFunc], config: CaptureConfig,
-                 btf_func_id: Callable[[str], int | None] | None = None) -> None:
+                 btf_func_id: Callable[[str], int | None] | None = None,
+                 arg_specs: dict[int, list[int]] | None = None) -> None:
         if config.mode not in MODES:
             raise ValueError(f"unknown attach mode '{config.mode}' (expected one of {', '.join(MODES)})")
         if not funcs:
@@ -80,6 +82,7 @@ class Tracer:
         self.funcs = list(funcs)
         self.config = config
         self._btf_func_id = btf_func_id
+        self._arg_specs = arg_specs or {}
         self._links: list[lb.Link] = []
         self._prog_fds: list[int] = []
         self._rb: lb.RingBuffer | None = None
@@ -120,6 +123,7 @@ class Tracer:
             "has_tgid_filter": struct.pack("<?", bool(cfg.pids or no_pids)),
             "has_comm_filter": struct.pack("<?", bool(cfg.comms or cfg.no_comms)),
             "cgroup_id_filter": struct.pack("<Q", cfg.cgroup_id),
+            "capture_args": struct.pack("<?", cfg.capture_args and cfg.emit_calls),
             "max_depth": struct.pack("<I", min(max(cfg.max_depth, 1), records.MAX_FSTACK_DEPTH)),
         }
         for name, raw in values.items():
@@ -130,6 +134,7 @@ class Tracer:
         obj.map("func_infos").set_max_entries(n)
         obj.map("func_stats").set_max_entries(n)
         obj.map("entry_stats").set_max_entries(n)
+        obj.map("arg_specs").set_max_entries(n)
         obj.map("rb").set_max_entries(_ringbuf_size(cfg.ringbuf_size))
         obj.map("sessions").set_max_entries(cfg.max_sessions)
         entry_prog, exit_prog = _MODE_PROGRAMS[cfg.mode]
@@ -149,6 +154,9 @@ class Tracer:
         for f in self.funcs:
             flags = (records.FUNC_IS_ENTRY if f.is_entry else 0) | (RET_KIND_CODES[f.ret] << 8)
             infos.update(struct.pack("<I", f.id), records.FUNC_INFO.pack(f.addr, flags, 0))
+        specs = obj.map("arg_specs")
+        for fid, words in self._arg_specs.items():
+            specs.update(struct.pack("<I", fid), records.ARG_SPEC.pack(*words))
         pids = obj.map("tgid_filter")
         for pid in self.config.pids:
             pids.update(struct.pack("<I", pid), bytes([1]))

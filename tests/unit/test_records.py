@@ -24,7 +24,7 @@ def _asserted_sizes() -> dict[str, int]:
 @pytest.mark.parametrize("name,fmt", [
     ("rec_session_start", records.SESSION_START), ("rec_func_trace", records.FUNC_TRACE),
     ("rec_session_end", records.SESSION_END), ("func_stats", records.FUNC_STATS),
-    ("capture_stats", records.CAPTURE_STATS), ("func_info", records.FUNC_INFO)])
+    ("capture_stats", records.CAPTURE_STATS), ("func_info", records.FUNC_INFO), ("arg_spec", records.ARG_SPEC)])
 def test_struct_sizes_match_the_bpf_side(name, fmt):
     assert _asserted_sizes()[name] == fmt.size
 
@@ -60,6 +60,17 @@ def test_decode_session_end_trims_kstack():
     assert rec.is_err and rec.chain_depth == 2 and rec.chain_top == 0
     assert rec.kstack == (0xffffffff81000010, 0xffffffff81000020)
     assert rec.chain_ids[:2] == (3, 1) and rec.chain_res[:2] == (-22, -22)
+
+
+def test_func_args_size_and_decode():
+    assert _asserted_sizes()["rec_func_args"] == records.FUNC_ARGS_SIZE
+    head = records.FUNC_ARGS_HEAD.pack(records.REC_FUNC_ARGS, 5, 9, 2, 1, 0xffff8880, 7, 0, 0, 0, 0,
+                                       8, 0, -14, 0, 0, 0)
+    data = bytearray(records.MAX_FUNC_ARGS * records.MAX_ARG_DATA)
+    data[0:8] = b"\x02\0\0\0\x04\0\0\0"
+    rec = decode(head + bytes(data))
+    assert rec.seq == 9 and rec.func_id == 2 and rec.args[:2] == (0xffff8880, 7)
+    assert rec.data[0] == b"\x02\0\0\0\x04\0\0\0" and rec.data[1] is None and rec.data[2] is None
 
 
 def test_unknown_record_type():

@@ -93,3 +93,20 @@ def test_attach_modes(vm_batch, scenario) -> None:
     assert r["simfail_rc"] == 0
     assert re.search(r"^!\s+\d+us \[-EINVAL\]\s+array_map_alloc_check$", r["output"], re.M), r["output"]
     assert r["rc"] == 0 and r["progs_after"] == []
+
+
+def test_call_table_and_arguments(vm_batch) -> None:
+    r = vm_batch["trace_calls_args"]
+    out = r["output"]
+    assert r["started"] and r["rc"] == 0, out
+    assert re.search(r"^FUNCTION CALLS\s+RESULT\s+DURATION$", out, re.M), out
+    assert re.search(r"^→ __x64_sys_bpf$", out, re.M), out
+    assert re.search(r"^\s+↔ array_map_alloc_check\s+\[-EINVAL\]\s+\d+\.\d{3}us$", out, re.M), out
+    assert re.search(r"^← __x64_sys_bpf\s+\[-EINVAL\]\s+\d+\.\d{3}us$", out, re.M), out
+    # -A: the union bpf_attr * of map creation, decoded with BTF
+    assert re.search(r"› attr=&\{map_type=2,key_size=4,value_size=4,max_entries=0,", out), out
+    events = [e for e in r["trace_json"]["traceEvents"] if e["ph"] == "X"]
+    names = [e["name"] for e in events]
+    assert "array_map_alloc_check" in names and "__x64_sys_bpf" in names
+    for e in events:
+        assert {"name", "ph", "ts", "dur", "pid", "tid"} <= e.keys()

@@ -97,3 +97,17 @@ def scenario_trace_kprobe(ctx) -> dict:
 
 def scenario_trace_kprobe_multi(ctx) -> dict:
     return _trace_mode(ctx, "-M", "bpf-bad-map-max-entries-array")
+
+
+def scenario_trace_calls_args(ctx) -> dict:
+    """-T table and -A arguments for the max-entries failure; -T JSON for Perfetto."""
+    out = {}
+    trace_json = f"{ctx.tmpdir}/trace.json"
+    out.update(_trace_mode(ctx, "-v", "bpf-bad-map-max-entries-array",
+                           ["-a", "map_create", "-T", "-A", "--trace-json", trace_json]))
+    try:
+        with open(trace_json) as fh:
+            out["trace_json"] = json.load(fh)
+    except OSError as exc:
+        out["trace_json_error"] = str(exc)
+    return out
