@@ -1,0 +1,446 @@
+"""Agent lifecycle without a kernel: start, capture -> export, SIGHUP reload (good and bad), SIGTERM.
+
+The kernel-facing parts are fakes injected through AgentDeps: a KernelEnv over a tiny kallsyms, a
+tracer factory whose tracers deliver scripted records on poll, and an in-memory span exporter.
+Everything else (config parsing, discovery, session assembly, sampling, span mapping, the export
+queue, the HTTP endpoint) is the real code.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from opentelemetry.sdk.trace.export import SpanExportResult
+
+from retsnoop_otel import records
+from retsnoop_otel.agent import Agent, AgentDeps, check, install_signal_handlers, main
+from retsnoop_otel.kallsyms import Kallsyms
+from retsnoop_otel.logs import AgentLog
+from retsnoop_otel.model import CaptureStats, FuncStats, RetKind
+from retsnoop_otel.pipeline import KernelEnv, SetupError
+from retsnoop_otel.records import FuncTraceRec, SessionEndRec, SessionStartRec
+from retsnoop_otel.symbolize import KallsymsSymbolizer
+from retsnoop_otel.tracer import AttachReport
+
+KALLSYMS = """\
+ffffffff81000000 T _stext
+ffffffff81001000 T __x64_sys_bpf
+ffffffff81002000 T __sys_bpf
+ffffffff81003000 T array_map_alloc_check
+ffffffff81004000 t bpf_prog_load
+ffffffff81005000 T bpf_check
+ffffffff81006000 T bpf_prog_alloc
+ffffffff81007000 T vfs_read
+"""
+M = records.MAX_FSTACK_DEPTH
+
+
+def make_env(fail: str | None = None) -> KernelEnv:
+    if fail:
+        raise SetupError(fail)
+    ksyms = Kallsyms.parse(KALLSYMS)
+    names = [line.split()[2] for line in KALLSYMS.splitlines()[1:]]
+    return KernelEnv(ksyms=ksyms, available=[(n, None) for n in names], ret_kind=lambda _n: RetKind.INT32,
+                     btf_func_id=lambda _n: 1, auto_mode="kprobe", check_mode=lambda _m: None,
+                     symbolizer=KallsymsSymbolizer(ksyms))
+
+
+class FakeTracer:
+    """Delivers scripted records on poll, like a ring buffer would."""
+
+    def __init__(self, funcs, cfg, btf_func_id, world) -> None:
+        self.funcs = list(funcs)
+        self.cfg = cfg
+        self.world = world
+        self.state = "new"
+        self.pending: list = []
+        self.on_record = None
+        if world.fail_attach_for & {f.name for f in self.funcs}:
+            self.fail = True
+        else:
+            self.fail = False
+
+    def load(self) -> None:
+        self.state = "loaded"
+
+    def attach(self, on_error=None, strict=False) -> AttachReport:
+        if self.fail:
+            raise OSError("attach failed: EBUSY")
+        self.state = "attached"
+        return AttachReport(attached=list(self.funcs))
+
+    def open_ring_buffer(self, on_record) -> None:
+        self.on_record = on_record
+
+    def poll(self, timeout_ms: int) -> int:
+        assert self.state == "attached", "poll after close"
+        pending, self.pending = self.pending, []
+        for rec in pending:
+            self.on_record(rec)
+        if not pending:
+            time.sleep(min(timeout_ms, 5) / 1000)
+        return len(pending)
+
+    def func_stats(self):
+        return [FuncStats(f.id, 3, {"EINVAL": 1}, (0, 1, 2), 300) for f in self.funcs]
+
+    def session_stats(self):
+        return []
+
+    def capture_stats(self):
+        return CaptureStats()
+
+    def close(self) -> None:
+        self.state = "closed"
+
+    def fid(self, name: str) -> int:
+        return next(f.id for f in self.funcs if f.name == name)
+
+
+class World:
+    def __init__(self) -> None:
+        self.tracers: list[FakeTracer] = []
+        self.fail_attach_for: set[str] = set()
+        self.exported: list = []
+        self.env_fail: str | None = None
+
+    def factory(self, funcs, cfg, btf_func_id):
+        t = FakeTracer(funcs, cfg, btf_func_id, self)
+        self.tracers.append(t)
+        return t
+
+    def exporter(self, _cfg):
+        world = self
+
+        class Mem:
+            def export(self, spans):
+                world.exported.extend(spans)
+                return SpanExportResult.SUCCESS
+
+            def shutdown(self):
+                pass
+
+        return Mem()
+
+    def deps(self, console=None) -> AgentDeps:
+        return AgentDeps(load_env=lambda _cfg: make_env(self.env_fail), tracer_factory=self.factory,
+                         make_exporter=self.exporter, boot_to_wall_offset=lambda: 1_000_000_000_000,
+                         make_resource=lambda: None, console=console or io.StringIO())
+
+    def live(self) -> list[FakeTracer]:
+        return [t for t in self.tracers if t.state == "attached"]
+
+
+CONFIG = """\
+probe_sets:
+  - name: bpf_errors
+    entry: ["*sys_bpf"]
+    allow: [array_map_alloc_check]
+  - name: prog_load
+    entry: [bpf_prog_load]
+    allow: [bpf_check, "bpf_prog_alloc*"]
+    mode: calls
+    sampling: {{success_probability: {prob}}}
+exporter:
+  otlp: {{endpoint: "http://127.0.0.1:4317"}}
+metrics:
+  listen: "127.0.0.1:0"
+logging:
+  format: json
+"""
+
+
+def error_session(t: FakeTracer, tid: int = 7) -> list:
+    """__x64_sys_bpf -> array_map_alloc_check failing with -EINVAL (stack mode: end record only)."""
+    ids = [t.fid("__x64_sys_bpf"), t.fid("array_map_alloc_check")]
+    res = [(1 << 64) - 22] * 2
+    lat = [5000, 1000]
+    pad = [0] * (M - 2)
+    return [SessionStartRec(tid, tid, 0, 100, "python", "python"),
+            SessionEndRec(tid, tid, 0, 100, 5100, 0, 0, 0, True, 2, 0, 0, "python", "python",
+                          tuple(ids + pad), tuple(res + pad), tuple(lat + pad), ())]
+
+
+def success_calls_session(t: FakeTracer, tid: int = 8) -> list:
+    """bpf_prog_load -> bpf_prog_alloc, bpf_check (calls mode), returning 5 (a new fd)."""
+    load, alloc, chk = t.fid("bpf_prog_load"), t.fid("bpf_prog_alloc"), t.fid("bpf_check")
+    pad = [0] * (M - 1)
+    return [SessionStartRec(tid, tid, 0, 1000, "python", "python"),
+            FuncTraceRec(False, tid, 1000, 0, 0, load, 0, 0),
+            FuncTraceRec(False, tid, 1100, 1, 1, alloc, 0, 0),
+            FuncTraceRec(True, tid, 1200, 2, 1, alloc, 100, 0xffff888000001000),
+            FuncTraceRec(False, tid, 1300, 3, 1, chk, 0, 0),
+            FuncTraceRec(True, tid, 1900, 4, 1, chk, 600, 0),
+            FuncTraceRec(True, tid, 2000, 5, 0, load, 1000, 5),
+            SessionEndRec(tid, tid, 0, 1000, 2000, 0, 6, 0, False, 1, 0, 0, "python", "python",
+                          tuple([load] + pad), tuple([5] + pad), tuple([1000] + pad), ())]
+
+
+def by_set(world: World, name: str) -> FakeTracer:
+    return next(t for t in world.live() if name in {f.name for f in t.funcs})
+
+
+@pytest.fixture()
+def setup(tmp_path: Path):
+    world = World()
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(CONFIG.format(prob=1.0))
+    logbuf = io.StringIO()
+    agent = Agent(str(cfg), world.deps(), AgentLog(logbuf))
+    yield world, agent, cfg, logbuf
+    agent.shutdown(0.5)
+
+
+def log_events(buf: io.StringIO) -> list[dict]:
+    return [json.loads(line) for line in buf.getvalue().splitlines()]
+
+
+def wait_exported(world: World, n: int, timeout: float = 5.0) -> list:
+    deadline = time.monotonic() + timeout
+    while len(world.exported) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return world.exported
+
+
+def test_start_attaches_each_probe_set_with_its_own_capture_config(setup) -> None:
+    world, agent, _cfg, logbuf = setup
+    agent.start()
+    assert len(world.live()) == 2
+    errs, loads = by_set(world, "__x64_sys_bpf"), by_set(world, "bpf_prog_load")
+    assert {f.name for f in errs.funcs} == {"__x64_sys_bpf", "__sys_bpf", "array_map_alloc_check"}
+    assert not errs.cfg.emit_calls and not errs.cfg.capture_success  # stack mode, errors only
+    assert loads.cfg.emit_calls and loads.cfg.capture_success  # calls mode, success sampling > 0
+    assert errs.cfg.mode == "kprobe"  # attach_mode auto -> the environment's choice
+    started = [e for e in log_events(logbuf) if e["msg"] == "agent started"]
+    assert started and started[0]["probe_sets"] == 2
+
+
+def test_sessions_become_one_trace_each_with_nesting_and_status(setup) -> None:
+    world, agent, _cfg, _log = setup
+    agent.start()
+    errs, loads = by_set(world, "__x64_sys_bpf"), by_set(world, "bpf_prog_load")
+    errs.pending = error_session(errs)
+    loads.pending = success_calls_session(loads)
+    agent.poll_once()
+    spans = wait_exported(world, 5)
+    traces: dict[int, list] = {}
+    for s in spans:
+        traces.setdefault(s.context.trace_id, []).append(s)
+    assert len(traces) == 2
+    err_trace = next(t for t in traces.values() if t[0].name == "__x64_sys_bpf")
+    root, leaf = err_trace
+    assert root.parent is None and leaf.parent.span_id == root.context.span_id
+    assert leaf.attributes["error.type"] == "EINVAL" and leaf.status.status_code.name == "ERROR"
+    load_trace = next(t for t in traces.values() if t[0].name == "bpf_prog_load")
+    root = load_trace[0]
+    assert root.status.status_code.name == "UNSET" and root.attributes["retsnoop.return_value"] == 5
+    children = [s for s in load_trace if s.parent is not None]
+    assert [c.name for c in children] == ["bpf_prog_alloc", "bpf_check"]
+    assert all(c.parent.span_id == root.context.span_id for c in children)
+    # boot-clock times + the measured offset, children inside the parent
+    assert root.start_time == 1_000_000_000_000 + 1000 and root.end_time == 1_000_000_000_000 + 2000
+    assert all(root.start_time <= c.start_time <= c.end_time <= root.end_time for c in children)
+    agent.shutdown(5.0)
+    flushed = [e for e in log_events(_log) if e["msg"] == "exporters flushed"]
+    assert flushed[0]["spans_exported"] == 5 and flushed[0]["spans_dropped"] == 0
+
+
+def test_success_sessions_are_dropped_when_not_sampled(tmp_path: Path) -> None:
+    world = World()
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(CONFIG.format(prob=0.0))
+    agent = Agent(str(cfg), world.deps(), AgentLog(io.StringIO()))
+    agent.start()
+    try:
+        loads = by_set(world, "bpf_prog_load")
+        assert not loads.cfg.capture_success  # sampling 0: the kernel does not even report them
+        loads.pending = success_calls_session(loads)
+        agent.poll_once()
+        ps = next(p for p in agent.probe_sets if p.name == "prog_load")
+        assert ps.sampled_out == 1 and ps.kept == 0
+    finally:
+        agent.shutdown(0.5)
+    assert world.exported == []
+
+
+def test_reload_with_broken_config_keeps_old_probe_sets(setup) -> None:
+    world, agent, cfg, logbuf = setup
+    agent.start()
+    before = world.live()
+    cfg.write_text(CONFIG.format(prob=1.0).replace("mode: calls", "mode: calls\n    bogus: 1"))
+    assert agent.reload() is False
+    assert world.live() == before and agent.reloads == {"success": 0, "failure": 1}
+    failed = [e for e in log_events(logbuf) if e["msg"].startswith("config reload failed")]
+    assert len(failed) == 1 and "agent.yaml:9: probe_sets[1].bogus: unknown key" in failed[0]["error"]
+    # capture goes on with the old sets
+    errs = by_set(world, "__x64_sys_bpf")
+    errs.pending = error_session(errs)
+    agent.poll_once()
+    assert len(wait_exported(world, 2)) == 2
+
+
+def test_reload_that_fails_to_attach_detaches_the_new_sets_and_keeps_the_old(setup) -> None:
+    world, agent, cfg, _log = setup
+    agent.start()
+    before = world.live()
+    cfg.write_text(CONFIG.format(prob=1.0).replace("[bpf_check,", "[vfs_read, bpf_check,"))
+    world.fail_attach_for = {"vfs_read"}
+    assert agent.reload() is False
+    assert world.live() == before
+    assert len(world.tracers) == 4 and all(t.state == "closed" for t in world.tracers[2:])
+
+
+def test_reload_with_unresolvable_glob_attaches_nothing_new(setup) -> None:
+    world, agent, cfg, logbuf = setup
+    agent.start()
+    cfg.write_text(CONFIG.format(prob=1.0).replace("[bpf_prog_load]", "[no_such_function]"))
+    assert agent.reload() is False
+    assert len(world.tracers) == 2  # globs are all resolved before anything is loaded
+    err = [e for e in log_events(logbuf) if e["msg"].startswith("config reload failed")][0]["error"]
+    assert "probe set 'prog_load'" in err and "no_such_function" in err
+
+
+def test_good_reload_attaches_new_then_detaches_old(setup) -> None:
+    world, agent, cfg, _log = setup
+    agent.start()
+    old = world.live()
+    order: list[str] = []
+    for t in old:
+        t.close = lambda t=t: (order.append("close-old"), setattr(t, "state", "closed"))  # type: ignore[method-assign]
+    real_factory = world.factory
+
+    def factory(funcs, c, b):
+        t = real_factory(funcs, c, b)
+        orig = t.attach
+        t.attach = lambda on_error=None, strict=False: (order.append("attach-new"), orig())[1]  # type: ignore
+        return t
+
+    agent.deps.tracer_factory = factory
+    cfg.write_text(CONFIG.format(prob=0.5).replace("bpf_errors", "errors2"))
+    assert agent.reload() is True
+    assert order == ["attach-new", "attach-new", "close-old", "close-old"]
+    assert [ps.name for ps in agent.probe_sets] == ["errors2", "prog_load"]
+    assert agent.reloads == {"success": 1, "failure": 0}
+    assert all(t.state == "closed" for t in old) and len(world.live()) == 2
+
+
+def test_signals_drive_reload_and_stop(setup) -> None:
+    """Real SIGHUP/SIGTERM to this process: the loop reloads, then detaches, flushes and returns 0."""
+    world, agent, cfg, logbuf = setup
+    old = {s: signal.getsignal(s) for s in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)}
+    try:
+        install_signal_handlers(agent)
+        agent.start()
+        cfg.write_text("probe_sets: 5\n")
+        result: dict = {}
+        runner = threading.Thread(target=lambda: result.setdefault("rc", agent.run()))
+        runner.start()
+        os.kill(os.getpid(), signal.SIGHUP)
+        deadline = time.monotonic() + 5
+        while agent.reloads["failure"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert agent.reloads["failure"] == 1 and len(world.live()) == 2
+        os.kill(os.getpid(), signal.SIGTERM)
+        runner.join(10)
+        assert result == {"rc": 0}
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    assert world.live() == [] and all(t.state == "closed" for t in world.tracers)
+    msgs = [e["msg"] for e in log_events(logbuf)]
+    assert "detached" in msgs and "exporters flushed" in msgs
+
+
+def test_start_failure_leaves_nothing_attached(tmp_path: Path) -> None:
+    world = World()
+    world.fail_attach_for = {"bpf_check"}
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(CONFIG.format(prob=1.0))
+    agent = Agent(str(cfg), world.deps(), AgentLog(io.StringIO()))
+    with pytest.raises(Exception, match="probe set 'prog_load'.*EBUSY"):
+        agent.start()
+    assert world.live() == [] and agent.http is None
+
+
+def test_metrics_and_healthz_over_http(setup) -> None:
+    world, agent, _cfg, _log = setup
+    agent.start()
+    port = agent.http.port
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+        assert resp.headers["Content-Type"].startswith("text/plain")
+    assert 'retsnoop_attached_functions{mode="kprobe",probe_set="bpf_errors"} 3.0' in text
+    assert 'retsnoop_config_reloads_total{result="failure"} 0.0' in text
+    assert "retsnoop_agent_up 1.0" in text
+    assert 'retsnoop_function_calls_total{function="bpf_check",probe_set="prog_load"} 3.0' in text
+    # per-object capture counters get the probe_set label; agent-wide families appear once
+    assert 'retsnoop_records_lost_total{probe_set="bpf_errors"} 0.0' in text
+    assert text.count("# TYPE retsnoop_spans_exported_total counter") == 1
+    assert text.count("# TYPE retsnoop_function_calls_total counter") == 1
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
+                                 headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        assert resp.headers["Content-Type"].startswith("application/openmetrics-text")
+        assert resp.read().decode().endswith("# EOF\n")
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
+        health = json.loads(resp.read())
+    assert health["status"] == "ok" and health["attached_functions"] == 6
+    assert [p["name"] for p in health["probe_sets"]] == ["bpf_errors", "prog_load"]
+    agent.last_poll -= 3600  # the capture loop stalled
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5)
+    assert exc.value.code == 503 and json.loads(exc.value.read())["status"] == "stalled"
+
+
+def test_console_and_file_outputs(tmp_path: Path) -> None:
+    world = World()
+    out_file = tmp_path / "traces.jsonl"
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(CONFIG.format(prob=1.0).replace(
+        'otlp: {endpoint: "http://127.0.0.1:4317"}', f"otlp: null\n  file: {out_file}\n  console: true"))
+    console = io.StringIO()
+    agent = Agent(str(cfg), world.deps(console), AgentLog(io.StringIO()))
+    agent.start()
+    errs = by_set(world, "__x64_sys_bpf")
+    errs.pending = error_session(errs)
+    agent.poll_once()
+    agent.shutdown(5.0)
+    assert "[bpf_errors]" in console.getvalue() and "array_map_alloc_check" in console.getvalue()
+    (line,) = out_file.read_text().splitlines()
+    spans = json.loads(line)["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    assert [s["name"] for s in spans] == ["__x64_sys_bpf", "array_map_alloc_check"]
+    assert len(spans[0]["traceId"]) == 32 and spans[1]["parentSpanId"] == spans[0]["spanId"]  # hex ids
+    assert spans[1]["status"]["code"] == 2  # OTLP/JSON enums are integers
+
+
+def test_check_prints_what_each_probe_set_would_attach(tmp_path: Path) -> None:
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(CONFIG.format(prob=1.0))
+    out = io.StringIO()
+    assert check(str(cfg), out, load_env=lambda _c: make_env()) == 0
+    text = out.getvalue()
+    assert "probe set 'bpf_errors' (mode stack, attach_mode auto -> kprobe, success sessions: none)" in text
+    assert "would attach 3 (2 entry) in kprobe mode" in text
+    assert "success sessions: probability 1" in text
+    cfg.write_text(CONFIG.format(prob=1.0).replace("[bpf_prog_load]", "[nope_*]"))
+    out = io.StringIO()
+    assert check(str(cfg), out, load_env=lambda _c: make_env()) == 1
+    assert "probe set 'prog_load': ERROR" in out.getvalue() and "nope_*" in out.getvalue()
+
+
+def test_main_reports_config_and_setup_errors(tmp_path: Path) -> None:
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text("probe_sets:\n  - name: x\n    entry: 5\n")
+    err = io.StringIO()
+    assert main(["--check", str(cfg)], io.StringIO(), err) == 1
+    assert err.getvalue().strip() == ("retsnoop-otel agent: agent.yaml:3: probe_sets[0].entry: expected a list of "
+                                      "globs, got int 5")

@@ -1,0 +1,124 @@
+"""Sampling of successful sessions, the keep/drop decision, and the exporters built from config."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+
+import pytest
+
+from retsnoop_otel.config import OtlpConfig, ProbeSetConfig, Sampling, parse_config
+from retsnoop_otel.errfilter import ErrorFilter
+from retsnoop_otel.exporters import build_otlp_exporter
+from retsnoop_otel.logs import AgentLog
+from retsnoop_otel.model import Session, StackEntry
+from retsnoop_otel.pipeline import SuccessSampler, capture_config
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_probability_extremes_and_middle() -> None:
+    assert not any(SuccessSampler(Sampling(0.0)).keep(1) for _ in range(1000))
+    assert all(SuccessSampler(Sampling(1.0)).keep(1) for _ in range(1000))
+    s = SuccessSampler(Sampling(0.25), rng=random.Random(7))
+    kept = sum(s.keep(1) for _ in range(20000))
+    assert 4500 < kept < 5500
+
+
+def test_rate_is_a_token_bucket_per_entry_function() -> None:
+    clock = Clock()
+    s = SuccessSampler(Sampling(success_rate_per_s=2.0), clock=clock)
+    assert [s.keep(1) for _ in range(4)] == [True, True, False, False]  # burst of 2, then empty
+    assert s.keep(2) and s.keep(2) and not s.keep(2)  # another entry function has its own budget
+    clock.t += 0.5  # one token back for function 1
+    assert s.keep(1) and not s.keep(1)
+    clock.t += 100  # refills cap at the burst size
+    assert [s.keep(1) for _ in range(3)] == [True, True, False]
+
+
+def test_fractional_rate_keeps_one_every_few_seconds() -> None:
+    clock = Clock()
+    s = SuccessSampler(Sampling(success_rate_per_s=0.2), clock=clock)
+    kept = 0
+    for _ in range(600):  # 60 s at 10 sessions/s
+        kept += s.keep(1)
+        clock.t += 0.1
+    assert 12 <= kept <= 13
+
+
+def _cfg(**kw) -> ProbeSetConfig:
+    return ProbeSetConfig(name="x", entry=("f",), **kw)
+
+
+def test_capture_config_follows_mode_sampling_and_filters() -> None:
+    limits = parse_config("probe_sets: {a: {entry: f}}\nlimits: {ringbuf_size: 1M, max_sessions: 8}\n").limits
+    cc = capture_config(_cfg(mode="calls", sampling=Sampling(0.1), min_duration_ms=2.5, comms=("a",)), "fentry",
+                        limits)
+    assert cc.emit_calls and cc.capture_success and cc.min_duration_ns == 2_500_000 and cc.comms == ("a",)
+    assert cc.ringbuf_size == 1 << 20 and cc.max_sessions == 8 and cc.mode == "fentry"
+    cc = capture_config(_cfg(), "kprobe", limits)
+    assert not cc.emit_calls and not cc.capture_success
+
+
+def test_error_sessions_ignore_sampling_but_follow_the_error_filter(tmp_path) -> None:
+    from retsnoop_otel.discovery import discover
+    from retsnoop_otel.pipeline import ProbeSet
+    from tests.unit.test_agent_lifecycle import World, make_env
+
+    env = make_env()
+    disc = discover(["__x64_sys_bpf"], ["array_map_alloc_check"], [], env.ksyms, env.available, env.ret_kind,
+                    "kprobe")
+    world = World()
+    cfg = _cfg(errors=ErrorFilter.parse([], ["ENOENT"]), sampling=Sampling(0.0))
+    ps = ProbeSet(cfg, disc, parse_config("probe_sets: {a: {entry: f}}").limits, env, world.factory,
+                  lambda _p, _s: None)
+
+    def session(res: int, is_err: bool) -> Session:
+        return Session(1, 1, "c", "c", 0, 1, is_err, [StackEntry(0, (1 << 64) - res if res else 0, 5)], [])
+
+    assert ps.accepts(session(22, True))  # EINVAL: kept whatever the sampling
+    assert not ps.accepts(session(2, True)) and ps.filtered_out == 1  # ENOENT denied
+    assert not ps.accepts(session(0, False)) and ps.sampled_out == 1
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_configured_exporters_reach_a_real_receiver(protocol: str) -> None:
+    """A bare base URL works for both protocols (HTTP gets /v1/traces appended), with gzip and headers."""
+    from retsnoop_otel.model import RetKind, TracedFunc
+    from retsnoop_otel.otlp import session_to_spans
+    from tests.otlp_receiver import start_receiver
+
+    rx = start_receiver(port=0, http_port=0)
+    try:
+        port = rx.port if protocol == "grpc" else rx.http_port
+        exp = build_otlp_exporter(OtlpConfig(endpoint=f"http://127.0.0.1:{port}", protocol=protocol,
+                                             headers=(("x-tenant", "t1"),), compression="gzip", timeout_s=5))
+        funcs = {0: TracedFunc(0, "f", 0, RetKind.INT32, True)}
+        spans = session_to_spans(Session(1, 1, "c", "c", 10, 20, True, [StackEntry(0, (1 << 64) - 22, 10)], []),
+                                 funcs, 0, None)
+        assert exp.export(spans).name == "SUCCESS"
+        exp.shutdown()
+        (span,) = rx.wait_for_spans(1, timeout=10)
+        assert span["name"] == "f"
+    finally:
+        rx.stop()
+
+
+def test_logs_text_and_json() -> None:
+    buf = io.StringIO()
+    log = AgentLog(buf, "json", "info", clock=lambda: 1.5)
+    log.debug("hidden")
+    log.warning("data lost", probe_set="a", records_lost=3)
+    assert json.loads(buf.getvalue()) == {"ts": 1.5, "level": "warning", "msg": "data lost", "probe_set": "a",
+                                          "records_lost": 3}
+    buf = io.StringIO()
+    log = AgentLog(buf, "text", "debug", clock=lambda: 0.0)
+    log.debug("reload failed", error="bad: thing")
+    assert buf.getvalue() == '1970-01-01T00:00:00.000Z DEBUG   reload failed error="bad: thing"\n'

@@ -1,0 +1,171 @@
+"""Agent config validation: every error names file, line and key, and says what to do."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from retsnoop_otel.config import ConfigError, load_config, parse_config, parse_listen
+from retsnoop_otel.http_server import HttpServer, ListenError
+from retsnoop_otel.metrics import make_registry
+
+REPO = Path(__file__).resolve().parents[2]
+
+BASE = """\
+probe_sets:
+  - name: errs
+    entry: ["*sys_bpf"]
+"""
+
+
+def err(text: str) -> str:
+    with pytest.raises(ConfigError) as exc:
+        parse_config(text, "/etc/retsnoop/agent.yaml")
+    return str(exc.value)
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "config").glob("agent*.yaml")), ids=lambda p: p.name)
+def test_shipped_examples_are_valid(path: Path) -> None:
+    cfg = load_config(path)
+    assert cfg.probe_sets
+
+
+def test_full_config_becomes_typed_values(tmp_path: Path) -> None:
+    cert = tmp_path / "ca.pem"
+    cert.write_text("x")
+    cfg = parse_config(f"""\
+probe_sets:
+  load:
+    entry: bpf_prog_load
+    allow: [bpf_check, "bpf_prog_alloc*"]
+    deny: [bpf_obj_name_cpy]
+    mode: calls
+    attach_mode: kprobe_multi
+    filters:
+      pids: [1, 2]
+      no_pids: 3
+      comms: python
+      min_duration_ms: 1.5
+      allow_errors: [EINVAL, -ENOMEM]
+    sampling:
+      success_rate_per_s: 10
+exporter:
+  otlp:
+    endpoint: https://collector:4318
+    protocol: http/protobuf
+    headers: {{authorization: "Bearer t"}}
+    compression: gzip
+    timeout: 2.5
+    certificate: {cert}
+metrics:
+  listen: "[::1]:9500"
+limits:
+  ringbuf_size: 16MiB
+  max_spans_per_trace: 100
+logging: {{format: json, level: debug}}
+""")
+    (ps,) = cfg.probe_sets
+    assert ps.name == "load" and ps.entry == ("bpf_prog_load",) and ps.mode == "calls"
+    assert ps.attach_mode == "kprobe_multi" and ps.pids == (1, 2) and ps.no_pids == (3,) and ps.comms == ("python",)
+    assert ps.min_duration_ms == 1.5 and ps.errors.allow == {"EINVAL", "ENOMEM"}
+    assert ps.sampling.success_rate_per_s == 10 and ps.sampling.captures_success
+    o = cfg.exporter.otlp
+    assert o is not None and o.protocol == "http/protobuf" and o.headers == (("authorization", "Bearer t"),)
+    assert o.timeout_s == 2.5 and o.certificate == str(cert) and o.compression == "gzip"
+    assert (cfg.metrics.host, cfg.metrics.port, cfg.metrics.listen) == ("::1", 9500, "[::1]:9500")
+    assert cfg.limits.ringbuf_size == 16 << 20 and cfg.limits.max_spans_per_trace == 100
+    assert cfg.logging.format == "json" and cfg.logging.level == "debug"
+
+
+def test_defaults() -> None:
+    cfg = parse_config(BASE)
+    ps = cfg.probe_sets[0]
+    assert ps.mode == "stack" and ps.attach_mode == "auto" and not ps.sampling.captures_success
+    assert cfg.exporter.otlp is not None and cfg.exporter.otlp.endpoint is None  # OTEL_* variables decide
+    assert cfg.metrics.listen == "0.0.0.0:9464" and cfg.logging.format == "text"
+
+
+def test_unknown_key_with_did_you_mean() -> None:
+    assert err(BASE + "    sampeling: {}\n") == (
+        "agent.yaml:4: probe_sets[0].sampeling: unknown key; did you mean 'sampling'?")
+    assert err(BASE + "metric:\n  listen: ':1'\n") == "agent.yaml:4: metric: unknown key; did you mean 'metrics'?"
+    msg = err(BASE + "zzz: 1\n")
+    assert msg.startswith("agent.yaml:4: zzz: unknown key; known keys: probe_sets, exporter")
+
+
+def test_wrong_types_name_the_key_and_the_value() -> None:
+    assert err("probe_sets:\n  - name: a\n    entry: 12\n") == (
+        "agent.yaml:3: probe_sets[0].entry: expected a list of globs, got int 12")
+    assert err(BASE + "    mode: fast\n") == (
+        "agent.yaml:4: probe_sets[0].mode: expected one of stack, calls, got string 'fast'")
+    assert err(BASE + "limits:\n  max_sessions: many\n") == (
+        "agent.yaml:5: limits.max_sessions: expected a positive integer, got string 'many'")
+    assert err(BASE + "    filters: {pids: [1, x]}\n") == (
+        "agent.yaml:4: probe_sets[0].filters.pids[1]: expected a positive integer, got string 'x'")
+    assert err(BASE + "exporter:\n  console: yes please\n") == (
+        "agent.yaml:5: exporter.console: expected true or false, got string 'yes please'")
+    assert err("probe_sets: {}\n") == "agent.yaml:1: probe_sets: needs at least one probe set"
+    assert err(BASE + "limits:\n  ringbuf_size: lots\n").startswith(
+        "agent.yaml:5: limits.ringbuf_size: expected a size in bytes such as 8388608 or '8M'")
+
+
+def test_bad_glob() -> None:
+    assert err(BASE + "    allow: ['foo bar']\n").startswith(
+        "agent.yaml:4: probe_sets[0].allow[0]: bad glob 'foo bar': expected 'func_glob'")
+    assert "glob file" in err(BASE + "    deny: ['@/no/such/file']\n")
+    assert err("probe_sets:\n  - name: a\n    entry: []\n") == (
+        "agent.yaml:3: probe_sets[0].entry: needs at least one entry function glob")
+
+
+def test_bad_endpoint_url() -> None:
+    for bad in ("collector:4317", "ftp://x:1", "http://host:99999"):
+        msg = err(BASE + f"exporter:\n  otlp:\n    endpoint: '{bad}'\n")
+        assert msg.startswith("agent.yaml:6: exporter.otlp.endpoint: "), msg
+        assert bad in msg
+    assert "http://HOST:PORT" in err(BASE + "exporter:\n  otlp:\n    endpoint: 'collector:4317'\n")
+
+
+def test_sampling_rules() -> None:
+    assert "always kept" in err(BASE + "    sampling: {errors: 0.5}\n")
+    assert "not both" in err(BASE + "    sampling: {success_probability: 0.1, success_rate_per_s: 3}\n")
+    assert err(BASE + "    sampling: {success_probability: 2}\n") == (
+        "agent.yaml:4: probe_sets[0].sampling.success_probability: must be between 0 and 1, got 2")
+
+
+def test_names_errors_and_files() -> None:
+    assert "used twice" in err(BASE + "  - name: errs\n    entry: [x]\n")
+    assert "missing 'name'" in err("probe_sets:\n  - entry: [x]\n")
+    assert "is not a valid name" in err("probe_sets:\n  - name: 'a b'\n    entry: [x]\n")
+    assert "EBOGUS" in err(BASE + "    filters: {allow_errors: [EBOGUS]}\n")
+    assert "no such file" in err(BASE + "vmlinux: /no/vmlinux\n")
+    assert "no exporter left" in err(BASE + "exporter: {otlp: null}\n")
+    assert err("") == "agent.yaml:1: the file is empty; it needs at least a 'probe_sets:' section"
+    assert err(BASE + "  - [\n").startswith("agent.yaml:5: not valid YAML")
+    assert "duplicate key" in err(BASE + "    mode: calls\n    mode: stack\n")
+    with pytest.raises(ConfigError, match="cannot read the config file"):
+        load_config("/no/such/agent.yaml")
+
+
+def test_listen_addresses() -> None:
+    assert parse_listen("127.0.0.1:0") == ("127.0.0.1", 0)
+    assert parse_listen(":9464") == ("0.0.0.0", 9464)
+    assert "not HOST:PORT" in err(BASE + "metrics: {listen: 'localhost'}\n")
+    assert "not a TCP port" in err(BASE + "metrics: {listen: '0.0.0.0:70000'}\n")
+
+
+def test_port_in_use_names_address_and_fix() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ListenError) as exc:
+            HttpServer("127.0.0.1", port, make_registry(_Empty()), lambda: (True, {}))
+    assert str(exc.value) == (f"cannot listen on 127.0.0.1:{port}: the address is already in use (another agent "
+                              "or exporter?); change metrics.listen in the config or stop the other process")
+
+
+class _Empty:
+    def collect(self):
+        return iter(())

@@ -1,0 +1,141 @@
+"""Issue 5 on real kernels: the agent with two probe sets, a real OTLP/gRPC receiver, reload and stop.
+
+Guest side: tests/vm/scenarios/agent.py (scenario agent_two_probe_sets).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+pytestmark = pytest.mark.vm
+
+
+def _value(v: dict):
+    (kind, val), = v.items()
+    return int(val) if kind == "intValue" else val
+
+
+def _spans(requests: list[dict]) -> list[dict]:
+    out = []
+    for req in requests:
+        for rs in req.get("resourceSpans", []):
+            res = {a["key"]: _value(a["value"]) for a in rs["resource"].get("attributes", [])}
+            for ss in rs.get("scopeSpans", []):
+                for s in ss.get("spans", []):
+                    attrs = {a["key"]: _value(a["value"]) for a in s.get("attributes", [])}
+                    out.append({**s, "attrs": attrs, "resource": res})
+    return out
+
+
+def _traces(r: dict) -> dict[str, list[dict]]:
+    traces: dict[str, list[dict]] = {}
+    for s in _spans(r["otlp"]):
+        traces.setdefault(s["traceId"], []).append(s)
+    return traces
+
+
+def _root(trace: list[dict]) -> dict:
+    roots = [s for s in trace if not s.get("parentSpanId")]
+    assert len(roots) == 1, "one root span per trace"
+    return roots[0]
+
+
+def _assert_nested(trace: list[dict]) -> None:
+    by_id = {s["spanId"]: s for s in trace}
+    for s in trace:
+        if s.get("parentSpanId"):
+            parent = by_id[s["parentSpanId"]]  # every parent is in the same trace
+            assert int(parent["startTimeUnixNano"]) <= int(s["startTimeUnixNano"])
+            assert int(s["endTimeUnixNano"]) <= int(parent["endTimeUnixNano"])
+
+
+def test_check_resolves_both_probe_sets(vm_batch) -> None:
+    r = vm_batch["agent_two_probe_sets"]
+    assert r["check"]["rc"] == 0, r["check"]
+    out = r["check"]["out"]
+    assert "configuration is valid (2 probe sets)" in out
+    assert re.search(r"probe set 'bpf_errors' \(mode stack, attach_mode auto -> \w+, success sessions: none\)", out)
+    assert "probe set 'prog_load' (mode calls" in out and "success sessions: probability 1" in out
+    assert "array_map_alloc_check" in out and "bpf_check" in out
+
+
+def test_agent_attaches_and_is_healthy(vm_batch) -> None:
+    r = vm_batch["agent_two_probe_sets"]
+    assert r["progs_while_attached"], r["agent_output"][-3000:]
+    code, body = r["healthz"]
+    health = json.loads(body)
+    assert code == 200 and health["status"] == "ok"
+    assert [p["name"] for p in health["probe_sets"]] == ["bpf_errors", "prog_load"]
+    assert health["attached_functions"] >= 4
+
+
+def test_one_error_trace_per_failing_call_with_nested_einval(vm_batch) -> None:
+    r = vm_batch["agent_two_probe_sets"]
+    assert r["simfail1"]["rc"] == 0 and r["simfail2"]["rc"] == 0
+    assert r["roots_after_simfail1"].count(["__x64_sys_bpf", "EINVAL"]) == 1, r["roots_after_simfail1"]
+    errors = [t for t in _traces(r).values() if _root(t)["attrs"].get("error.type") == "EINVAL"]
+    assert len(errors) == 2  # one per bpf-bad-map-max-entries-array run (before and after the reload)
+    first = min(errors, key=lambda t: int(_root(t)["startTimeUnixNano"]))
+    root = _root(first)
+    assert root["name"] == "__x64_sys_bpf" and root["status"]["code"] == "STATUS_CODE_ERROR"
+    assert root["attrs"]["process.executable.name"] == "python"
+    # timestamps fall inside the wall-clock window of the simfail process
+    assert r["simfail1"]["start_ns"] <= int(root["startTimeUnixNano"]) <= int(root["endTimeUnixNano"]) \
+        <= r["simfail1"]["end_ns"]
+    leaf = [s for s in first if s["name"] == "array_map_alloc_check"]
+    assert len(leaf) == 1 and leaf[0]["attrs"]["error.type"] == "EINVAL"
+    assert leaf[0]["status"]["code"] == "STATUS_CODE_ERROR"
+    _assert_nested(first)
+
+
+def test_prog_load_success_is_a_calls_trace(vm_batch) -> None:
+    r = vm_batch["agent_two_probe_sets"]
+    loads = [t for t in _traces(r).values() if _root(t)["name"] == "bpf_prog_load"]
+    assert loads, r["roots_after_simfail1"]
+    for trace in loads:
+        root = _root(trace)
+        assert root["attrs"]["process.executable.name"] == "python"  # the comms filter kept bpftool out
+        assert root["status"].get("code", "STATUS_CODE_UNSET") == "STATUS_CODE_UNSET"
+        assert root["attrs"]["retsnoop.return_value"] >= 0 and "error.type" not in root["attrs"]
+        _assert_nested(trace)
+    names = {s["name"] for t in loads for s in t}
+    assert "bpf_check" in names, names
+    child = next(s for t in loads for s in t if s["name"] == "bpf_check")
+    assert child["parentSpanId"] and child["attrs"]["retsnoop.return_value"] == 0
+    assert "retsnoop.start_estimated" not in child["attrs"]  # real per-call records, not the error chain
+
+
+def test_metrics_with_probe_set_labels_and_self_metrics(vm_batch) -> None:
+    r = vm_batch["agent_two_probe_sets"]
+    code, text = r["metrics"]
+    assert code == 200
+    assert re.search(r'^retsnoop_function_errors_total\{error_type="EINVAL",function="array_map_alloc_check",'
+                     r'probe_set="bpf_errors"\} [1-9]', text, re.M), text
+    assert re.search(r'^retsnoop_attached_functions\{mode="\w+",probe_set="prog_load"\} [1-9]', text, re.M)
+    assert re.search(r"^retsnoop_agent_up 1\.0$", text, re.M)
+    assert re.search(r'^retsnoop_config_reloads_total\{result="failure"\} 0\.0$', text, re.M)
+    ctype, om = r["openmetrics"]
+    assert ctype.startswith("application/openmetrics-text") and om.endswith("# EOF\n")
+    assert re.search(r'^retsnoop_config_reloads_total\{result="failure"\} 1\.0$', r["metrics_after_reload"], re.M)
+
+
+def test_broken_reload_keeps_the_old_config_running(vm_batch) -> None:
+    r = vm_batch["agent_two_probe_sets"]
+    out = r["agent_output"]
+    failed = [json.loads(x) for x in out.splitlines() if '"config reload failed' in x]
+    assert len(failed) == 1 and "bogus_key: unknown key" in failed[0]["error"]
+    assert sorted(r["progs_after_reload"]) == sorted(r["progs_while_attached"])
+    assert r["roots_after_reload"].count(["__x64_sys_bpf", "EINVAL"]) == 2
+
+
+def test_sigterm_and_sigkill_leave_nothing_attached(vm_batch) -> None:
+    r = vm_batch["agent_two_probe_sets"]
+    assert r["agent_rc"] == 0, r["agent_output"][-3000:]
+    assert '"detached"' in r["agent_output"] and '"exporters flushed"' in r["agent_output"]
+    assert r["progs_after_sigterm"] == []
+    assert r["progs_before_sigkill"]
+    assert r["sigkill_rc"] == -9
+    assert r["progs_after_sigkill"] == []
