@@ -2,7 +2,8 @@
 
 Spans are built as SDK ReadableSpan objects directly: going through a Tracer costs tens of
 microseconds per span, too much for sessions carrying thousands of calls. The SDK's OTLP exporters
-(and their OTEL_EXPORTER_OTLP_* handling) still do the encoding and transport.
+(and their OTEL_EXPORTER_OTLP_* handling) still do the encoding and transport. otlp_fast goes
+further and writes the same spans as protobuf bytes; OtlpTraceSink takes either form.
 
 Timing of spans rebuilt from the error chain only (no per-call records): the kernel keeps each
 level's latency but not its start time. An error travels upward as functions return, so each level
@@ -20,7 +21,7 @@ import random
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlparse
 
 from opentelemetry.sdk.resources import Resource
@@ -33,6 +34,9 @@ from opentelemetry.trace.status import Status, StatusCode
 from . import __version__
 from .model import Call, RetKind, Session, TracedFunc, error_type, format_result, signed_value
 
+if TYPE_CHECKING:  # otlp_fast imports this module
+    from .otlp_fast import EncodedTrace
+
 log = logging.getLogger(__name__)
 
 SCOPE = InstrumentationScope("retsnoop_otel", __version__)
@@ -44,7 +48,7 @@ FuncTable = Mapping[int, TracedFunc] | Sequence[TracedFunc]
 Attrs = dict[str, Any]
 
 
-def _lookup(funcs: FuncTable, func_id: int) -> TracedFunc:
+def lookup_func(funcs: FuncTable, func_id: int) -> TracedFunc:
     try:
         return funcs[func_id]
     except (KeyError, IndexError):
@@ -57,8 +61,40 @@ def _int64(value: int) -> int:
     return value - (1 << 64) if value & (1 << 63) else value
 
 
+def func_attrs(func: TracedFunc) -> Attrs:
+    """The attributes every span of `func` carries, whatever it returned."""
+    attrs: Attrs = {"code.function.name": func.name, "retsnoop.return_kind": func.ret.value}
+    if func.module:
+        attrs["retsnoop.module"] = func.module
+    return attrs
+
+
+def return_attrs(kind: RetKind, raw: int | None, export_addresses: bool) -> tuple[Attrs, Status]:
+    """Attributes + status for a return of `raw` (None: the exit was not seen) from a `kind` function."""
+    if raw is None:
+        return {"retsnoop.incomplete": True}, _UNSET
+    err = error_type(raw, kind)
+    text = format_result(raw, kind)
+    if kind is RetKind.POINTER and err is None and not export_addresses:
+        # a valid kernel pointer reveals the KASLR offset: say only that it is valid
+        return {"retsnoop.result": "non-NULL"}, _UNSET
+    attrs: Attrs = {"retsnoop.result": text}
+    if kind is not RetKind.VOID:
+        attrs["retsnoop.return_value"] = _int64(signed_value(raw, kind))
+    if err is None:
+        return attrs, _UNSET
+    attrs["error.type"] = err
+    return attrs, Status(StatusCode.ERROR, text)
+
+
+def result_attrs(func: TracedFunc, raw: int | None, export_addresses: bool) -> tuple[Attrs, Status]:
+    """Attributes + status of one call of `func` that returned `raw` (None: the exit was not seen)."""
+    attrs, status = return_attrs(func.ret, raw, export_addresses)
+    return {**func_attrs(func), **attrs}, status
+
+
 class _ResultAttrs:
-    """Attributes + status per (function, raw result), cached: hot functions repeat the same results."""
+    """`result_attrs` per (function, raw result), cached: hot functions repeat the same results."""
 
     def __init__(self, funcs: FuncTable, export_addresses: bool) -> None:
         self._funcs = funcs
@@ -69,29 +105,8 @@ class _ResultAttrs:
         key = (func_id, raw)
         hit = self._cache.get(key)
         if hit is None:
-            hit = self._cache[key] = self._build(_lookup(self._funcs, func_id), raw)
+            hit = self._cache[key] = result_attrs(lookup_func(self._funcs, func_id), raw, self._export_addresses)
         return hit
-
-    def _build(self, func: TracedFunc, raw: int | None) -> tuple[Attrs, Status]:
-        attrs: Attrs = {"code.function.name": func.name, "retsnoop.return_kind": func.ret.value}
-        if func.module:
-            attrs["retsnoop.module"] = func.module
-        if raw is None:
-            attrs["retsnoop.incomplete"] = True
-            return attrs, _UNSET
-        err = error_type(raw, func.ret)
-        text = format_result(raw, func.ret)
-        if func.ret is RetKind.POINTER and err is None and not self._export_addresses:
-            # a valid kernel pointer reveals the KASLR offset: say only that it is valid
-            attrs["retsnoop.result"] = "non-NULL"
-            return attrs, _UNSET
-        attrs["retsnoop.result"] = text
-        if func.ret is not RetKind.VOID:
-            attrs["retsnoop.return_value"] = _int64(signed_value(raw, func.ret))
-        if err is None:
-            return attrs, _UNSET
-        attrs["error.type"] = err
-        return attrs, Status(StatusCode.ERROR, text)
 
 
 class _Builder:
@@ -136,21 +151,14 @@ def session_to_spans(session: Session, funcs: FuncTable, offset_ns: int, resourc
     entry_id = session.entry_func_id
     root_start, root_end = session.start_ns + offset_ns, session.end_ns + offset_ns
 
-    top: list[Call] = session.calls
-    root_raw: int | None = None
-    root_known = False
-    if len(top) == 1 and top[0].func_id == entry_id:
-        root_raw, root_known = top[0].result, top[0].end_ns is not None
-        top = top[0].children
-    if not root_known and session.chain and session.chain[0].latency_ns is not None:
-        root_raw, root_known = session.chain[0].result, True
+    top, root_raw = split_root(session)
     if entry_id is None:
         attrs: Attrs = {"retsnoop.incomplete": True}
         status, name = _UNSET, "unknown"
     else:
-        base, status = results.get(entry_id, root_raw if root_known else None)
-        attrs, name = dict(base), _lookup(funcs, entry_id).name
-    attrs.update(_session_attrs(session, symbolize, export_addresses))
+        base, status = results.get(entry_id, root_raw)
+        attrs, name = dict(base), lookup_func(funcs, entry_id).name
+    attrs.update(session_attrs(session, symbolize, export_addresses))
     root_ctx = b.context()
     b.add(name, root_ctx, None, root_start, root_end, attrs, status)
 
@@ -163,7 +171,25 @@ def session_to_spans(session: Session, funcs: FuncTable, offset_ns: int, resourc
     return b.spans
 
 
-def _session_attrs(session: Session, symbolize: Callable[[int], str] | None, export_addresses: bool) -> Attrs:
+def split_root(session: Session) -> tuple[list[Call], int | None]:
+    """The calls shown under the root span, and the entry function's result (None: not known).
+
+    The root span stands for the entry call itself, so when the call records start with it, its
+    children become the root's children; the error chain supplies the result when no exit was seen.
+    """
+    top, entry_id = session.calls, session.entry_func_id
+    raw: int | None = None
+    known = False
+    if len(top) == 1 and top[0].func_id == entry_id:
+        raw, known = top[0].result, top[0].end_ns is not None
+        top = top[0].children
+    if not known and session.chain and session.chain[0].latency_ns is not None:
+        raw, known = session.chain[0].result, True
+    return top, raw if known else None
+
+
+def session_attrs(session: Session, symbolize: Callable[[int], str] | None, export_addresses: bool) -> Attrs:
+    """Root-span attributes describing the thread, process and kernel stack of the session."""
     attrs: Attrs = {
         "thread.id": session.tid,
         "thread.name": session.comm,
@@ -196,7 +222,7 @@ def _add_calls(b: _Builder, results: _ResultAttrs, funcs: FuncTable, top: list[C
     while stack:
         call, parent_ctx, parent_end = stack.pop()
         if len(b.spans) >= b.max_spans:
-            b.dropped += 1 + _count(call.children)
+            b.dropped += 1 + count_calls(call.children)
             continue
         attrs, status = results.get(call.func_id, call.result if call.end_ns is not None else None)
         if call.missing_before:
@@ -204,11 +230,11 @@ def _add_calls(b: _Builder, results: _ResultAttrs, funcs: FuncTable, top: list[C
         start = call.start_ns + b.offset_ns
         end = call.end_ns + b.offset_ns if call.end_ns is not None else max(parent_end, start)
         ctx = b.context()
-        b.add(_lookup(funcs, call.func_id).name, ctx, parent_ctx, start, end, attrs, status)
+        b.add(lookup_func(funcs, call.func_id).name, ctx, parent_ctx, start, end, attrs, status)
         stack.extend((c, ctx, end) for c in reversed(call.children))
 
 
-def _count(calls: list[Call]) -> int:
+def count_calls(calls: list[Call]) -> int:
     total, stack = 0, list(calls)
     while stack:
         call = stack.pop()
@@ -233,7 +259,7 @@ def _add_chain(b: _Builder, results: _ResultAttrs, funcs: FuncTable, session: Se
             attrs, status = results.get(level.func_id, level.result)
         attrs = {**attrs, "retsnoop.start_estimated": True}
         ctx = b.context()
-        b.add(_lookup(funcs, level.func_id).name, ctx, parent_ctx, start, end, attrs, status)
+        b.add(lookup_func(funcs, level.func_id).name, ctx, parent_ctx, start, end, attrs, status)
         parent_ctx, parent_start, parent_end = ctx, start, end
 
 
@@ -243,6 +269,9 @@ PROTOCOLS = ("grpc", "http/protobuf")
 
 
 class SpanExporterLike(Protocol):
+    """An SDK span exporter. One that also has `export_encoded(body: bytes, spans: int)` (see
+    otlp_fast) receives the sink's pre-encoded traces as serialized requests."""
+
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult: ...
 
     def shutdown(self) -> None: ...
@@ -267,7 +296,8 @@ def resolve_protocol(protocol: str | None, environ: Mapping[str, str] = os.envir
 
 
 def make_exporter(endpoint: str | None, protocol: str, timeout: float | None = None) -> SpanExporterLike:
-    """The SDK's OTLP span exporter; with endpoint None it follows the OTEL_EXPORTER_OTLP_* variables.
+    """The SDK's OTLP span exporter (able to send pre-encoded requests too); with endpoint None it
+    follows the OTEL_EXPORTER_OTLP_* variables.
 
     An explicit endpoint needs a scheme: http:// means plaintext, https:// means TLS. For
     http/protobuf a bare base URL (no path) gets the standard /v1/traces path appended.
@@ -276,16 +306,14 @@ def make_exporter(endpoint: str | None, protocol: str, timeout: float | None = N
         parsed = urlparse(endpoint)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise ValueError(f"OTLP endpoint '{endpoint}' must look like http://HOST:PORT or https://HOST:PORT")
+    from .otlp_fast import EncodedGrpcSpanExporter, EncodedHttpSpanExporter
+
     if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
-
         insecure = None if endpoint is None else urlparse(endpoint).scheme == "http"
-        return GrpcExporter(endpoint=endpoint, insecure=insecure, timeout=timeout)
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
-
+        return EncodedGrpcSpanExporter(endpoint=endpoint, insecure=insecure, timeout=timeout)
     if endpoint is not None and urlparse(endpoint).path in ("", "/"):
         endpoint = endpoint.rstrip("/") + "/v1/traces"
-    return HttpExporter(endpoint=endpoint, timeout=timeout)
+    return EncodedHttpSpanExporter(endpoint=endpoint, timeout=timeout)
 
 
 class OtlpTraceSink:
@@ -293,6 +321,10 @@ class OtlpTraceSink:
 
     The queue is bounded in spans, not sessions, because one session may carry thousands of spans.
     A session's spans are accepted or dropped together so that no trace arrives half-built.
+    Sessions come either as SDK spans (session_to_spans) or, the fast way, as an
+    otlp_fast.EncodedTrace; the worker joins consecutive traces into requests of up to
+    `max_batch_spans` spans. Encoded traces go out as bytes when the exporter has `export_encoded`,
+    else as spans decoded from those bytes.
     """
 
     def __init__(self, endpoint: str | None = None, protocol: str | None = None, *, max_queue_spans: int = 65536,
@@ -302,7 +334,7 @@ class OtlpTraceSink:
         self._exporter = exporter if exporter is not None else make_exporter(endpoint, self.protocol, timeout)
         self._max_queue = max_queue_spans
         self._max_batch = max(1, max_batch_spans)
-        self._queue: collections.deque[list[ReadableSpan]] = collections.deque()
+        self._queue: collections.deque[list[ReadableSpan] | EncodedTrace] = collections.deque()
         self._queued = 0  # spans in _queue
         self._in_flight = 0  # spans taken by the worker and not yet accounted
         self._cond = threading.Condition()
@@ -313,7 +345,7 @@ class OtlpTraceSink:
         self._worker = threading.Thread(target=self._run, name="otlp-export", daemon=True)
         self._worker.start()
 
-    def submit(self, spans: list[ReadableSpan]) -> bool:
+    def submit(self, spans: list[ReadableSpan] | EncodedTrace) -> bool:
         """Queue one session's spans; False (and counted) if they were dropped."""
         if not spans:
             return True
@@ -357,33 +389,52 @@ class OtlpTraceSink:
         if count:
             self._dropped[cause] = self._dropped.get(cause, 0) + count
 
-    def _take_batch(self) -> list[ReadableSpan] | None:
+    def _take_batch(self) -> list[list[ReadableSpan]] | list[EncodedTrace] | None:
+        """Queued sessions of one kind (SDK spans or encoded) adding up to at most max_batch spans."""
         with self._cond:
             self._cond.wait_for(lambda: self._queue or self._closing)
             if not self._queue:
                 return None
-            batch = self._queue.popleft()
-            if len(batch) > self._max_batch:  # split a big session; the rest stays at the head
-                self._queue.appendleft(batch[self._max_batch:])
-                batch = batch[:self._max_batch]
-            while self._queue and len(batch) + len(self._queue[0]) <= self._max_batch:
-                batch = batch + self._queue.popleft()
-            self._queued -= len(batch)
-            self._in_flight = len(batch)
+            first = self._queue.popleft()
+            if len(first) > self._max_batch:  # split a big session; the rest stays at the head
+                if isinstance(first, list):
+                    first, rest = first[:self._max_batch], first[self._max_batch:]
+                else:
+                    first, rest = first.split(self._max_batch)
+                self._queue.appendleft(rest)
+            batch, count, kind = [first], len(first), isinstance(first, list)
+            while (self._queue and isinstance(self._queue[0], list) is kind
+                   and count + len(self._queue[0]) <= self._max_batch):
+                batch.append(self._queue.popleft())
+                count += len(batch[-1])
+            self._queued -= count
+            self._in_flight = count
             return batch
+
+    def _export(self, batch: list[list[ReadableSpan]] | list[EncodedTrace]) -> bool:
+        if isinstance(batch[0], list):
+            return self._exporter.export([s for spans in batch for s in spans]) is SpanExportResult.SUCCESS
+        from .otlp_fast import build_request, request_to_spans
+
+        body = build_request(batch)  # type: ignore[arg-type]
+        send = getattr(self._exporter, "export_encoded", None)
+        if send is not None:
+            return send(body, sum(len(t) for t in batch)) is SpanExportResult.SUCCESS
+        return self._exporter.export(request_to_spans(body)) is SpanExportResult.SUCCESS
 
     def _run(self) -> None:
         while (batch := self._take_batch()) is not None:
+            count = sum(len(item) for item in batch)
             try:
-                ok = self._exporter.export(batch) is SpanExportResult.SUCCESS
+                ok = self._export(batch)
             except Exception:  # noqa: BLE001 - keep the worker alive whatever the transport does
                 log.debug("OTLP export raised", exc_info=True)
                 ok = False
             with self._cond:
                 if ok:
-                    self._exported += len(batch)
+                    self._exported += count
                 else:
                     self._errors += 1
-                    self._drop("export_failed", len(batch))
+                    self._drop("export_failed", count)
                 self._in_flight = 0
                 self._cond.notify_all()

@@ -15,6 +15,7 @@ import pytest
 
 from retsnoop_otel.model import Call, RetKind, Session, StackEntry, TracedFunc
 from retsnoop_otel.otlp import OtlpTraceSink, session_to_spans
+from retsnoop_otel.otlp_fast import SpanEncoder
 from retsnoop_otel.resource import build_resource
 from tests.otlp_receiver import load_spans, start_receiver
 
@@ -61,7 +62,7 @@ def wait_spans(path, count, timeout=10.0):
     raise AssertionError(f"expected {count} spans in {path}, got {len(spans)}")
 
 
-def check_trace(spans):
+def check_trace(spans, service="retsnoop-otel"):
     assert len({s["trace_id"] for s in spans}) == 1
     by_name = {s["name"]: s for s in spans}
     root, create, sec = by_name["__x64_sys_bpf"], by_name["map_create"], by_name["security_bpf"]
@@ -76,23 +77,57 @@ def check_trace(spans):
     assert root["attributes"]["thread.id"] == 7 and root["attributes"]["process.executable.name"] == "simfail"
     assert all(s["kind"] == "SPAN_KIND_INTERNAL" for s in spans)
     assert root["scope"]["name"] == "retsnoop_otel"
-    assert root["resource"]["service.name"] == "retsnoop-otel" and root["resource"]["os.type"] == "linux"
+    assert root["resource"]["service.name"] == service and root["resource"]["os.type"] == "linux"
 
 
+def one_session(path, resource):
+    """One session's spans the SDK-object way or the fast (pre-encoded bytes) way."""
+    if path == "fast":
+        return SpanEncoder(FUNCS, resource).encode(session(), OFFSET)
+    return session_to_spans(session(), FUNCS, OFFSET, resource)
+
+
+@pytest.mark.parametrize("path", ["fast", "sdk"])
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
-def test_export_to_subprocess_receiver(receiver_proc, protocol, monkeypatch):
+def test_export_to_subprocess_receiver(receiver_proc, protocol, path, monkeypatch):
     proxies = [v for v in os.environ if v.lower().endswith("_proxy")]  # the exporters must reach 127.0.0.1
     for var in ("OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES", *proxies):
         monkeypatch.delenv(var, raising=False)
     proc, grpc_port, http_port, out = receiver_proc
     port = grpc_port if protocol == "grpc" else http_port
     sink = OtlpTraceSink(endpoint=f"http://127.0.0.1:{port}", protocol=protocol, timeout=10)
-    spans = session_to_spans(session(), FUNCS, OFFSET, build_resource())
-    assert sink.submit(spans)
+    assert sink.submit(one_session(path, build_resource()))
     assert sink.flush(15)
     sink.shutdown(5)
     assert sink.stats().spans_exported == 3 and sink.stats().export_errors == 0
     check_trace(wait_spans(out, 3))
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_fast_path_batches_and_standard_settings(receiver_proc, protocol, monkeypatch):
+    """Many sessions in few requests; gzip from OTEL_EXPORTER_OTLP_TRACES_COMPRESSION still applies."""
+    proxies = [v for v in os.environ if v.lower().endswith("_proxy")]
+    for var in ("OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES", *proxies):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "gzip")
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "fast-path")
+    proc, grpc_port, http_port, out = receiver_proc
+    port = grpc_port if protocol == "grpc" else http_port
+    sink = OtlpTraceSink(endpoint=f"http://127.0.0.1:{port}", protocol=protocol, timeout=10, max_batch_spans=12)
+    assert "gzip" in repr(sink._exporter._compression).lower()
+    encoder = SpanEncoder(FUNCS, build_resource())
+    for _ in range(10):
+        assert sink.submit(encoder.encode(session(), OFFSET))
+    assert sink.flush(15)
+    sink.shutdown(5)
+    assert sink.stats().spans_exported == 30 and sink.stats().export_errors == 0
+    spans = wait_spans(out, 30)
+    requests = [line for line in out.read_text().splitlines() if line.strip()]
+    assert len(requests) == 3  # 12 + 12 + 6 spans: whole sessions batched together
+    traces = {s["trace_id"] for s in spans}
+    assert len(traces) == 10
+    for trace_id in traces:
+        check_trace([s for s in spans if s["trace_id"] == trace_id], service="fast-path")
 
 
 def test_in_process_receiver_and_export_failure(monkeypatch):
@@ -101,8 +136,8 @@ def test_in_process_receiver_and_export_failure(monkeypatch):
     receiver = start_receiver(http_port=0)
     try:
         sink = OtlpTraceSink(endpoint=f"http://127.0.0.1:{receiver.port}", protocol="grpc")
-        for _ in range(2):
-            sink.submit(session_to_spans(session(), FUNCS, OFFSET, build_resource()))
+        for path in ("sdk", "fast"):
+            sink.submit(one_session(path, build_resource()))
         assert sink.flush(15)
         sink.shutdown(5)
         spans = receiver.wait_for_spans(6)
@@ -114,7 +149,7 @@ def test_in_process_receiver_and_export_failure(monkeypatch):
     # nothing listens any more: the export fails, is counted, and the caller never blocks
     sink = OtlpTraceSink(endpoint=f"http://127.0.0.1:{dead_port}", protocol="grpc", timeout=1)
     t0 = time.perf_counter()
-    sink.submit(session_to_spans(session(), FUNCS, OFFSET, build_resource()))
+    sink.submit(one_session("fast", build_resource()))
     assert time.perf_counter() - t0 < 0.1
     assert sink.flush(15)
     sink.shutdown(2)
