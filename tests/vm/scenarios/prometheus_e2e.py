@@ -1,0 +1,124 @@
+"""Guest side of the Prometheus e2e check (issue 6): a real Prometheus server scrapes the tracer.
+
+The Prometheus configuration is config/prometheus-scrape.yml itself (relabeling and rule file
+included), with a 1 s interval and the local tracer as the only target. After three runs of the
+bpf-bad-map-max-entries-array workload, every dashboard and alert expression is evaluated through
+the HTTP API. Host-side assertions: tests/vm/test_prometheus_e2e.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+from tests.test_dashboards import ALERTS, SCRAPE_CONFIG, all_expressions
+from tests.vm.guest_batch import budget
+
+PY = sys.executable
+METRICS_PORT = 9464
+PROM_ADDR = "127.0.0.1:9090"
+SIMFAIL_RUNS = 3
+EINVAL_QUERY = 'retsnoop_function_errors_total{function="array_map_alloc_check",error_type="EINVAL"}'
+COUNT_QUERY = 'sum(retsnoop_function_duration_seconds_count{function="array_map_alloc_check"})'
+
+
+def prometheus_config(tmpdir: Path) -> Path:
+    """The shipped scrape config, pointed at the local tracer and scraping every second."""
+    cfg = yaml.safe_load(SCRAPE_CONFIG.read_text())
+    cfg["global"].update(scrape_interval="1s", evaluation_interval="1s")
+    cfg["rule_files"] = [str(ALERTS)]
+    job = next(j for j in cfg["scrape_configs"] if j["job_name"] == "retsnoop-otel")
+    job.update(scrape_interval="1s", scrape_timeout="1s", static_configs=[{"targets": [f"127.0.0.1:{METRICS_PORT}"]}])
+    path = tmpdir / "prometheus.yml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def api(path: str, **params: str) -> dict:
+    """GET a Prometheus API endpoint; error responses (400/422) are returned as their JSON body."""
+    url = f"http://{PROM_ADDR}{path}" + (f"?{urllib.parse.urlencode(params)}" if params else "")
+    try:
+        with urllib.request.urlopen(url, timeout=60) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return json.loads(exc.read() or b"{}") | {"http_status": exc.code}
+
+
+def query(expr: str) -> dict:
+    return api("/api/v1/query", query=expr)
+
+
+def scalar_sum(res: dict) -> float:
+    return sum(float(s["value"][1]) for s in res.get("data", {}).get("result", []))
+
+
+def wait_until(check, timeout: float, step: float = 1.0):
+    """Poll `check()` until it returns a truthy value or `timeout` passes; returns the last value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = check()
+        except (OSError, ValueError):
+            value = None
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(step)
+
+
+@budget(1200)
+def scenario_prometheus_e2e(ctx) -> dict:
+    r: dict = {}
+    tmp = Path(ctx.tmpdir)
+    cfg = prometheus_config(tmp)
+    r["prometheus_config"] = cfg.read_text()
+    prom = ctx.spawn(["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+                      f"--web.listen-address={PROM_ADDR}", "--log.level=warn"])
+    tracer = ctx.spawn([PY, "-m", "retsnoop_otel", "trace", "-e", "*sys_bpf", "-a", "array_map_alloc_check",
+                        "--metrics-port", str(METRICS_PORT)])
+    try:
+        tracer.wait_for_line(r"Receiving data", timeout=600)
+        ready = wait_until(lambda: urllib.request.urlopen(f"http://{PROM_ADDR}/-/ready", timeout=10).status == 200,
+                           timeout=180)
+        r["prometheus_ready"] = bool(ready)
+        ctx.log(f"tracer attached, prometheus ready: {bool(ready)}")
+        # the first scrape of the tracer, so the counters' rise from their first value is recorded
+        r["first_up"] = wait_until(lambda: query('up{job="retsnoop-otel"} == 1')["data"]["result"], timeout=120)
+
+        r["simfail"] = []
+        for _ in range(SIMFAIL_RUNS):
+            rc, out, err = ctx.run([PY, "-m", "retsnoop_otel", "simfail", "bpf-bad-map-max-entries-array"], 180)
+            r["simfail"].append({"rc": rc, "out": out[-2000:], "err": err[-2000:]})
+        r["einval"] = wait_until(lambda: scalar_sum(query(EINVAL_QUERY)) >= SIMFAIL_RUNS and query(EINVAL_QUERY),
+                                 timeout=180)
+        ctx.log(f"EINVAL series: {r['einval']}")
+        r["duration_count"] = query(COUNT_QUERY)
+        r["up"] = query('up{job="retsnoop-otel"}')
+        r["queries"] = []
+        for where, expr in all_expressions():
+            res = query(expr)
+            data = res.get("data", {})
+            r["queries"].append({"where": where, "expr": expr, "status": res.get("status"),
+                                 "error": res.get("error"), "result_type": data.get("resultType"),
+                                 "result_count": len(data.get("result", []))})
+        bad = [q["where"] for q in r["queries"] if q["status"] != "success"]
+        ctx.log(f"{len(r['queries'])} expressions evaluated, failing: {bad or 'none'}")
+        # the alert rules, loaded by the real server from the rule_files entry, evaluate without errors
+        wait_until(lambda: all(not rule.get("lastEvaluation", "0001").startswith("0001")  # 0001-01-01: never
+                               for g in api("/api/v1/rules")["data"]["groups"] for rule in g["rules"]), timeout=60)
+        r["rules"] = [{"name": rule["name"], "health": rule["health"], "lastError": rule.get("lastError", "")}
+                      for g in api("/api/v1/rules")["data"]["groups"] for rule in g["rules"]]
+        r["metrics_text"] = urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics",
+                                                   timeout=60).read().decode()[-6000:]
+    finally:
+        r["tracer_rc"] = tracer.terminate(timeout=240)
+        r["tracer_output"] = tracer.output()[-6000:]
+        r["prometheus_rc"] = prom.terminate(timeout=60)
+        r["prometheus_output"] = prom.output()[-4000:]
+    return r
