@@ -13,11 +13,13 @@ import ctypes
 import errno as _errno
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
+from typing import TextIO
 
 from . import bpfsys
 from .errnos import errno_name
@@ -28,6 +30,8 @@ PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 MISSING_KFUNC = "simfail_non_existing_kfunc"
 FENTRY_UNSUPP_FUNC = "btf_struct_access"
 ENOTSUPP = 524
+PR_SET_NAME = 15
+TASK_COMM_LEN = 16
 S_CREATE = "bpf(BPF_MAP_CREATE)"
 S_LOOKUP = "bpf(BPF_MAP_LOOKUP_ELEM)"
 S_UPDATE = "bpf(BPF_MAP_UPDATE_ELEM)"
@@ -170,10 +174,12 @@ def _simple_obj(res: ExitStack) -> str:
     return f"kprobe program incrementing my_var loaded (prog fd {prog})"
 
 
-def _long_sleep(res: ExitStack) -> str:
-    t0 = time.monotonic()
-    time.sleep(1.0)
-    return f"slept {time.monotonic() - t0:.3f} s"
+def _sleep(seconds: float) -> Callable[[ExitStack], str]:
+    def run(res: ExitStack) -> str:
+        t0 = time.monotonic()
+        time.sleep(seconds)
+        return f"slept {time.monotonic() - t0:.3f} s"
+    return run
 
 
 E = _errno
@@ -212,7 +218,8 @@ CASES: dict[str, Case] = {c.name: c for c in [
          _simple_obj, None, None),
     Case("bpf-good-map-array", "create the baseline ARRAY map, write and read element 0 (succeeds)",
          _good_map_array, None, None),
-    Case("syscall-long-sleep", "sleep for 1 s (for -L/--longer)", _long_sleep, None, None),
+    Case("syscall-long-sleep", "sleep for 1 s (for -L/--longer)", _sleep(1.0), None, None),
+    Case("syscall-short-sleep", "sleep for 1 ms (what -L/--longer should leave out)", _sleep(0.001), None, None),
 ]}
 
 
@@ -243,6 +250,21 @@ def run_case(case: Case, series: str) -> Result:
                   f"{case.name}: {case.fails_at} unexpectedly succeeded: {what}")
 
 
+def set_thread_name(name: str) -> None:
+    """prctl(PR_SET_NAME): the name the kernel reports as this thread's comm (what -n/-N match)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_NAME, name.encode(), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), f"prctl(PR_SET_NAME, {name!r}) failed")
+
+
+def wait_for_release(out: TextIO) -> None:
+    """Print 'PID <pid>' and block until SIGUSR1, so a test can set up a tracer or cgroup for this pid."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})  # before printing: no lost signal
+    print(f"PID {os.getpid()}", file=out, flush=True)
+    signal.sigwait({signal.SIGUSR1})
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
+
+
 def format_list() -> str:
     width = max(len(n) for n in CASES)
     lines = []
@@ -263,6 +285,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--delay-ms", type=float, default=0.0, metavar="MS", help="pause between repetitions")
     p.add_argument("--json", action="store_true", help="print one JSON object per run")
     p.add_argument("-v", "--verbose", action="store_true", help="print every repetition")
+    p.add_argument("--comm", metavar="NAME", help="set this thread's name (comm) first, for -n/-N tests")
+    p.add_argument("--wait-signal", action="store_true",
+                   help="print 'PID <pid>' and wait for SIGUSR1 before running the cases")
     args = p.parse_args(argv)
     if args.list:
         print(format_list())
@@ -281,6 +306,14 @@ def main(argv: list[str]) -> int:
         print("retsnoop-otel simfail: -r needs a positive count and --delay-ms a non-negative delay",
               file=sys.stderr)
         return 2
+    if args.comm is not None and not 0 < len(args.comm.encode()) < TASK_COMM_LEN:
+        print(f"retsnoop-otel simfail: --comm needs 1 to {TASK_COMM_LEN - 1} bytes (the kernel's comm length), "
+              f"got '{args.comm}'", file=sys.stderr)
+        return 2
+    if args.comm is not None:
+        set_thread_name(args.comm)
+    if args.wait_signal:
+        wait_for_release(sys.stdout)
     series = kernel_series(os.uname().release)
     all_ok = True
     for name in names:

@@ -9,7 +9,12 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import signal
+import subprocess
+import sys
+import time
 from contextlib import ExitStack
+from pathlib import Path
 
 import pytest
 
@@ -41,7 +46,7 @@ def _open_fds() -> set[str]:
 def test_every_retsnoop_case_is_registered() -> None:
     retsnoop_cases = set(MAP_CASES) | {"bpf-kprobe-bad-kfunc", "bpf-fentry-unsupp-func", "bpf-simple-obj",
                                        "syscall-long-sleep"}
-    assert set(simfail.CASES) == retsnoop_cases | {"bpf-good-map-array"}
+    assert set(simfail.CASES) == retsnoop_cases | {"bpf-good-map-array", "syscall-short-sleep"}
     for name, errno_value in MAP_CASES.items():
         assert simfail.CASES[name].expected_errno == errno_value, name
 
@@ -69,6 +74,52 @@ def test_no_case_and_bad_repeat_are_usage_errors(capsys) -> None:
     assert simfail.main([]) == 2
     assert simfail.main(["-r", "0", "bpf-bad-map-type"]) == 2
     assert "no case given" in capsys.readouterr().err
+
+
+def test_sleep_cases_take_their_time(capsys) -> None:
+    t0 = time.monotonic()
+    assert simfail.main(["syscall-short-sleep"]) == 0
+    short = time.monotonic() - t0
+    assert capsys.readouterr().out.startswith("syscall-short-sleep: succeeded as expected: slept 0.0")
+    assert 0.001 <= short < 0.5
+    assert simfail.CASES["syscall-long-sleep"].fails_at is None
+
+
+def test_comm_sets_the_thread_name_the_kernel_reports(capsys) -> None:
+    comm = Path("/proc/thread-self/comm")
+    before = comm.read_text().strip()
+    try:
+        assert simfail.main(["--comm", "sfa", "syscall-short-sleep"]) == 0
+        assert comm.read_text().strip() == "sfa"
+    finally:
+        simfail.set_thread_name(before)
+    assert comm.read_text().strip() == before
+
+
+def test_comm_longer_than_the_kernel_keeps_is_refused(capsys) -> None:
+    assert simfail.main(["--comm", "x" * 16, "syscall-short-sleep"]) == 2
+    assert simfail.main(["--comm", "", "syscall-short-sleep"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all("--comm needs 1 to 15 bytes" in x for x in err)
+
+
+def test_wait_signal_prints_pid_and_runs_only_after_sigusr1() -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "retsnoop_otel", "simfail", "--comm", "sfwait", "--wait-signal",
+                             "syscall-short-sleep"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).resolve().parents[2])
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == f"PID {proc.pid}"
+        time.sleep(0.3)
+        assert proc.poll() is None, "must wait for SIGUSR1"
+        assert Path(f"/proc/{proc.pid}/comm").read_text().strip() == "sfwait"
+        proc.send_signal(signal.SIGUSR1)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert out.startswith("syscall-short-sleep: succeeded as expected: slept ")
 
 
 def test_kernel_series() -> None:
