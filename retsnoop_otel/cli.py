@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from . import __version__
 
@@ -27,8 +28,34 @@ def _pid(text: str) -> int:
     return int(text)
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """Bad flags get one line on stderr (argparse's default repeats a many-line usage first).
+
+    Like getopt (and so retsnoop), a flag that takes a value takes the next word even when it starts
+    with '-': `-x -ENOMEM` works, where argparse alone would call it a missing value.
+    """
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def]
+        words = list(sys.argv[1:] if args is None else args)
+        takes_value = {opt for a in self._actions if a.nargs is None and a.option_strings
+                       for opt in a.option_strings}
+        joined: list[str] = []
+        i = 0
+        while i < len(words):
+            if words[i] in takes_value and i + 1 < len(words) and words[i + 1].startswith("-"):
+                joined.append(f"{words[i]}={words[i + 1]}")
+                i += 2
+                continue
+            joined.append(words[i])
+            i += 1
+        return super().parse_known_args(joined, namespace)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_trace_parser(prog: str = "retsnoop-otel trace") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineErrorParser(
         prog=prog,
         description="Trace kernel functions the way retsnoop does: sessions start at entry functions "
                     "(-e) and record the allowed functions (-a) they call; failing sessions print the "
@@ -55,6 +82,9 @@ def build_trace_parser(prog: str = "retsnoop-otel trace") -> argparse.ArgumentPa
     out.add_argument("-E", "--call-stack", action="store_true",
                      help="print the call stack too when -T is given")
     out.add_argument("--json", action="store_true", help="print one JSON object per session")
+    out.add_argument("-A", "--capture-args", action="store_true",
+                     help="capture function arguments (BTF-typed; off by default: kernel memory can hold secrets)")
+    out.add_argument("--trace-json", metavar="FILE", help="write -T sessions as Chrome trace-event JSON (Perfetto)")
     out.add_argument("-k", "--kernel", metavar="VMLINUX", help="vmlinux with DWARF for source lines")
     out.add_argument("-s", "--symbolize", action="count", default=None,
                      help="-s: source lines, -ss: also inlined functions (default when DWARF is found)")

@@ -53,6 +53,8 @@ class TraceOptions:
     probe_set: str
     kernel: str | None
     symbolize: int | None
+    capture_args: bool = False
+    trace_json: str | None = None
     ringbuf_size: int = 8 << 20
     sessions_size: int = 4096
     extra: dict[str, str] = field(default_factory=dict)
@@ -94,14 +96,15 @@ def parse_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Trace
         parser.error(f"--metrics-port {args.metrics_port} is not a TCP port (1..65535)")
     return TraceOptions(
         entry=args.entry, allow=args.allow, deny=args.deny, mode=args.mode, calls=args.calls,
-        call_stack=args.call_stack or not args.calls, success=args.success_stacks or (args.calls and
+        call_stack=args.call_stack, success=args.success_stacks or (args.calls and
                                                                                         not args.allow_errors),
         json=args.json, dry_run=args.dry_run, verbose=args.verbose, errors=errors, pids=args.pid,
         no_pids=args.no_pid, comms=args.comm, no_comms=args.no_comm, min_duration_ns=args.longer,
         cgroup=args.cgroup, otlp_endpoint=args.otlp_endpoint, otlp_protocol=args.otlp_protocol,
         export_addresses=args.export_addresses, metrics_port=args.metrics_port,
         metrics_addr=args.metrics_addr, probe_set=args.probe_set, kernel=args.kernel,
-        symbolize=args.symbolize, ringbuf_size=ringbuf_size, sessions_size=sessions_size)
+        symbolize=args.symbolize, ringbuf_size=ringbuf_size, sessions_size=sessions_size,
+        capture_args=args.capture_args, trace_json=args.trace_json)
 
 
 def _int_cfg(parser: argparse.ArgumentParser, cfg: dict[str, str], key: str, default: int) -> int:
@@ -144,12 +147,24 @@ def _check_privileges() -> None:
                          "run it with sudo")
 
 
+def _check_globs(opts: TraceOptions) -> None:
+    """Glob syntax needs no kernel: refuse a malformed glob before the slow kernel reads (~40 s under TCG)."""
+    from . import discovery
+    try:
+        for glob in discovery.expand_glob_args([*opts.entry, *opts.allow, *opts.deny]):
+            discovery.parse_glob(glob)
+    except discovery.DiscoveryError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def _run(opts: TraceOptions, out: TextIO, err: TextIO) -> int:
     from . import discovery, features, tracefs
     from .btf import ReturnKinds
     from .kallsyms import Kallsyms, KallsymsError
 
+    _check_globs(opts)
     _check_privileges()
+    vmlinux = _find_vmlinux(opts)  # before the slow kernel reads: a wrong -k is bad input
     feats = features.detect()
     mode = opts.mode or features.choose_mode(feats)
     try:
@@ -168,7 +183,6 @@ def _run(opts: TraceOptions, out: TextIO, err: TextIO) -> int:
         raise SetupError(str(exc)) from None
     btf = lb.Btf.load_vmlinux()
     ret_kinds = ReturnKinds(btf)
-    vmlinux = _find_vmlinux(opts)
     _log(opts, 1, f"Using vmlinux {vmlinux} for DWARF" if vmlinux else
          "No vmlinux with DWARF found: kallsyms names only", err)
     resolve = None
@@ -189,18 +203,30 @@ def _run(opts: TraceOptions, out: TextIO, err: TextIO) -> int:
 
     from .tracer import CaptureConfig, Tracer
     cgroup_id = _cgroup_id(opts.cgroup) if opts.cgroup else 0
-    cfg = CaptureConfig(mode=mode, emit_calls=opts.calls or opts.otlp_enabled, capture_success=opts.success,
+    arg_specs: dict[int, list[int]] = {}
+    if opts.capture_args:
+        from .args import ArgFormatter, describe_args, spec_words
+        descs = {f.id: describe_args(btf, f.name) for f in disc.funcs}
+        arg_specs = {fid: spec_words(d) for fid, d in descs.items() if d}
+        sinks_args = ArgFormatter(btf, descs).format
+    else:
+        sinks_args = None
+    emit_calls = opts.calls or opts.otlp_enabled or opts.capture_args or bool(opts.trace_json)
+    cfg = CaptureConfig(mode=mode, emit_calls=emit_calls, capture_args=opts.capture_args,
+                        capture_success=opts.success,
                         min_duration_ns=opts.min_duration_ns, pids=opts.pids, no_pids=opts.no_pids,
                         comms=opts.comms, no_comms=opts.no_comms, cgroup_id=cgroup_id,
                         ringbuf_size=opts.ringbuf_size, max_sessions=opts.sessions_size)
-    tracer = Tracer(disc.funcs, cfg, btf_func_id=ret_kinds.func_id)
-    sinks = _Sinks(opts, funcs, symbolizer, out, err)
+    tracer = Tracer(disc.funcs, cfg, btf_func_id=ret_kinds.func_id, arg_specs=arg_specs)
+    sinks = _Sinks(opts, funcs, symbolizer, out, err, fmt_args=sinks_args)
     stop = _install_stop_handlers()
     try:
         tracer.load()
         report = tracer.attach(on_error=lambda f, e: _log(opts, 1, f"Failed to attach {f.name}: {e}", err))
         _log(opts, 1, f"Successfully attached {len(report.attached)} functions in {report.attach_ms:.0f} ms.",
              err)
+        if mode == "fentry":
+            ksyms.refresh_bpf_symbols()  # name the trampolines that fexit stacks run through
         sinks.start(tracer)
         print("Receiving data...", file=out, flush=True)
         from .sessions import SessionAssembler
@@ -277,8 +303,9 @@ class _Sinks:
     """Text/JSON output, OTLP export and the metrics endpoint for one trace run."""
 
     def __init__(self, opts: TraceOptions, funcs: dict[int, TracedFunc], symbolizer: object, out: TextIO,
-                 err: TextIO) -> None:
+                 err: TextIO, fmt_args: Callable[..., list[str]] | None = None) -> None:
         self.opts = opts
+        self.fmt_args = fmt_args
         self.funcs = funcs
         self.symbolizer = symbolizer
         self.out = out
@@ -288,6 +315,10 @@ class _Sinks:
         self.resource = None
         from .clock import measure_boot_to_wall_offset
         self.offset_ns = measure_boot_to_wall_offset()
+        self.trace_json = None
+        if opts.trace_json:
+            from .trace_json import TraceJsonWriter
+            self.trace_json = TraceJsonWriter(opts.trace_json, funcs, self.offset_ns)
 
     def start(self, tracer: object) -> None:
         if self.opts.otlp_enabled:
@@ -312,15 +343,34 @@ class _Sinks:
         if self.opts.json:
             self.out.write(json.dumps(_session_json(session, self.funcs, self.offset_ns)) + "\n")
         else:
-            from .render import render_stack
-            self.out.write(render_stack(session, self.funcs, self.symbolizer, self.offset_ns))
+            self.out.write(self._text(session))
         self.out.flush()
+        if self.trace_json is not None:
+            self.trace_json.add(session)
+            self.trace_json.flush()
         if self.otlp is not None:
             from .otlp import session_to_spans
             spans = session_to_spans(session, self.funcs, self.offset_ns, self.resource,
                                      symbolize=self.symbolizer.describe,  # type: ignore[attr-defined]
                                      export_addresses=self.opts.export_addresses)
             self.otlp.submit(spans)
+
+    def _text(self, session: Session) -> str:
+        """retsnoop's order: the call table (-T), then the stack (default, or -E with -T)."""
+        from .render import render_header, render_stack
+        from .render_calls import render_calls, render_chain_args
+        if not self.opts.calls:
+            text = render_stack(session, self.funcs, self.symbolizer, self.offset_ns)
+            if self.fmt_args is not None and session.calls:
+                text = text.rstrip("\n") + "\n\n" + render_chain_args(session, self.funcs, self.fmt_args) + "\n"
+            return text
+        parts = [render_header(session, self.offset_ns) + "\n\n", render_calls(session, self.funcs, self.fmt_args)]
+        if self.opts.call_stack:
+            stack = render_stack(session, self.funcs, self.symbolizer, self.offset_ns)
+            parts.append("\n" + stack.split("\n", 2)[2] if stack.count("\n") >= 2 else stack)
+        else:
+            parts.append("\n\n")
+        return "".join(parts)
 
     def close(self) -> None:
         if self.otlp is not None:

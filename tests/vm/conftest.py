@@ -15,8 +15,10 @@ the `vm` marker automatically; deselect them only with -m 'not vm'.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -52,14 +54,17 @@ class VmBatch(Mapping):
         self.summary = json.loads((results_dir / guest_batch.SUMMARY_FILE).read_text())
         self.release: str = self.summary.get("release", "")
         self.statuses: dict[str, dict] = self.summary.get("scenarios", {})
+        # Read everything now: the files do not have to outlive the boot.
+        self.results = {p.stem: json.loads(p.read_text()) for p in results_dir.glob("*.json")
+                        if p.name != guest_batch.SUMMARY_FILE}
 
     def raw(self, name: str) -> dict:
         """The stored dict of a scenario, including {"error": ...} ones."""
-        path = self.results_dir / f"{name.removeprefix(guest_batch.SCENARIO_PREFIX)}.json"
-        if not path.exists():
-            raise AssertionError(f"scenario {name!r} has no result on {self.series} ({self.release}); "
+        key = name.removeprefix(guest_batch.SCENARIO_PREFIX)
+        if key not in self.results:
+            raise AssertionError(f"scenario {key!r} has no result on {self.series} ({self.release}); "
                                  f"tests/vm/run exit {self.run_rc}; batch output tail:\n{_tail(self.log)}")
-        return json.loads(path.read_text())
+        return self.results[key]
 
     def __getitem__(self, name: str) -> dict:
         key = name.removeprefix(guest_batch.SCENARIO_PREFIX)
@@ -79,9 +84,8 @@ class VmBatch(Mapping):
 class VmBatches:
     """Boots each kernel on first request and caches the outcome (success or failure) for the session."""
 
-    def __init__(self, config: pytest.Config, tmp_factory: pytest.TempPathFactory) -> None:
+    def __init__(self, config: pytest.Config) -> None:
         self.config = config
-        self.tmp_factory = tmp_factory
         self.done: dict[str, VmBatch | str] = {}
 
     def get(self, series: str) -> VmBatch:
@@ -107,7 +111,8 @@ class VmBatches:
     def _boot(self, series: str) -> VmBatch:
         scenarios = guest_batch.discover()
         timeout = BOOT_MARGIN_S + sum(s.budget_s for s in scenarios)
-        rwdir = self.tmp_factory.mktemp(f"vm-{series}")
+        # Not under pytest's basetemp: concurrent pytest runs prune old basetemps while a batch runs.
+        rwdir = Path(tempfile.mkdtemp(prefix=f"retsnoop-otel-vm-{series}-"))
         results = rwdir / "results"
         cmd = [str(REPO / "tests" / "vm" / "run"), "--kernel", series, "--timeout", f"{timeout:.0f}",
                "--rwdir", str(rwdir)]
@@ -132,8 +137,11 @@ class VmBatches:
         text = "".join(lines)
         if not (results / guest_batch.SUMMARY_FILE).exists():
             raise RuntimeError(f"VM batch on kernel {series} produced no results (tests/vm/run exit {proc.returncode}, "
-                               f"{seconds:.0f} s). Output tail:\n{_tail(text)}")
-        return VmBatch(series, results, text, proc.returncode, seconds)
+                               f"{seconds:.0f} s; kept {rwdir}). Output tail:\n{_tail(text)}")
+        batch = VmBatch(series, results, text, proc.returncode, seconds)
+        if proc.returncode == 0 and all(s["status"] == "ok" for s in batch.statuses.values()):
+            shutil.rmtree(rwdir, ignore_errors=True)  # otherwise kept for a look at batch.log/console.log
+        return batch
 
 
 def _item_kernels(item: pytest.Item) -> set[str]:
@@ -169,15 +177,16 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
         if isinstance(outcome, str):
             terminalreporter.write_line(f"kernel {series}: FAILED to produce results")
             continue
+        kept = f"; files kept in {outcome.results_dir.parent}" if outcome.results_dir.exists() else ""
         parts = ", ".join(f"{n} {s['status']} {s['seconds']:.0f}s" for n, s in outcome.statuses.items())
         terminalreporter.write_line(f"kernel {series} ({outcome.release}): boot + batch {outcome.seconds:.0f} s; "
-                                    f"{parts}")
+                                    f"{parts}{kept}")
 
 
 @pytest.fixture(scope="session")
-def vm_batches(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> VmBatches:
+def vm_batches(pytestconfig: pytest.Config) -> VmBatches:
     if STASH not in pytestconfig.stash:
-        pytestconfig.stash[STASH] = VmBatches(pytestconfig, tmp_path_factory)
+        pytestconfig.stash[STASH] = VmBatches(pytestconfig)
     return pytestconfig.stash[STASH]
 
 

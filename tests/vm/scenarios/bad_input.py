@@ -1,0 +1,73 @@
+"""Guest side of the bad-input acceptance test (issue 3): each bad command line gets one clear message.
+
+Every case runs `retsnoop-otel trace` with one thing wrong (and otherwise a small, valid function set,
+so a wrongly accepted command would attach quickly), then lists the loaded BPF programs. Host-side
+assertions: tests/vm/test_bad_input.py.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import time
+from pathlib import Path
+
+from tests.vm.guest_batch import budget
+from tests.vm.scenarios.filters import BPF_SET, PY, our_progs
+
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+def _kernel_cache_dirs() -> list[Path]:
+    """Where tests/vm/fetch-kernel keeps unpacked kernels (the guest sees the host's filesystem)."""
+    roots = [os.environ.get("RETSNOOP_OTEL_CACHE", ""), os.path.join(os.environ.get("XDG_CACHE_HOME", ""),
+                                                                     "retsnoop-otel"),
+             os.path.expanduser("~/.cache/retsnoop-otel"), "/root/.cache/retsnoop-otel"]
+    return [Path(r) / "kernels" for r in roots if r and (Path(r) / "kernels").is_dir()]
+
+
+def _other_kernel_files() -> dict[str, str]:
+    """A DWARF vmlinux and a vmlinuz of a kernel other than the running one, when the cache has them."""
+    release = os.uname().release
+    found: dict[str, str] = {}
+    for kdir in _kernel_cache_dirs():
+        for path in sorted(glob.glob(str(kdir / "*/usr/lib/debug/boot/vmlinux-*"))):
+            if not path.endswith(release):
+                found.setdefault("vmlinux", path)
+        for path in sorted(glob.glob(str(kdir / "*/boot/vmlinuz-*"))):
+            if not path.endswith(release):
+                found.setdefault("vmlinuz", path)
+    return found
+
+
+def _cases(others: dict[str, str]) -> dict[str, list[str]]:
+    trace = [PY, "-m", "retsnoop_otel", "trace"]
+    cases = {
+        "unknown_flag": [*trace, *BPF_SET, "--no-such-flag"],
+        "unknown_errno": [*trace, *BPF_SET, "-x", "-EWHATEVER"],
+        "unbalanced_module_glob": [*trace, "-e", "*sys_bpf", "-a", "array_map_* [bpf"],
+        "empty_glob": [*trace, "-e", ""],
+        "entry_matches_nothing": [*trace, "-e", "retsnoop_otel_no_such_func*", "-a", "array_map_alloc_check"],
+        # an ELF whose build-id is not the running kernel's: the other kernel's DWARF vmlinux if cached
+        "vmlinux_other_build": [*trace, *BPF_SET, "-k", others.get("vmlinux", "/bin/ls")],
+        "not_root": [*NOBODY, *trace, *BPF_SET],
+    }
+    if "vmlinuz" in others:  # a compressed boot image is not an ELF vmlinux at all
+        cases["vmlinux_not_elf"] = [*trace, *BPF_SET, "-k", others["vmlinuz"]]
+    return cases
+
+
+@budget(900)
+def scenario_bad_input(ctx) -> dict:
+    t0 = time.monotonic()
+    others = _other_kernel_files()
+    result: dict = {"other_kernel_files": others, "progs_before": our_progs(ctx), "cases": {}}
+    for name, cmd in _cases(others).items():
+        start = time.monotonic()
+        rc, out, err = ctx.run(cmd, timeout=300)
+        secs = round(time.monotonic() - start, 1)
+        ctx.log(f"{name}: exit {rc} in {secs} s: {err.strip()[:200]}")
+        result["cases"][name] = {"cmd": cmd, "rc": rc, "stdout": out, "stderr": err, "seconds": secs,
+                                 "progs_after": our_progs(ctx)}
+    result["guest_seconds"] = round(time.monotonic() - t0, 1)
+    return result

@@ -1,0 +1,48 @@
+"""Issue 3 bad input on real kernels: one clear line on stderr, a non-zero exit, nothing attached.
+
+Guest side: tests/vm/scenarios/bad_input.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.vm
+
+# case -> (exit code, what the one line must say)
+EXPECTED = {
+    "unknown_flag": (2, "unrecognized arguments: --no-such-flag"),
+    "unknown_errno": (2, "unknown errno name '-EWHATEVER'"),
+    "unbalanced_module_glob": (2, "bad glob 'array_map_* [bpf'"),
+    "empty_glob": (2, "bad glob ''"),
+    "entry_matches_nothing": (2, "Entry glob 'retsnoop_otel_no_such_func*' doesn't match any kernel function"),
+    "vmlinux_other_build": (2, "belongs to another kernel build"),
+    "vmlinux_not_elf": (2, "not an ELF vmlinux"),
+    "not_root": (1, "needs root or the CAP_BPF and CAP_PERFMON capabilities"),
+}
+ALWAYS = set(EXPECTED) - {"vmlinux_not_elf"}  # that one needs the other kernel's image in the cache
+
+
+def test_every_bad_input_case_ran(vm_batch) -> None:
+    r = vm_batch["bad_input"]
+    assert ALWAYS <= set(r["cases"]), sorted(r["cases"])
+    assert set(r["cases"]) <= set(EXPECTED)
+    assert r["progs_before"] == []
+
+
+@pytest.mark.parametrize("case", sorted(EXPECTED))
+def test_one_clear_line_and_nothing_attached(vm_batch, case: str) -> None:
+    cases = vm_batch["bad_input"]["cases"]
+    if case not in cases:
+        assert case not in ALWAYS
+        return
+    c = cases[case]
+    rc, phrase = EXPECTED[case]
+    lines = [x for x in c["stderr"].splitlines() if x.strip()]
+    assert c["rc"] == rc, c
+    assert len(lines) == 1, c["stderr"]
+    assert lines[0].startswith("retsnoop-otel") and phrase in lines[0], lines[0]
+    assert "Traceback" not in c["stderr"] + c["stdout"]
+    assert "Receiving data" not in c["stdout"]
+    assert c["progs_after"] == []
+
