@@ -16,6 +16,8 @@ from pathlib import Path
 
 # 'addr type name' or 'addr type name\t[module]'; t/T/w/W are code symbols (weak ones included).
 _FUNC_LINE = re.compile(r"^([0-9a-f]+) [tTwW] (\S+)(?:[ \t]+\[(\S+)\])?$", re.M)
+# JIT-ed BPF programs and trampolines: they exist only once the tracer has attached.
+_BPF_LINE = re.compile(r"^([0-9a-f]+) [tT] (\S+)[ \t]+\[(bpf)\]$", re.M)
 
 
 class KallsymsError(Exception):
@@ -68,6 +70,26 @@ class Kallsyms:
             raise KallsymsError(f"cannot read {path}: {exc.strerror}; kernel symbols are needed to find "
                                 "functions and name stack frames") from None
         return cls.parse(text)
+
+    def add_bpf_symbols(self, text: str) -> int:
+        """Merge the [bpf] symbols of a fresh kallsyms read (taken after attaching), so stack frames
+        inside fexit trampolines and BPF programs are recognised as the tracer's own rather than
+        charged to whichever module function happens to precede them. Returns how many were new."""
+        have = {(a, n) for a, n, m in self._items if m == "bpf"}
+        new = [(a.zfill(self._width), n, m) for a, n, m in _BPF_LINE.findall(text)]
+        new = [item for item in new if (item[0], item[1]) not in have]
+        for item in new:
+            bisect.insort(self._items, item)
+        if new:
+            self._first, self._multi = None, {}  # positions shifted: rebuild the name index lazily
+        return len(new)
+
+    def refresh_bpf_symbols(self, root: str = "/") -> int:
+        try:
+            text = Path(root, "proc/kallsyms").read_text()
+        except OSError:
+            return 0
+        return self.add_bpf_symbols(text)
 
     def __len__(self) -> int:
         return len(self._items)

@@ -192,6 +192,7 @@ class ProbeSet:
         self.discovery = found
         self.funcs = {f.id: f for f in found.funcs}
         self.symbolizer = env.symbolizer
+        self._ksyms = env.ksyms
         self.tracer = tracer_factory(found.funcs, capture_config(cfg, found.mode, limits), env.btf_func_id)
         self.sampler = sampler or SuccessSampler(cfg.sampling)
         self._on_session = on_session
@@ -209,6 +210,8 @@ class ProbeSet:
             self.tracer.load()
             report = self.tracer.attach(on_error=lambda f, e: self.attach_failures.append((f.name, e)))
             self.tracer.open_ring_buffer(self._on_record)
+            if self.mode == "fentry" and hasattr(self._ksyms, "refresh_bpf_symbols"):
+                self._ksyms.refresh_bpf_symbols()  # name the trampolines that fexit stacks run through
         except BaseException as exc:
             self.tracer.close()
             if isinstance(exc, Exception) and not isinstance(exc, ProbeSetError):

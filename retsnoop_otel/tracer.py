@@ -367,10 +367,15 @@ def _ringbuf_size(size: int) -> int:
 
 
 def _raise_nofile_limit(need: int) -> None:
-    """Each fentry/fexit attachment holds two fds (program and link)."""
+    """kprobe mode holds up to four fds per function (perf event and link, entry and exit): a thousand
+    functions exceed the usual 1024/4096 limits. Root (CAP_SYS_RESOURCE) may raise the hard limit too."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < need:
+    if soft >= need:
+        return
+    roomy = hard == resource.RLIM_INFINITY or hard >= need
+    for limits in ((need, hard if roomy else need), (hard, hard)):
         try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (min(max(need, soft), hard), hard))
+            resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+            return
         except (ValueError, OSError):
-            pass
+            continue

@@ -236,3 +236,28 @@ def test_chain_entry_missing_from_function_table(ksyms: Kallsyms) -> None:
     session = Session(7, 7, "a", "b", 0, 1, True, [StackEntry(99, 5, 1_999)], [])
     body = render_stack(session, {}, KallsymsSymbolizer(ksyms), 0).split("\n\n", 1)[1]
     assert body == "!    1us [0x5]  <func #99>\n\n\n"
+
+
+def test_fexit_trampolines_created_after_load_are_merged_from_a_fresh_read() -> None:
+    """kallsyms is read before attaching, when no trampoline exists yet: without the [bpf] symbols of a
+    later read, trampoline frames are charged to the preceding module function (CI on 6.1 and 6.12 saw
+    'handshake_exit+0x1e10c1d4'); merging them restores the retsnoop layout."""
+    full = (ROOT / "proc/kallsyms").read_text()
+    before = Kallsyms.parse("\n".join(ln for ln in full.splitlines() if not ln.endswith("[bpf]")))
+    after = Kallsyms.parse(full)
+    funcs = funcs_for(after, [("__x64_sys_bpf", RetKind.SIGNED), ("array_map_alloc_check", RetKind.INT32)])
+    kstack = [addr(after, "bpf_prog_e5d01ee9a8b6fa01_rs_kretprobe", 0x60, "bpf"),
+              addr(after, "bpf_trampoline_6442491234", 0x8c, "bpf"),
+              addr(after, "array_map_alloc_check", 0x9),
+              addr(after, "__sys_bpf", 0xca0), addr(after, "__x64_sys_bpf", 0x1c)]
+    chain = [StackEntry(0, NEG - 22, 30_000), StackEntry(1, NEG - 22, 8_000)]
+    session = Session(1, 1, "t", "t", BOOT_START, BOOT_START + 31_000, True, chain, kstack)
+    stale = render_stack(session, funcs, KallsymsSymbolizer(before), OFFSET)
+    assert "!    8us [-EINVAL]  array_map_alloc_check" not in stale
+    assert before.add_bpf_symbols(full) == 3
+    assert before.add_bpf_symbols(full) == 0  # idempotent
+    assert [s.name for s in before.by_name("bpf_trampoline_6442491234")] == ["bpf_trampoline_6442491234"]
+    body = render_stack(session, funcs, KallsymsSymbolizer(before), OFFSET).split("\n\n", 1)[1]
+    assert body == ("    30us [-EINVAL]  __x64_sys_bpf+0x1c\n"
+                    "                    __sys_bpf+0xca0\n"
+                    "!    8us [-EINVAL]  array_map_alloc_check\n\n\n")
