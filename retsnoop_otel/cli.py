@@ -85,6 +85,12 @@ def build_trace_parser(prog: str = "retsnoop-otel trace") -> argparse.ArgumentPa
     out.add_argument("-A", "--capture-args", action="store_true",
                      help="capture function arguments (BTF-typed; off by default: kernel memory can hold secrets)")
     out.add_argument("--trace-json", metavar="FILE", help="write -T sessions as Chrome trace-event JSON (Perfetto)")
+    out.add_argument("-B", "--lbr", action="append", nargs="?", const="any_return", metavar="SPEC",
+                     help="capture last branch records at the deepest failing function (any, any_call, "
+                          "any_return (default), cond, call, ind_call, ind_jump, call_stack, abort_tx, in_tx, "
+                          "no_tx, or a number); needs a CPU exposing LBR")
+    out.add_argument("--lbr-max-count", type=int, default=None, metavar="N",
+                     help="show at most N LBR records")
     out.add_argument("-k", "--kernel", metavar="VMLINUX", help="vmlinux with DWARF for source lines")
     out.add_argument("-s", "--symbolize", action="count", default=None,
                      help="-s: source lines, -ss: also inlined functions (default when DWARF is found)")

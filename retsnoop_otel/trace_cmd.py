@@ -55,6 +55,8 @@ class TraceOptions:
     symbolize: int | None
     capture_args: bool = False
     trace_json: str | None = None
+    lbr_flags: int | None = None  # perf branch_sample_type; None: --lbr not given
+    lbr_max_count: int | None = None
     ringbuf_size: int = 8 << 20
     sessions_size: int = 4096
     extra: dict[str, str] = field(default_factory=dict)
@@ -92,6 +94,15 @@ def parse_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Trace
     unknown = set(cfg) - {"bpf.ringbuf-size", "bpf.sessions-size"}
     if unknown:
         parser.error(f"unknown -C key '{sorted(unknown)[0]}' (known: bpf.ringbuf-size, bpf.sessions-size)")
+    lbr_flags = None
+    if args.lbr is not None:
+        from .lbr import LbrError, parse_specs
+        try:
+            lbr_flags = parse_specs(args.lbr)
+        except LbrError as exc:
+            parser.error(str(exc))
+    if args.lbr_max_count is not None and (args.lbr is None or args.lbr_max_count <= 0):
+        parser.error("--lbr-max-count needs --lbr and a positive count")
     if args.metrics_port is not None and not 0 < args.metrics_port < 65536:
         parser.error(f"--metrics-port {args.metrics_port} is not a TCP port (1..65535)")
     return TraceOptions(
@@ -104,7 +115,8 @@ def parse_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Trace
         export_addresses=args.export_addresses, metrics_port=args.metrics_port,
         metrics_addr=args.metrics_addr, probe_set=args.probe_set, kernel=args.kernel,
         symbolize=args.symbolize, ringbuf_size=ringbuf_size, sessions_size=sessions_size,
-        capture_args=args.capture_args, trace_json=args.trace_json)
+        capture_args=args.capture_args, trace_json=args.trace_json, lbr_flags=lbr_flags,
+        lbr_max_count=args.lbr_max_count)
 
 
 def _int_cfg(parser: argparse.ArgumentParser, cfg: dict[str, str], key: str, default: int) -> int:
@@ -157,6 +169,19 @@ def _check_globs(opts: TraceOptions) -> None:
         raise UsageError(str(exc)) from None
 
 
+def _check_lbr(feats: object) -> None:
+    """--lbr is refused before anything loads: no LBR here, or (with LBR) no kernel-side capture yet."""
+    from .lbr import LbrError, require_lbr
+    lbr, snapshot = feats.lbr, feats.branch_snapshot  # type: ignore[attr-defined]
+    try:
+        require_lbr(lbr.available, f"opening a branch-stack perf event was {lbr.detail}")
+        require_lbr(snapshot.available, f"this kernel {snapshot.why}")
+    except LbrError as exc:
+        raise SetupError(str(exc)) from None
+    raise SetupError("--lbr: this CPU has LBR, but retsnoop-otel does not capture branch records in the "
+                     "kernel yet (only their rendering exists): run without --lbr")
+
+
 def _run(opts: TraceOptions, out: TextIO, err: TextIO) -> int:
     from . import discovery, features, tracefs
     from .btf import ReturnKinds
@@ -166,6 +191,8 @@ def _run(opts: TraceOptions, out: TextIO, err: TextIO) -> int:
     _check_privileges()
     vmlinux = _find_vmlinux(opts)  # before the slow kernel reads: a wrong -k is bad input
     feats = features.detect()
+    if opts.lbr_flags is not None:
+        _check_lbr(feats)
     mode = opts.mode or features.choose_mode(feats)
     try:
         features.require_tracing(feats, mode)

@@ -48,3 +48,15 @@ def test_bad_flags_exit_2_with_message():
 def test_version():
     proc = _run("-V")
     assert proc.returncode == 0 and proc.stdout.startswith("retsnoop-otel v")
+
+
+def test_lbr_refused_before_loading_when_the_cpu_has_none():
+    if " lbr               yes" in _run("features").stdout:
+        return  # a host with LBR: this refusal does not apply
+    proc = _run("trace", "-e", "*sys_bpf", "--lbr")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("retsnoop-otel: --lbr needs last branch records"), lines
+    assert "run without --lbr" in lines[0]
+    proc = _run("trace", "-e", "*sys_bpf", "-B", "ind_jump", "--lbr-max-count", "0")
+    assert proc.returncode == 2 and "--lbr-max-count needs --lbr and a positive count" in proc.stderr

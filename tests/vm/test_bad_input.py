@@ -19,6 +19,8 @@ EXPECTED = {
     "vmlinux_other_build": (2, "belongs to another kernel build"),
     "vmlinux_not_elf": (2, "not an ELF vmlinux"),
     "not_root": (1, "needs root or the CAP_BPF and CAP_PERFMON capabilities"),
+    "lbr_unavailable": (1, "--lbr needs last branch records, but opening a branch-stack perf event was refused"),
+    "lbr_bad_spec": (2, "unknown --lbr value 'sometimes'"),
 }
 ALWAYS = set(EXPECTED) - {"vmlinux_not_elf"}  # that one needs the other kernel's image in the cache
 

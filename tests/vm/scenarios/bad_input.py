@@ -51,6 +51,9 @@ def _cases(others: dict[str, str]) -> dict[str, list[str]]:
         # an ELF whose build-id is not the running kernel's: the other kernel's DWARF vmlinux if cached
         "vmlinux_other_build": [*trace, *BPF_SET, "-k", others.get("vmlinux", "/bin/ls")],
         "not_root": [*NOBODY, *trace, *BPF_SET],
+        # QEMU exposes no LBR: --lbr must be refused before anything loads (issue 4)
+        "lbr_unavailable": [*trace, *BPF_SET, "--lbr=any_return,call"],
+        "lbr_bad_spec": [*trace, *BPF_SET, "--lbr=sometimes"],
     }
     if "vmlinuz" in others:  # a compressed boot image is not an ELF vmlinux at all
         cases["vmlinux_not_elf"] = [*trace, *BPF_SET, "-k", others["vmlinuz"]]
