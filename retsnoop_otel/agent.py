@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
@@ -92,6 +93,7 @@ class Outputs:
         self._resource = resource
         self.sinks: list[Any] = []
         self.span_limit_dropped = 0
+        self._encoders: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         self._final: _Totals | None = None  # counters at close, when the sinks are gone
         try:
             ex = cfg.exporter
@@ -120,12 +122,14 @@ class Outputs:
             self._console.flush()
         if not self.sinks:
             return
-        from .otlp import session_to_spans
-        spans = session_to_spans(session, ps.funcs, offset_ns, self._resource,
-                                  symbolize=ps.symbolizer.describe,  # type: ignore[attr-defined]
-                                  export_addresses=self.cfg.exporter.export_addresses,
-                                  max_spans=self.cfg.limits.max_spans_per_trace)
-        self.span_limit_dropped += int(spans[0].attributes.get("retsnoop.spans_dropped", 0)) if spans else 0
+        encoder = self._encoders.get(ps)
+        if encoder is None:  # one per probe set: a reload builds new probe sets, and so new encoders
+            from .otlp_fast import SpanEncoder
+            encoder = self._encoders[ps] = SpanEncoder(
+                ps.funcs, self._resource, symbolize=ps.symbolizer.describe,  # type: ignore[attr-defined]
+                export_addresses=self.cfg.exporter.export_addresses, max_spans=self.cfg.limits.max_spans_per_trace)
+        spans = encoder.encode(session, offset_ns)
+        self.span_limit_dropped += spans.spans_dropped
         for sink in self.sinks:
             sink.submit(spans)
 

@@ -26,7 +26,8 @@ def build_otlp_exporter(cfg: OtlpConfig) -> SpanExporterLike:
     headers = dict(cfg.headers) or None
     if protocol == "grpc":
         import grpc
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+
+        from .otlp_fast import EncodedGrpcSpanExporter as GrpcExporter
 
         insecure = cfg.insecure
         if insecure is None and cfg.endpoint is not None:
@@ -41,7 +42,8 @@ def build_otlp_exporter(cfg: OtlpConfig) -> SpanExporterLike:
         return GrpcExporter(endpoint=cfg.endpoint, insecure=insecure, credentials=credentials, headers=headers,
                             timeout=cfg.timeout_s, compression=compression)
     from opentelemetry.exporter.otlp.proto.http import Compression
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+    from .otlp_fast import EncodedHttpSpanExporter as HttpExporter
 
     endpoint = cfg.endpoint
     if endpoint is not None and urlparse(endpoint).path in ("", "/"):
@@ -69,11 +71,20 @@ class OtlpJsonFileExporter:
         self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the exporter's life
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        from google.protobuf.json_format import MessageToDict
         from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
-        line = json.dumps(_hex_ids(MessageToDict(encode_spans(spans), use_integers_for_enums=True)),
-                          separators=(",", ":"))
+        return self._write(encode_spans(spans))
+
+    def export_encoded(self, body: bytes, spans: int) -> SpanExportResult:
+        """A request serialized on the fast path (otlp_fast.build_request)."""
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+        return self._write(ExportTraceServiceRequest.FromString(body))
+
+    def _write(self, request: Any) -> SpanExportResult:
+        from google.protobuf.json_format import MessageToDict
+
+        line = json.dumps(_hex_ids(MessageToDict(request, use_integers_for_enums=True)), separators=(",", ":"))
         with self._lock:
             if self._file.closed:
                 return SpanExportResult.FAILURE

@@ -338,6 +338,7 @@ class _Sinks:
         self.out = out
         self.err = err
         self.otlp = None
+        self.encoder = None
         self.metrics_server = None
         self.resource = None
         from .clock import measure_boot_to_wall_offset
@@ -350,9 +351,13 @@ class _Sinks:
     def start(self, tracer: object) -> None:
         if self.opts.otlp_enabled:
             from .otlp import OtlpTraceSink
+            from .otlp_fast import SpanEncoder
             from .resource import build_resource
             self.resource = build_resource()
             self.otlp = OtlpTraceSink(endpoint=self.opts.otlp_endpoint, protocol=self.opts.otlp_protocol)
+            self.encoder = SpanEncoder(self.funcs, self.resource,
+                                       symbolize=self.symbolizer.describe,  # type: ignore[attr-defined]
+                                       export_addresses=self.opts.export_addresses)
         if self.opts.metrics_port is not None:
             from .metrics import MetricsCollector, make_registry, serve_metrics
             collector = MetricsCollector(
@@ -375,12 +380,8 @@ class _Sinks:
         if self.trace_json is not None:
             self.trace_json.add(session)
             self.trace_json.flush()
-        if self.otlp is not None:
-            from .otlp import session_to_spans
-            spans = session_to_spans(session, self.funcs, self.offset_ns, self.resource,
-                                     symbolize=self.symbolizer.describe,  # type: ignore[attr-defined]
-                                     export_addresses=self.opts.export_addresses)
-            self.otlp.submit(spans)
+        if self.otlp is not None and self.encoder is not None:
+            self.otlp.submit(self.encoder.encode(session, self.offset_ns))
 
     def _text(self, session: Session) -> str:
         """retsnoop's order: the call table (-T), then the stack (default, or -E with -T)."""
@@ -400,6 +401,8 @@ class _Sinks:
         return "".join(parts)
 
     def close(self) -> None:
+        if self.trace_json is not None:
+            self.trace_json.close()
         if self.otlp is not None:
             self.otlp.shutdown(timeout=5.0)
         if self.metrics_server is not None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -44,26 +43,51 @@ def trace_events(sessions: Iterable[Session], funcs: Mapping[int, TracedFunc], o
 
 
 class TraceJsonWriter:
-    """Collects -T sessions and writes one JSON document (written again on every flush)."""
+    """Appends -T sessions to one JSON document that stays valid after every flush.
+
+    The closing brackets are written after the last event and overwritten by the next flush, so a
+    long run costs O(events) in total and the file can be opened in Perfetto at any moment.
+    """
+
+    _HEAD = '{"displayTimeUnit":"ns","traceEvents":[\n'
+    _TAIL = "\n]}\n"
 
     def __init__(self, path: str, funcs: Mapping[int, TracedFunc], offset_ns: int) -> None:
         self.path = path
         self.funcs = funcs
         self.offset_ns = offset_ns
-        self.events: list[dict[str, Any]] = []
-        self._named: set[tuple[int, int]] = set()
+        self.written = 0
+        self._pending: list[dict[str, Any]] = []
+        self._named: set[tuple[int, int, str]] = set()
+        self._fh = open(path, "w", encoding="utf-8")  # noqa: SIM115 - open for the writer's life
+        self._fh.write(self._HEAD)
+        self._body_end = self._fh.tell()
+        self.flush()
 
     def add(self, session: Session) -> None:
         for ev in trace_events([session], self.funcs, self.offset_ns):
             if ev["ph"] == "M":
                 key = (ev["pid"], ev["tid"], ev["name"])
-                if key in self._named:  # type: ignore[comparison-overlap]
+                if key in self._named:
                     continue
-                self._named.add(key)  # type: ignore[arg-type]
-            self.events.append(ev)
+                self._named.add(key)
+            self._pending.append(ev)
 
     def flush(self) -> None:
-        tmp = self.path + ".tmp"
-        with open(tmp, "w") as fh:
-            json.dump({"traceEvents": self.events, "displayTimeUnit": "ns"}, fh)
-        os.replace(tmp, self.path)
+        fh = self._fh
+        if fh.closed:
+            return
+        fh.seek(self._body_end)
+        fh.truncate()
+        for ev in self._pending:
+            fh.write((",\n" if self.written else "") + json.dumps(ev, separators=(",", ":")))
+            self.written += 1
+        self._pending.clear()
+        self._body_end = fh.tell()
+        fh.write(self._TAIL)
+        fh.flush()
+
+    def close(self) -> None:
+        if not self._fh.closed:
+            self.flush()
+            self._fh.close()

@@ -40,3 +40,21 @@ def test_chrome_trace_json(tmp_path):
     assert mid["ts"] <= leaf["ts"] and leaf["ts"] + leaf["dur"] <= mid["ts"] + mid["dur"]
     assert leaf["args"]["result"] == "-EINVAL" and leaf["args"]["error"] == "EINVAL"
     assert root["ts"] == (1000 + 1_000_000) / 1000
+
+
+def test_file_is_valid_json_after_every_flush_and_appends(tmp_path):
+    """Flushing rewrites only the closing brackets: the document parses after each session and keeps all."""
+    path = tmp_path / "t.json"
+    w = TraceJsonWriter(str(path), FUNCS, offset_ns=0)
+    assert json.loads(path.read_text())["traceEvents"] == []
+    sizes = []
+    for n in range(1, 4):
+        w.add(_session())
+        w.flush()
+        events = json.loads(path.read_text())["traceEvents"]
+        assert len([e for e in events if e["ph"] == "X"]) == 3 * n
+        sizes.append(path.stat().st_size)
+    assert sizes[2] - sizes[1] == sizes[1] - sizes[0]  # appended, not rewritten with duplicates
+    w.close()
+    w.close()  # idempotent
+    assert len(json.loads(path.read_text())["traceEvents"]) == 2 + 9
