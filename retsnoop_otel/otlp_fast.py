@@ -204,8 +204,10 @@ class SpanEncoder:
 
     def __init__(self, funcs: FuncTable, resource: Resource | None, *,
                  symbolize: Callable[[int], str] | None = None, export_addresses: bool = False,
-                 max_spans: int = DEFAULT_MAX_SPANS, rng: random.Random | None = None) -> None:
+                 max_spans: int = DEFAULT_MAX_SPANS, rng: random.Random | None = None,
+                 format_args: Callable[[int, Any], list[str]] | None = None) -> None:
         self.funcs = funcs
+        self.format_args = format_args  # -A: `name=value` strings, exported as retsnoop.args
         self.envelope = make_envelope(resource)
         self.symbolize = symbolize
         self.export_addresses = export_addresses
@@ -305,8 +307,11 @@ class SpanEncoder:
             end = end + offset if end is not None else max(parent_end, start)
             sid = random64() or new_id()
             ids_times = pack(_SPAN_ID_TAG, sid, _PARENT_TAG, parent, _START_TAG, start, _END_TAG, end)
-            if call.missing_before:
-                extra = _key_values(9, {_RECORDS_LOST: call.missing_before})
+            if call.missing_before or (call.args and self.format_args is not None):
+                attrs: Attrs = {_RECORDS_LOST: call.missing_before} if call.missing_before else {}
+                if call.args and self.format_args is not None:
+                    attrs["retsnoop.args"] = self.format_args(call.func_id, call.args)
+                extra = _key_values(9, attrs)
                 append(b"".join((_SPANS_TAG, _varint(size + len(extra)), trace_field, ids_times, const, extra)))
             else:
                 append(b"".join((head, trace_field, ids_times, const)))

@@ -236,8 +236,10 @@ def _run(opts: TraceOptions, out: TextIO, err: TextIO) -> int:
         descs = {f.id: describe_args(btf, f.name) for f in disc.funcs}
         arg_specs = {fid: spec_words(d) for fid, d in descs.items() if d}
         sinks_args = ArgFormatter(btf, descs).format
+        # exported data leaves the host: pointers inside arguments would reveal the KASLR offset
+        export_args = ArgFormatter(btf, descs, show_pointers=opts.export_addresses).format
     else:
-        sinks_args = None
+        sinks_args = export_args = None
     emit_calls = opts.calls or opts.otlp_enabled or opts.capture_args or bool(opts.trace_json)
     cfg = CaptureConfig(mode=mode, emit_calls=emit_calls, capture_args=opts.capture_args,
                         capture_success=opts.success,
@@ -245,7 +247,7 @@ def _run(opts: TraceOptions, out: TextIO, err: TextIO) -> int:
                         comms=opts.comms, no_comms=opts.no_comms, cgroup_id=cgroup_id,
                         ringbuf_size=opts.ringbuf_size, max_sessions=opts.sessions_size)
     tracer = Tracer(disc.funcs, cfg, btf_func_id=ret_kinds.func_id, arg_specs=arg_specs)
-    sinks = _Sinks(opts, funcs, symbolizer, out, err, fmt_args=sinks_args)
+    sinks = _Sinks(opts, funcs, symbolizer, out, err, fmt_args=sinks_args, export_args=export_args)
     stop = _install_stop_handlers()
     try:
         tracer.load()
@@ -330,9 +332,11 @@ class _Sinks:
     """Text/JSON output, OTLP export and the metrics endpoint for one trace run."""
 
     def __init__(self, opts: TraceOptions, funcs: dict[int, TracedFunc], symbolizer: object, out: TextIO,
-                 err: TextIO, fmt_args: Callable[..., list[str]] | None = None) -> None:
+                 err: TextIO, fmt_args: Callable[..., list[str]] | None = None,
+                 export_args: Callable[..., list[str]] | None = None) -> None:
         self.opts = opts
         self.fmt_args = fmt_args
+        self.export_args = export_args
         self.funcs = funcs
         self.symbolizer = symbolizer
         self.out = out
@@ -357,7 +361,8 @@ class _Sinks:
             self.otlp = OtlpTraceSink(endpoint=self.opts.otlp_endpoint, protocol=self.opts.otlp_protocol)
             self.encoder = SpanEncoder(self.funcs, self.resource,
                                        symbolize=self.symbolizer.describe,  # type: ignore[attr-defined]
-                                       export_addresses=self.opts.export_addresses)
+                                       export_addresses=self.opts.export_addresses,
+                                       format_args=self.export_args)
         if self.opts.metrics_port is not None:
             from .metrics import MetricsCollector, make_registry, serve_metrics
             collector = MetricsCollector(

@@ -297,3 +297,29 @@ def test_http_exporter_refuses_oversized_and_after_shutdown():
     assert exp.export_encoded(body, 6) is SpanExportResult.FAILURE  # too large: never sent
     exp.shutdown()
     assert exp.export_encoded(body[:10], 1) is SpanExportResult.FAILURE
+
+
+def test_captured_arguments_become_a_string_list_attribute():
+    """-A: each call's `name=value` strings go on its span as retsnoop.args (beside a records-lost count)."""
+    from retsnoop_otel.model import ArgValue
+
+    session = tree_session()
+    root = session.calls[0]
+    create = root.children[1]
+    create.args = (ArgValue(0), ArgValue(0xFFFF888000001000, b"\0" * 8))
+    create.children[1].args = (ArgValue(7),)  # the call that also carries missing_before=2
+    seen = []
+
+    def fmt(func_id, values):
+        seen.append(func_id)
+        return [f"arg{i}={v.raw if v.raw < 100 else '(ptr)'}" for i, v in enumerate(values)]
+
+    trace = SpanEncoder(FUNCS, RESOURCE, format_args=fmt).encode(session, OFFSET)
+    spans = {s.name: s for s in request_to_spans(build_request([trace]))}
+    assert spans["map_create"].attributes["retsnoop.args"] == ("arg0=0", "arg1=(ptr)")
+    assert spans["capable"].attributes["retsnoop.args"] == ("arg0=7",)
+    assert spans["capable"].attributes["retsnoop.records_lost_before"] == 2
+    assert "retsnoop.args" not in spans["security_bpf"].attributes
+    assert sorted(seen) == [1, 5]
+    # without a formatter (no -A) the encoding is the SDK path's, arguments or not
+    assert_same(session)
