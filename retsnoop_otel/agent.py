@@ -53,6 +53,11 @@ def _default_exporter(cfg: OtlpConfig) -> Any:
     return build_otlp_exporter(cfg)
 
 
+def _default_metric_exporter(cfg: OtlpConfig) -> Any:
+    from .exporters import build_otlp_metric_exporter
+    return build_otlp_metric_exporter(cfg)
+
+
 def _default_offset() -> int:
     from .clock import measure_boot_to_wall_offset
     return measure_boot_to_wall_offset()
@@ -70,6 +75,7 @@ class AgentDeps:
     load_env: Callable[[AgentConfig], KernelEnv] = lambda cfg: load_kernel_env(cfg.vmlinux)
     tracer_factory: TracerFactory = real_tracer_factory
     make_exporter: Callable[[OtlpConfig], Any] = _default_exporter
+    make_metric_exporter: Callable[[OtlpConfig], Any] = _default_metric_exporter
     boot_to_wall_offset: Callable[[], int] = _default_offset
     make_resource: Callable[[], Any] = _default_resource
     console: TextIO = field(default_factory=lambda: sys.stdout)
@@ -166,6 +172,7 @@ class Agent:
         self.probe_sets: list[ProbeSet] = []
         self.outputs: Outputs | None = None
         self.http: HttpServer | None = None
+        self.metrics_push: Any = None  # otlp_metrics.OtlpMetricsPusher when metrics.otlp is set
         self.reloads = {"success": 0, "failure": 0}
         self.emit_errors = 0
         self.reloading = False
@@ -193,6 +200,7 @@ class Agent:
             self.outputs = Outputs(cfg, self.deps, self._resource)
             self.probe_sets = start_probe_sets(cfg.probe_sets, self.env, cfg.limits, self.deps.tracer_factory,
                                                self._on_session)
+            self.metrics_push = self._start_metrics_push(cfg)
         except BaseException:
             self.shutdown(0.0)
             raise
@@ -203,6 +211,15 @@ class Agent:
             self._log_attached(ps)
         self.log.info("agent started", config=self.config_path, listen=cfg.metrics.listen,
                       probe_sets=len(self.probe_sets), version=__version__)
+
+    def _start_metrics_push(self, cfg: AgentConfig) -> Any:
+        """metrics.otlp: the /metrics families pushed every otlp_interval seconds (same collector)."""
+        if cfg.metrics.otlp is None:
+            return None
+        from .otlp_metrics import OtlpMetricsPusher
+        collector = AgentCollector(self)
+        return OtlpMetricsPusher(collector.collect, self.deps.make_metric_exporter(cfg.metrics.otlp),
+                                 self._resource, cfg.metrics.otlp_interval_s).start()
 
     def _log_attached(self, ps: ProbeSet) -> None:
         self.log.info("probe set attached", probe_set=ps.name, mode=ps.cfg.mode, attach_mode=ps.mode,
@@ -300,6 +317,15 @@ class Agent:
             old_http.close()
         if old_outputs is not None:
             old_outputs.close(SHUTDOWN_FLUSH_S)
+        if old_cfg is None or (cfg.metrics.otlp, cfg.metrics.otlp_interval_s) != (
+                old_cfg.metrics.otlp, old_cfg.metrics.otlp_interval_s):
+            if self.metrics_push is not None:
+                self.metrics_push.stop(final_push=True)
+            self.metrics_push = None
+            try:
+                self.metrics_push = self._start_metrics_push(cfg)
+            except Exception as exc:  # noqa: BLE001 - capture goes on without the push
+                self.log.error("OTLP metrics export not started", error=str(exc))
         self.config = cfg
         self.log.configure(cfg.logging.format, cfg.logging.level)
         self.reloads["success"] += 1
@@ -325,6 +351,9 @@ class Agent:
 
     def shutdown(self, flush_s: float) -> None:
         """Detach everything, flush the exporters within `flush_s`, stop listening. Idempotent."""
+        if self.metrics_push is not None:  # last push while the kernel maps still hold the counts
+            push, self.metrics_push = self.metrics_push, None
+            push.stop(final_push=flush_s > 0)
         with self._lock:
             sets, self.probe_sets = self.probe_sets, []
             for ps in sets:

@@ -92,6 +92,8 @@ class MetricsConfig:
     host: str = "0.0.0.0"
     port: int = 9464
     stall_after_s: float = 30.0  # /healthz answers 503 when the capture loop has not polled for this long
+    otlp: OtlpConfig | None = None  # also push the metrics over OTLP (for users without Prometheus)
+    otlp_interval_s: float = 60.0
 
     @property
     def listen(self) -> str:
@@ -434,7 +436,7 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 
 def _metrics(ctx: _Ctx, node: yaml.Node) -> MetricsConfig:
-    m = _mapping(ctx, node, "metrics", ("listen", "stall_after_s"))
+    m = _mapping(ctx, node, "metrics", ("listen", "stall_after_s", "otlp", "otlp_interval"))
     host, port = MetricsConfig.host, MetricsConfig.port
     if "listen" in m:
         try:
@@ -442,7 +444,11 @@ def _metrics(ctx: _Ctx, node: yaml.Node) -> MetricsConfig:
         except ValueError as exc:
             raise ctx.fail(m["listen"], "metrics.listen", str(exc)) from None
     stall = _number(ctx, m["stall_after_s"], "metrics.stall_after_s", 1) if "stall_after_s" in m else 30.0
-    return MetricsConfig(host, port, stall)
+    otlp = None
+    if "otlp" in m and _kind(m["otlp"]) != "null":
+        otlp = _otlp(ctx, m["otlp"], "metrics.otlp")
+    interval = _number(ctx, m["otlp_interval"], "metrics.otlp_interval", 1) if "otlp_interval" in m else 60.0
+    return MetricsConfig(host, port, stall, otlp, interval)
 
 
 def _limits(ctx: _Ctx, node: yaml.Node) -> Limits:

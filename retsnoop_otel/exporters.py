@@ -98,3 +98,33 @@ class OtlpJsonFileExporter:
     def shutdown(self) -> None:
         with self._lock:
             self._file.close()
+
+
+def build_otlp_metric_exporter(cfg: OtlpConfig) -> Any:
+    """The SDK's OTLP metric exporter for `metrics.otlp` (same settings and defaults as the span exporter)."""
+    protocol = resolve_protocol(cfg.protocol)
+    headers = dict(cfg.headers) or None
+    if protocol == "grpc":
+        import grpc
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcExporter
+
+        insecure = cfg.insecure
+        if insecure is None and cfg.endpoint is not None:
+            insecure = cfg.endpoint.startswith("http://")
+        credentials = None
+        if cfg.certificate is not None:
+            with open(cfg.certificate, "rb") as f:
+                credentials = grpc.ssl_channel_credentials(f.read())
+        compression = None if cfg.compression is None else {
+            "gzip": grpc.Compression.Gzip, "deflate": grpc.Compression.Deflate,
+            "none": grpc.Compression.NoCompression}[cfg.compression]
+        return GrpcExporter(endpoint=cfg.endpoint, insecure=insecure, credentials=credentials, headers=headers,
+                            timeout=cfg.timeout_s, compression=compression)
+    from opentelemetry.exporter.otlp.proto.http import Compression
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
+
+    endpoint = cfg.endpoint
+    if endpoint is not None and urlparse(endpoint).path in ("", "/"):
+        endpoint = endpoint.rstrip("/") + "/v1/metrics"
+    return HttpExporter(endpoint=endpoint, certificate_file=cfg.certificate, headers=headers, timeout=cfg.timeout_s,
+                        compression=None if cfg.compression is None else Compression(cfg.compression))

@@ -1,4 +1,5 @@
-"""A real OTLP trace receiver for tests: gRPC (TraceService/Export) and HTTP (POST /v1/traces).
+"""A real OTLP receiver for tests: traces and metrics over gRPC (TraceService/MetricsService Export)
+and HTTP (POST /v1/traces, /v1/metrics).
 
 Only grpcio and opentelemetry-proto are imported (no SDK), so it starts quickly inside a slow VM.
 As a program: `python -m tests.otlp_receiver --port 0 [--http-port 0] --out FILE.jsonl` prints
@@ -25,9 +26,11 @@ from typing import Any, TextIO
 
 import grpc
 from google.protobuf.json_format import MessageToDict, Parse
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 Request = trace_service_pb2.ExportTraceServiceRequest
+MetricsRequest = metrics_service_pb2.ExportMetricsServiceRequest
 MAX_MESSAGE = 64 << 20
 
 
@@ -38,6 +41,7 @@ class Receiver:
     port: int
     http_port: int | None
     requests: list[Any] = field(default_factory=list)
+    metric_requests: list[Any] = field(default_factory=list)
     lock: threading.Condition = field(default_factory=threading.Condition)
     out: TextIO | None = None
     _grpc: Any = None
@@ -45,7 +49,7 @@ class Receiver:
 
     def store(self, request: Any) -> None:
         with self.lock:
-            self.requests.append(request)
+            (self.metric_requests if isinstance(request, MetricsRequest) else self.requests).append(request)
             if self.out is not None:
                 self.out.write(json.dumps(MessageToDict(request)) + "\n")
                 self.out.flush()
@@ -78,6 +82,15 @@ def _span_count(request: Any) -> int:
     return sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
 
 
+class _MetricsService(metrics_service_pb2_grpc.MetricsServiceServicer):
+    def __init__(self, receiver: Receiver) -> None:
+        self._receiver = receiver
+
+    def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC method name
+        self._receiver.store(request)
+        return metrics_service_pb2.ExportMetricsServiceResponse()
+
+
 class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
     def __init__(self, receiver: Receiver) -> None:
         self._receiver = receiver
@@ -90,13 +103,15 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
 def _http_handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802 - http.server naming
-            if self.path.split("?")[0] != "/v1/traces":
-                self.send_error(404, "only /v1/traces is served")
+            path = self.path.split("?")[0]
+            if path not in ("/v1/traces", "/v1/metrics"):
+                self.send_error(404, "only /v1/traces and /v1/metrics are served")
                 return
+            metrics = path == "/v1/metrics"
             body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
             if self.headers.get("Content-Encoding", "").lower() == "gzip":
                 body = gzip.decompress(body)
-            request = Request()
+            request = MetricsRequest() if metrics else Request()
             json_body = self.headers.get("Content-Type", "").startswith("application/json")
             try:
                 if json_body:
@@ -107,7 +122,8 @@ def _http_handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
                 self.send_error(400, f"cannot decode request: {exc}")
                 return
             receiver.store(request)
-            response = trace_service_pb2.ExportTraceServiceResponse()
+            response = (metrics_service_pb2.ExportMetricsServiceResponse() if metrics
+                        else trace_service_pb2.ExportTraceServiceResponse())
             payload = json.dumps(MessageToDict(response)).encode() if json_body else response.SerializeToString()
             self.send_response(200)
             self.send_header("Content-Type", "application/json" if json_body else "application/x-protobuf")
@@ -145,6 +161,7 @@ def start_receiver(port: int = 0, http_port: int | None = None, out: TextIO | No
                                   ("grpc.so_reuseport", 0)])
     receiver = Receiver(port=0, http_port=None, out=out)
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceService(receiver), server)
+    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(_MetricsService(receiver), server)
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"cannot listen for OTLP/gRPC on {host}:{port}")

@@ -444,3 +444,45 @@ def test_main_reports_config_and_setup_errors(tmp_path: Path) -> None:
     assert main(["--check", str(cfg)], io.StringIO(), err) == 1
     assert err.getvalue().strip() == ("retsnoop-otel agent: agent.yaml:3: probe_sets[0].entry: expected a list of "
                                       "globs, got int 5")
+
+
+def test_metrics_otlp_pushes_the_same_families_and_a_last_push_before_detaching(tmp_path: Path) -> None:
+    """metrics.otlp: periodic pushes of /metrics' families; shutdown pushes once more while still attached."""
+    from opentelemetry.sdk.metrics.export import MetricExportResult
+
+    world = World()
+    pushed: list = []
+    states_at_push: list = []
+
+    class MemMetrics:
+        def export(self, data, timeout_millis=0):
+            pushed.append(data)
+            states_at_push.append(sorted({t.state for t in world.tracers}))
+            return MetricExportResult.SUCCESS
+
+        def shutdown(self):
+            pass
+
+    deps = world.deps()
+    deps.make_metric_exporter = lambda cfg: (cfg.endpoint, MemMetrics())[1]
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(CONFIG.format(prob=1.0).replace(
+        'metrics:\n  listen: "127.0.0.1:0"\n',
+        'metrics:\n  listen: "127.0.0.1:0"\n  otlp: {endpoint: "http://127.0.0.1:4318", protocol: http/protobuf}\n'
+        '  otlp_interval: 1\n'))
+    agent = Agent(str(cfg), deps, AgentLog(io.StringIO()))
+    agent.start()
+    assert agent.config.metrics.otlp.protocol == "http/protobuf"
+    deadline = time.monotonic() + 10
+    while not pushed and time.monotonic() < deadline:
+        agent.poll_once()
+    assert pushed, "no periodic push"
+    agent.shutdown(1.0)
+    assert states_at_push[-1] == ["attached"]  # the last push read the maps before detaching
+    names = {m.name for m in pushed[-1].resource_metrics[0].scope_metrics[0].metrics}
+    assert {"retsnoop_function_calls", "retsnoop_function_errors", "retsnoop_function_duration_seconds",
+            "retsnoop_attached_functions", "retsnoop_agent_up"} <= names
+    calls = next(m for m in pushed[-1].resource_metrics[0].scope_metrics[0].metrics
+                 if m.name == "retsnoop_function_calls")
+    assert {p.attributes["probe_set"] for p in calls.data.data_points} == {"bpf_errors", "prog_load"}
+    assert agent.metrics_push is None

@@ -169,3 +169,11 @@ def test_port_in_use_names_address_and_fix() -> None:
 class _Empty:
     def collect(self):
         return iter(())
+
+
+def test_metrics_otlp_section() -> None:
+    msg = err(BASE + "metrics:\n  otlp:\n    endpoint: 'collector:4317'\n")
+    assert msg.startswith("agent.yaml:6: metrics.otlp.endpoint: ") and "http://HOST:PORT" in msg, msg
+    assert err(BASE + "metrics:\n  otlp_interval: 0\n") == (
+        "agent.yaml:5: metrics.otlp_interval: must be at least 1, got 0")
+    assert err(BASE + "metrics:\n  otlp: {bogus: 1}\n").startswith("agent.yaml:5: metrics.otlp.bogus: unknown key")

@@ -1,0 +1,149 @@
+"""Guest side of the agent's fault and endurance checks (issue 5), on 6.12 only (one kernel is enough
+for user-space behaviour, and the soak costs ten minutes of VM time).
+
+One agent exports over OTLP/HTTP (protobuf) to a port where nothing listens yet:
+1. receiver down: simfail failures are captured, the exports fail, the losses are counted;
+2. the receiver comes up on that port: traces arrive again, over HTTP, nested as in the gRPC test;
+3. soak: ten minutes of simfail load while the agent's RSS is sampled;
+4. SIGTERM: nothing stays attached.
+Host-side assertions: tests/vm/test_agent_faults.py.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import sys
+import time
+from pathlib import Path
+
+from tests.vm.guest_batch import budget
+from tests.vm.scenarios.agent import _get, _our_progs, _requests, _roots, _wait_no_progs, _wait_roots
+
+PY = sys.executable
+METRICS_PORT = 9472
+SOAK_S = 600
+SAMPLE_EVERY_S = 15
+
+CONFIG = """
+probe_sets:
+  - name: bpf_errors
+    entry: ["*sys_bpf"]
+    allow: [array_map_alloc_check, map_create]
+    mode: stack
+    filters:
+      deny_errors: [ENOENT]
+      comms: [python]
+exporter:
+  otlp:
+    endpoint: http://127.0.0.1:{http_port}
+    protocol: http/protobuf
+    timeout: 2
+metrics:
+  listen: "127.0.0.1:{metrics_port}"
+limits:
+  export_queue_spans: 256
+logging:
+  format: json
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rss_kib(pid: int) -> int:
+    text = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"^VmRSS:\s+(\d+) kB", text, re.M).group(1))
+
+
+def _metric(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of `name` whose labels include `labels`."""
+    total = 0.0
+    for line in text.splitlines():
+        m = re.match(rf"^{name}(?:{{(.*)}})? (\S+)$", line)
+        if m and all(f'{k}="{v}"' in (m.group(1) or "") for k, v in labels.items()):
+            total += float(m.group(2))
+    return total
+
+
+def _counters(ctx) -> dict[str, float]:
+    _, text = _get(f"http://127.0.0.1:{METRICS_PORT}/metrics")
+    return {"exported": _metric(text, "retsnoop_spans_exported_total"),
+            "dropped": _metric(text, "retsnoop_spans_dropped_total"),
+            "dropped_export_failed": _metric(text, "retsnoop_spans_dropped_total", cause="export_failed"),
+            "dropped_queue_full": _metric(text, "retsnoop_spans_dropped_total", cause="queue_full"),
+            "export_errors": _metric(text, "retsnoop_export_errors_total"),
+            "sessions": _metric(text, "retsnoop_sessions_total")}
+
+
+@budget(1800)
+def scenario_agent_faults(ctx) -> dict:
+    if ctx.kernel_series != "6.12":
+        return {"ran": False}
+    r: dict = {"ran": True}
+    http_port = _free_port()
+    cfg_path = Path(ctx.tmpdir) / "agent.yaml"
+    cfg_path.write_text(CONFIG.format(http_port=http_port, metrics_port=METRICS_PORT))
+    out_file = Path(ctx.tmpdir) / "otlp.jsonl"
+    agent = ctx.spawn([PY, "-m", "retsnoop_otel", "agent", "--config", str(cfg_path)])
+    receiver = None
+    load = None
+    try:
+        agent.wait_for_line(r'"agent started"', timeout=400)
+        r["progs_while_attached"] = _our_progs(ctx)
+        r["rss_start_kib"] = _rss_kib(agent.pid)
+
+        # 1. receiver down
+        rc, out, err = ctx.run([PY, "-m", "retsnoop_otel", "simfail", "bpf-bad-map-max-entries-array",
+                                "--repeat", "40"], 300)
+        r["down_simfail_rc"] = rc
+        deadline = time.monotonic() + 120
+        while True:
+            c = _counters(ctx)
+            if c["dropped"] > 0 and c["export_errors"] > 0 or time.monotonic() > deadline:
+                break
+            time.sleep(2)
+        r["counters_while_down"] = c
+        ctx.log(f"receiver down: {c}")
+
+        # 2. receiver up on the configured port: exports resume over HTTP
+        receiver = ctx.spawn([PY, "-m", "tests.otlp_receiver", "--port", "0", "--http-port", str(http_port),
+                              "--out", str(out_file)])
+        receiver.wait_for_line(r"READY \d+ HTTP \d+", timeout=240)
+        t0 = time.time_ns()
+        rc, out, err = ctx.run([PY, "-m", "retsnoop_otel", "simfail", "bpf-bad-map-max-entries-array",
+                                "--repeat", "3"], 300)
+        r["up_simfail"] = {"rc": rc, "start_ns": t0, "end_ns": time.time_ns()}
+        reqs = _wait_roots(out_file, {("__x64_sys_bpf", "EINVAL"): 3}, timeout=300)
+        r["roots_after_up"] = _roots(reqs)
+        r["counters_after_up"] = _counters(ctx)
+        ctx.log(f"receiver up: {len(r['roots_after_up'])} roots, {r['counters_after_up']}")
+
+        # 3. soak: steady failing load, agent RSS sampled
+        load = ctx.spawn([PY, "-m", "retsnoop_otel", "simfail", "bpf-bad-map-max-entries-array",
+                          "--repeat", "100000000", "--delay-ms", "10"])
+        samples = []
+        start = time.monotonic()
+        while time.monotonic() - start < SOAK_S:
+            time.sleep(SAMPLE_EVERY_S)
+            samples.append((round(time.monotonic() - start, 1), _rss_kib(agent.pid)))
+        r["rss_samples"] = samples
+        load.kill()
+        load = None
+        time.sleep(5)
+        r["counters_after_soak"] = _counters(ctx)
+        r["requests_after_soak"] = len(_requests(out_file))
+        ctx.log(f"soak: rss {samples[0]} -> {samples[-1]}, {r['counters_after_soak']}")
+    finally:
+        if load is not None:
+            load.kill()
+        r["agent_rc"] = agent.terminate(timeout=300)
+        r["agent_output_tail"] = agent.output()[-6000:]
+        r["progs_after_sigterm"] = _wait_no_progs(ctx, 30)
+        if receiver is not None:
+            receiver.terminate(timeout=30)
+    r["otlp_first"] = _requests(out_file)[:20]
+    return r
