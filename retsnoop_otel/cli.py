@@ -119,7 +119,7 @@ def build_trace_parser(prog: str = "retsnoop-otel trace") -> argparse.ArgumentPa
     misc = p.add_argument_group("misc")
     misc.add_argument("--dry-run", action="store_true", help="discover functions, attach nothing")
     misc.add_argument("-C", "--config", action="append", default=[], metavar="KEY=VALUE",
-                      help="bpf.ringbuf-size=BYTES, bpf.sessions-size=N")
+                      help="bpf.ringbuf-size=BYTES, bpf.sessions-size=N, calls.max-per-session=N")
     misc.add_argument("-v", "--verbose", action="count", default=0, help="-v, -vv, -vvv: more details")
     misc.add_argument("-V", "--version", action="store_true", help="print version (-Vv: and kernel features)")
     return p

@@ -167,6 +167,7 @@ class Session:
     dropped_records: int = 0
     cpu: int = 0
     cgroup_id: int = 0
+    calls_cut: int = 0  # calls left out of `calls` by the per-session cap
 
     @property
     def entry_func_id(self) -> int | None:

@@ -199,6 +199,8 @@ def session_attrs(session: Session, symbolize: Callable[[int], str] | None, expo
     }
     if session.dropped_records > 0:
         attrs["retsnoop.dropped_records"] = session.dropped_records
+    if session.calls_cut > 0:
+        attrs["retsnoop.calls_cut"] = session.calls_cut
     if session.kstack and (symbolize is not None or export_addresses):
         if symbolize is None:
             frames = [f"0x{addr:016x}" for addr in session.kstack]

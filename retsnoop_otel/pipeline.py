@@ -196,7 +196,8 @@ class ProbeSet:
         self.tracer = tracer_factory(found.funcs, capture_config(cfg, found.mode, limits), env.btf_func_id)
         self.sampler = sampler or SuccessSampler(cfg.sampling)
         self._on_session = on_session
-        self._assembler = SessionAssembler(max_open=limits.max_sessions)
+        # calls beyond the span limit would not be exported: do not keep them either
+        self._assembler = SessionAssembler(max_open=limits.max_sessions, max_calls=limits.max_spans_per_trace)
         self.attached = 0
         self.attach_failures: list[tuple[str, str]] = []
         self.kept = 0

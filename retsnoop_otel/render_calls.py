@@ -42,6 +42,8 @@ def render_calls(session: Session, funcs: Mapping[int, TracedFunc], fmt_args: Ar
         counted = sum(c.missing_before for c in _walk(session.calls))
         if session.dropped_records > counted:
             rows.append((f"‼ ... missing {session.dropped_records - counted} records ...", "", ""))
+    if session.calls_cut:
+        rows.append((f"‼ ... {session.calls_cut} more calls not shown (per-session cap) ...", "", ""))
     w_name = max([47, *(len(r[0]) for r in rows if r[1] or r[2])])
     w_res = max([20, *(len(r[1]) for r in rows)])
     w_dur = max([9, *(len(r[2]) for r in rows)])

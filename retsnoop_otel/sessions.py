@@ -8,17 +8,24 @@ from dataclasses import dataclass, field
 from .model import ArgValue, Call, Session, StackEntry
 from .records import FuncArgsRec, FuncTraceRec, Record, SessionEndRec, SessionStartRec
 
+# Calls kept per session: a verifier run can make hundreds of thousands of traced calls, and each
+# kept Call costs memory until the session is printed or exported. The rest are counted (calls_cut).
+DEFAULT_MAX_CALLS = 20_000
+
 
 @dataclass(slots=True)
 class _CallTree:
     """Per-thread builder of the call tree from entry/exit records, with gap detection."""
 
     start: SessionStartRec
+    max_calls: int = 0  # 0: unbounded
     roots: list[Call] = field(default_factory=list)
     stack: list[Call] = field(default_factory=list)
     next_seq: int = 0
     missing: int = 0
     pending_gap: int = 0
+    calls: int = 0
+    cut: int = 0  # calls left out once max_calls were kept
 
     def feed(self, rec: FuncTraceRec) -> None:
         if rec.seq != self.next_seq:
@@ -26,7 +33,11 @@ class _CallTree:
             self.missing += gap
             self.pending_gap += gap
         self.next_seq = rec.seq + 1
+        if self.max_calls and self.calls >= self.max_calls:
+            self._feed_over_cap(rec)
+            return
         if not rec.is_exit:
+            self.calls += 1
             call = Call(rec.func_id, rec.depth, rec.ts, seq=rec.seq, missing_before=self.pending_gap)
             self.pending_gap = 0
             # Lost records may leave stale frames: the record's depth says where this call really sits.
@@ -46,13 +57,25 @@ class _CallTree:
         call.end_ns = rec.ts
         call.result = rec.res & 0xFFFFFFFFFFFFFFFF
 
+    def _feed_over_cap(self, rec: FuncTraceRec) -> None:
+        """Past the cap only the exits of calls already kept are applied; new calls are just counted."""
+        if not rec.is_exit:
+            self.cut += 1
+            return
+        if len(self.stack) > rec.depth and self.stack[rec.depth].func_id == rec.func_id:
+            del self.stack[rec.depth + 1:]
+            call = self.stack.pop()
+            call.end_ns = rec.ts
+            call.result = rec.res & 0xFFFFFFFFFFFFFFFF
+
 
 class SessionAssembler:
     """Turns the record stream into complete Sessions; memory is bounded by `max_open` threads."""
 
-    def __init__(self, max_open: int = 4096) -> None:
+    def __init__(self, max_open: int = 4096, max_calls: int = DEFAULT_MAX_CALLS) -> None:
         self._open: OrderedDict[int, _CallTree] = OrderedDict()
         self._max_open = max_open
+        self._max_calls = max_calls
         self.evicted = 0
 
     def feed(self, rec: Record) -> Session | None:
@@ -69,7 +92,7 @@ class SessionAssembler:
         if isinstance(rec, SessionStartRec):
             # a session that was not reported leaves its tree behind: a new start replaces it
             self._open.pop(rec.tid, None)
-            self._open[rec.tid] = _CallTree(rec)
+            self._open[rec.tid] = _CallTree(rec, self._max_calls)
             while len(self._open) > self._max_open:
                 self._open.popitem(last=False)
                 self.evicted += 1
@@ -79,10 +102,11 @@ class SessionAssembler:
     def _finish(self, rec: SessionEndRec) -> Session:
         tree = self._open.pop(rec.tid, None)
         calls: list[Call] = []
-        missing = 0
+        missing = cut = 0
         if tree is not None and tree.start.start_ts == rec.start_ts:
             calls = tree.roots
             missing = tree.missing + max(0, rec.last_seq - tree.next_seq)
+            cut = tree.cut
         chain = []
         for level in range(rec.chain_depth):
             known = level >= rec.chain_top
@@ -91,4 +115,5 @@ class SessionAssembler:
         return Session(
             tid=rec.tid, pid=rec.tgid, comm=rec.comm, proc_comm=rec.proc_comm, start_ns=rec.start_ts,
             end_ns=rec.end_ts, is_err=rec.is_err, chain=chain, kstack=list(rec.kstack), calls=calls,
-            dropped_records=max(rec.dropped_records, missing), cpu=rec.cpu, cgroup_id=rec.cgroup_id)
+            dropped_records=max(rec.dropped_records, missing), cpu=rec.cpu, cgroup_id=rec.cgroup_id,
+            calls_cut=cut)

@@ -59,6 +59,7 @@ class TraceOptions:
     lbr_max_count: int | None = None
     ringbuf_size: int = 8 << 20
     sessions_size: int = 4096
+    max_calls: int = 20_000  # -T calls kept per session (the rest are counted)
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -91,9 +92,12 @@ def parse_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Trace
         cfg[key.strip()] = value.strip()
     ringbuf_size = _int_cfg(parser, cfg, "bpf.ringbuf-size", 8 << 20)
     sessions_size = _int_cfg(parser, cfg, "bpf.sessions-size", 4096)
-    unknown = set(cfg) - {"bpf.ringbuf-size", "bpf.sessions-size"}
+    from .sessions import DEFAULT_MAX_CALLS
+    max_calls = _int_cfg(parser, cfg, "calls.max-per-session", DEFAULT_MAX_CALLS)
+    unknown = set(cfg) - {"bpf.ringbuf-size", "bpf.sessions-size", "calls.max-per-session"}
     if unknown:
-        parser.error(f"unknown -C key '{sorted(unknown)[0]}' (known: bpf.ringbuf-size, bpf.sessions-size)")
+        parser.error(f"unknown -C key '{sorted(unknown)[0]}' (known: bpf.ringbuf-size, bpf.sessions-size, "
+                     "calls.max-per-session)")
     lbr_flags = None
     if args.lbr is not None:
         from .lbr import LbrError, parse_specs
@@ -114,7 +118,7 @@ def parse_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Trace
         cgroup=args.cgroup, otlp_endpoint=args.otlp_endpoint, otlp_protocol=args.otlp_protocol,
         export_addresses=args.export_addresses, metrics_port=args.metrics_port,
         metrics_addr=args.metrics_addr, probe_set=args.probe_set, kernel=args.kernel,
-        symbolize=args.symbolize, ringbuf_size=ringbuf_size, sessions_size=sessions_size,
+        symbolize=args.symbolize, ringbuf_size=ringbuf_size, sessions_size=sessions_size, max_calls=max_calls,
         capture_args=args.capture_args, trace_json=args.trace_json, lbr_flags=lbr_flags,
         lbr_max_count=args.lbr_max_count)
 
@@ -259,7 +263,7 @@ def _run(opts: TraceOptions, out: TextIO, err: TextIO) -> int:
         sinks.start(tracer)
         print("Receiving data...", file=out, flush=True)
         from .sessions import SessionAssembler
-        assembler = SessionAssembler()
+        assembler = SessionAssembler(max_calls=opts.max_calls)
 
         def on_record(rec: object) -> None:
             session = assembler.feed(rec)  # type: ignore[arg-type]

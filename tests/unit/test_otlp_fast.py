@@ -323,3 +323,9 @@ def test_captured_arguments_become_a_string_list_attribute():
     assert sorted(seen) == [1, 5]
     # without a formatter (no -A) the encoding is the SDK path's, arguments or not
     assert_same(session)
+
+
+def test_calls_cut_by_the_session_cap_are_on_the_root_span():
+    trace = assert_same(tree_session(calls_cut=5))
+    (root, *_), = [request_to_spans(build_request([trace]))]
+    assert root.attributes["retsnoop.calls_cut"] == 5

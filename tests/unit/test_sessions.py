@@ -93,3 +93,30 @@ def test_stack_mode_session_without_call_records():
     (s,) = feed(asm, [end(0, chain=((0, -22, 60), (1, -22, 10), (2, 0, 0)), top=1)])
     assert s.calls == []
     assert [e.latency_ns for e in s.chain] == [None, 10, 0]
+
+
+def test_calls_beyond_the_cap_are_counted_and_kept_calls_still_close():
+    """root -> 5 leaf calls with a cap of 3 calls: root + 2 leaves kept, 3 leaves cut, root's exit applied."""
+    from retsnoop_otel.model import Session
+    from retsnoop_otel.render_calls import render_calls
+
+    recs, seq = [start(), ent(0, 0, 0, 100)], 1
+    for i in range(5):
+        recs += [ent(seq, 1, 1, 110 + 10 * i), ext(seq + 1, 1, 1, 115 + 10 * i, 5, 0)]
+        seq += 2
+    recs += [ext(seq, 0, 0, 170, 70, -22), end(seq + 1)]
+    (s,) = feed(SessionAssembler(max_calls=3), recs)
+    (root,) = s.calls
+    assert len(root.children) == 2 and all(c.end_ns is not None for c in root.children)
+    assert root.end_ns == 170 and root.result == (1 << 64) - 22  # the kept root still gets its exit
+    assert s.calls_cut == 3 and s.dropped_records == 0
+    (full,) = feed(SessionAssembler(), recs)
+    assert len(full.calls[0].children) == 5 and full.calls_cut == 0
+    table = render_calls(s, {0: _func(0, "root"), 1: _func(1, "leaf")})
+    assert "‼ ... 3 more calls not shown (per-session cap) ..." in table
+    assert isinstance(s, Session)
+
+
+def _func(fid, name):
+    from retsnoop_otel.model import RetKind, TracedFunc
+    return TracedFunc(fid, name, 0, RetKind.INT32, fid == 0)
