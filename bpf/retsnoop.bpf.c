@@ -236,13 +236,25 @@ static __always_inline bool filters_allow(__u32 tgid, __u32 tid)
 	return true;
 }
 
+/* uapi enum values for bpf_ringbuf_query() (not in the minimal vmlinux header) */
+#define RB_AVAIL_DATA 0
+#define RB_RING_SIZE 1
+/* Room per-call records leave free for session end records (two, with their 8-byte headers): when
+ * calls flood the ring buffer, the session still arrives, with its gap counted, instead of vanishing. */
+#define END_RECORD_HEADROOM (2 * (sizeof(struct rec_session_end) + 8))
+
+static __always_inline bool room_for_call_records(void)
+{
+	return bpf_ringbuf_query(&rb, RB_AVAIL_DATA) + END_RECORD_HEADROOM <= bpf_ringbuf_query(&rb, RB_RING_SIZE);
+}
+
 static __always_inline void emit_trace(struct session *s, __u32 type, __u32 tid, __u64 ts, int depth,
 				       __u32 func_id, __u64 lat, __s64 res)
 {
 	struct rec_func_trace *r;
 	struct capture_stats *cs;
 
-	r = bpf_ringbuf_reserve(&rb, sizeof(*r), 0);
+	r = room_for_call_records() ? bpf_ringbuf_reserve(&rb, sizeof(*r), 0) : NULL;
 	if (!r) {
 		s->next_seq++;	/* the gap in sequence numbers shows user space where records were lost */
 		if (!s->dropped_records) {
@@ -345,7 +357,7 @@ static __always_inline void emit_args(void *ctx, struct session *s, __u32 tid, i
 	as = bpf_map_lookup_elem(&arg_specs, &func_id);
 	if (!as)
 		return;
-	r = bpf_ringbuf_reserve(&rb, sizeof(*r), 0);
+	r = room_for_call_records() ? bpf_ringbuf_reserve(&rb, sizeof(*r), 0) : NULL;
 	if (!r) {
 		s->dropped_records++;
 		return;

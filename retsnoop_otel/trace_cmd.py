@@ -282,7 +282,7 @@ def _run(opts: TraceOptions, out: TextIO, err: TextIO) -> int:
         finally:
             tracer.close()
             sinks.close()
-        if cstats and (cstats.dropped_sessions or cstats.incomplete_sessions):
+        if cstats and (cstats.dropped_sessions or cstats.incomplete_sessions or cstats.dropped_records):
             print(f"DROPPED SESSIONS: {cstats.dropped_sessions}, INCOMPLETE SESSIONS: "
                   f"{cstats.incomplete_sessions}, LOST RECORDS: {cstats.dropped_records}. ", end="", file=out)
         print(f"DONE in {(time.monotonic() - t0) * 1000:.0f} ms.", file=out, flush=True)

@@ -65,6 +65,12 @@ def _capture(simkern: tuple[str, ctypes.CDLL], calls: list[tuple[str, int]], **c
     return funcs, sessions, stats, cstats
 
 
+def _walk(calls):
+    for c in calls:
+        yield c
+        yield from _walk(c.children)
+
+
 def _chain(funcs: list[TracedFunc], session) -> list[tuple[str, str]]:
     return [(funcs[e.func_id].name, format_result(e.result if e.latency_ns is not None else None,
                                                   funcs[e.func_id].ret)) for e in session.chain]
@@ -196,3 +202,20 @@ def test_session_aggregates_per_entry_function(simkern):
     s = stats[0]  # sk_syscall
     assert (s.sessions, s.error_sessions) == (4, 2)
     assert sum(s.duration_buckets) == 4 and s.duration_sum_ns > 0
+
+
+def test_call_records_leave_room_for_the_session_end_record(simkern):
+    """A 4 KiB ring buffer and one session of 40 nested calls (80 call records, ~3.8 KiB): the call records
+    overflow, but the headroom they leave lets the session's end record through, gaps counted and shown."""
+    from retsnoop_otel.render_calls import render_calls
+
+    funcs, sessions, _, cstats = _capture(simkern, [("sk_recurse", 40)], emit_calls=True, capture_success=True,
+                                          ringbuf_size=4096)
+    assert len(sessions) == 1, cstats
+    (s,) = sessions
+    assert cstats.dropped_records > 0 and cstats.dropped_sessions == 0
+    assert s.dropped_records == cstats.dropped_records
+    table = render_calls(s, {f.id: f for f in funcs})
+    assert f"missing {s.dropped_records} records" in table or "‼ ... missing" in table, table
+    kept = sum(1 for _ in _walk(s.calls))
+    assert 0 < kept < 40
