@@ -20,14 +20,11 @@ from .config import OtlpConfig
 from .otlp import SpanExporterLike, resolve_protocol
 
 
-def build_otlp_exporter(cfg: OtlpConfig) -> SpanExporterLike:
-    """The SDK's OTLP exporter for the configured protocol (default from the environment, else gRPC)."""
-    protocol = resolve_protocol(cfg.protocol)
+def _otlp_kwargs(cfg: OtlpConfig, protocol: str, signal_path: str) -> dict[str, Any]:
+    """Constructor arguments shared by the SDK's span and metric exporters of `protocol`."""
     headers = dict(cfg.headers) or None
     if protocol == "grpc":
         import grpc
-
-        from .otlp_fast import EncodedGrpcSpanExporter as GrpcExporter
 
         insecure = cfg.insecure
         if insecure is None and cfg.endpoint is not None:
@@ -39,17 +36,35 @@ def build_otlp_exporter(cfg: OtlpConfig) -> SpanExporterLike:
         compression = None if cfg.compression is None else {
             "gzip": grpc.Compression.Gzip, "deflate": grpc.Compression.Deflate,
             "none": grpc.Compression.NoCompression}[cfg.compression]
-        return GrpcExporter(endpoint=cfg.endpoint, insecure=insecure, credentials=credentials, headers=headers,
-                            timeout=cfg.timeout_s, compression=compression)
+        return {"endpoint": cfg.endpoint, "insecure": insecure, "credentials": credentials, "headers": headers,
+                "timeout": cfg.timeout_s, "compression": compression}
     from opentelemetry.exporter.otlp.proto.http import Compression
-
-    from .otlp_fast import EncodedHttpSpanExporter as HttpExporter
 
     endpoint = cfg.endpoint
     if endpoint is not None and urlparse(endpoint).path in ("", "/"):
-        endpoint = endpoint.rstrip("/") + "/v1/traces"  # a bare base URL gets the standard signal path
-    return HttpExporter(endpoint=endpoint, certificate_file=cfg.certificate, headers=headers, timeout=cfg.timeout_s,
-                        compression=None if cfg.compression is None else Compression(cfg.compression))
+        endpoint = endpoint.rstrip("/") + signal_path  # a bare base URL gets the standard signal path
+    return {"endpoint": endpoint, "certificate_file": cfg.certificate, "headers": headers, "timeout": cfg.timeout_s,
+            "compression": None if cfg.compression is None else Compression(cfg.compression)}
+
+
+def build_otlp_exporter(cfg: OtlpConfig) -> SpanExporterLike:
+    """The SDK's OTLP span exporter for the configured protocol (default from the environment, else gRPC),
+    able to send requests pre-encoded by otlp_fast."""
+    from .otlp_fast import EncodedGrpcSpanExporter, EncodedHttpSpanExporter
+
+    protocol = resolve_protocol(cfg.protocol)
+    cls = EncodedGrpcSpanExporter if protocol == "grpc" else EncodedHttpSpanExporter
+    return cls(**_otlp_kwargs(cfg, protocol, "/v1/traces"))
+
+
+def build_otlp_metric_exporter(cfg: OtlpConfig) -> Any:
+    """The SDK's OTLP metric exporter for `metrics.otlp` (same settings and defaults as the span exporter)."""
+    protocol = resolve_protocol(cfg.protocol)
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as Grpc
+        return Grpc(**_otlp_kwargs(cfg, protocol, "/v1/metrics"))
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as Http
+    return Http(**_otlp_kwargs(cfg, protocol, "/v1/metrics"))
 
 
 def _hex_ids(obj: Any) -> Any:
@@ -99,32 +114,3 @@ class OtlpJsonFileExporter:
         with self._lock:
             self._file.close()
 
-
-def build_otlp_metric_exporter(cfg: OtlpConfig) -> Any:
-    """The SDK's OTLP metric exporter for `metrics.otlp` (same settings and defaults as the span exporter)."""
-    protocol = resolve_protocol(cfg.protocol)
-    headers = dict(cfg.headers) or None
-    if protocol == "grpc":
-        import grpc
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcExporter
-
-        insecure = cfg.insecure
-        if insecure is None and cfg.endpoint is not None:
-            insecure = cfg.endpoint.startswith("http://")
-        credentials = None
-        if cfg.certificate is not None:
-            with open(cfg.certificate, "rb") as f:
-                credentials = grpc.ssl_channel_credentials(f.read())
-        compression = None if cfg.compression is None else {
-            "gzip": grpc.Compression.Gzip, "deflate": grpc.Compression.Deflate,
-            "none": grpc.Compression.NoCompression}[cfg.compression]
-        return GrpcExporter(endpoint=cfg.endpoint, insecure=insecure, credentials=credentials, headers=headers,
-                            timeout=cfg.timeout_s, compression=compression)
-    from opentelemetry.exporter.otlp.proto.http import Compression
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
-
-    endpoint = cfg.endpoint
-    if endpoint is not None and urlparse(endpoint).path in ("", "/"):
-        endpoint = endpoint.rstrip("/") + "/v1/metrics"
-    return HttpExporter(endpoint=endpoint, certificate_file=cfg.certificate, headers=headers, timeout=cfg.timeout_s,
-                        compression=None if cfg.compression is None else Compression(cfg.compression))

@@ -176,7 +176,7 @@ def test_receiver_accepts_otlp_json_and_rejects_other_paths():
         # OTLP/JSON ids are hex (not protobuf-JSON base64): the raw bytes must survive the round trip
         assert (span["trace_id"], span["span_id"]) == ("5b8efff798038103d269b633813fc60c", "eee19b7ec3c1b174")
         with pytest.raises(urllib.error.HTTPError) as info:
-            urllib.request.urlopen(urllib.request.Request(url + "/v1/metrics", b"", method="POST"), timeout=5)
+            urllib.request.urlopen(urllib.request.Request(url + "/v1/logs", b"", method="POST"), timeout=5)
         assert info.value.code == 404
         with pytest.raises(TimeoutError, match="expected 2 spans, received 1"):
             receiver.wait_for_spans(2, timeout=0.2)
