@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 
 from tests.vm.guest_batch import budget
+from tests.vm.scenarios.filters import our_progs
 
 PY = sys.executable
 NAME_SET = ["-a", "bpf_check", "-a", "check_*", "-a", "do_check*", "-a", "bpf_prog_alloc*", "-a", "btf_*"]
@@ -31,9 +32,7 @@ def _run(ctx, cmd: list[str], settle_s: float = 10) -> dict:
     finally:
         result["rc"] = tracer.terminate(timeout=1200)
         result["output"] = tracer.output()
-    result["progs_after"] = [p.get("name") for p in ctx.bpf_prog_ids()
-                             if p.get("name") in ("kprobe_entry", "kretprobe_exit", "kmulti_entry", "kmulti_exit",
-                                                  "rs_fentry", "rs_fexit")]
+    result["progs_after"] = our_progs(ctx)
     return result
 
 
