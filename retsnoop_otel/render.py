@@ -89,6 +89,18 @@ def _frame_rows(addr: int, frames: list[Frame], mark: str = " ", duration: str =
     return rows
 
 
+def _definition(func: TracedFunc | None, symbolizer: Symbolizer) -> str:
+    """Where a function that already returned is defined (its entry address), when DWARF is at hand.
+
+    retsnoop leaves '!' rows without a location; with DWARF we can still say which file the error
+    started in, at no cost to the layout.
+    """
+    if func is None or not func.addr:
+        return ""
+    frames = symbolizer.frames(func.addr)
+    return _source(frames[0]) if frames and frames[0].offset == 0 else ""
+
+
 def _source(frame: Frame) -> str:
     return f"({frame.file}:{frame.line})" if frame.file else ""
 
@@ -118,7 +130,8 @@ def stack_rows(session: Session, funcs: Mapping[int, TracedFunc], symbolizer: Sy
             rows.extend(_frame_rows(addr, frames))
         cursor = stop
         if pos is None:
-            rows.append(_Row("!", duration, result, func.name if func else f"<func #{entry.func_id}>"))
+            rows.append(_Row("!", duration, result, func.name if func else f"<func #{entry.func_id}>",
+                             _definition(func, symbolizer)))
             continue
         addr, frames = kframes[pos]
         rows.extend(_frame_rows(addr, frames, " ", duration, result))

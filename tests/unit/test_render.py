@@ -261,3 +261,16 @@ def test_fexit_trampolines_created_after_load_are_merged_from_a_fresh_read() -> 
     assert body == ("    30us [-EINVAL]  __x64_sys_bpf+0x1c\n"
                     "                    __sys_bpf+0xca0\n"
                     "!    8us [-EINVAL]  array_map_alloc_check\n\n\n")
+
+
+def test_returned_function_rows_show_where_it_is_defined_when_dwarf_knows(ksyms: Kallsyms) -> None:
+    """'!' rows have no frame; with DWARF the function's entry address still names its file:line."""
+    funcs = funcs_for(ksyms, [("__x64_sys_bpf", RetKind.SIGNED), ("__sys_bpf", RetKind.INT32),
+                              ("array_map_alloc", RetKind.POINTER), ("bpf_map_alloc_percpu", RetKind.POINTER)])
+    chain = [StackEntry(0, NEG - 12, 73_400), StackEntry(1, NEG - 12, 70_999), StackEntry(2, NEG - 12, 50_000),
+             StackEntry(3, 0, 2_100)]
+    sym = seed1_symbolizer(ksyms)
+    sym._source.table[addr(ksyms, "array_map_alloc")] = [SourceFrame("array_map_alloc", "kernel/bpf/arraymap.c", 87)]
+    out = render_stack(seed1_session(ksyms, chain), funcs, sym, OFFSET)
+    assert "!   50us [-ENOMEM]  array_map_alloc                      (kernel/bpf/arraymap.c:87)\n" in out
+    assert out.replace("                      (kernel/bpf/arraymap.c:87)", "") == SEED_1  # the rest as before

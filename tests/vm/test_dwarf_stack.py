@@ -33,10 +33,12 @@ def test_percpu_case_full_chain_with_dwarf_61(vm_batch_61) -> None:
     # every traced level carries the errno; the error starts in array_map_alloc_check on 6.1.192
     assert re.search(r"\d+us \[-E2BIG\]\s+__x64_sys_bpf\+0x[0-9a-f]+\s+\(kernel/bpf/syscall\.c:\d+\)", block), block
     assert re.search(r"\d+us \[-E2BIG\]\s+__sys_bpf\+0x[0-9a-f]+\s+\(kernel/bpf/syscall\.c:\d+\)", block), block
-    assert re.search(r"^\s+\. map_create\s+\(kernel/bpf/syscall\.c:\d+\)", block, re.M), block
+    # Debian's 6.1.192 keeps map_create out of line (the article's kernel inlined it into __sys_bpf);
+    # find_and_alloc_map is inlined into it, and the error starts in array_map_alloc_check
+    assert re.search(r"\d+us \[-E2BIG\]\s+map_create\+0x[0-9a-f]+\s+\(kernel/bpf/syscall\.c:\d+\)", block), block
     assert re.search(r"^\s+\. find_and_alloc_map\s+\(kernel/bpf/syscall\.c:\d+\)", block, re.M), block
-    assert re.search(r"\d+us \[-E2BIG\]\s+array_map_alloc_check(\+0x[0-9a-f]+)?\s+\(kernel/bpf/arraymap\.c:\d+\)",
-                     block), block
+    assert re.search(r"^!\s+\d+us \[-E2BIG\]\s+array_map_alloc_check\s+\(kernel/bpf/arraymap\.c:\d+\)$", block,
+                     re.M), block
     # no build-directory prefixes
     assert "debian/build" not in block and "/build/" not in block
     assert r["progs_after"] == []
@@ -44,7 +46,8 @@ def test_percpu_case_full_chain_with_dwarf_61(vm_batch_61) -> None:
 
 def test_max_entries_case_einval_with_dwarf_61(vm_batch_61) -> None:
     block = _block_with(vm_batch_61["dwarf_stack"]["output"], "EINVAL")
-    assert re.search(r"\(kernel/bpf/arraymap\.c:\d+\)", block), block
+    assert re.search(r"^!\s+\d+us \[-EINVAL\]\s+array_map_alloc_check\s+\(kernel/bpf/arraymap\.c:\d+\)$", block,
+                     re.M), block
 
 
 def test_same_captures_kallsyms_only_612(vm_batch_612) -> None:
