@@ -10,6 +10,7 @@ within a deadline and exit 0. Kernel-facing parts come from AgentDeps so tests c
 from __future__ import annotations
 
 import argparse
+import functools
 import signal
 import sys
 import threading
@@ -26,7 +27,15 @@ from . import __version__
 from .config import AgentConfig, ConfigError, OtlpConfig, load_config
 from .http_server import HttpServer, ListenError
 from .logs import AgentLog
-from .metrics import MetricsCollector, make_registry
+from .metrics import (
+    BPF_STATS_ENABLED,
+    ExemplarStore,
+    MetricsCollector,
+    bpf_stats_enabled_family,
+    func_label,
+    make_registry,
+    read_bpf_stats_enabled,
+)
 from .model import Session
 from .pipeline import (
     KernelEnv,
@@ -101,6 +110,7 @@ class Outputs:
         self.span_limit_dropped = 0
         self._encoders: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         self._final: _Totals | None = None  # counters at close, when the sinks are gone
+        self.exemplars = ExemplarStore()  # exported trace ids for the session duration histograms
         try:
             ex = cfg.exporter
             q = cfg.limits.export_queue_spans
@@ -135,9 +145,11 @@ class Outputs:
                 ps.funcs, self._resource, symbolize=ps.symbolizer.describe,  # type: ignore[attr-defined]
                 export_addresses=self.cfg.exporter.export_addresses, max_spans=self.cfg.limits.max_spans_per_trace)
         spans = encoder.encode(session, offset_ns)
-        self.span_limit_dropped += spans.spans_dropped
-        for sink in self.sinks:
-            sink.submit(spans)
+        self.span_limit_dropped += spans.spans_dropped + session.calls_cut  # both: the per-trace span limit
+        accepted = [sink.submit(spans) for sink in self.sinks]
+        if any(accepted) and session.entry_func_id is not None:  # an exemplar must lead to a trace that exists
+            self.exemplars.record(ps.name, func_label(ps.funcs, session.entry_func_id),
+                                  session.end_ns - session.start_ns, spans.trace_id, session.end_ns + offset_ns)
 
     def totals(self) -> _Totals:
         if self._final is not None:
@@ -415,25 +427,34 @@ class Agent:
 
 
 class AgentCollector(Collector):
-    """All probe sets' kernel metrics (probe_set label on each) plus the agent's own."""
+    """All probe sets' kernel metrics (probe_set label on each) plus the agent's own.
 
-    def __init__(self, agent: Agent) -> None:
+    `root` is where /proc is looked up (tests point it at a fake tree).
+    """
+
+    def __init__(self, agent: Agent, root: str = "/") -> None:
         self.agent = agent
+        self.root = root
 
     def collect(self) -> Iterator[Metric]:
         agent = self.agent
         families: dict[str, Metric] = {}
+        stats_on = read_bpf_stats_enabled(self.root)  # once per scrape, shared by the probe sets
         attached = GaugeMetricFamily("retsnoop_attached_functions", "Kernel functions attached, by probe set "
                                      "and attach mode", labels=["probe_set", "mode"])
         sampled = CounterMetricFamily("retsnoop_sessions_not_exported", "Sessions captured but not exported, by "
                                       "reason (sampled: successful session not sampled; filtered: error filter)",
                                       labels=["probe_set", "reason"])
         with agent._lock:
+            store = agent.outputs.exemplars if agent.outputs is not None else None
             for ps in agent.probe_sets:
                 tr = ps.tracer
-                per_set = MetricsCollector(ps.name, ps.funcs, tr.func_stats, tr.capture_stats, None, tr.session_stats)
+                per_set = MetricsCollector(
+                    ps.name, ps.funcs, tr.func_stats, tr.capture_stats, None, tr.session_stats,
+                    program_stats=tr.program_stats, stats_enabled=lambda: stats_on,
+                    exemplars=functools.partial(store.for_histogram, ps.name) if store is not None else None)
                 for fam in per_set.collect():
-                    if fam.name in _AGENT_FAMILIES:
+                    if fam.name in _AGENT_FAMILIES or fam.name == BPF_STATS_ENABLED:
                         continue
                     merged = families.get(fam.name)
                     if merged is None:
@@ -463,6 +484,7 @@ class AgentCollector(Collector):
             reloads.add_metric([result], agent.reloads[result])
         yield reloads
         yield GaugeMetricFamily("retsnoop_agent_up", "1 while the agent runs", value=1)
+        yield bpf_stats_enabled_family(stats_on)
         info = GaugeMetricFamily("retsnoop_build_info", "retsnoop-otel version", labels=["version"])
         info.add_metric([__version__], 1)
         yield info

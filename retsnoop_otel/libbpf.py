@@ -126,6 +126,30 @@ class _LinkCreateOpts(ctypes.Structure):
                 ("iter_info_len", ctypes.c_uint32), ("target_btf_id", ctypes.c_uint32), ("u", _LinkUnion)]
 
 
+class ProgInfo(ctypes.Structure):
+    """struct bpf_prog_info (uapi linux/bpf.h, 5.12 layout) up to recursion_misses.
+
+    Pointer fields stay 0 with their counts 0, so the kernel copies no arrays; a newer kernel's
+    longer struct is cut to this size, an older one leaves the fields it lacks at zero.
+    """
+
+    _fields_ = [("type", ctypes.c_uint32), ("id", ctypes.c_uint32), ("tag", ctypes.c_uint8 * 8),
+                ("jited_prog_len", ctypes.c_uint32), ("xlated_prog_len", ctypes.c_uint32),
+                ("jited_prog_insns", ctypes.c_uint64), ("xlated_prog_insns", ctypes.c_uint64),
+                ("load_time", ctypes.c_uint64), ("created_by_uid", ctypes.c_uint32),
+                ("nr_map_ids", ctypes.c_uint32), ("map_ids", ctypes.c_uint64), ("name", ctypes.c_char * 16),
+                ("ifindex", ctypes.c_uint32), ("gpl_compatible", ctypes.c_uint32), ("netns_dev", ctypes.c_uint64),
+                ("netns_ino", ctypes.c_uint64), ("nr_jited_ksyms", ctypes.c_uint32),
+                ("nr_jited_func_lens", ctypes.c_uint32), ("jited_ksyms", ctypes.c_uint64),
+                ("jited_func_lens", ctypes.c_uint64), ("btf_id", ctypes.c_uint32),
+                ("func_info_rec_size", ctypes.c_uint32), ("func_info", ctypes.c_uint64),
+                ("nr_func_info", ctypes.c_uint32), ("nr_line_info", ctypes.c_uint32), ("line_info", ctypes.c_uint64),
+                ("jited_line_info", ctypes.c_uint64), ("nr_jited_line_info", ctypes.c_uint32),
+                ("line_info_rec_size", ctypes.c_uint32), ("jited_line_info_rec_size", ctypes.c_uint32),
+                ("nr_prog_tags", ctypes.c_uint32), ("prog_tags", ctypes.c_uint64), ("run_time_ns", ctypes.c_uint64),
+                ("run_cnt", ctypes.c_uint64), ("recursion_misses", ctypes.c_uint64)]
+
+
 class _BtfType(ctypes.Structure):
     _fields_ = [("name_off", ctypes.c_uint32), ("info", ctypes.c_uint32), ("size_or_type", ctypes.c_uint32)]
 
@@ -174,6 +198,7 @@ _SIGNATURES: dict[str, tuple[object, list[object]]] = {
                                      ctypes.c_size_t, ctypes.POINTER(_ProgLoadOpts)]),
     "bpf_link_create": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                        ctypes.POINTER(_LinkCreateOpts)]),
+    "bpf_obj_get_info_by_fd": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint32)]),
     "bpf_map_lookup_elem": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]),
     "bpf_map_update_elem": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64]),
     "bpf_map_delete_elem": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p]),
@@ -524,6 +549,16 @@ def link_create(prog_fd: int, attach_type: int, cookie: int = 0, what: str = "li
     if fd < 0:
         raise _fail(f"attach {what}", ctypes.get_errno())
     return Link(fd=fd)
+
+
+def prog_info(prog_fd: int) -> ProgInfo:
+    """BPF_OBJ_GET_INFO_BY_FD on a program: its run_cnt and run_time_ns are the bpf_stats counters."""
+    info = ProgInfo()
+    size = ctypes.c_uint32(ctypes.sizeof(info))
+    rc = lib().lib.bpf_obj_get_info_by_fd(prog_fd, ctypes.byref(info), ctypes.byref(size))
+    if rc < 0:  # libbpf logs nothing here: older messages in its log would only mislead
+        raise LibbpfError(f"get info of BPF program fd {prog_fd}", -rc)
+    return info
 
 
 def num_possible_cpus() -> int:

@@ -2,12 +2,17 @@
 
 Nothing is updated per event: the collector calls the supplied readers (BPF map reads, sink
 counters) when Prometheus scrapes, so the cost is proportional to the scrape rate, not the event rate.
+The one exception are exemplars: a trace that is exported anyway also leaves its id in an
+ExemplarStore (one dict write next to encoding the whole trace).
 """
 
 from __future__ import annotations
 
 import errno
+import functools
+import os
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -15,15 +20,19 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Exemplar, Timestamp
 from prometheus_client.utils import floatToGoString
 
 from . import __version__
-from .model import CaptureStats, FuncStats, SessionStats, TracedFunc
+from .model import CaptureStats, FuncStats, ProgramStats, SessionStats, TracedFunc
+from .records import DUR_BUCKETS
 
 if TYPE_CHECKING:  # otlp pulls in the OTel SDK: a metrics-only run should not pay for importing it
     from .otlp import ExportStats
 
 FuncTable = Mapping[int, TracedFunc] | Sequence[TracedFunc]
+BPF_STATS_ENABLED = "retsnoop_bpf_stats_enabled"  # host-wide: the agent emits it once, not per probe set
+EXEMPLARS_MAX = 4096  # (probe set, entry function, bucket) keys kept; about 1 MB at most
 
 
 class MetricsPortInUseError(RuntimeError):
@@ -50,7 +59,72 @@ def bucket_bounds_seconds(count: int) -> list[str]:
     The kernel's last bucket is open-ended (it also holds everything longer), so it has no finite
     bound of its own and is covered only by +Inf.
     """
-    return [floatToGoString(2 ** (i + 1) / 1e9) for i in range(count - 1)] + ["+Inf"]
+    return list(_bounds(count))
+
+
+@functools.cache
+def _bounds(count: int) -> tuple[str, ...]:
+    """Formatted once per bucket count: formatting them per histogram was a third of a scrape's collect()."""
+    return (*(floatToGoString(2 ** (i + 1) / 1e9) for i in range(count - 1)), "+Inf")
+
+
+def log2_bucket(duration_ns: int, count: int = DUR_BUCKETS) -> int:
+    """The kernel's bucket for a duration (bpf/retsnoop.bpf.c count_into): floor(log2(ns)), last one open."""
+    return min(max(duration_ns.bit_length() - 1, 0), count - 1)
+
+
+def func_label(funcs: FuncTable, func_id: int) -> str:
+    """The `function`/`entry_function` label of a function id (same-named instances share it)."""
+    try:
+        return funcs[func_id].name
+    except (KeyError, IndexError):
+        return f"func#{func_id}"
+
+
+def read_bpf_stats_enabled(root: str = "/") -> bool:
+    """kernel.bpf_stats_enabled; False when unreadable (the kernel then keeps run_cnt/run_time_ns still).
+
+    Statistics enabled through a BPF_ENABLE_STATS file descriptor (bpftop) do not show in the sysctl.
+    """
+    try:
+        with open(os.path.join(root, "proc/sys/kernel/bpf_stats_enabled")) as f:
+            return f.read().strip() not in ("", "0")
+    except OSError:
+        return False
+
+
+class ExemplarStore:
+    """The latest exported trace per (probe set, entry function, duration bucket), for histogram exemplars.
+
+    Written by the capture thread when a trace is handed to an exporter, read at scrape time; bounded
+    (least recently written key evicted first) so reloads that rename probe sets cannot grow it.
+    """
+
+    def __init__(self, max_entries: int = EXEMPLARS_MAX, buckets: int = DUR_BUCKETS) -> None:
+        self._max = max(1, max_entries)
+        self._buckets = buckets
+        self._lock = threading.Lock()
+        self._items: OrderedDict[tuple[str, str, int], Exemplar] = OrderedDict()
+
+    def record(self, probe_set: str, entry_function: str, duration_ns: int, trace_id: int, end_ns: int) -> None:
+        """`end_ns`: wall-clock end of the trace's root span, the exemplar's timestamp."""
+        key = (probe_set, entry_function, log2_bucket(duration_ns, self._buckets))
+        ex = Exemplar({"trace_id": f"{trace_id:032x}"}, duration_ns / 1e9,
+                      Timestamp(end_ns // 1_000_000_000, end_ns % 1_000_000_000))
+        with self._lock:
+            self._items[key] = ex
+            self._items.move_to_end(key)
+            if len(self._items) > self._max:
+                self._items.popitem(last=False)
+
+    def for_histogram(self, probe_set: str, entry_function: str) -> dict[int, Exemplar]:
+        """Bucket index -> exemplar for one entry function's duration histogram."""
+        with self._lock:
+            found = ((i, self._items.get((probe_set, entry_function, i))) for i in range(self._buckets))
+            return {i: ex for i, ex in found if ex is not None}
+
+    def __len__(self) -> int:
+        return len(self._items)
 
 
 def _cumulative(buckets: Sequence[int]) -> list[int]:
@@ -67,13 +141,20 @@ class MetricsCollector(Collector):
     def __init__(self, probe_set: str, funcs: FuncTable, func_stats: Callable[[], Iterable[FuncStats]],
                  capture_stats: Callable[[], CaptureStats],
                  export_stats: Callable[[], ExportStats] | None = None,
-                 session_stats: Callable[[], Iterable[SessionStats]] | None = None) -> None:
+                 session_stats: Callable[[], Iterable[SessionStats]] | None = None, *,
+                 program_stats: Callable[[], Iterable[ProgramStats]] | None = None,
+                 stats_enabled: Callable[[], bool] = read_bpf_stats_enabled,
+                 exemplars: Callable[[str], Mapping[int, Exemplar]] | None = None) -> None:
+        """`exemplars(entry_function)`: bucket index -> exemplar for the session duration histogram."""
         self.probe_set = probe_set
         self.funcs = funcs
         self._func_stats = func_stats
         self._capture_stats = capture_stats
         self._export_stats = export_stats
         self._session_stats = session_stats
+        self._program_stats = program_stats
+        self._stats_enabled = stats_enabled
+        self._exemplars = exemplars
 
     def _collect_sessions(self) -> Iterator[Metric]:
         ps = self.probe_set
@@ -95,16 +176,31 @@ class MetricsCollector(Collector):
             outcomes.add_metric([ps, name, "error"], m.errors["error"])
             outcomes.add_metric([ps, name, "success"], m.calls - m.errors["error"])
             cum = _cumulative(m.buckets)
-            durations.add_metric([ps, name], list(zip(bucket_bounds_seconds(len(cum)), cum, strict=True)),
-                                 m.sum_ns / 1e9)
+            exemplars = self._exemplars(name) if self._exemplars is not None else {}
+            durations.add_metric([ps, name], _buckets_with_exemplars(cum, exemplars), m.sum_ns / 1e9)
         yield outcomes
         yield durations
 
+    def _collect_programs(self, read: Callable[[], Iterable[ProgramStats]]) -> Iterator[Metric]:
+        """BPF program cost. While statistics are off the kernel's counters stand still, so the run families
+        carry no samples then: a flat series would read as "costs nothing" rather than "not measured"."""
+        ps = self.probe_set
+        enabled = self._stats_enabled()
+        runs = CounterMetricFamily("retsnoop_bpf_program_runs", "Runs of retsnoop's BPF programs (kernel bpf_stats; "
+                                   "only while kernel.bpf_stats_enabled=1)", labels=["probe_set", "program"])
+        seconds = CounterMetricFamily("retsnoop_bpf_program_run_seconds", "Time spent in retsnoop's BPF programs "
+                                      "(kernel bpf_stats; only while kernel.bpf_stats_enabled=1)",
+                                      labels=["probe_set", "program"])
+        if enabled:
+            for p in read():
+                runs.add_metric([ps, p.name], p.run_cnt)
+                seconds.add_metric([ps, p.name], p.run_time_ns / 1e9)
+        yield runs
+        yield seconds
+        yield bpf_stats_enabled_family(enabled)
+
     def _name(self, func_id: int) -> str:
-        try:
-            return self.funcs[func_id].name
-        except (KeyError, IndexError):
-            return f"func#{func_id}"
+        return func_label(self.funcs, func_id)
 
     def _merge(self, stats: Iterable[FuncStats]) -> dict[str, _Merged]:
         """One series per function name: same-named instances (e.g. in two modules) are summed."""
@@ -141,13 +237,14 @@ class MetricsCollector(Collector):
                 errors.add_metric([ps, name, err], n)
             if m.buckets:
                 cum = _cumulative(m.buckets)
-                durations.add_metric([ps, name], list(zip(bucket_bounds_seconds(len(cum)), cum, strict=True)),
-                                     m.sum_ns / 1e9)
+                durations.add_metric([ps, name], list(zip(_bounds(len(cum)), cum, strict=True)), m.sum_ns / 1e9)
         yield calls
         yield errors
         yield durations
         if self._session_stats is not None:
             yield from self._collect_sessions()
+        if self._program_stats is not None:
+            yield from self._collect_programs(self._program_stats)
 
         cap = self._capture_stats()
         yield _counter("retsnoop_sessions_dropped",
@@ -171,6 +268,22 @@ class MetricsCollector(Collector):
         info = GaugeMetricFamily("retsnoop_build_info", "retsnoop-otel version", labels=["version"])
         info.add_metric([__version__], 1)
         yield info
+
+
+def _buckets_with_exemplars(cumulative: Sequence[int], exemplars: Mapping[int, Exemplar]
+                            ) -> list[tuple[str, float] | tuple[str, float, Exemplar]]:
+    """(le, count[, exemplar]) per bucket; only OpenMetrics renders the exemplars."""
+    out: list[tuple[str, float] | tuple[str, float, Exemplar]] = []
+    for i, (le, n) in enumerate(zip(_bounds(len(cumulative)), cumulative, strict=True)):
+        ex = exemplars.get(i)
+        out.append((le, n) if ex is None else (le, n, ex))
+    return out
+
+
+def bpf_stats_enabled_family(enabled: bool) -> GaugeMetricFamily:
+    """Host-wide, so the agent emits it once rather than per probe set."""
+    return GaugeMetricFamily(BPF_STATS_ENABLED, "1 while the kernel counts BPF program runs and run time "
+                             "(sysctl kernel.bpf_stats_enabled)", value=int(enabled))
 
 
 def _counter(name: str, doc: str, value: int) -> CounterMetricFamily:

@@ -207,3 +207,15 @@ class CaptureStats:
     dropped_records: int = 0
     sessions_started: int = 0
     sessions_reported: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ProgramStats:
+    """Kernel-side cost of one of our BPF programs (per-function clones summed), from bpf_prog_info.
+
+    The kernel only advances these while BPF statistics are enabled (kernel.bpf_stats_enabled).
+    """
+
+    name: str
+    run_cnt: int
+    run_time_ns: int

@@ -173,14 +173,15 @@ class EncodedTrace:
     envelope: Envelope
     spans: list[bytes]
     spans_dropped: int = 0  # calls left out by the per-trace span limit
+    trace_id: int = 0  # the spans' trace id (128 bits), for metric exemplars
 
     def __len__(self) -> int:
         return len(self.spans)
 
     def split(self, count: int) -> tuple[EncodedTrace, EncodedTrace]:
         """The first `count` spans and the rest; an export request must not exceed the batch size."""
-        return (EncodedTrace(self.envelope, self.spans[:count], self.spans_dropped),
-                EncodedTrace(self.envelope, self.spans[count:], 0))
+        return (EncodedTrace(self.envelope, self.spans[:count], self.spans_dropped, self.trace_id),
+                EncodedTrace(self.envelope, self.spans[count:], 0, self.trace_id))
 
 
 def make_envelope(resource: Resource | None, scope: InstrumentationScope = SCOPE) -> Envelope:
@@ -285,7 +286,7 @@ class SpanEncoder:
         body = (trace_field + _ROOT_IDS_TIMES.pack(_SPAN_ID_TAG, root_id, _START_TAG, root_start, _END_TAG, root_end)
                 + const + _key_values(9, extra))
         spans[0] = _SPANS_TAG + _varint(len(body)) + body
-        return EncodedTrace(self.envelope, spans, dropped)
+        return EncodedTrace(self.envelope, spans, dropped, trace_id)
 
     def _calls(self, spans: list[bytes], trace_field: bytes, top: list[Call], root_id: int, root_end: int,
                offset: int) -> int:

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from . import discovery
 from .config import Limits, ProbeSetConfig, Sampling
-from .model import CaptureStats, FuncStats, RetKind, Session, SessionStats, TracedFunc
+from .model import CaptureStats, FuncStats, ProgramStats, RetKind, Session, SessionStats, TracedFunc
 from .records import Record
 from .sessions import SessionAssembler
 from .tracer import AttachReport, CaptureConfig
@@ -48,6 +48,8 @@ class TracerLike(Protocol):
     def session_stats(self) -> list[SessionStats]: ...
 
     def capture_stats(self) -> CaptureStats: ...
+
+    def program_stats(self) -> list[ProgramStats]: ...
 
     def close(self) -> None: ...
 

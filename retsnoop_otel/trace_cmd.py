@@ -374,7 +374,8 @@ class _Sinks:
                 func_stats=tracer.func_stats,  # type: ignore[attr-defined]
                 capture_stats=tracer.capture_stats,  # type: ignore[attr-defined]
                 export_stats=(lambda: self.otlp.stats()) if self.otlp else None,
-                session_stats=tracer.session_stats)  # type: ignore[attr-defined]
+                session_stats=tracer.session_stats,  # type: ignore[attr-defined]
+                program_stats=tracer.program_stats)  # type: ignore[attr-defined]
             self.metrics_server = serve_metrics(self.opts.metrics_port, make_registry(collector),
                                                 addr=self.opts.metrics_addr)
 

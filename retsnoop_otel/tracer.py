@@ -19,7 +19,7 @@ from pathlib import Path
 
 from . import libbpf as lb
 from . import records
-from .model import RET_KIND_CODES, CaptureStats, FuncStats, SessionStats, TracedFunc, error_type
+from .model import RET_KIND_CODES, CaptureStats, FuncStats, ProgramStats, SessionStats, TracedFunc, error_type
 
 PARALLEL_DETACH_MIN = 32
 DETACH_THREADS = 32
@@ -84,7 +84,7 @@ class Tracer:
         self._btf_func_id = btf_func_id
         self._arg_specs = arg_specs or {}
         self._links: list[lb.Link] = []
-        self._prog_fds: list[int] = []
+        self._prog_fds: list[tuple[str, int]] = []  # fentry clones: (template program name, fd)
         self._rb: lb.RingBuffer | None = None
         self._obj: lb.BpfObject | None = None
         self._ncpus = lb.num_possible_cpus()
@@ -236,7 +236,7 @@ class Tracer:
         for prog, attach_type, tag in ((exit_, lb.ATTACH_TRACE_FEXIT, "rs_fexit"),
                                        (entry, lb.ATTACH_TRACE_FENTRY, "rs_fentry")):
             fd = lb.clone_program(prog, attach_btf_id=btf_id, attach_type=attach_type, name=tag)
-            self._prog_fds.append(fd)
+            self._prog_fds.append((prog.name, fd))
             fds.append((fd, attach_type, tag))
         for fd, attach_type, tag in fds:
             self._links.append(lb.link_create(fd, attach_type, cookie=f.id, what=f"{tag} to {f.name}"))
@@ -321,6 +321,22 @@ class Tracer:
         raw = self._obj.map("cap_stats").lookup(struct.pack("<I", 0), size)
         return records.decode_capture_stats(raw or b"", self._ncpus) if raw else CaptureStats()
 
+    def programs(self) -> list[tuple[str, int]]:
+        """(name, fd) of the programs that run when a traced function is hit.
+
+        fentry mode runs per-function clones (named after their template); the templates themselves
+        are never attached. The other modes run the object's entry and exit programs.
+        """
+        if self._obj is None:
+            return []
+        if self.config.mode == "fentry":
+            return list(self._prog_fds)
+        return [(name, self._obj.program(name).fd) for name in _MODE_PROGRAMS[self.config.mode]]
+
+    def program_stats(self) -> list[ProgramStats]:
+        """Run count and time of each program (clones summed), read at scrape time: one syscall per fd."""
+        return sum_program_stats(self.programs(), lb.prog_info)
+
     # ---- teardown ------------------------------------------------------------------------
 
     def detach_links(self) -> None:
@@ -342,7 +358,7 @@ class Tracer:
     def detach(self) -> None:
         self.detach_links()
         fds, self._prog_fds = self._prog_fds, []
-        for fd in fds:
+        for _name, fd in fds:
             os.close(fd)
 
     def close(self) -> None:
@@ -353,6 +369,17 @@ class Tracer:
         if self._obj is not None:
             self._obj.close()
             self._obj = None
+
+
+def sum_program_stats(programs: Sequence[tuple[str, int]], read_info: Callable[[int], lb.ProgInfo]
+                      ) -> list[ProgramStats]:
+    """One ProgramStats per program name, in first-seen order: fentry's thousand clones make two series."""
+    totals: dict[str, tuple[int, int]] = {}
+    for name, fd in programs:
+        info = read_info(fd)
+        cnt, ns = totals.get(name, (0, 0))
+        totals[name] = (cnt + info.run_cnt, ns + info.run_time_ns)
+    return [ProgramStats(name, cnt, ns) for name, (cnt, ns) in totals.items()]
 
 
 def _comm_key(comm: str) -> bytes:

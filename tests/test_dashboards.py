@@ -14,6 +14,7 @@ import json
 import re
 import shutil
 import subprocess
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,10 +35,7 @@ DATASOURCE_REF = "${datasource}"
 # Families the dashboards and alerts use before the code exposes them (issue 6, self-metrics).
 # Keep this the only such list; remove a name once the collectors expose it
 # (test_planned_series_are_not_exposed_yet says when).
-PLANNED_SERIES = frozenset({
-    "retsnoop_bpf_prog_run_count_total",        # BPF program runs (kernel.bpf_stats_enabled)
-    "retsnoop_bpf_prog_run_time_seconds_total",  # BPF program run time (kernel.bpf_stats_enabled)
-})
+PLANNED_SERIES: frozenset[str] = frozenset()
 # Series that Prometheus itself adds to every scrape target.
 PROMETHEUS_SERIES = frozenset({"up", "scrape_duration_seconds", "scrape_samples_scraped",
                                "scrape_samples_post_metric_relabeling", "scrape_series_added"})
@@ -134,7 +132,7 @@ def exposed_series() -> set[str]:
     """Series names of the trace command's and the agent's collectors, fed with fake stats."""
     from retsnoop_otel.agent import AgentCollector
     from retsnoop_otel.metrics import MetricsCollector, make_registry
-    from retsnoop_otel.model import CaptureStats, FuncStats, RetKind, SessionStats, TracedFunc
+    from retsnoop_otel.model import CaptureStats, FuncStats, ProgramStats, RetKind, SessionStats, TracedFunc
     from retsnoop_otel.otlp import ExportStats
 
     funcs = {0: TracedFunc(0, "__x64_sys_bpf", 0, RetKind.INT32, True),
@@ -142,7 +140,8 @@ def exposed_series() -> set[str]:
     tracer = SimpleNamespace(
         func_stats=lambda: [FuncStats(0, 2, {"EINVAL": 1}, (0, 1, 1), 12), FuncStats(1, 2, {"EINVAL": 1}, (1, 1), 5)],
         capture_stats=lambda: CaptureStats(1, 1, 1, 2, 2),
-        session_stats=lambda: [SessionStats(0, 2, 1, (0, 1, 1), 12)])
+        session_stats=lambda: [SessionStats(0, 2, 1, (0, 1, 1), 12)],
+        program_stats=lambda: [ProgramStats("kprobe_entry", 4, 4000), ProgramStats("kretprobe_exit", 4, 3000)])
     names = _exposed_names(make_registry(MetricsCollector(
         "bpf", funcs, tracer.func_stats, tracer.capture_stats, lambda: ExportStats(3, {"queue_full": 1}, 1),
         tracer.session_stats)))
@@ -150,7 +149,11 @@ def exposed_series() -> set[str]:
                                 filtered_out=1)
     agent = SimpleNamespace(_lock=threading.Lock(), probe_sets=[probe_set], outputs=None, emit_errors=0,
                             reloads={"success": 1, "failure": 0})
-    return names | _exposed_names(make_registry(AgentCollector(agent)))
+    with tempfile.TemporaryDirectory() as root:  # the run families have samples only while bpf_stats is on
+        sysctl = Path(root, "proc/sys/kernel/bpf_stats_enabled")
+        sysctl.parent.mkdir(parents=True)
+        sysctl.write_text("1\n")
+        return names | _exposed_names(make_registry(AgentCollector(agent, root)))
 
 
 # ---- promtool ------------------------------------------------------------------------------------
@@ -272,7 +275,7 @@ def test_dashboards_cover_the_issue() -> None:
     for family in ("retsnoop_session_duration_seconds_bucket", "retsnoop_function_duration_seconds_bucket"):
         assert re.search(rf"histogram_quantile\(0\.99, sum by \(\w+, le\) \(rate\({family}", exprs), family
     for health in ("up{", "retsnoop_spans_dropped_total", "retsnoop_records_lost_total", "retsnoop_export_errors_total",
-                   "retsnoop_config_reloads_total", "retsnoop_bpf_prog_run_time_seconds_total"):
+                   "retsnoop_config_reloads_total", "retsnoop_bpf_program_run_seconds_total"):
         assert health in exprs, health
 
 

@@ -25,7 +25,7 @@ from retsnoop_otel import records
 from retsnoop_otel.agent import Agent, AgentDeps, check, install_signal_handlers, main
 from retsnoop_otel.kallsyms import Kallsyms
 from retsnoop_otel.logs import AgentLog
-from retsnoop_otel.model import CaptureStats, FuncStats, RetKind
+from retsnoop_otel.model import CaptureStats, FuncStats, RetKind, SessionStats
 from retsnoop_otel.pipeline import KernelEnv, SetupError
 from retsnoop_otel.records import FuncTraceRec, SessionEndRec, SessionStartRec
 from retsnoop_otel.symbolize import KallsymsSymbolizer
@@ -98,6 +98,9 @@ class FakeTracer:
 
     def capture_stats(self):
         return CaptureStats()
+
+    def program_stats(self):
+        return []
 
     def close(self) -> None:
         self.state = "closed"
@@ -399,6 +402,57 @@ def test_metrics_and_healthz_over_http(setup) -> None:
     with pytest.raises(urllib.error.HTTPError) as exc:
         urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5)
     assert exc.value.code == 503 and json.loads(exc.value.read())["status"] == "stalled"
+
+
+def _openmetrics(port: int) -> str:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
+                                 headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        return resp.read().decode()
+
+
+def _session_histogram(t: FakeTracer) -> None:
+    """The kernel's count for error_session(): one session of 5,000 ns, in bucket [4096, 8192) ns."""
+    buckets = [0] * records.DUR_BUCKETS
+    buckets[12] = 1
+    t.session_stats = lambda: [SessionStats(t.fid("__x64_sys_bpf"), 1, 1, tuple(buckets), 5000)]
+
+
+def test_session_histogram_bucket_links_to_the_exported_trace(setup) -> None:
+    world, agent, _cfg, _log = setup
+    agent.start()
+    errs = by_set(world, "__x64_sys_bpf")
+    _session_histogram(errs)
+    errs.pending = error_session(errs)
+    agent.poll_once()
+    trace_id = wait_exported(world, 2)[0].context.trace_id
+    text = _openmetrics(agent.http.port)
+    # root span: boot-clock end 5,100 ns + offset 1,000 s; duration 5,000 ns
+    assert ('retsnoop_session_duration_seconds_bucket{entry_function="__x64_sys_bpf",le="8.192e-06",'
+            f'probe_set="bpf_errors"}} 1.0 # {{trace_id="{trace_id:032x}"}} 5e-06 1000.000005100\n') in text
+    assert text.count(" # {") == 1
+    with urllib.request.urlopen(f"http://127.0.0.1:{agent.http.port}/metrics", timeout=5) as resp:
+        assert " # {" not in resp.read().decode()  # Prometheus text format has no exemplars
+
+
+def test_no_exemplar_for_a_trace_the_exporter_did_not_accept(tmp_path: Path) -> None:
+    world = World()
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(CONFIG.format(prob=1.0) + "limits:\n  export_queue_spans: 1\n")  # 2-span traces never fit
+    agent = Agent(str(cfg), world.deps(), AgentLog(io.StringIO()))
+    agent.start()
+    try:
+        errs = by_set(world, "__x64_sys_bpf")
+        _session_histogram(errs)
+        errs.pending = error_session(errs)
+        agent.poll_once()
+        text = _openmetrics(agent.http.port)
+    finally:
+        agent.shutdown(0.5)
+    assert 'retsnoop_spans_dropped_total{cause="queue_full"} 2.0' in text
+    assert ('retsnoop_session_duration_seconds_bucket{entry_function="__x64_sys_bpf",le="8.192e-06",'
+            'probe_set="bpf_errors"} 1.0\n') in text
+    assert " # {" not in text
 
 
 def test_console_and_file_outputs(tmp_path: Path) -> None:
