@@ -44,12 +44,14 @@ class Receiver:
     metric_requests: list[Any] = field(default_factory=list)
     lock: threading.Condition = field(default_factory=threading.Condition)
     out: TextIO | None = None
+    keep: bool = True  # False: requests only go to `out` (long runs must not grow in memory)
     _grpc: Any = None
     _http: ThreadingHTTPServer | None = None
 
     def store(self, request: Any) -> None:
         with self.lock:
-            (self.metric_requests if isinstance(request, MetricsRequest) else self.requests).append(request)
+            if self.keep:
+                (self.metric_requests if isinstance(request, MetricsRequest) else self.requests).append(request)
             if self.out is not None:
                 self.out.write(json.dumps(MessageToDict(request)) + "\n")
                 self.out.flush()
@@ -251,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: stop.set())
     with open(args.out, "a", encoding="utf-8") as out:
         receiver = start_receiver(args.port, args.http_port, out, args.host)
+        receiver.keep = False  # everything goes to --out
         ready = f"READY {receiver.port}" + (f" HTTP {receiver.http_port}" if receiver.http_port else "")
         print(ready, flush=True)
         try:
