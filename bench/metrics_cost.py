@@ -20,9 +20,8 @@ same numbers from user space, and whole scrapes (per-CPU map lookups + formattin
 How the claim "with metrics only, the user-space cost per traced call is zero" is measured:
 1. The agent runs as its own process (`python -m retsnoop_otel agent --config TMP`) with one probe
    set (entry *sys_bpf; allow array_map_alloc_check, map_create) configured so that nothing but
-   metrics leaves the kernel. `exporter.otlp: null` alone is rejected by the config ("no exporter
-   left"), so the config keeps `console: true` (stdout to /dev/null) and sets
-   `filters.min_duration_ms` to one hour: the kernel still counts every call and session in its
+   metrics leaves the kernel: `mode: metrics` and `exporter: {otlp: null}`. The kernel still counts
+   every call and session in its
    per-CPU maps, but drops each session before the ring buffer, so no record, session or trace
    ever reaches user space. The scrape shows it: retsnoop_sessions_reported_total stays 0.
 2. The agent's CPU time is utime + stime from /proc/<agent pid>/stat (what the agent sees as
@@ -34,7 +33,7 @@ How the claim "with metrics only, the user-space cost per traced call is zero" i
    --idle-s seconds; "net" subtracts idle rate x wall time. The claim holds when the net agent CPU
    per 1,000 calls is about zero at both rates (within clock-tick resolution, 10 ms), i.e. the
    agent's CPU does not grow with the call count; retsnoop_sessions_total confirms the calls were
-   traced. --control repeats the runs with min_duration_ms 0 (every error session goes to user
+   traced. --control repeats the runs with mode: stack (every error session goes to user
    space and is rendered to the console), showing the per-call cost the metrics-only setup avoids.
    With kernel.bpf_stats_enabled switched on for the run (restored afterwards), the kernel-side cost
    per call comes from retsnoop_bpf_program_run_seconds_total / retsnoop_sessions_total.
@@ -76,7 +75,6 @@ ERRNOS = {"EINVAL": 22, "ENOMEM": 12, "EPERM": 1, "ENOENT": 2, "EFAULT": 14, "E2
 ENTRY_FUNCS = 10
 SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
 SIMFAIL_CASE = "bpf-bad-map-max-entries-array"
-ONE_HOUR_MS = 3_600_000
 
 
 # ---- (a) scrape time ------------------------------------------------------------------------------
@@ -224,24 +222,22 @@ def scrape_table(args: argparse.Namespace) -> int:
 # ---- (b) agent CPU per traced call ----------------------------------------------------------------
 
 
-def agent_config(port: int, min_duration_ms: int) -> str:
+def agent_config(port: int, metrics_only: bool) -> str:
+    mode = "metrics" if metrics_only else "stack"
+    exporter = "  otlp: null\n" if metrics_only else "  otlp: null\n  console: true\n"
     return f"""\
 probe_sets:
   - name: bench
     entry: ["*sys_bpf"]
     allow: [array_map_alloc_check, map_create]
-    filters:
-      min_duration_ms: {min_duration_ms}
+    mode: {mode}
 exporter:
-  otlp: null
-  console: true
-metrics:
+{exporter}metrics:
   listen: "127.0.0.1:{port}"
 logging:
   format: json
   level: warning
 """
-
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -309,10 +305,10 @@ def run_workload(calls: int, delay_ms: float) -> None:
                     "--delay-ms", str(delay_ms)], cwd=REPO, check=True, stdout=subprocess.DEVNULL)
 
 
-def measure_variant(variant: str, min_duration_ms: int, args: argparse.Namespace, tmp: Path) -> list[CpuRow]:
+def measure_variant(variant: str, metrics_only: bool, args: argparse.Namespace, tmp: Path) -> list[CpuRow]:
     port = free_port()
     cfg = tmp / f"agent-{variant}.yaml"
-    cfg.write_text(agent_config(port, min_duration_ms))
+    cfg.write_text(agent_config(port, metrics_only))
     log = (tmp / f"agent-{variant}.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "retsnoop_otel", "agent", "--config", str(cfg)], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=log)
@@ -368,10 +364,10 @@ def bpf_stats_enabled() -> Iterator[None]:
 
 
 def agent_cpu_table(args: argparse.Namespace) -> int:
-    variants = [("metrics only", ONE_HOUR_MS)] + ([("sessions to console", 0)] if args.control else [])
+    variants = [("metrics only", True)] + ([("sessions to console", False)] if args.control else [])
     with tempfile.TemporaryDirectory(dir=os.environ.get("RETSNOOP_OTEL_RWDIR")) as tmp, bpf_stats_enabled():
         try:
-            rows = [r for name, min_ms in variants for r in measure_variant(name, min_ms, args, Path(tmp))]
+            rows = [r for name, only in variants for r in measure_variant(name, only, args, Path(tmp))]
         except (RuntimeError, subprocess.CalledProcessError) as exc:
             print(f"bench/metrics_cost.py --agent-cpu: {exc}", file=sys.stderr)
             return 1

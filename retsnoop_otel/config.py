@@ -21,7 +21,7 @@ import yaml
 from .discovery import DiscoveryError, expand_glob_args, parse_glob
 from .errfilter import ErrorFilter
 
-PROBE_MODES = ("stack", "calls")
+PROBE_MODES = ("stack", "calls", "metrics")
 ATTACH_MODES = ("auto", "fentry", "kprobe", "kprobe_multi")
 PROTOCOLS = ("grpc", "http/protobuf")
 COMPRESSIONS = ("gzip", "deflate", "none")
@@ -54,7 +54,7 @@ class ProbeSetConfig:
     entry: tuple[str, ...]
     allow: tuple[str, ...] = ()
     deny: tuple[str, ...] = ()
-    mode: str = "stack"  # stack: the error chain only; calls: a span for every traced call
+    mode: str = "stack"  # stack: the error chain only; calls: a span for every traced call; metrics: no traces
     attach_mode: str = "auto"
     pids: tuple[int, ...] = ()
     no_pids: tuple[int, ...] = ()
@@ -416,8 +416,6 @@ def _exporter(ctx: _Ctx, node: yaml.Node) -> ExporterConfig:
     if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
         raise ctx.fail(m["file"], "exporter.file", f"the directory of {path} does not exist")
     console = _bool(ctx, m["console"], "exporter.console") if "console" in m else False
-    if otlp is None and path is None and not console:
-        raise ctx.fail(node, "exporter", "no exporter left: set otlp, file or console: true")
     return ExporterConfig(otlp=otlp, file=path, console=console,
                           export_addresses=_bool(ctx, m["export_addresses"], "exporter.export_addresses")
                           if "export_addresses" in m else False)
@@ -492,9 +490,15 @@ def parse_config(text: str, filename: str = "<config>") -> AgentConfig:
     if vmlinux not in (None, "auto") and not os.path.isfile(vmlinux):
         raise ctx.fail(m["vmlinux"], "vmlinux", f"{vmlinux}: no such file (give a vmlinux with DWARF, 'auto' to "
                        "search the standard places, or leave it out)")
+    probe_sets = _probe_sets(ctx, m["probe_sets"])
+    exporter = _exporter(ctx, m["exporter"]) if "exporter" in m else ExporterConfig()
+    if exporter.otlp is None and exporter.file is None and not exporter.console and any(
+            ps.mode != "metrics" for ps in probe_sets):
+        raise ctx.fail(m["exporter"], "exporter", "no exporter left for the probe sets that make traces: set otlp, "
+                       "file or console: true, or give every probe set mode: metrics")
     return AgentConfig(
-        path=filename, probe_sets=_probe_sets(ctx, m["probe_sets"]),
-        exporter=_exporter(ctx, m["exporter"]) if "exporter" in m else ExporterConfig(),
+        path=filename, probe_sets=probe_sets,
+        exporter=exporter,
         metrics=_metrics(ctx, m["metrics"]) if "metrics" in m else MetricsConfig(),
         limits=_limits(ctx, m["limits"]) if "limits" in m else Limits(),
         logging=_logging(ctx, m["logging"]) if "logging" in m else LoggingConfig(),

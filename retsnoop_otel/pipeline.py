@@ -144,11 +144,20 @@ def resolve(cfg: ProbeSetConfig, env: KernelEnv) -> discovery.Discovery:
         raise ProbeSetError(f"probe set '{cfg.name}': {exc}") from None
 
 
+METRICS_ONLY_NS = (1 << 64) - 1  # a minimum session duration nothing reaches
+
+
 def capture_config(cfg: ProbeSetConfig, mode: str, limits: Limits, cgroup_root: str = "/") -> CaptureConfig:
     try:
         cg = cgroup_id(cfg.cgroup, cgroup_root) if cfg.cgroup else 0
     except ValueError as exc:
         raise ProbeSetError(f"probe set '{cfg.name}': filters.{exc}") from None
+    if cfg.mode == "metrics":
+        # Counted in the kernel's per-CPU maps, never reported: no session reaches user space, so the
+        # agent's CPU does not grow with the call rate, and a one-page ring buffer is enough.
+        return CaptureConfig(mode=mode, emit_calls=False, capture_success=False, min_duration_ns=METRICS_ONLY_NS,
+                             pids=cfg.pids, no_pids=cfg.no_pids, comms=cfg.comms, no_comms=cfg.no_comms,
+                             cgroup_id=cg, ringbuf_size=4096, max_sessions=limits.max_sessions)
     return CaptureConfig(mode=mode, emit_calls=cfg.mode == "calls", capture_success=cfg.sampling.captures_success,
                          min_duration_ns=int(cfg.min_duration_ms * 1_000_000), pids=cfg.pids, no_pids=cfg.no_pids,
                          comms=cfg.comms, no_comms=cfg.no_comms, cgroup_id=cg, ringbuf_size=limits.ringbuf_size,

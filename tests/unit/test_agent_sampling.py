@@ -65,6 +65,10 @@ def test_capture_config_follows_mode_sampling_and_filters() -> None:
     assert cc.ringbuf_size == 1 << 20 and cc.max_sessions == 8 and cc.mode == "fentry"
     cc = capture_config(_cfg(), "kprobe", limits)
     assert not cc.emit_calls and not cc.capture_success
+    # metrics: counted in the kernel, no session ever reported (min duration out of reach), one-page ring
+    cc = capture_config(_cfg(mode="metrics", sampling=Sampling(1.0), comms=("a",)), "kprobe", limits)
+    assert not cc.emit_calls and not cc.capture_success and cc.min_duration_ns == (1 << 64) - 1
+    assert cc.ringbuf_size == 4096 and cc.comms == ("a",)
 
 
 def test_error_sessions_ignore_sampling_but_follow_the_error_filter(tmp_path) -> None:

@@ -99,7 +99,7 @@ def test_wrong_types_name_the_key_and_the_value() -> None:
     assert err("probe_sets:\n  - name: a\n    entry: 12\n") == (
         "agent.yaml:3: probe_sets[0].entry: expected a list of globs, got int 12")
     assert err(BASE + "    mode: fast\n") == (
-        "agent.yaml:4: probe_sets[0].mode: expected one of stack, calls, got string 'fast'")
+        "agent.yaml:4: probe_sets[0].mode: expected one of stack, calls, metrics, got string 'fast'")
     assert err(BASE + "limits:\n  max_sessions: many\n") == (
         "agent.yaml:5: limits.max_sessions: expected a positive integer, got string 'many'")
     assert err(BASE + "    filters: {pids: [1, x]}\n") == (
@@ -141,6 +141,9 @@ def test_names_errors_and_files() -> None:
     assert "EBOGUS" in err(BASE + "    filters: {allow_errors: [EBOGUS]}\n")
     assert "no such file" in err(BASE + "vmlinux: /no/vmlinux\n")
     assert "no exporter left" in err(BASE + "exporter: {otlp: null}\n")
+    # metrics-only probe sets need no exporter
+    cfg = parse_config(BASE + "    mode: metrics\nexporter: {otlp: null}\n", "agent.yaml")
+    assert cfg.probe_sets[0].mode == "metrics" and cfg.exporter.otlp is None
     assert err("") == "agent.yaml:1: the file is empty; it needs at least a 'probe_sets:' section"
     assert err(BASE + "  - [\n").startswith("agent.yaml:5: not valid YAML")
     assert "duplicate key" in err(BASE + "    mode: calls\n    mode: stack\n")
