@@ -25,8 +25,9 @@ const volatile __u32 comm_allow_cnt = 0;
 const volatile bool has_tgid_filter = false;
 const volatile bool has_comm_filter = false;
 const volatile __u64 cgroup_id_filter = 0;
-const volatile __u32 max_depth = MAX_FSTACK_DEPTH;
-const volatile bool capture_args = false;	/* -A: off unless asked, kernel memory can hold secrets */	/* nesting recorded per session (<= 64) */
+const volatile __u32 max_depth = MAX_FSTACK_DEPTH;	/* nesting recorded per session (<= 64) */
+const volatile bool capture_args = false;	/* -A: off unless asked, kernel memory can hold secrets */
+const volatile bool use_lbr = false;		/* --lbr: snapshot the CPU's branch records at exits */
 
 /* Set by user space once every probe is attached: no session starts half-instrumented. */
 volatile bool ready = false;
@@ -111,6 +112,24 @@ struct {
 	__type(key, __u32);
 	__type(value, struct capture_stats);
 } cap_stats SEC(".maps");
+
+/* --lbr: the snapshot each exit takes, one slot per CPU (resized to the CPU count when LBR is on). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct lbr_capture);
+} lbr_snaps SEC(".maps");
+
+/* --lbr: the snapshot kept for each session, taken where its deepest chain was (re)started.
+ * Apart from the sessions map so that sessions cost nothing extra without --lbr (resized to
+ * the sessions map's size when LBR is on). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct lbr_capture);
+} session_lbrs SEC(".maps");
 
 /* Recursion guard: our own helpers may be traced functions too (fentry fires inside BPF). */
 struct {
@@ -465,13 +484,65 @@ static __always_inline void count_call(__u32 func_id, __u64 lat, bool failed, __
 		bpf_map_update_elem(&err_stats, &ek, &one, BPF_NOEXIST);
 }
 
-static __always_inline void take_chain(void *ctx, struct session *s, int d)
+/* First thing in every exit program (each helper call before it would push our own branches out
+ * of the CPU's small LBR stack): snapshot the branches into this CPU's slot. A nested exit program
+ * (fentry on a helper we call, itself traced) would overwrite the slot; the deny list keeps our
+ * helpers out of traced sets, so that does not happen in practice. */
+static __always_inline void snap_lbr(void)
+{
+	struct lbr_capture *c;
+	__u32 cpu;
+
+	if (!use_lbr)
+		return;
+	cpu = bpf_get_smp_processor_id();
+	c = bpf_map_lookup_elem(&lbr_snaps, &cpu);
+	if (c)
+		c->sz = bpf_get_branch_snapshot(c->entries, sizeof(c->entries), 0);
+}
+
+/* The snapshot this exit took becomes the session's: retsnoop's LBR at the deepest failing return. */
+static __always_inline void keep_lbr(__u32 key, __u32 func_id, int d, __u64 now)
+{
+	__u32 cpu = bpf_get_smp_processor_id();
+	struct lbr_capture *snap = bpf_map_lookup_elem(&lbr_snaps, &cpu), *kept;
+
+	if (!snap || bpf_map_update_elem(&session_lbrs, &key, snap, BPF_ANY))
+		return;
+	kept = bpf_map_lookup_elem(&session_lbrs, &key);
+	if (!kept)
+		return;
+	kept->ts = now;
+	kept->func_id = func_id;
+	kept->depth = d;
+}
+
+static __always_inline void take_chain(void *ctx, struct session *s, int d, __u32 key, __u32 func_id, __u64 now)
 {
 	/* the live stack [0..d] becomes the chain; levels above d fill in as they return */
 	bpf_probe_read_kernel(s->chain_ids, sizeof(s->chain_ids), s->func_ids);
 	s->chain_depth = d + 1;
 	s->chain_top = d + 1;
 	s->kstack_sz = bpf_get_stack(ctx, s->kstack, sizeof(s->kstack), 0);
+	if (use_lbr)
+		keep_lbr(key, func_id, d, now);
+}
+
+static __always_inline void emit_lbr(struct session *s, __u32 key)
+{
+	struct lbr_capture *kept = bpf_map_lookup_elem(&session_lbrs, &key);
+	struct rec_session_lbr *r;
+
+	if (!kept)
+		return;
+	r = bpf_ringbuf_reserve(&rb, sizeof(*r), 0);
+	if (!r)
+		return;	/* the session end that follows still arrives, without branches */
+	r->type = REC_SESSION_LBR;
+	r->tid = s->tid;
+	r->start_ts = s->start_ts;
+	bpf_probe_read_kernel(&r->lbr, sizeof(r->lbr), kept);
+	bpf_ringbuf_submit(r, 0);
 }
 
 static __always_inline void fill_level(struct session *s, int d, __s64 res, __u64 lat)
@@ -493,6 +564,8 @@ static __always_inline void end_session(struct session *s, __u32 key, __u64 now)
 		count_into(es, lat, s->is_err);
 	if (s->defunct || !(s->is_err || capture_success) || lat < min_duration_ns)
 		goto out;
+	if (use_lbr)
+		emit_lbr(s, key);
 	r = bpf_ringbuf_reserve(&rb, sizeof(*r), 0);
 	if (!r) {
 		if (cs)
@@ -522,6 +595,8 @@ static __always_inline void end_session(struct session *s, __u32 key, __u64 now)
 	if (cs)
 		cs->sessions_reported++;
 out:
+	if (use_lbr)
+		bpf_map_delete_elem(&session_lbrs, &key);
 	bpf_map_delete_elem(&sessions, &key);
 }
 
@@ -553,6 +628,8 @@ static __always_inline void handle_exit(void *ctx, __u32 func_id, __s64 res)
 		cs = cstats();
 		if (cs)
 			cs->incomplete_sessions++;
+		if (use_lbr)
+			bpf_map_delete_elem(&session_lbrs, &key);
 		bpf_map_delete_elem(&sessions, &key);
 		return;
 	}
@@ -568,7 +645,7 @@ static __always_inline void handle_exit(void *ctx, __u32 func_id, __s64 res)
 			s->is_err = 0;	/* a fallible function succeeded: the error was handled */
 	} else if (failed || (capture_success && !s->is_err && d + 1 > s->chain_depth)) {
 		/* a new error restarts the chain here; with -S, so does a deeper call chain */
-		take_chain(ctx, s, d);
+		take_chain(ctx, s, d, key, func_id, now);
 		fill_level(s, d, res, lat);
 		if (failed)
 			s->is_err = 1;
@@ -596,6 +673,7 @@ int BPF_PROG(fexit_exit)
 {
 	__u64 ret = 0;
 
+	snap_lbr();
 	if (!enter_guard())
 		return 0;
 	bpf_get_func_ret(ctx, &ret);
@@ -617,6 +695,7 @@ int kprobe_entry(struct pt_regs *ctx)
 SEC("kretprobe")
 int kretprobe_exit(struct pt_regs *ctx)
 {
+	snap_lbr();
 	if (!enter_guard())
 		return 0;
 	handle_exit(ctx, (__u32)bpf_get_attach_cookie(ctx), (__s64)PT_REGS_RC(ctx));
@@ -637,6 +716,7 @@ int kmulti_entry(struct pt_regs *ctx)
 SEC("kretprobe.multi")
 int kmulti_exit(struct pt_regs *ctx)
 {
+	snap_lbr();
 	if (!enter_guard())
 		return 0;
 	handle_exit(ctx, (__u32)bpf_get_attach_cookie(ctx), (__s64)PT_REGS_RC(ctx));
@@ -653,3 +733,5 @@ _Static_assert(sizeof(struct capture_stats) == 40, "capture_stats layout");
 _Static_assert(sizeof(struct func_info) == 16, "func_info layout");
 _Static_assert(sizeof(struct rec_func_args) == 1616, "rec_func_args layout");
 _Static_assert(sizeof(struct arg_spec) == 16, "arg_spec layout");
+_Static_assert(sizeof(struct lbr_capture) == 784, "lbr_capture layout");
+_Static_assert(sizeof(struct rec_session_lbr) == 800, "rec_session_lbr layout");

@@ -16,6 +16,33 @@ enum rec_type {
 	REC_FUNC_EXIT = 3,
 	REC_SESSION_END = 4,
 	REC_FUNC_ARGS = 5,
+	REC_SESSION_LBR = 6,
+};
+
+#define MAX_LBR_ENTRIES 32	/* the most any CPU's last-branch stack holds */
+
+/* One record of the CPU's last-branch stack, as struct perf_branch_entry lays it out. */
+struct lbr_entry {
+	__u64 from;
+	__u64 to;
+	__u64 flags;	/* mispred/predicted/cycles/type bit-fields: passed through, not decoded */
+};
+
+/* Branches captured by bpf_get_branch_snapshot() at the exit of one traced function (--lbr). */
+struct lbr_capture {
+	__u64 ts;	/* exit time of the function whose exit took the snapshot */
+	__s32 sz;	/* bytes of entries filled, or the helper's negative error (-ENOENT: no LBR) */
+	__u16 func_id;
+	__u16 depth;
+	struct lbr_entry entries[MAX_LBR_ENTRIES];
+};
+
+/* Sent right before the REC_SESSION_END of a reported session that captured branches. */
+struct rec_session_lbr {
+	__u32 type;
+	__u32 tid;
+	__u64 start_ts;	/* matches the session end's start_ts */
+	struct lbr_capture lbr;
 };
 
 #define MAX_FUNC_ARGS 6

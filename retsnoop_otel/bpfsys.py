@@ -215,12 +215,31 @@ def perf_kprobe_open(func: str, pmu_type: int, retprobe: bool = False) -> int:
     return perf_event_open(attr, pid=-1, cpu=0)
 
 
-def perf_lbr_open(cpu: int = 0) -> int:
-    """A CPU-cycles event that records kernel branch stacks (LBR), as retsnoop --lbr opens per CPU."""
+def perf_lbr_open(cpu: int = 0, branch_types: int = PERF_SAMPLE_BRANCH_KERNEL | PERF_SAMPLE_BRANCH_ANY_RETURN) -> int:
+    """A CPU-cycles event that records kernel branch stacks (LBR) of the given perf branch types.
+
+    While one is open on a CPU, the kernel keeps that CPU's LBR running, which is what lets
+    bpf_get_branch_snapshot() read it from a BPF program.
+    """
     attr = PerfEventAttr(type=PERF_TYPE_HARDWARE, config=PERF_COUNT_HW_CPU_CYCLES,
-                         sample_type=PERF_SAMPLE_BRANCH_STACK,
-                         branch_sample_type=PERF_SAMPLE_BRANCH_KERNEL | PERF_SAMPLE_BRANCH_ANY_RETURN)
+                         sample_type=PERF_SAMPLE_BRANCH_STACK, branch_sample_type=branch_types)
     return perf_event_open(attr, pid=-1, cpu=cpu)
+
+
+def parse_cpu_list(text: str) -> list[int]:
+    """'0-3,5' (the format of /sys/devices/system/cpu/online) -> [0, 1, 2, 3, 5]."""
+    cpus: list[int] = []
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        cpus.extend(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def online_cpus(root: str = "/") -> list[int]:
+    with open(os.path.join(root, "sys/devices/system/cpu/online")) as f:
+        return parse_cpu_list(f.read())
 
 
 def perf_set_bpf(event_fd: int, prog_fd: int) -> None:

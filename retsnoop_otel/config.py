@@ -64,6 +64,7 @@ class ProbeSetConfig:
     min_duration_ms: float = 0.0
     errors: ErrorFilter = field(default_factory=ErrorFilter)
     sampling: Sampling = field(default_factory=Sampling)
+    lbr_branch_types: int = 0  # `lbr: SPEC`: perf branch types snapshotted at the deepest failing return
 
 
 @dataclass(frozen=True)
@@ -288,7 +289,28 @@ def _sampling(ctx: _Ctx, node: yaml.Node, key: str) -> Sampling:
 
 
 _FILTER_KEYS = ("pids", "no_pids", "comms", "no_comms", "cgroup", "min_duration_ms", "allow_errors", "deny_errors")
-_SET_KEYS = ("name", "entry", "allow", "deny", "mode", "attach_mode", "filters", "sampling")
+_SET_KEYS = ("name", "entry", "allow", "deny", "mode", "attach_mode", "filters", "sampling", "lbr")
+
+
+def _lbr(ctx: _Ctx, node: yaml.Node, key: str, mode: str) -> int:
+    """`lbr: true` (any_return), or the --lbr specs as a string ('any_return', 'any,cond', '0x20')."""
+    from .lbr import LbrError, parse_specs
+    if not isinstance(node, yaml.ScalarNode):
+        raise ctx.fail(node, key, f"expected true, false or branch types such as 'any_return', got {_got(ctx, node)}")
+    value = ctx.value(node)
+    if value is False or value is None:
+        return 0
+    if mode == "metrics":
+        raise ctx.fail(node, key, "branch records travel with reported sessions: use mode stack or calls, "
+                       "or drop 'lbr'")
+    if value is True:
+        return parse_specs([])
+    if not isinstance(value, str):
+        raise ctx.fail(node, key, f"expected true, false or branch types such as 'any_return', got {_got(ctx, node)}")
+    try:
+        return parse_specs([value])
+    except LbrError as exc:
+        raise ctx.fail(node, key, str(exc).replace("--lbr value", "branch type")) from None
 
 
 def _probe_set(ctx: _Ctx, node: yaml.Node, key: str, name: str | None) -> ProbeSetConfig:
@@ -334,7 +356,9 @@ def _probe_set(ctx: _Ctx, node: yaml.Node, key: str, name: str | None) -> ProbeS
         min_duration_ms=_number(ctx, f["min_duration_ms"], f"{fk}.min_duration_ms", 0) if "min_duration_ms" in f
         else 0.0,
         errors=errors,
-        sampling=_sampling(ctx, m["sampling"], f"{key}.sampling") if "sampling" in m else Sampling())
+        sampling=_sampling(ctx, m["sampling"], f"{key}.sampling") if "sampling" in m else Sampling(),
+        lbr_branch_types=_lbr(ctx, m["lbr"], f"{key}.lbr", ctx.value(m["mode"]) if "mode" in m else "stack")
+        if "lbr" in m else 0)
 
 
 def _probe_sets(ctx: _Ctx, node: yaml.Node) -> tuple[ProbeSetConfig, ...]:

@@ -8,9 +8,11 @@ inside the tracing machinery after the deepest traced function returned.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import errno
+from collections.abc import Callable, Mapping, Sequence
 
+from .errnos import errno_name
+from .model import Branch, LbrCapture, Session, TracedFunc
 from .symbolize import Frame, Symbolizer
 
 # enum perf_branch_sample_type (uapi linux/perf_event.h)
@@ -56,12 +58,6 @@ def require_lbr(available: bool, detail: str) -> None:
     if not available:
         raise LbrError(f"--lbr needs last branch records, but {detail}: run without --lbr, or on a machine "
                        "whose CPU exposes LBR to this kernel (bare metal or a VM with LBR passthrough)")
-
-
-@dataclass(frozen=True, slots=True)
-class Branch:
-    src: int
-    dst: int
 
 
 def relevant(records: Sequence[Branch], func_addr: int, func_size: int) -> tuple[list[Branch], bool]:
@@ -114,3 +110,43 @@ def render_lbr(records: Sequence[Branch], symbolizer: Symbolizer, func_addr: int
     if not filtered and records:
         lines.append("[LBR] No relevant LBR data were captured, showing unfiltered LBR stack!")
     return "\n".join(lines) + ("\n" if lines else "")
+
+
+def render_session_lbr(session: Session, funcs: Mapping[int, TracedFunc], symbolizer: Symbolizer,
+                       max_count: int = 0) -> str:
+    """The LBR block of one session (empty without --lbr): retsnoop prints it between the call table
+    and the stack."""
+    cap = session.lbr
+    if cap is None:
+        return ""
+    if cap.error:
+        name = errno_name(cap.error) or str(cap.error)
+        why = " (this CPU keeps no last branch records)" if cap.error == errno.ENOENT else ""
+        return f"[LBR] failed to capture branch records: -{name}{why}\n"
+    if not cap.branches:
+        return "[LBR] no branch records were captured\n"
+    func = funcs.get(cap.func_id)
+    addr, size = (func.addr, func.size) if func is not None else (0, 0)
+    return render_lbr(cap.branches, symbolizer, addr, size, max_count)
+
+
+def export_lbr(cap: LbrCapture, func: TracedFunc | None, describe: Callable[[int], str] | None,
+               export_addresses: bool) -> list[str]:
+    """`from -> to` strings for the retsnoop.lbr span attribute: the relevant records, oldest first.
+
+    Without a symbolizer only --export-addresses allows the raw addresses (they reveal KASLR); an
+    address no symbol covers is shown as [unknown] unless addresses may be exported.
+    """
+    kept, _ = relevant(cap.branches, func.addr if func else 0, func.size if func else 0)
+
+    def side(addr: int) -> str:
+        if describe is None:
+            return f"0x{addr:x}"
+        text = describe(addr)
+        if export_addresses:
+            return text if text.startswith("0x") else f"0x{addr:x} {text}"
+        return "[unknown]" if text.startswith("0x") else text
+
+    if describe is None and not export_addresses:
+        return []
+    return [f"{side(b.src)} -> {side(b.dst)}" for b in reversed(kept)]

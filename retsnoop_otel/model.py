@@ -142,6 +142,26 @@ class Call:
 
 
 @dataclass(frozen=True, slots=True)
+class Branch:
+    """One last-branch record: a taken branch from `src` to `dst` (kernel addresses)."""
+
+    src: int
+    dst: int
+
+
+@dataclass(frozen=True, slots=True)
+class LbrCapture:
+    """The CPU's last-branch stack, snapshotted at the exit of the function where the session's
+    deepest chain starts (the deepest failing return, or with -S the deepest return)."""
+
+    func_id: int
+    depth: int  # call depth of that function in the session (0 = the entry function)
+    exit_ns: int  # boot clock: when that function returned
+    branches: tuple[Branch, ...]  # newest first, as captured
+    error: int = 0  # positive errno when the snapshot failed (ENOENT: no LBR on this CPU)
+
+
+@dataclass(frozen=True, slots=True)
 class StackEntry:
     """One level of the deepest (error) call chain kept by the kernel, outermost first."""
 
@@ -168,6 +188,7 @@ class Session:
     cpu: int = 0
     cgroup_id: int = 0
     calls_cut: int = 0  # calls left out of `calls` by the per-session cap
+    lbr: LbrCapture | None = None  # --lbr
 
     @property
     def entry_func_id(self) -> int | None:

@@ -159,13 +159,18 @@ def session_to_spans(session: Session, funcs: FuncTable, offset_ns: int, resourc
         base, status = results.get(entry_id, root_raw)
         attrs, name = dict(base), lookup_func(funcs, entry_id).name
     attrs.update(session_attrs(session, symbolize, export_addresses))
+    lbr = lbr_attrs(session, funcs, symbolize, export_addresses)
+    lbr_at = lbr_call(session) if session.calls else None
+    if lbr and session.lbr is not None and session.lbr.depth == 0:
+        attrs.update(lbr)  # the entry function's own exit took it: the root span stands for that call
+        lbr = {}
     root_ctx = b.context()
     b.add(name, root_ctx, None, root_start, root_end, attrs, status)
 
     if session.calls:
-        _add_calls(b, results, funcs, top, root_ctx, root_end)
+        _add_calls(b, results, funcs, top, root_ctx, root_end, lbr_at, lbr)
     else:
-        _add_chain(b, results, funcs, session, root_ctx, root_start, root_end)
+        _add_chain(b, results, funcs, session, root_ctx, root_start, root_end, lbr)
     if b.dropped:
         attrs["retsnoop.spans_dropped"] = b.dropped  # the root span holds this very dict
     return b.spans
@@ -212,13 +217,45 @@ def session_attrs(session: Session, symbolize: Callable[[int], str] | None, expo
     return attrs
 
 
+def lbr_attrs(session: Session, funcs: FuncTable, symbolize: Callable[[int], str] | None,
+              export_addresses: bool) -> Attrs:
+    """--lbr: the branch records as `retsnoop.lbr` (relevant ones, oldest first), or why there are none."""
+    from .errnos import errno_name
+    from .lbr import export_lbr
+    cap = session.lbr
+    if cap is None:
+        return {}
+    if cap.error:
+        return {"retsnoop.lbr_error": errno_name(cap.error) or f"E{cap.error}"}
+    entries = export_lbr(cap, lookup_func(funcs, cap.func_id), symbolize, export_addresses)
+    return {"retsnoop.lbr": entries} if entries else {}
+
+
+def lbr_call(session: Session) -> Call | None:
+    """The call whose exit took the session's LBR snapshot, found by depth and exit time."""
+    cap = session.lbr
+    if cap is None:
+        return None
+    level = session.calls
+    for depth in range(cap.depth + 1):
+        here = [c for c in level if c.depth == depth and c.start_ns <= cap.exit_ns
+                and (c.end_ns is None or c.end_ns >= cap.exit_ns)]
+        if not here:
+            return None
+        call = here[-1]
+        if depth == cap.depth:
+            return call if call.func_id == cap.func_id and call.end_ns == cap.exit_ns else None
+        level = call.children
+    return None
+
+
 def _no_address(frame: str, addr: int) -> str:
     """Symbolizers print the bare address when no symbol covers it; that would leak the KASLR offset."""
     return "[unknown]" if f"{addr:x}" in frame.lower() else frame
 
 
 def _add_calls(b: _Builder, results: _ResultAttrs, funcs: FuncTable, top: list[Call], root_ctx: SpanContext,
-               root_end: int) -> None:
+               root_end: int, lbr_at: Call | None = None, lbr: Attrs | None = None) -> None:
     # Iterative pre-order walk: kernel call trees can be deep, and parents must precede children.
     stack: list[tuple[Call, SpanContext, int]] = [(c, root_ctx, root_end) for c in reversed(top)]
     while stack:
@@ -229,6 +266,8 @@ def _add_calls(b: _Builder, results: _ResultAttrs, funcs: FuncTable, top: list[C
         attrs, status = results.get(call.func_id, call.result if call.end_ns is not None else None)
         if call.missing_before:
             attrs = {**attrs, "retsnoop.records_lost_before": call.missing_before}
+        if lbr and call is lbr_at:
+            attrs = {**attrs, **lbr}
         start = call.start_ns + b.offset_ns
         end = call.end_ns + b.offset_ns if call.end_ns is not None else max(parent_end, start)
         ctx = b.context()
@@ -246,9 +285,10 @@ def count_calls(calls: list[Call]) -> int:
 
 
 def _add_chain(b: _Builder, results: _ResultAttrs, funcs: FuncTable, session: Session, root_ctx: SpanContext,
-               root_start: int, root_end: int) -> None:
+               root_start: int, root_end: int, lbr: Attrs | None = None) -> None:
     parent_ctx, parent_start, parent_end = root_ctx, root_start, root_end
-    for level in session.chain[1:]:
+    lbr_depth = session.lbr.depth if session.lbr is not None and lbr else -1
+    for depth, level in enumerate(session.chain[1:], start=1):
         if len(b.spans) >= b.max_spans:
             b.dropped += 1
             continue
@@ -259,7 +299,7 @@ def _add_chain(b: _Builder, results: _ResultAttrs, funcs: FuncTable, session: Se
             start = max(parent_start, parent_end - level.latency_ns)
             end = parent_end
             attrs, status = results.get(level.func_id, level.result)
-        attrs = {**attrs, "retsnoop.start_estimated": True}
+        attrs = {**attrs, "retsnoop.start_estimated": True, **(lbr if depth == lbr_depth and lbr else {})}
         ctx = b.context()
         b.add(lookup_func(funcs, level.func_id).name, ctx, parent_ctx, start, end, attrs, status)
         parent_ctx, parent_start, parent_end = ctx, start, end

@@ -44,6 +44,8 @@ from .otlp import (
     FuncTable,
     count_calls,
     func_attrs,
+    lbr_attrs,
+    lbr_call,
     lookup_func,
     return_attrs,
     session_attrs,
@@ -270,10 +272,14 @@ class SpanEncoder:
         root_id = self._span_id()
         root_start, root_end = session.start_ns + offset_ns, session.end_ns + offset_ns
         top, root_raw = split_root(session)
+        lbr = lbr_attrs(session, self.funcs, self.symbolize, self.export_addresses) if session.lbr else {}
+        lbr_root = bool(lbr) and session.lbr is not None and session.lbr.depth == 0
         if session.calls:
-            dropped = self._calls(spans, trace_field, top, root_id, root_end, offset_ns)
+            dropped = self._calls(spans, trace_field, top, root_id, root_end, offset_ns,
+                                  lbr_call(session) if lbr and not lbr_root else None, lbr)
         else:
-            dropped = self._chain(spans, trace_field, session, root_id, root_start, root_end)
+            dropped = self._chain(spans, trace_field, session, root_id, root_start, root_end,
+                                  {} if lbr_root else lbr)
 
         entry_id = session.entry_func_id
         if entry_id is None:
@@ -281,6 +287,8 @@ class SpanEncoder:
         else:
             const = self._constant(entry_id, root_raw)[1]
         extra: Attrs = session_attrs(session, self.symbolize, self.export_addresses)
+        if lbr_root:
+            extra.update(lbr)
         if dropped:
             extra["retsnoop.spans_dropped"] = dropped
         body = (trace_field + _ROOT_IDS_TIMES.pack(_SPAN_ID_TAG, root_id, _START_TAG, root_start, _END_TAG, root_end)
@@ -289,7 +297,7 @@ class SpanEncoder:
         return EncodedTrace(self.envelope, spans, dropped, trace_id)
 
     def _calls(self, spans: list[bytes], trace_field: bytes, top: list[Call], root_id: int, root_end: int,
-               offset: int) -> int:
+               offset: int, lbr_at: Call | None = None, lbr: Attrs | None = None) -> int:
         """Appends the call tree below the root; returns how many calls the span limit left out."""
         # Iterative pre-order walk: kernel call trees can be deep, and parents must precede children.
         stack: list[tuple[Call, int, int]] = [(c, root_id, root_end) for c in reversed(top)]
@@ -308,10 +316,12 @@ class SpanEncoder:
             end = end + offset if end is not None else max(parent_end, start)
             sid = random64() or new_id()
             ids_times = pack(_SPAN_ID_TAG, sid, _PARENT_TAG, parent, _START_TAG, start, _END_TAG, end)
-            if call.missing_before or (call.args and self.format_args is not None):
+            if call.missing_before or (call.args and self.format_args is not None) or call is lbr_at:
                 attrs: Attrs = {_RECORDS_LOST: call.missing_before} if call.missing_before else {}
                 if call.args and self.format_args is not None:
                     attrs["retsnoop.args"] = self.format_args(call.func_id, call.args)
+                if call is lbr_at and lbr:
+                    attrs.update(lbr)
                 extra = _key_values(9, attrs)
                 append(b"".join((_SPANS_TAG, _varint(size + len(extra)), trace_field, ids_times, const, extra)))
             else:
@@ -322,11 +332,12 @@ class SpanEncoder:
         return dropped
 
     def _chain(self, spans: list[bytes], trace_field: bytes, session: Session, root_id: int, root_start: int,
-               root_end: int) -> int:
+               root_end: int, lbr: Attrs | None = None) -> int:
         """The error chain as nested spans right-aligned in their parents (see otlp's module doc)."""
         parent, parent_start, parent_end = root_id, root_start, root_end
         dropped = 0
-        for level in session.chain[1:]:
+        lbr_depth = session.lbr.depth if lbr and session.lbr is not None else -1
+        for depth, level in enumerate(session.chain[1:], start=1):
             if len(spans) >= self.max_spans:
                 dropped += 1
                 continue
@@ -338,7 +349,8 @@ class SpanEncoder:
                 const = self._constant(level.func_id, level.result)[1]
             sid = self._span_id()
             body = (trace_field + _IDS_TIMES.pack(_SPAN_ID_TAG, sid, _PARENT_TAG, parent, _START_TAG, start,
-                                                  _END_TAG, end) + const + _ESTIMATED)
+                                                  _END_TAG, end) + const + _ESTIMATED
+                    + (_key_values(9, lbr) if depth == lbr_depth and lbr else b""))
             spans.append(_SPANS_TAG + _varint(len(body)) + body)
             parent, parent_start, parent_end = sid, start, end
         return dropped

@@ -74,6 +74,7 @@ class KernelEnv:
     symbolizer: object  # symbolize.Symbolizer
     resolve_source_glob: Callable[[str], set[str]] | None = None
     close: Callable[[], None] = _nothing
+    lbr_missing: str = ""  # why LBR capture cannot work here ("" = it can)
 
 
 def load_kernel_env(vmlinux: str | None, root: str = "/") -> KernelEnv:
@@ -114,9 +115,14 @@ def load_kernel_env(vmlinux: str | None, root: str = "/") -> KernelEnv:
             source = LlvmSymbolizer(path, kaslr_offset(path, ksyms.stext))  # type: ignore[arg-type]
             symbolizer = DwarfSymbolizer(ksyms, source)
             close = source.close
+    lbr_missing = ""
+    if not feats.lbr.available:
+        lbr_missing = f"opening a branch-stack perf event was {feats.lbr.detail}"
+    elif not feats.branch_snapshot.available:
+        lbr_missing = f"this kernel {feats.branch_snapshot.why}"
     return KernelEnv(ksyms=ksyms, available=available, ret_kind=ret_kinds, btf_func_id=ret_kinds.func_id,
                      auto_mode=features.choose_mode(feats), check_mode=check_mode, symbolizer=symbolizer,
-                     resolve_source_glob=resolve, close=close)
+                     resolve_source_glob=resolve, close=close, lbr_missing=lbr_missing)
 
 
 def cgroup_id(path: str, root: str = "/") -> int:
@@ -137,6 +143,9 @@ def resolve(cfg: ProbeSetConfig, env: KernelEnv) -> discovery.Discovery:
         env.check_mode(mode)
     except SetupError as exc:
         raise ProbeSetError(f"probe set '{cfg.name}' (attach_mode: {cfg.attach_mode}): {exc}") from None
+    if cfg.lbr_branch_types and env.lbr_missing:
+        raise ProbeSetError(f"probe set '{cfg.name}': 'lbr' needs last branch records, but {env.lbr_missing}: "
+                            "remove 'lbr' from this probe set, or run on a CPU that exposes LBR")
     try:
         return discovery.discover(cfg.entry, cfg.allow, cfg.deny, env.ksyms, env.available,  # type: ignore[arg-type]
                                   env.ret_kind, mode, resolve_source_glob=env.resolve_source_glob)
@@ -161,7 +170,7 @@ def capture_config(cfg: ProbeSetConfig, mode: str, limits: Limits, cgroup_root: 
     return CaptureConfig(mode=mode, emit_calls=cfg.mode == "calls", capture_success=cfg.sampling.captures_success,
                          min_duration_ns=int(cfg.min_duration_ms * 1_000_000), pids=cfg.pids, no_pids=cfg.no_pids,
                          comms=cfg.comms, no_comms=cfg.no_comms, cgroup_id=cg, ringbuf_size=limits.ringbuf_size,
-                         max_sessions=limits.max_sessions)
+                         max_sessions=limits.max_sessions, lbr_branch_types=cfg.lbr_branch_types)
 
 
 class SuccessSampler:

@@ -20,6 +20,8 @@ REC_FUNC_ENTRY = 2
 REC_FUNC_EXIT = 3
 REC_SESSION_END = 4
 REC_FUNC_ARGS = 5
+REC_SESSION_LBR = 6
+MAX_LBR_ENTRIES = 32
 MAX_FUNC_ARGS = 6
 MAX_ARG_DATA = 256
 ARG_KIND_SHIFT = 12
@@ -39,6 +41,11 @@ CAPTURE_STATS = struct.Struct("<QQQQQ")
 FUNC_ARGS_HEAD = struct.Struct(f"<IIIHH{MAX_FUNC_ARGS}Q{MAX_FUNC_ARGS}h2x2x")
 FUNC_ARGS_SIZE = FUNC_ARGS_HEAD.size + MAX_FUNC_ARGS * MAX_ARG_DATA
 ARG_SPEC = struct.Struct(f"<{MAX_FUNC_ARGS}H2x2x")
+LBR_ENTRY = struct.Struct("<QQQ")  # from, to, flags (struct perf_branch_entry)
+LBR_CAPTURE_HEAD = struct.Struct("<QiHH")  # ts, sz, func_id, depth; MAX_LBR_ENTRIES entries follow
+LBR_CAPTURE_SIZE = LBR_CAPTURE_HEAD.size + MAX_LBR_ENTRIES * LBR_ENTRY.size
+SESSION_LBR_HEAD = struct.Struct("<IIQ")  # type, tid, start_ts; an lbr_capture follows
+SESSION_LBR_SIZE = SESSION_LBR_HEAD.size + LBR_CAPTURE_SIZE
 
 
 def _comm(raw: bytes) -> str:
@@ -99,7 +106,31 @@ class FuncArgsRec:
     data: tuple[bytes | None, ...]  # pointed-to bytes / string per argument, None when not captured
 
 
-Record = SessionStartRec | FuncTraceRec | SessionEndRec | FuncArgsRec
+@dataclass(frozen=True, slots=True)
+class SessionLbrRec:
+    """Branch records a session kept (--lbr): sent right before its SessionEndRec."""
+
+    tid: int
+    start_ts: int
+    ts: int  # exit time of the function whose exit took the snapshot
+    func_id: int
+    depth: int
+    error: int  # 0, or the positive errno bpf_get_branch_snapshot failed with (ENOENT: no LBR)
+    branches: tuple[tuple[int, int], ...]  # (from, to), newest first, as the CPU keeps them
+
+
+Record = SessionStartRec | FuncTraceRec | SessionEndRec | FuncArgsRec | SessionLbrRec
+
+
+def decode_lbr_capture(data: bytes, offset: int = 0) -> tuple[int, int, int, int, tuple[tuple[int, int], ...]]:
+    """(ts, func_id, depth, error, branches) of a struct lbr_capture."""
+    ts, sz, func_id, depth = LBR_CAPTURE_HEAD.unpack_from(data, offset)
+    if sz < 0:
+        return ts, func_id, depth, -sz, ()
+    n = min(sz // LBR_ENTRY.size, MAX_LBR_ENTRIES)
+    base = offset + LBR_CAPTURE_HEAD.size
+    branches = tuple(LBR_ENTRY.unpack_from(data, base + i * LBR_ENTRY.size)[:2] for i in range(n))
+    return ts, func_id, depth, 0, branches
 
 
 def decode(data: bytes) -> Record:
@@ -116,6 +147,12 @@ def decode(data: bytes) -> Record:
         blobs = tuple(data[base + i * MAX_ARG_DATA:base + i * MAX_ARG_DATA + ln] if ln > 0 else None
                       for i, ln in enumerate(lens))
         return FuncArgsRec(v[1], v[2], v[3], v[4], tuple(v[5:5 + n]), blobs)
+    if rtype == REC_SESSION_LBR:
+        if len(data) < SESSION_LBR_SIZE:
+            raise ValueError(f"short LBR record ({len(data)} bytes)")
+        _, tid, start_ts = SESSION_LBR_HEAD.unpack_from(data)
+        ts, func_id, depth, error, branches = decode_lbr_capture(data, SESSION_LBR_HEAD.size)
+        return SessionLbrRec(tid, start_ts, ts, func_id, depth, error, branches)
     if rtype == REC_SESSION_START:
         _, tid, tgid, cpu, ts, comm, pcomm = SESSION_START.unpack_from(data)
         return SessionStartRec(tid, tgid, cpu, ts, _comm(comm), _comm(pcomm))

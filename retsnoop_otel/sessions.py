@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from .model import ArgValue, Call, Session, StackEntry
-from .records import FuncArgsRec, FuncTraceRec, Record, SessionEndRec, SessionStartRec
+from .model import ArgValue, Branch, Call, LbrCapture, Session, StackEntry
+from .records import FuncArgsRec, FuncTraceRec, Record, SessionEndRec, SessionLbrRec, SessionStartRec
 
 # Calls kept per session: a verifier run can make hundreds of thousands of traced calls, and each
 # kept Call costs memory until the session is printed or exported. The rest are counted (calls_cut).
@@ -77,8 +77,15 @@ class SessionAssembler:
         self._max_open = max_open
         self._max_calls = max_calls
         self.evicted = 0
+        self._lbrs: OrderedDict[int, SessionLbrRec] = OrderedDict()  # by tid, until the session end
 
     def feed(self, rec: Record) -> Session | None:
+        if isinstance(rec, SessionLbrRec):
+            self._lbrs.pop(rec.tid, None)
+            self._lbrs[rec.tid] = rec
+            while len(self._lbrs) > self._max_open:
+                self._lbrs.popitem(last=False)
+            return None
         if isinstance(rec, FuncArgsRec):
             tree = self._open.get(rec.tid)
             if tree is not None and tree.stack and tree.stack[-1].seq == rec.seq:
@@ -107,6 +114,11 @@ class SessionAssembler:
             calls = tree.roots
             missing = tree.missing + max(0, rec.last_seq - tree.next_seq)
             cut = tree.cut
+        lbr = None
+        lrec = self._lbrs.pop(rec.tid, None)
+        if lrec is not None and lrec.start_ts == rec.start_ts:
+            lbr = LbrCapture(lrec.func_id, lrec.depth, lrec.ts, tuple(Branch(a, b) for a, b in lrec.branches),
+                             lrec.error)
         chain = []
         for level in range(rec.chain_depth):
             known = level >= rec.chain_top
@@ -116,4 +128,4 @@ class SessionAssembler:
             tid=rec.tid, pid=rec.tgid, comm=rec.comm, proc_comm=rec.proc_comm, start_ns=rec.start_ts,
             end_ns=rec.end_ts, is_err=rec.is_err, chain=chain, kstack=list(rec.kstack), calls=calls,
             dropped_records=max(rec.dropped_records, missing), cpu=rec.cpu, cgroup_id=rec.cgroup_id,
-            calls_cut=cut)
+            calls_cut=cut, lbr=lbr)

@@ -174,7 +174,8 @@ def _check_globs(opts: TraceOptions) -> None:
 
 
 def _check_lbr(feats: object) -> None:
-    """--lbr is refused before anything loads: no LBR here, or (with LBR) no kernel-side capture yet."""
+    """--lbr is refused before anything loads where the CPU keeps no branch records or the kernel
+    cannot snapshot them from BPF (retsnoop silently drops LBR there; a user who asked should know)."""
     from .lbr import LbrError, require_lbr
     lbr, snapshot = feats.lbr, feats.branch_snapshot  # type: ignore[attr-defined]
     try:
@@ -182,8 +183,6 @@ def _check_lbr(feats: object) -> None:
         require_lbr(snapshot.available, f"this kernel {snapshot.why}")
     except LbrError as exc:
         raise SetupError(str(exc)) from None
-    raise SetupError("--lbr: this CPU has LBR, but retsnoop-otel does not capture branch records in the "
-                     "kernel yet (only their rendering exists): run without --lbr")
 
 
 def _run(opts: TraceOptions, out: TextIO, err: TextIO) -> int:
@@ -249,7 +248,8 @@ def _run(opts: TraceOptions, out: TextIO, err: TextIO) -> int:
                         capture_success=opts.success,
                         min_duration_ns=opts.min_duration_ns, pids=opts.pids, no_pids=opts.no_pids,
                         comms=opts.comms, no_comms=opts.no_comms, cgroup_id=cgroup_id,
-                        ringbuf_size=opts.ringbuf_size, max_sessions=opts.sessions_size)
+                        ringbuf_size=opts.ringbuf_size, max_sessions=opts.sessions_size,
+                        lbr_branch_types=opts.lbr_flags or 0)
     tracer = Tracer(disc.funcs, cfg, btf_func_id=ret_kinds.func_id, arg_specs=arg_specs)
     sinks = _Sinks(opts, funcs, symbolizer, out, err, fmt_args=sinks_args, export_args=export_args)
     stop = _install_stop_handlers()
@@ -397,18 +397,31 @@ class _Sinks:
         """retsnoop's order: the call table (-T), then the stack (default, or -E with -T)."""
         from .render import render_header, render_stack
         from .render_calls import render_calls, render_chain_args
+        lbr = self._lbr(session)
         if not self.opts.calls:
             text = render_stack(session, self.funcs, self.symbolizer, self.offset_ns)
+            if lbr:
+                head, _, rows = text.partition("\n\n")
+                text = head + "\n\n" + lbr + "\n" + rows
             if self.fmt_args is not None and session.calls:
                 text = text.rstrip("\n") + "\n\n" + render_chain_args(session, self.funcs, self.fmt_args) + "\n"
             return text
         parts = [render_header(session, self.offset_ns) + "\n\n", render_calls(session, self.funcs, self.fmt_args)]
+        if lbr:
+            parts.append("\n" + lbr)
         if self.opts.call_stack:
             stack = render_stack(session, self.funcs, self.symbolizer, self.offset_ns)
             parts.append("\n" + stack.split("\n", 2)[2] if stack.count("\n") >= 2 else stack)
         else:
             parts.append("\n\n")
         return "".join(parts)
+
+    def _lbr(self, session: Session) -> str:
+        if session.lbr is None:
+            return ""
+        from .lbr import render_session_lbr
+        return render_session_lbr(session, self.funcs, self.symbolizer,  # type: ignore[arg-type]
+                                  self.opts.lbr_max_count or 0)
 
     def close(self) -> None:
         if self.trace_json is not None:
@@ -430,4 +443,16 @@ def _session_json(session: Session, funcs: dict[int, TracedFunc], offset_ns: int
                       "error": error_type(e.result, f.ret) if e.latency_ns is not None else None})
     return {"tid": session.tid, "pid": session.pid, "comm": session.comm, "proc_comm": session.proc_comm,
             "start_ns": session.start_ns + offset_ns, "end_ns": session.end_ns + offset_ns,
-            "is_err": session.is_err, "chain": chain, "dropped_records": session.dropped_records}
+            "is_err": session.is_err, "chain": chain, "dropped_records": session.dropped_records,
+            **({"lbr": _lbr_json(session, funcs)} if session.lbr is not None else {})}
+
+
+def _lbr_json(session: Session, funcs: dict[int, TracedFunc]) -> dict[str, object]:
+    """Raw branch pairs for scripts (this output stays on the host, like the text view)."""
+    from .errnos import errno_name
+    cap = session.lbr
+    assert cap is not None
+    func = funcs.get(cap.func_id)
+    return {"function": func.name if func else None, "depth": cap.depth,
+            "error": (errno_name(cap.error) or f"E{cap.error}") if cap.error else None,
+            "branches": [{"from": f"0x{b.src:x}", "to": f"0x{b.dst:x}"} for b in cap.branches]}

@@ -60,6 +60,8 @@ class CaptureConfig:
     capture_args: bool = False  # -A; needs emit_calls (arguments travel with the per-call records)
     exclude_self: bool = True  # our own bpf() calls (map reads at scrape time) are not the user's
     uprobe_binary: str = ""  # mode 'uprobe' only: the ELF file whose functions are traced
+    lbr_branch_types: int = 0  # --lbr: perf branch_sample_type of the LBR events; 0 = no LBR capture
+    lbr_perf_events: bool = True  # open the per-CPU LBR perf events (tests on CPUs without LBR: False)
 
 
 @dataclass
@@ -86,6 +88,7 @@ class Tracer:
         self._links: list[lb.Link] = []
         self._prog_fds: list[tuple[str, int]] = []  # fentry clones: (template program name, fd)
         self._rb: lb.RingBuffer | None = None
+        self._lbr_fds: list[int] = []
         self._obj: lb.BpfObject | None = None
         self._ncpus = lb.num_possible_cpus()
         self._name_count: dict[str, int] = {}
@@ -125,6 +128,7 @@ class Tracer:
             "cgroup_id_filter": struct.pack("<Q", cfg.cgroup_id),
             "capture_args": struct.pack("<?", cfg.capture_args and cfg.emit_calls),
             "max_depth": struct.pack("<I", min(max(cfg.max_depth, 1), records.MAX_FSTACK_DEPTH)),
+            "use_lbr": struct.pack("<?", bool(cfg.lbr_branch_types)),
         }
         for name, raw in values.items():
             off, size = layout[name]
@@ -137,6 +141,9 @@ class Tracer:
         obj.map("arg_specs").set_max_entries(n)
         obj.map("rb").set_max_entries(_ringbuf_size(cfg.ringbuf_size))
         obj.map("sessions").set_max_entries(cfg.max_sessions)
+        # without --lbr the LBR maps keep one entry each: no memory for a feature that is off
+        obj.map("lbr_snaps").set_max_entries(self._ncpus if cfg.lbr_branch_types else 1)
+        obj.map("session_lbrs").set_max_entries(cfg.max_sessions if cfg.lbr_branch_types else 1)
         entry_prog, exit_prog = _MODE_PROGRAMS[cfg.mode]
         for progs in set(_MODE_PROGRAMS.values()):
             for name in progs:
@@ -181,6 +188,7 @@ class Tracer:
         report = AttachReport()
         t0 = time.monotonic()
         try:
+            self._open_lbr_events()
             if self.config.mode == "kprobe_multi":
                 self._attach_multi(report)
             else:
@@ -204,6 +212,19 @@ class Tracer:
         self._set_ready()
         report.attach_ms = (time.monotonic() - t0) * 1000
         return report
+
+    def _open_lbr_events(self) -> None:
+        """One branch-stack perf event per online CPU keeps its LBR recording while we are attached."""
+        if not (self.config.lbr_branch_types and self.config.lbr_perf_events) or self._lbr_fds:
+            return
+        from . import bpfsys
+        for cpu in bpfsys.online_cpus():
+            try:
+                self._lbr_fds.append(bpfsys.perf_lbr_open(cpu, self.config.lbr_branch_types))
+            except OSError as exc:
+                raise lb.LibbpfError(f"LBR capture: opening the branch-stack perf event of CPU {cpu} failed "
+                                     "(this CPU or hypervisor exposes no last branch records: turn LBR "
+                                     "capture off)", exc.errno or errno.EOPNOTSUPP) from None
 
     def _set_ready(self) -> None:
         assert self._obj is not None
@@ -359,6 +380,9 @@ class Tracer:
         self.detach_links()
         fds, self._prog_fds = self._prog_fds, []
         for _name, fd in fds:
+            os.close(fd)
+        lbr_fds, self._lbr_fds = self._lbr_fds, []
+        for fd in lbr_fds:
             os.close(fd)
 
     def close(self) -> None:

@@ -219,3 +219,25 @@ def test_call_records_leave_room_for_the_session_end_record(simkern):
     assert f"missing {s.dropped_records} records" in table or "‼ ... missing" in table, table
     kept = sum(1 for _ in _walk(s.calls))
     assert 0 < kept < 40
+
+
+def test_lbr_snapshot_travels_with_the_session(simkern):
+    """--lbr's kernel side: every exit snapshots the branch stack first, the deepest failing return keeps
+    it, and it arrives right before the session end. This host has no LBR, so the helper's own answer
+    (an error, or no records) is what travels; the layout and the choice of exit are what is checked."""
+    from retsnoop_otel import bpfsys
+    types = bpfsys.PERF_SAMPLE_BRANCH_KERNEL | bpfsys.PERF_SAMPLE_BRANCH_ANY_RETURN
+    funcs, sessions, _, _ = _capture(simkern, [("sk_syscall", 0), ("sk_syscall", 5)], emit_calls=True,
+                                     lbr_branch_types=types, lbr_perf_events=False)
+    (s,) = sessions  # the successful call is not reported, nor is its snapshot
+    assert s.lbr is not None
+    # taken at sk_check's exit: the deepest failing return (depth 2), not at its failing parents'
+    assert funcs[s.lbr.func_id].name == "sk_check" and s.lbr.depth == 2
+    check = s.calls[0].children[0].children[0]
+    assert funcs[check.func_id].name == "sk_check" and s.lbr.exit_ns == check.end_ns
+    assert s.lbr.error > 0 or s.lbr.branches == ()
+
+
+def test_no_lbr_record_without_lbr(simkern):
+    _, sessions, _, _ = _capture(simkern, [("sk_syscall", 0)])
+    assert len(sessions) == 1 and sessions[0].lbr is None

@@ -540,3 +540,17 @@ def test_metrics_otlp_pushes_the_same_families_and_a_last_push_before_detaching(
                  if m.name == "retsnoop_function_calls")
     assert {p.attributes["probe_set"] for p in calls.data.data_points} == {"bpf_errors", "prog_load"}
     assert agent.metrics_push is None
+
+
+def test_lbr_probe_set_refused_where_the_cpu_has_no_lbr() -> None:
+    from dataclasses import replace
+
+    from retsnoop_otel.config import Limits, ProbeSetConfig
+    from retsnoop_otel.pipeline import ProbeSetError, capture_config, resolve
+    env = replace(make_env(), lbr_missing="opening a branch-stack perf event was refused (ENOENT)")
+    cfg = ProbeSetConfig(name="deep", entry=("bpf_check",), lbr_branch_types=0x22)
+    with pytest.raises(ProbeSetError, match="probe set 'deep': 'lbr' needs last branch records, but opening"):
+        resolve(cfg, env)
+    found = resolve(cfg, make_env())
+    assert capture_config(cfg, found.mode, Limits()).lbr_branch_types == 0x22
+    assert resolve(replace(cfg, lbr_branch_types=0), env).funcs

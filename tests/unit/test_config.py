@@ -180,3 +180,21 @@ def test_metrics_otlp_section() -> None:
     assert err(BASE + "metrics:\n  otlp_interval: 0\n") == (
         "agent.yaml:5: metrics.otlp_interval: must be at least 1, got 0")
     assert err(BASE + "metrics:\n  otlp: {bogus: 1}\n").startswith("agent.yaml:5: metrics.otlp.bogus: unknown key")
+
+
+def test_lbr_key_takes_the_trace_flag_specs() -> None:
+    from retsnoop_otel.lbr import BRANCH_KERNEL, BRANCH_TYPES
+    cfg = parse_config(BASE + "    lbr: true\n", "a.yaml")
+    assert cfg.probe_sets[0].lbr_branch_types == BRANCH_TYPES["any_return"] | BRANCH_KERNEL
+    cfg = parse_config(BASE + "    lbr: any,cond\n", "a.yaml")
+    assert cfg.probe_sets[0].lbr_branch_types == BRANCH_TYPES["any"] | BRANCH_TYPES["cond"] | BRANCH_KERNEL
+    assert parse_config(BASE + "    lbr: false\n", "a.yaml").probe_sets[0].lbr_branch_types == 0
+    assert parse_config(BASE, "a.yaml").probe_sets[0].lbr_branch_types == 0
+
+
+def test_bad_lbr_values() -> None:
+    msg = err(BASE + "    lbr: sideways\n")
+    assert "agent.yaml:4: probe_sets[0].lbr:" in msg and "unknown branch type 'sideways'" in msg
+    msg = err(BASE + "    mode: metrics\n    lbr: true\n")
+    assert "probe_sets[0].lbr" in msg and "use mode stack or calls" in msg
+    assert "expected true, false or branch types" in err(BASE + "    lbr: [any]\n")
