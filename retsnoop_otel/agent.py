@@ -31,6 +31,8 @@ from .metrics import (
     BPF_STATS_ENABLED,
     ExemplarStore,
     MetricsCollector,
+    SeriesBounds,
+    SeriesLimiter,
     bpf_stats_enabled_family,
     func_label,
     make_registry,
@@ -140,9 +142,13 @@ class Outputs:
             return
         encoder = self._encoders.get(ps)
         if encoder is None:  # one per probe set: a reload builds new probe sets, and so new encoders
+            from functools import partial
+
             from .otlp_fast import SpanEncoder
+            from .symbolize import definition
             encoder = self._encoders[ps] = SpanEncoder(
                 ps.funcs, self._resource, symbolize=ps.symbolizer.describe,  # type: ignore[attr-defined]
+                locate=partial(definition, ps.symbolizer),
                 export_addresses=self.cfg.exporter.export_addresses, max_spans=self.cfg.limits.max_spans_per_trace)
         spans = encoder.encode(session, offset_ns)
         self.span_limit_dropped += spans.spans_dropped + session.calls_cut  # both: the per-trace span limit
@@ -196,6 +202,20 @@ class Agent:
         self.last_poll = self.deps.monotonic()
         self._next_housekeeping = 0.0
         self._reported: dict[str, int] = {}
+        self._limiters: dict[str, SeriesLimiter] = {}  # per probe set: which error types got own series
+
+    def series_limiter(self, probe_set: str) -> SeriesLimiter | None:
+        """The label bounds of metrics, kept across scrapes (a new one when the bounds change on reload)."""
+        if self.config is None:
+            return None
+        m = self.config.metrics
+        bounds = SeriesBounds(m.max_error_types, m.functions)
+        if bounds == SeriesBounds():
+            return None
+        lim = self._limiters.get(probe_set)
+        if lim is None or lim.bounds != bounds:
+            lim = self._limiters[probe_set] = SeriesLimiter(bounds)
+        return lim
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
@@ -452,7 +472,8 @@ class AgentCollector(Collector):
                 per_set = MetricsCollector(
                     ps.name, ps.funcs, tr.func_stats, tr.capture_stats, None, tr.session_stats,
                     program_stats=tr.program_stats, stats_enabled=lambda: stats_on,
-                    exemplars=functools.partial(store.for_histogram, ps.name) if store is not None else None)
+                    exemplars=functools.partial(store.for_histogram, ps.name) if store is not None else None,
+                    limiter=agent.series_limiter(ps.name))
                 for fam in per_set.collect():
                     if fam.name in _AGENT_FAMILIES or fam.name == BPF_STATS_ENABLED:
                         continue

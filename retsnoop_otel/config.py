@@ -95,6 +95,8 @@ class MetricsConfig:
     stall_after_s: float = 30.0  # /healthz answers 503 when the capture loop has not polled for this long
     otlp: OtlpConfig | None = None  # also push the metrics over OTLP (for users without Prometheus)
     otlp_interval_s: float = 60.0
+    max_error_types: int = 0  # per function; 0 = every error type gets its own series
+    functions: tuple[str, ...] = ()  # globs of functions with their own series; () = all
 
     @property
     def listen(self) -> str:
@@ -458,7 +460,8 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 
 def _metrics(ctx: _Ctx, node: yaml.Node) -> MetricsConfig:
-    m = _mapping(ctx, node, "metrics", ("listen", "stall_after_s", "otlp", "otlp_interval"))
+    m = _mapping(ctx, node, "metrics", ("listen", "stall_after_s", "otlp", "otlp_interval", "max_error_types",
+                                        "functions"))
     host, port = MetricsConfig.host, MetricsConfig.port
     if "listen" in m:
         try:
@@ -470,7 +473,9 @@ def _metrics(ctx: _Ctx, node: yaml.Node) -> MetricsConfig:
     if "otlp" in m and _kind(m["otlp"]) != "null":
         otlp = _otlp(ctx, m["otlp"], "metrics.otlp")
     interval = _number(ctx, m["otlp_interval"], "metrics.otlp_interval", 1) if "otlp_interval" in m else 60.0
-    return MetricsConfig(host, port, stall, otlp, interval)
+    max_errs = _pos_int(ctx, m["max_error_types"], "metrics.max_error_types") if "max_error_types" in m else 0
+    funcs = _globs(ctx, m["functions"], "metrics.functions") if "functions" in m else ()
+    return MetricsConfig(host, port, stall, otlp, interval, max_errs, funcs)
 
 
 def _limits(ctx: _Ctx, node: yaml.Node) -> Limits:

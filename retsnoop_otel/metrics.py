@@ -9,6 +9,7 @@ ExemplarStore (one dict write next to encoding the whole trace).
 from __future__ import annotations
 
 import errno
+import fnmatch
 import functools
 import os
 import threading
@@ -127,6 +128,59 @@ class ExemplarStore:
         return len(self._items)
 
 
+OTHER = "other"  # label value of what the series bounds fold together
+
+
+@dataclass(frozen=True)
+class SeriesBounds:
+    """Caps on label values, for fleets that trace many functions: 0 / () mean no cap."""
+
+    max_error_types: int = 0  # error_type values per function; the rest are summed as error_type="other"
+    functions: tuple[str, ...] = ()  # globs of functions with series of their own; the rest: function="other"
+
+
+class SeriesLimiter:
+    """Applies SeriesBounds the same way at every scrape.
+
+    Which error types of a function get their own series is decided once, when they first appear
+    (the largest first), and never changes: a counter that moved between `EINVAL` and `other` from
+    one scrape to the next would look like a reset to Prometheus. Memory is bounded by functions x cap.
+    """
+
+    def __init__(self, bounds: SeriesBounds) -> None:
+        self.bounds = bounds
+        self._lock = threading.Lock()
+        self._kept: dict[str, list[str]] = {}
+        self._allowed: dict[str, bool] = {}
+
+    def function(self, name: str) -> str:
+        if not self.bounds.functions:
+            return name
+        ok = self._allowed.get(name)
+        if ok is None:
+            ok = self._allowed[name] = any(fnmatch.fnmatchcase(name, g) for g in self.bounds.functions)
+        return name if ok else OTHER
+
+    def errors(self, function: str, errors: Mapping[str, int]) -> dict[str, int]:
+        cap = self.bounds.max_error_types
+        if not cap or len(errors) <= cap and function not in self._kept:
+            if cap:  # remember them: a later new type must not displace these
+                with self._lock:
+                    self._kept[function] = sorted(errors)
+            return dict(errors)
+        with self._lock:
+            kept = self._kept.setdefault(function, [])
+            for err in sorted(errors, key=lambda e: (-errors[e], e)):
+                if err not in kept and len(kept) < cap:
+                    kept.append(err)
+            chosen = set(kept)
+        out = {e: n for e, n in errors.items() if e in chosen}
+        rest = sum(n for e, n in errors.items() if e not in chosen)
+        if rest:
+            out[OTHER] = out.get(OTHER, 0) + rest
+        return out
+
+
 def _cumulative(buckets: Sequence[int]) -> list[int]:
     total, out = 0, []
     for n in buckets:
@@ -144,8 +198,11 @@ class MetricsCollector(Collector):
                  session_stats: Callable[[], Iterable[SessionStats]] | None = None, *,
                  program_stats: Callable[[], Iterable[ProgramStats]] | None = None,
                  stats_enabled: Callable[[], bool] = read_bpf_stats_enabled,
-                 exemplars: Callable[[str], Mapping[int, Exemplar]] | None = None) -> None:
-        """`exemplars(entry_function)`: bucket index -> exemplar for the session duration histogram."""
+                 exemplars: Callable[[str], Mapping[int, Exemplar]] | None = None,
+                 limiter: SeriesLimiter | None = None) -> None:
+        """`exemplars(entry_function)`: bucket index -> exemplar for the session duration histogram;
+        `limiter`: keeps the function and error_type label sets within configured bounds."""
+        self._limiter = limiter
         self.probe_set = probe_set
         self.funcs = funcs
         self._func_stats = func_stats
@@ -203,10 +260,14 @@ class MetricsCollector(Collector):
         return func_label(self.funcs, func_id)
 
     def _merge(self, stats: Iterable[FuncStats]) -> dict[str, _Merged]:
-        """One series per function name: same-named instances (e.g. in two modules) are summed."""
+        """One series per function name: same-named instances (e.g. in two modules) are summed, and so are
+        the functions the limiter's allow-list leaves out."""
         merged: dict[str, _Merged] = {}
+        label = self._limiter.function if self._limiter is not None else None
         for s in stats:
             name = self._name(s.func_id)
+            if label is not None:
+                name = label(name)
             m = merged.get(name)
             if m is None:
                 merged[name] = _Merged(s.calls, dict(s.errors), list(s.duration_buckets), s.duration_sum_ns)
@@ -233,7 +294,8 @@ class MetricsCollector(Collector):
                                           labels=["probe_set", "function"])
         for name, m in sorted(self._merge(self._func_stats()).items()):
             calls.add_metric([ps, name], m.calls)
-            for err, n in sorted(m.errors.items()):
+            errs = self._limiter.errors(name, m.errors) if self._limiter is not None else m.errors
+            for err, n in sorted(errs.items()):
                 errors.add_metric([ps, name, err], n)
             if m.buckets:
                 cum = _cumulative(m.buckets)

@@ -61,9 +61,16 @@ def _int64(value: int) -> int:
     return value - (1 << 64) if value & (1 << 63) else value
 
 
-def func_attrs(func: TracedFunc) -> Attrs:
-    """The attributes every span of `func` carries, whatever it returned."""
+Locate = Callable[[int], "tuple[str, int] | None"]  # function address -> (file, line) of its definition
+
+
+def func_attrs(func: TracedFunc, locate: Locate | None = None) -> Attrs:
+    """The attributes every span of `func` carries, whatever it returned (source location with DWARF)."""
     attrs: Attrs = {"code.function.name": func.name, "retsnoop.return_kind": func.ret.value}
+    if locate is not None and func.addr:
+        where = locate(func.addr)
+        if where is not None:
+            attrs["code.file.path"], attrs["code.line.number"] = where
     if func.module:
         attrs["retsnoop.module"] = func.module
     return attrs
@@ -87,25 +94,28 @@ def return_attrs(kind: RetKind, raw: int | None, export_addresses: bool) -> tupl
     return attrs, Status(StatusCode.ERROR, text)
 
 
-def result_attrs(func: TracedFunc, raw: int | None, export_addresses: bool) -> tuple[Attrs, Status]:
+def result_attrs(func: TracedFunc, raw: int | None, export_addresses: bool,
+                 locate: Locate | None = None) -> tuple[Attrs, Status]:
     """Attributes + status of one call of `func` that returned `raw` (None: the exit was not seen)."""
     attrs, status = return_attrs(func.ret, raw, export_addresses)
-    return {**func_attrs(func), **attrs}, status
+    return {**func_attrs(func, locate), **attrs}, status
 
 
 class _ResultAttrs:
     """`result_attrs` per (function, raw result), cached: hot functions repeat the same results."""
 
-    def __init__(self, funcs: FuncTable, export_addresses: bool) -> None:
+    def __init__(self, funcs: FuncTable, export_addresses: bool, locate: Locate | None = None) -> None:
         self._funcs = funcs
         self._export_addresses = export_addresses
+        self._locate = locate
         self._cache: dict[tuple[int, int | None], tuple[Attrs, Status]] = {}
 
     def get(self, func_id: int, raw: int | None) -> tuple[Attrs, Status]:
         key = (func_id, raw)
         hit = self._cache.get(key)
         if hit is None:
-            hit = self._cache[key] = result_attrs(lookup_func(self._funcs, func_id), raw, self._export_addresses)
+            hit = self._cache[key] = result_attrs(lookup_func(self._funcs, func_id), raw, self._export_addresses,
+                                                  self._locate)
         return hit
 
 
@@ -140,14 +150,15 @@ class _Builder:
 
 def session_to_spans(session: Session, funcs: FuncTable, offset_ns: int, resource: Resource | None,
                      symbolize: Callable[[int], str] | None = None, export_addresses: bool = False,
-                     max_spans: int = DEFAULT_MAX_SPANS, rng: random.Random | None = None) -> list[ReadableSpan]:
+                     max_spans: int = DEFAULT_MAX_SPANS, rng: random.Random | None = None,
+                     locate: Locate | None = None) -> list[ReadableSpan]:
     """One trace per session: the root span is the entry function, children mirror the call tree.
 
     Returns the root span first, then the others in depth-first order (parents before children).
     """
     b = _Builder(rng or random.Random(), resource if resource is not None else Resource.get_empty(), offset_ns,
                  max(1, max_spans))
-    results = _ResultAttrs(funcs, export_addresses)
+    results = _ResultAttrs(funcs, export_addresses, locate)
     entry_id = session.entry_func_id
     root_start, root_end = session.start_ns + offset_ns, session.end_ns + offset_ns
 

@@ -42,6 +42,7 @@ from .otlp import (
     SCOPE,
     Attrs,
     FuncTable,
+    Locate,
     count_calls,
     func_attrs,
     lbr_attrs,
@@ -208,8 +209,10 @@ class SpanEncoder:
     def __init__(self, funcs: FuncTable, resource: Resource | None, *,
                  symbolize: Callable[[int], str] | None = None, export_addresses: bool = False,
                  max_spans: int = DEFAULT_MAX_SPANS, rng: random.Random | None = None,
-                 format_args: Callable[[int, Any], list[str]] | None = None) -> None:
+                 format_args: Callable[[int, Any], list[str]] | None = None,
+                 locate: Locate | None = None) -> None:
         self.funcs = funcs
+        self.locate = locate  # DWARF: code.file.path / code.line.number, looked up once per function
         self.format_args = format_args  # -A: `name=value` strings, exported as retsnoop.args
         self.envelope = make_envelope(resource)
         self.symbolize = symbolize
@@ -254,7 +257,8 @@ class SpanEncoder:
 
     def _func_part(self, func_id: int) -> tuple[bytes, RetKind]:
         func = lookup_func(self.funcs, func_id)
-        return _len_field(5, func.name.encode()) + _SPAN_STATIC + _key_values(9, func_attrs(func)), func.ret
+        attrs = _key_values(9, func_attrs(func, self.locate))
+        return _len_field(5, func.name.encode()) + _SPAN_STATIC + attrs, func.ret
 
     def _span_id(self) -> int:
         sid = self._rng.getrandbits(64)

@@ -38,6 +38,14 @@ class SourceLookup(Protocol):
     def frames(self, addr: int) -> list: ...  # objects with .function, .file, .line
 
 
+def definition(symbolizer: Symbolizer, addr: int) -> tuple[str, int] | None:
+    """(file, line) where the function starting at `addr` is defined, when DWARF says so."""
+    frames = symbolizer.frames(addr)
+    if frames and frames[0].offset == 0 and frames[0].file and frames[0].line:
+        return frames[0].file, frames[0].line
+    return None
+
+
 class KallsymsSymbolizer:
     """Names and offsets only: what every host can give without debug info."""
 

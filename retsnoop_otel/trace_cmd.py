@@ -363,7 +363,10 @@ class _Sinks:
             from .resource import build_resource
             self.resource = build_resource()
             self.otlp = OtlpTraceSink(endpoint=self.opts.otlp_endpoint, protocol=self.opts.otlp_protocol)
-            self.encoder = SpanEncoder(self.funcs, self.resource,
+            from functools import partial
+
+            from .symbolize import definition
+            self.encoder = SpanEncoder(self.funcs, self.resource, locate=partial(definition, self.symbolizer),
                                        symbolize=self.symbolizer.describe,  # type: ignore[attr-defined]
                                        export_addresses=self.opts.export_addresses,
                                        format_args=self.export_args)

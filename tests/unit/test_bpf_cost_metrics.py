@@ -99,8 +99,8 @@ def _agent(*names: str) -> SimpleNamespace:
                                                    program_stats=lambda n=n: [ProgramStats("kmulti_entry",
                                                                                            len(n), 1000)]))
             for n in names]
-    return SimpleNamespace(_lock=threading.Lock(), probe_sets=sets, outputs=None, emit_errors=0,
-                           reloads={"success": 0, "failure": 0})
+    return SimpleNamespace(_lock=threading.Lock(), series_limiter=lambda _name: None, probe_sets=sets, outputs=None,
+                           emit_errors=0, reloads={"success": 0, "failure": 0})
 
 
 def test_agent_labels_runs_per_probe_set_and_reports_the_sysctl_once(tmp_path: Path) -> None:

@@ -198,3 +198,9 @@ def test_bad_lbr_values() -> None:
     msg = err(BASE + "    mode: metrics\n    lbr: true\n")
     assert "probe_sets[0].lbr" in msg and "use mode stack or calls" in msg
     assert "expected true, false or branch types" in err(BASE + "    lbr: [any]\n")
+
+
+def test_metrics_series_bounds() -> None:
+    cfg = parse_config(BASE + "metrics:\n  max_error_types: 5\n  functions: ['*sys_bpf', map_create]\n", "a.yaml")
+    assert cfg.metrics.max_error_types == 5 and cfg.metrics.functions == ("*sys_bpf", "map_create")
+    assert "metrics.max_error_types" in err(BASE + "metrics:\n  max_error_types: 0\n")

@@ -178,3 +178,49 @@ def test_session_outcomes_and_duration_per_entry_function():
     assert ('retsnoop_session_duration_seconds_bucket{entry_function="__x64_sys_bpf",le="2.048e-06",'
             'probe_set="bpf"} 3.0') in text
     assert 'retsnoop_session_duration_seconds_count{entry_function="__x64_sys_bpf",probe_set="bpf"} 4.0' in text
+
+
+def _bounded(bounds, stats):
+    from retsnoop_otel.metrics import SeriesLimiter
+    limiter = SeriesLimiter(bounds)
+    box = {"stats": stats}
+    reg = make_registry(MetricsCollector("vfs", FUNCS, lambda: box["stats"], CaptureStats, limiter=limiter))
+    return reg, box
+
+
+def _errors(reg):
+    text = generate_latest(reg).decode()
+    return sorted(line for line in text.splitlines() if line.startswith("retsnoop_function_errors_total"))
+
+
+def test_error_types_capped_per_function_and_stable_across_scrapes():
+    from retsnoop_otel.metrics import SeriesBounds
+    reg, box = _bounded(SeriesBounds(max_error_types=1), [FuncStats(1, 9, {"EPERM": 3, "ENOENT": 1}, (0,), 0)])
+    assert _errors(reg) == [
+        'retsnoop_function_errors_total{error_type="EPERM",function="may_open",probe_set="vfs"} 3.0',
+        'retsnoop_function_errors_total{error_type="other",function="may_open",probe_set="vfs"} 1.0']
+    # ENOENT overtakes EPERM later: the series keep their identity (no counter would appear to reset)
+    box["stats"] = [FuncStats(1, 99, {"EPERM": 4, "ENOENT": 50, "EFAULT": 2}, (0,), 0)]
+    assert _errors(reg) == [
+        'retsnoop_function_errors_total{error_type="EPERM",function="may_open",probe_set="vfs"} 4.0',
+        'retsnoop_function_errors_total{error_type="other",function="may_open",probe_set="vfs"} 52.0']
+
+
+def test_function_allow_list_folds_the_rest_into_other():
+    from retsnoop_otel.metrics import SeriesBounds
+    reg, _ = _bounded(SeriesBounds(functions=("do_*",)), func_stats())
+    text = generate_latest(reg).decode()
+    assert 'retsnoop_function_calls_total{function="do_open",probe_set="vfs"} 3.0' in text
+    assert 'retsnoop_function_calls_total{function="other",probe_set="vfs"} 5.0' in text
+    assert "may_open" not in text
+    assert 'retsnoop_function_errors_total{error_type="EPERM",function="other",probe_set="vfs"} 3.0' in text
+    assert 'retsnoop_function_duration_seconds_count{function="other",probe_set="vfs"} 5.0' in text
+
+
+def test_unbounded_by_default():
+    from retsnoop_otel.metrics import SeriesBounds
+    reg, _ = _bounded(SeriesBounds(), func_stats())
+
+    def functions(r):
+        return [x for x in generate_latest(r).decode().splitlines() if x.startswith("retsnoop_function_")]
+    assert functions(reg) == functions(registry(export=False))

@@ -314,3 +314,30 @@ def test_exporter_construction(monkeypatch):
     assert make_exporter("https://c:4318/custom/path", "http/protobuf")._endpoint == "https://c:4318/custom/path"
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://envhost:4318")
     assert make_exporter(None, "http/protobuf")._endpoint == "http://envhost:4318/v1/traces"
+
+
+def _locate(addr):
+    """DWARF stand-in: map_create is defined in kernel/bpf/syscall.c; the others have no location."""
+    return ("kernel/bpf/syscall.c", 1105) if addr == FUNCS[1].addr else None
+
+
+def test_source_location_attributes_with_dwarf():
+    spans = spans_of(tree_session(), locate=_locate)
+    named = by_name(spans)
+    assert named["map_create"].attributes["code.file.path"] == "kernel/bpf/syscall.c"
+    assert named["map_create"].attributes["code.line.number"] == 1105
+    assert "code.file.path" not in named["kmalloc_trace"].attributes
+    assert all("code.file.path" not in s.attributes for s in spans_of(tree_session()))
+
+
+def test_definition_comes_from_the_entry_address_frame():
+    from retsnoop_otel.symbolize import Frame, definition
+
+    class Sym:
+        def frames(self, addr):
+            return {1: [Frame("f", 0, None, "kernel/bpf/syscall.c", 10), Frame("g", 0, None, "x.h", 3, True)],
+                    2: [Frame("f", 4, None, "kernel/bpf/syscall.c", 12)], 3: [Frame("h")]}.get(addr, [])
+
+    assert definition(Sym(), 1) == ("kernel/bpf/syscall.c", 10)
+    assert definition(Sym(), 2) is None  # not a function start
+    assert definition(Sym(), 3) is None and definition(Sym(), 4) is None

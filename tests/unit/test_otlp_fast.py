@@ -329,3 +329,9 @@ def test_calls_cut_by_the_session_cap_are_on_the_root_span():
     trace = assert_same(tree_session(calls_cut=5))
     (root, *_), = [request_to_spans(build_request([trace]))]
     assert root.attributes["retsnoop.calls_cut"] == 5
+
+
+def test_source_location_matches_sdk_encoding():
+    from tests.unit.test_otlp import _locate
+    assert_same(tree_session(), locate=_locate)
+    assert_same(tree_session(calls=[]), locate=_locate)

@@ -139,3 +139,36 @@ def test_sigterm_and_sigkill_leave_nothing_attached(vm_batch) -> None:
     assert r["progs_before_sigkill"]
     assert r["sigkill_rc"] == -9
     assert r["progs_after_sigkill"] == []
+
+
+def test_source_location_attributes_where_dwarf_is_configured(vm_batch) -> None:
+    """6.1 boots with its DWARF vmlinux in the agent config: spans say where each function is defined."""
+    r = vm_batch["agent_two_probe_sets"]
+    spans = _spans(r["otlp"])
+    leaf = [s for s in spans if s["name"] == "array_map_alloc_check"]
+    assert leaf
+    for s in leaf:
+        if vm_batch.series == "6.1":
+            assert s["attrs"]["code.file.path"] == "kernel/bpf/arraymap.c", s["attrs"]
+            assert s["attrs"]["code.line.number"] > 0
+        else:
+            assert "code.file.path" not in s["attrs"]  # kallsyms only: no source location
+
+
+def test_the_same_over_http_protobuf(vm_batch) -> None:
+    h = vm_batch["agent_two_probe_sets"]["http"]
+    assert h["simfail"]["rc"] == 0, h["simfail"]
+    traces = _traces(h)
+    errors = [t for t in traces.values() if _root(t)["attrs"].get("error.type") == "EINVAL"]
+    assert len(errors) == 1, h["roots"]
+    root = _root(errors[0])
+    assert root["name"] == "__x64_sys_bpf" and root["status"]["code"] == "STATUS_CODE_ERROR"
+    assert h["simfail"]["start_ns"] <= int(root["startTimeUnixNano"]) <= int(root["endTimeUnixNano"]) \
+        <= h["simfail"]["end_ns"]
+    assert [s["attrs"]["error.type"] for s in errors[0] if s["name"] == "array_map_alloc_check"] == ["EINVAL"]
+    _assert_nested(errors[0])
+    loads = [t for t in traces.values() if _root(t)["name"] == "bpf_prog_load"]
+    assert loads and "bpf_check" in {s["name"] for t in loads for s in t}
+    for trace in loads:
+        _assert_nested(trace)
+    assert h["agent_rc"] == 0 and h["progs_after_sigterm"] == []

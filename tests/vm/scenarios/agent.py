@@ -48,7 +48,7 @@ metrics:
   listen: "127.0.0.1:{metrics_port}"
 logging:
   format: json
-"""
+{vmlinux}"""
 
 BROKEN = CONFIG.replace("    mode: stack\n", "    mode: stack\n    bogus_key: 1\n", 1)
 
@@ -110,7 +110,9 @@ def scenario_agent_two_probe_sets(ctx) -> dict:
     receiver = ctx.spawn([PY, "-m", "tests.otlp_receiver", "--port", "0", "--out", str(out_file)])
     port = int(receiver.wait_for_line(r"READY (\d+)", timeout=240).group(1))
     cfg_path = Path(ctx.tmpdir) / "agent.yaml"
-    cfg_text = CONFIG.format(port=port, metrics_port=METRICS_PORT)
+    # with the kernel's DWARF (6.1), spans also carry code.file.path / code.line.number
+    vmlinux = f"vmlinux: {ctx.vmlinux}\n" if ctx.vmlinux else ""
+    cfg_text = CONFIG.format(port=port, metrics_port=METRICS_PORT, vmlinux=vmlinux)
     cfg_path.write_text(cfg_text)
 
     rc, out, err = ctx.run([PY, "-m", "retsnoop_otel", "agent", "--check", str(cfg_path)], timeout=300)
@@ -163,4 +165,33 @@ def scenario_agent_two_probe_sets(ctx) -> dict:
     finally:
         r["sigkill_rc"] = agent2.kill()
     r["progs_after_sigkill"] = _wait_no_progs(ctx, 60)
+    r["http"] = _http_run(ctx, vmlinux)
+    return r
+
+
+def _http_run(ctx, vmlinux: str) -> dict:
+    """The same two probe sets exporting over OTLP/HTTP (protobuf) to the receiver's HTTP port."""
+    r: dict = {}
+    out_file = Path(ctx.tmpdir) / "otlp-http.jsonl"
+    receiver = ctx.spawn([PY, "-m", "tests.otlp_receiver", "--port", "0", "--http-port", "0", "--out", str(out_file)])
+    http_port = int(receiver.wait_for_line(r"READY \d+ HTTP (\d+)", timeout=240).group(1))
+    cfg = CONFIG.format(port=http_port, metrics_port=METRICS_PORT + 1, vmlinux=vmlinux)
+    cfg = cfg.replace("protocol: grpc", "protocol: http/protobuf")
+    cfg_path = Path(ctx.tmpdir) / "agent-http.yaml"
+    cfg_path.write_text(cfg)
+    agent = ctx.spawn([PY, "-m", "retsnoop_otel", "agent", "--config", str(cfg_path)])
+    try:
+        agent.wait_for_line(r'"agent started"', timeout=400)
+        t0 = time.time_ns()
+        rc, sout, serr = ctx.run([PY, "-m", "retsnoop_otel", "simfail", "bpf-bad-map-max-entries-array",
+                                  "bpf-simple-obj"], 180)
+        r["simfail"] = {"rc": rc, "out": sout, "err": serr, "start_ns": t0, "end_ns": time.time_ns()}
+        reqs = _wait_roots(out_file, {("__x64_sys_bpf", "EINVAL"): 1, ("bpf_prog_load", ""): 1}, timeout=240)
+        r["roots"] = _roots(reqs)
+    finally:
+        r["agent_rc"] = agent.terminate(timeout=300)
+        r["agent_output"] = agent.output()[-10000:]
+    r["progs_after_sigterm"] = _wait_no_progs(ctx, 30)
+    r["otlp"] = _requests(out_file)
+    receiver.terminate(timeout=30)
     return r
