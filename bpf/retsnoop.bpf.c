@@ -24,7 +24,8 @@ const volatile __u32 tgid_allow_cnt = 0;
 const volatile __u32 comm_allow_cnt = 0;
 const volatile bool has_tgid_filter = false;
 const volatile bool has_comm_filter = false;
-const volatile __u64 cgroup_id_filter = 0;
+const volatile __u64 cgroup_id_filter = 0;	/* --cgroup: this cgroup v2 and everything below it */
+const volatile __u32 cgroup_level = 0;		/* its depth below the root cgroup */
 const volatile __u32 max_depth = MAX_FSTACK_DEPTH;	/* nesting recorded per session (<= 64) */
 const volatile bool capture_args = false;	/* -A: off unless asked, kernel memory can hold secrets */
 const volatile bool use_lbr = false;		/* --lbr: snapshot the CPU's branch records at exits */
@@ -235,7 +236,7 @@ static __always_inline bool filters_allow(__u32 tgid, __u32 tid)
 	char comm[TASK_COMM_LEN] = {};
 	__u8 *v;
 
-	if (cgroup_id_filter && bpf_get_current_cgroup_id() != cgroup_id_filter)
+	if (cgroup_id_filter && bpf_get_current_ancestor_cgroup_id(cgroup_level) != cgroup_id_filter)
 		return false;
 	if (has_tgid_filter) {
 		v = bpf_map_lookup_elem(&tgid_filter, &tgid);

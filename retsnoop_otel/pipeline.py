@@ -125,15 +125,37 @@ def load_kernel_env(vmlinux: str | None, root: str = "/") -> KernelEnv:
                      resolve_source_glob=resolve, close=close, lbr_missing=lbr_missing)
 
 
-def cgroup_id(path: str, root: str = "/") -> int:
-    """A cgroup v2 id is the inode number of its directory."""
-    rel = path.removeprefix("/sys/fs/cgroup").lstrip("/")
-    full = os.path.join(root, "sys/fs/cgroup", rel)
+def cgroup2_mount(root: str = "/") -> str:
+    """Where the cgroup v2 hierarchy is mounted: /sys/fs/cgroup, or /sys/fs/cgroup/unified on hybrid hosts."""
     try:
-        return os.stat(full).st_ino
+        with open(os.path.join(root, "proc/mounts")) as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) >= 3 and fields[2] == "cgroup2":
+                    return fields[1]
+    except OSError:
+        pass
+    return "/sys/fs/cgroup"
+
+
+def cgroup_target(path: str, root: str = "/") -> tuple[int, int]:
+    """(id, level) of a cgroup v2 directory: the id is its inode number, the level its depth below the
+    root cgroup, so that the kernel side can match tasks in it and in every cgroup below it.
+
+    `path` is absolute (under the cgroup2 mount) or relative to the root cgroup."""
+    mount = cgroup2_mount(root)
+    rel = path.removeprefix(mount) if path.startswith(mount + "/") or path == mount else path
+    rel = rel.strip("/")
+    full = os.path.join(root, mount.lstrip("/"), rel)
+    try:
+        st = os.stat(full)
     except OSError as exc:
         raise ValueError(f"cgroup {path}: {exc.strerror} ({full}); give a cgroup v2 path such as "
                          "/sys/fs/cgroup/system.slice/foo.service") from None
+    if not os.path.isdir(full):
+        raise ValueError(f"cgroup {path}: not a directory ({full}); give a cgroup v2 path such as "
+                         "/sys/fs/cgroup/system.slice/foo.service")
+    return st.st_ino, len([p for p in rel.split("/") if p])
 
 
 def resolve(cfg: ProbeSetConfig, env: KernelEnv) -> discovery.Discovery:
@@ -158,7 +180,7 @@ METRICS_ONLY_NS = (1 << 64) - 1  # a minimum session duration nothing reaches
 
 def capture_config(cfg: ProbeSetConfig, mode: str, limits: Limits, cgroup_root: str = "/") -> CaptureConfig:
     try:
-        cg = cgroup_id(cfg.cgroup, cgroup_root) if cfg.cgroup else 0
+        cg, level = cgroup_target(cfg.cgroup, cgroup_root) if cfg.cgroup else (0, 0)
     except ValueError as exc:
         raise ProbeSetError(f"probe set '{cfg.name}': filters.{exc}") from None
     if cfg.mode == "metrics":
@@ -166,11 +188,12 @@ def capture_config(cfg: ProbeSetConfig, mode: str, limits: Limits, cgroup_root: 
         # agent's CPU does not grow with the call rate, and a one-page ring buffer is enough.
         return CaptureConfig(mode=mode, emit_calls=False, capture_success=False, min_duration_ns=METRICS_ONLY_NS,
                              pids=cfg.pids, no_pids=cfg.no_pids, comms=cfg.comms, no_comms=cfg.no_comms,
-                             cgroup_id=cg, ringbuf_size=4096, max_sessions=limits.max_sessions)
+                             cgroup_id=cg, cgroup_level=level, ringbuf_size=4096, max_sessions=limits.max_sessions)
     return CaptureConfig(mode=mode, emit_calls=cfg.mode == "calls", capture_success=cfg.sampling.captures_success,
                          min_duration_ns=int(cfg.min_duration_ms * 1_000_000), pids=cfg.pids, no_pids=cfg.no_pids,
-                         comms=cfg.comms, no_comms=cfg.no_comms, cgroup_id=cg, ringbuf_size=limits.ringbuf_size,
-                         max_sessions=limits.max_sessions, lbr_branch_types=cfg.lbr_branch_types)
+                         comms=cfg.comms, no_comms=cfg.no_comms, cgroup_id=cg, cgroup_level=level,
+                         ringbuf_size=limits.ringbuf_size, max_sessions=limits.max_sessions,
+                         lbr_branch_types=cfg.lbr_branch_types)
 
 
 class SuccessSampler:

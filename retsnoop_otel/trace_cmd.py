@@ -232,7 +232,7 @@ def _run(opts: TraceOptions, out: TextIO, err: TextIO) -> int:
     symbolizer = _symbolizer(ksyms, vmlinux if opts.symbolize != 0 else None, opts.symbolize)
 
     from .tracer import CaptureConfig, Tracer
-    cgroup_id = _cgroup_id(opts.cgroup) if opts.cgroup else 0
+    cgroup_id, cgroup_level = _cgroup(opts.cgroup) if opts.cgroup else (0, 0)
     arg_specs: dict[int, list[int]] = {}
     if opts.capture_args:
         from .args import ArgFormatter, describe_args, spec_words
@@ -247,7 +247,7 @@ def _run(opts: TraceOptions, out: TextIO, err: TextIO) -> int:
     cfg = CaptureConfig(mode=mode, emit_calls=emit_calls, capture_args=opts.capture_args,
                         capture_success=opts.success,
                         min_duration_ns=opts.min_duration_ns, pids=opts.pids, no_pids=opts.no_pids,
-                        comms=opts.comms, no_comms=opts.no_comms, cgroup_id=cgroup_id,
+                        comms=opts.comms, no_comms=opts.no_comms, cgroup_id=cgroup_id, cgroup_level=cgroup_level,
                         ringbuf_size=opts.ringbuf_size, max_sessions=opts.sessions_size,
                         lbr_branch_types=opts.lbr_flags or 0)
     tracer = Tracer(disc.funcs, cfg, btf_func_id=ret_kinds.func_id, arg_specs=arg_specs)
@@ -311,14 +311,12 @@ def _symbolizer(ksyms: object, vmlinux: str | None, level: int | None) -> object
     return DwarfSymbolizer(ksyms, source)  # type: ignore[arg-type]
 
 
-def _cgroup_id(path: str) -> int:
-    """A cgroup v2 id is the inode number of its directory."""
-    full = path if path.startswith("/sys/fs/cgroup") else os.path.join("/sys/fs/cgroup", path.lstrip("/"))
+def _cgroup(path: str) -> tuple[int, int]:
+    from .pipeline import cgroup_target
     try:
-        return os.stat(full).st_ino
-    except OSError as exc:
-        raise UsageError(f"--cgroup {path}: {exc.strerror} ({full}); give a cgroup v2 path such as "
-                         "/sys/fs/cgroup/system.slice/foo.service") from None
+        return cgroup_target(path)
+    except ValueError as exc:
+        raise UsageError(f"--{exc}") from None
 
 
 def _install_stop_handlers() -> Callable[[], bool]:

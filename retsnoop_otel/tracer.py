@@ -53,7 +53,8 @@ class CaptureConfig:
     no_pids: Sequence[int] = ()
     comms: Sequence[str] = ()
     no_comms: Sequence[str] = ()
-    cgroup_id: int = 0
+    cgroup_id: int = 0  # --cgroup: only tasks in this cgroup v2 or below it
+    cgroup_level: int = 0  # depth of that cgroup below the root cgroup
     ringbuf_size: int = 8 << 20
     max_sessions: int = 4096
     max_depth: int = 64  # traced-call nesting recorded per session (1..64)
@@ -126,6 +127,7 @@ class Tracer:
             "has_tgid_filter": struct.pack("<?", bool(cfg.pids or no_pids)),
             "has_comm_filter": struct.pack("<?", bool(cfg.comms or cfg.no_comms)),
             "cgroup_id_filter": struct.pack("<Q", cfg.cgroup_id),
+            "cgroup_level": struct.pack("<I", cfg.cgroup_level),
             "capture_args": struct.pack("<?", cfg.capture_args and cfg.emit_calls),
             "max_depth": struct.pack("<I", min(max(cfg.max_depth, 1), records.MAX_FSTACK_DEPTH)),
             "use_lbr": struct.pack("<?", bool(cfg.lbr_branch_types)),

@@ -241,3 +241,51 @@ def test_lbr_snapshot_travels_with_the_session(simkern):
 def test_no_lbr_record_without_lbr(simkern):
     _, sessions, _, _ = _capture(simkern, [("sk_syscall", 0)])
     assert len(sessions) == 1 and sessions[0].lbr is None
+
+
+def test_cgroup_filter_keeps_tasks_in_the_cgroup_and_below(simkern, tmp_path):
+    """--cgroup CG matches tasks in CG and in any cgroup under it (containers nest), and nothing else."""
+    import sys
+
+    from retsnoop_otel.pipeline import cgroup2_mount, cgroup_target
+    path, _lib = simkern
+    parent = Path(cgroup2_mount()) / f"rsotel-native-{os.getpid()}"
+    child = parent / "child"
+    child.mkdir(parents=True)
+    script = ("import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); sys.stdin.readline(); "
+              "lib.sk_syscall(0); print('done', flush=True)")
+    procs = []
+    try:
+        for where in (child, None):  # one task below the filter's cgroup, one outside it
+            p = subprocess.Popen([sys.executable, "-c", script, path], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 text=True)
+            procs.append(p)
+            if where is not None:
+                (where / "cgroup.procs").write_text(f"{p.pid}\n")
+        cg_id, level = cgroup_target(str(parent))
+        assert level >= 1
+        tracer = Tracer(_funcs(), CaptureConfig(mode="uprobe", uprobe_binary=path, cgroup_id=cg_id,
+                                                cgroup_level=level))
+        sessions, assembler = [], SessionAssembler()
+        try:
+            tracer.load()
+            tracer.attach(strict=True)
+            tracer.open_ring_buffer(lambda rec: (s := assembler.feed(rec)) and sessions.append(s))
+            for p in procs:
+                p.communicate("go\n", timeout=60)
+            while tracer.poll(50):
+                pass
+        finally:
+            tracer.close()
+        assert [s.pid for s in sessions] == [procs[0].pid], [(s.pid, s.comm) for s in sessions]
+    finally:
+        for p in procs:
+            p.kill()
+        for d in (child, parent):
+            for _ in range(50):
+                try:
+                    d.rmdir()
+                    break
+                except OSError:
+                    import time
+                    time.sleep(0.1)

@@ -554,3 +554,17 @@ def test_lbr_probe_set_refused_where_the_cpu_has_no_lbr() -> None:
     found = resolve(cfg, make_env())
     assert capture_config(cfg, found.mode, Limits()).lbr_branch_types == 0x22
     assert resolve(replace(cfg, lbr_branch_types=0), env).funcs
+
+
+def test_cgroup_target_id_and_level(tmp_path: Path) -> None:
+    from retsnoop_otel.pipeline import cgroup_target
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc" / "mounts").write_text("cgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\n")
+    leaf = tmp_path / "sys/fs/cgroup/unified/system.slice/foo.service"
+    leaf.mkdir(parents=True)
+    want = (leaf.stat().st_ino, 2)
+    assert cgroup_target("/sys/fs/cgroup/unified/system.slice/foo.service", str(tmp_path)) == want
+    assert cgroup_target("system.slice/foo.service", str(tmp_path)) == want
+    assert cgroup_target("/", str(tmp_path))[1] == 0
+    with pytest.raises(ValueError, match="cgroup nope: No such file or directory"):
+        cgroup_target("nope", str(tmp_path))

@@ -74,13 +74,13 @@ def test_pid_allow_and_errno_deny(vm_batch) -> None:
 
 def test_min_duration_success_no_pid_and_cgroup(vm_batch) -> None:
     r = vm_batch["filter_duration_pid_cgroup"]
-    assert r["in_cgroup"] == {"keep": True, "short": True, "denied": True}
+    assert r["in_cgroup"] == {"keep": True, "short": True, "denied": True} and r["nested"]
     w = r["workload"]
     for name in ("keep", "short", "denied", "outside"):
         assert _case_errnos(w[name]) == [0], name
     sessions = r["sessions"]
     kept = _by_pid(sessions, w["keep"]["pid"])
-    # -S keeps a successful session; -L 500 keeps the 1 s sleep; --cgroup keeps a task inside
+    # -S keeps a successful session; -L 500 keeps the 1 s sleep; --cgroup keeps a task in a cgroup below
     assert len(kept) == 1, sessions
     entry = kept[0]["chain"][0]
     assert entry["function"].endswith(("sys_clock_nanosleep", "sys_nanosleep")), kept

@@ -141,20 +141,24 @@ def _cgroup_mount(ctx) -> str:
 def scenario_filter_duration_pid_cgroup(ctx) -> dict:
     """-S -L 500 -P D --cgroup CG on the nanosleep syscalls, four sleepers each meant for one outcome.
 
-    keep: 1 s sleep in CG; short: 1 ms sleep in CG (-L drops it); denied: 1 s sleep in CG whose pid is
-    given to -P; outside: 1 s sleep outside CG (--cgroup drops it).
+    keep: 1 s sleep in a cgroup nested in CG (--cgroup covers the cgroups below it); short: 1 ms sleep
+    in CG (-L drops it); denied: 1 s sleep in CG whose pid is given to -P; outside: 1 s sleep outside CG
+    (--cgroup drops it).
     """
     t0 = time.monotonic()
     result: dict = {"cgroup_mount": _cgroup_mount(ctx)}
     cg = CGROUP_ROOT / f"retsnoop-otel-test-{os.getpid()}"
     cg.mkdir()
+    nested = cg / "nested"
+    nested.mkdir()
     result["cgroup"] = str(cg)
     try:
         procs = {"keep": spawn_simfail(ctx, ["syscall-long-sleep"], wait=True),
                  "short": spawn_simfail(ctx, ["syscall-short-sleep"], wait=True),
                  "denied": spawn_simfail(ctx, ["syscall-long-sleep"], wait=True)}
-        for p in procs.values():
-            (cg / "cgroup.procs").write_text(f"{p.pid}\n")
+        for name, p in procs.items():
+            (nested if name == "keep" else cg).joinpath("cgroup.procs").write_text(f"{p.pid}\n")
+        result["nested"] = f"/{cg.name}/nested" in Path(f"/proc/{procs['keep'].pid}/cgroup").read_text()
         result["in_cgroup"] = {n: f"/{cg.name}" in Path(f"/proc/{p.pid}/cgroup").read_text()
                                for n, p in procs.items()}
         tracer, attach_s = start_tracer(ctx, ["-e", "*sys_nanosleep", "-e", "*sys_clock_nanosleep", "--json",
@@ -171,12 +175,13 @@ def scenario_filter_duration_pid_cgroup(ctx) -> dict:
         finally:
             result["tracer"] = stop_tracer(ctx, tracer)
     finally:
-        for _ in range(20):
-            try:
-                cg.rmdir()
-                break
-            except OSError:
-                time.sleep(0.5)
+        for d in (nested, cg):
+            for _ in range(20):
+                try:
+                    d.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.5)
     result["sessions"] = json_sessions(result["tracer"]["output"])
     result["guest_seconds"] = round(time.monotonic() - t0, 1)
     return result

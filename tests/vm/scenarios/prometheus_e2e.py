@@ -1,7 +1,8 @@
-"""Guest side of the Prometheus e2e check (issue 6): a real Prometheus server scrapes the tracer.
+"""Guest side of the Prometheus e2e check (issue 6): a real Prometheus server scrapes the agent.
 
 The Prometheus configuration is config/prometheus-scrape.yml itself (relabeling and rule file
-included), with a 1 s interval and the local tracer as the only target. After three runs of the
+included), with a 1 s interval and the local agent as the only target; the agent runs one probe set
+with the metrics series bounds on and exports its traces to an OTLP-JSON file. After three runs of the
 bpf-bad-map-max-entries-array workload, every dashboard and alert expression is evaluated through
 the HTTP API. Host-side assertions: tests/vm/test_prometheus_e2e.py.
 """
@@ -27,6 +28,23 @@ PROM_ADDR = "127.0.0.1:9090"
 SIMFAIL_RUNS = 3
 EINVAL_QUERY = 'retsnoop_function_errors_total{function="array_map_alloc_check",error_type="EINVAL"}'
 COUNT_QUERY = 'sum(retsnoop_function_duration_seconds_count{function="array_map_alloc_check"})'
+
+
+AGENT_CONFIG = """
+probe_sets:
+  - name: bpf_errors
+    entry: ["*sys_bpf"]
+    allow: [array_map_alloc_check]
+    mode: stack
+exporter:
+  otlp: null
+  file: {traces}
+metrics:
+  listen: "127.0.0.1:{port}"
+  max_error_types: 3
+logging:
+  format: json
+"""
 
 
 def prometheus_config(tmpdir: Path) -> Path:
@@ -80,14 +98,15 @@ def scenario_prometheus_e2e(ctx) -> dict:
     r["prometheus_config"] = cfg.read_text()
     prom = ctx.spawn(["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={tmp / 'tsdb'}",
                       f"--web.listen-address={PROM_ADDR}", "--log.level=warn"])
-    tracer = ctx.spawn([PY, "-m", "retsnoop_otel", "trace", "-e", "*sys_bpf", "-a", "array_map_alloc_check",
-                        "--metrics-port", str(METRICS_PORT)])
+    agent_cfg = tmp / "agent.yaml"
+    agent_cfg.write_text(AGENT_CONFIG.format(traces=tmp / "traces.jsonl", port=METRICS_PORT))
+    tracer = ctx.spawn([PY, "-m", "retsnoop_otel", "agent", "--config", str(agent_cfg)])
     try:
-        tracer.wait_for_line(r"Receiving data", timeout=600)
+        tracer.wait_for_line(r'"agent started"', timeout=600)
         ready = wait_until(lambda: urllib.request.urlopen(f"http://{PROM_ADDR}/-/ready", timeout=10).status == 200,
                            timeout=180)
         r["prometheus_ready"] = bool(ready)
-        ctx.log(f"tracer attached, prometheus ready: {bool(ready)}")
+        ctx.log(f"agent attached, prometheus ready: {bool(ready)}")
         # the first scrape of the tracer, so the counters' rise from their first value is recorded
         r["first_up"] = wait_until(lambda: query('up{job="retsnoop-otel"} == 1')["data"]["result"], timeout=120)
 
