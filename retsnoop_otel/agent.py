@@ -26,7 +26,7 @@ from prometheus_client.registry import Collector
 from . import __version__
 from .config import AgentConfig, ConfigError, OtlpConfig, load_config
 from .http_server import HttpServer, ListenError
-from .logs import AgentLog
+from .logs import AgentLog, bridge_library_logs
 from .metrics import (
     BPF_STATS_ENABLED,
     ExemplarStore,
@@ -465,6 +465,8 @@ class AgentCollector(Collector):
         sampled = CounterMetricFamily("retsnoop_sessions_not_exported", "Sessions captured but not exported, by "
                                       "reason (sampled: successful session not sampled; filtered: error filter)",
                                       labels=["probe_set", "reason"])
+        evicted = CounterMetricFamily("retsnoop_sessions_evicted", "Half-assembled sessions dropped in user space "
+                                      "because too many threads had one open at once", labels=["probe_set"])
         with agent._lock:
             store = agent.outputs.exemplars if agent.outputs is not None else None
             for ps in agent.probe_sets:
@@ -486,10 +488,12 @@ class AgentCollector(Collector):
                 attached.add_metric([ps.name, ps.mode], ps.attached)
                 sampled.add_metric([ps.name, "sampled"], ps.sampled_out)
                 sampled.add_metric([ps.name, "filtered"], ps.filtered_out)
+                evicted.add_metric([ps.name], getattr(ps, "evicted", 0))
             totals = agent.outputs.totals() if agent.outputs is not None else _Totals()
         yield from families.values()
         yield attached
         yield sampled
+        yield evicted
         yield CounterMetricFamily("retsnoop_spans_exported", "Spans accepted by the exporters",
                                   value=totals.spans_exported)
         dropped = CounterMetricFamily("retsnoop_spans_dropped", "Spans not exported, by cause", labels=["cause"])
@@ -564,6 +568,7 @@ def main(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
     if not args.config:
         p.error("--config FILE is required (or --check FILE)")
     log = AgentLog(err)
+    bridge_library_logs(log)  # the SDK exporters' own warnings follow the configured log format too
     agent = Agent(args.config, log=log)
     install_signal_handlers(agent)
     try:

@@ -265,6 +265,11 @@ class ProbeSet:
         self._started = True
         return report
 
+    @property
+    def evicted(self) -> int:
+        """Open sessions the assembler had to drop (more threads in sessions than limits.max_sessions)."""
+        return self._assembler.evicted
+
     def _on_record(self, rec: Record) -> None:
         session = self._assembler.feed(rec)
         if session is None:

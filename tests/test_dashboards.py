@@ -147,8 +147,8 @@ def exposed_series() -> set[str]:
         tracer.session_stats)))
     probe_set = SimpleNamespace(name="bpf", funcs=funcs, tracer=tracer, mode="fentry", attached=2, sampled_out=1,
                                 filtered_out=1)
-    agent = SimpleNamespace(_lock=threading.Lock(), probe_sets=[probe_set], outputs=None, emit_errors=0,
-                            reloads={"success": 1, "failure": 0})
+    agent = SimpleNamespace(_lock=threading.Lock(), series_limiter=lambda _name: None, probe_sets=[probe_set],
+                            outputs=None, emit_errors=0, reloads={"success": 1, "failure": 0})
     with tempfile.TemporaryDirectory() as root:  # the run families have samples only while bpf_stats is on
         sysctl = Path(root, "proc/sys/kernel/bpf_stats_enabled")
         sysctl.parent.mkdir(parents=True)

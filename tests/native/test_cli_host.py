@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import subprocess
 import sys
+
+import pytest
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -20,13 +23,43 @@ def test_features_reports_truthfully_without_traceback():
         assert name in rows, name
 
 
+def _host_can_trace() -> tuple[bool, bool]:
+    """(fentry loads, kprobes exist), found without the features command: the ground truth for its report."""
+    from pathlib import Path
+
+    from retsnoop_otel import libbpf as lb
+    from retsnoop_otel.tracer import bpf_object_path
+    obj = lb.BpfObject.open_file(str(bpf_object_path()))
+    try:
+        for name in ("fentry_entry", "fexit_exit", "kprobe_entry", "kretprobe_exit", "kmulti_entry", "kmulti_exit"):
+            obj.program(name).set_autoload(name == "fentry_entry")
+        try:
+            obj.load()
+            fentry = True
+        except lb.LibbpfError as exc:
+            assert exc.errno == errno.EPERM, exc  # the refusal this host is known for
+            fentry = False
+    finally:
+        obj.close()
+    return fentry, Path("/sys/bus/event_source/devices/kprobe").exists()
+
+
+def test_features_report_matches_what_the_kernel_does():
+    fentry, kprobes = _host_can_trace()
+    rows = {line.split()[0]: line for line in _run("features").stdout.splitlines()[1:] if line.startswith("  ")}
+    assert ("yes" in rows["fentry"].split()[1]) == fentry, rows["fentry"]
+    if not fentry:
+        assert "refused (EPERM)" in rows["fentry"], rows["fentry"]
+    assert rows["kprobes"].split()[1] == ("yes" if kprobes else "NO"), rows["kprobes"]
+    if not kprobes:
+        assert "not configured" in rows["kprobes"], rows["kprobes"]
+
+
 def test_trace_refused_with_one_clear_sentence_when_kernel_forbids_tracing():
-    feats = _run("features").stdout
-    fentry_ok = " fentry            yes" in feats
-    kprobes_ok = " kprobes           yes" in feats
+    fentry, kprobes = _host_can_trace()
+    if fentry or kprobes:
+        pytest.skip("this host can trace kernel functions: the refusal is not expected here (VM tests cover tracing)")
     proc = _run("trace", "-e", "*sys_bpf")
-    if fentry_ok or kprobes_ok:
-        return  # a host that can trace: covered by the VM tests
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr
     msg = proc.stderr.strip()
@@ -48,6 +81,11 @@ def test_bad_flags_exit_2_with_message():
 def test_version():
     proc = _run("-V")
     assert proc.returncode == 0 and proc.stdout.startswith("retsnoop-otel v")
+    assert len(proc.stdout.splitlines()) == 1
+    proc = _run("-Vv")  # version, then what the running kernel allows
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 0 and lines[0].startswith("retsnoop-otel v")
+    assert any(line.split()[:1] == ["fentry"] for line in lines[1:]), proc.stdout
 
 
 def test_lbr_refused_before_loading_when_the_cpu_has_none():

@@ -289,3 +289,48 @@ def test_cgroup_filter_keeps_tasks_in_the_cgroup_and_below(simkern, tmp_path):
                 except OSError:
                     import time
                     time.sleep(0.1)
+
+
+def test_concurrent_sessions_on_many_threads_do_not_mix(simkern):
+    """Sessions are per thread: eight threads failing and succeeding at once each get their own chain."""
+    import threading
+    path, lib = simkern
+    funcs = _funcs()
+    tracer = Tracer(funcs, CaptureConfig(mode="uprobe", uprobe_binary=path, pids=[os.getpid()], exclude_self=False,
+                                         capture_success=True, emit_calls=True))
+    sessions, assembler = [], SessionAssembler()
+    arg_of: dict[int, int] = {}
+    barrier = threading.Barrier(8)
+
+    def worker(arg: int) -> None:
+        arg_of[threading.get_native_id()] = arg
+        barrier.wait()
+        for _ in range(25):
+            lib.sk_syscall(arg)
+
+    try:
+        tracer.load()
+        tracer.attach(strict=True)
+        tracer.open_ring_buffer(lambda rec: (s := assembler.feed(rec)) and sessions.append(s))
+        threads = [threading.Thread(target=worker, args=(arg,)) for arg in (0, 5, 500, 0, 5, 500, 0, 5)]
+        for t in threads:
+            t.start()
+        while any(t.is_alive() for t in threads):
+            tracer.poll(20)
+        while tracer.poll(50):
+            pass
+        cstats = tracer.capture_stats()
+    finally:
+        tracer.close()
+    want = {0: [("sk_syscall", "-EINVAL"), ("sk_create", "-EINVAL"), ("sk_check", "-EINVAL")],
+            500: [("sk_syscall", "-ENOMEM"), ("sk_create", "-ENOMEM"), ("sk_alloc", "NULL")],
+            5: [("sk_syscall", "3"), ("sk_create", "3"), ("sk_check", "0")]}
+    assert len(sessions) == 8 * 25 and cstats.incomplete_sessions == 0 and cstats.dropped_sessions == 0
+    for s in sessions:
+        arg = arg_of[s.tid]
+        assert _chain(funcs, s)[0] == want[arg][0] and len(s.chain) == 3, (arg, _chain(funcs, s))
+        if arg != 5:
+            assert _chain(funcs, s) == want[arg]
+        (root,) = s.calls  # the call tree holds this thread's calls only
+        assert [funcs[c.func_id].name for c in root.children] == ["sk_create", "sk_log"]
+        assert all(c.start_ns >= s.start_ns and c.end_ns <= s.end_ns for c in _walk(s.calls))

@@ -387,6 +387,7 @@ def test_metrics_and_healthz_over_http(setup) -> None:
     assert 'retsnoop_function_calls_total{function="bpf_check",probe_set="prog_load"} 3.0' in text
     # per-object capture counters get the probe_set label; agent-wide families appear once
     assert 'retsnoop_records_lost_total{probe_set="bpf_errors"} 0.0' in text
+    assert 'retsnoop_sessions_evicted_total{probe_set="bpf_errors"} 0.0' in text
     assert text.count("# TYPE retsnoop_spans_exported_total counter") == 1
     assert text.count("# TYPE retsnoop_function_calls_total counter") == 1
     req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
@@ -568,3 +569,24 @@ def test_cgroup_target_id_and_level(tmp_path: Path) -> None:
     assert cgroup_target("/", str(tmp_path))[1] == 0
     with pytest.raises(ValueError, match="cgroup nope: No such file or directory"):
         cgroup_target("nope", str(tmp_path))
+
+
+def test_library_warnings_follow_the_log_format_and_are_rate_limited() -> None:
+    import logging
+
+    from retsnoop_otel.logs import LibraryLogBridge
+    out = io.StringIO()
+    now = {"t": 100.0}
+    log = AgentLog(out, fmt="json")
+    logger = logging.getLogger("opentelemetry.test_bridge")
+    logger.handlers[:] = [LibraryLogBridge(log, interval_s=60, clock=lambda: now["t"])]
+    logger.propagate = False
+    for _ in range(50):
+        logger.warning("Transient error %s encountered while exporting traces to %s", "UNAVAILABLE", "x:4317")
+    now["t"] += 61
+    logger.warning("Transient error %s encountered while exporting traces to %s", "UNAVAILABLE", "x:4317")
+    lines = [json.loads(x) for x in out.getvalue().splitlines()]  # every line is JSON
+    assert len(lines) == 2
+    assert lines[0]["level"] == "warning" and lines[0]["logger"] == "opentelemetry.test_bridge"
+    assert lines[0]["msg"] == "Transient error UNAVAILABLE encountered while exporting traces to x:4317"
+    assert "repeated" not in lines[0] and lines[1]["repeated"] == 49

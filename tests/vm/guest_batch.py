@@ -185,10 +185,11 @@ class Proc:
                 self._cond.wait(min(quiet_until, deadline) - now)
         return True
 
-    def terminate(self, timeout: float = 30) -> int:
-        """SIGTERM (background processes inherit SIGINT ignored), SIGKILL after `timeout`; returns rc."""
+    def terminate(self, timeout: float = 30, sig: int = signal.SIGTERM) -> int:
+        """SIGTERM (background processes inherit SIGINT ignored: send SIGINT only to programs that install
+        their own handler), SIGKILL after `timeout`; returns rc."""
         if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
+            self.popen.send_signal(sig)
         try:
             rc = self.popen.wait(timeout)
         except subprocess.TimeoutExpired:

@@ -92,7 +92,29 @@ def test_attach_modes(vm_batch, scenario) -> None:
     assert r["started"], r["output"]
     assert r["simfail_rc"] == 0
     assert re.search(r"^!\s+\d+us \[-EINVAL\]\s+array_map_alloc_check$", r["output"], re.M), r["output"]
+    # -v says which attach mode was used and how long attaching took
+    mode = {"trace_fentry": "fentry", "trace_kprobe": "kprobe", "trace_kprobe_multi": "kprobe_multi"}[scenario]
+    assert re.search(rf"^Using attach mode {mode}$", r["output"], re.M), r["output"][:3000]
+    assert re.search(r"^Successfully attached \d+ functions in \d+ ms\.$", r["output"], re.M), r["output"][:3000]
+    # trace_kprobe is stopped with SIGINT (Ctrl-C), the others with SIGTERM: both detach cleanly
+    assert re.search(r"Detaching\.\.\. DONE in \d+ ms\.", r["output"]), r["output"][-2000:]
     assert r["rc"] == 0 and r["progs_after"] == []
+
+
+def test_dry_run_lists_and_attaches_nothing(vm_batch) -> None:
+    r = vm_batch["trace_dry_run"]
+    assert r["rc"] == 0, r["err"]
+    out = r["out"]
+    m = re.search(r"^(\d+) functions are available for tracing; would attach (\d+) \((\d+) entry\) in (\w+) mode",
+                  out, re.M)
+    assert m and int(m.group(1)) > 10000 and int(m.group(3)) >= 1, out[:2000]
+    entries = out.split("Entry functions:")[1].split("Other functions:")[0]
+    assert re.search(r"^\s+__x64_sys_bpf\s+returns signed$", entries, re.M), out[:3000]
+    others = out.split("Other functions:")[1].split("Skipped functions:")[0]
+    assert re.search(r"^\s+array_map_alloc_check\s+returns int32$", others, re.M), out[:3000]
+    assert "array_map_free" not in others  # -d wins
+    assert re.search(r"^\s+array_map_free\s+\S.*deny", out.split("Skipped functions:")[1], re.M), out[-3000:]
+    assert "Receiving data" not in out and r["progs_before"] == [] and r["progs_after"] == []
 
 
 def test_call_table_and_arguments(vm_batch) -> None:

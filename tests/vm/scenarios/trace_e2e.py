@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import sys
 import time
 import urllib.request
@@ -68,7 +69,8 @@ def scenario_trace_otlp_metrics(ctx) -> dict:
     return result
 
 
-def _trace_mode(ctx, mode_flag: str, case: str, extra: list[str] | None = None) -> dict:
+def _trace_mode(ctx, mode_flag: str, case: str, extra: list[str] | None = None,
+                stop: signal.Signals = signal.SIGTERM) -> dict:
     tracer = ctx.spawn([PY, "-m", "retsnoop_otel", "trace", mode_flag, "-e", "*sys_bpf", "-a",
                         "array_map_alloc_check", "-v", *(extra or [])])
     result: dict = {}
@@ -81,7 +83,7 @@ def _trace_mode(ctx, mode_flag: str, case: str, extra: list[str] | None = None) 
             tracer.wait_for_line(r"array_map_alloc_check", timeout=120)
             tracer.wait_output_settled(3, timeout=60)
     finally:
-        result["rc"] = tracer.terminate(timeout=240)
+        result["rc"] = tracer.terminate(timeout=240, sig=stop)
         result["output"] = tracer.output()
     result["progs_after"] = _our_progs(ctx)
     return result
@@ -92,7 +94,15 @@ def scenario_trace_fentry(ctx) -> dict:
 
 
 def scenario_trace_kprobe(ctx) -> dict:
-    return _trace_mode(ctx, "-K", "bpf-bad-map-max-entries-array")
+    return _trace_mode(ctx, "-K", "bpf-bad-map-max-entries-array", stop=signal.SIGINT)  # Ctrl-C
+
+
+def scenario_trace_dry_run(ctx) -> dict:
+    """--dry-run -v: what would be attached and why the rest is skipped; nothing is loaded."""
+    before = _our_progs(ctx)
+    rc, out, err = ctx.run([PY, "-m", "retsnoop_otel", "trace", "--dry-run", "-v", "-e", "*sys_bpf", "-a",
+                            "array_map_*", "-d", "array_map_free"], 300)
+    return {"rc": rc, "out": out, "err": err, "progs_before": before, "progs_after": _our_progs(ctx)}
 
 
 def scenario_trace_kprobe_multi(ctx) -> dict:
