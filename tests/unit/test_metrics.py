@@ -224,3 +224,10 @@ def test_unbounded_by_default():
     def functions(r):
         return [x for x in generate_latest(r).decode().splitlines() if x.startswith("retsnoop_function_")]
     assert functions(reg) == functions(registry(export=False))
+
+
+def test_openmetrics_exposition_exact():
+    """OpenMetrics: the same samples; counter families are named without _total in HELP/TYPE; # EOF ends it."""
+    import re
+    want = re.sub(r"^# (HELP|TYPE) (\w+)_total ", r"# \1 \2 ", EXPECTED, flags=re.M) + "# EOF\n"
+    assert generate_openmetrics(registry()).decode() == want

@@ -109,7 +109,8 @@ def scenario_agent_faults(ctx) -> dict:
                 break
             time.sleep(2)
         r["counters_while_down"] = c
-        ctx.log(f"receiver down: {c}")
+        r["rss_down_kib"] = _rss_kib(agent.pid)
+        ctx.log(f"receiver down: {c}, rss {r['rss_start_kib']} -> {r['rss_down_kib']} KiB")
 
         # 2. receiver up on the configured port: exports resume over HTTP
         receiver = ctx.spawn([PY, "-m", "tests.otlp_receiver", "--port", "0", "--http-port", str(http_port),
