@@ -59,3 +59,18 @@ def test_same_captures_kallsyms_only_612(vm_batch_612) -> None:
         assert re.search(r"\[-E(2BIG|INVAL)\]\s+__x64_sys_bpf\+0x[0-9a-f]+$", block, re.M), block
         assert "(" not in block.split("\n", 1)[1].replace("(python/python)", ""), "no source lines without DWARF"
     assert r["progs_after"] == []
+
+
+def test_symbolization_levels_61(vm_batch_61) -> None:
+    r = vm_batch_61["dwarf_levels"]
+    assert r["vmlinux"]
+    s, sn = r["s"], r["sn"]
+    assert s["simfail_rc"] == 0 and sn["simfail_rc"] == 0 and s["rc"] == 0 and sn["rc"] == 0
+    # -s: source lines, but no inlined-frame rows
+    block = _block_with(s["output"], "EINVAL")
+    assert re.search(r"\[-EINVAL\]\s+map_create\+0x[0-9a-f]+\s+\(kernel/bpf/syscall\.c:\d+\)", block), block
+    assert not re.search(r"^\s+\. ", block, re.M), block
+    # -sn: kallsyms names only, even with the DWARF vmlinux given by -k
+    block = _block_with(sn["output"], "EINVAL")
+    assert re.search(r"\[-EINVAL\]\s+map_create\+0x[0-9a-f]+$", block, re.M), block
+    assert "(" not in block.split("\n", 1)[1].replace("(python/python)", ""), block

@@ -37,3 +37,28 @@ def scenario_dwarf_stack(ctx) -> dict:
                              if p.get("name") in ("kprobe_entry", "kretprobe_exit", "kmulti_entry", "kmulti_exit",
                                                   "rs_fentry", "rs_fexit")]
     return result
+
+
+def _one_capture(ctx, args: list[str]) -> dict:
+    tracer = ctx.spawn([PY, "-m", "retsnoop_otel", "trace", "-e", "*sys_bpf", "-a", "map_create", "-a",
+                        "array_map_alloc_check", *args])
+    out: dict = {"args": args}
+    try:
+        tracer.wait_for_line(r"Receiving data", timeout=900)
+        rc, _, _ = ctx.run([PY, "-m", "retsnoop_otel", "simfail", "bpf-bad-map-max-entries-array"], 120)
+        out["simfail_rc"] = rc
+        tracer.wait_for_line(r"array_map_alloc_check", timeout=300)
+        tracer.wait_output_settled(5, timeout=300)
+    finally:
+        out["rc"] = tracer.terminate(timeout=600)
+        out["output"] = tracer.output()
+    return out
+
+
+@budget(1200)
+def scenario_dwarf_levels(ctx) -> dict:
+    """-s (file:line, no inlined frames) and -sn (no DWARF at all) with the kernel's DWARF at hand (6.1)."""
+    if not ctx.vmlinux:
+        return {"vmlinux": None}
+    return {"vmlinux": ctx.vmlinux, "s": _one_capture(ctx, ["-k", ctx.vmlinux, "-s"]),
+            "sn": _one_capture(ctx, ["-k", ctx.vmlinux, "-sn"])}
