@@ -42,14 +42,17 @@ class Receiver:
     http_port: int | None
     requests: list[Any] = field(default_factory=list)
     metric_requests: list[Any] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)  # per trace request: lower-cased names
     lock: threading.Condition = field(default_factory=threading.Condition)
     out: TextIO | None = None
     keep: bool = True  # False: requests only go to `out` (long runs must not grow in memory)
     _grpc: Any = None
     _http: ThreadingHTTPServer | None = None
 
-    def store(self, request: Any) -> None:
+    def store(self, request: Any, headers: dict[str, str] | None = None) -> None:
         with self.lock:
+            if self.keep and headers is not None and not isinstance(request, MetricsRequest):
+                self.headers.append(headers)
             if self.keep:
                 (self.metric_requests if isinstance(request, MetricsRequest) else self.requests).append(request)
             if self.out is not None:
@@ -98,7 +101,7 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
         self._receiver = receiver
 
     def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC method name
-        self._receiver.store(request)
+        self._receiver.store(request, {k.lower(): v for k, v in context.invocation_metadata()})
         return trace_service_pb2.ExportTraceServiceResponse()
 
 
@@ -123,7 +126,7 @@ def _http_handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
             except Exception as exc:  # noqa: BLE001 - a bad body is the client's error
                 self.send_error(400, f"cannot decode request: {exc}")
                 return
-            receiver.store(request)
+            receiver.store(request, {k.lower(): v for k, v in self.headers.items()})
             response = (metrics_service_pb2.ExportMetricsServiceResponse() if metrics
                         else trace_service_pb2.ExportTraceServiceResponse())
             payload = json.dumps(MessageToDict(response)).encode() if json_body else response.SerializeToString()

@@ -111,6 +111,39 @@ def test_configured_exporters_reach_a_real_receiver(protocol: str) -> None:
         exp.shutdown()
         (span,) = rx.wait_for_spans(1, timeout=10)
         assert span["name"] == "f"
+        (headers,) = rx.headers  # what went over the wire
+        assert headers["x-tenant"] == "t1"
+        if protocol == "http/protobuf":
+            assert headers["content-encoding"] == "gzip"
+    finally:
+        rx.stop()
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_standard_environment_variables_reach_the_wire(protocol: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No endpoint/headers in the config: OTEL_EXPORTER_OTLP_* decide, as for any OTel SDK exporter."""
+    from retsnoop_otel.model import RetKind, TracedFunc
+    from retsnoop_otel.otlp import session_to_spans
+    from tests.otlp_receiver import start_receiver
+
+    rx = start_receiver(port=0, http_port=0)
+    try:
+        port = rx.port if protocol == "grpc" else rx.http_port
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-tenant=from-env,authorization=Bearer%20abc")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")
+        exp = build_otlp_exporter(OtlpConfig())
+        funcs = {0: TracedFunc(0, "f", 0, RetKind.INT32, True)}
+        spans = session_to_spans(Session(1, 1, "c", "c", 10, 20, True, [StackEntry(0, (1 << 64) - 22, 10)], []),
+                                 funcs, 0, None)
+        assert exp.export(spans).name == "SUCCESS"
+        exp.shutdown()
+        rx.wait_for_spans(1, timeout=10)
+        (headers,) = rx.headers
+        assert headers["x-tenant"] == "from-env" and headers["authorization"] == "Bearer abc"
+        if protocol == "http/protobuf":
+            assert headers["content-encoding"] == "gzip"
     finally:
         rx.stop()
 
