@@ -300,6 +300,18 @@ class CpuRow:
         return self.net_cpu_s / self.calls * 1000
 
 
+def settle(pid: int, quiet_rate: float = 0.05, window_s: float = 2.0, timeout_s: float = 120.0) -> float:
+    """Wait until the agent uses less than `quiet_rate` CPU-seconds per second over a window (under
+    emulation its start-up work goes on for a while after /healthz answers); returns the last rate."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        c0, t0 = cpu_seconds(pid), time.monotonic()
+        time.sleep(window_s)
+        rate = (cpu_seconds(pid) - c0) / (time.monotonic() - t0)
+        if rate < quiet_rate or time.monotonic() > deadline:
+            return rate
+
+
 def run_workload(calls: int, delay_ms: float) -> None:
     subprocess.run([sys.executable, "-m", "retsnoop_otel", "simfail", SIMFAIL_CASE, "--repeat", str(calls),
                     "--delay-ms", str(delay_ms)], cwd=REPO, check=True, stdout=subprocess.DEVNULL)
@@ -317,7 +329,7 @@ def measure_variant(variant: str, metrics_only: bool, args: argparse.Namespace, 
             wait_healthy(proc, port, args.start_timeout)
         except RuntimeError as exc:
             raise RuntimeError(f"{exc}; agent log:\n{(tmp / f'agent-{variant}.log').read_text()}") from None
-        time.sleep(1.0)  # attach done; let the first housekeeping and imports settle
+        settle(proc.pid)  # attach done; wait out the first housekeeping, scrapes and lazy imports
         c0, t0 = cpu_seconds(proc.pid), time.monotonic()
         time.sleep(args.idle_s)
         idle_rate = (cpu_seconds(proc.pid) - c0) / (time.monotonic() - t0)

@@ -222,6 +222,9 @@ _SIGNATURES: dict[str, tuple[object, list[object]]] = {
 }
 
 
+_LIBBPF_INFO = 1  # enum libbpf_print_level: WARN 0, INFO 1, DEBUG 2
+
+
 class _Libbpf:
     """The loaded library plus the captured libbpf log (libbpf's print hook is process-wide)."""
 
@@ -255,7 +258,8 @@ class _Libbpf:
         buf = ctypes.create_string_buffer(256 * 1024)  # verifier logs arrive as one message
         self._vsnprintf(buf, len(buf), fmt, args)
         text = buf.value.decode(errors="replace").rstrip("\n")
-        self.log.append(text)
+        if level <= _LIBBPF_INFO:  # debug chatter (relocations, ...) would bury the reason in errors
+            self.log.append(text)
         if self.debug_sink is not None:
             self.debug_sink(text)
         return 0

@@ -66,3 +66,22 @@ def test_kernel_btf_queries():
         assert btf.find("no_such_function_xyz", lb.BTF_KIND_FUNC) is None
     finally:
         btf.free()
+
+
+def test_refused_load_carries_errno_and_libbpf_log():
+    """What the kernel refuses (here an ARRAY map of 0 entries) raises with the errno and libbpf's own
+    explanation, not its debug chatter."""
+    from retsnoop_otel.tracer import bpf_object_path
+    obj = lb.BpfObject.open_file(str(bpf_object_path()))
+    try:
+        for name in ("fentry_entry", "fexit_exit", "kprobe_entry", "kretprobe_exit", "kmulti_entry", "kmulti_exit"):
+            obj.program(name).set_autoload(name in ("kprobe_entry", "kretprobe_exit"))
+        obj.map("func_infos").set_max_entries(0)
+        with pytest.raises(lb.LibbpfError) as exc:
+            obj.load()
+    finally:
+        obj.close()
+    assert exc.value.errno == errno.EINVAL
+    assert any("func_infos" in line for line in exc.value.log), exc.value.log
+    assert not any("relo #" in line for line in exc.value.log), exc.value.log  # no debug-level lines
+    assert "\n  " in str(exc.value)  # shown under the one-line summary

@@ -103,7 +103,17 @@ def _wait_no_progs(ctx, timeout: float) -> list[str]:
         time.sleep(2)
 
 
-@budget(1500)
+def _simfail_mix(ctx, out_file: Path) -> tuple[dict, list[tuple[str, str]]]:
+    """One failing map creation and one successful program load; waits for both traces to arrive."""
+    t0 = time.time_ns()
+    rc, sout, serr = ctx.run([PY, "-m", "retsnoop_otel", "simfail", "bpf-bad-map-max-entries-array",
+                              "bpf-simple-obj"], 180)
+    run = {"rc": rc, "out": sout, "err": serr, "start_ns": t0, "end_ns": time.time_ns()}
+    reqs = _wait_roots(out_file, {("__x64_sys_bpf", "EINVAL"): 1, ("bpf_prog_load", ""): 1}, timeout=240)
+    return run, _roots(reqs)
+
+
+@budget(2100)
 def scenario_agent_two_probe_sets(ctx) -> dict:
     r: dict = {}
     out_file = Path(ctx.tmpdir) / "otlp.jsonl"
@@ -124,12 +134,7 @@ def scenario_agent_two_probe_sets(ctx) -> dict:
         agent.wait_for_line(r'"agent started"', timeout=400)
         r["progs_while_attached"] = _our_progs(ctx)
         r["healthz"] = _get(f"http://127.0.0.1:{METRICS_PORT}/healthz")
-        t0 = time.time_ns()
-        rc, sout, serr = ctx.run([PY, "-m", "retsnoop_otel", "simfail", "bpf-bad-map-max-entries-array",
-                                  "bpf-simple-obj"], 180)
-        r["simfail1"] = {"rc": rc, "out": sout, "err": serr, "start_ns": t0, "end_ns": time.time_ns()}
-        reqs = _wait_roots(out_file, {("__x64_sys_bpf", "EINVAL"): 1, ("bpf_prog_load", ""): 1}, timeout=240)
-        r["roots_after_simfail1"] = _roots(reqs)
+        r["simfail1"], r["roots_after_simfail1"] = _simfail_mix(ctx, out_file)
         ctx.log(f"roots after simfail 1: {r['roots_after_simfail1']}")
         r["metrics"] = _get(f"http://127.0.0.1:{METRICS_PORT}/metrics")
         req = urllib.request.Request(f"http://127.0.0.1:{METRICS_PORT}/metrics",
@@ -182,12 +187,7 @@ def _http_run(ctx, vmlinux: str) -> dict:
     agent = ctx.spawn([PY, "-m", "retsnoop_otel", "agent", "--config", str(cfg_path)])
     try:
         agent.wait_for_line(r'"agent started"', timeout=400)
-        t0 = time.time_ns()
-        rc, sout, serr = ctx.run([PY, "-m", "retsnoop_otel", "simfail", "bpf-bad-map-max-entries-array",
-                                  "bpf-simple-obj"], 180)
-        r["simfail"] = {"rc": rc, "out": sout, "err": serr, "start_ns": t0, "end_ns": time.time_ns()}
-        reqs = _wait_roots(out_file, {("__x64_sys_bpf", "EINVAL"): 1, ("bpf_prog_load", ""): 1}, timeout=240)
-        r["roots"] = _roots(reqs)
+        r["simfail"], r["roots"] = _simfail_mix(ctx, out_file)
     finally:
         r["agent_rc"] = agent.terminate(timeout=300)
         r["agent_output"] = agent.output()[-10000:]
