@@ -213,10 +213,11 @@ class SuccessSampler:
             return p >= 1.0 or (p > 0.0 and self._rng.random() < p)
         now = self._clock()
         burst = max(1.0, rate)
-        tokens, last = self._buckets.get(entry_func_id or -1, (burst, now))
+        key = -1 if entry_func_id is None else entry_func_id  # id 0 is a real entry function
+        tokens, last = self._buckets.get(key, (burst, now))
         tokens = min(burst, tokens + (now - last) * rate)
         keep = tokens >= 1.0
-        self._buckets[entry_func_id or -1] = (tokens - 1.0 if keep else tokens, now)
+        self._buckets[key] = (tokens - 1.0 if keep else tokens, now)
         return keep
 
 

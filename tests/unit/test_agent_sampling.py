@@ -37,6 +37,8 @@ def test_rate_is_a_token_bucket_per_entry_function() -> None:
     s = SuccessSampler(Sampling(success_rate_per_s=2.0), clock=clock)
     assert [s.keep(1) for _ in range(4)] == [True, True, False, False]  # burst of 2, then empty
     assert s.keep(2) and s.keep(2) and not s.keep(2)  # another entry function has its own budget
+    assert s.keep(0) and s.keep(0) and not s.keep(0)  # id 0 too (not shared with sessions of no entry)
+    assert s.keep(None) and s.keep(None) and not s.keep(None)
     clock.t += 0.5  # one token back for function 1
     assert s.keep(1) and not s.keep(1)
     clock.t += 100  # refills cap at the burst size
