@@ -125,7 +125,7 @@ def scenario_agent_two_probe_sets(ctx) -> dict:
     cfg_text = CONFIG.format(port=port, metrics_port=METRICS_PORT, vmlinux=vmlinux)
     cfg_path.write_text(cfg_text)
 
-    rc, out, err = ctx.run([PY, "-m", "retsnoop_otel", "agent", "--check", str(cfg_path)], timeout=300)
+    rc, out, err = ctx.run([PY, "-m", "retsnoop_otel", "agent", "--check", str(cfg_path)], timeout=600)
     r["check"] = {"rc": rc, "out": out, "err": err}
     ctx.log(f"--check rc {rc}")
 
