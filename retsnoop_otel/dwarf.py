@@ -243,8 +243,7 @@ class LlvmSymbolizer:
         if tool is None:
             raise DwarfError("llvm-symbolizer not found: install the Debian package 'llvm' (or use -sn)")
         args = [tool, f"--obj={vmlinux}", "--output-style=JSON", "--functions=linkage"]
-        if inlines:
-            args.append("--inlines")
+        args.append("--inlines" if inlines else "--no-inlines")  # llvm-symbolizer inlines by default
         self._proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
         self._offset = kaslr_offset
         self._cache: dict[int, list[SourceFrame]] = {}

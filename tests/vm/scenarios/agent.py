@@ -143,7 +143,7 @@ def scenario_agent_two_probe_sets(ctx) -> dict:
             r["openmetrics"] = [resp.headers.get("Content-Type"), resp.read().decode()[-3000:]]
 
         # a broken config on SIGHUP: reported, the running probe sets keep exporting
-        cfg_path.write_text(BROKEN)
+        cfg_path.write_text(BROKEN.format(port=port, metrics_port=METRICS_PORT, vmlinux=vmlinux))
         agent.popen.send_signal(signal.SIGHUP)
         agent.wait_for_line(r'"config reload failed', timeout=120)
         rc, sout, serr = ctx.run([PY, "-m", "retsnoop_otel", "simfail", "bpf-bad-map-max-entries-array"], 180)
