@@ -488,7 +488,7 @@ class AgentCollector(Collector):
                 attached.add_metric([ps.name, ps.mode], ps.attached)
                 sampled.add_metric([ps.name, "sampled"], ps.sampled_out)
                 sampled.add_metric([ps.name, "filtered"], ps.filtered_out)
-                evicted.add_metric([ps.name], getattr(ps, "evicted", 0))
+                evicted.add_metric([ps.name], ps.evicted)
             totals = agent.outputs.totals() if agent.outputs is not None else _Totals()
         yield from families.values()
         yield attached

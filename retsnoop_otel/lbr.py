@@ -54,6 +54,16 @@ def parse_specs(specs: Sequence[str]) -> int:
     return flags | BRANCH_KERNEL
 
 
+def lbr_missing(lbr: object, branch_snapshot: object) -> str:
+    """Why LBR capture cannot work here ("" when it can), from the `lbr` and `branch_snapshot`
+    features (features.Feature): the CPU keeps no branch records, or BPF cannot snapshot them."""
+    if not lbr.available:  # type: ignore[attr-defined]
+        return f"opening a branch-stack perf event was {lbr.detail}"  # type: ignore[attr-defined]
+    if not branch_snapshot.available:  # type: ignore[attr-defined]
+        return f"this kernel {branch_snapshot.why}"  # type: ignore[attr-defined]
+    return ""
+
+
 def require_lbr(available: bool, detail: str) -> None:
     if not available:
         raise LbrError(f"--lbr needs last branch records, but {detail}: run without --lbr, or on a machine "

@@ -163,10 +163,7 @@ class SeriesLimiter:
 
     def errors(self, function: str, errors: Mapping[str, int]) -> dict[str, int]:
         cap = self.bounds.max_error_types
-        if not cap or len(errors) <= cap and function not in self._kept:
-            if cap:  # remember them: a later new type must not displace these
-                with self._lock:
-                    self._kept[function] = sorted(errors)
+        if not cap:
             return dict(errors)
         with self._lock:
             kept = self._kept.setdefault(function, [])

@@ -32,6 +32,8 @@ from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.status import Status, StatusCode
 
 from . import __version__
+from .errnos import errno_name
+from .lbr import export_lbr
 from .model import Call, RetKind, Session, TracedFunc, error_type, format_result, signed_value
 
 if TYPE_CHECKING:  # otlp_fast imports this module
@@ -231,8 +233,6 @@ def session_attrs(session: Session, symbolize: Callable[[int], str] | None, expo
 def lbr_attrs(session: Session, funcs: FuncTable, symbolize: Callable[[int], str] | None,
               export_addresses: bool) -> Attrs:
     """--lbr: the branch records as `retsnoop.lbr` (relevant ones, oldest first), or why there are none."""
-    from .errnos import errno_name
-    from .lbr import export_lbr
     cap = session.lbr
     if cap is None:
         return {}

@@ -115,14 +115,11 @@ def load_kernel_env(vmlinux: str | None, root: str = "/") -> KernelEnv:
             source = LlvmSymbolizer(path, kaslr_offset(path, ksyms.stext))  # type: ignore[arg-type]
             symbolizer = DwarfSymbolizer(ksyms, source)
             close = source.close
-    lbr_missing = ""
-    if not feats.lbr.available:
-        lbr_missing = f"opening a branch-stack perf event was {feats.lbr.detail}"
-    elif not feats.branch_snapshot.available:
-        lbr_missing = f"this kernel {feats.branch_snapshot.why}"
+    from .lbr import lbr_missing
     return KernelEnv(ksyms=ksyms, available=available, ret_kind=ret_kinds, btf_func_id=ret_kinds.func_id,
                      auto_mode=features.choose_mode(feats), check_mode=check_mode, symbolizer=symbolizer,
-                     resolve_source_glob=resolve, close=close, lbr_missing=lbr_missing)
+                     resolve_source_glob=resolve, close=close,
+                     lbr_missing=lbr_missing(feats.lbr, feats.branch_snapshot))
 
 
 def cgroup2_mount(root: str = "/") -> str:

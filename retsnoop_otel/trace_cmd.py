@@ -176,11 +176,10 @@ def _check_globs(opts: TraceOptions) -> None:
 def _check_lbr(feats: object) -> None:
     """--lbr is refused before anything loads where the CPU keeps no branch records or the kernel
     cannot snapshot them from BPF (retsnoop silently drops LBR there; a user who asked should know)."""
-    from .lbr import LbrError, require_lbr
-    lbr, snapshot = feats.lbr, feats.branch_snapshot  # type: ignore[attr-defined]
+    from .lbr import LbrError, lbr_missing, require_lbr
+    why = lbr_missing(feats.lbr, feats.branch_snapshot)  # type: ignore[attr-defined]
     try:
-        require_lbr(lbr.available, f"opening a branch-stack perf event was {lbr.detail}")
-        require_lbr(snapshot.available, f"this kernel {snapshot.why}")
+        require_lbr(not why, why)
     except LbrError as exc:
         raise SetupError(str(exc)) from None
 

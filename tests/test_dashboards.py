@@ -145,8 +145,8 @@ def exposed_series() -> set[str]:
     names = _exposed_names(make_registry(MetricsCollector(
         "bpf", funcs, tracer.func_stats, tracer.capture_stats, lambda: ExportStats(3, {"queue_full": 1}, 1),
         tracer.session_stats)))
-    probe_set = SimpleNamespace(name="bpf", funcs=funcs, tracer=tracer, mode="fentry", attached=2, sampled_out=1,
-                                filtered_out=1)
+    probe_set = SimpleNamespace(name="bpf", funcs=funcs, tracer=tracer, mode="fentry", attached=2, evicted=0,
+                                sampled_out=1, filtered_out=1)
     agent = SimpleNamespace(_lock=threading.Lock(), series_limiter=lambda _name: None, probe_sets=[probe_set],
                             outputs=None, emit_errors=0, reloads={"success": 1, "failure": 0})
     with tempfile.TemporaryDirectory() as root:  # the run families have samples only while bpf_stats is on

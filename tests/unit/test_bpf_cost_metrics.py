@@ -94,7 +94,8 @@ def test_fentry_clones_are_summed_per_template() -> None:
 
 
 def _agent(*names: str) -> SimpleNamespace:
-    sets = [SimpleNamespace(name=n, funcs=FUNCS, mode="kprobe_multi", attached=1, sampled_out=0, filtered_out=0,
+    sets = [SimpleNamespace(name=n, funcs=FUNCS, mode="kprobe_multi", attached=1, evicted=0, sampled_out=0,
+                            filtered_out=0,
                             tracer=SimpleNamespace(func_stats=list, capture_stats=CaptureStats, session_stats=list,
                                                    program_stats=lambda n=n: [ProgramStats("kmulti_entry",
                                                                                            len(n), 1000)]))
