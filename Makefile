@@ -41,7 +41,7 @@ kernels: setup
 	tests/vm/fetch-kernel 6.1 --dbg
 	tests/vm/fetch-kernel 6.12
 	@# index the 6.1 DWARF once on the host (cached by build-id): ':path' globs then start fast in the guest
-	$(PY) -m retsnoop_otel.dwarf index "$$(tests/vm/fetch-kernel 6.1 --dbg)"/usr/lib/debug/boot/vmlinux-*
+	$(PY) -m retsnoop_otel.symbols.dwarf index "$$(tests/vm/fetch-kernel 6.1 --dbg)"/usr/lib/debug/boot/vmlinux-*
 
 ## test: lint, then every test: unit, native (uprobes on the host) and VM scenarios on 6.1 and 6.12
 test: setup kernels lint

@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from retsnoop_otel import discovery, features, tracefs  # noqa: E402
 from retsnoop_otel import libbpf as lb  # noqa: E402
-from retsnoop_otel.btf import ReturnKinds  # noqa: E402
-from retsnoop_otel.kallsyms import Kallsyms  # noqa: E402
-from retsnoop_otel.tracer import CaptureConfig, Tracer  # noqa: E402
+from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer  # noqa: E402
+from retsnoop_otel.symbols.btf import ReturnKinds  # noqa: E402
+from retsnoop_otel.symbols.kallsyms import Kallsyms  # noqa: E402
 
 OUR = {"kprobe_entry", "kretprobe_exit", "kmulti_entry", "kmulti_exit", "rs_fentry", "rs_fexit"}
 

@@ -29,10 +29,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider  # noqa: E402
 from opentelemetry.trace import SpanKind  # noqa: E402
 
-from retsnoop_otel.model import Call, RetKind, Session, StackEntry, TracedFunc  # noqa: E402
-from retsnoop_otel.otlp import SCOPE, result_attrs, session_attrs  # noqa: E402
-from retsnoop_otel.otlp_fast import SpanEncoder, build_request  # noqa: E402
-from retsnoop_otel.resource import build_resource  # noqa: E402
+from retsnoop_otel.capture.model import Call, RetKind, Session, StackEntry, TracedFunc  # noqa: E402
+from retsnoop_otel.export.otlp import SCOPE, result_attrs, session_attrs  # noqa: E402
+from retsnoop_otel.export.otlp_fast import SpanEncoder, build_request  # noqa: E402
+from retsnoop_otel.export.resource import build_resource  # noqa: E402
 
 OFFSET = 1_700_000_000_000_000_000
 BATCH = 512  # spans per export request, the sink's default
@@ -154,7 +154,7 @@ def stock_path(funcs: dict[int, TracedFunc], resource, symbolize) -> Callable[[l
 
 
 def readable_path(funcs, resource, symbolize) -> Callable[[list[Session]], int]:
-    from retsnoop_otel.otlp import session_to_spans
+    from retsnoop_otel.export.otlp import session_to_spans
 
     def run(sessions: list[Session]) -> int:
         total, batch = 0, []

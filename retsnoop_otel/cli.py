@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from . import __version__
+from retsnoop_otel import __version__
 
 SUBCOMMANDS = ("trace", "features", "simfail", "agent")
 
@@ -155,16 +155,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     cmd, rest = args[0], args[1:]
     try:
         if cmd == "trace":
-            from .trace_cmd import run_trace
+            from retsnoop_otel.trace.main import run_trace
             return run_trace(build_trace_parser(), rest)
         if cmd == "features":
-            from . import features
+            from retsnoop_otel.kernel import features
             return features.main(rest)
         if cmd == "simfail":
-            from . import simfail
+            from retsnoop_otel import simfail
             return simfail.main(rest)
-        from . import agent
-        return agent.main(rest)
+        from retsnoop_otel.agent import main as agent_cmd
+        return agent_cmd.main(rest)
     except KeyboardInterrupt:
         return 130
 

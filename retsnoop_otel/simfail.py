@@ -21,8 +21,8 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from typing import TextIO
 
-from . import bpfsys
-from .errnos import errno_name
+from retsnoop_otel.capture.errnos import errno_name
+from retsnoop_otel.kernel import bpfsys
 
 MAP_NAME = b"simfail_map"
 BASELINE = dict(map_type=bpfsys.MAP_ARRAY, key_size=4, value_size=4, max_entries=1, map_flags=0)
@@ -153,7 +153,7 @@ def _kprobe_bad_kfunc(res: ExitStack) -> str:
 
 
 def _fentry_unsupp_func(res: ExitStack) -> str:
-    from . import libbpf as lb
+    from retsnoop_otel.kernel import libbpf as lb
     btf = lb.Btf.load_vmlinux()
     try:
         tid = btf.find(FENTRY_UNSUPP_FUNC, lb.BTF_KIND_FUNC)

@@ -130,10 +130,10 @@ def _exposed_names(registry) -> set[str]:
 
 def exposed_series() -> set[str]:
     """Series names of the trace command's and the agent's collectors, fed with fake stats."""
-    from retsnoop_otel.agent import AgentCollector
-    from retsnoop_otel.metrics import MetricsCollector, make_registry
-    from retsnoop_otel.model import CaptureStats, FuncStats, ProgramStats, RetKind, SessionStats, TracedFunc
-    from retsnoop_otel.otlp import ExportStats
+    from retsnoop_otel.agent.main import AgentCollector
+    from retsnoop_otel.capture.model import CaptureStats, FuncStats, ProgramStats, RetKind, SessionStats, TracedFunc
+    from retsnoop_otel.export.otlp import ExportStats
+    from retsnoop_otel.metrics.collector import MetricsCollector, make_registry
 
     funcs = {0: TracedFunc(0, "__x64_sys_bpf", 0, RetKind.INT32, True),
              1: TracedFunc(1, "array_map_alloc_check", 0, RetKind.INT32, False)}

@@ -8,12 +8,12 @@ import pytest
 from google.protobuf.json_format import MessageToDict
 from opentelemetry.sdk.metrics.export import Histogram, Sum
 
-from retsnoop_otel.config import OtlpConfig
-from retsnoop_otel.exporters import build_otlp_metric_exporter
-from retsnoop_otel.metrics import MetricsCollector
-from retsnoop_otel.model import CaptureStats, FuncStats, RetKind, TracedFunc
-from retsnoop_otel.otlp_metrics import OtlpMetricsPusher, metrics_data
-from retsnoop_otel.resource import build_resource
+from retsnoop_otel.capture.model import CaptureStats, FuncStats, RetKind, TracedFunc
+from retsnoop_otel.export.exporters import build_otlp_metric_exporter
+from retsnoop_otel.export.otlp_metrics import OtlpMetricsPusher, metrics_data
+from retsnoop_otel.export.resource import build_resource
+from retsnoop_otel.metrics.collector import MetricsCollector
+from retsnoop_otel.runtime.config import OtlpConfig
 from tests.otlp_receiver import start_receiver
 
 FUNCS = {0: TracedFunc(0, "do_open", 0, RetKind.INT32, True), 1: TracedFunc(1, "may_open", 0, RetKind.INT32, False)}

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from retsnoop_otel.model import Call, RetKind, Session, StackEntry, TracedFunc
-from retsnoop_otel.otlp import OtlpTraceSink, session_to_spans
-from retsnoop_otel.otlp_fast import SpanEncoder
-from retsnoop_otel.resource import build_resource
+from retsnoop_otel.capture.model import Call, RetKind, Session, StackEntry, TracedFunc
+from retsnoop_otel.export.otlp import OtlpTraceSink, session_to_spans
+from retsnoop_otel.export.otlp_fast import SpanEncoder
+from retsnoop_otel.export.resource import build_resource
 from tests.otlp_receiver import load_spans, start_receiver
 
 REPO = Path(__file__).resolve().parent.parent

@@ -6,10 +6,10 @@ import struct
 
 import pytest
 
-from retsnoop_otel import libbpf as lb
-from retsnoop_otel.args import ArgFormatter, describe_args, spec_words
-from retsnoop_otel.model import ArgValue
-from retsnoop_otel.records import ARG_PTR, ARG_RAW, ARG_STR
+from retsnoop_otel.capture.model import ArgValue
+from retsnoop_otel.capture.records import ARG_PTR, ARG_RAW, ARG_STR
+from retsnoop_otel.kernel import libbpf as lb
+from retsnoop_otel.symbols.args import ArgFormatter, describe_args, spec_words
 
 
 @pytest.fixture(scope="module")

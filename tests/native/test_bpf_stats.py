@@ -16,10 +16,10 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.utils import floatToGoString
 
-from retsnoop_otel import libbpf as lb
-from retsnoop_otel.metrics import MetricsCollector, make_registry, read_bpf_stats_enabled
-from retsnoop_otel.model import CaptureStats, RetKind, TracedFunc
-from retsnoop_otel.tracer import CaptureConfig, Tracer
+from retsnoop_otel.capture.model import CaptureStats, RetKind, TracedFunc
+from retsnoop_otel.kernel import libbpf as lb
+from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer
+from retsnoop_otel.metrics.collector import MetricsCollector, make_registry, read_bpf_stats_enabled
 
 HERE = Path(__file__).parent
 SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from retsnoop_otel import libbpf as lb
-from retsnoop_otel.btf import ReturnKinds
-from retsnoop_otel.model import RetKind
+from retsnoop_otel.capture.model import RetKind
+from retsnoop_otel.kernel import libbpf as lb
+from retsnoop_otel.symbols.btf import ReturnKinds
 
 
 @pytest.fixture(scope="module")

@@ -27,8 +27,8 @@ def _host_can_trace() -> tuple[bool, bool]:
     """(fentry loads, kprobes exist), found without the features command: the ground truth for its report."""
     from pathlib import Path
 
-    from retsnoop_otel import libbpf as lb
-    from retsnoop_otel.tracer import bpf_object_path
+    from retsnoop_otel.kernel import libbpf as lb
+    from retsnoop_otel.kernel.tracer import bpf_object_path
     obj = lb.BpfObject.open_file(str(bpf_object_path()))
     try:
         for name in ("fentry_entry", "fexit_exit", "kprobe_entry", "kretprobe_exit", "kmulti_entry", "kmulti_exit"):

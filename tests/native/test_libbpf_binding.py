@@ -7,8 +7,8 @@ import struct
 
 import pytest
 
-from retsnoop_otel import libbpf as lb
-from retsnoop_otel.tracer import bpf_object_path
+from retsnoop_otel.kernel import libbpf as lb
+from retsnoop_otel.kernel.tracer import bpf_object_path
 
 
 def test_version_is_checked():
@@ -71,7 +71,7 @@ def test_kernel_btf_queries():
 def test_refused_load_carries_errno_and_libbpf_log():
     """What the kernel refuses (here an ARRAY map of 0 entries) raises with the errno and libbpf's own
     explanation, not its debug chatter."""
-    from retsnoop_otel.tracer import bpf_object_path
+    from retsnoop_otel.kernel.tracer import bpf_object_path
     obj = lb.BpfObject.open_file(str(bpf_object_path()))
     try:
         for name in ("fentry_entry", "fexit_exit", "kprobe_entry", "kretprobe_exit", "kmulti_entry", "kmulti_exit"):

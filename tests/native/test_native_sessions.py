@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from retsnoop_otel import libbpf as lb
-from retsnoop_otel.model import RetKind, TracedFunc, format_result
-from retsnoop_otel.sessions import SessionAssembler
-from retsnoop_otel.tracer import CaptureConfig, Tracer
+from retsnoop_otel.capture.model import RetKind, TracedFunc, format_result
+from retsnoop_otel.capture.sessions import SessionAssembler
+from retsnoop_otel.kernel import libbpf as lb
+from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer
 
 HERE = Path(__file__).parent
 FUNCS = [
@@ -207,7 +207,7 @@ def test_session_aggregates_per_entry_function(simkern):
 def test_call_records_leave_room_for_the_session_end_record(simkern):
     """A 4 KiB ring buffer and one session of 40 nested calls (80 call records, ~3.8 KiB): the call records
     overflow, but the headroom they leave lets the session's end record through, gaps counted and shown."""
-    from retsnoop_otel.render_calls import render_calls
+    from retsnoop_otel.render.calls import render_calls
 
     funcs, sessions, _, cstats = _capture(simkern, [("sk_recurse", 40)], emit_calls=True, capture_success=True,
                                           ringbuf_size=4096)
@@ -225,7 +225,7 @@ def test_lbr_snapshot_travels_with_the_session(simkern):
     """--lbr's kernel side: every exit snapshots the branch stack first, the deepest failing return keeps
     it, and it arrives right before the session end. This host has no LBR, so the helper's own answer
     (an error, or no records) is what travels; the layout and the choice of exit are what is checked."""
-    from retsnoop_otel import bpfsys
+    from retsnoop_otel.kernel import bpfsys
     types = bpfsys.PERF_SAMPLE_BRANCH_KERNEL | bpfsys.PERF_SAMPLE_BRANCH_ANY_RETURN
     funcs, sessions, _, _ = _capture(simkern, [("sk_syscall", 0), ("sk_syscall", 5)], emit_calls=True,
                                      lbr_branch_types=types, lbr_perf_events=False)
@@ -247,7 +247,7 @@ def test_cgroup_filter_keeps_tasks_in_the_cgroup_and_below(simkern, tmp_path):
     """--cgroup CG matches tasks in CG and in any cgroup under it (containers nest), and nothing else."""
     import sys
 
-    from retsnoop_otel.pipeline import cgroup2_mount, cgroup_target
+    from retsnoop_otel.runtime.probe_set import cgroup2_mount, cgroup_target
     path, _lib = simkern
     parent = Path(cgroup2_mount()) / f"rsotel-native-{os.getpid()}"
     child = parent / "child"

@@ -21,15 +21,15 @@ from pathlib import Path
 import pytest
 from opentelemetry.sdk.trace.export import SpanExportResult
 
-from retsnoop_otel import records
-from retsnoop_otel.agent import Agent, AgentDeps, check, install_signal_handlers, main
-from retsnoop_otel.kallsyms import Kallsyms
-from retsnoop_otel.logs import AgentLog
-from retsnoop_otel.model import CaptureStats, FuncStats, RetKind, SessionStats
-from retsnoop_otel.pipeline import KernelEnv, SetupError
-from retsnoop_otel.records import FuncTraceRec, SessionEndRec, SessionStartRec
-from retsnoop_otel.symbolize import KallsymsSymbolizer
-from retsnoop_otel.tracer import AttachReport
+from retsnoop_otel.agent.main import Agent, AgentDeps, check, install_signal_handlers, main
+from retsnoop_otel.capture import records
+from retsnoop_otel.capture.model import CaptureStats, FuncStats, RetKind, SessionStats
+from retsnoop_otel.capture.records import FuncTraceRec, SessionEndRec, SessionStartRec
+from retsnoop_otel.kernel.tracer import AttachReport
+from retsnoop_otel.runtime.logs import AgentLog
+from retsnoop_otel.runtime.probe_set import KernelEnv, SetupError
+from retsnoop_otel.symbols.kallsyms import Kallsyms
+from retsnoop_otel.symbols.symbolize import KallsymsSymbolizer
 
 KALLSYMS = """\
 ffffffff81000000 T _stext
@@ -546,8 +546,8 @@ def test_metrics_otlp_pushes_the_same_families_and_a_last_push_before_detaching(
 def test_lbr_probe_set_refused_where_the_cpu_has_no_lbr() -> None:
     from dataclasses import replace
 
-    from retsnoop_otel.config import Limits, ProbeSetConfig
-    from retsnoop_otel.pipeline import ProbeSetError, capture_config, resolve
+    from retsnoop_otel.runtime.config import Limits, ProbeSetConfig
+    from retsnoop_otel.runtime.probe_set import ProbeSetError, capture_config, resolve
     env = replace(make_env(), lbr_missing="opening a branch-stack perf event was refused (ENOENT)")
     cfg = ProbeSetConfig(name="deep", entry=("bpf_check",), lbr_branch_types=0x22)
     with pytest.raises(ProbeSetError, match="probe set 'deep': 'lbr' needs last branch records, but opening"):
@@ -558,7 +558,7 @@ def test_lbr_probe_set_refused_where_the_cpu_has_no_lbr() -> None:
 
 
 def test_cgroup_target_id_and_level(tmp_path: Path) -> None:
-    from retsnoop_otel.pipeline import cgroup_target
+    from retsnoop_otel.runtime.probe_set import cgroup_target
     (tmp_path / "proc").mkdir()
     (tmp_path / "proc" / "mounts").write_text("cgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\n")
     leaf = tmp_path / "sys/fs/cgroup/unified/system.slice/foo.service"
@@ -574,7 +574,7 @@ def test_cgroup_target_id_and_level(tmp_path: Path) -> None:
 def test_library_warnings_follow_the_log_format_and_are_rate_limited() -> None:
     import logging
 
-    from retsnoop_otel.logs import LibraryLogBridge
+    from retsnoop_otel.runtime.logs import LibraryLogBridge
     out = io.StringIO()
     now = {"t": 100.0}
     log = AgentLog(out, fmt="json")

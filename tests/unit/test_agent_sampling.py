@@ -8,12 +8,12 @@ import random
 
 import pytest
 
-from retsnoop_otel.config import OtlpConfig, ProbeSetConfig, Sampling, parse_config
-from retsnoop_otel.errfilter import ErrorFilter
-from retsnoop_otel.exporters import build_otlp_exporter
-from retsnoop_otel.logs import AgentLog
-from retsnoop_otel.model import Session, StackEntry
-from retsnoop_otel.pipeline import SuccessSampler, capture_config
+from retsnoop_otel.capture.errfilter import ErrorFilter
+from retsnoop_otel.capture.model import Session, StackEntry
+from retsnoop_otel.export.exporters import build_otlp_exporter
+from retsnoop_otel.runtime.config import OtlpConfig, ProbeSetConfig, Sampling, parse_config
+from retsnoop_otel.runtime.logs import AgentLog
+from retsnoop_otel.runtime.probe_set import SuccessSampler, capture_config
 
 
 class Clock:
@@ -74,8 +74,8 @@ def test_capture_config_follows_mode_sampling_and_filters() -> None:
 
 
 def test_error_sessions_ignore_sampling_but_follow_the_error_filter(tmp_path) -> None:
-    from retsnoop_otel.discovery import discover
-    from retsnoop_otel.pipeline import ProbeSet
+    from retsnoop_otel.runtime.probe_set import ProbeSet
+    from retsnoop_otel.symbols.discovery import discover
     from tests.unit.test_agent_lifecycle import World, make_env
 
     env = make_env()
@@ -97,8 +97,8 @@ def test_error_sessions_ignore_sampling_but_follow_the_error_filter(tmp_path) ->
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
 def test_configured_exporters_reach_a_real_receiver(protocol: str) -> None:
     """A bare base URL works for both protocols (HTTP gets /v1/traces appended), with gzip and headers."""
-    from retsnoop_otel.model import RetKind, TracedFunc
-    from retsnoop_otel.otlp import session_to_spans
+    from retsnoop_otel.capture.model import RetKind, TracedFunc
+    from retsnoop_otel.export.otlp import session_to_spans
     from tests.otlp_receiver import start_receiver
 
     rx = start_receiver(port=0, http_port=0)
@@ -124,8 +124,8 @@ def test_configured_exporters_reach_a_real_receiver(protocol: str) -> None:
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
 def test_standard_environment_variables_reach_the_wire(protocol: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """No endpoint/headers in the config: OTEL_EXPORTER_OTLP_* decide, as for any OTel SDK exporter."""
-    from retsnoop_otel.model import RetKind, TracedFunc
-    from retsnoop_otel.otlp import session_to_spans
+    from retsnoop_otel.capture.model import RetKind, TracedFunc
+    from retsnoop_otel.export.otlp import session_to_spans
     from tests.otlp_receiver import start_receiver
 
     rx = start_receiver(port=0, http_port=0)

@@ -13,11 +13,11 @@ from prometheus_client import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from retsnoop_otel import libbpf as lb
-from retsnoop_otel.agent import AgentCollector
-from retsnoop_otel.metrics import MetricsCollector, make_registry, read_bpf_stats_enabled
-from retsnoop_otel.model import CaptureStats, ProgramStats, RetKind, TracedFunc
-from retsnoop_otel.tracer import sum_program_stats
+from retsnoop_otel.agent.main import AgentCollector
+from retsnoop_otel.capture.model import CaptureStats, ProgramStats, RetKind, TracedFunc
+from retsnoop_otel.kernel import libbpf as lb
+from retsnoop_otel.kernel.tracer import sum_program_stats
+from retsnoop_otel.metrics.collector import MetricsCollector, make_registry, read_bpf_stats_enabled
 
 FUNCS = {0: TracedFunc(0, "__x64_sys_bpf", 0, RetKind.SIGNED, True)}
 PROGRAMS = [ProgramStats("kmulti_entry", 1200, 1_500_000), ProgramStats("kmulti_exit", 1200, 900_000)]

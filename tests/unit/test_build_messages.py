@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from retsnoop_otel import libbpf as lb
+from retsnoop_otel.kernel import libbpf as lb
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -2,7 +2,7 @@ import time
 
 import pytest
 
-from retsnoop_otel.clock import ClockOffset, measure_boot_to_wall_offset, measure_clock_offset
+from retsnoop_otel.capture.clock import ClockOffset, measure_boot_to_wall_offset, measure_clock_offset
 
 
 def scripted(values):

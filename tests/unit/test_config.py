@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from retsnoop_otel.config import ConfigError, load_config, parse_config, parse_listen
-from retsnoop_otel.http_server import HttpServer, ListenError
-from retsnoop_otel.metrics import make_registry
+from retsnoop_otel.metrics.collector import make_registry
+from retsnoop_otel.metrics.server import HttpServer, ListenError
+from retsnoop_otel.runtime.config import ConfigError, load_config, parse_config, parse_listen
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -183,7 +183,7 @@ def test_metrics_otlp_section() -> None:
 
 
 def test_lbr_key_takes_the_trace_flag_specs() -> None:
-    from retsnoop_otel.lbr import BRANCH_KERNEL, BRANCH_TYPES
+    from retsnoop_otel.render.lbr import BRANCH_KERNEL, BRANCH_TYPES
     cfg = parse_config(BASE + "    lbr: true\n", "a.yaml")
     assert cfg.probe_sets[0].lbr_branch_types == BRANCH_TYPES["any_return"] | BRANCH_KERNEL
     cfg = parse_config(BASE + "    lbr: any,cond\n", "a.yaml")

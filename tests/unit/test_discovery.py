@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from retsnoop_otel import tracefs
-from retsnoop_otel.discovery import (
+from retsnoop_otel.capture.model import RetKind
+from retsnoop_otel.symbols import tracefs
+from retsnoop_otel.symbols.discovery import (
     BUILTIN_DENY,
     Discovery,
     DiscoveryError,
@@ -18,8 +19,7 @@ from retsnoop_otel.discovery import (
     format_dry_run,
     parse_glob,
 )
-from retsnoop_otel.kallsyms import Kallsyms
-from retsnoop_otel.model import RetKind
+from retsnoop_otel.symbols.kallsyms import Kallsyms
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 ROOT = FIXTURES / "kernel_root"

@@ -11,9 +11,9 @@ from prometheus_client import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from retsnoop_otel.metrics import ExemplarStore, MetricsCollector, log2_bucket, make_registry
-from retsnoop_otel.model import CaptureStats, RetKind, Session, SessionStats, StackEntry, TracedFunc
-from retsnoop_otel.otlp_fast import SpanEncoder, build_request, request_to_spans
+from retsnoop_otel.capture.model import CaptureStats, RetKind, Session, SessionStats, StackEntry, TracedFunc
+from retsnoop_otel.export.otlp_fast import SpanEncoder, build_request, request_to_spans
+from retsnoop_otel.metrics.collector import ExemplarStore, MetricsCollector, log2_bucket, make_registry
 
 FUNCS = {0: TracedFunc(0, "__x64_sys_bpf", 0, RetKind.SIGNED, True),
          1: TracedFunc(1, "array_map_alloc_check", 0, RetKind.INT32, False)}

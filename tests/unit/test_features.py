@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from retsnoop_otel import caps, features
-from retsnoop_otel.features import Feature, FeatureError, Features
+from retsnoop_otel.kernel import caps, features
+from retsnoop_otel.kernel.features import Feature, FeatureError, Features
 
 
 def _feats(**over: Feature) -> Features:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from retsnoop_otel.kallsyms import Kallsyms, KallsymsError, KSym
+from retsnoop_otel.symbols.kallsyms import Kallsyms, KallsymsError, KSym
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 ROOT = FIXTURES / "kernel_root"

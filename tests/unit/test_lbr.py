@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from retsnoop_otel.kallsyms import Kallsyms
-from retsnoop_otel.lbr import BRANCH_KERNEL, BRANCH_TYPES, Branch, LbrError, parse_specs, render_lbr, require_lbr
-from retsnoop_otel.symbolize import KallsymsSymbolizer
+from retsnoop_otel.render.lbr import BRANCH_KERNEL, BRANCH_TYPES, Branch, LbrError, parse_specs, render_lbr, require_lbr
+from retsnoop_otel.symbols.kallsyms import Kallsyms
+from retsnoop_otel.symbols.symbolize import KallsymsSymbolizer
 
 ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "lbr_61"
 AMAC = 0xffffffff812363b0  # array_map_alloc_check in Debian's 6.1.192 (System.map)

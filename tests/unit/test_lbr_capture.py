@@ -7,14 +7,14 @@ import io
 
 import pytest
 
-from retsnoop_otel import records
-from retsnoop_otel.kallsyms import Kallsyms
-from retsnoop_otel.lbr import export_lbr, render_session_lbr
-from retsnoop_otel.model import Branch, LbrCapture, RetKind, StackEntry, TracedFunc
-from retsnoop_otel.otlp_fast import SpanEncoder, build_request
-from retsnoop_otel.records import SessionLbrRec
-from retsnoop_otel.sessions import SessionAssembler
-from retsnoop_otel.symbolize import KallsymsSymbolizer
+from retsnoop_otel.capture import records
+from retsnoop_otel.capture.model import Branch, LbrCapture, RetKind, StackEntry, TracedFunc
+from retsnoop_otel.capture.records import SessionLbrRec
+from retsnoop_otel.capture.sessions import SessionAssembler
+from retsnoop_otel.export.otlp_fast import SpanEncoder, build_request
+from retsnoop_otel.render.lbr import export_lbr, render_session_lbr
+from retsnoop_otel.symbols.kallsyms import Kallsyms
+from retsnoop_otel.symbols.symbolize import KallsymsSymbolizer
 from tests.unit.test_lbr import AMAC, AMAC_SIZE, RECORDS, ROOT
 from tests.unit.test_otlp import FUNCS, OFFSET, spans_of, tree_session
 from tests.unit.test_otlp_fast import RESOURCE, assert_same, decode, symbolize
@@ -151,7 +151,7 @@ def test_capture_that_matches_no_call_is_not_exported():
 
 def test_trace_text_puts_lbr_between_header_and_stack(sym):
     from retsnoop_otel.cli import build_trace_parser
-    from retsnoop_otel.trace_cmd import _Sinks, parse_options
+    from retsnoop_otel.trace.main import _Sinks, parse_options
     funcs = _amac_funcs()
     s = tree_session(calls=[], chain=[StackEntry(0, E2BIG, 8_000), StackEntry(1, E2BIG, 100)], kstack=[],
                      lbr=LbrCapture(1, 1, 500, tuple(RECORDS)))

@@ -7,15 +7,15 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from retsnoop_otel import __version__
-from retsnoop_otel.metrics import (
+from retsnoop_otel.capture.model import CaptureStats, FuncStats, RetKind, TracedFunc
+from retsnoop_otel.export.otlp import ExportStats
+from retsnoop_otel.metrics.collector import (
     MetricsCollector,
     MetricsPortInUseError,
     bucket_bounds_seconds,
     make_registry,
     serve_metrics,
 )
-from retsnoop_otel.model import CaptureStats, FuncStats, RetKind, TracedFunc
-from retsnoop_otel.otlp import ExportStats
 
 FUNCS = {
     0: TracedFunc(0, "do_open", 0, RetKind.INT32, True),
@@ -163,8 +163,8 @@ def test_serve_metrics_over_http_and_port_in_use():
 
 
 def test_session_outcomes_and_duration_per_entry_function():
-    from retsnoop_otel.metrics import MetricsCollector, make_registry
-    from retsnoop_otel.model import SessionStats
+    from retsnoop_otel.capture.model import SessionStats
+    from retsnoop_otel.metrics.collector import MetricsCollector, make_registry
 
     funcs = {0: TracedFunc(0, "__x64_sys_bpf", 0, RetKind.SIGNED, True)}
     buckets = [0] * 40
@@ -181,7 +181,7 @@ def test_session_outcomes_and_duration_per_entry_function():
 
 
 def _bounded(bounds, stats):
-    from retsnoop_otel.metrics import SeriesLimiter
+    from retsnoop_otel.metrics.collector import SeriesLimiter
     limiter = SeriesLimiter(bounds)
     box = {"stats": stats}
     reg = make_registry(MetricsCollector("vfs", FUNCS, lambda: box["stats"], CaptureStats, limiter=limiter))
@@ -194,7 +194,7 @@ def _errors(reg):
 
 
 def test_error_types_capped_per_function_and_stable_across_scrapes():
-    from retsnoop_otel.metrics import SeriesBounds
+    from retsnoop_otel.metrics.collector import SeriesBounds
     reg, box = _bounded(SeriesBounds(max_error_types=1), [FuncStats(1, 9, {"EPERM": 3, "ENOENT": 1}, (0,), 0)])
     assert _errors(reg) == [
         'retsnoop_function_errors_total{error_type="EPERM",function="may_open",probe_set="vfs"} 3.0',
@@ -207,7 +207,7 @@ def test_error_types_capped_per_function_and_stable_across_scrapes():
 
 
 def test_function_allow_list_folds_the_rest_into_other():
-    from retsnoop_otel.metrics import SeriesBounds
+    from retsnoop_otel.metrics.collector import SeriesBounds
     reg, _ = _bounded(SeriesBounds(functions=("do_*",)), func_stats())
     text = generate_latest(reg).decode()
     assert 'retsnoop_function_calls_total{function="do_open",probe_set="vfs"} 3.0' in text
@@ -218,7 +218,7 @@ def test_function_allow_list_folds_the_rest_into_other():
 
 
 def test_unbounded_by_default():
-    from retsnoop_otel.metrics import SeriesBounds
+    from retsnoop_otel.metrics.collector import SeriesBounds
     reg, _ = _bounded(SeriesBounds(), func_stats())
 
     def functions(r):

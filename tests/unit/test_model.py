@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from retsnoop_otel.errfilter import ErrorFilter
-from retsnoop_otel.errnos import errno_name, parse_errno
-from retsnoop_otel.model import RetKind, Session, StackEntry, TracedFunc, error_type, format_result, is_failure
+from retsnoop_otel.capture.errfilter import ErrorFilter
+from retsnoop_otel.capture.errnos import errno_name, parse_errno
+from retsnoop_otel.capture.model import RetKind, Session, StackEntry, TracedFunc, error_type, format_result, is_failure
 
 U64 = (1 << 64) - 1
 

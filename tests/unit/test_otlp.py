@@ -8,15 +8,15 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.trace import SpanKind, StatusCode
 
 from retsnoop_otel import __version__
-from retsnoop_otel.model import Call, RetKind, Session, StackEntry, TracedFunc
-from retsnoop_otel.otlp import (
+from retsnoop_otel.capture.model import Call, RetKind, Session, StackEntry, TracedFunc
+from retsnoop_otel.export.otlp import (
     ExportStats,
     OtlpTraceSink,
     make_exporter,
     resolve_protocol,
     session_to_spans,
 )
-from retsnoop_otel.resource import build_resource, read_machine_id
+from retsnoop_otel.export.resource import build_resource, read_machine_id
 
 OFFSET = 1_700_000_000_000_000_000
 EINVAL = (1 << 64) - 22
@@ -331,7 +331,7 @@ def test_source_location_attributes_with_dwarf():
 
 
 def test_definition_comes_from_the_entry_address_frame():
-    from retsnoop_otel.symbolize import Frame, definition
+    from retsnoop_otel.symbols.symbolize import Frame, definition
 
     class Sym:
         def frames(self, addr):

@@ -10,10 +10,10 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import SpanExportResult
 
 from bench import span_throughput  # the benchmark's realistic session generator
-from retsnoop_otel import otlp_fast
-from retsnoop_otel.model import Call, RetKind, Session, StackEntry, TracedFunc
-from retsnoop_otel.otlp import ExportStats, OtlpTraceSink, make_exporter, session_to_spans
-from retsnoop_otel.otlp_fast import (
+from retsnoop_otel.capture.model import Call, RetKind, Session, StackEntry, TracedFunc
+from retsnoop_otel.export import otlp_fast
+from retsnoop_otel.export.otlp import ExportStats, OtlpTraceSink, make_exporter, session_to_spans
+from retsnoop_otel.export.otlp_fast import (
     EncodedGrpcSpanExporter,
     EncodedHttpSpanExporter,
     SpanEncoder,
@@ -22,7 +22,7 @@ from retsnoop_otel.otlp_fast import (
     request_to_spans,
     span_count,
 )
-from retsnoop_otel.resource import build_resource
+from retsnoop_otel.export.resource import build_resource
 from tests.unit.test_otlp import EINVAL, FUNCS, KPTR, OFFSET, tree_session
 
 RESOURCE = build_resource(instance_id="test")
@@ -301,7 +301,7 @@ def test_http_exporter_refuses_oversized_and_after_shutdown():
 
 def test_captured_arguments_become_a_string_list_attribute():
     """-A: each call's `name=value` strings go on its span as retsnoop.args (beside a records-lost count)."""
-    from retsnoop_otel.model import ArgValue
+    from retsnoop_otel.capture.model import ArgValue
 
     session = tree_session()
     root = session.calls[0]

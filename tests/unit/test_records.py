@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from retsnoop_otel import records
-from retsnoop_otel.model import RET_KIND_CODES, RetKind
-from retsnoop_otel.records import FuncTraceRec, SessionEndRec, SessionStartRec, decode
+from retsnoop_otel.capture import records
+from retsnoop_otel.capture.model import RET_KIND_CODES, RetKind
+from retsnoop_otel.capture.records import FuncTraceRec, SessionEndRec, SessionStartRec, decode
 
 ROOT = Path(__file__).resolve().parents[2]
 

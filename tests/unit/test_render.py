@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from retsnoop_otel.dwarf import SourceFrame
-from retsnoop_otel.kallsyms import Kallsyms
-from retsnoop_otel.model import RetKind, Session, StackEntry, TracedFunc
-from retsnoop_otel.render import filter_kstack, render_header, render_stack
-from retsnoop_otel.symbolize import DwarfSymbolizer, Frame, KallsymsSymbolizer
+from retsnoop_otel.capture.model import RetKind, Session, StackEntry, TracedFunc
+from retsnoop_otel.render.stack import filter_kstack, render_header, render_stack
+from retsnoop_otel.symbols.dwarf import SourceFrame
+from retsnoop_otel.symbols.kallsyms import Kallsyms
+from retsnoop_otel.symbols.symbolize import DwarfSymbolizer, Frame, KallsymsSymbolizer
 
 ROOT = Path(__file__).resolve().parent.parent / "fixtures" / "kernel_root"
 NEG = 1 << 64  # raw 64-bit register value of a negative return: NEG - 12 is -ENOMEM

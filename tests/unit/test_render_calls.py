@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from retsnoop_otel.model import Call, RetKind, Session, TracedFunc
-from retsnoop_otel.render_calls import render_calls
+from retsnoop_otel.capture.model import Call, RetKind, Session, TracedFunc
+from retsnoop_otel.render.calls import render_calls
 
 FUNCS = {0: TracedFunc(0, "bpf_prog_load", 0, RetKind.INT32, True),
          1: TracedFunc(1, "bpf_prog_alloc", 0, RetKind.POINTER, False),

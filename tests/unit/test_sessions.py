@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from retsnoop_otel import records
-from retsnoop_otel.records import FuncTraceRec, SessionEndRec, SessionStartRec
-from retsnoop_otel.sessions import SessionAssembler
+from retsnoop_otel.capture import records
+from retsnoop_otel.capture.records import FuncTraceRec, SessionEndRec, SessionStartRec
+from retsnoop_otel.capture.sessions import SessionAssembler
 
 M = records.MAX_FSTACK_DEPTH
 
@@ -97,8 +97,8 @@ def test_stack_mode_session_without_call_records():
 
 def test_calls_beyond_the_cap_are_counted_and_kept_calls_still_close():
     """root -> 5 leaf calls with a cap of 3 calls: root + 2 leaves kept, 3 leaves cut, root's exit applied."""
-    from retsnoop_otel.model import Session
-    from retsnoop_otel.render_calls import render_calls
+    from retsnoop_otel.capture.model import Session
+    from retsnoop_otel.render.calls import render_calls
 
     recs, seq = [start(), ent(0, 0, 0, 100)], 1
     for i in range(5):
@@ -118,5 +118,5 @@ def test_calls_beyond_the_cap_are_counted_and_kept_calls_still_close():
 
 
 def _func(fid, name):
-    from retsnoop_otel.model import RetKind, TracedFunc
+    from retsnoop_otel.capture.model import RetKind, TracedFunc
     return TracedFunc(fid, name, 0, RetKind.INT32, fid == 0)

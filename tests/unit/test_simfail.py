@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from retsnoop_otel import bpfsys, simfail
-from retsnoop_otel.caps import can_trace, effective_caps
+from retsnoop_otel import simfail
+from retsnoop_otel.kernel import bpfsys
+from retsnoop_otel.kernel.caps import can_trace, effective_caps
 
 needs_bpf = pytest.mark.skipif(not can_trace(effective_caps()),
                                reason="creating BPF maps needs CAP_BPF (run the tests as root)")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from retsnoop_otel.model import Call, RetKind, Session, TracedFunc
-from retsnoop_otel.trace_json import TraceJsonWriter
+from retsnoop_otel.capture.model import Call, RetKind, Session, TracedFunc
+from retsnoop_otel.render.trace_json import TraceJsonWriter
 
 FUNCS = {0: TracedFunc(0, "__x64_sys_bpf", 0, RetKind.SIGNED, True),
          1: TracedFunc(1, "map_create", 0, RetKind.INT32, False),

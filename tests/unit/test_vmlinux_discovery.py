@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from retsnoop_otel.dwarf import DwarfError, elf_build_id, find_vmlinux
+from retsnoop_otel.symbols.dwarf import DwarfError, elf_build_id, find_vmlinux
 
 RELEASE = "6.1.0-56-amd64"
 

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from retsnoop_otel.render_calls import MAX_INDENT_LEVELS
+from retsnoop_otel.render.calls import MAX_INDENT_LEVELS
 
 pytestmark = pytest.mark.vm
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from retsnoop_otel import simfail
-from retsnoop_otel.errnos import errno_name
+from retsnoop_otel.capture.errnos import errno_name
 
 pytestmark = pytest.mark.vm
 

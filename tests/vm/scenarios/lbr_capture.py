@@ -19,13 +19,14 @@ PY = sys.executable
 
 @budget(900)
 def scenario_lbr_kernel_path(ctx) -> dict:
-    from retsnoop_otel import bpfsys, discovery, features, tracefs
-    from retsnoop_otel import libbpf as lb
-    from retsnoop_otel.btf import ReturnKinds
-    from retsnoop_otel.kallsyms import Kallsyms
-    from retsnoop_otel.lbr import render_session_lbr
-    from retsnoop_otel.symbolize import KallsymsSymbolizer
-    from retsnoop_otel.tracer import CaptureConfig, Tracer
+    from retsnoop_otel.kernel import bpfsys, features
+    from retsnoop_otel.kernel import libbpf as lb
+    from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer
+    from retsnoop_otel.render.lbr import render_session_lbr
+    from retsnoop_otel.symbols import discovery, tracefs
+    from retsnoop_otel.symbols.btf import ReturnKinds
+    from retsnoop_otel.symbols.kallsyms import Kallsyms
+    from retsnoop_otel.symbols.symbolize import KallsymsSymbolizer
 
     feats = features.detect()
     modes = [m for m in ("fentry", "kprobe", "kprobe_multi")
@@ -54,7 +55,7 @@ def scenario_lbr_kernel_path(ctx) -> dict:
 
 def _capture(ctx, tracer) -> tuple[dict, list]:
     """Attach, run one failing bpf() call in another process, collect the sessions, detach."""
-    from retsnoop_otel.sessions import SessionAssembler
+    from retsnoop_otel.capture.sessions import SessionAssembler
     sessions: list = []
     asm = SessionAssembler()
     res: dict = {}

@@ -1,0 +1,242 @@
+"""Typed records passed between capture, assembly and the sinks (text, OTLP, Prometheus).
+
+Everything here is plain data: the kernel-facing code produces it, pure functions consume it,
+and unit tests build it by hand from recorded values.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from retsnoop_otel.capture.errnos import MAX_ERRNO, errno_name
+
+
+class RetKind(enum.Enum):
+    """How a function's return value is read, derived from its BTF return type."""
+
+    VOID = "void"
+    BOOL = "bool"
+    UNSIGNED = "unsigned"  # unsigned or narrower than 32 bits: never an error
+    INT32 = "int32"  # 32-bit signed: sign-extend before checking the errno range
+    SIGNED = "signed"  # 64-bit signed (long, ssize_t, ...)
+    POINTER = "pointer"  # NULL and ERR_PTR values are errors
+    UNKNOWN = "unknown"  # no BTF: treated like INT32, as retsnoop does
+
+
+# Numeric codes shared with bpf/retsnoop.h (func_info.ret_kind); keep in sync.
+RET_KIND_CODES: dict[RetKind, int] = {
+    RetKind.VOID: 0,
+    RetKind.BOOL: 1,
+    RetKind.UNSIGNED: 2,
+    RetKind.INT32: 3,
+    RetKind.SIGNED: 4,
+    RetKind.POINTER: 5,
+    RetKind.UNKNOWN: 6,
+}
+RET_KIND_BY_CODE = {code: kind for kind, code in RET_KIND_CODES.items()}
+
+
+def signed_value(raw: int, kind: RetKind) -> int:
+    """Interpret a raw 64-bit register value as the function's return type would."""
+    raw &= (1 << 64) - 1
+    if kind in (RetKind.INT32, RetKind.UNKNOWN):
+        low = raw & 0xFFFFFFFF
+        return low - (1 << 32) if low & 0x80000000 else low
+    if kind is RetKind.BOOL:
+        return raw & 0xFF
+    if kind in (RetKind.POINTER, RetKind.UNSIGNED):
+        return raw
+    return raw - (1 << 64) if raw & (1 << 63) else raw
+
+
+def is_failure(raw: int, kind: RetKind) -> bool:
+    """retsnoop's error rule: NULL/ERR_PTR pointers and -MAX_ERRNO..-1 for signed ints."""
+    if kind in (RetKind.VOID, RetKind.BOOL, RetKind.UNSIGNED):
+        return False
+    value = signed_value(raw, kind)
+    if kind is RetKind.POINTER:
+        return value == 0 or value >= (1 << 64) - MAX_ERRNO
+    return -MAX_ERRNO <= value <= -1
+
+
+def error_type(raw: int, kind: RetKind) -> str | None:
+    """OTel error.type for a failing return ('EINVAL', 'NULL', 'E1234'), else None."""
+    if not is_failure(raw, kind):
+        return None
+    value = signed_value(raw, kind)
+    if kind is RetKind.POINTER:
+        if value == 0:
+            return "NULL"
+        value -= 1 << 64
+    return errno_name(-value) or f"E{-value}"
+
+
+def format_result(raw: int | None, kind: RetKind) -> str:
+    """The bracketed result column of retsnoop's output, without the brackets."""
+    if raw is None:
+        return "..."
+    if kind is RetKind.VOID:
+        return "void"
+    if kind is RetKind.BOOL:
+        return "true" if raw & 0xFF else "false"
+    value = signed_value(raw, kind)
+    if kind is RetKind.POINTER:
+        if value == 0:
+            return "NULL"
+        if value >= (1 << 64) - MAX_ERRNO:
+            num = (1 << 64) - value
+            name = errno_name(num)
+            return f"-{name}" if name else f"-{num}"
+        return f"0x{value:x}"
+    if -MAX_ERRNO <= value <= -1 and kind is not RetKind.UNSIGNED:
+        name = errno_name(-value)
+        return f"-{name}" if name else str(value)
+    if -(1 << 30) <= value <= (1 << 20):
+        return str(value)
+    return f"0x{value & ((1 << 64) - 1):x}"
+
+
+@dataclass(frozen=True, slots=True)
+class TracedFunc:
+    """One attached kernel function instance; `id` is what the kernel records carry."""
+
+    id: int
+    name: str
+    addr: int
+    ret: RetKind
+    is_entry: bool
+    module: str | None = None
+    size: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ArgValue:
+    """One captured argument: the register value and, for pointers and strings, the bytes behind it."""
+
+    raw: int
+    data: bytes | None = None
+
+
+@dataclass(slots=True)
+class Call:
+    """One traced call inside a session, from the per-call (-T) records.
+
+    Times are boot-clock nanoseconds as the kernel recorded them; `end_ns` and `result` are None
+    when the exit record was lost or the session ended first.
+    """
+
+    func_id: int
+    depth: int
+    start_ns: int
+    end_ns: int | None = None
+    result: int | None = None
+    seq: int = 0
+    children: list[Call] = field(default_factory=list)
+    missing_before: int = 0  # records lost right before this call (sequence gap)
+    args: tuple[ArgValue, ...] | None = None  # -A: captured at entry
+
+    @property
+    def duration_ns(self) -> int | None:
+        return None if self.end_ns is None else self.end_ns - self.start_ns
+
+
+@dataclass(frozen=True, slots=True)
+class Branch:
+    """One last-branch record: a taken branch from `src` to `dst` (kernel addresses)."""
+
+    src: int
+    dst: int
+
+
+@dataclass(frozen=True, slots=True)
+class LbrCapture:
+    """The CPU's last-branch stack, snapshotted at the exit of the function where the session's
+    deepest chain starts (the deepest failing return, or with -S the deepest return)."""
+
+    func_id: int
+    depth: int  # call depth of that function in the session (0 = the entry function)
+    exit_ns: int  # boot clock: when that function returned
+    branches: tuple[Branch, ...]  # newest first, as captured
+    error: int = 0  # positive errno when the snapshot failed (ENOENT: no LBR on this CPU)
+
+
+@dataclass(frozen=True, slots=True)
+class StackEntry:
+    """One level of the deepest (error) call chain kept by the kernel, outermost first."""
+
+    func_id: int
+    result: int
+    latency_ns: int | None  # None: the function had not returned when the chain was taken
+
+
+@dataclass(slots=True)
+class Session:
+    """One entry-function invocation on one thread, as captured in the kernel."""
+
+    tid: int
+    pid: int
+    comm: str
+    proc_comm: str
+    start_ns: int  # boot clock
+    end_ns: int  # boot clock
+    is_err: bool
+    chain: list[StackEntry]
+    kstack: list[int]  # raw kernel addresses, innermost first, as bpf_get_stack returns them
+    calls: list[Call] = field(default_factory=list)  # top-level calls; empty unless recorded
+    dropped_records: int = 0
+    cpu: int = 0
+    cgroup_id: int = 0
+    calls_cut: int = 0  # calls left out of `calls` by the per-session cap
+    lbr: LbrCapture | None = None  # --lbr
+
+    @property
+    def entry_func_id(self) -> int | None:
+        if self.chain:
+            return self.chain[0].func_id
+        return self.calls[0].func_id if self.calls else None
+
+
+@dataclass(frozen=True, slots=True)
+class FuncStats:
+    """In-kernel aggregates for one traced function, summed over CPUs at read time."""
+
+    func_id: int
+    calls: int
+    errors: dict[str, int]  # error.type -> count
+    duration_buckets: tuple[int, ...]  # counts per log2(ns) bucket; bucket i holds [2^i, 2^(i+1)) ns
+    duration_sum_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class SessionStats:
+    """In-kernel aggregates of whole sessions per entry function (every session, reported or not)."""
+
+    entry_func_id: int
+    sessions: int
+    error_sessions: int
+    duration_buckets: tuple[int, ...]  # log2(ns) buckets like FuncStats
+    duration_sum_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureStats:
+    """Loss counters kept by the kernel side."""
+
+    dropped_sessions: int = 0
+    incomplete_sessions: int = 0
+    dropped_records: int = 0
+    sessions_started: int = 0
+    sessions_reported: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ProgramStats:
+    """Kernel-side cost of one of our BPF programs (per-function clones summed), from bpf_prog_info.
+
+    The kernel only advances these while BPF statistics are enabled (kernel.bpf_stats_enabled).
+    """
+
+    name: str
+    run_cnt: int
+    run_time_ns: int

@@ -1,0 +1,194 @@
+"""Decoding of the ring-buffer records and map values defined in bpf/retsnoop.h.
+
+The struct formats below mirror that header field by field; tests/unit/test_records.py checks the
+sizes against the compiled object's BTF so that a change on one side cannot go unnoticed.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from retsnoop_otel.capture.model import CaptureStats
+
+MAX_FSTACK_DEPTH = 64
+MAX_KSTACK_DEPTH = 64
+DUR_BUCKETS = 40
+
+REC_SESSION_START = 1
+REC_FUNC_ENTRY = 2
+REC_FUNC_EXIT = 3
+REC_SESSION_END = 4
+REC_FUNC_ARGS = 5
+REC_SESSION_LBR = 6
+MAX_LBR_ENTRIES = 32
+MAX_FUNC_ARGS = 6
+MAX_ARG_DATA = 256
+ARG_KIND_SHIFT = 12
+ARG_RAW, ARG_PTR, ARG_STR = 1, 2, 3
+
+FUNC_IS_ENTRY = 0x1
+FUNC_RET_KIND_SHIFT = 8
+
+SESSION_START = struct.Struct("<IIIIQ16s16s")
+FUNC_TRACE = struct.Struct("<IIQIHHQq")
+SESSION_END = struct.Struct(f"<IIIIQQQIIB3xiii16s16s{MAX_FSTACK_DEPTH}H{MAX_FSTACK_DEPTH}q"
+                            f"{MAX_FSTACK_DEPTH}Q{MAX_KSTACK_DEPTH}Q")
+FUNC_INFO = struct.Struct("<QII")
+FUNC_STATS = struct.Struct(f"<QQQ{DUR_BUCKETS}Q")
+ERR_KEY = struct.Struct("<II")
+CAPTURE_STATS = struct.Struct("<QQQQQ")
+FUNC_ARGS_HEAD = struct.Struct(f"<IIIHH{MAX_FUNC_ARGS}Q{MAX_FUNC_ARGS}h2x2x")
+FUNC_ARGS_SIZE = FUNC_ARGS_HEAD.size + MAX_FUNC_ARGS * MAX_ARG_DATA
+ARG_SPEC = struct.Struct(f"<{MAX_FUNC_ARGS}H2x2x")
+LBR_ENTRY = struct.Struct("<QQQ")  # from, to, flags (struct perf_branch_entry)
+LBR_CAPTURE_HEAD = struct.Struct("<QiHH")  # ts, sz, func_id, depth; MAX_LBR_ENTRIES entries follow
+LBR_CAPTURE_SIZE = LBR_CAPTURE_HEAD.size + MAX_LBR_ENTRIES * LBR_ENTRY.size
+SESSION_LBR_HEAD = struct.Struct("<IIQ")  # type, tid, start_ts; an lbr_capture follows
+SESSION_LBR_SIZE = SESSION_LBR_HEAD.size + LBR_CAPTURE_SIZE
+
+
+def _comm(raw: bytes) -> str:
+    return raw.split(b"\0", 1)[0].decode(errors="replace")
+
+
+@dataclass(frozen=True, slots=True)
+class SessionStartRec:
+    tid: int
+    tgid: int
+    cpu: int
+    start_ts: int
+    comm: str
+    proc_comm: str
+
+
+@dataclass(frozen=True, slots=True)
+class FuncTraceRec:
+    is_exit: bool
+    tid: int
+    ts: int
+    seq: int
+    depth: int
+    func_id: int
+    lat: int
+    res: int
+
+
+@dataclass(frozen=True, slots=True)
+class SessionEndRec:
+    tid: int
+    tgid: int
+    cpu: int
+    start_ts: int
+    end_ts: int
+    cgroup_id: int
+    last_seq: int
+    dropped_records: int
+    is_err: bool
+    chain_depth: int
+    chain_top: int
+    kstack_sz: int
+    comm: str
+    proc_comm: str
+    chain_ids: tuple[int, ...]
+    chain_res: tuple[int, ...]
+    chain_lat: tuple[int, ...]
+    kstack: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class FuncArgsRec:
+    tid: int
+    seq: int
+    func_id: int
+    depth: int
+    args: tuple[int, ...]
+    data: tuple[bytes | None, ...]  # pointed-to bytes / string per argument, None when not captured
+
+
+@dataclass(frozen=True, slots=True)
+class SessionLbrRec:
+    """Branch records a session kept (--lbr): sent right before its SessionEndRec."""
+
+    tid: int
+    start_ts: int
+    ts: int  # exit time of the function whose exit took the snapshot
+    func_id: int
+    depth: int
+    error: int  # 0, or the positive errno bpf_get_branch_snapshot failed with (ENOENT: no LBR)
+    branches: tuple[tuple[int, int], ...]  # (from, to), newest first, as the CPU keeps them
+
+
+Record = SessionStartRec | FuncTraceRec | SessionEndRec | FuncArgsRec | SessionLbrRec
+
+
+def decode_lbr_capture(data: bytes, offset: int = 0) -> tuple[int, int, int, int, tuple[tuple[int, int], ...]]:
+    """(ts, func_id, depth, error, branches) of a struct lbr_capture."""
+    ts, sz, func_id, depth = LBR_CAPTURE_HEAD.unpack_from(data, offset)
+    if sz < 0:
+        return ts, func_id, depth, -sz, ()
+    n = min(sz // LBR_ENTRY.size, MAX_LBR_ENTRIES)
+    base = offset + LBR_CAPTURE_HEAD.size
+    branches = tuple(LBR_ENTRY.unpack_from(data, base + i * LBR_ENTRY.size)[:2] for i in range(n))
+    return ts, func_id, depth, 0, branches
+
+
+def decode(data: bytes) -> Record:
+    """Decode one ring-buffer record; ValueError on an unknown type or a short record."""
+    rtype = int.from_bytes(data[:4], "little")
+    if rtype in (REC_FUNC_ENTRY, REC_FUNC_EXIT):
+        _, tid, ts, seq, depth, fid, lat, res = FUNC_TRACE.unpack_from(data)
+        return FuncTraceRec(rtype == REC_FUNC_EXIT, tid, ts, seq, depth, fid, lat, res)
+    if rtype == REC_FUNC_ARGS:
+        v = FUNC_ARGS_HEAD.unpack_from(data)
+        n = MAX_FUNC_ARGS
+        lens = v[5 + n:5 + 2 * n]
+        base = FUNC_ARGS_HEAD.size
+        blobs = tuple(data[base + i * MAX_ARG_DATA:base + i * MAX_ARG_DATA + ln] if ln > 0 else None
+                      for i, ln in enumerate(lens))
+        return FuncArgsRec(v[1], v[2], v[3], v[4], tuple(v[5:5 + n]), blobs)
+    if rtype == REC_SESSION_LBR:
+        if len(data) < SESSION_LBR_SIZE:
+            raise ValueError(f"short LBR record ({len(data)} bytes)")
+        _, tid, start_ts = SESSION_LBR_HEAD.unpack_from(data)
+        ts, func_id, depth, error, branches = decode_lbr_capture(data, SESSION_LBR_HEAD.size)
+        return SessionLbrRec(tid, start_ts, ts, func_id, depth, error, branches)
+    if rtype == REC_SESSION_START:
+        _, tid, tgid, cpu, ts, comm, pcomm = SESSION_START.unpack_from(data)
+        return SessionStartRec(tid, tgid, cpu, ts, _comm(comm), _comm(pcomm))
+    if rtype == REC_SESSION_END:
+        v = SESSION_END.unpack_from(data)
+        m = MAX_FSTACK_DEPTH
+        base = 15  # first array element, after the 15 scalar fields
+        kstack_sz = v[12]
+        kstack = v[base + 3 * m:base + 3 * m + max(0, kstack_sz) // 8]
+        return SessionEndRec(
+            tid=v[1], tgid=v[2], cpu=v[3], start_ts=v[4], end_ts=v[5], cgroup_id=v[6], last_seq=v[7],
+            dropped_records=v[8], is_err=bool(v[9]), chain_depth=v[10], chain_top=v[11], kstack_sz=kstack_sz,
+            comm=_comm(v[13]), proc_comm=_comm(v[14]), chain_ids=v[base:base + m],
+            chain_res=v[base + m:base + 2 * m], chain_lat=v[base + 2 * m:base + 3 * m], kstack=kstack)
+    raise ValueError(f"unknown record type {rtype} ({len(data)} bytes)")
+
+
+def decode_func_stats(raw: bytes, ncpus: int) -> tuple[int, int, int, list[int]]:
+    """Sum a per-CPU func_stats value: (calls, errors, dur_sum_ns, buckets)."""
+    calls = errors = dur = 0
+    buckets = [0] * DUR_BUCKETS
+    size = FUNC_STATS.size
+    for cpu in range(ncpus):
+        v = FUNC_STATS.unpack_from(raw, cpu * size)
+        calls += v[0]
+        errors += v[1]
+        dur += v[2]
+        for i, n in enumerate(v[3:]):
+            buckets[i] += n
+    return calls, errors, dur, buckets
+
+
+def decode_capture_stats(raw: bytes, ncpus: int) -> CaptureStats:
+    tot = [0] * 5
+    for cpu in range(ncpus):
+        for i, n in enumerate(CAPTURE_STATS.unpack_from(raw, cpu * CAPTURE_STATS.size)):
+            tot[i] += n
+    return CaptureStats(dropped_sessions=tot[0], incomplete_sessions=tot[1], dropped_records=tot[2],
+                        sessions_started=tot[3], sessions_reported=tot[4])

@@ -1,0 +1,138 @@
+"""Assembly of decoded records into Session objects (pure logic, driven by recorded data in tests)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from retsnoop_otel.capture.model import ArgValue, Branch, Call, LbrCapture, Session, StackEntry
+from retsnoop_otel.capture.records import (
+    FuncArgsRec,
+    FuncTraceRec,
+    Record,
+    SessionEndRec,
+    SessionLbrRec,
+    SessionStartRec,
+)
+
+# Calls kept per session: a verifier run can make hundreds of thousands of traced calls, and each
+# kept Call costs memory until the session is printed or exported. The rest are counted (calls_cut).
+DEFAULT_MAX_CALLS = 20_000
+
+
+@dataclass(slots=True)
+class _CallTree:
+    """Per-thread builder of the call tree from entry/exit records, with gap detection."""
+
+    start: SessionStartRec
+    max_calls: int = 0  # 0: unbounded
+    roots: list[Call] = field(default_factory=list)
+    stack: list[Call] = field(default_factory=list)
+    next_seq: int = 0
+    missing: int = 0
+    pending_gap: int = 0
+    calls: int = 0
+    cut: int = 0  # calls left out once max_calls were kept
+
+    def feed(self, rec: FuncTraceRec) -> None:
+        if rec.seq != self.next_seq:
+            gap = rec.seq - self.next_seq
+            self.missing += gap
+            self.pending_gap += gap
+        self.next_seq = rec.seq + 1
+        if self.max_calls and self.calls >= self.max_calls:
+            self._feed_over_cap(rec)
+            return
+        if not rec.is_exit:
+            self.calls += 1
+            call = Call(rec.func_id, rec.depth, rec.ts, seq=rec.seq, missing_before=self.pending_gap)
+            self.pending_gap = 0
+            # Lost records may leave stale frames: the record's depth says where this call really sits.
+            del self.stack[rec.depth:]
+            (self.stack[-1].children if self.stack else self.roots).append(call)
+            self.stack.append(call)
+            return
+        del self.stack[rec.depth + 1:]
+        if self.stack and len(self.stack) == rec.depth + 1 and self.stack[-1].func_id == rec.func_id:
+            call = self.stack.pop()
+        else:  # the entry record was lost: rebuild the call from the exit's latency
+            call = Call(rec.func_id, rec.depth, rec.ts - rec.lat, seq=rec.seq,
+                        missing_before=self.pending_gap)
+            del self.stack[rec.depth:]
+            (self.stack[-1].children if self.stack else self.roots).append(call)
+        self.pending_gap = 0
+        call.end_ns = rec.ts
+        call.result = rec.res & 0xFFFFFFFFFFFFFFFF
+
+    def _feed_over_cap(self, rec: FuncTraceRec) -> None:
+        """Past the cap only the exits of calls already kept are applied; new calls are just counted."""
+        if not rec.is_exit:
+            self.cut += 1
+            return
+        if len(self.stack) > rec.depth and self.stack[rec.depth].func_id == rec.func_id:
+            del self.stack[rec.depth + 1:]
+            call = self.stack.pop()
+            call.end_ns = rec.ts
+            call.result = rec.res & 0xFFFFFFFFFFFFFFFF
+
+
+class SessionAssembler:
+    """Turns the record stream into complete Sessions; memory is bounded by `max_open` threads."""
+
+    def __init__(self, max_open: int = 4096, max_calls: int = DEFAULT_MAX_CALLS) -> None:
+        self._open: OrderedDict[int, _CallTree] = OrderedDict()
+        self._max_open = max_open
+        self._max_calls = max_calls
+        self.evicted = 0
+        self._lbrs: OrderedDict[int, SessionLbrRec] = OrderedDict()  # by tid, until the session end
+
+    def feed(self, rec: Record) -> Session | None:
+        if isinstance(rec, SessionLbrRec):
+            self._lbrs.pop(rec.tid, None)
+            self._lbrs[rec.tid] = rec
+            while len(self._lbrs) > self._max_open:
+                self._lbrs.popitem(last=False)
+            return None
+        if isinstance(rec, FuncArgsRec):
+            tree = self._open.get(rec.tid)
+            if tree is not None and tree.stack and tree.stack[-1].seq == rec.seq:
+                tree.stack[-1].args = tuple(ArgValue(a, d) for a, d in zip(rec.args, rec.data, strict=True))
+            return None
+        if isinstance(rec, FuncTraceRec):
+            tree = self._open.get(rec.tid)
+            if tree is not None:
+                tree.feed(rec)
+            return None
+        if isinstance(rec, SessionStartRec):
+            # a session that was not reported leaves its tree behind: a new start replaces it
+            self._open.pop(rec.tid, None)
+            self._open[rec.tid] = _CallTree(rec, self._max_calls)
+            while len(self._open) > self._max_open:
+                self._open.popitem(last=False)
+                self.evicted += 1
+            return None
+        return self._finish(rec)
+
+    def _finish(self, rec: SessionEndRec) -> Session:
+        tree = self._open.pop(rec.tid, None)
+        calls: list[Call] = []
+        missing = cut = 0
+        if tree is not None and tree.start.start_ts == rec.start_ts:
+            calls = tree.roots
+            missing = tree.missing + max(0, rec.last_seq - tree.next_seq)
+            cut = tree.cut
+        lbr = None
+        lrec = self._lbrs.pop(rec.tid, None)
+        if lrec is not None and lrec.start_ts == rec.start_ts:
+            lbr = LbrCapture(lrec.func_id, lrec.depth, lrec.ts, tuple(Branch(a, b) for a, b in lrec.branches),
+                             lrec.error)
+        chain = []
+        for level in range(rec.chain_depth):
+            known = level >= rec.chain_top
+            res = rec.chain_res[level] & 0xFFFFFFFFFFFFFFFF if known else 0
+            chain.append(StackEntry(rec.chain_ids[level], res, rec.chain_lat[level] if known else None))
+        return Session(
+            tid=rec.tid, pid=rec.tgid, comm=rec.comm, proc_comm=rec.proc_comm, start_ns=rec.start_ts,
+            end_ns=rec.end_ts, is_err=rec.is_err, chain=chain, kstack=list(rec.kstack), calls=calls,
+            dropped_records=max(rec.dropped_records, missing), cpu=rec.cpu, cgroup_id=rec.cgroup_id,
+            calls_cut=cut, lbr=lbr)

@@ -1,0 +1,427 @@
+"""What the running kernel lets a tracer do, found by really trying (and undoing) each thing.
+
+Kernel version numbers and config files lie by omission (backports, lockdown, LSM policies,
+missing PMUs), so every attach mode is probed by loading and attaching a two-instruction program
+to a harmless function and closing it at once. Each result says why when something is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno as _errno
+import gzip
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, fields
+
+from retsnoop_otel.capture.errnos import errno_name
+from retsnoop_otel.kernel import bpfsys
+from retsnoop_otel.kernel import libbpf as lb
+from retsnoop_otel.kernel.caps import TRACING_CAPS, CapsError, can_trace, effective_caps
+
+# Functions that are safe to attach to for a moment: the first ones are only ever called by
+# BPF_PROG_TEST_RUN, the others are common enough to exist on every kernel.
+PROBE_TARGETS = ("bpf_fentry_test1", "do_sys_openat2", "__x64_sys_getpid", "__arm64_sys_getpid")
+
+HELPER_GET_FUNC_IP = 173
+HELPER_GET_ATTACH_COOKIE = 174
+HELPER_GET_BRANCH_SNAPSHOT = 176
+ENOTSUPP = 524  # kernel-internal "operation not supported", leaks out of BPF trampolines
+
+VM_HINT = ("run retsnoop-otel on a kernel that allows them, for example in a VM "
+           "(tests/vm/run -- retsnoop-otel trace ...)")
+MODE_FLAGS = {"fentry": "-F (fentry/fexit)", "kprobe": "-K (kprobes)", "kprobe_multi": "-M (kprobe_multi)"}
+MODES = ("auto", "fentry", "kprobe", "kprobe_multi")
+
+
+class FeatureError(RuntimeError):
+    """The kernel lacks what the requested tracing mode needs (one sentence, with what to do)."""
+
+
+@dataclass(frozen=True)
+class Feature:
+    """One probed capability; `why` completes "this kernel ..." when it is unavailable."""
+
+    name: str
+    available: bool
+    detail: str
+    errno: int = 0
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Features:
+    kernel_release: str
+    libbpf_version: str
+    btf: Feature
+    fentry: Feature
+    kprobes: Feature
+    kprobe_multi: Feature
+    ringbuf: Feature
+    func_ip: Feature
+    bpf_cookie: Feature
+    branch_snapshot: Feature
+    lbr: Feature
+    filter_functions: Feature
+    kallsyms: Feature
+    capabilities: Feature
+
+    def entries(self) -> Iterator[Feature]:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Feature):
+                yield value
+
+    def to_dict(self) -> dict:
+        return {"kernel_release": self.kernel_release, "libbpf_version": self.libbpf_version,
+                "features": {f.name: {k: v for k, v in asdict(f).items() if k != "name"}
+                             for f in self.entries()}}
+
+
+def _ename(err: int) -> str:
+    return errno_name(err) or f"errno {err}"
+
+
+def _refused(name: str, err: int, meaning: str, what: str) -> Feature:
+    """An unavailable feature whose probe the kernel answered with `err`."""
+    return Feature(name, False, f"refused ({_ename(err)}): {meaning}", err, f"{what} ({_ename(err)})")
+
+
+# ---- kernel config (only used to explain a missing feature) -----------------------------------
+
+
+def kernel_config(root: str, release: str) -> dict[str, str]:
+    """CONFIG_* values from /proc/config.gz or /boot/config-<release>; empty when neither exists."""
+    text = ""
+    try:
+        with gzip.open(os.path.join(root, "proc/config.gz"), "rt") as f:
+            text = f.read()
+    except OSError:
+        try:
+            with open(os.path.join(root, f"boot/config-{release}")) as f:
+                text = f.read()
+        except OSError:
+            return {}
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.startswith("CONFIG_"):
+            key, _, value = line.partition("=")
+            out[key] = value
+        elif line.startswith("# CONFIG_") and line.endswith(" is not set"):
+            out[line[2:-len(" is not set")]] = "n"
+    return out
+
+
+def _config_off(config: dict[str, str], option: str) -> bool:
+    return config.get(option) == "n"
+
+
+# ---- probes -------------------------------------------------------------------------------------
+
+
+def probe_btf(root: str) -> Feature:
+    path = os.path.join(root, "sys/kernel/btf/vmlinux")
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        return Feature("btf", False, f"{path} is missing: the kernel was built without CONFIG_DEBUG_INFO_BTF",
+                       _errno.ENOENT, "has no BTF (CONFIG_DEBUG_INFO_BTF is off)")
+    return Feature("btf", True, f"{path} ({size / 1e6:.1f} MB)")
+
+
+def _target_func(btf: lb.Btf | None) -> tuple[str, int]:
+    """First PROBE_TARGETS function present in kernel BTF, with its BTF id (0 without BTF)."""
+    if btf is not None:
+        for name in PROBE_TARGETS:
+            tid = btf.find(name, lb.BTF_KIND_FUNC)
+            if tid:
+                return name, tid
+    return PROBE_TARGETS[0], 0
+
+
+def _close(*fds: int) -> None:
+    for fd in fds:
+        if fd >= 0:
+            os.close(fd)
+
+
+def probe_fentry(btf: lb.Btf | None) -> Feature:
+    """Load and attach a fentry program (BPF trampoline) on a harmless function, then detach."""
+    name = "fentry"
+    func, tid = _target_func(btf)
+    if not tid:
+        return Feature(name, False, "needs kernel BTF to name the attach target", _errno.ENOENT,
+                       "has no BTF for fentry/fexit programs")
+    prog = link = -1
+    try:
+        prog = bpfsys.prog_load(bpfsys.PROG_TRACING, bpfsys.RETURN_ZERO,
+                                expected_attach_type=bpfsys.ATTACH_TRACE_FENTRY, attach_btf_id=tid,
+                                name=b"rs_probe_fentry")
+        link = bpfsys.link_create(prog, bpfsys.ATTACH_TRACE_FENTRY)
+    except OSError as exc:
+        err = exc.errno or _errno.EINVAL
+        stage = "loading" if prog < 0 else "attaching"
+        if err in (_errno.EPERM, _errno.EACCES):
+            meaning = (f"the kernel denies {stage} BPF tracing programs to this process (kernel lockdown, "
+                       "an LSM policy, or missing CAP_BPF/CAP_PERFMON)")
+        elif err in (ENOTSUPP, _errno.EOPNOTSUPP):
+            meaning = f"no BPF trampoline support for {func} on this kernel/architecture ({stage})"
+        else:
+            meaning = f"{stage} a fentry program on {func} failed: {os.strerror(err)}"
+        return _refused(name, err, meaning, "refuses fentry/fexit programs")
+    finally:
+        _close(link, prog)
+    return Feature(name, True, f"fentry program loaded and attached to {func}")
+
+
+def probe_kprobes(root: str, btf: lb.Btf | None, config: dict[str, str]) -> Feature:
+    """Register a kprobe through the kprobe PMU and attach a program to it, then remove both."""
+    name = "kprobes"
+    try:
+        pmu = bpfsys.kprobe_pmu_type(root)
+    except (OSError, ValueError):
+        if _config_off(config, "CONFIG_KPROBES"):
+            return Feature(name, False, "kprobes are not configured (CONFIG_KPROBES is off)", _errno.ENOENT,
+                           "has no kprobes (CONFIG_KPROBES is off)")
+        return Feature(name, False, "no kprobe PMU (/sys/bus/event_source/devices/kprobe is missing): kernel "
+                       "without CONFIG_KPROBE_EVENTS or older than 4.17", _errno.ENOENT,
+                       "has no kprobe PMU (CONFIG_KPROBES or CONFIG_KPROBE_EVENTS is off)")
+    func, _ = _target_func(btf)
+    prog = event = -1
+    try:
+        prog = bpfsys.prog_load(bpfsys.PROG_KPROBE, bpfsys.RETURN_ZERO, name=b"rs_probe_kprobe")
+        event = bpfsys.perf_kprobe_open(func, pmu)
+        bpfsys.perf_set_bpf(event, prog)
+    except OSError as exc:
+        err = exc.errno or _errno.EINVAL
+        stage = "loading a kprobe program" if prog < 0 else f"creating a kprobe on {func}" if event < 0 \
+            else f"attaching a program to a kprobe on {func}"
+        return _refused(name, err, f"{stage} failed: {os.strerror(err)}", "refuses kprobes")
+    finally:
+        _close(event, prog)
+    return Feature(name, True, f"kprobe PMU type {pmu}; kprobe created on {func} and a program attached")
+
+
+def probe_kprobe_multi(btf: lb.Btf | None) -> Feature:
+    """Attach a kprobe.multi program (BPF_LINK_CREATE, BPF_TRACE_KPROBE_MULTI) to one function."""
+    name = "kprobe_multi"
+    func, _ = _target_func(btf)
+    prog = link = -1
+    try:
+        prog = bpfsys.prog_load(bpfsys.PROG_KPROBE, bpfsys.RETURN_ZERO,
+                                expected_attach_type=bpfsys.ATTACH_TRACE_KPROBE_MULTI, name=b"rs_probe_kmulti")
+        link = bpfsys.link_create_kprobe_multi(prog, [func])
+    except OSError as exc:
+        err = exc.errno or _errno.EINVAL
+        if prog < 0 and err == _errno.EINVAL:
+            return _refused(name, err, "the kernel does not know kprobe.multi programs (Linux 5.18+ needed)",
+                            "has no kprobe_multi (Linux 5.18+ needed)")
+        if err == _errno.EOPNOTSUPP:
+            why = "has no kprobe_multi (CONFIG_FPROBE is off)"
+            return Feature(name, False, "not supported (EOPNOTSUPP): the kernel was built without CONFIG_FPROBE",
+                           err, why)
+        stage = "loading a kprobe.multi program" if prog < 0 else f"attaching kprobe.multi to {func}"
+        return _refused(name, err, f"{stage} failed: {os.strerror(err)}", "refuses kprobe_multi links")
+    finally:
+        _close(link, prog)
+    return Feature(name, True, f"kprobe.multi link attached to {func}")
+
+
+def probe_ringbuf() -> Feature:
+    if lb.probe_map_type(lb.MAP_TYPE_RINGBUF):
+        return Feature("ringbuf", True, "BPF_MAP_TYPE_RINGBUF maps can be created")
+    return Feature("ringbuf", False, "BPF_MAP_TYPE_RINGBUF is unknown to this kernel (Linux 5.8+ needed)",
+                   _errno.EINVAL, "has no BPF ring buffer (Linux 5.8+ needed)")
+
+
+def probe_helper(name: str, helper_id: int, helper: str, since: str) -> Feature:
+    """Whether kprobe programs may call a helper (libbpf loads a tiny program that calls it)."""
+    if lb.probe_helper(lb.PROG_TYPE_KPROBE, helper_id):
+        return Feature(name, True, f"{helper}() is allowed in kprobe programs")
+    return Feature(name, False, f"{helper}() is not allowed in kprobe programs ({since}+ needed)",
+                   _errno.EINVAL, f"has no {helper}() helper")
+
+
+def probe_lbr(cpu: int = 0) -> Feature:
+    """Open the perf event that LBR capture needs (branch stack of kernel returns) on one CPU."""
+    name = "lbr"
+    try:
+        fd = bpfsys.perf_lbr_open(cpu)
+    except OSError as exc:
+        err = exc.errno or _errno.EINVAL
+        if err in (_errno.ENOENT, _errno.EOPNOTSUPP, _errno.ENODEV):
+            meaning = "no last branch records: the CPU or hypervisor exposes no LBR to this kernel"
+        elif err in (_errno.EPERM, _errno.EACCES):
+            meaning = "the kernel denies hardware perf events to this process (perf_event_paranoid or policy)"
+        else:
+            meaning = f"opening a branch-stack perf event failed: {os.strerror(err)}"
+        return _refused(name, err, meaning, "cannot record branches (LBR)")
+    os.close(fd)
+    return Feature(name, True, f"branch-stack perf event opened on CPU {cpu}")
+
+
+def probe_filter_functions(root: str) -> Feature:
+    from retsnoop_otel.symbols import tracefs
+    name = "filter_functions"
+    try:
+        count = len(tracefs.read_available_filter_functions(root))
+    except tracefs.TracefsError as exc:
+        return Feature(name, False, str(exc), _errno.EPERM if "EPERM" in str(exc) else _errno.ENOENT,
+                       "does not list traceable functions (available_filter_functions)")
+    return Feature(name, True, f"available_filter_functions lists {count} functions")
+
+
+def probe_kallsyms(root: str) -> Feature:
+    """Addresses in kallsyms are all zero unless kptr_restrict lets this process see them."""
+    name = "kallsyms"
+    path = os.path.join(root, "proc/kallsyms")
+    try:
+        with open(path) as f:
+            head = [next(f, "") for _ in range(64)]
+    except OSError as exc:
+        err = exc.errno or _errno.EIO
+        return Feature(name, False, f"cannot read {path}: {os.strerror(err)}", err, "hides kernel symbols")
+    addrs = [int(line.split()[0], 16) for line in head if line.strip()]
+    if not addrs:
+        return Feature(name, False, f"{path} is empty", _errno.ENOENT, "hides kernel symbols")
+    if not any(addrs):
+        return Feature(name, False, f"{path} shows zero addresses (kernel.kptr_restrict hides them)",
+                       _errno.EPERM, "hides kernel symbol addresses")
+    return Feature(name, True, f"{path} shows real addresses")
+
+
+def probe_capabilities(root: str) -> Feature:
+    name = "capabilities"
+    try:
+        held = effective_caps(root)
+    except CapsError as exc:
+        return Feature(name, False, str(exc), _errno.ENOENT, "cannot tell this process's capabilities")
+    shown = [c for c in TRACING_CAPS if c in held]
+    missing = [c for c in TRACING_CAPS if c not in held]
+    detail = "holds " + (", ".join(shown) or "none of the tracing capabilities")
+    if missing:
+        detail += "; lacks " + ", ".join(missing)
+    if can_trace(held):
+        return Feature(name, True, detail)
+    return Feature(name, False, detail + " (tracing needs CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN)",
+                   _errno.EPERM, "needs CAP_BPF and CAP_PERFMON (or root) to trace")
+
+
+def detect(root: str = "/") -> Features:
+    """Probe the running kernel; files (sysfs, procfs, tracefs) are read under `root`."""
+    release = os.uname().release
+    config = kernel_config(root, release)
+    btf_feature = probe_btf(root)
+    btf: lb.Btf | None = None
+    if btf_feature.available:
+        try:
+            btf = lb.Btf.load_vmlinux()
+        except lb.LibbpfError:
+            btf = None
+    try:
+        major, minor = lb.version()
+        return Features(
+            kernel_release=release,
+            libbpf_version=f"{major}.{minor}",
+            btf=btf_feature,
+            fentry=probe_fentry(btf),
+            kprobes=probe_kprobes(root, btf, config),
+            kprobe_multi=probe_kprobe_multi(btf),
+            ringbuf=probe_ringbuf(),
+            func_ip=probe_helper("func_ip", HELPER_GET_FUNC_IP, "bpf_get_func_ip", "Linux 5.15"),
+            bpf_cookie=probe_helper("bpf_cookie", HELPER_GET_ATTACH_COOKIE, "bpf_get_attach_cookie",
+                                    "Linux 5.15"),
+            branch_snapshot=probe_helper("branch_snapshot", HELPER_GET_BRANCH_SNAPSHOT,
+                                         "bpf_get_branch_snapshot", "Linux 5.16"),
+            lbr=probe_lbr(),
+            filter_functions=probe_filter_functions(root),
+            kallsyms=probe_kallsyms(root),
+            capabilities=probe_capabilities(root),
+        )
+    finally:
+        if btf is not None:
+            btf.free()
+
+
+# ---- using the result ---------------------------------------------------------------------------
+
+_MODE_FEATURE: dict[str, Callable[[Features], Feature]] = {
+    "fentry": lambda f: f.fentry,
+    "kprobe": lambda f: f.kprobes,
+    "kprobe_multi": lambda f: f.kprobe_multi,
+}
+
+
+# Measured in the VM (bench/attach_modes.py, README "Attach modes"): kprobe.multi attaches and detaches
+# a set in one call and costs least per call; single kprobes attach 3x faster than per-function
+# fentry clones (each clone is verified) and never fire inside our own BPF programs.
+DEFAULT_MODE_ORDER = ("kprobe_multi", "kprobe", "fentry")
+
+
+def choose_mode(features: Features) -> str:
+    """The first usable mode of DEFAULT_MODE_ORDER; 'auto' when none works (require_tracing explains)."""
+    for mode in DEFAULT_MODE_ORDER:
+        if _MODE_FEATURE[mode](features).available:
+            return mode
+    return "auto"
+
+
+def require_tracing(features: Features, mode: str) -> None:
+    """Raise FeatureError (one sentence: what is missing and what to do) unless `mode` can trace here."""
+    if mode not in MODES:
+        raise ValueError(f"unknown tracing mode '{mode}' (expected one of {', '.join(MODES)})")
+    for prereq, use in ((features.btf, "to read kernel function types"),
+                        (features.ringbuf, "to stream captured calls")):
+        if not prereq.available:
+            raise FeatureError(f"this kernel {prereq.why}, which retsnoop-otel needs {use}: {VM_HINT}")
+    usable = [m for m in ("kprobe_multi", "fentry", "kprobe") if _MODE_FEATURE[m](features).available]
+    if not usable:
+        raise FeatureError(f"this kernel {features.fentry.why} and {features.kprobes.why}, so kernel "
+                           f"functions cannot be traced here: {VM_HINT}")
+    if mode == "auto":
+        return
+    feat = _MODE_FEATURE[mode](features)
+    if not feat.available:
+        instead = " or ".join(MODE_FLAGS[m] for m in usable)
+        raise FeatureError(f"this kernel {feat.why}, so {MODE_FLAGS[mode]} cannot be used here: use {instead} "
+                           "instead, or leave the mode out to pick one automatically")
+
+
+def format_features(features: Features) -> str:
+    lines = [f"Kernel {features.kernel_release}, libbpf {features.libbpf_version}"]
+    width = max(len(f.name) for f in features.entries())
+    for f in features.entries():
+        lines.append(f"  {f.name:<{width}}  {'yes' if f.available else 'NO ':<3}  {f.detail}")
+    mode = choose_mode(features)
+    try:
+        require_tracing(features, "auto")
+        lines.append(f"Tracing: possible; default attach mode {mode}")
+    except FeatureError as exc:
+        lines.append(f"Tracing: not possible: {exc}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="retsnoop-otel features",
+                                description="Report what the running kernel allows a tracer to do.")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--root", default="/", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    try:
+        feats = detect(args.root)
+    except lb.LibbpfUnavailable as exc:
+        print(f"retsnoop-otel: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        out = feats.to_dict()
+        out["default_mode"] = choose_mode(feats)
+        print(json.dumps(out, indent=2))
+    else:
+        print(format_features(feats))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,442 @@
+"""Kernel-facing orchestration: configure and load the BPF object, attach, poll, read maps, detach.
+
+This is the only module (with libbpf.py) that touches the kernel; everything it produces is plain
+data from model.py. Attach failures detach whatever was already attached before raising.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import resource
+import struct
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from retsnoop_otel.capture import records
+from retsnoop_otel.capture.model import (
+    RET_KIND_CODES,
+    CaptureStats,
+    FuncStats,
+    ProgramStats,
+    SessionStats,
+    TracedFunc,
+    error_type,
+)
+from retsnoop_otel.kernel import libbpf as lb
+
+PARALLEL_DETACH_MIN = 32
+DETACH_THREADS = 32
+MODES = ("fentry", "kprobe", "kprobe_multi", "uprobe")
+_MODE_PROGRAMS = {
+    "fentry": ("fentry_entry", "fexit_exit"),
+    "kprobe": ("kprobe_entry", "kretprobe_exit"),
+    "kprobe_multi": ("kmulti_entry", "kmulti_exit"),
+    "uprobe": ("kprobe_entry", "kretprobe_exit"),  # user-space functions: drives the logic in host tests
+}
+
+
+def bpf_object_path() -> Path:
+    path = Path(str(resources.files("retsnoop_otel") / "bpf" / "retsnoop.bpf.o"))
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{path} is missing: the package was installed without its BPF object; reinstall with "
+            "`pip install .` on a machine with clang and libbpf-dev")
+    return path
+
+
+@dataclass(frozen=True)
+class CaptureConfig:
+    """What the kernel side records; becomes the object's read-only data before load."""
+
+    mode: str
+    emit_calls: bool = False
+    capture_success: bool = False
+    min_duration_ns: int = 0
+    pids: Sequence[int] = ()
+    no_pids: Sequence[int] = ()
+    comms: Sequence[str] = ()
+    no_comms: Sequence[str] = ()
+    cgroup_id: int = 0  # --cgroup: only tasks in this cgroup v2 or below it
+    cgroup_level: int = 0  # depth of that cgroup below the root cgroup
+    ringbuf_size: int = 8 << 20
+    max_sessions: int = 4096
+    max_depth: int = 64  # traced-call nesting recorded per session (1..64)
+    capture_args: bool = False  # -A; needs emit_calls (arguments travel with the per-call records)
+    exclude_self: bool = True  # our own bpf() calls (map reads at scrape time) are not the user's
+    uprobe_binary: str = ""  # mode 'uprobe' only: the ELF file whose functions are traced
+    lbr_branch_types: int = 0  # --lbr: perf branch_sample_type of the LBR events; 0 = no LBR capture
+    lbr_perf_events: bool = True  # open the per-CPU LBR perf events (tests on CPUs without LBR: False)
+
+
+@dataclass
+class AttachReport:
+    attached: list[TracedFunc] = field(default_factory=list)
+    failed: list[tuple[TracedFunc, str]] = field(default_factory=list)
+    attach_ms: float = 0.0
+
+
+class Tracer:
+    """One loaded BPF object with its attachments for one set of functions."""
+
+    def __init__(self, funcs: Sequence[TracedFunc], config: CaptureConfig,
+                 btf_func_id: Callable[[str], int | None] | None = None,
+                 arg_specs: dict[int, list[int]] | None = None) -> None:
+        if config.mode not in MODES:
+            raise ValueError(f"unknown attach mode '{config.mode}' (expected one of {', '.join(MODES)})")
+        if not funcs:
+            raise ValueError("no functions to trace")
+        self.funcs = list(funcs)
+        self.config = config
+        self._btf_func_id = btf_func_id
+        self._arg_specs = arg_specs or {}
+        self._links: list[lb.Link] = []
+        self._prog_fds: list[tuple[str, int]] = []  # fentry clones: (template program name, fd)
+        self._rb: lb.RingBuffer | None = None
+        self._lbr_fds: list[int] = []
+        self._obj: lb.BpfObject | None = None
+        self._ncpus = lb.num_possible_cpus()
+        self._name_count: dict[str, int] = {}
+        for f in self.funcs:
+            self._name_count[f.name] = self._name_count.get(f.name, 0) + 1
+
+    # ---- load ----------------------------------------------------------------------------
+
+    def load(self) -> None:
+        _raise_nofile_limit(4 * len(self.funcs) + 1024)
+        obj = lb.BpfObject.open_file(str(bpf_object_path()))
+        self._obj = obj
+        try:
+            self._configure(obj)
+            obj.load()
+            self._fill_maps(obj)
+        except BaseException:
+            self.close()
+            raise
+
+    def _configure(self, obj: lb.BpfObject) -> None:
+        cfg = self.config
+        rodata = obj.map(".rodata")
+        data = bytearray(rodata.initial_value())
+        layout = obj.btf().datasec_vars(".rodata")
+        no_pids = self._no_pids()
+        allow_pids = [p for p in cfg.pids if p not in set(no_pids)]
+        allow_comms = [c for c in cfg.comms if c not in set(cfg.no_comms)]
+        values = {
+            "emit_calls": struct.pack("<?", cfg.emit_calls),
+            "capture_success": struct.pack("<?", cfg.capture_success),
+            "min_duration_ns": struct.pack("<Q", cfg.min_duration_ns),
+            "tgid_allow_cnt": struct.pack("<I", len(allow_pids)),
+            "comm_allow_cnt": struct.pack("<I", len(allow_comms)),
+            "has_tgid_filter": struct.pack("<?", bool(cfg.pids or no_pids)),
+            "has_comm_filter": struct.pack("<?", bool(cfg.comms or cfg.no_comms)),
+            "cgroup_id_filter": struct.pack("<Q", cfg.cgroup_id),
+            "cgroup_level": struct.pack("<I", cfg.cgroup_level),
+            "capture_args": struct.pack("<?", cfg.capture_args and cfg.emit_calls),
+            "max_depth": struct.pack("<I", min(max(cfg.max_depth, 1), records.MAX_FSTACK_DEPTH)),
+            "use_lbr": struct.pack("<?", bool(cfg.lbr_branch_types)),
+        }
+        for name, raw in values.items():
+            off, size = layout[name]
+            data[off:off + size] = raw
+        rodata.set_initial_value(bytes(data))
+        n = len(self.funcs)
+        obj.map("func_infos").set_max_entries(n)
+        obj.map("func_stats").set_max_entries(n)
+        obj.map("entry_stats").set_max_entries(n)
+        obj.map("arg_specs").set_max_entries(n)
+        obj.map("rb").set_max_entries(_ringbuf_size(cfg.ringbuf_size))
+        obj.map("sessions").set_max_entries(cfg.max_sessions)
+        # without --lbr the LBR maps keep one entry each: no memory for a feature that is off
+        obj.map("lbr_snaps").set_max_entries(self._ncpus if cfg.lbr_branch_types else 1)
+        obj.map("session_lbrs").set_max_entries(cfg.max_sessions if cfg.lbr_branch_types else 1)
+        entry_prog, exit_prog = _MODE_PROGRAMS[cfg.mode]
+        for progs in set(_MODE_PROGRAMS.values()):
+            for name in progs:
+                obj.program(name).set_autoload(name in (entry_prog, exit_prog))
+        if cfg.mode == "fentry":
+            # the templates are verified against the first function, then cloned for every function
+            obj.program(entry_prog).set_attach_target(self.funcs[0].name)
+            obj.program(exit_prog).set_attach_target(self.funcs[0].name)
+
+    def _no_pids(self) -> list[int]:
+        return [*self.config.no_pids, *([os.getpid()] if self.config.exclude_self else [])]
+
+    def _fill_maps(self, obj: lb.BpfObject) -> None:
+        infos = obj.map("func_infos")
+        for f in self.funcs:
+            flags = (records.FUNC_IS_ENTRY if f.is_entry else 0) | (RET_KIND_CODES[f.ret] << 8)
+            infos.update(struct.pack("<I", f.id), records.FUNC_INFO.pack(f.addr, flags, 0))
+        specs = obj.map("arg_specs")
+        for fid, words in self._arg_specs.items():
+            specs.update(struct.pack("<I", fid), records.ARG_SPEC.pack(*words))
+        pids = obj.map("tgid_filter")
+        for pid in self.config.pids:
+            pids.update(struct.pack("<I", pid), bytes([1]))
+        for pid in self._no_pids():
+            pids.update(struct.pack("<I", pid), bytes([2]))  # deny entries written last: they win
+        comms = obj.map("comm_filter")
+        for comm in self.config.comms:
+            comms.update(_comm_key(comm), bytes([1]))
+        for comm in self.config.no_comms:
+            comms.update(_comm_key(comm), bytes([2]))
+
+    # ---- attach --------------------------------------------------------------------------
+
+    def attach(self, on_error: Callable[[TracedFunc, str], None] | None = None,
+               strict: bool = False) -> AttachReport:
+        """Attach exit probes before entry probes so no session starts without its exit probe.
+
+        A function that cannot be attached is reported and skipped, unless `strict`; if nothing
+        could be attached at all, everything is detached and the error raised.
+        """
+        assert self._obj is not None, "load() first"
+        report = AttachReport()
+        t0 = time.monotonic()
+        try:
+            self._open_lbr_events()
+            if self.config.mode == "kprobe_multi":
+                self._attach_multi(report)
+            else:
+                for f in self.funcs:
+                    try:
+                        self._attach_one(f)
+                        report.attached.append(f)
+                    except lb.LibbpfError as exc:
+                        if strict:
+                            raise
+                        report.failed.append((f, str(exc)))
+                        if on_error:
+                            on_error(f, str(exc))
+            if not report.attached:
+                reason = report.failed[0][1] if report.failed else "no functions"
+                raise lb.LibbpfError(f"could not attach any function ({reason.splitlines()[0]})",
+                                     errno.EINVAL)
+        except BaseException:
+            self.detach()
+            raise
+        self._set_ready()
+        report.attach_ms = (time.monotonic() - t0) * 1000
+        return report
+
+    def _open_lbr_events(self) -> None:
+        """One branch-stack perf event per online CPU keeps its LBR recording while we are attached."""
+        if not (self.config.lbr_branch_types and self.config.lbr_perf_events) or self._lbr_fds:
+            return
+        from retsnoop_otel.kernel import bpfsys
+        for cpu in bpfsys.online_cpus():
+            try:
+                self._lbr_fds.append(bpfsys.perf_lbr_open(cpu, self.config.lbr_branch_types))
+            except OSError as exc:
+                raise lb.LibbpfError(f"LBR capture: opening the branch-stack perf event of CPU {cpu} failed "
+                                     "(this CPU or hypervisor exposes no last branch records: turn LBR "
+                                     "capture off)", exc.errno or errno.EOPNOTSUPP) from None
+
+    def _set_ready(self) -> None:
+        assert self._obj is not None
+        bss = self._obj.map(".bss")
+        off, size = self._obj.btf().datasec_vars(".bss")["ready"]
+        value = bytearray(bss.value_size)
+        value[off:off + size] = b"\x01"
+        bss.update(struct.pack("<I", 0), bytes(value))
+
+    def _attach_one(self, f: TracedFunc) -> None:
+        assert self._obj is not None
+        entry_name, exit_name = _MODE_PROGRAMS[self.config.mode]
+        entry, exit_ = self._obj.program(entry_name), self._obj.program(exit_name)
+        if self.config.mode == "kprobe":
+            # a name with several instances (static functions, clones) is attached per instance address
+            name, off = (None, f.addr) if self._name_count.get(f.name, 0) > 1 and f.addr else (f.name, 0)
+            self._links.append(exit_.attach_kprobe(name, retprobe=True, cookie=f.id, offset=off))
+            self._links.append(entry.attach_kprobe(name, cookie=f.id, offset=off))
+            return
+        if self.config.mode == "uprobe":
+            binary = self.config.uprobe_binary
+            self._links.append(exit_.attach_uprobe(binary, f.name, retprobe=True, cookie=f.id))
+            self._links.append(entry.attach_uprobe(binary, f.name, cookie=f.id))
+            return
+        btf_id = self._btf_func_id(f.name) if self._btf_func_id else None
+        if btf_id is None:
+            raise lb.LibbpfError(f"fentry needs BTF for {f.name} (module functions and functions without BTF "
+                                 "are not supported in fentry mode; use -K)", errno.EOPNOTSUPP)
+        fds = []
+        for prog, attach_type, tag in ((exit_, lb.ATTACH_TRACE_FEXIT, "rs_fexit"),
+                                       (entry, lb.ATTACH_TRACE_FENTRY, "rs_fentry")):
+            fd = lb.clone_program(prog, attach_btf_id=btf_id, attach_type=attach_type, name=tag)
+            self._prog_fds.append((prog.name, fd))
+            fds.append((fd, attach_type, tag))
+        for fd, attach_type, tag in fds:
+            self._links.append(lb.link_create(fd, attach_type, cookie=f.id, what=f"{tag} to {f.name}"))
+
+    def _attach_multi(self, report: AttachReport) -> None:
+        assert self._obj is not None
+        entry = self._obj.program("kmulti_entry")
+        exit_ = self._obj.program("kmulti_exit")
+        addrs = [f.addr for f in self.funcs]
+        cookies = [f.id for f in self.funcs]
+        try:
+            self._links.append(exit_.attach_kprobe_multi(addrs=addrs, cookies=cookies, retprobe=True))
+            self._links.append(entry.attach_kprobe_multi(addrs=addrs, cookies=cookies))
+        except lb.LibbpfError:
+            # addresses are strict about notrace functions; names go through the kernel's own lookup
+            self.detach_links()
+            names = [f.name for f in self.funcs]
+            self._links.append(exit_.attach_kprobe_multi(syms=names, cookies=cookies, retprobe=True))
+            self._links.append(entry.attach_kprobe_multi(syms=names, cookies=cookies))
+        report.attached.extend(self.funcs)
+
+    # ---- capture -------------------------------------------------------------------------
+
+    def open_ring_buffer(self, on_record: Callable[[records.Record], None]) -> None:
+        assert self._obj is not None
+
+        def on_raw(data: bytes) -> None:
+            on_record(records.decode(data))
+
+        self._rb = lb.RingBuffer(self._obj.map("rb").fd, on_raw)
+
+    def poll(self, timeout_ms: int) -> int:
+        assert self._rb is not None
+        return self._rb.poll(timeout_ms)
+
+    def func_stats(self) -> list[FuncStats]:
+        """Aggregates summed over CPUs, read at call time (scrape time for Prometheus)."""
+        assert self._obj is not None
+        stats_map = self._obj.map("func_stats")
+        vsize = records.FUNC_STATS.size * self._ncpus
+        errors: dict[int, dict[str, int]] = {}
+        err_map = self._obj.map("err_stats")
+        for key in list(err_map.keys()):
+            raw = err_map.lookup(key, 8 * self._ncpus)
+            if raw is None:
+                continue
+            fid, err = records.ERR_KEY.unpack(key)
+            count = sum(struct.unpack(f"<{self._ncpus}Q", raw))
+            func = self.funcs[fid] if fid < len(self.funcs) else None
+            if func is None:
+                continue
+            name = "NULL" if err == 0 else error_type((1 << 64) - err, func.ret) or f"E{err}"
+            errors.setdefault(fid, {})[name] = errors.get(fid, {}).get(name, 0) + count
+        out = []
+        for f in self.funcs:
+            raw = stats_map.lookup(struct.pack("<I", f.id), vsize)
+            if raw is None:
+                continue
+            calls, _errs, dur, buckets = records.decode_func_stats(raw, self._ncpus)
+            out.append(FuncStats(f.id, calls, errors.get(f.id, {}), tuple(buckets), dur))
+        return out
+
+    def session_stats(self) -> list[SessionStats]:
+        """Sessions per entry function (outcome counts and duration histogram), summed over CPUs."""
+        assert self._obj is not None
+        stats_map = self._obj.map("entry_stats")
+        vsize = records.FUNC_STATS.size * self._ncpus
+        out = []
+        for f in self.funcs:
+            if not f.is_entry:
+                continue
+            raw = stats_map.lookup(struct.pack("<I", f.id), vsize)
+            if raw is None:
+                continue
+            sessions, errors, dur, buckets = records.decode_func_stats(raw, self._ncpus)
+            out.append(SessionStats(f.id, sessions, errors, tuple(buckets), dur))
+        return out
+
+    def capture_stats(self) -> CaptureStats:
+        assert self._obj is not None
+        size = records.CAPTURE_STATS.size * self._ncpus
+        raw = self._obj.map("cap_stats").lookup(struct.pack("<I", 0), size)
+        return records.decode_capture_stats(raw or b"", self._ncpus) if raw else CaptureStats()
+
+    def programs(self) -> list[tuple[str, int]]:
+        """(name, fd) of the programs that run when a traced function is hit.
+
+        fentry mode runs per-function clones (named after their template); the templates themselves
+        are never attached. The other modes run the object's entry and exit programs.
+        """
+        if self._obj is None:
+            return []
+        if self.config.mode == "fentry":
+            return list(self._prog_fds)
+        return [(name, self._obj.program(name).fd) for name in _MODE_PROGRAMS[self.config.mode]]
+
+    def program_stats(self) -> list[ProgramStats]:
+        """Run count and time of each program (clones summed), read at scrape time: one syscall per fd."""
+        return sum_program_stats(self.programs(), lb.prog_info)
+
+    # ---- teardown ------------------------------------------------------------------------
+
+    def detach_links(self) -> None:
+        """Entries first (attached last), then exits; many links are destroyed from several threads.
+
+        Each kprobe or trampoline detach waits for an RCU grace period in the kernel; issued from
+        parallel threads (ctypes drops the GIL) those waits overlap instead of adding up.
+        """
+        links, self._links = self._links, []
+        # every attach appends (exit, entry): entries are the odd positions
+        for group in (links[1::2], links[0::2]):
+            if len(group) < PARALLEL_DETACH_MIN:
+                for link in reversed(group):
+                    link.destroy()
+                continue
+            with ThreadPoolExecutor(max_workers=DETACH_THREADS) as pool:
+                list(pool.map(lambda link: link.destroy(), group))
+
+    def detach(self) -> None:
+        self.detach_links()
+        fds, self._prog_fds = self._prog_fds, []
+        for _name, fd in fds:
+            os.close(fd)
+        lbr_fds, self._lbr_fds = self._lbr_fds, []
+        for fd in lbr_fds:
+            os.close(fd)
+
+    def close(self) -> None:
+        self.detach()
+        if self._rb is not None:
+            self._rb.free()
+            self._rb = None
+        if self._obj is not None:
+            self._obj.close()
+            self._obj = None
+
+
+def sum_program_stats(programs: Sequence[tuple[str, int]], read_info: Callable[[int], lb.ProgInfo]
+                      ) -> list[ProgramStats]:
+    """One ProgramStats per program name, in first-seen order: fentry's thousand clones make two series."""
+    totals: dict[str, tuple[int, int]] = {}
+    for name, fd in programs:
+        info = read_info(fd)
+        cnt, ns = totals.get(name, (0, 0))
+        totals[name] = (cnt + info.run_cnt, ns + info.run_time_ns)
+    return [ProgramStats(name, cnt, ns) for name, (cnt, ns) in totals.items()]
+
+
+def _comm_key(comm: str) -> bytes:
+    return comm.encode()[:15].ljust(16, b"\0")
+
+
+def _ringbuf_size(size: int) -> int:
+    """Ring buffers must be a power-of-two number of pages."""
+    page = 4096
+    n = max(page, size)
+    return 1 << (n - 1).bit_length()
+
+
+def _raise_nofile_limit(need: int) -> None:
+    """kprobe mode holds up to four fds per function (perf event and link, entry and exit): a thousand
+    functions exceed the usual 1024/4096 limits. Root (CAP_SYS_RESOURCE) may raise the hard limit too."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft >= need:
+        return
+    roomy = hard == resource.RLIM_INFINITY or hard >= need
+    for limits in ((need, hard if roomy else need), (hard, hard)):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+            return
+        except (ValueError, OSError):
+            continue

@@ -1,0 +1,83 @@
+"""retsnoop's function call trace table (-T): → entry, ← exit, ↔ a leaf collapsed into one row."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+
+from retsnoop_otel.capture.model import ArgValue, Call, Session, TracedFunc, format_result
+
+ArgsFormatter = Callable[[int, "tuple[ArgValue, ...] | None"], list[str]]
+
+MAX_INDENT_LEVELS = 20
+
+
+def _rows(call: Call, funcs: Mapping[int, TracedFunc], depth: int,
+          fmt_args: ArgsFormatter | None = None) -> Iterator[tuple[str, str, str]]:
+    indent = "    " * min(depth, MAX_INDENT_LEVELS)
+    if call.missing_before:
+        yield f"{indent}‼ ... missing {call.missing_before} records ...", "", ""
+    func = funcs.get(call.func_id)
+    name = func.name if func else f"<func #{call.func_id}>"
+    result = f"[{format_result(call.result, func.ret)}]" if func and call.end_ns is not None else ""
+    duration = f"{call.duration_ns / 1000:.3f}us" if call.duration_ns is not None else ""
+    args = fmt_args(call.func_id, call.args) if fmt_args and call.args else []
+    if not call.children:
+        marker = "↔" if call.end_ns is not None else "→"
+        yield f"{indent}{marker} {name}", result, duration
+        yield from ((f"{indent}  › {a}", "", "") for a in args)
+        return
+    yield f"{indent}→ {name}", "", ""
+    yield from ((f"{indent}  › {a}", "", "") for a in args)
+    for child in call.children:
+        yield from _rows(child, funcs, depth + 1, fmt_args)
+    if call.end_ns is not None:
+        yield f"{indent}← {name}", result, duration
+    else:
+        yield f"{indent}‼ ... {name} did not return before the session ended ...", "", ""
+
+
+def render_calls(session: Session, funcs: Mapping[int, TracedFunc], fmt_args: ArgsFormatter | None = None) -> str:
+    rows = [row for call in session.calls for row in _rows(call, funcs, 0, fmt_args)]
+    if session.calls and session.dropped_records:
+        counted = sum(c.missing_before for c in _walk(session.calls))
+        if session.dropped_records > counted:
+            rows.append((f"‼ ... missing {session.dropped_records - counted} records ...", "", ""))
+    if session.calls_cut:
+        rows.append((f"‼ ... {session.calls_cut} more calls not shown (per-session cap) ...", "", ""))
+    w_name = max([47, *(len(r[0]) for r in rows if r[1] or r[2])])
+    w_res = max([20, *(len(r[1]) for r in rows)])
+    w_dur = max([9, *(len(r[2]) for r in rows)])
+    lines = [f"{'FUNCTION CALLS':<{w_name}}   {'RESULT':<{w_res}}  {'DURATION':>{w_dur}}",
+             f"{'-' * w_name}   {'-' * w_res}  {'-' * w_dur}"]
+    for name, result, duration in rows:
+        lines.append(f"{name:<{w_name}}   {result:<{w_res}}  {duration:>{w_dur}}".rstrip())
+    return "\n".join(lines) + "\n"
+
+
+def _walk(calls: list[Call]) -> Iterator[Call]:
+    for c in calls:
+        yield c
+        yield from _walk(c.children)
+
+
+def chain_calls(session: Session) -> list[Call | None]:
+    """The Call behind each level of the error chain (the last matching call at each depth)."""
+    out: list[Call | None] = []
+    level_calls = session.calls
+    for entry in session.chain:
+        match = next((c for c in reversed(level_calls) if c.func_id == entry.func_id), None)
+        out.append(match)
+        level_calls = match.children if match else []
+    return out
+
+
+def render_chain_args(session: Session, funcs: Mapping[int, TracedFunc], fmt_args: ArgsFormatter) -> str:
+    """-A in stack mode: the arguments of each function of the error chain."""
+    lines = []
+    for entry, call in zip(session.chain, chain_calls(session), strict=True):
+        if call is None or not call.args:
+            continue
+        func = funcs.get(entry.func_id)
+        parts = fmt_args(entry.func_id, call.args)
+        lines.append(f"{func.name if func else entry.func_id}({', '.join(parts)})")
+    return "".join(f"  › {line}\n" for line in lines) + ("\n" if lines else "")

@@ -1,0 +1,162 @@
+"""--lbr: branch-sampling specs, and retsnoop's LBR view of captured branch records.
+
+LBR needs a CPU (and hypervisor) that exposes last-branch records to perf; where there is none
+(this project's CI host and its VMs), `--lbr` is refused before anything is attached. The view is
+pure: it turns (from, to) address pairs into `[#NN] from -> to` rows, dropping the records wasted
+inside the tracing machinery after the deepest traced function returned.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Callable, Mapping, Sequence
+
+from retsnoop_otel.capture.errnos import errno_name
+from retsnoop_otel.capture.model import Branch, LbrCapture, Session, TracedFunc
+from retsnoop_otel.symbols.symbolize import Frame, Symbolizer
+
+# enum perf_branch_sample_type (uapi linux/perf_event.h)
+BRANCH_KERNEL = 1 << 1
+BRANCH_TYPES: Mapping[str, int] = {
+    "any": 1 << 3,
+    "any_call": 1 << 4,
+    "any_return": 1 << 5,
+    "ind_call": 1 << 6,
+    "abort_tx": 1 << 7,
+    "in_tx": 1 << 8,
+    "no_tx": 1 << 9,
+    "cond": 1 << 10,
+    "call_stack": 1 << 11,
+    "ind_jump": 1 << 12,
+    "call": 1 << 13,
+}
+DEFAULT_SPEC = "any_return"
+
+
+class LbrError(Exception):
+    """A bad --lbr spec or a machine without LBR: one sentence for the user."""
+
+
+def parse_specs(specs: Sequence[str]) -> int:
+    """OR of the given specs (names or numbers); the default is any_return. Kernel-only sampling."""
+    flags = 0
+    for spec in specs or [DEFAULT_SPEC]:
+        for part in (spec or DEFAULT_SPEC).split(","):
+            part = part.strip().lower()
+            if part in BRANCH_TYPES:
+                flags |= BRANCH_TYPES[part]
+                continue
+            try:
+                flags |= int(part, 0)
+            except ValueError:
+                raise LbrError(f"unknown --lbr value '{part}' (expected one of {', '.join(BRANCH_TYPES)}, "
+                               "or a number)") from None
+    return flags | BRANCH_KERNEL
+
+
+def lbr_missing(lbr: object, branch_snapshot: object) -> str:
+    """Why LBR capture cannot work here ("" when it can), from the `lbr` and `branch_snapshot`
+    features (features.Feature): the CPU keeps no branch records, or BPF cannot snapshot them."""
+    if not lbr.available:  # type: ignore[attr-defined]
+        return f"opening a branch-stack perf event was {lbr.detail}"  # type: ignore[attr-defined]
+    if not branch_snapshot.available:  # type: ignore[attr-defined]
+        return f"this kernel {branch_snapshot.why}"  # type: ignore[attr-defined]
+    return ""
+
+
+def require_lbr(available: bool, detail: str) -> None:
+    if not available:
+        raise LbrError(f"--lbr needs last branch records, but {detail}: run without --lbr, or on a machine "
+                       "whose CPU exposes LBR to this kernel (bare metal or a VM with LBR passthrough)")
+
+
+def relevant(records: Sequence[Branch], func_addr: int, func_size: int) -> tuple[list[Branch], bool]:
+    """retsnoop's relevance cut: records are newest first; drop the newest ones up to the first whose
+    source or target lies inside the deepest traced function. Returns (kept, filtered?); when no
+    record touches that function, everything is kept and filtered is False."""
+    end = func_addr + max(func_size, 1)
+    for i, b in enumerate(records):
+        if func_addr <= b.src < end or func_addr <= b.dst < end:
+            return list(records[i:]), True
+    return list(records), False
+
+
+def _side(frames: list[Frame], addr: int) -> list[tuple[str, str]]:
+    """(symbol, source) cells of one end of a record: the function, then its inlined frames."""
+    if not frames:
+        return [(f"0x{addr:x}", "")]
+    out = []
+    for i, f in enumerate(frames):
+        name = f.name if not f.inlined else f". {f.name}"
+        if i == 0:
+            name = f"{f.name}+0x{f.offset:x}"
+        src = f"({f.file}:{f.line})" if f.file and f.line else ""
+        out.append((name, src))
+    return out
+
+
+def render_lbr(records: Sequence[Branch], symbolizer: Symbolizer, func_addr: int, func_size: int,
+               max_count: int = 0) -> str:
+    """The LBR block, oldest record first, numbered as captured (#00 = newest)."""
+    kept, filtered = relevant(records, func_addr, func_size)
+    first = len(records) - len(kept)
+    numbered = list(enumerate(kept, start=first))
+    if max_count > 0:
+        numbered = numbered[:max_count]  # the records nearest to the cut are the relevant ones
+    rows: list[tuple[str, str, str, str, str]] = []
+    for idx, b in reversed(numbered):
+        src = _side(symbolizer.frames(b.src), b.src)
+        dst = _side(symbolizer.frames(b.dst), b.dst)
+        for j in range(max(len(src), len(dst))):
+            s = src[j] if j < len(src) else ("", "")
+            d = dst[j] if j < len(dst) else ("", "")
+            rows.append((f"[#{idx:02d}]" if j == 0 else "", *s, "->" if j == 0 else "", *d))
+    widths = [max((len(r[k]) for r in rows), default=0) for k in range(6)]
+    lines = []
+    for r in rows:
+        left = " ".join(f"{r[k]:<{widths[k]}}" for k in range(3) if widths[k])
+        right = " ".join(f"{r[k]:<{widths[k]}}" for k in (4, 5) if widths[k])
+        lines.append(f"{left}  {r[3]:<2}  {right}".rstrip())
+    if not filtered and records:
+        lines.append("[LBR] No relevant LBR data were captured, showing unfiltered LBR stack!")
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def render_session_lbr(session: Session, funcs: Mapping[int, TracedFunc], symbolizer: Symbolizer,
+                       max_count: int = 0) -> str:
+    """The LBR block of one session (empty without --lbr): retsnoop prints it between the call table
+    and the stack."""
+    cap = session.lbr
+    if cap is None:
+        return ""
+    if cap.error:
+        name = errno_name(cap.error) or str(cap.error)
+        why = " (this CPU keeps no last branch records)" if cap.error == errno.ENOENT else ""
+        return f"[LBR] failed to capture branch records: -{name}{why}\n"
+    if not cap.branches:
+        return "[LBR] no branch records were captured\n"
+    func = funcs.get(cap.func_id)
+    addr, size = (func.addr, func.size) if func is not None else (0, 0)
+    return render_lbr(cap.branches, symbolizer, addr, size, max_count)
+
+
+def export_lbr(cap: LbrCapture, func: TracedFunc | None, describe: Callable[[int], str] | None,
+               export_addresses: bool) -> list[str]:
+    """`from -> to` strings for the retsnoop.lbr span attribute: the relevant records, oldest first.
+
+    Without a symbolizer only --export-addresses allows the raw addresses (they reveal KASLR); an
+    address no symbol covers is shown as [unknown] unless addresses may be exported.
+    """
+    kept, _ = relevant(cap.branches, func.addr if func else 0, func.size if func else 0)
+
+    def side(addr: int) -> str:
+        if describe is None:
+            return f"0x{addr:x}"
+        text = describe(addr)
+        if export_addresses:
+            return text if text.startswith("0x") else f"0x{addr:x} {text}"
+        return "[unknown]" if text.startswith("0x") else text
+
+    if describe is None and not export_addresses:
+        return []
+    return [f"{side(b.src)} -> {side(b.dst)}" for b in reversed(kept)]

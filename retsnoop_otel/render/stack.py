@@ -1,0 +1,171 @@
+"""retsnoop's stack view of one session: the kernel stack merged with the traced (error) call chain.
+
+The kernel stack comes from bpf_get_stack() in the exit probe of the deepest traced function, so it
+holds, innermost first: the probe machinery (BPF program, trampoline or kretprobe handlers), then
+the callers of that function. Traced functions that were still running show up there as return
+addresses inside them; the deepest one (its frame is gone once it returns) and any that already
+returned do not, and are printed with the '!' mark, as retsnoop does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from retsnoop_otel.capture.model import Session, StackEntry, TracedFunc, format_result
+from retsnoop_otel.symbols.symbolize import Frame, Symbolizer
+
+# Frames that belong to the tracer, not to the traced code: the BPF program and its trampoline,
+# bpf_get_stack's own unwinding, and the kprobe/kretprobe/fprobe/ftrace delivery paths.
+_TRACING_PREFIXES = (
+    "bpf_prog_", "bpf_trampoline_", "bpf_get_stack", "get_perf_callchain", "perf_callchain_",
+    "__bpf_prog_enter", "__bpf_prog_exit", "bpf_trace_run", "__bpf_trace_run", "trace_call_bpf",
+    "kprobe_", "kretprobe_", "__kretprobe_", "pre_handler_kretprobe", "aggr_pre_handler",
+    "trampoline_handler", "ftrace_", "arch_ftrace_", "rethook_", "arch_rethook_", "fprobe_", "__fprobe_",
+    "exc_int3", "asm_exc_int3", "do_int3",
+)
+# With fexit, the traced function's own fentry call site (f+0x5, f+0x9 with endbr) sits right
+# outside the trampoline frame; it is an artefact of the trampoline, not a caller.
+_FENTRY_SITE_MAX = 0x10
+_MIN_DURATION_WIDTH = 5
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    mark: str = " "
+    duration: str = ""
+    result: str = ""
+    symbol: str = ""
+    source: str = ""
+
+
+def is_tracing_frame(name: str) -> bool:
+    return name.startswith(_TRACING_PREFIXES)
+
+
+def filter_kstack(kstack: Sequence[int], symbolizer: Symbolizer) -> list[tuple[int, list[Frame]]]:
+    """Symbolized kernel frames with the tracer's own frames removed, innermost first (as captured)."""
+    out: list[tuple[int, list[Frame]]] = []
+    after_trampoline = False
+    for addr in kstack:
+        if not addr:
+            continue
+        frames = symbolizer.frames(addr)
+        if frames and is_tracing_frame(frames[0].name):
+            after_trampoline = after_trampoline or frames[0].name.startswith("bpf_trampoline_")
+            continue
+        if after_trampoline and frames and frames[0].offset <= _FENTRY_SITE_MAX:
+            after_trampoline = False
+            continue
+        after_trampoline = False
+        out.append((addr, frames))
+    return out
+
+
+def _match_chain(kframes: list[tuple[int, list[Frame]]], chain: Sequence[StackEntry],
+                 funcs: Mapping[int, TracedFunc]) -> list[int | None]:
+    """For each chain entry (outermost first) its kframes position, matching by function start address."""
+    starts = [addr - frames[0].offset if frames else None for addr, frames in kframes]
+    positions: list[int | None] = []
+    cursor = 0
+    for entry in chain:
+        func = funcs.get(entry.func_id)
+        pos = None
+        if func is not None:
+            pos = next((i for i in range(cursor, len(starts)) if starts[i] == func.addr), None)
+        if pos is not None:
+            cursor = pos + 1
+        positions.append(pos)
+    return positions
+
+
+def _frame_rows(addr: int, frames: list[Frame], mark: str = " ", duration: str = "", result: str = "") -> list[_Row]:
+    if not frames:
+        return [_Row(mark, duration, result, f"0x{addr:x}")]
+    top = frames[0]
+    rows = [_Row(mark, duration, result, f"{top.name}+0x{top.offset:x}", _source(top))]
+    rows.extend(_Row(symbol=f". {f.name}", source=_source(f)) for f in frames[1:])
+    return rows
+
+
+def _definition(func: TracedFunc | None, symbolizer: Symbolizer) -> str:
+    """Where a function that already returned is defined (its entry address), when DWARF is at hand.
+
+    retsnoop leaves '!' rows without a location; with DWARF we can still say which file the error
+    started in, at no cost to the layout.
+    """
+    if func is None or not func.addr:
+        return ""
+    frames = symbolizer.frames(func.addr)
+    return _source(frames[0]) if frames and frames[0].offset == 0 else ""
+
+
+def _source(frame: Frame) -> str:
+    return f"({frame.file}:{frame.line})" if frame.file else ""
+
+
+def _entry_columns(entry: StackEntry, func: TracedFunc | None) -> tuple[str, str]:
+    if entry.latency_ns is None:
+        return "...", "[...]"
+    if func is None:
+        return f"{entry.latency_ns // 1000}us", f"[0x{entry.result:x}]"
+    return f"{entry.latency_ns // 1000}us", f"[{format_result(entry.result, func.ret)}]"
+
+
+def stack_rows(session: Session, funcs: Mapping[int, TracedFunc], symbolizer: Symbolizer) -> list[_Row]:
+    """Rows outermost first: kernel frames above the chain, merged rows, then '!' rows for the rest."""
+    kframes = list(reversed(filter_kstack(session.kstack, symbolizer)))
+    positions = _match_chain(kframes, session.chain, funcs)
+    rows: list[_Row] = []
+    cursor = 0
+    for i, entry in enumerate(session.chain):
+        func = funcs.get(entry.func_id)
+        duration, result = _entry_columns(entry, func)
+        pos = positions[i]
+        # A traced function missing from the stack sits below every kernel frame above the next
+        # traced function that is there (or below all of them): those frames print first.
+        stop = pos if pos is not None else next((p for p in positions[i + 1:] if p is not None), len(kframes))
+        for addr, frames in kframes[cursor:stop]:
+            rows.extend(_frame_rows(addr, frames))
+        cursor = stop
+        if pos is None:
+            rows.append(_Row("!", duration, result, func.name if func else f"<func #{entry.func_id}>",
+                             _definition(func, symbolizer)))
+            continue
+        addr, frames = kframes[pos]
+        rows.extend(_frame_rows(addr, frames, " ", duration, result))
+        cursor = pos + 1
+    for addr, frames in kframes[cursor:]:
+        rows.extend(_frame_rows(addr, frames))
+    return rows
+
+
+def format_rows(rows: Sequence[_Row]) -> list[str]:
+    """Marks, right-aligned duration, left-aligned result and symbol columns, then the source."""
+    dur_w = max([_MIN_DURATION_WIDTH, *(len(r.duration) for r in rows)])
+    res_w = max([0, *(len(r.result) for r in rows)])
+    sym_w = max([0, *(len(r.symbol) for r in rows if r.source)])
+    out = []
+    for r in rows:
+        line = f"{r.mark}  {r.duration:>{dur_w}} {r.result:<{res_w}}  {r.symbol:<{sym_w}}  {r.source}"
+        out.append(line.rstrip())
+    return out
+
+
+def format_ts(wall_ns: int) -> str:
+    """HH:MM:SS.uuuuuu in local time."""
+    return time.strftime("%H:%M:%S", time.localtime(wall_ns // 1_000_000_000)) + \
+        f".{wall_ns // 1000 % 1_000_000:06d}"
+
+
+def render_header(session: Session, offset_ns: int) -> str:
+    return (f"{format_ts(session.start_ns + offset_ns)} -> {format_ts(session.end_ns + offset_ns)} "
+            f"TID/PID {session.tid}/{session.pid} ({session.comm}/{session.proc_comm}):")
+
+
+def render_stack(session: Session, funcs: Mapping[int, TracedFunc], symbolizer: Symbolizer,
+                 offset_ns: int) -> str:
+    """One session in retsnoop's stack format; `offset_ns` converts boot-clock times to wall clock."""
+    lines = format_rows(stack_rows(session, funcs, symbolizer))
+    return render_header(session, offset_ns) + "\n\n" + "".join(line + "\n" for line in lines) + "\n\n"

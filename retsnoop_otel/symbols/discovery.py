@@ -1,0 +1,321 @@
+"""Function discovery: user globs + kallsyms + available_filter_functions + deny lists -> TracedFuncs.
+
+Glob forms follow retsnoop: `*` and `?` wildcards (globs.py), `'func_glob [mod_glob]'` for module
+functions, `:path/glob.c` for every function defined in matching source files (resolved from DWARF
+by an injected callable), and `@file` for one glob per line. Deny always wins; entry globs are also
+allow globs; a plain entry glob that ends up attaching nothing is an error, as in retsnoop.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from operator import itemgetter
+from pathlib import Path
+
+from retsnoop_otel.capture.model import RetKind, TracedFunc
+from retsnoop_otel.symbols.globs import glob_to_regex
+from retsnoop_otel.symbols.kallsyms import Kallsyms, KSym
+
+MODES = ("fentry", "kprobe", "kprobe_multi")
+NOT_AVAILABLE = "not in available_filter_functions"
+AMBIGUOUS = "ambiguous instances"
+
+
+class DiscoveryError(Exception):
+    """A glob, glob file or function set the user has to change."""
+
+
+@dataclass(frozen=True, slots=True)
+class GlobSpec:
+    """One user glob: a function glob (optionally limited to modules) or a source-path glob."""
+
+    text: str
+    func: str | None = None
+    module: str | None = None
+    source: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DenyGroup:
+    """Built-in deny globs that share one reason; `modes` None means every attach mode."""
+
+    reason: str
+    globs: tuple[str, ...]
+    modes: frozenset[str] | None = None
+
+
+BUILTIN_DENY: tuple[DenyGroup, ...] = (
+    # retsnoop's forced list: code that runs around every BPF program invocation, so a probe on it
+    # re-enters the tracer (or, for the spin lock, can deadlock).
+    DenyGroup("runs inside every BPF program invocation", (
+        "bpf_get_smp_processor_id", "migrate_enable", "migrate_disable", "bpf_spin_lock", "bpf_spin_unlock",
+        "__bpf_prog_enter*", "__bpf_prog_exit*", "__bpf_tramp_enter*", "__bpf_tramp_exit*",
+        "update_prog_stats", "inc_misses_counter", "bpf_prog_start_time")),
+    # retsnoop's forced list: called by the probe machinery itself and on every context switch.
+    DenyGroup("RCU read side and preempt count, used by the probes themselves", (
+        "rcu_read_lock*", "rcu_read_unlock*", "__rcu_read_lock*", "__rcu_read_unlock*",
+        "preempt_count_add", "preempt_count_sub")),
+    # retsnoop's forced list: idle threads would open a session on every idle entry of every CPU.
+    DenyGroup("idle loop", ("arch_cpu_idle", "default_idle")),
+    # The machinery that delivers kprobe/fentry/fprobe events and runs our programs: probing it recurses.
+    DenyGroup("probe delivery machinery", (
+        "kprobe_*", "kretprobe_*", "__kretprobe_*", "*ftrace*", "fprobe*", "rethook*", "trace_call_bpf",
+        "__bpf_trace_run*", "bpf_trace_run*", "bpf_prog_run*")),
+    # NMI, int3 and interrupt entry can interrupt a probe at any instruction.
+    DenyGroup("NMI, int3 and interrupt entry", (
+        "exc_nmi", "asm_exc_nmi", "default_do_nmi", "nmi_handle", "exc_int3", "asm_exc_int3", "do_int3*",
+        "irqentry_*", "irq_enter*", "irq_exit*", "__irq_exit_rcu")),
+    # Helpers (and what they call) used by bpf/retsnoop.bpf.c. kprobes do not fire inside BPF programs,
+    # but fentry does: each helper call would re-enter the tracer.
+    DenyGroup("called by retsnoop-otel's own BPF programs (fentry would re-enter them)", (
+        "bpf_ktime_get_boot_ns", "ktime_get_boot_fast_ns", "bpf_get_current_pid_tgid", "bpf_get_current_comm",
+        "bpf_get_current_task*", "bpf_get_current_cgroup_id", "bpf_get_stack*", "bpf_get_stackid*",
+        "get_perf_callchain*", "perf_callchain_kernel", "bpf_ringbuf_*", "ringbuf_*", "__bpf_ringbuf_*",
+        "bpf_map_lookup_elem", "bpf_map_update_elem", "bpf_map_delete_elem",
+        "*htab_*elem*",  # hash map lookup/update/delete and their element helpers
+        "htab_lock_bucket", "htab_unlock_bucket", "pcpu_freelist_*", "__pcpu_freelist_*",
+        "array_map_lookup_elem", "percpu_array_map_lookup_elem", "bpf_get_func_ip*", "bpf_get_attach_cookie*",
+        "bpf_get_func_ret", "bpf_probe_read_kernel*", "copy_from_kernel_nofault*"),
+        frozenset({"fentry"})),
+)
+
+# Symbols that are not functions of their own: call padding and CFI preambles (kernel 6.2+).
+_NOT_FUNCTIONS = ("__pfx_", "__cfi_")
+_COLD = re.compile(r"\.cold(?:\.\d+)?$")
+_MOD_GLOB = re.compile(r"^(\S+)\s+\[(\S+)\]$")
+
+
+@dataclass(slots=True)
+class Discovery:
+    """What would be attached (ids 0..n-1, entry functions first) and what was left out, and why."""
+
+    funcs: list[TracedFunc]
+    skipped: list[tuple[str, str]]
+    mode: str
+    available_count: int = 0
+
+    @property
+    def entry_count(self) -> int:
+        return sum(1 for f in self.funcs if f.is_entry)
+
+
+# ---- glob parsing -------------------------------------------------------------------------------
+
+
+def parse_glob(text: str) -> GlobSpec:
+    glob = text.strip()
+    if glob.startswith(":"):
+        path = glob[1:].lstrip("/")
+        if not path:
+            raise DiscoveryError(f"'{text}': a source glob needs a path after ':' (for example ':kernel/bpf/*.c')")
+        return GlobSpec(glob, source=path)
+    if m := _MOD_GLOB.match(glob):
+        return GlobSpec(glob, func=m.group(1), module=m.group(2))
+    if not glob or any(c.isspace() for c in glob) or "[" in glob or "]" in glob:
+        raise DiscoveryError(f"bad glob '{text}': expected 'func_glob', 'func_glob [module_glob]', "
+                             "':path/glob.c' or '@file'")
+    return GlobSpec(glob, func=glob)
+
+
+def expand_glob_args(values: Iterable[str]) -> list[str]:
+    """Flags in order, with each '@file' replaced by its lines (blank lines and '#' comments skipped)."""
+    out: list[str] = []
+    for value in values:
+        if not value.startswith("@"):
+            out.append(value)
+            continue
+        path = Path(value[1:])
+        try:
+            lines = path.read_text().splitlines()
+        except OSError as exc:
+            raise DiscoveryError(f"glob file '{path}': {exc.strerror}") from None
+        out.extend(s for s in (line.strip() for line in lines) if s and not s.startswith("#"))
+    return out
+
+
+class _GlobSet:
+    """Globs of one kind compiled once: plain ones into a single alternation, the rest kept apart."""
+
+    def __init__(self, specs: Sequence[GlobSpec], sources: dict[str, set[str]]) -> None:
+        self.specs = list(specs)
+        plain = [s.func for s in self.specs if s.func is not None and s.module is None]
+        self._exact = {g for g in plain if "*" not in g and "?" not in g}.union(
+            *(sources[s.source] for s in self.specs if s.source is not None))
+        # module specs pre-filter on their function part; the module is checked per instance
+        wild = [g for g in plain if "*" in g or "?" in g] + [s.func for s in self.specs if s.module and s.func]
+        alternation = "|".join(f"(?:{glob_to_regex(g).pattern})" for g in wild)
+        self._lines = re.compile(f"^(?:{alternation})$", re.M) if wild else None
+        self._sources = sources
+
+    def names_matching(self, names: Iterable[str], blob: str) -> set[str]:
+        """Names that may match, found in one regex scan of `blob` (the same names, one per line)."""
+        out = self._exact.intersection(names)
+        if self._lines is not None:
+            out.update(self._lines.findall(blob))
+        return out
+
+    def matching(self, name: str, module: str | None) -> list[GlobSpec]:
+        """The specs matching one function instance (module None: vmlinux)."""
+        out = []
+        for s in self.specs:
+            if s.source is not None:
+                hit = module is None and name in self._sources[s.source]
+            elif s.module is not None:
+                hit = module is not None and glob_to_regex(s.module).fullmatch(module) is not None \
+                    and glob_to_regex(s.func or "").fullmatch(name) is not None
+            else:
+                hit = glob_to_regex(s.func or "").fullmatch(name) is not None
+            if hit:
+                out.append(s)
+        return out
+
+
+def _builtin_deny(mode: str) -> list[tuple[re.Pattern[str], str]]:
+    return [(re.compile("|".join(f"(?:{glob_to_regex(g).pattern})" for g in group.globs)), group.reason)
+            for group in BUILTIN_DENY if group.modes is None or mode in group.modes]
+
+
+# ---- discovery ----------------------------------------------------------------------------------
+
+
+def discover(entry_globs: Sequence[str], allow_globs: Sequence[str], deny_globs: Sequence[str],
+             kallsyms: Kallsyms, available: Sequence[tuple[str, str | None]], ret_kind: Callable[[str], RetKind],
+             mode: str, resolve_source_glob: Callable[[str], set[str]] | None = None) -> Discovery:
+    """Resolve the user's globs into the function table the BPF side is loaded with."""
+    if mode not in MODES:
+        raise DiscoveryError(f"unknown attach mode '{mode}' (expected one of {', '.join(MODES)})")
+    entry_specs = [parse_glob(g) for g in expand_glob_args(entry_globs)]
+    allow_specs = [parse_glob(g) for g in expand_glob_args(allow_globs)]
+    deny_specs = [parse_glob(g) for g in expand_glob_args(deny_globs)]
+    if not entry_specs:
+        raise DiscoveryError("at least one entry glob is needed (-e GLOB)")
+    sources: dict[str, set[str]] = {}
+    for spec in (*entry_specs, *allow_specs, *deny_specs):
+        if spec.source is not None and spec.source not in sources:
+            if resolve_source_glob is None:
+                raise DiscoveryError(f"'{spec.text}' is a source-path glob: it needs a vmlinux with DWARF debug "
+                                     "info (give it with -k PATH, or install the kernel's -dbg package)")
+            sources[spec.source] = set(resolve_source_glob(spec.source))
+
+    entries = _GlobSet(entry_specs, sources)
+    allows = _GlobSet(entry_specs + allow_specs, sources)
+    denies = _GlobSet(deny_specs, sources)
+    builtin = _builtin_deny(mode)
+    avail_count = Counter(map(itemgetter(0), available))
+
+    all_names = kallsyms.names()
+    matched = allows.names_matching(all_names, "\n".join(all_names))
+    candidates = sorted(n for n in matched if not n.startswith(_NOT_FUNCTIONS))
+    missing = sorted(n for n in allows.names_matching(avail_count, "\n".join(avail_count)) if not kallsyms.by_name(n))
+
+    chosen: list[tuple[KSym, bool]] = []
+    skipped: dict[str, str] = {}
+    entry_hits: dict[GlobSpec, int] = {s: 0 for s in entry_specs if s.source is None}
+    entry_skips: dict[GlobSpec, list[str]] = {s: [] for s in entry_hits}
+
+    def skip(label: str, reason: str, entry_of: list[GlobSpec]) -> None:
+        skipped.setdefault(label, reason)
+        for spec in entry_of:
+            if spec in entry_skips:
+                entry_skips[spec].append(label)
+
+    for name in missing:
+        skip(name, "not in kallsyms", [s for s in entry_specs if s.source is None and entries.matching(name, None)])
+
+    for name in candidates:
+        every = kallsyms.by_name(name)
+        instances = [(sym, entries.matching(name, sym.module)) for sym in every]
+        instances = [(sym, ent) for sym, ent in instances if ent or allows.matching(name, sym.module)]
+        if not instances:
+            continue
+        entry_of = sorted({s for _, ent in instances for s in ent}, key=lambda s: s.text)
+        label = name if instances[0][0].module is None else f"{name} [{instances[0][0].module}]"
+        denied = [denies.matching(name, sym.module) for sym, _ in instances]
+        kept = [inst for inst, by in zip(instances, denied, strict=True) if not by]
+        reason = (f"denied by '{next(by for by in denied if by)[0].text}'" if not kept else
+                  _reject_reason(name, kept, builtin, avail_count, len(every), mode))
+        if reason:
+            skip(label, reason, entry_of)
+            continue
+        chosen.extend((sym, bool(ent)) for sym, ent in kept)
+        for spec in entry_of:
+            if spec in entry_hits:
+                entry_hits[spec] += 1
+
+    for spec, hits in entry_hits.items():
+        if not hits:
+            raise DiscoveryError(_entry_miss_message(spec, entry_skips[spec], skipped))
+    if not any(is_entry for _, is_entry in chosen):
+        raise DiscoveryError("no entry function left to attach: the source-path entry globs "
+                             f"({', '.join(s.text for s in entry_specs if s.source)}) matched no traceable function")
+
+    chosen.sort(key=lambda item: (not item[1], item[0].name, item[0].addr))
+    funcs = [TracedFunc(id=i, name=sym.name, addr=sym.addr, ret=ret_kind(sym.name), is_entry=is_entry,
+                        module=sym.module, size=sym.size) for i, (sym, is_entry) in enumerate(chosen)]
+    return Discovery(funcs=funcs, skipped=sorted(skipped.items()), mode=mode, available_count=len(available))
+
+
+def _reject_reason(name: str, instances: list[tuple[KSym, list[GlobSpec]]],
+                   builtin: list[tuple[re.Pattern[str], str]], avail_count: Counter[str], ksym_count: int,
+                   mode: str) -> str | None:
+    """Why a matched (and not user-denied) function must not be attached, or None."""
+    for rx, why in builtin:
+        if rx.fullmatch(name):
+            return f"built-in deny list: {why}"
+    if _COLD.search(name):
+        return "cold part of a split function (not a function entry)"
+    if name not in avail_count:
+        return NOT_AVAILABLE
+    if ksym_count > 1 or avail_count[name] != ksym_count:
+        if mode == "fentry":
+            return (f"{AMBIGUOUS} ({ksym_count} in kallsyms, {avail_count[name]} in available_filter_functions;"
+                    " use -K to attach each by address)")
+    if mode == "fentry" and any(sym.module for sym, _ in instances):
+        return "module function: fentry mode attaches vmlinux functions only (use -K)"
+    return None
+
+
+def _entry_miss_message(spec: GlobSpec, labels: list[str], skipped: dict[str, str]) -> str:
+    msg = f"Entry glob '{spec.text}' doesn't match any kernel function!"
+    if labels:
+        shown = "; ".join(f"{label}: {skipped[label]}" for label in labels[:3])
+        more = f" (and {len(labels) - 3} more)" if len(labels) > 3 else ""
+        return f"{msg} It matched only functions that cannot be attached: {shown}{more}."
+    return f"{msg} Check the name against /proc/kallsyms (only '*' and '?' are wildcards)."
+
+
+# ---- dry run ------------------------------------------------------------------------------------
+
+
+def format_dry_run(discovery: Discovery, verbose: int = 0) -> str:
+    """The --dry-run report: what would be attached, and why the rest was left out."""
+    d = discovery
+    lines = [f"{d.available_count} functions are available for tracing; would attach {len(d.funcs)} "
+             f"({d.entry_count} entry) in {d.mode} mode, skipped {len(d.skipped)}."]
+    for title, group in (("Entry functions:", [f for f in d.funcs if f.is_entry]),
+                         ("Other functions:", [f for f in d.funcs if not f.is_entry])):
+        if group:
+            lines.append(title)
+            width = max(len(_label(f)) for f in group)
+            lines.extend(f"    {_label(f):<{width}}  returns {f.ret.value}" for f in group)
+    if d.skipped:
+        lines.append("Skipped functions:")
+        if verbose:
+            width = max(len(name) for name, _ in d.skipped)
+            lines.extend(f"    {name:<{width}}  {reason}" for name, reason in d.skipped)
+        else:
+            by_reason: dict[str, list[str]] = {}
+            for name, reason in d.skipped:
+                by_reason.setdefault(reason, []).append(name)
+            for reason, names in sorted(by_reason.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+                more = f", ... ({len(names) - 5} more)" if len(names) > 5 else ""
+                lines.append(f"    {len(names):5d}  {reason}: {', '.join(names[:5])}{more}")
+            lines.append("    (-v lists every skipped function)")
+    return "\n".join(lines)
+
+
+def _label(f: TracedFunc) -> str:
+    return f.name if f.module is None else f"{f.name} [{f.module}]"
