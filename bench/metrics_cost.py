@@ -64,11 +64,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from prometheus_client import generate_latest  # noqa: E402
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from retsnoop_otel.metrics.collector import ExemplarStore, MetricsCollector, make_registry  # noqa: E402
 
 from retsnoop_otel import records  # noqa: E402
 from retsnoop_otel.capture.model import CaptureStats, FuncStats, ProgramStats, RetKind, SessionStats, TracedFunc  # noqa: E402
 from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer  # noqa: E402
-from retsnoop_otel.metrics.collector import ExemplarStore, MetricsCollector, make_registry  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 ERRNOS = {"EINVAL": 22, "ENOMEM": 12, "EPERM": 1, "ENOENT": 2, "EFAULT": 14, "E2BIG": 7}

@@ -3,9 +3,11 @@
  * error chain with the kernel stack at the error point, optional per-call records, and in-kernel
  * per-function aggregates (calls, errors by errno, log2 latency histogram) for Prometheus.
  *
- * One set of logic, four thin attach flavours: fentry/fexit, kprobe/kretprobe and
- * kprobe.multi/kretprobe.multi. Every attachment carries the function id as its BPF cookie.
+ * One set of logic behind three thin pairs of programs: fentry/fexit, kprobe/kretprobe (also
+ * attached as uprobes) and kprobe.multi/kretprobe.multi. Every attachment carries the function
+ * id as its BPF cookie. bpf/retsnoop.h is the whole contract with user space.
  */
+
 #include "vmlinux_min.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
@@ -80,57 +82,10 @@ static const struct session empty_session = {};
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);	/* resized to the number of traced functions */
-	__type(key, __u32);
-	__type(value, struct func_stats);
-} func_stats SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);	/* resized to the number of traced functions */
-	__type(key, __u32);
-	__type(value, struct arg_spec);
-} arg_specs SEC(".maps");
-
-/* Whole sessions per entry function: calls = sessions, errors = failed sessions. */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);	/* resized to the number of traced functions */
-	__type(key, __u32);
-	__type(value, struct func_stats);
-} entry_stats SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-	__uint(max_entries, 16384);
-	__type(key, struct err_key);
-	__type(value, __u64);
-} err_stats SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
 	__type(value, struct capture_stats);
 } cap_stats SEC(".maps");
-
-/* --lbr: the snapshot each exit takes, one slot per CPU (resized to the CPU count when LBR is on). */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct lbr_capture);
-} lbr_snaps SEC(".maps");
-
-/* --lbr: the snapshot kept for each session, taken where its deepest chain was (re)started.
- * Apart from the sessions map so that sessions cost nothing extra without --lbr (resized to
- * the sessions map's size when LBR is on). */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct lbr_capture);
-} session_lbrs SEC(".maps");
 
 /* Recursion guard: our own helpers may be traced functions too (fentry fires inside BPF). */
 struct {
@@ -139,20 +94,6 @@ struct {
 	__type(key, __u32);
 	__type(value, __u32);
 } running SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1024);
-	__type(key, __u32);
-	__type(value, __u8);
-} tgid_filter SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1024);
-	__type(key, char[TASK_COMM_LEN]);
-	__type(value, __u8);
-} comm_filter SEC(".maps");
 
 static __always_inline struct capture_stats *cstats(void)
 {
@@ -231,31 +172,6 @@ static __always_inline __u32 errno_of(__s64 res, __u32 flags)
 	return -res;
 }
 
-static __always_inline bool filters_allow(__u32 tgid, __u32 tid)
-{
-	char comm[TASK_COMM_LEN] = {};
-	__u8 *v;
-
-	if (cgroup_id_filter && bpf_get_current_ancestor_cgroup_id(cgroup_level) != cgroup_id_filter)
-		return false;
-	if (has_tgid_filter) {
-		v = bpf_map_lookup_elem(&tgid_filter, &tgid);
-		if (v && *v == FILTER_DENY)
-			return false;
-		if (tgid_allow_cnt && !(v && *v == FILTER_ALLOW))
-			return false;
-	}
-	if (has_comm_filter) {
-		bpf_get_current_comm(comm, sizeof(comm));
-		v = bpf_map_lookup_elem(&comm_filter, comm);
-		if (v && *v == FILTER_DENY)
-			return false;
-		if (comm_allow_cnt && !(v && *v == FILTER_ALLOW))
-			return false;
-	}
-	return true;
-}
-
 /* uapi enum values for bpf_ringbuf_query() (not in the minimal vmlinux header) */
 #define RB_AVAIL_DATA 0
 #define RB_RING_SIZE 1
@@ -267,6 +183,13 @@ static __always_inline bool room_for_call_records(void)
 {
 	return bpf_ringbuf_query(&rb, RB_AVAIL_DATA) + END_RECORD_HEADROOM <= bpf_ringbuf_query(&rb, RB_RING_SIZE);
 }
+
+/* Separate concerns, one file each. They are part of this compilation unit, not headers of their
+ * own: they use the configuration, struct session, the ring buffer and the helpers above. */
+#include "filters.bpf.h"
+#include "stats.bpf.h"
+#include "lbr.bpf.h"
+#include "args.bpf.h"
 
 static __always_inline void emit_trace(struct session *s, __u32 type, __u32 tid, __u64 ts, int depth,
 				       __u32 func_id, __u64 lat, __s64 res)
@@ -345,66 +268,6 @@ static __always_inline struct session *start_session(__u32 key, __u32 tid, __u32
 	return s;
 }
 
-static __always_inline __u64 read_arg(void *ctx, int i, bool fentry)
-{
-	struct pt_regs *regs = ctx;
-	__u64 v = 0;
-
-	if (fentry) {
-		bpf_get_func_arg(ctx, i, &v);
-		return v;
-	}
-	switch (i) {
-	case 0: return PT_REGS_PARM1_CORE(regs);
-	case 1: return PT_REGS_PARM2_CORE(regs);
-	case 2: return PT_REGS_PARM3_CORE(regs);
-	case 3: return PT_REGS_PARM4_CORE(regs);
-	case 4: return PT_REGS_PARM5_CORE(regs);
-	default: return BPF_CORE_READ(regs, r9);	/* PT_REGS_PARM6 is missing in libbpf 1.1 */
-	}
-}
-
-static __always_inline void emit_args(void *ctx, struct session *s, __u32 tid, int depth, __u32 func_id,
-				      __u32 seq, bool fentry)
-{
-	struct rec_func_args *r;
-	struct arg_spec *as;
-	__u32 kind, size;
-	__u64 v;
-	long n;
-	int i;
-
-	as = bpf_map_lookup_elem(&arg_specs, &func_id);
-	if (!as)
-		return;
-	r = room_for_call_records() ? bpf_ringbuf_reserve(&rb, sizeof(*r), 0) : NULL;
-	if (!r) {
-		s->dropped_records++;
-		return;
-	}
-	r->type = REC_FUNC_ARGS;
-	r->tid = tid;
-	r->seq = seq;
-	r->func_id = func_id;
-	r->depth = depth;
-#pragma unroll
-	for (i = 0; i < MAX_FUNC_ARGS; i++) {
-		kind = as->spec[i] >> ARG_KIND_SHIFT;
-		size = as->spec[i] & ARG_SIZE_MASK;
-		v = kind ? read_arg(ctx, i, fentry) : 0;
-		r->args[i] = v;
-		n = 0;
-		if (size > MAX_ARG_DATA)
-			size = MAX_ARG_DATA;
-		if (kind == ARG_PTR && v)
-			n = bpf_probe_read_kernel(r->data[i], size, (void *)v) ?: size;
-		else if (kind == ARG_STR && v)
-			n = bpf_probe_read_kernel_str(r->data[i], MAX_ARG_DATA, (void *)v);
-		r->data_len[i] = n;
-	}
-	bpf_ringbuf_submit(r, 0);
-}
-
 static __always_inline void handle_entry(void *ctx, __u32 func_id, bool fentry)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
@@ -439,85 +302,6 @@ static __always_inline void handle_entry(void *ctx, __u32 func_id, bool fentry)
 	}
 }
 
-static __always_inline __u32 log2_u64(__u64 v)
-{
-	/* BPF has no count-leading-zeros instruction: binary search instead */
-	__u32 r = 0;
-
-	if (v >> 32) { v >>= 32; r += 32; }
-	if (v >> 16) { v >>= 16; r += 16; }
-	if (v >> 8) { v >>= 8; r += 8; }
-	if (v >> 4) { v >>= 4; r += 4; }
-	if (v >> 2) { v >>= 2; r += 2; }
-	if (v >> 1)
-		r += 1;
-	return r;
-}
-
-static __always_inline void count_into(struct func_stats *st, __u64 lat, bool failed)
-{
-	__u32 b = log2_u64(lat);
-
-	if (b >= DUR_BUCKETS)
-		b = DUR_BUCKETS - 1;
-	st->calls++;
-	st->dur_sum_ns += lat;
-	st->dur_buckets[b]++;
-	if (failed)
-		st->errors++;
-}
-
-static __always_inline void count_call(__u32 func_id, __u64 lat, bool failed, __u32 err)
-{
-	struct func_stats *st = bpf_map_lookup_elem(&func_stats, &func_id);
-	struct err_key ek = { .func_id = func_id, .err = err };
-	__u64 one = 1, *cnt;
-
-	if (!st)
-		return;
-	count_into(st, lat, failed);
-	if (!failed)
-		return;
-	cnt = bpf_map_lookup_elem(&err_stats, &ek);
-	if (cnt)
-		(*cnt)++;
-	else
-		bpf_map_update_elem(&err_stats, &ek, &one, BPF_NOEXIST);
-}
-
-/* First thing in every exit program (each helper call before it would push our own branches out
- * of the CPU's small LBR stack): snapshot the branches into this CPU's slot. A nested exit program
- * (fentry on a helper we call, itself traced) would overwrite the slot; the deny list keeps our
- * helpers out of traced sets, so that does not happen in practice. */
-static __always_inline void snap_lbr(void)
-{
-	struct lbr_capture *c;
-	__u32 cpu;
-
-	if (!use_lbr)
-		return;
-	cpu = bpf_get_smp_processor_id();
-	c = bpf_map_lookup_elem(&lbr_snaps, &cpu);
-	if (c)
-		c->sz = bpf_get_branch_snapshot(c->entries, sizeof(c->entries), 0);
-}
-
-/* The snapshot this exit took becomes the session's: retsnoop's LBR at the deepest failing return. */
-static __always_inline void keep_lbr(__u32 key, __u32 func_id, int d, __u64 now)
-{
-	__u32 cpu = bpf_get_smp_processor_id();
-	struct lbr_capture *snap = bpf_map_lookup_elem(&lbr_snaps, &cpu), *kept;
-
-	if (!snap || bpf_map_update_elem(&session_lbrs, &key, snap, BPF_ANY))
-		return;
-	kept = bpf_map_lookup_elem(&session_lbrs, &key);
-	if (!kept)
-		return;
-	kept->ts = now;
-	kept->func_id = func_id;
-	kept->depth = d;
-}
-
 static __always_inline void take_chain(void *ctx, struct session *s, int d, __u32 key, __u32 func_id, __u64 now)
 {
 	/* the live stack [0..d] becomes the chain; levels above d fill in as they return */
@@ -527,23 +311,6 @@ static __always_inline void take_chain(void *ctx, struct session *s, int d, __u3
 	s->kstack_sz = bpf_get_stack(ctx, s->kstack, sizeof(s->kstack), 0);
 	if (use_lbr)
 		keep_lbr(key, func_id, d, now);
-}
-
-static __always_inline void emit_lbr(struct session *s, __u32 key)
-{
-	struct lbr_capture *kept = bpf_map_lookup_elem(&session_lbrs, &key);
-	struct rec_session_lbr *r;
-
-	if (!kept)
-		return;
-	r = bpf_ringbuf_reserve(&rb, sizeof(*r), 0);
-	if (!r)
-		return;	/* the session end that follows still arrives, without branches */
-	r->type = REC_SESSION_LBR;
-	r->tid = s->tid;
-	r->start_ts = s->start_ts;
-	bpf_probe_read_kernel(&r->lbr, sizeof(r->lbr), kept);
-	bpf_ringbuf_submit(r, 0);
 }
 
 static __always_inline void fill_level(struct session *s, int d, __s64 res, __u64 lat)
@@ -725,7 +492,8 @@ int kmulti_exit(struct pt_regs *ctx)
 	return 0;
 }
 
-/* Record sizes are part of the contract with retsnoop_otel/records.py (tests/unit/test_records.py). */
+/* Record sizes are part of the contract with retsnoop_otel/capture/records.py, whose formats
+ * tests/unit/test_records.py compares with these numbers. */
 _Static_assert(sizeof(struct rec_session_start) == 56, "rec_session_start layout");
 _Static_assert(sizeof(struct rec_func_trace) == 40, "rec_func_trace layout");
 _Static_assert(sizeof(struct rec_session_end) == 1760, "rec_session_end layout");

@@ -1,4 +1,4 @@
-/* Records shared by the BPF side (retsnoop.bpf.c) and user space (retsnoop_otel/records.py).
+/* Records shared by the BPF side (retsnoop.bpf.c) and user space (retsnoop_otel/capture/records.py).
  * This header is the only contract between kernel and user space: keep both in sync.
  * All records start with a u32 type; layouts are naturally aligned, little endian.
  */
@@ -78,7 +78,7 @@ struct rec_func_args {
 
 /* func_info.flags */
 #define FUNC_IS_ENTRY 0x1
-#define FUNC_RET_KIND_SHIFT 8	/* ret kind code (retsnoop_otel.model.RET_KIND_CODES) in bits 8..15 */
+#define FUNC_RET_KIND_SHIFT 8	/* bits 8..15: ret kind (retsnoop_otel.capture.model.RET_KIND_CODES) */
 
 enum ret_kind {
 	RK_VOID = 0,

@@ -153,7 +153,7 @@ def _kprobe_bad_kfunc(res: ExitStack) -> str:
 
 
 def _fentry_unsupp_func(res: ExitStack) -> str:
-    from retsnoop_otel.kernel import libbpf as lb
+    from retsnoop_otel.kernel import libbpf_btf as lb
     btf = lb.Btf.load_vmlinux()
     try:
         tid = btf.find(FENTRY_UNSUPP_FUNC, lb.BTF_KIND_FUNC)

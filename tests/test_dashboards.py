@@ -15,10 +15,8 @@ import re
 import shutil
 import subprocess
 import tempfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -129,31 +127,34 @@ def _exposed_names(registry) -> set[str]:
 
 
 def exposed_series() -> set[str]:
-    """Series names of the trace command's and the agent's collectors, fed with fake stats."""
-    from retsnoop_otel.agent.main import AgentCollector
+    """Series names of the runtime's /metrics registry (what both commands serve), fed with fake stats."""
     from retsnoop_otel.capture.model import CaptureStats, FuncStats, ProgramStats, RetKind, SessionStats, TracedFunc
-    from retsnoop_otel.export.otlp import ExportStats
-    from retsnoop_otel.metrics.collector import MetricsCollector, make_registry
+    from retsnoop_otel.metrics.runtime_families import RunCounters
+    from retsnoop_otel.runtime.config import ProbeSetConfig, RuntimeConfig
+    from retsnoop_otel.runtime.runtime import Runtime, RuntimeDeps
+    from tests.unit.test_metrics import FakeProbeSet
 
     funcs = {0: TracedFunc(0, "__x64_sys_bpf", 0, RetKind.INT32, True),
              1: TracedFunc(1, "array_map_alloc_check", 0, RetKind.INT32, False)}
-    tracer = SimpleNamespace(
-        func_stats=lambda: [FuncStats(0, 2, {"EINVAL": 1}, (0, 1, 1), 12), FuncStats(1, 2, {"EINVAL": 1}, (1, 1), 5)],
-        capture_stats=lambda: CaptureStats(1, 1, 1, 2, 2),
-        session_stats=lambda: [SessionStats(0, 2, 1, (0, 1, 1), 12)],
-        program_stats=lambda: [ProgramStats("kprobe_entry", 4, 4000), ProgramStats("kretprobe_exit", 4, 3000)])
-    names = _exposed_names(make_registry(MetricsCollector(
-        "bpf", funcs, tracer.func_stats, tracer.capture_stats, lambda: ExportStats(3, {"queue_full": 1}, 1),
-        tracer.session_stats)))
-    probe_set = SimpleNamespace(name="bpf", funcs=funcs, tracer=tracer, mode="fentry", attached=2, evicted=0,
-                                sampled_out=1, filtered_out=1)
-    agent = SimpleNamespace(_lock=threading.Lock(), series_limiter=lambda _name: None, probe_sets=[probe_set],
-                            outputs=None, emit_errors=0, reloads={"success": 1, "failure": 0})
+
+    class ProbeSet(FakeProbeSet):
+        def program_stats(self):
+            return [ProgramStats("kprobe_entry", 4, 4000), ProgramStats("kretprobe_exit", 4, 3000)]
+
+    probe_set = ProbeSet(name="bpf", funcs=funcs, mode="fentry", attached=2, sampled_out=1, filtered_out=1,
+                         stats=lambda: [FuncStats(0, 2, {"EINVAL": 1}, (0, 1, 1), 12),
+                                        FuncStats(1, 2, {"EINVAL": 1}, (1, 1), 5)],
+                         sessions=[SessionStats(0, 2, 1, (0, 1, 1), 12)], capture=CaptureStats(1, 1, 1, 2, 2))
     with tempfile.TemporaryDirectory() as root:  # the run families have samples only while bpf_stats is on
         sysctl = Path(root, "proc/sys/kernel/bpf_stats_enabled")
         sysctl.parent.mkdir(parents=True)
         sysctl.write_text("1\n")
-        return names | _exposed_names(make_registry(AgentCollector(agent, root)))
+        for entry in ("self", "stat"):  # the process families read this process's real /proc
+            Path(root, "proc", entry).symlink_to(Path("/proc", entry))
+        runtime = Runtime(RuntimeConfig(probe_sets=(ProbeSetConfig("bpf", ("f",)),)), RuntimeDeps(root=root))
+        runtime.probe_sets = [probe_set]  # type: ignore[list-item]
+        runtime.counters = lambda: RunCounters(3, {"queue_full": 1}, 1, 0, {"success": 1, "failure": 0})
+        return _exposed_names(runtime.registry())
 
 
 # ---- promtool ------------------------------------------------------------------------------------

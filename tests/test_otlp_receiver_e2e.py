@@ -1,4 +1,8 @@
-"""OTLP export over real sockets: OtlpTraceSink -> tests/otlp_receiver.py (gRPC and HTTP)."""
+"""OTLP export over real sockets: encoder -> OtlpTraceSink -> sender -> tests/otlp_receiver.py (gRPC and HTTP).
+
+The production path and the SDK-object oracle (tests/oracle_spans.py, encoded by the SDK) both go
+through the same sender, and the receiver must see the same trace from either.
+"""
 
 import json
 import os
@@ -14,9 +18,14 @@ from pathlib import Path
 import pytest
 
 from retsnoop_otel.capture.model import Call, RetKind, Session, StackEntry, TracedFunc
-from retsnoop_otel.export.otlp import OtlpTraceSink, session_to_spans
-from retsnoop_otel.export.otlp_fast import SpanEncoder
+from retsnoop_otel.export.otlp_settings import OtlpConfig
+from retsnoop_otel.export.otlp_sink import OtlpTraceSink
 from retsnoop_otel.export.resource import build_resource
+from retsnoop_otel.export.senders import build_sender
+from retsnoop_otel.export.span_encoder import EncodedTrace, SpanEncoder, make_envelope
+from retsnoop_otel.runtime.config import AGENT_NAMES
+from retsnoop_otel.runtime.sinks import otlp_settings
+from tests.oracle_spans import sdk_request, session_to_spans
 from tests.otlp_receiver import load_spans, start_receiver
 
 REPO = Path(__file__).resolve().parent.parent
@@ -80,11 +89,28 @@ def check_trace(spans, service="retsnoop-otel"):
     assert root["resource"]["service.name"] == service and root["resource"]["os.type"] == "linux"
 
 
+def make_sink(port, protocol, environ=None, timeout_s=10, **kw):
+    cfg = OtlpConfig(endpoint=f"http://127.0.0.1:{port}", protocol=protocol, timeout_s=timeout_s)
+    return OtlpTraceSink(build_sender(otlp_settings(cfg, "traces", AGENT_NAMES.otlp, environ or {})), **kw)
+
+
+def encoder(resource):
+    return SpanEncoder(FUNCS, make_envelope(resource.attributes, resource.schema_url))
+
+
 def one_session(path, resource):
-    """One session's spans the SDK-object way or the fast (pre-encoded bytes) way."""
+    """One session's spans the production way, or the oracle's SDK spans encoded by the SDK (same sender)."""
     if path == "fast":
-        return SpanEncoder(FUNCS, resource).encode(session(), OFFSET)
-    return session_to_spans(session(), FUNCS, OFFSET, resource)
+        return encoder(resource).encode(session(), OFFSET)
+    request = sdk_request(session_to_spans(session(), FUNCS, OFFSET, resource))
+    spans = request.resource_spans[0].scope_spans[0]
+    envelope = make_envelope(resource.attributes)
+    return EncodedTrace(envelope, [b"\x12" + _len(s.SerializeToString()) for s in spans.spans])
+
+
+def _len(payload: bytes) -> bytes:
+    from retsnoop_otel.export.protowire import varint
+    return varint(len(payload)) + payload
 
 
 @pytest.mark.parametrize("path", ["fast", "sdk"])
@@ -95,7 +121,7 @@ def test_export_to_subprocess_receiver(receiver_proc, protocol, path, monkeypatc
         monkeypatch.delenv(var, raising=False)
     proc, grpc_port, http_port, out = receiver_proc
     port = grpc_port if protocol == "grpc" else http_port
-    sink = OtlpTraceSink(endpoint=f"http://127.0.0.1:{port}", protocol=protocol, timeout=10)
+    sink = make_sink(port, protocol)
     assert sink.submit(one_session(path, build_resource()))
     assert sink.flush(15)
     sink.shutdown(5)
@@ -109,15 +135,13 @@ def test_fast_path_batches_and_standard_settings(receiver_proc, protocol, monkey
     proxies = [v for v in os.environ if v.lower().endswith("_proxy")]
     for var in ("OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES", *proxies):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "gzip")
     monkeypatch.setenv("OTEL_SERVICE_NAME", "fast-path")
     proc, grpc_port, http_port, out = receiver_proc
     port = grpc_port if protocol == "grpc" else http_port
-    sink = OtlpTraceSink(endpoint=f"http://127.0.0.1:{port}", protocol=protocol, timeout=10, max_batch_spans=12)
-    assert "gzip" in repr(sink._exporter._compression).lower()
-    encoder = SpanEncoder(FUNCS, build_resource())
+    sink = make_sink(port, protocol, {"OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "gzip"}, max_batch_spans=12)
+    enc = encoder(build_resource())
     for _ in range(10):
-        assert sink.submit(encoder.encode(session(), OFFSET))
+        assert sink.submit(enc.encode(session(), OFFSET))
     assert sink.flush(15)
     sink.shutdown(5)
     assert sink.stats().spans_exported == 30 and sink.stats().export_errors == 0
@@ -135,7 +159,7 @@ def test_in_process_receiver_and_export_failure(monkeypatch):
     monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
     receiver = start_receiver(http_port=0)
     try:
-        sink = OtlpTraceSink(endpoint=f"http://127.0.0.1:{receiver.port}", protocol="grpc")
+        sink = make_sink(receiver.port, "grpc")
         for path in ("sdk", "fast"):
             sink.submit(one_session(path, build_resource()))
         assert sink.flush(15)
@@ -147,7 +171,7 @@ def test_in_process_receiver_and_export_failure(monkeypatch):
     finally:
         receiver.stop()
     # nothing listens any more: the export fails, is counted, and the caller never blocks
-    sink = OtlpTraceSink(endpoint=f"http://127.0.0.1:{dead_port}", protocol="grpc", timeout=1)
+    sink = make_sink(dead_port, "grpc", timeout_s=1)
     t0 = time.perf_counter()
     sink.submit(one_session("fast", build_resource()))
     assert time.perf_counter() - t0 < 0.1

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from retsnoop_otel.runtime.config import parse_config
+from retsnoop_otel.agent.config_file import parse_config
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "Dockerfile"

@@ -1,7 +1,9 @@
 """Decoding of the ring-buffer records and map values defined in bpf/retsnoop.h.
 
-The struct formats below mirror that header field by field; tests/unit/test_records.py checks the
-sizes against the compiled object's BTF so that a change on one side cannot go unnoticed.
+The struct formats below mirror that header field by field. Tests compare their sizes with the
+`_Static_assert`s of bpf/retsnoop.bpf.c, which the compiler checks against the header, and the
+constants with the header's (tests/unit/test_records.py, test_lbr_capture.py), so that a change on
+one side cannot go unnoticed.
 """
 
 from __future__ import annotations
@@ -134,7 +136,7 @@ def decode_lbr_capture(data: bytes, offset: int = 0) -> tuple[int, int, int, int
 
 
 def decode(data: bytes) -> Record:
-    """Decode one ring-buffer record; ValueError on an unknown type or a short record."""
+    """Decode one ring-buffer record; ValueError on an unknown type or a short LBR record."""
     rtype = int.from_bytes(data[:4], "little")
     if rtype in (REC_FUNC_ENTRY, REC_FUNC_EXIT):
         _, tid, ts, seq, depth, fid, lat, res = FUNC_TRACE.unpack_from(data)

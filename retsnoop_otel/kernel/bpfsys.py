@@ -2,7 +2,8 @@
 
 The failure workload and the feature probes need to hand the kernel exactly the attributes they
 choose (invalid ones included, NULL pointers included) and to see the kernel's own errno; libbpf
-would validate, retry or rewrite some of them first. Every failure raises OSError(errno).
+would validate, retry or rewrite some of them first. The tracer's LBR perf events are opened here
+too: libbpf has no call that opens a plain perf event. A failed system call raises OSError(errno).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""What the running kernel lets a tracer do, found by really trying (and undoing) each thing.
+"""What the running kernel lets a tracer do, found by trying each thing (and undoing it).
 
 Kernel version numbers and config files lie by omission (backports, lockdown, LSM policies,
 missing PMUs), so every attach mode is probed by loading and attaching a two-instruction program
-to a harmless function and closing it at once. Each result says why when something is missing.
+to a harmless function and closing it at once; the kernel config only explains a refusal. Each
+result says why when something is missing.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from retsnoop_otel.capture.errnos import errno_name
 from retsnoop_otel.kernel import bpfsys
 from retsnoop_otel.kernel import libbpf as lb
 from retsnoop_otel.kernel.caps import TRACING_CAPS, CapsError, can_trace, effective_caps
+from retsnoop_otel.kernel.libbpf_btf import BTF_KIND_FUNC, Btf
 
-# Functions that are safe to attach to for a moment: the first ones are only ever called by
-# BPF_PROG_TEST_RUN, the others are common enough to exist on every kernel.
+# Functions that are safe to attach to for a moment: the first is only ever called by
+# BPF_PROG_TEST_RUN, the others are syscall paths common enough to exist on every kernel.
 PROBE_TARGETS = ("bpf_fentry_test1", "do_sys_openat2", "__x64_sys_getpid", "__arm64_sys_getpid")
 
 HELPER_GET_FUNC_IP = 173
@@ -131,11 +133,11 @@ def probe_btf(root: str) -> Feature:
     return Feature("btf", True, f"{path} ({size / 1e6:.1f} MB)")
 
 
-def _target_func(btf: lb.Btf | None) -> tuple[str, int]:
+def _target_func(btf: Btf | None) -> tuple[str, int]:
     """First PROBE_TARGETS function present in kernel BTF, with its BTF id (0 without BTF)."""
     if btf is not None:
         for name in PROBE_TARGETS:
-            tid = btf.find(name, lb.BTF_KIND_FUNC)
+            tid = btf.find(name, BTF_KIND_FUNC)
             if tid:
                 return name, tid
     return PROBE_TARGETS[0], 0
@@ -147,7 +149,7 @@ def _close(*fds: int) -> None:
             os.close(fd)
 
 
-def probe_fentry(btf: lb.Btf | None) -> Feature:
+def probe_fentry(btf: Btf | None) -> Feature:
     """Load and attach a fentry program (BPF trampoline) on a harmless function, then detach."""
     name = "fentry"
     func, tid = _target_func(btf)
@@ -176,7 +178,7 @@ def probe_fentry(btf: lb.Btf | None) -> Feature:
     return Feature(name, True, f"fentry program loaded and attached to {func}")
 
 
-def probe_kprobes(root: str, btf: lb.Btf | None, config: dict[str, str]) -> Feature:
+def probe_kprobes(root: str, btf: Btf | None, config: dict[str, str]) -> Feature:
     """Register a kprobe through the kprobe PMU and attach a program to it, then remove both."""
     name = "kprobes"
     try:
@@ -204,7 +206,7 @@ def probe_kprobes(root: str, btf: lb.Btf | None, config: dict[str, str]) -> Feat
     return Feature(name, True, f"kprobe PMU type {pmu}; kprobe created on {func} and a program attached")
 
 
-def probe_kprobe_multi(btf: lb.Btf | None) -> Feature:
+def probe_kprobe_multi(btf: Btf | None) -> Feature:
     """Attach a kprobe.multi program (BPF_LINK_CREATE, BPF_TRACE_KPROBE_MULTI) to one function."""
     name = "kprobe_multi"
     func, _ = _target_func(btf)
@@ -314,10 +316,10 @@ def detect(root: str = "/") -> Features:
     release = os.uname().release
     config = kernel_config(root, release)
     btf_feature = probe_btf(root)
-    btf: lb.Btf | None = None
+    btf: Btf | None = None
     if btf_feature.available:
         try:
-            btf = lb.Btf.load_vmlinux()
+            btf = Btf.load_vmlinux()
         except lb.LibbpfError:
             btf = None
     try:

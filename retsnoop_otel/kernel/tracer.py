@@ -1,7 +1,7 @@
-"""Kernel-facing orchestration: configure and load the BPF object, attach, poll, read maps, detach.
+"""One tracing run in the kernel: configure and load the BPF object, attach, poll, read maps, detach.
 
-This is the only module (with libbpf.py) that touches the kernel; everything it produces is plain
-data from model.py. Attach failures detach whatever was already attached before raising.
+Callers get plain data (capture.model and capture.records types), not libbpf handles, so the layers
+above run on fake tracers in tests. Attach failures detach whatever was already attached before raising.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import os
 import resource
 import struct
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
@@ -28,6 +28,7 @@ from retsnoop_otel.capture.model import (
     error_type,
 )
 from retsnoop_otel.kernel import libbpf as lb
+from retsnoop_otel.kernel import libbpf_progs, libbpf_ringbuf
 
 PARALLEL_DETACH_MIN = 32
 DETACH_THREADS = 32
@@ -51,7 +52,7 @@ def bpf_object_path() -> Path:
 
 @dataclass(frozen=True)
 class CaptureConfig:
-    """What the kernel side records; becomes the object's read-only data before load."""
+    """What the kernel side records and how it attaches; applied to the BPF object before load."""
 
     mode: str
     emit_calls: bool = False
@@ -71,6 +72,7 @@ class CaptureConfig:
     uprobe_binary: str = ""  # mode 'uprobe' only: the ELF file whose functions are traced
     lbr_branch_types: int = 0  # --lbr: perf branch_sample_type of the LBR events; 0 = no LBR capture
     lbr_perf_events: bool = True  # open the per-CPU LBR perf events (tests on CPUs without LBR: False)
+    arg_specs: Mapping[int, Sequence[int]] = field(default_factory=dict)  # -A: function id -> arg_spec words
 
 
 @dataclass
@@ -93,10 +95,10 @@ class Tracer:
         self.funcs = list(funcs)
         self.config = config
         self._btf_func_id = btf_func_id
-        self._arg_specs = arg_specs or {}
+        self._arg_specs = arg_specs or config.arg_specs
         self._links: list[lb.Link] = []
         self._prog_fds: list[tuple[str, int]] = []  # fentry clones: (template program name, fd)
-        self._rb: lb.RingBuffer | None = None
+        self._rb: libbpf_ringbuf.RingBuffer | None = None
         self._lbr_fds: list[int] = []
         self._obj: lb.BpfObject | None = None
         self._ncpus = lb.num_possible_cpus()
@@ -169,7 +171,8 @@ class Tracer:
     def _fill_maps(self, obj: lb.BpfObject) -> None:
         infos = obj.map("func_infos")
         for f in self.funcs:
-            flags = (records.FUNC_IS_ENTRY if f.is_entry else 0) | (RET_KIND_CODES[f.ret] << 8)
+            kind = RET_KIND_CODES[f.ret] << records.FUNC_RET_KIND_SHIFT
+            flags = (records.FUNC_IS_ENTRY if f.is_entry else 0) | kind
             infos.update(struct.pack("<I", f.id), records.FUNC_INFO.pack(f.addr, flags, 0))
         specs = obj.map("arg_specs")
         for fid, words in self._arg_specs.items():
@@ -264,13 +267,13 @@ class Tracer:
             raise lb.LibbpfError(f"fentry needs BTF for {f.name} (module functions and functions without BTF "
                                  "are not supported in fentry mode; use -K)", errno.EOPNOTSUPP)
         fds = []
-        for prog, attach_type, tag in ((exit_, lb.ATTACH_TRACE_FEXIT, "rs_fexit"),
-                                       (entry, lb.ATTACH_TRACE_FENTRY, "rs_fentry")):
-            fd = lb.clone_program(prog, attach_btf_id=btf_id, attach_type=attach_type, name=tag)
+        for prog, attach_type, tag in ((exit_, libbpf_progs.ATTACH_TRACE_FEXIT, "rs_fexit"),
+                                       (entry, libbpf_progs.ATTACH_TRACE_FENTRY, "rs_fentry")):
+            fd = libbpf_progs.clone_program(prog, attach_btf_id=btf_id, attach_type=attach_type, name=tag)
             self._prog_fds.append((prog.name, fd))
             fds.append((fd, attach_type, tag))
         for fd, attach_type, tag in fds:
-            self._links.append(lb.link_create(fd, attach_type, cookie=f.id, what=f"{tag} to {f.name}"))
+            self._links.append(libbpf_progs.link_create(fd, attach_type, cookie=f.id, what=f"{tag} to {f.name}"))
 
     def _attach_multi(self, report: AttachReport) -> None:
         assert self._obj is not None
@@ -297,7 +300,7 @@ class Tracer:
         def on_raw(data: bytes) -> None:
             on_record(records.decode(data))
 
-        self._rb = lb.RingBuffer(self._obj.map("rb").fd, on_raw)
+        self._rb = libbpf_ringbuf.RingBuffer(self._obj.map("rb").fd, on_raw)
 
     def poll(self, timeout_ms: int) -> int:
         assert self._rb is not None
@@ -366,7 +369,7 @@ class Tracer:
 
     def program_stats(self) -> list[ProgramStats]:
         """Run count and time of each program (clones summed), read at scrape time: one syscall per fd."""
-        return sum_program_stats(self.programs(), lb.prog_info)
+        return sum_program_stats(self.programs(), libbpf_progs.prog_info)
 
     # ---- teardown ------------------------------------------------------------------------
 
@@ -405,7 +408,7 @@ class Tracer:
             self._obj = None
 
 
-def sum_program_stats(programs: Sequence[tuple[str, int]], read_info: Callable[[int], lb.ProgInfo]
+def sum_program_stats(programs: Sequence[tuple[str, int]], read_info: Callable[[int], libbpf_progs.ProgInfo]
                       ) -> list[ProgramStats]:
     """One ProgramStats per program name, in first-seen order: fentry's thousand clones make two series."""
     totals: dict[str, tuple[int, int]] = {}

@@ -1,7 +1,9 @@
-"""The agent's HTTP endpoint: /metrics (Prometheus text or OpenMetrics) and /healthz, one listener.
+"""The one HTTP listener for `/metrics` and `/healthz`, used by both `trace --metrics-port` and `agent`.
 
-prometheus_client's own server serves only metrics; the agent also needs a health answer that
-Kubernetes liveness probes and load balancers can use, so both live on one small threaded server.
+One server, so both commands answer scrapes, probes and bind errors the same way. `/metrics` is
+prometheus_client's own WSGI app (OpenMetrics negotiation, gzip, `name[]` filter), so the
+exposition format stays theirs; around it we add `/healthz`, HEAD, 405/404, a one-line 500 when a
+collector fails, quiet logs, and bind errors that say what to change.
 """
 
 from __future__ import annotations
@@ -9,86 +11,139 @@ from __future__ import annotations
 import errno
 import json
 import socket
+import socketserver
+import sys
 import threading
-from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable, Iterable
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
+from prometheus_client.exposition import make_wsgi_app
 
 # (healthy, details): details become the JSON body; unhealthy answers 503
 HealthFn = Callable[[], tuple[bool, dict[str, Any]]]
+_Response = tuple[str, list[tuple[str, str]], bytes]
+_TEXT = "text/plain; charset=utf-8"
 
 
 class ListenError(RuntimeError):
-    """The metrics address cannot be bound: names the address and how to fix it."""
+    """The address cannot be bound: one line naming the address, why, and what to change."""
 
 
-class _Server(ThreadingHTTPServer):
+class _Handler(WSGIRequestHandler):
+    timeout = 30  # a client that stops talking does not hold a thread forever
+    error_content_type = _TEXT  # malformed requests get a one-line 400, not http.server's HTML page
+    error_message_format = "%(code)d %(message)s\n"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - no line per request
+        pass
+
+
+class _Server(socketserver.ThreadingMixIn, WSGIServer):
     daemon_threads = True
-    allow_reuse_address = True
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind resolves getfqdn(host), a DNS lookup that can stall startup
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = self.server_address[:2]
+        self.setup_environ()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], OSError):  # a client that stalls or resets: not worth a traceback
+            super().handle_error(request, client_address)
 
 
-def _handler(registry: CollectorRegistry, health: HealthFn) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server naming
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-                try:
-                    body = encoder(registry)
-                except Exception as exc:  # noqa: BLE001 - a failing reader must give a 500, not a dead thread
-                    self._send(500, "text/plain; charset=utf-8", f"metrics collection failed: {exc}\n".encode())
-                    return
-                self._send(200, content_type, body)
-            elif path == "/healthz":
-                ok, details = health()
-                self._send(200 if ok else 503, "application/json",
-                           (json.dumps(details, default=str) + "\n").encode())
-            elif path == "/":
-                self._send(200, "text/plain; charset=utf-8", b"retsnoop-otel agent: /metrics /healthz\n")
-            else:
-                self._send(404, "text/plain; charset=utf-8", b"not found: try /metrics or /healthz\n")
-
-        def _send(self, code: int, content_type: str, body: bytes) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - no line per scrape
-            pass
-
-    return Handler
+class _Server6(_Server):
+    address_family = socket.AF_INET6
 
 
-class HttpServer:
-    """Serves until `close`; port 0 picks a free port (see `port`)."""
+def _text(status: str, message: str, *extra: tuple[str, str]) -> _Response:
+    return status, [("Content-Type", _TEXT), *extra], (message + "\n").encode()
 
-    def __init__(self, host: str, port: int, registry: CollectorRegistry, health: HealthFn) -> None:
-        listen = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        server_cls = _Server
-        if ":" in host:
-            server_cls = type("_Server6", (_Server,), {"address_family": socket.AF_INET6})
+
+class _App:
+    """Routes requests; every answer has a Content-Length, and HEAD gets GET's headers without the body."""
+
+    def __init__(self, registry: CollectorRegistry, health: HealthFn) -> None:
+        self._metrics_app = make_wsgi_app(registry)
+        self._health = health
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")
+        if method not in ("GET", "HEAD"):
+            status, headers, body = _text("405 Method Not Allowed", f"{method} is not allowed: use GET or HEAD",
+                                          ("Allow", "GET, HEAD"))
+        elif path == "/metrics":
+            status, headers, body = self._metrics(environ)
+        elif path == "/healthz":
+            ok, details = self._health()
+            status = "200 OK" if ok else "503 Service Unavailable"
+            headers, body = [("Content-Type", "application/json")], (json.dumps(details, default=str) + "\n").encode()
+        elif path == "/":
+            status, headers, body = _text("200 OK", "retsnoop-otel: /metrics /healthz")
+        else:
+            status, headers, body = _text("404 Not Found", f"not found: {path}; try /metrics or /healthz")
+        start_response(status, [*headers, ("Content-Length", str(len(body)))])
+        return [] if method == "HEAD" else [body]
+
+    def _metrics(self, environ: dict[str, Any]) -> _Response:
+        # Called as GET whatever the method: prometheus_client 0.26 answers 405 to HEAD, 0.20 serves any method.
+        answer: list[Any] = []
+        chunks: list[bytes] = []
+
+        def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Callable[[bytes], None]:
+            answer[:] = [status, headers]
+            return chunks.append
+
         try:
-            self._server = server_cls((host, port), _handler(registry, health))
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                raise ListenError(f"cannot listen on {listen}: the address is already in use (another agent or "
-                                  "exporter?); change metrics.listen in the config or stop the other process") from None
-            if exc.errno == errno.EACCES:
-                raise ListenError(f"cannot listen on {listen}: permission denied (ports below 1024 need "
-                                  "CAP_NET_BIND_SERVICE); pick a port above 1023 in metrics.listen") from None
-            raise ListenError(f"cannot listen on {listen}: {exc.strerror or exc}; check metrics.listen "
-                              "(host must be a local address)") from None
+            chunks.extend(self._metrics_app({**environ, "REQUEST_METHOD": "GET"}, start))
+        except Exception as exc:  # noqa: BLE001 - a failing collector gives a 500, not a traceback on stderr
+            why = " ".join(str(exc).split()) or type(exc).__name__
+            return _text("500 Internal Server Error", f"metrics collection failed: {why}")
+        status, headers = answer
+        return status, [(k, v) for k, v in headers if k.lower() != "content-length"], b"".join(chunks)
+
+
+def _why(exc: Exception, host: str, setting: str) -> str:
+    if isinstance(exc, OverflowError):
+        return f"the port must be 0-65535; fix {setting}"
+    code = getattr(exc, "errno", None)
+    if isinstance(exc, (ValueError, socket.gaierror)) or code == errno.EADDRNOTAVAIL:
+        return (f"{host} is not an address of this machine: use one of its addresses, 0.0.0.0 (all IPv4) "
+                f"or :: (all IPv6) in {setting}")
+    if code == errno.EADDRINUSE:
+        return (f"the address is already in use (another agent or exporter?): pick another port with {setting} "
+                "or stop the other process")
+    if code == errno.EACCES:
+        return f"permission denied: ports below 1024 need CAP_NET_BIND_SERVICE; pick a port above 1023 with {setting}"
+    return f"{getattr(exc, 'strerror', None) or exc}; check {setting}"
+
+
+class MetricsServer:
+    """Binds at once (a busy or privileged port fails before anything else starts), then serves from a daemon
+    thread until `close`. Port 0 picks a free port; `port` is the bound one."""
+
+    def __init__(self, host: str, port: int, registry: CollectorRegistry, health: HealthFn, *,
+                 setting: str = "metrics.listen") -> None:
+        try:
+            self._server = (_Server6 if ":" in host else _Server)((host, port), _Handler)
+        except (OSError, OverflowError, ValueError) as exc:
+            listen = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            raise ListenError(f"cannot listen on {listen}: {_why(exc, host, setting)}") from None
+        self._server.set_app(_App(registry, health))
         self.host = host
-        self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)
+        self.port: int = self._server.server_address[1]
+        self._lock = threading.Lock()
+        self._closed = False
+        self._thread = threading.Thread(target=self._server.serve_forever, name="metrics-http", daemon=True)
         self._thread.start()
 
     def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
         self._server.shutdown()
         self._server.server_close()
-        self._thread.join(timeout=5)
+        self._thread.join()

@@ -1,8 +1,6 @@
-"""--lbr: branch-sampling specs, and retsnoop's LBR view of captured branch records.
+"""retsnoop's LBR view of captured branch records (which branches to record: kernel/lbr.py).
 
-LBR needs a CPU (and hypervisor) that exposes last-branch records to perf; where there is none
-(this project's CI host and its VMs), `--lbr` is refused before anything is attached. The view is
-pure: it turns (from, to) address pairs into `[#NN] from -> to` rows, dropping the records wasted
+Pure: it turns (from, to) address pairs into `[#NN] from -> to` rows, dropping the records wasted
 inside the tracing machinery after the deepest traced function returned.
 """
 
@@ -14,60 +12,6 @@ from collections.abc import Callable, Mapping, Sequence
 from retsnoop_otel.capture.errnos import errno_name
 from retsnoop_otel.capture.model import Branch, LbrCapture, Session, TracedFunc
 from retsnoop_otel.symbols.symbolize import Frame, Symbolizer
-
-# enum perf_branch_sample_type (uapi linux/perf_event.h)
-BRANCH_KERNEL = 1 << 1
-BRANCH_TYPES: Mapping[str, int] = {
-    "any": 1 << 3,
-    "any_call": 1 << 4,
-    "any_return": 1 << 5,
-    "ind_call": 1 << 6,
-    "abort_tx": 1 << 7,
-    "in_tx": 1 << 8,
-    "no_tx": 1 << 9,
-    "cond": 1 << 10,
-    "call_stack": 1 << 11,
-    "ind_jump": 1 << 12,
-    "call": 1 << 13,
-}
-DEFAULT_SPEC = "any_return"
-
-
-class LbrError(Exception):
-    """A bad --lbr spec or a machine without LBR: one sentence for the user."""
-
-
-def parse_specs(specs: Sequence[str]) -> int:
-    """OR of the given specs (names or numbers); the default is any_return. Kernel-only sampling."""
-    flags = 0
-    for spec in specs or [DEFAULT_SPEC]:
-        for part in (spec or DEFAULT_SPEC).split(","):
-            part = part.strip().lower()
-            if part in BRANCH_TYPES:
-                flags |= BRANCH_TYPES[part]
-                continue
-            try:
-                flags |= int(part, 0)
-            except ValueError:
-                raise LbrError(f"unknown --lbr value '{part}' (expected one of {', '.join(BRANCH_TYPES)}, "
-                               "or a number)") from None
-    return flags | BRANCH_KERNEL
-
-
-def lbr_missing(lbr: object, branch_snapshot: object) -> str:
-    """Why LBR capture cannot work here ("" when it can), from the `lbr` and `branch_snapshot`
-    features (features.Feature): the CPU keeps no branch records, or BPF cannot snapshot them."""
-    if not lbr.available:  # type: ignore[attr-defined]
-        return f"opening a branch-stack perf event was {lbr.detail}"  # type: ignore[attr-defined]
-    if not branch_snapshot.available:  # type: ignore[attr-defined]
-        return f"this kernel {branch_snapshot.why}"  # type: ignore[attr-defined]
-    return ""
-
-
-def require_lbr(available: bool, detail: str) -> None:
-    if not available:
-        raise LbrError(f"--lbr needs last branch records, but {detail}: run without --lbr, or on a machine "
-                       "whose CPU exposes LBR to this kernel (bare metal or a VM with LBR passthrough)")
 
 
 def relevant(records: Sequence[Branch], func_addr: int, func_size: int) -> tuple[list[Branch], bool]:

@@ -52,10 +52,8 @@ class TraceJsonWriter:
     _HEAD = '{"displayTimeUnit":"ns","traceEvents":[\n'
     _TAIL = "\n]}\n"
 
-    def __init__(self, path: str, funcs: Mapping[int, TracedFunc], offset_ns: int) -> None:
+    def __init__(self, path: str) -> None:
         self.path = path
-        self.funcs = funcs
-        self.offset_ns = offset_ns
         self.written = 0
         self._pending: list[dict[str, Any]] = []
         self._named: set[tuple[int, int, str]] = set()
@@ -64,8 +62,8 @@ class TraceJsonWriter:
         self._body_end = self._fh.tell()
         self.flush()
 
-    def add(self, session: Session) -> None:
-        for ev in trace_events([session], self.funcs, self.offset_ns):
+    def add(self, session: Session, funcs: Mapping[int, TracedFunc], offset_ns: int) -> None:
+        for ev in trace_events([session], funcs, offset_ns):
             if ev["ph"] == "M":
                 key = (ev["pid"], ev["tid"], ev["name"])
                 if key in self._named:

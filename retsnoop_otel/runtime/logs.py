@@ -1,4 +1,4 @@
-"""Structured agent logs: one line per event, as `key=value` text or JSON objects (for log shippers).
+"""Structured run logs: one line per event, as `key=value` text or JSON objects (for log shippers).
 
 Events carry fields rather than prose so that a log pipeline can filter on them (probe_set, result,
 counts). The agent logs summaries of losses periodically, never one line per dropped span.
@@ -21,7 +21,7 @@ def _text_value(value: Any) -> str:
     return json.dumps(text) if not text or any(c in text for c in ' ="\n') else text
 
 
-class AgentLog:
+class EventLog:
     """A small line logger; `configure` switches format/level at run time (config reload)."""
 
     def __init__(self, stream: TextIO | None = None, fmt: str = "text", level: str = "info",
@@ -67,10 +67,10 @@ class AgentLog:
 
 class LibraryLogBridge(logging.Handler):
     """Routes a library's `logging` records (the OTel SDK exporters log a line per failed batch, in
-    plain text) into the AgentLog, so `logging.format: json` holds for every line. The same message
+    plain text) into the EventLog, so `logging.format: json` holds for every line. The same message
     is written at most once per `interval_s`; the next one says how many were held back."""
 
-    def __init__(self, log: AgentLog, interval_s: float = 60.0, clock: Any = time.monotonic) -> None:
+    def __init__(self, log: EventLog, interval_s: float = 60.0, clock: Any = time.monotonic) -> None:
         super().__init__(logging.INFO)
         self._log = log
         self._interval = interval_s
@@ -100,7 +100,7 @@ class LibraryLogBridge(logging.Handler):
         self._log.event(level, msg, **fields)
 
 
-def bridge_library_logs(log: AgentLog, names: tuple[str, ...] = ("opentelemetry", "grpc")) -> LibraryLogBridge:
+def bridge_library_logs(log: EventLog, names: tuple[str, ...] = ("grpc", "retsnoop_otel")) -> LibraryLogBridge:
     bridge = LibraryLogBridge(log)
     for name in names:
         logger = logging.getLogger(name)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from retsnoop_otel.capture.model import RetKind
-from retsnoop_otel.kernel import libbpf as lb
+from retsnoop_otel.kernel import libbpf_btf as lb
 
 _MODIFIERS = (lb.BTF_KIND_TYPEDEF, lb.BTF_KIND_VOLATILE, lb.BTF_KIND_CONST, lb.BTF_KIND_RESTRICT,
               lb.BTF_KIND_TYPE_TAG)

@@ -95,18 +95,19 @@ def candidate_paths(release: str, root: str = "/") -> list[Path]:
 
 
 def find_vmlinux(explicit: str | None = None, root: str = "/", release: str | None = None) -> str | None:
-    """The vmlinux matching the running kernel, or None; a wrong explicit file is an error."""
+    """The vmlinux matching the running kernel, or None; a wrong explicit file is an error (its message
+    starts with the path: the caller adds how the user gave it)."""
     release = release or os.uname().release
     want = running_build_id(root)
     if explicit:
         if not os.path.isfile(explicit):
-            raise DwarfError(f"-k {explicit}: no such file")
+            raise DwarfError(f"{explicit}: no such file")
         try:
             have = elf_build_id(explicit)
         except Exception as exc:  # noqa: BLE001 - pyelftools raises many types on non-ELF input
-            raise DwarfError(f"-k {explicit}: not an ELF vmlinux ({exc})") from None
+            raise DwarfError(f"{explicit}: not an ELF vmlinux ({exc})") from None
         if want and have and want != have:
-            raise DwarfError(f"-k {explicit} belongs to another kernel build (build-id {have}, running kernel "
+            raise DwarfError(f"{explicit} belongs to another kernel build (build-id {have}, running kernel "
                              f"{want}): give the vmlinux of the running kernel ({release})")
         return explicit
     for path in candidate_paths(release, root):

@@ -8,13 +8,13 @@ import pytest
 
 from retsnoop_otel.capture.model import ArgValue
 from retsnoop_otel.capture.records import ARG_PTR, ARG_RAW, ARG_STR
-from retsnoop_otel.kernel import libbpf as lb
+from retsnoop_otel.kernel.libbpf_btf import Btf
 from retsnoop_otel.symbols.args import ArgFormatter, describe_args, spec_words
 
 
 @pytest.fixture(scope="module")
 def btf():
-    b = lb.Btf.load_vmlinux()
+    b = Btf.load_vmlinux()
     yield b
     b.free()
 

@@ -16,10 +16,14 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.utils import floatToGoString
 
-from retsnoop_otel.capture.model import CaptureStats, RetKind, TracedFunc
+from retsnoop_otel.capture.model import RetKind, TracedFunc
 from retsnoop_otel.kernel import libbpf as lb
+from retsnoop_otel.kernel.libbpf_btf import BTF_KIND_STRUCT, Btf
+from retsnoop_otel.kernel.libbpf_progs import ProgInfo, prog_info
 from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer
-from retsnoop_otel.metrics.collector import MetricsCollector, make_registry, read_bpf_stats_enabled
+from retsnoop_otel.metrics.kernel_families import KernelCollector, read_bpf_stats_enabled
+from retsnoop_otel.metrics.runtime_families import RunCounters, RuntimeCollector
+from tests.unit.test_metrics import FakeProbeSet, make_registry
 
 HERE = Path(__file__).parent
 SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
@@ -52,16 +56,16 @@ def bpf_stats_on():
 
 
 def test_prog_info_layout_matches_kernel_btf():
-    btf = lb.Btf.load_vmlinux()
+    btf = Btf.load_vmlinux()
     try:
-        sid = btf.find("bpf_prog_info", lb.BTF_KIND_STRUCT)
+        sid = btf.find("bpf_prog_info", BTF_KIND_STRUCT)
         assert sid
         kernel = {name: bit_off // 8 for name, _t, bit_off, _bits in btf.members(sid)}
     finally:
         btf.free()
-    ours = {name: getattr(lb.ProgInfo, name).offset for name, _ in lb.ProgInfo._fields_}
+    ours = {name: getattr(ProgInfo, name).offset for name, _ in ProgInfo._fields_}
     assert {n: kernel[n] for n in ours} == ours
-    assert ctypes.sizeof(lb.ProgInfo) == kernel["recursion_misses"] + 8
+    assert ctypes.sizeof(ProgInfo) == kernel["recursion_misses"] + 8
 
 
 def test_run_counts_and_time_of_the_attached_programs(simkern, bpf_stats_on):
@@ -72,7 +76,7 @@ def test_run_counts_and_time_of_the_attached_programs(simkern, bpf_stats_on):
         tracer.attach(strict=True)
         progs = dict(tracer.programs())
         assert sorted(progs) == ["kprobe_entry", "kretprobe_exit"]
-        assert lb.prog_info(progs["kprobe_entry"]).name == b"kprobe_entry"  # the fd is that program
+        assert prog_info(progs["kprobe_entry"]).name == b"kprobe_entry"  # the fd is that program
         before = {p.name: p for p in tracer.program_stats()}
         for _ in range(10):
             lib.sk_syscall(5)
@@ -81,8 +85,9 @@ def test_run_counts_and_time_of_the_attached_programs(simkern, bpf_stats_on):
             assert after[name].run_cnt - before[name].run_cnt == 10 * CALLS_PER_SYSCALL, name
             assert after[name].run_time_ns > before[name].run_time_ns, name
         assert read_bpf_stats_enabled()
-        text = generate_latest(make_registry(MetricsCollector(
-            "native", FUNCS, tracer.func_stats, CaptureStats, program_stats=tracer.program_stats))).decode()
+        ps = FakeProbeSet(name="native", funcs=FUNCS, stats=tracer.func_stats)
+        ps.program_stats = tracer.program_stats  # the real BPF_OBJ_GET_INFO_BY_FD reads
+        text = generate_latest(make_registry(KernelCollector(lambda: [ps]), RuntimeCollector(RunCounters))).decode()
         final = {p.name: p for p in tracer.program_stats()}
     finally:
         tracer.close()
@@ -98,7 +103,7 @@ def test_prog_info_of_a_non_bpf_fd_raises_instead_of_reading_zeros():
     r, w = os.pipe()
     try:
         with pytest.raises(lb.LibbpfError) as exc:
-            lb.prog_info(r)
+            prog_info(r)
     finally:
         os.close(r)
         os.close(w)

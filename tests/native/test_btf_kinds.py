@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from retsnoop_otel.capture.model import RetKind
-from retsnoop_otel.kernel import libbpf as lb
+from retsnoop_otel.kernel.libbpf_btf import Btf
 from retsnoop_otel.symbols.btf import ReturnKinds
 
 
 @pytest.fixture(scope="module")
 def kinds() -> ReturnKinds:
-    return ReturnKinds(lb.Btf.load_vmlinux())
+    return ReturnKinds(Btf.load_vmlinux())
 
 
 @pytest.mark.parametrize("func,kind", [

@@ -247,7 +247,7 @@ def test_cgroup_filter_keeps_tasks_in_the_cgroup_and_below(simkern, tmp_path):
     """--cgroup CG matches tasks in CG and in any cgroup under it (containers nest), and nothing else."""
     import sys
 
-    from retsnoop_otel.runtime.probe_set import cgroup2_mount, cgroup_target
+    from retsnoop_otel.runtime.environment import cgroup2_mount, cgroup_target
     path, _lib = simkern
     parent = Path(cgroup2_mount()) / f"rsotel-native-{os.getpid()}"
     child = parent / "child"

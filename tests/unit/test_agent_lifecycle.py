@@ -19,17 +19,21 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from opentelemetry.sdk.trace.export import SpanExportResult
 
-from retsnoop_otel.agent.main import Agent, AgentDeps, check, install_signal_handlers, main
+from retsnoop_otel.agent.main import Agent, check, install_signal_handlers, main
 from retsnoop_otel.capture import records
 from retsnoop_otel.capture.model import CaptureStats, FuncStats, RetKind, SessionStats
 from retsnoop_otel.capture.records import FuncTraceRec, SessionEndRec, SessionStartRec
+from retsnoop_otel.export.resource import Resource
+from retsnoop_otel.export.senders import SendResult
 from retsnoop_otel.kernel.tracer import AttachReport
-from retsnoop_otel.runtime.logs import AgentLog
-from retsnoop_otel.runtime.probe_set import KernelEnv, SetupError
+from retsnoop_otel.runtime.environment import KernelEnv
+from retsnoop_otel.runtime.errors import SetupError
+from retsnoop_otel.runtime.logs import EventLog
+from retsnoop_otel.runtime.runtime import RuntimeDeps
 from retsnoop_otel.symbols.kallsyms import Kallsyms
 from retsnoop_otel.symbols.symbolize import KallsymsSymbolizer
+from tests.oracle_spans import request_to_span_views
 
 KALLSYMS = """\
 ffffffff81000000 T _stext
@@ -114,6 +118,7 @@ class World:
         self.tracers: list[FakeTracer] = []
         self.fail_attach_for: set[str] = set()
         self.exported: list = []
+        self.requests: list = []
         self.env_fail: str | None = None
 
     def factory(self, funcs, cfg, btf_func_id):
@@ -121,23 +126,29 @@ class World:
         self.tracers.append(t)
         return t
 
-    def exporter(self, _cfg):
+    def sender(self, settings):
         world = self
 
         class Mem:
-            def export(self, spans):
-                world.exported.extend(spans)
-                return SpanExportResult.SUCCESS
+            """Receives the request bytes an OTLP sender would send; keeps their spans."""
+
+            def send(self, body, items):
+                world.requests.append((settings, body))
+                if settings.signal == "traces":
+                    world.exported.extend(request_to_span_views(body))
+                return SendResult(True)
 
             def shutdown(self):
                 pass
 
         return Mem()
 
-    def deps(self, console=None) -> AgentDeps:
-        return AgentDeps(load_env=lambda _cfg: make_env(self.env_fail), tracer_factory=self.factory,
-                         make_exporter=self.exporter, boot_to_wall_offset=lambda: 1_000_000_000_000,
-                         make_resource=lambda: None, console=console or io.StringIO())
+    def deps(self, console=None) -> RuntimeDeps:
+        return RuntimeDeps(load_env=lambda _symbols, _vmlinux, _lbr: make_env(self.env_fail),
+                           find_vmlinux=lambda _symbols, _name: None, check_privileges=lambda: None,
+                           tracer_factory=self.factory, make_sender=self.sender,
+                           boot_to_wall_offset=lambda: 1_000_000_000_000, make_resource=lambda: Resource({}),
+                           console=console or io.StringIO(), environ={})
 
     def live(self) -> list[FakeTracer]:
         return [t for t in self.tracers if t.state == "attached"]
@@ -198,9 +209,10 @@ def setup(tmp_path: Path):
     cfg = tmp_path / "agent.yaml"
     cfg.write_text(CONFIG.format(prob=1.0))
     logbuf = io.StringIO()
-    agent = Agent(str(cfg), world.deps(), AgentLog(logbuf))
+    agent = Agent(str(cfg), world.deps(), EventLog(logbuf))
     yield world, agent, cfg, logbuf
-    agent.shutdown(0.5)
+    if agent.runtime is not None:
+        agent.runtime.shutdown(0.5)
 
 
 def log_events(buf: io.StringIO) -> list[dict]:
@@ -233,7 +245,7 @@ def test_sessions_become_one_trace_each_with_nesting_and_status(setup) -> None:
     errs, loads = by_set(world, "__x64_sys_bpf"), by_set(world, "bpf_prog_load")
     errs.pending = error_session(errs)
     loads.pending = success_calls_session(loads)
-    agent.poll_once()
+    agent.runtime.poll_once()
     spans = wait_exported(world, 5)
     traces: dict[int, list] = {}
     for s in spans:
@@ -252,7 +264,7 @@ def test_sessions_become_one_trace_each_with_nesting_and_status(setup) -> None:
     # boot-clock times + the measured offset, children inside the parent
     assert root.start_time == 1_000_000_000_000 + 1000 and root.end_time == 1_000_000_000_000 + 2000
     assert all(root.start_time <= c.start_time <= c.end_time <= root.end_time for c in children)
-    agent.shutdown(5.0)
+    agent.runtime.shutdown(5.0)
     flushed = [e for e in log_events(_log) if e["msg"] == "exporters flushed"]
     assert flushed[0]["spans_exported"] == 5 and flushed[0]["spans_dropped"] == 0
 
@@ -261,17 +273,17 @@ def test_success_sessions_are_dropped_when_not_sampled(tmp_path: Path) -> None:
     world = World()
     cfg = tmp_path / "agent.yaml"
     cfg.write_text(CONFIG.format(prob=0.0))
-    agent = Agent(str(cfg), world.deps(), AgentLog(io.StringIO()))
+    agent = Agent(str(cfg), world.deps(), EventLog(io.StringIO()))
     agent.start()
     try:
         loads = by_set(world, "bpf_prog_load")
         assert not loads.cfg.capture_success  # sampling 0: the kernel does not even report them
         loads.pending = success_calls_session(loads)
-        agent.poll_once()
-        ps = next(p for p in agent.probe_sets if p.name == "prog_load")
+        agent.runtime.poll_once()
+        ps = next(p for p in agent.runtime.probe_sets if p.name == "prog_load")
         assert ps.sampled_out == 1 and ps.kept == 0
     finally:
-        agent.shutdown(0.5)
+        agent.runtime.shutdown(0.5)
     assert world.exported == []
 
 
@@ -281,13 +293,13 @@ def test_reload_with_broken_config_keeps_old_probe_sets(setup) -> None:
     before = world.live()
     cfg.write_text(CONFIG.format(prob=1.0).replace("mode: calls", "mode: calls\n    bogus: 1"))
     assert agent.reload() is False
-    assert world.live() == before and agent.reloads == {"success": 0, "failure": 1}
+    assert world.live() == before and agent.runtime.reloads == {"success": 0, "failure": 1}
     failed = [e for e in log_events(logbuf) if e["msg"].startswith("config reload failed")]
     assert len(failed) == 1 and "agent.yaml:9: probe_sets[1].bogus: unknown key" in failed[0]["error"]
     # capture goes on with the old sets
     errs = by_set(world, "__x64_sys_bpf")
     errs.pending = error_session(errs)
-    agent.poll_once()
+    agent.runtime.poll_once()
     assert len(wait_exported(world, 2)) == 2
 
 
@@ -331,8 +343,8 @@ def test_good_reload_attaches_new_then_detaches_old(setup) -> None:
     cfg.write_text(CONFIG.format(prob=0.5).replace("bpf_errors", "errors2"))
     assert agent.reload() is True
     assert order == ["attach-new", "attach-new", "close-old", "close-old"]
-    assert [ps.name for ps in agent.probe_sets] == ["errors2", "prog_load"]
-    assert agent.reloads == {"success": 1, "failure": 0}
+    assert [ps.name for ps in agent.runtime.probe_sets] == ["errors2", "prog_load"]
+    assert agent.runtime.reloads == {"success": 1, "failure": 0}
     assert all(t.state == "closed" for t in old) and len(world.live()) == 2
 
 
@@ -349,9 +361,9 @@ def test_signals_drive_reload_and_stop(setup) -> None:
         runner.start()
         os.kill(os.getpid(), signal.SIGHUP)
         deadline = time.monotonic() + 5
-        while agent.reloads["failure"] == 0 and time.monotonic() < deadline:
+        while agent.runtime.reloads["failure"] == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert agent.reloads["failure"] == 1 and len(world.live()) == 2
+        assert agent.runtime.reloads["failure"] == 1 and len(world.live()) == 2
         os.kill(os.getpid(), signal.SIGTERM)
         runner.join(10)
         assert result == {"rc": 0}
@@ -368,16 +380,16 @@ def test_start_failure_leaves_nothing_attached(tmp_path: Path) -> None:
     world.fail_attach_for = {"bpf_check"}
     cfg = tmp_path / "agent.yaml"
     cfg.write_text(CONFIG.format(prob=1.0))
-    agent = Agent(str(cfg), world.deps(), AgentLog(io.StringIO()))
-    with pytest.raises(Exception, match="probe set 'prog_load'.*EBUSY"):
+    agent = Agent(str(cfg), world.deps(), EventLog(io.StringIO()))
+    with pytest.raises(SetupError, match="probe set 'prog_load'.*EBUSY"):
         agent.start()
-    assert world.live() == [] and agent.http is None
+    assert world.live() == [] and agent.runtime is None
 
 
 def test_metrics_and_healthz_over_http(setup) -> None:
     world, agent, _cfg, _log = setup
     agent.start()
-    port = agent.http.port
+    port = agent.runtime.server.port
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
         text = resp.read().decode()
         assert resp.headers["Content-Type"].startswith("text/plain")
@@ -399,7 +411,7 @@ def test_metrics_and_healthz_over_http(setup) -> None:
         health = json.loads(resp.read())
     assert health["status"] == "ok" and health["attached_functions"] == 6
     assert [p["name"] for p in health["probe_sets"]] == ["bpf_errors", "prog_load"]
-    agent.last_poll -= 3600  # the capture loop stalled
+    agent.runtime.last_poll -= 3600  # the capture loop stalled
     with pytest.raises(urllib.error.HTTPError) as exc:
         urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5)
     assert exc.value.code == 503 and json.loads(exc.value.read())["status"] == "stalled"
@@ -425,14 +437,14 @@ def test_session_histogram_bucket_links_to_the_exported_trace(setup) -> None:
     errs = by_set(world, "__x64_sys_bpf")
     _session_histogram(errs)
     errs.pending = error_session(errs)
-    agent.poll_once()
+    agent.runtime.poll_once()
     trace_id = wait_exported(world, 2)[0].context.trace_id
-    text = _openmetrics(agent.http.port)
+    text = _openmetrics(agent.runtime.server.port)
     # root span: boot-clock end 5,100 ns + offset 1,000 s; duration 5,000 ns
     assert ('retsnoop_session_duration_seconds_bucket{entry_function="__x64_sys_bpf",le="8.192e-06",'
             f'probe_set="bpf_errors"}} 1.0 # {{trace_id="{trace_id:032x}"}} 5e-06 1000.000005100\n') in text
     assert text.count(" # {") == 1
-    with urllib.request.urlopen(f"http://127.0.0.1:{agent.http.port}/metrics", timeout=5) as resp:
+    with urllib.request.urlopen(f"http://127.0.0.1:{agent.runtime.server.port}/metrics", timeout=5) as resp:
         assert " # {" not in resp.read().decode()  # Prometheus text format has no exemplars
 
 
@@ -440,16 +452,16 @@ def test_no_exemplar_for_a_trace_the_exporter_did_not_accept(tmp_path: Path) -> 
     world = World()
     cfg = tmp_path / "agent.yaml"
     cfg.write_text(CONFIG.format(prob=1.0) + "limits:\n  export_queue_spans: 1\n")  # 2-span traces never fit
-    agent = Agent(str(cfg), world.deps(), AgentLog(io.StringIO()))
+    agent = Agent(str(cfg), world.deps(), EventLog(io.StringIO()))
     agent.start()
     try:
         errs = by_set(world, "__x64_sys_bpf")
         _session_histogram(errs)
         errs.pending = error_session(errs)
-        agent.poll_once()
-        text = _openmetrics(agent.http.port)
+        agent.runtime.poll_once()
+        text = _openmetrics(agent.runtime.server.port)
     finally:
-        agent.shutdown(0.5)
+        agent.runtime.shutdown(0.5)
     assert 'retsnoop_spans_dropped_total{cause="queue_full"} 2.0' in text
     assert ('retsnoop_session_duration_seconds_bucket{entry_function="__x64_sys_bpf",le="8.192e-06",'
             'probe_set="bpf_errors"} 1.0\n') in text
@@ -463,12 +475,12 @@ def test_console_and_file_outputs(tmp_path: Path) -> None:
     cfg.write_text(CONFIG.format(prob=1.0).replace(
         'otlp: {endpoint: "http://127.0.0.1:4317"}', f"otlp: null\n  file: {out_file}\n  console: true"))
     console = io.StringIO()
-    agent = Agent(str(cfg), world.deps(console), AgentLog(io.StringIO()))
+    agent = Agent(str(cfg), world.deps(console), EventLog(io.StringIO()))
     agent.start()
     errs = by_set(world, "__x64_sys_bpf")
     errs.pending = error_session(errs)
-    agent.poll_once()
-    agent.shutdown(5.0)
+    agent.runtime.poll_once()
+    agent.runtime.shutdown(5.0)
     assert "[bpf_errors]" in console.getvalue() and "array_map_alloc_check" in console.getvalue()
     (line,) = out_file.read_text().splitlines()
     spans = json.loads(line)["resourceSpans"][0]["scopeSpans"][0]["spans"]
@@ -481,14 +493,14 @@ def test_check_prints_what_each_probe_set_would_attach(tmp_path: Path) -> None:
     cfg = tmp_path / "agent.yaml"
     cfg.write_text(CONFIG.format(prob=1.0))
     out = io.StringIO()
-    assert check(str(cfg), out, load_env=lambda _c: make_env()) == 0
+    assert check(str(cfg), out, World().deps(), load_env=lambda _c: make_env()) == 0
     text = out.getvalue()
     assert "probe set 'bpf_errors' (mode stack, attach_mode auto -> kprobe, success sessions: none)" in text
     assert "would attach 3 (2 entry) in kprobe mode" in text
     assert "success sessions: probability 1" in text
     cfg.write_text(CONFIG.format(prob=1.0).replace("[bpf_prog_load]", "[nope_*]"))
     out = io.StringIO()
-    assert check(str(cfg), out, load_env=lambda _c: make_env()) == 1
+    assert check(str(cfg), out, World().deps(), load_env=lambda _c: make_env()) == 1
     assert "probe set 'prog_load': ERROR" in out.getvalue() and "nope_*" in out.getvalue()
 
 
@@ -496,61 +508,73 @@ def test_main_reports_config_and_setup_errors(tmp_path: Path) -> None:
     cfg = tmp_path / "agent.yaml"
     cfg.write_text("probe_sets:\n  - name: x\n    entry: 5\n")
     err = io.StringIO()
-    assert main(["--check", str(cfg)], io.StringIO(), err) == 1
+    assert main(["--check", str(cfg)], io.StringIO(), err) == 2
     assert err.getvalue().strip() == ("retsnoop-otel agent: agent.yaml:3: probe_sets[0].entry: expected a list of "
                                       "globs, got int 5")
 
 
 def test_metrics_otlp_pushes_the_same_families_and_a_last_push_before_detaching(tmp_path: Path) -> None:
     """metrics.otlp: periodic pushes of /metrics' families; shutdown pushes once more while still attached."""
-    from opentelemetry.sdk.metrics.export import MetricExportResult
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
     world = World()
-    pushed: list = []
     states_at_push: list = []
-
-    class MemMetrics:
-        def export(self, data, timeout_millis=0):
-            pushed.append(data)
-            states_at_push.append(sorted({t.state for t in world.tracers}))
-            return MetricExportResult.SUCCESS
-
-        def shutdown(self):
-            pass
-
     deps = world.deps()
-    deps.make_metric_exporter = lambda cfg: (cfg.endpoint, MemMetrics())[1]
+    traces_sender = deps.make_sender
+
+    def sender(settings):
+        inner = traces_sender(settings)
+        if settings.signal != "metrics":
+            return inner
+
+        class Recording:
+            def send(self, body, items):
+                states_at_push.append(sorted({t.state for t in world.tracers}))
+                return inner.send(body, items)
+
+            def shutdown(self):
+                inner.shutdown()
+
+        return Recording()
+
+    deps.make_sender = sender
     cfg = tmp_path / "agent.yaml"
     cfg.write_text(CONFIG.format(prob=1.0).replace(
         'metrics:\n  listen: "127.0.0.1:0"\n',
         'metrics:\n  listen: "127.0.0.1:0"\n  otlp: {endpoint: "http://127.0.0.1:4318", protocol: http/protobuf}\n'
         '  otlp_interval: 1\n'))
-    agent = Agent(str(cfg), deps, AgentLog(io.StringIO()))
+    agent = Agent(str(cfg), deps, EventLog(io.StringIO()))
     agent.start()
-    assert agent.config.metrics.otlp.protocol == "http/protobuf"
+
+    def pushed() -> list:
+        return [ExportMetricsServiceRequest.FromString(body) for s, body in world.requests if s.signal == "metrics"]
+
     deadline = time.monotonic() + 10
-    while not pushed and time.monotonic() < deadline:
-        agent.poll_once()
-    assert pushed, "no periodic push"
-    agent.shutdown(1.0)
+    while not pushed() and time.monotonic() < deadline:
+        agent.runtime.poll_once()
+    assert pushed(), "no periodic push"
+    settings = next(s for s, _ in world.requests if s.signal == "metrics")
+    assert settings.protocol == "http/protobuf" and settings.url == "http://127.0.0.1:4318/v1/metrics"
+    agent.runtime.shutdown(1.0)
     assert states_at_push[-1] == ["attached"]  # the last push read the maps before detaching
-    names = {m.name for m in pushed[-1].resource_metrics[0].scope_metrics[0].metrics}
+    metrics = pushed()[-1].resource_metrics[0].scope_metrics[0].metrics
+    names = {m.name for m in metrics}
     assert {"retsnoop_function_calls", "retsnoop_function_errors", "retsnoop_function_duration_seconds",
             "retsnoop_attached_functions", "retsnoop_agent_up"} <= names
-    calls = next(m for m in pushed[-1].resource_metrics[0].scope_metrics[0].metrics
-                 if m.name == "retsnoop_function_calls")
-    assert {p.attributes["probe_set"] for p in calls.data.data_points} == {"bpf_errors", "prog_load"}
-    assert agent.metrics_push is None
+    calls = next(m for m in metrics if m.name == "retsnoop_function_calls")
+    assert {a.value.string_value for p in calls.sum.data_points for a in p.attributes if a.key == "probe_set"} == {
+        "bpf_errors", "prog_load"}
+    assert agent.runtime.metrics_push is None
 
 
 def test_lbr_probe_set_refused_where_the_cpu_has_no_lbr() -> None:
     from dataclasses import replace
 
     from retsnoop_otel.runtime.config import Limits, ProbeSetConfig
-    from retsnoop_otel.runtime.probe_set import ProbeSetError, capture_config, resolve
+    from retsnoop_otel.runtime.probe_set import capture_config, resolve
     env = replace(make_env(), lbr_missing="opening a branch-stack perf event was refused (ENOENT)")
     cfg = ProbeSetConfig(name="deep", entry=("bpf_check",), lbr_branch_types=0x22)
-    with pytest.raises(ProbeSetError, match="probe set 'deep': 'lbr' needs last branch records, but opening"):
+    with pytest.raises(SetupError, match="probe set 'deep': lbr needs last branch records, but opening"):
         resolve(cfg, env)
     found = resolve(cfg, make_env())
     assert capture_config(cfg, found.mode, Limits()).lbr_branch_types == 0x22
@@ -558,17 +582,18 @@ def test_lbr_probe_set_refused_where_the_cpu_has_no_lbr() -> None:
 
 
 def test_cgroup_target_id_and_level(tmp_path: Path) -> None:
-    from retsnoop_otel.runtime.probe_set import cgroup_target
+    from retsnoop_otel.runtime.environment import cgroup_target
+    from retsnoop_otel.runtime.errors import InputError
     (tmp_path / "proc").mkdir()
     (tmp_path / "proc" / "mounts").write_text("cgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\n")
     leaf = tmp_path / "sys/fs/cgroup/unified/system.slice/foo.service"
     leaf.mkdir(parents=True)
     want = (leaf.stat().st_ino, 2)
-    assert cgroup_target("/sys/fs/cgroup/unified/system.slice/foo.service", str(tmp_path)) == want
-    assert cgroup_target("system.slice/foo.service", str(tmp_path)) == want
-    assert cgroup_target("/", str(tmp_path))[1] == 0
-    with pytest.raises(ValueError, match="cgroup nope: No such file or directory"):
-        cgroup_target("nope", str(tmp_path))
+    assert cgroup_target("/sys/fs/cgroup/unified/system.slice/foo.service", root=str(tmp_path)) == want
+    assert cgroup_target("system.slice/foo.service", root=str(tmp_path)) == want
+    assert cgroup_target("/", root=str(tmp_path))[1] == 0
+    with pytest.raises(InputError, match="--cgroup nope: No such file or directory"):
+        cgroup_target("nope", "--cgroup", root=str(tmp_path))
 
 
 def test_library_warnings_follow_the_log_format_and_are_rate_limited() -> None:
@@ -577,7 +602,7 @@ def test_library_warnings_follow_the_log_format_and_are_rate_limited() -> None:
     from retsnoop_otel.runtime.logs import LibraryLogBridge
     out = io.StringIO()
     now = {"t": 100.0}
-    log = AgentLog(out, fmt="json")
+    log = EventLog(out, fmt="json")
     logger = logging.getLogger("opentelemetry.test_bridge")
     logger.handlers[:] = [LibraryLogBridge(log, interval_s=60, clock=lambda: now["t"])]
     logger.propagate = False

@@ -8,12 +8,18 @@ import random
 
 import pytest
 
+from retsnoop_otel.agent.config_file import parse_config
 from retsnoop_otel.capture.errfilter import ErrorFilter
-from retsnoop_otel.capture.model import Session, StackEntry
-from retsnoop_otel.export.exporters import build_otlp_exporter
-from retsnoop_otel.runtime.config import OtlpConfig, ProbeSetConfig, Sampling, parse_config
-from retsnoop_otel.runtime.logs import AgentLog
-from retsnoop_otel.runtime.probe_set import SuccessSampler, capture_config
+from retsnoop_otel.capture.model import RetKind, Session, StackEntry, TracedFunc
+from retsnoop_otel.capture.sampling import Sampling, SuccessSampler
+from retsnoop_otel.export.otlp_settings import OtlpConfig
+from retsnoop_otel.export.senders import build_sender
+from retsnoop_otel.export.span_encoder import SpanEncoder, build_request, make_envelope
+from retsnoop_otel.runtime.config import AGENT_NAMES, ProbeSetConfig
+from retsnoop_otel.runtime.logs import EventLog
+from retsnoop_otel.runtime.probe_set import capture_config
+from retsnoop_otel.runtime.sinks import otlp_settings
+from tests.otlp_receiver import start_receiver
 
 
 class Clock:
@@ -61,7 +67,7 @@ def _cfg(**kw) -> ProbeSetConfig:
 
 def test_capture_config_follows_mode_sampling_and_filters() -> None:
     limits = parse_config("probe_sets: {a: {entry: f}}\nlimits: {ringbuf_size: 1M, max_sessions: 8}\n").limits
-    cc = capture_config(_cfg(mode="calls", sampling=Sampling(0.1), min_duration_ms=2.5, comms=("a",)), "fentry",
+    cc = capture_config(_cfg(mode="calls", sampling=Sampling(0.1), min_duration_ns=2_500_000, comms=("a",)), "fentry",
                         limits)
     assert cc.emit_calls and cc.capture_success and cc.min_duration_ns == 2_500_000 and cc.comms == ("a",)
     assert cc.ringbuf_size == 1 << 20 and cc.max_sessions == 8 and cc.mode == "fentry"
@@ -94,23 +100,26 @@ def test_error_sessions_ignore_sampling_but_follow_the_error_filter(tmp_path) ->
     assert not ps.accepts(session(0, False)) and ps.sampled_out == 1
 
 
+def _send_one(cfg: OtlpConfig, environ: dict) -> bool:
+    """One session through the one exporter path: endpoint check, sender builder, production encoder."""
+    sender = build_sender(otlp_settings(cfg, "traces", AGENT_NAMES.otlp, environ))
+    funcs = {0: TracedFunc(0, "f", 0, RetKind.INT32, True)}
+    trace = SpanEncoder(funcs, make_envelope({})).encode(
+        Session(1, 1, "c", "c", 10, 20, True, [StackEntry(0, (1 << 64) - 22, 10)], []), 0)
+    try:
+        return sender.send(build_request([trace]), len(trace)).ok
+    finally:
+        sender.shutdown()
+
+
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
 def test_configured_exporters_reach_a_real_receiver(protocol: str) -> None:
     """A bare base URL works for both protocols (HTTP gets /v1/traces appended), with gzip and headers."""
-    from retsnoop_otel.capture.model import RetKind, TracedFunc
-    from retsnoop_otel.export.otlp import session_to_spans
-    from tests.otlp_receiver import start_receiver
-
     rx = start_receiver(port=0, http_port=0)
     try:
         port = rx.port if protocol == "grpc" else rx.http_port
-        exp = build_otlp_exporter(OtlpConfig(endpoint=f"http://127.0.0.1:{port}", protocol=protocol,
-                                             headers=(("x-tenant", "t1"),), compression="gzip", timeout_s=5))
-        funcs = {0: TracedFunc(0, "f", 0, RetKind.INT32, True)}
-        spans = session_to_spans(Session(1, 1, "c", "c", 10, 20, True, [StackEntry(0, (1 << 64) - 22, 10)], []),
-                                 funcs, 0, None)
-        assert exp.export(spans).name == "SUCCESS"
-        exp.shutdown()
+        assert _send_one(OtlpConfig(endpoint=f"http://127.0.0.1:{port}", protocol=protocol,
+                                    headers=(("x-tenant", "t1"),), compression="gzip", timeout_s=5), {})
         (span,) = rx.wait_for_spans(1, timeout=10)
         assert span["name"] == "f"
         (headers,) = rx.headers  # what went over the wire
@@ -122,25 +131,15 @@ def test_configured_exporters_reach_a_real_receiver(protocol: str) -> None:
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
-def test_standard_environment_variables_reach_the_wire(protocol: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_standard_environment_variables_reach_the_wire(protocol: str) -> None:
     """No endpoint/headers in the config: OTEL_EXPORTER_OTLP_* decide, as for any OTel SDK exporter."""
-    from retsnoop_otel.capture.model import RetKind, TracedFunc
-    from retsnoop_otel.export.otlp import session_to_spans
-    from tests.otlp_receiver import start_receiver
-
     rx = start_receiver(port=0, http_port=0)
     try:
         port = rx.port if protocol == "grpc" else rx.http_port
-        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
-        monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
-        monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-tenant=from-env,authorization=Bearer%20abc")
-        monkeypatch.setenv("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")
-        exp = build_otlp_exporter(OtlpConfig())
-        funcs = {0: TracedFunc(0, "f", 0, RetKind.INT32, True)}
-        spans = session_to_spans(Session(1, 1, "c", "c", 10, 20, True, [StackEntry(0, (1 << 64) - 22, 10)], []),
-                                 funcs, 0, None)
-        assert exp.export(spans).name == "SUCCESS"
-        exp.shutdown()
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}", "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+               "OTEL_EXPORTER_OTLP_HEADERS": "x-tenant=from-env,authorization=Bearer%20abc",
+               "OTEL_EXPORTER_OTLP_COMPRESSION": "gzip"}
+        assert _send_one(OtlpConfig(), env)
         rx.wait_for_spans(1, timeout=10)
         (headers,) = rx.headers
         assert headers["x-tenant"] == "from-env" and headers["authorization"] == "Bearer abc"
@@ -152,12 +151,12 @@ def test_standard_environment_variables_reach_the_wire(protocol: str, monkeypatc
 
 def test_logs_text_and_json() -> None:
     buf = io.StringIO()
-    log = AgentLog(buf, "json", "info", clock=lambda: 1.5)
+    log = EventLog(buf, "json", "info", clock=lambda: 1.5)
     log.debug("hidden")
     log.warning("data lost", probe_set="a", records_lost=3)
     assert json.loads(buf.getvalue()) == {"ts": 1.5, "level": "warning", "msg": "data lost", "probe_set": "a",
                                           "records_lost": 3}
     buf = io.StringIO()
-    log = AgentLog(buf, "text", "debug", clock=lambda: 0.0)
+    log = EventLog(buf, "text", "debug", clock=lambda: 0.0)
     log.debug("reload failed", error="bad: thing")
     assert buf.getvalue() == '1970-01-01T00:00:00.000Z DEBUG   reload failed error="bad: thing"\n'

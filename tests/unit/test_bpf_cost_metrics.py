@@ -5,19 +5,18 @@ The real read (BPF_OBJ_GET_INFO_BY_FD on attached programs) is tested in tests/n
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
-from types import SimpleNamespace
 
 from prometheus_client import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from retsnoop_otel.agent.main import AgentCollector
-from retsnoop_otel.capture.model import CaptureStats, ProgramStats, RetKind, TracedFunc
-from retsnoop_otel.kernel import libbpf as lb
+from retsnoop_otel.capture.model import ProgramStats, RetKind, TracedFunc
+from retsnoop_otel.kernel import libbpf_progs as lb
 from retsnoop_otel.kernel.tracer import sum_program_stats
-from retsnoop_otel.metrics.collector import MetricsCollector, make_registry, read_bpf_stats_enabled
+from retsnoop_otel.metrics.kernel_families import KernelCollector, read_bpf_stats_enabled
+from retsnoop_otel.metrics.runtime_families import RunCounters, RuntimeCollector
+from tests.unit.test_metrics import FakeProbeSet, make_registry
 
 FUNCS = {0: TracedFunc(0, "__x64_sys_bpf", 0, RetKind.SIGNED, True)}
 PROGRAMS = [ProgramStats("kmulti_entry", 1200, 1_500_000), ProgramStats("kmulti_exit", 1200, 900_000)]
@@ -55,12 +54,27 @@ def test_read_bpf_stats_enabled(tmp_path: Path) -> None:
     assert read_bpf_stats_enabled(proc_root(tmp_path / "none", None)) is False  # kernel without the sysctl
 
 
+class WithPrograms(FakeProbeSet):
+    def __init__(self, name: str = "bpf", programs=lambda: PROGRAMS) -> None:
+        super().__init__(name=name, funcs=FUNCS, stats=list)
+        self._programs = programs
+
+    def program_stats(self) -> list[ProgramStats]:
+        return self._programs()
+
+
+def registry(sets: list, enabled: bool) -> object:
+    return make_registry(KernelCollector(lambda: sets, stats_enabled=lambda: enabled),
+                         RuntimeCollector(RunCounters, stats_enabled=lambda: enabled))
+
+
 def test_program_families_while_stats_are_enabled() -> None:
-    coll = MetricsCollector("bpf", FUNCS, list, CaptureStats, program_stats=lambda: PROGRAMS,
-                            stats_enabled=lambda: True)
-    text = generate_latest(make_registry(coll)).decode()
-    assert ENABLED_BLOCK in text
-    families = {f.name: f for f in text_string_to_metric_families(generate_openmetrics(make_registry(coll)).decode())}
+    text = generate_latest(registry([WithPrograms()], True)).decode()
+    runs = text[text.index("# HELP retsnoop_bpf_program_runs_total"):text.index("# HELP retsnoop_sessions_dropped")]
+    stats = text[text.index("# HELP retsnoop_bpf_stats_enabled"):text.index("# HELP retsnoop_build_info")]
+    assert runs + stats == ENABLED_BLOCK
+    openmetrics = generate_openmetrics(registry([WithPrograms()], True)).decode()
+    families = {f.name: f for f in text_string_to_metric_families(openmetrics)}
     assert families["retsnoop_bpf_program_run_seconds"].type == "counter"
 
 
@@ -71,18 +85,12 @@ def test_program_families_have_no_samples_and_nothing_is_read_while_stats_are_di
         reads.append(1)
         return PROGRAMS
 
-    coll = MetricsCollector("bpf", FUNCS, list, CaptureStats, program_stats=programs, stats_enabled=lambda: False)
-    text = generate_latest(make_registry(coll)).decode()
+    text = generate_latest(registry([WithPrograms(programs=programs)], False)).decode()
     assert "# TYPE retsnoop_bpf_program_runs_total counter\n" in text
     assert "retsnoop_bpf_program_runs_total{" not in text and "retsnoop_bpf_program_run_seconds_total{" not in text
     assert "retsnoop_bpf_stats_enabled 0.0\n" in text
     assert reads == []  # no syscall per program fd when the counters stand still anyway
-    text_string_to_metric_families(generate_openmetrics(make_registry(coll)).decode())  # still valid OpenMetrics
-
-
-def test_no_program_families_without_a_program_reader() -> None:
-    text = generate_latest(make_registry(MetricsCollector("bpf", FUNCS, list, CaptureStats))).decode()
-    assert "retsnoop_bpf_program" not in text and "retsnoop_bpf_stats_enabled" not in text
+    text_string_to_metric_families(generate_openmetrics(registry([WithPrograms(programs=programs)], False)).decode())
 
 
 def test_fentry_clones_are_summed_per_template() -> None:
@@ -93,28 +101,14 @@ def test_fentry_clones_are_summed_per_template() -> None:
                                                             ProgramStats("fentry_entry", 8, 790)]
 
 
-def _agent(*names: str) -> SimpleNamespace:
-    sets = [SimpleNamespace(name=n, funcs=FUNCS, mode="kprobe_multi", attached=1, evicted=0, sampled_out=0,
-                            filtered_out=0,
-                            tracer=SimpleNamespace(func_stats=list, capture_stats=CaptureStats, session_stats=list,
-                                                   program_stats=lambda n=n: [ProgramStats("kmulti_entry",
-                                                                                           len(n), 1000)]))
-            for n in names]
-    return SimpleNamespace(_lock=threading.Lock(), series_limiter=lambda _name: None, probe_sets=sets, outputs=None,
-                           emit_errors=0, reloads={"success": 0, "failure": 0})
-
-
-def test_agent_labels_runs_per_probe_set_and_reports_the_sysctl_once(tmp_path: Path) -> None:
-    agent = _agent("bpf", "vfs_reads")
-    text = generate_latest(make_registry(AgentCollector(agent, proc_root(tmp_path, "1\n")))).decode()
+def test_runs_per_probe_set_and_the_sysctl_once(tmp_path: Path) -> None:
+    sets = [WithPrograms(n, lambda n=n: [ProgramStats("kmulti_entry", len(n), 1000)]) for n in ("bpf", "vfs_reads")]
+    root = proc_root(tmp_path, "1\n")
+    reg = make_registry(KernelCollector(lambda: sets, stats_enabled=lambda: read_bpf_stats_enabled(root)),
+                        RuntimeCollector(RunCounters, stats_enabled=lambda: read_bpf_stats_enabled(root)))
+    text = generate_latest(reg).decode()
     assert 'retsnoop_bpf_program_runs_total{probe_set="bpf",program="kmulti_entry"} 3.0\n' in text
     assert 'retsnoop_bpf_program_runs_total{probe_set="vfs_reads",program="kmulti_entry"} 9.0\n' in text
     assert 'retsnoop_bpf_program_run_seconds_total{probe_set="vfs_reads",program="kmulti_entry"} 1e-06\n' in text
     assert text.count("retsnoop_bpf_stats_enabled") == 3  # HELP, TYPE and one unlabelled sample
     assert "retsnoop_bpf_stats_enabled 1.0\n" in text
-
-
-def test_agent_without_bpf_stats(tmp_path: Path) -> None:
-    text = generate_latest(make_registry(AgentCollector(_agent("bpf"), proc_root(tmp_path, "0\n")))).decode()
-    assert "retsnoop_bpf_stats_enabled 0.0\n" in text
-    assert "retsnoop_bpf_program_runs_total{" not in text

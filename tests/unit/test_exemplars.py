@@ -11,9 +11,12 @@ from prometheus_client import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from retsnoop_otel.capture.model import CaptureStats, RetKind, Session, SessionStats, StackEntry, TracedFunc
-from retsnoop_otel.export.otlp_fast import SpanEncoder, build_request, request_to_spans
-from retsnoop_otel.metrics.collector import ExemplarStore, MetricsCollector, log2_bucket, make_registry
+from retsnoop_otel.capture.model import RetKind, Session, SessionStats, StackEntry, TracedFunc
+from retsnoop_otel.export.span_encoder import SpanEncoder, build_request, make_envelope
+from retsnoop_otel.metrics.exemplars import ExemplarStore, log2_bucket
+from retsnoop_otel.metrics.kernel_families import KernelCollector
+from tests.oracle_spans import request_to_spans
+from tests.unit.test_metrics import FakeProbeSet, make_registry
 
 FUNCS = {0: TracedFunc(0, "__x64_sys_bpf", 0, RetKind.SIGNED, True),
          1: TracedFunc(1, "array_map_alloc_check", 0, RetKind.INT32, False)}
@@ -48,8 +51,8 @@ def _registry(store: ExemplarStore) -> object:
     buckets = [0] * 40
     buckets[11], buckets[12], buckets[20] = 1, 2, 1
     stats = [SessionStats(0, 4, 3, tuple(buckets), 3000 + 2 * 5000 + 1_500_000)]
-    return make_registry(MetricsCollector("bpf", FUNCS, list, CaptureStats, session_stats=lambda: stats,
-                                          exemplars=lambda entry: store.for_histogram("bpf", entry)))
+    ps = FakeProbeSet(name="bpf", funcs=FUNCS, stats=list, sessions=stats)
+    return make_registry(KernelCollector(lambda: [ps], stats_enabled=lambda: False, exemplars=store.for_histogram))
 
 
 def test_openmetrics_puts_the_exemplar_on_the_bucket_of_the_trace_duration() -> None:
@@ -90,8 +93,8 @@ def test_prometheus_text_format_is_unchanged_by_exemplars() -> None:
 def test_encoded_trace_carries_the_trace_id_of_its_spans() -> None:
     session = Session(7, 7, "python", "python", 100, 5100, True,
                       [StackEntry(0, (1 << 64) - 22, 5000), StackEntry(1, (1 << 64) - 22, 1000)], [])
-    trace = SpanEncoder(FUNCS, None, rng=random.Random(1)).encode(session, 0)
+    trace = SpanEncoder(FUNCS, make_envelope({}), rng=random.Random(1)).encode(session, 0)
     spans = request_to_spans(build_request([trace]))
-    assert trace.trace_id != 0 and {s.context.trace_id for s in spans} == {trace.trace_id}
+    assert trace.trace_id != 0 and {s["trace_id"] for s in spans} == {trace.trace_id}
     head, rest = trace.split(1)
     assert head.trace_id == rest.trace_id == trace.trace_id

@@ -6,7 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from retsnoop_otel.render.lbr import BRANCH_KERNEL, BRANCH_TYPES, Branch, LbrError, parse_specs, render_lbr, require_lbr
+from retsnoop_otel.capture.model import Branch
+from retsnoop_otel.kernel.lbr import BRANCH_KERNEL, BRANCH_TYPES, LbrError, parse_specs
+from retsnoop_otel.render.lbr import render_lbr
+from retsnoop_otel.runtime.environment import lbr_refusal
 from retsnoop_otel.symbols.kallsyms import Kallsyms
 from retsnoop_otel.symbols.symbolize import KallsymsSymbolizer
 
@@ -63,6 +66,7 @@ def test_specs():
 
 
 def test_no_lbr_is_one_clear_sentence():
-    with pytest.raises(LbrError) as exc:
-        require_lbr(False, "the CPU or hypervisor exposes no LBR to this kernel (ENOENT)")
-    assert "run without --lbr" in str(exc.value) and "\n" not in str(exc.value)
+    exc = lbr_refusal("--lbr", "the CPU or hypervisor exposes no LBR to this kernel (ENOENT)")
+    assert "run without --lbr" in str(exc) and "\n" not in str(exc) and exc.exit_code == 1
+    named = lbr_refusal("lbr", "x", "deep")
+    assert str(named).startswith("probe set 'deep': lbr needs last branch records") and "without lbr" in str(named)

@@ -11,13 +11,21 @@ from retsnoop_otel.capture import records
 from retsnoop_otel.capture.model import Branch, LbrCapture, RetKind, StackEntry, TracedFunc
 from retsnoop_otel.capture.records import SessionLbrRec
 from retsnoop_otel.capture.sessions import SessionAssembler
-from retsnoop_otel.export.otlp_fast import SpanEncoder, build_request
+from retsnoop_otel.export.span_encoder import build_request
+from retsnoop_otel.render.console import session_text
 from retsnoop_otel.render.lbr import export_lbr, render_session_lbr
 from retsnoop_otel.symbols.kallsyms import Kallsyms
 from retsnoop_otel.symbols.symbolize import KallsymsSymbolizer
+from retsnoop_otel.trace.flags import parse
+from tests.oracle_spans import request_to_span_views
 from tests.unit.test_lbr import AMAC, AMAC_SIZE, RECORDS, ROOT
-from tests.unit.test_otlp import FUNCS, OFFSET, spans_of, tree_session
-from tests.unit.test_otlp_fast import RESOURCE, assert_same, decode, symbolize
+from tests.unit.test_span_content import FUNCS, OFFSET, encoded, tree_session
+from tests.unit.test_span_encoder import assert_same, decode, encoder_for, symbolize
+
+
+def spans_of(session, **kw):
+    return request_to_span_views(encoded(session, **kw))
+
 
 E2BIG = (1 << 64) - 7
 
@@ -144,21 +152,19 @@ def test_capture_that_matches_no_call_is_not_exported():
     s = tree_session(lbr=LbrCapture(1, 1, 7_777, (Branch(1, 2),)))
     spans = spans_of(s, symbolize=symbolize)
     assert not any("retsnoop.lbr" in sp.attributes for sp in spans)
-    body = build_request([SpanEncoder(FUNCS, RESOURCE, symbolize=symbolize).encode(s, OFFSET)])
+    body = build_request([encoder_for(FUNCS, symbolize=symbolize).encode(s, OFFSET)])
     assert b"retsnoop.lbr" not in body
     assert decode(body).resource_spans
 
 
 def test_trace_text_puts_lbr_between_header_and_stack(sym):
-    from retsnoop_otel.cli import build_trace_parser
-    from retsnoop_otel.trace.main import _Sinks, parse_options
     funcs = _amac_funcs()
     s = tree_session(calls=[], chain=[StackEntry(0, E2BIG, 8_000), StackEntry(1, E2BIG, 100)], kstack=[],
                      lbr=LbrCapture(1, 1, 500, tuple(RECORDS)))
     for argv, after in ((["-e", "*sys_bpf", "--lbr"], "stack"), (["-e", "*sys_bpf", "--lbr", "-T", "-E"], "table")):
-        opts = parse_options(build_trace_parser(), argv)
-        out = io.StringIO()
-        _Sinks(opts, funcs, sym, out, io.StringIO()).emit(s)
+        console = parse(argv).config.exporter.console
+        text = session_text(s, funcs, sym, 0, calls_view=console.view == "calls", call_stack=console.call_stack)
+        out = io.StringIO(text)
         lines = out.getvalue().splitlines()
         assert "TID/PID 42/40" in lines[0] and lines[1] == ""
         first = next(i for i, line in enumerate(lines) if line.startswith("[#"))

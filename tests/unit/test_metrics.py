@@ -1,21 +1,16 @@
-import socket
-import urllib.request
+"""The metric families, composed the way the runtime composes them, checked down to the exposition bytes."""
 
-import pytest
-from prometheus_client import generate_latest
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from retsnoop_otel import __version__
-from retsnoop_otel.capture.model import CaptureStats, FuncStats, RetKind, TracedFunc
-from retsnoop_otel.export.otlp import ExportStats
-from retsnoop_otel.metrics.collector import (
-    MetricsCollector,
-    MetricsPortInUseError,
-    bucket_bounds_seconds,
-    make_registry,
-    serve_metrics,
-)
+from retsnoop_otel.capture.model import CaptureStats, FuncStats, RetKind, SessionStats, TracedFunc
+from retsnoop_otel.metrics.kernel_families import KernelCollector, bucket_bounds_seconds
+from retsnoop_otel.metrics.runtime_families import RunCounters, RuntimeCollector
+from retsnoop_otel.metrics.series import SeriesBounds, SeriesLimiter
 
 FUNCS = {
     0: TracedFunc(0, "do_open", 0, RetKind.INT32, True),
@@ -33,13 +28,47 @@ def func_stats():
     ]
 
 
-def registry(export=True):
-    collector = MetricsCollector("vfs", FUNCS, func_stats,
-                                 lambda: CaptureStats(dropped_sessions=2, incomplete_sessions=1, dropped_records=7,
-                                                      sessions_started=20, sessions_reported=18),
-                                 (lambda: ExportStats(100, {"queue_full": 5, "export_failed": 3}, 1)) if export
-                                 else None)
-    return make_registry(collector)
+@dataclass
+class FakeProbeSet:
+    """A probe set as the collector sees it (runtime.probe_set.ProbeSet has the same face)."""
+
+    name: str = "vfs"
+    funcs: dict = field(default_factory=lambda: FUNCS)
+    mode: str = "kprobe_multi"
+    attached: int = 3
+    sampled_out: int = 4
+    filtered_out: int = 1
+    evicted: int = 0
+    stats: object = func_stats
+    sessions: list = field(default_factory=list)
+    capture: CaptureStats = field(default_factory=lambda: CaptureStats(
+        dropped_sessions=2, incomplete_sessions=1, dropped_records=7, sessions_started=20, sessions_reported=18))
+
+    def func_stats(self):
+        return self.stats()
+
+    def session_stats(self):
+        return self.sessions
+
+    def capture_stats(self):
+        return self.capture
+
+    def program_stats(self):
+        return []
+
+
+def make_registry(*collectors):
+    reg = CollectorRegistry(auto_describe=True)
+    for c in collectors:
+        reg.register(c)
+    return reg
+
+
+def registry(export=True, sets=None, limiter=None):
+    sets = sets if sets is not None else [FakeProbeSet()]
+    counters = RunCounters(100, {"queue_full": 5, "export_failed": 3}, 1) if export else RunCounters()
+    return make_registry(KernelCollector(lambda: sets, stats_enabled=lambda: False, limiter=limiter),
+                         RuntimeCollector(lambda: counters, stats_enabled=lambda: False))
 
 
 EXPECTED = f"""\
@@ -66,31 +95,62 @@ retsnoop_function_duration_seconds_bucket{{function="may_open",le="8e-09",probe_
 retsnoop_function_duration_seconds_bucket{{function="may_open",le="+Inf",probe_set="vfs"}} 5.0
 retsnoop_function_duration_seconds_count{{function="may_open",probe_set="vfs"}} 5.0
 retsnoop_function_duration_seconds_sum{{function="may_open",probe_set="vfs"}} 4.1e-08
+# HELP retsnoop_sessions_total Entry-function sessions by outcome (error: the entry function returned an error)
+# TYPE retsnoop_sessions_total counter
+# HELP retsnoop_session_duration_seconds Duration of entry-function sessions
+# TYPE retsnoop_session_duration_seconds histogram
+# HELP retsnoop_bpf_program_runs_total Runs of retsnoop's BPF programs (kernel bpf_stats; only while kernel.bpf_stats_enabled=1)
+# TYPE retsnoop_bpf_program_runs_total counter
+# HELP retsnoop_bpf_program_run_seconds_total Time spent in retsnoop's BPF programs (kernel bpf_stats; only while kernel.bpf_stats_enabled=1)
+# TYPE retsnoop_bpf_program_run_seconds_total counter
 # HELP retsnoop_sessions_dropped_total Sessions lost in the kernel (sessions map full or end record lost)
 # TYPE retsnoop_sessions_dropped_total counter
-retsnoop_sessions_dropped_total 2.0
+retsnoop_sessions_dropped_total{{probe_set="vfs"}} 2.0
 # HELP retsnoop_sessions_incomplete_total Sessions that lost per-call records or had mismatched exits
 # TYPE retsnoop_sessions_incomplete_total counter
-retsnoop_sessions_incomplete_total 1.0
+retsnoop_sessions_incomplete_total{{probe_set="vfs"}} 1.0
 # HELP retsnoop_records_lost_total Per-call records lost in the kernel (ring buffer full)
 # TYPE retsnoop_records_lost_total counter
-retsnoop_records_lost_total 7.0
+retsnoop_records_lost_total{{probe_set="vfs"}} 7.0
 # HELP retsnoop_sessions_started_total Entry-function sessions started
 # TYPE retsnoop_sessions_started_total counter
-retsnoop_sessions_started_total 20.0
+retsnoop_sessions_started_total{{probe_set="vfs"}} 20.0
 # HELP retsnoop_sessions_reported_total Sessions sent to user space
 # TYPE retsnoop_sessions_reported_total counter
-retsnoop_sessions_reported_total 18.0
-# HELP retsnoop_spans_exported_total Spans accepted by the OTLP endpoint
+retsnoop_sessions_reported_total{{probe_set="vfs"}} 18.0
+# HELP retsnoop_attached_functions Kernel functions attached, by probe set and attach mode
+# TYPE retsnoop_attached_functions gauge
+retsnoop_attached_functions{{mode="kprobe_multi",probe_set="vfs"}} 3.0
+# HELP retsnoop_sessions_not_exported_total Sessions captured but not exported, by reason (sampled: successful session not sampled; filtered: error filter)
+# TYPE retsnoop_sessions_not_exported_total counter
+retsnoop_sessions_not_exported_total{{probe_set="vfs",reason="sampled"}} 4.0
+retsnoop_sessions_not_exported_total{{probe_set="vfs",reason="filtered"}} 1.0
+# HELP retsnoop_sessions_evicted_total Half-assembled sessions dropped in user space because too many threads had one open at once
+# TYPE retsnoop_sessions_evicted_total counter
+retsnoop_sessions_evicted_total{{probe_set="vfs"}} 0.0
+# HELP retsnoop_spans_exported_total Spans accepted by the exporters
 # TYPE retsnoop_spans_exported_total counter
 retsnoop_spans_exported_total 100.0
 # HELP retsnoop_spans_dropped_total Spans not exported, by cause
 # TYPE retsnoop_spans_dropped_total counter
 retsnoop_spans_dropped_total{{cause="export_failed"}} 3.0
 retsnoop_spans_dropped_total{{cause="queue_full"}} 5.0
-# HELP retsnoop_export_errors_total Failed OTLP export requests
+# HELP retsnoop_export_errors_total Failed export requests
 # TYPE retsnoop_export_errors_total counter
 retsnoop_export_errors_total 1.0
+# HELP retsnoop_session_errors_total Sessions that could not be turned into spans
+# TYPE retsnoop_session_errors_total counter
+retsnoop_session_errors_total 0.0
+# HELP retsnoop_config_reloads_total Config reloads (SIGHUP) by result
+# TYPE retsnoop_config_reloads_total counter
+retsnoop_config_reloads_total{{result="success"}} 0.0
+retsnoop_config_reloads_total{{result="failure"}} 0.0
+# HELP retsnoop_agent_up 1 while retsnoop-otel runs
+# TYPE retsnoop_agent_up gauge
+retsnoop_agent_up 1.0
+# HELP retsnoop_bpf_stats_enabled 1 while the kernel counts BPF program runs and run time (sysctl kernel.bpf_stats_enabled)
+# TYPE retsnoop_bpf_stats_enabled gauge
+retsnoop_bpf_stats_enabled 0.0
 # HELP retsnoop_build_info retsnoop-otel version
 # TYPE retsnoop_build_info gauge
 retsnoop_build_info{{version="{__version__}"}} 1.0
@@ -116,6 +176,14 @@ def test_openmetrics_exposition():
     assert families["retsnoop_spans_dropped"].type == "counter"
 
 
+def test_several_probe_sets_share_each_family_once():
+    text = generate_latest(registry(sets=[FakeProbeSet(), FakeProbeSet(name="net")])).decode()
+    assert text.count("# TYPE retsnoop_function_calls_total counter") == 1
+    assert 'retsnoop_function_calls_total{function="do_open",probe_set="net"} 3.0' in text
+    assert 'retsnoop_records_lost_total{probe_set="vfs"} 7.0' in text
+    assert text.count("retsnoop_build_info{") == 1
+
+
 def test_no_export_stats_reports_zero():
     text = generate_latest(registry(export=False)).decode()
     assert "retsnoop_spans_exported_total 0.0\n" in text and "retsnoop_export_errors_total 0.0\n" in text
@@ -129,7 +197,9 @@ def test_reads_happen_at_scrape_time():
         calls["n"] += 1
         return [FuncStats(0, calls["n"], {}, (1,), 1)]
 
-    reg = make_registry(MetricsCollector("p", FUNCS, stats, CaptureStats))
+    sets = []
+    reg = registry(sets=sets)  # described while empty: no map is read before the first scrape
+    sets.append(FakeProbeSet(name="p", stats=stats))
     assert calls["n"] == 0
     generate_latest(reg)
     text = generate_latest(reg).decode()
@@ -142,37 +212,14 @@ def test_kernel_bucket_bounds():
     assert float(bounds[-2]) == 2**39 / 1e9  # bucket 38 ends at 2^39 ns; bucket 39 is open-ended
 
 
-def test_serve_metrics_over_http_and_port_in_use():
-    reg = registry()
-    server, thread = serve_metrics(0, reg, addr="127.0.0.1")
-    try:
-        port = server.server_port
-        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-        assert body == EXPECTED
-        with pytest.raises(MetricsPortInUseError, match=f"127.0.0.1:{port}.*already in use") as info:
-            serve_metrics(port, reg, addr="127.0.0.1")
-        assert info.value.port == port
-    finally:
-        server.shutdown()
-        server.server_close()
-    thread.join(5)
-    with socket.socket() as s:  # the listener is gone (REUSEADDR only skips TIME_WAIT leftovers)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", port))
-        s.listen()
-
-
 def test_session_outcomes_and_duration_per_entry_function():
-    from retsnoop_otel.capture.model import SessionStats
-    from retsnoop_otel.metrics.collector import MetricsCollector, make_registry
-
     funcs = {0: TracedFunc(0, "__x64_sys_bpf", 0, RetKind.SIGNED, True)}
     buckets = [0] * 40
     buckets[10] = 3  # [1024, 2048) ns
     buckets[20] = 1  # [~1 ms, ~2 ms)
-    coll = MetricsCollector("bpf", funcs, func_stats=list, capture_stats=CaptureStats,
-                            session_stats=lambda: [SessionStats(0, 4, 1, tuple(buckets), 3 * 1500 + 1_500_000)])
-    text = generate_latest(make_registry(coll)).decode()
+    ps = FakeProbeSet(name="bpf", funcs=funcs, stats=list,
+                      sessions=[SessionStats(0, 4, 1, tuple(buckets), 3 * 1500 + 1_500_000)])
+    text = generate_latest(registry(sets=[ps])).decode()
     assert 'retsnoop_sessions_total{entry_function="__x64_sys_bpf",outcome="error",probe_set="bpf"} 1.0' in text
     assert 'retsnoop_sessions_total{entry_function="__x64_sys_bpf",outcome="success",probe_set="bpf"} 3.0' in text
     assert ('retsnoop_session_duration_seconds_bucket{entry_function="__x64_sys_bpf",le="2.048e-06",'
@@ -181,11 +228,9 @@ def test_session_outcomes_and_duration_per_entry_function():
 
 
 def _bounded(bounds, stats):
-    from retsnoop_otel.metrics.collector import SeriesLimiter
     limiter = SeriesLimiter(bounds)
     box = {"stats": stats}
-    reg = make_registry(MetricsCollector("vfs", FUNCS, lambda: box["stats"], CaptureStats, limiter=limiter))
-    return reg, box
+    return registry(sets=[FakeProbeSet(stats=lambda: box["stats"])], limiter=lambda _name: limiter), box
 
 
 def _errors(reg):
@@ -194,7 +239,6 @@ def _errors(reg):
 
 
 def test_error_types_capped_per_function_and_stable_across_scrapes():
-    from retsnoop_otel.metrics.collector import SeriesBounds
     reg, box = _bounded(SeriesBounds(max_error_types=1), [FuncStats(1, 9, {"EPERM": 3, "ENOENT": 1}, (0,), 0)])
     assert _errors(reg) == [
         'retsnoop_function_errors_total{error_type="EPERM",function="may_open",probe_set="vfs"} 3.0',
@@ -207,7 +251,6 @@ def test_error_types_capped_per_function_and_stable_across_scrapes():
 
 
 def test_function_allow_list_folds_the_rest_into_other():
-    from retsnoop_otel.metrics.collector import SeriesBounds
     reg, _ = _bounded(SeriesBounds(functions=("do_*",)), func_stats())
     text = generate_latest(reg).decode()
     assert 'retsnoop_function_calls_total{function="do_open",probe_set="vfs"} 3.0' in text
@@ -218,7 +261,6 @@ def test_function_allow_list_folds_the_rest_into_other():
 
 
 def test_unbounded_by_default():
-    from retsnoop_otel.metrics.collector import SeriesBounds
     reg, _ = _bounded(SeriesBounds(), func_stats())
 
     def functions(r):

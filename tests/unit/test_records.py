@@ -1,4 +1,5 @@
-"""The Python mirror of bpf/retsnoop.h against the sizes the BPF side asserts at compile time."""
+"""The Python mirror of bpf/retsnoop.h against the sizes the BPF side asserts at compile time and the
+header's constants."""
 
 from __future__ import annotations
 
@@ -30,12 +31,14 @@ def test_struct_sizes_match_the_bpf_side(name, fmt):
 
 
 def test_header_constants_match():
+    """Every records.py constant named like a #define or enum value of the header has its value."""
     hdr = (ROOT / "bpf" / "retsnoop.h").read_text()
-    consts = dict(re.findall(r"#define (\w+) (0x[0-9a-f]+|\d+)", hdr))
-    assert int(consts["MAX_FSTACK_DEPTH"]) == records.MAX_FSTACK_DEPTH
-    assert int(consts["MAX_KSTACK_DEPTH"]) == records.MAX_KSTACK_DEPTH
-    assert int(consts["DUR_BUCKETS"]) == records.DUR_BUCKETS
-    assert int(consts["FUNC_RET_KIND_SHIFT"]) == records.FUNC_RET_KIND_SHIFT
+    consts = {k: int(v, 0) for k, v in re.findall(r"#define (\w+)\s+(0x[0-9a-f]+|\d+)", hdr)}
+    consts.update({k: int(v) for k, v in re.findall(r"^\s*(\w+) = (\d+),", hdr, re.M)})
+    mirrored = {k: v for k, v in vars(records).items() if k in consts}
+    assert mirrored == {k: consts[k] for k in mirrored}
+    assert {"MAX_FSTACK_DEPTH", "MAX_KSTACK_DEPTH", "DUR_BUCKETS", "FUNC_RET_KIND_SHIFT", "REC_SESSION_LBR",
+            "MAX_LBR_ENTRIES", "ARG_KIND_SHIFT", "ARG_STR", "FUNC_IS_ENTRY"} <= set(mirrored)
     kinds = dict(re.findall(r"RK_(\w+) = (\d+)", hdr))
     assert {RetKind[k]: int(v) for k, v in kinds.items()} == RET_KIND_CODES
 

@@ -22,9 +22,9 @@ def _session():
 
 def test_chrome_trace_json(tmp_path):
     path = tmp_path / "t.json"
-    w = TraceJsonWriter(str(path), FUNCS, offset_ns=1_000_000)
-    w.add(_session())
-    w.add(_session())
+    w = TraceJsonWriter(str(path))
+    w.add(_session(), FUNCS, 1_000_000)
+    w.add(_session(), FUNCS, 1_000_000)
     w.flush()
     doc = json.loads(path.read_text())
     events = doc["traceEvents"]
@@ -45,11 +45,11 @@ def test_chrome_trace_json(tmp_path):
 def test_file_is_valid_json_after_every_flush_and_appends(tmp_path):
     """Flushing rewrites only the closing brackets: the document parses after each session and keeps all."""
     path = tmp_path / "t.json"
-    w = TraceJsonWriter(str(path), FUNCS, offset_ns=0)
+    w = TraceJsonWriter(str(path))
     assert json.loads(path.read_text())["traceEvents"] == []
     sizes = []
     for n in range(1, 4):
-        w.add(_session())
+        w.add(_session(), FUNCS, 0)
         w.flush()
         events = json.loads(path.read_text())["traceEvents"]
         assert len([e for e in events if e["ph"] == "X"]) == 3 * n

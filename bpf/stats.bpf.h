@@ -1,0 +1,71 @@
+// SPDX-License-Identifier: GPL-2.0
+/* In-kernel aggregates read at scrape time: per function and per whole session (calls,
+ * failures, log2 latency histogram) and failures by errno. Part of retsnoop.bpf.c. */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);	/* resized to the number of traced functions */
+	__type(key, __u32);
+	__type(value, struct func_stats);
+} func_stats SEC(".maps");
+
+/* Whole sessions per entry function: calls = sessions, errors = failed sessions. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);	/* resized to the number of traced functions */
+	__type(key, __u32);
+	__type(value, struct func_stats);
+} entry_stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct err_key);
+	__type(value, __u64);
+} err_stats SEC(".maps");
+
+static __always_inline __u32 log2_u64(__u64 v)
+{
+	/* BPF has no count-leading-zeros instruction: binary search instead */
+	__u32 r = 0;
+
+	if (v >> 32) { v >>= 32; r += 32; }
+	if (v >> 16) { v >>= 16; r += 16; }
+	if (v >> 8) { v >>= 8; r += 8; }
+	if (v >> 4) { v >>= 4; r += 4; }
+	if (v >> 2) { v >>= 2; r += 2; }
+	if (v >> 1)
+		r += 1;
+	return r;
+}
+
+static __always_inline void count_into(struct func_stats *st, __u64 lat, bool failed)
+{
+	__u32 b = log2_u64(lat);
+
+	if (b >= DUR_BUCKETS)
+		b = DUR_BUCKETS - 1;
+	st->calls++;
+	st->dur_sum_ns += lat;
+	st->dur_buckets[b]++;
+	if (failed)
+		st->errors++;
+}
+
+static __always_inline void count_call(__u32 func_id, __u64 lat, bool failed, __u32 err)
+{
+	struct func_stats *st = bpf_map_lookup_elem(&func_stats, &func_id);
+	struct err_key ek = { .func_id = func_id, .err = err };
+	__u64 one = 1, *cnt;
+
+	if (!st)
+		return;
+	count_into(st, lat, failed);
+	if (!failed)
+		return;
+	cnt = bpf_map_lookup_elem(&err_stats, &ek);
+	if (cnt)
+		(*cnt)++;
+	else
+		bpf_map_update_elem(&err_stats, &ek, &one, BPF_NOEXIST);
+}

@@ -1,0 +1,141 @@
+"""Reading a YAML node tree so that every error names file, line and key.
+
+yaml.compose keeps each node's position; values are checked here rather than after
+yaml.safe_load, which would lose the line numbers people need to fix a file on a host.
+Unknown keys are errors (a typo would otherwise silently fall back to a default).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Callable
+from typing import Any
+
+import yaml
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMG]i?B?)?\s*$", re.I)
+
+
+class ConfigError(ValueError):
+    """One problem in the config file: `file:line: key: what is wrong` plus what to do."""
+
+
+_TYPE_NAMES = {"int": "int", "float": "float", "bool": "bool", "null": "null", "str": "string",
+               "seq": "list", "map": "mapping"}
+
+
+class Nodes:
+    """One file's nodes: values are constructed on demand, errors carry the file name and line."""
+
+    def __init__(self, filename: str) -> None:
+        self.filename = filename
+        self._loader = yaml.SafeLoader("")
+
+    def fail(self, node: yaml.Node, key: str, msg: str) -> ConfigError:
+        return ConfigError(f"{self.filename}:{node.start_mark.line + 1}: {key}: {msg}")
+
+    def value(self, node: yaml.Node) -> Any:
+        return self._loader.construct_object(node, deep=True)
+
+
+def kind(node: yaml.Node) -> str:
+    if isinstance(node, yaml.MappingNode):
+        return "mapping"
+    if isinstance(node, yaml.SequenceNode):
+        return "list"
+    return _TYPE_NAMES.get(node.tag.rsplit(":", 1)[-1], node.tag.rsplit(":", 1)[-1])
+
+
+def got(ctx: Nodes, node: yaml.Node) -> str:
+    what = kind(node)
+    if isinstance(node, yaml.ScalarNode) and what != "null":
+        return f"{what} {ctx.value(node)!r}"
+    return what
+
+
+def mapping(ctx: Nodes, node: yaml.Node, key: str, known: tuple[str, ...]) -> dict[str, yaml.Node]:
+    if not isinstance(node, yaml.MappingNode):
+        raise ctx.fail(node, key, f"expected a mapping, got {got(ctx, node)}")
+    out: dict[str, yaml.Node] = {}
+    for knode, vnode in node.value:
+        name = ctx.value(knode)
+        where = f"{key}.{name}" if key else str(name)
+        if not isinstance(name, str):
+            raise ctx.fail(knode, where, f"keys must be strings, got {got(ctx, knode)}")
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(known)}"
+            raise ctx.fail(knode, where, f"unknown key; {hint}")
+        if name in out:
+            raise ctx.fail(knode, where, "duplicate key (the first one would be silently overridden)")
+        out[name] = vnode
+    return out
+
+
+def scalar(ctx: Nodes, node: yaml.Node, key: str, types: tuple[type, ...], what: str) -> Any:
+    value = ctx.value(node) if isinstance(node, yaml.ScalarNode) else None
+    ok = isinstance(node, yaml.ScalarNode) and isinstance(value, types) and not (
+        isinstance(value, bool) and bool not in types)
+    if not ok:
+        raise ctx.fail(node, key, f"expected {what}, got {got(ctx, node)}")
+    return value
+
+
+def string(ctx: Nodes, node: yaml.Node, key: str) -> str:
+    return scalar(ctx, node, key, (str,), "a string")
+
+
+def opt_string(ctx: Nodes, node: yaml.Node | None, key: str) -> str | None:
+    if node is None or kind(node) == "null":
+        return None
+    return string(ctx, node, key)
+
+
+def boolean(ctx: Nodes, node: yaml.Node, key: str) -> bool:
+    return scalar(ctx, node, key, (bool,), "true or false")
+
+
+def number(ctx: Nodes, node: yaml.Node, key: str, lo: float, hi: float | None = None) -> float:
+    value = float(scalar(ctx, node, key, (int, float), "a number"))
+    if value < lo or (hi is not None and value > hi):
+        bound = f"between {lo:g} and {hi:g}" if hi is not None else f"at least {lo:g}"
+        raise ctx.fail(node, key, f"must be {bound}, got {value:g}")
+    return value
+
+
+def pos_int(ctx: Nodes, node: yaml.Node, key: str) -> int:
+    value = scalar(ctx, node, key, (int,), "a positive integer")
+    if value <= 0:
+        raise ctx.fail(node, key, f"must be a positive integer, got {value}")
+    return value
+
+
+def size(ctx: Nodes, node: yaml.Node, key: str) -> int:
+    """Bytes as an integer or with a K/M/G suffix ('8M', '16MiB')."""
+    value = ctx.value(node) if isinstance(node, yaml.ScalarNode) else None
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    m = _SIZE.match(value) if isinstance(value, str) else None
+    if not m or int(m.group(1)) <= 0:
+        raise ctx.fail(node, key, f"expected a size in bytes such as 8388608 or '8M', got {got(ctx, node)}")
+    shift = {"": 0, "k": 10, "m": 20, "g": 30}[(m.group(2) or "")[:1].lower()]
+    return int(m.group(1)) << shift
+
+
+def choice(ctx: Nodes, node: yaml.Node, key: str, choices: tuple[str, ...]) -> str:
+    value = ctx.value(node) if isinstance(node, yaml.ScalarNode) else None
+    if not isinstance(value, str) or value not in choices:
+        raise ctx.fail(node, key, f"expected one of {', '.join(choices)}, got {got(ctx, node)}")
+    return value
+
+
+def items(ctx: Nodes, node: yaml.Node, key: str, item: Callable[[yaml.Node, str], Any], what: str) -> tuple:
+    """A list (a single scalar is accepted as a one-item list)."""
+    if isinstance(node, yaml.ScalarNode) and kind(node) == "null":
+        return ()
+    if isinstance(node, yaml.ScalarNode) and kind(node) == "string":
+        return (item(node, key),)
+    if not isinstance(node, yaml.SequenceNode):
+        raise ctx.fail(node, key, f"expected {what}, got {got(ctx, node)}")
+    return tuple(item(n, f"{key}[{i}]") for i, n in enumerate(node.value))

@@ -1,0 +1,295 @@
+"""OTLP exporter settings resolved as the OpenTelemetry specification defines them (protocol/exporter.md).
+
+Each setting comes from the user's configuration, else the per-signal variable
+(OTEL_EXPORTER_OTLP_TRACES_X / _METRICS_X), else the generic one (OTEL_EXPORTER_OTLP_X), else the
+default. An empty variable counts as unset (sdk-environment-variables.md). Bad values raise
+OtlpConfigError at start-up, one line naming the config key or variable, rather than the spec's
+"warn and ignore": a typo in an exporter setting should not silently send telemetry elsewhere.
+Only the standard library is used, so nothing here depends on the OpenTelemetry SDK.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
+
+SIGNALS = ("traces", "metrics")
+PROTOCOLS = ("grpc", "http/protobuf")
+COMPRESSIONS = ("gzip", "deflate", "none")
+DEFAULT_PROTOCOL = "grpc"  # this project's documented default (the spec allows it in place of http/protobuf)
+DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
+DEFAULT_HTTP_BASE = "http://localhost:4318/"
+GRPC_DEFAULT_PORT = 4317
+_HTTP_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an HTTP field name (RFC 9110 token)
+_GRPC_KEY = re.compile(r"[0-9a-z_.-]+")  # a gRPC metadata key
+
+
+@dataclass(frozen=True)
+class OtlpConfig:
+    """What the user configured for one OTLP destination; None / () = not set (then the environment, then the
+    default)."""
+
+    endpoint: str | None = None
+    protocol: str | None = None  # "grpc" | "http/protobuf"
+    headers: tuple[tuple[str, str], ...] = ()  # non-empty: replaces the environment's headers entirely
+    compression: str | None = None  # "gzip" | "deflate" | "none"
+    timeout_s: float | None = None  # seconds (the environment variable is in milliseconds)
+    insecure: bool | None = None  # gRPC only
+    certificate: str | None = None  # CA bundle (PEM) to verify the server
+    client_key: str | None = None  # mTLS
+    client_certificate: str | None = None  # mTLS
+
+
+@dataclass(frozen=True)
+class OtlpSettings:
+    """Fully resolved settings for one signal: what a sender needs, nothing left to look up."""
+
+    signal: str  # "traces" | "metrics"
+    protocol: str  # "grpc" | "http/protobuf"
+    url: str  # http/protobuf: the full POST URL; grpc: the endpoint as a URL (scheme://host:port)
+    target: str  # grpc: "host:port" for grpc channels; http: ""
+    tls: bool
+    headers: tuple[tuple[str, str], ...]  # names lower-cased for gRPC (metadata keys must be lower case)
+    compression: str  # "gzip" | "deflate" | "none"
+    timeout_s: float
+    certificate: str | None
+    client_key: str | None
+    client_certificate: str | None
+
+
+class OtlpConfigError(ValueError):
+    """One line naming the bad setting (config key or environment variable) and how to fix it."""
+
+
+@dataclass(frozen=True)
+class _Value:
+    """A setting's raw value and where it came from, so errors can name the right key or variable."""
+
+    value: object
+    name: str  # the config name (as the user wrote it) or the environment variable
+    source: str  # "config" | "signal" | "generic" | "default"
+
+
+class _Lookup:
+    def __init__(self, cfg: OtlpConfig, signal: str, environ: Mapping[str, str], names: Mapping[str, str]) -> None:
+        self.cfg, self.signal, self.environ, self.names = cfg, signal, environ, names
+
+    def name(self, field: str) -> str:
+        return self.names.get(field, field)
+
+    def get(self, field: str, var: str) -> _Value:
+        value = getattr(self.cfg, field)
+        if value is not None and value != ():
+            return _Value(value, self.name(field), "config")
+        for source, key in (("signal", f"OTEL_EXPORTER_OTLP_{self.signal.upper()}_{var}"),
+                            ("generic", f"OTEL_EXPORTER_OTLP_{var}")):
+            raw = self.environ.get(key, "").strip()
+            if raw:
+                return _Value(raw, key, source)
+        return _Value(None, self.name(field), "default")
+
+
+def _error(v: _Value, problem: str, fix: str, show: bool = True) -> OtlpConfigError:
+    """`show=False` for headers: their values can hold API keys, which must not reach logs."""
+    return OtlpConfigError(f"{v.name}{f'={v.value!r}' if show else ''}: {problem}; {fix}")
+
+
+def _choice(v: _Value, allowed: tuple[str, ...]) -> str:
+    text = str(v.value).strip().lower()  # enum values are case-insensitive (sdk-environment-variables.md)
+    if text not in allowed:
+        raise _error(v, "unknown value", f"use one of: {', '.join(allowed)}")
+    return text
+
+
+def _protocol(look: _Lookup) -> str:
+    v = look.get("protocol", "PROTOCOL")
+    if v.value is None:
+        return DEFAULT_PROTOCOL
+    if str(v.value).strip().lower() == "http/json":
+        raise _error(v, "http/json is not supported", "use http/protobuf or grpc")
+    return _choice(v, PROTOCOLS)
+
+
+def _hide_secrets(v: _Value) -> _Value:
+    """The endpoint as errors show it: no password or query string (either can hold an API key)."""
+    text = str(v.value)
+    parts = urlsplit(text) if "://" in text else None
+    if parts is None or not (parts.password or parts.query):
+        return v
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@") if parts.password else parts.netloc
+    return _Value(urlunsplit(parts._replace(netloc=netloc, query="***" if parts.query else "")), v.name, v.source)
+
+
+def _split_url(v: _Value, text: str, example: str) -> SplitResult:
+    """Scheme http(s), a host, a valid non-zero port if any; anything else is an OtlpConfigError."""
+    v = _hide_secrets(v)
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or any(c.isspace() for c in text):
+        raise _error(v, "not an http:// or https:// URL", f"write it like {example}")
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise _error(v, f"bad port ({exc})", "write a port between 1 and 65535") from None
+    if not parts.hostname:
+        raise _error(v, "no host in the URL", f"write it like {example}")
+    if port == 0:
+        raise _error(v, "port 0", "write a port between 1 and 65535")
+    return parts
+
+
+def _http_url(look: _Lookup) -> tuple[str, bool]:
+    """Per-signal variable as is; the generic variable and a config endpoint are base URLs (spec), except a
+    config endpoint that already ends in /v1/<signal>."""
+    v = look.get("endpoint", "ENDPOINT")
+    text = DEFAULT_HTTP_BASE if v.value is None else str(v.value).strip()
+    parts = _split_url(v, text, "http://collector:4318")
+    suffix = f"v1/{look.signal}"
+    base = v.source in ("generic", "default") or (
+        v.source == "config" and not parts.path.rstrip("/").endswith("/" + suffix))
+    path = parts.path
+    if base:
+        path = (path if path.endswith("/") else path + "/") + suffix
+    return urlunsplit(parts._replace(path=path or "/")), parts.scheme == "https"
+
+
+def _grpc_target(look: _Lookup) -> tuple[str, str, bool]:
+    """(url, "host:port", tls). http:// and https:// decide TLS themselves; a bare host:port is TLS unless
+    insecure is true (spec). gRPC has no paths, so a path is an error that points at OTLP/HTTP."""
+    v = look.get("endpoint", "ENDPOINT")
+    insecure = _insecure(look)
+    text = DEFAULT_GRPC_ENDPOINT if v.value is None else str(v.value).strip()
+    if "://" in text:
+        parts = _split_url(v, text, "http://collector:4317 or collector:4317")
+        tls = parts.scheme == "https"
+    else:
+        parts = _split_url(v, "http://" + text, "collector:4317")  # host[:port] parsed as a URL; errors show `text`
+        tls = not insecure
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise _error(_hide_secrets(v), "gRPC endpoints take no path", f"drop the path, or set "
+                     f"{look.name('protocol')}=http/protobuf (or OTEL_EXPORTER_OTLP_PROTOCOL) for an OTLP/HTTP URL")
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    target = f"{host}:{parts.port or GRPC_DEFAULT_PORT}"
+    return f"{'https' if tls else 'http'}://{target}", target, tls
+
+
+def _insecure(look: _Lookup) -> bool:
+    v = look.get("insecure", "INSECURE")
+    if v.value is None or isinstance(v.value, bool):
+        return bool(v.value)
+    text = str(v.value).strip().lower()
+    if text not in ("true", "false"):
+        raise _error(v, "not a boolean", "write true or false")
+    return text == "true"
+
+
+def _headers(look: _Lookup, grpc: bool) -> tuple[tuple[str, str], ...]:
+    """Pairs from config, or parsed from key1=value1,key2=value2 (percent-decoded). Errors show no names or
+    values: a mistyped header may hold an API key."""
+    v = look.get("headers", "HEADERS")
+    if v.value is None:
+        return ()
+    if v.source == "config":
+        pairs = [(n, str(k).strip(), str(val).strip()) for n, (k, val) in enumerate(v.value, 1)]  # type: ignore
+    else:
+        pairs = []
+        for n, item in enumerate(str(v.value).split(","), 1):
+            if not item.strip():
+                continue  # tolerate "a=1,,b=2" and a trailing comma
+            key, eq, val = item.partition("=")
+            if not eq:
+                raise _error(v, f"header #{n} has no '='", "write key1=value1,key2=value2", False)
+            pairs.append((n, unquote(key).strip(), unquote(val).strip()))
+    out: dict[str, str] = {}
+    for n, key, val in pairs:
+        key = key.lower() if grpc else key  # gRPC metadata keys are lower case
+        if not (_GRPC_KEY if grpc else _HTTP_TOKEN).fullmatch(key) or grpc and key.endswith("-bin"):
+            raise _error(v, f"header #{n} has an empty or invalid name", "write key1=value1,key2=value2 with names "
+                         "of letters, digits and -_. (gRPC: not ending in -bin)", False)
+        if any(ord(c) < 32 or ord(c) == 127 for c in val):
+            raise _error(v, f"header #{n} has a control character in its value",
+                         "remove it (percent-encoded ones such as %0A too)", False)
+        out[key] = val
+    return tuple(out.items())
+
+
+def _timeout(look: _Lookup) -> float:
+    v = look.get("timeout_s", "TIMEOUT")
+    if v.value is None:
+        return DEFAULT_TIMEOUT_S
+    if v.source == "config":
+        seconds = v.value if isinstance(v.value, (int, float)) and not isinstance(v.value, bool) else math.nan
+        unit = "seconds, such as 10"
+    else:
+        try:
+            seconds = float(str(v.value)) / 1000.0
+        except ValueError:
+            seconds = math.nan
+        unit = "milliseconds, such as 10000"
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise _error(v, "not a positive number", f"write a timeout > 0 in {unit}")
+    return float(seconds)
+
+
+def _pem_file(look: _Lookup, field: str, var: str) -> _Value:
+    v = look.get(field, var)
+    if v.value is not None:
+        path = str(v.value)
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as exc:
+            raise _error(v, f"cannot read {path!r} ({exc.strerror or exc})", "give the path of a readable PEM file") \
+                from None
+    return v
+
+
+def resolve_settings(cfg: OtlpConfig, signal: str, environ: Mapping[str, str] = os.environ,
+                     names: Mapping[str, str] | None = None) -> OtlpSettings:
+    """Settings for `signal` from cfg, then the environment, then the defaults.
+
+    `names` maps an OtlpConfig field to how the user wrote it (--otlp-endpoint, exporter.otlp.endpoint) so errors
+    point at the right place. For gRPC, a certificate or client certificate with an http:// endpoint is accepted
+    but ignored: http:// means plaintext (spec: the scheme wins over every other TLS setting).
+    """
+    if signal not in SIGNALS:
+        raise ValueError(f"signal must be one of {SIGNALS}, not {signal!r}")
+    look = _Lookup(cfg, signal, environ, names or {})
+    protocol = _protocol(look)
+    if protocol == "grpc":
+        url, target, tls = _grpc_target(look)
+    else:
+        (url, tls), target = _http_url(look), ""
+    compression = look.get("compression", "COMPRESSION")
+    certificate = _pem_file(look, "certificate", "CERTIFICATE")
+    key = _pem_file(look, "client_key", "CLIENT_KEY")
+    cert = _pem_file(look, "client_certificate", "CLIENT_CERTIFICATE")
+    if (key.value is None) != (cert.value is None):
+        given, missing = (key, "client_certificate") if cert.value is None else (cert, "client_key")
+        raise _error(given, f"mTLS needs both a client key and a client certificate, but {missing} is not set",
+                     f"also set {look.name(missing)} (or OTEL_EXPORTER_OTLP_{missing.upper()}), or remove {given.name}")
+    return OtlpSettings(
+        signal=signal, protocol=protocol, url=url, target=target, tls=tls,
+        headers=_headers(look, grpc=protocol == "grpc"),
+        compression="none" if compression.value is None else _choice(compression, COMPRESSIONS),
+        timeout_s=_timeout(look),
+        certificate=None if certificate.value is None else str(certificate.value),
+        client_key=None if key.value is None else str(key.value),
+        client_certificate=None if cert.value is None else str(cert.value))
+
+
+def describe(settings: OtlpSettings) -> str:
+    """Short text for logs, e.g. "grpc localhost:4317 (TLS)". Never headers, user info or the query string:
+    they can hold API keys."""
+    where = settings.target
+    if settings.protocol != "grpc":
+        parts = urlsplit(settings.url)
+        host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname
+        where = f"{parts.scheme}://{host}{'' if parts.port is None else f':{parts.port}'}{parts.path}"
+    extra = "" if settings.compression == "none" else f", {settings.compression}"
+    return f"{settings.protocol} {where} ({'TLS' if settings.tls else 'plaintext'}{extra})"

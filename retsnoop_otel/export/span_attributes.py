@@ -1,0 +1,209 @@
+"""What a kernel session means as OpenTelemetry spans: names, attributes, statuses and timing.
+
+The one place that decides the content of exported spans; span_encoder writes it as OTLP bytes and
+the SDK-object oracle in tests/ builds the same spans from it, so the two cannot drift.
+
+Timing of spans rebuilt from the error chain only (no per-call records): the kernel keeps each
+level's latency but not its start time. An error travels upward as functions return, so each level
+returns shortly before its caller does; such spans are therefore right-aligned with their parent's
+end (start = parent end - latency, clamped to the parent's start) and marked
+retsnoop.start_estimated=true. Durations are exact unless clamped.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from retsnoop_otel import __version__
+from retsnoop_otel.capture.errnos import errno_name
+from retsnoop_otel.capture.model import Call, RetKind, Session, TracedFunc, error_type, format_result, signed_value
+from retsnoop_otel.render.lbr import export_lbr
+
+SCOPE_NAME = "retsnoop_otel"
+SCOPE_VERSION = __version__
+DEFAULT_MAX_SPANS = 4096  # per trace; a session's deeper calls beyond this are counted, not sent
+START_ESTIMATED = "retsnoop.start_estimated"
+RECORDS_LOST = "retsnoop.records_lost_before"
+UNKNOWN_ROOT_NAME = "unknown"
+
+FuncTable = Mapping[int, TracedFunc] | Sequence[TracedFunc]
+Attrs = dict[str, Any]
+Locate = Callable[[int], "tuple[str, int] | None"]  # function address -> (file, line) of its definition
+FormatArgs = Callable[[int, Any], list[str]]  # (function id, captured arguments) -> `name=value` strings
+
+
+class StatusCode(enum.IntEnum):
+    """opentelemetry.proto.trace.v1.Status.StatusCode."""
+
+    UNSET = 0
+    OK = 1
+    ERROR = 2
+
+
+@dataclass(frozen=True, slots=True)
+class SpanStatus:
+    code: StatusCode = StatusCode.UNSET
+    message: str = ""
+
+
+UNSET = SpanStatus()
+
+
+def lookup_func(funcs: FuncTable, func_id: int) -> TracedFunc:
+    try:
+        return funcs[func_id]
+    except (KeyError, IndexError):
+        return TracedFunc(func_id, f"func#{func_id}", 0, RetKind.UNKNOWN, False)
+
+
+def int64(value: int) -> int:
+    """OTLP integer attributes are int64: wrap unsigned 64-bit values the way C would."""
+    value &= (1 << 64) - 1
+    return value - (1 << 64) if value & (1 << 63) else value
+
+
+def func_attrs(func: TracedFunc, locate: Locate | None = None) -> Attrs:
+    """The attributes every span of `func` carries, whatever it returned (source location with DWARF)."""
+    attrs: Attrs = {"code.function.name": func.name, "retsnoop.return_kind": func.ret.value}
+    if locate is not None and func.addr:
+        where = locate(func.addr)
+        if where is not None:
+            attrs["code.file.path"], attrs["code.line.number"] = where
+    if func.module:
+        attrs["retsnoop.module"] = func.module
+    return attrs
+
+
+def return_attrs(kind: RetKind, raw: int | None, export_addresses: bool) -> tuple[Attrs, SpanStatus]:
+    """Attributes + status for a return of `raw` (None: the exit was not seen) from a `kind` function."""
+    if raw is None:
+        return {"retsnoop.incomplete": True}, UNSET
+    err = error_type(raw, kind)
+    text = format_result(raw, kind)
+    if kind is RetKind.POINTER and err is None and not export_addresses:
+        # a valid kernel pointer reveals the KASLR offset: say only that it is valid
+        return {"retsnoop.result": "non-NULL"}, UNSET
+    attrs: Attrs = {"retsnoop.result": text}
+    if kind is not RetKind.VOID:
+        attrs["retsnoop.return_value"] = int64(signed_value(raw, kind))
+    if err is None:
+        return attrs, UNSET
+    attrs["error.type"] = err
+    return attrs, SpanStatus(StatusCode.ERROR, text)
+
+
+def result_attrs(func: TracedFunc, raw: int | None, export_addresses: bool,
+                 locate: Locate | None = None) -> tuple[Attrs, SpanStatus]:
+    """Attributes + status of one call of `func` that returned `raw` (None: the exit was not seen)."""
+    attrs, status = return_attrs(func.ret, raw, export_addresses)
+    return {**func_attrs(func, locate), **attrs}, status
+
+
+def unknown_root() -> tuple[str, Attrs, SpanStatus]:
+    """Name, attributes and status of a root span whose entry function is not known."""
+    return UNKNOWN_ROOT_NAME, {"retsnoop.incomplete": True}, UNSET
+
+
+def call_attrs(call: Call, format_args: FormatArgs | None, lbr_at: Call | None, lbr: Attrs) -> Attrs:
+    """Attributes a call's span carries on top of its function's and result's (usually none)."""
+    attrs: Attrs = {RECORDS_LOST: call.missing_before} if call.missing_before else {}
+    if call.args and format_args is not None:
+        attrs["retsnoop.args"] = format_args(call.func_id, call.args)
+    if lbr and call is lbr_at:
+        attrs.update(lbr)
+    return attrs
+
+
+def split_root(session: Session) -> tuple[list[Call], int | None]:
+    """The calls shown under the root span, and the entry function's result (None: not known).
+
+    The root span stands for the entry call itself, so when the call records start with it, its
+    children become the root's children; the error chain supplies the result when no exit was seen.
+    """
+    top, entry_id = session.calls, session.entry_func_id
+    raw: int | None = None
+    known = False
+    if len(top) == 1 and top[0].func_id == entry_id:
+        raw, known = top[0].result, top[0].end_ns is not None
+        top = top[0].children
+    if not known and session.chain and session.chain[0].latency_ns is not None:
+        raw, known = session.chain[0].result, True
+    return top, raw if known else None
+
+
+def session_attrs(session: Session, symbolize: Callable[[int], str] | None, export_addresses: bool) -> Attrs:
+    """Root-span attributes describing the thread, process and kernel stack of the session."""
+    attrs: Attrs = {
+        "thread.id": session.tid,
+        "thread.name": session.comm,
+        "process.pid": session.pid,
+        "process.executable.name": session.proc_comm,
+        "retsnoop.cpu": session.cpu,
+    }
+    if session.dropped_records > 0:
+        attrs["retsnoop.dropped_records"] = session.dropped_records
+    if session.calls_cut > 0:
+        attrs["retsnoop.calls_cut"] = session.calls_cut
+    if session.kstack and (symbolize is not None or export_addresses):
+        if symbolize is None:
+            frames = [f"0x{addr:016x}" for addr in session.kstack]
+        elif export_addresses:
+            frames = [f"0x{addr:016x} {symbolize(addr)}" for addr in session.kstack]
+        else:
+            frames = [no_address(symbolize(addr), addr) for addr in session.kstack]
+        attrs["code.stacktrace"] = "\n".join(frames)
+    return attrs
+
+
+def lbr_attrs(session: Session, funcs: FuncTable, symbolize: Callable[[int], str] | None,
+              export_addresses: bool) -> Attrs:
+    """--lbr: the branch records as `retsnoop.lbr` (relevant ones, oldest first), or why there are none."""
+    cap = session.lbr
+    if cap is None:
+        return {}
+    if cap.error:
+        return {"retsnoop.lbr_error": errno_name(cap.error) or f"E{cap.error}"}
+    entries = export_lbr(cap, lookup_func(funcs, cap.func_id), symbolize, export_addresses)
+    return {"retsnoop.lbr": entries} if entries else {}
+
+
+def lbr_call(session: Session) -> Call | None:
+    """The call whose exit took the session's LBR snapshot, found by depth and exit time."""
+    cap = session.lbr
+    if cap is None:
+        return None
+    level = session.calls
+    for depth in range(cap.depth + 1):
+        here = [c for c in level if c.depth == depth and c.start_ns <= cap.exit_ns
+                and (c.end_ns is None or c.end_ns >= cap.exit_ns)]
+        if not here:
+            return None
+        call = here[-1]
+        if depth == cap.depth:
+            return call if call.func_id == cap.func_id and call.end_ns == cap.exit_ns else None
+        level = call.children
+    return None
+
+
+def no_address(frame: str, addr: int) -> str:
+    """Symbolizers print the bare address when no symbol covers it; that would leak the KASLR offset."""
+    return "[unknown]" if f"{addr:x}" in frame.lower() else frame
+
+
+def count_calls(calls: list[Call]) -> int:
+    total, stack = 0, list(calls)
+    while stack:
+        call = stack.pop()
+        total += 1
+        stack.extend(call.children)
+    return total
+
+
+def chain_span_times(parent_start: int, parent_end: int, latency_ns: int | None) -> tuple[int, int]:
+    """Start and end of an error-chain span inside its parent (right-aligned; see the module doc)."""
+    if latency_ns is None:
+        return parent_start, parent_end
+    return max(parent_start, parent_end - latency_ns), parent_end

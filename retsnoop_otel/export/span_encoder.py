@@ -1,0 +1,287 @@
+"""Sessions straight to OTLP protobuf bytes: the production span encoder.
+
+Building one SDK span object per kernel call and then one protobuf object per span costs about
+100 microseconds of CPU per span (bench/span_throughput.py); a busy host produces more calls than
+that allows. Here the wire format of opentelemetry.proto.trace.v1 is written by hand: everything
+that repeats (resource, scope, and per (function, raw result) the name, kind, attributes, status and
+flags of a span) is encoded once and cached as bytes, so a span costs a tree step, two ids, two
+timestamps and a join. What the spans say is decided in span_attributes.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import struct
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from retsnoop_otel.capture.errnos import MAX_ERRNO
+from retsnoop_otel.capture.model import Call, RetKind, Session
+from retsnoop_otel.export.protowire import I32, I64, LEN, VARINT, key_values, len_field, tag, varint
+from retsnoop_otel.export.span_attributes import (
+    DEFAULT_MAX_SPANS,
+    SCOPE_NAME,
+    SCOPE_VERSION,
+    START_ESTIMATED,
+    Attrs,
+    FormatArgs,
+    FuncTable,
+    Locate,
+    SpanStatus,
+    call_attrs,
+    chain_span_times,
+    count_calls,
+    func_attrs,
+    lbr_attrs,
+    lbr_call,
+    lookup_func,
+    return_attrs,
+    session_attrs,
+    split_root,
+    unknown_root,
+)
+
+# Entries kept per encoder cache; results like byte counts vary a lot, so the caches are bounded.
+_CACHE_LIMIT = 4096  # about 2.5 MB per encoder when all caches are full
+
+
+def _status(status: SpanStatus) -> bytes:
+    body = b""
+    if status.message:
+        body += len_field(2, status.message.encode())
+    if status.code:
+        body += tag(3, VARINT) + varint(status.code)
+    return len_field(15, body)  # always present, even UNSET (an empty message), as the SDK writes it
+
+
+_SPAN_STATIC = tag(6, VARINT) + varint(1)  # kind = SPAN_KIND_INTERNAL
+# SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK: our parents are never remote
+_SPAN_FLAGS = tag(16, I32) + struct.pack("<I", 0x100)
+# span_id, parent_span_id, start and end time: fixed-size fields packed in one call. Protobuf
+# fields may come in any order on the wire, so the layout puts all fixed-size parts together.
+_IDS_TIMES = struct.Struct("<HQHQBQBQ")
+_ROOT_IDS_TIMES = struct.Struct("<HQBQBQ")
+_SPAN_ID_TAG = int.from_bytes(tag(2, LEN) + b"\x08", "little")
+_PARENT_TAG = int.from_bytes(tag(4, LEN) + b"\x08", "little")
+_START_TAG, _END_TAG = tag(7, I64)[0], tag(8, I64)[0]
+_SPANS_TAG = tag(2, LEN)  # ScopeSpans.spans
+_TRACE_FIELD_SIZE = 2 + 16  # Span.trace_id: tag, length, 16 bytes
+_ESTIMATED = key_values(9, {START_ESTIMATED: True})
+
+
+def _span_constant(name: str, attrs: Attrs, status: SpanStatus) -> bytes:
+    """Every part of a Span that does not depend on ids and times."""
+    return len_field(5, name.encode()) + _SPAN_STATIC + key_values(9, attrs) + _status(status) + _SPAN_FLAGS
+
+
+def _valid_pointer(raw: int) -> bool:
+    """A non-NULL, non-ERR_PTR pointer: `is_failure` for POINTER, inlined for the cache-miss path."""
+    raw &= (1 << 64) - 1
+    return 0 < raw < (1 << 64) - MAX_ERRNO
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """The encoded resource and scope that the spans of a request are grouped under."""
+
+    resource: bytes  # Resource message body
+    resource_schema_url: str
+    scope: bytes  # InstrumentationScope message body
+    scope_schema_url: str
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedTrace:
+    """One session's spans, each a complete ScopeSpans.spans field; the root span comes first."""
+
+    envelope: Envelope
+    spans: list[bytes]
+    spans_dropped: int = 0  # calls left out by the per-trace span limit
+    trace_id: int = 0  # the spans' trace id (128 bits), for metric exemplars
+
+    def __len__(self) -> int:
+        return len(self.spans)
+
+    def split(self, count: int) -> tuple[EncodedTrace, EncodedTrace]:
+        """The first `count` spans and the rest; an export request must not exceed the batch size."""
+        return (EncodedTrace(self.envelope, self.spans[:count], self.spans_dropped, self.trace_id),
+                EncodedTrace(self.envelope, self.spans[count:], 0, self.trace_id))
+
+
+def make_envelope(resource: Mapping[str, Any], resource_schema_url: str = "", scope_name: str = SCOPE_NAME,
+                  scope_version: str = SCOPE_VERSION) -> Envelope:
+    """Encoded once per encoder: every request repeats the same resource and scope."""
+    scope_body = len_field(1, scope_name.encode())
+    if scope_version:
+        scope_body += len_field(2, scope_version.encode())
+    return Envelope(key_values(1, resource), resource_schema_url, scope_body, "")
+
+
+class SpanEncoder:
+    """Encodes sessions of one probe set as OTLP spans, caching encoded parts in bounded caches.
+
+    The function table must not change under an encoder (build a new one on reload). Not
+    thread-safe: use one per capture thread.
+    """
+
+    def __init__(self, funcs: FuncTable, envelope: Envelope, *,
+                 symbolize: Any = None, export_addresses: bool = False,
+                 max_spans: int = DEFAULT_MAX_SPANS, rng: random.Random | None = None,
+                 format_args: FormatArgs | None = None, locate: Locate | None = None) -> None:
+        self.funcs = funcs
+        self.locate = locate  # DWARF: code.file.path / code.line.number, looked up once per function
+        self.format_args = format_args  # -A: `name=value` strings, exported as retsnoop.args
+        self.envelope = envelope
+        self.symbolize = symbolize  # address -> 'name+0xoff' for code.stacktrace and retsnoop.lbr
+        self.export_addresses = export_addresses
+        self.max_spans = max(1, max_spans)
+        self._rng = rng or random.Random()
+        self._random64 = functools.partial(self._rng.getrandbits, 64)
+        # (function, raw result) -> (ScopeSpans.spans tag + Span length, constant part, Span length)
+        self._cache: dict[tuple[int, int | None], tuple[bytes, bytes, int]] = {}
+        self._func_parts: dict[int, tuple[bytes, RetKind]] = {}  # name, kind and function attributes
+        self._results: dict[tuple[RetKind, int | None], bytes] = {}  # result attributes, status, flags
+
+    def _constant(self, func_id: int, raw: int | None) -> tuple[bytes, bytes, int]:
+        """Encoded constant part of a span, the Span length it leads to without extra attributes, and the
+        field header (tag + length) for that length.
+
+        Cached per (function, raw result); the parts are cached per function and per (return kind,
+        result) so that a new result of a known function costs little.
+        """
+        part = self._func_parts.get(func_id)
+        if part is None:
+            if len(self._func_parts) >= _CACHE_LIMIT:
+                self._func_parts.clear()
+            part = self._func_parts[func_id] = self._func_part(func_id)
+        name_attrs, kind = part
+        key = (kind, 1 if kind is RetKind.POINTER and raw is not None and not self.export_addresses
+               and _valid_pointer(raw) else raw)  # any valid pointer is just "non-NULL"
+        result = self._results.get(key)
+        if result is None:
+            if len(self._results) >= _CACHE_LIMIT:
+                self._results.clear()
+            attrs, status = return_attrs(kind, key[1], self.export_addresses)
+            result = self._results[key] = key_values(9, attrs) + _status(status) + _SPAN_FLAGS
+        const = name_attrs + result
+        size = _TRACE_FIELD_SIZE + _IDS_TIMES.size + len(const)
+        hit = (_SPANS_TAG + varint(size), const, size)
+        if key[1] == raw:  # distinct pointers would only churn the cache
+            if len(self._cache) >= _CACHE_LIMIT:
+                self._cache.clear()  # bounded memory for a months-long run; refills from hot results
+            self._cache[(func_id, raw)] = hit
+        return hit
+
+    def _func_part(self, func_id: int) -> tuple[bytes, RetKind]:
+        func = lookup_func(self.funcs, func_id)
+        attrs = key_values(9, func_attrs(func, self.locate))
+        return len_field(5, func.name.encode()) + _SPAN_STATIC + attrs, func.ret
+
+    def _span_id(self) -> int:
+        sid = self._rng.getrandbits(64)
+        while not sid:
+            sid = self._rng.getrandbits(64)
+        return sid
+
+    def encode(self, session: Session, offset_ns: int) -> EncodedTrace:
+        """Spans of one session: root first, then depth-first, parents before children."""
+        trace_id = self._rng.getrandbits(128)
+        while not trace_id:
+            trace_id = self._rng.getrandbits(128)
+        trace_field = len_field(1, trace_id.to_bytes(16, "big"))
+        spans: list[bytes] = [b""]  # the root goes in last: its attributes count what the limit cut
+        root_id = self._span_id()
+        root_start, root_end = session.start_ns + offset_ns, session.end_ns + offset_ns
+        top, root_raw = split_root(session)
+        lbr = lbr_attrs(session, self.funcs, self.symbolize, self.export_addresses) if session.lbr else {}
+        lbr_root = bool(lbr) and session.lbr is not None and session.lbr.depth == 0
+        if session.calls:
+            dropped = self._calls(spans, trace_field, top, root_id, root_end, offset_ns,
+                                  lbr_call(session) if lbr and not lbr_root else None, lbr)
+        else:
+            dropped = self._chain(spans, trace_field, session, root_id, root_start, root_end,
+                                  {} if lbr_root else lbr)
+
+        entry_id = session.entry_func_id
+        if entry_id is None:
+            const = _span_constant(*unknown_root())
+        else:
+            const = self._constant(entry_id, root_raw)[1]
+        extra: Attrs = session_attrs(session, self.symbolize, self.export_addresses)
+        if lbr_root:
+            extra.update(lbr)
+        if dropped:
+            extra["retsnoop.spans_dropped"] = dropped
+        body = (trace_field + _ROOT_IDS_TIMES.pack(_SPAN_ID_TAG, root_id, _START_TAG, root_start, _END_TAG, root_end)
+                + const + key_values(9, extra))
+        spans[0] = _SPANS_TAG + varint(len(body)) + body
+        return EncodedTrace(self.envelope, spans, dropped, trace_id)
+
+    def _calls(self, spans: list[bytes], trace_field: bytes, top: list[Call], root_id: int, root_end: int,
+               offset: int, lbr_at: Call | None, lbr: Attrs) -> int:
+        """Appends the call tree below the root; returns how many calls the span limit left out."""
+        # Iterative pre-order walk: kernel call trees can be deep, and parents must precede children.
+        stack: list[tuple[Call, int, int]] = [(c, root_id, root_end) for c in reversed(top)]
+        pop, push, append = stack.pop, stack.append, spans.append
+        pack, constant, new_id, random64 = _IDS_TIMES.pack, self._constant, self._span_id, self._random64
+        cache, limit, dropped, format_args = self._cache, self.max_spans, 0, self.format_args
+        while stack:
+            call, parent, parent_end = pop()
+            if len(spans) >= limit:
+                dropped += 1 + count_calls(call.children)
+                continue
+            end = call.end_ns
+            key = (call.func_id, call.result if end is not None else None)
+            head, const, size = cache.get(key) or constant(*key)
+            start = call.start_ns + offset
+            end = end + offset if end is not None else max(parent_end, start)
+            sid = random64() or new_id()
+            ids_times = pack(_SPAN_ID_TAG, sid, _PARENT_TAG, parent, _START_TAG, start, _END_TAG, end)
+            if call.missing_before or (call.args and format_args is not None) or call is lbr_at:
+                extra = key_values(9, call_attrs(call, format_args, lbr_at, lbr))
+                append(b"".join((_SPANS_TAG, varint(size + len(extra)), trace_field, ids_times, const, extra)))
+            else:
+                append(b"".join((head, trace_field, ids_times, const)))
+            if call.children:
+                for child in reversed(call.children):
+                    push((child, sid, end))
+        return dropped
+
+    def _chain(self, spans: list[bytes], trace_field: bytes, session: Session, root_id: int, root_start: int,
+               root_end: int, lbr: Attrs) -> int:
+        """The error chain as nested spans right-aligned in their parents (see span_attributes)."""
+        parent, parent_start, parent_end = root_id, root_start, root_end
+        dropped = 0
+        lbr_depth = session.lbr.depth if lbr and session.lbr is not None else -1
+        for depth, level in enumerate(session.chain[1:], start=1):
+            if len(spans) >= self.max_spans:
+                dropped += 1
+                continue
+            start, end = chain_span_times(parent_start, parent_end, level.latency_ns)
+            const = self._constant(level.func_id, None if level.latency_ns is None else level.result)[1]
+            sid = self._span_id()
+            body = (trace_field + _IDS_TIMES.pack(_SPAN_ID_TAG, sid, _PARENT_TAG, parent, _START_TAG, start,
+                                                  _END_TAG, end) + const + _ESTIMATED
+                    + (key_values(9, lbr) if depth == lbr_depth and lbr else b""))
+            spans.append(_SPANS_TAG + varint(len(body)) + body)
+            parent, parent_start, parent_end = sid, start, end
+        return dropped
+
+
+def build_request(traces: Iterable[EncodedTrace]) -> bytes:
+    """One ExportTraceServiceRequest holding all spans, one ResourceSpans per distinct envelope."""
+    groups: dict[Envelope, list[bytes]] = {}
+    for trace in traces:
+        groups.setdefault(trace.envelope, []).extend(trace.spans)
+    out = []
+    for env, spans in groups.items():
+        scope_spans = len_field(1, env.scope) + b"".join(spans)
+        if env.scope_schema_url:
+            scope_spans += len_field(3, env.scope_schema_url.encode())
+        resource_spans = len_field(1, env.resource) + len_field(2, scope_spans)
+        if env.resource_schema_url:
+            resource_spans += len_field(3, env.resource_schema_url.encode())
+        out.append(len_field(1, resource_spans))
+    return b"".join(out)

@@ -1,0 +1,56 @@
+"""libbpf's BPF ring buffer consumer: one Python callback per record the BPF side submitted."""
+
+from __future__ import annotations
+
+import ctypes
+import errno as _errno
+from collections.abc import Callable
+
+from retsnoop_otel.kernel import libbpf as lb
+
+_SAMPLE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+
+# name -> (restype, argtypes) of every function this module calls.
+SIGNATURES: dict[str, tuple[object, list[object]]] = {
+    "ring_buffer__new": (ctypes.c_void_p, [ctypes.c_int, _SAMPLE_FN, ctypes.c_void_p, ctypes.c_void_p]),
+    "ring_buffer__poll": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int]),
+    "ring_buffer__free": (None, [ctypes.c_void_p]),
+}
+
+
+class RingBuffer:
+    """Consumes a BPF ring buffer map, calling `callback(bytes)` for each record.
+
+    An exception raised by the callback stops the poll and is re-raised from poll(): it cannot
+    cross libbpf's C frames.
+    """
+
+    def __init__(self, map_fd: int, callback: Callable[[bytes], None]) -> None:
+        self._callback = callback
+        self._error: BaseException | None = None
+        self._cb = _SAMPLE_FN(self._on_sample)  # referenced for as long as libbpf may call it
+        ptr = lb.lib().lib.ring_buffer__new(map_fd, self._cb, None, None)
+        self._ptr: int | None = lb.check_ptr(ptr, "create ring buffer consumer")
+
+    def _on_sample(self, _ctx: int, data: int, size: int) -> int:
+        try:
+            self._callback(ctypes.string_at(data, size))
+        except BaseException as exc:  # noqa: BLE001 - carried across the C frame, re-raised in poll()
+            self._error = exc
+            return -1
+        return 0
+
+    def poll(self, timeout_ms: int) -> int:
+        """Records consumed (0 on timeout or EINTR)."""
+        rc = lb.lib().lib.ring_buffer__poll(self._ptr, timeout_ms)
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+        if rc < 0 and rc != -_errno.EINTR:
+            raise lb.fail("poll ring buffer", -rc)
+        return max(rc, 0)
+
+    def free(self) -> None:
+        if self._ptr:
+            lb.lib().lib.ring_buffer__free(self._ptr)
+            self._ptr = None

@@ -1,0 +1,250 @@
+"""The kernel-side metric families of every probe set, read from the BPF maps at scrape time.
+
+Nothing is updated per event: the collector asks each probe set for its aggregates when Prometheus
+scrapes, so the cost follows the scrape rate, not the event rate. Each family is built once per
+scrape with one `probe_set` label value per set, so several probe sets never repeat a family.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.samples import Exemplar
+from prometheus_client.utils import floatToGoString
+
+from retsnoop_otel.capture.model import CaptureStats, FuncStats, ProgramStats, SessionStats, TracedFunc
+from retsnoop_otel.metrics.series import SeriesLimiter
+
+FuncTable = Mapping[int, TracedFunc] | Sequence[TracedFunc]
+
+
+class ProbeSetSource(Protocol):
+    """What the collector reads of one running probe set (runtime.probe_set.ProbeSet)."""
+
+    name: str
+    funcs: FuncTable
+    mode: str  # attach mode
+    attached: int
+    sampled_out: int
+    filtered_out: int
+    evicted: int
+
+    def func_stats(self) -> Iterable[FuncStats]: ...
+
+    def session_stats(self) -> Iterable[SessionStats]: ...
+
+    def capture_stats(self) -> CaptureStats: ...
+
+    def program_stats(self) -> Iterable[ProgramStats]: ...
+
+
+@dataclass(slots=True)
+class _Merged:
+    calls: int
+    errors: dict[str, int]
+    buckets: list[int]
+    sum_ns: int
+
+
+def bucket_bounds_seconds(count: int) -> list[str]:
+    """`le` labels for log2 ns buckets: bucket i is [2^i, 2^(i+1)) ns, so its upper bound is 2^(i+1) ns.
+
+    The kernel's last bucket is open-ended (it also holds everything longer), so it has no finite
+    bound of its own and is covered only by +Inf.
+    """
+    return list(_bounds(count))
+
+
+@functools.cache
+def _bounds(count: int) -> tuple[str, ...]:
+    """Formatted once per bucket count: formatting them per histogram was a third of a scrape's collect()."""
+    return (*(floatToGoString(2 ** (i + 1) / 1e9) for i in range(count - 1)), "+Inf")
+
+
+def func_label(funcs: FuncTable, func_id: int) -> str:
+    """The `function`/`entry_function` label of a function id (same-named instances share it)."""
+    try:
+        return funcs[func_id].name
+    except (KeyError, IndexError):
+        return f"func#{func_id}"
+
+
+def read_bpf_stats_enabled(root: str = "/") -> bool:
+    """kernel.bpf_stats_enabled; False when unreadable (the kernel then keeps run_cnt/run_time_ns still).
+
+    Statistics enabled through a BPF_ENABLE_STATS file descriptor (bpftop) do not show in the sysctl.
+    """
+    try:
+        with open(os.path.join(root, "proc/sys/kernel/bpf_stats_enabled")) as f:
+            return f.read().strip() not in ("", "0")
+    except OSError:
+        return False
+
+
+def _cumulative(buckets: Sequence[int]) -> list[int]:
+    total, out = 0, []
+    for n in buckets:
+        total += n
+        out.append(total)
+    return out
+
+
+def _buckets_with_exemplars(cumulative: Sequence[int], exemplars: Mapping[int, Exemplar]
+                            ) -> list[tuple[str, float] | tuple[str, float, Exemplar]]:
+    """(le, count[, exemplar]) per bucket; only OpenMetrics renders the exemplars."""
+    out: list[tuple[str, float] | tuple[str, float, Exemplar]] = []
+    for i, (le, n) in enumerate(zip(_bounds(len(cumulative)), cumulative, strict=True)):
+        ex = exemplars.get(i)
+        out.append((le, n) if ex is None else (le, n, ex))
+    return out
+
+
+def _merge_funcs(stats: Iterable[FuncStats], funcs: FuncTable, label: Callable[[str], str] | None
+                 ) -> dict[str, _Merged]:
+    """One series per function name: same-named instances (e.g. in two modules) are summed, and so are
+    the functions the limiter's allow-list leaves out."""
+    merged: dict[str, _Merged] = {}
+    for s in stats:
+        name = func_label(funcs, s.func_id)
+        if label is not None:
+            name = label(name)
+        m = merged.get(name)
+        if m is None:
+            merged[name] = _Merged(s.calls, dict(s.errors), list(s.duration_buckets), s.duration_sum_ns)
+            continue
+        m.calls += s.calls
+        m.sum_ns += s.duration_sum_ns
+        for err, n in s.errors.items():
+            m.errors[err] = m.errors.get(err, 0) + n
+        if len(s.duration_buckets) > len(m.buckets):
+            m.buckets.extend([0] * (len(s.duration_buckets) - len(m.buckets)))
+        for i, n in enumerate(s.duration_buckets):
+            m.buckets[i] += n
+    return merged
+
+
+def _merge_sessions(stats: Iterable[SessionStats], funcs: FuncTable) -> dict[str, _Merged]:
+    merged: dict[str, _Merged] = {}
+    for s in stats:
+        m = merged.setdefault(func_label(funcs, s.entry_func_id),
+                              _Merged(0, {"error": 0}, [0] * len(s.duration_buckets), 0))
+        m.calls += s.sessions
+        m.errors["error"] += s.error_sessions
+        m.sum_ns += s.duration_sum_ns
+        for i, n in enumerate(s.duration_buckets):
+            m.buckets[i] += n
+    return merged
+
+
+class KernelCollector(Collector):
+    """Per-probe-set families, from callables that return the current probe sets; holds no metric state."""
+
+    def __init__(self, probe_sets: Callable[[], Sequence[ProbeSetSource]], *,
+                 stats_enabled: Callable[[], bool] = read_bpf_stats_enabled,
+                 exemplars: Callable[[str, str], Mapping[int, Exemplar]] | None = None,
+                 limiter: Callable[[str], SeriesLimiter | None] | None = None) -> None:
+        """`exemplars(probe_set, entry_function)`: bucket index -> exemplar of the session duration histogram;
+        `limiter(probe_set)`: keeps the function and error_type label sets within configured bounds."""
+        self._probe_sets = probe_sets
+        self._stats_enabled = stats_enabled
+        self._exemplars = exemplars
+        self._limiter = limiter
+
+    def collect(self) -> Iterator[Metric]:
+        sets = list(self._probe_sets())
+        stats_on = self._stats_enabled()
+        yield from self._functions(sets)
+        yield from self._sessions(sets)
+        yield from self._programs(sets, stats_on)
+        yield from self._capture(sets)
+
+    def _functions(self, sets: Sequence[ProbeSetSource]) -> Iterator[Metric]:
+        calls = CounterMetricFamily("retsnoop_function_calls", "Calls of a traced kernel function",
+                                    labels=["probe_set", "function"])
+        errors = CounterMetricFamily("retsnoop_function_errors",
+                                     "Failing returns of a traced kernel function, by error type",
+                                     labels=["probe_set", "function", "error_type"])
+        durations = HistogramMetricFamily("retsnoop_function_duration_seconds",
+                                          "Duration of traced kernel function calls", labels=["probe_set", "function"])
+        for ps in sets:
+            limiter = self._limiter(ps.name) if self._limiter is not None else None
+            merged = _merge_funcs(ps.func_stats(), ps.funcs, limiter.function if limiter is not None else None)
+            for name, m in sorted(merged.items()):
+                calls.add_metric([ps.name, name], m.calls)
+                errs = limiter.errors(name, m.errors) if limiter is not None else m.errors
+                for err, n in sorted(errs.items()):
+                    errors.add_metric([ps.name, name, err], n)
+                if m.buckets:
+                    cum = _cumulative(m.buckets)
+                    durations.add_metric([ps.name, name], list(zip(_bounds(len(cum)), cum, strict=True)),
+                                         m.sum_ns / 1e9)
+        yield calls
+        yield errors
+        yield durations
+
+    def _sessions(self, sets: Sequence[ProbeSetSource]) -> Iterator[Metric]:
+        outcomes = CounterMetricFamily("retsnoop_sessions", "Entry-function sessions by outcome (error: the "
+                                       "entry function returned an error)",
+                                       labels=["probe_set", "entry_function", "outcome"])
+        durations = HistogramMetricFamily("retsnoop_session_duration_seconds", "Duration of entry-function sessions",
+                                          labels=["probe_set", "entry_function"])
+        for ps in sets:
+            for name, m in sorted(_merge_sessions(ps.session_stats(), ps.funcs).items()):
+                outcomes.add_metric([ps.name, name, "error"], m.errors["error"])
+                outcomes.add_metric([ps.name, name, "success"], m.calls - m.errors["error"])
+                exemplars = self._exemplars(ps.name, name) if self._exemplars is not None else {}
+                durations.add_metric([ps.name, name], _buckets_with_exemplars(_cumulative(m.buckets), exemplars),
+                                     m.sum_ns / 1e9)
+        yield outcomes
+        yield durations
+
+    def _programs(self, sets: Sequence[ProbeSetSource], enabled: bool) -> Iterator[Metric]:
+        """BPF program cost. While statistics are off the kernel's counters stand still, so the run families
+        carry no samples then: a flat series would read as "costs nothing" rather than "not measured"."""
+        runs = CounterMetricFamily("retsnoop_bpf_program_runs", "Runs of retsnoop's BPF programs (kernel bpf_stats; "
+                                   "only while kernel.bpf_stats_enabled=1)", labels=["probe_set", "program"])
+        seconds = CounterMetricFamily("retsnoop_bpf_program_run_seconds", "Time spent in retsnoop's BPF programs "
+                                      "(kernel bpf_stats; only while kernel.bpf_stats_enabled=1)",
+                                      labels=["probe_set", "program"])
+        if enabled:
+            for ps in sets:
+                for p in ps.program_stats():
+                    runs.add_metric([ps.name, p.name], p.run_cnt)
+                    seconds.add_metric([ps.name, p.name], p.run_time_ns / 1e9)
+        yield runs
+        yield seconds
+
+    def _capture(self, sets: Sequence[ProbeSetSource]) -> Iterator[Metric]:
+        specs = (("retsnoop_sessions_dropped", "Sessions lost in the kernel (sessions map full or end record lost)",
+                  "dropped_sessions"),
+                 ("retsnoop_sessions_incomplete", "Sessions that lost per-call records or had mismatched exits",
+                  "incomplete_sessions"),
+                 ("retsnoop_records_lost", "Per-call records lost in the kernel (ring buffer full)", "dropped_records"),
+                 ("retsnoop_sessions_started", "Entry-function sessions started", "sessions_started"),
+                 ("retsnoop_sessions_reported", "Sessions sent to user space", "sessions_reported"))
+        families = [CounterMetricFamily(name, doc, labels=["probe_set"]) for name, doc, _ in specs]
+        attached = GaugeMetricFamily("retsnoop_attached_functions", "Kernel functions attached, by probe set "
+                                     "and attach mode", labels=["probe_set", "mode"])
+        not_exported = CounterMetricFamily("retsnoop_sessions_not_exported", "Sessions captured but not exported, "
+                                           "by reason (sampled: successful session not sampled; filtered: error "
+                                           "filter)", labels=["probe_set", "reason"])
+        evicted = CounterMetricFamily("retsnoop_sessions_evicted", "Half-assembled sessions dropped in user space "
+                                      "because too many threads had one open at once", labels=["probe_set"])
+        for ps in sets:
+            cap = ps.capture_stats()
+            for fam, (_, _, attr) in zip(families, specs, strict=True):
+                fam.add_metric([ps.name], getattr(cap, attr))
+            attached.add_metric([ps.name, ps.mode], ps.attached)
+            not_exported.add_metric([ps.name, "sampled"], ps.sampled_out)
+            not_exported.add_metric([ps.name, "filtered"], ps.filtered_out)
+            evicted.add_metric([ps.name], ps.evicted)
+        yield from families
+        yield attached
+        yield not_exported
+        yield evicted

@@ -1,0 +1,56 @@
+"""The families that describe the run as a whole: export counters, reloads, build, BPF statistics switch.
+
+Emitted once per scrape, whatever the number of probe sets; the process families (CPU, memory,
+file descriptors) come from prometheus_client's own ProcessCollector next to this one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from retsnoop_otel import __version__
+from retsnoop_otel.metrics.kernel_families import read_bpf_stats_enabled
+
+
+@dataclass(frozen=True)
+class RunCounters:
+    """A snapshot of the run's own counters, taken at scrape time."""
+
+    spans_exported: int = 0
+    spans_dropped: Mapping[str, int] = field(default_factory=dict)  # cause -> spans
+    export_errors: int = 0
+    session_errors: int = 0
+    reloads: Mapping[str, int] = field(default_factory=lambda: {"success": 0, "failure": 0})
+
+
+class RuntimeCollector(Collector):
+    def __init__(self, counters: Callable[[], RunCounters],
+                 stats_enabled: Callable[[], bool] = read_bpf_stats_enabled) -> None:
+        self._counters = counters
+        self._stats_enabled = stats_enabled
+
+    def collect(self) -> Iterator[Metric]:
+        c = self._counters()
+        yield CounterMetricFamily("retsnoop_spans_exported", "Spans accepted by the exporters", value=c.spans_exported)
+        dropped = CounterMetricFamily("retsnoop_spans_dropped", "Spans not exported, by cause", labels=["cause"])
+        for cause, n in sorted(c.spans_dropped.items()):
+            dropped.add_metric([cause], n)
+        yield dropped
+        yield CounterMetricFamily("retsnoop_export_errors", "Failed export requests", value=c.export_errors)
+        yield CounterMetricFamily("retsnoop_session_errors", "Sessions that could not be turned into spans",
+                                  value=c.session_errors)
+        reloads = CounterMetricFamily("retsnoop_config_reloads", "Config reloads (SIGHUP) by result",
+                                      labels=["result"])
+        for result in ("success", "failure"):
+            reloads.add_metric([result], c.reloads.get(result, 0))
+        yield reloads
+        yield GaugeMetricFamily("retsnoop_agent_up", "1 while retsnoop-otel runs", value=1)
+        yield GaugeMetricFamily("retsnoop_bpf_stats_enabled", "1 while the kernel counts BPF program runs and run "
+                                "time (sysctl kernel.bpf_stats_enabled)", value=int(self._stats_enabled()))
+        info = GaugeMetricFamily("retsnoop_build_info", "retsnoop-otel version", labels=["version"])
+        info.add_metric([__version__], 1)
+        yield info

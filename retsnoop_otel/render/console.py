@@ -1,0 +1,68 @@
+"""One session as the text people read on a terminal (retsnoop's layouts) or as one JSON object.
+
+retsnoop's order: the call table (-T), then the LBR block, then the stack (the default view, or
+under the table with -E). -A adds each error-chain function's arguments under the stack.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from retsnoop_otel.capture.errnos import errno_name
+from retsnoop_otel.capture.model import Session, TracedFunc, error_type, format_result
+from retsnoop_otel.render.calls import ArgsFormatter, render_calls, render_chain_args
+from retsnoop_otel.render.lbr import render_session_lbr
+from retsnoop_otel.render.stack import render_header, render_stack
+from retsnoop_otel.symbols.symbolize import Symbolizer
+
+
+def session_text(session: Session, funcs: Mapping[int, TracedFunc], symbolizer: Symbolizer, offset_ns: int, *,
+                 calls_view: bool, call_stack: bool = False, fmt_args: ArgsFormatter | None = None,
+                 lbr_max_count: int = 0) -> str:
+    """`calls_view`: the -T table (with the stack under it when `call_stack`); else the stack view."""
+    lbr = render_session_lbr(session, funcs, symbolizer, lbr_max_count) if session.lbr is not None else ""
+    if not calls_view:
+        text = render_stack(session, funcs, symbolizer, offset_ns)
+        if lbr:
+            head, _, rows = text.partition("\n\n")
+            text = head + "\n\n" + lbr + "\n" + rows
+        if fmt_args is not None and session.calls:
+            text = text.rstrip("\n") + "\n\n" + render_chain_args(session, funcs, fmt_args) + "\n"
+        return text
+    parts = [render_header(session, offset_ns) + "\n\n", render_calls(session, funcs, fmt_args)]
+    if lbr:
+        parts.append("\n" + lbr)
+    if call_stack:
+        stack = render_stack(session, funcs, symbolizer, offset_ns)
+        parts.append("\n" + stack.split("\n", 2)[2] if stack.count("\n") >= 2 else stack)
+    else:
+        parts.append("\n\n")
+    return "".join(parts)
+
+
+def session_json(session: Session, funcs: Mapping[int, TracedFunc], offset_ns: int) -> dict[str, Any]:
+    """--json: one object per session, with wall-clock nanoseconds and the error chain."""
+    chain = []
+    for e in session.chain:
+        f = funcs[e.func_id]
+        chain.append({"function": f.name, "latency_ns": e.latency_ns,
+                      "result": format_result(e.result if e.latency_ns is not None else None, f.ret),
+                      "error": error_type(e.result, f.ret) if e.latency_ns is not None else None})
+    out: dict[str, Any] = {
+        "tid": session.tid, "pid": session.pid, "comm": session.comm, "proc_comm": session.proc_comm,
+        "start_ns": session.start_ns + offset_ns, "end_ns": session.end_ns + offset_ns,
+        "is_err": session.is_err, "chain": chain, "dropped_records": session.dropped_records}
+    if session.lbr is not None:
+        out["lbr"] = _lbr_json(session, funcs)
+    return out
+
+
+def _lbr_json(session: Session, funcs: Mapping[int, TracedFunc]) -> dict[str, object]:
+    """Raw branch pairs for scripts (this output stays on the host, like the text view)."""
+    cap = session.lbr
+    assert cap is not None
+    func = funcs.get(cap.func_id)
+    return {"function": func.name if func else None, "depth": cap.depth,
+            "error": (errno_name(cap.error) or f"E{cap.error}") if cap.error else None,
+            "branches": [{"from": f"0x{b.src:x}", "to": f"0x{b.dst:x}"} for b in cap.branches]}

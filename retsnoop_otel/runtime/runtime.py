@@ -1,0 +1,403 @@
+"""The one capture runtime behind `trace` and `agent`: inputs, kernel environment, probe sets, poll loop, sinks.
+
+Phases, in the order that keeps a refused run from leaving anything behind: `check_inputs` (pure:
+globs, cgroups, vmlinux, OTLP settings), `open` (binds /metrics, opens files and exporters),
+`load_env` (privileges, then the kernel's facts), `resolve` (discovery per probe set, nothing
+attached), `attach`. `start` runs them all; `trace` runs them one by one to print between them.
+`reload` builds a whole new set of the changed parts and swaps it in only once it is attached, so a
+bad new config leaves the old one running. Everything that touches the kernel, the network or the
+clock comes in through RuntimeDeps, so the lifecycle runs in unit tests without a kernel.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from prometheus_client import CollectorRegistry, ProcessCollector
+
+from retsnoop_otel.capture.model import CaptureStats, Session
+from retsnoop_otel.export.otlp_settings import OtlpSettings
+from retsnoop_otel.export.resource import Resource, build_resource
+from retsnoop_otel.export.senders import Sender, build_sender
+from retsnoop_otel.metrics.kernel_families import KernelCollector, read_bpf_stats_enabled
+from retsnoop_otel.metrics.runtime_families import RunCounters, RuntimeCollector
+from retsnoop_otel.metrics.series import SeriesBounds, SeriesLimiter
+from retsnoop_otel.metrics.server import ListenError, MetricsServer
+from retsnoop_otel.runtime.config import RuntimeConfig, SymbolsConfig
+from retsnoop_otel.runtime.environment import (
+    KernelEnv,
+    cgroup_target,
+    check_privileges,
+    find_vmlinux,
+    load_kernel_env,
+)
+from retsnoop_otel.runtime.errors import InputError, SetupError
+from retsnoop_otel.runtime.logs import EventLog
+from retsnoop_otel.runtime.probe_set import ProbeSet, TracerFactory, real_tracer_factory, resolve, start_probe_sets
+from retsnoop_otel.runtime.sinks import ExportTotals, Sinks, otlp_settings
+from retsnoop_otel.symbols import discovery
+
+POLL_MS = 100
+SHUTDOWN_FLUSH_S = 5.0
+HOUSEKEEPING_S = 60.0  # clock offset re-measurement and the periodic loss summary
+Resolved = list[tuple[Any, discovery.Discovery]]
+
+
+def _boot_to_wall_offset() -> int:
+    from retsnoop_otel.capture.clock import measure_boot_to_wall_offset
+    return measure_boot_to_wall_offset()
+
+
+@dataclass
+class RuntimeDeps:
+    """Everything that touches the kernel, the network, the clock or the host's files."""
+
+    load_env: Callable[[SymbolsConfig, str | None, tuple[str, str | None] | None], KernelEnv] = load_kernel_env
+    find_vmlinux: Callable[[SymbolsConfig, str], str | None] = find_vmlinux
+    check_privileges: Callable[[], None] = check_privileges
+    tracer_factory: TracerFactory = real_tracer_factory
+    make_sender: Callable[[OtlpSettings], Sender] = build_sender
+    boot_to_wall_offset: Callable[[], int] = _boot_to_wall_offset
+    make_resource: Callable[[], Resource] = build_resource
+    console: TextIO = field(default_factory=lambda: sys.stdout)
+    monotonic: Callable[[], float] = time.monotonic
+    environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
+    root: str = "/"  # where /proc is read for the process and BPF statistics metrics
+
+
+class Runtime:
+    def __init__(self, config: RuntimeConfig, deps: RuntimeDeps | None = None, log: EventLog | None = None) -> None:
+        self.config = config
+        self.deps = deps or RuntimeDeps()
+        self.log = log or EventLog(level="error")
+        self.env: KernelEnv | None = None
+        self.vmlinux: str | None = None
+        self.probe_sets: list[ProbeSet] = []
+        self.sinks: Sinks | None = None
+        self.server: MetricsServer | None = None
+        self.metrics_push: Any = None  # export.metrics_push.OtlpMetricsPusher when metrics.otlp is set
+        self.reloads = {"success": 0, "failure": 0}
+        self.session_errors = 0
+        self.reloading = False
+        self._lock = threading.RLock()  # guards probe_sets/sinks against the scrape thread
+        self._resource: Resource | None = None
+        self._offset_ns = 0
+        self.last_poll = self.deps.monotonic()
+        self._next_housekeeping = 0.0
+        self._reported: dict[str, int] = {}
+        self._limiters: dict[str, SeriesLimiter] = {}  # per probe set: which error types got own series
+
+    # ---- phases ----------------------------------------------------------------------------------
+
+    def check_inputs(self, cfg: RuntimeConfig | None = None) -> str | None:
+        """What can be checked without side effects; returns the DWARF vmlinux to use."""
+        cfg = cfg or self.config
+        for ps in cfg.probe_sets:
+            try:
+                for glob in discovery.expand_glob_args([*ps.entry, *ps.allow, *ps.deny]):
+                    discovery.parse_glob(glob)
+            except discovery.DiscoveryError as exc:
+                raise InputError(str(exc), ps.name) from None
+            if ps.cgroup:
+                try:
+                    cgroup_target(ps.cgroup, cfg.names.cgroup, self.deps.root)
+                except InputError as exc:
+                    raise exc.for_set(ps.name) from None
+        if cfg.exporter.otlp is not None:
+            otlp_settings(cfg.exporter.otlp, "traces", cfg.names.otlp, self.deps.environ)
+        if cfg.metrics.otlp is not None:
+            otlp_settings(cfg.metrics.otlp, "metrics", cfg.names.metrics_otlp, self.deps.environ)
+        return self.deps.find_vmlinux(cfg.symbols, cfg.names.vmlinux)
+
+    def open(self) -> None:
+        """Inputs checked, /metrics bound and outputs opened: everything short of the kernel."""
+        cfg = self.config
+        self.vmlinux = self.check_inputs()
+        self._offset_ns = self.deps.boot_to_wall_offset()
+        self._resource = self.deps.make_resource()
+        try:
+            self.server = self._serve(cfg)
+            self.sinks = self._sinks(cfg)
+        except BaseException:
+            self.shutdown(0.0)
+            raise
+
+    def load_env(self) -> KernelEnv:
+        self.deps.check_privileges()
+        self.env = self._load_env(self.config, self.vmlinux)
+        return self.env
+
+    def _load_env(self, cfg: RuntimeConfig, vmlinux: str | None) -> KernelEnv:
+        lbr = next(((cfg.names.lbr, ps.name) for ps in cfg.probe_sets if ps.lbr_branch_types), None)
+        return self.deps.load_env(cfg.symbols, vmlinux, lbr)
+
+    def resolve(self, cfg: RuntimeConfig | None = None, env: KernelEnv | None = None) -> Resolved:
+        """Every probe set's functions and attach mode; all resolve before anything is attached."""
+        cfg, env = cfg or self.config, env or self.env
+        assert env is not None, "load_env() first"
+        return [(ps, resolve(ps, env, cfg.names)) for ps in cfg.probe_sets]
+
+    def attach(self, found: Resolved) -> None:
+        cfg = self.config
+        assert self.env is not None
+        try:
+            sets = start_probe_sets(found, self.env, cfg.limits, self.deps.tracer_factory, self._on_session,
+                                    cfg.names)
+        except BaseException:
+            self.shutdown(0.0)
+            raise
+        with self._lock:
+            self.probe_sets = sets
+        try:
+            self.metrics_push = self._metrics_push(cfg)
+        except BaseException:
+            self.shutdown(0.0)
+            raise
+        self.last_poll = self.deps.monotonic()
+        self._next_housekeeping = self.last_poll + HOUSEKEEPING_S
+
+    def start(self) -> None:
+        """All phases; on failure nothing is left attached, listening or open."""
+        self.open()
+        try:
+            self.load_env()
+            self.attach(self.resolve())
+        except BaseException:
+            self.shutdown(0.0)
+            raise
+
+    # ---- the parts -------------------------------------------------------------------------------
+
+    def registry(self) -> CollectorRegistry:
+        """The families /metrics serves: every probe set's, the run's own, and the process's (CPU, memory)."""
+        registry = CollectorRegistry(auto_describe=True)  # private (no global state); described, so name[] works
+        registry.register(KernelCollector(lambda: list(self.probe_sets), stats_enabled=self._stats_enabled,
+                                          exemplars=self._exemplars, limiter=self.series_limiter))
+        registry.register(RuntimeCollector(self.counters, stats_enabled=self._stats_enabled))
+        registry.register(ProcessCollector(proc=os.path.join(self.deps.root, "proc"), registry=None))
+        return registry
+
+    def _serve(self, cfg: RuntimeConfig) -> MetricsServer | None:
+        if cfg.metrics.port is None:
+            return None
+        try:
+            return MetricsServer(cfg.metrics.host, cfg.metrics.port, self.registry(), self.health,
+                                 setting=cfg.names.listen)
+        except ListenError as exc:
+            raise SetupError(str(exc)) from None
+
+    def _sinks(self, cfg: RuntimeConfig) -> Sinks:
+        assert self._resource is not None
+        return Sinks(cfg.exporter, cfg.limits, self._resource, self.deps.console, self.deps.make_sender, cfg.names,
+                     self.deps.environ)
+
+    def _metrics_push(self, cfg: RuntimeConfig) -> Any:
+        """metrics.otlp: the /metrics families pushed every otlp_interval seconds (the same collectors)."""
+        if cfg.metrics.otlp is None:
+            return None
+        from retsnoop_otel.export.metrics_push import OtlpMetricsPusher
+        settings = otlp_settings(cfg.metrics.otlp, "metrics", cfg.names.metrics_otlp, self.deps.environ)
+        kernel = KernelCollector(lambda: list(self.probe_sets), stats_enabled=self._stats_enabled,
+                                 limiter=self.series_limiter)
+        own = RuntimeCollector(self.counters, stats_enabled=self._stats_enabled)
+
+        def collect() -> list:
+            with self._lock:
+                return [*kernel.collect(), *own.collect()]
+
+        assert self._resource is not None
+        return OtlpMetricsPusher(collect, self.deps.make_sender(settings), self._resource.attributes,
+                                 cfg.metrics.otlp_interval_s).start()
+
+    def _stats_enabled(self) -> bool:
+        return read_bpf_stats_enabled(self.deps.root)
+
+    def _exemplars(self, probe_set: str, entry_function: str) -> dict:
+        sinks = self.sinks
+        return sinks.exemplars.for_histogram(probe_set, entry_function) if sinks is not None else {}
+
+    def series_limiter(self, probe_set: str) -> SeriesLimiter | None:
+        """The label bounds of metrics, kept across scrapes (a new one when the bounds change on reload)."""
+        m = self.config.metrics
+        bounds = SeriesBounds(m.max_error_types, m.functions)
+        if bounds == SeriesBounds():
+            return None
+        lim = self._limiters.get(probe_set)
+        if lim is None or lim.bounds != bounds:
+            lim = self._limiters[probe_set] = SeriesLimiter(bounds)
+        return lim
+
+    def counters(self) -> RunCounters:
+        sinks = self.sinks
+        t = sinks.totals() if sinks is not None else ExportTotals()
+        return RunCounters(t.spans_exported, dict(t.spans_dropped), t.export_errors, self.session_errors,
+                           dict(self.reloads))
+
+    # ---- running ---------------------------------------------------------------------------------
+
+    def poll_once(self) -> None:
+        sets = self.probe_sets
+        per_set = max(1, POLL_MS // max(1, len(sets)))
+        for ps in sets:
+            ps.poll(per_set)
+        now = self.deps.monotonic()
+        self.last_poll = now
+        if now >= self._next_housekeeping:
+            self._next_housekeeping = now + HOUSEKEEPING_S
+            self._housekeeping()
+
+    def _on_session(self, ps: ProbeSet, session: Session) -> None:
+        sinks = self.sinks
+        if sinks is None:
+            return
+        try:
+            sinks.emit(ps, session, self._offset_ns)
+        except Exception as exc:  # noqa: BLE001 - one bad session must not stop capture
+            self.session_errors += 1
+            if self.session_errors == 1:
+                self.log.error("failed to output a session (further failures are counted in "
+                               "retsnoop_session_errors_total)", probe_set=ps.name, error=repr(exc))
+
+    def capture_totals(self) -> CaptureStats:
+        """The kernel's loss counters summed over probe sets (read before detaching)."""
+        total = CaptureStats()
+        for ps in self.probe_sets:
+            c = ps.capture_stats()
+            total = CaptureStats(*(a + b for a, b in zip(
+                (total.dropped_sessions, total.incomplete_sessions, total.dropped_records, total.sessions_started,
+                 total.sessions_reported),
+                (c.dropped_sessions, c.incomplete_sessions, c.dropped_records, c.sessions_started,
+                 c.sessions_reported), strict=True)))
+        return total
+
+    def reload(self, cfg: RuntimeConfig) -> bool:
+        """Apply a new config; on any error keep what runs now. Returns success."""
+        old = self.config
+        self.reloading = True
+        new_server = new_sinks = env = None
+        new_sets: list[ProbeSet] = []
+        try:
+            vmlinux = self.check_inputs(cfg)
+            if (cfg.metrics.host, cfg.metrics.port, cfg.names.listen) != (
+                    old.metrics.host, old.metrics.port, old.names.listen):
+                new_server = self._serve(cfg)
+            if (cfg.exporter, cfg.limits) != (old.exporter, old.limits):
+                new_sinks = self._sinks(cfg)
+            env = self._load_env(cfg, vmlinux)
+            found = self.resolve(cfg, env)
+            new_sets = start_probe_sets(found, env, cfg.limits, self.deps.tracer_factory, self._on_session, cfg.names)
+        except Exception as exc:  # noqa: BLE001 - whatever fails, the running config stays
+            for part in (new_server, env):
+                if part is not None:
+                    part.close()
+            if new_sinks is not None:
+                new_sinks.close(0.0)
+            self.reloading = False
+            self.reloads["failure"] += 1
+            self.log.error("config reload failed; the previous config keeps running", error=str(exc))
+            return False
+        with self._lock:  # the new sets are attached: now drain and detach the old ones
+            old_sets, self.probe_sets = self.probe_sets, new_sets
+            old_env, self.env, self.vmlinux = self.env, env, vmlinux
+            old_sinks = old_server = None
+            if new_sinks is not None:
+                old_sinks, self.sinks = self.sinks, new_sinks
+            if new_server is not None:
+                old_server, self.server = self.server, new_server
+            self.config = cfg
+            for ps in old_sets:
+                self._drain_and_close(ps)
+        for part in (old_env, old_server):
+            if part is not None:
+                part.close()
+        if old_sinks is not None:
+            old_sinks.close(SHUTDOWN_FLUSH_S)
+        if (cfg.metrics.otlp, cfg.metrics.otlp_interval_s) != (old.metrics.otlp, old.metrics.otlp_interval_s):
+            if self.metrics_push is not None:
+                self.metrics_push.stop(final_push=True)
+            self.metrics_push = None
+            try:
+                self.metrics_push = self._metrics_push(cfg)
+            except Exception as exc:  # noqa: BLE001 - capture goes on without the push
+                self.log.error("OTLP metrics export not started", error=str(exc))
+        self.reloads["success"] += 1
+        self.reloading = False
+        self.last_poll = self.deps.monotonic()
+        return True
+
+    def _drain_and_close(self, ps: ProbeSet) -> None:
+        try:
+            ps.poll(0)  # sessions already in the ring buffer still go out
+        except Exception as exc:  # noqa: BLE001 - detaching matters more than the last records
+            self.log.warning("could not drain probe set before detaching", probe_set=ps.name, error=str(exc))
+        ps.close()
+
+    def shutdown(self, flush_s: float) -> None:
+        """Detach everything, flush the exporters within `flush_s`, stop listening. Idempotent."""
+        if self.metrics_push is not None:  # last push while the kernel maps still hold the counts
+            push, self.metrics_push = self.metrics_push, None
+            push.stop(final_push=flush_s > 0)
+        with self._lock:
+            sets, self.probe_sets = self.probe_sets, []
+            for ps in sets:
+                self._drain_and_close(ps)
+        if sets:
+            self.log.info("detached", probe_sets=len(sets))
+        if self.sinks is not None:
+            sinks, self.sinks = self.sinks, None
+            exporting, t0 = bool(sinks.exporters), time.monotonic()
+            sinks.close(flush_s)
+            t = sinks.totals()
+            if exporting:
+                self.log.info("exporters flushed", seconds=round(time.monotonic() - t0, 3),
+                              spans_exported=t.spans_exported, spans_dropped=sum(t.spans_dropped.values()))
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+        if self.env is not None:
+            self.env.close()
+            self.env = None
+
+    # ---- observability ---------------------------------------------------------------------------
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        age = self.deps.monotonic() - self.last_poll
+        status = "reloading" if self.reloading else ("ok" if age < self.config.metrics.stall_after_s else "stalled")
+        sets = list(self.probe_sets)
+        return status != "stalled", {
+            "status": status,
+            "probe_sets": [{"name": ps.name, "mode": ps.cfg.mode, "attach_mode": ps.mode,
+                            "attached_functions": ps.attached} for ps in sets],
+            "attached_functions": sum(ps.attached for ps in sets),
+            "last_poll_age_s": round(age, 3),
+            "reloads": dict(self.reloads),
+        }
+
+    def _housekeeping(self) -> None:
+        """Re-measure the clock offset (NTP steps) and log losses that grew since the last summary."""
+        try:
+            self._offset_ns = self.deps.boot_to_wall_offset()
+        except RuntimeError as exc:
+            self.log.warning("clock offset not re-measured", error=str(exc))
+        losses: dict[str, int] = {}
+        with self._lock:
+            for ps in self.probe_sets:
+                try:
+                    cap = ps.capture_stats()
+                except Exception:  # noqa: BLE001 - a summary is not worth failing the loop
+                    continue
+                losses[f"{ps.name}.sessions_dropped"] = cap.dropped_sessions
+                losses[f"{ps.name}.records_lost"] = cap.dropped_records
+            if self.sinks is not None:
+                for cause, n in self.sinks.totals().spans_dropped.items():
+                    losses[f"spans_dropped.{cause}"] = n
+        grown = {k: v - self._reported.get(k, 0) for k, v in losses.items() if v > self._reported.get(k, 0)}
+        self._reported.update(losses)
+        if grown:
+            self.log.warning("data lost since the last summary", **grown)

@@ -1,0 +1,170 @@
+"""Where kept sessions go, for both commands: console text or JSON, Chrome trace JSON, OTLP exporters.
+
+Built before anything is loaded into the kernel, so that building them is the check of their
+inputs: an OTLP setting that cannot work, or a file that cannot be written, stops the run with one
+line. OTLP exporters sit behind bounded queues (the network never blocks capture); a trace handed
+to an exporter also leaves its id as a metrics exemplar.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from retsnoop_otel.capture.model import Session
+from retsnoop_otel.export.otlp_settings import OtlpConfig, OtlpConfigError, OtlpSettings, resolve_settings
+from retsnoop_otel.export.otlp_sink import OtlpTraceSink
+from retsnoop_otel.export.resource import Resource
+from retsnoop_otel.export.senders import OtlpJsonFileSender, Sender
+from retsnoop_otel.export.span_encoder import SpanEncoder, make_envelope
+from retsnoop_otel.metrics.exemplars import ExemplarStore
+from retsnoop_otel.metrics.kernel_families import func_label
+from retsnoop_otel.runtime.config import AGENT_NAMES, ExporterConfig, InputNames, Limits
+from retsnoop_otel.runtime.environment import name_it
+from retsnoop_otel.runtime.errors import InputError
+
+SenderFactory = Callable[[OtlpSettings], Sender]
+
+
+def otlp_settings(cfg: OtlpConfig, signal: str, names: Mapping[str, str],
+                  environ: Mapping[str, str] = os.environ) -> OtlpSettings:
+    """The one endpoint check: config, then OTEL_EXPORTER_OTLP_* variables, as the specification orders them."""
+    try:
+        return resolve_settings(cfg, signal, environ, names)
+    except OtlpConfigError as exc:
+        raise InputError(str(exc)) from None
+
+
+@dataclass
+class ExportTotals:
+    spans_exported: int = 0
+    spans_dropped: dict[str, int] = field(default_factory=dict)
+    export_errors: int = 0
+
+
+class _SetOutputs:
+    """Per probe set: its span encoder and argument formatters (a reload builds new probe sets)."""
+
+    def __init__(self, ps: Any, cfg: ExporterConfig, limits: Limits, resource: Resource) -> None:
+        from functools import partial
+
+        from retsnoop_otel.symbols.symbolize import definition
+        self.fmt_args = self.export_args = None
+        if ps.arg_descs and ps.btf is not None:
+            from retsnoop_otel.symbols.args import ArgFormatter
+            self.fmt_args = ArgFormatter(ps.btf, ps.arg_descs).format
+            # exported data leaves the host: pointers inside arguments would reveal the KASLR offset
+            self.export_args = ArgFormatter(ps.btf, ps.arg_descs, show_pointers=cfg.export_addresses).format
+        self.encoder = SpanEncoder(ps.funcs, make_envelope(resource.attributes, resource.schema_url),
+                                   symbolize=ps.symbolizer.describe, locate=partial(definition, ps.symbolizer),
+                                   export_addresses=cfg.export_addresses, max_spans=limits.max_spans_per_trace,
+                                   format_args=self.export_args)
+
+
+class Sinks:
+    """The configured destinations of kept sessions."""
+
+    def __init__(self, cfg: ExporterConfig, limits: Limits, resource: Resource, console: TextIO,
+                 make_sender: SenderFactory, names: InputNames = AGENT_NAMES,
+                 environ: Mapping[str, str] = os.environ) -> None:
+        self.cfg = cfg
+        self.limits = limits
+        self._resource = resource
+        self._console = console if cfg.console is not None else None
+        self.exporters: list[OtlpTraceSink] = []
+        self.span_limit_dropped = 0
+        self.exemplars = ExemplarStore()
+        self._per_set: weakref.WeakKeyDictionary[Any, _SetOutputs] = weakref.WeakKeyDictionary()
+        self._final: ExportTotals | None = None  # counters at close, when the exporters are gone
+        self.trace_json = None
+        try:
+            if cfg.otlp is not None:
+                settings = otlp_settings(cfg.otlp, "traces", names.otlp, environ)
+                self.exporters.append(OtlpTraceSink(make_sender(settings), max_queue_spans=limits.export_queue_spans))
+            if cfg.file is not None:
+                self.exporters.append(OtlpTraceSink(_open(cfg.file, names.file, OtlpJsonFileSender),
+                                                    max_queue_spans=limits.export_queue_spans))
+            if cfg.trace_json is not None:
+                from retsnoop_otel.render.trace_json import TraceJsonWriter
+                self.trace_json = _open(cfg.trace_json, names.trace_json, TraceJsonWriter)
+        except BaseException:
+            self.close(0.0)
+            raise
+
+    def _outputs(self, ps: Any) -> _SetOutputs:
+        out = self._per_set.get(ps)
+        if out is None:
+            out = self._per_set[ps] = _SetOutputs(ps, self.cfg, self.limits, self._resource)
+        return out
+
+    def emit(self, ps: Any, session: Session, offset_ns: int) -> None:
+        out = self._outputs(ps)
+        if self._console is not None:
+            self._console.write(self._text(ps, out, session, offset_ns))
+            self._console.flush()
+        if self.trace_json is not None and session.calls:
+            self.trace_json.add(session, ps.funcs, offset_ns)
+            self.trace_json.flush()
+        if not self.exporters:
+            return
+        trace = out.encoder.encode(session, offset_ns)
+        self.span_limit_dropped += trace.spans_dropped + session.calls_cut  # both: the per-trace span limit
+        accepted = [sink.submit(trace) for sink in self.exporters]
+        if any(accepted) and session.entry_func_id is not None:  # an exemplar must lead to a trace that exists
+            self.exemplars.record(ps.name, func_label(ps.funcs, session.entry_func_id),
+                                  session.end_ns - session.start_ns, trace.trace_id, session.end_ns + offset_ns)
+
+    def _text(self, ps: Any, out: _SetOutputs, session: Session, offset_ns: int) -> str:
+        from retsnoop_otel.render.console import session_json, session_text
+        console = self.cfg.console
+        assert console is not None
+        if console.format == "json":
+            text = json.dumps(session_json(session, ps.funcs, offset_ns)) + "\n"
+        else:
+            calls_view = console.view == "calls" or (console.view == "auto" and ps.cfg.mode == "calls"
+                                                     and bool(session.calls))
+            text = session_text(session, ps.funcs, ps.symbolizer, offset_ns, calls_view=calls_view,
+                                call_stack=console.call_stack, fmt_args=out.fmt_args,
+                                lbr_max_count=console.lbr_max_count)
+        return f"[{ps.name}] {text}" if console.prefix else text
+
+    def totals(self) -> ExportTotals:
+        if self._final is not None:
+            return self._final
+        t = ExportTotals()
+        for sink in self.exporters:
+            s = sink.stats()
+            t.spans_exported += s.spans_exported
+            t.export_errors += s.export_errors
+            for cause, n in s.spans_dropped.items():
+                t.spans_dropped[cause] = t.spans_dropped.get(cause, 0) + n
+        if self.span_limit_dropped:
+            t.spans_dropped["span_limit"] = t.spans_dropped.get("span_limit", 0) + self.span_limit_dropped
+        return t
+
+    def last_errors(self) -> list[str]:
+        return [s.last_error for s in self.exporters if s.last_error]
+
+    def close(self, timeout: float) -> None:
+        """Flush within `timeout` in total (shared by the exporters), then stop them."""
+        deadline = time.monotonic() + timeout
+        for sink in self.exporters:
+            sink.shutdown(timeout=max(0.0, deadline - time.monotonic()))
+        self._final = self.totals()
+        self.exporters = []
+        if self.trace_json is not None:
+            self.trace_json.close()
+            self.trace_json = None
+
+
+def _open(path: str, name: str, opener: Callable[[str], Any]) -> Any:
+    """A file output opened now: an unwritable path is the user's input error, said before any attach."""
+    try:
+        return opener(path)
+    except OSError as exc:
+        raise InputError(name_it(name, f"{path}: {exc.strerror or exc}; give a writable file")) from None

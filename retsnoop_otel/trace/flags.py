@@ -1,0 +1,244 @@
+"""`retsnoop-otel trace` flags, retsnoop's, and their translation into one ad-hoc probe set.
+
+The flags become the same RuntimeConfig the agent reads from its file: one probe set, console
+output in retsnoop's layouts, optional OTLP export and /metrics. Bad flags end here with one line
+and exit code 2, before anything else runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import NoReturn
+
+from retsnoop_otel.capture.errfilter import ErrorFilter
+from retsnoop_otel.capture.sampling import Sampling
+from retsnoop_otel.capture.sessions import DEFAULT_MAX_CALLS
+from retsnoop_otel.export.otlp_settings import OtlpConfig
+from retsnoop_otel.runtime.config import (
+    ConsoleConfig,
+    ExporterConfig,
+    InputNames,
+    Limits,
+    MetricsConfig,
+    ProbeSetConfig,
+    RuntimeConfig,
+    SymbolsConfig,
+)
+
+TRACE_NAMES = InputNames(
+    otlp=MappingProxyType({"endpoint": "--otlp-endpoint", "protocol": "--otlp-protocol"}),
+    listen="--metrics-port", trace_json="--trace-json", vmlinux="-k", cgroup="--cgroup", lbr="--lbr",
+    attach_mode="-F/-K/-M")
+C_KEYS = ("bpf.ringbuf-size", "bpf.sessions-size", "calls.max-per-session")
+
+
+def _positive_ms(text: str) -> int:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number of milliseconds") from None
+    if not value > 0 or value * 1_000_000 >= 1 << 63:
+        raise argparse.ArgumentTypeError("-L/--longer needs a positive number of milliseconds")
+    return int(value * 1_000_000)
+
+
+def _pid(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 1 << 31:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a process id")
+    return int(text)
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a TCP port (1..65535)")
+    return int(text)
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """Bad flags get one line on stderr (argparse's default repeats a many-line usage first).
+
+    Like getopt (and so retsnoop), a flag that takes a value takes the next word even when it starts
+    with '-': `-x -ENOMEM` works, where argparse alone would call it a missing value.
+    """
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def]
+        words = list(sys.argv[1:] if args is None else args)
+        takes_value = {opt for a in self._actions if a.nargs is None and a.option_strings
+                       for opt in a.option_strings}
+        joined: list[str] = []
+        i = 0
+        while i < len(words):
+            if words[i] in takes_value and i + 1 < len(words) and words[i + 1].startswith("-"):
+                joined.append(f"{words[i]}={words[i + 1]}")
+                i += 2
+                continue
+            joined.append(words[i])
+            i += 1
+        return super().parse_known_args(joined, namespace)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
+def build_parser(prog: str = "retsnoop-otel trace") -> OneLineErrorParser:
+    p = OneLineErrorParser(
+        prog=prog,
+        description="Trace kernel functions the way retsnoop does: sessions start at entry functions "
+                    "(-e) and record the allowed functions (-a) they call; failing sessions print the "
+                    "deepest error call chain. Optionally export sessions as OpenTelemetry traces and "
+                    "serve Prometheus metrics.")
+    sel = p.add_argument_group("function selection")
+    sel.add_argument("-e", "--entry", action="append", default=[], metavar="GLOB",
+                     help="entry function glob ('func', 'func [module]', ':path/*.c' or @file); repeatable")
+    sel.add_argument("-a", "--allow", action="append", default=[], metavar="GLOB",
+                     help="other functions to record inside sessions; repeatable")
+    sel.add_argument("-d", "--deny", action="append", default=[], metavar="GLOB",
+                     help="functions never to trace (wins over -e and -a); repeatable")
+    mode = sel.add_mutually_exclusive_group()
+    mode.add_argument("-F", "--fentries", dest="mode", action="store_const", const="fentry",
+                      help="attach with fentry/fexit")
+    mode.add_argument("-K", "--kprobes", dest="mode", action="store_const", const="kprobe",
+                      help="attach with kprobe/kretprobe")
+    mode.add_argument("-M", "--kprobes-multi", dest="mode", action="store_const", const="kprobe_multi",
+                      help="attach with kprobe.multi/kretprobe.multi")
+    out = p.add_argument_group("what to capture and show")
+    out.add_argument("-S", "--success-stacks", action="store_true", help="report sessions without errors too")
+    out.add_argument("-T", "--trace", dest="calls", action="store_true",
+                     help="record and print every traced call (function call trace)")
+    out.add_argument("-E", "--call-stack", action="store_true",
+                     help="print the call stack too when -T is given")
+    out.add_argument("--json", action="store_true", help="print one JSON object per session")
+    out.add_argument("-A", "--capture-args", action="store_true",
+                     help="capture function arguments (BTF-typed; off by default: kernel memory can hold secrets)")
+    out.add_argument("--trace-json", metavar="FILE", help="write -T sessions as Chrome trace-event JSON (Perfetto)")
+    out.add_argument("-B", "--lbr", action="append", nargs="?", const="any_return", metavar="SPEC",
+                     help="capture last branch records at the deepest failing function (any, any_call, "
+                          "any_return (default), cond, call, ind_call, ind_jump, call_stack, abort_tx, in_tx, "
+                          "no_tx, or a number); needs a CPU exposing LBR")
+    out.add_argument("--lbr-max-count", type=int, default=None, metavar="N",
+                     help="show at most N LBR records")
+    out.add_argument("-k", "--kernel", metavar="VMLINUX", help="vmlinux with DWARF for source lines")
+    out.add_argument("-s", "--symbolize", action="count", default=None,
+                     help="-s: source lines, -ss: also inlined functions (default when DWARF is found)")
+    out.add_argument("-sn", dest="symbolize", action="store_const", const=0, help="no DWARF symbolization")
+    flt = p.add_argument_group("filters")
+    flt.add_argument("-x", "--allow-errors", action="append", default=[], metavar="ERR",
+                     help="report only sessions with these errors (EINVAL, -ENOMEM, NULL, any)")
+    flt.add_argument("-X", "--deny-errors", action="append", default=[], metavar="ERR",
+                     help="never report sessions with these errors (wins over -x)")
+    flt.add_argument("-p", "--pid", action="append", default=[], type=_pid, help="only this process id")
+    flt.add_argument("-P", "--no-pid", action="append", default=[], type=_pid, help="not this process id")
+    flt.add_argument("-n", "--comm", action="append", default=[], help="only threads with this name")
+    flt.add_argument("-N", "--no-comm", action="append", default=[], help="not threads with this name")
+    flt.add_argument("-L", "--longer", type=_positive_ms, default=0, metavar="MS",
+                     help="only sessions whose entry function ran at least MS milliseconds")
+    flt.add_argument("--cgroup", metavar="PATH", help="only tasks in this cgroup (v2 path) or below it")
+    exp = p.add_argument_group("export")
+    exp.add_argument("--otlp-endpoint", metavar="URL",
+                     help="export sessions as OTLP traces (default: OTEL_EXPORTER_OTLP_* variables)")
+    exp.add_argument("--otlp-protocol", choices=("grpc", "http/protobuf"), help="OTLP protocol")
+    exp.add_argument("--export-addresses", action="store_true",
+                     help="include raw kernel addresses in exported data (they reveal the KASLR offset)")
+    exp.add_argument("--metrics-port", type=_port, metavar="PORT", help="serve Prometheus metrics on PORT")
+    exp.add_argument("--metrics-addr", default="0.0.0.0", metavar="ADDR", help="metrics listen address")
+    exp.add_argument("--probe-set", default="default", help="probe set label on metrics")
+    misc = p.add_argument_group("misc")
+    misc.add_argument("--dry-run", action="store_true", help="discover functions, attach nothing")
+    misc.add_argument("-C", "--config", action="append", default=[], metavar="KEY=VALUE",
+                      help=", ".join(f"{k}=N" for k in C_KEYS))
+    misc.add_argument("-v", "--verbose", action="count", default=0, help="-v, -vv, -vvv: more details")
+    misc.add_argument("-V", "--version", action="store_true", help="print version (-Vv: and kernel features)")
+    return p
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    """What one `trace` command line asks for: the runtime's config and how to present the run."""
+
+    config: RuntimeConfig
+    dry_run: bool = False
+    verbose: int = 0
+    version: bool = False
+
+
+def _c_values(parser: argparse.ArgumentParser, items: Sequence[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep:
+            parser.error(f"-C expects KEY=VALUE, got '{item}'")
+        if key not in C_KEYS:
+            parser.error(f"unknown -C key '{key}' (known: {', '.join(C_KEYS)})")
+        try:
+            number = int(value.strip(), 0)
+        except ValueError:
+            parser.error(f"-C {key} expects an integer, got '{value.strip()}'")
+        if not 0 < number < 1 << 32:
+            parser.error(f"-C {key} must be positive (and below 2^32)")
+        out[key] = number
+    return out
+
+
+def otlp_requested(args: argparse.Namespace, environ: Mapping[str, str]) -> bool:
+    return bool(args.otlp_endpoint or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+                or environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+
+
+def parse(argv: Sequence[str], environ: Mapping[str, str] = os.environ,
+          parser: argparse.ArgumentParser | None = None) -> TraceRequest:
+    """The request of a command line; bad flags exit(2) with one line on stderr."""
+    parser = parser or build_parser()
+    args = parser.parse_args(list(argv))
+    if args.version:
+        return TraceRequest(RuntimeConfig(probe_sets=()), verbose=args.verbose, version=True)
+    if not args.entry:
+        parser.error("at least one entry glob is needed: -e GLOB (for example -e '*sys_bpf')")
+    if args.success_stacks and args.allow_errors:
+        parser.error("-S (success sessions) conflicts with -x (only sessions with given errors)")
+    try:
+        errors = ErrorFilter.parse(args.allow_errors, args.deny_errors)
+    except ValueError as exc:
+        parser.error(str(exc))
+    c = _c_values(parser, args.config)
+    lbr_flags = 0
+    if args.lbr is not None:
+        from retsnoop_otel.kernel.lbr import LbrError, parse_specs
+        try:
+            lbr_flags = parse_specs(args.lbr)
+        except LbrError as exc:
+            parser.error(str(exc))
+    if args.lbr_max_count is not None and (args.lbr is None or args.lbr_max_count <= 0):
+        parser.error("--lbr-max-count needs --lbr and a positive count")
+    if not args.probe_set or len(args.probe_set) > 64:
+        parser.error("--probe-set needs a name of 1 to 64 characters")
+    otlp = otlp_requested(args, environ)
+    success = args.success_stacks or (args.calls and not args.allow_errors)
+    probe_set = ProbeSetConfig(
+        name=args.probe_set, entry=tuple(args.entry), allow=tuple(args.allow), deny=tuple(args.deny),
+        mode="calls" if args.calls or otlp or args.trace_json else "stack", attach_mode=args.mode or "auto",
+        pids=tuple(args.pid), no_pids=tuple(args.no_pid), comms=tuple(args.comm), no_comms=tuple(args.no_comm),
+        cgroup=args.cgroup, min_duration_ns=args.longer, errors=errors,
+        sampling=Sampling(success_probability=1.0) if success else Sampling(), lbr_branch_types=lbr_flags,
+        capture_args=args.capture_args)
+    level = args.symbolize
+    config = RuntimeConfig(
+        probe_sets=(probe_set,),
+        exporter=ExporterConfig(
+            otlp=OtlpConfig(endpoint=args.otlp_endpoint, protocol=args.otlp_protocol) if otlp else None,
+            console=ConsoleConfig(format="json" if args.json else "text", view="calls" if args.calls else "stack",
+                                  call_stack=args.call_stack, lbr_max_count=args.lbr_max_count or 0),
+            trace_json=args.trace_json, export_addresses=args.export_addresses),
+        metrics=MetricsConfig(host=args.metrics_addr, port=args.metrics_port),
+        limits=Limits(max_calls_per_session=c.get("calls.max-per-session", DEFAULT_MAX_CALLS),
+                      ringbuf_size=c.get("bpf.ringbuf-size", Limits.ringbuf_size),
+                      max_sessions=c.get("bpf.sessions-size", Limits.max_sessions)),
+        symbols=SymbolsConfig(vmlinux=args.kernel or ("auto" if level != 0 else None), source_lines=level != 0,
+                              inlines=level is None or level >= 2),
+        names=TRACE_NAMES)
+    return TraceRequest(config, dry_run=args.dry_run, verbose=args.verbose)

@@ -1,0 +1,190 @@
+"""Test oracle: the spans of a session built as OpenTelemetry SDK objects, encoded by the SDK.
+
+The production path (retsnoop_otel.export.span_encoder) writes OTLP bytes by hand for speed; this
+builds the same spans the slow, obvious way (ReadableSpan objects from span_attributes, then the
+SDK's own encoder) so tests can compare the two request by request. Only the random ids differ.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.sdk.resources import Resource as SdkResource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace.status import Status, StatusCode
+
+from retsnoop_otel.capture.model import Call, Session
+from retsnoop_otel.export.resource import Resource
+from retsnoop_otel.export.span_attributes import (
+    DEFAULT_MAX_SPANS,
+    SCOPE_NAME,
+    SCOPE_VERSION,
+    START_ESTIMATED,
+    Attrs,
+    FormatArgs,
+    FuncTable,
+    Locate,
+    SpanStatus,
+    call_attrs,
+    chain_span_times,
+    count_calls,
+    lbr_attrs,
+    lbr_call,
+    lookup_func,
+    result_attrs,
+    session_attrs,
+    split_root,
+    unknown_root,
+)
+
+SCOPE = InstrumentationScope(SCOPE_NAME, SCOPE_VERSION)
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+
+
+def sdk_status(status: SpanStatus) -> Status:
+    return Status(StatusCode(int(status.code)), status.message or None)
+
+
+def sdk_resource(resource: Resource | None) -> SdkResource:
+    return SdkResource(dict(resource.attributes), resource.schema_url or None) if resource else SdkResource({})
+
+
+class _Builder:
+    """Accumulates the spans of one trace, enforcing the per-trace span limit."""
+
+    def __init__(self, rng: random.Random, resource: SdkResource, offset_ns: int, max_spans: int) -> None:
+        self.rng, self.resource, self.offset_ns, self.max_spans = rng, resource, offset_ns, max_spans
+        self.trace_id = self._nonzero(128)
+        self.spans: list[ReadableSpan] = []
+        self.dropped = 0
+
+    def _nonzero(self, bits: int) -> int:
+        while True:
+            if value := self.rng.getrandbits(bits):
+                return value
+
+    def context(self) -> SpanContext:
+        return SpanContext(self.trace_id, self._nonzero(64), is_remote=False, trace_flags=_SAMPLED)
+
+    def add(self, name: str, ctx: SpanContext, parent: SpanContext | None, start: int, end: int, attrs: Attrs,
+            status: SpanStatus) -> None:
+        self.spans.append(ReadableSpan(
+            name=name, context=ctx, parent=parent, resource=self.resource, attributes=attrs,
+            kind=SpanKind.INTERNAL, status=sdk_status(status), start_time=start, end_time=end,
+            instrumentation_scope=SCOPE))
+
+
+def session_to_spans(session: Session, funcs: FuncTable, offset_ns: int, resource: Resource | None = None,
+                     symbolize: Callable[[int], str] | None = None, export_addresses: bool = False,
+                     max_spans: int = DEFAULT_MAX_SPANS, rng: random.Random | None = None,
+                     locate: Locate | None = None, format_args: FormatArgs | None = None) -> list[ReadableSpan]:
+    """Root span first (the entry function), then the others depth-first, parents before children."""
+    b = _Builder(rng or random.Random(), sdk_resource(resource), offset_ns, max(1, max_spans))
+
+    def result(func_id: int, raw: int | None) -> tuple[Attrs, SpanStatus]:
+        return result_attrs(lookup_func(funcs, func_id), raw, export_addresses, locate)
+
+    root_start, root_end = session.start_ns + offset_ns, session.end_ns + offset_ns
+    top, root_raw = split_root(session)
+    if session.entry_func_id is None:
+        name, attrs, status = unknown_root()
+    else:
+        attrs, status = result(session.entry_func_id, root_raw)
+        name = lookup_func(funcs, session.entry_func_id).name
+    attrs = {**attrs, **session_attrs(session, symbolize, export_addresses)}
+    lbr = lbr_attrs(session, funcs, symbolize, export_addresses)
+    lbr_at = lbr_call(session) if session.calls else None
+    if lbr and session.lbr is not None and session.lbr.depth == 0:
+        attrs.update(lbr)  # the entry function's own exit took it: the root span stands for that call
+        lbr = {}
+    root_ctx = b.context()
+    b.spans.append(None)  # type: ignore[arg-type]  # the root goes in last: it counts what the limit cut
+    if session.calls:
+        stack: list[tuple[Call, SpanContext, int]] = [(c, root_ctx, root_end) for c in reversed(top)]
+        while stack:
+            call, parent_ctx, parent_end = stack.pop()
+            if len(b.spans) >= b.max_spans:
+                b.dropped += 1 + count_calls(call.children)
+                continue
+            base, st = result(call.func_id, call.result if call.end_ns is not None else None)
+            start = call.start_ns + offset_ns
+            end = call.end_ns + offset_ns if call.end_ns is not None else max(parent_end, start)
+            ctx = b.context()
+            b.add(lookup_func(funcs, call.func_id).name, ctx, parent_ctx, start, end,
+                  {**base, **call_attrs(call, format_args, lbr_at, lbr)}, st)
+            stack.extend((c, ctx, end) for c in reversed(call.children))
+    else:
+        parent_ctx, parent_start, parent_end = root_ctx, root_start, root_end
+        lbr_depth = session.lbr.depth if session.lbr is not None and lbr else -1
+        for depth, level in enumerate(session.chain[1:], start=1):
+            if len(b.spans) >= b.max_spans:
+                b.dropped += 1
+                continue
+            start, end = chain_span_times(parent_start, parent_end, level.latency_ns)
+            base, st = result(level.func_id, None if level.latency_ns is None else level.result)
+            ctx = b.context()
+            b.add(lookup_func(funcs, level.func_id).name, ctx, parent_ctx, start, end,
+                  {**base, START_ESTIMATED: True, **(lbr if depth == lbr_depth and lbr else {})}, st)
+            parent_ctx, parent_start, parent_end = ctx, start, end
+    if b.dropped:
+        attrs["retsnoop.spans_dropped"] = b.dropped
+    children, b.spans = b.spans[1:], []
+    b.add(name, root_ctx, None, root_start, root_end, attrs, status)
+    return b.spans + children
+
+
+def sdk_request(spans: Iterable[ReadableSpan]) -> ExportTraceServiceRequest:
+    """The SDK's own encoding of spans, to compare with what the production encoder writes."""
+    return encode_spans(list(spans))
+
+
+def request_to_spans(body: bytes) -> list[dict[str, Any]]:
+    """Spans of a serialized request as plain dicts (name, ids, parent, times, attributes, status)."""
+    request = ExportTraceServiceRequest.FromString(body)
+    out = []
+    for rs in request.resource_spans:
+        resource = attributes(rs.resource.attributes)
+        for ss in rs.scope_spans:
+            for s in ss.spans:
+                out.append({"name": s.name, "trace_id": int.from_bytes(s.trace_id, "big"),
+                            "span_id": int.from_bytes(s.span_id, "big"),
+                            "parent_id": int.from_bytes(s.parent_span_id, "big") if s.parent_span_id else None,
+                            "start": s.start_time_unix_nano, "end": s.end_time_unix_nano,
+                            "attributes": attributes(s.attributes), "status": s.status.code,
+                            "status_message": s.status.message, "resource": resource, "scope": ss.scope.name})
+    return out
+
+
+def attributes(kvs: Iterable[Any]) -> dict[str, Any]:
+    return {kv.key: _value(kv.value) for kv in kvs}
+
+
+def _value(v: AnyValue) -> Any:
+    kind = v.WhichOneof("value")
+    if kind == "array_value":
+        return tuple(_value(x) for x in v.array_value.values)
+    if kind == "kvlist_value":
+        return attributes(v.kvlist_value.values)
+    return None if kind is None else getattr(v, kind)
+
+
+def request_to_span_views(body: bytes) -> list[Any]:
+    """Spans of a serialized request with the SDK's attribute paths (name, context, parent, status...),
+    so that tests read what went over the wire the way they would read SDK spans."""
+    from types import SimpleNamespace
+    out = []
+    for d in request_to_spans(body):
+        out.append(SimpleNamespace(
+            name=d["name"], attributes=d["attributes"], start_time=d["start"], end_time=d["end"],
+            context=SimpleNamespace(trace_id=d["trace_id"], span_id=d["span_id"]),
+            parent=None if d["parent_id"] is None else SimpleNamespace(span_id=d["parent_id"]),
+            status=SimpleNamespace(status_code=StatusCode(d["status"]), description=d["status_message"] or None),
+            resource=d["resource"]))
+    return out

@@ -1,0 +1,315 @@
+"""OTLP exporter settings: precedence, endpoints, headers, compression, timeout, TLS files and error messages,
+as protocol/exporter.md and sdk-environment-variables.md define them (explicit environ dicts, no os.environ)."""
+
+from __future__ import annotations
+
+import pytest
+
+from retsnoop_otel.export.otlp_settings import OtlpConfig, OtlpConfigError, describe, resolve_settings
+
+CLI = {"endpoint": "--otlp-endpoint", "protocol": "--otlp-protocol", "headers": "--otlp-header",
+       "compression": "--otlp-compression", "timeout_s": "--otlp-timeout", "insecure": "--otlp-insecure",
+       "certificate": "--otlp-certificate", "client_key": "--otlp-client-key",
+       "client_certificate": "--otlp-client-certificate"}
+YAML = {k: f"exporter.otlp.{k}" for k in CLI}
+HTTP = OtlpConfig(protocol="http/protobuf")
+
+
+def resolve(cfg: OtlpConfig | None = None, env: dict[str, str] | None = None, signal: str = "traces",
+            names: dict[str, str] | None = None):
+    return resolve_settings(cfg or OtlpConfig(), signal, env or {}, names)
+
+
+def error(cfg: OtlpConfig | None = None, env: dict[str, str] | None = None, signal: str = "traces",
+          names: dict[str, str] | None = None) -> str:
+    with pytest.raises(OtlpConfigError) as info:
+        resolve(cfg, env, signal, names)
+    text = str(info.value)
+    assert "\n" not in text and text.strip() == text, text  # one line, for logs and the CLI
+    return text
+
+
+@pytest.fixture
+def pems(tmp_path):
+    """Three readable files standing for a CA bundle, a client key and a client certificate."""
+    paths = {}
+    for name in ("ca.pem", "key.pem", "cert.pem"):
+        (tmp_path / name).write_text("-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n")
+        paths[name] = str(tmp_path / name)
+    return paths
+
+
+# ---- defaults and precedence ----
+
+def test_defaults_are_grpc_plaintext_localhost_ten_seconds():
+    s = resolve()
+    assert (s.signal, s.protocol, s.url, s.target, s.tls) == ("traces", "grpc", "http://localhost:4317",
+                                                              "localhost:4317", False)
+    assert (s.headers, s.compression, s.timeout_s) == ((), "none", 10.0)
+    assert (s.certificate, s.client_key, s.client_certificate) == (None, None, None)
+    assert describe(s) == "grpc localhost:4317 (plaintext)"
+
+
+def test_http_defaults_per_signal():
+    assert resolve(HTTP).url == "http://localhost:4318/v1/traces"
+    assert resolve(HTTP, signal="metrics").url == "http://localhost:4318/v1/metrics"
+    assert resolve(HTTP).target == ""
+
+
+@pytest.mark.parametrize("field,var,config_value,signal_value,generic_value,attr,expected", [
+    ("protocol", "PROTOCOL", "http/protobuf", "grpc", "http/protobuf", "protocol",
+     ("http/protobuf", "grpc", "http/protobuf")),
+    ("compression", "COMPRESSION", "deflate", "gzip", "none", "compression", ("deflate", "gzip", "none")),
+    ("timeout_s", "TIMEOUT", 2.5, "1500", "3000", "timeout_s", (2.5, 1.5, 3.0)),
+    ("insecure", "INSECURE", False, "true", "false", "tls", (True, False, True)),
+])
+def test_precedence_config_then_signal_variable_then_generic(field, var, config_value, signal_value, generic_value,
+                                                             attr, expected):
+    env = {f"OTEL_EXPORTER_OTLP_TRACES_{var}": signal_value, f"OTEL_EXPORTER_OTLP_{var}": generic_value}
+    base = {"endpoint": "collector:4317"} if field == "insecure" else {}
+    assert getattr(resolve(OtlpConfig(**base, **{field: config_value}), env), attr) == expected[0]
+    assert getattr(resolve(OtlpConfig(**base), env), attr) == expected[1]
+    # the metrics signal does not read the traces variable: the generic one applies
+    assert getattr(resolve(OtlpConfig(**base), env, signal="metrics"), attr) == expected[2]
+
+
+def test_precedence_for_endpoint_headers_and_files(pems):
+    env = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://traces:4317", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://all:4317",
+           "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "a=traces", "OTEL_EXPORTER_OTLP_HEADERS": "a=all,b=all",
+           "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE": pems["ca.pem"], "OTEL_EXPORTER_OTLP_CERTIFICATE": "/nowhere",
+           "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY": pems["key.pem"],
+           "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE": pems["cert.pem"]}
+    s = resolve(OtlpConfig(), env)
+    assert s.target == "traces:4317" and s.headers == (("a", "traces"),)  # per-signal headers replace the generic
+    assert (s.certificate, s.client_key, s.client_certificate) == (pems["ca.pem"], pems["key.pem"], pems["cert.pem"])
+    m = resolve(OtlpConfig(), {k: v for k, v in env.items() if "CERTIFICATE" not in k and "KEY" not in k},
+                signal="metrics")
+    assert m.target == "all:4317" and m.headers == (("a", "all"), ("b", "all"))
+    c = resolve(OtlpConfig(endpoint="http://mine:1234", headers=(("X-Key", "v"),), certificate=pems["key.pem"],
+                           client_key=pems["ca.pem"], client_certificate=pems["ca.pem"]), env)
+    assert c.target == "mine:1234" and c.headers == (("x-key", "v"),)  # config headers replace the environment's
+    assert (c.certificate, c.client_key, c.client_certificate) == (pems["key.pem"], pems["ca.pem"], pems["ca.pem"])
+
+
+def test_empty_variables_count_as_unset():
+    env = {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+           "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": " ", "OTEL_EXPORTER_OTLP_COMPRESSION": ""}
+    s = resolve(OtlpConfig(), env)
+    assert (s.protocol, s.timeout_s, s.compression) == ("http/protobuf", 10.0, "none")
+
+
+# ---- protocol ----
+
+def test_protocol_values_and_errors():
+    assert resolve(OtlpConfig(), {"OTEL_EXPORTER_OTLP_PROTOCOL": "HTTP/Protobuf"}).protocol == "http/protobuf"
+    text = error(OtlpConfig(), {"OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "http/json"}, signal="metrics")
+    assert text.startswith("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL=") and "not supported" in text
+    assert "http/protobuf" in text and "grpc" in text
+    text = error(OtlpConfig(protocol="thrift"), names=CLI)
+    assert text.startswith("--otlp-protocol='thrift'") and "grpc, http/protobuf" in text
+
+
+# ---- OTLP/HTTP endpoints ----
+
+@pytest.mark.parametrize("env,signal,url", [
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://gw:4318"}, "traces", "http://gw:4318/v1/traces"),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://gw:4318/"}, "metrics", "http://gw:4318/v1/metrics"),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://gw:4318/otlp"}, "traces", "http://gw:4318/otlp/v1/traces"),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "https://gw/mycollector/"}, "traces", "https://gw/mycollector/v1/traces"),
+    ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://gw:4318"}, "traces", "http://gw:4318/"),  # as is (root path)
+    ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://gw:4318/custom/path"}, "traces", "http://gw:4318/custom/path"),
+    ({"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "https://c.example.com/v1/metrics/"}, "metrics",
+     "https://c.example.com/v1/metrics/"),
+    ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://t:1/x", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://all:2"}, "metrics",
+     "http://all:2/v1/metrics"),
+])
+def test_http_endpoint_from_environment(env, signal, url):
+    assert resolve(HTTP, env, signal).url == url
+
+
+@pytest.mark.parametrize("endpoint,url", [
+    ("http://gw:4318", "http://gw:4318/v1/traces"),  # a config endpoint is a base URL, like the generic variable
+    ("http://gw:4318/otlp", "http://gw:4318/otlp/v1/traces"),
+    ("http://gw:4318/otlp/v1/traces", "http://gw:4318/otlp/v1/traces"),  # unless it already names the signal path
+    ("https://gw/v1/traces/", "https://gw/v1/traces/"),
+])
+def test_http_endpoint_from_config(endpoint, url):
+    s = resolve(OtlpConfig(protocol="http/protobuf", endpoint=endpoint),
+                {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://ignored:1/"})
+    assert s.url == url and s.tls == url.startswith("https")
+
+
+def test_http_tls_from_scheme_and_describe_hides_secrets():
+    s = resolve(OtlpConfig(protocol="http/protobuf", endpoint="https://user:pw@gw.example/otlp?api_key=secret",
+                           headers=(("authorization", "Bearer secret"),), compression="gzip"))
+    assert s.tls and s.url == "https://user:pw@gw.example/otlp/v1/traces?api_key=secret"
+    assert describe(s) == "http/protobuf https://gw.example/otlp/v1/traces (TLS, gzip)"
+    assert "secret" not in describe(s) and "pw" not in describe(s)
+
+
+@pytest.mark.parametrize("endpoint,problem", [
+    ("gw:4318", "http:// or https://"),
+    ("ftp://gw:4318", "http:// or https://"),
+    ("http://", "no host"),
+    ("http://gw:0", "port 0"),
+    ("http://gw:99999", "bad port"),
+    ("http://gw:abc", "bad port"),
+    ("http://g w:4318", "http:// or https://"),
+])
+def test_http_endpoint_errors_name_the_setting(endpoint, problem):
+    text = error(OtlpConfig(protocol="http/protobuf", endpoint=endpoint), names=YAML)
+    assert text.startswith(f"exporter.otlp.endpoint={endpoint!r}:") and problem in text
+    text = error(HTTP, {"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": endpoint}, signal="metrics")
+    assert text.startswith("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT=") and problem in text
+
+
+# ---- OTLP/gRPC endpoints ----
+
+@pytest.mark.parametrize("endpoint,insecure,url,target,tls", [
+    ("http://c:4317", None, "http://c:4317", "c:4317", False),
+    ("https://c:4317", None, "https://c:4317", "c:4317", True),
+    ("https://c:4317/", True, "https://c:4317", "c:4317", True),  # the scheme wins over insecure
+    ("http://c", False, "http://c:4317", "c:4317", False),
+    ("c:5555", None, "https://c:5555", "c:5555", True),  # no scheme: TLS unless insecure
+    ("c:5555", True, "http://c:5555", "c:5555", False),
+    ("c", True, "http://c:4317", "c:4317", False),
+    ("http://[::1]:4317", None, "http://[::1]:4317", "[::1]:4317", False),
+    ("[::1]", True, "http://[::1]:4317", "[::1]:4317", False),
+])
+def test_grpc_endpoints(endpoint, insecure, url, target, tls):
+    s = resolve(OtlpConfig(endpoint=endpoint, insecure=insecure))
+    assert (s.url, s.target, s.tls) == (url, target, tls)
+    assert describe(s) == f"grpc {target} ({'TLS' if tls else 'plaintext'})"
+
+
+def test_grpc_insecure_from_environment():
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "c:4317"}
+    assert resolve(OtlpConfig(), {**env, "OTEL_EXPORTER_OTLP_INSECURE": "TRUE"}).tls is False
+    assert resolve(OtlpConfig(), {**env, "OTEL_EXPORTER_OTLP_TRACES_INSECURE": "False",
+                                  "OTEL_EXPORTER_OTLP_INSECURE": "true"}).tls is True
+    assert resolve(OtlpConfig(), {**env, "OTEL_EXPORTER_OTLP_TRACES_INSECURE": "true"}, signal="metrics").tls is True
+    text = error(OtlpConfig(), {**env, "OTEL_EXPORTER_OTLP_TRACES_INSECURE": "yes"})
+    assert text.startswith("OTEL_EXPORTER_OTLP_TRACES_INSECURE='yes'") and "true or false" in text
+
+
+def test_grpc_endpoint_with_a_path_points_at_otlp_http():
+    text = error(OtlpConfig(endpoint="http://c:4317/v1/traces"), names=CLI)
+    assert text.startswith("--otlp-endpoint='http://c:4317/v1/traces'") and "take no path" in text
+    assert "--otlp-protocol=http/protobuf" in text and "drop the path" in text
+    text = error(OtlpConfig(), {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "c:4317/v1/traces"}, names=YAML)
+    assert text.startswith("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=") and "exporter.otlp.protocol=http/protobuf" in text
+
+
+def test_endpoint_errors_hide_passwords_and_query_strings():
+    text = error(OtlpConfig(endpoint="http://user:SECRET@c:4317/v1/traces?key=SECRET"))
+    assert text.startswith("endpoint='http://user:***@c:4317/v1/traces?***'") and "SECRET" not in text
+    text = error(HTTP, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:0/?api_key=SECRET"})
+    assert "port 0" in text and "SECRET" not in text
+
+
+@pytest.mark.parametrize("endpoint,problem", [
+    ("unix:///tmp/otlp.sock", "http:// or https://"),
+    ("http://c:0", "port 0"),
+    ("c:notaport", "bad port"),
+])
+def test_grpc_endpoint_errors(endpoint, problem):
+    text = error(OtlpConfig(endpoint=endpoint))
+    assert text.startswith(f"endpoint={endpoint!r}:") and problem in text  # no `names`: the field name
+
+
+# ---- headers ----
+
+def test_headers_parsing_decoding_and_case():
+    env = {"OTEL_EXPORTER_OTLP_HEADERS": " API-Key = a%20b%3Dc , x-tenant=t1,,token=abc== ,"}
+    assert resolve(OtlpConfig(), env).headers == (("api-key", "a b=c"), ("x-tenant", "t1"), ("token", "abc=="))
+    assert resolve(HTTP, env).headers == (("API-Key", "a b=c"), ("x-tenant", "t1"), ("token", "abc=="))
+    assert resolve(OtlpConfig(headers=(("Authorization", "Bearer x"),))).headers == (("authorization", "Bearer x"),)
+    assert resolve(HTTP, {"OTEL_EXPORTER_OTLP_HEADERS": "k="}).headers == (("k", ""),)
+
+
+@pytest.mark.parametrize("protocol,value,problem", [
+    ("grpc", "api-key=SECRET,broken", "header #2 has no '='"),
+    ("grpc", "=SECRET", "header #1 has an empty or invalid name"),
+    ("grpc", "ok=1,%20=SECRET", "header #2 has an empty or invalid name"),
+    ("http/protobuf", "Authorization: Bearer SECRET=x", "header #1 has an empty or invalid name"),
+    ("http/protobuf", "a b=SECRET", "header #1 has an empty or invalid name"),
+    ("grpc", "trace-bin=SECRET", "header #1 has an empty or invalid name"),  # binary metadata needs bytes
+    ("grpc", "k=SECRET%0Aevil: 1", "header #1 has a control character in its value"),
+    ("http/protobuf", "k=SECRET%0D%0Aevil: 1", "header #1 has a control character in its value"),
+])
+def test_header_errors_name_the_variable_and_hide_values(protocol, value, problem):
+    text = error(OtlpConfig(protocol=protocol), {"OTEL_EXPORTER_OTLP_TRACES_HEADERS": value})
+    assert text.startswith("OTEL_EXPORTER_OTLP_TRACES_HEADERS:") and problem in text
+    assert "SECRET" not in text and "Bearer" not in text
+
+
+def test_config_header_errors_name_the_config_key():
+    text = error(OtlpConfig(headers=(("x-ok", "1"), ("", "SECRET"))), names=YAML)
+    assert text.startswith("exporter.otlp.headers: header #2") and "SECRET" not in text
+    text = error(OtlpConfig(headers=(("x-ok", "SECRET\nx"),), protocol="http/protobuf"), names=CLI)
+    assert text.startswith("--otlp-header: header #1 has a control character") and "SECRET" not in text
+
+
+# ---- compression and timeout ----
+
+@pytest.mark.parametrize("value,expected", [("gzip", "gzip"), ("GZIP", "gzip"), ("none", "none"),
+                                            ("deflate", "deflate")])
+def test_compression_values(value, expected):
+    assert resolve(OtlpConfig(), {"OTEL_EXPORTER_OTLP_COMPRESSION": value}).compression == expected
+    assert resolve(OtlpConfig(compression=value)).compression == expected
+
+
+def test_compression_errors():
+    text = error(OtlpConfig(), {"OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "zstd"})
+    assert text.startswith("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION='zstd'") and "gzip, deflate, none" in text
+    assert error(OtlpConfig(compression="br"), names=CLI).startswith("--otlp-compression='br'")
+
+
+def test_timeout_units():
+    assert resolve(OtlpConfig(), {"OTEL_EXPORTER_OTLP_TIMEOUT": "2500"}).timeout_s == 2.5
+    assert resolve(OtlpConfig(), {"OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "12.5"}).timeout_s == 0.0125
+    assert resolve(OtlpConfig(timeout_s=3)).timeout_s == 3.0
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "nan", "inf", "10s"])
+def test_timeout_variable_errors(value):
+    text = error(OtlpConfig(), {"OTEL_EXPORTER_OTLP_METRICS_TIMEOUT": value}, signal="metrics")
+    assert text.startswith(f"OTEL_EXPORTER_OTLP_METRICS_TIMEOUT={value!r}") and "milliseconds" in text
+
+
+@pytest.mark.parametrize("value", [0, -1.0, float("nan")])
+def test_timeout_config_errors(value):
+    text = error(OtlpConfig(timeout_s=value), names=CLI)
+    assert text.startswith("--otlp-timeout=") and "seconds" in text
+
+
+# ---- certificate files ----
+
+def test_missing_certificate_files_name_the_setting_and_path(tmp_path):
+    missing = str(tmp_path / "nope.pem")
+    text = error(OtlpConfig(certificate=missing), names=CLI)
+    assert text.startswith(f"--otlp-certificate={missing!r}") and "cannot read" in text and "PEM" in text
+    text = error(OtlpConfig(), {"OTEL_EXPORTER_OTLP_CLIENT_KEY": missing,
+                                "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE": missing})
+    assert text.startswith("OTEL_EXPORTER_OTLP_CLIENT_KEY=") and missing in text
+    text = error(OtlpConfig(client_certificate=str(tmp_path)), names=YAML)  # a directory cannot be read as a file
+    assert text.startswith("exporter.otlp.client_certificate=")
+
+
+def test_client_key_and_certificate_go_together(pems):
+    text = error(OtlpConfig(client_key=pems["key.pem"]), names=CLI)
+    assert text.startswith("--otlp-client-key=") and "--otlp-client-certificate" in text
+    text = error(OtlpConfig(), {"OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE": pems["cert.pem"]}, signal="metrics")
+    assert text.startswith("OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE=") and "client_key" in text
+    s = resolve(OtlpConfig(client_key=pems["key.pem"]), {"OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE": pems["cert.pem"]})
+    assert (s.client_key, s.client_certificate) == (pems["key.pem"], pems["cert.pem"])
+
+
+def test_certificate_with_plaintext_grpc_endpoint_is_accepted_but_plaintext(pems):
+    s = resolve(OtlpConfig(endpoint="http://c:4317", certificate=pems["ca.pem"]))
+    assert s.tls is False and s.certificate == pems["ca.pem"]
+
+
+def test_unknown_signal_is_a_programming_error():
+    with pytest.raises(ValueError, match="signal"):
+        resolve(signal="logs")

@@ -1,0 +1,43 @@
+"""The resource of a run: detected host attributes, then OTEL_RESOURCE_ATTRIBUTES, then OTEL_SERVICE_NAME."""
+
+import pytest
+from opentelemetry.sdk.resources import OTELResourceDetector
+
+from retsnoop_otel import __version__
+from retsnoop_otel.export.resource import build_resource, parse_resource_attributes, read_machine_id
+
+
+def test_resource_attributes(tmp_path):
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "machine-id").write_text("0123456789abcdef0123456789abcdef\n")
+    attrs = build_resource(root=tmp_path, environ={}).attributes
+    assert attrs["service.name"] == "retsnoop-otel" and attrs["service.version"] == __version__
+    assert attrs["host.id"] == "0123456789abcdef0123456789abcdef"
+    assert attrs["os.type"] == "linux" and attrs["os.version"]
+    assert attrs["host.name"] and attrs["host.arch"]
+    assert attrs["telemetry.sdk.name"] == "retsnoop-otel" and attrs["telemetry.sdk.language"] == "python"
+    assert attrs["service.instance.id"] != build_resource(root=tmp_path, environ={}).attributes["service.instance.id"]
+
+
+def test_resource_env_overrides(tmp_path):
+    env = {"OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=ci,host.name=override",
+           "OTEL_SERVICE_NAME": "kernel-tracer"}
+    attrs = build_resource(root=tmp_path, environ=env).attributes
+    assert attrs["service.name"] == "kernel-tracer"
+    assert attrs["deployment.environment"] == "ci" and attrs["host.name"] == "override"
+    assert "host.id" not in attrs and read_machine_id(tmp_path) is None
+    only_attrs = build_resource(root=tmp_path, environ={"OTEL_RESOURCE_ATTRIBUTES": "service.name=from-attrs"})
+    assert only_attrs.attributes["service.name"] == "from-attrs"  # OTEL_SERVICE_NAME would win over it
+
+
+@pytest.mark.parametrize("text", ["a=1,b=2", "k=v%2Cw,x=y%3Dz", " spaced = out , b=2 ", "empty=", "a=1,,b=2",
+                                  "url=http%3A%2F%2Fh%3A1%2Fp", "unicode=%C3%A9t%C3%A9"])
+def test_parsing_matches_the_sdk_detector(text, monkeypatch):
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", text)
+    monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+    assert parse_resource_attributes(text) == dict(OTELResourceDetector().detect().attributes)
+
+
+def test_malformed_list_is_discarded_as_a_whole(caplog):
+    assert parse_resource_attributes("a=1,broken,b=2") == {}
+    assert "not key=value" in caplog.text

@@ -1,0 +1,199 @@
+"""The production span encoder must write exactly what the SDK-object oracle + the SDK's encoder give, ids aside."""
+
+import random
+
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from bench import span_throughput  # the benchmark's realistic session generator
+from retsnoop_otel.capture.model import Call, RetKind, Session, StackEntry, TracedFunc
+from retsnoop_otel.export import span_encoder
+from retsnoop_otel.export.resource import Resource, build_resource
+from retsnoop_otel.export.span_encoder import SpanEncoder, build_request, make_envelope
+from tests.oracle_spans import request_to_spans, sdk_request, session_to_spans
+from tests.unit.test_span_content import EINVAL, FUNCS, KPTR, OFFSET, tree_session
+
+RESOURCE = build_resource(instance_id="test")
+ENVELOPE = make_envelope(RESOURCE.attributes)
+
+
+def encoder_for(funcs=FUNCS, resource=RESOURCE, **kw):
+    return SpanEncoder(funcs, make_envelope(resource.attributes, resource.schema_url), **kw)
+
+
+def span_count(request):
+    return sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+
+
+def symbolize(addr):
+    return f"sym_{addr & 0xFFF:x}+0x5"
+
+
+def decode(body):
+    return ExportTraceServiceRequest.FromString(body)
+
+
+def strip_ids(request):
+    """Blank the random ids, returning the parent index of every span (-1 for a root) and the trace ids."""
+    parents, traces = [], []
+    for rs in request.resource_spans:
+        for ss in rs.scope_spans:
+            index = {s.span_id: i for i, s in enumerate(ss.spans)}
+            assert len(index) == len(ss.spans) and b"\0" * 8 not in index, "span ids must be unique and non-zero"
+            for s in ss.spans:
+                assert len(s.trace_id) == 16 and s.trace_id != b"\0" * 16 and len(s.span_id) == 8
+                parents.append(index[s.parent_span_id] if s.parent_span_id else -1)
+                traces.append(s.trace_id)
+                s.trace_id = s.span_id = s.parent_span_id = b""
+    return parents, traces
+
+
+def assert_same(session, funcs=FUNCS, encoder=None, **kw):
+    """The production encoding of `session` equals the SDK encoding of the oracle's spans, ids aside."""
+    want = sdk_request(session_to_spans(session, funcs, OFFSET, RESOURCE, **kw))
+    encoder = encoder or encoder_for(funcs, **kw)
+    trace = encoder.encode(session, OFFSET)
+    got = decode(build_request([trace]))
+    want_parents, want_traces = strip_ids(want)
+    got_parents, got_traces = strip_ids(got)
+    assert len(set(got_traces)) == 1
+    assert got_parents == want_parents
+    got_spans = got.resource_spans[0].scope_spans[0].spans
+    want_spans = want.resource_spans[0].scope_spans[0].spans
+    assert len(got_spans) == len(want_spans) == len(trace)
+    for g, w in zip(got_spans, want_spans, strict=True):
+        assert g == w, f"span {w.name} differs:\n{g}\nvs\n{w}"
+    assert got == want  # resource, scope and schema urls too
+    return trace
+
+
+def test_tree_session_matches_sdk_encoding():
+    trace = assert_same(tree_session(dropped_records=3), symbolize=symbolize)
+    assert trace.spans_dropped == 0 and len(trace) == 6
+
+
+@pytest.mark.parametrize("variant", ["chain", "chain_clamped", "pointer_null", "pointer_err", "void", "no_entry",
+                                     "stray_calls", "incomplete_root"])
+def test_session_variants_match(variant):
+    sessions = {
+        "chain": tree_session(calls=[], chain=[StackEntry(0, EINVAL, 8_000), StackEntry(1, EINVAL, 3_000),
+                                               StackEntry(3, EINVAL, 500)]),
+        "chain_clamped": tree_session(calls=[], chain=[StackEntry(0, EINVAL, 8_000), StackEntry(1, 0, None),
+                                                       StackEntry(3, EINVAL, 99_000)]),
+        "pointer_null": tree_session(calls=[Call(2, 0, 10, 20, 0)], chain=[StackEntry(2, 0, 10)], start_ns=10,
+                                     end_ns=20),
+        "pointer_err": tree_session(calls=[Call(2, 0, 10, 20, (1 << 64) - 12)], chain=[], start_ns=10, end_ns=20),
+        "void": tree_session(calls=[Call(4, 0, 10, 20, 0)], chain=[], start_ns=10, end_ns=20, is_err=False),
+        "no_entry": tree_session(calls=[], chain=[]),
+        "stray_calls": tree_session(calls=[*tree_session().calls, Call(77, 0, 9_500, 9_600, 0)]),
+        "incomplete_root": tree_session(calls=[Call(0, 0, 1_000, None, None, children=[Call(3, 1, 1_100, 1_200, 0)])],
+                                        chain=[]),
+    }
+    assert_same(sessions[variant], symbolize=symbolize)
+
+
+def test_addresses_only_when_asked():
+    assert_same(tree_session())  # no symbolizer: no stack
+    assert_same(tree_session(), symbolize=lambda a: "f+0x5" if a & 0x100 else f"0x{a:x}")  # leaks replaced
+    trace = assert_same(tree_session(), symbolize=symbolize, export_addresses=True)
+    assert f"0x{KPTR:x}".encode() in b"".join(trace.spans)
+    plain = b"".join(encoder_for(symbolize=symbolize).encode(tree_session(), OFFSET).spans)
+    assert f"{KPTR:x}".encode() not in plain and b"ffffffff81000105" not in plain
+
+
+def test_span_limit():
+    trace = assert_same(tree_session(), max_spans=3)
+    assert trace.spans_dropped == 3
+    trace = assert_same(tree_session(calls=[], chain=[StackEntry(0, EINVAL, 8_000), StackEntry(1, EINVAL, 3_000),
+                                                      StackEntry(3, EINVAL, 500)]), max_spans=2)
+    assert trace.spans_dropped == 1
+
+
+def test_generated_sessions_match_with_one_long_lived_encoder():
+    """The benchmark's sessions (50 nested calls, errors, lost exits, distinct pointers), one shared encoder."""
+    rng = random.Random(3)
+    funcs = span_throughput.make_funcs()
+    encoder = encoder_for(funcs, symbolize=symbolize)
+    for _ in range(40):
+        assert_same(span_throughput.make_session(rng, funcs, 50), funcs, encoder=encoder, symbolize=symbolize)
+    # every valid pointer shares one encoding instead of filling the cache with one entry per address
+    pointer_funcs = {f.id for f in funcs.values() if f.ret is RetKind.POINTER}
+    cached_pointers = [raw for fid, raw in encoder._cache if fid in pointer_funcs and raw]
+    assert all(raw == 1 or raw >= (1 << 64) - 4095 for raw in cached_pointers)
+
+
+def test_caches_stay_bounded(monkeypatch):
+    monkeypatch.setattr(span_encoder, "_CACHE_LIMIT", 4)
+    funcs = {0: TracedFunc(0, "entry", 0, RetKind.SIGNED, True), 1: TracedFunc(1, "read", 0, RetKind.INT32, False)}
+    encoder = encoder_for(funcs)
+    for n in range(30):
+        calls = [Call(0, 0, 0, 100, n, children=[Call(1, 1, 10 + i, 20 + i, n * 7 + i) for i in range(5)])]
+        session = Session(1, 1, "c", "c", 0, 100, False, [], [], calls=calls)
+        assert_same(session, funcs, encoder=encoder)
+        assert len(encoder._cache) <= 4 and len(encoder._results) <= 4
+
+
+def test_resource_attribute_types_match_sdk():
+    resource = Resource({"s": "text", "b": True, "i": -5, "big": (1 << 63) - 1, "f": 1.5, "arr": ("a", "b"),
+                         "ints": (1, -2), "empty": ""}, "https://opentelemetry.io/schemas/1.26.0")
+    spans = session_to_spans(tree_session(), FUNCS, OFFSET, resource)
+    got = decode(build_request([encoder_for(resource=resource).encode(tree_session(), OFFSET)]))
+    want = sdk_request(spans)
+    assert got.resource_spans[0].resource == want.resource_spans[0].resource
+    assert got.resource_spans[0].schema_url == want.resource_spans[0].schema_url != ""
+    assert got.resource_spans[0].scope_spans[0].scope == want.resource_spans[0].scope_spans[0].scope
+
+
+def test_request_groups_envelopes_and_split_keeps_order():
+    other = build_resource(instance_id="other")
+    a = encoder_for().encode(tree_session(), OFFSET)
+    b = encoder_for(resource=other).encode(tree_session(), OFFSET)
+    c = encoder_for().encode(tree_session(), OFFSET)
+    assert a.envelope == c.envelope != b.envelope and ENVELOPE == a.envelope
+    request = decode(build_request([a, b, c]))
+    assert [len(rs.scope_spans[0].spans) for rs in request.resource_spans] == [12, 6]
+    instances = [[kv.value.string_value for kv in rs.resource.attributes if kv.key == "service.instance.id"]
+                 for rs in request.resource_spans]
+    assert instances == [["test"], ["other"]]
+    head, tail = a.split(4)
+    assert len(head) == 4 and len(tail) == 2 and head.spans + tail.spans == a.spans
+    assert span_count(decode(build_request([head]))) == 4
+
+
+def test_captured_arguments_become_a_string_list_attribute():
+    """-A: each call's `name=value` strings go on its span as retsnoop.args (beside a records-lost count)."""
+    from retsnoop_otel.capture.model import ArgValue
+
+    session = tree_session()
+    root = session.calls[0]
+    create = root.children[1]
+    create.args = (ArgValue(0), ArgValue(0xFFFF888000001000, b"\0" * 8))
+    create.children[1].args = (ArgValue(7),)  # the call that also carries missing_before=2
+    seen = []
+
+    def fmt(func_id, values):
+        seen.append(func_id)
+        return [f"arg{i}={v.raw if v.raw < 100 else '(ptr)'}" for i, v in enumerate(values)]
+
+    trace = encoder_for(format_args=fmt).encode(session, OFFSET)
+    spans = {s["name"]: s for s in request_to_spans(build_request([trace]))}
+    assert spans["map_create"]["attributes"]["retsnoop.args"] == ("arg0=0", "arg1=(ptr)")
+    assert spans["capable"]["attributes"]["retsnoop.args"] == ("arg0=7",)
+    assert spans["capable"]["attributes"]["retsnoop.records_lost_before"] == 2
+    assert "retsnoop.args" not in spans["security_bpf"]["attributes"]
+    assert sorted(seen) == [1, 5]
+    # the oracle puts the same arguments on the same spans
+    assert_same(session, format_args=fmt)
+    assert_same(session)  # without a formatter (no -A) no arguments are exported
+
+
+def test_calls_cut_by_the_session_cap_are_on_the_root_span():
+    trace = assert_same(tree_session(calls_cut=5))
+    (root, *_), = [request_to_spans(build_request([trace]))]
+    assert root["attributes"]["retsnoop.calls_cut"] == 5
+
+
+def test_source_location_matches_sdk_encoding():
+    from tests.unit.test_span_content import _locate
+    assert_same(tree_session(), locate=_locate)
+    assert_same(tree_session(calls=[]), locate=_locate)
