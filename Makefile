@@ -60,7 +60,7 @@ lint: setup
 
 ## demo: boot 6.12 and trace the bundled failure workload
 demo: setup kernels
-	tests/vm/run --kernel 6.12 -- python -m retsnoop_otel.demo
+	tests/vm/run --kernel 6.12 -- python -m tests.demo
 
 clean:
 	rm -rf build *.egg-info .pytest_cache .ruff_cache .benchmarks

@@ -38,23 +38,22 @@ import importlib
 import inspect
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.procs import Command, Proc  # Proc: what Context.spawn returns
 
 DEFAULT_BUDGET_S = 600.0
 SCENARIO_PREFIX = "scenario_"
 SCENARIO_PACKAGE = "tests.vm.scenarios"
 SUMMARY_FILE = "_batch.json"
-Command = Sequence[str] | str
 
 
 def budget(seconds: float) -> Callable[[Callable], Callable]:
@@ -95,115 +94,6 @@ def discover(package: str = SCENARIO_PACKAGE, default_budget: float = DEFAULT_BU
             seen[name] = mod.__name__
             found.append(Scenario(name, mod.__name__, f, float(getattr(f, "budget_s", default_budget))))
     return found
-
-
-class Proc:
-    """A background process started by Context.spawn; stdout and stderr are merged and collected."""
-
-    def __init__(self, cmd: Command, env: dict[str, str] | None, cwd: str | None) -> None:
-        self.cmd = cmd
-        self._lines: list[str] = []
-        self._cursor = 0
-        self._last_output = time.monotonic()
-        self._cond = threading.Condition()
-        self._eof = False
-        self.popen = subprocess.Popen(cmd, shell=isinstance(cmd, str), stdin=subprocess.DEVNULL,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd,
-                                      env={**os.environ, **(env or {})}, text=True, errors="replace")
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    @property
-    def returncode(self) -> int | None:
-        """Exit code, or None while running (negative: killed by that signal)."""
-        return self.popen.poll()
-
-    def _read(self) -> None:
-        assert self.popen.stdout is not None
-        for line in self.popen.stdout:
-            with self._cond:
-                self._lines.append(line)
-                self._last_output = time.monotonic()
-                self._cond.notify_all()
-        with self._cond:
-            self._eof = True
-            self._cond.notify_all()
-
-    def output(self) -> str:
-        """Everything the process printed so far (stdout and stderr interleaved)."""
-        with self._cond:
-            return "".join(self._lines)
-
-    def wait_for_line(self, regex: str, timeout: float) -> re.Match:
-        """Wait for an output line matching `regex` (re.search) and return the match.
-
-        Lines are consumed like `expect` does: each call looks only at lines after the line the
-        previous successful call matched, so waiting for a name that also appeared in start-up
-        output does not return early. Raises TimeoutError (with the output tail) when `timeout`
-        passes or the process exits first.
-        """
-        pattern = re.compile(regex)
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                while self._cursor < len(self._lines):
-                    line = self._lines[self._cursor]
-                    self._cursor += 1
-                    m = pattern.search(line)
-                    if m:
-                        return m
-                if self._eof:
-                    why = f"process exited ({self.popen.wait()})"
-                    break
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    why = f"no match within {timeout:g} s"
-                    break
-                self._cond.wait(min(left, 1.0))
-        tail = "".join(self._lines[-30:])
-        raise TimeoutError(f"{why} waiting for /{regex}/ from {self.cmd!r}; output tail:\n{tail}")
-
-    def wait_output_settled(self, quiet_seconds: float, timeout: float) -> bool:
-        """Wait until the process printed nothing for `quiet_seconds` (or exited).
-
-        Under TCG, symbolizing one deep stack can take seconds: use this rather than a fixed sleep
-        before stopping a tracer. Returns False if output was still flowing after `timeout`.
-        """
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while not self._eof:
-                quiet_until = self._last_output + quiet_seconds
-                now = time.monotonic()
-                if now >= quiet_until:
-                    return True
-                if now >= deadline:
-                    return False
-                self._cond.wait(min(quiet_until, deadline) - now)
-        return True
-
-    def terminate(self, timeout: float = 30, sig: int = signal.SIGTERM) -> int:
-        """SIGTERM (background processes inherit SIGINT ignored: send SIGINT only to programs that install
-        their own handler), SIGKILL after `timeout`; returns rc."""
-        if self.popen.poll() is None:
-            self.popen.send_signal(sig)
-        try:
-            rc = self.popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return self.kill()
-        self._reader.join(5)
-        return rc
-
-    def kill(self) -> int:
-        """SIGKILL and reap; returns rc."""
-        if self.popen.poll() is None:
-            self.popen.kill()
-        rc = self.popen.wait()
-        self._reader.join(5)
-        return rc
 
 
 class Context:
