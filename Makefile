@@ -4,12 +4,14 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+LOW_VENV := .venv-lowest
+LOW_STAMP := $(LOW_VENV)/.installed
 APT_PACKAGES := clang llvm libbpf-dev bpftool qemu-system-x86 kmod busybox-static prometheus
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 PYTEST_ARGS ?= -ra
 
 .NOTPARALLEL:
-.PHONY: setup apt bpf kernels test unit vmtest lint demo clean distclean
+.PHONY: setup apt bpf kernels test unit vmtest lowest lint demo clean distclean
 
 ## setup: Debian packages (only missing ones), .venv with the project and its dev extra, BPF objects
 setup:
@@ -33,6 +35,13 @@ $(STAMP): pyproject.toml setup.py | $(PY)
 	$(PY) -m pip install -e '.[dev]'
 	touch $@
 
+# the lowest versions pyproject.toml allows, pinned from its own `>=` bounds so that they cannot drift
+$(LOW_STAMP): pyproject.toml setup.py tests/lowest_constraints.py | $(PY)
+	$(PYTHON) -m venv $(LOW_VENV)
+	$(PY) tests/lowest_constraints.py > $(LOW_VENV)/constraints.txt
+	$(LOW_VENV)/bin/python -m pip install -c $(LOW_VENV)/constraints.txt -e '.[dev]'
+	touch $@
+
 bpf:
 	@$(MAKE) --no-print-directory -s -C bpf OUT=$(CURDIR)/retsnoop_otel/bpf
 
@@ -43,9 +52,16 @@ kernels: setup
 	@# index the 6.1 DWARF once on the host (cached by build-id): ':path' globs then start fast in the guest
 	$(PY) -m retsnoop_otel.symbols.dwarf index "$$(tests/vm/fetch-kernel 6.1 --dbg)"/usr/lib/debug/boot/vmlinux-*
 
-## test: lint, then every test: unit, native (uprobes on the host) and VM scenarios on 6.1 and 6.12
+## test: lint, then every test: unit, native (uprobes on the host) and VM scenarios on 6.1 and 6.12,
+## then the host tests again with the lowest allowed library versions
 test: setup kernels lint
 	$(PY) -m pytest $(PYTEST_ARGS)
+	@$(MAKE) --no-print-directory lowest
+
+## lowest: the host tests in a venv holding the lowest versions pyproject.toml allows (OTel, protobuf, grpcio,
+## prometheus-client, PyYAML, pyelftools)
+lowest: setup $(LOW_STAMP)
+	$(LOW_VENV)/bin/python -m pytest -m 'not vm' $(PYTEST_ARGS)
 
 ## unit: the tests that need no VM
 unit: setup
@@ -64,8 +80,8 @@ demo: setup kernels
 
 clean:
 	rm -rf build *.egg-info .pytest_cache .ruff_cache .benchmarks
-	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -print0 | xargs -0 rm -rf
+	find . \( -path ./$(VENV) -o -path ./$(LOW_VENV) \) -prune -o -name __pycache__ -type d -print0 | xargs -0 rm -rf
 	@$(MAKE) --no-print-directory -s -C bpf clean OUT=$(CURDIR)/retsnoop_otel/bpf
 
 distclean: clean
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(LOW_VENV)

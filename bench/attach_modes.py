@@ -21,9 +21,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from retsnoop_otel import discovery, features, tracefs  # noqa: E402
+from retsnoop_otel.kernel import features, tracefs  # noqa: E402
 from retsnoop_otel.kernel import libbpf_btf as lb  # noqa: E402
 from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer  # noqa: E402
+from retsnoop_otel.symbols import discovery  # noqa: E402
 from retsnoop_otel.symbols.btf import ReturnKinds  # noqa: E402
 from retsnoop_otel.symbols.kallsyms import Kallsyms  # noqa: E402
 

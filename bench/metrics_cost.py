@@ -4,7 +4,7 @@
 
     .venv/bin/python bench/metrics_cost.py [--funcs 1000] [--buckets 40] [--runs 21] [--kernel-maps]
 
-A MetricsCollector over synthetic stats for --funcs functions (every third one with one to five
+The runtime's kernel-families collector over synthetic stats for --funcs functions (every third one with one to five
 error types, --buckets log2 duration buckets, 10 entry functions with exemplars in four buckets, two
 BPF programs with bpf_stats) is rendered with prometheus_client's generate_latest, in the Prometheus
 text format and in OpenMetrics; the table gives the median of --runs scrapes, the series count and
@@ -64,11 +64,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from prometheus_client import generate_latest  # noqa: E402
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-from retsnoop_otel.metrics.collector import ExemplarStore, MetricsCollector, make_registry  # noqa: E402
+from prometheus_client.registry import CollectorRegistry  # noqa: E402
 
-from retsnoop_otel import records  # noqa: E402
-from retsnoop_otel.capture.model import CaptureStats, FuncStats, ProgramStats, RetKind, SessionStats, TracedFunc  # noqa: E402
+from retsnoop_otel.capture import records  # noqa: E402
+from retsnoop_otel.capture.model import (  # noqa: E402
+    CaptureStats,
+    FuncStats,
+    ProgramStats,
+    RetKind,
+    SessionStats,
+    TracedFunc,
+)
 from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer  # noqa: E402
+from retsnoop_otel.metrics.exemplars import ExemplarStore  # noqa: E402
+from retsnoop_otel.metrics.kernel_families import KernelCollector  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 ERRNOS = {"EINVAL": 22, "ENOMEM": 12, "EPERM": 1, "ENOENT": 2, "EFAULT": 14, "E2BIG": 7}
@@ -120,13 +129,36 @@ def synthetic(nfuncs: int, nbuckets: int, seed: int = 1) -> Workload:
     return Workload(funcs, stats, sessions, progs, store)
 
 
+@dataclass
+class BenchProbeSet:
+    """One probe set as the collector reads it (runtime.probe_set.ProbeSet's face), over given readers."""
+
+    funcs: dict[int, TracedFunc]
+    func_stats: Callable[[], list[FuncStats]]
+    session_stats: Callable[[], list[SessionStats]]
+    capture_stats: Callable[[], CaptureStats]
+    program_stats: Callable[[], list[ProgramStats]]
+    name: str = "bench"
+    mode: str = "kprobe_multi"
+    attached: int = 0
+    sampled_out: int = 0
+    filtered_out: int = 0
+    evicted: int = 0
+
+
 def collector(w: Workload, func_stats: Callable[[], list[FuncStats]] | None = None,
               session_stats: Callable[[], list[SessionStats]] | None = None,
-              capture_stats: Callable[[], CaptureStats] = CaptureStats) -> MetricsCollector:
-    return MetricsCollector("bench", {f.id: f for f in w.funcs}, func_stats or (lambda: w.func_stats), capture_stats,
-                            None, session_stats or (lambda: w.session_stats), program_stats=lambda: w.program_stats,
-                            stats_enabled=lambda: True,
-                            exemplars=lambda entry: w.exemplars.for_histogram("bench", entry))
+              capture_stats: Callable[[], CaptureStats] = CaptureStats) -> KernelCollector:
+    ps = BenchProbeSet({f.id: f for f in w.funcs}, func_stats or (lambda: w.func_stats),
+                       session_stats or (lambda: w.session_stats), capture_stats, lambda: w.program_stats,
+                       attached=len(w.funcs))
+    return KernelCollector(lambda: [ps], stats_enabled=lambda: True, exemplars=w.exemplars.for_histogram)
+
+
+def make_registry(coll: KernelCollector) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(coll)
+    return registry
 
 
 def median_ms(fn: Callable[[], object], runs: int) -> float:
@@ -152,7 +184,7 @@ class ScrapeRow:
     body_kb: float
 
 
-def time_scrapes(what: str, coll: MetricsCollector, runs: int) -> list[ScrapeRow]:
+def time_scrapes(what: str, coll: KernelCollector, runs: int) -> list[ScrapeRow]:
     """Whole scrapes in both formats, plus collect() alone (our reads and families, without rendering)."""
     registry = make_registry(coll)
     series = sum(len(f.samples) for f in coll.collect())

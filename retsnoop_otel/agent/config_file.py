@@ -323,7 +323,10 @@ def parse_config(text: str, filename: str = "<config>", environ: Mapping[str, st
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{ctx.filename}:{mark.line + 1}" if mark is not None else ctx.filename
-        raise ConfigError(f"{where}: not valid YAML: {getattr(exc, 'problem', None) or exc}") from None
+        why = getattr(exc, "problem", None) or getattr(exc, "reason", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{where}: not valid YAML: {' '.join(str(why).split())}") from None
+    except RecursionError:
+        raise ConfigError(f"{ctx.filename}: not valid YAML: nested too deeply") from None
     if root is None:
         raise ConfigError(f"{ctx.filename}:1: the file is empty; it needs at least a 'probe_sets:' section")
     m = mapping(ctx, root, "", _TOP_KEYS)

@@ -8,12 +8,9 @@ result says why when something is missing.
 
 from __future__ import annotations
 
-import argparse
 import errno as _errno
 import gzip
-import json
 import os
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, fields
 
@@ -265,7 +262,7 @@ def probe_lbr(cpu: int = 0) -> Feature:
 
 
 def probe_filter_functions(root: str) -> Feature:
-    from retsnoop_otel.symbols import tracefs
+    from retsnoop_otel.kernel import tracefs
     name = "filter_functions"
     try:
         count = len(tracefs.read_available_filter_functions(root))
@@ -403,27 +400,3 @@ def format_features(features: Features) -> str:
     except FeatureError as exc:
         lines.append(f"Tracing: not possible: {exc}")
     return "\n".join(lines)
-
-
-def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="retsnoop-otel features",
-                                description="Report what the running kernel allows a tracer to do.")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--root", default="/", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    try:
-        feats = detect(args.root)
-    except lb.LibbpfUnavailable as exc:
-        print(f"retsnoop-otel: {exc}", file=sys.stderr)
-        return 1
-    if args.json:
-        out = feats.to_dict()
-        out["default_mode"] = choose_mode(feats)
-        print(json.dumps(out, indent=2))
-    else:
-        print(format_features(feats))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

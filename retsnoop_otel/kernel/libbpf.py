@@ -2,8 +2,9 @@
 with their maps, programs and links.
 
 Only what retsnoop-otel calls. Failures raise LibbpfError carrying errno and the messages libbpf
-printed while failing, so users see libbpf's own explanation. libbpf_progs.py (bare program fds),
-libbpf_btf.py and libbpf_ringbuf.py bind the rest of what we use through the library loaded here.
+printed while failing, so users see libbpf's own explanation. libbpf_abi.py declares the C side;
+libbpf_progs.py (bare program fds), libbpf_btf.py and libbpf_ringbuf.py bind the rest of what we
+use through the library loaded here.
 """
 
 from __future__ import annotations
@@ -15,10 +16,8 @@ import os
 import threading
 from collections import deque
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from retsnoop_otel.kernel.libbpf_btf import Btf
+from retsnoop_otel.kernel import libbpf_abi as abi
 
 MIN_VERSION = (1, 1)
 
@@ -46,68 +45,6 @@ class LibbpfUnavailable(RuntimeError):
     """libbpf.so.1 is missing, older than MIN_VERSION, or lacks a function we bind."""
 
 
-# ---- C types ----------------------------------------------------------------------------------
-
-_PRINT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
-
-
-class _KprobeOpts(ctypes.Structure):
-    _fields_ = [("sz", ctypes.c_size_t), ("bpf_cookie", ctypes.c_uint64), ("offset", ctypes.c_size_t),
-                ("retprobe", ctypes.c_bool)]
-
-
-class _KprobeMultiOpts(ctypes.Structure):
-    _fields_ = [("sz", ctypes.c_size_t), ("syms", ctypes.POINTER(ctypes.c_char_p)),
-                ("addrs", ctypes.POINTER(ctypes.c_ulong)), ("cookies", ctypes.POINTER(ctypes.c_uint64)),
-                ("cnt", ctypes.c_size_t), ("retprobe", ctypes.c_bool)]
-
-
-class _UprobeOpts(ctypes.Structure):
-    _fields_ = [("sz", ctypes.c_size_t), ("ref_ctr_offset", ctypes.c_size_t), ("bpf_cookie", ctypes.c_uint64),
-                ("retprobe", ctypes.c_bool), ("func_name", ctypes.c_char_p)]
-
-
-# name -> (restype, argtypes) of every function this module calls.
-SIGNATURES: dict[str, tuple[object, list[object]]] = {
-    "libbpf_major_version": (ctypes.c_uint32, []),
-    "libbpf_minor_version": (ctypes.c_uint32, []),
-    "libbpf_set_print": (ctypes.c_void_p, [_PRINT_FN]),
-    "bpf_object__open_file": (ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_void_p]),
-    "bpf_object__load": (ctypes.c_int, [ctypes.c_void_p]),
-    "bpf_object__close": (None, [ctypes.c_void_p]),
-    "bpf_object__btf": (ctypes.c_void_p, [ctypes.c_void_p]),
-    "bpf_object__find_map_by_name": (ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p]),
-    "bpf_object__find_program_by_name": (ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p]),
-    "bpf_map__fd": (ctypes.c_int, [ctypes.c_void_p]),
-    "bpf_map__set_max_entries": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint32]),
-    "bpf_map__max_entries": (ctypes.c_uint32, [ctypes.c_void_p]),
-    "bpf_map__key_size": (ctypes.c_uint32, [ctypes.c_void_p]),
-    "bpf_map__value_size": (ctypes.c_uint32, [ctypes.c_void_p]),
-    "bpf_map__initial_value": (ctypes.c_void_p, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]),
-    "bpf_map__set_initial_value": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]),
-    "bpf_program__fd": (ctypes.c_int, [ctypes.c_void_p]),
-    "bpf_program__set_autoload": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_bool]),
-    "bpf_program__set_attach_target": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p]),
-    "bpf_program__insns": (ctypes.c_void_p, [ctypes.c_void_p]),
-    "bpf_program__insn_cnt": (ctypes.c_size_t, [ctypes.c_void_p]),
-    "bpf_program__type": (ctypes.c_int, [ctypes.c_void_p]),
-    "bpf_program__attach_kprobe_opts": (ctypes.c_void_p,
-                                        [ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(_KprobeOpts)]),
-    "bpf_program__attach_kprobe_multi_opts": (
-        ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(_KprobeMultiOpts)]),
-    "bpf_program__attach_uprobe_opts": (
-        ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t,
-                          ctypes.POINTER(_UprobeOpts)]),
-    "bpf_link__destroy": (ctypes.c_int, [ctypes.c_void_p]),
-    "bpf_map_lookup_elem": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]),
-    "bpf_map_update_elem": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64]),
-    "bpf_map_get_next_key": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]),
-    "libbpf_num_possible_cpus": (ctypes.c_int, []),
-    "libbpf_probe_bpf_map_type": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p]),
-    "libbpf_probe_bpf_helper": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, ctypes.c_void_p]),
-}
-
-
 # ---- loading the library ----------------------------------------------------------------------
 
 _LIBBPF_INFO = 1  # enum libbpf_print_level: WARN 0, INFO 1, DEBUG 2
@@ -121,19 +58,17 @@ class _Libbpf:
     """
 
     def __init__(self) -> None:
-        from retsnoop_otel.kernel import libbpf_btf, libbpf_progs, libbpf_ringbuf
         try:
             self.lib = ctypes.CDLL("libbpf.so.1", use_errno=True)
         except OSError as exc:
             raise LibbpfUnavailable(
                 "libbpf.so.1 not found: install the Debian package 'libbpf1' (version 1.1 or newer)") from exc
-        for table in (SIGNATURES, libbpf_progs.SIGNATURES, libbpf_btf.SIGNATURES, libbpf_ringbuf.SIGNATURES):
-            for name, (restype, argtypes) in table.items():
-                fn = getattr(self.lib, name, None)
-                if fn is None:
-                    raise LibbpfUnavailable(f"libbpf.so.1 lacks {name}(): install libbpf1 1.1 or newer")
-                fn.restype = restype
-                fn.argtypes = argtypes
+        for name, (restype, argtypes) in abi.SIGNATURES.items():
+            fn = getattr(self.lib, name, None)
+            if fn is None:
+                raise LibbpfUnavailable(f"libbpf.so.1 lacks {name}(): install libbpf1 1.1 or newer")
+            fn.restype = restype
+            fn.argtypes = argtypes
         self.version = (self.lib.libbpf_major_version(), self.lib.libbpf_minor_version())
         if self.version < MIN_VERSION:
             raise LibbpfUnavailable(
@@ -144,7 +79,7 @@ class _Libbpf:
         self._vsnprintf.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_void_p]
         self.log: deque[str] = deque(maxlen=64)
         self._lock = threading.Lock()
-        self._print_cb = _PRINT_FN(self._on_print)  # kept alive for the life of the process
+        self._print_cb = abi.PRINT_FN(self._on_print)  # kept alive for the life of the process
         self.lib.libbpf_set_print(self._print_cb)
 
     def _on_print(self, level: int, fmt: bytes, args: int) -> int:
@@ -311,7 +246,7 @@ class BpfProgram:
 
     def attach_kprobe(self, func: str | None, retprobe: bool = False, cookie: int = 0, offset: int = 0) -> Link:
         """With func None, `offset` is an absolute kernel address (for names with several instances)."""
-        opts = _KprobeOpts(ctypes.sizeof(_KprobeOpts), cookie, offset, retprobe)
+        opts = abi.KprobeOpts(ctypes.sizeof(abi.KprobeOpts), cookie, offset, retprobe)
         ptr = lib().lib.bpf_program__attach_kprobe_opts(self._ptr, func.encode() if func else None,
                                                         ctypes.byref(opts))
         kind = "kretprobe" if retprobe else "kprobe"
@@ -320,8 +255,8 @@ class BpfProgram:
     def attach_kprobe_multi(self, *, syms: Sequence[str] | None = None, addrs: Sequence[int] | None = None,
                             cookies: Sequence[int] | None = None, retprobe: bool = False) -> Link:
         n = len(syms) if syms is not None else len(addrs or ())
-        opts = _KprobeMultiOpts()
-        opts.sz = ctypes.sizeof(_KprobeMultiOpts)
+        opts = abi.KprobeMultiOpts()
+        opts.sz = ctypes.sizeof(abi.KprobeMultiOpts)
         keep: list[object] = []  # the arrays must outlive the call
         if syms is not None:
             arr = (ctypes.c_char_p * n)(*[s.encode() for s in syms])
@@ -344,7 +279,7 @@ class BpfProgram:
     def attach_uprobe(self, binary: str, func: str, retprobe: bool = False, cookie: int = 0,
                       pid: int = -1) -> Link:
         """Uprobes run the same kprobe-type programs: tests drive them where kernel probes are forbidden."""
-        opts = _UprobeOpts(ctypes.sizeof(_UprobeOpts), 0, cookie, retprobe, func.encode())
+        opts = abi.UprobeOpts(ctypes.sizeof(abi.UprobeOpts), 0, cookie, retprobe, func.encode())
         ptr = lib().lib.bpf_program__attach_uprobe_opts(self._ptr, pid, binary.encode(), 0, ctypes.byref(opts))
         kind = "uretprobe" if retprobe else "uprobe"
         return Link(check_ptr(ptr, f"attach {kind} to {binary}:{func}"))
@@ -356,6 +291,11 @@ class BpfObject:
     def __init__(self, ptr: int, path: str) -> None:
         self._ptr: int | None = ptr
         self.path = path
+
+    @property
+    def ptr(self) -> int | None:
+        """The libbpf `struct bpf_object *` (None once closed), for the other binding modules."""
+        return self._ptr
 
     @classmethod
     def open_file(cls, path: str) -> BpfObject:
@@ -374,11 +314,6 @@ class BpfObject:
         if not ptr:
             raise LibbpfError(f"no program '{name}' in {self.path}", _errno.ENOENT)
         return BpfProgram(ptr, name)
-
-    def btf(self) -> Btf:
-        """The object's BTF, data-section offsets fixed up by libbpf at open (owned by the object)."""
-        from retsnoop_otel.kernel.libbpf_btf import Btf
-        return Btf(check_ptr(lib().lib.bpf_object__btf(self._ptr), f"BTF of {self.path}"), owned=False)
 
     def load(self) -> None:
         lib().take_log()

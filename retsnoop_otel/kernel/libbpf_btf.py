@@ -12,6 +12,7 @@ import errno as _errno
 from dataclasses import dataclass
 
 from retsnoop_otel.kernel import libbpf as lb
+from retsnoop_otel.kernel import libbpf_abi as abi
 
 # BTF kinds and int encodings (uapi linux/btf.h).
 BTF_KIND_INT = 1
@@ -30,26 +31,6 @@ BTF_KIND_TYPE_TAG = 18
 BTF_KIND_ENUM64 = 19
 BTF_INT_SIGNED = 1
 BTF_INT_BOOL = 4
-
-
-class _BtfType(ctypes.Structure):
-    """struct btf_type; kind-specific records (members, params, ...) follow it in memory."""
-
-    _fields_ = [("name_off", ctypes.c_uint32), ("info", ctypes.c_uint32), ("size_or_type", ctypes.c_uint32)]
-
-
-class _BtfParam(ctypes.Structure):
-    _fields_ = [("name_off", ctypes.c_uint32), ("type", ctypes.c_uint32)]
-
-
-# name -> (restype, argtypes) of every function this module calls.
-SIGNATURES: dict[str, tuple[object, list[object]]] = {
-    "btf__load_vmlinux_btf": (ctypes.c_void_p, []),
-    "btf__free": (None, [ctypes.c_void_p]),
-    "btf__find_by_name_kind": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint32]),
-    "btf__type_by_id": (ctypes.POINTER(_BtfType), [ctypes.c_void_p, ctypes.c_uint32]),
-    "btf__name_by_offset": (ctypes.c_char_p, [ctypes.c_void_p, ctypes.c_uint32]),
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +55,11 @@ class Btf:
         lb.lib().take_log()
         return cls(lb.check_ptr(lb.lib().lib.btf__load_vmlinux_btf(), "load kernel BTF"))
 
+    @classmethod
+    def of_object(cls, obj: lb.BpfObject) -> Btf:
+        """A BPF object's BTF, data-section offsets fixed up by libbpf at open (owned by the object)."""
+        return cls(lb.check_ptr(lb.lib().lib.bpf_object__btf(obj.ptr), f"BTF of {obj.path}"), owned=False)
+
     def find(self, name: str, kind: int) -> int | None:
         tid = lb.lib().lib.btf__find_by_name_kind(self._ptr, name.encode(), kind)
         return tid if tid > 0 else None
@@ -87,7 +73,7 @@ class Btf:
         name = lb.lib().lib.btf__name_by_offset(self._ptr, rec.name_off) or b""
         enc = bits = 0
         if kind == BTF_KIND_INT:
-            extra = ctypes.cast(ctypes.addressof(rec) + ctypes.sizeof(_BtfType),
+            extra = ctypes.cast(ctypes.addressof(rec) + ctypes.sizeof(abi.BtfTypeRecord),
                                 ctypes.POINTER(ctypes.c_uint32)).contents.value
             enc, bits = (extra >> 24) & 0x0F, extra & 0xFF
         return BtfType(tid, kind, name.decode(), rec.size_or_type, enc, bits)
@@ -96,8 +82,8 @@ class Btf:
         """(name, type id) of each parameter of a FUNC_PROTO."""
         proto = lb.lib().lib.btf__type_by_id(self._ptr, proto_id)
         vlen = proto.contents.info & 0xFFFF
-        base = ctypes.addressof(proto.contents) + ctypes.sizeof(_BtfType)
-        params = (_BtfParam * vlen).from_address(base)
+        base = ctypes.addressof(proto.contents) + ctypes.sizeof(abi.BtfTypeRecord)
+        params = (abi.BtfParam * vlen).from_address(base)
         out = []
         for p in params:
             name = lb.lib().lib.btf__name_by_offset(self._ptr, p.name_off) or b""
@@ -109,7 +95,7 @@ class Btf:
         t = lb.lib().lib.btf__type_by_id(self._ptr, tid)
         info = t.contents.info
         vlen, kflag = info & 0xFFFF, info >> 31
-        base = ctypes.addressof(t.contents) + ctypes.sizeof(_BtfType)
+        base = ctypes.addressof(t.contents) + ctypes.sizeof(abi.BtfTypeRecord)
         out = []
         for name_off, mtype, offset in (ctypes.c_uint32 * 3 * vlen).from_address(base):
             name = lb.lib().lib.btf__name_by_offset(self._ptr, name_off) or b""
@@ -124,7 +110,7 @@ class Btf:
             return {}
         sec = lb.lib().lib.btf__type_by_id(self._ptr, sec_id)
         vlen = sec.contents.info & 0xFFFF
-        base = ctypes.addressof(sec.contents) + ctypes.sizeof(_BtfType)
+        base = ctypes.addressof(sec.contents) + ctypes.sizeof(abi.BtfTypeRecord)
         out = {}
         for var_type, offset, size in ((ctypes.c_uint32 * 3 * vlen).from_address(base)):
             out[self.type_by_id(var_type).name] = (offset, size)

@@ -8,42 +8,11 @@ from __future__ import annotations
 import ctypes
 
 from retsnoop_otel.kernel import libbpf as lb
+from retsnoop_otel.kernel import libbpf_abi as abi
 
 # enum bpf_attach_type values (uapi linux/bpf.h).
 ATTACH_TRACE_FENTRY = 24
 ATTACH_TRACE_FEXIT = 25
-
-
-class _ProgLoadOpts(ctypes.Structure):
-    _fields_ = [("sz", ctypes.c_size_t), ("attempts", ctypes.c_int), ("expected_attach_type", ctypes.c_int),
-                ("prog_btf_fd", ctypes.c_uint32), ("prog_flags", ctypes.c_uint32),
-                ("prog_ifindex", ctypes.c_uint32), ("kern_version", ctypes.c_uint32),
-                ("attach_btf_id", ctypes.c_uint32), ("attach_prog_fd", ctypes.c_uint32),
-                ("attach_btf_obj_fd", ctypes.c_uint32), ("fd_array", ctypes.POINTER(ctypes.c_int)),
-                ("func_info", ctypes.c_void_p), ("func_info_cnt", ctypes.c_uint32),
-                ("func_info_rec_size", ctypes.c_uint32), ("line_info", ctypes.c_void_p),
-                ("line_info_cnt", ctypes.c_uint32), ("line_info_rec_size", ctypes.c_uint32),
-                ("log_level", ctypes.c_uint32), ("log_size", ctypes.c_uint32), ("log_buf", ctypes.c_char_p)]
-
-
-class _TracingLinkOpts(ctypes.Structure):
-    _fields_ = [("cookie", ctypes.c_uint64)]
-
-
-class _KprobeMultiLinkOpts(ctypes.Structure):
-    _fields_ = [("flags", ctypes.c_uint32), ("cnt", ctypes.c_uint32), ("syms", ctypes.c_void_p),
-                ("addrs", ctypes.c_void_p), ("cookies", ctypes.c_void_p)]
-
-
-class _LinkUnion(ctypes.Union):
-    """Two members of libbpf's per-attach-type union (1.1 layout); only `tracing` is set."""
-
-    _fields_ = [("tracing", _TracingLinkOpts), ("kprobe_multi", _KprobeMultiLinkOpts)]
-
-
-class _LinkCreateOpts(ctypes.Structure):
-    _fields_ = [("sz", ctypes.c_size_t), ("flags", ctypes.c_uint32), ("iter_info", ctypes.c_void_p),
-                ("iter_info_len", ctypes.c_uint32), ("target_btf_id", ctypes.c_uint32), ("u", _LinkUnion)]
 
 
 class ProgInfo(ctypes.Structure):
@@ -70,15 +39,6 @@ class ProgInfo(ctypes.Structure):
                 ("run_cnt", ctypes.c_uint64), ("recursion_misses", ctypes.c_uint64)]
 
 
-# name -> (restype, argtypes) of every function this module calls.
-SIGNATURES: dict[str, tuple[object, list[object]]] = {
-    "bpf_prog_load": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_void_p,
-                                     ctypes.c_size_t, ctypes.POINTER(_ProgLoadOpts)]),
-    "bpf_link_create": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                       ctypes.POINTER(_LinkCreateOpts)]),
-    "bpf_obj_get_info_by_fd": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint32)]),
-}
-
 
 def clone_program(prog: lb.BpfProgram, *, attach_btf_id: int, attach_type: int, name: str) -> int:
     """Load a copy of a loaded tracing program retargeted at another function; returns its fd.
@@ -87,8 +47,8 @@ def clone_program(prog: lb.BpfProgram, *, attach_btf_id: int, attach_type: int, 
     program per function. Cloning the relocated instructions avoids re-opening the object.
     """
     insns, cnt = prog.insns()
-    opts = _ProgLoadOpts()
-    opts.sz = ctypes.sizeof(_ProgLoadOpts)
+    opts = abi.ProgLoadOpts()
+    opts.sz = ctypes.sizeof(abi.ProgLoadOpts)
     opts.expected_attach_type = attach_type
     opts.attach_btf_id = attach_btf_id
     fd = lb.lib().lib.bpf_prog_load(prog.prog_type, name.encode()[:15], b"GPL", insns, cnt, ctypes.byref(opts))
@@ -99,8 +59,8 @@ def clone_program(prog: lb.BpfProgram, *, attach_btf_id: int, attach_type: int, 
 
 def link_create(prog_fd: int, attach_type: int, cookie: int = 0, what: str = "link") -> lb.Link:
     """Attach a loaded tracing program fd (fentry/fexit) with a BPF cookie; returns an fd-owning Link."""
-    opts = _LinkCreateOpts()
-    opts.sz = ctypes.sizeof(_LinkCreateOpts)
+    opts = abi.LinkCreateOpts()
+    opts.sz = ctypes.sizeof(abi.LinkCreateOpts)
     opts.u.tracing.cookie = cookie
     fd = lb.lib().lib.bpf_link_create(prog_fd, 0, attach_type, ctypes.byref(opts))
     if fd < 0:

@@ -7,15 +7,7 @@ import errno as _errno
 from collections.abc import Callable
 
 from retsnoop_otel.kernel import libbpf as lb
-
-_SAMPLE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
-
-# name -> (restype, argtypes) of every function this module calls.
-SIGNATURES: dict[str, tuple[object, list[object]]] = {
-    "ring_buffer__new": (ctypes.c_void_p, [ctypes.c_int, _SAMPLE_FN, ctypes.c_void_p, ctypes.c_void_p]),
-    "ring_buffer__poll": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int]),
-    "ring_buffer__free": (None, [ctypes.c_void_p]),
-}
+from retsnoop_otel.kernel import libbpf_abi as abi
 
 
 class RingBuffer:
@@ -28,7 +20,7 @@ class RingBuffer:
     def __init__(self, map_fd: int, callback: Callable[[bytes], None]) -> None:
         self._callback = callback
         self._error: BaseException | None = None
-        self._cb = _SAMPLE_FN(self._on_sample)  # referenced for as long as libbpf may call it
+        self._cb = abi.SAMPLE_FN(self._on_sample)  # referenced for as long as libbpf may call it
         ptr = lb.lib().lib.ring_buffer__new(map_fd, self._cb, None, None)
         self._ptr: int | None = lb.check_ptr(ptr, "create ring buffer consumer")
 

@@ -29,6 +29,7 @@ from retsnoop_otel.capture.model import (
 )
 from retsnoop_otel.kernel import libbpf as lb
 from retsnoop_otel.kernel import libbpf_progs, libbpf_ringbuf
+from retsnoop_otel.kernel.libbpf_btf import Btf
 
 PARALLEL_DETACH_MIN = 32
 DETACH_THREADS = 32
@@ -124,7 +125,7 @@ class Tracer:
         cfg = self.config
         rodata = obj.map(".rodata")
         data = bytearray(rodata.initial_value())
-        layout = obj.btf().datasec_vars(".rodata")
+        layout = Btf.of_object(obj).datasec_vars(".rodata")
         no_pids = self._no_pids()
         allow_pids = [p for p in cfg.pids if p not in set(no_pids)]
         allow_comms = [c for c in cfg.comms if c not in set(cfg.no_comms)]
@@ -242,7 +243,7 @@ class Tracer:
     def _set_ready(self) -> None:
         assert self._obj is not None
         bss = self._obj.map(".bss")
-        off, size = self._obj.btf().datasec_vars(".bss")["ready"]
+        off, size = Btf.of_object(self._obj).datasec_vars(".bss")["ready"]
         value = bytearray(bss.value_size)
         value[off:off + size] = b"\x01"
         bss.update(struct.pack("<I", 0), bytes(value))

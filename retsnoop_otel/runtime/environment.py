@@ -80,11 +80,10 @@ def load_kernel_env(symbols: SymbolsConfig, vmlinux: str | None, lbr: tuple[str,
     `lbr`: (how the user asked for LBR, the probe set that did) when one did: a machine without LBR
     is said first, before what else it lacks, since that is what the user asked for.
     """
-    from retsnoop_otel.kernel import features
+    from retsnoop_otel.kernel import features, tracefs
     from retsnoop_otel.kernel import libbpf as lb
     from retsnoop_otel.kernel.lbr import lbr_missing
     from retsnoop_otel.kernel.libbpf_btf import Btf
-    from retsnoop_otel.symbols import tracefs
     from retsnoop_otel.symbols.btf import ReturnKinds
     from retsnoop_otel.symbols.kallsyms import Kallsyms, KallsymsError
     from retsnoop_otel.symbols.symbolize import DwarfSymbolizer, KallsymsSymbolizer
@@ -146,10 +145,12 @@ def cgroup_target(path: str, name: str = "cgroup", root: str = "/") -> tuple[int
 
     `path` is absolute (under the cgroup2 mount) or relative to the root cgroup."""
     mount = cgroup2_mount(root)
-    rel = path.removeprefix(mount) if path.startswith(mount + "/") or path == mount else path
-    rel = rel.strip("/")
+    hint = f"give a cgroup v2 path such as {mount}/system.slice/foo.service"
+    under = path.startswith(mount + "/") or path == mount
+    if path.startswith("/sys/fs/cgroup") and not under:
+        raise InputError(name_it(name, f"{path} is not in the cgroup v2 hierarchy (mounted at {mount}); {hint}"))
+    rel = (path.removeprefix(mount) if under else path).strip("/")
     full = os.path.join(root, mount.lstrip("/"), rel)
-    hint = "give a cgroup v2 path such as /sys/fs/cgroup/system.slice/foo.service"
     try:
         st = os.stat(full)
     except OSError as exc:

@@ -5,8 +5,11 @@ from __future__ import annotations
 import errno
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -98,3 +101,65 @@ def test_lbr_refused_before_loading_when_the_cpu_has_none():
     assert "run without --lbr" in lines[0]
     proc = _run("trace", "-e", "*sys_bpf", "-B", "ind_jump", "--lbr-max-count", "0")
     assert proc.returncode == 2 and "--lbr-max-count needs --lbr and a positive count" in proc.stderr
+
+
+def _our_programs() -> list[str]:
+    """Names of loaded BPF programs that are ours (bpftool), to show a refused run leaves none."""
+    import json
+    out = subprocess.run(["bpftool", "-j", "prog", "list"], capture_output=True, text=True, timeout=60).stdout
+    ours = ("fentry_entry", "fexit_exit", "kprobe_entry", "kretprobe_exit", "kmulti_entry", "kmulti_exit",
+            "rs_fentry", "rs_fexit")
+    return [p.get("name", "") for p in json.loads(out or "[]") if p.get("name") in ours]
+
+
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+TRACE = ["trace", "-e", "*sys_bpf", "-a", "array_map_alloc_check"]
+# case -> (argv, extra environment, exit code, what the one line must say). Each input is checked before
+# the kernel is asked for anything, so this host (which cannot trace) gives the input's own message.
+BAD_INPUT = {
+    "endpoint_scheme": ([*TRACE, "--otlp-endpoint", "ftp://collector:4317"], {}, 2, "--otlp-endpoint"),
+    "endpoint_grpc_path": ([*TRACE, "--otlp-endpoint", "http://c:4317/v1/traces"], {}, 2,
+                           "--otlp-protocol=http/protobuf"),
+    "endpoint_env": ([*TRACE], {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317", "OTEL_EXPORTER_OTLP_TIMEOUT": "soon"},
+                     2, "OTEL_EXPORTER_OTLP_TIMEOUT"),
+    "metrics_port_busy": ([*TRACE, "--metrics-addr", "127.0.0.1", "--metrics-port", "{busy}"], {}, 1,
+                          "already in use"),
+    "trace_json_unwritable": ([*TRACE, "--trace-json", "/proc/version/t.json"], {}, 2, "--trace-json /proc/version"),
+    "vmlinux_missing": ([*TRACE, "-k", "/no/such/vmlinux"], {}, 2, "-k /no/such/vmlinux: no such file"),
+    "glob": (["trace", "-e", "*sys_bpf", "-a", "array_map_* [bpf"], {}, 2, "bad glob 'array_map_* [bpf'"),
+    "cgroup": ([*TRACE, "--cgroup", "/sys/fs/cgroup/no/such/group"], {}, 2, "--cgroup /sys/fs/cgroup/no/such/group"),
+    "agent_config": (["agent", "--config", "{bad_config}"], {}, 2, "agent.yaml:3: probe_sets[0].entry"),
+    "agent_check": (["agent", "--check", "{bad_config}"], {}, 2, "agent.yaml:3: probe_sets[0].entry"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUT))
+def test_bad_input_is_one_line_and_nothing_is_loaded(case: str, tmp_path) -> None:
+    import os
+    import socket
+    argv, env, code, phrase = BAD_INPUT[case]
+    bad_config = tmp_path / "agent.yaml"
+    bad_config.write_text("probe_sets:\n  - name: x\n    entry: 5\n")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        argv = [a.format(busy=busy.getsockname()[1], bad_config=bad_config) for a in argv]
+        before = _our_programs()
+        proc = subprocess.run([sys.executable, "-m", "retsnoop_otel", *argv], capture_output=True, text=True,
+                              timeout=120, env={**os.environ, **env})
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == code, proc.stderr
+    assert len(lines) == 1 and phrase in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout and "Receiving data" not in proc.stdout
+    assert _our_programs() == before == []
+
+
+def test_privileged_metrics_port_as_an_unprivileged_user() -> None:
+    """Binding is checked before privileges and before the kernel: the port's own message comes first."""
+    import os
+    proc = subprocess.run([*NOBODY, sys.executable, "-m", "retsnoop_otel", *TRACE, "--metrics-port", "80"],
+                          capture_output=True, text=True, timeout=120, cwd="/", env={**os.environ,
+                                                                                    "PYTHONPATH": str(REPO)})
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 1 and len(lines) == 1, proc.stderr
+    assert "permission denied" in lines[0] and "--metrics-port" in lines[0], lines[0]

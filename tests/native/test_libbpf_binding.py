@@ -28,7 +28,7 @@ def test_maps_read_update_iterate_and_rodata():
     try:
         for name in ("fentry_entry", "fexit_exit", "kmulti_entry", "kmulti_exit"):
             obj.program(name).set_autoload(False)
-        layout = obj.btf().datasec_vars(".rodata")
+        layout = Btf.of_object(obj).datasec_vars(".rodata")
         assert layout["min_duration_ns"][1] == 8
         rodata = obj.map(".rodata")
         data = bytearray(rodata.initial_value())

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from retsnoop_otel.capture.model import RetKind
-from retsnoop_otel.symbols import tracefs
+from retsnoop_otel.kernel import tracefs
 from retsnoop_otel.symbols.discovery import (
     BUILTIN_DENY,
     Discovery,

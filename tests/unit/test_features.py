@@ -196,9 +196,10 @@ def test_detect_on_this_kernel_is_consistent_and_leaves_nothing_open() -> None:
 
 
 def test_main_json_and_text(capsys) -> None:
-    assert features.main(["--json"]) == 0
+    from retsnoop_otel.cli import features_main
+    assert features_main(["--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert set(d["features"]) >= {"btf", "fentry", "kprobes", "kprobe_multi", "lbr"}
     assert d["default_mode"] in features.MODES
-    assert features.main([]) == 0
+    assert features_main([]) == 0
     assert capsys.readouterr().out.startswith(f"Kernel {os.uname().release}, libbpf ")

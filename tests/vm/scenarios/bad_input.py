@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -54,18 +55,32 @@ def _cases(others: dict[str, str]) -> dict[str, list[str]]:
         # QEMU exposes no LBR: --lbr must be refused before anything loads (issue 4)
         "lbr_unavailable": [*trace, *BPF_SET, "--lbr=any_return,call"],
         "lbr_bad_spec": [*trace, *BPF_SET, "--lbr=sometimes"],
+        # issue 10: every input is checked before anything is loaded into the kernel
+        "endpoint_scheme": [*trace, *BPF_SET, "--otlp-endpoint", "ftp://collector:4317"],
+        "endpoint_env": ["env", "OTEL_EXPORTER_OTLP_ENDPOINT=http://c:4317", "OTEL_EXPORTER_OTLP_TIMEOUT=soon",
+                         *trace, *BPF_SET],
+        "metrics_port_busy": [*trace, *BPF_SET, "--metrics-addr", "127.0.0.1", "--metrics-port", "{busy}"],
+        "metrics_port_privileged": [*NOBODY, *trace, *BPF_SET, "--metrics-port", "80"],
+        "trace_json_unwritable": [*trace, *BPF_SET, "-T", "--trace-json", "/proc/version/t.json"],
+        "agent_config": [PY, "-m", "retsnoop_otel", "agent", "--config", "{bad_config}"],
     }
     if "vmlinuz" in others:  # a compressed boot image is not an ELF vmlinux at all
         cases["vmlinux_not_elf"] = [*trace, *BPF_SET, "-k", others["vmlinuz"]]
     return cases
 
 
-@budget(900)
+@budget(1200)
 def scenario_bad_input(ctx) -> dict:
     t0 = time.monotonic()
     others = _other_kernel_files()
     result: dict = {"other_kernel_files": others, "progs_before": our_progs(ctx), "cases": {}}
+    bad_config = Path(ctx.tmpdir) / "agent.yaml"
+    bad_config.write_text("probe_sets:\n  - name: x\n    entry: 5\n")
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
     for name, cmd in _cases(others).items():
+        cmd = [c.format(busy=busy.getsockname()[1], bad_config=bad_config) for c in cmd]
         start = time.monotonic()
         rc, out, err = ctx.run(cmd, timeout=300)
         secs = round(time.monotonic() - start, 1)

@@ -19,11 +19,11 @@ PY = sys.executable
 
 @budget(900)
 def scenario_lbr_kernel_path(ctx) -> dict:
-    from retsnoop_otel.kernel import bpfsys, features
+    from retsnoop_otel.kernel import bpfsys, features, tracefs
     from retsnoop_otel.kernel import libbpf_btf as lb
     from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer
     from retsnoop_otel.render.lbr import render_session_lbr
-    from retsnoop_otel.symbols import discovery, tracefs
+    from retsnoop_otel.symbols import discovery
     from retsnoop_otel.symbols.btf import ReturnKinds
     from retsnoop_otel.symbols.kallsyms import Kallsyms
     from retsnoop_otel.symbols.symbolize import KallsymsSymbolizer

@@ -41,7 +41,7 @@ def scenario_simfail_cases(ctx) -> dict:
 @budget(600)
 def scenario_features(ctx) -> dict:
     """`features --json` and the human report; nothing may stay loaded afterwards."""
-    rc, out, err = ctx.run([PY, "-m", "retsnoop_otel.kernel.features", "--json"], timeout=300)
+    rc, out, err = ctx.run([PY, "-m", "retsnoop_otel", "features", "--json"], timeout=300)
     text_rc, text, text_err = ctx.run([PY, "-m", "retsnoop_otel", "features"], timeout=300)
     return {"rc": rc, "json": json.loads(out) if rc == 0 else None, "stderr": err[-2000:],
             "text_rc": text_rc, "text": text, "text_stderr": text_err[-2000:], "progs_left": _ours(ctx)}

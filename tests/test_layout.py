@@ -1,0 +1,149 @@
+"""The package's shape: no import cycle between modules or sub-packages, the layers import downwards only,
+no module much over 500 lines, and no private name of an OpenTelemetry package anywhere in the product.
+
+Imports are read from the source (every import statement, also those inside functions and under
+TYPE_CHECKING), so a cycle hidden behind a lazy import fails here too.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "retsnoop_otel"
+MAX_LINES = 500
+# Sub-packages from the bottom up: each may import only those before it (and the top-level __init__).
+LAYERS = ("capture", "kernel", "symbols", "render", "export", "metrics", "runtime", "trace", "agent")
+TOP_LEVEL = {"retsnoop_otel", "retsnoop_otel.__main__", "retsnoop_otel.cli", "retsnoop_otel.simfail"}
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in PKG.rglob("*.py"):
+        rel = path.relative_to(ROOT).with_suffix("")
+        parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+        out[".".join(parts)] = path
+    return out
+
+
+def imports(name: str, path: Path, known: dict[str, Path]) -> Iterator[str]:
+    """The package modules that `name` imports, resolved to module names."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: up node.level - 1 packages from this one
+                up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                yield target
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: set(imports(name, path, known)) for name, path in known.items()}
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def layer(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def test_cycle_finder_finds_cycles() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle_between_modules() -> None:
+    assert cycles(graph()) == []
+
+
+def test_sub_packages_import_downwards_only() -> None:
+    wrong = []
+    for module, targets in graph().items():
+        here = layer(module)
+        for target in targets:
+            there = layer(target)
+            if module in TOP_LEVEL or target == "retsnoop_otel":
+                continue
+            if there is None:
+                wrong.append(f"{module} -> {target} (a command module)")
+            elif here is not None and here != there and LAYERS.index(there) > LAYERS.index(here):
+                wrong.append(f"{module} ({here}) -> {target} ({there})")
+    assert wrong == []
+
+
+def test_every_module_sits_in_a_layer() -> None:
+    assert {m for m in modules() if layer(m) is None} == TOP_LEVEL
+
+
+def test_no_module_is_much_over_500_lines() -> None:
+    long = {str(p.relative_to(ROOT)): n for p in [*PKG.rglob("*.py"), *(ROOT / "bpf").glob("*.[ch]")]
+            if (n := len(p.read_text().splitlines())) > MAX_LINES * 1.05}
+    assert long == {}
+
+
+def test_no_private_name_of_an_opentelemetry_package() -> None:
+    """Only public APIs: a private module or name breaks on the next release of the library."""
+    private = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("opentelemetry"):
+                names = [node.module, *(a.name for a in node.names)]
+                private += [f"{name}: {n}" for n in names if any(p.startswith("_") for p in n.split("."))]
+            if isinstance(node, ast.Import):
+                private += [f"{name}: {a.name}" for a in node.names if a.name.startswith("opentelemetry")
+                            and any(p.startswith("_") for p in a.name.split("."))]
+    assert private == []
+
+
+def test_bench_scripts_import() -> None:
+    """The benchmarks are scripts nothing else runs: importing them at least keeps them in step with the code."""
+    import importlib
+    for path in sorted((ROOT / "bench").glob("*.py")):
+        importlib.import_module(f"bench.{path.stem}")
