@@ -38,7 +38,6 @@ S_UPDATE = "bpf(BPF_MAP_UPDATE_ELEM)"
 S_LOAD = "bpf(BPF_PROG_LOAD)"
 S_LINK = "bpf(BPF_LINK_CREATE)"
 S_KPROBE = "perf_event_open(kprobe)"
-S_SLEEP = "clock_nanosleep"
 
 
 class StepFailed(Exception):

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from hypothesis import settings
 
 VM_KERNELS = ("6.1", "6.12")
+
+
+# CI explores the same examples at every run (reproducible); elsewhere hypothesis keeps searching anew.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

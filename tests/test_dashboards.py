@@ -276,7 +276,8 @@ def test_dashboards_cover_the_issue() -> None:
     for family in ("retsnoop_session_duration_seconds_bucket", "retsnoop_function_duration_seconds_bucket"):
         assert re.search(rf"histogram_quantile\(0\.99, sum by \(\w+, le\) \(rate\({family}", exprs), family
     for health in ("up{", "retsnoop_spans_dropped_total", "retsnoop_records_lost_total", "retsnoop_export_errors_total",
-                   "retsnoop_config_reloads_total", "retsnoop_bpf_program_run_seconds_total"):
+                   "retsnoop_config_reloads_total", "retsnoop_bpf_program_run_seconds_total",
+                   "rate(process_cpu_seconds_total{", "process_resident_memory_bytes{"):
         assert health in exprs, health
 
 

@@ -1,0 +1,1 @@
+"""`retsnoop-otel agent`: the capture runtime driven by a YAML file, reloaded on SIGHUP."""

@@ -48,7 +48,6 @@ PROTOCOLS = ("grpc", "http/protobuf")
 COMPRESSIONS = ("gzip", "deflate", "none")
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
-DEFAULT_LISTEN = "0.0.0.0:9464"
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 __all__ = ["AgentConfig", "ConfigError", "LoggingConfig", "load_config", "parse_config", "parse_listen"]

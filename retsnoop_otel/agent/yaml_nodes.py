@@ -36,7 +36,12 @@ class Nodes:
         return ConfigError(f"{self.filename}:{node.start_mark.line + 1}: {key}: {msg}")
 
     def value(self, node: yaml.Node) -> Any:
-        return self._loader.construct_object(node, deep=True)
+        try:
+            return self._loader.construct_object(node, deep=True)
+        except yaml.YAMLError as exc:  # an unknown tag (`!foo`), a bad timestamp or binary...
+            why = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise ConfigError(f"{self.filename}:{node.start_mark.line + 1}: not valid YAML here: "
+                              f"{' '.join(str(why).split())}") from None
 
 
 def kind(node: yaml.Node) -> str:

@@ -35,12 +35,6 @@ class ClockOffset:
     measured_at: int
     uncertainty_ns: int = 0
 
-    def to_wall_ns(self, boot_ns: int) -> int:
-        return boot_ns + self.offset_ns
-
-    def age_ns(self, now_boot_ns: int) -> int:
-        return now_boot_ns - self.measured_at
-
 
 def measure_clock_offset(samples: int = 10, realtime: ClockFn = _realtime_ns,
                          boottime: ClockFn = _boottime_ns) -> ClockOffset:

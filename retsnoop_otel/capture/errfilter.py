@@ -39,10 +39,6 @@ class ErrorFilter:
 
         return cls(norm(allow, "-x/--allow-errors"), norm(deny, "-X/--deny-errors"))
 
-    @property
-    def active(self) -> bool:
-        return bool(self.allow or self.deny)
-
     def accepts(self, session: Session, funcs: Mapping[int, TracedFunc]) -> bool:
         errors = set()
         for entry in session.chain:

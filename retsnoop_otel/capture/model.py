@@ -34,7 +34,6 @@ RET_KIND_CODES: dict[RetKind, int] = {
     RetKind.POINTER: 5,
     RetKind.UNKNOWN: 6,
 }
-RET_KIND_BY_CODE = {code: kind for kind, code in RET_KIND_CODES.items()}
 
 
 def signed_value(raw: int, kind: RetKind) -> int:

@@ -52,18 +52,14 @@ class _Merged:
     sum_ns: int
 
 
-def bucket_bounds_seconds(count: int) -> list[str]:
+@functools.cache
+def bucket_bounds(count: int) -> tuple[str, ...]:
     """`le` labels for log2 ns buckets: bucket i is [2^i, 2^(i+1)) ns, so its upper bound is 2^(i+1) ns.
 
     The kernel's last bucket is open-ended (it also holds everything longer), so it has no finite
-    bound of its own and is covered only by +Inf.
+    bound of its own and is covered only by +Inf. Formatted once per bucket count: formatting them
+    per histogram was a third of a scrape's collect().
     """
-    return list(_bounds(count))
-
-
-@functools.cache
-def _bounds(count: int) -> tuple[str, ...]:
-    """Formatted once per bucket count: formatting them per histogram was a third of a scrape's collect()."""
     return (*(floatToGoString(2 ** (i + 1) / 1e9) for i in range(count - 1)), "+Inf")
 
 
@@ -99,7 +95,7 @@ def _buckets_with_exemplars(cumulative: Sequence[int], exemplars: Mapping[int, E
                             ) -> list[tuple[str, float] | tuple[str, float, Exemplar]]:
     """(le, count[, exemplar]) per bucket; only OpenMetrics renders the exemplars."""
     out: list[tuple[str, float] | tuple[str, float, Exemplar]] = []
-    for i, (le, n) in enumerate(zip(_bounds(len(cumulative)), cumulative, strict=True)):
+    for i, (le, n) in enumerate(zip(bucket_bounds(len(cumulative)), cumulative, strict=True)):
         ex = exemplars.get(i)
         out.append((le, n) if ex is None else (le, n, ex))
     return out
@@ -182,7 +178,7 @@ class KernelCollector(Collector):
                     errors.add_metric([ps.name, name, err], n)
                 if m.buckets:
                     cum = _cumulative(m.buckets)
-                    durations.add_metric([ps.name, name], list(zip(_bounds(len(cum)), cum, strict=True)),
+                    durations.add_metric([ps.name, name], list(zip(bucket_bounds(len(cum)), cum, strict=True)),
                                          m.sum_ns / 1e9)
         yield calls
         yield errors

@@ -66,7 +66,7 @@ class EventLog:
 
 
 class LibraryLogBridge(logging.Handler):
-    """Routes a library's `logging` records (the OTel SDK exporters log a line per failed batch, in
+    """Routes a library's `logging` records (grpc's own warnings, our exporters' debug lines, in
     plain text) into the EventLog, so `logging.format: json` holds for every line. The same message
     is written at most once per `interval_s`; the next one says how many were held back."""
 

@@ -397,7 +397,10 @@ class Runtime:
             if self.sinks is not None:
                 for cause, n in self.sinks.totals().spans_dropped.items():
                     losses[f"spans_dropped.{cause}"] = n
+            last_errors = self.sinks.last_errors() if self.sinks is not None else []
         grown = {k: v - self._reported.get(k, 0) for k, v in losses.items() if v > self._reported.get(k, 0)}
         self._reported.update(losses)
         if grown:
-            self.log.warning("data lost since the last summary", **grown)
+            extra = {"last_export_error": last_errors[0]} if last_errors and "spans_dropped.export_failed" in grown \
+                else {}
+            self.log.warning("data lost since the last summary", **grown, **extra)

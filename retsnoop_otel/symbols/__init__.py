@@ -1,0 +1,1 @@
+"""Discovery and symbols: which kernel functions a glob means, their types, and names for addresses."""

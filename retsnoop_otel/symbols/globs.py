@@ -18,6 +18,3 @@ def glob_to_regex(glob: str) -> re.Pattern[str]:
             parts.append(re.escape(ch))
     return re.compile("".join(parts), re.DOTALL)
 
-
-def glob_match(glob: str, text: str) -> bool:
-    return glob_to_regex(glob).fullmatch(text) is not None

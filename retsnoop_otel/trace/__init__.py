@@ -1,0 +1,1 @@
+"""`retsnoop-otel trace`: retsnoop's flags and presentation over the capture runtime (one ad-hoc probe set)."""

@@ -1,7 +1,7 @@
 """Agent lifecycle without a kernel: start, capture -> export, SIGHUP reload (good and bad), SIGTERM.
 
-The kernel-facing parts are fakes injected through AgentDeps: a KernelEnv over a tiny kallsyms, a
-tracer factory whose tracers deliver scripted records on poll, and an in-memory span exporter.
+The kernel-facing parts are fakes injected through RuntimeDeps: a KernelEnv over a tiny kallsyms, a
+tracer factory whose tracers deliver scripted records on poll, and an in-memory OTLP sender.
 Everything else (config parsing, discovery, session assembly, sampling, span mapping, the export
 queue, the HTTP endpoint) is the real code.
 """

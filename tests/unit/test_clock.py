@@ -16,8 +16,6 @@ def test_tightest_bracket_wins():
     boottime = scripted([10, 20, 30])
     off = measure_clock_offset(3, realtime, boottime)
     assert off == ClockOffset(offset_ns=5002 - 20, measured_at=20, uncertainty_ns=4)
-    assert off.to_wall_ns(100) == 100 + 4982
-    assert off.age_ns(1020) == 1000
 
 
 def test_backwards_wall_clock_samples_are_ignored():
@@ -35,6 +33,6 @@ def test_all_samples_bad_is_an_error():
 
 def test_real_clocks_agree_with_time_time():
     off = measure_clock_offset()
-    wall = off.to_wall_ns(time.clock_gettime_ns(time.CLOCK_BOOTTIME))
+    wall = time.clock_gettime_ns(time.CLOCK_BOOTTIME) + off.offset_ns
     assert abs(wall - time.time_ns()) < 50_000_000  # 50 ms: generous for a loaded CI machine
     assert off.uncertainty_ns >= 0

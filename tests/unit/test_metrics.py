@@ -8,7 +8,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from retsnoop_otel import __version__
 from retsnoop_otel.capture.model import CaptureStats, FuncStats, RetKind, SessionStats, TracedFunc
-from retsnoop_otel.metrics.kernel_families import KernelCollector, bucket_bounds_seconds
+from retsnoop_otel.metrics.kernel_families import KernelCollector, bucket_bounds
 from retsnoop_otel.metrics.runtime_families import RunCounters, RuntimeCollector
 from retsnoop_otel.metrics.series import SeriesBounds, SeriesLimiter
 
@@ -207,7 +207,7 @@ def test_reads_happen_at_scrape_time():
 
 
 def test_kernel_bucket_bounds():
-    bounds = bucket_bounds_seconds(40)
+    bounds = bucket_bounds(40)
     assert len(bounds) == 40 and bounds[0] == "2e-09" and bounds[-1] == "+Inf"
     assert float(bounds[-2]) == 2**39 / 1e9  # bucket 38 ends at 2^39 ns; bucket 39 is open-ended
 

@@ -51,7 +51,7 @@ def test_every_dashboard_and_alert_expression_evaluates(vm_batch) -> None:
     # dashboard expressions over families the agent always has (or has after the workload) have data
     always = {"retsnoop_build_info", "retsnoop_attached_functions", "retsnoop_config_reloads_total",
               "retsnoop_sessions_started_total", "retsnoop_sessions_reported_total", "retsnoop_spans_exported_total",
-              "retsnoop_sessions_total"}
+              "retsnoop_sessions_total", "process_cpu_seconds_total", "process_resident_memory_bytes"}
     empty = [q["where"] for q in queries
              if not q["where"].startswith("alerts.yml")
              and all(n.startswith(("retsnoop_function_", "retsnoop_session_duration_seconds")) or n in always
