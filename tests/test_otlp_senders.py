@@ -27,8 +27,12 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import (
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
 from retsnoop_otel import __version__
+from retsnoop_otel.export.grpc_sender import GrpcSender
+from retsnoop_otel.export.http_sender import HttpSender
+from retsnoop_otel.export.otlp_file import OtlpJsonFileSender
 from retsnoop_otel.export.otlp_settings import OtlpConfig, OtlpConfigError, OtlpSettings, resolve_settings
-from retsnoop_otel.export.senders import GrpcSender, HttpSender, OtlpJsonFileSender, SendResult, build_sender
+from retsnoop_otel.export.senders import build_sender
+from retsnoop_otel.export.sending import SendResult
 from tests.otlp_receiver import Receiver, start_receiver
 
 TRACE_ID = bytes.fromhex("5b8efff798038103d269b633813fc60c")

@@ -23,7 +23,7 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 from prometheus_client.metrics_core import Metric as PromMetric
 
 from retsnoop_otel import __version__
-from retsnoop_otel.export.senders import Sender
+from retsnoop_otel.export.sending import Sender
 
 log = logging.getLogger(__name__)
 SCOPE_NAME = "retsnoop_otel.metrics"

@@ -14,7 +14,7 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
-from retsnoop_otel.export.senders import Sender
+from retsnoop_otel.export.sending import Sender
 from retsnoop_otel.export.span_encoder import EncodedTrace, build_request
 
 log = logging.getLogger(__name__)

@@ -19,16 +19,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from prometheus_client import CollectorRegistry, ProcessCollector
-
 from retsnoop_otel.capture.model import CaptureStats, Session
 from retsnoop_otel.export.otlp_settings import OtlpSettings
 from retsnoop_otel.export.resource import Resource, build_resource
-from retsnoop_otel.export.senders import Sender, build_sender
-from retsnoop_otel.metrics.kernel_families import KernelCollector, read_bpf_stats_enabled
-from retsnoop_otel.metrics.runtime_families import RunCounters, RuntimeCollector
 from retsnoop_otel.metrics.series import SeriesBounds, SeriesLimiter
-from retsnoop_otel.metrics.server import ListenError, MetricsServer
 from retsnoop_otel.runtime.config import RuntimeConfig, SymbolsConfig
 from retsnoop_otel.runtime.environment import (
     KernelEnv,
@@ -49,6 +43,11 @@ HOUSEKEEPING_S = 60.0  # clock offset re-measurement and the periodic loss summa
 Resolved = list[tuple[Any, discovery.Discovery]]
 
 
+def _build_sender(settings: OtlpSettings) -> Any:
+    from retsnoop_otel.export.senders import build_sender  # grpc and protobuf load only for OTLP runs
+    return build_sender(settings)
+
+
 def _boot_to_wall_offset() -> int:
     from retsnoop_otel.capture.clock import measure_boot_to_wall_offset
     return measure_boot_to_wall_offset()
@@ -62,7 +61,7 @@ class RuntimeDeps:
     find_vmlinux: Callable[[SymbolsConfig, str], str | None] = find_vmlinux
     check_privileges: Callable[[], None] = check_privileges
     tracer_factory: TracerFactory = real_tracer_factory
-    make_sender: Callable[[OtlpSettings], Sender] = build_sender
+    make_sender: Callable[[OtlpSettings], Any] = _build_sender  # -> export.senders.Sender
     boot_to_wall_offset: Callable[[], int] = _boot_to_wall_offset
     make_resource: Callable[[], Resource] = build_resource
     console: TextIO = field(default_factory=lambda: sys.stdout)
@@ -80,7 +79,7 @@ class Runtime:
         self.vmlinux: str | None = None
         self.probe_sets: list[ProbeSet] = []
         self.sinks: Sinks | None = None
-        self.server: MetricsServer | None = None
+        self.server: Any = None  # metrics.server.MetricsServer while /metrics is served
         self.metrics_push: Any = None  # export.metrics_push.OtlpMetricsPusher when metrics.otlp is set
         self.reloads = {"success": 0, "failure": 0}
         self.session_errors = 0
@@ -174,8 +173,12 @@ class Runtime:
 
     # ---- the parts -------------------------------------------------------------------------------
 
-    def registry(self) -> CollectorRegistry:
+    def registry(self) -> Any:
         """The families /metrics serves: every probe set's, the run's own, and the process's (CPU, memory)."""
+        from prometheus_client import CollectorRegistry, ProcessCollector
+
+        from retsnoop_otel.metrics.kernel_families import KernelCollector
+        from retsnoop_otel.metrics.runtime_families import RuntimeCollector
         registry = CollectorRegistry(auto_describe=True)  # private (no global state); described, so name[] works
         registry.register(KernelCollector(lambda: list(self.probe_sets), stats_enabled=self._stats_enabled,
                                           exemplars=self._exemplars, limiter=self.series_limiter))
@@ -183,9 +186,11 @@ class Runtime:
         registry.register(ProcessCollector(proc=os.path.join(self.deps.root, "proc"), registry=None))
         return registry
 
-    def _serve(self, cfg: RuntimeConfig) -> MetricsServer | None:
+    def _serve(self, cfg: RuntimeConfig) -> Any:
+        """The /metrics and /healthz server (metrics.server.MetricsServer), bound now; None without a port."""
         if cfg.metrics.port is None:
             return None
+        from retsnoop_otel.metrics.server import ListenError, MetricsServer
         try:
             return MetricsServer(cfg.metrics.host, cfg.metrics.port, self.registry(), self.health,
                                  setting=cfg.names.listen)
@@ -202,6 +207,8 @@ class Runtime:
         if cfg.metrics.otlp is None:
             return None
         from retsnoop_otel.export.metrics_push import OtlpMetricsPusher
+        from retsnoop_otel.metrics.kernel_families import KernelCollector
+        from retsnoop_otel.metrics.runtime_families import RuntimeCollector
         settings = otlp_settings(cfg.metrics.otlp, "metrics", cfg.names.metrics_otlp, self.deps.environ)
         kernel = KernelCollector(lambda: list(self.probe_sets), stats_enabled=self._stats_enabled,
                                  limiter=self.series_limiter)
@@ -216,11 +223,14 @@ class Runtime:
                                  cfg.metrics.otlp_interval_s).start()
 
     def _stats_enabled(self) -> bool:
+        from retsnoop_otel.metrics.kernel_families import read_bpf_stats_enabled
         return read_bpf_stats_enabled(self.deps.root)
 
     def _exemplars(self, probe_set: str, entry_function: str) -> dict:
         sinks = self.sinks
-        return sinks.exemplars.for_histogram(probe_set, entry_function) if sinks is not None else {}
+        if sinks is None or sinks.exemplars is None:
+            return {}
+        return sinks.exemplars.for_histogram(probe_set, entry_function)
 
     def series_limiter(self, probe_set: str) -> SeriesLimiter | None:
         """The label bounds of metrics, kept across scrapes (a new one when the bounds change on reload)."""
@@ -233,7 +243,9 @@ class Runtime:
             lim = self._limiters[probe_set] = SeriesLimiter(bounds)
         return lim
 
-    def counters(self) -> RunCounters:
+    def counters(self) -> Any:
+        """A metrics.runtime_families.RunCounters snapshot, taken at scrape time."""
+        from retsnoop_otel.metrics.runtime_families import RunCounters
         sinks = self.sinks
         t = sinks.totals() if sinks is not None else ExportTotals()
         return RunCounters(t.spans_exported, dict(t.spans_dropped), t.export_errors, self.session_errors,

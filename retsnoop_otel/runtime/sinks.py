@@ -18,17 +18,13 @@ from typing import Any, TextIO
 
 from retsnoop_otel.capture.model import Session
 from retsnoop_otel.export.otlp_settings import OtlpConfig, OtlpConfigError, OtlpSettings, resolve_settings
-from retsnoop_otel.export.otlp_sink import OtlpTraceSink
 from retsnoop_otel.export.resource import Resource
-from retsnoop_otel.export.senders import OtlpJsonFileSender, Sender
-from retsnoop_otel.export.span_encoder import SpanEncoder, make_envelope
-from retsnoop_otel.metrics.exemplars import ExemplarStore
-from retsnoop_otel.metrics.kernel_families import func_label
+from retsnoop_otel.export.span_attributes import lookup_func
 from retsnoop_otel.runtime.config import AGENT_NAMES, ExporterConfig, InputNames, Limits
 from retsnoop_otel.runtime.environment import name_it
 from retsnoop_otel.runtime.errors import InputError
 
-SenderFactory = Callable[[OtlpSettings], Sender]
+SenderFactory = Callable[[OtlpSettings], Any]  # -> export.senders.Sender
 
 
 def otlp_settings(cfg: OtlpConfig, signal: str, names: Mapping[str, str],
@@ -60,6 +56,10 @@ class _SetOutputs:
             self.fmt_args = ArgFormatter(ps.btf, ps.arg_descs).format
             # exported data leaves the host: pointers inside arguments would reveal the KASLR offset
             self.export_args = ArgFormatter(ps.btf, ps.arg_descs, show_pointers=cfg.export_addresses).format
+        self.encoder = None
+        if not cfg.otlp and not cfg.file:
+            return
+        from retsnoop_otel.export.span_encoder import SpanEncoder, make_envelope
         self.encoder = SpanEncoder(ps.funcs, make_envelope(resource.attributes, resource.schema_url),
                                    symbolize=ps.symbolizer.describe, locate=partial(definition, ps.symbolizer),
                                    export_addresses=cfg.export_addresses, max_spans=limits.max_spans_per_trace,
@@ -76,17 +76,22 @@ class Sinks:
         self.limits = limits
         self._resource = resource
         self._console = console if cfg.console is not None else None
-        self.exporters: list[OtlpTraceSink] = []
+        self.exporters: list[Any] = []  # export.otlp_sink.OtlpTraceSink
         self.span_limit_dropped = 0
-        self.exemplars = ExemplarStore()
+        self.exemplars: Any = None  # metrics.exemplars.ExemplarStore once there is an exporter
         self._per_set: weakref.WeakKeyDictionary[Any, _SetOutputs] = weakref.WeakKeyDictionary()
         self._final: ExportTotals | None = None  # counters at close, when the exporters are gone
         self.trace_json = None
         try:
+            if cfg.otlp is not None or cfg.file is not None:  # grpc and protobuf load only when they are needed
+                from retsnoop_otel.export.otlp_sink import OtlpTraceSink
+                from retsnoop_otel.metrics.exemplars import ExemplarStore
+                self.exemplars = ExemplarStore()
             if cfg.otlp is not None:
                 settings = otlp_settings(cfg.otlp, "traces", names.otlp, environ)
                 self.exporters.append(OtlpTraceSink(make_sender(settings), max_queue_spans=limits.export_queue_spans))
             if cfg.file is not None:
+                from retsnoop_otel.export.otlp_file import OtlpJsonFileSender
                 self.exporters.append(OtlpTraceSink(_open(cfg.file, names.file, OtlpJsonFileSender),
                                                     max_queue_spans=limits.export_queue_spans))
             if cfg.trace_json is not None:
@@ -116,7 +121,7 @@ class Sinks:
         self.span_limit_dropped += trace.spans_dropped + session.calls_cut  # both: the per-trace span limit
         accepted = [sink.submit(trace) for sink in self.exporters]
         if any(accepted) and session.entry_func_id is not None:  # an exemplar must lead to a trace that exists
-            self.exemplars.record(ps.name, func_label(ps.funcs, session.entry_func_id),
+            self.exemplars.record(ps.name, lookup_func(ps.funcs, session.entry_func_id).name,
                                   session.end_ns - session.start_ns, trace.trace_id, session.end_ns + offset_ns)
 
     def _text(self, ps: Any, out: _SetOutputs, session: Session, offset_ns: int) -> str:

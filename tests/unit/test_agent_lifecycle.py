@@ -25,7 +25,7 @@ from retsnoop_otel.capture import records
 from retsnoop_otel.capture.model import CaptureStats, FuncStats, RetKind, SessionStats
 from retsnoop_otel.capture.records import FuncTraceRec, SessionEndRec, SessionStartRec
 from retsnoop_otel.export.resource import Resource
-from retsnoop_otel.export.senders import SendResult
+from retsnoop_otel.export.sending import SendResult
 from retsnoop_otel.kernel.tracer import AttachReport
 from retsnoop_otel.runtime.environment import KernelEnv
 from retsnoop_otel.runtime.errors import SetupError

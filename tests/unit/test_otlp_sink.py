@@ -8,7 +8,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from retsnoop_otel.capture.model import Call
 from retsnoop_otel.export.otlp_sink import ExportStats, OtlpTraceSink
-from retsnoop_otel.export.senders import SendResult
+from retsnoop_otel.export.sending import SendResult
 from retsnoop_otel.export.span_encoder import SpanEncoder, build_request
 from tests.unit.test_span_content import FUNCS, OFFSET, tree_session
 from tests.unit.test_span_encoder import ENVELOPE
