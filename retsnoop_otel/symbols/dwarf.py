@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import struct
 import subprocess
 import threading
@@ -100,10 +101,19 @@ def find_vmlinux(explicit: str | None = None, root: str = "/", release: str | No
     release = release or os.uname().release
     want = running_build_id(root)
     if explicit:
-        if not os.path.isfile(explicit):
-            raise DwarfError(f"{explicit}: no such file")
+        try:
+            if not stat.S_ISREG(os.stat(explicit).st_mode):
+                raise DwarfError(f"{explicit}: not a file")
+        except FileNotFoundError:
+            raise DwarfError(f"{explicit}: no such file") from None
+        except OSError as exc:
+            raise DwarfError(f"{explicit}: cannot read it ({exc.strerror or exc}); run as root or give a "
+                             "readable vmlinux") from None
         try:
             have = elf_build_id(explicit)
+        except OSError as exc:
+            raise DwarfError(f"{explicit}: cannot read it ({exc.strerror or exc}); run as root or give a "
+                             "readable vmlinux") from None
         except Exception as exc:  # noqa: BLE001 - pyelftools raises many types on non-ELF input
             raise DwarfError(f"{explicit}: not an ELF vmlinux ({exc})") from None
         if want and have and want != have:
@@ -111,13 +121,14 @@ def find_vmlinux(explicit: str | None = None, root: str = "/", release: str | No
                              f"{want}): give the vmlinux of the running kernel ({release})")
         return explicit
     for path in candidate_paths(release, root):
-        if path.is_file():
-            try:
-                have = elf_build_id(str(path))
-            except Exception:  # noqa: BLE001
+        try:  # a candidate this user cannot read (an unprivileged run) is skipped like a missing one
+            if not path.is_file():
                 continue
-            if not want or not have or have == want:
-                return str(path)
+            have = elf_build_id(str(path))
+        except Exception:  # noqa: BLE001 - OSError, or pyelftools' many types on non-ELF input
+            continue
+        if not want or not have or have == want:
+            return str(path)
     return None
 
 

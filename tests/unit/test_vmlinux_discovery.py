@@ -72,3 +72,28 @@ def test_explicit_k_is_checked_against_the_running_kernel(tmp_path, elves):
     text.write_text("hello")
     with pytest.raises(DwarfError, match="not an ELF vmlinux"):
         find_vmlinux(str(text), str(root), RELEASE)
+
+
+def test_unreadable_candidates_are_skipped_and_an_unreadable_explicit_file_says_so(tmp_path) -> None:
+    """An unprivileged run meets root-only vmlinux files: the standard places are skipped, a -k is an error."""
+    import os
+    import subprocess
+    import sys
+    release = "9.9.9-test"
+    secret = tmp_path / "lib" / "modules" / release
+    secret.mkdir(parents=True)
+    (secret / f"vmlinux-{release}").write_bytes(b"\x7fELF")
+    secret.chmod(0o700)
+    tmp_path.chmod(0o755)
+    (tmp_path / "lib").chmod(0o755)
+    (tmp_path / "lib" / "modules").chmod(0o755)
+    code = (f"from retsnoop_otel.symbols.dwarf import find_vmlinux, DwarfError\n"
+            f"print(find_vmlinux(None, {str(tmp_path)!r}, {release!r}))\n"
+            f"try:\n    find_vmlinux({str(secret / ('vmlinux-' + release))!r}, {str(tmp_path)!r}, {release!r})\n"
+            f"except DwarfError as e:\n    print(e)\n")
+    repo = str(__import__("pathlib").Path(__file__).resolve().parents[2])
+    out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code],
+                         capture_output=True, text=True, timeout=60, cwd="/", env={**os.environ, "PYTHONPATH": repo})
+    lines = out.stdout.splitlines()
+    assert out.returncode == 0 and lines[0] == "None", out.stderr
+    assert "cannot read it" in lines[1] and "Permission denied" in lines[1], lines
