@@ -45,6 +45,13 @@ $(LOW_STAMP): pyproject.toml setup.py tests/lowest_constraints.py | $(PY)
 bpf:
 	@$(MAKE) --no-print-directory -s -C bpf OUT=$(CURDIR)/retsnoop_otel/bpf
 
+# the thread-context publisher for Python services (retsnoop_otel/publisher): TLSDESC, only its API exported
+PUBLISHER_SO := retsnoop_otel/publisher/libotel_thread_ctx.so
+bpf: $(PUBLISHER_SO)
+$(PUBLISHER_SO): retsnoop_otel/publisher/otel_thread_ctx.c
+	@gcc -O2 -fPIC -shared -fvisibility=hidden -mtls-dialect=$(if $(filter x86_64,$(shell uname -m)),gnu2,desc) \
+	  -Wall -Werror -o $@ $<
+
 ## kernels: Debian 6.1 (with its DWARF vmlinux) and 6.12 kernels for the VM tests, cached outside the repo
 kernels: setup
 	tests/vm/fetch-kernel 6.1 --dbg

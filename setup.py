@@ -1,4 +1,5 @@
-"""Compile the BPF objects (CO-RE) into the package at build time, so no compiler is needed at run time."""
+"""Compile the BPF objects (CO-RE) and the publisher's C library into the package at build time, so no compiler is
+needed at run time."""
 
 import os
 import shutil
@@ -18,16 +19,19 @@ def _need(tool: str, package: str) -> None:
 
 
 class BuildBpf(build_py):
-    """Run `make -C bpf` and put the objects next to the Python modules that load them."""
+    """Run `make -C bpf` (and build the publisher library) and put them next to the Python modules that load them."""
 
     def run(self) -> None:
         _need("clang", "clang")
         _need("make", "make")
+        _need("gcc", "gcc")  # the thread-context publisher's C library (Makefile rule PUBLISHER_SO)
         if not Path("/usr/include/bpf/bpf_helpers.h").exists():
             sys.exit("error: libbpf headers not found: install the Debian package 'libbpf-dev'")
         out = ROOT / "retsnoop_otel" / "bpf"
         out.mkdir(exist_ok=True)
         subprocess.run(["make", "-s", "-C", str(ROOT / "bpf"), f"OUT={out}"], check=True, env=os.environ)
+        subprocess.run(["make", "-s", "-C", str(ROOT), "retsnoop_otel/publisher/libotel_thread_ctx.so"], check=True,
+                       env=os.environ)
         super().run()
 
 

@@ -31,6 +31,8 @@ const volatile __u32 cgroup_level = 0;		/* its depth below the root cgroup */
 const volatile __u32 max_depth = MAX_FSTACK_DEPTH;	/* nesting recorded per session (<= 64) */
 const volatile bool capture_args = false;	/* -A: off unless asked, kernel memory can hold secrets */
 const volatile bool use_lbr = false;		/* --lbr: snapshot the CPU's branch records at exits */
+const volatile bool read_app = false;		/* read the application's OTel thread context at session start */
+const volatile bool user_stacks = false;	/* take the user stack at session start */
 
 /* Set by user space once every probe is attached: no session starts half-instrumented. */
 volatile bool ready = false;
@@ -190,6 +192,7 @@ static __always_inline bool room_for_call_records(void)
 #include "stats.bpf.h"
 #include "lbr.bpf.h"
 #include "args.bpf.h"
+#include "appctx.bpf.h"
 
 static __always_inline void emit_trace(struct session *s, __u32 type, __u32 tid, __u64 ts, int depth,
 				       __u32 func_id, __u64 lat, __s64 res)
@@ -222,7 +225,7 @@ static __always_inline void emit_trace(struct session *s, __u32 type, __u32 tid,
 	bpf_ringbuf_submit(r, 0);
 }
 
-static __always_inline struct session *start_session(__u32 key, __u32 tid, __u32 tgid, __u64 now)
+static __always_inline struct session *start_session(void *ctx, __u32 key, __u32 tid, __u32 tgid, __u64 now)
 {
 	struct rec_session_start *r;
 	struct capture_stats *cs;
@@ -248,6 +251,10 @@ static __always_inline struct session *start_session(__u32 key, __u32 tid, __u32
 	bpf_get_current_comm(s->comm, sizeof(s->comm));
 	task = (struct task_struct *)bpf_get_current_task();
 	BPF_CORE_READ_STR_INTO(&s->proc_comm, task, group_leader, comm);
+	if (read_app || user_stacks)
+		read_app_ctx(key, tgid, task);
+	if (user_stacks)
+		take_ustack(ctx, key);
 	if (emit_calls) {
 		r = bpf_ringbuf_reserve(&rb, sizeof(*r), 0);
 		if (!r) {
@@ -285,7 +292,7 @@ static __always_inline void handle_entry(void *ctx, __u32 func_id, bool fentry)
 	if (!s) {
 		if (!ready || !(fi->flags & FUNC_IS_ENTRY))
 			return;
-		s = start_session(key, tid, pid_tgid >> 32, now);
+		s = start_session(ctx, key, tid, pid_tgid >> 32, now);
 		if (!s)
 			return;
 	}
@@ -334,6 +341,10 @@ static __always_inline void end_session(struct session *s, __u32 key, __u64 now)
 		goto out;
 	if (use_lbr)
 		emit_lbr(s, key);
+	if (read_app)
+		emit_app(s, key);
+	if (user_stacks)
+		emit_ustack(s, key);
 	r = bpf_ringbuf_reserve(&rb, sizeof(*r), 0);
 	if (!r) {
 		if (cs)
@@ -365,6 +376,7 @@ static __always_inline void end_session(struct session *s, __u32 key, __u64 now)
 out:
 	if (use_lbr)
 		bpf_map_delete_elem(&session_lbrs, &key);
+	forget_app(key);
 	bpf_map_delete_elem(&sessions, &key);
 }
 
@@ -398,6 +410,7 @@ static __always_inline void handle_exit(void *ctx, __u32 func_id, __s64 res)
 			cs->incomplete_sessions++;
 		if (use_lbr)
 			bpf_map_delete_elem(&session_lbrs, &key);
+		forget_app(key);
 		bpf_map_delete_elem(&sessions, &key);
 		return;
 	}
@@ -504,3 +517,8 @@ _Static_assert(sizeof(struct rec_func_args) == 1616, "rec_func_args layout");
 _Static_assert(sizeof(struct arg_spec) == 16, "arg_spec layout");
 _Static_assert(sizeof(struct lbr_capture) == 784, "lbr_capture layout");
 _Static_assert(sizeof(struct rec_session_lbr) == 800, "rec_session_lbr layout");
+_Static_assert(sizeof(struct app_tls) == 24, "app_tls layout");
+_Static_assert(sizeof(struct app_ctx) == 640, "app_ctx layout");
+_Static_assert(sizeof(struct rec_session_app) == 664, "rec_session_app layout");
+_Static_assert(sizeof(struct rec_session_ustack) == 536, "rec_session_ustack layout");
+_Static_assert(sizeof(struct rec_app_probe) == 8, "rec_app_probe layout");

@@ -17,6 +17,9 @@ enum rec_type {
 	REC_SESSION_END = 4,
 	REC_FUNC_ARGS = 5,
 	REC_SESSION_LBR = 6,
+	REC_SESSION_APP = 7,
+	REC_SESSION_USTACK = 8,
+	REC_APP_PROBE = 9,
 };
 
 #define MAX_LBR_ENTRIES 32	/* the most any CPU's last-branch stack holds */
@@ -43,6 +46,65 @@ struct rec_session_lbr {
 	__u32 tid;
 	__u64 start_ts;	/* matches the session end's start_ts */
 	struct lbr_capture lbr;
+};
+
+/* ---- the application's context: OpenTelemetry thread context (OTEP 4947) and user stack ---- */
+
+#define APP_CTX_HEAD 28		/* trace-id, span-id, valid, trace-flags, attrs-data-size */
+#define MAX_APP_ATTRS 612	/* attrs-data kept: records of up to 640 bytes, as OTEP 4947 recommends */
+#define MAX_USTACK_DEPTH 64
+
+/* Where otel_thread_ctx_v1 lives in every thread of one process (map app_targets, by tgid; filled by
+ * user space from the ELF files of the process). x86-64, glibc. */
+struct app_tls {
+	__s64 tp_offset;	/* modid 0: the variable is at thread pointer + tp_offset (the executable's TLS) */
+	__u64 offset;		/* modid > 0: at dtv[modid].val + offset, where dtv = *(thread pointer + 8) */
+	__u32 modid;
+	__u32 flags;
+};
+#define APP_TLS_NONE 0x1	/* the process was checked: it publishes no thread context */
+
+enum app_status {
+	APP_OK = 0,		/* a valid record was read */
+	APP_NO_RECORD = 1,	/* the thread has no record (NULL pointer, or its DTV entry is not allocated) */
+	APP_INVALID = 2,	/* the record's valid byte is not 1 */
+	APP_FAULT = 3,		/* a read of user memory failed (unmapped, paged out): err holds the error */
+};
+
+/* The record as OTEP 4947 lays it out, byte-packed; attrs cut at MAX_APP_ATTRS. */
+struct app_ctx {
+	__u8 trace_id[16];
+	__u8 span_id[8];
+	__u8 valid;
+	__u8 trace_flags;
+	__u16 attrs_size;	/* as the record says: more than MAX_APP_ATTRS means the attributes were cut */
+	__u8 attrs[MAX_APP_ATTRS];
+};
+
+/* Sent right before the REC_SESSION_END of a reported session whose process publishes thread context. */
+struct rec_session_app {
+	__u32 type;
+	__u32 tid;
+	__u64 start_ts;	/* matches the session end's start_ts */
+	__s32 status;	/* enum app_status */
+	__s32 err;	/* APP_FAULT: the negative error of the failed read */
+	struct app_ctx ctx;
+};
+
+/* Sent right before the REC_SESSION_END of a reported session when user stacks are on. */
+struct rec_session_ustack {
+	__u32 type;
+	__u32 tid;
+	__u64 start_ts;
+	__s32 ustack_sz;	/* bytes of ustack filled, or negative error */
+	__u32 pad;
+	__u64 ustack[MAX_USTACK_DEPTH];	/* return addresses, innermost first (frame-pointer unwinding) */
+};
+
+/* A session started in a process user space has not checked yet: check it, fill app_targets. */
+struct rec_app_probe {
+	__u32 type;
+	__u32 tgid;
 };
 
 #define MAX_FUNC_ARGS 6

@@ -25,6 +25,7 @@ enum bpf_map_type {
 	BPF_MAP_TYPE_ARRAY = 2,
 	BPF_MAP_TYPE_PERCPU_HASH = 5,
 	BPF_MAP_TYPE_PERCPU_ARRAY = 6,
+	BPF_MAP_TYPE_LRU_HASH = 9,
 	BPF_MAP_TYPE_RINGBUF = 27,
 };
 
@@ -38,11 +39,16 @@ struct pt_regs {
 		sp, ss;
 } __attribute__((preserve_access_index));
 
+struct thread_struct {
+	unsigned long fsbase;	/* x86-64: the user thread pointer (TLS) */
+} __attribute__((preserve_access_index));
+
 struct task_struct {
 	int pid;
 	int tgid;
 	char comm[16];
 	struct task_struct *group_leader;
+	struct thread_struct thread;
 } __attribute__((preserve_access_index));
 
 #endif

@@ -8,7 +8,7 @@ SDK's own encoder) so tests can compare the two request by request. Only the ran
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -17,7 +17,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.sdk.resources import Resource as SdkResource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.status import Status, StatusCode
 
 from retsnoop_otel.capture.model import Call, Session
@@ -32,6 +32,7 @@ from retsnoop_otel.export.span_attributes import (
     FuncTable,
     Locate,
     SpanStatus,
+    app_parent,
     call_attrs,
     chain_span_times,
     count_calls,
@@ -59,9 +60,10 @@ def sdk_resource(resource: Resource | None) -> SdkResource:
 class _Builder:
     """Accumulates the spans of one trace, enforcing the per-trace span limit."""
 
-    def __init__(self, rng: random.Random, resource: SdkResource, offset_ns: int, max_spans: int) -> None:
+    def __init__(self, rng: random.Random, resource: SdkResource, offset_ns: int, max_spans: int,
+                 trace_id: int = 0) -> None:
         self.rng, self.resource, self.offset_ns, self.max_spans = rng, resource, offset_ns, max_spans
-        self.trace_id = self._nonzero(128)
+        self.trace_id = trace_id or self._nonzero(128)
         self.spans: list[ReadableSpan] = []
         self.dropped = 0
 
@@ -74,9 +76,9 @@ class _Builder:
         return SpanContext(self.trace_id, self._nonzero(64), is_remote=False, trace_flags=_SAMPLED)
 
     def add(self, name: str, ctx: SpanContext, parent: SpanContext | None, start: int, end: int, attrs: Attrs,
-            status: SpanStatus) -> None:
+            status: SpanStatus, links: Sequence[Link] = ()) -> None:
         self.spans.append(ReadableSpan(
-            name=name, context=ctx, parent=parent, resource=self.resource, attributes=attrs,
+            name=name, context=ctx, parent=parent, resource=self.resource, attributes=attrs, links=links,
             kind=SpanKind.INTERNAL, status=sdk_status(status), start_time=start, end_time=end,
             instrumentation_scope=SCOPE))
 
@@ -86,7 +88,11 @@ def session_to_spans(session: Session, funcs: FuncTable, offset_ns: int, resourc
                      max_spans: int = DEFAULT_MAX_SPANS, rng: random.Random | None = None,
                      locate: Locate | None = None, format_args: FormatArgs | None = None) -> list[ReadableSpan]:
     """Root span first (the entry function), then the others depth-first, parents before children."""
-    b = _Builder(rng or random.Random(), sdk_resource(resource), offset_ns, max(1, max_spans))
+    app, joined = app_parent(session)
+    b = _Builder(rng or random.Random(), sdk_resource(resource), offset_ns, max(1, max_spans),
+                 app.trace_id if app is not None and joined else 0)
+    app_ctx = None if app is None else SpanContext(app.trace_id, app.span_id, is_remote=True,
+                                                   trace_flags=TraceFlags(app.trace_flags))
 
     def result(func_id: int, raw: int | None) -> tuple[Attrs, SpanStatus]:
         return result_attrs(lookup_func(funcs, func_id), raw, export_addresses, locate)
@@ -136,7 +142,8 @@ def session_to_spans(session: Session, funcs: FuncTable, offset_ns: int, resourc
     if b.dropped:
         attrs["retsnoop.spans_dropped"] = b.dropped
     children, b.spans = b.spans[1:], []
-    b.add(name, root_ctx, None, root_start, root_end, attrs, status)
+    b.add(name, root_ctx, app_ctx if joined else None, root_start, root_end, attrs, status,
+          [Link(app_ctx)] if app_ctx is not None and not joined else ())
     return b.spans + children
 
 

@@ -110,7 +110,8 @@ def _sampling(ctx: Nodes, node: yaml.Node, key: str) -> Sampling:
 
 
 _FILTER_KEYS = ("pids", "no_pids", "comms", "no_comms", "cgroup", "min_duration_ms", "allow_errors", "deny_errors")
-_SET_KEYS = ("name", "entry", "allow", "deny", "mode", "attach_mode", "filters", "sampling", "lbr", "capture_args")
+_SET_KEYS = ("name", "entry", "allow", "deny", "mode", "attach_mode", "filters", "sampling", "lbr", "capture_args",
+             "app_context", "user_stacks")
 
 
 def _lbr(ctx: Nodes, node: yaml.Node, key: str, mode: str) -> int:
@@ -180,7 +181,9 @@ def _probe_set(ctx: Nodes, node: yaml.Node, key: str, name: str | None) -> Probe
         sampling=_sampling(ctx, m["sampling"], f"{key}.sampling") if "sampling" in m else Sampling(),
         lbr_branch_types=_lbr(ctx, m["lbr"], f"{key}.lbr", ctx.value(m["mode"]) if "mode" in m else "stack")
         if "lbr" in m else 0,
-        capture_args=boolean(ctx, m["capture_args"], f"{key}.capture_args") if "capture_args" in m else False)
+        capture_args=boolean(ctx, m["capture_args"], f"{key}.capture_args") if "capture_args" in m else False,
+        app_context=boolean(ctx, m["app_context"], f"{key}.app_context") if "app_context" in m else True,
+        user_stacks=boolean(ctx, m["user_stacks"], f"{key}.user_stacks") if "user_stacks" in m else False)
 
 
 def _probe_sets(ctx: Nodes, node: yaml.Node) -> tuple[ProbeSetConfig, ...]:

@@ -160,6 +160,51 @@ class LbrCapture:
     error: int = 0  # positive errno when the snapshot failed (ENOENT: no LBR on this CPU)
 
 
+APP_STATUSES = ("ok", "no_record", "invalid", "fault")
+
+
+@dataclass(frozen=True, slots=True)
+class AppContext:
+    """The application's OpenTelemetry context on the thread when the session started (OTEP 4947 record).
+
+    `status`: ok (a valid record), no_record (the thread had none), invalid (its valid byte was not 1)
+    or fault (the read of user memory failed, `error` says why).
+    """
+
+    status: str
+    trace_id: int = 0
+    span_id: int = 0
+    trace_flags: int = 0
+    attrs: bytes = b""  # attrs-data as read; decoded with the process context's key map
+    attrs_cut: bool = False  # the record held more attribute bytes than the kernel side keeps
+    error: int = 0
+    # filled in user space from the process context (OTEP 4719), while the process is known:
+    attributes: tuple[tuple[str, str], ...] = ()  # the record's attributes, keys named by the key map
+    service_name: str = ""  # the application's service.name
+
+    @property
+    def sampled(self) -> bool:
+        return bool(self.trace_flags & 0x01)
+
+    @property
+    def usable(self) -> bool:
+        """A valid record naming a span: something the kernel spans can join or link to."""
+        return self.status == "ok" and bool(self.trace_id) and bool(self.span_id)
+
+
+@dataclass(frozen=True, slots=True)
+class UserFrame:
+    """One symbolized user-space frame; inlined frames come before the frame of their caller."""
+
+    addr: int
+    function: str | None  # None when no symbol covers the address
+    offset: int  # from the function's start
+    module: str | None  # path of the ELF mapping it, as the process sees it; None when unmapped
+    file: str | None = None  # DWARF source file, when the ELF (or its debug file) has DWARF
+    line: int | None = None
+    inlined: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class StackEntry:
     """One level of the deepest (error) call chain kept by the kernel, outermost first."""
@@ -188,6 +233,10 @@ class Session:
     cgroup_id: int = 0
     calls_cut: int = 0  # calls left out of `calls` by the per-session cap
     lbr: LbrCapture | None = None  # --lbr
+    app: AppContext | None = None  # the application's OTel thread context, when its process publishes one
+    ustack: tuple[int, ...] | None = None  # user stack at the session start (innermost first), when taken
+    ustack_error: int = 0  # positive errno when the user stack could not be taken
+    user_frames: tuple[UserFrame, ...] = ()  # `ustack` symbolized in user space while the process lived
 
     @property
     def entry_func_id(self) -> int | None:

@@ -23,11 +23,20 @@ REC_FUNC_EXIT = 3
 REC_SESSION_END = 4
 REC_FUNC_ARGS = 5
 REC_SESSION_LBR = 6
+REC_SESSION_APP = 7
+REC_SESSION_USTACK = 8
+REC_APP_PROBE = 9
 MAX_LBR_ENTRIES = 32
 MAX_FUNC_ARGS = 6
 MAX_ARG_DATA = 256
 ARG_KIND_SHIFT = 12
 ARG_RAW, ARG_PTR, ARG_STR = 1, 2, 3
+
+APP_CTX_HEAD = 28
+MAX_APP_ATTRS = 612
+MAX_USTACK_DEPTH = 64
+APP_TLS_NONE = 0x1
+APP_OK, APP_NO_RECORD, APP_INVALID, APP_FAULT = 0, 1, 2, 3
 
 FUNC_IS_ENTRY = 0x1
 FUNC_RET_KIND_SHIFT = 8
@@ -48,6 +57,11 @@ LBR_CAPTURE_HEAD = struct.Struct("<QiHH")  # ts, sz, func_id, depth; MAX_LBR_ENT
 LBR_CAPTURE_SIZE = LBR_CAPTURE_HEAD.size + MAX_LBR_ENTRIES * LBR_ENTRY.size
 SESSION_LBR_HEAD = struct.Struct("<IIQ")  # type, tid, start_ts; an lbr_capture follows
 SESSION_LBR_SIZE = SESSION_LBR_HEAD.size + LBR_CAPTURE_SIZE
+APP_TLS = struct.Struct("<qQII")  # tp_offset, offset, modid, flags (map app_targets)
+SESSION_APP_HEAD = struct.Struct("<IIQii16s8sBBH")  # type, tid, start_ts, status, err, then the record's head
+SESSION_APP_SIZE = SESSION_APP_HEAD.size + MAX_APP_ATTRS
+SESSION_USTACK = struct.Struct(f"<IIQi4x{MAX_USTACK_DEPTH}Q")
+APP_PROBE = struct.Struct("<II")
 
 
 def _comm(raw: bytes) -> str:
@@ -121,7 +135,41 @@ class SessionLbrRec:
     branches: tuple[tuple[int, int], ...]  # (from, to), newest first, as the CPU keeps them
 
 
-Record = SessionStartRec | FuncTraceRec | SessionEndRec | FuncArgsRec | SessionLbrRec
+@dataclass(frozen=True, slots=True)
+class SessionAppRec:
+    """The application's OTel thread context read when the session started: sent before its SessionEndRec."""
+
+    tid: int
+    start_ts: int
+    status: int  # APP_OK, APP_NO_RECORD, APP_INVALID or APP_FAULT
+    error: int  # APP_FAULT: the positive errno of the failed read of user memory
+    trace_id: bytes
+    span_id: bytes
+    valid: int
+    trace_flags: int
+    attrs_size: int  # as the record says (more than MAX_APP_ATTRS: cut)
+    attrs: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class SessionUstackRec:
+    """The user stack taken when the session started: sent before its SessionEndRec."""
+
+    tid: int
+    start_ts: int
+    error: int  # positive errno when bpf_get_stack failed
+    ips: tuple[int, ...]  # return addresses, innermost first
+
+
+@dataclass(frozen=True, slots=True)
+class AppProbeRec:
+    """A session started in a process whose thread context user space has not looked for yet."""
+
+    tgid: int
+
+
+Record = (SessionStartRec | FuncTraceRec | SessionEndRec | FuncArgsRec | SessionLbrRec | SessionAppRec
+          | SessionUstackRec | AppProbeRec)
 
 
 def decode_lbr_capture(data: bytes, offset: int = 0) -> tuple[int, int, int, int, tuple[tuple[int, int], ...]]:
@@ -136,7 +184,7 @@ def decode_lbr_capture(data: bytes, offset: int = 0) -> tuple[int, int, int, int
 
 
 def decode(data: bytes) -> Record:
-    """Decode one ring-buffer record; ValueError on an unknown type or a short LBR record."""
+    """Decode one ring-buffer record; ValueError on an unknown type or a short LBR or application record."""
     rtype = int.from_bytes(data[:4], "little")
     if rtype in (REC_FUNC_ENTRY, REC_FUNC_EXIT):
         _, tid, ts, seq, depth, fid, lat, res = FUNC_TRACE.unpack_from(data)
@@ -155,6 +203,20 @@ def decode(data: bytes) -> Record:
         _, tid, start_ts = SESSION_LBR_HEAD.unpack_from(data)
         ts, func_id, depth, error, branches = decode_lbr_capture(data, SESSION_LBR_HEAD.size)
         return SessionLbrRec(tid, start_ts, ts, func_id, depth, error, branches)
+    if rtype == REC_SESSION_APP:
+        if len(data) < SESSION_APP_SIZE:
+            raise ValueError(f"short application context record ({len(data)} bytes)")
+        _, tid, start_ts, status, err, trace_id, span_id, valid, flags, size = SESSION_APP_HEAD.unpack_from(data)
+        attrs = data[SESSION_APP_HEAD.size:SESSION_APP_HEAD.size + min(size, MAX_APP_ATTRS)] if status == APP_OK \
+            else b""
+        return SessionAppRec(tid, start_ts, status, -err if err < 0 else 0, trace_id, span_id, valid, flags, size,
+                             attrs)
+    if rtype == REC_SESSION_USTACK:
+        v = SESSION_USTACK.unpack_from(data)
+        sz = v[3]
+        return SessionUstackRec(v[1], v[2], -sz if sz < 0 else 0, tuple(v[4:4 + max(0, sz) // 8]))
+    if rtype == REC_APP_PROBE:
+        return AppProbeRec(APP_PROBE.unpack_from(data)[1])
     if rtype == REC_SESSION_START:
         _, tid, tgid, cpu, ts, comm, pcomm = SESSION_START.unpack_from(data)
         return SessionStartRec(tid, tgid, cpu, ts, _comm(comm), _comm(pcomm))

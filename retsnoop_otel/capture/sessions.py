@@ -5,15 +5,30 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from retsnoop_otel.capture.model import ArgValue, Branch, Call, LbrCapture, Session, StackEntry
+from retsnoop_otel.capture.model import (
+    APP_STATUSES,
+    AppContext,
+    ArgValue,
+    Branch,
+    Call,
+    LbrCapture,
+    Session,
+    StackEntry,
+)
 from retsnoop_otel.capture.records import (
+    MAX_APP_ATTRS,
+    AppProbeRec,
     FuncArgsRec,
     FuncTraceRec,
     Record,
+    SessionAppRec,
     SessionEndRec,
     SessionLbrRec,
     SessionStartRec,
+    SessionUstackRec,
 )
+
+_SideRec = SessionLbrRec | SessionAppRec | SessionUstackRec
 
 # Calls kept per session: a verifier run can make hundreds of thousands of traced calls, and each
 # kept Call costs memory until the session is printed or exported. The rest are counted (calls_cut).
@@ -84,15 +99,19 @@ class SessionAssembler:
         self._max_open = max_open
         self._max_calls = max_calls
         self.evicted = 0
-        self._lbrs: OrderedDict[int, SessionLbrRec] = OrderedDict()  # by tid, until the session end
+        # LBR, application context and user stack records, by (type, tid), until their session's end
+        self._side: OrderedDict[tuple[type, int], _SideRec] = OrderedDict()
 
     def feed(self, rec: Record) -> Session | None:
-        if isinstance(rec, SessionLbrRec):
-            self._lbrs.pop(rec.tid, None)
-            self._lbrs[rec.tid] = rec
-            while len(self._lbrs) > self._max_open:
-                self._lbrs.popitem(last=False)
+        if isinstance(rec, SessionLbrRec | SessionAppRec | SessionUstackRec):
+            key = (type(rec), rec.tid)
+            self._side.pop(key, None)
+            self._side[key] = rec
+            while len(self._side) > 3 * self._max_open:
+                self._side.popitem(last=False)
             return None
+        if isinstance(rec, AppProbeRec):
+            return None  # for the process watcher, not for sessions
         if isinstance(rec, FuncArgsRec):
             tree = self._open.get(rec.tid)
             if tree is not None and tree.stack and tree.stack[-1].seq == rec.seq:
@@ -121,11 +140,18 @@ class SessionAssembler:
             calls = tree.roots
             missing = tree.missing + max(0, rec.last_seq - tree.next_seq)
             cut = tree.cut
-        lbr = None
-        lrec = self._lbrs.pop(rec.tid, None)
-        if lrec is not None and lrec.start_ts == rec.start_ts:
+        lbr = app = ustack = None
+        ustack_error = 0
+        lrec = self._side_of(SessionLbrRec, rec)
+        if isinstance(lrec, SessionLbrRec):
             lbr = LbrCapture(lrec.func_id, lrec.depth, lrec.ts, tuple(Branch(a, b) for a, b in lrec.branches),
                              lrec.error)
+        arec = self._side_of(SessionAppRec, rec)
+        if isinstance(arec, SessionAppRec):
+            app = app_context(arec)
+        urec = self._side_of(SessionUstackRec, rec)
+        if isinstance(urec, SessionUstackRec):
+            ustack, ustack_error = (None, urec.error) if urec.error else (urec.ips, 0)
         chain = []
         for level in range(rec.chain_depth):
             known = level >= rec.chain_top
@@ -135,4 +161,17 @@ class SessionAssembler:
             tid=rec.tid, pid=rec.tgid, comm=rec.comm, proc_comm=rec.proc_comm, start_ns=rec.start_ts,
             end_ns=rec.end_ts, is_err=rec.is_err, chain=chain, kstack=list(rec.kstack), calls=calls,
             dropped_records=max(rec.dropped_records, missing), cpu=rec.cpu, cgroup_id=rec.cgroup_id,
-            calls_cut=cut, lbr=lbr)
+            calls_cut=cut, lbr=lbr, app=app, ustack=ustack, ustack_error=ustack_error)
+
+    def _side_of(self, kind: type, end: SessionEndRec) -> _SideRec | None:
+        rec = self._side.pop((kind, end.tid), None)
+        return rec if rec is not None and rec.start_ts == end.start_ts else None
+
+
+def app_context(rec: SessionAppRec) -> AppContext:
+    """The record as read by the kernel side; ids are big-endian bytes as W3C trace context writes them."""
+    status = APP_STATUSES[rec.status] if 0 <= rec.status < len(APP_STATUSES) else "fault"
+    if status != "ok":
+        return AppContext(status, error=rec.error)
+    return AppContext(status, int.from_bytes(rec.trace_id, "big"), int.from_bytes(rec.span_id, "big"),
+                      rec.trace_flags, rec.attrs, rec.attrs_size > MAX_APP_ATTRS)

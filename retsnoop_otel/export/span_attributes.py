@@ -19,8 +19,18 @@ from typing import Any
 
 from retsnoop_otel import __version__
 from retsnoop_otel.capture.errnos import errno_name
-from retsnoop_otel.capture.model import Call, RetKind, Session, TracedFunc, error_type, format_result, signed_value
+from retsnoop_otel.capture.model import (
+    AppContext,
+    Call,
+    RetKind,
+    Session,
+    TracedFunc,
+    error_type,
+    format_result,
+    signed_value,
+)
 from retsnoop_otel.render.lbr import export_lbr
+from retsnoop_otel.render.user_stack import user_frame_text
 
 SCOPE_NAME = "retsnoop_otel"
 SCOPE_VERSION = __version__
@@ -28,6 +38,8 @@ DEFAULT_MAX_SPANS = 4096  # per trace; a session's deeper calls beyond this are 
 START_ESTIMATED = "retsnoop.start_estimated"
 RECORDS_LOST = "retsnoop.records_lost_before"
 UNKNOWN_ROOT_NAME = "unknown"
+APP_PREFIX = "retsnoop.app."  # the application's thread-context attributes, under their own names
+USER_STACK = "retsnoop.user_stacktrace"
 
 FuncTable = Mapping[int, TracedFunc] | Sequence[TracedFunc]
 Attrs = dict[str, Any]
@@ -155,7 +167,41 @@ def session_attrs(session: Session, symbolize: Callable[[int], str] | None, expo
         else:
             frames = [no_address(symbolize(addr), addr) for addr in session.kstack]
         attrs["code.stacktrace"] = "\n".join(frames)
+    attrs.update(app_attrs(session.app))
+    if session.user_frames:
+        attrs[USER_STACK] = "\n".join(user_frame_text(f, export_addresses) for f in session.user_frames)
+    elif session.ustack_error:
+        attrs["retsnoop.user_stack_error"] = errno_name(session.ustack_error) or f"E{session.ustack_error}"
     return attrs
+
+
+def app_attrs(app: AppContext | None) -> Attrs:
+    """The application's side of the root span: its service and its record's attributes, or why the
+    thread's context could not be used (no_record, invalid, fault)."""
+    if app is None:
+        return {}
+    attrs: Attrs = {}
+    if app.service_name:
+        attrs[APP_PREFIX + "service.name"] = app.service_name
+    if app.status != "ok":
+        attrs[APP_PREFIX + "context"] = app.status
+        return attrs
+    attrs.update((APP_PREFIX + key, value) for key, value in app.attributes)
+    if app.attrs_cut:
+        attrs[APP_PREFIX + "attributes_cut"] = True
+    return attrs
+
+
+def app_parent(session: Session) -> tuple[AppContext | None, bool]:
+    """The application context the root span refers to, and whether it joins its trace as a child.
+
+    A sampled context is joined: the kernel chain nests under the application's span. An unsampled
+    one is only linked, so that the application's sampling decision is not overridden for its trace.
+    """
+    app = session.app
+    if app is None or not app.usable:
+        return None, False
+    return app, app.sampled
 
 
 def lbr_attrs(session: Session, funcs: FuncTable, symbolize: Callable[[int], str] | None,

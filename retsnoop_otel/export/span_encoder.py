@@ -25,11 +25,13 @@ from retsnoop_otel.export.span_attributes import (
     SCOPE_NAME,
     SCOPE_VERSION,
     START_ESTIMATED,
+    AppContext,
     Attrs,
     FormatArgs,
     FuncTable,
     Locate,
     SpanStatus,
+    app_parent,
     call_attrs,
     chain_span_times,
     count_calls,
@@ -57,8 +59,11 @@ def _status(status: SpanStatus) -> bytes:
 
 
 _SPAN_STATIC = tag(6, VARINT) + varint(1)  # kind = SPAN_KIND_INTERNAL
-# SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK: our parents are never remote
+# SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK: our parents are never remote...
 _SPAN_FLAGS = tag(16, I32) + struct.pack("<I", 0x100)
+# ...except the application's span a root joins or links to (| SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK)
+_REMOTE_FLAGS = tag(16, I32) + struct.pack("<I", 0x300)
+_LINK_FLAGS = tag(6, I32) + struct.pack("<I", 0x300)
 # span_id, parent_span_id, start and end time: fixed-size fields packed in one call. Protobuf
 # fields may come in any order on the wire, so the layout puts all fixed-size parts together.
 _IDS_TIMES = struct.Struct("<HQHQBQBQ")
@@ -186,10 +191,17 @@ class SpanEncoder:
         return sid
 
     def encode(self, session: Session, offset_ns: int) -> EncodedTrace:
-        """Spans of one session: root first, then depth-first, parents before children."""
-        trace_id = self._rng.getrandbits(128)
-        while not trace_id:
+        """Spans of one session: root first, then depth-first, parents before children.
+
+        In the application's trace when its thread held a sampled context; in a trace of its own otherwise.
+        """
+        app, joined = app_parent(session)
+        if app is not None and joined:
+            trace_id = app.trace_id
+        else:
             trace_id = self._rng.getrandbits(128)
+            while not trace_id:
+                trace_id = self._rng.getrandbits(128)
         trace_field = len_field(1, trace_id.to_bytes(16, "big"))
         spans: list[bytes] = [b""]  # the root goes in last: its attributes count what the limit cut
         root_id = self._span_id()
@@ -214,8 +226,14 @@ class SpanEncoder:
             extra.update(lbr)
         if dropped:
             extra["retsnoop.spans_dropped"] = dropped
-        body = (trace_field + _ROOT_IDS_TIMES.pack(_SPAN_ID_TAG, root_id, _START_TAG, root_start, _END_TAG, root_end)
-                + const + key_values(9, extra))
+        if app is not None and joined:
+            parent = int.from_bytes(app.span_id.to_bytes(8, "big"), "little")  # packed "<Q": wire order kept
+            ids_times = _IDS_TIMES.pack(_SPAN_ID_TAG, root_id, _PARENT_TAG, parent, _START_TAG, root_start,
+                                        _END_TAG, root_end)
+            const = const[:-len(_SPAN_FLAGS)] + _REMOTE_FLAGS
+        else:
+            ids_times = _ROOT_IDS_TIMES.pack(_SPAN_ID_TAG, root_id, _START_TAG, root_start, _END_TAG, root_end)
+        body = trace_field + ids_times + const + key_values(9, extra) + (_link(app) if app and not joined else b"")
         spans[0] = _SPANS_TAG + varint(len(body)) + body
         return EncodedTrace(self.envelope, spans, dropped, trace_id)
 
@@ -268,6 +286,12 @@ class SpanEncoder:
             spans.append(_SPANS_TAG + varint(len(body)) + body)
             parent, parent_start, parent_end = sid, start, end
         return dropped
+
+
+def _link(app: AppContext) -> bytes:
+    """Span.links: the application's span, for a session that stays in a trace of its own."""
+    return len_field(13, len_field(1, app.trace_id.to_bytes(16, "big")) + len_field(2, app.span_id.to_bytes(8, "big"))
+                     + _LINK_FLAGS)
 
 
 def build_request(traces: Iterable[EncodedTrace]) -> bytes:

@@ -205,6 +205,16 @@ class BpfMap:
         if rc < 0:
             raise fail(f"update of map '{self.name}'", ctypes.get_errno())
 
+    def delete(self, key: bytes) -> bool:
+        """False when the key was not there."""
+        rc = lib().lib.bpf_map_delete_elem(self.fd, key)
+        if rc < 0:
+            err = ctypes.get_errno()
+            if err == _errno.ENOENT:
+                return False
+            raise fail(f"delete from map '{self.name}'", err)
+        return True
+
     def keys(self) -> Iterator[bytes]:
         ksize = self.key_size
         prev: bytes | None = None

@@ -107,6 +107,7 @@ SIGNATURES: dict[str, tuple[object, list[object]]] = {
     "bpf_link__destroy": (ctypes.c_int, [ctypes.c_void_p]),
     "bpf_map_lookup_elem": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]),
     "bpf_map_update_elem": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64]),
+    "bpf_map_delete_elem": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p]),
     "bpf_map_get_next_key": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]),
     "libbpf_num_possible_cpus": (ctypes.c_int, []),
     "libbpf_probe_bpf_map_type": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p]),

@@ -74,6 +74,9 @@ class CaptureConfig:
     lbr_branch_types: int = 0  # --lbr: perf branch_sample_type of the LBR events; 0 = no LBR capture
     lbr_perf_events: bool = True  # open the per-CPU LBR perf events (tests on CPUs without LBR: False)
     arg_specs: Mapping[int, Sequence[int]] = field(default_factory=dict)  # -A: function id -> arg_spec words
+    app_context: bool = False  # read the application's OTel thread context when a session starts
+    user_stacks: bool = False  # take the user stack when a session starts
+    max_app_processes: int = 16384  # processes whose thread-context location the kernel side keeps
 
 
 @dataclass
@@ -142,6 +145,8 @@ class Tracer:
             "capture_args": struct.pack("<?", cfg.capture_args and cfg.emit_calls),
             "max_depth": struct.pack("<I", min(max(cfg.max_depth, 1), records.MAX_FSTACK_DEPTH)),
             "use_lbr": struct.pack("<?", bool(cfg.lbr_branch_types)),
+            "read_app": struct.pack("<?", cfg.app_context),
+            "user_stacks": struct.pack("<?", cfg.user_stacks),
         }
         for name, raw in values.items():
             off, size = layout[name]
@@ -157,6 +162,11 @@ class Tracer:
         # without --lbr the LBR maps keep one entry each: no memory for a feature that is off
         obj.map("lbr_snaps").set_max_entries(self._ncpus if cfg.lbr_branch_types else 1)
         obj.map("session_lbrs").set_max_entries(cfg.max_sessions if cfg.lbr_branch_types else 1)
+        watch = cfg.app_context or cfg.user_stacks
+        obj.map("app_targets").set_max_entries(cfg.max_app_processes if watch else 1)
+        obj.map("app_asked").set_max_entries(cfg.max_app_processes if watch else 1)
+        obj.map("session_apps").set_max_entries(cfg.max_sessions if cfg.app_context else 1)
+        obj.map("session_ustacks").set_max_entries(cfg.max_sessions if cfg.user_stacks else 1)
         entry_prog, exit_prog = _MODE_PROGRAMS[cfg.mode]
         for progs in set(_MODE_PROGRAMS.values()):
             for name in progs:
@@ -306,6 +316,34 @@ class Tracer:
     def poll(self, timeout_ms: int) -> int:
         assert self._rb is not None
         return self._rb.poll(timeout_ms)
+
+    # ---- application processes -------------------------------------------------------------
+
+    def set_app_target(self, tgid: int, tp_offset: int = 0, offset: int = 0, modid: int = 0,
+                       publishes: bool = True) -> None:
+        """Where the process keeps otel_thread_ctx_v1, or (publishes=False) that it was checked and has none."""
+        value = records.APP_TLS.pack(tp_offset, offset, modid, 0 if publishes else records.APP_TLS_NONE)
+        self._map("app_targets").update(struct.pack("<I", tgid), value)
+
+    def forget_app_target(self, tgid: int) -> None:
+        """The process exited or must be checked again: its next session asks anew."""
+        key = struct.pack("<I", tgid)
+        self._map("app_targets").delete(key)
+        self._map("app_asked").delete(key)
+
+    def app_targets(self) -> dict[int, tuple[int, int, int, int]]:
+        m = self._map("app_targets")
+        out = {}
+        for key in list(m.keys()):
+            value = m.lookup(key)
+            if value is not None:
+                out[struct.unpack("<I", key)[0]] = records.APP_TLS.unpack(value)
+        return out
+
+    def _map(self, name: str) -> lb.BpfMap:
+        if self._obj is None:
+            raise RuntimeError("the BPF object is not loaded")
+        return self._obj.map(name)
 
     def func_stats(self) -> list[FuncStats]:
         """Aggregates summed over CPUs, read at call time (scrape time for Prometheus)."""

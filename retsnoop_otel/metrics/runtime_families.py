@@ -25,6 +25,10 @@ class RunCounters:
     export_errors: int = 0
     session_errors: int = 0
     reloads: Mapping[str, int] = field(default_factory=lambda: {"success": 0, "failure": 0})
+    app_sessions: Mapping[str, int] | None = None  # outcome -> sessions; None: thread context not read
+    app_processes_checked: int = 0
+    app_processes_publishing: int = 0
+    app_check_errors: int = 0
 
 
 class RuntimeCollector(Collector):
@@ -48,9 +52,30 @@ class RuntimeCollector(Collector):
         for result in ("success", "failure"):
             reloads.add_metric([result], c.reloads.get(result, 0))
         yield reloads
+        if c.app_sessions is not None:
+            yield from _app_families(c)
         yield GaugeMetricFamily("retsnoop_agent_up", "1 while retsnoop-otel runs", value=1)
         yield GaugeMetricFamily("retsnoop_bpf_stats_enabled", "1 while the kernel counts BPF program runs and run "
                                 "time (sysctl kernel.bpf_stats_enabled)", value=int(self._stats_enabled()))
         info = GaugeMetricFamily("retsnoop_build_info", "retsnoop-otel version", labels=["version"])
         info.add_metric([__version__], 1)
         yield info
+
+
+def _app_families(c: RunCounters) -> Iterator[Metric]:
+    """How often kernel sessions could join the application's trace, and why not when they could not."""
+    sessions = CounterMetricFamily(
+        "retsnoop_app_context_sessions", "Reported sessions of processes that publish OTel thread context, by what "
+        "their thread held: linked (joined the sampled application trace), ok (valid, unsampled: span link), "
+        "no_record, invalid, fault (user memory unreadable), unknown_process (started before the process was "
+        "located)", labels=["outcome"])
+    for outcome, n in sorted((c.app_sessions or {}).items()):
+        sessions.add_metric([outcome], n)
+    yield sessions
+    yield CounterMetricFamily("retsnoop_app_context_processes_checked", "Processes checked for OTel thread context",
+                              value=c.app_processes_checked)
+    yield CounterMetricFamily("retsnoop_app_context_processes_publishing",
+                              "Checks that found a process publishing OTel thread context",
+                              value=c.app_processes_publishing)
+    yield CounterMetricFamily("retsnoop_app_context_check_errors",
+                              "Processes whose thread-context location could not be read", value=c.app_check_errors)

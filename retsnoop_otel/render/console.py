@@ -10,10 +10,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from retsnoop_otel.capture.errnos import errno_name
-from retsnoop_otel.capture.model import Session, TracedFunc, error_type, format_result
+from retsnoop_otel.capture.model import AppContext, Session, TracedFunc, UserFrame, error_type, format_result
 from retsnoop_otel.render.calls import ArgsFormatter, render_calls, render_chain_args
 from retsnoop_otel.render.lbr import render_session_lbr
 from retsnoop_otel.render.stack import render_header, render_stack
+from retsnoop_otel.render.user_stack import user_stack_lines
 from retsnoop_otel.symbols.symbolize import Symbolizer
 
 
@@ -37,7 +38,8 @@ def session_text(session: Session, funcs: Mapping[int, TracedFunc], symbolizer: 
         stack = render_stack(session, funcs, symbolizer, offset_ns)
         parts.append("\n" + stack.split("\n", 2)[2] if stack.count("\n") >= 2 else stack)
     else:
-        parts.append("\n\n")
+        user = user_stack_lines(session)
+        parts.append("".join(f"\n{line}" for line in ["", *user]) + "\n\n" if user else "\n\n")
     return "".join(parts)
 
 
@@ -55,7 +57,28 @@ def session_json(session: Session, funcs: Mapping[int, TracedFunc], offset_ns: i
         "is_err": session.is_err, "chain": chain, "dropped_records": session.dropped_records}
     if session.lbr is not None:
         out["lbr"] = _lbr_json(session, funcs)
+    if session.app is not None:
+        out["app"] = _app_json(session.app)
+    if session.user_frames or session.ustack_error:
+        out["user_stack"] = {"error": errno_name(session.ustack_error) or session.ustack_error} \
+            if session.ustack_error else [_user_frame_json(f) for f in session.user_frames]
     return out
+
+
+def _app_json(app: AppContext) -> dict[str, object]:
+    out: dict[str, object] = {"status": app.status}
+    if app.usable:
+        out.update(trace_id=f"{app.trace_id:032x}", span_id=f"{app.span_id:016x}", sampled=app.sampled,
+                   attributes=dict(app.attributes))
+    if app.service_name:
+        out["service_name"] = app.service_name
+    return out
+
+
+def _user_frame_json(f: UserFrame) -> dict[str, object]:
+    """Innermost first, as taken (like `chain` is outermost first: both in the order of the data)."""
+    return {"address": f"0x{f.addr:x}", "function": f.function, "offset": f.offset, "module": f.module,
+            "file": f.file, "line": f.line, "inlined": f.inlined}
 
 
 def _lbr_json(session: Session, funcs: Mapping[int, TracedFunc]) -> dict[str, object]:

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from retsnoop_otel.capture.model import Session, StackEntry, TracedFunc, format_result
+from retsnoop_otel.render.user_stack import user_stack_lines
 from retsnoop_otel.symbols.symbolize import Frame, Symbolizer
 
 # Frames that belong to the tracer, not to the traced code: the BPF program and its trampoline,
@@ -160,12 +161,18 @@ def format_ts(wall_ns: int) -> str:
 
 
 def render_header(session: Session, offset_ns: int) -> str:
+    """retsnoop's header line, plus the application's trace and span ids when its thread published them."""
+    app = session.app
+    ids = f" trace_id={app.trace_id:032x} span_id={app.span_id:016x}" if app is not None and app.usable else ""
     return (f"{format_ts(session.start_ns + offset_ns)} -> {format_ts(session.end_ns + offset_ns)} "
-            f"TID/PID {session.tid}/{session.pid} ({session.comm}/{session.proc_comm}):")
+            f"TID/PID {session.tid}/{session.pid} ({session.comm}/{session.proc_comm}){ids}:")
 
 
 def render_stack(session: Session, funcs: Mapping[int, TracedFunc], symbolizer: Symbolizer,
                  offset_ns: int) -> str:
     """One session in retsnoop's stack format; `offset_ns` converts boot-clock times to wall clock."""
     lines = format_rows(stack_rows(session, funcs, symbolizer))
+    user = user_stack_lines(session)
+    if user:
+        lines += ["", *user]
     return render_header(session, offset_ns) + "\n\n" + "".join(line + "\n" for line in lines) + "\n\n"

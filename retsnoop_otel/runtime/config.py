@@ -42,6 +42,8 @@ class ProbeSetConfig:
     sampling: Sampling = field(default_factory=Sampling)
     lbr_branch_types: int = 0  # perf branch types snapshotted at the deepest failing return; 0 = no LBR
     capture_args: bool = False  # BTF-typed arguments with each call (kernel memory: off unless asked)
+    app_context: bool = True  # join the application's trace when its thread publishes OTel thread context
+    user_stacks: bool = False  # the user-space stack of the thread that entered the entry function
 
     @property
     def records_calls(self) -> bool:

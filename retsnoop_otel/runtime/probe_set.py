@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from retsnoop_otel.capture.model import CaptureStats, FuncStats, ProgramStats, Session, SessionStats, TracedFunc
-from retsnoop_otel.capture.records import Record
+from retsnoop_otel.capture.records import AppProbeRec, Record
 from retsnoop_otel.capture.sampling import SuccessSampler
 from retsnoop_otel.capture.sessions import SessionAssembler
 from retsnoop_otel.kernel.tracer import AttachReport, CaptureConfig
@@ -40,6 +40,11 @@ class TracerLike(Protocol):
     def capture_stats(self) -> CaptureStats: ...
 
     def program_stats(self) -> list[ProgramStats]: ...
+
+    def set_app_target(self, tgid: int, tp_offset: int = 0, offset: int = 0, modid: int = 0,
+                       publishes: bool = True) -> None: ...
+
+    def forget_app_target(self, tgid: int) -> None: ...
 
     def close(self) -> None: ...
 
@@ -82,7 +87,7 @@ def capture_config(cfg: ProbeSetConfig, mode: str, limits: Limits, names: InputN
     return CaptureConfig(**common, emit_calls=cfg.records_calls, capture_success=cfg.sampling.captures_success,
                          min_duration_ns=cfg.min_duration_ns, ringbuf_size=limits.ringbuf_size,
                          lbr_branch_types=cfg.lbr_branch_types, capture_args=cfg.capture_args,
-                         arg_specs=arg_specs or {})
+                         arg_specs=arg_specs or {}, app_context=cfg.app_context, user_stacks=cfg.user_stacks)
 
 
 class ProbeSet:
@@ -90,7 +95,7 @@ class ProbeSet:
 
     def __init__(self, cfg: ProbeSetConfig, found: discovery.Discovery, limits: Limits, env: KernelEnv,
                  tracer_factory: TracerFactory, on_session: SessionCallback, names: InputNames = AGENT_NAMES,
-                 sampler: SuccessSampler | None = None) -> None:
+                 sampler: SuccessSampler | None = None, on_app_probe: Callable[[int], None] | None = None) -> None:
         self.cfg = cfg
         self.name = cfg.name
         self.mode = found.mode
@@ -109,6 +114,7 @@ class ProbeSet:
         self.tracer = tracer_factory(found.funcs, capture, env.btf_func_id)
         self.sampler = sampler or SuccessSampler(cfg.sampling)
         self._on_session = on_session
+        self._on_app_probe = on_app_probe
         # calls beyond the span limit would not be exported: do not keep them either
         self._assembler = SessionAssembler(max_open=limits.max_sessions, max_calls=limits.max_calls_per_session)
         self.report: AttachReport | None = None
@@ -147,6 +153,10 @@ class ProbeSet:
         return self._assembler.evicted
 
     def _on_record(self, rec: Record) -> None:
+        if isinstance(rec, AppProbeRec):
+            if self._on_app_probe is not None:
+                self._on_app_probe(rec.tgid)
+            return
         session = self._assembler.feed(rec)
         if session is not None and self.accepts(session):
             self.kept += 1
@@ -187,12 +197,13 @@ class ProbeSet:
 
 def start_probe_sets(found: Sequence[tuple[ProbeSetConfig, discovery.Discovery]], env: KernelEnv, limits: Limits,
                      tracer_factory: TracerFactory, on_session: SessionCallback,
-                     names: InputNames = AGENT_NAMES) -> list[ProbeSet]:
+                     names: InputNames = AGENT_NAMES,
+                     on_app_probe: Callable[[int], None] | None = None) -> list[ProbeSet]:
     """Attach every resolved set, or (on the first failure) detach the ones already attached and raise."""
     started: list[ProbeSet] = []
     try:
         for cfg, disc in found:
-            ps = ProbeSet(cfg, disc, limits, env, tracer_factory, on_session, names)
+            ps = ProbeSet(cfg, disc, limits, env, tracer_factory, on_session, names, on_app_probe=on_app_probe)
             ps.start()
             started.append(ps)
     except BaseException:

@@ -23,7 +23,8 @@ from retsnoop_otel.capture.model import CaptureStats, Session
 from retsnoop_otel.export.otlp_settings import OtlpSettings
 from retsnoop_otel.export.resource import Resource, build_resource
 from retsnoop_otel.metrics.series import SeriesBounds, SeriesLimiter
-from retsnoop_otel.runtime.config import RuntimeConfig, SymbolsConfig
+from retsnoop_otel.runtime.app_watch import AppSources, AppWatcher
+from retsnoop_otel.runtime.config import ProbeSetConfig, RuntimeConfig, SymbolsConfig
 from retsnoop_otel.runtime.environment import (
     KernelEnv,
     cgroup_target,
@@ -41,6 +42,10 @@ POLL_MS = 100
 SHUTDOWN_FLUSH_S = 5.0
 HOUSEKEEPING_S = 60.0  # clock offset re-measurement and the periodic loss summary
 Resolved = list[tuple[Any, discovery.Discovery]]
+
+
+def _watches_apps(ps: ProbeSetConfig) -> bool:
+    return (ps.app_context or ps.user_stacks) and ps.mode != "metrics"
 
 
 def _build_sender(settings: OtlpSettings) -> Any:
@@ -68,6 +73,7 @@ class RuntimeDeps:
     monotonic: Callable[[], float] = time.monotonic
     environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
     root: str = "/"  # where /proc is read for the process and BPF statistics metrics
+    app_sources: Callable[[str, bool, bool], AppSources] = AppSources.from_proc  # (proc root, user stacks, lines)
 
 
 class Runtime:
@@ -91,6 +97,7 @@ class Runtime:
         self._next_housekeeping = 0.0
         self._reported: dict[str, int] = {}
         self._limiters: dict[str, SeriesLimiter] = {}  # per probe set: which error types got own series
+        self.app_watch: AppWatcher | None = None  # while a probe set reads thread context or user stacks
 
     # ---- phases ----------------------------------------------------------------------------------
 
@@ -146,13 +153,15 @@ class Runtime:
         cfg = self.config
         assert self.env is not None
         try:
+            self._watch_apps(cfg)
             sets = start_probe_sets(found, self.env, cfg.limits, self.deps.tracer_factory, self._on_session,
-                                    cfg.names)
+                                    cfg.names, self._app_probe)
         except BaseException:
             self.shutdown(0.0)
             raise
         with self._lock:
             self.probe_sets = sets
+        self._app_targets(sets)
         try:
             self.metrics_push = self._metrics_push(cfg)
         except BaseException:
@@ -172,6 +181,24 @@ class Runtime:
             raise
 
     # ---- the parts -------------------------------------------------------------------------------
+
+    def _watch_apps(self, cfg: RuntimeConfig) -> None:
+        """The application watcher, created the first time a config asks for thread context or user stacks."""
+        if self.app_watch is not None or not any(map(_watches_apps, cfg.probe_sets)):
+            return
+        stacks = any(ps.user_stacks and ps.mode != "metrics" for ps in cfg.probe_sets)
+        read_app = any(ps.app_context and ps.mode != "metrics" for ps in cfg.probe_sets)
+        sources = self.deps.app_sources(os.path.join(self.deps.root, "proc"), stacks, cfg.symbols.source_lines)
+        self.app_watch = AppWatcher(sources, self.deps.monotonic, self.log, os.path.join(self.deps.root, "proc"),
+                                    read_app=read_app)
+
+    def _app_targets(self, sets: list[ProbeSet]) -> None:
+        if self.app_watch is not None:
+            self.app_watch.set_targets(ps.tracer for ps in sets if _watches_apps(ps.cfg))  # type: ignore[misc]
+
+    def _app_probe(self, tgid: int) -> None:
+        if self.app_watch is not None:
+            self.app_watch.asked(tgid)
 
     def registry(self) -> Any:
         """The families /metrics serves: every probe set's, the run's own, and the process's (CPU, memory)."""
@@ -248,8 +275,13 @@ class Runtime:
         from retsnoop_otel.metrics.runtime_families import RunCounters
         sinks = self.sinks
         t = sinks.totals() if sinks is not None else ExportTotals()
+        app = self.app_watch.counters if self.app_watch is not None and self.app_watch.read_app else None
+        if app is None:
+            return RunCounters(t.spans_exported, dict(t.spans_dropped), t.export_errors, self.session_errors,
+                               dict(self.reloads))
         return RunCounters(t.spans_exported, dict(t.spans_dropped), t.export_errors, self.session_errors,
-                           dict(self.reloads))
+                           dict(self.reloads), dict(app.sessions), app.processes_checked, app.processes_publishing,
+                           app.check_errors)
 
     # ---- running ---------------------------------------------------------------------------------
 
@@ -258,6 +290,8 @@ class Runtime:
         per_set = max(1, POLL_MS // max(1, len(sets)))
         for ps in sets:
             ps.poll(per_set)
+        if self.app_watch is not None:
+            self.app_watch.service()
         now = self.deps.monotonic()
         self.last_poll = now
         if now >= self._next_housekeeping:
@@ -269,6 +303,8 @@ class Runtime:
         if sinks is None:
             return
         try:
+            if self.app_watch is not None:
+                session = self.app_watch.annotate(session)
             sinks.emit(ps, session, self._offset_ns)
         except Exception as exc:  # noqa: BLE001 - one bad session must not stop capture
             self.session_errors += 1
@@ -303,7 +339,9 @@ class Runtime:
                 new_sinks = self._sinks(cfg)
             env = self._load_env(cfg, vmlinux)
             found = self.resolve(cfg, env)
-            new_sets = start_probe_sets(found, env, cfg.limits, self.deps.tracer_factory, self._on_session, cfg.names)
+            self._watch_apps(cfg)
+            new_sets = start_probe_sets(found, env, cfg.limits, self.deps.tracer_factory, self._on_session, cfg.names,
+                                        self._app_probe)
         except Exception as exc:  # noqa: BLE001 - whatever fails, the running config stays
             for part in (new_server, env):
                 if part is not None:
@@ -325,6 +363,7 @@ class Runtime:
             self.config = cfg
             for ps in old_sets:
                 self._drain_and_close(ps)
+            self._app_targets(new_sets)
         for part in (old_env, old_server):
             if part is not None:
                 part.close()
@@ -375,6 +414,9 @@ class Runtime:
         if self.env is not None:
             self.env.close()
             self.env = None
+        if self.app_watch is not None:
+            self.app_watch.close()
+            self.app_watch = None
 
     # ---- observability ---------------------------------------------------------------------------
 

@@ -115,6 +115,11 @@ def build_parser(prog: str = "retsnoop-otel trace") -> OneLineErrorParser:
     out.add_argument("--json", action="store_true", help="print one JSON object per session")
     out.add_argument("-A", "--capture-args", action="store_true",
                      help="capture function arguments (BTF-typed; off by default: kernel memory can hold secrets)")
+    out.add_argument("-U", "--user-stacks", action="store_true",
+                     help="capture the user-space stack of the thread that entered the entry function "
+                          "(frame-pointer unwinding)")
+    out.add_argument("--no-app-context", dest="app_context", action="store_false",
+                     help="do not read the application's OpenTelemetry thread context (OTEP 4947)")
     out.add_argument("--trace-json", metavar="FILE", help="write -T sessions as Chrome trace-event JSON (Perfetto)")
     out.add_argument("-B", "--lbr", action="append", nargs="?", const="any_return", metavar="SPEC",
                      help="capture last branch records at the deepest failing function (any, any_call, "
@@ -225,7 +230,7 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] = os.environ,
         pids=tuple(args.pid), no_pids=tuple(args.no_pid), comms=tuple(args.comm), no_comms=tuple(args.no_comm),
         cgroup=args.cgroup, min_duration_ns=args.longer, errors=errors,
         sampling=Sampling(success_probability=1.0) if success else Sampling(), lbr_branch_types=lbr_flags,
-        capture_args=args.capture_args)
+        capture_args=args.capture_args, app_context=args.app_context, user_stacks=args.user_stacks)
     level = args.symbolize
     config = RuntimeConfig(
         probe_sets=(probe_set,),

@@ -17,6 +17,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -27,11 +28,13 @@ from retsnoop_otel.capture.records import FuncTraceRec, SessionEndRec, SessionSt
 from retsnoop_otel.export.resource import Resource
 from retsnoop_otel.export.sending import SendResult
 from retsnoop_otel.kernel.tracer import AttachReport
+from retsnoop_otel.runtime.app_watch import AppSources
 from retsnoop_otel.runtime.environment import KernelEnv
 from retsnoop_otel.runtime.errors import SetupError
 from retsnoop_otel.runtime.logs import EventLog
 from retsnoop_otel.runtime.runtime import RuntimeDeps
 from retsnoop_otel.symbols.kallsyms import Kallsyms
+from retsnoop_otel.symbols.process_context import thread_attributes
 from retsnoop_otel.symbols.symbolize import KallsymsSymbolizer
 from tests.oracle_spans import request_to_span_views
 
@@ -68,6 +71,7 @@ class FakeTracer:
         self.state = "new"
         self.pending: list = []
         self.on_record = None
+        self.app_targets: dict[int, tuple] = {}
         if world.fail_attach_for & {f.name for f in self.funcs}:
             self.fail = True
         else:
@@ -106,6 +110,12 @@ class FakeTracer:
     def program_stats(self):
         return []
 
+    def set_app_target(self, tgid, tp_offset=0, offset=0, modid=0, publishes=True) -> None:
+        self.app_targets[tgid] = (tp_offset, offset, modid, publishes)
+
+    def forget_app_target(self, tgid) -> None:
+        self.app_targets.pop(tgid, None)
+
     def close(self) -> None:
         self.state = "closed"
 
@@ -120,6 +130,7 @@ class World:
         self.exported: list = []
         self.requests: list = []
         self.env_fail: str | None = None
+        self.publishing: dict[int, object] = {}  # pid -> TlsLocation-like, for the application watcher
 
     def factory(self, funcs, cfg, btf_func_id):
         t = FakeTracer(funcs, cfg, btf_func_id, self)
@@ -148,7 +159,12 @@ class World:
                            find_vmlinux=lambda _symbols, _name: None, check_privileges=lambda: None,
                            tracer_factory=self.factory, make_sender=self.sender,
                            boot_to_wall_offset=lambda: 1_000_000_000_000, make_resource=lambda: Resource({}),
-                           console=console or io.StringIO(), environ={})
+                           console=console or io.StringIO(), environ={}, app_sources=self.app_sources)
+
+    def app_sources(self, _proc_root, _user_stacks, _lines) -> AppSources:
+        ctx = SimpleNamespace(attributes={"service.name": "shop"}, key_map=("http.route",))
+        return AppSources(self.publishing.get, lambda pid: ctx if pid in self.publishing else None,
+                          thread_attributes)
 
     def live(self) -> list[FakeTracer]:
         return [t for t in self.tracers if t.state == "attached"]
@@ -615,3 +631,33 @@ def test_library_warnings_follow_the_log_format_and_are_rate_limited() -> None:
     assert lines[0]["level"] == "warning" and lines[0]["logger"] == "opentelemetry.test_bridge"
     assert lines[0]["msg"] == "Transient error UNAVAILABLE encountered while exporting traces to x:4317"
     assert "repeated" not in lines[0] and lines[1]["repeated"] == 49
+
+
+def test_application_context_joins_the_sampled_trace_and_survives_a_reload(setup) -> None:
+    """A probe record reaches the watcher, whose answer goes into every probe set's map (and into the new
+    ones after a reload); a session whose thread held a sampled context becomes a child of its span."""
+    world, agent, cfg, _log = setup
+    world.publishing[7] = SimpleNamespace(tp_offset=-8, offset=0, modid=0)
+    agent.start()
+    errs = by_set(world, "__x64_sys_bpf")
+    errs.pending = [records.AppProbeRec(7)]
+    agent.runtime.poll_once()
+    assert all(t.app_targets.get(7) == (-8, 0, 0, True) for t in world.live())
+    trace_id, span_id = 0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331
+    start, end = error_session(errs)
+    app = records.SessionAppRec(7, 100, records.APP_OK, 0, trace_id.to_bytes(16, "big"), span_id.to_bytes(8, "big"),
+                                1, 1, 5, b"\x00\x03/ok")
+    errs.pending = [start, app, end]
+    agent.runtime.poll_once()
+    root, leaf = wait_exported(world, 2)
+    assert root.context.trace_id == leaf.context.trace_id == trace_id and root.parent.span_id == span_id
+    assert root.attributes["retsnoop.app.http.route"] == "/ok"
+    assert root.attributes["retsnoop.app.service.name"] == "shop"
+    from prometheus_client import generate_latest
+    text = generate_latest(agent.runtime.registry()).decode()
+    assert 'retsnoop_app_context_sessions_total{outcome="linked"} 1.0' in text
+    old = world.live()
+    cfg.write_text(CONFIG.format(prob=0.5).replace("bpf_errors", "errors2"))
+    assert agent.reload() is True
+    assert not set(world.live()) & set(old)
+    assert all(t.app_targets.get(7) == (-8, 0, 0, True) for t in world.live())

@@ -89,3 +89,43 @@ def test_per_cpu_sums():
     cs = records.decode_capture_stats(records.CAPTURE_STATS.pack(1, 2, 3, 4, 5) * 2, 2)
     assert (cs.dropped_sessions, cs.incomplete_sessions, cs.dropped_records, cs.sessions_started,
             cs.sessions_reported) == (2, 4, 6, 8, 10)
+
+
+def app_record(tid=7, start_ts=100, status=records.APP_OK, err=0, size=5, attrs=b"\x00\x03abc", valid=1, flags=1):
+    trace_id, span_id = bytes(range(1, 17)), bytes(range(17, 25))
+    head = records.SESSION_APP_HEAD.pack(records.REC_SESSION_APP, tid, start_ts, status, err, trace_id, span_id,
+                                         valid, flags, size)
+    return head + attrs.ljust(records.MAX_APP_ATTRS, b"\xee")
+
+
+def test_application_records_match_the_bpf_side():
+    sizes = _asserted_sizes()
+    assert sizes["rec_session_app"] == records.SESSION_APP_SIZE
+    assert sizes["app_ctx"] == records.SESSION_APP_SIZE - 24 == records.APP_CTX_HEAD + records.MAX_APP_ATTRS
+    assert sizes["rec_session_ustack"] == records.SESSION_USTACK.size
+    assert sizes["rec_app_probe"] == records.APP_PROBE.size and sizes["app_tls"] == records.APP_TLS.size
+    assert {"REC_SESSION_APP", "MAX_APP_ATTRS", "APP_CTX_HEAD", "APP_TLS_NONE", "MAX_USTACK_DEPTH", "APP_FAULT"} \
+        <= {k for k in vars(records) if k.isupper()}
+
+
+def test_decode_application_context():
+    rec = decode(app_record())
+    assert isinstance(rec, records.SessionAppRec)
+    assert (rec.tid, rec.start_ts, rec.status, rec.trace_id[0], rec.span_id[-1], rec.attrs) == \
+        (7, 100, records.APP_OK, 1, 24, b"\x00\x03abc")
+    # a size beyond what the kernel side keeps: the kept bytes, and the size as the record said
+    rec = decode(app_record(size=5000, attrs=b"x" * records.MAX_APP_ATTRS))
+    assert rec.attrs_size == 5000 and len(rec.attrs) == records.MAX_APP_ATTRS
+    rec = decode(app_record(status=records.APP_FAULT, err=-14))
+    assert rec.status == records.APP_FAULT and rec.error == 14 and rec.attrs == b""
+    with pytest.raises(ValueError, match="short application context"):
+        decode(app_record()[:100])
+
+
+def test_decode_user_stack_and_probe():
+    ips = [0x401136, 0x7F0000001234] + [0] * (records.MAX_USTACK_DEPTH - 2)
+    rec = decode(records.SESSION_USTACK.pack(records.REC_SESSION_USTACK, 7, 100, 16, *ips))
+    assert rec == records.SessionUstackRec(7, 100, 0, (0x401136, 0x7F0000001234))
+    rec = decode(records.SESSION_USTACK.pack(records.REC_SESSION_USTACK, 7, 100, -14, *([0] * 64)))
+    assert rec.error == 14 and rec.ips == ()
+    assert decode(records.APP_PROBE.pack(records.REC_APP_PROBE, 4321)) == records.AppProbeRec(4321)

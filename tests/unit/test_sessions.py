@@ -120,3 +120,27 @@ def test_calls_beyond_the_cap_are_counted_and_kept_calls_still_close():
 def _func(fid, name):
     from retsnoop_otel.capture.model import RetKind, TracedFunc
     return TracedFunc(fid, name, 0, RetKind.INT32, fid == 0)
+
+
+def test_application_context_and_user_stack_join_their_own_session():
+    """Side records are matched by thread and session start; a stale one (an earlier, unreported session)
+    is not attached to the next session of the thread."""
+    trace_id, span_id = (0xAB).to_bytes(16, "big"), (0xCD).to_bytes(8, "big")
+    app = records.SessionAppRec(1, 100, records.APP_OK, 0, trace_id, span_id, 1, 1, 3, b"\0\1x")
+    stale = records.SessionUstackRec(1, 50, 0, (0x1,))
+    other = records.SessionAppRec(2, 100, records.APP_INVALID, 0, b"", b"", 0, 0, 0, b"")
+    (s,) = feed(asm := SessionAssembler(), [start(), stale, other, app, records.AppProbeRec(9), end(0)])
+    assert s.app is not None
+    assert (s.app.status, s.app.trace_id, s.app.span_id, s.app.sampled) == ("ok", 0xAB, 0xCD, True)
+    assert s.app.attrs == b"\0\1x" and not s.app.attrs_cut and s.ustack is None
+    ustack = records.SessionUstackRec(2, 100, 0, (0x401000, 0x402000))
+    (s2,) = feed(asm, [start(tid=2), ustack, end(0, tid=2)])
+    assert s2.app is not None and s2.app.status == "invalid" and not s2.app.usable
+    assert s2.ustack == (0x401000, 0x402000)
+    fault = records.SessionAppRec(3, 100, records.APP_FAULT, 14, b"", b"", 0, 0, 0, b"")
+    failed = records.SessionUstackRec(3, 100, 14, ())
+    (s3,) = feed(asm, [start(tid=3), fault, failed, end(0, tid=3)])
+    assert (s3.app.status, s3.app.error, s3.ustack, s3.ustack_error) == ("fault", 14, None, 14)
+    cut = records.SessionAppRec(4, 100, records.APP_OK, 0, trace_id, span_id, 1, 0, 9000, b"y" * 612)
+    (s4,) = feed(asm, [start(tid=4), cut, end(0, tid=4)])
+    assert s4.app.attrs_cut and not s4.app.sampled

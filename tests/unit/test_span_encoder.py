@@ -6,7 +6,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from bench import span_throughput  # the benchmark's realistic session generator
-from retsnoop_otel.capture.model import Call, RetKind, Session, StackEntry, TracedFunc
+from retsnoop_otel.capture.model import AppContext, Call, RetKind, Session, StackEntry, TracedFunc, UserFrame
 from retsnoop_otel.export import span_encoder
 from retsnoop_otel.export.resource import Resource, build_resource
 from retsnoop_otel.export.span_encoder import SpanEncoder, build_request, make_envelope
@@ -42,7 +42,8 @@ def strip_ids(request):
             assert len(index) == len(ss.spans) and b"\0" * 8 not in index, "span ids must be unique and non-zero"
             for s in ss.spans:
                 assert len(s.trace_id) == 16 and s.trace_id != b"\0" * 16 and len(s.span_id) == 8
-                parents.append(index[s.parent_span_id] if s.parent_span_id else -1)
+                # a parent outside the request is the application's span: kept as it is
+                parents.append(index.get(s.parent_span_id, s.parent_span_id) if s.parent_span_id else -1)
                 traces.append(s.trace_id)
                 s.trace_id = s.span_id = s.parent_span_id = b""
     return parents, traces
@@ -197,3 +198,59 @@ def test_source_location_matches_sdk_encoding():
     from tests.unit.test_span_content import _locate
     assert_same(tree_session(), locate=_locate)
     assert_same(tree_session(calls=[]), locate=_locate)
+
+
+APP_TRACE, APP_SPAN = 0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7
+
+
+def app_session(**app):
+    ctx = AppContext(**{"status": "ok", "trace_id": APP_TRACE, "span_id": APP_SPAN, "trace_flags": 1, **app})
+    return tree_session(app=ctx)
+
+
+def test_sampled_application_context_is_joined():
+    """The root span continues the application's trace, under its span (a remote parent)."""
+    session = app_session(attributes=(("http.route", "/users/:id"), ("enduser.id", "42")), service_name="shop")
+    trace = assert_same(session, symbolize=symbolize)
+    spans = decode(build_request([trace])).resource_spans[0].scope_spans[0].spans
+    assert {s.trace_id for s in spans} == {APP_TRACE.to_bytes(16, "big")} and trace.trace_id == APP_TRACE
+    root = spans[0]
+    assert root.parent_span_id == APP_SPAN.to_bytes(8, "big") and root.flags == 0x300
+    assert all(s.flags == 0x100 for s in spans[1:]) and not root.links
+    attrs = {kv.key: kv.value.string_value for kv in root.attributes}
+    assert attrs["retsnoop.app.http.route"] == "/users/:id" and attrs["retsnoop.app.service.name"] == "shop"
+
+
+@pytest.mark.parametrize("case", ["unsampled", "invalid", "no_record", "fault", "no_span"])
+def test_other_application_contexts_stay_in_their_own_trace(case):
+    app = {"unsampled": {"trace_flags": 0}, "invalid": {"status": "invalid", "trace_id": 0, "span_id": 0},
+           "no_record": {"status": "no_record", "trace_id": 0, "span_id": 0},
+           "fault": {"status": "fault", "error": 14, "trace_id": 0, "span_id": 0},
+           "no_span": {"span_id": 0}}[case]
+    trace = assert_same(app_session(**app), symbolize=symbolize)
+    root = decode(build_request([trace])).resource_spans[0].scope_spans[0].spans[0]
+    assert root.trace_id != APP_TRACE.to_bytes(16, "big") and not root.parent_span_id and root.flags == 0x100
+    attrs = {kv.key: kv.value.string_value for kv in root.attributes}
+    if case == "unsampled":  # a valid context: linked, not joined
+        assert [(lk.trace_id, lk.span_id, lk.flags) for lk in root.links] == [
+            (APP_TRACE.to_bytes(16, "big"), APP_SPAN.to_bytes(8, "big"), 0x300)]
+        assert "retsnoop.app.context" not in attrs
+    else:
+        assert not root.links
+        assert attrs.get("retsnoop.app.context") == (None if case == "no_span" else case)
+
+
+def test_user_stack_on_the_root_span():
+    frames = (UserFrame(0x401136, "inner", 0x16, "/usr/bin/writer", "writer.c", 12, inlined=True),
+              UserFrame(0x401136, "do_request", 0x16, "/usr/bin/writer", "writer.c", 20),
+              UserFrame(0x7F00001234, "syscall", 0x1D, "/lib/x86_64-linux-gnu/libc.so.6"),
+              UserFrame(0x1234, None, 0, None))
+    trace = assert_same(tree_session(user_frames=frames, ustack=(1, 2, 3, 4)), symbolize=symbolize)
+    root = decode(build_request([trace])).resource_spans[0].scope_spans[0].spans[0]
+    attrs = {kv.key: kv.value.string_value for kv in root.attributes}
+    assert attrs["retsnoop.user_stacktrace"].splitlines() == [
+        ". inner (writer.c:12) [writer]", "do_request+0x16 (writer.c:20) [writer]", "syscall+0x1d [libc.so.6]",
+        "0x1234"]
+    trace = assert_same(tree_session(ustack_error=14), symbolize=symbolize)
+    root = decode(build_request([trace])).resource_spans[0].scope_spans[0].spans[0]
+    assert {kv.key: kv.value.string_value for kv in root.attributes}["retsnoop.user_stack_error"] == "EFAULT"

@@ -1,0 +1,255 @@
+"""The application side of sessions: which processes publish OTel thread context, and what their sessions mean.
+
+The kernel side reads a thread's context only for processes it has a location for (map app_targets).
+Processes running at start are all checked (a few dozen per poll-loop turn); a session in a process it
+knows nothing about sends one probe record (REC_APP_PROBE) instead. This watcher answers between polls:
+it locates `otel_thread_ctx_v1` in the process's ELF files, reads its process context (service.name,
+the attribute key map), snapshots its mappings for user stacks, and writes the answer into every probe
+set's map. Sessions that started before the answer landed (the
+first ones of a process born after the agent, typically a few milliseconds) stay unlinked.
+
+A process found not to publish is asked about again after a back-off (0.5 s doubling to 60 s), since
+runtimes load the publisher late (a Python service imports its SDK after its first system calls).
+Exited processes are forgotten at the next sweep; until then (at most SWEEP_S) a reused PID would be
+read at its predecessor's location, which gives a fault or an invalid record, never a wrong link: the
+record's own valid byte and ids are read from the new process's memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from retsnoop_otel.capture.model import Session
+from retsnoop_otel.runtime.logs import EventLog
+
+SWEEP_S = 1.0
+RECHECK_FIRST_S = 0.5
+RECHECK_MAX_S = 60.0
+CONTEXT_REFRESH_S = 5.0  # a publishing process's context (service.name, key map) is re-read at most this often
+MAX_CHECKS_PER_SERVICE = 64  # probes answered per poll-loop turn, so a burst of new processes cannot stall it
+BACKLOG_BUDGET_S = 0.01  # poll-loop time per turn spent on the processes that were running at start
+OUTCOMES = ("linked", "ok", "no_record", "invalid", "fault", "unknown_process")
+
+
+class AppTargets(Protocol):
+    """What the watcher needs of a probe set's BPF object (kernel.tracer.Tracer)."""
+
+    def set_app_target(self, tgid: int, tp_offset: int = 0, offset: int = 0, modid: int = 0,
+                       publishes: bool = True) -> None: ...
+
+    def forget_app_target(self, tgid: int) -> None: ...
+
+
+@dataclass
+class _Process:
+    tgid: int
+    location: Any = None  # symbols.thread_ctx.TlsLocation; None: publishes no thread context (yet)
+    context: Any = None  # symbols.process_context.ProcessContext
+    context_read_at: float = 0.0
+    recheck_at: float = 0.0
+    backoff: float = RECHECK_FIRST_S
+    in_kernel: bool = True  # an answer is in the kernel maps (False while waiting for a recheck probe)
+
+
+@dataclass
+class AppCounters:
+    """For retsnoop_app_context_* self-metrics: what the watcher did and what the sessions held."""
+
+    processes_checked: int = 0
+    processes_publishing: int = 0
+    check_errors: int = 0
+    sessions: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
+
+
+@dataclass
+class AppSources:
+    """The readers of process state (symbols.thread_ctx, symbols.process_context, symbols.user_symbols)."""
+
+    locate: Callable[[int], Any]  # pid -> TlsLocation | None; raises on an unreadable or exited process
+    read_context: Callable[[int], Any]  # pid -> ProcessContext | None
+    thread_attributes: Callable[[bytes, Any], dict[str, str]]  # (attrs-data, key map) -> attributes
+    user_symbolizer: Any = None  # UserSymbolizer when user stacks are on
+
+    @classmethod
+    def from_proc(cls, proc_root: str, user_stacks: bool, lines: bool = True) -> AppSources:
+        from retsnoop_otel.symbols.process_context import read_process_context, thread_attributes
+        from retsnoop_otel.symbols.thread_ctx import TlsLocator
+        locator = TlsLocator(proc_root)
+        symbolizer = None
+        if user_stacks:
+            from retsnoop_otel.symbols.user_symbols import UserSymbolizer
+            symbolizer = UserSymbolizer(proc_root, lines=lines)
+        return cls(locator.locate, lambda pid: read_process_context(pid, proc_root), thread_attributes, symbolizer)
+
+
+class AppWatcher:
+    def __init__(self, sources: AppSources, monotonic: Callable[[], float], log: EventLog,
+                 proc_root: str = "/proc", read_app: bool = True) -> None:
+        self.sources = sources
+        self._now = monotonic
+        self.log = log
+        self.proc_root = proc_root.rstrip("/") or "/"
+        self.read_app = read_app
+        self.counters = AppCounters()
+        self._targets: list[AppTargets] = []
+        self._known: dict[int, _Process] = {}
+        self._pending: dict[int, None] = {}  # probes (insertion-ordered set): answered first
+        self._backlog: list[int] = []  # processes running at start, checked with what budget is left
+        self._next_sweep = 0.0
+        self._errors_logged = 0
+
+    def set_targets(self, targets: Iterable[AppTargets]) -> None:
+        """The probe sets' BPF objects (after start or reload): each gets every answer known so far.
+
+        The first time, every running process is queued for a check, so that the processes already
+        running when the agent starts have their sessions linked from the first one on.
+        """
+        first = not self._targets and not self._known
+        self._targets = list(targets)
+        for proc in self._known.values():
+            if proc.in_kernel:
+                self._push(proc, self._targets)
+        if first and self.read_app and self._targets:
+            self._backlog = self._running()
+
+    def _running(self) -> list[int]:
+        try:
+            names = os.listdir(self.proc_root)
+        except OSError:
+            return []
+        me = os.getpid()
+        return [int(n) for n in names if n.isdigit() and int(n) != me]
+
+    # ---- kernel side's questions ----------------------------------------------------------------
+
+    def asked(self, tgid: int) -> None:
+        """A probe record: a session started in a process the kernel side has no answer for."""
+        self._pending[tgid] = None
+
+    def service(self) -> None:
+        """Between polls: answer pending probes, then (every SWEEP_S) forget exited processes."""
+        now = self._now()
+        budget = MAX_CHECKS_PER_SERVICE
+        while self._pending and budget:
+            tgid = next(iter(self._pending))
+            del self._pending[tgid]
+            self._check(tgid, now)
+            budget -= 1
+        until = self._now() + BACKLOG_BUDGET_S
+        while self._backlog and budget and self._now() < until:
+            tgid = self._backlog.pop()
+            if tgid not in self._known:
+                self._check(tgid, now)
+                budget -= 1
+        if now >= self._next_sweep:
+            self._next_sweep = now + SWEEP_S
+            self._sweep(now)
+
+    def _check(self, tgid: int, now: float) -> None:
+        proc = self._known.get(tgid)
+        if proc is not None and proc.in_kernel:
+            self._push(proc, self._targets)  # a probe set that lost or never had the answer (reload)
+            return
+        first = proc is None
+        if first:
+            proc = self._known[tgid] = _Process(tgid)
+            if self.sources.user_symbolizer is not None:
+                self.sources.user_symbolizer.remember(tgid)
+        self.counters.processes_checked += 1
+        try:
+            proc.location = self.sources.locate(tgid) if self.read_app else None
+        except Exception as exc:  # noqa: BLE001 - one unreadable process must not stop the others
+            self.counters.check_errors += 1
+            proc.location = None
+            if os.path.exists(f"{self.proc_root}/{tgid}"):
+                self._log_error("thread context of a process not located", pid=tgid, error=str(exc))
+        if proc.location is not None:
+            self.counters.processes_publishing += 1
+            self._read_context(proc, now)
+        elif self.read_app:
+            proc.recheck_at = now + proc.backoff
+            proc.backoff = min(proc.backoff * 2, RECHECK_MAX_S)
+        else:
+            proc.recheck_at = float("inf")  # user stacks only: nothing to find later
+        proc.in_kernel = True
+        self._push(proc, self._targets)
+
+    def _push(self, proc: _Process, targets: Iterable[AppTargets]) -> None:
+        loc = proc.location
+        for t in targets:
+            try:
+                if loc is None:
+                    t.set_app_target(proc.tgid, publishes=False)
+                else:
+                    t.set_app_target(proc.tgid, loc.tp_offset, loc.offset, loc.modid)
+            except OSError as exc:  # the map is full: the process stays unread, its sessions unlinked
+                self._log_error("process not added to the thread-context map", pid=proc.tgid, error=str(exc))
+
+    def _sweep(self, now: float) -> None:
+        for tgid, proc in list(self._known.items()):
+            if not os.path.exists(f"{self.proc_root}/{tgid}"):
+                del self._known[tgid]
+                self._pending.pop(tgid, None)
+                self._forget(tgid)
+            elif proc.location is None and proc.in_kernel and now >= proc.recheck_at:
+                proc.in_kernel = False  # its next session asks again
+                self._forget(tgid)
+
+    def _forget(self, tgid: int) -> None:
+        for t in self._targets:
+            try:
+                t.forget_app_target(tgid)
+            except OSError:
+                pass
+
+    def _read_context(self, proc: _Process, now: float) -> None:
+        proc.context_read_at = now
+        try:
+            proc.context = self.sources.read_context(proc.tgid) or proc.context
+        except Exception as exc:  # noqa: BLE001 - the link does not need it; attributes and service.name do
+            self._log_error("process context not read", pid=proc.tgid, error=str(exc))
+
+    def _log_error(self, message: str, **fields: Any) -> None:
+        """The first few, then silence: a host full of short-lived processes must not flood the log."""
+        self._errors_logged += 1
+        if self._errors_logged <= 5:
+            self.log.warning(message + ("" if self._errors_logged < 5 else " (further ones are not logged)"),
+                             **fields)
+
+    # ---- sessions -----------------------------------------------------------------------------
+
+    def annotate(self, session: Session) -> Session:
+        """The session with its record's attributes named, its service, and its user stack symbolized."""
+        app = session.app
+        proc = self._known.get(session.pid)
+        if app is None:
+            if proc is not None and proc.location is not None:
+                self.counters.sessions["unknown_process"] += 1  # started before the process was located
+        else:
+            outcome = "linked" if app.usable and app.sampled else app.status
+            self.counters.sessions[outcome] = self.counters.sessions.get(outcome, 0) + 1
+            if proc is not None:
+                now = self._now()
+                if now - proc.context_read_at >= CONTEXT_REFRESH_S:
+                    self._read_context(proc, now)
+                ctx = proc.context
+                if ctx is not None:
+                    attrs = self.sources.thread_attributes(app.attrs, ctx.key_map) if app.attrs else {}
+                    name = ctx.attributes.get("service.name")
+                    session.app = dataclasses.replace(app, attributes=tuple(attrs.items()),
+                                                      service_name=name if isinstance(name, str) else "")
+        sym = self.sources.user_symbolizer
+        if session.ustack and sym is not None:
+            try:
+                session.user_frames = tuple(sym.frames(session.pid, session.ustack))
+            except Exception as exc:  # noqa: BLE001 - the session goes out without its user stack
+                self._log_error("user stack not symbolized", pid=session.pid, error=str(exc))
+        return session
+
+    def close(self) -> None:
+        if self.sources.user_symbolizer is not None:
+            self.sources.user_symbolizer.close()

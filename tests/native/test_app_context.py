@@ -1,0 +1,240 @@
+"""The thread-context reader end to end on the host: real BPF programs (uprobes on libsimkern.so, which
+ctx_writer calls from its threads), the real locator, watcher and user-stack symbolizer.
+
+The VM scenario (tests/vm/scenarios/app_context.py) repeats the important cases on kernel functions with
+the agent and a real OTLP receiver; these run in seconds, so every writer variant is covered here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from retsnoop_otel.capture.model import RetKind, TracedFunc
+from retsnoop_otel.capture.records import AppProbeRec
+from retsnoop_otel.capture.sessions import SessionAssembler
+from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer
+from retsnoop_otel.runtime.app_watch import SWEEP_S, AppSources, AppWatcher
+from retsnoop_otel.runtime.logs import EventLog
+
+HERE = Path(__file__).parent
+FUNCS = [TracedFunc(0, "sk_syscall", 0, RetKind.SIGNED, True), TracedFunc(1, "sk_check", 0, RetKind.INT32, False)]
+ROUND = re.compile(r"round (\d+) tid=(\d+) trace=([0-9a-f]{32}) span=([0-9a-f]{16}) ret=(-?\d+)")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    d = tmp_path_factory.mktemp("ctx")
+    cc = ["gcc", "-O1", "-g", "-fno-omit-frame-pointer", "-Wall", "-Werror"]
+    subprocess.run([*cc, "-shared", "-fPIC", "-o", str(d / "libsimkern.so"), str(HERE / "simkern.c")], check=True)
+    subprocess.run([*cc, "-shared", "-fPIC", "-mtls-dialect=gnu2", "-o", str(d / "libctxlib.so"),
+                    str(HERE / "ctxlib.c")], check=True)
+    subprocess.run([*cc, "-rdynamic", "-o", str(d / "writer_exe"), str(HERE / "ctx_writer.c"), "-lpthread", "-ldl"],
+                   check=True)
+    subprocess.run([*cc, "-DCTX_LIB", "-o", str(d / "writer_lib"), str(HERE / "ctx_writer.c"), f"-L{d}", "-lctxlib",
+                    f"-Wl,-rpath,{d}", "-lpthread", "-ldl"], check=True)
+    return {"dir": str(d), "exe": str(d / "writer_exe"), "lib": str(d / "writer_lib"),
+            "simkern": str(d / "libsimkern.so")}
+
+
+class Run:
+    """One writer process under one tracer, driven round by round."""
+
+    def __init__(self, built: dict[str, str], variant: str, mode: str, threads: int, user_stacks: bool = False,
+                 app_context: bool = True) -> None:
+        self.proc = subprocess.Popen([built[variant], mode, str(threads), "sim"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env={**os.environ, "SIMKERN": built["simkern"]})
+        assert self.proc.stdout is not None and self.proc.stdin is not None
+        ready = self.proc.stdout.readline()
+        assert ready.startswith("ready pid="), ready
+        self.pid = int(ready.split("=")[1])
+        self.threads = threads
+        self.ids: dict[int, dict[int, tuple[int, int]]] = {}  # round -> tid -> (trace id, span id)
+        self.sessions: list = []
+        self.watcher = AppWatcher(AppSources.from_proc("/proc", user_stacks), time.monotonic, EventLog(level="error"),
+                                  read_app=app_context)
+        self.tracer = Tracer(FUNCS, CaptureConfig(mode="uprobe", uprobe_binary=built["simkern"], pids=[self.pid],
+                                                  app_context=app_context, user_stacks=user_stacks))
+        self.tracer.load()
+        self.tracer.attach(strict=True)
+        self.watcher.set_targets([self.tracer])
+        assembler = SessionAssembler()
+
+        def on_record(rec):
+            if isinstance(rec, AppProbeRec):
+                self.watcher.asked(rec.tgid)
+            elif (s := assembler.feed(rec)) is not None:
+                self.sessions.append(self.watcher.annotate(s))
+        self.tracer.open_ring_buffer(on_record)
+
+    def round(self) -> list:
+        """One round: every thread makes the call once; returns that round's sessions."""
+        before = len(self.sessions)
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        while True:
+            line = self.proc.stdout.readline()
+            assert line, "the writer exited"
+            if line.startswith("done"):
+                break
+            m = ROUND.match(line)
+            assert m, line
+            self.ids.setdefault(int(m[1]), {})[int(m[2])] = (int(m[3], 16), int(m[4], 16))
+        while self.tracer.poll(20):
+            pass
+        self.watcher.service()
+        return self.sessions[before:]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            self.proc.wait(10)
+        self.tracer.close()
+        self.watcher.close()
+
+
+@pytest.fixture
+def run(built):
+    runs: list[Run] = []
+
+    def start(*args, **kw) -> Run:
+        runs.append(Run(built, *args, **kw))
+        return runs[-1]
+    yield start
+    for r in runs:
+        r.close()
+
+
+@pytest.mark.parametrize("variant", ["exe", "lib"])
+def test_each_thread_joins_its_own_context(run, variant):
+    """TLS in the executable (-rdynamic) and in a TLSDESC library: the first round only asks about the
+    process; from the second on, each session carries the context its own thread held."""
+    r = run(variant, "valid", 3)
+    first = r.round()
+    assert len(first) == 3 and all(s.app is None for s in first)  # the process was not located yet
+    second = r.round()
+    assert len(second) == 3
+    for s in second:
+        assert s.app is not None and s.app.status == "ok" and s.app.sampled, s.app
+        assert (s.app.trace_id, s.app.span_id) == r.ids[2][s.tid]
+        assert s.app.attrs == b"\x00\x0a/users/:id" and not s.app.attrs_cut
+    assert len({s.app.trace_id for s in second}) == 3
+    assert r.watcher.counters.sessions["linked"] == 3 and r.watcher.counters.processes_publishing == 1
+
+
+@pytest.mark.parametrize("mode,status", [("invalid", "invalid"), ("null", "no_record"), ("unsampled", "ok")])
+def test_unusable_contexts_are_reported_as_such(run, mode, status):
+    r = run("exe", mode, 1)
+    r.round()
+    (s,) = r.round()
+    assert s.app is not None and s.app.status == status
+    assert s.app.usable == (mode == "unsampled") and not s.app.sampled
+
+
+def test_a_corrupt_size_is_cut_and_the_session_still_arrives(run):
+    r = run("lib", "bigsize", 1)
+    r.round()
+    (s,) = r.round()
+    assert s.app is not None and s.app.status == "ok" and s.app.attrs_cut and len(s.app.attrs) == 612
+    assert s.app.trace_id == r.ids[2][s.tid][0]
+
+
+def test_process_without_thread_context_is_marked_as_such(run):
+    r = run("exe", "valid", 1)
+    r.round()
+    assert r.tracer.app_targets()[r.pid][3] == 0  # located: flags 0
+    r.watcher.asked(os.getpid())  # pytest's own process has no otel_thread_ctx_v1
+    r.watcher.service()
+    assert r.tracer.app_targets()[os.getpid()][3] == 1  # APP_TLS_NONE
+
+
+def test_exited_process_is_forgotten(run):
+    r = run("exe", "valid", 1)
+    r.round()
+    assert r.pid in r.tracer.app_targets()
+    assert r.proc.stdin is not None
+    r.proc.stdin.close()
+    r.proc.wait(10)
+    time.sleep(SWEEP_S + 0.05)
+    r.watcher.service()
+    assert r.pid not in r.tracer.app_targets()
+
+
+def test_user_stacks_name_the_writers_functions_in_order(run):
+    r = run("exe", "valid", 1, user_stacks=True, app_context=False)
+    r.round()
+    (s,) = r.round()
+    assert s.app is None and s.ustack, "no user stack taken"
+    names = [f.function for f in s.user_frames if not f.inlined]
+    # innermost first: the traced user function itself (the uprobe's ip), then its callers by frame pointers;
+    # make_failing_call, the direct caller, is the frame the entry probe cannot see (its return address is
+    # only on the stack, not yet in a frame-pointer frame)
+    assert names[0] == "sk_syscall"
+    assert names.index("handle_request") < names.index("worker"), names
+    by_name = {f.function: f for f in s.user_frames}
+    assert by_name["worker"].module.endswith("writer_exe") and by_name["worker"].file.endswith("ctx_writer.c")
+    assert by_name["handle_request"].line is not None
+
+
+def test_python_service_through_the_publisher(built):
+    """A Python service with the OTel SDK and the publisher (OTEL_PYTHON_CONTEXT): the kernel side reads
+    the context of its `load_user` span through the DTV of the dlopen'ed library, with the process
+    context's service.name and key map naming the record's attributes."""
+    import json
+    import sys
+
+    watcher = AppWatcher(AppSources.from_proc("/proc", False), time.monotonic, EventLog(level="error"))
+    tracer = Tracer(FUNCS, CaptureConfig(mode="uprobe", uprobe_binary=built["simkern"], app_context=True))
+    sessions: list = []
+    assembler = SessionAssembler()
+
+    def on_record(rec):
+        if isinstance(rec, AppProbeRec):
+            watcher.asked(rec.tgid)
+        elif (s := assembler.feed(rec)) is not None:
+            sessions.append(watcher.annotate(s))
+    try:
+        tracer.load()
+        tracer.attach(strict=True)
+        watcher.set_targets([tracer])
+        tracer.open_ring_buffer(on_record)
+        env = {**os.environ, "SIMKERN": built["simkern"], "OTEL_PYTHON_CONTEXT": "retsnoop_thread_ctx",
+               "OTEL_SERVICE_NAME": "users-service", "RETSNOOP_OTEL_THREAD_ATTRIBUTES": "user.id"}
+        svc = subprocess.Popen([sys.executable, "-m", "tests.otel_service", "--call", "sim", "--requests", "5",
+                                "--interval", "0.4"], stdout=subprocess.PIPE, text=True, env=env,
+                               cwd=HERE.parent.parent)
+        assert svc.stdout is not None
+        requests = []
+        for line in svc.stdout:
+            requests.append(json.loads(line))
+            deadline = time.monotonic() + 0.25
+            while time.monotonic() < deadline:
+                tracer.poll(20)
+                watcher.service()
+        assert svc.wait(30) == 0
+        while tracer.poll(20):
+            pass
+    finally:
+        tracer.close()
+        watcher.close()
+    info, *requests = requests
+    assert info["context"] == "retsnoop_thread_ctx" and len(requests) == 5
+    assert len(sessions) == 5
+    # the first sessions may start before the process was located (its first check parses python's ELF
+    # files, hundreds of milliseconds); every session after the first linked one is linked
+    first = next(i for i, s in enumerate(sessions) if s.app is not None)
+    linked = sessions[first:]
+    assert len(linked) >= 2 and all(s.app is not None and s.app.usable for s in linked), [s.app for s in sessions]
+    by_trace = {r["trace_id"]: r for r in requests}
+    for s in linked:
+        req = by_trace[f"{s.app.trace_id:032x}"]
+        assert f"{s.app.span_id:016x}" == req["span_id"] and s.tid == req["tid"] and s.app.sampled
+        assert s.app.service_name == "users-service"
+        assert dict(s.app.attributes) == {"user.id": str(1000 + req["request"])}
