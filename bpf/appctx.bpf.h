@@ -1,8 +1,12 @@
 // SPDX-License-Identifier: GPL-2.0
-/* The application's side of a session, taken when the session starts (the entry function is entered by
- * the application's own thread): its OpenTelemetry thread context (OTEP 4947: the TLS variable
- * otel_thread_ctx_v1 points to a record with the active trace id and span id) and its user stack.
- * Part of retsnoop.bpf.c. x86-64: the thread pointer is task->thread.fsbase. */
+/* The application's side of a reported session: its OpenTelemetry thread context (OTEP 4947: the TLS
+ * variable otel_thread_ctx_v1 points to a record with the active trace id and span id) and its user stack.
+ * Part of retsnoop.bpf.c. x86-64: the thread pointer is task->thread.fsbase.
+ *
+ * Both are taken when the session ends, and only for sessions that are reported. The thread has not run
+ * user code since the entry function was entered (it is inside a system call or fault of its own), so its
+ * record and its user stack are what they were when the session started; unreported sessions (successes
+ * under sampling, filtered ones) cost nothing here. */
 
 #define BPF_F_USER_STACK (1ULL << 8)
 
@@ -22,37 +26,6 @@ struct {
 	__type(key, __u32);
 	__type(value, __u8);
 } app_asked SEC(".maps");
-
-struct session_app {
-	__s32 status;
-	__s32 err;
-	struct app_ctx ctx;
-};
-
-/* The context each open session read at its start (one entry unless the feature is on). */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct session_app);
-} session_apps SEC(".maps");
-
-struct session_ustack {
-	__s32 sz;
-	__u32 pad;
-	__u64 ips[MAX_USTACK_DEPTH];
-};
-
-/* The user stack each open session took at its start (one entry unless user stacks are on). */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct session_ustack);
-} session_ustacks SEC(".maps");
-
-static const struct session_app empty_app = {};
-static const struct session_ustack empty_ustack = {};
 
 static __always_inline void ask_about(__u32 tgid)
 {
@@ -82,27 +55,14 @@ static __always_inline __u32 attrs_len(__u16 size)
 	return n;
 }
 
-/* The record the thread's otel_thread_ctx_v1 points to, into session_apps[key]. Nothing is recorded for
- * a process user space has not checked yet: its first sessions stay unlinked until the check lands. */
-static __always_inline void read_app_ctx(__u32 key, __u32 tgid, struct task_struct *task)
+/* The record the thread's otel_thread_ctx_v1 points to, into r. */
+static __always_inline void read_app_ctx(struct rec_session_app *r, struct app_tls *t)
 {
-	struct app_tls *t = bpf_map_lookup_elem(&app_targets, &tgid);
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
 	__u64 tp, dtv = 0, blk = 0, ptr = 0, addr;
-	struct session_app *a;
 	long err = 0;
 	__u32 n;
 
-	if (!t) {
-		ask_about(tgid);	/* user stacks need the process's mappings too: asked for either feature */
-		return;
-	}
-	if (!read_app || (t->flags & APP_TLS_NONE))
-		return;
-	if (bpf_map_update_elem(&session_apps, &key, &empty_app, BPF_ANY))
-		return;
-	a = bpf_map_lookup_elem(&session_apps, &key);
-	if (!a)
-		return;
 	tp = BPF_CORE_READ(task, thread.fsbase);
 	if (t->modid) {
 		__u64 len = 0;
@@ -117,7 +77,7 @@ static __always_inline void read_app_ctx(__u32 key, __u32 tgid, struct task_stru
 		/* beyond the thread's DTV (not resized since the module was loaded), or glibc's TLS_DTV_UNALLOCATED:
 		 * this thread never used the module, so it has no record either */
 		if (!blk || blk == (__u64)-1) {
-			a->status = APP_NO_RECORD;
+			r->status = APP_NO_RECORD;
 			return;
 		}
 		addr = blk + t->offset;
@@ -128,82 +88,61 @@ static __always_inline void read_app_ctx(__u32 key, __u32 tgid, struct task_stru
 	if (err)
 		goto fault;
 	if (!ptr) {
-		a->status = APP_NO_RECORD;
+		r->status = APP_NO_RECORD;
 		return;
 	}
-	err = bpf_probe_read_user(&a->ctx, APP_CTX_HEAD, (void *)ptr);
+	err = bpf_probe_read_user(&r->ctx, APP_CTX_HEAD, (void *)ptr);
 	if (err)
 		goto fault;
-	if (a->ctx.valid != 1) {
-		a->status = APP_INVALID;
+	if (r->ctx.valid != 1) {
+		r->status = APP_INVALID;
 		return;
 	}
-	n = attrs_len(a->ctx.attrs_size);
+	n = attrs_len(r->ctx.attrs_size);
 	if (n) {
-		err = bpf_probe_read_user(a->ctx.attrs, n, (void *)(ptr + APP_CTX_HEAD));
+		err = bpf_probe_read_user(r->ctx.attrs, n, (void *)(ptr + APP_CTX_HEAD));
 		if (err)
 			goto fault;
 	}
-	a->status = APP_OK;
+	r->status = APP_OK;
 	return;
 fault:
-	a->status = APP_FAULT;
-	a->err = err;
+	r->status = APP_FAULT;
+	r->err = err;
 }
 
-/* The user stack of the thread entering the entry function, into session_ustacks[key]. */
-static __always_inline void take_ustack(void *ctx, __u32 key)
+/* Sent right before the session's end record: its thread's context (when its process publishes one)
+ * and its user stack (when asked for). A process user space has not checked yet is asked about instead:
+ * its first reported sessions stay unlinked until the answer lands. */
+static __always_inline void emit_app_side(void *ctx, struct session *s)
 {
-	struct session_ustack *u;
-
-	if (bpf_map_update_elem(&session_ustacks, &key, &empty_ustack, BPF_ANY))
-		return;
-	u = bpf_map_lookup_elem(&session_ustacks, &key);
-	if (u)
-		u->sz = bpf_get_stack(ctx, u->ips, sizeof(u->ips), BPF_F_USER_STACK);
-}
-
-static __always_inline void emit_app(struct session *s, __u32 key)
-{
-	struct session_app *a = bpf_map_lookup_elem(&session_apps, &key);
+	struct app_tls *t = bpf_map_lookup_elem(&app_targets, &s->tgid);
+	struct rec_session_ustack *u;
 	struct rec_session_app *r;
 
-	if (!a)
-		return;
-	r = bpf_ringbuf_reserve(&rb, sizeof(*r), 0);
-	if (!r)
-		return;	/* the session end that follows still arrives, without the link */
-	r->type = REC_SESSION_APP;
-	r->tid = s->tid;
-	r->start_ts = s->start_ts;
-	r->status = a->status;
-	r->err = a->err;
-	bpf_probe_read_kernel(&r->ctx, sizeof(r->ctx), &a->ctx);
-	bpf_ringbuf_submit(r, 0);
-}
-
-static __always_inline void emit_ustack(struct session *s, __u32 key)
-{
-	struct session_ustack *u = bpf_map_lookup_elem(&session_ustacks, &key);
-	struct rec_session_ustack *r;
-
-	if (!u)
-		return;
-	r = bpf_ringbuf_reserve(&rb, sizeof(*r), 0);
-	if (!r)
-		return;
-	r->type = REC_SESSION_USTACK;
-	r->tid = s->tid;
-	r->start_ts = s->start_ts;
-	r->ustack_sz = u->sz;
-	bpf_probe_read_kernel(r->ustack, sizeof(r->ustack), u->ips);
-	bpf_ringbuf_submit(r, 0);
-}
-
-static __always_inline void forget_app(__u32 key)
-{
-	if (read_app)
-		bpf_map_delete_elem(&session_apps, &key);
-	if (user_stacks)
-		bpf_map_delete_elem(&session_ustacks, &key);
+	if (!t)
+		ask_about(s->tgid);	/* user stacks need the process's mappings too: asked for either feature */
+	if (read_app && t && !(t->flags & APP_TLS_NONE)) {
+		r = bpf_ringbuf_reserve(&rb, sizeof(*r), 0);
+		if (r) {	/* else the session end that follows still arrives, without the link */
+			r->type = REC_SESSION_APP;
+			r->tid = s->tid;
+			r->start_ts = s->start_ts;
+			r->err = 0;
+			__builtin_memset(&r->ctx, 0, APP_CTX_HEAD);
+			read_app_ctx(r, t);
+			bpf_ringbuf_submit(r, 0);
+		}
+	}
+	if (user_stacks) {
+		u = bpf_ringbuf_reserve(&rb, sizeof(*u), 0);
+		if (u) {
+			u->type = REC_SESSION_USTACK;
+			u->tid = s->tid;
+			u->start_ts = s->start_ts;
+			u->pad = 0;
+			u->ustack_sz = bpf_get_stack(ctx, u->ustack, sizeof(u->ustack), BPF_F_USER_STACK);
+			bpf_ringbuf_submit(u, 0);
+		}
+	}
 }

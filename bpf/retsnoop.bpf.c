@@ -225,7 +225,7 @@ static __always_inline void emit_trace(struct session *s, __u32 type, __u32 tid,
 	bpf_ringbuf_submit(r, 0);
 }
 
-static __always_inline struct session *start_session(void *ctx, __u32 key, __u32 tid, __u32 tgid, __u64 now)
+static __always_inline struct session *start_session(__u32 key, __u32 tid, __u32 tgid, __u64 now)
 {
 	struct rec_session_start *r;
 	struct capture_stats *cs;
@@ -251,10 +251,6 @@ static __always_inline struct session *start_session(void *ctx, __u32 key, __u32
 	bpf_get_current_comm(s->comm, sizeof(s->comm));
 	task = (struct task_struct *)bpf_get_current_task();
 	BPF_CORE_READ_STR_INTO(&s->proc_comm, task, group_leader, comm);
-	if (read_app || user_stacks)
-		read_app_ctx(key, tgid, task);
-	if (user_stacks)
-		take_ustack(ctx, key);
 	if (emit_calls) {
 		r = bpf_ringbuf_reserve(&rb, sizeof(*r), 0);
 		if (!r) {
@@ -292,7 +288,7 @@ static __always_inline void handle_entry(void *ctx, __u32 func_id, bool fentry)
 	if (!s) {
 		if (!ready || !(fi->flags & FUNC_IS_ENTRY))
 			return;
-		s = start_session(ctx, key, tid, pid_tgid >> 32, now);
+		s = start_session(key, tid, pid_tgid >> 32, now);
 		if (!s)
 			return;
 	}
@@ -327,7 +323,7 @@ static __always_inline void fill_level(struct session *s, int d, __s64 res, __u6
 	s->chain_lat[lvl(d)] = lat;
 }
 
-static __always_inline void end_session(struct session *s, __u32 key, __u64 now)
+static __always_inline void end_session(void *ctx, struct session *s, __u32 key, __u64 now)
 {
 	struct capture_stats *cs = cstats();
 	struct rec_session_end *r;
@@ -341,10 +337,8 @@ static __always_inline void end_session(struct session *s, __u32 key, __u64 now)
 		goto out;
 	if (use_lbr)
 		emit_lbr(s, key);
-	if (read_app)
-		emit_app(s, key);
-	if (user_stacks)
-		emit_ustack(s, key);
+	if (read_app || user_stacks)
+		emit_app_side(ctx, s);
 	r = bpf_ringbuf_reserve(&rb, sizeof(*r), 0);
 	if (!r) {
 		if (cs)
@@ -376,7 +370,6 @@ static __always_inline void end_session(struct session *s, __u32 key, __u64 now)
 out:
 	if (use_lbr)
 		bpf_map_delete_elem(&session_lbrs, &key);
-	forget_app(key);
 	bpf_map_delete_elem(&sessions, &key);
 }
 
@@ -410,7 +403,6 @@ static __always_inline void handle_exit(void *ctx, __u32 func_id, __s64 res)
 			cs->incomplete_sessions++;
 		if (use_lbr)
 			bpf_map_delete_elem(&session_lbrs, &key);
-		forget_app(key);
 		bpf_map_delete_elem(&sessions, &key);
 		return;
 	}
@@ -434,7 +426,7 @@ static __always_inline void handle_exit(void *ctx, __u32 func_id, __s64 res)
 	if (emit_calls && !s->defunct)
 		emit_trace(s, REC_FUNC_EXIT, tid, now, d, func_id, lat, res);
 	if (d == 0)
-		end_session(s, key, now);
+		end_session(ctx, s, key, now);
 }
 
 /* ---- attach flavours ---------------------------------------------------------------------- */

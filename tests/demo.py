@@ -4,10 +4,13 @@
 
 Starts a local OTLP receiver (tests/otlp_receiver.py, a real gRPC server), runs
 `retsnoop-otel trace` with OTLP export and the metrics endpoint (its output is echoed live), makes the
-kernel fail with `simfail`, then shows what each sink got: the retsnoop-style stack, the Prometheus
-series for the failing function and the trace as a span tree; last, that no BPF program of ours stays
-loaded. Exit code 0 only when the tracer exited 0, all of that was seen and nothing stayed attached;
-otherwise 1, with a one-line reason on stderr. Meant to run as root on a kernel that allows tracing
+kernel fail with `simfail`, then with a small Python service instrumented with the OpenTelemetry SDK
+(tests/otel_service.py, publishing its thread context through retsnoop_otel.publisher and exporting its
+own spans to the same receiver), then shows what each sink got: the retsnoop-style stacks, the
+Prometheus series for the failing function and the traces as span trees, the service's request span
+with the kernel chain nested under it; last, that no BPF program of ours stays loaded. Exit code 0 only
+when the tracer exited 0, all of that was seen and nothing stayed attached; otherwise 1, with a one-line
+reason on stderr. Meant to run as root on a kernel that allows tracing
 (inside the VM); tests/vm/scenarios/demo.py runs it the same way.
 """
 
@@ -39,6 +42,9 @@ STACK_RX = rf"\[-E[A-Z0-9]+\]\s+{FUNC}\b"  # the failing frame of a session's st
 CALLS_RX = rf'^retsnoop_function_calls_total\{{[^}}]*function="{FUNC}"'
 ERRORS_RX = rf'^retsnoop_function_errors_total\{{[^}}]*function="{FUNC}"'
 SLOW = 300.0  # seconds: guest Python under TCG is ~30x slower than the host
+SERVICE = [PY, "-m", "tests.otel_service", "--requests", "4", "--interval", "3"]
+SERVICE_ENV = {"OTEL_PYTHON_CONTEXT": "retsnoop_thread_ctx", "OTEL_SERVICE_NAME": "users-service",
+               "RETSNOOP_OTEL_THREAD_ATTRIBUTES": "user.id"}
 
 _out = threading.Lock()  # the tracer's echo (reader thread) and our own lines: whole lines, never mixed
 
@@ -74,6 +80,8 @@ def span_tree(requests: list[dict]) -> list[str]:
     for s in spans:
         by_parent.setdefault(s.get("parentSpanId", ""), []).append(s)
     lines: list[str] = []
+    ids = {s.get("spanId", "") for s in spans}
+    roots = [p for p in by_parent if p not in ids]  # "" and the parents outside these requests
 
     def walk(parent: str, depth: int) -> None:
         for s in sorted(by_parent.get(parent, []), key=lambda x: int(x.get("startTimeUnixNano", 0))):
@@ -81,11 +89,19 @@ def span_tree(requests: list[dict]) -> list[str]:
             dur_us = (int(s.get("endTimeUnixNano", 0)) - int(s.get("startTimeUnixNano", 0))) / 1000
             status = s.get("status", {}).get("code", "")
             err = attrs.get("error.type", "")
-            lines.append(f"{'    ' * depth + s['name']:<42} {dur_us:10.3f}us  {status} {err}")
+            lines.append(f"{'    ' * depth + s['name']:<42} {dur_us:10.3f}us  {status} {err}".rstrip())
             walk(s.get("spanId", ""), depth + 1)
 
-    walk("", 0)
+    for root in roots:
+        walk(root, 0)
     return lines
+
+
+def nested_under_service(tree: list[str]) -> int:
+    """Kernel chains (the entry function's span) printed right under the service's `load_user` span."""
+    return sum(1 for above, line in zip(tree, tree[1:], strict=False)
+               if above.split()[0] == "load_user" and line.split()[0] == "__x64_sys_bpf"
+               and len(line) - len(line.lstrip()) > len(above) - len(above.lstrip()))
 
 
 def failed_func_spans(tree: list[str]) -> int:
@@ -178,6 +194,14 @@ def main() -> int:
                 except TimeoutError as exc:
                     failures.append(f"no stack of {FUNC} for {case} ({first_line(exc)})")
                 tracer.wait_output_settled(3, 60)  # symbolizing under TCG takes a while
+            say("== $ OTEL_PYTHON_CONTEXT=retsnoop_thread_ctx python -m tests.otel_service "
+                f"--endpoint 127.0.0.1:{port} (a service with OTel SDK spans, its requests fail in the kernel)")
+            service = Proc([*SERVICE, "--endpoint", f"127.0.0.1:{port}"], {**CHILD_ENV, **SERVICE_ENV}, str(ROOT),
+                           echo=emit)
+            service.popen.wait(3 * SLOW)
+            if (rc := service.terminate(timeout=30)) != 0:
+                failures.append(f"the service exited {rc}")
+            tracer.wait_output_settled(3, 60)
             series = scrape(60)
             say(f"== Prometheus metrics (GET :{METRICS_PORT}/metrics), {FUNC} series:")
             for line in series:
@@ -193,7 +217,7 @@ def main() -> int:
         deadline = time.monotonic() + 60  # the tracer flushes its last spans when it stops
         while tracer is not None and time.monotonic() < deadline and receiver.returncode is None:
             tree = span_tree(read_requests(out_file))
-            if failed_func_spans(tree) >= len(CASES):
+            if failed_func_spans(tree) >= len(CASES) + 4 and nested_under_service(tree):
                 break
             time.sleep(0.5)
     finally:
@@ -203,6 +227,8 @@ def main() -> int:
         say("  ", line)
     if tracer is not None and (got := failed_func_spans(tree)) < len(CASES):
         failures.append(f"{got} of {len(CASES)} failing {FUNC} spans received")
+    if tracer is not None and not nested_under_service(tree):
+        failures.append("no kernel chain nested under the service's load_user span")
     if tracer is not None and tracer_rc != 0:
         failures.insert(0, f"tracer exited {tracer_rc}")
     ours = our_progs_left()

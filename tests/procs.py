@@ -25,11 +25,11 @@ class Proc:
     `cmd` as a str goes through the shell, a list does not; `env` entries are added to this process's
     environment. `echo`, if given, is called from the reader thread with each line (newline included)
     before the line becomes visible to the wait methods, so what was echoed precedes what a caller prints
-    after a wait returns.
+    after a wait returns. With `stdin=True`, `send` writes lines to the process (else it reads /dev/null).
     """
 
     def __init__(self, cmd: Command, env: dict[str, str] | None = None, cwd: str | None = None, *,
-                 echo: Callable[[str], None] | None = None) -> None:
+                 echo: Callable[[str], None] | None = None, stdin: bool = False) -> None:
         self.cmd = cmd
         self._lines: list[str] = []
         self._cursor = 0
@@ -37,11 +37,17 @@ class Proc:
         self._cond = threading.Condition()
         self._eof = False
         self._echo = echo
-        self.popen = subprocess.Popen(cmd, shell=isinstance(cmd, str), stdin=subprocess.DEVNULL,
+        self.popen = subprocess.Popen(cmd, shell=isinstance(cmd, str),
+                                      stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd,
                                       env={**os.environ, **(env or {})}, text=True, errors="replace")
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
+
+    def send(self, line: str) -> None:
+        assert self.popen.stdin is not None, "started without stdin=True"
+        self.popen.stdin.write(line + "\n")
+        self.popen.stdin.flush()
 
     @property
     def pid(self) -> int:

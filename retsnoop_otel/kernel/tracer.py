@@ -165,8 +165,6 @@ class Tracer:
         watch = cfg.app_context or cfg.user_stacks
         obj.map("app_targets").set_max_entries(cfg.max_app_processes if watch else 1)
         obj.map("app_asked").set_max_entries(cfg.max_app_processes if watch else 1)
-        obj.map("session_apps").set_max_entries(cfg.max_sessions if cfg.app_context else 1)
-        obj.map("session_ustacks").set_max_entries(cfg.max_sessions if cfg.user_stacks else 1)
         entry_prog, exit_prog = _MODE_PROGRAMS[cfg.mode]
         for progs in set(_MODE_PROGRAMS.values()):
             for name in progs:

@@ -3,9 +3,12 @@
  *
  *   ctx_writer MODE THREADS CALL [ROUNDS]
  *   MODE     valid | unsampled | invalid (valid = 0) | null (no record) | bigsize (attrs-data-size 0xffff)
+ *            | badptr (the pointer names unmapped memory) | pagedout (the record's page is not present
+ *            when the call is made: a shared mapping whose page table entry is dropped before each round)
  *   THREADS  threads making the call, each with its own trace id (…01, …02) and span id
  *   CALL     bpf: bpf(BPF_MAP_CREATE) of an array map with max_entries 0 (-EINVAL, in the kernel);
- *            sim: sk_syscall(0) of libsimkern.so (-EINVAL, a user function for uprobes)
+ *            sim: sk_syscall(0) of libsimkern.so (-EINVAL, a user function for uprobes); with
+ *            SIM_FAIL_EVERY=N only every Nth round fails, the others succeed (sessions not reported)
  *   ROUNDS   0 (default): a round per line read on stdin ("go"), until EOF; N: N rounds, 50 ms apart
  *
  * Where the variable lives is chosen at build time, the cases a reader must handle:
@@ -21,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -52,20 +56,22 @@ struct bpf_map_create_attr {
 	uint32_t map_type, key_size, value_size, max_entries, map_flags;
 };
 
-NOINLINE static long make_failing_call(void)
+static int fail_every = 1;	/* SIM_FAIL_EVERY=N: only every Nth sim call fails (the others return 3) */
+
+NOINLINE static long make_failing_call(int round)
 {
 	if (!strcmp(call, "sim"))
-		return sk_syscall(0);
+		return sk_syscall(round % fail_every ? 5 : 0);
 	struct bpf_map_create_attr attr = {2 /* BPF_MAP_TYPE_ARRAY */, 4, 4, 0, 0};
 	return syscall(SYS_bpf, 0 /* BPF_MAP_CREATE */, &attr, sizeof(attr));
 }
 
 NOINLINE static long handle_request(int round)
 {
-	long ret = make_failing_call();
+	long ret = make_failing_call(round);
 
 	__asm__ volatile("" ::: "memory");	/* not a tail call: this frame stays on the stack */
-	return ret + round * 0;
+	return ret;
 }
 
 static void fill(struct record *r, int idx)
@@ -93,16 +99,32 @@ static void *worker(void *arg)
 {
 	int idx = (int)(intptr_t)arg;
 	struct record *r = calloc(1, sizeof(*r) + 1024);	/* room past the 64 bytes: bigsize reads stay mapped */
+	long page = sysconf(_SC_PAGESIZE);
 
+	if (!strcmp(mode, "pagedout")) {
+		int fd = memfd_create("ctx_record", 0);
+
+		if (fd < 0 || ftruncate(fd, page) || (r = mmap(NULL, page, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0))
+		    == MAP_FAILED) {
+			perror("ctx_writer: record mapping");
+			exit(1);
+		}
+	}
 	fill(r, idx);
-	if (strcmp(mode, "null"))
+	if (!strcmp(mode, "badptr"))
+		ctx_set((void *)0x1000);	/* never mapped: below vm.mmap_min_addr */
+	else if (strcmp(mode, "null"))
 		ctx_set(r);
 	for (int round = 1;; round++) {
 		pthread_barrier_wait(&start_round);
 		if (stop)
 			break;
+		if (!strcmp(mode, "pagedout"))
+			madvise(r, page, MADV_DONTNEED);	/* the data stays in the memfd; the mapping faults */
 		long ret = handle_request(round);
 		char ids[49];
+		if (!strcmp(mode, "pagedout"))
+			madvise(r, page, MADV_DONTNEED);
 		for (int i = 0; i < 24; i++)
 			sprintf(ids + 2 * i, "%02x", i < 16 ? r->trace_id[i] : r->span_id[i - 16]);
 		printf("round %d tid=%ld trace=%.32s span=%.16s ret=%ld\n", round, (long)gettid(), ids, ids + 32, ret);
@@ -115,7 +137,8 @@ static void *worker(void *arg)
 int main(int argc, char **argv)
 {
 	if (argc < 4) {
-		fprintf(stderr, "usage: %s valid|unsampled|invalid|null|bigsize THREADS bpf|sim [ROUNDS]\n", argv[0]);
+		fprintf(stderr, "usage: %s valid|unsampled|invalid|null|bigsize|badptr|pagedout THREADS bpf|sim [ROUNDS]\n",
+			argv[0]);
 		return 2;
 	}
 	mode = argv[1];
@@ -123,7 +146,10 @@ int main(int argc, char **argv)
 	call = argv[3];
 	rounds = argc > 4 ? atoi(argv[4]) : 0;
 	if (!strcmp(call, "sim")) {
-		const char *lib = getenv("SIMKERN");
+		const char *lib = getenv("SIMKERN"), *every = getenv("SIM_FAIL_EVERY");
+
+		if (every && atoi(every) > 0)
+			fail_every = atoi(every);
 		void *h = dlopen(lib ? lib : "libsimkern.so", RTLD_NOW);
 
 		sk_syscall = h ? (long (*)(int))dlsym(h, "sk_syscall") : NULL;

@@ -186,3 +186,19 @@ def test_metrics_series_bounds() -> None:
     cfg = parse_config(BASE + "metrics:\n  max_error_types: 5\n  functions: ['*sys_bpf', map_create]\n", "a.yaml")
     assert cfg.metrics.max_error_types == 5 and cfg.metrics.functions == ("*sys_bpf", "map_create")
     assert "metrics.max_error_types" in err(BASE + "metrics:\n  max_error_types: 0\n")
+
+
+def test_application_context_and_user_stacks_keys() -> None:
+    cfg = parse_config(BASE, "a.yaml")
+    assert cfg.probe_sets[0].app_context is True and cfg.probe_sets[0].user_stacks is False
+    cfg = parse_config(BASE + "    app_context: false\n    user_stacks: true\n", "a.yaml")
+    assert cfg.probe_sets[0].app_context is False and cfg.probe_sets[0].user_stacks is True
+    assert "probe_sets[0].user_stacks" in err(BASE + "    user_stacks: sometimes\n")
+
+
+def test_trace_flags_for_application_context_and_user_stacks() -> None:
+    from retsnoop_otel.trace.flags import parse
+    plain = parse(["-e", "*sys_bpf"], environ={}).config.probe_sets[0]
+    assert plain.app_context and not plain.user_stacks
+    both = parse(["-e", "*sys_bpf", "-U", "--no-app-context"], environ={}).config.probe_sets[0]
+    assert both.user_stacks and not both.app_context

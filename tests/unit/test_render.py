@@ -274,3 +274,41 @@ def test_returned_function_rows_show_where_it_is_defined_when_dwarf_knows(ksyms:
     out = render_stack(seed1_session(ksyms, chain), funcs, sym, OFFSET)
     assert "!   50us [-ENOMEM]  array_map_alloc                      (kernel/bpf/arraymap.c:87)\n" in out
     assert out.replace("                      (kernel/bpf/arraymap.c:87)", "") == SEED_1  # the rest as before
+
+
+def test_application_ids_in_the_header_and_user_stack_under_the_kernel_stack(ksyms: Kallsyms) -> None:
+    from retsnoop_otel.capture.model import AppContext, UserFrame
+    from retsnoop_otel.render.console import session_json, session_text
+    funcs = funcs_for(ksyms, [("__x64_sys_bpf", RetKind.SIGNED), ("__sys_bpf", RetKind.INT32)])
+    frames = (UserFrame(0x7F0000001D, "syscall", 0x1D, "/lib/x86_64-linux-gnu/libc.so.6"),
+              UserFrame(0x401136, "load_user", 0x16, "/srv/app", "app.c", 41, inlined=True),
+              UserFrame(0x401136, "handle_request", 0x16, "/srv/app", "app.c", 60),
+              UserFrame(0x401200, "main", 0x40, "/srv/app", "app.c", 90))
+    app = AppContext("ok", 0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7, 1,
+                     attributes=(("http.route", "/u"),), service_name="shop")
+    session = Session(7, 7, "app", "app", 0, 1, True, [StackEntry(0, NEG - 22, 1), StackEntry(1, NEG - 22, 1)],
+                      [addr(ksyms, "__sys_bpf", 0x10), addr(ksyms, "__x64_sys_bpf", 0x1a)], app=app,
+                      ustack=(1, 2, 3), user_frames=frames)
+    text = session_text(session, funcs, KallsymsSymbolizer(ksyms), 0, calls_view=False)
+    header, body = text.split("\n\n", 1)
+    assert header.endswith("(app/app) trace_id=4bf92f3577b34da6a3ce929d0e0e4736 span_id=00f067aa0ba902b7:")
+    kernel, user = body.rstrip("\n").split("\n\n")
+    assert kernel.splitlines()[0].endswith("__x64_sys_bpf+0x1a")
+    assert user.splitlines() == [
+        "user stack:",
+        "   main+0x40            (app.c:90) [app]",
+        "   handle_request+0x16  (app.c:60) [app]",
+        "   . load_user          (app.c:41) [app]",
+        "   syscall+0x1d         [libc.so.6]"]
+    calls = session_text(session, funcs, KallsymsSymbolizer(ksyms), 0, calls_view=True)
+    assert "user stack:\n   main+0x40" in calls
+    js = session_json(session, funcs, 0)
+    assert js["app"] == {"status": "ok", "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736",
+                         "span_id": "00f067aa0ba902b7", "sampled": True, "attributes": {"http.route": "/u"},
+                         "service_name": "shop"}
+    assert [f["function"] for f in js["user_stack"]] == ["syscall", "load_user", "handle_request", "main"]
+    unlinked = Session(7, 7, "app", "app", 0, 1, True, [], [], app=AppContext("invalid"), ustack_error=14)
+    assert "trace_id=" not in render_header(unlinked, 0)
+    assert session_json(unlinked, funcs, 0)["app"] == {"status": "invalid"}
+    assert "user stack: not captured (EFAULT)" in session_text(unlinked, funcs, KallsymsSymbolizer(ksyms), 0,
+                                                               calls_view=False)

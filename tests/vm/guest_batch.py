@@ -124,9 +124,9 @@ class Context:
             raise TimeoutError(f"{cmd!r} did not finish within {timeout:g} s; stdout so far:\n{out[-2000:]}") from None
         return res.returncode, res.stdout, res.stderr
 
-    def spawn(self, cmd: Command, env: dict[str, str] | None = None) -> Proc:
+    def spawn(self, cmd: Command, env: dict[str, str] | None = None, stdin: bool = False) -> Proc:
         """Start a background process; `env` entries are added to the guest environment."""
-        proc = Proc(cmd, env, self.cwd)
+        proc = Proc(cmd, env, self.cwd, stdin=stdin)
         self._procs.append(proc)
         return proc
 

@@ -80,3 +80,15 @@ def test_demo_prints_the_span_tree(demo) -> None:
 
 def test_demo_leaves_no_bpf_program(demo) -> None:
     assert "== BPF programs left after detach: none" in demo["output"].splitlines(), demo["output"][-2000:]
+
+
+def test_demo_shows_the_kernel_chain_inside_the_services_trace(demo) -> None:
+    """The service's request span, its load_user span, and under it the kernel's chain, as received."""
+    tree = _section(demo["output"], "traces received by the OTLP receiver")
+    chain = [r"GET /users/\{id\}", "load_user", "__x64_sys_bpf", "array_map_alloc_check"]
+    found = any(all(re.match(rf"^ {{3}}{' ' * 4 * d}{name}\b", tree[i + d]) for d, name in enumerate(chain))
+                for i in range(len(tree) - 3))
+    assert found, "\n".join(tree)
+    # the tracer's own text names the application's ids in the session header
+    assert re.search(r"TID/PID \d+/\d+ \(python/python\) trace_id=[0-9a-f]{32} span_id=[0-9a-f]{16}:$",
+                     demo["output"], re.M), demo["output"][-4000:]

@@ -129,13 +129,17 @@ def test_each_thread_joins_its_own_context(run, variant):
     assert r.watcher.counters.sessions["linked"] == 3 and r.watcher.counters.processes_publishing == 1
 
 
-@pytest.mark.parametrize("mode,status", [("invalid", "invalid"), ("null", "no_record"), ("unsampled", "ok")])
+@pytest.mark.parametrize("mode,status", [("invalid", "invalid"), ("null", "no_record"), ("unsampled", "ok"),
+                                         ("badptr", "fault"), ("pagedout", "fault")])
 def test_unusable_contexts_are_reported_as_such(run, mode, status):
+    """Unreadable user memory (an unmapped pointer, a record whose page is not present: BPF cannot fault
+    it in) is a fault with its errno; the session itself arrives like any other."""
     r = run("exe", mode, 1)
     r.round()
     (s,) = r.round()
-    assert s.app is not None and s.app.status == status
+    assert s.app is not None and s.app.status == status, s.app
     assert s.app.usable == (mode == "unsampled") and not s.app.sampled
+    assert s.is_err and (s.app.error == 14) == (status == "fault")  # EFAULT
 
 
 def test_a_corrupt_size_is_cut_and_the_session_still_arrives(run):
@@ -173,11 +177,9 @@ def test_user_stacks_name_the_writers_functions_in_order(run):
     (s,) = r.round()
     assert s.app is None and s.ustack, "no user stack taken"
     names = [f.function for f in s.user_frames if not f.inlined]
-    # innermost first: the traced user function itself (the uprobe's ip), then its callers by frame pointers;
-    # make_failing_call, the direct caller, is the frame the entry probe cannot see (its return address is
-    # only on the stack, not yet in a frame-pointer frame)
-    assert names[0] == "sk_syscall"
-    assert names.index("handle_request") < names.index("worker"), names
+    # taken when the session ends (here in the uretprobe: the ip is the return site in the caller), innermost
+    # first, then the callers by frame pointers
+    assert names[:3] == ["make_failing_call", "handle_request", "worker"], names
     by_name = {f.function: f for f in s.user_frames}
     assert by_name["worker"].module.endswith("writer_exe") and by_name["worker"].file.endswith("ctx_writer.c")
     assert by_name["handle_request"].line is not None

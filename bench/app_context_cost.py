@@ -1,0 +1,119 @@
+"""What reading the application's thread context (and its user stack) costs the kernel side, per session.
+
+    .venv/bin/python bench/app_context_cost.py [--rounds 20000] [--repeat 3]      (root; any kernel with uprobes)
+
+Three BPF objects, loaded side by side, trace the same user function (sk_syscall of tests/native/simkern.c,
+through uprobes: on the development host kernel functions cannot be traced) in the same writer process
+(tests/native/ctx_writer.c, TLS in the executable, a valid sampled record): `plain` does not read the
+context, `context` does, `context_ustack` also takes the user stack. Two workloads: every session fails
+(every one is reported, so every one pays for the read), and one session in 20 fails (the others are
+neither reported nor read: the read happens at the end of reported sessions only). With kernel.bpf_stats_enabled on (and
+restored afterwards), each object's programs report their run count and run time; the figure is BPF
+nanoseconds per session (run time of the entry and exit programs / sessions), and the ratios put the
+three side by side: every session passes through all three objects, so they see the same calls, caches
+and CPU. The order of attachment is rotated between repeats. The VM scenario app_context measures the
+same on kernel functions (under TCG emulation: its ratios, not its nanoseconds, carry over).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from retsnoop_otel.capture.model import RetKind, TracedFunc  # noqa: E402
+from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer  # noqa: E402
+from retsnoop_otel.symbols.thread_ctx import TlsLocator  # noqa: E402
+
+SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
+VARIANTS = {"plain": (False, False), "context": (True, False), "context_ustack": (True, True)}
+
+
+def build(tmp: Path) -> tuple[str, str]:
+    src = ROOT / "tests" / "native"
+    cc = ["gcc", "-O1", "-g", "-fno-omit-frame-pointer"]
+    subprocess.run([*cc, "-shared", "-fPIC", "-o", str(tmp / "libsimkern.so"), str(src / "simkern.c")], check=True)
+    subprocess.run([*cc, "-rdynamic", "-o", str(tmp / "writer"), str(src / "ctx_writer.c"), "-lpthread", "-ldl"],
+                   check=True)
+    return str(tmp / "libsimkern.so"), str(tmp / "writer")
+
+
+def one_run(simkern: str, writer: str, rounds: int, order: list[str], fail_every: int) -> dict[str, float]:
+    funcs = [TracedFunc(0, "sk_syscall", 0, RetKind.SIGNED, True), TracedFunc(1, "sk_check", 0, RetKind.INT32, False)]
+    proc = subprocess.Popen([writer, "valid", "1", "sim"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            env={"SIMKERN": simkern, "SIM_FAIL_EVERY": str(fail_every)}, text=True)
+    tracers: dict[str, Tracer] = {}
+    try:
+        loc = None
+        for _ in range(100):  # the writer is up once its executable is mapped
+            try:
+                loc = TlsLocator().locate(proc.pid)
+                break
+            except Exception:  # noqa: BLE001 - not exec'ed yet
+                time.sleep(0.01)
+        assert loc is not None, "otel_thread_ctx_v1 not found in the writer"
+        for name in order:
+            ctx, stacks = VARIANTS[name]
+            t = Tracer(funcs, CaptureConfig(mode="uprobe", uprobe_binary=simkern, pids=[proc.pid], app_context=ctx,
+                                            user_stacks=stacks))
+            t.load()
+            t.attach(strict=True)
+            t.set_app_target(proc.pid, loc.tp_offset, loc.offset, loc.modid)
+            t.open_ring_buffer(lambda _rec: None)
+            tracers[name] = t
+        assert proc.stdin is not None
+        for _ in range(rounds):
+            proc.stdin.write("go\n")
+        proc.stdin.close()
+        proc.wait(600)
+        out = {}
+        for name, t in tracers.items():
+            while t.poll(10):
+                pass
+            run_ns = sum(p.run_time_ns for p in t.program_stats())
+            started = t.capture_stats().sessions_started  # reported or not (the ring buffer may overflow)
+            assert started == rounds, (name, started)
+            out[name] = run_ns / started
+        return out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for t in tracers.values():
+            t.close()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=20000)
+    p.add_argument("--repeat", type=int, default=3)
+    args = p.parse_args()
+    before = SYSCTL.read_text()
+    SYSCTL.write_text("1\n")
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            simkern, writer = build(Path(tmp))
+            names = list(VARIANTS)
+            for fail_every, what in ((1, "every session fails (all reported)"),
+                                     (20, "1 in 20 sessions fails (the others are not reported)")):
+                runs = []
+                for i in range(args.repeat):
+                    order = names[i % 3:] + names[:i % 3]
+                    runs.append(one_run(simkern, writer, args.rounds, order, fail_every))
+                med = {n: statistics.median(r[n] for r in runs) for n in VARIANTS}
+                print(f"BPF ns per session, {what}; median of {args.repeat} runs of {args.rounds} sessions:")
+                for n in VARIANTS:
+                    print(f"  {n:16s} {med[n]:8.0f} ns   x{med[n] / med['plain']:.3f} of plain")
+    finally:
+        SYSCTL.write_text(before)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
