@@ -13,7 +13,7 @@ PYTEST_ARGS ?= -ra
 .NOTPARALLEL:
 .PHONY: setup apt bpf kernels test unit vmtest lowest lint demo clean distclean
 
-## setup: Debian packages (only missing ones), .venv with the project and its dev extra, BPF objects
+## setup: Debian packages (only missing ones), .venv with the project and its dev and service extras, BPF objects
 setup:
 	@$(MAKE) --no-print-directory apt
 	@$(MAKE) --no-print-directory $(STAMP)
@@ -32,7 +32,7 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml setup.py | $(PY)
-	$(PY) -m pip install -e '.[dev]'
+	$(PY) -m pip install -e '.[dev,service]'
 	touch $@
 
 # the lowest versions pyproject.toml allows, pinned from its own `>=` bounds so that they cannot drift

@@ -104,6 +104,11 @@ def nested_under_service(tree: list[str]) -> int:
                and len(line) - len(line.lstrip()) > len(above) - len(above.lstrip()))
 
 
+def service_requests(tree: list[str]) -> int:
+    """The service's `load_user` spans received (one per request)."""
+    return sum(1 for line in tree if line.split()[0] == "load_user")
+
+
 def failed_func_spans(tree: list[str]) -> int:
     """How many spans of FUNC (not roots) ended with an error status and an error.type."""
     return sum(1 for line in tree
@@ -227,8 +232,12 @@ def main() -> int:
         say("  ", line)
     if tracer is not None and (got := failed_func_spans(tree)) < len(CASES):
         failures.append(f"{got} of {len(CASES)} failing {FUNC} spans received")
-    if tracer is not None and not nested_under_service(tree):
+    if tracer is not None and not (nested := nested_under_service(tree)):
         failures.append("no kernel chain nested under the service's load_user span")
+    elif tracer is not None:
+        say(f"== {nested} of the service's requests have their kernel chain under their load_user span"
+            + ("; a process born after the tracer is looked at when its first reported session ends, so that "
+               "session stays a trace of its own" if service_requests(tree) > nested else ""))
     if tracer is not None and tracer_rc != 0:
         failures.insert(0, f"tracer exited {tracer_rc}")
     ours = our_progs_left()

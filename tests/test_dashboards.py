@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -196,6 +197,8 @@ def test_promtool_check_scrape_config() -> None:
 # ---- alert rules ---------------------------------------------------------------------------------
 
 
+# runbook_url: this repository's dashboards/RUNBOOK.md as GitHub shows it, with the alert's section anchor
+RUNBOOK_URL = "https://github.com/retsnoop-otel/retsnoop-otel/blob/main/dashboards/RUNBOOK.md"
 EXPECTED_ALERTS = {"KernelErrorSpike", "KernelNewErrno", "KernelLatencyP99High", "RetsnoopAgentLosingData",
                    "RetsnoopAgentDown"}
 
@@ -209,16 +212,25 @@ def _anchors(markdown: str) -> set[str]:
 def test_alerts_have_severity_for_and_runbook_sections() -> None:
     rules = alert_rules()
     assert {r["alert"] for r in rules} == EXPECTED_ALERTS
+    assert RUNBOOK_URL.endswith("/" + RUNBOOK.relative_to(REPO).as_posix())
     anchors = _anchors(RUNBOOK.read_text())
-    dashboards = {d["uid"] for d in load_dashboards().values()}
+    dashboards = {d["uid"]: d for d in load_dashboards().values()}
     for r in rules:
         assert "for" in r, r["alert"]
         assert r["labels"]["severity"] in {"info", "warning", "critical"}
         ann = r["annotations"]
+        assert set(ann) == {"summary", "description", "runbook_url", "dashboard_url"}, r["alert"]
         assert ann["summary"] and ann["description"], r["alert"]
-        m = re.match(r"dashboards/RUNBOOK\.md#([\w-]+): \S", ann["runbook"])
-        assert m and m.group(1) == r["alert"].lower() and m.group(1) in anchors, (r["alert"], ann["runbook"])
-        assert ann["dashboard"].removeprefix("/d/") in dashboards, r["alert"]
+        page, _, anchor = ann["runbook_url"].partition("#")
+        assert page == RUNBOOK_URL and anchor == r["alert"].lower() and anchor in anchors, (r["alert"], anchor)
+        # /d/<uid>?var-<variable>={{ $labels.<same name> }}: a dashboard that exists, variables it has
+        url = urlsplit(re.sub(r"\{\{ (?:if|end)\b[^}]*\}\}", "", ann["dashboard_url"]))
+        uid = url.path.removeprefix("/d/")
+        assert url.path.startswith("/d/") and uid in dashboards, (r["alert"], ann["dashboard_url"])
+        variables = {v["name"] for v in dashboards[uid]["templating"]["list"]}
+        for param in filter(None, url.query.split("&")):
+            m = re.fullmatch(r"var-(\w+)=\{\{ \$labels\.(\w+) \}\}", param)
+            assert m and m.group(1) == m.group(2) and m.group(1) in variables, (r["alert"], param)
 
 
 def test_every_alert_has_firing_and_quiet_unit_tests() -> None:

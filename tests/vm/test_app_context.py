@@ -67,9 +67,14 @@ def test_writers_running_at_start_join_their_threads_traces(vm_batch) -> None:
         # the kernel chain is in the application's trace, under its span (a remote parent)
         assert root["trace"] == trace and root["parent"] == span and root.get("flags") == 0x300, root
         assert "retsnoop.app.context" not in root["attrs"] and not root.get("links")
-        children = [s for s in _spans(r["otlp"]) if s["parent"] == root["id"]]
-        assert [c["name"] for c in children] == ["array_map_alloc_check"]
-        assert all(c["trace"] == trace for c in children)
+        # the whole chain below it: __x64_sys_bpf -> __sys_bpf -> array_map_alloc_check, all in that trace
+        chain, parent = [], root["id"]
+        while children := [s for s in _spans(r["otlp"]) if s["parent"] == parent]:
+            (child,) = children
+            assert child["trace"] == trace, child
+            chain.append(child["name"])
+            parent = child["id"]
+        assert chain and chain[-1] == "array_map_alloc_check", chain
 
 
 def test_user_stack_names_the_writers_functions_in_order(vm_batch) -> None:
@@ -160,25 +165,30 @@ def test_outcomes_are_counted_without_a_log_storm_and_nothing_stays_attached(vm_
     assert r["agent_rc"] == 0 and r["progs_after_stop"] == []
 
 
-def _cost_per_session(metrics: str) -> dict[str, float]:
+def _bpf_seconds(metrics: str) -> dict[str, float]:
+    """BPF run time per probe set (entry and exit programs together), from kernel bpf_stats."""
     run_s: dict[str, float] = {}
     for m in re.finditer(r'^retsnoop_bpf_program_run_seconds_total\{[^}]*probe_set="(\w+)"[^}]*\} (\S+)$',
                          metrics, re.M):
         run_s[m[1]] = run_s.get(m[1], 0.0) + float(m[2])
-    sessions: dict[str, float] = {}
-    for m in re.finditer(r'^retsnoop_sessions_total\{[^}]*probe_set="(\w+)"[^}]*\} (\S+)$', metrics, re.M):
-        sessions[m[1]] = sessions.get(m[1], 0.0) + float(m[2])
-    return {k: run_s[k] / sessions[k] * 1e9 for k in run_s if sessions.get(k)}
+    return run_s
 
 
 def test_cost_of_the_context_read_is_measured_side_by_side(vm_batch) -> None:
-    """The same calls through three probe sets; the figures go to the README (no timing assertion here)."""
+    """The same calls through three probe sets; the figures go to the README (no timing assertion here).
+
+    Every bpf() call in the guest runs all three sets' programs (the comm filter sits inside them), so
+    the figure is each set's extra BPF time over `plain`, per reported session of the writer.
+    """
     r = vm_batch["app_context"]
-    per = _cost_per_session(r["metrics"])
-    assert {"plain", "context", "context_ustack"} <= set(per), r["metrics"][-3000:]
-    errors = {m[1]: float(m[2]) for m in re.finditer(
-        r'^retsnoop_sessions_total\{(?=[^}]*outcome="error")[^}]*probe_set="(\w+)"[^}]*\} (\S+)$', r["metrics"], re.M)}
+    run_s = _bpf_seconds(r["metrics"])
+    assert {"plain", "context", "context_ustack"} <= set(run_s), r["metrics"][-3000:]
+    errors: dict[str, float] = {}  # one series per entry function: summed per probe set
+    for m in re.finditer(r'^retsnoop_sessions_total\{(?=[^}]*outcome="error")[^}]*probe_set="(\w+)"[^}]*\} (\S+)$',
+                         r["metrics"], re.M):
+        errors[m[1]] = errors.get(m[1], 0.0) + float(m[2])
     assert all(errors[k] == r["cost_rounds"] for k in ("plain", "context", "context_ustack")), errors
-    print(f"\n[{vm_batch.release}] BPF ns per session: " + ", ".join(f"{k} {v:.0f}" for k, v in per.items())
-          + f"; context/plain {per['context'] / per['plain']:.3f}, "
-          f"context+ustack/plain {per['context_ustack'] / per['plain']:.3f}")
+    extra = {k: (run_s[k] - run_s["plain"]) / r["cost_rounds"] * 1e9 for k in ("context", "context_ustack")}
+    print(f"\n[{vm_batch.release}] BPF ms per set: " + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in run_s.items())
+          + f"; extra ns per reported session over plain: context {extra['context']:.0f}, "
+          f"context+ustack {extra['context_ustack']:.0f}")

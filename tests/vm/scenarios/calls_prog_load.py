@@ -20,14 +20,14 @@ PY = sys.executable
 NAME_SET = ["-a", "bpf_check", "-a", "check_*", "-a", "do_check*", "-a", "bpf_prog_alloc*", "-a", "btf_*"]
 
 
-def _run(ctx, cmd: list[str], settle_s: float = 10) -> dict:
+def _run(ctx, cmd: list[str], settle_s: float = 10, printed: str = r"← bpf_prog_load") -> dict:
     tracer = ctx.spawn([PY, "-m", "retsnoop_otel", "trace", *cmd, "-v"])
     result: dict = {"cmd": cmd}
     try:
         tracer.wait_for_line(r"Receiving data", timeout=1200)
         rc, out, err = ctx.run([PY, "-m", "retsnoop_otel", "simfail", "bpf-simple-obj"], 300)
         result["simfail"] = {"rc": rc, "out": out + err}
-        tracer.wait_for_line(r"← bpf_prog_load", timeout=600)
+        tracer.wait_for_line(printed, timeout=600)
         tracer.wait_output_settled(settle_s, timeout=600)
     finally:
         result["rc"] = tracer.terminate(timeout=1200)
@@ -50,6 +50,8 @@ def scenario_calls_prog_load(ctx) -> dict:
 def scenario_calls_record_loss(ctx) -> dict:
     if ctx.kernel_series != "6.12":
         return {"ran": False}
-    r = _run(ctx, ["-e", "bpf_prog_load", *NAME_SET, "-S", "-T", "-C", "bpf.ringbuf-size=4096"], settle_s=5)
+    r = _run(ctx, ["-e", "bpf_prog_load", *NAME_SET, "-S", "-T", "-C", "bpf.ringbuf-size=4096"], settle_s=5,
+             # any record can be lost, bpf_prog_load's own exit too: then the table ends with the gap line
+             printed=r"← bpf_prog_load|missing \d+ records")
     r["ran"] = True
     return r

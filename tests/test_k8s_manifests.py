@@ -1,0 +1,359 @@
+"""The Kubernetes manifests (config/daemonset.yaml, config/k8s/) checked without a cluster.
+
+No cluster is reachable here, so nothing is applied. The core objects are checked against the API
+schemas kubernetes-validate ships (offline; strict, so a misspelt field fails) for the oldest
+Kubernetes the manifest supports and for the newest. The Prometheus Operator objects are custom
+resources without a schema here: PodMonitor and PrometheusRule are checked field by field, the rules
+through promtool (the same unit tests as dashboards/alerts.yml), the PodMonitor's relabelings inside
+an equivalent scrape config through `promtool check config`. The policy part is what managed clusters
+and reviewers ask of a privileged agent: our own PriorityClass, the namespace's pod-security level,
+the runtime default seccomp and AppArmor profiles, a start-up probe, no service-account token while
+the agent does not use the API, and every capability and host access mapped to the code that needs it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from retsnoop_otel.agent.config_file import parse_config
+from retsnoop_otel.kernel import caps
+from tests.gen_k8s_monitoring import OUTPUT as PROMETHEUS_RULE
+from tests.gen_k8s_monitoring import render, rule_groups
+from tests.test_dashboards import ALERTS_TEST, SCRAPE_CONFIG, dashboard_expressions, load_dashboards, promtool
+
+REPO = Path(__file__).resolve().parents[1]
+DAEMONSET = REPO / "config" / "daemonset.yaml"
+PODMONITOR = REPO / "config" / "k8s" / "podmonitor.yaml"
+UNIT = REPO / "config" / "retsnoop-otel.service"
+OLDEST_KUBERNETES = "1.30.0"  # securityContext.appArmorProfile is GA since 1.30
+CORE_KINDS = {"Namespace", "PriorityClass", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap",
+              "DaemonSet"}
+SYSTEM_PRIORITY_CLASSES = {"system-node-critical", "system-cluster-critical"}
+MAX_USER_PRIORITY = 1_000_000_000  # the API server refuses higher values outside the system classes
+
+# Every capability the agent's container adds: what the agent does with it, and where the code shows it.
+CAPABILITY_USES = {
+    "BPF": ("load the BPF programs, create and read their maps (bpf())",
+            "retsnoop_otel/kernel/caps.py", '{"CAP_BPF", "CAP_PERFMON"}'),
+    "PERFMON": ("attach fentry/fexit, kprobes and kprobe_multi (perf_event_open(), BPF links), kernel stacks",
+                "retsnoop_otel/kernel/bpfsys.py", "def perf_event_open"),
+    "SYSLOG": ("real addresses in /proc/kallsyms when kernel.kptr_restrict=1 (zeros without it)",
+               "retsnoop_otel/symbols/kallsyms.py", "missing CAP_SYSLOG"),
+    "SYS_RESOURCE": ("RLIMIT_MEMLOCK above its hard limit on kernels older than 5.11 (libbpf raises it for the "
+                     "maps), and RLIMIT_NOFILE's hard limit for kprobe mode (four fds per function)",
+                     "retsnoop_otel/kernel/tracer.py", "Root (CAP_SYS_RESOURCE) may raise the hard limit"),
+}
+# Needed only by what the shipped agent config turns on: test_process_reading_and_sys_ptrace_go_together.
+CONFIG_CAPABILITIES = {
+    "SYS_PTRACE": ("app_context and user_stacks read other processes' /proc/PID/{maps,mem,root}: ptrace-read "
+                   "access, which for processes of other users or holding capabilities the agent lacks takes "
+                   "CAP_SYS_PTRACE", "retsnoop_otel/symbols/process_context.py", "needs ptrace-read access"),
+}
+# Never added.
+NOT_ADDED = {
+    "SYS_ADMIN": "only kernels older than 5.8 (no CAP_BPF/CAP_PERFMON) need it; caps.can_trace accepts it instead",
+}
+# Every host namespace and host path the pod uses: why, and where the code reads it.
+HOST_ACCESS = {
+    "hostPID": ("the kernel reports host pids: /proc/<pid> must be that process when the agent reads it "
+                "(app_context, user_stacks)", "retsnoop_otel/runtime/app_watch.py", 'f"{self.proc_root}/{tgid}"'),
+    "/sys/kernel/btf": ("vmlinux BTF: return types and fentry attach", "retsnoop_otel/kernel/features.py",
+                        '"sys/kernel/btf/vmlinux"'),
+    "/sys/kernel/tracing": ("available_filter_functions: what ftrace can attach to",
+                            "retsnoop_otel/kernel/tracefs.py", '"sys/kernel/tracing"'),
+    "/sys/kernel/debug": ("the same under debugfs, on hosts that mount tracefs only there",
+                          "retsnoop_otel/kernel/tracefs.py", '"sys/kernel/debug/tracing"'),
+    "/boot": ("/boot/config-<release> (why a feature is missing) and vmlinux with DWARF",
+              "retsnoop_otel/kernel/features.py", 'f"boot/config-{release}"'),
+    "/usr/lib/debug": ("vmlinux with DWARF from the distribution's debug packages (source lines)",
+                       "retsnoop_otel/symbols/dwarf.py", 'f"usr/lib/debug/boot/vmlinux-{release}"'),
+}
+# What Pod Security "baseline" lets a pod add (Kubernetes Pod Security Standards).
+BASELINE_CAPABILITIES = {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
+                         "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}
+
+
+def load_docs(path: Path) -> list[dict]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+@pytest.fixture(scope="module")
+def core() -> dict[str, dict]:
+    docs = load_docs(DAEMONSET)
+    kinds = [d["kind"] for d in docs]
+    assert len(set(kinds)) == len(kinds) and set(kinds) == CORE_KINDS, kinds
+    return {d["kind"]: d for d in docs}
+
+
+@pytest.fixture(scope="module")
+def pod(core) -> dict:
+    return core["DaemonSet"]["spec"]["template"]["spec"]
+
+
+@pytest.fixture(scope="module")
+def agent(pod) -> dict:
+    (container,) = pod["containers"]
+    return container
+
+
+def namespace(core) -> str:
+    return core["Namespace"]["metadata"]["name"]
+
+
+def added_capabilities(agent) -> set[str]:
+    return set(agent["securityContext"]["capabilities"]["add"])
+
+
+# ---- schemas -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", [OLDEST_KUBERNETES, "latest"])
+def test_core_objects_match_the_kubernetes_schemas(version: str) -> None:
+    import kubernetes_validate as kv  # a dev dependency; its schemas ship with it (no network)
+
+    version = kv.latest_version() if version == "latest" else version
+    for doc in load_docs(DAEMONSET):
+        kv.validate(doc, version, strict=True)
+
+
+def test_kubernetes_1_29_refuses_only_the_apparmor_field() -> None:
+    """Why 1.30 is the oldest: the first version whose schema has securityContext.appArmorProfile."""
+    import kubernetes_validate as kv
+
+    for doc in load_docs(DAEMONSET):
+        if doc["kind"] != "DaemonSet":
+            kv.validate(doc, "1.29.0", strict=True)
+            continue
+        with pytest.raises(kv.ValidationError, match="'appArmorProfile' was unexpected"):
+            kv.validate(doc, "1.29.0", strict=True)
+        sc = doc["spec"]["template"]["spec"]["containers"][0]["securityContext"]
+        sc.pop("appArmorProfile")
+        kv.validate(doc, "1.29.0", strict=True)
+
+
+def test_namespaced_objects_live_in_the_agents_namespace(core) -> None:
+    ns = namespace(core)
+    for doc in [*core.values(), *load_docs(PODMONITOR), *load_docs(PROMETHEUS_RULE)]:
+        if doc["kind"] in {"Namespace", "PriorityClass", "ClusterRole", "ClusterRoleBinding"}:
+            assert "namespace" not in doc["metadata"], doc["kind"]
+        else:
+            assert doc["metadata"]["namespace"] == ns, doc["kind"]
+
+
+# ---- policy --------------------------------------------------------------------------------------
+
+
+def test_own_priority_class_not_a_system_one(core, pod) -> None:
+    ns = namespace(core)
+    assert ns == "kube-system" or pod["priorityClassName"] not in SYSTEM_PRIORITY_CLASSES
+    pc = core["PriorityClass"]
+    assert pod["priorityClassName"] == pc["metadata"]["name"]
+    assert 0 < pc["value"] <= MAX_USER_PRIORITY and pc["globalDefault"] is False
+    assert pc["preemptionPolicy"] in {"PreemptLowerPriority", "Never"}
+
+
+def test_namespace_enforces_the_level_the_pod_needs(core, pod, agent) -> None:
+    labels = core["Namespace"]["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
+    # and "baseline" would refuse the pod: the label is not wider than needed
+    beyond_baseline = [name for name, hit in [
+        ("hostPID", pod.get("hostPID")),
+        ("hostPath volumes", any("hostPath" in v for v in pod["volumes"])),
+        ("capabilities", added_capabilities(agent) - BASELINE_CAPABILITIES),
+    ] if hit]
+    assert beyond_baseline
+
+
+def test_runtime_default_seccomp_and_apparmor(core, pod, agent) -> None:
+    assert "Unconfined" not in yaml.safe_dump(core["DaemonSet"]), "no Unconfined profile anywhere in the pod"
+    sc = agent["securityContext"]
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert sc["appArmorProfile"] == {"type": "RuntimeDefault"}
+    assert not any(k.startswith("container.apparmor.security.beta.kubernetes.io")
+                   for k in core["DaemonSet"]["spec"]["template"]["metadata"].get("annotations", {}))
+    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True and sc["capabilities"]["drop"] == ["ALL"]
+    assert not pod.get("hostNetwork") and not pod.get("hostIPC")
+
+
+def test_each_capability_is_used_by_the_agent(agent) -> None:
+    added = added_capabilities(agent)
+    assert added - set(CONFIG_CAPABILITIES) == set(CAPABILITY_USES), \
+        f"map each added capability to its use: {sorted(added)}"
+    assert not added & set(NOT_ADDED), "see NOT_ADDED"
+    for cap, (_, path, needle) in {**CAPABILITY_USES, **CONFIG_CAPABILITIES}.items():
+        assert needle in (REPO / path).read_text(), (cap, path, needle)
+    base = {f"CAP_{c}" for c in CAPABILITY_USES}
+    assert base <= set(caps.TRACING_CAPS), "the agent checks and reports each of them (kernel/caps.py)"
+    assert caps.can_trace(base)
+    for needed in ("CAP_BPF", "CAP_PERFMON"):
+        assert not caps.can_trace(base - {needed}), needed
+    # the systemd unit runs the same agent with the same needs
+    unit = dict(line.split("=", 1) for line in UNIT.read_text().splitlines() if line.startswith("AmbientCapabilities"))
+    assert set(unit["AmbientCapabilities"].split()) == base
+
+
+def test_process_reading_and_sys_ptrace_go_together(core, agent) -> None:
+    """SYS_PTRACE is added exactly when a probe set of the shipped config reads other processes."""
+    cfg = parse_config(core["ConfigMap"]["data"]["agent.yaml"], "daemonset.yaml:agent.yaml")
+    reads_processes = any(ps.app_context or ps.user_stacks for ps in cfg.probe_sets)
+    assert ("SYS_PTRACE" in added_capabilities(agent)) == reads_processes
+
+
+def test_each_host_access_is_used_by_the_agent(pod, agent) -> None:
+    host_paths = {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    used = host_paths | ({"hostPID"} if pod.get("hostPID") else set())
+    assert used == set(HOST_ACCESS), f"map each host access to its use: {sorted(used)}"
+    for what, (_, path, needle) in HOST_ACCESS.items():
+        assert needle in (REPO / path).read_text(), (what, path, needle)
+    host_volumes = {v["name"] for v in pod["volumes"] if "hostPath" in v}
+    for mount in agent["volumeMounts"]:
+        if mount["name"] in host_volumes:
+            assert mount.get("readOnly") is True, mount
+
+
+def test_startup_probe_covers_a_long_attach(core, agent) -> None:
+    health = {"path": "/healthz", "port": "metrics"}
+    assert '"/healthz"' in (REPO / "retsnoop_otel/metrics/server.py").read_text()
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert agent[probe]["httpGet"] == health, probe
+    ports = {p["name"]: p["containerPort"] for p in agent["ports"]}
+    cfg = parse_config(core["ConfigMap"]["data"]["agent.yaml"], "daemonset.yaml:agent.yaml")
+    assert ports["metrics"] == cfg.metrics.port
+    startup = agent["startupProbe"]
+    budget = startup["periodSeconds"] * startup["failureThreshold"]
+    # /healthz turns 503 after stall_after_s without a poll, which a first attach can exceed by minutes
+    assert budget >= 300 > cfg.metrics.stall_after_s
+    assert "initialDelaySeconds" not in agent["livenessProbe"], "the start-up probe holds liveness back"
+
+
+def _agent_uses_the_api() -> list[str]:
+    pattern = re.compile(r"^\s*(?:import|from)\s+kubernetes\b|KUBERNETES_SERVICE_HOST|serviceaccount/token", re.M)
+    return [str(p.relative_to(REPO)) for p in sorted((REPO / "retsnoop_otel").rglob("*.py"))
+            if pattern.search(p.read_text())]
+
+
+def test_service_account_token_only_with_the_metadata_watch(core, pod) -> None:
+    sa = core["ServiceAccount"]
+    assert pod["serviceAccountName"] == sa["metadata"]["name"]
+    users = _agent_uses_the_api()
+    if users:
+        pytest.fail(f"the agent now talks to the API server ({', '.join(users)}): mount the service-account "
+                    "token (automountServiceAccountToken on the pod) when the shipped config turns the metadata "
+                    "watch on, and make this test check that instead")
+    assert pod["automountServiceAccountToken"] is False and sa["automountServiceAccountToken"] is False
+
+
+def test_rbac_reads_pods_only(core) -> None:
+    role, binding, sa = core["ClusterRole"], core["ClusterRoleBinding"], core["ServiceAccount"]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": role["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
+                                    "namespace": sa["metadata"]["namespace"]}]
+
+
+# ---- PodMonitor ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def podmonitor() -> dict:
+    (pm,) = load_docs(PODMONITOR)
+    assert pm["apiVersion"] == "monitoring.coreos.com/v1" and pm["kind"] == "PodMonitor"
+    assert pm["metadata"]["name"]
+    return pm
+
+
+def _scrape_job() -> dict:
+    cfg = yaml.safe_load(SCRAPE_CONFIG.read_text())
+    return next(j for j in cfg["scrape_configs"] if j["job_name"] == "retsnoop-otel")
+
+
+def test_podmonitor_selects_the_agents_metrics_port(core, agent, podmonitor) -> None:
+    spec = podmonitor["spec"]
+    pod_labels = core["DaemonSet"]["spec"]["template"]["metadata"]["labels"]
+    assert spec["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert "namespaceSelector" not in spec, "its own namespace, the DaemonSet's"
+    (endpoint,) = spec["podMetricsEndpoints"]
+    assert endpoint["port"] in {p["name"] for p in agent["ports"]}
+    assert endpoint["path"] == "/metrics"
+    assert set(endpoint) <= {"port", "path", "interval", "scrapeTimeout", "relabelings", "metricRelabelings"}
+
+
+def test_podmonitor_labels_match_the_dashboards_and_the_scrape_config(core, podmonitor) -> None:
+    spec = podmonitor["spec"]
+    pod_labels = core["DaemonSet"]["spec"]["template"]["metadata"]["labels"]
+    job = pod_labels[spec["jobLabel"]]  # the operator names the job after this pod label's value
+    assert job == _scrape_job()["job_name"]
+    exprs = "\n".join(e for name, d in load_dashboards().items() for _, e in dashboard_expressions(name, d))
+    selected = set(re.findall(r'\bjob\s*=~?\s*"([^"]*)"', exprs))
+    assert selected <= {job}, selected
+    (endpoint,) = spec["podMetricsEndpoints"]
+    (instance,) = [r for r in endpoint["relabelings"] if r["targetLabel"] == "instance"]
+    assert instance["sourceLabels"] == ["__meta_kubernetes_pod_node_name"]
+    keep = _scrape_job()["metric_relabel_configs"]
+    assert [_snake(r) for r in endpoint["metricRelabelings"]] == keep
+
+
+_FIELDS = {"sourceLabels": "source_labels", "targetLabel": "target_label", "regex": "regex", "action": "action",
+           "replacement": "replacement", "separator": "separator", "modulus": "modulus"}
+
+
+def _snake(relabeling: dict) -> dict:
+    unknown = set(relabeling) - set(_FIELDS)
+    assert not unknown, f"not a RelabelConfig field: {unknown}"
+    return {_FIELDS[k]: v for k, v in relabeling.items()}
+
+
+def test_podmonitor_relabelings_pass_promtool(tmp_path: Path, podmonitor) -> None:
+    """The operator turns the PodMonitor into a scrape job; the same relabelings in a plain job (Debian's
+    promtool has no Kubernetes discovery, so a static target carries the discovered pod's node label)."""
+    (endpoint,) = podmonitor["spec"]["podMetricsEndpoints"]
+    job = {"job_name": "podmonitor", "metrics_path": endpoint["path"], "scrape_interval": endpoint["interval"],
+           "scrape_timeout": endpoint["scrapeTimeout"],
+           "static_configs": [{"targets": ["10.0.0.1:9464"], "labels": {"__meta_kubernetes_pod_node_name": "node-a"}}],
+           "relabel_configs": [_snake(r) for r in endpoint["relabelings"]],
+           "metric_relabel_configs": [_snake(r) for r in endpoint["metricRelabelings"]]}
+    path = tmp_path / "prometheus.yml"
+    path.write_text(yaml.safe_dump({"scrape_configs": [job]}))
+    res = promtool("check", "config", path)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+# ---- PrometheusRule ------------------------------------------------------------------------------
+
+
+def test_prometheusrule_is_generated_from_the_alerts() -> None:
+    assert PROMETHEUS_RULE.read_text() == render(), \
+        "config/k8s/prometheusrule.yaml is out of date: run .venv/bin/python tests/gen_k8s_monitoring.py"
+
+
+def test_prometheusrule_structure() -> None:
+    (rule,) = load_docs(PROMETHEUS_RULE)
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1" and rule["kind"] == "PrometheusRule"
+    assert rule["metadata"]["name"] and set(rule["spec"]) == {"groups"}
+    assert rule["spec"]["groups"] == rule_groups()
+    for group in rule["spec"]["groups"]:
+        assert group["name"] and group["rules"], group
+        for r in group["rules"]:
+            assert {"alert", "expr", "labels", "annotations"} <= set(r) and set(r) <= {
+                "alert", "expr", "for", "labels", "annotations"}, r.get("alert")
+
+
+def test_prometheusrule_groups_pass_promtool(tmp_path: Path) -> None:
+    """Extracted from the custom resource: `promtool check rules`, then the unit tests of alerts.yml."""
+    (rule,) = load_docs(PROMETHEUS_RULE)
+    rules = tmp_path / "rules.yml"
+    rules.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}, sort_keys=False))
+    res = promtool("check", "rules", rules)
+    count = sum(len(g["rules"]) for g in rule["spec"]["groups"])
+    assert res.returncode == 0 and f"SUCCESS: {count} rules found" in res.stdout, res.stdout + res.stderr
+    tests = yaml.safe_load(ALERTS_TEST.read_text())
+    tests["rule_files"] = [rules.name]
+    (tmp_path / "rules_test.yml").write_text(yaml.safe_dump(tests, sort_keys=False))
+    res = promtool("test", "rules", tmp_path / "rules_test.yml")
+    assert res.returncode == 0, res.stdout + res.stderr
