@@ -170,7 +170,7 @@ def readable_path(funcs, resource, symbolize) -> Callable[[list[Session]], int]:
 
 
 def fast_path(funcs, resource, symbolize, cold: bool = False) -> Callable[[list[Session]], int]:
-    envelope = make_envelope(resource.attributes)
+    envelope = make_envelope(resource.attributes, resource.schema_url)
     encoder = SpanEncoder(funcs, envelope, symbolize=symbolize)
 
     def flush(batch) -> int:

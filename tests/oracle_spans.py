@@ -17,7 +17,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.sdk.resources import Resource as SdkResource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags, TraceState
 from opentelemetry.trace.status import Status, StatusCode
 
 from retsnoop_otel.capture.model import Call, Session
@@ -25,6 +25,7 @@ from retsnoop_otel.export.resource import Resource
 from retsnoop_otel.export.span_attributes import (
     DEFAULT_MAX_SPANS,
     SCOPE_NAME,
+    SCOPE_SCHEMA_URL,
     SCOPE_VERSION,
     START_ESTIMATED,
     Attrs,
@@ -40,12 +41,13 @@ from retsnoop_otel.export.span_attributes import (
     lbr_call,
     lookup_func,
     result_attrs,
+    sampling_state,
     session_attrs,
     split_root,
     unknown_root,
 )
 
-SCOPE = InstrumentationScope(SCOPE_NAME, SCOPE_VERSION)
+SCOPE = InstrumentationScope(SCOPE_NAME, SCOPE_VERSION, SCOPE_SCHEMA_URL)
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 
 
@@ -61,9 +63,12 @@ class _Builder:
     """Accumulates the spans of one trace, enforcing the per-trace span limit."""
 
     def __init__(self, rng: random.Random, resource: SdkResource, offset_ns: int, max_spans: int,
-                 trace_id: int = 0) -> None:
+                 trace_id: int = 0, trace_state: str = "", randomness: int | None = None) -> None:
         self.rng, self.resource, self.offset_ns, self.max_spans = rng, resource, offset_ns, max_spans
         self.trace_id = trace_id or self._nonzero(128)
+        if randomness is not None:  # the sampling decision's randomness: the trace id's low 56 bits
+            self.trace_id = (self.trace_id >> 56 << 56 | randomness) or 1 << 56
+        self.trace_state = TraceState([tuple(trace_state.split("=", 1))]) if trace_state else None
         self.spans: list[ReadableSpan] = []
         self.dropped = 0
 
@@ -73,7 +78,8 @@ class _Builder:
                 return value
 
     def context(self) -> SpanContext:
-        return SpanContext(self.trace_id, self._nonzero(64), is_remote=False, trace_flags=_SAMPLED)
+        return SpanContext(self.trace_id, self._nonzero(64), is_remote=False, trace_flags=_SAMPLED,
+                           trace_state=self.trace_state)
 
     def add(self, name: str, ctx: SpanContext, parent: SpanContext | None, start: int, end: int, attrs: Attrs,
             status: SpanStatus, links: Sequence[Link] = ()) -> None:
@@ -89,8 +95,9 @@ def session_to_spans(session: Session, funcs: FuncTable, offset_ns: int, resourc
                      locate: Locate | None = None, format_args: FormatArgs | None = None) -> list[ReadableSpan]:
     """Root span first (the entry function), then the others depth-first, parents before children."""
     app, joined = app_parent(session)
+    state, randomness = sampling_state(session, joined)
     b = _Builder(rng or random.Random(), sdk_resource(resource), offset_ns, max(1, max_spans),
-                 app.trace_id if app is not None and joined else 0)
+                 app.trace_id if app is not None and joined else 0, state, randomness)
     app_ctx = None if app is None else SpanContext(app.trace_id, app.span_id, is_remote=True,
                                                    trace_flags=TraceFlags(app.trace_flags))
 
@@ -165,7 +172,9 @@ def request_to_spans(body: bytes) -> list[dict[str, Any]]:
                             "parent_id": int.from_bytes(s.parent_span_id, "big") if s.parent_span_id else None,
                             "start": s.start_time_unix_nano, "end": s.end_time_unix_nano,
                             "attributes": attributes(s.attributes), "status": s.status.code,
-                            "status_message": s.status.message, "resource": resource, "scope": ss.scope.name})
+                            "status_message": s.status.message, "resource": resource, "scope": ss.scope.name,
+                            "trace_state": s.trace_state, "schema_url": rs.schema_url,
+                            "scope_schema_url": ss.schema_url})
     return out
 
 

@@ -325,8 +325,10 @@ def flatten_requests(requests: Iterable[dict[str, Any]]) -> list[dict[str, Any]]
     for req in requests:
         for rs in req.get("resourceSpans", []):
             resource = attributes(rs.get("resource", {}).get("attributes", []))
+            resource_schema = rs.get("schemaUrl", "")
             for ss in rs.get("scopeSpans", []):
                 scope = ss.get("scope", {})
+                scope_schema = ss.get("schemaUrl", "")
                 for span in ss.get("spans", []):
                     status = span.get("status", {})
                     out.append({
@@ -342,6 +344,9 @@ def flatten_requests(requests: Iterable[dict[str, Any]]) -> list[dict[str, Any]]
                         "status_message": status.get("message", ""),
                         "resource": resource,
                         "scope": {"name": scope.get("name", ""), "version": scope.get("version", "")},
+                        "trace_state": span.get("traceState", ""),
+                        "resource_schema_url": resource_schema,
+                        "scope_schema_url": scope_schema,
                     })
     return out
 

@@ -11,8 +11,10 @@ from google.protobuf.json_format import MessageToDict
 from retsnoop_otel.capture.model import CaptureStats, FuncStats, RetKind, TracedFunc
 from retsnoop_otel.export.metrics_push import OtlpMetricsPusher, metrics_request
 from retsnoop_otel.export.otlp_settings import OtlpConfig
+from retsnoop_otel.export.semconv import SCHEMA_URL
 from retsnoop_otel.export.senders import build_sender
 from retsnoop_otel.metrics.kernel_families import KernelCollector
+from retsnoop_otel.metrics.otlp_units import OTLP_UNITS
 from retsnoop_otel.runtime.config import AGENT_NAMES
 from retsnoop_otel.runtime.sinks import otlp_settings
 from tests.otlp_receiver import start_receiver
@@ -30,9 +32,9 @@ def collector(calls: list[int]) -> KernelCollector:
     return KernelCollector(lambda: [ps], stats_enabled=lambda: False)
 
 
-def sender(port: int, protocol: str, timeout_s: float = 5):
+def sender(port: int, protocol: str | None, timeout_s: float = 5, environ: dict[str, str] | None = None):
     cfg = OtlpConfig(endpoint=f"http://127.0.0.1:{port}", protocol=protocol, timeout_s=timeout_s)
-    return build_sender(otlp_settings(cfg, "metrics", AGENT_NAMES.metrics_otlp, {}))
+    return build_sender(otlp_settings(cfg, "metrics", AGENT_NAMES.metrics_otlp, environ or {}))
 
 
 def point_attrs(point) -> dict:
@@ -40,12 +42,15 @@ def point_attrs(point) -> dict:
 
 
 def test_families_convert_to_sums_gauges_and_explicit_bucket_histograms() -> None:
-    request = metrics_request(collector([3]).collect(), {"service.instance.id": "t"}, 10, 20)
+    request = metrics_request(collector([3]).collect(), {"service.instance.id": "t"}, 10, 20, OTLP_UNITS, SCHEMA_URL)
     (rm,) = request.resource_metrics
     assert {a.key: a.value.string_value for a in rm.resource.attributes} == {"service.instance.id": "t"}
+    assert rm.schema_url == SCHEMA_URL and rm.scope_metrics[0].schema_url == ""  # our own metric names
     metrics = {m.name: m for m in rm.scope_metrics[0].metrics}
     calls = metrics["retsnoop_function_calls"]
-    assert calls.WhichOneof("data") == "sum" and calls.sum.is_monotonic and calls.unit == "1"
+    assert calls.WhichOneof("data") == "sum" and calls.sum.is_monotonic and calls.unit == "{call}"
+    assert metrics["retsnoop_function_errors"].unit == "{error}"
+    assert metrics["retsnoop_attached_functions"].unit == "{function}"  # not "1": no _ratio suffix for a gauge
     assert {(point_attrs(p)["function"], p.as_int) for p in calls.sum.data_points} == {("do_open", 3), ("may_open", 4)}
     errors = metrics["retsnoop_function_errors"]
     assert {(point_attrs(p)["function"], point_attrs(p)["error_type"], p.as_int) for p in errors.sum.data_points} == {
@@ -69,7 +74,8 @@ def test_pusher_sends_to_a_real_receiver_and_pushes_once_more_on_stop(protocol: 
         port = receiver.port if protocol == "grpc" else receiver.http_port
         calls = [3]
         pusher = OtlpMetricsPusher(lambda: collector(calls).collect(), sender(port, protocol),
-                                   {"service.instance.id": "t"}, interval_s=0.2).start()
+                                   {"service.instance.id": "t"}, interval_s=0.2, units=OTLP_UNITS,
+                                   schema_url=SCHEMA_URL).start()
         deadline = time.monotonic() + 20
         while not receiver.metric_requests and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -86,6 +92,28 @@ def test_pusher_sends_to_a_real_receiver_and_pushes_once_more_on_stop(protocol: 
         assert metrics["retsnoop_function_calls"]["sum"]["isMonotonic"] is True
         hist = metrics["retsnoop_function_duration_seconds"]["histogram"]["dataPoints"]
         assert {p["count"] for p in hist} == {"9", "4"}
+        # units and the schema URL as the receiver got them
+        assert last["resourceMetrics"][0]["schemaUrl"] == SCHEMA_URL
+        assert {name: m.get("unit", "") for name, m in metrics.items()} == {
+            name: OTLP_UNITS[name] for name in metrics}
+        assert metrics["retsnoop_function_calls"]["unit"] == "{call}"
+        assert metrics["retsnoop_function_duration_seconds"]["unit"] == "s"
+        assert metrics["retsnoop_records_lost"]["unit"] == "{record}"
+    finally:
+        receiver.stop()
+
+
+def test_metrics_protocol_comes_from_the_metrics_variable() -> None:
+    """OTEL_EXPORTER_OTLP_METRICS_PROTOCOL picks OTLP/HTTP for metrics over a generic gRPC setting: the push
+    reaches the receiver's HTTP port, as a POST to /v1/metrics."""
+    receiver = start_receiver(port=0, http_port=0)
+    try:
+        environ = {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "http/protobuf"}
+        pusher = OtlpMetricsPusher(lambda: collector([3]).collect(), sender(receiver.http_port, None, environ=environ),
+                                   {"service.instance.id": "t"}, interval_s=3600, units=OTLP_UNITS)
+        assert pusher.push(), pusher.last_error
+        pusher.stop(final_push=False)
+        assert len(receiver.metric_requests) == 1 and receiver.http_peers  # it came over HTTP
     finally:
         receiver.stop()
 

@@ -18,9 +18,11 @@ from pathlib import Path
 import pytest
 
 from retsnoop_otel.capture.model import Call, RetKind, Session, StackEntry, TracedFunc
+from retsnoop_otel.capture.sampling import ALWAYS, threshold
 from retsnoop_otel.export.otlp_settings import OtlpConfig
 from retsnoop_otel.export.otlp_sink import OtlpTraceSink
 from retsnoop_otel.export.resource import build_resource
+from retsnoop_otel.export.semconv import SCHEMA_URL
 from retsnoop_otel.export.senders import build_sender
 from retsnoop_otel.export.span_encoder import EncodedTrace, SpanEncoder, make_envelope
 from retsnoop_otel.runtime.config import AGENT_NAMES
@@ -39,10 +41,21 @@ FUNCS = {
 
 
 def session():
+    """A failing session as a probe set keeps it: always (threshold 0)."""
     create = Call(1, 1, 2_000, 8_000, EINVAL, children=[Call(2, 2, 2_100, 2_200, 0)])
     return Session(tid=7, pid=7, comm="simfail", proc_comm="simfail", start_ns=1_000, end_ns=9_000, is_err=True,
                    chain=[StackEntry(0, EINVAL, 8_000), StackEntry(1, EINVAL, 6_000)], kstack=[0xFFFFFFFF81000000],
-                   calls=[Call(0, 0, 1_000, 9_000, EINVAL, children=[create])])
+                   calls=[Call(0, 0, 1_000, 9_000, EINVAL, children=[create])], sampling_threshold=ALWAYS)
+
+
+RANDOMNESS = 0xD0_1234_5678_9ABC  # >= th:c, as a 1-in-4 decision that kept the session drew it
+
+
+def sampled_success():
+    """A successful session kept by 1-in-4 probability sampling."""
+    return Session(tid=7, pid=7, comm="simfail", proc_comm="simfail", start_ns=1_000, end_ns=9_000, is_err=False,
+                   chain=[], kstack=[], calls=[Call(0, 0, 1_000, 9_000, 3, children=[Call(1, 1, 2_000, 8_000, 0)])],
+                   sampling_threshold=threshold(0.25), trace_randomness=RANDOMNESS)
 
 
 @pytest.fixture
@@ -87,6 +100,9 @@ def check_trace(spans, service="retsnoop-otel"):
     assert all(s["kind"] == "SPAN_KIND_INTERNAL" for s in spans)
     assert root["scope"]["name"] == "retsnoop_otel"
     assert root["resource"]["service.name"] == service and root["resource"]["os.type"] == "linux"
+    # conventions on the wire: schema URLs on resource and scope, errors kept at 100% (th:0)
+    assert all(s["resource_schema_url"] == s["scope_schema_url"] == SCHEMA_URL for s in spans)
+    assert all(s["trace_state"] == "ot=th:0" for s in spans)
 
 
 def make_sink(port, protocol, environ=None, timeout_s=10, **kw):
@@ -104,7 +120,7 @@ def one_session(path, resource):
         return encoder(resource).encode(session(), OFFSET)
     request = sdk_request(session_to_spans(session(), FUNCS, OFFSET, resource))
     spans = request.resource_spans[0].scope_spans[0]
-    envelope = make_envelope(resource.attributes)
+    envelope = make_envelope(resource.attributes, resource.schema_url)
     return EncodedTrace(envelope, [b"\x12" + _len(s.SerializeToString()) for s in spans.spans])
 
 
@@ -179,6 +195,30 @@ def test_in_process_receiver_and_export_failure(monkeypatch):
     sink.shutdown(2)
     stats = sink.stats()
     assert stats.export_errors == 1 and stats.spans_dropped == {"export_failed": 3} and stats.spans_exported == 0
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_sampled_success_carries_its_threshold_and_randomness(protocol):
+    """1-in-4: every span says th:c, and the trace id's low 56 bits are the randomness the decision used,
+    through both the production encoder and the SDK oracle."""
+    receiver = start_receiver(http_port=0)
+    try:
+        sink = make_sink(receiver.port if protocol == "grpc" else receiver.http_port, protocol)
+        resource = build_resource()
+        sink.submit(encoder(resource).encode(sampled_success(), OFFSET))
+        request = sdk_request(session_to_spans(sampled_success(), FUNCS, OFFSET, resource))
+        sdk_spans = request.resource_spans[0].scope_spans[0].spans
+        sink.submit(EncodedTrace(make_envelope(resource.attributes, resource.schema_url),
+                                 [b"\x12" + _len(s.SerializeToString()) for s in sdk_spans]))
+        assert sink.flush(15)
+        sink.shutdown(5)
+        spans = receiver.wait_for_spans(4)
+    finally:
+        receiver.stop()
+    assert {s["trace_state"] for s in spans} == {"ot=th:c"}
+    assert len({s["trace_id"] for s in spans}) == 2
+    assert {int(s["trace_id"], 16) & ((1 << 56) - 1) for s in spans} == {RANDOMNESS}
+    assert {s["resource_schema_url"] for s in spans} == {SCHEMA_URL}
 
 
 def test_receiver_accepts_otlp_json_and_rejects_other_paths():

@@ -31,6 +31,7 @@ from retsnoop_otel.agent.yaml_nodes import (
 from retsnoop_otel.capture.errfilter import ErrorFilter
 from retsnoop_otel.capture.sampling import Sampling
 from retsnoop_otel.export.otlp_settings import OtlpConfig, OtlpConfigError, resolve_settings
+from retsnoop_otel.metrics.buckets import DurationRange, RangeError, parse_duration_ns
 from retsnoop_otel.runtime.config import (
     ATTACH_MODES,
     PROBE_MODES,
@@ -109,9 +110,30 @@ def _sampling(ctx: Nodes, node: yaml.Node, key: str) -> Sampling:
     return Sampling(prob, rate or None)
 
 
+def _duration_range(ctx: Nodes, node: yaml.Node, key: str) -> DurationRange:
+    """`{min: 1us, max: 10s}`: the histogram bucket range (either end may be left at the kernel's)."""
+    m = mapping(ctx, node, key, ("min", "max"))
+    if not m:
+        raise ctx.fail(node, key, "give min, max or both, for example {min: 1us, max: 10s}")
+    ns: dict[str, int] = {}
+    for end, vnode in m.items():
+        text = ctx.value(vnode) if isinstance(vnode, yaml.ScalarNode) else None
+        try:
+            if not isinstance(text, str):
+                raise RangeError(f"expected a duration with a unit such as 1us, 250ms or 10s, got {got(ctx, vnode)}")
+            ns[f"{end}_ns"] = parse_duration_ns(text)
+        except RangeError as exc:
+            raise ctx.fail(vnode, f"{key}.{end}", str(exc)) from None
+    try:
+        return DurationRange(**ns)
+    except RangeError as exc:  # "min ..." / "max ...": the line of that end
+        end = str(exc).split(" ", 1)[0]
+        raise ctx.fail(m.get(end, node), f"{key}.{end}" if end in m else key, str(exc)) from None
+
+
 _FILTER_KEYS = ("pids", "no_pids", "comms", "no_comms", "cgroup", "min_duration_ms", "allow_errors", "deny_errors")
 _SET_KEYS = ("name", "entry", "allow", "deny", "mode", "attach_mode", "filters", "sampling", "lbr", "capture_args",
-             "app_context", "user_stacks")
+             "app_context", "user_stacks", "duration_range")
 
 
 def _lbr(ctx: Nodes, node: yaml.Node, key: str, mode: str) -> int:
@@ -183,7 +205,9 @@ def _probe_set(ctx: Nodes, node: yaml.Node, key: str, name: str | None) -> Probe
         if "lbr" in m else 0,
         capture_args=boolean(ctx, m["capture_args"], f"{key}.capture_args") if "capture_args" in m else False,
         app_context=boolean(ctx, m["app_context"], f"{key}.app_context") if "app_context" in m else True,
-        user_stacks=boolean(ctx, m["user_stacks"], f"{key}.user_stacks") if "user_stacks" in m else False)
+        user_stacks=boolean(ctx, m["user_stacks"], f"{key}.user_stacks") if "user_stacks" in m else False,
+        duration_range=_duration_range(ctx, m["duration_range"], f"{key}.duration_range")
+        if "duration_range" in m else None)
 
 
 def _probe_sets(ctx: Nodes, node: yaml.Node) -> tuple[ProbeSetConfig, ...]:
@@ -275,7 +299,7 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 def _metrics(ctx: Nodes, node: yaml.Node, environ: Mapping[str, str]) -> MetricsConfig:
     m = mapping(ctx, node, "metrics", ("listen", "stall_after_s", "otlp", "otlp_interval", "max_error_types",
-                                        "functions"))
+                                        "functions", "duration_range"))
     host, port = MetricsConfig.host, MetricsConfig.port
     if "listen" in m:
         try:
@@ -289,7 +313,8 @@ def _metrics(ctx: Nodes, node: yaml.Node, environ: Mapping[str, str]) -> Metrics
     interval = number(ctx, m["otlp_interval"], "metrics.otlp_interval", 1) if "otlp_interval" in m else 60.0
     max_errs = pos_int(ctx, m["max_error_types"], "metrics.max_error_types") if "max_error_types" in m else 0
     funcs = _globs(ctx, m["functions"], "metrics.functions") if "functions" in m else ()
-    return MetricsConfig(host, port, stall, otlp, interval, max_errs, funcs)
+    buckets = _duration_range(ctx, m["duration_range"], "metrics.duration_range") if "duration_range" in m else None
+    return MetricsConfig(host, port, stall, otlp, interval, max_errs, funcs, buckets)
 
 
 def _limits(ctx: Nodes, node: yaml.Node) -> Limits:

@@ -17,6 +17,7 @@ from typing import TextIO
 
 from retsnoop_otel import __version__
 from retsnoop_otel.agent.config_file import AgentConfig, ConfigError, load_config
+from retsnoop_otel.runtime.config import MetricsConfig
 from retsnoop_otel.runtime.environment import KernelEnv
 from retsnoop_otel.runtime.errors import RunRefused
 from retsnoop_otel.runtime.logs import EventLog, bridge_library_logs
@@ -100,13 +101,18 @@ def install_signal_handlers(agent: Agent) -> None:
     signal.signal(signal.SIGINT, lambda _s, _f: agent.request_stop())
 
 
-def _sampling_text(ps: object) -> str:
+def _sampling_text(ps: object, metrics: MetricsConfig) -> str:
+    """What --check says of sampling (with the tracestate the spans carry) and of the histogram buckets."""
+    from retsnoop_otel.capture.sampling import threshold, trace_state
     s = ps.sampling  # type: ignore[attr-defined]
+    rng = ps.duration_range or metrics.duration_range  # type: ignore[attr-defined]
+    buckets = f", duration buckets {rng.describe()}" if rng is not None else ""
     if not s.captures_success:
-        return "success sessions: none"
+        return f"success sessions: none{buckets}"
     if s.success_rate_per_s:
-        return f"success sessions: {s.success_rate_per_s:g}/s per entry function"
-    return f"success sessions: probability {s.success_probability:g}"
+        return f"success sessions: {s.success_rate_per_s:g}/s per entry function (no sampling threshold){buckets}"
+    return (f"success sessions: probability {s.success_probability:g} "
+            f"({trace_state(threshold(s.success_probability))}){buckets}")
 
 
 def check(path: str, out: TextIO, deps: RuntimeDeps | None = None,
@@ -128,7 +134,7 @@ def check(path: str, out: TextIO, deps: RuntimeDeps | None = None,
                 failed += 1
                 continue
             print(f"\nprobe set '{ps.name}' (mode {ps.mode}, attach_mode {ps.attach_mode} -> {disc.mode}, "
-                  f"{_sampling_text(ps)}):", file=out)
+                  f"{_sampling_text(ps, cfg.metrics)}):", file=out)
             print("  " + format_dry_run(disc).replace("\n", "\n  "), file=out)
     finally:
         env.close()

@@ -237,6 +237,10 @@ class Session:
     ustack: tuple[int, ...] | None = None  # user stack at the session start (innermost first), when taken
     ustack_error: int = 0  # positive errno when the user stack could not be taken
     user_frames: tuple[UserFrame, ...] = ()  # `ustack` symbolized in user space while the process lived
+    # how the session was kept (capture/sampling.py): the OTel rejection threshold (0: always kept; None:
+    # no known probability) and the 56-bit randomness a probability decision compared with it
+    sampling_threshold: int | None = None
+    trace_randomness: int | None = None
 
     @property
     def entry_func_id(self) -> int | None:

@@ -4,7 +4,10 @@ The Prometheus collectors stay the single source of the metrics: every interval 
 are read (the same in-kernel map reads a scrape does) and written as one ExportMetricsServiceRequest
 that an OTLP sender delivers. Counters become cumulative monotonic sums, gauges gauges, and the log2
 histograms explicit-bucket histograms with the same bounds. Names keep the Prometheus family names
-(without `_total`), so a collector's Prometheus exporter gives back the very series the dashboards use.
+(without `_total`) and units are given per family (metrics/otlp_units.py: UCUM, curly braces for
+counts), so a collector's Prometheus translation gives back the very series the dashboards use.
+The resource carries its schema URL; the scope does not, as the metric names and their attributes
+are our own rather than semantic-convention names.
 """
 
 from __future__ import annotations
@@ -27,17 +30,21 @@ from retsnoop_otel.export.sending import Sender
 
 log = logging.getLogger(__name__)
 SCOPE_NAME = "retsnoop_otel.metrics"
-_UNITS = {"seconds": "s", "bytes": "By"}
+_UNITS = {"seconds": "s", "bytes": "By"}  # for a family without a unit of its own: from its name
 _CUMULATIVE = pb.AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
 
 
-def _unit(family: PromMetric) -> str:
+def _unit(family: PromMetric, units: Mapping[str, str]) -> str:
+    """The family's configured unit; else seconds or bytes from its name; else none (never "1", which the
+    Collector reads as a ratio on gauges)."""
+    if family.name in units:
+        return units[family.name]
     if family.unit:
         return _UNITS.get(family.unit, family.unit)
     for suffix, unit in _UNITS.items():
         if family.name.endswith("_" + suffix):
             return unit
-    return "1" if family.type in ("counter", "gauge") else ""
+    return ""
 
 
 def _attributes(labels: Mapping[str, str], drop: str = "") -> list[KeyValue]:
@@ -94,11 +101,12 @@ def _number_points(family: PromMetric, start_ns: int, now_ns: int) -> list[pb.Nu
     return points
 
 
-def to_metric(family: PromMetric, start_ns: int, now_ns: int) -> pb.Metric | None:
+def to_metric(family: PromMetric, start_ns: int, now_ns: int, units: Mapping[str, str] | None = None
+              ) -> pb.Metric | None:
     """One Prometheus family as an OTLP metric; None for families without samples or of other types."""
     if not family.samples or family.type not in ("histogram", "counter", "gauge"):
         return None
-    metric = pb.Metric(name=family.name, description=family.documentation, unit=_unit(family))
+    metric = pb.Metric(name=family.name, description=family.documentation, unit=_unit(family, units or {}))
     if family.type == "histogram":
         metric.histogram.CopyFrom(_histogram(family, start_ns, now_ns))
     elif family.type == "counter":
@@ -110,14 +118,17 @@ def to_metric(family: PromMetric, start_ns: int, now_ns: int) -> pb.Metric | Non
 
 
 def metrics_request(families: Iterable[PromMetric], resource: Mapping[str, Any], start_ns: int,
-                    now_ns: int) -> ExportMetricsServiceRequest:
+                    now_ns: int, units: Mapping[str, str] | None = None,
+                    schema_url: str = "") -> ExportMetricsServiceRequest:
+    """`units`: family name -> OTLP unit; `schema_url`: the resource's (ResourceMetrics.schema_url)."""
     request = ExportMetricsServiceRequest()
     rm = request.resource_metrics.add()
+    rm.schema_url = schema_url
     for key, value in resource.items():
         rm.resource.attributes.add(key=key).value.string_value = str(value)
     sm = rm.scope_metrics.add()
     sm.scope.name, sm.scope.version = SCOPE_NAME, __version__
-    sm.metrics.extend(m for m in (to_metric(f, start_ns, now_ns) for f in families) if m is not None)
+    sm.metrics.extend(m for m in (to_metric(f, start_ns, now_ns, units) for f in families) if m is not None)
     return request
 
 
@@ -134,10 +145,13 @@ class OtlpMetricsPusher:
     """
 
     def __init__(self, collect: Callable[[], Iterable[PromMetric]], sender: Sender, resource: Mapping[str, Any],
-                 interval_s: float = 60.0, clock: Callable[[], int] = time.time_ns) -> None:
+                 interval_s: float = 60.0, clock: Callable[[], int] = time.time_ns, *,
+                 units: Mapping[str, str] | None = None, schema_url: str = "") -> None:
         self._collect = collect
         self._sender = sender
         self._resource = resource
+        self._units = units or {}
+        self._schema_url = schema_url
         self._interval = max(0.05, interval_s)
         self._clock = clock
         self._start_ns = clock()
@@ -152,7 +166,8 @@ class OtlpMetricsPusher:
 
     def push(self) -> bool:
         try:
-            request = metrics_request(self._collect(), self._resource, self._start_ns, self._clock())
+            request = metrics_request(self._collect(), self._resource, self._start_ns, self._clock(), self._units,
+                                      self._schema_url)
             points = sum(len(m.sum.data_points) + len(m.gauge.data_points) + len(m.histogram.data_points)
                          for rm in request.resource_metrics for sm in rm.scope_metrics for m in sm.metrics)
             result = self._sender.send(request.SerializeToString(), points)

@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from retsnoop_otel import __version__
+from retsnoop_otel.export.semconv import SCHEMA_URL
 
 log = logging.getLogger(__name__)
 DEFAULT_SERVICE_NAME = "retsnoop-otel"
@@ -84,7 +85,11 @@ def parse_resource_attributes(text: str) -> dict[str, str]:
 
 def build_resource(root: str | Path = "/", service_name: str = DEFAULT_SERVICE_NAME,
                    instance_id: str | None = None, environ: Mapping[str, str] = os.environ) -> Resource:
-    """Resource for one run: a new service.instance.id each time unless one is given."""
+    """Resource for one run: a new service.instance.id each time unless one is given.
+
+    Its schema URL names the semantic-conventions version of the detected attributes; attributes a
+    deployment adds through OTEL_RESOURCE_ATTRIBUTES are taken as written.
+    """
     attrs: dict[str, Any] = {
         "service.name": service_name,
         "service.version": __version__,
@@ -97,4 +102,4 @@ def build_resource(root: str | Path = "/", service_name: str = DEFAULT_SERVICE_N
     attrs.update(parse_resource_attributes(environ.get("OTEL_RESOURCE_ATTRIBUTES", "")))
     if environ.get("OTEL_SERVICE_NAME", "").strip():
         attrs["service.name"] = environ["OTEL_SERVICE_NAME"].strip()
-    return Resource(attrs)
+    return Resource(attrs, SCHEMA_URL)

@@ -29,11 +29,14 @@ from retsnoop_otel.capture.model import (
     format_result,
     signed_value,
 )
+from retsnoop_otel.capture.sampling import trace_state
+from retsnoop_otel.export.semconv import SCHEMA_URL
 from retsnoop_otel.render.lbr import export_lbr
 from retsnoop_otel.render.user_stack import user_frame_text
 
 SCOPE_NAME = "retsnoop_otel"
 SCOPE_VERSION = __version__
+SCOPE_SCHEMA_URL = SCHEMA_URL  # the span attributes follow these conventions (ScopeSpans.schema_url)
 DEFAULT_MAX_SPANS = 4096  # per trace; a session's deeper calls beyond this are counted, not sent
 START_ESTIMATED = "retsnoop.start_estimated"
 RECORDS_LOST = "retsnoop.records_lost_before"
@@ -202,6 +205,21 @@ def app_parent(session: Session) -> tuple[AppContext | None, bool]:
     if app is None or not app.usable:
         return None, False
     return app, app.sampled
+
+
+def sampling_state(session: Session, joined: bool) -> tuple[str, int | None]:
+    """The spans' `tracestate` and the 56 low bits their trace id must carry (None: any).
+
+    A trace of its own starts with our sampling decision, so its tracestate says the probability it
+    was kept with (`ot=th:...`, OTel probability sampling), and its trace id carries the randomness
+    the decision compared with that threshold, as consistent samplers downstream expect. A joined
+    session belongs to the application's trace: the thread context holds no tracestate, so the
+    probability of that trace is unknown, and the spans say nothing (the specification asks to erase
+    a threshold that is not known) and keep the application's trace id as it is.
+    """
+    if joined:
+        return "", None
+    return trace_state(session.sampling_threshold), session.trace_randomness
 
 
 def lbr_attrs(session: Session, funcs: FuncTable, symbolize: Callable[[int], str] | None,

@@ -23,6 +23,7 @@ from retsnoop_otel.export.protowire import I32, I64, LEN, VARINT, key_values, le
 from retsnoop_otel.export.span_attributes import (
     DEFAULT_MAX_SPANS,
     SCOPE_NAME,
+    SCOPE_SCHEMA_URL,
     SCOPE_VERSION,
     START_ESTIMATED,
     AppContext,
@@ -40,6 +41,7 @@ from retsnoop_otel.export.span_attributes import (
     lbr_call,
     lookup_func,
     return_attrs,
+    sampling_state,
     session_attrs,
     split_root,
     unknown_root,
@@ -73,6 +75,7 @@ _PARENT_TAG = int.from_bytes(tag(4, LEN) + b"\x08", "little")
 _START_TAG, _END_TAG = tag(7, I64)[0], tag(8, I64)[0]
 _SPANS_TAG = tag(2, LEN)  # ScopeSpans.spans
 _TRACE_FIELD_SIZE = 2 + 16  # Span.trace_id: tag, length, 16 bytes
+_LOW_RANDOM = (1 << 56) - 1  # the trace id's bits consistent samplers read as its randomness
 _ESTIMATED = key_values(9, {START_ESTIMATED: True})
 
 
@@ -116,12 +119,18 @@ class EncodedTrace:
 
 
 def make_envelope(resource: Mapping[str, Any], resource_schema_url: str = "", scope_name: str = SCOPE_NAME,
-                  scope_version: str = SCOPE_VERSION) -> Envelope:
+                  scope_version: str = SCOPE_VERSION, scope_schema_url: str = SCOPE_SCHEMA_URL) -> Envelope:
     """Encoded once per encoder: every request repeats the same resource and scope."""
     scope_body = len_field(1, scope_name.encode())
     if scope_version:
         scope_body += len_field(2, scope_version.encode())
-    return Envelope(key_values(1, resource), resource_schema_url, scope_body, "")
+    return Envelope(key_values(1, resource), resource_schema_url, scope_body, scope_schema_url)
+
+
+@functools.lru_cache(maxsize=64)
+def _trace_state_field(state: str) -> bytes:
+    """Span.trace_state; a trace has one, so it travels with the trace id field."""
+    return len_field(3, state.encode()) if state else b""
 
 
 class SpanEncoder:
@@ -190,19 +199,24 @@ class SpanEncoder:
             sid = self._rng.getrandbits(64)
         return sid
 
+    def _trace_id(self, randomness: int | None) -> int:
+        """A random non-zero trace id; its low 56 bits are `randomness` when the sampling decision used it."""
+        while True:
+            trace_id = self._rng.getrandbits(128)
+            if randomness is not None:
+                trace_id = trace_id & ~_LOW_RANDOM | randomness
+            if trace_id:
+                return trace_id
+
     def encode(self, session: Session, offset_ns: int) -> EncodedTrace:
         """Spans of one session: root first, then depth-first, parents before children.
 
         In the application's trace when its thread held a sampled context; in a trace of its own otherwise.
         """
         app, joined = app_parent(session)
-        if app is not None and joined:
-            trace_id = app.trace_id
-        else:
-            trace_id = self._rng.getrandbits(128)
-            while not trace_id:
-                trace_id = self._rng.getrandbits(128)
-        trace_field = len_field(1, trace_id.to_bytes(16, "big"))
+        state, randomness = sampling_state(session, joined)
+        trace_id = app.trace_id if app is not None and joined else self._trace_id(randomness)
+        trace_field = len_field(1, trace_id.to_bytes(16, "big")) + _trace_state_field(state)
         spans: list[bytes] = [b""]  # the root goes in last: its attributes count what the limit cut
         root_id = self._span_id()
         root_start, root_end = session.start_ns + offset_ns, session.end_ns + offset_ns
@@ -245,6 +259,7 @@ class SpanEncoder:
         pop, push, append = stack.pop, stack.append, spans.append
         pack, constant, new_id, random64 = _IDS_TIMES.pack, self._constant, self._span_id, self._random64
         cache, limit, dropped, format_args = self._cache, self.max_spans, 0, self.format_args
+        grow = len(trace_field) - _TRACE_FIELD_SIZE  # the trace's tracestate, when it has one
         while stack:
             call, parent, parent_end = pop()
             if len(spans) >= limit:
@@ -259,7 +274,9 @@ class SpanEncoder:
             ids_times = pack(_SPAN_ID_TAG, sid, _PARENT_TAG, parent, _START_TAG, start, _END_TAG, end)
             if call.missing_before or (call.args and format_args is not None) or call is lbr_at:
                 extra = key_values(9, call_attrs(call, format_args, lbr_at, lbr))
-                append(b"".join((_SPANS_TAG, varint(size + len(extra)), trace_field, ids_times, const, extra)))
+                append(b"".join((_SPANS_TAG, varint(size + grow + len(extra)), trace_field, ids_times, const, extra)))
+            elif grow:
+                append(b"".join((_SPANS_TAG, varint(size + grow), trace_field, ids_times, const)))
             else:
                 append(b"".join((head, trace_field, ids_times, const)))
             if call.children:

@@ -19,6 +19,7 @@ from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
 from retsnoop_otel.capture.model import CaptureStats, FuncStats, ProgramStats, SessionStats, TracedFunc
+from retsnoop_otel.metrics.buckets import FIRST_EXP, LAST_EXP, DurationRange, merge, slot_buckets
 from retsnoop_otel.metrics.series import SeriesLimiter
 
 FuncTable = Mapping[int, TracedFunc] | Sequence[TracedFunc]
@@ -53,14 +54,30 @@ class _Merged:
 
 
 @functools.cache
-def bucket_bounds(count: int) -> tuple[str, ...]:
-    """`le` labels for log2 ns buckets: bucket i is [2^i, 2^(i+1)) ns, so its upper bound is 2^(i+1) ns.
+def layout(lo: int, hi: int, slots: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """`le` labels of the buckets with bounds 2^lo..2^hi ns over `slots` kernel slots, and each slot's bucket.
 
-    The kernel's last bucket is open-ended (it also holds everything longer), so it has no finite
-    bound of its own and is covered only by +Inf. Formatted once per bucket count: formatting them
-    per histogram was a third of a scrape's collect().
+    Kernel slot i is [2^i, 2^(i+1)) ns, so its upper bound is 2^(i+1) ns; the kernel's last slot is
+    open-ended (it also holds everything longer) and is covered only by +Inf (metrics/buckets.py).
+    Formatted once per layout: formatting them per histogram was a third of a scrape's collect().
     """
-    return (*(floatToGoString(2 ** (i + 1) / 1e9) for i in range(count - 1)), "+Inf")
+    bounds, owner = slot_buckets(lo, hi, slots)
+    return (*(floatToGoString(2 ** k / 1e9) for k in bounds), "+Inf"), owner
+
+
+def bucket_bounds(count: int) -> tuple[str, ...]:
+    """`le` labels of the kernel's own layout (every slot a bucket)."""
+    return layout(FIRST_EXP, LAST_EXP, count)[0]
+
+
+def _histogram(buckets: Sequence[int], rng: DurationRange | None) -> tuple[tuple[str, ...], tuple[int, ...], list[int]]:
+    """(le labels, slot -> bucket, cumulative counts) of kernel slot counts under a probe set's range."""
+    if rng is None:  # the kernel's own layout: every slot is a bucket, nothing to merge
+        les, owner = layout(FIRST_EXP, LAST_EXP, len(buckets))
+        return les, owner, _cumulative(buckets)
+    lo, hi = rng.exponents
+    les, owner = layout(lo, hi, len(buckets))
+    return les, owner, _cumulative(merge(buckets, owner, len(les)))
 
 
 def func_label(funcs: FuncTable, func_id: int) -> str:
@@ -91,12 +108,25 @@ def _cumulative(buckets: Sequence[int]) -> list[int]:
     return out
 
 
-def _buckets_with_exemplars(cumulative: Sequence[int], exemplars: Mapping[int, Exemplar]
-                            ) -> list[tuple[str, float] | tuple[str, float, Exemplar]]:
-    """(le, count[, exemplar]) per bucket; only OpenMetrics renders the exemplars."""
+def _when(ex: Exemplar) -> float:
+    return float(ex.timestamp) if ex.timestamp is not None else 0.0
+
+
+def _buckets_with_exemplars(les: Sequence[str], owner: Sequence[int], cumulative: Sequence[int],
+                            exemplars: Mapping[int, Exemplar]) -> list[tuple[str, float] | tuple[str, float, Exemplar]]:
+    """(le, count[, exemplar]) per bucket; only OpenMetrics renders the exemplars.
+
+    Exemplars are kept per kernel slot: a bucket that merges slots shows the latest of theirs."""
+    chosen: dict[int, Exemplar] = {}
+    for slot, ex in exemplars.items():
+        if 0 <= slot < len(owner):
+            b = owner[slot]
+            old = chosen.get(b)
+            if old is None or _when(ex) >= _when(old):
+                chosen[b] = ex
     out: list[tuple[str, float] | tuple[str, float, Exemplar]] = []
-    for i, (le, n) in enumerate(zip(bucket_bounds(len(cumulative)), cumulative, strict=True)):
-        ex = exemplars.get(i)
+    for i, (le, n) in enumerate(zip(les, cumulative, strict=True)):
+        ex = chosen.get(i)
         out.append((le, n) if ex is None else (le, n, ex))
     return out
 
@@ -144,13 +174,19 @@ class KernelCollector(Collector):
     def __init__(self, probe_sets: Callable[[], Sequence[ProbeSetSource]], *,
                  stats_enabled: Callable[[], bool] = read_bpf_stats_enabled,
                  exemplars: Callable[[str, str], Mapping[int, Exemplar]] | None = None,
-                 limiter: Callable[[str], SeriesLimiter | None] | None = None) -> None:
-        """`exemplars(probe_set, entry_function)`: bucket index -> exemplar of the session duration histogram;
-        `limiter(probe_set)`: keeps the function and error_type label sets within configured bounds."""
+                 limiter: Callable[[str], SeriesLimiter | None] | None = None,
+                 duration_range: Callable[[str], DurationRange | None] | None = None) -> None:
+        """`exemplars(probe_set, entry_function)`: kernel slot -> exemplar of the session duration histogram;
+        `limiter(probe_set)`: keeps the function and error_type label sets within configured bounds;
+        `duration_range(probe_set)`: the bucket range of its histograms (None: every kernel slot)."""
         self._probe_sets = probe_sets
         self._stats_enabled = stats_enabled
         self._exemplars = exemplars
         self._limiter = limiter
+        self._range = duration_range
+
+    def _range_of(self, probe_set: str) -> DurationRange | None:
+        return self._range(probe_set) if self._range is not None else None
 
     def collect(self) -> Iterator[Metric]:
         sets = list(self._probe_sets())
@@ -170,6 +206,7 @@ class KernelCollector(Collector):
                                           "Duration of traced kernel function calls", labels=["probe_set", "function"])
         for ps in sets:
             limiter = self._limiter(ps.name) if self._limiter is not None else None
+            rng = self._range_of(ps.name)
             merged = _merge_funcs(ps.func_stats(), ps.funcs, limiter.function if limiter is not None else None)
             for name, m in sorted(merged.items()):
                 calls.add_metric([ps.name, name], m.calls)
@@ -177,9 +214,8 @@ class KernelCollector(Collector):
                 for err, n in sorted(errs.items()):
                     errors.add_metric([ps.name, name, err], n)
                 if m.buckets:
-                    cum = _cumulative(m.buckets)
-                    durations.add_metric([ps.name, name], list(zip(bucket_bounds(len(cum)), cum, strict=True)),
-                                         m.sum_ns / 1e9)
+                    les, _, cum = _histogram(m.buckets, rng)
+                    durations.add_metric([ps.name, name], list(zip(les, cum, strict=True)), m.sum_ns / 1e9)
         yield calls
         yield errors
         yield durations
@@ -191,11 +227,13 @@ class KernelCollector(Collector):
         durations = HistogramMetricFamily("retsnoop_session_duration_seconds", "Duration of entry-function sessions",
                                           labels=["probe_set", "entry_function"])
         for ps in sets:
+            rng = self._range_of(ps.name)
             for name, m in sorted(_merge_sessions(ps.session_stats(), ps.funcs).items()):
                 outcomes.add_metric([ps.name, name, "error"], m.errors["error"])
                 outcomes.add_metric([ps.name, name, "success"], m.calls - m.errors["error"])
                 exemplars = self._exemplars(ps.name, name) if self._exemplars is not None else {}
-                durations.add_metric([ps.name, name], _buckets_with_exemplars(_cumulative(m.buckets), exemplars),
+                les, owner, cum = _histogram(m.buckets, rng)
+                durations.add_metric([ps.name, name], _buckets_with_exemplars(les, owner, cum, exemplars),
                                      m.sum_ns / 1e9)
         yield outcomes
         yield durations

@@ -126,19 +126,28 @@ class AppWatcher:
 
     # ---- kernel side's questions ----------------------------------------------------------------
 
-    def asked(self, tgid: int) -> None:
-        """A probe record: a session started in a process the kernel side has no answer for."""
-        self._pending[tgid] = None
+    def asked(self, tgid: int, answer: bool = False) -> None:
+        """A probe record: a session started in a process the kernel side has no answer for.
 
-    def service(self) -> None:
-        """Between polls: answer pending probes, then (every SWEEP_S) forget exited processes."""
-        now = self._now()
-        budget = MAX_CHECKS_PER_SERVICE
+        `answer`: check it at once, before the records that follow it in the ring buffer (its own
+        session's end among them: symbolizing a first user stack can keep the loop busy for a while).
+        """
+        self._pending[tgid] = None
+        if answer:
+            self._answer(self._now(), MAX_CHECKS_PER_SERVICE)
+
+    def _answer(self, now: float, budget: int) -> int:
         while self._pending and budget:
             tgid = next(iter(self._pending))
             del self._pending[tgid]
             self._check(tgid, now)
             budget -= 1
+        return budget
+
+    def service(self) -> None:
+        """Between polls: answer pending probes, then (every SWEEP_S) forget exited processes."""
+        now = self._now()
+        budget = self._answer(now, MAX_CHECKS_PER_SERVICE)
         until = self._now() + BACKLOG_BUDGET_S
         while self._backlog and budget and self._now() < until:
             tgid = self._backlog.pop()
@@ -167,6 +176,8 @@ class AppWatcher:
             proc.location = None
             if os.path.exists(f"{self.proc_root}/{tgid}"):
                 self._log_error("thread context of a process not located", pid=tgid, error=str(exc))
+        self.log.debug("process checked for thread context", pid=tgid, first=first,
+                       publishes=proc.location is not None)
         if proc.location is not None:
             self.counters.processes_publishing += 1
             self._read_context(proc, now)
@@ -222,12 +233,16 @@ class AppWatcher:
 
     # ---- sessions -----------------------------------------------------------------------------
 
-    def annotate(self, session: Session) -> Session:
-        """The session with its record's attributes named, its service, and its user stack symbolized."""
+    def annotate(self, session: Session, reads_app: bool = True) -> Session:
+        """The session with its record's attributes named, its service, and its user stack symbolized.
+
+        `reads_app`: whether the session's probe set reads thread context (a set that only takes user
+        stacks has no context to miss).
+        """
         app = session.app
         proc = self._known.get(session.pid)
         if app is None:
-            if proc is not None and proc.location is not None:
+            if reads_app and proc is not None and proc.location is not None:
                 self.counters.sessions["unknown_process"] += 1  # started before the process was located
         else:
             outcome = "linked" if app.usable and app.sampled else app.status

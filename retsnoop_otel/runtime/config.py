@@ -13,6 +13,7 @@ from types import MappingProxyType
 from retsnoop_otel.capture.errfilter import ErrorFilter
 from retsnoop_otel.capture.sampling import Sampling
 from retsnoop_otel.export.otlp_settings import OtlpConfig
+from retsnoop_otel.metrics.buckets import DurationRange
 
 PROBE_MODES = ("stack", "calls", "metrics")
 ATTACH_MODES = ("auto", "fentry", "kprobe", "kprobe_multi")
@@ -44,6 +45,7 @@ class ProbeSetConfig:
     capture_args: bool = False  # BTF-typed arguments with each call (kernel memory: off unless asked)
     app_context: bool = True  # join the application's trace when its thread publishes OTel thread context
     user_stacks: bool = False  # the user-space stack of the thread that entered the entry function
+    duration_range: DurationRange | None = None  # histogram buckets; None: metrics.duration_range
 
     @property
     def records_calls(self) -> bool:
@@ -80,6 +82,7 @@ class MetricsConfig:
     otlp_interval_s: float = 60.0
     max_error_types: int = 0  # per function; 0 = every error type gets its own series
     functions: tuple[str, ...] = ()  # globs of functions with their own series; () = all
+    duration_range: DurationRange | None = None  # histogram buckets of probe sets without one; None: all slots
 
     @property
     def listen(self) -> str:

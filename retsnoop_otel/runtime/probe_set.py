@@ -12,7 +12,7 @@ from typing import Protocol
 
 from retsnoop_otel.capture.model import CaptureStats, FuncStats, ProgramStats, Session, SessionStats, TracedFunc
 from retsnoop_otel.capture.records import AppProbeRec, Record
-from retsnoop_otel.capture.sampling import SuccessSampler
+from retsnoop_otel.capture.sampling import ALWAYS, SuccessSampler
 from retsnoop_otel.capture.sessions import SessionAssembler
 from retsnoop_otel.kernel.tracer import AttachReport, CaptureConfig
 from retsnoop_otel.runtime.config import AGENT_NAMES, InputNames, Limits, ProbeSetConfig
@@ -163,13 +163,19 @@ class ProbeSet:
             self._on_session(self, session)
 
     def accepts(self, session: Session) -> bool:
-        """Failing sessions pass the error filter; successful ones go through sampling."""
+        """Failing sessions pass the error filter; successful ones go through sampling.
+
+        A kept session records how it was kept (threshold, randomness) for the spans' tracestate.
+        """
         if session.is_err:
             if self.cfg.errors.accepts(session, self.funcs):
+                session.sampling_threshold = ALWAYS
                 return True
             self.filtered_out += 1
             return False
-        if self.sampler.keep(session.entry_func_id):
+        kept = self.sampler.decide(session.entry_func_id)
+        if kept is not None:
+            session.sampling_threshold, session.trace_randomness = kept.threshold, kept.randomness
             return True
         self.sampled_out += 1
         return False

@@ -198,19 +198,27 @@ class Runtime:
 
     def _app_probe(self, tgid: int) -> None:
         if self.app_watch is not None:
-            self.app_watch.asked(tgid)
+            self.app_watch.asked(tgid, answer=True)
 
-    def registry(self) -> Any:
-        """The families /metrics serves: every probe set's, the run's own, and the process's (CPU, memory)."""
-        from prometheus_client import CollectorRegistry, ProcessCollector
+    def collectors(self) -> list[Any]:
+        """The families /metrics serves and metrics.otlp pushes, the same both ways: every probe set's, the
+        run's own, and the process's (CPU, memory)."""
+        from prometheus_client import ProcessCollector
 
         from retsnoop_otel.metrics.kernel_families import KernelCollector
         from retsnoop_otel.metrics.runtime_families import RuntimeCollector
+        return [KernelCollector(lambda: list(self.probe_sets), stats_enabled=self._stats_enabled,
+                                exemplars=self._exemplars, limiter=self.series_limiter,
+                                duration_range=self.duration_range),
+                RuntimeCollector(self.counters, stats_enabled=self._stats_enabled),
+                ProcessCollector(proc=os.path.join(self.deps.root, "proc"), registry=None)]
+
+    def registry(self) -> Any:
+        """The /metrics registry of `collectors()`."""
+        from prometheus_client import CollectorRegistry
         registry = CollectorRegistry(auto_describe=True)  # private (no global state); described, so name[] works
-        registry.register(KernelCollector(lambda: list(self.probe_sets), stats_enabled=self._stats_enabled,
-                                          exemplars=self._exemplars, limiter=self.series_limiter))
-        registry.register(RuntimeCollector(self.counters, stats_enabled=self._stats_enabled))
-        registry.register(ProcessCollector(proc=os.path.join(self.deps.root, "proc"), registry=None))
+        for collector in self.collectors():
+            registry.register(collector)
         return registry
 
     def _serve(self, cfg: RuntimeConfig) -> Any:
@@ -234,20 +242,18 @@ class Runtime:
         if cfg.metrics.otlp is None:
             return None
         from retsnoop_otel.export.metrics_push import OtlpMetricsPusher
-        from retsnoop_otel.metrics.kernel_families import KernelCollector
-        from retsnoop_otel.metrics.runtime_families import RuntimeCollector
+        from retsnoop_otel.metrics.otlp_units import OTLP_UNITS
         settings = otlp_settings(cfg.metrics.otlp, "metrics", cfg.names.metrics_otlp, self.deps.environ)
-        kernel = KernelCollector(lambda: list(self.probe_sets), stats_enabled=self._stats_enabled,
-                                 limiter=self.series_limiter)
-        own = RuntimeCollector(self.counters, stats_enabled=self._stats_enabled)
+        collectors = self.collectors()
 
         def collect() -> list:
             with self._lock:
-                return [*kernel.collect(), *own.collect()]
+                return [family for c in collectors for family in c.collect()]
 
         assert self._resource is not None
         return OtlpMetricsPusher(collect, self.deps.make_sender(settings), self._resource.attributes,
-                                 cfg.metrics.otlp_interval_s).start()
+                                 cfg.metrics.otlp_interval_s, units=OTLP_UNITS,
+                                 schema_url=self._resource.schema_url).start()
 
     def _stats_enabled(self) -> bool:
         from retsnoop_otel.metrics.kernel_families import read_bpf_stats_enabled
@@ -269,6 +275,11 @@ class Runtime:
         if lim is None or lim.bounds != bounds:
             lim = self._limiters[probe_set] = SeriesLimiter(bounds)
         return lim
+
+    def duration_range(self, probe_set: str) -> Any:
+        """The bucket range of a probe set's histograms (metrics.buckets.DurationRange; None: every slot)."""
+        own = next((ps.duration_range for ps in self.config.probe_sets if ps.name == probe_set), None)
+        return own or self.config.metrics.duration_range
 
     def counters(self) -> Any:
         """A metrics.runtime_families.RunCounters snapshot, taken at scrape time."""
@@ -303,8 +314,8 @@ class Runtime:
         if sinks is None:
             return
         try:
-            if self.app_watch is not None:
-                session = self.app_watch.annotate(session)
+            if self.app_watch is not None and _watches_apps(ps.cfg):
+                session = self.app_watch.annotate(session, reads_app=ps.cfg.app_context)
             sinks.emit(ps, session, self._offset_ns)
         except Exception as exc:  # noqa: BLE001 - one bad session must not stop capture
             self.session_errors += 1

@@ -73,6 +73,15 @@ def test_probe_answers_reach_every_probe_set(tmp_path):
     assert new.entries == maps[0].entries
 
 
+def test_a_probe_can_be_answered_before_the_records_that_follow_it(tmp_path):
+    """The runtime answers at once: the probe's own session end (and its user stack) comes after it."""
+    w, maps, _, located = watcher(tmp_path, publishing={10}, alive={10})
+    w.asked(10, answer=True)
+    assert located == [10] and maps[0].entries == {10: (-8, 0, 0, True)}
+    w.asked(10, answer=True)  # another probe set's probe: the answer is pushed again, not looked up again
+    assert located == [10]
+
+
 def test_non_publishers_are_rechecked_with_back_off_and_exited_processes_forgotten(tmp_path):
     w, maps, clock, located = watcher(tmp_path, alive={11})
     w.asked(11)
@@ -100,6 +109,8 @@ def test_sessions_are_annotated_and_counted(tmp_path):
     w.service()
     late = w.annotate(tree_session())  # located, but this session started before: it was not read
     assert w.counters.sessions["unknown_process"] == 1 and late.app is None
+    w.annotate(tree_session(), reads_app=False)  # a probe set that only takes user stacks misses no context
+    assert w.counters.sessions["unknown_process"] == 1
     app = AppContext("ok", 0xAB, 0xCD, 1, b"/users")
     s = w.annotate(tree_session(app=app, ustack=(0x401010,)))
     assert s.app.attributes == (("http.route", "/users"),) and s.app.service_name == "shop"

@@ -91,6 +91,14 @@ def test_precedence_for_endpoint_headers_and_files(pems):
     assert (c.certificate, c.client_key, c.client_certificate) == (pems["key.pem"], pems["ca.pem"], pems["ca.pem"])
 
 
+def test_metrics_protocol_variable_is_read_for_metrics_only():
+    env = {"OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "http/protobuf", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
+    m = resolve(OtlpConfig(), env, signal="metrics")
+    assert (m.protocol, m.url) == ("http/protobuf", "http://localhost:4318/v1/metrics")
+    assert resolve(OtlpConfig(), env).protocol == "grpc"  # traces: the generic variable
+    assert resolve(OtlpConfig(protocol="grpc"), env, signal="metrics").protocol == "grpc"  # config wins
+
+
 def test_empty_variables_count_as_unset():
     env = {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
            "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": " ", "OTEL_EXPORTER_OTLP_COMPRESSION": ""}

@@ -14,7 +14,7 @@ from tests.oracle_spans import request_to_spans, sdk_request, session_to_spans
 from tests.unit.test_span_content import EINVAL, FUNCS, KPTR, OFFSET, tree_session
 
 RESOURCE = build_resource(instance_id="test")
-ENVELOPE = make_envelope(RESOURCE.attributes)
+ENVELOPE = make_envelope(RESOURCE.attributes, RESOURCE.schema_url)
 
 
 def encoder_for(funcs=FUNCS, resource=RESOURCE, **kw):

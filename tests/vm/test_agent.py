@@ -10,6 +10,8 @@ import re
 
 import pytest
 
+from retsnoop_otel.export.semconv import SCHEMA_URL
+
 pytestmark = pytest.mark.vm
 
 
@@ -89,6 +91,7 @@ def test_one_error_trace_per_failing_call_with_nested_einval(vm_batch) -> None:
     assert len(leaf) == 1 and leaf[0]["attrs"]["error.type"] == "EINVAL"
     assert leaf[0]["status"]["code"] == "STATUS_CODE_ERROR"
     _assert_nested(first)
+    assert {s.get("traceState") for s in first} == {"ot=th:0"}  # error sessions are always kept
 
 
 def test_prog_load_success_is_a_calls_trace(vm_batch) -> None:
@@ -101,11 +104,19 @@ def test_prog_load_success_is_a_calls_trace(vm_batch) -> None:
         assert root["status"].get("code", "STATUS_CODE_UNSET") == "STATUS_CODE_UNSET"
         assert root["attrs"]["retsnoop.return_value"] >= 0 and "error.type" not in root["attrs"]
         _assert_nested(trace)
+        assert {s.get("traceState") for s in trace} == {"ot=th:0"}  # success_probability 1
     names = {s["name"] for t in loads for s in t}
     assert "bpf_check" in names, names
     child = next(s for t in loads for s in t if s["name"] == "bpf_check")
     assert child["parentSpanId"] and child["attrs"]["retsnoop.return_value"] == 0
     assert "retsnoop.start_estimated" not in child["attrs"]  # real per-call records, not the error chain
+
+
+def test_resource_and_scope_name_the_semantic_conventions_schema(vm_batch) -> None:
+    requests = vm_batch["agent_two_probe_sets"]["otlp"]
+    groups = [rs for req in requests for rs in req.get("resourceSpans", [])]
+    assert groups and all(rs.get("schemaUrl") == SCHEMA_URL for rs in groups)
+    assert all(ss.get("schemaUrl") == SCHEMA_URL for rs in groups for ss in rs.get("scopeSpans", []))
 
 
 def test_metrics_with_probe_set_labels_and_self_metrics(vm_batch) -> None:

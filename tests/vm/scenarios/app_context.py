@@ -53,6 +53,7 @@ metrics:
   listen: "127.0.0.1:{metrics_port}"
 logging:
   format: json
+  level: debug
 """
 
 
@@ -154,10 +155,6 @@ def scenario_app_context(ctx) -> dict:
     try:
         agent.wait_for_line(r'"agent started"', timeout=400)
         ctx.log(f"agent started at {time.monotonic() - t0:.0f} s")
-        svc_env = {"OTEL_PYTHON_CONTEXT": "retsnoop_thread_ctx", "OTEL_SERVICE_NAME": "users-service",
-                   "RETSNOOP_OTEL_THREAD_ATTRIBUTES": "user.id"}
-        svc = ctx.spawn([PY, "-m", "tests.otel_service", "--endpoint", f"127.0.0.1:{port}", "--requests", "4",
-                         "--interval", "3"], env=svc_env)  # a new process: started now, it runs meanwhile
         # the processes running at start are checked in the background: the six writers and the cost writer
         r["publishing_at_start"] = _wait_metric(METRICS_PORT, "retsnoop_app_context_processes_publishing_total",
                                                 len(BEFORE) + 1, timeout=300)
@@ -179,6 +176,14 @@ def scenario_app_context(ctx) -> dict:
             cost_writer.send("go")
             cost_writer.wait_for_line(rf"^done {n}$", timeout=120)
         ctx.log(f"short-lived and cost rounds done at {time.monotonic() - t0:.0f} s")
+
+        # a Python service born now, once the agent has caught up (under TCG, symbolizing the writers'
+        # first user stacks keeps its loop busy for tens of seconds, and a new process's probe waits)
+        _wait_roots(out_file, sum(t for _, _, t in BEFORE.values()) + 2 + 2 + 3 + 3 * COST_ROUNDS, timeout=300)
+        svc_env = {"OTEL_PYTHON_CONTEXT": "retsnoop_thread_ctx", "OTEL_SERVICE_NAME": "users-service",
+                   "RETSNOOP_OTEL_THREAD_ATTRIBUTES": "user.id"}
+        svc = ctx.spawn([PY, "-m", "tests.otel_service", "--endpoint", f"127.0.0.1:{port}", "--requests", "4",
+                         "--interval", "3"], env=svc_env)
 
         r["service_rc"] = svc.popen.wait(900)
         time.sleep(1)
