@@ -86,7 +86,7 @@ def test_demo_shows_the_kernel_chain_inside_the_services_trace(demo) -> None:
     """The service's request span, its load_user span, and under it the kernel's chain, as received."""
     tree = _section(demo["output"], "traces received by the OTLP receiver")
     chain = [r"GET /users/\{id\}", "load_user", "__x64_sys_bpf", "__sys_bpf", "array_map_alloc_check"]
-    found = any(all(re.match(rf"^ {{3}}{' ' * 4 * d}{name}\b", tree[i + d]) for d, name in enumerate(chain))
+    found = any(all(re.match(rf"^ {{3}}{' ' * 4 * d}{name}(?!\S)", tree[i + d]) for d, name in enumerate(chain))
                 for i in range(len(tree) - len(chain) + 1))
     assert found, "\n".join(tree)
     # the tracer's own text names the application's ids in the session header
