@@ -155,8 +155,19 @@ def session_to_spans(session: Session, funcs: FuncTable, offset_ns: int, resourc
 
 
 def sdk_request(spans: Iterable[ReadableSpan]) -> ExportTraceServiceRequest:
-    """The SDK's own encoding of spans, to compare with what the production encoder writes."""
-    return encode_spans(list(spans))
+    """The SDK's own encoding of spans, to compare with what the production encoder writes.
+
+    The oldest SDKs pyproject allows do not write the scope's schema URL into ScopeSpans: it is put
+    where newer ones put it, so that one oracle serves every supported version.
+    """
+    spans = list(spans)
+    request = encode_spans(spans)
+    urls = {getattr(s.instrumentation_scope, "schema_url", None) for s in spans} - {None, ""}
+    if len(urls) == 1:
+        for rs in request.resource_spans:
+            for ss in rs.scope_spans:
+                ss.schema_url = ss.schema_url or next(iter(urls))
+    return request
 
 
 def request_to_spans(body: bytes) -> list[dict[str, Any]]:

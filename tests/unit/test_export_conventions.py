@@ -246,6 +246,9 @@ def test_schema_url_names_a_version_whose_attributes_we_use_as_current() -> None
     from opentelemetry.semconv.schemas import Schemas
 
     assert SCHEMA_URL == f"https://opentelemetry.io/schemas/{SEMCONV_VERSION}"
+    newest = max(tuple(map(int, s.value.rsplit("/", 1)[1].split("."))) for s in Schemas)
+    if newest < tuple(map(int, SEMCONV_VERSION.split("."))):  # the lowest-versions venv: an older package
+        pytest.skip(f"the installed semantic-conventions package predates schema {SEMCONV_VERSION}")
     assert SCHEMA_URL in {s.value for s in Schemas}  # a published schema the semconv package knows
     stable, incubating = _semconv_attributes()
     used = _exported_attribute_names()
