@@ -41,7 +41,7 @@ static __always_inline void emit_args(void *ctx, struct session *s, __u32 tid, i
 	as = bpf_map_lookup_elem(&arg_specs, &func_id);
 	if (!as)
 		return;
-	r = room_for_call_records() ? bpf_ringbuf_reserve(&rb, sizeof(*r), 0) : NULL;
+	r = room_for_call_records(sizeof(*r)) ? bpf_ringbuf_reserve(&rb, sizeof(*r), 0) : NULL;
 	if (!r) {
 		s->dropped_records++;
 		return;

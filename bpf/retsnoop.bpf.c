@@ -3,9 +3,9 @@
  * error chain with the kernel stack at the error point, optional per-call records, and in-kernel
  * per-function aggregates (calls, errors by errno, log2 latency histogram) for Prometheus.
  *
- * One set of logic behind three thin pairs of programs: fentry/fexit, kprobe/kretprobe (also
- * attached as uprobes) and kprobe.multi/kretprobe.multi. Every attachment carries the function
- * id as its BPF cookie. bpf/retsnoop.h is the whole contract with user space.
+ * One set of logic behind thin programs per attach flavour (flavours.bpf.h): fentry/fexit,
+ * kprobe/kretprobe (also attached as uprobes), kprobe.multi/kretprobe.multi and kprobe.session.
+ * bpf/retsnoop.h is the whole contract with user space.
  */
 
 #include "vmlinux_min.h"
@@ -34,6 +34,10 @@ const volatile bool use_lbr = false;		/* --lbr: snapshot the CPU's branch record
 const volatile bool read_app = false;		/* read the application's OTel thread context at session start */
 const volatile bool user_stacks = false;	/* take the user stack at session start */
 const volatile bool workload_stats = false;	/* count per cgroup too (metrics workload label) */
+const volatile __u64 rb_bytes = 8 * 1024 * 1024;	/* the ring buffer's size */
+const volatile __u64 success_threshold = 0;	/* sampling.bpf.h */
+const volatile __u64 success_interval_ns = 0;
+const volatile __u64 success_burst_ns = 0;
 
 /* Set by user space once every probe is attached: no session starts half-instrumented. */
 volatile bool ready = false;
@@ -41,6 +45,7 @@ volatile bool ready = false;
 struct session {
 	__u64 start_ts;
 	__u64 cgroup_id;	/* workload_stats: the thread's cgroup v2 when the session started */
+	__u64 randomness;	/* sampling.bpf.h */
 	__u32 tid;
 	__u32 tgid;
 	__u32 next_seq;
@@ -49,9 +54,11 @@ struct session {
 	__s32 chain_depth;
 	__s32 chain_top;
 	__s32 kstack_sz;
+	__u32 cpu;		/* where it started */
 	__u8 is_err;
-	__u8 defunct;
-	__u8 pad[6];
+	__u8 defunct;		/* its start record was lost: nothing more of it is sent */
+	__u8 want_success;	/* reported if it succeeds (sampling.bpf.h) */
+	__u8 streaming;		/* calls.bpf.h: per-call records go straight to the ring buffer */
 	char comm[TASK_COMM_LEN];
 	char proc_comm[TASK_COMM_LEN];
 	__u16 func_ids[MAX_FSTACK_DEPTH];
@@ -91,7 +98,9 @@ struct {
 	__type(value, struct capture_stats);
 } cap_stats SEC(".maps");
 
-/* Recursion guard: our own helpers may be traced functions too (fentry fires inside BPF). */
+/* Recursion guard of the fentry programs: fentry fires inside BPF programs (our helpers may be traced
+ * functions too) and in interrupts that stop one of our programs half-way through a session update.
+ * kprobe-type programs need none: the kernel runs no kprobe program while one runs on the CPU. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
@@ -141,61 +150,28 @@ static __always_inline __u32 session_key(__u32 tid)
 	return tid ? tid : (__u32)-(1 + (int)bpf_get_smp_processor_id());
 }
 
-/* uapi enum values for bpf_ringbuf_query() (not in the minimal vmlinux header) */
-#define RB_AVAIL_DATA 0
-#define RB_RING_SIZE 1
-/* Room per-call records leave free for session end records (two, with their 8-byte headers): when
- * calls flood the ring buffer, the session still arrives, with its gap counted, instead of vanishing. */
-#define END_RECORD_HEADROOM (2 * (sizeof(struct rec_session_end) + 8))
-
-static __always_inline bool room_for_call_records(void)
-{
-	return bpf_ringbuf_query(&rb, RB_AVAIL_DATA) + END_RECORD_HEADROOM <= bpf_ringbuf_query(&rb, RB_RING_SIZE);
-}
-
 /* Separate concerns, one file each. They are part of this compilation unit, not headers of their
  * own: they use the configuration, struct session, the ring buffer and the helpers above. */
 #include "errors.bpf.h"
 #include "filters.bpf.h"
 #include "stats.bpf.h"
 #include "lbr.bpf.h"
+#include "calls.bpf.h"
 #include "args.bpf.h"
 #include "appctx.bpf.h"
+#include "sampling.bpf.h"
 
-static __always_inline void emit_trace(struct session *s, __u32 type, __u32 tid, __u64 ts, int depth,
-				       __u32 func_id, __u64 lat, __s64 res)
+static __always_inline void drop_session(__u32 key)
 {
-	struct rec_func_trace *r;
-	struct capture_stats *cs;
-
-	r = room_for_call_records() ? bpf_ringbuf_reserve(&rb, sizeof(*r), 0) : NULL;
-	if (!r) {
-		s->next_seq++;	/* the gap in sequence numbers shows user space where records were lost */
-		if (!s->dropped_records) {
-			cs = cstats();
-			if (cs)
-				cs->incomplete_sessions++;
-		}
-		s->dropped_records++;
-		cs = cstats();
-		if (cs)
-			cs->dropped_records++;
-		return;
-	}
-	r->type = type;
-	r->tid = tid;
-	r->ts = ts;
-	r->seq = s->next_seq++;
-	r->depth = depth;
-	r->func_id = func_id;
-	r->lat = lat;
-	r->res = res;
-	bpf_ringbuf_submit(r, 0);
+	if (use_lbr)
+		bpf_map_delete_elem(&session_lbrs, &key);
+	if (emit_calls)
+		bpf_map_delete_elem(&call_bufs, &key);
+	bpf_map_delete_elem(&sessions, &key);
 }
 
 static __always_inline struct session *start_session(__u32 key, __u32 tid, __u32 tgid, __u64 now)
 {
-	struct rec_session_start *r;
 	struct capture_stats *cs;
 	struct task_struct *task;
 	struct session *s;
@@ -216,32 +192,26 @@ static __always_inline struct session *start_session(__u32 key, __u32 tid, __u32
 	s->start_ts = now;
 	s->tid = tid;
 	s->tgid = tgid;
+	s->cpu = bpf_get_smp_processor_id();
 	if (workload_stats)
 		s->cgroup_id = bpf_get_current_cgroup_id();
 	bpf_get_current_comm(s->comm, sizeof(s->comm));
 	task = (struct task_struct *)bpf_get_current_task();
 	BPF_CORE_READ_STR_INTO(&s->proc_comm, task, group_leader, comm);
+	sample_at_start(s);
 	if (emit_calls) {
-		r = bpf_ringbuf_reserve(&rb, sizeof(*r), 0);
-		if (!r) {
+		hold_calls(s, key);
+		if (s->streaming && !emit_start(s)) {
 			s->defunct = 1;
 			if (cs)
 				cs->dropped_sessions++;
-			return s;
 		}
-		r->type = REC_SESSION_START;
-		r->tid = tid;
-		r->tgid = tgid;
-		r->cpu = bpf_get_smp_processor_id();
-		r->start_ts = now;
-		__builtin_memcpy(r->comm, s->comm, sizeof(r->comm));
-		__builtin_memcpy(r->proc_comm, s->proc_comm, sizeof(r->proc_comm));
-		bpf_ringbuf_submit(r, 0);
 	}
 	return s;
 }
 
-static __always_inline void handle_entry(void *ctx, __u32 func_id, bool fentry)
+/* Returns whether the call's exit must be seen (kprobe.session skips the exits of all other calls). */
+static __always_inline bool handle_entry(void *ctx, __u32 func_id, bool fentry)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	__u32 tid = (__u32)pid_tgid, key = session_key(tid);
@@ -250,29 +220,31 @@ static __always_inline void handle_entry(void *ctx, __u32 func_id, bool fentry)
 	__u64 now;
 	int d;
 
-	fi = bpf_map_lookup_elem(&func_infos, &func_id);
-	if (!fi)
-		return;
-	now = bpf_ktime_get_boot_ns();
 	s = bpf_map_lookup_elem(&sessions, &key);
 	if (!s) {
-		if (!ready || !(fi->flags & FUNC_IS_ENTRY))
-			return;
+		/* most calls of a large set run outside any session: decide that before reading the clock */
+		fi = bpf_map_lookup_elem(&func_infos, &func_id);
+		if (!ready || !fi || !(fi->flags & FUNC_IS_ENTRY))
+			return false;
+		now = bpf_ktime_get_boot_ns();
 		s = start_session(key, tid, pid_tgid >> 32, now);
 		if (!s)
-			return;
+			return false;
+	} else {
+		now = bpf_ktime_get_boot_ns();
 	}
 	d = s->depth;
 	s->depth = d + 1;
 	if (d < 0 || d >= max_depth || d >= MAX_FSTACK_DEPTH)
-		return;	/* too deep: tracked by depth only, never recorded */
+		return true;	/* too deep: tracked by depth only, never recorded */
 	s->func_ids[lvl(d)] = func_id;
 	s->func_ts[lvl(d)] = now;
 	if (emit_calls && !s->defunct) {
-		emit_trace(s, REC_FUNC_ENTRY, tid, now, d, func_id, 0, 0);
-		if (capture_args)
+		emit_trace(s, key, REC_FUNC_ENTRY, tid, now, d, func_id, 0, 0);
+		if (capture_args && !s->defunct)
 			emit_args(ctx, s, tid, d, func_id, s->next_seq - 1, fentry);
 	}
+	return true;
 }
 
 static __always_inline void take_chain(void *ctx, struct session *s, int d, __u32 key, __u32 func_id, __u64 now)
@@ -300,6 +272,7 @@ static __always_inline void end_session(void *ctx, struct session *s, __u32 key,
 	__u64 lat = now - s->start_ts;
 	__u32 entry_id = s->func_ids[0];
 	struct func_stats *es = bpf_map_lookup_elem(&entry_stats, &entry_id);
+	__u8 sampling = 0;
 
 	if (es)
 		count_into(es, lat, s->is_err);
@@ -307,6 +280,16 @@ static __always_inline void end_session(void *ctx, struct session *s, __u32 key,
 		count_workload(s->cgroup_id, entry_id | WL_SESSION, s->is_err);
 	if (s->defunct || !(s->is_err || capture_success) || lat < min_duration_ns)
 		goto out;
+	if (!s->is_err) {
+		sampling = sample_success(s, entry_id, now);
+		if (!sampling) {
+			if (cs)
+				cs->sampled_out++;
+			goto out;
+		}
+	}
+	if (emit_calls && !s->streaming)
+		release_calls(s, key);	/* without its start record the session still ends, without calls */
 	if (use_lbr)
 		emit_lbr(s, key);
 	if (read_app || user_stacks)
@@ -324,9 +307,11 @@ static __always_inline void end_session(void *ctx, struct session *s, __u32 key,
 	r->start_ts = s->start_ts;
 	r->end_ts = now;
 	r->cgroup_id = bpf_get_current_cgroup_id();
+	r->randomness = sampling == SAMPLED_PROBABILITY ? s->randomness : 0;
 	r->last_seq = s->next_seq;
 	r->dropped_records = s->dropped_records;
 	r->is_err = s->is_err;
+	r->sampling = sampling;
 	r->chain_depth = s->chain_depth;
 	r->chain_top = s->chain_top;
 	r->kstack_sz = s->kstack_sz;
@@ -340,9 +325,7 @@ static __always_inline void end_session(void *ctx, struct session *s, __u32 key,
 	if (cs)
 		cs->sessions_reported++;
 out:
-	if (use_lbr)
-		bpf_map_delete_elem(&session_lbrs, &key);
-	bpf_map_delete_elem(&sessions, &key);
+	drop_session(key);
 }
 
 static __always_inline void handle_exit(void *ctx, __u32 func_id, __s64 res)
@@ -352,7 +335,7 @@ static __always_inline void handle_exit(void *ctx, __u32 func_id, __s64 res)
 	struct capture_stats *cs;
 	struct func_info *fi;
 	struct session *s;
-	bool failed;
+	bool failed, wanted;
 	__u64 now, lat;
 	__u32 err;
 	int d;
@@ -374,9 +357,7 @@ static __always_inline void handle_exit(void *ctx, __u32 func_id, __s64 res)
 		cs = cstats();
 		if (cs)
 			cs->incomplete_sessions++;
-		if (use_lbr)
-			bpf_map_delete_elem(&session_lbrs, &key);
-		bpf_map_delete_elem(&sessions, &key);
+		drop_session(key);
 		return;
 	}
 	s->depth = d;
@@ -387,12 +368,13 @@ static __always_inline void handle_exit(void *ctx, __u32 func_id, __s64 res)
 	if (workload_stats)
 		count_workload(s->cgroup_id, func_id, failed ? err + 1 : 0);
 
-	if (d == s->chain_top - 1 && (s->is_err || capture_success)) {
+	wanted = s->want_success;	/* a success that would be reported (-S): its deepest chain is kept too */
+	if (d == s->chain_top - 1 && (s->is_err || wanted)) {
 		/* the parent of the chain's top returns: always the same frame as in the chain */
 		fill_level(s, d, res, lat);
 		if (s->is_err && !failed && can_fail(fi->flags))
 			s->is_err = 0;	/* a fallible function succeeded: the error was handled */
-	} else if (failed || (capture_success && !s->is_err && d + 1 > s->chain_depth)) {
+	} else if (failed || (wanted && !s->is_err && d + 1 > s->chain_depth)) {
 		/* a new error restarts the chain here; with -S, so does a deeper call chain */
 		take_chain(ctx, s, d, key, func_id, now);
 		fill_level(s, d, res, lat);
@@ -400,86 +382,21 @@ static __always_inline void handle_exit(void *ctx, __u32 func_id, __s64 res)
 			s->is_err = 1;
 	}
 	if (emit_calls && !s->defunct)
-		emit_trace(s, REC_FUNC_EXIT, tid, now, d, func_id, lat, res);
+		emit_trace(s, key, REC_FUNC_EXIT, tid, now, d, func_id, lat, res);
 	if (d == 0)
 		end_session(ctx, s, key, now);
 }
 
-/* ---- attach flavours ---------------------------------------------------------------------- */
-
-SEC("fentry/bpf_fentry_test1")
-int BPF_PROG(fentry_entry)
-{
-	if (!enter_guard())
-		return 0;
-	handle_entry(ctx, (__u32)bpf_get_attach_cookie(ctx), true);
-	exit_guard();
-	return 0;
-}
-
-SEC("fexit/bpf_fentry_test1")
-int BPF_PROG(fexit_exit)
-{
-	__u64 ret = 0;
-
-	snap_lbr();
-	if (!enter_guard())
-		return 0;
-	bpf_get_func_ret(ctx, &ret);
-	handle_exit(ctx, (__u32)bpf_get_attach_cookie(ctx), (__s64)ret);
-	exit_guard();
-	return 0;
-}
-
-SEC("kprobe")
-int kprobe_entry(struct pt_regs *ctx)
-{
-	if (!enter_guard())
-		return 0;
-	handle_entry(ctx, (__u32)bpf_get_attach_cookie(ctx), false);
-	exit_guard();
-	return 0;
-}
-
-SEC("kretprobe")
-int kretprobe_exit(struct pt_regs *ctx)
-{
-	snap_lbr();
-	if (!enter_guard())
-		return 0;
-	handle_exit(ctx, (__u32)bpf_get_attach_cookie(ctx), (__s64)PT_REGS_RC(ctx));
-	exit_guard();
-	return 0;
-}
-
-SEC("kprobe.multi")
-int kmulti_entry(struct pt_regs *ctx)
-{
-	if (!enter_guard())
-		return 0;
-	handle_entry(ctx, (__u32)bpf_get_attach_cookie(ctx), false);
-	exit_guard();
-	return 0;
-}
-
-SEC("kretprobe.multi")
-int kmulti_exit(struct pt_regs *ctx)
-{
-	snap_lbr();
-	if (!enter_guard())
-		return 0;
-	handle_exit(ctx, (__u32)bpf_get_attach_cookie(ctx), (__s64)PT_REGS_RC(ctx));
-	exit_guard();
-	return 0;
-}
+#include "flavours.bpf.h"
 
 /* Record sizes are part of the contract with retsnoop_otel/capture/records.py, whose formats
  * tests/unit/test_records.py compares with these numbers. */
 _Static_assert(sizeof(struct rec_session_start) == 56, "rec_session_start layout");
 _Static_assert(sizeof(struct rec_func_trace) == 40, "rec_func_trace layout");
-_Static_assert(sizeof(struct rec_session_end) == 1760, "rec_session_end layout");
+_Static_assert(sizeof(struct rec_session_end) == 1768, "rec_session_end layout");
+_Static_assert(sizeof(struct rec_func_batch) == 2584, "rec_func_batch layout");
 _Static_assert(sizeof(struct func_stats) == 344, "func_stats layout");
-_Static_assert(sizeof(struct capture_stats) == 48, "capture_stats layout");
+_Static_assert(sizeof(struct capture_stats) == 56, "capture_stats layout");
 _Static_assert(sizeof(struct wl_key) == 16, "wl_key layout");
 _Static_assert(sizeof(struct func_info) == 16, "func_info layout");
 _Static_assert(sizeof(struct rec_func_args) == 1616, "rec_func_args layout");

@@ -20,6 +20,7 @@ enum rec_type {
 	REC_SESSION_APP = 7,
 	REC_SESSION_USTACK = 8,
 	REC_APP_PROBE = 9,
+	REC_FUNC_BATCH = 10,
 };
 
 #define MAX_LBR_ENTRIES 32	/* the most any CPU's last-branch stack holds */
@@ -180,6 +181,24 @@ struct rec_func_trace {
 	__s64 res;
 };
 
+/* The first CALL_BUF_RECS per-call records of a session (mode calls) wait in the kernel until its
+ * outcome is known, so that a successful session the sampler drops costs no ring-buffer record; a
+ * reported session sends them as one batch (after its REC_SESSION_START), a longer one streams the rest. */
+#define CALL_BUF_RECS 64
+
+struct rec_func_batch {
+	__u32 type;
+	__u32 tid;
+	__u64 start_ts;
+	__u32 cnt;		/* records filled */
+	__u32 pad;
+	struct rec_func_trace recs[CALL_BUF_RECS];
+};
+
+/* rec_session_end.sampling: how the kernel side kept a successful session (0 for error sessions) */
+#define SAMPLED_PROBABILITY 0x1	/* randomness >= the success threshold (OTel probability sampling) */
+#define SAMPLED_RATE 0x2	/* within the rate of its entry function */
+
 struct rec_session_end {
 	__u32 type;
 	__u32 tid;
@@ -188,10 +207,12 @@ struct rec_session_end {
 	__u64 start_ts;
 	__u64 end_ts;
 	__u64 cgroup_id;
+	__u64 randomness;	/* SAMPLED_PROBABILITY: the 56-bit random value compared with the threshold */
 	__u32 last_seq;		/* sequence number the next record would have had */
 	__u32 dropped_records;	/* per-call records lost to a full ring buffer */
 	__u8 is_err;
-	__u8 pad[3];
+	__u8 sampling;
+	__u8 pad[2];
 	__s32 chain_depth;	/* levels in chain_*: 0 = no chain */
 	__s32 chain_top;	/* lowest level whose result is known; levels above are still running */
 	__s32 kstack_sz;	/* bytes of kstack filled, or negative error */
@@ -231,6 +252,7 @@ struct capture_stats {
 	__u64 sessions_started;
 	__u64 sessions_reported;
 	__u64 workload_dropped;		/* counts not kept per workload: wl_stats full */
+	__u64 sampled_out;		/* successful sessions the sampler dropped (in the kernel) */
 };
 
 /* Filters (maps tgid_filter / comm_filter values). */

@@ -241,6 +241,7 @@ class Session:
     # no known probability) and the 56-bit randomness a probability decision compared with it
     sampling_threshold: int | None = None
     trace_randomness: int | None = None
+    kernel_sampling: int = 0  # how the kernel side kept a success (records.SAMPLED_*; 0: an error session)
 
     @property
     def entry_func_id(self) -> int | None:
@@ -281,6 +282,7 @@ class CaptureStats:
     sessions_started: int = 0
     sessions_reported: int = 0
     workload_dropped: int = 0  # counts not kept per workload (the kernel's per-cgroup map was full)
+    sampled_out: int = 0  # successful sessions the sampler dropped in the kernel
 
 
 @dataclass(frozen=True, slots=True)

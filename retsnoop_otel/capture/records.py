@@ -26,6 +26,10 @@ REC_SESSION_LBR = 6
 REC_SESSION_APP = 7
 REC_SESSION_USTACK = 8
 REC_APP_PROBE = 9
+REC_FUNC_BATCH = 10
+CALL_BUF_RECS = 64
+SAMPLED_PROBABILITY = 0x1
+SAMPLED_RATE = 0x2
 MAX_LBR_ENTRIES = 32
 MAX_FUNC_ARGS = 6
 MAX_ARG_DATA = 256
@@ -43,12 +47,14 @@ FUNC_RET_KIND_SHIFT = 8
 
 SESSION_START = struct.Struct("<IIIIQ16s16s")
 FUNC_TRACE = struct.Struct("<IIQIHHQq")
-SESSION_END = struct.Struct(f"<IIIIQQQIIB3xiii16s16s{MAX_FSTACK_DEPTH}H{MAX_FSTACK_DEPTH}q"
+SESSION_END = struct.Struct(f"<IIIIQQQQIIBB2xiii16s16s{MAX_FSTACK_DEPTH}H{MAX_FSTACK_DEPTH}q"
                             f"{MAX_FSTACK_DEPTH}Q{MAX_KSTACK_DEPTH}Q")
 FUNC_INFO = struct.Struct("<QII")
 FUNC_STATS = struct.Struct(f"<QQQ{DUR_BUCKETS}Q")
 ERR_KEY = struct.Struct("<II")
-CAPTURE_STATS = struct.Struct("<QQQQQQ")
+CAPTURE_STATS = struct.Struct("<QQQQQQQ")
+FUNC_BATCH_HEAD = struct.Struct("<IIQI4x")  # type, tid, start_ts, cnt; cnt FUNC_TRACE records follow
+FUNC_BATCH_SIZE = FUNC_BATCH_HEAD.size + CALL_BUF_RECS * FUNC_TRACE.size
 WL_KEY = struct.Struct("<QII")  # cgroup_id, func_id (| WL_SESSION), outcome (map wl_stats)
 WL_SESSION = 0x80000000
 FUNC_ARGS_HEAD = struct.Struct(f"<IIIHH{MAX_FUNC_ARGS}Q{MAX_FUNC_ARGS}h2x2x")
@@ -112,6 +118,17 @@ class SessionEndRec:
     chain_res: tuple[int, ...]
     chain_lat: tuple[int, ...]
     kstack: tuple[int, ...]
+    sampling: int = 0  # how the kernel kept a success: SAMPLED_PROBABILITY or SAMPLED_RATE (0: an error)
+    randomness: int = 0  # SAMPLED_PROBABILITY: the 56-bit value compared with the threshold
+
+
+@dataclass(frozen=True, slots=True)
+class FuncBatchRec:
+    """The per-call records a reported session held in the kernel until its end, in order."""
+
+    tid: int
+    start_ts: int
+    recs: tuple[FuncTraceRec, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +188,7 @@ class AppProbeRec:
 
 
 Record = (SessionStartRec | FuncTraceRec | SessionEndRec | FuncArgsRec | SessionLbrRec | SessionAppRec
-          | SessionUstackRec | AppProbeRec)
+          | SessionUstackRec | AppProbeRec | FuncBatchRec)
 
 
 def decode_lbr_capture(data: bytes, offset: int = 0) -> tuple[int, int, int, int, tuple[tuple[int, int], ...]]:
@@ -222,17 +239,23 @@ def decode(data: bytes) -> Record:
     if rtype == REC_SESSION_START:
         _, tid, tgid, cpu, ts, comm, pcomm = SESSION_START.unpack_from(data)
         return SessionStartRec(tid, tgid, cpu, ts, _comm(comm), _comm(pcomm))
+    if rtype == REC_FUNC_BATCH:
+        _, tid, start_ts, cnt = FUNC_BATCH_HEAD.unpack_from(data)
+        cnt = min(cnt, CALL_BUF_RECS, (len(data) - FUNC_BATCH_HEAD.size) // FUNC_TRACE.size)
+        recs = [FUNC_TRACE.unpack_from(data, FUNC_BATCH_HEAD.size + i * FUNC_TRACE.size) for i in range(cnt)]
+        return FuncBatchRec(tid, start_ts, tuple(FuncTraceRec(t == REC_FUNC_EXIT, *rest) for t, *rest in recs))
     if rtype == REC_SESSION_END:
         v = SESSION_END.unpack_from(data)
         m = MAX_FSTACK_DEPTH
-        base = 15  # first array element, after the 15 scalar fields
-        kstack_sz = v[12]
+        base = 17  # first array element, after the 17 scalar fields
+        kstack_sz = v[14]
         kstack = v[base + 3 * m:base + 3 * m + max(0, kstack_sz) // 8]
         return SessionEndRec(
-            tid=v[1], tgid=v[2], cpu=v[3], start_ts=v[4], end_ts=v[5], cgroup_id=v[6], last_seq=v[7],
-            dropped_records=v[8], is_err=bool(v[9]), chain_depth=v[10], chain_top=v[11], kstack_sz=kstack_sz,
-            comm=_comm(v[13]), proc_comm=_comm(v[14]), chain_ids=v[base:base + m],
-            chain_res=v[base + m:base + 2 * m], chain_lat=v[base + 2 * m:base + 3 * m], kstack=kstack)
+            tid=v[1], tgid=v[2], cpu=v[3], start_ts=v[4], end_ts=v[5], cgroup_id=v[6], randomness=v[7],
+            last_seq=v[8], dropped_records=v[9], is_err=bool(v[10]), sampling=v[11], chain_depth=v[12],
+            chain_top=v[13], kstack_sz=kstack_sz, comm=_comm(v[15]), proc_comm=_comm(v[16]),
+            chain_ids=v[base:base + m], chain_res=v[base + m:base + 2 * m], chain_lat=v[base + 2 * m:base + 3 * m],
+            kstack=kstack)
     raise ValueError(f"unknown record type {rtype} ({len(data)} bytes)")
 
 

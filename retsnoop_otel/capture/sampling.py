@@ -10,15 +10,15 @@ random value R is >= T, and R becomes the low 56 bits of the trace id, so that d
 and span-derived metrics can weigh each kept trace by 2^56 / (2^56 - T). A rate limiter keeps a
 varying fraction of sessions that nobody knows in advance: its sessions carry no threshold rather
 than an invented one. Error sessions are always kept: threshold 0.
+
+The decision is taken in the kernel (bpf/sampling.bpf.h, from kernel_sampling() here): R is drawn
+there and travels with the session end record, so a dropped success never reaches user space.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import random
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -71,44 +71,29 @@ class Sampling:
 
 
 @dataclass(frozen=True, slots=True)
-class Kept:
-    """A successful session's keep decision: the threshold and randomness it was taken with (None: unknown)."""
+class KernelSampling:
+    """The decision as the kernel side takes it (bpf/sampling.bpf.h), so that a successful session the
+    sampler drops costs no ring-buffer record and no user-space work: a success is kept when its 56-bit
+    randomness is >= `threshold`, or (interval_ns > 0) when its entry function's token bucket of
+    1e9 / interval_ns per second with a burst of burst_ns / interval_ns + 1 has a token."""
 
-    threshold: int | None
-    randomness: int | None
+    capture_success: bool = False
+    threshold: int = 0
+    interval_ns: int = 0
+    burst_ns: int = 0
+
+    @property
+    def by_probability(self) -> bool:
+        return self.capture_success and not self.interval_ns
 
 
-RATE_LIMITED = Kept(None, None)
-
-
-class SuccessSampler:
-    """Keeps successful sessions by probability, or up to a rate per entry function (token bucket)."""
-
-    def __init__(self, sampling: Sampling, rng: random.Random | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.sampling = sampling
-        self._rng = rng or random.Random()
-        self._clock = clock
-        self._buckets: dict[int, tuple[float, float]] = {}  # entry func id -> (tokens, last refill)
-        p = sampling.success_probability
-        self.threshold: int | None = threshold(min(p, 1.0)) if p > 0 and not sampling.success_rate_per_s else None
-
-    def keep(self, entry_func_id: int | None) -> bool:
-        return self.decide(entry_func_id) is not None
-
-    def decide(self, entry_func_id: int | None) -> Kept | None:
-        """How a successful session is kept, or None when it is not."""
-        rate = self.sampling.success_rate_per_s
-        if not rate:
-            if self.threshold is None:
-                return None
-            r = self._rng.getrandbits(RANDOM_BITS)
-            return Kept(self.threshold, r) if r >= self.threshold else None
-        now = self._clock()
-        burst = max(1.0, rate)
-        key = -1 if entry_func_id is None else entry_func_id  # id 0 is a real entry function
-        tokens, last = self._buckets.get(key, (burst, now))
-        tokens = min(burst, tokens + (now - last) * rate)
-        keep = tokens >= 1.0
-        self._buckets[key] = (tokens - 1.0 if keep else tokens, now)
-        return RATE_LIMITED if keep else None
+def kernel_sampling(sampling: Sampling) -> KernelSampling:
+    """The kernel side's constants for a probe set's sampling of successful sessions."""
+    rate = sampling.success_rate_per_s
+    if rate:
+        interval = 1e9 / rate
+        return KernelSampling(True, 0, max(1, round(interval)), round((max(1.0, rate) - 1) * interval))
+    p = sampling.success_probability
+    if p > 0:
+        return KernelSampling(True, threshold(min(p, 1.0)))
+    return KernelSampling()

@@ -17,8 +17,10 @@ from retsnoop_otel.capture.model import (
 )
 from retsnoop_otel.capture.records import (
     MAX_APP_ATTRS,
+    SAMPLED_PROBABILITY,
     AppProbeRec,
     FuncArgsRec,
+    FuncBatchRec,
     FuncTraceRec,
     Record,
     SessionAppRec,
@@ -122,6 +124,12 @@ class SessionAssembler:
             if tree is not None:
                 tree.feed(rec)
             return None
+        if isinstance(rec, FuncBatchRec):
+            tree = self._open.get(rec.tid)
+            if tree is not None and tree.start.start_ts == rec.start_ts:
+                for one in rec.recs:
+                    tree.feed(one)
+            return None
         if isinstance(rec, SessionStartRec):
             # a session that was not reported leaves its tree behind: a new start replaces it
             self._open.pop(rec.tid, None)
@@ -161,7 +169,8 @@ class SessionAssembler:
             tid=rec.tid, pid=rec.tgid, comm=rec.comm, proc_comm=rec.proc_comm, start_ns=rec.start_ts,
             end_ns=rec.end_ts, is_err=rec.is_err, chain=chain, kstack=list(rec.kstack), calls=calls,
             dropped_records=max(rec.dropped_records, missing), cpu=rec.cpu, cgroup_id=rec.cgroup_id,
-            calls_cut=cut, lbr=lbr, app=app, ustack=ustack, ustack_error=ustack_error)
+            calls_cut=cut, lbr=lbr, app=app, ustack=ustack, ustack_error=ustack_error, kernel_sampling=rec.sampling,
+            trace_randomness=rec.randomness if rec.sampling & SAMPLED_PROBABILITY else None)
 
     def _side_of(self, kind: type, end: SessionEndRec) -> _SideRec | None:
         rec = self._side.pop((kind, end.tid), None)

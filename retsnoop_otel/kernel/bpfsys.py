@@ -31,6 +31,8 @@ PROG_KPROBE = 2
 PROG_TRACING = 26
 ATTACH_TRACE_FENTRY = 24
 ATTACH_TRACE_KPROBE_MULTI = 42
+ATTACH_TRACE_KPROBE_SESSION = 56  # Linux 6.10+
+BPF_F_KPROBE_MULTI_RETURN = 1
 
 # perf_event_open(2).
 PERF_TYPE_HARDWARE = 0
@@ -167,13 +169,27 @@ def link_create(prog_fd: int, attach_type: int, target_fd: int = 0) -> int:
     return sys_bpf(BPF_LINK_CREATE, attr, "bpf(BPF_LINK_CREATE)")
 
 
-def link_create_kprobe_multi(prog_fd: int, syms: Sequence[str]) -> int:
-    """BPF_LINK_CREATE with BPF_TRACE_KPROBE_MULTI on functions named by `syms`; returns the link fd."""
+def link_create_kprobe_multi(prog_fd: int, syms: Sequence[str] = (), addrs: Sequence[int] = (),
+                             cookies: Sequence[int] = (), attach_type: int = ATTACH_TRACE_KPROBE_MULTI,
+                             retprobe: bool = False) -> int:
+    """BPF_LINK_CREATE of a kprobe.multi (or kprobe.session) link on functions named by `syms` or at
+    `addrs`, each with its cookie; returns the link fd. libbpf 1.1 knows no kprobe.session links."""
+    arrays: list[ctypes.Array] = []  # must outlive the call
+
+    def arr(values: Sequence[int]) -> int:
+        if not values:
+            return 0
+        a = (ctypes.c_uint64 * len(values))(*values)
+        arrays.append(a)
+        return ctypes.addressof(a)
+
     names = [ctypes.create_string_buffer(s.encode()) for s in syms]
-    arr = (ctypes.c_uint64 * len(names))(*[ctypes.addressof(n) for n in names])
-    attr = LinkCreateAttr(prog_fd=prog_fd, attach_type=ATTACH_TRACE_KPROBE_MULTI, kmulti_cnt=len(names),
-                          kmulti_syms=ctypes.addressof(arr))
-    return sys_bpf(BPF_LINK_CREATE, attr, "bpf(BPF_LINK_CREATE kprobe_multi)")
+    attr = LinkCreateAttr(prog_fd=prog_fd, attach_type=attach_type, kmulti_cnt=len(names) or len(addrs),
+                          kmulti_flags=BPF_F_KPROBE_MULTI_RETURN if retprobe else 0,
+                          kmulti_syms=arr([ctypes.addressof(n) for n in names]), kmulti_addrs=arr(addrs),
+                          kmulti_cookies=arr(cookies))
+    kind = "kprobe.session" if attach_type == ATTACH_TRACE_KPROBE_SESSION else "kprobe_multi"
+    return sys_bpf(BPF_LINK_CREATE, attr, f"bpf(BPF_LINK_CREATE {kind})")
 
 
 # ---- perf_event_open --------------------------------------------------------------------------

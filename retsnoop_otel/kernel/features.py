@@ -31,8 +31,9 @@ ENOTSUPP = 524  # kernel-internal "operation not supported", leaks out of BPF tr
 
 VM_HINT = ("run retsnoop-otel on a kernel that allows them, for example in a VM "
            "(tests/vm/run -- retsnoop-otel trace ...)")
-MODE_FLAGS = {"fentry": "-F (fentry/fexit)", "kprobe": "-K (kprobes)", "kprobe_multi": "-M (kprobe_multi)"}
-MODES = ("auto", "fentry", "kprobe", "kprobe_multi")
+MODE_FLAGS = {"fentry": "-F (fentry/fexit)", "kprobe": "-K (kprobes)", "kprobe_multi": "-M (kprobe_multi)",
+              "kprobe_session": "--kprobe-session (kprobe.session)"}
+MODES = ("auto", "fentry", "kprobe", "kprobe_multi", "kprobe_session")
 
 
 class FeatureError(RuntimeError):
@@ -58,6 +59,7 @@ class Features:
     fentry: Feature
     kprobes: Feature
     kprobe_multi: Feature
+    kprobe_session: Feature
     ringbuf: Feature
     func_ip: Feature
     bpf_cookie: Feature
@@ -228,6 +230,30 @@ def probe_kprobe_multi(btf: Btf | None) -> Feature:
     return Feature(name, True, f"kprobe.multi link attached to {func}")
 
 
+def probe_kprobe_session(btf: Btf | None, kprobe_multi: Feature) -> Feature:
+    """Attach a kprobe.session program (BPF_TRACE_KPROBE_SESSION, Linux 6.10+) to one function."""
+    name = "kprobe_session"
+    if not kprobe_multi.available:
+        return Feature(name, False, f"needs kprobe_multi, which is missing: {kprobe_multi.detail}", kprobe_multi.errno,
+                       kprobe_multi.why)
+    func, _ = _target_func(btf)
+    prog = link = -1
+    try:
+        prog = bpfsys.prog_load(bpfsys.PROG_KPROBE, bpfsys.RETURN_ZERO,
+                                expected_attach_type=bpfsys.ATTACH_TRACE_KPROBE_SESSION, name=b"rs_probe_ksess")
+        link = bpfsys.link_create_kprobe_multi(prog, [func], attach_type=bpfsys.ATTACH_TRACE_KPROBE_SESSION)
+    except OSError as exc:
+        err = exc.errno or _errno.EINVAL
+        if err == _errno.EINVAL:
+            return _refused(name, err, "the kernel does not know kprobe.session programs (Linux 6.10+ needed)",
+                            "has no kprobe.session (Linux 6.10+ needed)")
+        stage = "loading a kprobe.session program" if prog < 0 else f"attaching kprobe.session to {func}"
+        return _refused(name, err, f"{stage} failed: {os.strerror(err)}", "refuses kprobe.session links")
+    finally:
+        _close(link, prog)
+    return Feature(name, True, f"kprobe.session link attached to {func}")
+
+
 def probe_ringbuf() -> Feature:
     if lb.probe_map_type(lb.MAP_TYPE_RINGBUF):
         return Feature("ringbuf", True, "BPF_MAP_TYPE_RINGBUF maps can be created")
@@ -321,13 +347,15 @@ def detect(root: str = "/") -> Features:
             btf = None
     try:
         major, minor = lb.version()
+        kprobe_multi = probe_kprobe_multi(btf)
         return Features(
             kernel_release=release,
             libbpf_version=f"{major}.{minor}",
             btf=btf_feature,
             fentry=probe_fentry(btf),
             kprobes=probe_kprobes(root, btf, config),
-            kprobe_multi=probe_kprobe_multi(btf),
+            kprobe_multi=kprobe_multi,
+            kprobe_session=probe_kprobe_session(btf, kprobe_multi),
             ringbuf=probe_ringbuf(),
             func_ip=probe_helper("func_ip", HELPER_GET_FUNC_IP, "bpf_get_func_ip", "Linux 5.15"),
             bpf_cookie=probe_helper("bpf_cookie", HELPER_GET_ATTACH_COOKIE, "bpf_get_attach_cookie",
@@ -350,6 +378,7 @@ _MODE_FEATURE: dict[str, Callable[[Features], Feature]] = {
     "fentry": lambda f: f.fentry,
     "kprobe": lambda f: f.kprobes,
     "kprobe_multi": lambda f: f.kprobe_multi,
+    "kprobe_session": lambda f: f.kprobe_session,
 }
 
 
@@ -375,7 +404,7 @@ def require_tracing(features: Features, mode: str) -> None:
                         (features.ringbuf, "to stream captured calls")):
         if not prereq.available:
             raise FeatureError(f"this kernel {prereq.why}, which retsnoop-otel needs {use}: {VM_HINT}")
-    usable = [m for m in ("kprobe_multi", "fentry", "kprobe") if _MODE_FEATURE[m](features).available]
+    usable = [m for m in ("kprobe_session", "kprobe_multi", "fentry", "kprobe") if _MODE_FEATURE[m](features).available]
     if not usable:
         raise FeatureError(f"this kernel {features.fentry.why} and {features.kprobes.why}, so kernel "
                            f"functions cannot be traced here: {VM_HINT}")

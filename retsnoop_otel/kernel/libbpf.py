@@ -246,6 +246,11 @@ class BpfProgram:
     def set_autoload(self, autoload: bool) -> None:
         check_rc(lib().lib.bpf_program__set_autoload(self._ptr, autoload), f"set autoload of '{self.name}'")
 
+    def set_expected_attach_type(self, attach_type: int) -> None:
+        """Before load; how a kprobe program becomes a kprobe.session one with libbpf 1.1 (no such SEC)."""
+        check_rc(lib().lib.bpf_program__set_expected_attach_type(self._ptr, attach_type),
+                 f"set expected attach type of '{self.name}'")
+
     def set_attach_target(self, func_name: str) -> None:
         check_rc(lib().lib.bpf_program__set_attach_target(self._ptr, 0, func_name.encode()),
                  f"set attach target '{func_name}' of '{self.name}'")

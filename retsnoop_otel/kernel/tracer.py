@@ -28,19 +28,22 @@ from retsnoop_otel.capture.model import (
     WorkloadCount,
     error_type,
 )
+from retsnoop_otel.kernel import bpfsys, libbpf_progs, libbpf_ringbuf, multi_link
 from retsnoop_otel.kernel import libbpf as lb
-from retsnoop_otel.kernel import libbpf_progs, libbpf_ringbuf
 from retsnoop_otel.kernel.libbpf_btf import Btf
 
 PARALLEL_DETACH_MIN = 32
 DETACH_THREADS = 32
-MODES = ("fentry", "kprobe", "kprobe_multi", "uprobe")
-_MODE_PROGRAMS = {
+MODES = ("fentry", "kprobe", "kprobe_multi", "kprobe_session", "uprobe")
+_MODE_PROGRAMS = {  # (entry, exit), or one program for both
     "fentry": ("fentry_entry", "fexit_exit"),
     "kprobe": ("kprobe_entry", "kretprobe_exit"),
     "kprobe_multi": ("kmulti_entry", "kmulti_exit"),
+    "kprobe_session": ("ksession",),
     "uprobe": ("kprobe_entry", "kretprobe_exit"),  # user-space functions: drives the logic in host tests
 }
+_BY_ADDRESS = ("kprobe_multi", "kprobe_session")  # the programs find the function id by address (map ip_ids)
+MAX_HELD_SESSIONS = 1024  # sessions whose per-call records the kernel holds at once (the rest stream)
 
 
 def bpf_object_path() -> Path:
@@ -58,7 +61,10 @@ class CaptureConfig:
 
     mode: str
     emit_calls: bool = False
-    capture_success: bool = False
+    capture_success: bool = False  # successful sessions are reported, as sampled by the three below
+    success_threshold: int = 0  # probability sampling: kept when the 56-bit randomness >= this (0: all)
+    success_interval_ns: int = 0  # rate sampling: ns between kept successes per entry function (0: off)
+    success_burst_ns: int = 0  # rate sampling: burst tolerance, (burst - 1) x interval
     min_duration_ns: int = 0
     pids: Sequence[int] = ()
     no_pids: Sequence[int] = ()
@@ -151,6 +157,10 @@ class Tracer:
             "read_app": struct.pack("<?", cfg.app_context),
             "user_stacks": struct.pack("<?", cfg.user_stacks),
             "workload_stats": struct.pack("<?", cfg.workload_stats),
+            "rb_bytes": struct.pack("<Q", _ringbuf_size(cfg.ringbuf_size)),
+            "success_threshold": struct.pack("<Q", cfg.success_threshold),
+            "success_interval_ns": struct.pack("<Q", cfg.success_interval_ns),
+            "success_burst_ns": struct.pack("<Q", cfg.success_burst_ns),
         }
         for name, raw in values.items():
             off, size = layout[name]
@@ -170,14 +180,18 @@ class Tracer:
         obj.map("app_targets").set_max_entries(cfg.max_app_processes if watch else 1)
         obj.map("app_asked").set_max_entries(cfg.max_app_processes if watch else 1)
         obj.map("wl_stats").set_max_entries(cfg.max_workload_counts if cfg.workload_stats else 1)
-        entry_prog, exit_prog = _MODE_PROGRAMS[cfg.mode]
-        for progs in set(_MODE_PROGRAMS.values()):
-            for name in progs:
-                obj.program(name).set_autoload(name in (entry_prog, exit_prog))
-        if cfg.mode == "fentry":
-            # the templates are verified against the first function, then cloned for every function
-            obj.program(entry_prog).set_attach_target(self.funcs[0].name)
-            obj.program(exit_prog).set_attach_target(self.funcs[0].name)
+        obj.map("ip_ids").set_max_entries(n if cfg.mode in _BY_ADDRESS else 1)
+        held = cfg.emit_calls and not cfg.capture_args  # -A records are too large to hold: they stream
+        obj.map("call_bufs").set_max_entries(min(cfg.max_sessions, MAX_HELD_SESSIONS) if held else 1)
+        obj.map("rate_tat").set_max_entries(n if cfg.success_interval_ns else 1)
+        progs = _MODE_PROGRAMS[cfg.mode]
+        for names in set(_MODE_PROGRAMS.values()):
+            for name in names:
+                obj.program(name).set_autoload(name in progs)
+        for name in progs if cfg.mode == "fentry" else ():  # verified against the first function, then cloned
+            obj.program(name).set_attach_target(self.funcs[0].name)
+        if cfg.mode == "kprobe_session":
+            obj.program(progs[0]).set_expected_attach_type(bpfsys.ATTACH_TRACE_KPROBE_SESSION)
 
     def _no_pids(self) -> list[int]:
         return [*self.config.no_pids, *([os.getpid()] if self.config.exclude_self else [])]
@@ -188,6 +202,8 @@ class Tracer:
             kind = RET_KIND_CODES[f.ret] << records.FUNC_RET_KIND_SHIFT
             flags = (records.FUNC_IS_ENTRY if f.is_entry else 0) | kind
             infos.update(struct.pack("<I", f.id), records.FUNC_INFO.pack(f.addr, flags, 0))
+        if self.config.mode in _BY_ADDRESS:
+            multi_link.fill_ip_ids(obj.map("ip_ids"), self.funcs)
         specs = obj.map("arg_specs")
         for fid, words in self._arg_specs.items():
             specs.update(struct.pack("<I", fid), records.ARG_SPEC.pack(*words))
@@ -216,7 +232,7 @@ class Tracer:
         t0 = time.monotonic()
         try:
             self._open_lbr_events()
-            if self.config.mode == "kprobe_multi":
+            if self.config.mode in _BY_ADDRESS:
                 self._attach_multi(report)
             else:
                 for f in self.funcs:
@@ -244,7 +260,6 @@ class Tracer:
         """One branch-stack perf event per online CPU keeps its LBR recording while we are attached."""
         if not (self.config.lbr_branch_types and self.config.lbr_perf_events) or self._lbr_fds:
             return
-        from retsnoop_otel.kernel import bpfsys
         for cpu in bpfsys.online_cpus():
             try:
                 self._lbr_fds.append(bpfsys.perf_lbr_open(cpu, self.config.lbr_branch_types))
@@ -291,19 +306,8 @@ class Tracer:
 
     def _attach_multi(self, report: AttachReport) -> None:
         assert self._obj is not None
-        entry = self._obj.program("kmulti_entry")
-        exit_ = self._obj.program("kmulti_exit")
-        addrs = [f.addr for f in self.funcs]
-        cookies = [f.id for f in self.funcs]
-        try:
-            self._links.append(exit_.attach_kprobe_multi(addrs=addrs, cookies=cookies, retprobe=True))
-            self._links.append(entry.attach_kprobe_multi(addrs=addrs, cookies=cookies))
-        except lb.LibbpfError:
-            # addresses are strict about notrace functions; names go through the kernel's own lookup
-            self.detach_links()
-            names = [f.name for f in self.funcs]
-            self._links.append(exit_.attach_kprobe_multi(syms=names, cookies=cookies, retprobe=True))
-            self._links.append(entry.attach_kprobe_multi(syms=names, cookies=cookies))
+        progs = [self._obj.program(name) for name in _MODE_PROGRAMS[self.config.mode]]
+        multi_link.attach(progs, self.funcs, self._links, self.detach_links)
         report.attached.extend(self.funcs)
 
     # ---- capture -------------------------------------------------------------------------

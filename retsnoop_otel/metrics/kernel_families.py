@@ -317,7 +317,7 @@ class KernelCollector(Collector):
             for fam, (_, _, attr) in zip(families, specs, strict=True):
                 fam.add_metric([ps.name], getattr(cap, attr))
             attached.add_metric([ps.name, ps.mode], ps.attached)
-            not_exported.add_metric([ps.name, "sampled"], ps.sampled_out)
+            not_exported.add_metric([ps.name, "sampled"], ps.sampled_out + cap.sampled_out)  # mostly the kernel's
             not_exported.add_metric([ps.name, "filtered"], ps.filtered_out)
             evicted.add_metric([ps.name], ps.evicted)
         yield from families

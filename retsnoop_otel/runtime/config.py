@@ -17,7 +17,7 @@ from retsnoop_otel.metrics.buckets import DurationRange
 
 PROBE_MODES = ("stack", "calls", "metrics")
 WORKLOAD_LABELS = ("namespace", "container")  # a probe set's metrics labelled by Kubernetes namespace or container
-ATTACH_MODES = ("auto", "fentry", "kprobe", "kprobe_multi")
+ATTACH_MODES = ("auto", "fentry", "kprobe", "kprobe_multi", "kprobe_session")
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from retsnoop_otel.capture.model import (
     TracedFunc,
     WorkloadCount,
 )
-from retsnoop_otel.capture.records import AppProbeRec, Record
-from retsnoop_otel.capture.sampling import ALWAYS, SuccessSampler
+from retsnoop_otel.capture.records import SAMPLED_PROBABILITY, AppProbeRec, Record
+from retsnoop_otel.capture.sampling import ALWAYS, kernel_sampling
 from retsnoop_otel.capture.sessions import SessionAssembler
 from retsnoop_otel.kernel.tracer import AttachReport, CaptureConfig
 from retsnoop_otel.metrics.workload_series import LABEL_NAMES, WorkloadSeries, WorkloadTotal
@@ -99,8 +99,11 @@ def capture_config(cfg: ProbeSetConfig, mode: str, limits: Limits, names: InputN
         # CPU spent in user space does not grow with the call rate, and a one-page ring buffer is enough.
         return CaptureConfig(**common, emit_calls=False, capture_success=False, min_duration_ns=METRICS_ONLY_NS,
                              ringbuf_size=4096)
-    return CaptureConfig(**common, emit_calls=cfg.records_calls, capture_success=cfg.sampling.captures_success,
-                         min_duration_ns=cfg.min_duration_ns, ringbuf_size=limits.ringbuf_size,
+    ks = kernel_sampling(cfg.sampling)
+    return CaptureConfig(**common, emit_calls=cfg.records_calls, capture_success=ks.capture_success,
+                         success_threshold=ks.threshold, success_interval_ns=ks.interval_ns,
+                         success_burst_ns=ks.burst_ns, min_duration_ns=cfg.min_duration_ns,
+                         ringbuf_size=limits.ringbuf_size,
                          lbr_branch_types=cfg.lbr_branch_types, capture_args=cfg.capture_args,
                          arg_specs=arg_specs or {}, app_context=cfg.app_context, user_stacks=cfg.user_stacks)
 
@@ -110,7 +113,7 @@ class ProbeSet:
 
     def __init__(self, cfg: ProbeSetConfig, found: discovery.Discovery, limits: Limits, env: KernelEnv,
                  tracer_factory: TracerFactory, on_session: SessionCallback, names: InputNames = AGENT_NAMES,
-                 sampler: SuccessSampler | None = None, on_app_probe: Callable[[int], None] | None = None,
+                 on_app_probe: Callable[[int], None] | None = None,
                  workload_series: WorkloadSeriesFactory | None = None) -> None:
         self.cfg = cfg
         self.name = cfg.name
@@ -128,7 +131,8 @@ class ProbeSet:
         self.btf = env.btf
         capture = capture_config(cfg, found.mode, limits, names, arg_specs)
         self.tracer = tracer_factory(found.funcs, capture, env.btf_func_id)
-        self.sampler = sampler or SuccessSampler(cfg.sampling)
+        ks = kernel_sampling(cfg.sampling)
+        self._success_threshold = ks.threshold if ks.by_probability else None  # what kept successes say
         self._on_session = on_session
         self._on_app_probe = on_app_probe
         # calls beyond the span limit would not be exported: do not keep them either
@@ -180,9 +184,10 @@ class ProbeSet:
             self._on_session(self, session)
 
     def accepts(self, session: Session) -> bool:
-        """Failing sessions pass the error filter; successful ones go through sampling.
+        """Failing sessions pass the error filter; successful ones arrive sampled by the kernel side.
 
-        A kept session records how it was kept (threshold, randomness) for the spans' tracestate.
+        A kept session records how it was kept (threshold; the randomness came with it) for the spans'
+        tracestate. The kernel counts the successes it dropped (CaptureStats.sampled_out).
         """
         if session.is_err:
             if self.cfg.errors.accepts(session, self.funcs):
@@ -190,12 +195,12 @@ class ProbeSet:
                 return True
             self.filtered_out += 1
             return False
-        kept = self.sampler.decide(session.entry_func_id)
-        if kept is not None:
-            session.sampling_threshold, session.trace_randomness = kept.threshold, kept.randomness
-            return True
-        self.sampled_out += 1
-        return False
+        if not session.kernel_sampling:  # not kept by the kernel's sampler (none sends such sessions)
+            self.sampled_out += 1
+            return False
+        by_probability = bool(session.kernel_sampling & SAMPLED_PROBABILITY)
+        session.sampling_threshold = self._success_threshold if by_probability else None
+        return True
 
     def poll(self, timeout_ms: int) -> int:
         return self.tracer.poll(timeout_ms) if self._started else 0

@@ -19,7 +19,7 @@ from retsnoop_otel.capture.model import RetKind, TracedFunc
 from retsnoop_otel.symbols.globs import glob_to_regex
 from retsnoop_otel.symbols.kallsyms import Kallsyms, KSym
 
-MODES = ("fentry", "kprobe", "kprobe_multi")
+MODES = ("fentry", "kprobe", "kprobe_multi", "kprobe_session")
 NOT_AVAILABLE = "not in available_filter_functions"
 AMBIGUOUS = "ambiguous instances"
 

@@ -33,7 +33,7 @@ from retsnoop_otel.runtime.config import (
 TRACE_NAMES = InputNames(
     otlp=MappingProxyType({"endpoint": "--otlp-endpoint", "protocol": "--otlp-protocol"}),
     listen="--metrics-port", trace_json="--trace-json", vmlinux="-k", cgroup="--cgroup", lbr="--lbr",
-    attach_mode="-F/-K/-M")
+    attach_mode="-F/-K/-M/--kprobe-session")
 C_KEYS = ("bpf.ringbuf-size", "bpf.sessions-size", "calls.max-per-session")
 
 
@@ -106,6 +106,8 @@ def build_parser(prog: str = "retsnoop-otel trace") -> OneLineErrorParser:
                       help="attach with kprobe/kretprobe")
     mode.add_argument("-M", "--kprobes-multi", dest="mode", action="store_const", const="kprobe_multi",
                       help="attach with kprobe.multi/kretprobe.multi")
+    mode.add_argument("--kprobe-session", dest="mode", action="store_const", const="kprobe_session",
+                      help="attach with kprobe.session: one program at entry and exit (Linux 6.10+)")
     out = p.add_argument_group("what to capture and show")
     out.add_argument("-S", "--success-stacks", action="store_true", help="report sessions without errors too")
     out.add_argument("-T", "--trace", dest="calls", action="store_true",

@@ -201,7 +201,9 @@ def error_session(t: FakeTracer, tid: int = 7) -> list:
 
 
 def success_calls_session(t: FakeTracer, tid: int = 8) -> list:
-    """bpf_prog_load -> bpf_prog_alloc, bpf_check (calls mode), returning 5 (a new fd)."""
+    """bpf_prog_load -> bpf_prog_alloc, bpf_check (calls mode), returning 5 (a new fd); kept by the kernel
+    side's sampler as the real one keeps successes at probability 1 (dropped when successes are not wanted)."""
+    kept = records.SAMPLED_PROBABILITY if t.cfg.capture_success and not t.cfg.success_threshold else 0
     load, alloc, chk = t.fid("bpf_prog_load"), t.fid("bpf_prog_alloc"), t.fid("bpf_check")
     pad = [0] * (M - 1)
     return [SessionStartRec(tid, tid, 0, 1000, "python", "python"),
@@ -212,7 +214,7 @@ def success_calls_session(t: FakeTracer, tid: int = 8) -> list:
             FuncTraceRec(True, tid, 1900, 4, 1, chk, 600, 0),
             FuncTraceRec(True, tid, 2000, 5, 0, load, 1000, 5),
             SessionEndRec(tid, tid, 0, 1000, 2000, 0, 6, 0, False, 1, 0, 0, "python", "python",
-                          tuple([load] + pad), tuple([5] + pad), tuple([1000] + pad), ())]
+                          tuple([load] + pad), tuple([5] + pad), tuple([1000] + pad), (), kept, 0x123456 * kept)]
 
 
 def by_set(world: World, name: str) -> FakeTracer:

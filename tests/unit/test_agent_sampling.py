@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import io
 import json
-import random
 
 import pytest
 
 from retsnoop_otel.agent.config_file import parse_config
 from retsnoop_otel.capture.errfilter import ErrorFilter
 from retsnoop_otel.capture.model import RetKind, Session, StackEntry, TracedFunc
-from retsnoop_otel.capture.sampling import Sampling, SuccessSampler
+from retsnoop_otel.capture.sampling import ALWAYS, KernelSampling, Sampling, kernel_sampling, threshold
 from retsnoop_otel.export.otlp_settings import OtlpConfig
 from retsnoop_otel.export.senders import build_sender
 from retsnoop_otel.export.span_encoder import SpanEncoder, build_request, make_envelope
@@ -22,43 +21,17 @@ from retsnoop_otel.runtime.sinks import otlp_settings
 from tests.otlp_receiver import start_receiver
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def test_probability_extremes_and_middle() -> None:
-    assert not any(SuccessSampler(Sampling(0.0)).keep(1) for _ in range(1000))
-    assert all(SuccessSampler(Sampling(1.0)).keep(1) for _ in range(1000))
-    s = SuccessSampler(Sampling(0.25), rng=random.Random(7))
-    kept = sum(s.keep(1) for _ in range(20000))
-    assert 4500 < kept < 5500
-
-
-def test_rate_is_a_token_bucket_per_entry_function() -> None:
-    clock = Clock()
-    s = SuccessSampler(Sampling(success_rate_per_s=2.0), clock=clock)
-    assert [s.keep(1) for _ in range(4)] == [True, True, False, False]  # burst of 2, then empty
-    assert s.keep(2) and s.keep(2) and not s.keep(2)  # another entry function has its own budget
-    assert s.keep(0) and s.keep(0) and not s.keep(0)  # id 0 too (not shared with sessions of no entry)
-    assert s.keep(None) and s.keep(None) and not s.keep(None)
-    clock.t += 0.5  # one token back for function 1
-    assert s.keep(1) and not s.keep(1)
-    clock.t += 100  # refills cap at the burst size
-    assert [s.keep(1) for _ in range(3)] == [True, True, False]
-
-
-def test_fractional_rate_keeps_one_every_few_seconds() -> None:
-    clock = Clock()
-    s = SuccessSampler(Sampling(success_rate_per_s=0.2), clock=clock)
-    kept = 0
-    for _ in range(600):  # 60 s at 10 sessions/s
-        kept += s.keep(1)
-        clock.t += 0.1
-    assert 12 <= kept <= 13
+def test_kernel_constants_of_each_sampling() -> None:
+    """The kernel side decides (bpf/sampling.bpf.h; its behaviour is tested through uprobes in
+    tests/native/test_native_sampling.py): these are the constants it is loaded with."""
+    assert kernel_sampling(Sampling(0.0)) == KernelSampling()  # errors only: successes are not even reported
+    assert kernel_sampling(Sampling(1.0)) == KernelSampling(True, ALWAYS)
+    assert kernel_sampling(Sampling(0.25)) == KernelSampling(True, threshold(0.25))
+    assert kernel_sampling(Sampling(0.25)).by_probability
+    rate = kernel_sampling(Sampling(success_rate_per_s=2.0))  # burst of 2: one more interval of tolerance
+    assert rate == KernelSampling(True, 0, 500_000_000, 500_000_000) and not rate.by_probability
+    assert kernel_sampling(Sampling(success_rate_per_s=0.2)) == KernelSampling(True, 0, 5_000_000_000, 0)
+    assert kernel_sampling(Sampling(0.5, 3.0)).interval_ns == 333_333_333  # a rate wins over a probability
 
 
 def _cfg(**kw) -> ProbeSetConfig:
@@ -70,7 +43,10 @@ def test_capture_config_follows_mode_sampling_and_filters() -> None:
     cc = capture_config(_cfg(mode="calls", sampling=Sampling(0.1), min_duration_ns=2_500_000, comms=("a",)), "fentry",
                         limits)
     assert cc.emit_calls and cc.capture_success and cc.min_duration_ns == 2_500_000 and cc.comms == ("a",)
+    assert cc.success_threshold == threshold(0.1) and cc.success_interval_ns == 0
     assert cc.ringbuf_size == 1 << 20 and cc.max_sessions == 8 and cc.mode == "fentry"
+    cc = capture_config(_cfg(sampling=Sampling(success_rate_per_s=4.0)), "kprobe", limits)
+    assert cc.capture_success and cc.success_interval_ns == 250_000_000 and cc.success_burst_ns == 750_000_000
     cc = capture_config(_cfg(), "kprobe", limits)
     assert not cc.emit_calls and not cc.capture_success
     # metrics: counted in the kernel, no session ever reported (min duration out of reach), one-page ring
@@ -97,7 +73,7 @@ def test_error_sessions_ignore_sampling_but_follow_the_error_filter(tmp_path) ->
 
     assert ps.accepts(session(22, True))  # EINVAL: kept whatever the sampling
     assert not ps.accepts(session(2, True)) and ps.filtered_out == 1  # ENOENT denied
-    assert not ps.accepts(session(0, False)) and ps.sampled_out == 1
+    assert not ps.accepts(session(0, False)) and ps.sampled_out == 1  # a success the kernel did not keep
 
 
 def _send_one(cfg: OtlpConfig, environ: dict) -> bool:

@@ -17,8 +17,8 @@ from retsnoop_otel.kernel.features import Feature, FeatureError, Features
 
 def _feats(**over: Feature) -> Features:
     """A kernel where everything works, with the given entries replaced."""
-    names = ["btf", "fentry", "kprobes", "kprobe_multi", "ringbuf", "func_ip", "bpf_cookie", "branch_snapshot",
-             "lbr", "filter_functions", "kallsyms", "capabilities"]
+    names = ["btf", "fentry", "kprobes", "kprobe_multi", "kprobe_session", "ringbuf", "func_ip", "bpf_cookie",
+             "branch_snapshot", "lbr", "filter_functions", "kallsyms", "capabilities"]
     entries = {n: over.get(n, Feature(n, True, f"{n} works")) for n in names}
     return Features(kernel_release="6.12.117+deb12-amd64", libbpf_version="1.1", **entries)
 
@@ -29,8 +29,10 @@ NO_KPROBES = Feature("kprobes", False, "kprobes are not configured (CONFIG_KPROB
                      "has no kprobes (CONFIG_KPROBES is off)")
 NO_KMULTI = Feature("kprobe_multi", False, "not supported (EOPNOTSUPP)", errno.EOPNOTSUPP,
                     "has no kprobe_multi (CONFIG_FPROBE is off)")
-HOST = _feats(fentry=FENTRY_EPERM, kprobes=NO_KPROBES, kprobe_multi=NO_KMULTI)
-KERNEL_61 = _feats(kprobe_multi=NO_KMULTI)
+NO_KSESSION = Feature("kprobe_session", False, "refused (EINVAL): unknown", errno.EINVAL,
+                      "has no kprobe.session (Linux 6.10+ needed)")
+HOST = _feats(fentry=FENTRY_EPERM, kprobes=NO_KPROBES, kprobe_multi=NO_KMULTI, kprobe_session=NO_KSESSION)
+KERNEL_61 = _feats(kprobe_multi=NO_KMULTI, kprobe_session=NO_KSESSION)
 
 
 def test_host_like_kernel_gets_one_sentence_naming_what_is_missing() -> None:
@@ -82,7 +84,7 @@ def test_format_features_lists_every_entry_and_the_verdict() -> None:
     text = features.format_features(HOST)
     lines = text.splitlines()
     assert lines[0] == "Kernel 6.12.117+deb12-amd64, libbpf 1.1"
-    assert len(lines) == 2 + 12
+    assert len(lines) == 2 + 13
     fentry_line = next(x for x in lines if x.split()[0] == "fentry")
     assert fentry_line.split()[1] == "NO" and fentry_line.endswith("refused (EPERM): denied")
     assert next(x for x in lines if x.split()[0] == "btf").split()[1] == "yes"
@@ -93,7 +95,7 @@ def test_format_features_lists_every_entry_and_the_verdict() -> None:
 def test_to_dict_is_json_ready() -> None:
     d = json.loads(json.dumps(HOST.to_dict()))
     assert d["kernel_release"] == "6.12.117+deb12-amd64" and d["libbpf_version"] == "1.1"
-    assert len(d["features"]) == 12
+    assert len(d["features"]) == 13
     assert d["features"]["fentry"] == {"available": False, "detail": "refused (EPERM): denied",
                                        "errno": errno.EPERM, "why": "refuses fentry/fexit programs (EPERM)"}
 

@@ -57,13 +57,32 @@ def test_decode_session_end_trims_kstack():
     res = [-22, -22] + [0] * (m - 2)
     lat = [500, 20] + [0] * (m - 2)
     kstack = [0xffffffff81000010, 0xffffffff81000020] + [0] * (records.MAX_KSTACK_DEPTH - 2)
-    raw = records.SESSION_END.pack(records.REC_SESSION_END, 10, 11, 1, 100, 600, 77, 9, 0, 1, 2, 0, 16,
+    raw = records.SESSION_END.pack(records.REC_SESSION_END, 10, 11, 1, 100, 600, 77, 0, 9, 0, 1, 0, 2, 0, 16,
                                    b"a", b"b", *ids, *res, *lat, *kstack)
     rec = decode(raw)
     assert isinstance(rec, SessionEndRec)
-    assert rec.is_err and rec.chain_depth == 2 and rec.chain_top == 0
+    assert rec.is_err and rec.chain_depth == 2 and rec.chain_top == 0 and rec.sampling == 0
     assert rec.kstack == (0xffffffff81000010, 0xffffffff81000020)
     assert rec.chain_ids[:2] == (3, 1) and rec.chain_res[:2] == (-22, -22)
+
+
+def test_func_batch_size_and_decode():
+    """The per-call records a session held in the kernel: as many as `cnt` says, each a FUNC_TRACE record."""
+    assert _asserted_sizes()["rec_func_batch"] == records.FUNC_BATCH_SIZE
+    recs = [records.FUNC_TRACE.pack(records.REC_FUNC_ENTRY, 42, 1000, 0, 0, 5, 0, 0),
+            records.FUNC_TRACE.pack(records.REC_FUNC_EXIT, 42, 1500, 1, 0, 5, 500, -22)]
+    raw = records.FUNC_BATCH_HEAD.pack(records.REC_FUNC_BATCH, 42, 999, 2) + b"".join(recs)
+    rec = decode(raw)
+    assert rec == records.FuncBatchRec(42, 999, (FuncTraceRec(False, 42, 1000, 0, 0, 5, 0, 0),
+                                                 FuncTraceRec(True, 42, 1500, 1, 0, 5, 500, -22)))
+
+
+def test_session_end_carries_the_kernel_sampling_decision():
+    m, k = records.MAX_FSTACK_DEPTH, records.MAX_KSTACK_DEPTH
+    raw = records.SESSION_END.pack(records.REC_SESSION_END, 10, 11, 1, 100, 600, 77, 0xD0_1234_5678_9ABC, 9, 0, 0,
+                                   records.SAMPLED_PROBABILITY, 1, 0, 0, b"a", b"b", *([0] * (3 * m + k)))
+    rec = decode(raw)
+    assert not rec.is_err and rec.sampling == records.SAMPLED_PROBABILITY and rec.randomness == 0xD0_1234_5678_9ABC
 
 
 def test_func_args_size_and_decode():
@@ -87,9 +106,9 @@ def test_per_cpu_sums():
     two = records.FUNC_STATS.pack(3, 0, 700, *([0, 2] + [0] * (records.DUR_BUCKETS - 2)))
     calls, errors, dur, buckets = records.decode_func_stats(one + two, 2)
     assert (calls, errors, dur, buckets[:2]) == (5, 1, 1000, [1, 2])
-    cs = records.decode_capture_stats(records.CAPTURE_STATS.pack(1, 2, 3, 4, 5, 6) * 2, 2)
+    cs = records.decode_capture_stats(records.CAPTURE_STATS.pack(1, 2, 3, 4, 5, 6, 7) * 2, 2)
     assert (cs.dropped_sessions, cs.incomplete_sessions, cs.dropped_records, cs.sessions_started,
-            cs.sessions_reported, cs.workload_dropped) == (2, 4, 6, 8, 10, 12)
+            cs.sessions_reported, cs.workload_dropped, cs.sampled_out) == (2, 4, 6, 8, 10, 12, 14)
 
 
 def app_record(tid=7, start_ts=100, status=records.APP_OK, err=0, size=5, attrs=b"\x00\x03abc", valid=1, flags=1):

@@ -5,7 +5,6 @@ threshold values, consistent keep decisions, what a probe set records, and what 
 from __future__ import annotations
 
 import io
-import random
 from pathlib import Path
 
 import pytest
@@ -15,9 +14,7 @@ from retsnoop_otel.capture.model import Call, Session, StackEntry
 from retsnoop_otel.capture.sampling import (
     ALWAYS,
     MAX_THRESHOLD,
-    RATE_LIMITED,
     Sampling,
-    SuccessSampler,
     th_value,
     threshold,
     trace_state,
@@ -52,26 +49,11 @@ def test_threshold_encoding_and_limits() -> None:
 
 # ---- decisions ---------------------------------------------------------------------------------------------
 
-def test_probability_decisions_are_consistent_with_their_randomness() -> None:
-    """Kept iff the 56-bit randomness reaches the threshold; the kept fraction is the probability."""
-    s = SuccessSampler(Sampling(0.25), rng=random.Random(3))
-    decisions = [s.decide(1) for _ in range(20000)]
-    kept = [d for d in decisions if d is not None]
-    assert 0.23 < len(kept) / len(decisions) < 0.27
-    assert all(d.threshold == threshold(0.25) and threshold(0.25) <= d.randomness <= LOW56 for d in kept)
-    assert len({d.randomness for d in kept}) == len(kept)  # drawn per session
-
-
-def test_always_never_and_rate_limited_decisions() -> None:
-    always = SuccessSampler(Sampling(1.0)).decide(1)
-    assert always is not None and always.threshold == ALWAYS and always.randomness is not None
-    assert SuccessSampler(Sampling(0.0)).decide(1) is None and SuccessSampler(Sampling(0.0)).threshold is None
-    rate = SuccessSampler(Sampling(success_rate_per_s=5.0), clock=lambda: 0.0)
-    assert rate.threshold is None and rate.decide(1) is RATE_LIMITED  # no probability to state: nothing invented
-
-
 def test_probe_set_records_how_each_session_was_kept() -> None:
+    """The kernel side keeps successes (tests/native/test_native_sampling.py) and sends the randomness of a
+    probability decision with the session; the probe set adds the threshold it was compared with."""
     from retsnoop_otel.agent.config_file import parse_config
+    from retsnoop_otel.capture.records import SAMPLED_PROBABILITY, SAMPLED_RATE
     from retsnoop_otel.runtime.probe_set import ProbeSet
     from retsnoop_otel.symbols.discovery import discover
     from tests.unit.test_agent_lifecycle import World, make_env
@@ -82,22 +64,24 @@ def test_probe_set_records_how_each_session_was_kept() -> None:
     limits = parse_config("probe_sets: {a: {entry: f}}").limits
 
     def probe_set(sampling: Sampling) -> ProbeSet:
-        return ProbeSet(_cfg(sampling=sampling), disc, limits, env, World().factory, lambda _p, _s: None,
-                        sampler=SuccessSampler(sampling, rng=random.Random(5), clock=lambda: 0.0))
+        return ProbeSet(_cfg(sampling=sampling), disc, limits, env, World().factory, lambda _p, _s: None)
 
-    def session(is_err: bool) -> Session:
-        return Session(1, 1, "c", "c", 0, 1, is_err, [StackEntry(0, (1 << 64) - 22 if is_err else 0, 5)], [])
+    def session(is_err: bool, kept: int = 0, randomness: int | None = None) -> Session:
+        return Session(1, 1, "c", "c", 0, 1, is_err, [StackEntry(0, (1 << 64) - 22 if is_err else 0, 5)], [],
+                       kernel_sampling=kept, trace_randomness=randomness)
 
     err = session(True)
     assert probe_set(Sampling(0.0)).accepts(err)
     assert (err.sampling_threshold, err.trace_randomness) == (ALWAYS, None)
     ps = probe_set(Sampling(0.25))
-    kept = [s for s in (session(False) for _ in range(200)) if ps.accepts(s)]
-    assert kept and ps.sampled_out == 200 - len(kept)
-    assert all(s.sampling_threshold == threshold(0.25) and s.trace_randomness >= s.sampling_threshold for s in kept)
-    limited = session(False)
+    kept = session(False, SAMPLED_PROBABILITY, LOW56)
+    assert ps.accepts(kept) and (kept.sampling_threshold, kept.trace_randomness) == (threshold(0.25), LOW56)
+    assert not ps.accepts(session(False)) and ps.sampled_out == 1  # none arrive so: counted, not exported
+    always = session(False, SAMPLED_PROBABILITY, 5)
+    assert probe_set(Sampling(1.0)).accepts(always) and always.sampling_threshold == ALWAYS
+    limited = session(False, SAMPLED_RATE)
     assert probe_set(Sampling(success_rate_per_s=2.0)).accepts(limited)
-    assert (limited.sampling_threshold, limited.trace_randomness) == (None, None)
+    assert (limited.sampling_threshold, limited.trace_randomness) == (None, None)  # no probability to state
 
 
 # ---- spans -------------------------------------------------------------------------------------------------

@@ -1,0 +1,257 @@
+"""Where the per-call BPF cost goes, per attach mode and function-set size, measured side by side in one boot.
+
+    tests/vm/run --kernel 6.12 -- python bench/probe_cost.py --sizes 100,1000 \
+        --modes kprobe_multi,kprobe --variants empty,cookie,funcip,iphash,full
+
+Each row attaches one program to the entry and the exit of the same function set (the BPF subsystem's
+functions, entry `*sys_bpf`, as bench/attach_modes.py picks them), runs the workload (--calls x
+bpf(BPF_MAP_CREATE), failing with EINVAL by default, or creating and closing an array map with
+--workload ok), and reports the kernel's own bpf_stats of that program (run_time_ns / run_cnt) per
+probe run and per workload call, and the workload's wall time per call minus the same workload's
+time with nothing attached (what the hook and the program together cost the traced thread).
+
+Variants (bench/probe_variants.bpf.c, built into bench/build/ on first use; needs clang):
+  empty    returns at once: the hook's program-dispatch cost only
+  cookie   bpf_get_attach_cookie() (kprobe.multi: a binary search over the link's sorted addresses)
+  funcip   bpf_get_func_ip()
+  iphash   bpf_get_func_ip() and a hash lookup ip -> function id
+  tidhash  a hash lookup by thread id (what finding the session costs)
+  ktime    bpf_ktime_get_boot_ns()
+  guard    a per-CPU array lookup (the recursion guard)
+  full     retsnoop-otel's own programs (kernel/tracer.py), stack mode
+  calls    retsnoop-otel's own programs with per-call records (mode: calls), the ring buffer drained
+Modes: kprobe, kprobe_multi, kprobe_session (one program for entry and exit; 6.10+), fentry (full only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import struct
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from retsnoop_otel.kernel import bpfsys, features, libbpf_progs, tracefs  # noqa: E402
+from retsnoop_otel.kernel import libbpf as lb  # noqa: E402
+from retsnoop_otel.kernel.libbpf_btf import Btf  # noqa: E402
+from retsnoop_otel.kernel.tracer import MODES as tracer_modes_  # noqa: E402
+from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer  # noqa: E402
+from retsnoop_otel.symbols import discovery  # noqa: E402
+from retsnoop_otel.symbols.btf import ReturnKinds  # noqa: E402
+from retsnoop_otel.symbols.kallsyms import Kallsyms  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+VARIANTS_SRC = HERE / "probe_variants.bpf.c"
+VARIANTS_OBJ = HERE / "build" / "probe_variants.bpf.o"
+SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
+ATTACH_KPROBE_SESSION = 56
+TRACER_MODES = set(tracer_modes_)
+
+
+def build_variants() -> Path:
+    if VARIANTS_OBJ.exists() and VARIANTS_OBJ.stat().st_mtime >= VARIANTS_SRC.stat().st_mtime:
+        return VARIANTS_OBJ
+    VARIANTS_OBJ.parent.mkdir(exist_ok=True)
+    arch = {"x86_64": "x86", "aarch64": "arm64"}[os.uname().machine]
+    subprocess.run(["clang", "-g", "-O2", "-target", "bpf", f"-D__TARGET_ARCH_{arch}", "-Wall", "-Werror",
+                    "-c", str(VARIANTS_SRC), "-o", str(VARIANTS_OBJ)], check=True)
+    return VARIANTS_OBJ
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def workload(n: int, ok: bool) -> float:
+    """n x bpf(BPF_MAP_CREATE) of an array map: max_entries 0 fails with EINVAL; ok creates (and closes) it."""
+    attr = (ctypes.c_uint32 * 30)(2, 4, 4, 1 if ok else 0)
+    size = ctypes.sizeof(attr)
+    syscall, close = _libc.syscall, os.close
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fd = syscall(321, 0, attr, size)
+        if fd >= 0:
+            close(fd)
+    return time.perf_counter() - t0
+
+
+def pick(size: int, mode: str, ksyms, available, ret_kinds) -> list:
+    disc = discovery.discover(["*sys_bpf"], ["*bpf*"], [], ksyms, available, ret_kinds,
+                              "kprobe_multi" if mode == "kprobe_session" else mode)
+    entries = [f for f in disc.funcs if f.is_entry]
+    others = [f for f in disc.funcs if not f.is_entry and ret_kinds.func_id(f.name)][: max(0, size - len(entries))]
+    return [replace(f, id=i) for i, f in enumerate(entries + others)]
+
+
+def session_link(prog_fd: int, funcs: list) -> lb.Link:
+    return lb.Link(fd=bpfsys.link_create_kprobe_multi(prog_fd, addrs=[f.addr for f in funcs],
+                                                      cookies=[f.id for f in funcs],
+                                                      attach_type=ATTACH_KPROBE_SESSION))
+
+
+class VariantRun:
+    """One variant program attached to the entry and exit of every function of the set."""
+
+    def __init__(self, mode: str, variant: str, funcs: list) -> None:
+        self.obj = lb.BpfObject.open_file(str(build_variants()))
+        self.name = ("k_" if mode == "kprobe" else "m_") + variant
+        for prefix in ("k_", "m_"):
+            for v in ("empty", "cookie", "funcip", "iphash", "tidhash", "ktime", "guard"):
+                self.obj.program(prefix + v).set_autoload(prefix + v == self.name)
+        prog = self.obj.program(self.name)
+        if mode == "kprobe_session":
+            prog.set_expected_attach_type(ATTACH_KPROBE_SESSION)
+        self.obj.load()
+        ids = self.obj.map("ip_ids")
+        for f in funcs:
+            ids.update(struct.pack("<Q", f.addr), struct.pack("<I", f.id))
+        self.links: list[lb.Link] = []
+        t0 = time.monotonic()
+        if mode == "kprobe":
+            for f in funcs:
+                self.links.append(prog.attach_kprobe(f.name, retprobe=True, cookie=f.id))
+                self.links.append(prog.attach_kprobe(f.name, cookie=f.id))
+        elif mode == "kprobe_multi":
+            addrs, cookies = [f.addr for f in funcs], [f.id for f in funcs]
+            self.links.append(prog.attach_kprobe_multi(addrs=addrs, cookies=cookies, retprobe=True))
+            self.links.append(prog.attach_kprobe_multi(addrs=addrs, cookies=cookies))
+        else:
+            self.links.append(session_link(prog.fd, funcs))
+        self.attach_s = time.monotonic() - t0
+        self.fds = [prog.fd]
+
+    def close(self) -> None:
+        for link in self.links:
+            link.destroy()
+        self.obj.close()
+
+
+class FullRun:
+    """retsnoop-otel's own Tracer on the set."""
+
+    def __init__(self, mode: str, funcs: list, btf_func_id, calls: bool) -> None:
+        self.tracer = Tracer(funcs, CaptureConfig(mode=mode, emit_calls=calls), btf_func_id=btf_func_id)
+        self.tracer.load()
+        t0 = time.monotonic()
+        self.tracer.attach()
+        self.attach_s = time.monotonic() - t0
+        self.fds = [fd for _name, fd in self.tracer.programs()]
+        self.records = 0
+        if calls:
+            def count(_rec) -> None:
+                self.records += 1
+            self.tracer.open_ring_buffer(count)
+
+    def drain(self) -> None:
+        if self.tracer._rb is not None:
+            while self.tracer.poll(0) > 0:
+                pass
+
+    def close(self) -> None:
+        self.tracer.close()
+
+
+def stats(fds: list[int]) -> tuple[int, int]:
+    ns = cnt = 0
+    for fd in fds:
+        info = libbpf_progs.prog_info(fd)
+        ns += info.run_time_ns
+        cnt += info.run_cnt
+    return ns, cnt
+
+
+def measure(run, calls: int, ok: bool, base_us: float) -> dict:
+    ns0, cnt0 = stats(run.fds)
+    wall = workload(calls, ok)
+    if isinstance(run, FullRun):
+        run.drain()
+    ns1, cnt1 = stats(run.fds)
+    runs = cnt1 - cnt0
+    return {"attach_s": round(run.attach_s, 2), "probe_runs": runs,
+            "ns_per_run": round((ns1 - ns0) / runs) if runs else None,
+            "bpf_ns_per_call": round((ns1 - ns0) / calls),
+            "wall_us_per_call": round(wall / calls * 1e6, 1),
+            "added_us_per_call": round(wall / calls * 1e6 - base_us, 1)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="100,1000")
+    ap.add_argument("--modes", default="kprobe_multi,kprobe")
+    ap.add_argument("--variants", default="empty,cookie,full")
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--workload", choices=("fail", "ok"), default="fail")
+    ap.add_argument("--build-only", action="store_true", help="build the variant object (on the host) and stop")
+    args = ap.parse_args()
+    build_variants()
+    if args.build_only:
+        return 0
+    ok = args.workload == "ok"
+    feats = features.detect()
+    ksyms = Kallsyms.load()
+    available = tracefs.read_available_filter_functions()
+    btf = Btf.load_vmlinux()
+    ret_kinds = ReturnKinds(btf)
+    old = SYSCTL.read_text().strip()
+    SYSCTL.write_text("1")
+    rows = []
+    try:
+        workload(200, ok)  # warm up
+        base_us = min(workload(args.calls, ok) for _ in range(3)) / args.calls * 1e6
+        print(json.dumps({"baseline_us_per_call": round(base_us, 1)}), flush=True)
+        for size in (int(s) for s in args.sizes.split(",")):
+            for mode in args.modes.split(","):
+                try:
+                    features.require_tracing(feats, "kprobe_multi" if mode == "kprobe_session" else mode)
+                except features.FeatureError:
+                    rows.append({"mode": mode, "size": size, "note": "not supported by this kernel"})
+                    continue
+                funcs = pick(size, mode, ksyms, available, ret_kinds)
+                for variant in args.variants.split(","):
+                    if mode == "fentry" and variant not in ("full", "calls"):
+                        continue
+                    if variant in ("full", "calls") and mode not in TRACER_MODES:
+                        continue
+                    t0 = time.monotonic()
+                    try:
+                        run = (FullRun(mode, funcs, ret_kinds.func_id, variant == "calls")
+                               if variant in ("full", "calls") else VariantRun(mode, variant, funcs))
+                    except (OSError, lb.LibbpfError) as exc:
+                        rows.append({"mode": mode, "size": size, "variant": variant, "note": str(exc)[:200]})
+                        print(json.dumps(rows[-1]), flush=True)
+                        continue
+                    try:
+                        row = {"mode": mode, "size": len(funcs), "variant": variant,
+                               **measure(run, args.calls, ok, base_us)}
+                    finally:
+                        t1 = time.monotonic()
+                        run.close()
+                        detach_s = time.monotonic() - t1
+                    row["detach_s"] = round(detach_s, 2)
+                    row["total_s"] = round(time.monotonic() - t0, 1)
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    finally:
+        SYSCTL.write_text(old)
+        btf.free()
+    print(f"\nkernel {os.uname().release}; workload: {args.calls} x bpf(BPF_MAP_CREATE) "
+          f"({'create + close' if ok else 'failing, EINVAL'}); nothing attached: {base_us:.1f} us per call")
+    print(f"{'mode':<15}{'funcs':>6} {'variant':<8}{'probe runs':>11}{'ns/run':>8}{'BPF ns/call':>12}"
+          f"{'+us/call':>10}{'attach s':>9}{'detach s':>9}")
+    for r in rows:
+        if "note" in r:
+            print(f"{r['mode']:<15}{r['size']:>6} {r.get('variant', ''):<8} {r['note']}")
+            continue
+        print(f"{r['mode']:<15}{r['size']:>6} {r['variant']:<8}{r['probe_runs']:>11}{r['ns_per_run'] or '-':>8}"
+              f"{r['bpf_ns_per_call']:>12}{r['added_us_per_call']:>10}{r['attach_s']:>9}{r['detach_s']:>9}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+// SPDX-License-Identifier: GPL-2.0
+/* Stripped-down probe programs for bench/probe_cost.py: each does one piece of what retsnoop.bpf.c does
+ * on every probe run, so bpf_stats (run_time_ns / run_cnt) can say which piece costs what, per attach
+ * mode and set size. Built by the bench itself into bench/build/ (not part of the package). */
+
+#include "../bpf/vmlinux_min.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+
+char LICENSE[] SEC("license") = "GPL";
+
+__u64 sink = 0;	/* results land here so the compiler keeps the calls */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, __u32);
+} ip_ids SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, __u64);
+} tids SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} guard SEC(".maps");
+
+static __always_inline int v_empty(struct pt_regs *ctx)
+{
+	return 0;
+}
+
+static __always_inline int v_cookie(struct pt_regs *ctx)
+{
+	sink += bpf_get_attach_cookie(ctx);
+	return 0;
+}
+
+static __always_inline int v_funcip(struct pt_regs *ctx)
+{
+	sink += bpf_get_func_ip(ctx);
+	return 0;
+}
+
+static __always_inline int v_iphash(struct pt_regs *ctx)
+{
+	__u64 ip = bpf_get_func_ip(ctx);
+	__u32 *id = bpf_map_lookup_elem(&ip_ids, &ip);
+
+	if (id)
+		sink += *id;
+	return 0;
+}
+
+static __always_inline int v_tidhash(struct pt_regs *ctx)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	__u64 *v = bpf_map_lookup_elem(&tids, &tid);
+
+	if (v)
+		sink += *v;
+	return 0;
+}
+
+static __always_inline int v_ktime(struct pt_regs *ctx)
+{
+	sink += bpf_ktime_get_boot_ns();
+	return 0;
+}
+
+static __always_inline int v_guard(struct pt_regs *ctx)
+{
+	__u32 zero = 0, *g = bpf_map_lookup_elem(&guard, &zero);
+
+	if (g)
+		sink += *g;
+	return 0;
+}
+
+/* one program per variant and attach section: kprobe (also kretprobe) and kprobe.multi (also return) */
+#define VARIANT(name)							\
+	SEC("kprobe") int k_##name(struct pt_regs *ctx) { return v_##name(ctx); }	\
+	SEC("kprobe.multi") int m_##name(struct pt_regs *ctx) { return v_##name(ctx); }
+
+VARIANT(empty)
+VARIANT(cookie)
+VARIANT(funcip)
+VARIANT(iphash)
+VARIANT(tidhash)
+VARIANT(ktime)
+VARIANT(guard)

@@ -1,0 +1,108 @@
+// SPDX-License-Identifier: GPL-2.0
+/* The programs the kernel runs, one thin wrapper per attach flavour around handle_entry() and
+ * handle_exit(). Part of retsnoop.bpf.c (included last). kernel/tracer.py loads the pair of one flavour.
+ *
+ * How each finds the traced function's id: fentry and kprobe read their BPF cookie (a field of the
+ * run context). kprobe.multi and kprobe.session look the function's address up in ip_ids instead:
+ * their cookie is found by a binary search over the link's sorted addresses on every run, whose cost
+ * grows with the set (bench/probe_cost.py). */
+
+/* kprobe.multi and kprobe.session: function address -> id (filled by user space at attach time) */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1);	/* resized to the number of traced functions in those modes */
+	__type(key, __u64);
+	__type(value, __u32);
+} ip_ids SEC(".maps");
+
+static __always_inline __s64 id_by_ip(void *ctx)
+{
+	__u64 ip = bpf_get_func_ip(ctx);
+	__u32 *id = bpf_map_lookup_elem(&ip_ids, &ip);
+
+	return id ? *id : -1;
+}
+
+SEC("fentry/bpf_fentry_test1")
+int BPF_PROG(fentry_entry)
+{
+	if (!enter_guard())
+		return 0;
+	handle_entry(ctx, (__u32)bpf_get_attach_cookie(ctx), true);
+	exit_guard();
+	return 0;
+}
+
+SEC("fexit/bpf_fentry_test1")
+int BPF_PROG(fexit_exit)
+{
+	__u64 ret = 0;
+
+	snap_lbr();
+	if (!enter_guard())
+		return 0;
+	bpf_get_func_ret(ctx, &ret);
+	handle_exit(ctx, (__u32)bpf_get_attach_cookie(ctx), (__s64)ret);
+	exit_guard();
+	return 0;
+}
+
+SEC("kprobe")
+int kprobe_entry(struct pt_regs *ctx)
+{
+	handle_entry(ctx, (__u32)bpf_get_attach_cookie(ctx), false);
+	return 0;
+}
+
+SEC("kretprobe")
+int kretprobe_exit(struct pt_regs *ctx)
+{
+	snap_lbr();
+	handle_exit(ctx, (__u32)bpf_get_attach_cookie(ctx), (__s64)PT_REGS_RC(ctx));
+	return 0;
+}
+
+SEC("kprobe.multi")
+int kmulti_entry(struct pt_regs *ctx)
+{
+	__s64 id = id_by_ip(ctx);
+
+	if (id >= 0)
+		handle_entry(ctx, id, false);
+	return 0;
+}
+
+SEC("kretprobe.multi")
+int kmulti_exit(struct pt_regs *ctx)
+{
+	__s64 id;
+
+	snap_lbr();
+	id = id_by_ip(ctx);
+	if (id >= 0)
+		handle_exit(ctx, id, (__s64)PT_REGS_RC(ctx));
+	return 0;
+}
+
+/* Linux 6.10+: whether a kprobe.session program runs at the exit of the call (false: at its entry). */
+extern bool bpf_session_is_return(void) __ksym __weak;
+
+/* kprobe.session (Linux 6.10+): one program at entry and exit; a non-zero return at entry tells the
+ * kernel not to run it at that call's exit, which skips the exits of every call outside a session.
+ * In section kprobe.multi, not loaded unless asked ("?"): libbpf 1.1 knows no kprobe.session section,
+ * so user space sets the expected attach type before load and attaches with its own BPF_LINK_CREATE. */
+SEC("?kprobe.multi")
+int ksession(struct pt_regs *ctx)
+{
+	__s64 id;
+
+	if (bpf_session_is_return()) {
+		snap_lbr();
+		id = id_by_ip(ctx);
+		if (id >= 0)
+			handle_exit(ctx, id, (__s64)PT_REGS_RC(ctx));
+		return 0;
+	}
+	id = id_by_ip(ctx);
+	return id >= 0 && handle_entry(ctx, id, false) ? 0 : 1;
+}

@@ -1,0 +1,59 @@
+// SPDX-License-Identifier: GPL-2.0
+/* Which successful sessions are reported: decided here, so that the ones the sampler drops cost no
+ * ring-buffer record and no work in user space. Error sessions are always reported. Part of
+ * retsnoop.bpf.c; capture/sampling.py turns the configuration into the constants below.
+ *
+ * By probability (OTel probability sampling): a 56-bit random value R is drawn when the session
+ * starts, and a success is kept when R >= success_threshold; R travels with the session end record,
+ * where user space makes it the low 56 bits of the trace id. Drawn at the start, so that a success
+ * that will not be kept skips the deeper-chain captures (-S) on the way.
+ * By rate: at most one success per success_interval_ns per entry function, with a burst of
+ * success_burst_ns / success_interval_ns + 1 (a token bucket written as GCRA: one timestamp per
+ * entry function, the theoretical arrival time of the next success). */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);	/* resized to the number of traced functions when sampling by rate */
+	__type(key, __u32);
+	__type(value, __u64);
+} rate_tat SEC(".maps");
+
+#define RANDOM_MASK ((1ULL << 56) - 1)
+
+static __always_inline void sample_at_start(struct session *s)
+{
+	if (!capture_success)
+		return;
+	if (success_interval_ns) {
+		s->want_success = 1;	/* the rate decides at the end */
+		return;
+	}
+	s->randomness = (((__u64)bpf_get_prandom_u32() << 32) | bpf_get_prandom_u32()) & RANDOM_MASK;
+	s->want_success = s->randomness >= success_threshold;
+}
+
+/* A success at its end: the sampling flags it is reported with, or 0 when the sampler drops it. */
+static __always_inline __u8 sample_success(struct session *s, __u32 entry_id, __u64 now)
+{
+	__u64 *slot, tat, seen;
+	int i;
+
+	if (!s->want_success)
+		return 0;
+	if (!success_interval_ns)
+		return SAMPLED_PROBABILITY;
+	slot = bpf_map_lookup_elem(&rate_tat, &entry_id);
+	if (!slot)
+		return 0;
+	for (i = 0; i < 4; i++) {	/* another CPU may move the slot between our read and our write */
+		tat = *slot;
+		seen = tat;
+		if (tat < now)
+			tat = now;
+		if (tat - now > success_burst_ns)
+			return 0;
+		if (__sync_val_compare_and_swap(slot, seen, tat + success_interval_ns) == seen)
+			return SAMPLED_RATE;
+	}
+	return 0;
+}
