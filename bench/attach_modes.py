@@ -28,7 +28,7 @@ from retsnoop_otel.symbols import discovery  # noqa: E402
 from retsnoop_otel.symbols.btf import ReturnKinds  # noqa: E402
 from retsnoop_otel.symbols.kallsyms import Kallsyms  # noqa: E402
 
-OUR = {"kprobe_entry", "kretprobe_exit", "kmulti_entry", "kmulti_exit", "rs_fentry", "rs_fexit"}
+OUR = {"kprobe_entry", "kretprobe_exit", "kmulti_entry", "kmulti_exit", "ksession", "rs_fentry", "rs_fexit"}
 
 
 def prog_stats() -> tuple[int, int]:

@@ -21,6 +21,11 @@ Variants (bench/probe_variants.bpf.c, built into bench/build/ on first use; need
   full     retsnoop-otel's own programs (kernel/tracer.py), stack mode
   calls    retsnoop-otel's own programs with per-call records (mode: calls), the ring buffer drained
 Modes: kprobe, kprobe_multi, kprobe_session (one program for entry and exit; 6.10+), fentry (full only).
+
+--fentry-nested (6.12: needs kprobe.multi): which functions run our fentry programs more often than they
+are called. Per function, the runs of its fentry clone against its calls counted by a kprobe.multi
+program (kprobe-type programs never run inside BPF programs, so that count is the workload's own); the
+excess are runs inside our own programs (their helpers), which the recursion guard discards.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import argparse
 import ctypes
 import json
 import os
+import resource
 import struct
 import subprocess
 import sys
@@ -102,7 +108,7 @@ class VariantRun:
         self.obj = lb.BpfObject.open_file(str(build_variants()))
         self.name = ("k_" if mode == "kprobe" else "m_") + variant
         for prefix in ("k_", "m_"):
-            for v in ("empty", "cookie", "funcip", "iphash", "tidhash", "ktime", "guard"):
+            for v in ("empty", "cookie", "funcip", "iphash", "tidhash", "ktime", "guard", "count"):
                 self.obj.program(prefix + v).set_autoload(prefix + v == self.name)
         prog = self.obj.program(self.name)
         if mode == "kprobe_session":
@@ -113,6 +119,15 @@ class VariantRun:
             ids.update(struct.pack("<Q", f.addr), struct.pack("<I", f.id))
         self.links: list[lb.Link] = []
         t0 = time.monotonic()
+        try:
+            self._attach(mode, prog, funcs)
+        except BaseException:
+            self.close()
+            raise
+        self.attach_s = time.monotonic() - t0
+        self.fds = [prog.fd]
+
+    def _attach(self, mode: str, prog: lb.BpfProgram, funcs: list) -> None:
         if mode == "kprobe":
             for f in funcs:
                 self.links.append(prog.attach_kprobe(f.name, retprobe=True, cookie=f.id))
@@ -121,10 +136,14 @@ class VariantRun:
             addrs, cookies = [f.addr for f in funcs], [f.id for f in funcs]
             self.links.append(prog.attach_kprobe_multi(addrs=addrs, cookies=cookies, retprobe=True))
             self.links.append(prog.attach_kprobe_multi(addrs=addrs, cookies=cookies))
+        elif mode == "kprobe_multi_entry":  # entries only (the count variant)
+            self.links.append(prog.attach_kprobe_multi(addrs=[f.addr for f in funcs]))
         else:
             self.links.append(session_link(prog.fd, funcs))
-        self.attach_s = time.monotonic() - t0
-        self.fds = [prog.fd]
+
+    def counts(self, funcs: list) -> dict[str, int]:
+        m = self.obj.map("hits")
+        return {f.name: struct.unpack("<Q", m.lookup(struct.pack("<I", f.id)) or bytes(8))[0] for f in funcs}
 
     def close(self) -> None:
         for link in self.links:
@@ -155,6 +174,33 @@ class FullRun:
 
     def close(self) -> None:
         self.tracer.close()
+
+
+def fentry_nested(funcs: list, btf_func_id, calls: int, ok: bool) -> None:
+    """Per function: fentry clone runs (entry side) against its calls; prints the functions with an excess."""
+    tracer = Tracer(funcs, CaptureConfig(mode="fentry"), btf_func_id=btf_func_id)
+    tracer.load()
+    try:
+        tracer.attach(strict=True)  # one (exit, entry) clone pair per function, in order
+        fds = tracer.programs()
+        before = [libbpf_progs.prog_info(fd).run_cnt for _name, fd in fds]
+        workload(calls, ok)
+        runs = [libbpf_progs.prog_info(fd).run_cnt - b for (_name, fd), b in zip(fds, before, strict=True)]
+    finally:
+        tracer.close()
+    entry_runs = {f.name: runs[2 * i + 1] for i, f in enumerate(funcs)}
+    counter = VariantRun("kprobe_multi_entry", "count", funcs)
+    try:
+        workload(calls, ok)
+        real = counter.counts(funcs)
+    finally:
+        counter.close()
+    excess = sorted(((entry_runs[n] - real[n], n) for n in entry_runs if entry_runs[n] > real[n]), reverse=True)
+    total_runs, total_real = sum(runs), 2 * sum(real.values())
+    print(f"\nfentry: {total_runs} probe runs for {total_real} entries and exits of traced calls; runs inside "
+          "our programs by function (entry clone runs - calls):")
+    for n, name in excess[:40]:
+        print(f"  {name:<40}{n:>9}  ({entry_runs[name]} runs, {real[name]} calls)")
 
 
 def stats(fds: list[int]) -> tuple[int, int]:
@@ -188,10 +234,13 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--workload", choices=("fail", "ok"), default="fail")
     ap.add_argument("--build-only", action="store_true", help="build the variant object (on the host) and stop")
+    ap.add_argument("--fentry-nested", type=int, metavar="SIZE", help="only the fentry self-firing analysis")
     args = ap.parse_args()
     build_variants()
     if args.build_only:
         return 0
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # kprobe mode: two links per function
     ok = args.workload == "ok"
     feats = features.detect()
     ksyms = Kallsyms.load()
@@ -201,6 +250,14 @@ def main() -> int:
     old = SYSCTL.read_text().strip()
     SYSCTL.write_text("1")
     rows = []
+    if args.fentry_nested:
+        try:
+            fentry_nested(pick(args.fentry_nested, "fentry", ksyms, available, ret_kinds), ret_kinds.func_id,
+                          args.calls, ok)
+        finally:
+            SYSCTL.write_text(old)
+            btf.free()
+        return 0
     try:
         workload(200, ok)  # warm up
         base_us = min(workload(args.calls, ok) for _ in range(3)) / args.calls * 1e6

@@ -32,6 +32,13 @@ struct {
 	__type(value, __u32);
 } guard SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, __u64);
+} hits SEC(".maps");
+
 static __always_inline int v_empty(struct pt_regs *ctx)
 {
 	return 0;
@@ -84,6 +91,17 @@ static __always_inline int v_guard(struct pt_regs *ctx)
 	return 0;
 }
 
+/* calls per function (entry runs only): what fentry's per-function run counts are compared with */
+static __always_inline int v_count(struct pt_regs *ctx)
+{
+	__u64 ip = bpf_get_func_ip(ctx), *n;
+	__u32 *id = bpf_map_lookup_elem(&ip_ids, &ip);
+
+	if (id && (n = bpf_map_lookup_elem(&hits, id)))
+		__sync_fetch_and_add(n, 1);
+	return 0;
+}
+
 /* one program per variant and attach section: kprobe (also kretprobe) and kprobe.multi (also return) */
 #define VARIANT(name)							\
 	SEC("kprobe") int k_##name(struct pt_regs *ctx) { return v_##name(ctx); }	\
@@ -96,3 +114,4 @@ VARIANT(iphash)
 VARIANT(tidhash)
 VARIANT(ktime)
 VARIANT(guard)
+VARIANT(count)

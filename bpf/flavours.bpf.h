@@ -7,22 +7,6 @@
  * their cookie is found by a binary search over the link's sorted addresses on every run, whose cost
  * grows with the set (bench/probe_cost.py). */
 
-/* kprobe.multi and kprobe.session: function address -> id (filled by user space at attach time) */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1);	/* resized to the number of traced functions in those modes */
-	__type(key, __u64);
-	__type(value, __u32);
-} ip_ids SEC(".maps");
-
-static __always_inline __s64 id_by_ip(void *ctx)
-{
-	__u64 ip = bpf_get_func_ip(ctx);
-	__u32 *id = bpf_map_lookup_elem(&ip_ids, &ip);
-
-	return id ? *id : -1;
-}
-
 SEC("fentry/bpf_fentry_test1")
 int BPF_PROG(fentry_entry)
 {
@@ -75,12 +59,8 @@ int kmulti_entry(struct pt_regs *ctx)
 SEC("kretprobe.multi")
 int kmulti_exit(struct pt_regs *ctx)
 {
-	__s64 id;
-
 	snap_lbr();
-	id = id_by_ip(ctx);
-	if (id >= 0)
-		handle_exit(ctx, id, (__s64)PT_REGS_RC(ctx));
+	handle_exit(ctx, ID_BY_IP, (__s64)PT_REGS_RC(ctx));	/* most exits find no session: no id needed */
 	return 0;
 }
 
@@ -98,9 +78,7 @@ int ksession(struct pt_regs *ctx)
 
 	if (bpf_session_is_return()) {
 		snap_lbr();
-		id = id_by_ip(ctx);
-		if (id >= 0)
-			handle_exit(ctx, id, (__s64)PT_REGS_RC(ctx));
+		handle_exit(ctx, ID_BY_IP, (__s64)PT_REGS_RC(ctx));
 		return 0;
 	}
 	id = id_by_ip(ctx);

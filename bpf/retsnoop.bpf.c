@@ -88,6 +88,25 @@ struct {
 	__type(value, struct session);
 } sessions SEC(".maps");
 
+/* kprobe.multi and kprobe.session: function address -> id (filled by user space at attach time). Their
+ * BPF cookie is found by a binary search over the link's sorted addresses on every run (flavours.bpf.h). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1);	/* resized to the number of traced functions in those modes */
+	__type(key, __u64);
+	__type(value, __u32);
+} ip_ids SEC(".maps");
+
+#define ID_BY_IP (-1)	/* handle_exit(): find the id by the function's address, once a session is found */
+
+static __always_inline __s64 id_by_ip(void *ctx)
+{
+	__u64 ip = bpf_get_func_ip(ctx);
+	__u32 *id = bpf_map_lookup_elem(&ip_ids, &ip);
+
+	return id ? *id : -1;
+}
+
 /* Template for new sessions: BPF cannot memset a 2 KB value, but can copy this zeroed one. */
 static const struct session empty_session = {};
 
@@ -328,10 +347,10 @@ out:
 	drop_session(key);
 }
 
-static __always_inline void handle_exit(void *ctx, __u32 func_id, __s64 res)
+static __always_inline void handle_exit(void *ctx, __s64 id, __s64 res)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	__u32 tid = (__u32)pid_tgid, key = session_key(tid);
+	__u32 tid = (__u32)pid_tgid, key = session_key(tid), func_id;
 	struct capture_stats *cs;
 	struct func_info *fi;
 	struct session *s;
@@ -343,6 +362,11 @@ static __always_inline void handle_exit(void *ctx, __u32 func_id, __s64 res)
 	s = bpf_map_lookup_elem(&sessions, &key);
 	if (!s)
 		return;
+	if (id == ID_BY_IP)
+		id = id_by_ip(ctx);
+	if (id < 0)
+		return;
+	func_id = id;
 	fi = bpf_map_lookup_elem(&func_infos, &func_id);
 	if (!fi)
 		return;
@@ -369,8 +393,9 @@ static __always_inline void handle_exit(void *ctx, __u32 func_id, __s64 res)
 		count_workload(s->cgroup_id, func_id, failed ? err + 1 : 0);
 
 	wanted = s->want_success;	/* a success that would be reported (-S): its deepest chain is kept too */
-	if (d == s->chain_top - 1 && (s->is_err || wanted)) {
-		/* the parent of the chain's top returns: always the same frame as in the chain */
+	if (d == s->chain_top - 1 && (s->is_err || (wanted && !failed))) {
+		/* the parent of the chain's top returns: always the same frame as in the chain (a failure
+		 * above a success chain is a new error instead, below) */
 		fill_level(s, d, res, lat);
 		if (s->is_err && !failed && can_fail(fi->flags))
 			s->is_err = 0;	/* a fallible function succeeded: the error was handled */

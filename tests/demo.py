@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 METRICS_PORT = 9464
 FUNC = "array_map_alloc_check"
 CASES = ("bpf-bad-map-max-entries-array", "bpf-bad-map-val-size-percpu-array")
-OUR_PROGS = ("fentry_entry", "fexit_exit", "kprobe_entry", "kretprobe_exit", "kmulti_entry", "kmulti_exit",
+OUR_PROGS = ("fentry_entry", "fexit_exit", "kprobe_entry", "kretprobe_exit", "kmulti_entry", "kmulti_exit", "ksession",
              "rs_fentry", "rs_fexit")
 CHILD_ENV = {"PYTHONUNBUFFERED": "1"}  # children's lines reach us as they print them
 STACK_RX = rf"\[-E[A-Z0-9]+\]\s+{FUNC}\b"  # the failing frame of a session's stack: `!  12us [-EINVAL] func`

@@ -230,12 +230,9 @@ def probe_kprobe_multi(btf: Btf | None) -> Feature:
     return Feature(name, True, f"kprobe.multi link attached to {func}")
 
 
-def probe_kprobe_session(btf: Btf | None, kprobe_multi: Feature) -> Feature:
+def probe_kprobe_session(btf: Btf | None) -> Feature:
     """Attach a kprobe.session program (BPF_TRACE_KPROBE_SESSION, Linux 6.10+) to one function."""
     name = "kprobe_session"
-    if not kprobe_multi.available:
-        return Feature(name, False, f"needs kprobe_multi, which is missing: {kprobe_multi.detail}", kprobe_multi.errno,
-                       kprobe_multi.why)
     func, _ = _target_func(btf)
     prog = link = -1
     try:
@@ -244,9 +241,12 @@ def probe_kprobe_session(btf: Btf | None, kprobe_multi: Feature) -> Feature:
         link = bpfsys.link_create_kprobe_multi(prog, [func], attach_type=bpfsys.ATTACH_TRACE_KPROBE_SESSION)
     except OSError as exc:
         err = exc.errno or _errno.EINVAL
-        if err == _errno.EINVAL:
-            return _refused(name, err, "the kernel does not know kprobe.session programs (Linux 6.10+ needed)",
+        if err == _errno.EINVAL:  # older kernels load the program but know no such link
+            return _refused(name, err, "the kernel does not know kprobe.session links (Linux 6.10+ needed)",
                             "has no kprobe.session (Linux 6.10+ needed)")
+        if err == _errno.EOPNOTSUPP:
+            return Feature(name, False, "not supported (EOPNOTSUPP): the kernel was built without CONFIG_FPROBE",
+                           err, "has no kprobe.session (CONFIG_FPROBE is off)")
         stage = "loading a kprobe.session program" if prog < 0 else f"attaching kprobe.session to {func}"
         return _refused(name, err, f"{stage} failed: {os.strerror(err)}", "refuses kprobe.session links")
     finally:
@@ -347,15 +347,14 @@ def detect(root: str = "/") -> Features:
             btf = None
     try:
         major, minor = lb.version()
-        kprobe_multi = probe_kprobe_multi(btf)
         return Features(
             kernel_release=release,
             libbpf_version=f"{major}.{minor}",
             btf=btf_feature,
             fentry=probe_fentry(btf),
             kprobes=probe_kprobes(root, btf, config),
-            kprobe_multi=kprobe_multi,
-            kprobe_session=probe_kprobe_session(btf, kprobe_multi),
+            kprobe_multi=probe_kprobe_multi(btf),
+            kprobe_session=probe_kprobe_session(btf),
             ringbuf=probe_ringbuf(),
             func_ip=probe_helper("func_ip", HELPER_GET_FUNC_IP, "bpf_get_func_ip", "Linux 5.15"),
             bpf_cookie=probe_helper("bpf_cookie", HELPER_GET_ATTACH_COOKIE, "bpf_get_attach_cookie",

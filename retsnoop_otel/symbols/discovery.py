@@ -68,19 +68,21 @@ BUILTIN_DENY: tuple[DenyGroup, ...] = (
     DenyGroup("NMI, int3 and interrupt entry", (
         "exc_nmi", "asm_exc_nmi", "default_do_nmi", "nmi_handle", "exc_int3", "asm_exc_int3", "do_int3*",
         "irqentry_*", "irq_enter*", "irq_exit*", "__irq_exit_rcu")),
-    # Helpers (and what they call) used by bpf/retsnoop.bpf.c. kprobes do not fire inside BPF programs,
-    # but fentry does: each helper call would re-enter the tracer.
-    DenyGroup("called by retsnoop-otel's own BPF programs (fentry would re-enter them)", (
+    # Helpers (and what they call) used by bpf/retsnoop.bpf.c. A probe on one fires inside our own programs:
+    # fentry re-enters them (9x the probe runs of the other modes, README "Attach modes"), and a kprobe or
+    # fprobe hit the kernel then skips still costs its hook on every use (kprobe.multi measured 4x slower
+    # per run with them in the set). Called from our programs, they could never be recorded anyway.
+    DenyGroup("called by retsnoop-otel's own BPF programs (a probe there would fire inside them)", (
         "bpf_ktime_get_boot_ns", "ktime_get_boot_fast_ns", "bpf_get_current_pid_tgid", "bpf_get_current_comm",
-        "bpf_get_current_task*", "bpf_get_current_cgroup_id", "bpf_get_stack*", "bpf_get_stackid*",
-        "get_perf_callchain*", "perf_callchain_kernel", "bpf_ringbuf_*", "ringbuf_*", "__bpf_ringbuf_*",
-        "bpf_map_lookup_elem", "bpf_map_update_elem", "bpf_map_delete_elem",
-        "*htab_*elem*",  # hash map lookup/update/delete and their element helpers
+        "bpf_get_current_task*", "bpf_get_current_cgroup_id", "bpf_get_current_ancestor_cgroup_id",
+        "bpf_get_stack*", "bpf_get_stackid*", "__bpf_get_stack*", "get_perf_callchain*", "perf_callchain_kernel",
+        "bpf_ringbuf_*", "ringbuf_*", "__bpf_ringbuf_*", "bpf_map_lookup_elem", "bpf_map_update_elem",
+        "bpf_map_delete_elem", "*htab_*elem*",  # hash map lookup/update/delete and their element helpers
         "htab_lock_bucket", "htab_unlock_bucket", "pcpu_freelist_*", "__pcpu_freelist_*",
         "array_map_lookup_elem", "percpu_array_map_lookup_elem", "bpf_get_func_ip*", "bpf_get_attach_cookie*",
-        "bpf_get_func_ret", "bpf_probe_read_kernel*", "copy_from_kernel_nofault*"),
-        frozenset({"fentry"})),
-)
+        "bpf_get_func_ret", "bpf_get_func_arg*", "bpf_probe_read_kernel*", "bpf_probe_read_user*",
+        "copy_from_kernel_nofault*", "copy_from_user_nofault*", "bpf_get_prandom_u32", "bpf_user_rnd_u32",
+        "bpf_session_is_return", "bpf_get_branch_snapshot")))
 
 # Symbols that are not functions of their own: call padding and CFI preambles (kernel 6.2+).
 _NOT_FUNCTIONS = ("__pfx_", "__cfi_")

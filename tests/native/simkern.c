@@ -32,3 +32,9 @@ NOINLINE long sk_syscall(int v)
 	return ret;
 }
 NOINLINE long sk_recurse(int n) { return n <= 0 ? -7 : sk_recurse(n - 1); }     /* -E2BIG at depth n */
+NOINLINE long sk_many(int n)	/* a long session: n calls of sk_flag; fails (-EINVAL) when n is odd */
+{
+	for (int i = 0; i < n; i++)
+		sk_flag(i);
+	return n & 1 ? -22 : 0;
+}

@@ -34,7 +34,8 @@ def _host_can_trace() -> tuple[bool, bool]:
     from retsnoop_otel.kernel.tracer import bpf_object_path
     obj = lb.BpfObject.open_file(str(bpf_object_path()))
     try:
-        for name in ("fentry_entry", "fexit_exit", "kprobe_entry", "kretprobe_exit", "kmulti_entry", "kmulti_exit"):
+        for name in ("fentry_entry", "fexit_exit", "kprobe_entry", "kretprobe_exit", "kmulti_entry", "kmulti_exit",
+                     "ksession"):
             obj.program(name).set_autoload(name == "fentry_entry")
         try:
             obj.load()
@@ -107,7 +108,7 @@ def _our_programs() -> list[str]:
     """Names of loaded BPF programs that are ours (bpftool), to show a refused run leaves none."""
     import json
     out = subprocess.run(["bpftool", "-j", "prog", "list"], capture_output=True, text=True, timeout=60).stdout
-    ours = ("fentry_entry", "fexit_exit", "kprobe_entry", "kretprobe_exit", "kmulti_entry", "kmulti_exit",
+    ours = ("fentry_entry", "fexit_exit", "kprobe_entry", "kretprobe_exit", "kmulti_entry", "kmulti_exit", "ksession",
             "rs_fentry", "rs_fexit")
     return [p.get("name", "") for p in json.loads(out or "[]") if p.get("name") in ours]
 

@@ -28,14 +28,8 @@ FUNCS = [
     ("sk_log", RetKind.VOID, False),
     ("sk_flag", RetKind.BOOL, False),
     ("sk_recurse", RetKind.INT32, True),
+    ("sk_many", RetKind.SIGNED, True),
 ]
-
-
-@pytest.fixture(scope="module")
-def simkern(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, ctypes.CDLL]:
-    out = tmp_path_factory.mktemp("simkern") / "libsimkern.so"
-    subprocess.run(["gcc", "-O1", "-shared", "-fPIC", "-o", str(out), str(HERE / "simkern.c")], check=True)
-    return str(out), ctypes.CDLL(str(out))
 
 
 def _funcs() -> list[TracedFunc]:

@@ -80,7 +80,11 @@ def test_nothing_stays_attached_after_sigterm(vm_batch) -> None:
     assert r["progs_after"] == []
 
 
-@pytest.mark.parametrize("scenario", ["trace_fentry", "trace_kprobe", "trace_kprobe_multi"])
+MODES = {"trace_fentry": "fentry", "trace_kprobe": "kprobe", "trace_kprobe_multi": "kprobe_multi",
+         "trace_kprobe_session": "kprobe_session"}
+
+
+@pytest.mark.parametrize("scenario", list(MODES))
 def test_attach_modes(vm_batch, scenario) -> None:
     r = vm_batch[scenario]
     if scenario == "trace_kprobe_multi" and vm_batch.series == "6.1":
@@ -89,12 +93,20 @@ def test_attach_modes(vm_batch, scenario) -> None:
         assert "kprobe_multi" in r["output"] and "Traceback" not in r["output"], r["output"]
         assert r["progs_after"] == []
         return
+    if scenario == "trace_kprobe_session" and vm_batch.series == "6.1":
+        # kprobe.session came with Linux 6.10: one line naming what is missing and what to use, exit 1
+        assert not r["started"] and r["rc"] == 1, r["output"]
+        (line,) = [x for x in r["output"].splitlines() if x.startswith("retsnoop-otel: ")]
+        assert line == ("retsnoop-otel: this kernel has no kprobe.session (Linux 6.10+ needed), so --kprobe-session "
+                        "(kprobe.session) cannot be used here: use -F (fentry/fexit) or -K (kprobes) instead, or "
+                        "leave the mode out to pick one automatically"), r["output"]
+        assert "Traceback" not in r["output"] and r["progs_after"] == []
+        return
     assert r["started"], r["output"]
     assert r["simfail_rc"] == 0
     assert re.search(r"^!\s+\d+us \[-EINVAL\]\s+array_map_alloc_check$", r["output"], re.M), r["output"]
     # -v says which attach mode was used and how long attaching took
-    mode = {"trace_fentry": "fentry", "trace_kprobe": "kprobe", "trace_kprobe_multi": "kprobe_multi"}[scenario]
-    assert re.search(rf"^Using attach mode {mode}$", r["output"], re.M), r["output"][:3000]
+    assert re.search(rf"^Using attach mode {MODES[scenario]}$", r["output"], re.M), r["output"][:3000]
     assert re.search(r"^Successfully attached \d+ functions in \d+ ms\.$", r["output"], re.M), r["output"][:3000]
     # trace_kprobe is stopped with SIGINT (Ctrl-C), the others with SIGTERM: both detach cleanly
     assert re.search(r"Detaching\.\.\. DONE in \d+ ms\.", r["output"]), r["output"][-2000:]

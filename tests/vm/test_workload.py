@@ -105,4 +105,9 @@ def test_features_kprobe_multi_needs_fprobe(vm_batch_61, vm_batch_612) -> None:
     assert kmulti_61["why"] == "has no kprobe_multi (CONFIG_FPROBE is off)"
     assert vm_batch_61["features"]["json"]["default_mode"] == "kprobe"
     assert vm_batch_612["features"]["json"]["features"]["kprobe_multi"]["available"]
+    # kprobe.session: Linux 6.10+; 6.1 loads the program but knows no such link
+    ksess_61 = vm_batch_61["features"]["json"]["features"]["kprobe_session"]
+    assert not ksess_61["available"] and ksess_61["errno"] == errno.EINVAL
+    assert ksess_61["why"] == "has no kprobe.session (Linux 6.10+ needed)"
+    assert vm_batch_612["features"]["json"]["features"]["kprobe_session"]["available"]
     assert vm_batch_612["features"]["json"]["default_mode"] == "kprobe_multi"

@@ -20,7 +20,7 @@ from pathlib import Path
 from tests.vm.guest_batch import budget
 
 PY = sys.executable
-OUR_PROGS = ("fentry_entry", "fexit_exit", "kprobe_entry", "kretprobe_exit", "kmulti_entry", "kmulti_exit",
+OUR_PROGS = ("fentry_entry", "fexit_exit", "kprobe_entry", "kretprobe_exit", "kmulti_entry", "kmulti_exit", "ksession",
              "rs_fentry", "rs_fexit")
 METRICS_PORT = 9471
 

@@ -25,7 +25,7 @@ from tests.vm.guest_batch import budget
 
 PY = sys.executable  # comm "python": the comm filter below names it
 METRICS_PORT = 9481
-OUR_PROGS = ("fentry_entry", "fexit_exit", "kprobe_entry", "kretprobe_exit", "kmulti_entry", "kmulti_exit")
+OUR_PROGS = ("fentry_entry", "fexit_exit", "kprobe_entry", "kretprobe_exit", "kmulti_entry", "kmulti_exit", "ksession")
 BEFORE = {"two": ("exe", "valid", 2), "invalid": ("exe", "invalid", 1), "null": ("exe", "null", 1),
           "badptr": ("exe", "badptr", 1), "pagedout": ("exe", "pagedout", 1), "bigsize": ("lib", "bigsize", 1)}
 COST_ROUNDS = 200

@@ -35,7 +35,7 @@ def scenario_dwarf_stack(ctx) -> dict:
         result["output"] = tracer.output()
     result["progs_after"] = [p.get("name") for p in ctx.bpf_prog_ids()
                              if p.get("name") in ("kprobe_entry", "kretprobe_exit", "kmulti_entry", "kmulti_exit",
-                                                  "rs_fentry", "rs_fexit")]
+                                                  "ksession", "rs_fentry", "rs_fexit")]
     return result
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from tests.vm.guest_batch import budget
 
 PY = sys.executable
-OUR_PROGS = ("fentry_entry", "fexit_exit", "kprobe_entry", "kretprobe_exit", "kmulti_entry", "kmulti_exit",
+OUR_PROGS = ("fentry_entry", "fexit_exit", "kprobe_entry", "kretprobe_exit", "kmulti_entry", "kmulti_exit", "ksession",
              "rs_fentry", "rs_fexit")
 BPF_SET = ["-e", "*sys_bpf", "-a", "array_map_alloc_check"]
 EINVAL_CASE = "bpf-bad-map-max-entries-array"

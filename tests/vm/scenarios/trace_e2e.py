@@ -16,7 +16,7 @@ from pathlib import Path
 
 PY = sys.executable
 OUR_PROGS = ("fentry_entry", "fexit_exit", "kprobe_entry", "kretprobe_exit", "kmulti_entry", "kmulti_exit",
-             "rs_fentry", "rs_fexit")
+             "ksession", "rs_fentry", "rs_fexit")
 
 
 def _our_progs(ctx) -> list[str]:
@@ -107,6 +107,11 @@ def scenario_trace_dry_run(ctx) -> dict:
 
 def scenario_trace_kprobe_multi(ctx) -> dict:
     return _trace_mode(ctx, "-M", "bpf-bad-map-max-entries-array")
+
+
+def scenario_trace_kprobe_session(ctx) -> dict:
+    """6.12: one program at entry and exit; 6.1 (no kprobe.session) refuses it in one line."""
+    return _trace_mode(ctx, "--kprobe-session", "bpf-bad-map-max-entries-array")
 
 
 def scenario_trace_calls_args(ctx) -> dict:
