@@ -3,16 +3,16 @@
  * handle_exit(). Part of retsnoop.bpf.c (included last). kernel/tracer.py loads the pair of one flavour.
  *
  * How each finds the traced function's id: fentry and kprobe read their BPF cookie (a field of the
- * run context). kprobe.multi and kprobe.session look the function's address up in ip_ids instead:
- * their cookie is found by a binary search over the link's sorted addresses on every run, whose cost
- * grows with the set (bench/probe_cost.py). */
+ * run context). kprobe.multi and kprobe.session look the function's address up in ip_ids instead
+ * (ID_BY_IP), and only once the thread is known to be in a session: their cookie is found by a binary
+ * search over the link's sorted addresses on every run (bench/probe_cost.py). */
 
 SEC("fentry/bpf_fentry_test1")
 int BPF_PROG(fentry_entry)
 {
 	if (!enter_guard())
 		return 0;
-	handle_entry(ctx, (__u32)bpf_get_attach_cookie(ctx), true);
+	handle_entry(ctx, (__u32)bpf_get_attach_cookie(ctx), true, true);
 	exit_guard();
 	return 0;
 }
@@ -34,7 +34,7 @@ int BPF_PROG(fexit_exit)
 SEC("kprobe")
 int kprobe_entry(struct pt_regs *ctx)
 {
-	handle_entry(ctx, (__u32)bpf_get_attach_cookie(ctx), false);
+	handle_entry(ctx, (__u32)bpf_get_attach_cookie(ctx), false, true);
 	return 0;
 }
 
@@ -46,13 +46,18 @@ int kretprobe_exit(struct pt_regs *ctx)
 	return 0;
 }
 
+/* kprobe.multi: entry functions (may start a session) and the others (kmulti_inner) in two links */
 SEC("kprobe.multi")
 int kmulti_entry(struct pt_regs *ctx)
 {
-	__s64 id = id_by_ip(ctx);
+	handle_entry(ctx, ID_BY_IP, false, true);
+	return 0;
+}
 
-	if (id >= 0)
-		handle_entry(ctx, id, false);
+SEC("?kprobe.multi")
+int kmulti_inner(struct pt_regs *ctx)
+{
+	handle_entry(ctx, ID_BY_IP, false, false);
 	return 0;
 }
 
@@ -69,18 +74,27 @@ extern bool bpf_session_is_return(void) __ksym __weak;
 
 /* kprobe.session (Linux 6.10+): one program at entry and exit; a non-zero return at entry tells the
  * kernel not to run it at that call's exit, which skips the exits of every call outside a session.
+ * Two links, as for kprobe.multi: entry functions (ksession) and the others (ksession_inner).
  * In section kprobe.multi, not loaded unless asked ("?"): libbpf 1.1 knows no kprobe.session section,
  * so user space sets the expected attach type before load and attaches with its own BPF_LINK_CREATE. */
-SEC("?kprobe.multi")
-int ksession(struct pt_regs *ctx)
+static __always_inline int session_run(struct pt_regs *ctx, bool outer)
 {
-	__s64 id;
-
 	if (bpf_session_is_return()) {
 		snap_lbr();
 		handle_exit(ctx, ID_BY_IP, (__s64)PT_REGS_RC(ctx));
 		return 0;
 	}
-	id = id_by_ip(ctx);
-	return id >= 0 && handle_entry(ctx, id, false) ? 0 : 1;
+	return handle_entry(ctx, ID_BY_IP, false, outer) ? 0 : 1;
+}
+
+SEC("?kprobe.multi")
+int ksession(struct pt_regs *ctx)
+{
+	return session_run(ctx, true);
+}
+
+SEC("?kprobe.multi")
+int ksession_inner(struct pt_regs *ctx)
+{
+	return session_run(ctx, false);
 }

@@ -229,17 +229,27 @@ static __always_inline struct session *start_session(__u32 key, __u32 tid, __u32
 	return s;
 }
 
-/* Returns whether the call's exit must be seen (kprobe.session skips the exits of all other calls). */
-static __always_inline bool handle_entry(void *ctx, __u32 func_id, bool fentry)
+/* Returns whether the call's exit must be seen (kprobe.session skips the exits of all other calls).
+ * `outer`: the function may start a session (an entry function, or a program for every function);
+ * kprobe.multi and kprobe.session attach the other functions with programs where it is false, so that
+ * their calls outside a session cost one lookup of the thread's session and nothing else. */
+static __always_inline bool handle_entry(void *ctx, __s64 id, bool fentry, bool outer)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	__u32 tid = (__u32)pid_tgid, key = session_key(tid);
+	__u32 tid = (__u32)pid_tgid, key = session_key(tid), func_id;
 	struct func_info *fi;
 	struct session *s;
 	__u64 now;
 	int d;
 
 	s = bpf_map_lookup_elem(&sessions, &key);
+	if (!s && !outer)
+		return false;
+	if (id == ID_BY_IP)
+		id = id_by_ip(ctx);
+	if (id < 0)
+		return false;
+	func_id = id;
 	if (!s) {
 		/* most calls of a large set run outside any session: decide that before reading the clock */
 		fi = bpf_map_lookup_elem(&func_infos, &func_id);

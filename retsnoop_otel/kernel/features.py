@@ -381,10 +381,11 @@ _MODE_FEATURE: dict[str, Callable[[Features], Feature]] = {
 }
 
 
-# Measured in the VM (bench/attach_modes.py, README "Attach modes"): kprobe.multi attaches and detaches
-# a set in one call and costs least per call; single kprobes attach 3x faster than per-function
+# Measured in the VM (bench/probe_cost.py, README "Attach modes"): kprobe.session and kprobe.multi attach
+# and detach a set in one call; kprobe.session also costs least per traced call (one program, and no
+# exit probe at all for calls outside a session). Single kprobes attach 3x faster than per-function
 # fentry clones (each clone is verified) and never fire inside our own BPF programs.
-DEFAULT_MODE_ORDER = ("kprobe_multi", "kprobe", "fentry")
+DEFAULT_MODE_ORDER = ("kprobe_session", "kprobe_multi", "kprobe", "fentry")
 
 
 def choose_mode(features: Features) -> str:

@@ -1,9 +1,9 @@
-"""kprobe.multi and kprobe.session: a whole function set in one link (two for kprobe.multi's entry and exit).
+"""kprobe.multi and kprobe.session: a whole function set in a few links, whatever its size.
 
 Their programs find a call's function id by its address in map ip_ids, not by BPF cookie: a
-kprobe.multi cookie is found by a binary search over the link's sorted addresses on every run, which
-measured the costliest part of the program at 1,000 functions (bench/probe_cost.py, README "Attach
-modes"). So the links carry no cookies.
+kprobe.multi cookie is found by a binary search over the link's sorted addresses on every run
+(bench/probe_cost.py, 6.12 under emulation: about 400 ns per run against 200-280 for the address
+lookup, at 1,000 functions). So the links carry no cookies.
 """
 
 from __future__ import annotations
@@ -22,29 +22,42 @@ def fill_ip_ids(ip_ids: lb.BpfMap, funcs: Sequence[TracedFunc]) -> None:
         ip_ids.update(struct.pack("<Q", f.addr), struct.pack("<I", f.id))
 
 
-def attach(progs: Sequence[lb.BpfProgram], funcs: Sequence[TracedFunc], links: list[lb.Link],
+def attach(mode: str, progs: Sequence[lb.BpfProgram], funcs: Sequence[TracedFunc], links: list[lb.Link],
            detach: Callable[[], None]) -> None:
-    """Exit link first (no session starts without its exit probe); on failure by address, by name."""
+    """One link per group: exits of every function first (kprobe.multi), then the functions that only
+    record inside a session, then the entry functions, so that no session starts half-instrumented.
+
+    Entry functions and the others run different programs (`kmulti_entry`/`kmulti_inner`, `ksession`/
+    `ksession_inner`): a call of the others outside a session then costs one session lookup, without
+    finding its function id. On failure by address (strict about notrace functions), by name.
+    """
+    named = {p.name: p for p in progs}
+    inner = [f for f in funcs if not f.is_entry]
+    entries = [f for f in funcs if f.is_entry]
+    if mode == "kprobe_session":
+        groups = [(named["ksession_inner"], inner, False), (named["ksession"], entries, False)]
+    else:
+        groups = [(named["kmulti_exit"], funcs, True), (named["kmulti_inner"], inner, False),
+                  (named["kmulti_entry"], entries, False)]
+    groups = [g for g in groups if g[1]]
     try:
-        _attach_by(progs, links, addrs=[f.addr for f in funcs])
+        for prog, group, retprobe in groups:
+            links.append(_link(mode, prog, retprobe, addrs=[f.addr for f in group]))
     except lb.LibbpfError:
-        # addresses are strict about notrace functions; names go through the kernel's own lookup
         detach()
-        _attach_by(progs, links, syms=[f.name for f in funcs])
+        for prog, group, retprobe in groups:
+            links.append(_link(mode, prog, retprobe, syms=[f.name for f in group]))
 
 
-def _attach_by(progs: Sequence[lb.BpfProgram], links: list[lb.Link], addrs: Sequence[int] = (),
-               syms: Sequence[str] = ()) -> None:
-    if len(progs) == 1:  # kprobe.session: one program for entry and exit; libbpf 1.1 cannot create its link
+def _link(mode: str, prog: lb.BpfProgram, retprobe: bool, addrs: Sequence[int] = (),
+          syms: Sequence[str] = ()) -> lb.Link:
+    if mode == "kprobe_session":  # libbpf 1.1 cannot create these links
         try:
-            fd = bpfsys.link_create_kprobe_multi(progs[0].fd, syms=syms, addrs=addrs,
+            fd = bpfsys.link_create_kprobe_multi(prog.fd, syms=syms, addrs=addrs,
                                                  attach_type=bpfsys.ATTACH_TRACE_KPROBE_SESSION)
         except OSError as exc:
             raise lb.LibbpfError(f"attach kprobe.session to {len(addrs) or len(syms)} functions",
                                  exc.errno or errno.EINVAL) from None
-        links.append(lb.Link(fd=fd))
-        return
-    entry, exit_ = progs
+        return lb.Link(fd=fd)
     how = {"addrs": addrs} if addrs else {"syms": syms}
-    links.append(exit_.attach_kprobe_multi(**how, retprobe=True))
-    links.append(entry.attach_kprobe_multi(**how))
+    return prog.attach_kprobe_multi(**how, retprobe=retprobe)

@@ -35,11 +35,11 @@ from retsnoop_otel.kernel.libbpf_btf import Btf
 PARALLEL_DETACH_MIN = 32
 DETACH_THREADS = 32
 MODES = ("fentry", "kprobe", "kprobe_multi", "kprobe_session", "uprobe")
-_MODE_PROGRAMS = {  # (entry, exit), or one program for both
+_MODE_PROGRAMS = {  # (entry, exit) or, by address (multi_link.py), per group of functions
     "fentry": ("fentry_entry", "fexit_exit"),
     "kprobe": ("kprobe_entry", "kretprobe_exit"),
-    "kprobe_multi": ("kmulti_entry", "kmulti_exit"),
-    "kprobe_session": ("ksession",),
+    "kprobe_multi": ("kmulti_entry", "kmulti_exit", "kmulti_inner"),
+    "kprobe_session": ("ksession", "ksession_inner"),
     "uprobe": ("kprobe_entry", "kretprobe_exit"),  # user-space functions: drives the logic in host tests
 }
 _BY_ADDRESS = ("kprobe_multi", "kprobe_session")  # the programs find the function id by address (map ip_ids)
@@ -190,8 +190,8 @@ class Tracer:
                 obj.program(name).set_autoload(name in progs)
         for name in progs if cfg.mode == "fentry" else ():  # verified against the first function, then cloned
             obj.program(name).set_attach_target(self.funcs[0].name)
-        if cfg.mode == "kprobe_session":
-            obj.program(progs[0]).set_expected_attach_type(bpfsys.ATTACH_TRACE_KPROBE_SESSION)
+        for name in progs if cfg.mode == "kprobe_session" else ():
+            obj.program(name).set_expected_attach_type(bpfsys.ATTACH_TRACE_KPROBE_SESSION)
 
     def _no_pids(self) -> list[int]:
         return [*self.config.no_pids, *([os.getpid()] if self.config.exclude_self else [])]
@@ -307,7 +307,7 @@ class Tracer:
     def _attach_multi(self, report: AttachReport) -> None:
         assert self._obj is not None
         progs = [self._obj.program(name) for name in _MODE_PROGRAMS[self.config.mode]]
-        multi_link.attach(progs, self.funcs, self._links, self.detach_links)
+        multi_link.attach(self.config.mode, progs, self.funcs, self._links, self.detach_links)
         report.attached.extend(self.funcs)
 
     # ---- capture -------------------------------------------------------------------------

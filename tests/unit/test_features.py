@@ -63,10 +63,12 @@ def test_missing_mode_suggests_the_ones_that_work() -> None:
         "-F (fentry/fexit) or -K (kprobes) instead, or leave the mode out to pick one automatically")
 
 
-def test_choose_mode_prefers_kprobe_multi_then_kprobe_then_fentry() -> None:
-    assert features.choose_mode(_feats()) == "kprobe_multi"
+def test_choose_mode_prefers_kprobe_session_then_kprobe_multi_then_kprobe_then_fentry() -> None:
+    assert features.choose_mode(_feats()) == "kprobe_session"
+    assert features.choose_mode(_feats(kprobe_session=NO_KSESSION)) == "kprobe_multi"
     assert features.choose_mode(KERNEL_61) == "kprobe"
-    assert features.choose_mode(_feats(kprobe_multi=NO_KMULTI, fentry=FENTRY_EPERM)) == "kprobe"
+    assert features.choose_mode(_feats(kprobe_multi=NO_KMULTI, kprobe_session=NO_KSESSION, fentry=FENTRY_EPERM)) \
+        == "kprobe"
 
 
 def test_prerequisites_btf_and_ringbuf() -> None:

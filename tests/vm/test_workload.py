@@ -110,4 +110,4 @@ def test_features_kprobe_multi_needs_fprobe(vm_batch_61, vm_batch_612) -> None:
     assert not ksess_61["available"] and ksess_61["errno"] == errno.EINVAL
     assert ksess_61["why"] == "has no kprobe.session (Linux 6.10+ needed)"
     assert vm_batch_612["features"]["json"]["features"]["kprobe_session"]["available"]
-    assert vm_batch_612["features"]["json"]["default_mode"] == "kprobe_multi"
+    assert vm_batch_612["features"]["json"]["default_mode"] == "kprobe_session"

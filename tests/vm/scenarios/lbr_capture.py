@@ -29,8 +29,9 @@ def scenario_lbr_kernel_path(ctx) -> dict:
     from retsnoop_otel.symbols.symbolize import KallsymsSymbolizer
 
     feats = features.detect()
-    modes = [m for m in ("fentry", "kprobe", "kprobe_multi")
-             if {"fentry": feats.fentry, "kprobe": feats.kprobes, "kprobe_multi": feats.kprobe_multi}[m].available]
+    modes = [m for m, feat in (("fentry", feats.fentry), ("kprobe", feats.kprobes),
+                               ("kprobe_multi", feats.kprobe_multi), ("kprobe_session", feats.kprobe_session))
+             if feat.available]
     ksyms = Kallsyms.load()
     available = tracefs.read_available_filter_functions()
     btf = lb.Btf.load_vmlinux()

@@ -1,0 +1,77 @@
+"""Guest side of in-kernel sampling (issue 13, item 6) on real kernels, in the default attach mode.
+
+Drives the Tracer directly (calls mode, successes wanted but with a threshold no randomness reaches):
+successful bpf() calls must send nothing at all, and the one failing call its start record, its held
+calls as one batch and its end, complete. Host-side asserts: tests/vm/test_kernel_sampling.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from collections import Counter
+
+PY = sys.executable
+WORKLOAD = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+for entries in [1] * 20 + [0]:  # 20 array maps created and closed, then max_entries 0: -EINVAL
+    attr = (ctypes.c_uint32 * 30)(2, 4, 4, entries)
+    fd = libc.syscall(321, 0, attr, ctypes.sizeof(attr))
+    if fd >= 0:
+        os.close(fd)
+"""
+
+
+def scenario_kernel_sampling(ctx) -> dict:
+    from retsnoop_otel.capture.sampling import MAX_THRESHOLD
+    from retsnoop_otel.capture.sessions import SessionAssembler
+    from retsnoop_otel.kernel import features, tracefs
+    from retsnoop_otel.kernel import libbpf_btf as lb
+    from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer
+    from retsnoop_otel.symbols import discovery
+    from retsnoop_otel.symbols.btf import ReturnKinds
+    from retsnoop_otel.symbols.kallsyms import Kallsyms
+
+    mode = features.choose_mode(features.detect())
+    btf = lb.Btf.load_vmlinux()
+    kinds = ReturnKinds(btf)
+    disc = discovery.discover(["__x64_sys_bpf"], ["map_create", "array_map_alloc_check"], [], Kallsyms.load(),
+                              tracefs.read_available_filter_functions(), kinds, mode)
+    names = {f.id: f.name for f in disc.funcs}
+    cfg = CaptureConfig(mode=mode, emit_calls=True, capture_success=True, success_threshold=MAX_THRESHOLD,
+                        comms=["python", "python3"])
+    tracer = Tracer(disc.funcs, cfg, btf_func_id=kinds.func_id)
+    kinds_seen: Counter = Counter()
+    sessions: list = []
+    asm = SessionAssembler()
+
+    def on_record(rec) -> None:
+        kinds_seen[type(rec).__name__] += 1
+        if (s := asm.feed(rec)) is not None:
+            sessions.append(s)
+
+    res: dict = {"mode": mode}
+    try:
+        tracer.load()
+        tracer.attach(strict=True)
+        tracer.open_ring_buffer(on_record)
+        rc, _, err = ctx.run([PY, "-c", WORKLOAD], 120)
+        res["workload"] = (rc, err[-500:])
+        deadline = time.monotonic() + 60
+        while not sessions and time.monotonic() < deadline:
+            tracer.poll(200)
+        tracer.poll(500)
+        res["capture_stats"] = dataclasses.asdict(tracer.capture_stats())
+    finally:
+        tracer.close()
+        btf.free()
+    res["records"] = dict(kinds_seen)
+
+    def tree(calls) -> list:
+        return [[names[c.func_id], c.result, tree(c.children)] for c in calls]
+
+    res["sessions"] = [{"is_err": s.is_err, "sampling": s.kernel_sampling, "dropped": s.dropped_records,
+                        "calls": tree(s.calls)} for s in sessions]
+    return res

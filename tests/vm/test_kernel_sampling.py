@@ -1,0 +1,22 @@
+"""In-kernel sampling on real kernels (6.1: kprobes, 6.12: kprobe.session, the default modes): successful
+sessions the sampler drops send no record at all; the error session arrives complete, its held calls in
+one batch."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.vm
+
+
+def test_dropped_successes_send_nothing_and_the_error_arrives_whole(vm_batch) -> None:
+    r = vm_batch["kernel_sampling"]
+    assert r["mode"] == ("kprobe_session" if vm_batch.series == "6.12" else "kprobe")
+    assert r["workload"][0] == 0, r["workload"]
+    cs = r["capture_stats"]
+    assert cs["sessions_started"] == 21 and cs["sampled_out"] == 20 and cs["sessions_reported"] == 1, cs
+    assert r["records"] == {"SessionStartRec": 1, "FuncBatchRec": 1, "SessionEndRec": 1}, r["records"]
+    (s,) = r["sessions"]
+    einval = (1 << 64) - 22
+    assert s["is_err"] and s["sampling"] == 0 and s["dropped"] == 0
+    assert s["calls"] == [["__x64_sys_bpf", einval, [["map_create", einval, [["array_map_alloc_check", einval, []]]]]]]
