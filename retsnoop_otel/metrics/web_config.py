@@ -51,7 +51,7 @@ UNVERIFIED_CLIENT_AUTH = ("RequestClientCert", "RequireAnyClientCert", "RequireC
 HEADERS: Mapping[str, tuple[str, ...] | None] = MappingProxyType({
     "Strict-Transport-Security": None, "X-Content-Type-Options": ("nosniff",),
     "X-Frame-Options": ("deny", "sameorigin"), "X-XSS-Protection": None, "Content-Security-Policy": None})
-_BCRYPT = re.compile(r"\$2[abxy]?\$(\d\d)\$[./A-Za-z0-9]{53}")
+_BCRYPT = re.compile(r"\$2[abxy]\$(\d\d)\$[./A-Za-z0-9]{53}")
 
 _TOP = ("tls_server_config", "http_server_config", "basic_auth_users")
 _TLS = ("cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version",
