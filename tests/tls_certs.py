@@ -30,7 +30,8 @@ def _openssl(*args: str | Path, cwd: Path) -> None:
     subprocess.run(["openssl", *map(str, args)], cwd=cwd, check=True, capture_output=True, timeout=120)
 
 
-def _ca(d: Path, name: str) -> None:
+def make_ca(d: Path, name: str) -> None:
+    """A self-signed CA `name`.crt / `name`.key in `d`."""
     _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2",
              "-keyout", f"{name}.key", "-out", f"{name}.crt", "-subj", f"/CN={name}", cwd=d)
 
@@ -47,8 +48,8 @@ def leaf(d: Path, name: str, ca: str, sans: str, days: int = 2) -> tuple[Path, P
 
 def make_pki(d: Path) -> Pki:
     d.mkdir(parents=True, exist_ok=True)
-    _ca(d, "ca")
-    _ca(d, "other-ca")
+    make_ca(d, "ca")
+    make_ca(d, "other-ca")
     server = leaf(d, "server", "ca", "DNS:localhost,IP:127.0.0.1,IP:::1")
     client = leaf(d, "client", "ca", f"DNS:scraper,URI:{CLIENT_URI}")
     other = leaf(d, "intruder", "other-ca", "DNS:scraper")

@@ -63,11 +63,14 @@ class BasicAuth:
             cached = self._cache.get(key)
         if cached is None:
             with self._bcrypt_lock:
-                try:
-                    cached = bcrypt.checkpw(password[:BCRYPT_MAX_BYTES], hashed)
-                except ValueError:  # a hash this bcrypt cannot use (the web config refuses those)
-                    cached = False
-            self._remember(key, cached)
+                with self._cache_lock:  # a scrape that waited for the lock may find its answer now
+                    cached = self._cache.get(key)
+                if cached is None:
+                    try:
+                        cached = bcrypt.checkpw(password[:BCRYPT_MAX_BYTES], hashed)
+                    except ValueError:  # a hash this bcrypt cannot use (the web config refuses those)
+                        cached = False
+                    self._remember(key, cached)
         return cached and known
 
     def _remember(self, key: bytes, ok: bool) -> None:
