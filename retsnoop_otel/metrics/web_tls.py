@@ -55,7 +55,7 @@ def build_context(tls: TlsSettings, at: Locate) -> ssl.SSLContext:
         raise at(f"{_K}.key_file", f"{tls.key_file}: the key is encrypted; give it unencrypted "
                  "(openssl pkey -in KEY -out KEY.plain), readable by this user only") from None
     except ssl.SSLError as exc:
-        if "KEY_VALUES_MISMATCH" in str(exc) or exc.reason == "KEY_VALUES_MISMATCH":
+        if exc.reason in ("KEY_VALUES_MISMATCH", "NO_CERTIFICATE_ASSIGNED"):  # the latter: a key of another type
             raise at(f"{_K}.key_file", f"{tls.key_file} does not match the certificate in {tls.cert_file}") from None
         raise at(f"{_K}.cert_file", f"{tls.cert_file} with {tls.key_file}: cannot load them: "
                  f"{exc.reason or exc}") from None

@@ -15,6 +15,9 @@ from pathlib import Path
 
 import bcrypt
 import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from retsnoop_otel.metrics.web_config import TLS12_CIPHERS, TLS13_CIPHERS, WebConfigError, parse_web_config
 from retsnoop_otel.metrics.web_tls import load_web_config
@@ -83,6 +86,8 @@ CASES = {
                          "tls_server_config.cert_file: {dir}/nope.crt: No such file or directory"),
     "key_of_another_cert": Case("tls_server_config:\n  cert_file: server.crt\n  key_file: client.key\n",
                                 "tls_server_config.key_file: {dir}/client.key does not match the certificate in"),
+    "key_of_another_type": Case("tls_server_config:\n  cert_file: server.crt\n  key_file: rsa.key\n",
+                                "tls_server_config.key_file: {dir}/rsa.key does not match the certificate in"),
     "ca_without_auth_policy": Case(TLS + "  client_ca_file: ca.crt\n",
                                    "tls_server_config.client_ca_file: client CA configured without a client auth"),
     "ca_file_missing": Case(TLS + "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: nope.crt\n",
@@ -157,7 +162,10 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    return make_pki(tmp_path_factory.mktemp("pki"))
+    pki = make_pki(tmp_path_factory.mktemp("pki"))
+    subprocess.run(["openssl", "genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out",
+                    pki.dir / "rsa.key"], check=True, capture_output=True)
+    return pki
 
 
 def _fill(text: str, pki: Pki) -> str:
@@ -267,3 +275,43 @@ def test_encrypted_key_is_refused_without_a_prompt(pki: Pki) -> None:
 def _write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
+
+
+WEB_KEYS = ["tls_server_config", "http_server_config", "basic_auth_users", "cert_file", "key_file",
+            "client_auth_type", "client_ca_file", "min_version", "max_version", "cipher_suites", "curve_preferences",
+            "prefer_server_cipher_suites", "client_allowed_sans", "http2", "headers", "X-Frame-Options", "alice",
+            "rate_limit", "cert", "bogus"]
+WEB_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-2, 1 << 65), st.floats(allow_nan=True),
+                        st.sampled_from(["server.crt", "server.key", "ca.crt", "/no/such", "TLS10", "TLS13",
+                                         "RequireAndVerifyClientCert", "RequestClientCert", "X25519", "deny",
+                                         "TLS_AES_128_GCM_SHA256", HASH, HASH[:40], ""]),
+                        st.text(max_size=8))
+WEB_TREES = st.recursive(WEB_SCALARS, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(WEB_KEYS), inner, max_size=4)), max_leaves=16)
+
+
+def _loads_or_one_line(path: Path, text: str | bytes) -> None:
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+    try:
+        load_web_config(str(path))
+    except WebConfigError as exc:
+        assert "\n" not in str(exc) and str(exc).startswith(str(path)), str(exc)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(tree=st.dictionaries(st.sampled_from(WEB_KEYS), WEB_TREES, max_size=4))
+def test_web_config_trees_never_trace_back(pki: Pki, tree: dict) -> None:
+    _loads_or_one_line(pki.dir / "fuzz.yml", yaml.safe_dump(tree, allow_unicode=True))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.one_of(st.text(max_size=200), st.binary(max_size=64)))
+def test_web_config_text_never_traces_back(pki: Pki, data: str | bytes) -> None:
+    _loads_or_one_line(pki.dir / "fuzz.yml", data)
+
+
+def test_a_deep_tree_is_an_error_not_a_crash(pki: Pki) -> None:
+    _loads_or_one_line(pki.dir / "deep.yml", "tls_server_config: " + "[" * 5000)
