@@ -147,8 +147,10 @@ class _Reader:
             self.lines[where] = knode.start_mark.line + 1
         return out
 
-    def string(self, node: yaml.Node, key: str, scalars: tuple[type, ...] = (str,)) -> str:
+    def string(self, node: yaml.Node, key: str, scalars: tuple[type, ...] = (str,), null_is_blank: bool = False) -> str:
         value = self.value(node) if isinstance(node, yaml.ScalarNode) else None
+        if null_is_blank and value is None and isinstance(node, yaml.ScalarNode):
+            return ""  # as Go's YAML decoding leaves a string it gets null for
         if value is None or not isinstance(value, scalars):
             raise self.fail(node, key, f"expected a string, got {_kind(node)}")
         return value if isinstance(value, str) else node.value
@@ -193,7 +195,8 @@ def _choice(r: _Reader, node: yaml.Node, key: str, known: tuple[str, ...], refus
 def _tls(r: _Reader, node: yaml.Node) -> TlsSettings | None:
     k = "tls_server_config"
     m = r.mapping(node, k, _TLS)
-    files = {f: r.string(m[f], f"{k}.{f}") for f in ("cert_file", "key_file", "client_ca_file") if f in m}
+    files = {f: r.string(m[f], f"{k}.{f}", null_is_blank=True) for f in ("cert_file", "key_file", "client_ca_file")
+             if f in m}
     files = {f: v for f, v in files.items() if v}  # "" is unset, as in the toolkit
     auth = "NoClientCert"
     if "client_auth_type" in m:
@@ -202,10 +205,12 @@ def _tls(r: _Reader, node: yaml.Node) -> TlsSettings | None:
         auth = _choice(r, m["client_auth_type"], f"{k}.client_auth_type", ("", *CLIENT_AUTH),
                        dict.fromkeys(UNVERIFIED_CLIENT_AUTH, why)) or "NoClientCert"
     if not files and auth == "NoClientCert":
-        if m:  # the toolkit serves plain HTTP here and ignores the rest: say so instead
-            first = next(iter(m))
-            raise r.fail(m[first], f"{k}.{first}", "has no effect without cert_file and key_file: give both for "
-                         "TLS, or remove tls_server_config")
+        given = [key for key, v in m.items() if not (isinstance(v, yaml.ScalarNode) and v.value in ("", "~", "null")
+                                                     and v.tag.endswith((":null", ":str")))
+                 and not (isinstance(v, yaml.SequenceNode) and not v.value)]
+        if given:  # the toolkit serves plain HTTP here and ignores the rest: say so instead
+            raise r.fail(m[given[0]], f"{k}.{given[0]}", "has no effect without cert_file and key_file: give both "
+                         "for TLS, or remove tls_server_config")
         return None
     for need in ("cert_file", "key_file"):
         if need not in files:
@@ -233,6 +238,8 @@ def _tls(r: _Reader, node: yaml.Node) -> TlsSettings | None:
             if name in TLS12_CIPHERS:
                 ciphers.append(TLS12_CIPHERS[name])
         if not ciphers and r.strings(m["cipher_suites"], f"{k}.cipher_suites"):
+            if versions["max_version"] < ssl.TLSVersion.TLSv1_3:
+                raise r.at(f"{k}.cipher_suites", "lists TLS 1.3 suites only, and max_version leaves no TLS 1.3")
             versions["min_version"] = ssl.TLSVersion.TLSv1_3  # as in Go: TLS 1.3 suites only leave no TLS 1.2
     curve = None
     if "curve_preferences" in m:
