@@ -188,8 +188,13 @@ def scenario_prometheus_e2e(ctx) -> dict:
                          "healthz_no_credentials": agent_get(tmp, "/healthz")}
         status, _, text = agent_get(tmp, auth=f"{SCRAPER}:{PASSWORD}")
         r["metrics_status"], r["metrics_text"] = status, text[-6000:]
-        r["target"] = [{k: t.get(k) for k in ("scrapeUrl", "health", "lastError")}
-                       for t in api("/api/v1/targets")["data"]["activeTargets"]]
+        def targets() -> list[dict]:
+            return [{k: t.get(k) for k in ("scrapeUrl", "health", "lastError")}
+                    for t in api("/api/v1/targets")["data"]["activeTargets"]]
+
+        # a scrape that timed out under TCG leaves the target down until the next one: wait for a good one
+        r["target"] = wait_until(lambda: all(t["health"] == "up" for t in targets()) and targets(), timeout=30) \
+            or targets()
     finally:
         r["tracer_rc"] = tracer.terminate(timeout=240)
         r["tracer_output"] = tracer.output()[-6000:]
