@@ -13,7 +13,9 @@ the agent does not use the API, and every capability and host access mapped to t
 
 from __future__ import annotations
 
+import os
 import re
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -357,3 +359,75 @@ def test_prometheusrule_groups_pass_promtool(tmp_path: Path) -> None:
     (tmp_path / "rules_test.yml").write_text(yaml.safe_dump(tests, sort_keys=False))
     res = promtool("test", "rules", tmp_path / "rules_test.yml")
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+# ---- TLS and basic auth on the metrics port, as the comments say ------------------------------------
+
+
+def _uncommented(text: str, marker: str) -> str:
+    """The commented-out YAML right after the first line that contains `marker`, uncommented."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if marker in line) + 1
+    block = []
+    for line in lines[start:]:
+        m = re.match(r"^(\s*)# ?(.*)$", line)
+        if not m or not m.group(2).strip():
+            break
+        block.append(m.group(1) + m.group(2))
+    return textwrap.dedent("\n".join(block)) + "\n"
+
+
+def _tls_variant() -> tuple[dict, dict, str, str]:
+    """The DaemonSet, the ConfigMap's agent.yaml and web.yml, with the commented-out TLS parts turned on."""
+    text = DAEMONSET.read_text()
+    docs = {d["kind"]: d for d in load_docs(DAEMONSET)}
+    pod_spec = docs["DaemonSet"]["spec"]["template"]["spec"]
+    (container,) = pod_spec["containers"]
+    probe_http = yaml.safe_load(_uncommented(text, "user of basic_auth_users"))
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        container[probe]["httpGet"].update(probe_http)
+    container["volumeMounts"] += yaml.safe_load(_uncommented(text, "            # metrics.web_config_file:"))
+    pod_spec["volumes"] += yaml.safe_load(_uncommented(text, "the agent reloads them when the kubelet"))
+    agent_yaml = docs["ConfigMap"]["data"]["agent.yaml"].replace("# web_config_file:", "web_config_file:")
+    web_yml = yaml.safe_load(_uncommented(text, "# metrics.web_config_file (see agent.yaml below)"))["web.yml"]
+    return docs["DaemonSet"], docs["ConfigMap"], agent_yaml, web_yml
+
+
+@pytest.mark.parametrize("version", [OLDEST_KUBERNETES, "latest"])
+def test_the_commented_tls_variant_is_valid(version: str) -> None:
+    import kubernetes_validate as kv
+
+    daemonset, _cm, _agent_yaml, _web = _tls_variant()
+    kv.validate(daemonset, kv.latest_version() if version == "latest" else version, strict=True)
+
+
+def test_the_commented_tls_variant_fits_together() -> None:
+    """The agent reads web.yml where the volume puts it, web.yml names the files the volume holds, and the
+    probes send the probe user over HTTPS."""
+    import base64
+
+    import bcrypt
+
+    from retsnoop_otel.metrics.web_config import parse_web_config
+    daemonset, configmap, agent_yaml, web_text = _tls_variant()
+    cfg = parse_config(agent_yaml, "daemonset.yaml:agent.yaml")
+    assert cfg.metrics.web_config_file is not None
+    pod_spec = daemonset["spec"]["template"]["spec"]
+    (container,) = pod_spec["containers"]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "web")
+    assert os.path.dirname(cfg.metrics.web_config_file) == mount["mountPath"]
+    (volume,) = [v for v in pod_spec["volumes"] if v["name"] == "web"]
+    sources = volume["projected"]["sources"]
+    assert next(s["configMap"]["name"] for s in sources if "configMap" in s) == configmap["metadata"]["name"]
+    projected = {item["path"] for s in sources for kind in ("configMap", "secret") for item in s.get(kind, {})
+                 .get("items", [])}
+    hashed = bcrypt.hashpw(b"probe-password", bcrypt.gensalt(4)).decode()
+    web, _ = parse_web_config(web_text.replace("$2y$10$...", hashed), cfg.metrics.web_config_file)
+    assert web.tls is not None and set(web.users) == {"prometheus", "probe"}
+    assert {os.path.basename(web.tls.cert_file), os.path.basename(web.tls.key_file), "web.yml"} == projected
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        http_get = container[probe]["httpGet"]
+        (header,) = http_get["httpHeaders"]
+        scheme, token = header["value"].split()
+        assert (http_get["scheme"], header["name"], scheme) == ("HTTPS", "Authorization", "Basic")
+        assert base64.b64decode(token) == b"probe:probe-password"

@@ -86,6 +86,7 @@ class MetricsConfig:
     functions: tuple[str, ...] = ()  # globs of functions with their own series; () = all
     duration_range: DurationRange | None = None  # histogram buckets of probe sets without one; None: all slots
     max_workloads: int = 100  # workload label values with series of their own, per probe set; the rest: "other"
+    web_config_file: str | None = None  # exporter-toolkit web config: TLS and basic auth for /metrics and /healthz
 
     @property
     def listen(self) -> str:
@@ -121,6 +122,7 @@ class InputNames:
     otlp: Mapping[str, str] = field(default_factory=lambda: _names("exporter.otlp."))
     metrics_otlp: Mapping[str, str] = field(default_factory=lambda: _names("metrics.otlp."))
     listen: str = "metrics.listen"
+    web_config: str = "metrics.web_config_file"
     trace_json: str = "exporter.trace_json"
     file: str = "exporter.file"
     vmlinux: str = "vmlinux"

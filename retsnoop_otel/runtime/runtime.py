@@ -120,6 +120,7 @@ class Runtime:
             otlp_settings(cfg.exporter.otlp, "traces", cfg.names.otlp, self.deps.environ)
         if cfg.metrics.otlp is not None:
             otlp_settings(cfg.metrics.otlp, "metrics", cfg.names.metrics_otlp, self.deps.environ)
+        self._web(cfg)
         return self.deps.find_vmlinux(cfg.symbols, cfg.names.vmlinux)
 
     def open(self) -> None:
@@ -229,9 +230,22 @@ class Runtime:
         from retsnoop_otel.metrics.server import ListenError, MetricsServer
         try:
             return MetricsServer(cfg.metrics.host, cfg.metrics.port, self.registry(), self.health,
-                                 setting=cfg.names.listen)
+                                 setting=cfg.names.listen, web=self._web(cfg))
         except ListenError as exc:
             raise SetupError(str(exc)) from None
+
+    def _web(self, cfg: RuntimeConfig) -> Any:
+        """metrics.web_config_file read and its certificates loaded (metrics.web_tls.WebWatcher); None without."""
+        if cfg.metrics.port is None or not cfg.metrics.web_config_file:
+            return None
+        from retsnoop_otel.metrics.web_config import WebConfigError
+        from retsnoop_otel.metrics.web_tls import WebWatcher, load_web_config
+        try:
+            web = load_web_config(cfg.metrics.web_config_file)
+        except WebConfigError as exc:
+            raise InputError(f"{cfg.names.web_config}: {exc}") from None
+        return WebWatcher(web, lambda error: self.log.warning(
+            "web config change not loaded; the previous one stays in force", error=error))
 
     def _sinks(self, cfg: RuntimeConfig) -> Sinks:
         assert self._resource is not None
@@ -336,13 +350,15 @@ class Runtime:
         """Apply a new config; on any error keep what runs now. Returns success."""
         old = self.config
         self.reloading = True
-        new_server = new_sinks = env = None
+        new_server = new_sinks = env = web = None
         new_sets: list[ProbeSet] = []
         try:
             vmlinux = self.check_inputs(cfg)
             if (cfg.metrics.host, cfg.metrics.port, cfg.names.listen) != (
                     old.metrics.host, old.metrics.port, old.names.listen):
                 new_server = self._serve(cfg)
+            else:
+                web = self._web(cfg)  # read again even when unchanged: SIGHUP is how users ask for that
             if (cfg.exporter, cfg.limits) != (old.exporter, old.limits):
                 new_sinks = self._sinks(cfg)
             env = self._load_env(cfg, vmlinux)
@@ -368,6 +384,8 @@ class Runtime:
                 old_sinks, self.sinks = self.sinks, new_sinks
             if new_server is not None:
                 old_server, self.server = self.server, new_server
+            elif self.server is not None:
+                self.server.use_web(web)
             self.config = cfg
             for ps in old_sets:
                 self._drain_and_close(ps)
