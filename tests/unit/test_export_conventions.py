@@ -40,6 +40,7 @@ from retsnoop_otel.export.resource import build_resource
 from retsnoop_otel.export.semconv import SCHEMA_URL, SEMCONV_VERSION
 from retsnoop_otel.metrics.otlp_units import OTLP_UNITS
 from retsnoop_otel.metrics.runtime_families import RunCounters
+from retsnoop_otel.workload.k8s_watch import WatchCounters
 from tests.test_dashboards import PROMETHEUS_SERIES, all_expressions, metric_names
 
 # ---- the Collector's translation, from its documentation -------------------------------------------
@@ -118,7 +119,8 @@ def _runtime(tmp_path: Path):
     runtime = Runtime(RuntimeConfig(probe_sets=(ProbeSetConfig("bpf", ("f",)),)), RuntimeDeps(root=str(tmp_path)))
     runtime.probe_sets = [ps]  # type: ignore[list-item]
     runtime.counters = lambda: RunCounters(3, {"queue_full": 1}, 1, 1, {"success": 1, "failure": 0},
-                                           {"linked": 1}, 2, 1, 0)
+                                           {"linked": 1}, 2, 1, 0,
+                                           k8s=WatchCounters(True, {"forbidden": 1}, lists=1, events=2, pods=3))
     return runtime
 
 
