@@ -1,0 +1,127 @@
+"""Workload identity through the agent's runtime (no kernel: the fakes of test_agent_lifecycle): kept sessions
+are annotated from a fixture /proc and cgroupfs tree, exported under a resource per workload; the
+`kubernetes:` section reaches the resolver as settings, and a bad one is a file:line error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from pathlib import Path
+
+import pytest
+
+from retsnoop_otel.agent.config_file import ConfigError, parse_config
+from retsnoop_otel.agent.main import Agent
+from retsnoop_otel.capture.records import SessionEndRec
+from retsnoop_otel.runtime.logs import EventLog
+from retsnoop_otel.workload.k8s_settings import KubernetesConfig
+from retsnoop_otel.workload.pods import PodCache, PodMeta
+from retsnoop_otel.workload.resolver import WorkloadResolver
+from tests.unit.test_agent_lifecycle import CONFIG, World, by_set, error_session, wait_exported
+from tests.unit.test_workload_resolver import APP, CID, UID, cg_id, host, process
+
+BASE = "probe_sets:\n  - name: a\n    entry: [f]\nexporter:\n  console: true\n"
+
+
+def test_sessions_carry_their_workload_to_the_exported_resource(tmp_path: Path) -> None:
+    root = host(tmp_path / "root")
+    process(root, 4321, f"0::/{APP}\n", "/usr/local/bin/checkout-server", comm="python")
+    pods = PodCache(lambda: 0.0)
+    pods.upsert(PodMeta(UID, "checkout-7d4b9c8f6-x2x9k", "shop", {CID: ("app", "containerd")}))
+    seen = []
+
+    def make_workloads(root_dir, clock, kube, log):
+        seen.append(kube)
+        return WorkloadResolver(str(root), clock, pods)
+
+    world = World()
+    deps = world.deps()
+    deps.make_workloads = make_workloads
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(CONFIG.format(prob=1.0))
+    agent = Agent(str(cfg), deps, EventLog(io.StringIO()))
+    agent.start()
+    try:
+        t = by_set(world, "__x64_sys_bpf")
+        host_session = error_session(t, tid=9)
+        in_container = [dataclasses.replace(r, tgid=4321, cgroup_id=cg_id(root, APP))
+                        if isinstance(r, SessionEndRec) else dataclasses.replace(r, tgid=4321)
+                        for r in error_session(t, tid=4321)]
+        t.pending += host_session + in_container
+        spans = wait_exported(world, 6)
+    finally:
+        agent.runtime.shutdown(1.0)
+    assert seen == [None]  # no kubernetes section: no watch
+    roots = {s.attributes["thread.id"]: s for s in spans if s.parent is None}
+    app = roots[4321]
+    assert {k: v for k, v in app.resource.items() if k.startswith(("container.", "k8s."))} == {
+        "container.id": CID, "container.runtime.name": "containerd", "k8s.pod.uid": UID,
+        "k8s.pod.name": "checkout-7d4b9c8f6-x2x9k", "k8s.namespace.name": "shop", "k8s.container.name": "app"}
+    assert app.attributes["process.executable.name"] == "checkout-server"  # /proc/PID/exe, not comm "python"
+    other = roots[9]
+    assert not any(k.startswith(("container.", "k8s.")) for k in other.resource)
+    assert other.attributes["process.executable.name"] == "python"  # no /proc entry: the kernel's comm
+    children = [s for s in spans if s.parent is not None and s.context.trace_id == app.context.trace_id]
+    assert children and all(s.resource == app.resource for s in children)
+
+
+def kube_files(tmp_path: Path) -> tuple[Path, Path]:
+    token, ca = tmp_path / "token", tmp_path / "ca.crt"
+    token.write_text("t")
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    return token, ca
+
+
+def test_kubernetes_section_in_cluster_defaults(tmp_path: Path) -> None:
+    pytest.importorskip("kubernetes")
+    token, ca = kube_files(tmp_path)
+    env = {"K8S_NODE_NAME": "node-a", "KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+    cfg = parse_config(BASE + f"kubernetes:\n  metadata: true\n  token_file: {token}\n  ca_file: {ca}\n",
+                       "agent.yaml", env)
+    assert cfg.kubernetes == KubernetesConfig(True, None, None, str(token), str(ca))
+    assert parse_config(BASE, "agent.yaml", env).kubernetes == KubernetesConfig()  # off by default
+    from retsnoop_otel.workload.k8s_settings import resolve_kubernetes
+    s = resolve_kubernetes(cfg.kubernetes, env)
+    assert (s.node_name, s.api_server, s.token_file, s.ca_file) == ("node-a", "https://10.96.0.1:443", str(token),
+                                                                     str(ca))
+    v6 = resolve_kubernetes(cfg.kubernetes, {**env, "KUBERNETES_SERVICE_HOST": "fd00:10:96::1"})
+    assert v6.api_server == "https://[fd00:10:96::1]:443"
+
+
+@pytest.mark.parametrize("section,env,want", [
+    ("  metadata: true\n", {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"},
+     "agent.yaml:7: kubernetes.node_name: not set and $K8S_NODE_NAME is empty"),
+    ("  metadata: true\n", {"K8S_NODE_NAME": "n"},
+     "agent.yaml:7: kubernetes.api_server: not set and $KUBERNETES_SERVICE_HOST/PORT are empty"),
+    ("  metadata: true\n  node_name: n\n  api_server: ftp://x\n", {},
+     "agent.yaml:9: kubernetes.api_server: 'ftp://x' is not an https:// URL"),
+    ("  metadata: true\n  node_name: n\n  api_server: https://x:6443\n  token_file: /nonexistent/token\n", {},
+     "agent.yaml:10: kubernetes.token_file: /nonexistent/token: No such file or directory; mount the "
+     "service-account token (automountServiceAccountToken: true)"),
+    ("  metadata: yes please\n", {}, "agent.yaml:7: kubernetes.metadata: expected"),
+    ("  metdata: true\n", {}, "agent.yaml:7: kubernetes.metdata: unknown key; did you mean 'metadata'?"),
+    ("  metadata: true\n  node_name: n\n  api_server: https://x:6443\n  keep_deleted: -1\n", {},
+     "agent.yaml:10: kubernetes.keep_deleted:"),
+])
+def test_kubernetes_section_errors(tmp_path: Path, section: str, env: dict, want: str) -> None:
+    pytest.importorskip("kubernetes")
+    token, ca = kube_files(tmp_path)
+    files = f"  token_file: {token}\n  ca_file: {ca}\n" if "token_file" not in section else f"  ca_file: {ca}\n"
+    text = BASE + "kubernetes:\n" + section + (files if "metadata: true" in section else "")
+    with pytest.raises(ConfigError) as err:
+        parse_config(text, "agent.yaml", env)
+    assert str(err.value).startswith(want), str(err.value)
+
+
+def test_runtime_refuses_an_unusable_watch_before_loading_anything(tmp_path: Path) -> None:
+    """trace and agent share the check: the runtime's check_inputs names the key, exit code 2 (InputError)."""
+    from retsnoop_otel.runtime.config import ProbeSetConfig, RuntimeConfig
+    from retsnoop_otel.runtime.errors import InputError
+    from retsnoop_otel.runtime.runtime import Runtime
+    pytest.importorskip("kubernetes")
+    world = World()
+    cfg = RuntimeConfig(probe_sets=(ProbeSetConfig("a", ("f",)),), kubernetes=KubernetesConfig(metadata=True))
+    with pytest.raises(InputError, match=r"^kubernetes.node_name: not set"):
+        Runtime(cfg, world.deps()).check_inputs()
+    assert world.tracers == []
