@@ -8,7 +8,8 @@ as the real server does. A watch response is chunked, one JSON event per line. E
 `stop()` closes the listening socket and every open connection: a server that goes away.
 
 As a program (the VM scenario): `python -m tests.fake_apiserver --port 0 --list FILE [--watch FILE]
---token-file FILE [--cert PEM --key PEM]` prints `READY <port>`; SIGTERM stops it.
+--token-file FILE [--cert PEM --key PEM]` prints `READY <port>`, then `REQUEST <list|watch> <resourceVersion>`
+per request; SIGTERM stops it.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ import json
 import signal
 import socket
 import ssl
+import subprocess
 import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -61,6 +64,7 @@ class FakeApiServer:
     _server: Any = None
     _conns: set[Any] = field(default_factory=set)
     _stopping: bool = False
+    on_request: Callable[[dict[str, Any]], None] | None = None
 
     def start(self, port: int = 0, cert: str | None = None, key: str | None = None) -> FakeApiServer:
         handler = type("Handler", (_Handler,), {"api": self})
@@ -129,6 +133,8 @@ class _Handler(BaseHTTPRequestHandler):
             api.requests.append({"method": "GET", "path": url.path, "query": query, "authorization": auth,
                                  "kind": kind, "time": time.monotonic()})
             api.lock.notify_all()
+        if api.on_request is not None:
+            api.on_request(api.requests[-1])
         try:
             if url.path != "/api/v1/pods":
                 return self._json(404, {"kind": "Status", "code": 404, "reason": "NotFound"})
@@ -172,6 +178,22 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
 
+def make_test_ca(directory: Path) -> dict[str, str]:
+    """A CA and a server certificate for 127.0.0.1 and localhost, made with the openssl command line."""
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True, timeout=120)
+
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=test cluster CA",
+            "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+    (directory / "server.ext").write_text("basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n"
+                                          "extendedKeyUsage=serverAuth\nsubjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    openssl("req", *ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=kube-apiserver")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", "server.pem", "-days", "2", "-extfile", "server.ext")
+    return {name: str(directory / name) for name in ("ca.pem", "server.pem", "server.key")}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.fake_apiserver")
     p.add_argument("--port", type=int, default=0)
@@ -186,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.watch:
         api.watches.append(Answer(events=[x for x in Path(args.watch).read_text().splitlines() if x.strip()],
                                   hold=True))
+    api.on_request = lambda r: print(f"REQUEST {r['kind']} {r['query'].get('resourceVersion', '-')}", flush=True)
     api.start(args.port, args.cert, args.key)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())

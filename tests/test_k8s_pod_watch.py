@@ -19,8 +19,7 @@ import pytest
 from retsnoop_otel.workload.k8s_settings import KubeSettings
 from retsnoop_otel.workload.k8s_watch import PodWatch
 from retsnoop_otel.workload.pods import PodCache
-from tests.fake_apiserver import Answer, FakeApiServer, fixture, fixture_events
-from tests.test_otlp_senders import certs  # noqa: F401 - the CA and server certificate fixture
+from tests.fake_apiserver import Answer, FakeApiServer, fixture, fixture_events, make_test_ca
 
 pytest.importorskip("kubernetes")  # an optional extra: retsnoop-otel[kubernetes]
 
@@ -55,6 +54,11 @@ def wait_for(cond: Callable[[], Any], timeout: float = 20.0) -> Any:
     return value
 
 
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    return make_test_ca(tmp_path_factory.mktemp("ca"))
+
+
 @pytest.fixture
 def token(tmp_path: Path) -> Path:
     path = tmp_path / "token"
@@ -63,19 +67,19 @@ def token(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def server(certs: dict[str, str], token: Path) -> Iterator[FakeApiServer]:  # noqa: F811
+def server(certs: dict[str, str], token: Path) -> Iterator[FakeApiServer]:
     api = FakeApiServer({token.read_text().strip()}).start(cert=certs["server.pem"], key=certs["server.key"])
     yield api
     api.stop()
 
 
-def watch_of(api: FakeApiServer, certs: dict[str, str], token: Path, log: Log,  # noqa: F811
+def watch_of(api: FakeApiServer, certs: dict[str, str], token: Path, log: Log,
              cache: PodCache | None = None) -> PodWatch:
     settings = KubeSettings("node-a", f"https://127.0.0.1:{api.port}", str(token), certs["ca.pem"])
     return PodWatch(settings, cache or PodCache(time.monotonic), log, backoff_first_s=0.05, backoff_max_s=0.2)
 
 
-def test_list_then_watch_fills_the_cache(server: FakeApiServer, certs, token: Path) -> None:  # noqa: F811
+def test_list_then_watch_fills_the_cache(server: FakeApiServer, certs, token: Path) -> None:
     server.lists.append(Answer(body=fixture("pods_list.json")))
     server.watches.append(Answer(events=fixture_events("watch_events.jsonl")))  # ends: the watch is resumed
     server.watches.append(Answer(events=['{"type":"BOOKMARK","object":{"kind":"Pod","apiVersion":"v1",'
@@ -110,7 +114,7 @@ def test_list_then_watch_fills_the_cache(server: FakeApiServer, certs, token: Pa
 
 
 @pytest.mark.parametrize("gone", ["event", "status"])
-def test_410_gone_lists_again(server: FakeApiServer, certs, token: Path, gone: str) -> None:  # noqa: F811
+def test_410_gone_lists_again(server: FakeApiServer, certs, token: Path, gone: str) -> None:
     server.lists.append(Answer(body=fixture("pods_list.json")))
     relisted = fixture("pods_list.json")
     relisted["metadata"]["resourceVersion"] = "1523"
@@ -136,7 +140,7 @@ def test_410_gone_lists_again(server: FakeApiServer, certs, token: Path, gone: s
 
 
 @pytest.mark.parametrize("status,reason", [(403, "forbidden"), (401, "unauthorized")])
-def test_refusal_degrades_with_one_warning(server: FakeApiServer, certs, token: Path, status: int,  # noqa: F811
+def test_refusal_degrades_with_one_warning(server: FakeApiServer, certs, token: Path, status: int,
                                            reason: str) -> None:
     if status == 403:
         server.lists.append(Answer(403, fixture("status_403.json")))
@@ -156,7 +160,7 @@ def test_refusal_degrades_with_one_warning(server: FakeApiServer, certs, token: 
     assert warning["api_server"].startswith("https://127.0.0.1:")
 
 
-def test_a_server_that_goes_away_and_comes_back(server: FakeApiServer, certs, token: Path) -> None:  # noqa: F811
+def test_a_server_that_goes_away_and_comes_back(server: FakeApiServer, certs, token: Path) -> None:
     server.lists.append(Answer(body=fixture("pods_list.json")))
     server.watches.append(Answer(events=fixture_events("watch_events.jsonl")[:1], hold=True))
     log = Log()
@@ -183,7 +187,7 @@ def test_a_server_that_goes_away_and_comes_back(server: FakeApiServer, certs, to
     assert watch.counters().lists == 1
 
 
-def test_rotated_token_is_read_again(server: FakeApiServer, certs, token: Path) -> None:  # noqa: F811
+def test_rotated_token_is_read_again(server: FakeApiServer, certs, token: Path) -> None:
     server.lists.append(Answer(body=fixture("pods_list.json")))
     server.watches.append(Answer(events=[]))  # ends at once: the next watch is a new request
     log = Log()
