@@ -378,7 +378,7 @@ def parse_config(text: str, filename: str = "<config>", environ: Mapping[str, st
         limits=_limits(ctx, m["limits"]) if "limits" in m else Limits(),
         logging=_logging(ctx, m["logging"]) if "logging" in m else LoggingConfig(),
         symbols=SymbolsConfig(vmlinux=vmlinux),
-        kubernetes=parse_kubernetes(ctx, m["kubernetes"], environ) if "kubernetes" in m else KubernetesConfig())
+        kubernetes=parse_kubernetes(ctx, m["kubernetes"]) if "kubernetes" in m else KubernetesConfig())
 
 
 def load_config(path: str | Path, environ: Mapping[str, str] = os.environ) -> AgentConfig:

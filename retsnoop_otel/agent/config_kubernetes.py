@@ -8,23 +8,22 @@
       ca_file: ...              # default: the service account's ca.crt
       keep_deleted: 300         # seconds a deleted pod's names stay, for its last sessions
 
-Checked with file:line like the rest of the file, including what only the environment tells (a node
-name, a token that is mounted), so `agent --check` says what the watch would lack.
+Checked with file:line like the rest of the file; what only the environment tells (a node name, an API
+server, a mounted token) is checked when the agent starts and by `agent --check`, before anything is
+loaded, so that the shipped file parses on any machine.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import yaml
 
 from retsnoop_otel.agent.yaml_nodes import ConfigError, Nodes, boolean, mapping, number, string
-from retsnoop_otel.workload.k8s_settings import KubeConfigError, KubernetesConfig, resolve_kubernetes
+from retsnoop_otel.workload.k8s_settings import KubeConfigError, KubernetesConfig, check_form
 
 KEYS = ("metadata", "node_name", "api_server", "token_file", "ca_file", "keep_deleted")
 
 
-def parse_kubernetes(ctx: Nodes, node: yaml.Node, environ: Mapping[str, str]) -> KubernetesConfig:
+def parse_kubernetes(ctx: Nodes, node: yaml.Node) -> KubernetesConfig:
     m = mapping(ctx, node, "kubernetes", KEYS)
     d = KubernetesConfig()
     cfg = KubernetesConfig(
@@ -36,7 +35,7 @@ def parse_kubernetes(ctx: Nodes, node: yaml.Node, environ: Mapping[str, str]) ->
         keep_deleted_s=number(ctx, m["keep_deleted"], "kubernetes.keep_deleted", 0) if "keep_deleted" in m
         else d.keep_deleted_s)
     try:
-        resolve_kubernetes(cfg, environ)
+        check_form(cfg)
     except KubeConfigError as exc:
         bad = m.get(exc.key.removeprefix("kubernetes."), m.get("metadata", node))
         raise ConfigError(f"{ctx.filename}:{bad.start_mark.line + 1}: {exc}") from None

@@ -3,8 +3,10 @@
 In a pod, the API server is `https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT`, the service
 account's token and the cluster CA are files under /var/run/secrets/kubernetes.io/serviceaccount, and
 the node name comes in through the downward API as K8S_NODE_NAME (config/daemonset.yaml). Each can be
-set in the config instead (tests point them at a local server). Checked before anything is loaded into
-the kernel: a watch that cannot start is a one-line input error naming the setting.
+set in the config instead (tests point them at a local server). The config file's check is of the form
+only (so the shipped file parses anywhere); what the environment must provide is checked when the
+runtime starts, before anything is loaded into the kernel: a watch that cannot start is a one-line input
+error naming the setting.
 """
 
 from __future__ import annotations
@@ -61,11 +63,22 @@ def library_available() -> bool:
     return importlib.util.find_spec("kubernetes") is not None
 
 
+def check_form(cfg: KubernetesConfig, prefix: str = "kubernetes.") -> None:
+    """What the settings say by themselves (the config file's check); the environment is checked at start."""
+    if cfg.api_server is not None:
+        url = urlsplit(cfg.api_server)
+        if url.scheme not in ("https", "http") or not url.hostname:
+            raise KubeConfigError(prefix + "api_server", f"'{cfg.api_server}' is not an https:// URL; write it like "
+                                  "https://10.96.0.1:443")
+
+
 def resolve_kubernetes(cfg: KubernetesConfig, environ: Mapping[str, str], prefix: str = "kubernetes.",
                        root: str = "/") -> KubeSettings | None:
-    """None when the watch is off; raises KubeConfigError when it is on and cannot start."""
+    """None when the watch is off; raises KubeConfigError when it is on and cannot start (checked by the
+    runtime before anything is loaded, and by `agent --check`: a node name, a server, a mounted token)."""
     if not cfg.metadata:
         return None
+    check_form(cfg, prefix)
     if not library_available():
         raise KubeConfigError(prefix + "metadata", "needs the kubernetes client library: install "
                               "retsnoop-otel[kubernetes] (pip install kubernetes), or set it to false")
@@ -78,9 +91,6 @@ def resolve_kubernetes(cfg: KubernetesConfig, environ: Mapping[str, str], prefix
         raise KubeConfigError(prefix + "api_server", "not set and $KUBERNETES_SERVICE_HOST/PORT are empty (not in a "
                               "pod?): give the API server's URL, such as https://10.96.0.1:443")
     url = urlsplit(server)
-    if url.scheme not in ("https", "http") or not url.hostname:
-        raise KubeConfigError(prefix + "api_server", f"'{server}' is not an https:// URL; write it like "
-                              "https://10.96.0.1:443")
     token = _readable(cfg.token_file, root, prefix + "token_file",
                       "mount the service-account token (automountServiceAccountToken: true)")
     ca = _readable(cfg.ca_file, root, prefix + "ca_file", "mount the service-account token volume, which holds "

@@ -89,39 +89,42 @@ def test_kubernetes_section_in_cluster_defaults(tmp_path: Path) -> None:
     assert v6.api_server == "https://[fd00:10:96::1]:443"
 
 
-@pytest.mark.parametrize("section,env,want", [
-    ("  metadata: true\n", {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"},
-     "agent.yaml:7: kubernetes.node_name: not set and $K8S_NODE_NAME is empty"),
-    ("  metadata: true\n", {"K8S_NODE_NAME": "n"},
-     "agent.yaml:7: kubernetes.api_server: not set and $KUBERNETES_SERVICE_HOST/PORT are empty"),
-    ("  metadata: true\n  node_name: n\n  api_server: ftp://x\n", {},
-     "agent.yaml:9: kubernetes.api_server: 'ftp://x' is not an https:// URL"),
-    ("  metadata: true\n  node_name: n\n  api_server: https://x:6443\n  token_file: /nonexistent/token\n", {},
-     "agent.yaml:10: kubernetes.token_file: /nonexistent/token: No such file or directory; mount the "
-     "service-account token (automountServiceAccountToken: true)"),
-    ("  metadata: yes please\n", {}, "agent.yaml:7: kubernetes.metadata: expected"),
-    ("  metdata: true\n", {}, "agent.yaml:7: kubernetes.metdata: unknown key; did you mean 'metadata'?"),
-    ("  metadata: true\n  node_name: n\n  api_server: https://x:6443\n  keep_deleted: -1\n", {},
-     "agent.yaml:10: kubernetes.keep_deleted:"),
+@pytest.mark.parametrize("section,want", [
+    ("  metadata: true\n  api_server: ftp://x\n",
+     "agent.yaml:8: kubernetes.api_server: 'ftp://x' is not an https:// URL"),
+    ("  metadata: yes please\n", "agent.yaml:7: kubernetes.metadata: expected"),
+    ("  metdata: true\n", "agent.yaml:7: kubernetes.metdata: unknown key; did you mean 'metadata'?"),
+    ("  metadata: true\n  keep_deleted: -1\n", "agent.yaml:8: kubernetes.keep_deleted:"),
+    ("  - metadata\n", "agent.yaml:7: kubernetes: expected a mapping"),
 ])
-def test_kubernetes_section_errors(tmp_path: Path, section: str, env: dict, want: str) -> None:
-    pytest.importorskip("kubernetes")
-    token, ca = kube_files(tmp_path)
-    files = f"  token_file: {token}\n  ca_file: {ca}\n" if "token_file" not in section else f"  ca_file: {ca}\n"
-    text = BASE + "kubernetes:\n" + section + (files if "metadata: true" in section else "")
+def test_kubernetes_section_errors(section: str, want: str) -> None:
     with pytest.raises(ConfigError) as err:
-        parse_config(text, "agent.yaml", env)
+        parse_config(BASE + "kubernetes:\n" + section, "agent.yaml", {})
     assert str(err.value).startswith(want), str(err.value)
 
 
-def test_runtime_refuses_an_unusable_watch_before_loading_anything(tmp_path: Path) -> None:
-    """trace and agent share the check: the runtime's check_inputs names the key, exit code 2 (InputError)."""
-    from retsnoop_otel.runtime.config import ProbeSetConfig, RuntimeConfig
+@pytest.mark.parametrize("extra,env,want", [
+    ("", {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"},
+     "kubernetes.node_name: not set and $K8S_NODE_NAME is empty: give the node's name, or set K8S_NODE_NAME from "
+     "the downward API (fieldRef spec.nodeName)"),
+    ("", {"K8S_NODE_NAME": "n"}, "kubernetes.api_server: not set and $KUBERNETES_SERVICE_HOST/PORT are empty"),
+    ("  token_file: /nonexistent/token\n", {"K8S_NODE_NAME": "n", "KUBERNETES_SERVICE_HOST": "h",
+                                            "KUBERNETES_SERVICE_PORT": "443"},
+     "kubernetes.token_file: /nonexistent/token: No such file or directory; mount the service-account token "
+     "(automountServiceAccountToken: true)"),
+])
+def test_the_environment_is_checked_when_the_agent_starts(tmp_path: Path, extra: str, env: dict, want: str) -> None:
+    """The shipped file parses anywhere; `agent --check` and the start say what the watch lacks, as one line."""
     from retsnoop_otel.runtime.errors import InputError
     from retsnoop_otel.runtime.runtime import Runtime
     pytest.importorskip("kubernetes")
+    token, ca = kube_files(tmp_path)
+    files = f"  ca_file: {ca}\n" + ("" if "token_file" in extra else f"  token_file: {token}\n")
+    cfg = parse_config(BASE + "kubernetes:\n  metadata: true\n" + extra + files, "agent.yaml", env)
     world = World()
-    cfg = RuntimeConfig(probe_sets=(ProbeSetConfig("a", ("f",)),), kubernetes=KubernetesConfig(metadata=True))
-    with pytest.raises(InputError, match=r"^kubernetes.node_name: not set"):
-        Runtime(cfg, world.deps()).check_inputs()
+    deps = world.deps()
+    deps.environ = env
+    with pytest.raises(InputError) as err:
+        Runtime(cfg, deps).check_inputs()
+    assert str(err.value).startswith(want), str(err.value)
     assert world.tracers == []
