@@ -126,7 +126,7 @@ class _Handler(BaseHTTPRequestHandler):
         api = self.api
         url = urlsplit(self.path)
         query = {k: v[0] for k, v in parse_qs(url.query).items()}
-        kind = "watch" if query.get("watch") in ("true", "1") else "list"
+        kind = "watch" if query.get("watch", "").lower() in ("true", "1", "t") else "list"  # Go's ParseBool
         auth = self.headers.get("Authorization", "")
         with api.lock:
             api._conns.add(self.connection)

@@ -104,7 +104,8 @@ def test_list_then_watch_fills_the_cache(server: FakeApiServer, certs, token: Pa
     lst, w1, w2, w3 = third[:4]
     assert lst["kind"] == "list" and lst["query"] == {"fieldSelector": "spec.nodeName=node-a"}
     assert lst["authorization"] == "Bearer " + token.read_text().strip()
-    assert (w1["kind"], w1["query"]["resourceVersion"], w1["query"]["allowWatchBookmarks"]) == ("watch", "1000", "true")
+    assert (w1["kind"], w1["query"]["resourceVersion"], w1["query"]["allowWatchBookmarks"].lower()) == \
+        ("watch", "1000", "true")  # older clients write True: the API server parses both
     assert w1["query"]["fieldSelector"] == "spec.nodeName=node-a" and int(w1["query"]["timeoutSeconds"]) > 0
     assert w2["query"]["resourceVersion"] == "1012"  # the last event's version (after the bookmark at 1010)
     assert w3["query"]["resourceVersion"] == "2000"  # a bookmark moves the version too
@@ -173,7 +174,10 @@ def test_a_server_that_goes_away_and_comes_back(server: FakeApiServer, certs, to
         c = watch.counters()
         assert not c.current and c.pods == 4  # what was known stays
         assert len(log.of("warning")) == 1
-        back = FakeApiServer(server.tokens).start(port, certs["server.pem"], certs["server.key"])
+        back = FakeApiServer(server.tokens)
+        back.watches.append(Answer(events=['{"type":"BOOKMARK","object":{"kind":"Pod","apiVersion":"v1",'
+                                           '"metadata":{"resourceVersion":"1400"}}}'], hold=True))
+        back.start(port, certs["server.pem"], certs["server.key"])
         try:
             (w,) = back.wait_requests(1)
             assert w["kind"] == "watch" and w["query"]["resourceVersion"] == "1001"  # resumed, not listed again
@@ -185,6 +189,22 @@ def test_a_server_that_goes_away_and_comes_back(server: FakeApiServer, certs, to
         watch.close()
     assert log.of("info") == ["pod metadata watch running again"] and len(log.of("warning")) == 1
     assert watch.counters().lists == 1
+
+
+def test_a_server_that_fails_every_watch_is_one_warning(server: FakeApiServer, certs, token: Path) -> None:
+    """The list works, every watch then breaks mid-stream: the log says it once, not once per round."""
+    server.lists.append(Answer(body=fixture("pods_list.json")))
+    for _ in range(4):
+        server.watches.append(Answer(events=['{"type":"ADDED","object":']))  # cut JSON
+    log = Log()
+    watch = watch_of(server, certs, token, log).start()
+    try:
+        server.wait_requests(4, kind="watch")
+        wait_for(lambda: watch.counters().errors.get("invalid_response", 0) >= 4)
+    finally:
+        watch.close()
+    assert len(log.of("warning")) == 1 and log.of("info") == []
+    assert watch.cache.get(CHECKOUT) is not None  # the list's pods stay
 
 
 def test_rotated_token_is_read_again(server: FakeApiServer, certs, token: Path) -> None:

@@ -159,7 +159,12 @@ class PodWatch:
                              error=_short(exc), api_server=self.settings.api_server)
 
     def _ok(self) -> None:
+        """Connected: the metadata is current again."""
         self._current = True
+
+    def _recovered(self) -> None:
+        """The watch delivered (an event, or a normal end): only then is an outage over, so that a server
+        that answers but then fails every time is one warning, not one per retry."""
         if self._failing:
             self._failing = False
             self.log.info("pod metadata watch running again", pods=len(self.cache))
@@ -219,6 +224,8 @@ class PodWatch:
                 if self._stop.is_set():
                     return
                 self._event(line)
+                self._recovered()
+            self._recovered()
         finally:
             self._resp = None
             resp.release_conn()
