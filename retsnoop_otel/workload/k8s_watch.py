@@ -61,9 +61,15 @@ class _BadResponse(Exception):
     pass
 
 
+class _NoToken(Exception):
+    """The token file cannot be read (the projected volume is being rewritten, or was unmounted)."""
+
+
 def reason_of(exc: BaseException) -> str:
     if isinstance(exc, _Gone):
         return "gone"
+    if isinstance(exc, _NoToken):
+        return "unauthorized"
     if isinstance(exc, _BadResponse | ValueError):
         return "invalid_response"
     status = getattr(exc, "status", None)  # kubernetes.client.exceptions.ApiException
@@ -183,8 +189,11 @@ class PodWatch:
         return client.CoreV1Api(client.ApiClient(conf))
 
     def _token(self) -> str:
-        with open(self.settings.token_file) as f:
-            return f.read().strip()
+        try:
+            with open(self.settings.token_file) as f:
+                return f.read().strip()
+        except OSError as exc:
+            raise _NoToken(f"{self.settings.token_file}: {exc.strerror}") from None
 
     def _refresh_token(self, conf: Any) -> None:
         """Before every request: kubelet rewrites a bound token before it expires."""
