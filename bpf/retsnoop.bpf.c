@@ -33,12 +33,14 @@ const volatile bool capture_args = false;	/* -A: off unless asked, kernel memory
 const volatile bool use_lbr = false;		/* --lbr: snapshot the CPU's branch records at exits */
 const volatile bool read_app = false;		/* read the application's OTel thread context at session start */
 const volatile bool user_stacks = false;	/* take the user stack at session start */
+const volatile bool workload_stats = false;	/* count per cgroup too (metrics workload label) */
 
 /* Set by user space once every probe is attached: no session starts half-instrumented. */
 volatile bool ready = false;
 
 struct session {
 	__u64 start_ts;
+	__u64 cgroup_id;	/* workload_stats: the thread's cgroup v2 when the session started */
 	__u32 tid;
 	__u32 tgid;
 	__u32 next_seq;
@@ -139,41 +141,6 @@ static __always_inline __u32 session_key(__u32 tid)
 	return tid ? tid : (__u32)-(1 + (int)bpf_get_smp_processor_id());
 }
 
-static __always_inline bool can_fail(__u32 flags)
-{
-	__u32 kind = (flags >> FUNC_RET_KIND_SHIFT) & 0xff;
-
-	return kind != RK_VOID && kind != RK_BOOL && kind != RK_UNSIGNED;
-}
-
-static __always_inline bool is_failure(__s64 res, __u32 flags)
-{
-	switch ((flags >> FUNC_RET_KIND_SHIFT) & 0xff) {
-	case RK_VOID:
-	case RK_BOOL:
-	case RK_UNSIGNED:
-		return false;
-	case RK_POINTER:
-		return res == 0 || (__u64)res >= (__u64)-MAX_ERRNO;
-	case RK_INT32:
-	case RK_UNKNOWN:
-		return (__u32)res >= (__u32)-MAX_ERRNO;
-	default:
-		return (__u64)res >= (__u64)-MAX_ERRNO;
-	}
-}
-
-static __always_inline __u32 errno_of(__s64 res, __u32 flags)
-{
-	__u32 kind = (flags >> FUNC_RET_KIND_SHIFT) & 0xff;
-
-	if (kind == RK_POINTER && res == 0)
-		return 0;
-	if (kind == RK_INT32 || kind == RK_UNKNOWN)
-		return -(__s32)res;
-	return -res;
-}
-
 /* uapi enum values for bpf_ringbuf_query() (not in the minimal vmlinux header) */
 #define RB_AVAIL_DATA 0
 #define RB_RING_SIZE 1
@@ -188,6 +155,7 @@ static __always_inline bool room_for_call_records(void)
 
 /* Separate concerns, one file each. They are part of this compilation unit, not headers of their
  * own: they use the configuration, struct session, the ring buffer and the helpers above. */
+#include "errors.bpf.h"
 #include "filters.bpf.h"
 #include "stats.bpf.h"
 #include "lbr.bpf.h"
@@ -248,6 +216,8 @@ static __always_inline struct session *start_session(__u32 key, __u32 tid, __u32
 	s->start_ts = now;
 	s->tid = tid;
 	s->tgid = tgid;
+	if (workload_stats)
+		s->cgroup_id = bpf_get_current_cgroup_id();
 	bpf_get_current_comm(s->comm, sizeof(s->comm));
 	task = (struct task_struct *)bpf_get_current_task();
 	BPF_CORE_READ_STR_INTO(&s->proc_comm, task, group_leader, comm);
@@ -333,6 +303,8 @@ static __always_inline void end_session(void *ctx, struct session *s, __u32 key,
 
 	if (es)
 		count_into(es, lat, s->is_err);
+	if (workload_stats)
+		count_workload(s->cgroup_id, entry_id | WL_SESSION, s->is_err);
 	if (s->defunct || !(s->is_err || capture_success) || lat < min_duration_ns)
 		goto out;
 	if (use_lbr)
@@ -382,6 +354,7 @@ static __always_inline void handle_exit(void *ctx, __u32 func_id, __s64 res)
 	struct session *s;
 	bool failed;
 	__u64 now, lat;
+	__u32 err;
 	int d;
 
 	s = bpf_map_lookup_elem(&sessions, &key);
@@ -409,7 +382,10 @@ static __always_inline void handle_exit(void *ctx, __u32 func_id, __s64 res)
 	s->depth = d;
 	lat = now - s->func_ts[lvl(d)];
 	failed = is_failure(res, fi->flags);
-	count_call(func_id, lat, failed, failed ? errno_of(res, fi->flags) : 0);
+	err = failed ? errno_of(res, fi->flags) : 0;
+	count_call(func_id, lat, failed, err);
+	if (workload_stats)
+		count_workload(s->cgroup_id, func_id, failed ? err + 1 : 0);
 
 	if (d == s->chain_top - 1 && (s->is_err || capture_success)) {
 		/* the parent of the chain's top returns: always the same frame as in the chain */
@@ -503,7 +479,8 @@ _Static_assert(sizeof(struct rec_session_start) == 56, "rec_session_start layout
 _Static_assert(sizeof(struct rec_func_trace) == 40, "rec_func_trace layout");
 _Static_assert(sizeof(struct rec_session_end) == 1760, "rec_session_end layout");
 _Static_assert(sizeof(struct func_stats) == 344, "func_stats layout");
-_Static_assert(sizeof(struct capture_stats) == 40, "capture_stats layout");
+_Static_assert(sizeof(struct capture_stats) == 48, "capture_stats layout");
+_Static_assert(sizeof(struct wl_key) == 16, "wl_key layout");
 _Static_assert(sizeof(struct func_info) == 16, "func_info layout");
 _Static_assert(sizeof(struct rec_func_args) == 1616, "rec_func_args layout");
 _Static_assert(sizeof(struct arg_spec) == 16, "arg_spec layout");

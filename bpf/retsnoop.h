@@ -215,12 +215,22 @@ struct err_key {
 	__u32 err;		/* positive errno, 0 = NULL pointer */
 };
 
+/* Counts per workload (the metrics workload label): map wl_stats, keyed by the cgroup v2 the
+ * session's thread was in when it started. User space names the cgroup (namespace, container). */
+#define WL_SESSION 0x80000000	/* wl_key.func_id: whole sessions of this entry function */
+struct wl_key {
+	__u64 cgroup_id;
+	__u32 func_id;		/* a traced function's calls, or (| WL_SESSION) an entry function's sessions */
+	__u32 outcome;		/* 0: success; calls: err_key.err + 1 of a failure; sessions: 1 = failed */
+};
+
 struct capture_stats {
 	__u64 dropped_sessions;		/* sessions map full or SESSION_END record lost */
 	__u64 incomplete_sessions;	/* sessions that lost per-call records or had mismatched exits */
 	__u64 dropped_records;		/* per-call records lost to a full ring buffer */
 	__u64 sessions_started;
 	__u64 sessions_reported;
+	__u64 workload_dropped;		/* counts not kept per workload: wl_stats full */
 };
 
 /* Filters (maps tgid_filter / comm_filter values). */

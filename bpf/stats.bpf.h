@@ -24,6 +24,14 @@ struct {
 	__type(value, __u64);
 } err_stats SEC(".maps");
 
+/* Per workload (cgroup v2) counts of calls, failures by errno and sessions: only with a workload label. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 1);	/* resized when a probe set labels its metrics by workload */
+	__type(key, struct wl_key);
+	__type(value, __u64);
+} wl_stats SEC(".maps");
+
 static __always_inline __u32 log2_u64(__u64 v)
 {
 	/* BPF has no count-leading-zeros instruction: binary search instead */
@@ -50,6 +58,29 @@ static __always_inline void count_into(struct func_stats *st, __u64 lat, bool fa
 	st->dur_buckets[b]++;
 	if (failed)
 		st->errors++;
+}
+
+static __always_inline void count_workload(__u64 cgroup_id, __u32 id, __u32 outcome)
+{
+	struct wl_key k = { .cgroup_id = cgroup_id, .func_id = id, .outcome = outcome };
+	struct capture_stats *cs;
+	__u64 one = 1, *cnt;
+
+	cnt = bpf_map_lookup_elem(&wl_stats, &k);
+	if (cnt) {
+		(*cnt)++;
+		return;
+	}
+	if (!bpf_map_update_elem(&wl_stats, &k, &one, BPF_NOEXIST))
+		return;
+	cnt = bpf_map_lookup_elem(&wl_stats, &k);	/* another CPU added the key first */
+	if (cnt) {
+		(*cnt)++;
+		return;
+	}
+	cs = cstats();
+	if (cs)
+		cs->workload_dropped++;
 }
 
 static __always_inline void count_call(__u32 func_id, __u64 lat, bool failed, __u32 err)

@@ -36,6 +36,7 @@ from retsnoop_otel.metrics.buckets import DurationRange, RangeError, parse_durat
 from retsnoop_otel.runtime.config import (
     ATTACH_MODES,
     PROBE_MODES,
+    WORKLOAD_LABELS,
     ConsoleConfig,
     ExporterConfig,
     Limits,
@@ -135,7 +136,7 @@ def _duration_range(ctx: Nodes, node: yaml.Node, key: str) -> DurationRange:
 
 _FILTER_KEYS = ("pids", "no_pids", "comms", "no_comms", "cgroup", "min_duration_ms", "allow_errors", "deny_errors")
 _SET_KEYS = ("name", "entry", "allow", "deny", "mode", "attach_mode", "filters", "sampling", "lbr", "capture_args",
-             "app_context", "user_stacks", "duration_range")
+             "app_context", "user_stacks", "duration_range", "workload_label")
 
 
 def _lbr(ctx: Nodes, node: yaml.Node, key: str, mode: str) -> int:
@@ -209,7 +210,9 @@ def _probe_set(ctx: Nodes, node: yaml.Node, key: str, name: str | None) -> Probe
         app_context=boolean(ctx, m["app_context"], f"{key}.app_context") if "app_context" in m else True,
         user_stacks=boolean(ctx, m["user_stacks"], f"{key}.user_stacks") if "user_stacks" in m else False,
         duration_range=_duration_range(ctx, m["duration_range"], f"{key}.duration_range")
-        if "duration_range" in m else None)
+        if "duration_range" in m else None,
+        workload_label=choice(ctx, m["workload_label"], f"{key}.workload_label", WORKLOAD_LABELS)
+        if "workload_label" in m else None)
 
 
 def _probe_sets(ctx: Nodes, node: yaml.Node) -> tuple[ProbeSetConfig, ...]:
@@ -301,7 +304,7 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 def _metrics(ctx: Nodes, node: yaml.Node, environ: Mapping[str, str]) -> MetricsConfig:
     m = mapping(ctx, node, "metrics", ("listen", "stall_after_s", "otlp", "otlp_interval", "max_error_types",
-                                        "functions", "duration_range"))
+                                        "functions", "duration_range", "max_workloads"))
     host, port = MetricsConfig.host, MetricsConfig.port
     if "listen" in m:
         try:
@@ -316,7 +319,9 @@ def _metrics(ctx: Nodes, node: yaml.Node, environ: Mapping[str, str]) -> Metrics
     max_errs = pos_int(ctx, m["max_error_types"], "metrics.max_error_types") if "max_error_types" in m else 0
     funcs = _globs(ctx, m["functions"], "metrics.functions") if "functions" in m else ()
     buckets = _duration_range(ctx, m["duration_range"], "metrics.duration_range") if "duration_range" in m else None
-    return MetricsConfig(host, port, stall, otlp, interval, max_errs, funcs, buckets)
+    workloads = pos_int(ctx, m["max_workloads"], "metrics.max_workloads") if "max_workloads" in m \
+        else MetricsConfig.max_workloads
+    return MetricsConfig(host, port, stall, otlp, interval, max_errs, funcs, buckets, workloads)
 
 
 def _limits(ctx: Nodes, node: yaml.Node) -> Limits:

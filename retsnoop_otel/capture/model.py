@@ -305,6 +305,7 @@ class CaptureStats:
     dropped_records: int = 0
     sessions_started: int = 0
     sessions_reported: int = 0
+    workload_dropped: int = 0  # counts not kept per workload (the kernel's per-cgroup map was full)
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,3 +318,27 @@ class ProgramStats:
     name: str
     run_cnt: int
     run_time_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """The container and pod a session's thread ran in ("" = unknown or none)."""
+
+    container_id: str = ""
+    container_runtime: str = ""
+    pod_uid: str = ""
+    pod_name: str = ""
+    namespace: str = ""
+    container_name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadCount:
+    """One in-kernel count per workload (metrics workload label), summed over CPUs: the calls of a function
+    (or the sessions of an entry function) with one outcome, by threads of one cgroup v2."""
+
+    cgroup_id: int
+    func_id: int
+    session: bool  # whole sessions of the entry function `func_id`, not its calls
+    error: str | None  # None: succeeded; else the error type ('EINVAL', 'NULL'; sessions: 'error')
+    count: int

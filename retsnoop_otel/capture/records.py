@@ -48,7 +48,9 @@ SESSION_END = struct.Struct(f"<IIIIQQQIIB3xiii16s16s{MAX_FSTACK_DEPTH}H{MAX_FSTA
 FUNC_INFO = struct.Struct("<QII")
 FUNC_STATS = struct.Struct(f"<QQQ{DUR_BUCKETS}Q")
 ERR_KEY = struct.Struct("<II")
-CAPTURE_STATS = struct.Struct("<QQQQQ")
+CAPTURE_STATS = struct.Struct("<QQQQQQ")
+WL_KEY = struct.Struct("<QII")  # cgroup_id, func_id (| WL_SESSION), outcome (map wl_stats)
+WL_SESSION = 0x80000000
 FUNC_ARGS_HEAD = struct.Struct(f"<IIIHH{MAX_FUNC_ARGS}Q{MAX_FUNC_ARGS}h2x2x")
 FUNC_ARGS_SIZE = FUNC_ARGS_HEAD.size + MAX_FUNC_ARGS * MAX_ARG_DATA
 ARG_SPEC = struct.Struct(f"<{MAX_FUNC_ARGS}H2x2x")
@@ -250,9 +252,8 @@ def decode_func_stats(raw: bytes, ncpus: int) -> tuple[int, int, int, list[int]]
 
 
 def decode_capture_stats(raw: bytes, ncpus: int) -> CaptureStats:
-    tot = [0] * 5
+    tot = [0] * len(CAPTURE_STATS.format.strip("<"))
     for cpu in range(ncpus):
         for i, n in enumerate(CAPTURE_STATS.unpack_from(raw, cpu * CAPTURE_STATS.size)):
             tot[i] += n
-    return CaptureStats(dropped_sessions=tot[0], incomplete_sessions=tot[1], dropped_records=tot[2],
-                        sessions_started=tot[3], sessions_reported=tot[4])
+    return CaptureStats(*tot)

@@ -25,6 +25,7 @@ from retsnoop_otel.capture.model import (
     ProgramStats,
     SessionStats,
     TracedFunc,
+    WorkloadCount,
     error_type,
 )
 from retsnoop_otel.kernel import libbpf as lb
@@ -77,6 +78,8 @@ class CaptureConfig:
     app_context: bool = False  # read the application's OTel thread context when a session starts
     user_stacks: bool = False  # take the user stack when a session starts
     max_app_processes: int = 16384  # processes whose thread-context location the kernel side keeps
+    workload_stats: bool = False  # also count calls, errors and sessions per cgroup v2 (metrics workload label)
+    max_workload_counts: int = 16384  # (cgroup, function, outcome) counts the kernel side keeps
 
 
 @dataclass
@@ -147,6 +150,7 @@ class Tracer:
             "use_lbr": struct.pack("<?", bool(cfg.lbr_branch_types)),
             "read_app": struct.pack("<?", cfg.app_context),
             "user_stacks": struct.pack("<?", cfg.user_stacks),
+            "workload_stats": struct.pack("<?", cfg.workload_stats),
         }
         for name, raw in values.items():
             off, size = layout[name]
@@ -165,6 +169,7 @@ class Tracer:
         watch = cfg.app_context or cfg.user_stacks
         obj.map("app_targets").set_max_entries(cfg.max_app_processes if watch else 1)
         obj.map("app_asked").set_max_entries(cfg.max_app_processes if watch else 1)
+        obj.map("wl_stats").set_max_entries(cfg.max_workload_counts if cfg.workload_stats else 1)
         entry_prog, exit_prog = _MODE_PROGRAMS[cfg.mode]
         for progs in set(_MODE_PROGRAMS.values()):
             for name in progs:
@@ -356,10 +361,9 @@ class Tracer:
                 continue
             fid, err = records.ERR_KEY.unpack(key)
             count = sum(struct.unpack(f"<{self._ncpus}Q", raw))
-            func = self.funcs[fid] if fid < len(self.funcs) else None
-            if func is None:
+            name = self._error_name(fid, err)
+            if name is None:
                 continue
-            name = "NULL" if err == 0 else error_type((1 << 64) - err, func.ret) or f"E{err}"
             errors.setdefault(fid, {})[name] = errors.get(fid, {}).get(name, 0) + count
         out = []
         for f in self.funcs:
@@ -369,6 +373,41 @@ class Tracer:
             calls, _errs, dur, buckets = records.decode_func_stats(raw, self._ncpus)
             out.append(FuncStats(f.id, calls, errors.get(f.id, {}), tuple(buckets), dur))
         return out
+
+    def _error_name(self, func_id: int, err: int) -> str | None:
+        """error.type of err_key.err (positive errno, 0 = NULL) for one of our functions; None: not ours."""
+        if not 0 <= func_id < len(self.funcs):
+            return None
+        return "NULL" if err == 0 else error_type((1 << 64) - err, self.funcs[func_id].ret) or f"E{err}"
+
+    def workload_counts(self) -> list[WorkloadCount]:
+        """The per-cgroup counts (CaptureConfig.workload_stats), summed over CPUs, read at scrape time."""
+        m = self._map("wl_stats")
+        out = []
+        for key in list(m.keys()):
+            raw = m.lookup(key, 8 * self._ncpus)
+            if raw is None:
+                continue
+            cgroup_id, fid, outcome = records.WL_KEY.unpack(key)
+            session = bool(fid & records.WL_SESSION)
+            fid &= ~records.WL_SESSION
+            if session:
+                error: str | None = "error" if outcome else None
+            elif outcome:
+                error = self._error_name(fid, outcome - 1)
+                if error is None:
+                    continue
+            else:
+                error = None
+            out.append(WorkloadCount(cgroup_id, fid, session, error, sum(struct.unpack(f"<{self._ncpus}Q", raw))))
+        return out
+
+    def forget_cgroups(self, cgroup_ids: set[int]) -> None:
+        """Drop the per-cgroup counts of these cgroups (gone: user space keeps their totals)."""
+        m = self._map("wl_stats")
+        for key in list(m.keys()):
+            if records.WL_KEY.unpack(key)[0] in cgroup_ids:
+                m.delete(key)
 
     def session_stats(self) -> list[SessionStats]:
         """Sessions per entry function (outcome counts and duration histogram), summed over CPUs."""

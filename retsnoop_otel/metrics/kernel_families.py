@@ -21,6 +21,7 @@ from prometheus_client.utils import floatToGoString
 from retsnoop_otel.capture.model import CaptureStats, FuncStats, ProgramStats, SessionStats, TracedFunc
 from retsnoop_otel.metrics.buckets import FIRST_EXP, LAST_EXP, DurationRange, merge, slot_buckets
 from retsnoop_otel.metrics.series import SeriesLimiter
+from retsnoop_otel.metrics.workload_series import WorkloadTotal
 
 FuncTable = Mapping[int, TracedFunc] | Sequence[TracedFunc]
 
@@ -35,8 +36,11 @@ class ProbeSetSource(Protocol):
     sampled_out: int
     filtered_out: int
     evicted: int
+    workload_label: str | None  # label name of the probe set's workload label (None: no such label)
 
     def func_stats(self) -> Iterable[FuncStats]: ...
+
+    def workload_totals(self) -> Iterable[WorkloadTotal]: ...
 
     def session_stats(self) -> Iterable[SessionStats]: ...
 
@@ -168,6 +172,23 @@ def _merge_sessions(stats: Iterable[SessionStats], funcs: FuncTable) -> dict[str
     return merged
 
 
+def _merge_workload(totals: Iterable[WorkloadTotal], funcs: FuncTable, label: Callable[[str], str] | None,
+                    sessions: bool) -> dict[tuple[str, str], tuple[int, dict[str, int]]]:
+    """(function, workload value) -> (calls, errors by type) of calls, or (sessions, {"error": n}) of sessions."""
+    out: dict[tuple[str, str], tuple[int, dict[str, int]]] = {}
+    for t in totals:
+        if t.session != sessions:
+            continue
+        name = func_label(funcs, t.func_id)
+        if label is not None:
+            name = label(name)
+        n, errors = out.get((name, t.value), (0, {}))
+        if t.error is not None:
+            errors[t.error] = errors.get(t.error, 0) + t.count
+        out[(name, t.value)] = (n + t.count, errors)
+    return out
+
+
 class KernelCollector(Collector):
     """Per-probe-set families, from callables that return the current probe sets; holds no metric state."""
 
@@ -191,28 +212,39 @@ class KernelCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         sets = list(self._probe_sets())
         stats_on = self._stats_enabled()
-        yield from self._functions(sets)
-        yield from self._sessions(sets)
+        # read once per scrape: folding them retires the counts of cgroups that are gone
+        totals = {ps.name: list(ps.workload_totals()) for ps in sets if ps.workload_label}
+        workload_labels = sorted({ps.workload_label for ps in sets if ps.workload_label})
+        yield from self._functions(sets, totals, workload_labels)
+        yield from self._sessions(sets, totals, workload_labels)
         yield from self._programs(sets, stats_on)
         yield from self._capture(sets)
 
-    def _functions(self, sets: Sequence[ProbeSetSource]) -> Iterator[Metric]:
+    def _functions(self, sets: Sequence[ProbeSetSource], totals: Mapping[str, list[WorkloadTotal]],
+                   wl_labels: Sequence[str]) -> Iterator[Metric]:
         calls = CounterMetricFamily("retsnoop_function_calls", "Calls of a traced kernel function",
-                                    labels=["probe_set", "function"])
+                                    labels=["probe_set", "function", *wl_labels])
         errors = CounterMetricFamily("retsnoop_function_errors",
                                      "Failing returns of a traced kernel function, by error type",
-                                     labels=["probe_set", "function", "error_type"])
+                                     labels=["probe_set", "function", "error_type", *wl_labels])
         durations = HistogramMetricFamily("retsnoop_function_duration_seconds",
                                           "Duration of traced kernel function calls", labels=["probe_set", "function"])
         for ps in sets:
             limiter = self._limiter(ps.name) if self._limiter is not None else None
             rng = self._range_of(ps.name)
-            merged = _merge_funcs(ps.func_stats(), ps.funcs, limiter.function if limiter is not None else None)
-            for name, m in sorted(merged.items()):
-                calls.add_metric([ps.name, name], m.calls)
-                errs = limiter.errors(name, m.errors) if limiter is not None else m.errors
+            fn_label = limiter.function if limiter is not None else None
+            merged = _merge_funcs(ps.func_stats(), ps.funcs, fn_label)
+            if ps.workload_label:
+                counted = _merge_workload(totals[ps.name], ps.funcs, fn_label, sessions=False)
+            else:
+                counted = {(name, ""): (m.calls, m.errors) for name, m in merged.items()}
+            for (name, value), (n_calls, m_errors) in sorted(counted.items()):
+                extra = [value if label == ps.workload_label else "" for label in wl_labels]
+                calls.add_metric([ps.name, name, *extra], n_calls)
+                errs = limiter.errors(name, m_errors) if limiter is not None else m_errors
                 for err, n in sorted(errs.items()):
-                    errors.add_metric([ps.name, name, err], n)
+                    errors.add_metric([ps.name, name, err, *extra], n)
+            for name, m in sorted(merged.items()):
                 if m.buckets:
                     les, _, cum = _histogram(m.buckets, rng)
                     durations.add_metric([ps.name, name], list(zip(les, cum, strict=True)), m.sum_ns / 1e9)
@@ -220,17 +252,25 @@ class KernelCollector(Collector):
         yield errors
         yield durations
 
-    def _sessions(self, sets: Sequence[ProbeSetSource]) -> Iterator[Metric]:
+    def _sessions(self, sets: Sequence[ProbeSetSource], totals: Mapping[str, list[WorkloadTotal]],
+                  wl_labels: Sequence[str]) -> Iterator[Metric]:
         outcomes = CounterMetricFamily("retsnoop_sessions", "Entry-function sessions by outcome (error: the "
                                        "entry function returned an error)",
-                                       labels=["probe_set", "entry_function", "outcome"])
+                                       labels=["probe_set", "entry_function", "outcome", *wl_labels])
         durations = HistogramMetricFamily("retsnoop_session_duration_seconds", "Duration of entry-function sessions",
                                           labels=["probe_set", "entry_function"])
         for ps in sets:
             rng = self._range_of(ps.name)
-            for name, m in sorted(_merge_sessions(ps.session_stats(), ps.funcs).items()):
-                outcomes.add_metric([ps.name, name, "error"], m.errors["error"])
-                outcomes.add_metric([ps.name, name, "success"], m.calls - m.errors["error"])
+            merged = _merge_sessions(ps.session_stats(), ps.funcs)
+            if ps.workload_label:
+                counted = _merge_workload(totals[ps.name], ps.funcs, None, sessions=True)
+            else:
+                counted = {(name, ""): (m.calls, m.errors) for name, m in merged.items()}
+            for (name, value), (n, errs) in sorted(counted.items()):
+                extra = [value if label == ps.workload_label else "" for label in wl_labels]
+                outcomes.add_metric([ps.name, name, "error", *extra], errs.get("error", 0))
+                outcomes.add_metric([ps.name, name, "success", *extra], n - errs.get("error", 0))
+            for name, m in sorted(merged.items()):
                 exemplars = self._exemplars(ps.name, name) if self._exemplars is not None else {}
                 les, owner, cum = _histogram(m.buckets, rng)
                 durations.add_metric([ps.name, name], _buckets_with_exemplars(les, owner, cum, exemplars),
@@ -261,7 +301,9 @@ class KernelCollector(Collector):
                   "incomplete_sessions"),
                  ("retsnoop_records_lost", "Per-call records lost in the kernel (ring buffer full)", "dropped_records"),
                  ("retsnoop_sessions_started", "Entry-function sessions started", "sessions_started"),
-                 ("retsnoop_sessions_reported", "Sessions sent to user space", "sessions_reported"))
+                 ("retsnoop_sessions_reported", "Sessions sent to user space", "sessions_reported"),
+                 ("retsnoop_workload_counts_dropped", "Calls and sessions left out of the per-workload counts "
+                  "(the kernel's per-cgroup map was full)", "workload_dropped"))
         families = [CounterMetricFamily(name, doc, labels=["probe_set"]) for name, doc, _ in specs]
         attached = GaugeMetricFamily("retsnoop_attached_functions", "Kernel functions attached, by probe set "
                                      "and attach mode", labels=["probe_set", "mode"])

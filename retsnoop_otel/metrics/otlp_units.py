@@ -28,6 +28,7 @@ OTLP_UNITS: Mapping[str, str] = MappingProxyType({
     "retsnoop_records_lost": "{record}",
     "retsnoop_sessions_started": "{session}",
     "retsnoop_sessions_reported": "{session}",
+    "retsnoop_workload_counts_dropped": "{call}",  # calls, and sessions (entry calls)
     "retsnoop_attached_functions": "{function}",
     "retsnoop_sessions_not_exported": "{session}",
     "retsnoop_sessions_evicted": "{session}",

@@ -16,6 +16,7 @@ class SeriesBounds:
 
     max_error_types: int = 0  # error_type values per function; the rest are summed as error_type="other"
     functions: tuple[str, ...] = ()  # globs of functions with series of their own; the rest: function="other"
+    max_workloads: int = 0  # workload label values with series of their own, per probe set; the rest: "other"
 
 
 class SeriesLimiter:
@@ -31,6 +32,7 @@ class SeriesLimiter:
         self._lock = threading.Lock()
         self._kept: dict[str, list[str]] = {}
         self._allowed: dict[str, bool] = {}
+        self._workloads: set[str] = set()
 
     def function(self, name: str) -> str:
         if not self.bounds.functions:
@@ -55,3 +57,23 @@ class SeriesLimiter:
         if rest:
             out[OTHER] = out.get(OTHER, 0) + rest
         return out
+
+    def workload(self, value: str) -> str:
+        """The series a workload label value goes to: its own while there is room, else `other`.
+
+        Asked once per cgroup (workload_series decides a cgroup's value once); "" (outside any
+        container) does not take a place.
+        """
+        cap = self.bounds.max_workloads
+        if not cap or not value:
+            return value
+        with self._lock:
+            if value in self._workloads or len(self._workloads) < cap:
+                self._workloads.add(value)
+                return value
+        return OTHER
+
+    def release_workload(self, value: str) -> None:
+        """A value whose workloads are all gone gives its place to the next one."""
+        with self._lock:
+            self._workloads.discard(value)

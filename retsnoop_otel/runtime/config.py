@@ -17,6 +17,7 @@ from retsnoop_otel.metrics.buckets import DurationRange
 from retsnoop_otel.workload.k8s_settings import KubernetesConfig
 
 PROBE_MODES = ("stack", "calls", "metrics")
+WORKLOAD_LABELS = ("namespace", "container")  # a probe set's metrics labelled by Kubernetes namespace or container
 ATTACH_MODES = ("auto", "fentry", "kprobe", "kprobe_multi")
 
 
@@ -47,6 +48,7 @@ class ProbeSetConfig:
     app_context: bool = True  # join the application's trace when its thread publishes OTel thread context
     user_stacks: bool = False  # the user-space stack of the thread that entered the entry function
     duration_range: DurationRange | None = None  # histogram buckets; None: metrics.duration_range
+    workload_label: str | None = None  # calls, errors and sessions also counted per namespace or container
 
     @property
     def records_calls(self) -> bool:
@@ -84,6 +86,7 @@ class MetricsConfig:
     max_error_types: int = 0  # per function; 0 = every error type gets its own series
     functions: tuple[str, ...] = ()  # globs of functions with their own series; () = all
     duration_range: DurationRange | None = None  # histogram buckets of probe sets without one; None: all slots
+    max_workloads: int = 100  # workload label values with series of their own, per probe set; the rest: "other"
 
     @property
     def listen(self) -> str:

@@ -10,11 +10,20 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from retsnoop_otel.capture.model import CaptureStats, FuncStats, ProgramStats, Session, SessionStats, TracedFunc
+from retsnoop_otel.capture.model import (
+    CaptureStats,
+    FuncStats,
+    ProgramStats,
+    Session,
+    SessionStats,
+    TracedFunc,
+    WorkloadCount,
+)
 from retsnoop_otel.capture.records import AppProbeRec, Record
 from retsnoop_otel.capture.sampling import ALWAYS, SuccessSampler
 from retsnoop_otel.capture.sessions import SessionAssembler
 from retsnoop_otel.kernel.tracer import AttachReport, CaptureConfig
+from retsnoop_otel.metrics.workload_series import LABEL_NAMES, WorkloadSeries, WorkloadTotal
 from retsnoop_otel.runtime.config import AGENT_NAMES, InputNames, Limits, ProbeSetConfig
 from retsnoop_otel.runtime.environment import KernelEnv, cgroup_target, lbr_refusal
 from retsnoop_otel.runtime.errors import InputError, RunRefused, SetupError
@@ -46,11 +55,16 @@ class TracerLike(Protocol):
 
     def forget_app_target(self, tgid: int) -> None: ...
 
+    def workload_counts(self) -> list[WorkloadCount]: ...
+
+    def forget_cgroups(self, cgroup_ids: set[int]) -> None: ...
+
     def close(self) -> None: ...
 
 
 TracerFactory = Callable[[Sequence[TracedFunc], CaptureConfig, Callable[[str], int | None] | None], TracerLike]
 SessionCallback = Callable[["ProbeSet", Session], None]
+WorkloadSeriesFactory = Callable[[ProbeSetConfig], WorkloadSeries]  # for probe sets with a workload label
 METRICS_ONLY_NS = (1 << 64) - 1  # a minimum session duration nothing reaches
 
 
@@ -78,7 +92,8 @@ def capture_config(cfg: ProbeSetConfig, mode: str, limits: Limits, names: InputN
     except InputError as exc:
         raise exc.for_set(cfg.name) from None
     common = {"mode": mode, "pids": cfg.pids, "no_pids": cfg.no_pids, "comms": cfg.comms, "no_comms": cfg.no_comms,
-              "cgroup_id": cg, "cgroup_level": level, "max_sessions": limits.max_sessions}
+              "cgroup_id": cg, "cgroup_level": level, "max_sessions": limits.max_sessions,
+              "workload_stats": cfg.workload_label is not None}
     if cfg.mode == "metrics":
         # Counted in the kernel's per-CPU maps, never reported: no session reaches user space, so the
         # CPU spent in user space does not grow with the call rate, and a one-page ring buffer is enough.
@@ -95,7 +110,8 @@ class ProbeSet:
 
     def __init__(self, cfg: ProbeSetConfig, found: discovery.Discovery, limits: Limits, env: KernelEnv,
                  tracer_factory: TracerFactory, on_session: SessionCallback, names: InputNames = AGENT_NAMES,
-                 sampler: SuccessSampler | None = None, on_app_probe: Callable[[int], None] | None = None) -> None:
+                 sampler: SuccessSampler | None = None, on_app_probe: Callable[[int], None] | None = None,
+                 workload_series: WorkloadSeriesFactory | None = None) -> None:
         self.cfg = cfg
         self.name = cfg.name
         self.mode = found.mode
@@ -123,6 +139,7 @@ class ProbeSet:
         self.sampled_out = 0
         self.filtered_out = 0
         self._started = False
+        self._workloads = workload_series(cfg) if workload_series is not None and cfg.workload_label else None
 
     @property
     def attached(self) -> int:
@@ -193,6 +210,21 @@ class ProbeSet:
     def capture_stats(self) -> CaptureStats:
         return self.tracer.capture_stats()
 
+    @property
+    def workload_label(self) -> str | None:
+        """The label name its calls, errors and sessions carry per workload (None: not labelled)."""
+        return LABEL_NAMES[self.cfg.workload_label] if self._workloads is not None and self.cfg.workload_label \
+            else None
+
+    def workload_totals(self) -> list[WorkloadTotal]:
+        """Counts per workload label value; the kernel's entries of cgroups that are gone are dropped here."""
+        if self._workloads is None:
+            return []
+        totals, gone = self._workloads.fold(self.tracer.workload_counts())
+        if gone:
+            self.tracer.forget_cgroups(gone)
+        return totals
+
     def program_stats(self) -> list[ProgramStats]:
         return self.tracer.program_stats()
 
@@ -204,12 +236,14 @@ class ProbeSet:
 def start_probe_sets(found: Sequence[tuple[ProbeSetConfig, discovery.Discovery]], env: KernelEnv, limits: Limits,
                      tracer_factory: TracerFactory, on_session: SessionCallback,
                      names: InputNames = AGENT_NAMES,
-                     on_app_probe: Callable[[int], None] | None = None) -> list[ProbeSet]:
+                     on_app_probe: Callable[[int], None] | None = None,
+                     workload_series: WorkloadSeriesFactory | None = None) -> list[ProbeSet]:
     """Attach every resolved set, or (on the first failure) detach the ones already attached and raise."""
     started: list[ProbeSet] = []
     try:
         for cfg, disc in found:
-            ps = ProbeSet(cfg, disc, limits, env, tracer_factory, on_session, names, on_app_probe=on_app_probe)
+            ps = ProbeSet(cfg, disc, limits, env, tracer_factory, on_session, names, on_app_probe=on_app_probe,
+                          workload_series=workload_series)
             ps.start()
             started.append(ps)
     except BaseException:

@@ -11,6 +11,7 @@ clock comes in through RuntimeDeps, so the lifecycle runs in unit tests without 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import threading
@@ -352,11 +353,7 @@ class Runtime:
         total = CaptureStats()
         for ps in self.probe_sets:
             c = ps.capture_stats()
-            total = CaptureStats(*(a + b for a, b in zip(
-                (total.dropped_sessions, total.incomplete_sessions, total.dropped_records, total.sessions_started,
-                 total.sessions_reported),
-                (c.dropped_sessions, c.incomplete_sessions, c.dropped_records, c.sessions_started,
-                 c.sessions_reported), strict=True)))
+            total = CaptureStats(*(getattr(total, f.name) + getattr(c, f.name) for f in dataclasses.fields(c)))
         return total
 
     def reload(self, cfg: RuntimeConfig) -> bool:

@@ -334,3 +334,54 @@ def test_concurrent_sessions_on_many_threads_do_not_mix(simkern):
         (root,) = s.calls  # the call tree holds this thread's calls only
         assert [funcs[c.func_id].name for c in root.children] == ["sk_create", "sk_log"]
         assert all(c.start_ns >= s.start_ns and c.end_ns <= s.end_ns for c in _walk(s.calls))
+
+
+def test_workload_counts_per_cgroup_and_forgetting_a_gone_cgroup(simkern):
+    """workload_stats: calls by outcome and sessions are counted per cgroup v2 of the session's thread."""
+    import sys
+    import time
+
+    from retsnoop_otel.runtime.environment import cgroup2_mount
+    path, _lib = simkern
+    parent = Path(cgroup2_mount()) / f"rsotel-wl-{os.getpid()}"
+    groups = [parent / "a", parent / "b"]
+    for g in groups:
+        g.mkdir(parents=True)
+    ids = [g.stat().st_ino for g in groups]  # a cgroup v2 id is its directory's inode number
+    script = ("import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); sys.stdin.readline(); "
+              "[lib.sk_syscall(int(a)) for a in sys.argv[2:]]; print('done', flush=True)")
+    funcs = _funcs()
+    tracer = Tracer(funcs, CaptureConfig(mode="uprobe", uprobe_binary=path, workload_stats=True))
+    procs = []
+    try:
+        tracer.load()
+        tracer.attach(strict=True)
+        for where, args in ((groups[0], ["0", "0", "5"]), (groups[1], ["500"])):
+            p = subprocess.Popen([sys.executable, "-c", script, path, *args], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True)
+            procs.append(p)
+            (where / "cgroup.procs").write_text(f"{p.pid}\n")
+        for p in procs:
+            p.communicate("go\n", timeout=60)
+        got = {(c.cgroup_id, funcs[c.func_id].name, c.session, c.error): c.count for c in tracer.workload_counts()}
+        a, b = ids
+        assert {k: n for k, n in got.items() if k[0] == a and k[1] in ("sk_syscall", "sk_check")} == {
+            (a, "sk_syscall", False, "EINVAL"): 2, (a, "sk_syscall", False, None): 1,
+            (a, "sk_check", False, "EINVAL"): 2, (a, "sk_check", False, None): 1,
+            (a, "sk_syscall", True, "error"): 2, (a, "sk_syscall", True, None): 1}
+        assert got[(b, "sk_alloc", False, "NULL")] == 1 and got[(b, "sk_syscall", True, "error")] == 1
+        assert {k[0] for k in got} == {a, b}
+        assert tracer.capture_stats().workload_dropped == 0
+        tracer.forget_cgroups({b})
+        assert {c.cgroup_id for c in tracer.workload_counts()} == {a}
+    finally:
+        tracer.close()
+        for p in procs:
+            p.kill()
+        for d in (*groups, parent):
+            for _ in range(50):
+                try:
+                    d.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.1)

@@ -43,9 +43,14 @@ class FakeProbeSet:
     sessions: list = field(default_factory=list)
     capture: CaptureStats = field(default_factory=lambda: CaptureStats(
         dropped_sessions=2, incomplete_sessions=1, dropped_records=7, sessions_started=20, sessions_reported=18))
+    workload_label: str | None = None
+    workloads: list = field(default_factory=list)  # metrics.workload_series.WorkloadTotal
 
     def func_stats(self):
         return self.stats()
+
+    def workload_totals(self):
+        return self.workloads
 
     def session_stats(self):
         return self.sessions
@@ -118,6 +123,9 @@ retsnoop_sessions_started_total{{probe_set="vfs"}} 20.0
 # HELP retsnoop_sessions_reported_total Sessions sent to user space
 # TYPE retsnoop_sessions_reported_total counter
 retsnoop_sessions_reported_total{{probe_set="vfs"}} 18.0
+# HELP retsnoop_workload_counts_dropped_total Calls and sessions left out of the per-workload counts (the kernel's per-cgroup map was full)
+# TYPE retsnoop_workload_counts_dropped_total counter
+retsnoop_workload_counts_dropped_total{{probe_set="vfs"}} 0.0
 # HELP retsnoop_attached_functions Kernel functions attached, by probe set and attach mode
 # TYPE retsnoop_attached_functions gauge
 retsnoop_attached_functions{{mode="kprobe_multi",probe_set="vfs"}} 3.0

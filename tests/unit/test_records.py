@@ -25,7 +25,8 @@ def _asserted_sizes() -> dict[str, int]:
 @pytest.mark.parametrize("name,fmt", [
     ("rec_session_start", records.SESSION_START), ("rec_func_trace", records.FUNC_TRACE),
     ("rec_session_end", records.SESSION_END), ("func_stats", records.FUNC_STATS),
-    ("capture_stats", records.CAPTURE_STATS), ("func_info", records.FUNC_INFO), ("arg_spec", records.ARG_SPEC)])
+    ("capture_stats", records.CAPTURE_STATS), ("func_info", records.FUNC_INFO), ("arg_spec", records.ARG_SPEC),
+    ("wl_key", records.WL_KEY)])
 def test_struct_sizes_match_the_bpf_side(name, fmt):
     assert _asserted_sizes()[name] == fmt.size
 
@@ -86,9 +87,9 @@ def test_per_cpu_sums():
     two = records.FUNC_STATS.pack(3, 0, 700, *([0, 2] + [0] * (records.DUR_BUCKETS - 2)))
     calls, errors, dur, buckets = records.decode_func_stats(one + two, 2)
     assert (calls, errors, dur, buckets[:2]) == (5, 1, 1000, [1, 2])
-    cs = records.decode_capture_stats(records.CAPTURE_STATS.pack(1, 2, 3, 4, 5) * 2, 2)
+    cs = records.decode_capture_stats(records.CAPTURE_STATS.pack(1, 2, 3, 4, 5, 6) * 2, 2)
     assert (cs.dropped_sessions, cs.incomplete_sessions, cs.dropped_records, cs.sessions_started,
-            cs.sessions_reported) == (2, 4, 6, 8, 10)
+            cs.sessions_reported, cs.workload_dropped) == (2, 4, 6, 8, 10, 12)
 
 
 def app_record(tid=7, start_ts=100, status=records.APP_OK, err=0, size=5, attrs=b"\x00\x03abc", valid=1, flags=1):

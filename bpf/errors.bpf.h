@@ -1,0 +1,39 @@
+// SPDX-License-Identifier: GPL-2.0
+/* retsnoop's error rule, by the return kind user space derived from BTF (func_info.flags): NULL and
+ * ERR_PTR pointers, -MAX_ERRNO..-1 for signed integers (32-bit ones sign-extended first), never for
+ * void, bool or unsigned. Part of retsnoop.bpf.c; capture/model.py is_failure() is the same rule. */
+
+static __always_inline bool can_fail(__u32 flags)
+{
+	__u32 kind = (flags >> FUNC_RET_KIND_SHIFT) & 0xff;
+
+	return kind != RK_VOID && kind != RK_BOOL && kind != RK_UNSIGNED;
+}
+
+static __always_inline bool is_failure(__s64 res, __u32 flags)
+{
+	switch ((flags >> FUNC_RET_KIND_SHIFT) & 0xff) {
+	case RK_VOID:
+	case RK_BOOL:
+	case RK_UNSIGNED:
+		return false;
+	case RK_POINTER:
+		return res == 0 || (__u64)res >= (__u64)-MAX_ERRNO;
+	case RK_INT32:
+	case RK_UNKNOWN:
+		return (__u32)res >= (__u32)-MAX_ERRNO;
+	default:
+		return (__u64)res >= (__u64)-MAX_ERRNO;
+	}
+}
+
+static __always_inline __u32 errno_of(__s64 res, __u32 flags)
+{
+	__u32 kind = (flags >> FUNC_RET_KIND_SHIFT) & 0xff;
+
+	if (kind == RK_POINTER && res == 0)
+		return 0;
+	if (kind == RK_INT32 || kind == RK_UNKNOWN)
+		return -(__s32)res;
+	return -res;
+}
