@@ -181,7 +181,7 @@ def test_a_server_that_goes_away_and_comes_back(server: FakeApiServer, certs, to
         try:
             (w,) = back.wait_requests(1)
             assert w["kind"] == "watch" and w["query"]["resourceVersion"] == "1001"  # resumed, not listed again
-            wait_for(lambda: watch.counters().current)
+            wait_for(lambda: watch.counters().current and log.of("info"))  # the bookmark was read
         finally:
             watch.close()
             back.stop()

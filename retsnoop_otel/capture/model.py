@@ -321,18 +321,6 @@ class ProgramStats:
 
 
 @dataclass(frozen=True, slots=True)
-class Workload:
-    """The container and pod a session's thread ran in ("" = unknown or none)."""
-
-    container_id: str = ""
-    container_runtime: str = ""
-    pod_uid: str = ""
-    pod_name: str = ""
-    namespace: str = ""
-    container_name: str = ""
-
-
-@dataclass(frozen=True, slots=True)
 class WorkloadCount:
     """One in-kernel count per workload (metrics workload label), summed over CPUs: the calls of a function
     (or the sessions of an entry function) with one outcome, by threads of one cgroup v2."""
