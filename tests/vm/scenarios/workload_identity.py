@@ -106,10 +106,10 @@ def _mount_v1(ctx, where: Path) -> str:
     return "ok" if rc == 0 else f"mount failed ({rc}): {err.strip()}"
 
 
-def _run_in(ctx, procs_files: list[Path]) -> tuple[int, int, str]:
+def _run_in(ctx, procs_files: list[Path], *after: str) -> tuple[int, int, str]:
     """The workload in the given cgroups (their cgroup.procs files): (pid, rc, output)."""
     joins = "".join(f"echo $$ > {f} && " for f in procs_files)
-    proc = ctx.spawn(f"{joins}exec {PY} -m retsnoop_otel simfail bpf-bad-map-max-entries-array")
+    proc = ctx.spawn(f"{joins}exec {PY} -m retsnoop_otel simfail bpf-bad-map-max-entries-array {' '.join(after)}")
     deadline = time.monotonic() + 180
     while proc.returncode is None and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -158,8 +158,9 @@ def scenario_workload_identity(ctx) -> dict:
         runs = {}
         for name, rel in LAYOUTS.items():
             runs[name] = _run_in(ctx, [CGROUP_ROOT / rel / "cgroup.procs"])
-        if r["v1_mount"] == "ok":  # the process's v2 cgroup names nothing: only its v1 line does
-            runs["v1_named_docker"] = _run_in(ctx, [v1_root / V1_PATH / "cgroup.procs"])
+        if r["v1_mount"] == "ok":  # the process's v2 cgroup names nothing: only its v1 line does, which the agent
+            # reads from the live process (a v2 cgroup is also found after its process exited): it stays a second
+            runs["v1_named_docker"] = _run_in(ctx, [v1_root / V1_PATH / "cgroup.procs"], "syscall-long-sleep")
         r["runs"] = {n: {"pid": p, "rc": rc, "out": out} for n, (p, rc, out) in runs.items()}
         pids = {p for p, _, _ in runs.values()}
         deadline = time.monotonic() + 240
