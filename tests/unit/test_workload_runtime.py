@@ -128,3 +128,19 @@ def test_the_environment_is_checked_when_the_agent_starts(tmp_path: Path, extra:
         Runtime(cfg, deps).check_inputs()
     assert str(err.value).startswith(want), str(err.value)
     assert world.tracers == []
+
+
+def test_json_output_carries_the_workload_and_the_executable() -> None:
+    """--json (trace and the agent's console): one object per session, now with its workload."""
+    from retsnoop_otel.capture.model import Workload
+    from retsnoop_otel.render.console import session_json
+    from tests.unit.test_span_content import FUNCS, tree_session
+
+    w = Workload(CID, "containerd", UID, "checkout-7d4b9c8f6-x2x9k", "shop", "app")
+    out = session_json(tree_session(workload=w, exe_name="checkout-server"), FUNCS, 0)
+    assert out["workload"] == {"container_id": CID, "container_runtime": "containerd", "pod_uid": UID,
+                               "pod_name": "checkout-7d4b9c8f6-x2x9k", "namespace": "shop", "container_name": "app"}
+    assert out["exe"] == "checkout-server" and out["proc_comm"] == "bpftool"
+    podman = session_json(tree_session(workload=Workload("e4b0" * 16, "podman")), FUNCS, 0)
+    assert podman["workload"] == {"container_id": "e4b0" * 16, "container_runtime": "podman"}
+    assert "workload" not in session_json(tree_session(), FUNCS, 0)
