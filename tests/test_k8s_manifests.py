@@ -7,8 +7,9 @@ resources without a schema here: PodMonitor and PrometheusRule are checked field
 through promtool (the same unit tests as dashboards/alerts.yml), the PodMonitor's relabelings inside
 an equivalent scrape config through `promtool check config`. The policy part is what managed clusters
 and reviewers ask of a privileged agent: our own PriorityClass, the namespace's pod-security level,
-the runtime default seccomp and AppArmor profiles, a start-up probe, no service-account token while
-the agent does not use the API, and every capability and host access mapped to the code that needs it.
+the runtime default seccomp and AppArmor profiles, a start-up probe, the service-account token mounted
+exactly when the shipped config turns the pod metadata watch on (with RBAC that reads pods and nothing
+else), and every capability and host access mapped to the code that needs it.
 """
 
 from __future__ import annotations
@@ -62,7 +63,11 @@ NOT_ADDED = {
 # Every host namespace and host path the pod uses: why, and where the code reads it.
 HOST_ACCESS = {
     "hostPID": ("the kernel reports host pids: /proc/<pid> must be that process when the agent reads it "
-                "(app_context, user_stacks)", "retsnoop_otel/runtime/app_watch.py", 'f"{self.proc_root}/{tgid}"'),
+                "(app_context, user_stacks, /proc/PID/cgroup and /proc/PID/exe for the workload)",
+                "retsnoop_otel/runtime/app_watch.py", 'f"{self.proc_root}/{tgid}"'),
+    "/sys/fs/cgroup": ("the host's cgroup v2 hierarchy: a session's cgroup id (the directory's inode) -> its path "
+                       "-> container.id and k8s.pod.uid", "retsnoop_otel/workload/cgroupfs.py",
+                       'DEFAULT_MOUNT = "/sys/fs/cgroup"'),
     "/sys/kernel/btf": ("vmlinux BTF: return types and fentry attach", "retsnoop_otel/kernel/features.py",
                         '"sys/kernel/btf/vmlinux"'),
     "/sys/kernel/tracing": ("available_filter_functions: what ftrace can attach to",
@@ -234,20 +239,30 @@ def test_startup_probe_covers_a_long_attach(core, agent) -> None:
 
 
 def _agent_uses_the_api() -> list[str]:
-    pattern = re.compile(r"^\s*(?:import|from)\s+kubernetes\b|KUBERNETES_SERVICE_HOST|serviceaccount/token", re.M)
+    pattern = re.compile(r"^\s*(?:import|from)\s+kubernetes\b|KUBERNETES_SERVICE_HOST|serviceaccount", re.M)
     return [str(p.relative_to(REPO)) for p in sorted((REPO / "retsnoop_otel").rglob("*.py"))
             if pattern.search(p.read_text())]
 
 
-def test_service_account_token_only_with_the_metadata_watch(core, pod) -> None:
+def test_service_account_token_only_with_the_metadata_watch(core, pod, agent) -> None:
+    """The token is mounted exactly when the shipped config watches pods; only the watch talks to the API."""
     sa = core["ServiceAccount"]
     assert pod["serviceAccountName"] == sa["metadata"]["name"]
-    users = _agent_uses_the_api()
-    if users:
-        pytest.fail(f"the agent now talks to the API server ({', '.join(users)}): mount the service-account "
-                    "token (automountServiceAccountToken on the pod) when the shipped config turns the metadata "
-                    "watch on, and make this test check that instead")
-    assert pod["automountServiceAccountToken"] is False and sa["automountServiceAccountToken"] is False
+    users = set(_agent_uses_the_api())
+    assert "retsnoop_otel/workload/k8s_watch.py" in users and users <= {
+        "retsnoop_otel/workload/k8s_watch.py", "retsnoop_otel/workload/k8s_settings.py",
+        "retsnoop_otel/agent/config_kubernetes.py"}, users
+    cfg = parse_config(core["ConfigMap"]["data"]["agent.yaml"], "daemonset.yaml:agent.yaml", {})
+    assert pod["automountServiceAccountToken"] is cfg.kubernetes.metadata is True
+    assert sa["automountServiceAccountToken"] is False, "only this pod gets the token, not every pod of the account"
+    # the watch's defaults are what the kubelet mounts and sets: token and CA of the account, the API server's
+    # service variables, and the node name from the downward API
+    from retsnoop_otel.workload.k8s_settings import NODE_ENV, SA_DIR, KubernetesConfig
+    assert (cfg.kubernetes.node_name, cfg.kubernetes.api_server) == (None, None)
+    assert cfg.kubernetes.token_file == KubernetesConfig().token_file == f"{SA_DIR}/token"
+    assert SA_DIR == "/var/run/secrets/kubernetes.io/serviceaccount"
+    env = {e["name"]: e for e in agent["env"]}
+    assert env[NODE_ENV]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
 
 
 def test_rbac_reads_pods_only(core) -> None:

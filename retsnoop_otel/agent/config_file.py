@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from retsnoop_otel.agent.config_kubernetes import parse_kubernetes
 from retsnoop_otel.agent.yaml_nodes import (
     ConfigError,
     Nodes,
@@ -45,6 +46,7 @@ from retsnoop_otel.runtime.config import (
     SymbolsConfig,
 )
 from retsnoop_otel.symbols.discovery import DiscoveryError, expand_glob_args, parse_glob
+from retsnoop_otel.workload.k8s_settings import KubernetesConfig
 
 PROTOCOLS = ("grpc", "http/protobuf")
 COMPRESSIONS = ("gzip", "deflate", "none")
@@ -346,7 +348,7 @@ def _logging(ctx: Nodes, node: yaml.Node) -> LoggingConfig:
         level=choice(ctx, m["level"], "logging.level", LOG_LEVELS) if "level" in m else "info")
 
 
-_TOP_KEYS = ("probe_sets", "exporter", "metrics", "limits", "logging", "vmlinux")
+_TOP_KEYS = ("probe_sets", "exporter", "metrics", "limits", "logging", "vmlinux", "kubernetes")
 
 
 def parse_config(text: str, filename: str = "<config>", environ: Mapping[str, str] = os.environ) -> AgentConfig:
@@ -382,7 +384,8 @@ def parse_config(text: str, filename: str = "<config>", environ: Mapping[str, st
         metrics=_metrics(ctx, m["metrics"], environ) if "metrics" in m else MetricsConfig(),
         limits=_limits(ctx, m["limits"]) if "limits" in m else Limits(),
         logging=_logging(ctx, m["logging"]) if "logging" in m else LoggingConfig(),
-        symbols=SymbolsConfig(vmlinux=vmlinux))
+        symbols=SymbolsConfig(vmlinux=vmlinux),
+        kubernetes=parse_kubernetes(ctx, m["kubernetes"]) if "kubernetes" in m else KubernetesConfig())
 
 
 def load_config(path: str | Path, environ: Mapping[str, str] = os.environ) -> AgentConfig:

@@ -14,6 +14,7 @@ from retsnoop_otel.capture.errfilter import ErrorFilter
 from retsnoop_otel.capture.sampling import Sampling
 from retsnoop_otel.export.otlp_settings import OtlpConfig
 from retsnoop_otel.metrics.buckets import DurationRange
+from retsnoop_otel.workload.k8s_settings import KubernetesConfig
 
 PROBE_MODES = ("stack", "calls", "metrics")
 WORKLOAD_LABELS = ("namespace", "container")  # a probe set's metrics labelled by Kubernetes namespace or container
@@ -139,6 +140,7 @@ class RuntimeConfig:
     limits: Limits = field(default_factory=Limits)
     symbols: SymbolsConfig = field(default_factory=SymbolsConfig)
     names: InputNames = field(default_factory=InputNames)
+    kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)  # the pod metadata watch (off)
 
 
 AGENT_NAMES = InputNames()  # the YAML keys: the default way settings are named

@@ -38,6 +38,8 @@ from retsnoop_otel.runtime.logs import EventLog
 from retsnoop_otel.runtime.probe_set import ProbeSet, TracerFactory, real_tracer_factory, resolve, start_probe_sets
 from retsnoop_otel.runtime.sinks import ExportTotals, Sinks, otlp_settings
 from retsnoop_otel.symbols import discovery
+from retsnoop_otel.workload.k8s_settings import KubeConfigError, KubeSettings, resolve_kubernetes
+from retsnoop_otel.workload.resolver import WorkloadResolver, build_resolver
 
 POLL_MS = 100
 SHUTDOWN_FLUSH_S = 5.0
@@ -75,6 +77,8 @@ class RuntimeDeps:
     environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
     root: str = "/"  # where /proc is read for the process and BPF statistics metrics
     app_sources: Callable[[str, bool, bool], AppSources] = AppSources.from_proc  # (proc root, user stacks, lines)
+    # (root, clock, pod watch settings or None, log) -> the workload resolver; the watch starts with it
+    make_workloads: Callable[[str, Callable[[], float], KubeSettings | None, Any], WorkloadResolver] = build_resolver
 
 
 class Runtime:
@@ -99,6 +103,7 @@ class Runtime:
         self._reported: dict[str, int] = {}
         self._limiters: dict[str, SeriesLimiter] = {}  # per probe set: which error types got own series
         self.app_watch: AppWatcher | None = None  # while a probe set reads thread context or user stacks
+        self.workloads: WorkloadResolver | None = None  # container, pod and executable name of each kept session
 
     # ---- phases ----------------------------------------------------------------------------------
 
@@ -121,7 +126,14 @@ class Runtime:
         if cfg.metrics.otlp is not None:
             otlp_settings(cfg.metrics.otlp, "metrics", cfg.names.metrics_otlp, self.deps.environ)
         self._web(cfg)
+        self._kube_settings(cfg)
         return self.deps.find_vmlinux(cfg.symbols, cfg.names.vmlinux)
+
+    def _kube_settings(self, cfg: RuntimeConfig) -> KubeSettings | None:
+        try:
+            return resolve_kubernetes(cfg.kubernetes, self.deps.environ, root=self.deps.root)
+        except KubeConfigError as exc:
+            raise InputError(str(exc)) from None
 
     def open(self) -> None:
         """Inputs checked, /metrics bound and outputs opened: everything short of the kernel."""
@@ -132,6 +144,7 @@ class Runtime:
         try:
             self.server = self._serve(cfg)
             self.sinks = self._sinks(cfg)
+            self.workloads = self._workloads(cfg)
         except BaseException:
             self.shutdown(0.0)
             raise
@@ -193,6 +206,10 @@ class Runtime:
         sources = self.deps.app_sources(os.path.join(self.deps.root, "proc"), stacks, cfg.symbols.source_lines)
         self.app_watch = AppWatcher(sources, self.deps.monotonic, self.log, os.path.join(self.deps.root, "proc"),
                                     read_app=read_app)
+
+    def _workloads(self, cfg: RuntimeConfig) -> WorkloadResolver:
+        """The resolver (and the pod watch when the config turns it on); nothing here waits for the network."""
+        return self.deps.make_workloads(self.deps.root, self.deps.monotonic, self._kube_settings(cfg), self.log)
 
     def _app_targets(self, sets: list[ProbeSet]) -> None:
         if self.app_watch is not None:
@@ -302,12 +319,13 @@ class Runtime:
         sinks = self.sinks
         t = sinks.totals() if sinks is not None else ExportTotals()
         app = self.app_watch.counters if self.app_watch is not None and self.app_watch.read_app else None
+        k8s = self.workloads.counters() if self.workloads is not None else None
         if app is None:
             return RunCounters(t.spans_exported, dict(t.spans_dropped), t.export_errors, self.session_errors,
-                               dict(self.reloads))
+                               dict(self.reloads), k8s=k8s)
         return RunCounters(t.spans_exported, dict(t.spans_dropped), t.export_errors, self.session_errors,
                            dict(self.reloads), dict(app.sessions), app.processes_checked, app.processes_publishing,
-                           app.check_errors)
+                           app.check_errors, k8s=k8s)
 
     # ---- running ---------------------------------------------------------------------------------
 
@@ -318,6 +336,8 @@ class Runtime:
             ps.poll(per_set)
         if self.app_watch is not None:
             self.app_watch.service()
+        if self.workloads is not None:
+            self.workloads.service()
         now = self.deps.monotonic()
         self.last_poll = now
         if now >= self._next_housekeeping:
@@ -331,6 +351,10 @@ class Runtime:
         try:
             if self.app_watch is not None and _watches_apps(ps.cfg):
                 session = self.app_watch.annotate(session, reads_app=ps.cfg.app_context)
+            workloads = self.workloads
+            if workloads is not None:  # cached: dictionary look-ups once a process and its cgroup were seen
+                session.workload = workloads.of_session(session.pid, session.cgroup_id, session.proc_comm) or None
+                session.exe_name = workloads.exe_name(session.pid, session.proc_comm)
             sinks.emit(ps, session, self._offset_ns)
         except Exception as exc:  # noqa: BLE001 - one bad session must not stop capture
             self.session_errors += 1
@@ -395,6 +419,10 @@ class Runtime:
                 part.close()
         if old_sinks is not None:
             old_sinks.close(SHUTDOWN_FLUSH_S)
+        if cfg.kubernetes != old.kubernetes:  # a new pod watch for new settings (check_inputs checked them)
+            old_workloads, self.workloads = self.workloads, self._workloads(cfg)
+            if old_workloads is not None:
+                old_workloads.close()
         if (cfg.metrics.otlp, cfg.metrics.otlp_interval_s) != (old.metrics.otlp, old.metrics.otlp_interval_s):
             if self.metrics_push is not None:
                 self.metrics_push.stop(final_push=True)
@@ -443,6 +471,9 @@ class Runtime:
         if self.app_watch is not None:
             self.app_watch.close()
             self.app_watch = None
+        if self.workloads is not None:
+            self.workloads.close()
+            self.workloads = None
 
     # ---- observability ---------------------------------------------------------------------------
 
