@@ -81,6 +81,20 @@ class WorkloadResolver:
             proc.workload = (gen, self._workload(proc.ref))
         return proc.workload[1]
 
+    def knows_cgroup(self, cgroup_id: int) -> bool:
+        """Whether the cgroup v2 id has a path (learned, or found by a rate-limited walk of cgroupfs)."""
+        return bool(cgroup_id) and self.index.lookup(cgroup_id) is not None
+
+    def cgroup_alive(self, cgroup_id: int) -> bool:
+        """Whether the cgroup still exists; True while its path is not known (it may be a new one)."""
+        path = self.index.get(cgroup_id)
+        if path is None:
+            return True
+        try:
+            return os.stat(self.index.mount_dir + (path if path != "/" else "")).st_ino == cgroup_id
+        except OSError:
+            return False
+
     def exe_name(self, pid: int, comm: str = "") -> str:
         """Basename of /proc/PID/exe; "" for kernel threads, exited processes and those not readable."""
         return self._proc(pid, comm).exe if pid else ""

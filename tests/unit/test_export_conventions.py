@@ -118,7 +118,7 @@ def _runtime(tmp_path: Path):
         (tmp_path / "proc" / entry).symlink_to(Path("/proc", entry))
     runtime = Runtime(RuntimeConfig(probe_sets=(ProbeSetConfig("bpf", ("f",)),)), RuntimeDeps(root=str(tmp_path)))
     runtime.probe_sets = [ps]  # type: ignore[list-item]
-    runtime.counters = lambda: RunCounters(3, {"queue_full": 1}, 1, 1, {"success": 1, "failure": 0},
+    runtime.metrics.counters = lambda: RunCounters(3, {"queue_full": 1}, 1, 1, {"success": 1, "failure": 0},
                                            {"linked": 1}, 2, 1, 0,
                                            k8s=WatchCounters(True, {"forbidden": 1}, lists=1, events=2, pods=3))
     return runtime
@@ -126,12 +126,12 @@ def _runtime(tmp_path: Path):
 
 def _exposed_families(runtime) -> dict[str, str]:
     """`# TYPE` name -> type of the /metrics exposition."""
-    text = generate_latest(runtime.registry()).decode()
+    text = generate_latest(runtime.metrics.registry()).decode()
     return dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
 
 
 def _pushed(runtime) -> list:
-    families = [f for c in runtime.collectors() for f in c.collect()]
+    families = [f for c in runtime.metrics.collectors() for f in c.collect()]
     return list(metrics_request(families, {}, 1, 2, OTLP_UNITS, SCHEMA_URL).resource_metrics[0].scope_metrics[0]
                 .metrics)
 

@@ -142,3 +142,80 @@ def test_json_output_carries_the_workload_and_the_executable() -> None:
     podman = session_json(tree_session(workload=Workload("e4b0" * 16, "podman")), FUNCS, 0)
     assert podman["workload"] == {"container_id": "e4b0" * 16, "container_runtime": "podman"}
     assert "workload" not in session_json(tree_session(), FUNCS, 0)
+
+
+WL_CONFIG = """\
+probe_sets:
+  - name: counted
+    entry: ["*sys_bpf"]
+    allow: [array_map_alloc_check]
+    mode: metrics
+    workload_label: container
+metrics:
+  listen: "127.0.0.1:0"
+  max_workloads: 5
+"""
+
+
+def test_metrics_workload_label_through_the_runtime(tmp_path: Path) -> None:
+    """workload_label: the kernel's per-cgroup counts reach /metrics as container_id series; a gone cgroup's
+    counts stay, and its kernel entries are deleted."""
+    from retsnoop_otel.capture.model import WorkloadCount
+    root = host(tmp_path / "root")
+    app, top = cg_id(root, APP), cg_id(root, "")
+    world = World()
+    deleted: list[set[int]] = []
+
+    def factory(funcs, cfg, btf_func_id):
+        t = World.factory(world, funcs, cfg, btf_func_id)
+        fid = t.fid("array_map_alloc_check")
+        counts = {app: [WorkloadCount(app, fid, False, None, 3), WorkloadCount(app, fid, False, "EINVAL", 2)],
+                  top: [WorkloadCount(top, fid, False, None, 4)]}
+        t.workload_counts = lambda: [c for cs in counts.values() for c in cs]
+
+        def forget(ids: set[int]) -> None:
+            deleted.append(set(ids))
+            for cg in ids:
+                counts.pop(cg, None)
+
+        t.forget_cgroups = forget
+        return t
+
+    deps = world.deps()
+    deps.tracer_factory = factory
+    deps.make_workloads = lambda root_dir, clock, kube, log: WorkloadResolver(str(root), clock, None, rescan_min_s=0)
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(WL_CONFIG)
+    agent = Agent(str(cfg), deps, EventLog(io.StringIO()))
+    agent.start()
+    try:
+        assert agent.runtime.probe_sets[0].tracer.cfg.workload_stats  # the kernel side counts per cgroup
+        from prometheus_client import generate_latest
+
+        def series() -> list[str]:
+            text = generate_latest(agent.runtime.metrics.registry()).decode()
+            return [ln for ln in text.splitlines() if ln.startswith(("retsnoop_function_calls_total{",
+                                                                      "retsnoop_function_errors_total{"))]
+
+        want = ['retsnoop_function_calls_total{container_id="",function="array_map_alloc_check",'
+                'probe_set="counted"} 4.0',
+                f'retsnoop_function_calls_total{{container_id="containerd://{CID}",function="array_map_alloc_check",'
+                'probe_set="counted"} 5.0',
+                f'retsnoop_function_errors_total{{container_id="containerd://{CID}",error_type="EINVAL",'
+                'function="array_map_alloc_check",probe_set="counted"} 2.0']
+        assert sorted(series()) == sorted(want)
+        (root / "sys/fs/cgroup" / APP).rmdir()  # the container is gone
+        assert sorted(series()) == sorted(want)  # its counts stay in its series
+        assert deleted == [{app}]
+        assert sorted(series()) == sorted(want)  # and are not counted twice once the kernel forgot them
+    finally:
+        agent.runtime.shutdown(1.0)
+
+
+def test_namespace_label_needs_the_metadata_watch(tmp_path: Path) -> None:
+    from retsnoop_otel.runtime.errors import InputError
+    from retsnoop_otel.runtime.runtime import Runtime
+    cfg = parse_config(WL_CONFIG.replace("workload_label: container", "workload_label: namespace"), environ={})
+    with pytest.raises(InputError) as err:
+        Runtime(cfg, World().deps()).check_inputs()
+    assert "kubernetes.metadata: true" in str(err.value) and "counted" in str(err.value)

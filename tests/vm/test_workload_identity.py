@@ -75,3 +75,29 @@ def test_pod_watch_was_current_and_quiet(vm_batch) -> None:
     assert float(metrics["retsnoop_k8s_pod_lists_total"]) == 1.0
     assert not [x for x in r["metrics"] if x.startswith("retsnoop_k8s_watch_errors_total{")]
     assert r["agent_log"] == [] and r["agent_rc"] == 0
+
+
+def test_metrics_per_namespace_count_each_workloads_calls(vm_batch) -> None:
+    """Issue 12, item 2: a `mode: metrics` probe set with `workload_label: namespace` counts the same failing
+    calls in the kernel per cgroup; /metrics names them by the pod's namespace ("" outside any pod)."""
+    r = vm_batch["workload_identity"]
+    got = dict(line.rsplit(" ", 1) for line in r["workload_metrics"])
+
+    def value(family: str, **labels: str) -> float:
+        want = {**labels, "probe_set": "per_namespace"}
+        hits = [float(v) for k, v in got.items() if k.startswith(family + "{") and
+                dict(p.split("=", 1) for p in k[len(family) + 1:-1].split(",")) == {
+                    n: f'"{x}"' for n, x in want.items()}]
+        assert len(hits) == 1, (family, labels, r["workload_metrics"])
+        return hits[0]
+
+    errors = "retsnoop_function_errors_total"
+    fn = {"function": "array_map_alloc_check", "error_type": "EINVAL"}
+    # checkout's container and its conmon scope, and web: namespace shop; coredns: kube-system
+    assert value(errors, **fn, namespace="shop") == 3
+    assert value(errors, **fn, namespace="kube-system") == 1
+    # docker, podman and the v1 run: no pod
+    assert value(errors, **fn, namespace="") == 5
+    sessions = "retsnoop_sessions_total"
+    assert value(sessions, entry_function="__x64_sys_bpf", outcome="error", namespace="shop") == 3
+    assert value("retsnoop_workload_counts_dropped_total") == 0

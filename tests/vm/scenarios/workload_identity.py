@@ -65,6 +65,13 @@ probe_sets:
     app_context: false
     filters:
       comms: [python]
+  - name: per_namespace  # the same calls counted in the kernel per cgroup, exposed per namespace
+    entry: ["*sys_bpf"]
+    allow: [array_map_alloc_check]
+    mode: metrics
+    workload_label: namespace
+    filters:
+      comms: [python]
 exporter:
   otlp:
     endpoint: http://127.0.0.1:{port}
@@ -171,7 +178,10 @@ def scenario_workload_identity(ctx) -> dict:
             time.sleep(1)
         r["roots"] = _roots(out_file)
         with urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=60) as resp:
-            r["metrics"] = [x for x in resp.read().decode().splitlines() if x.startswith("retsnoop_k8s")]
+            text = resp.read().decode().splitlines()
+        r["metrics"] = [x for x in text if x.startswith("retsnoop_k8s")]
+        r["workload_metrics"] = [x for x in text if 'probe_set="per_namespace"' in x and x.startswith(
+            ("retsnoop_function_errors_total{", "retsnoop_sessions_total{", "retsnoop_workload_counts_dropped"))]
     finally:
         r["agent_rc"] = agent.terminate(timeout=120)
         r["agent_log"] = [x for x in agent.output().splitlines() if "pod metadata" in x or '"level": "error"' in x]
