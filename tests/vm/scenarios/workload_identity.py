@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 
 from tests.fake_apiserver import FIXTURES, make_test_ca
+from tests.procs import remove_cgroups
 from tests.vm.guest_batch import budget
 from tests.vm.scenarios.filters import CGROUP_ROOT, _cgroup_mount
 
@@ -187,13 +188,7 @@ def scenario_workload_identity(ctx) -> dict:
         r["agent_log"] = [x for x in agent.output().splitlines() if "pod metadata" in x or '"level": "error"' in x]
         api.terminate(timeout=30)
         receiver.terminate(timeout=30)
-        for d in reversed(made):
-            for _ in range(20):
-                try:
-                    d.rmdir()
-                    break
-                except OSError:
-                    time.sleep(0.5)
+        remove_cgroups(list(reversed(made)))
         if r["v1_mount"] == "ok":
             (v1_root / V1_PATH).rmdir()
             (v1_root / "docker").rmdir()
