@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 
 from tests.fake_apiserver import FIXTURES, make_test_ca
+from tests.otlp_json import spans as otlp_spans
 from tests.procs import remove_cgroups
 from tests.vm.guest_batch import budget
 from tests.vm.scenarios.filters import CGROUP_ROOT, _cgroup_mount
@@ -91,21 +92,12 @@ logging:
 
 def _roots(path: Path) -> list[dict]:
     """Root spans of everything received: their resource, pid and executable name."""
-    out = []
     if not path.exists():
-        return out
-    for line in path.read_text().splitlines():
-        for rs in json.loads(line).get("resourceSpans", []):
-            res = {a["key"]: next(iter(a["value"].values())) for a in rs.get("resource", {}).get("attributes", [])}
-            for ss in rs.get("scopeSpans", []):
-                for s in ss.get("spans", []):
-                    if s.get("parentSpanId"):
-                        continue
-                    attrs = {a["key"]: next(iter(a["value"].values())) for a in s.get("attributes", [])}
-                    out.append({"name": s["name"], "pid": int(attrs.get("process.pid", 0)),
-                                "exe": attrs.get("process.executable.name"), "error": attrs.get("error.type"),
-                                "resource": res, "spans": len(ss["spans"])})
-    return out
+        return []
+    requests = [json.loads(line) for line in path.read_text().splitlines()]
+    return [{"name": s["name"], "pid": int(s["attrs"].get("process.pid", 0)),
+             "exe": s["attrs"].get("process.executable.name"), "error": s["attrs"].get("error.type"),
+             "resource": s["resource"]} for s in otlp_spans(requests) if not s["parent"]]
 
 
 def _mount_v1(ctx, where: Path) -> str:
