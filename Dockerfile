@@ -42,7 +42,7 @@ COPY pyproject.toml setup.py README.md ./
 COPY bpf ./bpf
 COPY retsnoop_otel ./retsnoop_otel
 RUN python3 -m venv /opt/retsnoop-otel \
-    && /opt/retsnoop-otel/bin/pip install --no-cache-dir . \
+    && /opt/retsnoop-otel/bin/pip install --no-cache-dir ".[kubernetes]" \
     && test -f "$(/opt/retsnoop-otel/bin/python -c 'import retsnoop_otel, os; print(os.path.dirname(retsnoop_otel.__file__))')/bpf/retsnoop.bpf.o"
 
 # ---- runtime: python, libbpf and llvm-symbolizer only ------------------------------------------

@@ -13,7 +13,8 @@ PYTEST_ARGS ?= -ra
 .NOTPARALLEL:
 .PHONY: setup apt bpf kernels test unit vmtest lowest lint demo clean distclean
 
-## setup: Debian packages (only missing ones), .venv with the project and its dev and service extras, BPF objects
+## setup: Debian packages (only missing ones), .venv with the project and its dev, service and kubernetes extras,
+## BPF objects
 setup:
 	@$(MAKE) --no-print-directory apt
 	@$(MAKE) --no-print-directory $(STAMP)
@@ -32,14 +33,14 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml setup.py | $(PY)
-	$(PY) -m pip install -e '.[dev,service]'
+	$(PY) -m pip install -e '.[dev,service,kubernetes]'
 	touch $@
 
 # the lowest versions pyproject.toml allows, pinned from its own `>=` bounds so that they cannot drift
 $(LOW_STAMP): pyproject.toml setup.py tests/lowest_constraints.py | $(PY)
 	$(PYTHON) -m venv $(LOW_VENV)
 	$(PY) tests/lowest_constraints.py > $(LOW_VENV)/constraints.txt
-	$(LOW_VENV)/bin/python -m pip install -c $(LOW_VENV)/constraints.txt -e '.[dev]'
+	$(LOW_VENV)/bin/python -m pip install -c $(LOW_VENV)/constraints.txt -e '.[dev,kubernetes]'
 	touch $@
 
 bpf:
@@ -66,7 +67,7 @@ test: setup kernels lint
 	@$(MAKE) --no-print-directory lowest
 
 ## lowest: the host tests in a venv holding the lowest versions pyproject.toml allows (OTel, protobuf, grpcio,
-## prometheus-client, PyYAML, pyelftools)
+## prometheus-client, PyYAML, pyelftools, kubernetes)
 lowest: setup $(LOW_STAMP)
 	$(LOW_VENV)/bin/python -m pytest -m 'not vm' $(PYTEST_ARGS)
 

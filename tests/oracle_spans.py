@@ -21,7 +21,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags, TraceSt
 from opentelemetry.trace.status import Status, StatusCode
 
 from retsnoop_otel.capture.model import Call, Session
-from retsnoop_otel.export.resource import Resource
+from retsnoop_otel.export.resource import Resource, with_workload
 from retsnoop_otel.export.span_attributes import (
     DEFAULT_MAX_SPANS,
     SCOPE_NAME,
@@ -55,8 +55,12 @@ def sdk_status(status: SpanStatus) -> Status:
     return Status(StatusCode(int(status.code)), status.message or None)
 
 
-def sdk_resource(resource: Resource | None) -> SdkResource:
-    return SdkResource(dict(resource.attributes), resource.schema_url or None) if resource else SdkResource({})
+def sdk_resource(resource: Resource | None, session: Session | None = None) -> SdkResource:
+    """The agent's resource, plus the session's workload (container, pod) when it has one."""
+    if resource is None:
+        return SdkResource({})
+    workload = session.workload if session is not None else None
+    return SdkResource(with_workload(resource.attributes, workload), resource.schema_url or None)
 
 
 class _Builder:
@@ -96,7 +100,7 @@ def session_to_spans(session: Session, funcs: FuncTable, offset_ns: int, resourc
     """Root span first (the entry function), then the others depth-first, parents before children."""
     app, joined = app_parent(session)
     state, randomness = sampling_state(session, joined)
-    b = _Builder(rng or random.Random(), sdk_resource(resource), offset_ns, max(1, max_spans),
+    b = _Builder(rng or random.Random(), sdk_resource(resource, session), offset_ns, max(1, max_spans),
                  app.trace_id if app is not None and joined else 0, state, randomness)
     app_ctx = None if app is None else SpanContext(app.trace_id, app.span_id, is_remote=True,
                                                    trace_flags=TraceFlags(app.trace_flags))

@@ -150,3 +150,15 @@ class Proc:
         rc = self.popen.wait()
         self._reader.join(5)
         return rc
+
+
+def remove_cgroups(dirs: Sequence[object], tries: int = 20, wait_s: float = 0.5) -> None:
+    """rmdir each cgroup (children first: give them in that order); a cgroup goes only once its last
+    process has exited, which a killed process takes a moment to do."""
+    for d in dirs:
+        for _ in range(tries):
+            try:
+                os.rmdir(d)  # type: ignore[arg-type]
+                break
+            except OSError:
+                time.sleep(wait_s)

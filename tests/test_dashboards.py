@@ -154,8 +154,8 @@ def exposed_series() -> set[str]:
             Path(root, "proc", entry).symlink_to(Path("/proc", entry))
         runtime = Runtime(RuntimeConfig(probe_sets=(ProbeSetConfig("bpf", ("f",)),)), RuntimeDeps(root=root))
         runtime.probe_sets = [probe_set]  # type: ignore[list-item]
-        runtime.counters = lambda: RunCounters(3, {"queue_full": 1}, 1, 0, {"success": 1, "failure": 0})
-        return _exposed_names(runtime.registry())
+        runtime.metrics.counters = lambda: RunCounters(3, {"queue_full": 1}, 1, 0, {"success": 1, "failure": 0})
+        return _exposed_names(runtime.metrics.registry())
 
 
 # ---- promtool ------------------------------------------------------------------------------------

@@ -7,13 +7,16 @@ resources without a schema here: PodMonitor and PrometheusRule are checked field
 through promtool (the same unit tests as dashboards/alerts.yml), the PodMonitor's relabelings inside
 an equivalent scrape config through `promtool check config`. The policy part is what managed clusters
 and reviewers ask of a privileged agent: our own PriorityClass, the namespace's pod-security level,
-the runtime default seccomp and AppArmor profiles, a start-up probe, no service-account token while
-the agent does not use the API, and every capability and host access mapped to the code that needs it.
+the runtime default seccomp and AppArmor profiles, a start-up probe, the service-account token mounted
+exactly when the shipped config turns the pod metadata watch on (with RBAC that reads pods and nothing
+else), and every capability and host access mapped to the code that needs it.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -60,7 +63,11 @@ NOT_ADDED = {
 # Every host namespace and host path the pod uses: why, and where the code reads it.
 HOST_ACCESS = {
     "hostPID": ("the kernel reports host pids: /proc/<pid> must be that process when the agent reads it "
-                "(app_context, user_stacks)", "retsnoop_otel/runtime/app_watch.py", 'f"{self.proc_root}/{tgid}"'),
+                "(app_context, user_stacks, /proc/PID/cgroup and /proc/PID/exe for the workload)",
+                "retsnoop_otel/runtime/app_watch.py", 'f"{self.proc_root}/{tgid}"'),
+    "/sys/fs/cgroup": ("the host's cgroup v2 hierarchy: a session's cgroup id (the directory's inode) -> its path "
+                       "-> container.id and k8s.pod.uid", "retsnoop_otel/workload/cgroupfs.py",
+                       'DEFAULT_MOUNT = "/sys/fs/cgroup"'),
     "/sys/kernel/btf": ("vmlinux BTF: return types and fentry attach", "retsnoop_otel/kernel/features.py",
                         '"sys/kernel/btf/vmlinux"'),
     "/sys/kernel/tracing": ("available_filter_functions: what ftrace can attach to",
@@ -232,20 +239,30 @@ def test_startup_probe_covers_a_long_attach(core, agent) -> None:
 
 
 def _agent_uses_the_api() -> list[str]:
-    pattern = re.compile(r"^\s*(?:import|from)\s+kubernetes\b|KUBERNETES_SERVICE_HOST|serviceaccount/token", re.M)
+    pattern = re.compile(r"^\s*(?:import|from)\s+kubernetes\b|KUBERNETES_SERVICE_HOST|serviceaccount", re.M)
     return [str(p.relative_to(REPO)) for p in sorted((REPO / "retsnoop_otel").rglob("*.py"))
             if pattern.search(p.read_text())]
 
 
-def test_service_account_token_only_with_the_metadata_watch(core, pod) -> None:
+def test_service_account_token_only_with_the_metadata_watch(core, pod, agent) -> None:
+    """The token is mounted exactly when the shipped config watches pods; only the watch talks to the API."""
     sa = core["ServiceAccount"]
     assert pod["serviceAccountName"] == sa["metadata"]["name"]
-    users = _agent_uses_the_api()
-    if users:
-        pytest.fail(f"the agent now talks to the API server ({', '.join(users)}): mount the service-account "
-                    "token (automountServiceAccountToken on the pod) when the shipped config turns the metadata "
-                    "watch on, and make this test check that instead")
-    assert pod["automountServiceAccountToken"] is False and sa["automountServiceAccountToken"] is False
+    users = set(_agent_uses_the_api())
+    assert "retsnoop_otel/workload/k8s_watch.py" in users and users <= {
+        "retsnoop_otel/workload/k8s_watch.py", "retsnoop_otel/workload/k8s_settings.py",
+        "retsnoop_otel/agent/config_kubernetes.py"}, users
+    cfg = parse_config(core["ConfigMap"]["data"]["agent.yaml"], "daemonset.yaml:agent.yaml", {})
+    assert pod["automountServiceAccountToken"] is cfg.kubernetes.metadata is True
+    assert sa["automountServiceAccountToken"] is False, "only this pod gets the token, not every pod of the account"
+    # the watch's defaults are what the kubelet mounts and sets: token and CA of the account, the API server's
+    # service variables, and the node name from the downward API
+    from retsnoop_otel.workload.k8s_settings import NODE_ENV, SA_DIR, KubernetesConfig
+    assert (cfg.kubernetes.node_name, cfg.kubernetes.api_server) == (None, None)
+    assert cfg.kubernetes.token_file == KubernetesConfig().token_file == f"{SA_DIR}/token"
+    assert SA_DIR == "/var/run/secrets/kubernetes.io/serviceaccount"
+    env = {e["name"]: e for e in agent["env"]}
+    assert env[NODE_ENV]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
 
 
 def test_rbac_reads_pods_only(core) -> None:
@@ -357,3 +374,75 @@ def test_prometheusrule_groups_pass_promtool(tmp_path: Path) -> None:
     (tmp_path / "rules_test.yml").write_text(yaml.safe_dump(tests, sort_keys=False))
     res = promtool("test", "rules", tmp_path / "rules_test.yml")
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+# ---- TLS and basic auth on the metrics port, as the comments say ------------------------------------
+
+
+def _uncommented(text: str, marker: str) -> str:
+    """The commented-out YAML right after the first line that contains `marker`, uncommented."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if marker in line) + 1
+    block = []
+    for line in lines[start:]:
+        m = re.match(r"^(\s*)# ?(.*)$", line)
+        if not m or not m.group(2).strip():
+            break
+        block.append(m.group(1) + m.group(2))
+    return textwrap.dedent("\n".join(block)) + "\n"
+
+
+def _tls_variant() -> tuple[dict, dict, str, str]:
+    """The DaemonSet, the ConfigMap's agent.yaml and web.yml, with the commented-out TLS parts turned on."""
+    text = DAEMONSET.read_text()
+    docs = {d["kind"]: d for d in load_docs(DAEMONSET)}
+    pod_spec = docs["DaemonSet"]["spec"]["template"]["spec"]
+    (container,) = pod_spec["containers"]
+    probe_http = yaml.safe_load(_uncommented(text, "user of basic_auth_users"))
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        container[probe]["httpGet"].update(probe_http)
+    container["volumeMounts"] += yaml.safe_load(_uncommented(text, "            # metrics.web_config_file:"))
+    pod_spec["volumes"] += yaml.safe_load(_uncommented(text, "the agent reloads them when the kubelet"))
+    agent_yaml = docs["ConfigMap"]["data"]["agent.yaml"].replace("# web_config_file:", "web_config_file:")
+    web_yml = yaml.safe_load(_uncommented(text, "# metrics.web_config_file (see agent.yaml below)"))["web.yml"]
+    return docs["DaemonSet"], docs["ConfigMap"], agent_yaml, web_yml
+
+
+@pytest.mark.parametrize("version", [OLDEST_KUBERNETES, "latest"])
+def test_the_commented_tls_variant_is_valid(version: str) -> None:
+    import kubernetes_validate as kv
+
+    daemonset, _cm, _agent_yaml, _web = _tls_variant()
+    kv.validate(daemonset, kv.latest_version() if version == "latest" else version, strict=True)
+
+
+def test_the_commented_tls_variant_fits_together() -> None:
+    """The agent reads web.yml where the volume puts it, web.yml names the files the volume holds, and the
+    probes send the probe user over HTTPS."""
+    import base64
+
+    import bcrypt
+
+    from retsnoop_otel.metrics.web_config import parse_web_config
+    daemonset, configmap, agent_yaml, web_text = _tls_variant()
+    cfg = parse_config(agent_yaml, "daemonset.yaml:agent.yaml")
+    assert cfg.metrics.web_config_file is not None
+    pod_spec = daemonset["spec"]["template"]["spec"]
+    (container,) = pod_spec["containers"]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "web")
+    assert os.path.dirname(cfg.metrics.web_config_file) == mount["mountPath"]
+    (volume,) = [v for v in pod_spec["volumes"] if v["name"] == "web"]
+    sources = volume["projected"]["sources"]
+    assert next(s["configMap"]["name"] for s in sources if "configMap" in s) == configmap["metadata"]["name"]
+    projected = {item["path"] for s in sources for kind in ("configMap", "secret") for item in s.get(kind, {})
+                 .get("items", [])}
+    hashed = bcrypt.hashpw(b"probe-password", bcrypt.gensalt(4)).decode()
+    web, _ = parse_web_config(web_text.replace("$2y$10$...", hashed), cfg.metrics.web_config_file)
+    assert web.tls is not None and set(web.users) == {"prometheus", "probe"}
+    assert {os.path.basename(web.tls.cert_file), os.path.basename(web.tls.key_file), "web.yml"} == projected
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        http_get = container[probe]["httpGet"]
+        (header,) = http_get["httpHeaders"]
+        scheme, token = header["value"].split()
+        assert (http_get["scheme"], header["name"], scheme) == ("HTTPS", "Authorization", "Basic")
+        assert base64.b64decode(token) == b"probe:probe-password"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from retsnoop_otel.agent.config_kubernetes import parse_kubernetes
 from retsnoop_otel.agent.yaml_nodes import (
     ConfigError,
     Nodes,
@@ -45,6 +46,7 @@ from retsnoop_otel.runtime.config import (
     SymbolsConfig,
 )
 from retsnoop_otel.symbols.discovery import DiscoveryError, expand_glob_args, parse_glob
+from retsnoop_otel.workload.k8s_settings import KubernetesConfig
 
 PROTOCOLS = ("grpc", "http/protobuf")
 COMPRESSIONS = ("gzip", "deflate", "none")
@@ -302,7 +304,7 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 def _metrics(ctx: Nodes, node: yaml.Node, environ: Mapping[str, str]) -> MetricsConfig:
     m = mapping(ctx, node, "metrics", ("listen", "stall_after_s", "otlp", "otlp_interval", "max_error_types",
-                                        "functions", "duration_range", "max_workloads"))
+                                        "functions", "duration_range", "max_workloads", "web_config_file"))
     host, port = MetricsConfig.host, MetricsConfig.port
     if "listen" in m:
         try:
@@ -319,7 +321,9 @@ def _metrics(ctx: Nodes, node: yaml.Node, environ: Mapping[str, str]) -> Metrics
     buckets = _duration_range(ctx, m["duration_range"], "metrics.duration_range") if "duration_range" in m else None
     workloads = pos_int(ctx, m["max_workloads"], "metrics.max_workloads") if "max_workloads" in m \
         else MetricsConfig.max_workloads
-    return MetricsConfig(host, port, stall, otlp, interval, max_errs, funcs, buckets, workloads)
+    web = opt_string(ctx, m.get("web_config_file"), "metrics.web_config_file")  # read by the runtime, at start
+    return MetricsConfig(host, port, stall, otlp, interval, max_errs, funcs, buckets, workloads,
+                         web_config_file=web or None)
 
 
 def _limits(ctx: Nodes, node: yaml.Node) -> Limits:
@@ -344,7 +348,7 @@ def _logging(ctx: Nodes, node: yaml.Node) -> LoggingConfig:
         level=choice(ctx, m["level"], "logging.level", LOG_LEVELS) if "level" in m else "info")
 
 
-_TOP_KEYS = ("probe_sets", "exporter", "metrics", "limits", "logging", "vmlinux")
+_TOP_KEYS = ("probe_sets", "exporter", "metrics", "limits", "logging", "vmlinux", "kubernetes")
 
 
 def parse_config(text: str, filename: str = "<config>", environ: Mapping[str, str] = os.environ) -> AgentConfig:
@@ -380,7 +384,8 @@ def parse_config(text: str, filename: str = "<config>", environ: Mapping[str, st
         metrics=_metrics(ctx, m["metrics"], environ) if "metrics" in m else MetricsConfig(),
         limits=_limits(ctx, m["limits"]) if "limits" in m else Limits(),
         logging=_logging(ctx, m["logging"]) if "logging" in m else LoggingConfig(),
-        symbols=SymbolsConfig(vmlinux=vmlinux))
+        symbols=SymbolsConfig(vmlinux=vmlinux),
+        kubernetes=parse_kubernetes(ctx, m["kubernetes"]) if "kubernetes" in m else KubernetesConfig())
 
 
 def load_config(path: str | Path, environ: Mapping[str, str] = os.environ) -> AgentConfig:

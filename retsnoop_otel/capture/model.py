@@ -214,6 +214,27 @@ class StackEntry:
     latency_ns: int | None  # None: the function had not returned when the chain was taken
 
 
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """Which container (and Kubernetes pod) a session's thread ran in; "" = not known.
+
+    Plain data so that export and metrics use it without the workload package (which resolves it).
+    """
+
+    container_id: str = ""  # 64 hex digits, as the runtime names the container
+    container_runtime: str = ""  # container.runtime.name: containerd, cri-o, docker, podman
+    pod_uid: str = ""
+    pod_name: str = ""
+    namespace: str = ""
+    container_name: str = ""
+
+    def __bool__(self) -> bool:
+        return bool(self.container_id or self.pod_uid)
+
+
+NO_WORKLOAD = Workload()
+
+
 @dataclass(slots=True)
 class Session:
     """One entry-function invocation on one thread, as captured in the kernel."""
@@ -242,6 +263,10 @@ class Session:
     sampling_threshold: int | None = None
     trace_randomness: int | None = None
     kernel_sampling: int = 0  # how the kernel side kept a success (records.SAMPLED_*; 0: an error session)
+    # filled in user space while the process lived (workload/resolver.py): its container and pod, and the
+    # basename of /proc/PID/exe ("": not readable; `proc_comm` is the 15-character fallback)
+    workload: Workload | None = None
+    exe_name: str = ""
 
     @property
     def entry_func_id(self) -> int | None:
@@ -295,18 +320,6 @@ class ProgramStats:
     name: str
     run_cnt: int
     run_time_ns: int
-
-
-@dataclass(frozen=True, slots=True)
-class Workload:
-    """The container and pod a session's thread ran in ("" = unknown or none)."""
-
-    container_id: str = ""
-    container_runtime: str = ""
-    pod_uid: str = ""
-    pod_name: str = ""
-    namespace: str = ""
-    container_name: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,10 +20,12 @@ from typing import Any
 from urllib.parse import unquote
 
 from retsnoop_otel import __version__
+from retsnoop_otel.capture.model import Workload
 from retsnoop_otel.export.semconv import SCHEMA_URL
 
 log = logging.getLogger(__name__)
 DEFAULT_SERVICE_NAME = "retsnoop-otel"
+NODE_NAME_ENV = "K8S_NODE_NAME"  # the downward API's spec.nodeName (config/daemonset.yaml)
 
 
 @dataclass(frozen=True)
@@ -44,11 +46,15 @@ def read_machine_id(root: str | Path = "/") -> str | None:
     return None
 
 
-def host_attributes(root: str | Path = "/") -> dict[str, str]:
-    """Host and OS attributes of the machine whose kernel is traced."""
+def host_attributes(root: str | Path = "/", environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """Host and OS attributes of the machine whose kernel is traced.
+
+    In a pod, gethostname() is the pod's name: the node's name (K8S_NODE_NAME) is the host's, and it is
+    also k8s.node.name."""
     uname = os.uname()
+    node = environ.get(NODE_NAME_ENV, "").strip()
     attrs = {
-        "host.name": socket.gethostname(),
+        "host.name": node or socket.gethostname(),
         "host.arch": _otel_arch(uname.machine),
         "os.type": "linux",
         "os.version": uname.release,
@@ -56,6 +62,8 @@ def host_attributes(root: str | Path = "/") -> dict[str, str]:
     machine_id = read_machine_id(root)
     if machine_id:
         attrs["host.id"] = machine_id
+    if node:
+        attrs["k8s.node.name"] = node
     return attrs
 
 
@@ -97,9 +105,23 @@ def build_resource(root: str | Path = "/", service_name: str = DEFAULT_SERVICE_N
         "telemetry.sdk.name": "retsnoop-otel",
         "telemetry.sdk.language": "python",
         "telemetry.sdk.version": __version__,
-        **host_attributes(root),
+        **host_attributes(root, environ),
     }
     attrs.update(parse_resource_attributes(environ.get("OTEL_RESOURCE_ATTRIBUTES", "")))
     if environ.get("OTEL_SERVICE_NAME", "").strip():
         attrs["service.name"] = environ["OTEL_SERVICE_NAME"].strip()
     return Resource(attrs, SCHEMA_URL)
+
+
+def workload_attributes(workload: Workload) -> dict[str, str]:
+    """The resource attributes that tell one traced workload from another (known values only)."""
+    pairs = (("container.id", workload.container_id), ("container.runtime.name", workload.container_runtime),
+             ("k8s.pod.uid", workload.pod_uid), ("k8s.pod.name", workload.pod_name),
+             ("k8s.namespace.name", workload.namespace), ("k8s.container.name", workload.container_name))
+    return {key: value for key, value in pairs if value}
+
+
+def with_workload(attributes: Mapping[str, Any], workload: Workload | None) -> dict[str, Any]:
+    """The agent's resource (service.*, host.*, os.*, telemetry.sdk.*) plus the workload's attributes: the
+    resource of that workload's spans, so that backends and the Collector group them by container and pod."""
+    return {**attributes, **workload_attributes(workload)} if workload else dict(attributes)

@@ -155,7 +155,7 @@ def session_attrs(session: Session, symbolize: Callable[[int], str] | None, expo
         "thread.id": session.tid,
         "thread.name": session.comm,
         "process.pid": session.pid,
-        "process.executable.name": session.proc_comm,
+        "process.executable.name": session.exe_name or session.proc_comm,
         "retsnoop.cpu": session.cpu,
     }
     if session.dropped_records > 0:

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from retsnoop_otel.capture.errnos import MAX_ERRNO
-from retsnoop_otel.capture.model import Call, RetKind, Session
+from retsnoop_otel.capture.model import Call, RetKind, Session, Workload
 from retsnoop_otel.export.protowire import I32, I64, LEN, VARINT, key_values, len_field, tag, varint
+from retsnoop_otel.export.resource import with_workload
 from retsnoop_otel.export.span_attributes import (
     DEFAULT_MAX_SPANS,
     SCOPE_NAME,
@@ -127,6 +128,29 @@ def make_envelope(resource: Mapping[str, Any], resource_schema_url: str = "", sc
     return Envelope(key_values(1, resource), resource_schema_url, scope_body, scope_schema_url)
 
 
+class WorkloadEnvelopes:
+    """One envelope per workload (the agent's resource plus the container's and pod's attributes), so that
+    build_request gives each workload its own ResourceSpans. Bounded: emptied when `max_entries` are held
+    (a node runs far fewer containers at once), then refilled by the workloads still seen."""
+
+    def __init__(self, resource: Mapping[str, Any], resource_schema_url: str = "", max_entries: int = 1024) -> None:
+        self.resource = dict(resource)
+        self.schema_url = resource_schema_url
+        self.base = make_envelope(self.resource, resource_schema_url)
+        self.max_entries = max(1, max_entries)
+        self._cache: dict[Workload, Envelope] = {}
+
+    def of(self, workload: Workload | None) -> Envelope:
+        if not workload:
+            return self.base
+        env = self._cache.get(workload)
+        if env is None:
+            if len(self._cache) >= self.max_entries:
+                self._cache.clear()
+            env = self._cache[workload] = make_envelope(with_workload(self.resource, workload), self.schema_url)
+        return env
+
+
 @functools.lru_cache(maxsize=64)
 def _trace_state_field(state: str) -> bytes:
     """Span.trace_state; a trace has one, so it travels with the trace id field."""
@@ -143,8 +167,10 @@ class SpanEncoder:
     def __init__(self, funcs: FuncTable, envelope: Envelope, *,
                  symbolize: Any = None, export_addresses: bool = False,
                  max_spans: int = DEFAULT_MAX_SPANS, rng: random.Random | None = None,
-                 format_args: FormatArgs | None = None, locate: Locate | None = None) -> None:
+                 format_args: FormatArgs | None = None, locate: Locate | None = None,
+                 workloads: WorkloadEnvelopes | None = None) -> None:
         self.funcs = funcs
+        self.workloads = workloads  # a resource per workload; None: every session under `envelope`
         self.locate = locate  # DWARF: code.file.path / code.line.number, looked up once per function
         self.format_args = format_args  # -A: `name=value` strings, exported as retsnoop.args
         self.envelope = envelope
@@ -249,7 +275,8 @@ class SpanEncoder:
             ids_times = _ROOT_IDS_TIMES.pack(_SPAN_ID_TAG, root_id, _START_TAG, root_start, _END_TAG, root_end)
         body = trace_field + ids_times + const + key_values(9, extra) + (_link(app) if app and not joined else b"")
         spans[0] = _SPANS_TAG + varint(len(body)) + body
-        return EncodedTrace(self.envelope, spans, dropped, trace_id)
+        envelope = self.workloads.of(session.workload) if self.workloads is not None else self.envelope
+        return EncodedTrace(envelope, spans, dropped, trace_id)
 
     def _calls(self, spans: list[bytes], trace_field: bytes, top: list[Call], root_id: int, root_end: int,
                offset: int, lbr_at: Call | None, lbr: Attrs) -> int:

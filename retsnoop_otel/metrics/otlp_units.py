@@ -42,6 +42,10 @@ OTLP_UNITS: Mapping[str, str] = MappingProxyType({
     "retsnoop_app_context_processes_checked": "{process}",
     "retsnoop_app_context_processes_publishing": "{process}",
     "retsnoop_app_context_check_errors": "{process}",
+    "retsnoop_k8s_metadata_current": "",  # a switch (0/1)
+    "retsnoop_k8s_watch_errors": "{error}",
+    "retsnoop_k8s_pod_lists": "{request}",
+    "retsnoop_k8s_pods": "{pod}",
     "retsnoop_agent_up": "{agent}",  # summed over a fleet: the agents running
     "retsnoop_build_info": "{agent}",  # summed per version: the agents running it
     "retsnoop_bpf_stats_enabled": "",  # a switch (0/1), neither a count nor a ratio

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -29,6 +30,7 @@ class RunCounters:
     app_processes_checked: int = 0
     app_processes_publishing: int = 0
     app_check_errors: int = 0
+    k8s: Any = None  # workload.k8s_watch.WatchCounters while the pod metadata watch is on
 
 
 class RuntimeCollector(Collector):
@@ -54,6 +56,8 @@ class RuntimeCollector(Collector):
         yield reloads
         if c.app_sessions is not None:
             yield from _app_families(c)
+        if c.k8s is not None:
+            yield from _k8s_families(c.k8s)
         yield GaugeMetricFamily("retsnoop_agent_up", "1 while retsnoop-otel runs", value=1)
         yield GaugeMetricFamily("retsnoop_bpf_stats_enabled", "1 while the kernel counts BPF program runs and run "
                                 "time (sysctl kernel.bpf_stats_enabled)", value=int(self._stats_enabled()))
@@ -79,3 +83,19 @@ def _app_families(c: RunCounters) -> Iterator[Metric]:
                               value=c.app_processes_publishing)
     yield CounterMetricFamily("retsnoop_app_context_check_errors",
                               "Processes whose thread-context location could not be read", value=c.app_check_errors)
+
+
+def _k8s_families(k: Any) -> Iterator[Metric]:
+    """Whether the pod names on spans are current: the watch of this node's pods and why it failed."""
+    yield GaugeMetricFamily("retsnoop_k8s_metadata_current", "1 while the pod metadata watch is connected "
+                            "(k8s.pod.name, k8s.namespace.name, k8s.container.name are current), 0 while the API "
+                            "server cannot be reached or refuses", value=int(k.current))
+    errors = CounterMetricFamily("retsnoop_k8s_watch_errors", "Failed pod list or watch requests by reason: "
+                                 "unreachable, unauthorized, forbidden (RBAC), gone (410: listed again), server_error, "
+                                 "invalid_response", labels=["reason"])
+    for reason, n in sorted(k.errors.items()):
+        errors.add_metric([reason], n)
+    yield errors
+    yield CounterMetricFamily("retsnoop_k8s_pod_lists", "Full lists of this node's pods (at start, after a 410 or "
+                              "an outage)", value=k.lists)
+    yield GaugeMetricFamily("retsnoop_k8s_pods", "Pods of this node known from the API server", value=k.pods)

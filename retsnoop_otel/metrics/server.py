@@ -3,7 +3,9 @@
 One server, so both commands answer scrapes, probes and bind errors the same way. `/metrics` is
 prometheus_client's own WSGI app (OpenMetrics negotiation, gzip, `name[]` filter), so the
 exposition format stays theirs; around it we add `/healthz`, HEAD, 405/404, a one-line 500 when a
-collector fails, quiet logs, and bind errors that say what to change.
+collector fails, quiet logs, and bind errors that say what to change. With a web config (web_config.py),
+every path is served over TLS and behind basic auth alike, as exporter-toolkit does: the TLS handshake runs
+in the connection's own worker thread, never in the accepting one, within HANDSHAKE_TIMEOUT_S.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import errno
 import json
 import socket
 import socketserver
+import ssl
 import sys
 import threading
 from collections.abc import Callable, Iterable
@@ -21,10 +24,18 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import make_wsgi_app
 
+from retsnoop_otel.metrics.basic_auth import REALM, BasicAuth
+from retsnoop_otel.metrics.web_config import WebConfig
+from retsnoop_otel.metrics.web_tls import WebWatcher, san_allowed
+
 # (healthy, details): details become the JSON body; unhealthy answers 503
 HealthFn = Callable[[], tuple[bool, dict[str, Any]]]
 _Response = tuple[str, list[tuple[str, str]], bytes]
 _TEXT = "text/plain; charset=utf-8"
+HANDSHAKE_TIMEOUT_S = 10.0  # a client that connects and stays silent does not hold a thread longer
+TLS_RECORD_HANDSHAKE = 0x16  # the first byte of every TLS connection (a ClientHello record)
+_PLAIN_TO_TLS = (b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
+                 b"Client sent an HTTP request to an HTTPS server.\n")
 
 
 class ListenError(RuntimeError):
@@ -42,6 +53,25 @@ class _Handler(WSGIRequestHandler):
 
 class _Server(socketserver.ThreadingMixIn, WSGIServer):
     daemon_threads = True
+    web: WebWatcher | None = None
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        """In the connection's worker thread: TLS first when the web config asks for it."""
+        web = self.web.current() if self.web is not None else None
+        if web is None or web.context is None:
+            return super().finish_request(request, client_address)
+        conn = _tls_accept(request, web)
+        if conn is None:
+            return None
+        try:
+            super().finish_request(conn, client_address)
+        finally:
+            try:
+                conn.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+            conn.close()
+        return None
 
     def server_bind(self) -> None:
         # HTTPServer.server_bind resolves getfqdn(host), a DNS lookup that can stall startup
@@ -52,6 +82,37 @@ class _Server(socketserver.ThreadingMixIn, WSGIServer):
     def handle_error(self, request: Any, client_address: Any) -> None:
         if not isinstance(sys.exc_info()[1], OSError):  # a client that stalls or resets: not worth a traceback
             super().handle_error(request, client_address)
+
+
+def _refuse_plain(sock: socket.socket) -> None:
+    """Go's answer to plain HTTP on a TLS port; the request is read first, so closing does not reset the
+    connection before the client has read the answer."""
+    sock.sendall(_PLAIN_TO_TLS)
+    sock.shutdown(socket.SHUT_WR)
+    sock.settimeout(1.0)
+    for _ in range(16):
+        if not sock.recv(4096):
+            break
+
+
+def _tls_accept(sock: socket.socket, web: WebConfig) -> ssl.SSLSocket | None:
+    """The handshaken connection, or None (after a plain-text 400 to a plain HTTP client) when it fails."""
+    assert web.context is not None and web.tls is not None
+    sock.settimeout(HANDSHAKE_TIMEOUT_S)  # CPython applies it to the whole handshake, not to each read
+    try:
+        first = sock.recv(1, socket.MSG_PEEK)
+        if first and first[0] != TLS_RECORD_HANDSHAKE:
+            _refuse_plain(sock)
+            return None
+        if not first:
+            return None
+        conn = web.context.wrap_socket(sock, server_side=True)
+    except (OSError, ValueError):  # ssl.SSLError and timeouts are OSErrors
+        return None
+    if web.tls.allowed_sans and not san_allowed(conn.getpeercert(), web.tls.allowed_sans):
+        conn.close()  # as the toolkit does: the connection ends, nothing is served
+        return None
+    return conn
 
 
 class _Server6(_Server):
@@ -65,13 +126,20 @@ def _text(status: str, message: str, *extra: tuple[str, str]) -> _Response:
 class _App:
     """Routes requests; every answer has a Content-Length, and HEAD gets GET's headers without the body."""
 
-    def __init__(self, registry: CollectorRegistry, health: HealthFn) -> None:
+    def __init__(self, registry: CollectorRegistry, health: HealthFn, server: _Server) -> None:
         self._metrics_app = make_wsgi_app(registry)
         self._health = health
+        self._server = server
+        self._auth = BasicAuth()
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")
-        if method not in ("GET", "HEAD"):
+        web = self._server.web.current() if self._server.web is not None else None
+        extra = list(web.headers) if web is not None else []
+        if web is not None and web.users and not self._auth.allowed(environ.get("HTTP_AUTHORIZATION"), web.users):
+            status, headers, body = _text("401 Unauthorized", "401 Unauthorized: this endpoint needs basic auth",
+                                          ("WWW-Authenticate", f'Basic realm="{REALM}", charset="UTF-8"'))
+        elif method not in ("GET", "HEAD"):
             status, headers, body = _text("405 Method Not Allowed", f"{method} is not allowed: use GET or HEAD",
                                           ("Allow", "GET, HEAD"))
         elif path == "/metrics":
@@ -84,7 +152,7 @@ class _App:
             status, headers, body = _text("200 OK", "retsnoop-otel: /metrics /healthz")
         else:
             status, headers, body = _text("404 Not Found", f"not found: {path}; try /metrics or /healthz")
-        start_response(status, [*headers, ("Content-Length", str(len(body)))])
+        start_response(status, [*headers, *extra, ("Content-Length", str(len(body)))])
         return [] if method == "HEAD" else [body]
 
     def _metrics(self, environ: dict[str, Any]) -> _Response:
@@ -125,19 +193,29 @@ class MetricsServer:
     thread until `close`. Port 0 picks a free port; `port` is the bound one."""
 
     def __init__(self, host: str, port: int, registry: CollectorRegistry, health: HealthFn, *,
-                 setting: str = "metrics.listen") -> None:
+                 setting: str = "metrics.listen", web: WebWatcher | None = None) -> None:
         try:
             self._server = (_Server6 if ":" in host else _Server)((host, port), _Handler)
         except (OSError, OverflowError, ValueError) as exc:
             listen = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
             raise ListenError(f"cannot listen on {listen}: {_why(exc, host, setting)}") from None
-        self._server.set_app(_App(registry, health))
+        self._server.web = web
+        self._server.set_app(_App(registry, health, self._server))
         self.host = host
         self.port: int = self._server.server_address[1]
         self._lock = threading.Lock()
         self._closed = False
         self._thread = threading.Thread(target=self._server.serve_forever, name="metrics-http", daemon=True)
         self._thread.start()
+
+    @property
+    def scheme(self) -> str:
+        web = self._server.web.current() if self._server.web is not None else None
+        return "https" if web is not None and web.context is not None else "http"
+
+    def use_web(self, web: WebWatcher | None) -> None:
+        """Another web config for the connections from now on (the agent's SIGHUP), without re-binding."""
+        self._server.web = web
 
     def close(self) -> None:
         with self._lock:

@@ -57,6 +57,13 @@ def session_json(session: Session, funcs: Mapping[int, TracedFunc], offset_ns: i
         "is_err": session.is_err, "chain": chain, "dropped_records": session.dropped_records}
     if session.lbr is not None:
         out["lbr"] = _lbr_json(session, funcs)
+    if session.exe_name:
+        out["exe"] = session.exe_name
+    if session.workload:
+        w = session.workload
+        fields = (("container_id", w.container_id), ("container_runtime", w.container_runtime), ("pod_uid", w.pod_uid),
+                  ("pod_name", w.pod_name), ("namespace", w.namespace), ("container_name", w.container_name))
+        out["workload"] = {k: v for k, v in fields if v}
     if session.app is not None:
         out["app"] = _app_json(session.app)
     if session.user_frames or session.ustack_error:

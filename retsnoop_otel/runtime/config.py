@@ -14,6 +14,7 @@ from retsnoop_otel.capture.errfilter import ErrorFilter
 from retsnoop_otel.capture.sampling import Sampling
 from retsnoop_otel.export.otlp_settings import OtlpConfig
 from retsnoop_otel.metrics.buckets import DurationRange
+from retsnoop_otel.workload.k8s_settings import KubernetesConfig
 
 PROBE_MODES = ("stack", "calls", "metrics")
 WORKLOAD_LABELS = ("namespace", "container")  # a probe set's metrics labelled by Kubernetes namespace or container
@@ -86,6 +87,7 @@ class MetricsConfig:
     functions: tuple[str, ...] = ()  # globs of functions with their own series; () = all
     duration_range: DurationRange | None = None  # histogram buckets of probe sets without one; None: all slots
     max_workloads: int = 100  # workload label values with series of their own, per probe set; the rest: "other"
+    web_config_file: str | None = None  # exporter-toolkit web config: TLS and basic auth for /metrics and /healthz
 
     @property
     def listen(self) -> str:
@@ -121,6 +123,7 @@ class InputNames:
     otlp: Mapping[str, str] = field(default_factory=lambda: _names("exporter.otlp."))
     metrics_otlp: Mapping[str, str] = field(default_factory=lambda: _names("metrics.otlp."))
     listen: str = "metrics.listen"
+    web_config: str = "metrics.web_config_file"
     trace_json: str = "exporter.trace_json"
     file: str = "exporter.file"
     vmlinux: str = "vmlinux"
@@ -137,6 +140,7 @@ class RuntimeConfig:
     limits: Limits = field(default_factory=Limits)
     symbols: SymbolsConfig = field(default_factory=SymbolsConfig)
     names: InputNames = field(default_factory=InputNames)
+    kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)  # the pod metadata watch (off)
 
 
 AGENT_NAMES = InputNames()  # the YAML keys: the default way settings are named

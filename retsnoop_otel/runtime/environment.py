@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from retsnoop_otel.capture.model import RetKind
 from retsnoop_otel.runtime.config import SymbolsConfig
 from retsnoop_otel.runtime.errors import InputError, SetupError
+from retsnoop_otel.workload.cgroupfs import cgroup2_mount
 
 
 def _nothing() -> None:
@@ -124,19 +125,6 @@ def load_kernel_env(symbols: SymbolsConfig, vmlinux: str | None, lbr: tuple[str,
     return KernelEnv(ksyms=ksyms, available=available, ret_kind=ret_kinds, btf_func_id=ret_kinds.func_id,
                      auto_mode=features.choose_mode(feats), check_mode=check_mode, symbolizer=symbolizer,
                      resolve_source_glob=resolve, close=close, btf=btf, vmlinux=vmlinux, lbr_missing=missing)
-
-
-def cgroup2_mount(root: str = "/") -> str:
-    """Where the cgroup v2 hierarchy is mounted: /sys/fs/cgroup, or /sys/fs/cgroup/unified on hybrid hosts."""
-    try:
-        with open(os.path.join(root, "proc/mounts")) as f:
-            for line in f:
-                fields = line.split()
-                if len(fields) >= 3 and fields[2] == "cgroup2":
-                    return fields[1]
-    except OSError:
-        pass
-    return "/sys/fs/cgroup"
 
 
 def cgroup_target(path: str, name: str = "cgroup", root: str = "/") -> tuple[int, int]:

@@ -23,7 +23,6 @@ from typing import Any, TextIO
 from retsnoop_otel.capture.model import CaptureStats, Session
 from retsnoop_otel.export.otlp_settings import OtlpSettings
 from retsnoop_otel.export.resource import Resource, build_resource
-from retsnoop_otel.metrics.series import SeriesBounds, SeriesLimiter
 from retsnoop_otel.runtime.app_watch import AppSources, AppWatcher
 from retsnoop_otel.runtime.config import ProbeSetConfig, RuntimeConfig, SymbolsConfig
 from retsnoop_otel.runtime.environment import (
@@ -33,11 +32,14 @@ from retsnoop_otel.runtime.environment import (
     find_vmlinux,
     load_kernel_env,
 )
-from retsnoop_otel.runtime.errors import InputError, SetupError
+from retsnoop_otel.runtime.errors import InputError
 from retsnoop_otel.runtime.logs import EventLog
+from retsnoop_otel.runtime.metrics_view import RuntimeMetrics
 from retsnoop_otel.runtime.probe_set import ProbeSet, TracerFactory, real_tracer_factory, resolve, start_probe_sets
-from retsnoop_otel.runtime.sinks import ExportTotals, Sinks, otlp_settings
+from retsnoop_otel.runtime.sinks import Sinks, otlp_settings
 from retsnoop_otel.symbols import discovery
+from retsnoop_otel.workload.k8s_settings import KubeConfigError, KubeSettings, resolve_kubernetes
+from retsnoop_otel.workload.resolver import WorkloadResolver, build_resolver
 
 POLL_MS = 100
 SHUTDOWN_FLUSH_S = 5.0
@@ -75,6 +77,8 @@ class RuntimeDeps:
     environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
     root: str = "/"  # where /proc is read for the process and BPF statistics metrics
     app_sources: Callable[[str, bool, bool], AppSources] = AppSources.from_proc  # (proc root, user stacks, lines)
+    # (root, clock, pod watch settings or None, log) -> the workload resolver; the watch starts with it
+    make_workloads: Callable[[str, Callable[[], float], KubeSettings | None, Any], WorkloadResolver] = build_resolver
 
 
 class Runtime:
@@ -91,14 +95,15 @@ class Runtime:
         self.reloads = {"success": 0, "failure": 0}
         self.session_errors = 0
         self.reloading = False
-        self._lock = threading.RLock()  # guards probe_sets/sinks against the scrape thread
-        self._resource: Resource | None = None
+        self.lock = threading.RLock()  # guards probe_sets/sinks against the scrape thread
+        self.resource: Resource | None = None
         self._offset_ns = 0
         self.last_poll = self.deps.monotonic()
         self._next_housekeeping = 0.0
         self._reported: dict[str, int] = {}
-        self._limiters: dict[str, SeriesLimiter] = {}  # per probe set: which error types got own series
         self.app_watch: AppWatcher | None = None  # while a probe set reads thread context or user stacks
+        self.workloads: WorkloadResolver | None = None  # container, pod and executable name of each kept session
+        self.metrics = RuntimeMetrics(self)  # collectors, /metrics server, OTLP push
 
     # ---- phases ----------------------------------------------------------------------------------
 
@@ -111,6 +116,9 @@ class Runtime:
                     discovery.parse_glob(glob)
             except discovery.DiscoveryError as exc:
                 raise InputError(str(exc), ps.name) from None
+            if ps.workload_label == "namespace" and not cfg.kubernetes.metadata:
+                raise InputError("workload_label: namespace: the namespace comes from the pod metadata watch; turn "
+                                 "it on with kubernetes.metadata: true, or use workload_label: container", ps.name)
             if ps.cgroup:
                 try:
                     cgroup_target(ps.cgroup, cfg.names.cgroup, self.deps.root)
@@ -120,17 +128,26 @@ class Runtime:
             otlp_settings(cfg.exporter.otlp, "traces", cfg.names.otlp, self.deps.environ)
         if cfg.metrics.otlp is not None:
             otlp_settings(cfg.metrics.otlp, "metrics", cfg.names.metrics_otlp, self.deps.environ)
+        self.metrics.web(cfg)
+        self._kube_settings(cfg)
         return self.deps.find_vmlinux(cfg.symbols, cfg.names.vmlinux)
+
+    def _kube_settings(self, cfg: RuntimeConfig) -> KubeSettings | None:
+        try:
+            return resolve_kubernetes(cfg.kubernetes, self.deps.environ, root=self.deps.root)
+        except KubeConfigError as exc:
+            raise InputError(str(exc)) from None
 
     def open(self) -> None:
         """Inputs checked, /metrics bound and outputs opened: everything short of the kernel."""
         cfg = self.config
         self.vmlinux = self.check_inputs()
         self._offset_ns = self.deps.boot_to_wall_offset()
-        self._resource = self.deps.make_resource()
+        self.resource = self.deps.make_resource()
         try:
-            self.server = self._serve(cfg)
+            self.server = self.metrics.serve(cfg)
             self.sinks = self._sinks(cfg)
+            self.workloads = self._workloads(cfg)
         except BaseException:
             self.shutdown(0.0)
             raise
@@ -156,15 +173,15 @@ class Runtime:
         try:
             self._watch_apps(cfg)
             sets = start_probe_sets(found, self.env, cfg.limits, self.deps.tracer_factory, self._on_session,
-                                    cfg.names, self._app_probe)
+                                    cfg.names, self._app_probe, self.metrics.workload_series)
         except BaseException:
             self.shutdown(0.0)
             raise
-        with self._lock:
+        with self.lock:
             self.probe_sets = sets
         self._app_targets(sets)
         try:
-            self.metrics_push = self._metrics_push(cfg)
+            self.metrics_push = self.metrics.push(cfg)
         except BaseException:
             self.shutdown(0.0)
             raise
@@ -193,6 +210,10 @@ class Runtime:
         self.app_watch = AppWatcher(sources, self.deps.monotonic, self.log, os.path.join(self.deps.root, "proc"),
                                     read_app=read_app)
 
+    def _workloads(self, cfg: RuntimeConfig) -> WorkloadResolver:
+        """The resolver (and the pod watch when the config turns it on); nothing here waits for the network."""
+        return self.deps.make_workloads(self.deps.root, self.deps.monotonic, self._kube_settings(cfg), self.log)
+
     def _app_targets(self, sets: list[ProbeSet]) -> None:
         if self.app_watch is not None:
             self.app_watch.set_targets(ps.tracer for ps in sets if _watches_apps(ps.cfg))  # type: ignore[misc]
@@ -201,99 +222,10 @@ class Runtime:
         if self.app_watch is not None:
             self.app_watch.asked(tgid, answer=True)
 
-    def collectors(self) -> list[Any]:
-        """The families /metrics serves and metrics.otlp pushes, the same both ways: every probe set's, the
-        run's own, and the process's (CPU, memory)."""
-        from prometheus_client import ProcessCollector
-
-        from retsnoop_otel.metrics.kernel_families import KernelCollector
-        from retsnoop_otel.metrics.runtime_families import RuntimeCollector
-        return [KernelCollector(lambda: list(self.probe_sets), stats_enabled=self._stats_enabled,
-                                exemplars=self._exemplars, limiter=self.series_limiter,
-                                duration_range=self.duration_range),
-                RuntimeCollector(self.counters, stats_enabled=self._stats_enabled),
-                ProcessCollector(proc=os.path.join(self.deps.root, "proc"), registry=None)]
-
-    def registry(self) -> Any:
-        """The /metrics registry of `collectors()`."""
-        from prometheus_client import CollectorRegistry
-        registry = CollectorRegistry(auto_describe=True)  # private (no global state); described, so name[] works
-        for collector in self.collectors():
-            registry.register(collector)
-        return registry
-
-    def _serve(self, cfg: RuntimeConfig) -> Any:
-        """The /metrics and /healthz server (metrics.server.MetricsServer), bound now; None without a port."""
-        if cfg.metrics.port is None:
-            return None
-        from retsnoop_otel.metrics.server import ListenError, MetricsServer
-        try:
-            return MetricsServer(cfg.metrics.host, cfg.metrics.port, self.registry(), self.health,
-                                 setting=cfg.names.listen)
-        except ListenError as exc:
-            raise SetupError(str(exc)) from None
-
     def _sinks(self, cfg: RuntimeConfig) -> Sinks:
-        assert self._resource is not None
-        return Sinks(cfg.exporter, cfg.limits, self._resource, self.deps.console, self.deps.make_sender, cfg.names,
+        assert self.resource is not None
+        return Sinks(cfg.exporter, cfg.limits, self.resource, self.deps.console, self.deps.make_sender, cfg.names,
                      self.deps.environ)
-
-    def _metrics_push(self, cfg: RuntimeConfig) -> Any:
-        """metrics.otlp: the /metrics families pushed every otlp_interval seconds (the same collectors)."""
-        if cfg.metrics.otlp is None:
-            return None
-        from retsnoop_otel.export.metrics_push import OtlpMetricsPusher
-        from retsnoop_otel.metrics.otlp_units import OTLP_UNITS
-        settings = otlp_settings(cfg.metrics.otlp, "metrics", cfg.names.metrics_otlp, self.deps.environ)
-        collectors = self.collectors()
-
-        def collect() -> list:
-            with self._lock:
-                return [family for c in collectors for family in c.collect()]
-
-        assert self._resource is not None
-        return OtlpMetricsPusher(collect, self.deps.make_sender(settings), self._resource.attributes,
-                                 cfg.metrics.otlp_interval_s, units=OTLP_UNITS,
-                                 schema_url=self._resource.schema_url).start()
-
-    def _stats_enabled(self) -> bool:
-        from retsnoop_otel.metrics.kernel_families import read_bpf_stats_enabled
-        return read_bpf_stats_enabled(self.deps.root)
-
-    def _exemplars(self, probe_set: str, entry_function: str) -> dict:
-        sinks = self.sinks
-        if sinks is None or sinks.exemplars is None:
-            return {}
-        return sinks.exemplars.for_histogram(probe_set, entry_function)
-
-    def series_limiter(self, probe_set: str) -> SeriesLimiter | None:
-        """The label bounds of metrics, kept across scrapes (a new one when the bounds change on reload)."""
-        m = self.config.metrics
-        bounds = SeriesBounds(m.max_error_types, m.functions)
-        if bounds == SeriesBounds():
-            return None
-        lim = self._limiters.get(probe_set)
-        if lim is None or lim.bounds != bounds:
-            lim = self._limiters[probe_set] = SeriesLimiter(bounds)
-        return lim
-
-    def duration_range(self, probe_set: str) -> Any:
-        """The bucket range of a probe set's histograms (metrics.buckets.DurationRange; None: every slot)."""
-        own = next((ps.duration_range for ps in self.config.probe_sets if ps.name == probe_set), None)
-        return own or self.config.metrics.duration_range
-
-    def counters(self) -> Any:
-        """A metrics.runtime_families.RunCounters snapshot, taken at scrape time."""
-        from retsnoop_otel.metrics.runtime_families import RunCounters
-        sinks = self.sinks
-        t = sinks.totals() if sinks is not None else ExportTotals()
-        app = self.app_watch.counters if self.app_watch is not None and self.app_watch.read_app else None
-        if app is None:
-            return RunCounters(t.spans_exported, dict(t.spans_dropped), t.export_errors, self.session_errors,
-                               dict(self.reloads))
-        return RunCounters(t.spans_exported, dict(t.spans_dropped), t.export_errors, self.session_errors,
-                           dict(self.reloads), dict(app.sessions), app.processes_checked, app.processes_publishing,
-                           app.check_errors)
 
     # ---- running ---------------------------------------------------------------------------------
 
@@ -304,6 +236,8 @@ class Runtime:
             ps.poll(per_set)
         if self.app_watch is not None:
             self.app_watch.service()
+        if self.workloads is not None:
+            self.workloads.service()
         now = self.deps.monotonic()
         self.last_poll = now
         if now >= self._next_housekeeping:
@@ -317,6 +251,10 @@ class Runtime:
         try:
             if self.app_watch is not None and _watches_apps(ps.cfg):
                 session = self.app_watch.annotate(session, reads_app=ps.cfg.app_context)
+            workloads = self.workloads
+            if workloads is not None:  # cached: dictionary look-ups once a process and its cgroup were seen
+                session.workload = workloads.of_session(session.pid, session.cgroup_id, session.proc_comm) or None
+                session.exe_name = workloads.exe_name(session.pid, session.proc_comm)
             sinks.emit(ps, session, self._offset_ns)
         except Exception as exc:  # noqa: BLE001 - one bad session must not stop capture
             self.session_errors += 1
@@ -336,20 +274,22 @@ class Runtime:
         """Apply a new config; on any error keep what runs now. Returns success."""
         old = self.config
         self.reloading = True
-        new_server = new_sinks = env = None
+        new_server = new_sinks = env = web = None
         new_sets: list[ProbeSet] = []
         try:
             vmlinux = self.check_inputs(cfg)
             if (cfg.metrics.host, cfg.metrics.port, cfg.names.listen) != (
                     old.metrics.host, old.metrics.port, old.names.listen):
-                new_server = self._serve(cfg)
+                new_server = self.metrics.serve(cfg)
+            else:
+                web = self.metrics.web(cfg)  # read again even when unchanged: SIGHUP is how users ask for that
             if (cfg.exporter, cfg.limits) != (old.exporter, old.limits):
                 new_sinks = self._sinks(cfg)
             env = self._load_env(cfg, vmlinux)
             found = self.resolve(cfg, env)
             self._watch_apps(cfg)
             new_sets = start_probe_sets(found, env, cfg.limits, self.deps.tracer_factory, self._on_session, cfg.names,
-                                        self._app_probe)
+                                        self._app_probe, self.metrics.workload_series)
         except Exception as exc:  # noqa: BLE001 - whatever fails, the running config stays
             for part in (new_server, env):
                 if part is not None:
@@ -360,7 +300,7 @@ class Runtime:
             self.reloads["failure"] += 1
             self.log.error("config reload failed; the previous config keeps running", error=str(exc))
             return False
-        with self._lock:  # the new sets are attached: now drain and detach the old ones
+        with self.lock:  # the new sets are attached: now drain and detach the old ones
             old_sets, self.probe_sets = self.probe_sets, new_sets
             old_env, self.env, self.vmlinux = self.env, env, vmlinux
             old_sinks = old_server = None
@@ -368,6 +308,8 @@ class Runtime:
                 old_sinks, self.sinks = self.sinks, new_sinks
             if new_server is not None:
                 old_server, self.server = self.server, new_server
+            elif self.server is not None:
+                self.server.use_web(web)
             self.config = cfg
             for ps in old_sets:
                 self._drain_and_close(ps)
@@ -377,12 +319,16 @@ class Runtime:
                 part.close()
         if old_sinks is not None:
             old_sinks.close(SHUTDOWN_FLUSH_S)
+        if cfg.kubernetes != old.kubernetes:  # a new pod watch for new settings (check_inputs checked them)
+            old_workloads, self.workloads = self.workloads, self._workloads(cfg)
+            if old_workloads is not None:
+                old_workloads.close()
         if (cfg.metrics.otlp, cfg.metrics.otlp_interval_s) != (old.metrics.otlp, old.metrics.otlp_interval_s):
             if self.metrics_push is not None:
                 self.metrics_push.stop(final_push=True)
             self.metrics_push = None
             try:
-                self.metrics_push = self._metrics_push(cfg)
+                self.metrics_push = self.metrics.push(cfg)
             except Exception as exc:  # noqa: BLE001 - capture goes on without the push
                 self.log.error("OTLP metrics export not started", error=str(exc))
         self.reloads["success"] += 1
@@ -402,7 +348,7 @@ class Runtime:
         if self.metrics_push is not None:  # last push while the kernel maps still hold the counts
             push, self.metrics_push = self.metrics_push, None
             push.stop(final_push=flush_s > 0)
-        with self._lock:
+        with self.lock:
             sets, self.probe_sets = self.probe_sets, []
             for ps in sets:
                 self._drain_and_close(ps)
@@ -425,6 +371,9 @@ class Runtime:
         if self.app_watch is not None:
             self.app_watch.close()
             self.app_watch = None
+        if self.workloads is not None:
+            self.workloads.close()
+            self.workloads = None
 
     # ---- observability ---------------------------------------------------------------------------
 
@@ -448,7 +397,7 @@ class Runtime:
         except RuntimeError as exc:
             self.log.warning("clock offset not re-measured", error=str(exc))
         losses: dict[str, int] = {}
-        with self._lock:
+        with self.lock:
             for ps in self.probe_sets:
                 try:
                     cap = ps.capture_stats()

@@ -46,7 +46,7 @@ class ExportTotals:
 class _SetOutputs:
     """Per probe set: its span encoder and argument formatters (a reload builds new probe sets)."""
 
-    def __init__(self, ps: Any, cfg: ExporterConfig, limits: Limits, resource: Resource) -> None:
+    def __init__(self, ps: Any, cfg: ExporterConfig, limits: Limits, envelopes: Any) -> None:
         from functools import partial
 
         from retsnoop_otel.symbols.symbolize import definition
@@ -59,11 +59,11 @@ class _SetOutputs:
         self.encoder = None
         if not cfg.otlp and not cfg.file:
             return
-        from retsnoop_otel.export.span_encoder import SpanEncoder, make_envelope
-        self.encoder = SpanEncoder(ps.funcs, make_envelope(resource.attributes, resource.schema_url),
-                                   symbolize=ps.symbolizer.describe, locate=partial(definition, ps.symbolizer),
-                                   export_addresses=cfg.export_addresses, max_spans=limits.max_spans_per_trace,
-                                   format_args=self.export_args)
+        from retsnoop_otel.export.span_encoder import SpanEncoder
+        self.encoder = SpanEncoder(ps.funcs, envelopes.base, symbolize=ps.symbolizer.describe,
+                                   locate=partial(definition, ps.symbolizer), export_addresses=cfg.export_addresses,
+                                   max_spans=limits.max_spans_per_trace, format_args=self.export_args,
+                                   workloads=envelopes)
 
 
 class Sinks:
@@ -80,13 +80,16 @@ class Sinks:
         self.span_limit_dropped = 0
         self.exemplars: Any = None  # metrics.exemplars.ExemplarStore once there is an exporter
         self._per_set: weakref.WeakKeyDictionary[Any, _SetOutputs] = weakref.WeakKeyDictionary()
+        self._envelopes: Any = None  # export.span_encoder.WorkloadEnvelopes: one resource per workload, all sets
         self._final: ExportTotals | None = None  # counters at close, when the exporters are gone
         self.trace_json = None
         try:
             if cfg.otlp is not None or cfg.file is not None:  # grpc and protobuf load only when they are needed
                 from retsnoop_otel.export.otlp_sink import OtlpTraceSink
+                from retsnoop_otel.export.span_encoder import WorkloadEnvelopes
                 from retsnoop_otel.metrics.exemplars import ExemplarStore
                 self.exemplars = ExemplarStore()
+                self._envelopes = WorkloadEnvelopes(resource.attributes, resource.schema_url)
             if cfg.otlp is not None:
                 settings = otlp_settings(cfg.otlp, "traces", names.otlp, environ)
                 self.exporters.append(OtlpTraceSink(make_sender(settings), max_queue_spans=limits.export_queue_spans))
@@ -104,7 +107,7 @@ class Sinks:
     def _outputs(self, ps: Any) -> _SetOutputs:
         out = self._per_set.get(ps)
         if out is None:
-            out = self._per_set[ps] = _SetOutputs(ps, self.cfg, self.limits, self._resource)
+            out = self._per_set[ps] = _SetOutputs(ps, self.cfg, self.limits, self._envelopes)
         return out
 
     def emit(self, ps: Any, session: Session, offset_ns: int) -> None:

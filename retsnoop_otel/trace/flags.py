@@ -33,7 +33,7 @@ from retsnoop_otel.runtime.config import (
 TRACE_NAMES = InputNames(
     otlp=MappingProxyType({"endpoint": "--otlp-endpoint", "protocol": "--otlp-protocol"}),
     listen="--metrics-port", trace_json="--trace-json", vmlinux="-k", cgroup="--cgroup", lbr="--lbr",
-    attach_mode="-F/-K/-M/--kprobe-session")
+    attach_mode="-F/-K/-M/--kprobe-session", web_config="--web.config.file")
 C_KEYS = ("bpf.ringbuf-size", "bpf.sessions-size", "calls.max-per-session")
 
 
@@ -153,6 +153,9 @@ def build_parser(prog: str = "retsnoop-otel trace") -> OneLineErrorParser:
                      help="include raw kernel addresses in exported data (they reveal the KASLR offset)")
     exp.add_argument("--metrics-port", type=_port, metavar="PORT", help="serve Prometheus metrics on PORT")
     exp.add_argument("--metrics-addr", default="0.0.0.0", metavar="ADDR", help="metrics listen address")
+    exp.add_argument("--web.config.file", dest="web_config_file", metavar="FILE",
+                     help="TLS and basic auth for the metrics port: node_exporter's web config file "
+                          "(exporter-toolkit format)")
     exp.add_argument("--probe-set", default="default", help="probe set label on metrics")
     misc = p.add_argument_group("misc")
     misc.add_argument("--dry-run", action="store_true", help="discover functions, attach nothing")
@@ -222,6 +225,8 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] = os.environ,
             parser.error(str(exc))
     if args.lbr_max_count is not None and (args.lbr is None or args.lbr_max_count <= 0):
         parser.error("--lbr-max-count needs --lbr and a positive count")
+    if args.web_config_file and args.metrics_port is None:
+        parser.error("--web.config.file secures the metrics port: give --metrics-port too")
     if not args.probe_set or len(args.probe_set) > 64:
         parser.error("--probe-set needs a name of 1 to 64 characters")
     otlp = otlp_requested(args, environ)
@@ -241,7 +246,7 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] = os.environ,
             console=ConsoleConfig(format="json" if args.json else "text", view="calls" if args.calls else "stack",
                                   call_stack=args.call_stack, lbr_max_count=args.lbr_max_count or 0),
             trace_json=args.trace_json, export_addresses=args.export_addresses),
-        metrics=MetricsConfig(host=args.metrics_addr, port=args.metrics_port),
+        metrics=MetricsConfig(host=args.metrics_addr, port=args.metrics_port, web_config_file=args.web_config_file),
         limits=Limits(max_calls_per_session=c.get("calls.max-per-session", DEFAULT_MAX_CALLS),
                       ringbuf_size=c.get("bpf.ringbuf-size", Limits.ringbuf_size),
                       max_sessions=c.get("bpf.sessions-size", Limits.max_sessions)),

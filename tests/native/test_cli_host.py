@@ -131,7 +131,41 @@ BAD_INPUT = {
     "cgroup": ([*TRACE, "--cgroup", "/sys/fs/cgroup/no/such/group"], {}, 2, "--cgroup /sys/fs/cgroup/no/such/group"),
     "agent_config": (["agent", "--config", "{bad_config}"], {}, 2, "agent.yaml:3: probe_sets[0].entry"),
     "agent_check": (["agent", "--check", "{bad_config}"], {}, 2, "agent.yaml:3: probe_sets[0].entry"),
+    # the web config file (TLS and basic auth of /metrics): read and its certificates loaded before anything else
+    "web_config_missing": ([*TRACE, "--metrics-port", "9464", "--web.config.file", "/no/such/web.yml"], {}, 2,
+                           "--web.config.file: /no/such/web.yml: cannot read the web config file: No such file"),
+    "web_config_key_mismatch": ([*TRACE, "--metrics-port", "9464", "--web.config.file", "{web_mismatch}"], {}, 2,
+                                "web-mismatch.yml:3: tls_server_config.key_file: "),
+    "web_config_unknown_key": ([*TRACE, "--metrics-port", "9464", "--web.config.file={web_typo}"], {}, 2,
+                               "web-typo.yml:1: basic_auth_user: unknown key; did you mean 'basic_auth_users'?"),
+    "web_config_without_port": ([*TRACE, "--web.config.file", "{web_typo}"], {}, 2,
+                                "--web.config.file secures the metrics port: give --metrics-port too"),
+    "agent_web_config": (["agent", "--config", "{agent_web}"], {}, 2,
+                         "metrics.web_config_file: {web_hash}:2: basic_auth_users.alice: expected a bcrypt hash"),
+    "agent_check_web_config": (["agent", "--check", "{agent_web}"], {}, 2,
+                               "metrics.web_config_file: {web_hash}:2: basic_auth_users.alice: expected a bcrypt"),
 }
+
+
+def _web_files(d: Path) -> dict[str, Path]:
+    """Bad web config files: a key of another certificate, a typo, a password where its hash belongs."""
+    from tests.tls_certs import leaf
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                    "-days", "2", "-keyout", "ca.key", "-out", "ca.crt", "-subj", "/CN=ca"], cwd=d, check=True,
+                   capture_output=True)
+    leaf(d, "server", "ca", "DNS:localhost")
+    leaf(d, "other", "ca", "DNS:localhost")
+    files = {"web_mismatch": "tls_server_config:\n  cert_file: server.crt\n  key_file: other.key\n",
+             "web_typo": "basic_auth_user:\n  alice: x\n", "web_hash": "basic_auth_users:\n  alice: secret\n"}
+    out = {}
+    for name, text in files.items():
+        out[name] = d / f"{name.replace('_', '-')}.yml"
+        out[name].write_text(text)
+    out["agent_web"] = d / "agent-web.yaml"
+    out["agent_web"].write_text("probe_sets:\n  - name: x\n    entry: ['*sys_bpf']\n    mode: metrics\n"
+                                f"metrics:\n  listen: '127.0.0.1:9464'\n  web_config_file: {out['web_hash']}\n"
+                                "logging:\n  format: text\n")
+    return out
 
 
 @pytest.mark.parametrize("case", sorted(BAD_INPUT))
@@ -141,10 +175,12 @@ def test_bad_input_is_one_line_and_nothing_is_loaded(case: str, tmp_path) -> Non
     argv, env, code, phrase = BAD_INPUT[case]
     bad_config = tmp_path / "agent.yaml"
     bad_config.write_text("probe_sets:\n  - name: x\n    entry: 5\n")
+    web = _web_files(tmp_path) if "web" in case else {}
+    phrase = phrase.format(**web)
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
-        argv = [a.format(busy=busy.getsockname()[1], bad_config=bad_config) for a in argv]
+        argv = [a.format(busy=busy.getsockname()[1], bad_config=bad_config, **web) for a in argv]
         before = _our_programs()
         proc = subprocess.run([sys.executable, "-m", "retsnoop_otel", *argv], capture_output=True, text=True,
                               timeout=120, env={**os.environ, **env})

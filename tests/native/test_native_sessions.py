@@ -18,6 +18,7 @@ from retsnoop_otel.capture.model import RetKind, TracedFunc, format_result
 from retsnoop_otel.capture.sessions import SessionAssembler
 from retsnoop_otel.kernel import libbpf as lb
 from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer
+from tests.procs import remove_cgroups
 
 HERE = Path(__file__).parent
 FUNCS = [
@@ -275,14 +276,7 @@ def test_cgroup_filter_keeps_tasks_in_the_cgroup_and_below(simkern, tmp_path):
     finally:
         for p in procs:
             p.kill()
-        for d in (child, parent):
-            for _ in range(50):
-                try:
-                    d.rmdir()
-                    break
-                except OSError:
-                    import time
-                    time.sleep(0.1)
+        remove_cgroups((child, parent), tries=50, wait_s=0.1)
 
 
 def test_concurrent_sessions_on_many_threads_do_not_mix(simkern):
@@ -333,7 +327,6 @@ def test_concurrent_sessions_on_many_threads_do_not_mix(simkern):
 def test_workload_counts_per_cgroup_and_forgetting_a_gone_cgroup(simkern):
     """workload_stats: calls by outcome and sessions are counted per cgroup v2 of the session's thread."""
     import sys
-    import time
 
     from retsnoop_otel.runtime.environment import cgroup2_mount
     path, _lib = simkern
@@ -372,10 +365,4 @@ def test_workload_counts_per_cgroup_and_forgetting_a_gone_cgroup(simkern):
         tracer.close()
         for p in procs:
             p.kill()
-        for d in (*groups, parent):
-            for _ in range(50):
-                try:
-                    d.rmdir()
-                    break
-                except OSError:
-                    time.sleep(0.1)
+        remove_cgroups((*groups, parent), tries=50, wait_s=0.1)

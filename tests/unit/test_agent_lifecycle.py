@@ -656,7 +656,7 @@ def test_application_context_joins_the_sampled_trace_and_survives_a_reload(setup
     assert root.attributes["retsnoop.app.http.route"] == "/ok"
     assert root.attributes["retsnoop.app.service.name"] == "shop"
     from prometheus_client import generate_latest
-    text = generate_latest(agent.runtime.registry()).decode()
+    text = generate_latest(agent.runtime.metrics.registry()).decode()
     assert 'retsnoop_app_context_sessions_total{outcome="linked"} 1.0' in text
     old = world.live()
     cfg.write_text(CONFIG.format(prob=0.5).replace("bpf_errors", "errors2"))

@@ -140,8 +140,8 @@ def test_per_probe_set_range_with_a_metrics_wide_default() -> None:
     assert cfg.probe_sets[0].duration_range == US_TO_10S and cfg.probe_sets[1].duration_range is None
     assert cfg.metrics.duration_range == DurationRange(max_ns=1_000_000_000)
     runtime = Runtime(cfg, RuntimeDeps())
-    assert runtime.duration_range("a") == US_TO_10S  # its own
-    assert runtime.duration_range("b") == DurationRange(max_ns=1_000_000_000)  # the metrics-wide one
+    assert runtime.metrics.duration_range("a") == US_TO_10S  # its own
+    assert runtime.metrics.duration_range("b") == DurationRange(max_ns=1_000_000_000)  # the metrics-wide one
 
 
 @pytest.mark.parametrize("value,where,problem", [

@@ -40,6 +40,7 @@ from retsnoop_otel.export.resource import build_resource
 from retsnoop_otel.export.semconv import SCHEMA_URL, SEMCONV_VERSION
 from retsnoop_otel.metrics.otlp_units import OTLP_UNITS
 from retsnoop_otel.metrics.runtime_families import RunCounters
+from retsnoop_otel.workload.k8s_watch import WatchCounters
 from tests.test_dashboards import PROMETHEUS_SERIES, all_expressions, metric_names
 
 # ---- the Collector's translation, from its documentation -------------------------------------------
@@ -117,19 +118,20 @@ def _runtime(tmp_path: Path):
         (tmp_path / "proc" / entry).symlink_to(Path("/proc", entry))
     runtime = Runtime(RuntimeConfig(probe_sets=(ProbeSetConfig("bpf", ("f",)),)), RuntimeDeps(root=str(tmp_path)))
     runtime.probe_sets = [ps]  # type: ignore[list-item]
-    runtime.counters = lambda: RunCounters(3, {"queue_full": 1}, 1, 1, {"success": 1, "failure": 0},
-                                           {"linked": 1}, 2, 1, 0)
+    runtime.metrics.counters = lambda: RunCounters(3, {"queue_full": 1}, 1, 1, {"success": 1, "failure": 0},
+                                           {"linked": 1}, 2, 1, 0,
+                                           k8s=WatchCounters(True, {"forbidden": 1}, lists=1, events=2, pods=3))
     return runtime
 
 
 def _exposed_families(runtime) -> dict[str, str]:
     """`# TYPE` name -> type of the /metrics exposition."""
-    text = generate_latest(runtime.registry()).decode()
+    text = generate_latest(runtime.metrics.registry()).decode()
     return dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
 
 
 def _pushed(runtime) -> list:
-    families = [f for c in runtime.collectors() for f in c.collect()]
+    families = [f for c in runtime.metrics.collectors() for f in c.collect()]
     return list(metrics_request(families, {}, 1, 2, OTLP_UNITS, SCHEMA_URL).resource_metrics[0].scope_metrics[0]
                 .metrics)
 
@@ -223,19 +225,26 @@ def _semconv_attributes() -> tuple[dict[str, str], dict[str, str]]:
 
 
 def _exported_attribute_names() -> set[str]:
-    """Standard names of the resource and of spans of every kind (call tree, chain, application context)."""
-    from retsnoop_otel.export.span_encoder import SpanEncoder, build_request, make_envelope
+    """Standard names of the resources (the agent's, on a Kubernetes node, and a workload's) and of spans of every
+    kind (call tree, chain, application context)."""
+    from retsnoop_otel.capture.model import Workload
+    from retsnoop_otel.export.span_encoder import SpanEncoder, WorkloadEnvelopes, build_request
     from tests.unit.test_span_content import FUNCS as CONTENT_FUNCS
     from tests.unit.test_span_content import tree_session
 
-    resource = build_resource(environ={})
+    resource = build_resource(environ={"K8S_NODE_NAME": "node-a"})
     names = set(resource.attributes)
     app = AppContext("ok", trace_id=1, span_id=2, trace_flags=1, service_name="shop")
-    sessions = [tree_session(dropped_records=1), tree_session(calls=[]), tree_session(app=app)]
-    enc = SpanEncoder(CONTENT_FUNCS, make_envelope(resource.attributes, resource.schema_url),
-                      symbolize=lambda a: "sym+0x1", locate=lambda _a: ("kernel/bpf/syscall.c", 10))
+    workload = Workload("3a8f1c4b" * 8, "containerd", "6f1b6c5e-2a4d-4a8e-9c3b-0f2e1d4c5b6a", "checkout-0", "shop",
+                        "app")
+    sessions = [tree_session(dropped_records=1), tree_session(calls=[]), tree_session(app=app),
+                tree_session(workload=workload, exe_name="checkout-server")]
+    envelopes = WorkloadEnvelopes(resource.attributes, resource.schema_url)
+    enc = SpanEncoder(CONTENT_FUNCS, envelopes.base, symbolize=lambda a: "sym+0x1",
+                      locate=lambda _a: ("kernel/bpf/syscall.c", 10), workloads=envelopes)
     request = ExportTraceServiceRequest.FromString(build_request([enc.encode(s, 0) for s in sessions]))
     for rs in request.resource_spans:
+        names |= {kv.key for kv in rs.resource.attributes}
         for ss in rs.scope_spans:
             for span in ss.spans:
                 names |= {kv.key for kv in span.attributes}
@@ -253,7 +262,8 @@ def test_schema_url_names_a_version_whose_attributes_we_use_as_current() -> None
     stable, incubating = _semconv_attributes()
     used = _exported_attribute_names()
     assert {"code.function.name", "code.file.path", "code.line.number", "error.type", "thread.id",
-            "process.pid", "service.name", "host.name"} <= used
+            "process.pid", "service.name", "host.name", "container.id", "container.runtime.name", "k8s.pod.uid",
+            "k8s.pod.name", "k8s.namespace.name", "k8s.container.name", "k8s.node.name"} <= used
     for name in sorted(used):
         assert name in stable or name in incubating, f"{name}: not a semantic-convention attribute"
         doc = incubating.get(name, "")

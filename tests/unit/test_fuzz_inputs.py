@@ -59,7 +59,8 @@ KEYS = ["probe_sets", "name", "entry", "allow", "deny", "mode", "attach_mode", "
         "success_probability", "success_rate_per_s", "exporter", "otlp", "endpoint", "protocol", "headers",
         "compression", "timeout", "insecure", "certificate", "client_key", "file", "console", "metrics", "listen",
         "otlp_interval", "max_error_types", "functions", "limits", "ringbuf_size", "max_sessions", "logging",
-        "format", "level", "vmlinux", "bogus"]
+        "format", "level", "vmlinux", "kubernetes", "metadata", "node_name", "api_server", "token_file",
+        "ca_file", "keep_deleted", "bogus"]
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-2, 1 << 65), st.floats(allow_nan=True),
                     st.sampled_from(["*sys_bpf", "stack", "calls", "metrics", "grpc", "gzip", "8M", "0.0.0.0:9464",
                                      "[::1]:0", "http://127.0.0.1:4317", "ftp://x", "auto", "/no/such", "json",

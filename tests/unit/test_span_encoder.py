@@ -6,7 +6,16 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from bench import span_throughput  # the benchmark's realistic session generator
-from retsnoop_otel.capture.model import AppContext, Call, RetKind, Session, StackEntry, TracedFunc, UserFrame
+from retsnoop_otel.capture.model import (
+    AppContext,
+    Call,
+    RetKind,
+    Session,
+    StackEntry,
+    TracedFunc,
+    UserFrame,
+    Workload,
+)
 from retsnoop_otel.export import span_encoder
 from retsnoop_otel.export.resource import Resource, build_resource
 from retsnoop_otel.export.span_encoder import SpanEncoder, build_request, make_envelope
@@ -254,3 +263,43 @@ def test_user_stack_on_the_root_span():
     trace = assert_same(tree_session(ustack_error=14), symbolize=symbolize)
     root = decode(build_request([trace])).resource_spans[0].scope_spans[0].spans[0]
     assert {kv.key: kv.value.string_value for kv in root.attributes}["retsnoop.user_stack_error"] == "EFAULT"
+
+
+CHECKOUT = Workload("3a8f1c4b2d9e7f6051a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f7a8", "containerd",
+                    "6f1b6c5e-2a4d-4a8e-9c3b-0f2e1d4c5b6a", "checkout-7d4b9c8f6-x2x9k", "shop", "app")
+PODMAN = Workload("e4b0f6b9d3c1a2f8e7d6c5b4a3928170f6e5d4c3b2a19080f7e6d5c4b3a29180", "podman")
+
+
+def test_each_workload_is_a_resource_of_its_own():
+    """Sessions of two containers and of a host process in one request: three ResourceSpans, each the agent's
+    resource plus that workload's attributes, the same as the SDK writes for the oracle's spans."""
+    envelopes = span_encoder.WorkloadEnvelopes(RESOURCE.attributes, RESOURCE.schema_url)
+    enc = SpanEncoder(FUNCS, envelopes.base, workloads=envelopes)
+    sessions = [tree_session(workload=CHECKOUT), tree_session(workload=PODMAN), tree_session(),
+                tree_session(workload=CHECKOUT, exe_name="checkout-server")]
+    got = decode(build_request([enc.encode(s, OFFSET) for s in sessions]))
+    want = sdk_request([span for s in sessions for span in session_to_spans(s, FUNCS, OFFSET, RESOURCE)])
+    strip_ids(got)
+    strip_ids(want)
+    assert got == want
+    resources = [{kv.key: kv.value.string_value for kv in rs.resource.attributes} for rs in got.resource_spans]
+    assert [len(rs.scope_spans[0].spans) for rs in got.resource_spans] == [12, 6, 6]
+    assert resources[0]["container.id"] == CHECKOUT.container_id and resources[0]["k8s.pod.uid"] == CHECKOUT.pod_uid
+    assert {k: resources[0][k] for k in ("container.runtime.name", "k8s.pod.name", "k8s.namespace.name",
+                                         "k8s.container.name")} == {
+        "container.runtime.name": "containerd", "k8s.pod.name": "checkout-7d4b9c8f6-x2x9k",
+        "k8s.namespace.name": "shop", "k8s.container.name": "app"}
+    assert resources[1]["container.id"] == PODMAN.container_id and "k8s.pod.uid" not in resources[1]
+    assert not any(k.startswith(("container.", "k8s.pod")) for k in resources[2])
+    for res in resources:
+        assert res["service.instance.id"] == "test" and res["host.name"] == RESOURCE.attributes["host.name"]
+    roots = [s for s in got.resource_spans[0].scope_spans[0].spans if not s.parent_span_id]
+    exe = [kv.value.string_value for s in roots for kv in s.attributes if kv.key == "process.executable.name"]
+    assert exe == [sessions[0].proc_comm, "checkout-server"]  # /proc/PID/exe's name when it was readable
+
+
+def test_workload_envelopes_stay_bounded():
+    envelopes = span_encoder.WorkloadEnvelopes(RESOURCE.attributes, RESOURCE.schema_url, max_entries=3)
+    made = [envelopes.of(Workload(f"{i:064x}")) for i in range(10)]
+    assert len(envelopes._cache) <= 3 and envelopes.of(None) is envelopes.base is envelopes.of(Workload())
+    assert envelopes.of(Workload(f"{9:064x}")) is made[9]

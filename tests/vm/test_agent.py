@@ -11,30 +11,17 @@ import re
 import pytest
 
 from retsnoop_otel.export.semconv import SCHEMA_URL
+from tests.otlp_json import PYTHON_EXE
+from tests.otlp_json import spans as otlp_spans
 
 pytestmark = pytest.mark.vm
 
 
-def _value(v: dict):
-    (kind, val), = v.items()
-    return int(val) if kind == "intValue" else val
-
-
-def _spans(requests: list[dict]) -> list[dict]:
-    out = []
-    for req in requests:
-        for rs in req.get("resourceSpans", []):
-            res = {a["key"]: _value(a["value"]) for a in rs["resource"].get("attributes", [])}
-            for ss in rs.get("scopeSpans", []):
-                for s in ss.get("spans", []):
-                    attrs = {a["key"]: _value(a["value"]) for a in s.get("attributes", [])}
-                    out.append({**s, "attrs": attrs, "resource": res})
-    return out
 
 
 def _traces(r: dict) -> dict[str, list[dict]]:
     traces: dict[str, list[dict]] = {}
-    for s in _spans(r["otlp"]):
+    for s in otlp_spans(r["otlp"]):
         traces.setdefault(s["traceId"], []).append(s)
     return traces
 
@@ -83,7 +70,7 @@ def test_one_error_trace_per_failing_call_with_nested_einval(vm_batch) -> None:
     first = min(errors, key=lambda t: int(_root(t)["startTimeUnixNano"]))
     root = _root(first)
     assert root["name"] == "__x64_sys_bpf" and root["status"]["code"] == "STATUS_CODE_ERROR"
-    assert root["attrs"]["process.executable.name"] == "python"
+    assert root["attrs"]["process.executable.name"] == PYTHON_EXE
     # timestamps fall inside the wall-clock window of the simfail process
     assert r["simfail1"]["start_ns"] <= int(root["startTimeUnixNano"]) <= int(root["endTimeUnixNano"]) \
         <= r["simfail1"]["end_ns"]
@@ -100,7 +87,7 @@ def test_prog_load_success_is_a_calls_trace(vm_batch) -> None:
     assert loads, r["roots_after_simfail1"]
     for trace in loads:
         root = _root(trace)
-        assert root["attrs"]["process.executable.name"] == "python"  # the comms filter kept bpftool out
+        assert root["attrs"]["process.executable.name"] == PYTHON_EXE  # the comms filter kept bpftool out
         assert root["status"].get("code", "STATUS_CODE_UNSET") == "STATUS_CODE_UNSET"
         assert root["attrs"]["retsnoop.return_value"] >= 0 and "error.type" not in root["attrs"]
         _assert_nested(trace)
@@ -155,7 +142,7 @@ def test_sigterm_and_sigkill_leave_nothing_attached(vm_batch) -> None:
 def test_source_location_attributes_where_dwarf_is_configured(vm_batch) -> None:
     """6.1 boots with its DWARF vmlinux in the agent config: spans say where each function is defined."""
     r = vm_batch["agent_two_probe_sets"]
-    spans = _spans(r["otlp"])
+    spans = otlp_spans(r["otlp"])
     leaf = [s for s in spans if s["name"] == "array_map_alloc_check"]
     assert leaf
     for s in leaf:

@@ -9,7 +9,8 @@ import statistics
 
 import pytest
 
-from tests.vm.test_agent import _assert_nested, _root, _spans
+from tests.otlp_json import spans as otlp_spans
+from tests.vm.test_agent import _assert_nested, _root
 
 pytestmark = pytest.mark.vm
 
@@ -42,7 +43,7 @@ def test_exports_resume_over_http_when_the_receiver_is_back(r) -> None:
     assert r["roots_after_up"].count(["__x64_sys_bpf", "EINVAL"]) >= 3, r["roots_after_up"]
     assert r["counters_after_up"]["exported"] > 0
     traces: dict[str, list[dict]] = {}
-    for s in _spans(r["otlp_first"]):
+    for s in otlp_spans(r["otlp_first"]):
         traces.setdefault(s["traceId"], []).append(s)
     window = [t for t in traces.values()
               if r["up_simfail"]["start_ns"] <= int(_root(t)["startTimeUnixNano"]) <= r["up_simfail"]["end_ns"]]

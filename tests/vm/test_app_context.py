@@ -6,42 +6,23 @@ from the protobuf JSON mapping (ids in base64).
 
 from __future__ import annotations
 
-import base64
 import json
 import re
 
 import pytest
 
+from tests.otlp_json import spans as otlp_spans
+
 pytestmark = pytest.mark.vm
 ROUND = re.compile(r"round (\d+) tid=(\d+) trace=([0-9a-f]{32}) span=([0-9a-f]{16}) ret=(-?\d+)")
 
 
-def _hex(b64: str) -> str:
-    return base64.b64decode(b64).hex()
 
-
-def _value(v: dict):
-    (kind, val), = v.items() if v else (("stringValue", ""),)
-    return int(val) if kind == "intValue" else val
-
-
-def _spans(requests: list[dict]) -> list[dict]:
-    out = []
-    for req in requests:
-        for rs in req.get("resourceSpans", []):
-            res = {a["key"]: _value(a["value"]) for a in rs["resource"].get("attributes", [])}
-            for ss in rs.get("scopeSpans", []):
-                for s in ss.get("spans", []):
-                    out.append({**s, "trace": _hex(s["traceId"]), "id": _hex(s["spanId"]),
-                                "parent": _hex(s["parentSpanId"]) if s.get("parentSpanId") else None,
-                                "attrs": {a["key"]: _value(a["value"]) for a in s.get("attributes", [])},
-                                "resource": res})
-    return out
 
 
 def _kernel_roots(r: dict) -> list[dict]:
     """Root spans of the `app` probe set's sessions (the cost probe sets see only cost_writer)."""
-    return [s for s in _spans(r["otlp"]) if s["name"] == "__x64_sys_bpf"
+    return [s for s in otlp_spans(r["otlp"]) if s["name"] == "__x64_sys_bpf"
             and s["attrs"]["process.executable.name"] != "cost_writer"]
 
 
@@ -69,7 +50,7 @@ def test_writers_running_at_start_join_their_threads_traces(vm_batch) -> None:
         assert "retsnoop.app.context" not in root["attrs"] and not root.get("links")
         # the whole chain below it: __x64_sys_bpf -> __sys_bpf -> array_map_alloc_check, all in that trace
         chain, parent = [], root["id"]
-        while children := [s for s in _spans(r["otlp"]) if s["parent"] == parent]:
+        while children := [s for s in otlp_spans(r["otlp"]) if s["parent"] == parent]:
             (child,) = children
             assert child["trace"] == trace, child
             chain.append(child["name"])
@@ -136,7 +117,7 @@ def test_python_service_spans_parent_the_kernel_chain(vm_batch) -> None:
     assert r["service_rc"] == 0, r["service_output"][-3000:]
     requests = [json.loads(x) for x in r["service_output"].splitlines() if x.startswith('{"request"')]
     assert len(requests) == 4
-    spans = _spans(r["otlp"])
+    spans = otlp_spans(r["otlp"])
     app_spans = {s["id"]: s for s in spans if s["resource"].get("service.name") == "users-service"}
     assert {s["name"] for s in app_spans.values()} == {"GET /users/{id}", "load_user"}
     joined = [s for s in _kernel_roots(r) if s["parent"] in app_spans]

@@ -2,7 +2,8 @@
 
 Guest side: tests/vm/scenarios/prometheus_e2e.py (scenario prometheus_e2e). It uses the shipped
 config/prometheus-scrape.yml and dashboards/alerts.yml, and evaluates every dashboard and alert
-expression (tests/test_dashboards.py extracts them) through the Prometheus HTTP API.
+expression (tests/test_dashboards.py extracts them) through the Prometheus HTTP API. The scrape is
+HTTPS with basic auth (issue 12): the agent has a web config file, Prometheus a CA and a password.
 """
 
 from __future__ import annotations
@@ -25,6 +26,23 @@ def test_prometheus_scrapes_the_agent_with_the_shipped_config(vm_batch) -> None:
     assert [s["rc"] for s in r["simfail"]] == [0, 0, 0], r["simfail"]
     ups = _samples(r["up"])
     assert ups == [({"__name__": "up", "instance": "127.0.0.1", "job": "retsnoop-otel"}, 1.0)]  # relabeled
+
+
+def test_the_scrape_is_https_with_basic_auth(vm_batch) -> None:
+    r = vm_batch["prometheus_e2e"]
+    assert "scheme: https" in r["prometheus_config"] and "password_file:" in r["prometheus_config"]
+    (target,) = r["target"]
+    assert target == {"scrapeUrl": "https://127.0.0.1:9464/metrics", "health": "up", "lastError": ""}, target
+    assert r["metrics_status"] == 200 and "retsnoop_build_info" in r["metrics_text"]
+
+
+def test_plain_http_and_missing_or_wrong_credentials_are_refused(vm_batch) -> None:
+    refusals = vm_batch["prometheus_e2e"]["refusals"]
+    assert refusals["plain_http"] == [400, "", "Client sent an HTTP request to an HTTPS server.\n"]
+    for case in ("no_credentials", "wrong_password", "healthz_no_credentials"):
+        status, challenge, body = refusals[case]
+        assert (status, challenge) == (401, 'Basic realm="retsnoop-otel", charset="UTF-8"'), case
+        assert "retsnoop_" not in body and "probe_sets" not in body, case
 
 
 def test_einval_count_of_array_map_alloc_check(vm_batch) -> None:

@@ -6,19 +6,11 @@ import re
 
 import pytest
 
+from tests.otlp_json import PYTHON_EXE
+from tests.otlp_json import spans as otlp_spans
+
 pytestmark = pytest.mark.vm
 
-
-def _spans(requests: list[dict]) -> list[dict]:
-    out = []
-    for req in requests:
-        for rs in req.get("resourceSpans", []):
-            res = {a["key"]: next(iter(a["value"].values())) for a in rs["resource"].get("attributes", [])}
-            for ss in rs.get("scopeSpans", []):
-                for s in ss.get("spans", []):
-                    attrs = {a["key"]: next(iter(a["value"].values())) for a in s.get("attributes", [])}
-                    out.append({**s, "attrs": attrs, "resource": res})
-    return out
 
 
 def test_stack_printed_with_einval(vm_batch) -> None:
@@ -36,12 +28,12 @@ def test_stack_printed_with_einval(vm_batch) -> None:
 
 def test_one_otlp_trace_with_nested_error_spans(vm_batch) -> None:
     r = vm_batch["trace_otlp_metrics"]
-    spans = _spans(r["otlp"])
+    spans = otlp_spans(r["otlp"])
     roots = [s for s in spans if not s.get("parentSpanId") and s["attrs"].get("error.type") == "EINVAL"]
     assert len(roots) == 1, [(s["name"], s["attrs"].get("error.type")) for s in spans if not s.get("parentSpanId")]
     root = roots[0]
     assert root["name"] == "__x64_sys_bpf"
-    assert root["attrs"]["process.executable.name"] == "python"
+    assert root["attrs"]["process.executable.name"] == PYTHON_EXE
     assert root["status"]["code"] == "STATUS_CODE_ERROR"
     trace = [s for s in spans if s["traceId"] == root["traceId"]]
     by_id = {s["spanId"]: s for s in trace}

@@ -17,6 +17,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from tests.otlp_json import spans as otlp_spans
 from tests.vm.guest_batch import budget
 
 PY = sys.executable
@@ -72,15 +73,7 @@ def _requests(path: Path) -> list[dict]:
 
 
 def _roots(requests: list[dict]) -> list[tuple[str, str]]:
-    out = []
-    for req in requests:
-        for rs in req.get("resourceSpans", []):
-            for ss in rs.get("scopeSpans", []):
-                for s in ss.get("spans", []):
-                    if not s.get("parentSpanId"):
-                        err = [a["value"] for a in s.get("attributes", []) if a["key"] == "error.type"]
-                        out.append((s["name"], next(iter(err[0].values())) if err else ""))
-    return out
+    return [(s["name"], s["attrs"].get("error.type", "")) for s in otlp_spans(requests) if not s["parent"]]
 
 
 def _wait_roots(path: Path, want: dict[tuple[str, str], int], timeout: float) -> list[dict]:

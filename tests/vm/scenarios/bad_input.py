@@ -13,6 +13,7 @@ import socket
 import time
 from pathlib import Path
 
+from tests.tls_certs import leaf, make_ca
 from tests.vm.guest_batch import budget
 from tests.vm.scenarios.filters import BPF_SET, PY, our_progs
 
@@ -63,10 +64,28 @@ def _cases(others: dict[str, str]) -> dict[str, list[str]]:
         "metrics_port_privileged": [*NOBODY, *trace, *BPF_SET, "--metrics-port", "80"],
         "trace_json_unwritable": [*trace, *BPF_SET, "-T", "--trace-json", "/proc/version/t.json"],
         "agent_config": [PY, "-m", "retsnoop_otel", "agent", "--config", "{bad_config}"],
+        # issue 12: the web config of /metrics (TLS, basic auth) is loaded before anything else
+        "web_config_key_mismatch": [*trace, *BPF_SET, "--metrics-addr", "127.0.0.1", "--metrics-port", "9464",
+                                    "--web.config.file", "{web_mismatch}"],
+        "agent_web_config": [PY, "-m", "retsnoop_otel", "agent", "--config", "{agent_web}"],
     }
     if "vmlinuz" in others:  # a compressed boot image is not an ELF vmlinux at all
         cases["vmlinux_not_elf"] = [*trace, *BPF_SET, "-k", others["vmlinuz"]]
     return cases
+
+
+def _web_configs(d: Path) -> dict[str, Path]:
+    """A web config whose key belongs to another certificate, and an agent config naming a web config whose
+    user has a password where its bcrypt hash belongs."""
+    make_ca(d, "ca")
+    leaf(d, "server", "ca", "IP:127.0.0.1")
+    leaf(d, "other", "ca", "IP:127.0.0.1")
+    mismatch, bad_hash, agent = d / "web-mismatch.yml", d / "web-hash.yml", d / "agent-web.yaml"
+    mismatch.write_text("tls_server_config:\n  cert_file: server.crt\n  key_file: other.key\n")
+    bad_hash.write_text("basic_auth_users:\n  alice: secret\n")
+    agent.write_text("probe_sets:\n  - name: x\n    entry: ['*sys_bpf']\n    mode: metrics\n"
+                     f"metrics:\n  listen: '127.0.0.1:9464'\n  web_config_file: {bad_hash}\nlogging:\n  format: text\n")
+    return {"web_mismatch": mismatch, "agent_web": agent}
 
 
 @budget(1200)
@@ -76,11 +95,12 @@ def scenario_bad_input(ctx) -> dict:
     result: dict = {"other_kernel_files": others, "progs_before": our_progs(ctx), "cases": {}}
     bad_config = Path(ctx.tmpdir) / "agent.yaml"
     bad_config.write_text("probe_sets:\n  - name: x\n    entry: 5\n")
+    web = _web_configs(Path(ctx.tmpdir))
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen()
     for name, cmd in _cases(others).items():
-        cmd = [c.format(busy=busy.getsockname()[1], bad_config=bad_config) for c in cmd]
+        cmd = [c.format(busy=busy.getsockname()[1], bad_config=bad_config, **web) for c in cmd]
         start = time.monotonic()
         rc, out, err = ctx.run(cmd, timeout=300)
         secs = round(time.monotonic() - start, 1)

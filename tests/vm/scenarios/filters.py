@@ -16,6 +16,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from tests.procs import remove_cgroups
 from tests.vm.guest_batch import budget
 
 PY = sys.executable
@@ -175,13 +176,7 @@ def scenario_filter_duration_pid_cgroup(ctx) -> dict:
         finally:
             result["tracer"] = stop_tracer(ctx, tracer)
     finally:
-        for d in (nested, cg):
-            for _ in range(20):
-                try:
-                    d.rmdir()
-                    break
-                except OSError:
-                    time.sleep(0.5)
+        remove_cgroups((nested, cg))
     result["sessions"] = json_sessions(result["tracer"]["output"])
     result["guest_seconds"] = round(time.monotonic() - t0, 1)
     return result

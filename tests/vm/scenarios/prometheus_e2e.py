@@ -4,12 +4,21 @@ The Prometheus configuration is config/prometheus-scrape.yml itself (relabeling 
 included), with a 1 s interval and the local agent as the only target; the agent runs one probe set
 with the metrics series bounds on and exports its traces to an OTLP-JSON file. After three runs of the
 bpf-bad-map-max-entries-array workload, every dashboard and alert expression is evaluated through
-the HTTP API. Host-side assertions: tests/vm/test_prometheus_e2e.py.
+the HTTP API.
+
+The scrape goes over HTTPS with basic auth (issue 12): the agent has a web config file (a certificate
+of a CA made here with openssl, a bcrypt hash of cost 10), Prometheus `scheme: https`, `tls_config.ca_file`
+and `basic_auth` with a password file. A 1 s scrape timeout also shows that verified credentials are
+cached: bcrypt at cost 10 under emulation takes longer than that. Plain HTTP, no credentials and a
+wrong password are refused. Host-side assertions: tests/vm/test_prometheus_e2e.py.
 """
 
 from __future__ import annotations
 
+import base64
+import http.client
 import json
+import ssl
 import sys
 import time
 import urllib.error
@@ -17,9 +26,11 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import bcrypt
 import yaml
 
 from tests.test_dashboards import ALERTS, SCRAPE_CONFIG, all_expressions
+from tests.tls_certs import leaf, make_ca
 from tests.vm.guest_batch import budget
 
 PY = sys.executable
@@ -28,6 +39,7 @@ PROM_ADDR = "127.0.0.1:9090"
 SIMFAIL_RUNS = 3
 EINVAL_QUERY = 'retsnoop_function_errors_total{function="array_map_alloc_check",error_type="EINVAL"}'
 COUNT_QUERY = 'sum(retsnoop_function_duration_seconds_count{function="array_map_alloc_check"})'
+SCRAPER, PASSWORD = "prometheus", "scrape-s3cret"
 
 
 AGENT_CONFIG = """
@@ -42,18 +54,33 @@ exporter:
 metrics:
   listen: "127.0.0.1:{port}"
   max_error_types: 3
+  web_config_file: {web}
 logging:
   format: json
 """
 
 
+def web_config(tmpdir: Path) -> Path:
+    """The agent's web config: its certificate (IP SAN 127.0.0.1) from a CA made here, and one user."""
+    make_ca(tmpdir, "ca")
+    leaf(tmpdir, "agent", "ca", "IP:127.0.0.1")
+    (tmpdir / "password").write_text(PASSWORD)
+    hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(10)).decode()
+    path = tmpdir / "web.yml"
+    path.write_text(f"tls_server_config:\n  cert_file: agent.crt\n  key_file: agent.key\n"
+                    f"basic_auth_users:\n  {SCRAPER}: '{hashed}'\n")
+    return path
+
+
 def prometheus_config(tmpdir: Path) -> Path:
-    """The shipped scrape config, pointed at the local tracer and scraping every second."""
+    """The shipped scrape config, pointed at the local tracer over HTTPS with basic auth, every second."""
     cfg = yaml.safe_load(SCRAPE_CONFIG.read_text())
     cfg["global"].update(scrape_interval="1s", evaluation_interval="1s")
     cfg["rule_files"] = [str(ALERTS)]
     job = next(j for j in cfg["scrape_configs"] if j["job_name"] == "retsnoop-otel")
-    job.update(scrape_interval="1s", scrape_timeout="1s", static_configs=[{"targets": [f"127.0.0.1:{METRICS_PORT}"]}])
+    job.update(scrape_interval="1s", scrape_timeout="1s", static_configs=[{"targets": [f"127.0.0.1:{METRICS_PORT}"]}],
+               scheme="https", tls_config={"ca_file": str(tmpdir / "ca.crt")},
+               basic_auth={"username": SCRAPER, "password_file": str(tmpdir / "password")})
     path = tmpdir / "prometheus.yml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
@@ -90,16 +117,34 @@ def wait_until(check, timeout: float, step: float = 1.0):
         time.sleep(step)
 
 
+def agent_get(tmp: Path, path: str = "/metrics", auth: str | None = None, tls: bool = True) -> tuple[int, str, str]:
+    """(status, WWW-Authenticate, body) of a request to the agent, as a client other than Prometheus."""
+    conn: http.client.HTTPConnection
+    if tls:
+        ctx = ssl.create_default_context(cafile=str(tmp / "ca.crt"))
+        conn = http.client.HTTPSConnection("127.0.0.1", METRICS_PORT, context=ctx, timeout=120)
+    else:
+        conn = http.client.HTTPConnection("127.0.0.1", METRICS_PORT, timeout=120)
+    headers = {"Authorization": "Basic " + base64.b64encode(auth.encode()).decode()} if auth else {}
+    try:
+        conn.request("GET", path, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, resp.getheader("WWW-Authenticate") or "", resp.read().decode(errors="replace")
+    finally:
+        conn.close()
+
+
 @budget(1200)
 def scenario_prometheus_e2e(ctx) -> dict:
     r: dict = {}
     tmp = Path(ctx.tmpdir)
+    web = web_config(tmp)
     cfg = prometheus_config(tmp)
     r["prometheus_config"] = cfg.read_text()
     prom = ctx.spawn(["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={tmp / 'tsdb'}",
                       f"--web.listen-address={PROM_ADDR}", "--log.level=warn"])
     agent_cfg = tmp / "agent.yaml"
-    agent_cfg.write_text(AGENT_CONFIG.format(traces=tmp / "traces.jsonl", port=METRICS_PORT))
+    agent_cfg.write_text(AGENT_CONFIG.format(traces=tmp / "traces.jsonl", port=METRICS_PORT, web=web))
     tracer = ctx.spawn([PY, "-m", "retsnoop_otel", "agent", "--config", str(agent_cfg)])
     try:
         tracer.wait_for_line(r'"agent started"', timeout=600)
@@ -138,8 +183,18 @@ def scenario_prometheus_e2e(ctx) -> dict:
                                for g in api("/api/v1/rules")["data"]["groups"] for rule in g["rules"]), timeout=60)
         r["rules"] = [{"name": rule["name"], "health": rule["health"], "lastError": rule.get("lastError", "")}
                       for g in api("/api/v1/rules")["data"]["groups"] for rule in g["rules"]]
-        r["metrics_text"] = urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics",
-                                                   timeout=60).read().decode()[-6000:]
+        r["refusals"] = {"plain_http": agent_get(tmp, tls=False), "no_credentials": agent_get(tmp),
+                         "wrong_password": agent_get(tmp, auth=f"{SCRAPER}:wrong"),
+                         "healthz_no_credentials": agent_get(tmp, "/healthz")}
+        status, _, text = agent_get(tmp, auth=f"{SCRAPER}:{PASSWORD}")
+        r["metrics_status"], r["metrics_text"] = status, text[-6000:]
+        def targets() -> list[dict]:
+            return [{k: t.get(k) for k in ("scrapeUrl", "health", "lastError")}
+                    for t in api("/api/v1/targets")["data"]["activeTargets"]]
+
+        # a scrape that timed out under TCG leaves the target down until the next one: wait for a good one
+        r["target"] = wait_until(lambda: all(t["health"] == "up" for t in targets()) and targets(), timeout=30) \
+            or targets()
     finally:
         r["tracer_rc"] = tracer.terminate(timeout=240)
         r["tracer_output"] = tracer.output()[-6000:]

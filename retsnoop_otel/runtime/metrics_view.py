@@ -1,0 +1,143 @@
+"""The runtime as its metrics see it: the collectors, the /metrics server and its web config, the OTLP push,
+and the per-probe-set state that must outlive scrapes (series limiters, per-workload series).
+
+Kept apart from the capture lifecycle (runtime.py): both read the same Runtime, which this only reads.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from retsnoop_otel.metrics.series import SeriesBounds, SeriesLimiter
+from retsnoop_otel.metrics.workload_series import WorkloadSeries, label_value
+from retsnoop_otel.runtime.config import ProbeSetConfig, RuntimeConfig
+from retsnoop_otel.runtime.errors import InputError, SetupError
+from retsnoop_otel.runtime.sinks import ExportTotals, otlp_settings
+
+
+class RuntimeMetrics:
+    """Built by the Runtime with itself (`rt`); everything it serves is read at scrape or push time."""
+
+    def __init__(self, rt: Any) -> None:
+        self._rt = rt
+        self._limiters: dict[str, SeriesLimiter] = {}  # per probe set: which error types got own series
+
+    def collectors(self) -> list[Any]:
+        """The families /metrics serves and metrics.otlp pushes, the same both ways: every probe set's, the
+        run's own, and the process's (CPU, memory)."""
+        from prometheus_client import ProcessCollector
+
+        from retsnoop_otel.metrics.kernel_families import KernelCollector
+        from retsnoop_otel.metrics.runtime_families import RuntimeCollector
+        return [KernelCollector(lambda: list(self._rt.probe_sets), stats_enabled=self.stats_enabled,
+                                exemplars=self.exemplars, limiter=self.series_limiter,
+                                duration_range=self.duration_range),
+                RuntimeCollector(self.counters, stats_enabled=self.stats_enabled),
+                ProcessCollector(proc=os.path.join(self._rt.deps.root, "proc"), registry=None)]
+
+    def registry(self) -> Any:
+        """The /metrics registry of `collectors()`."""
+        from prometheus_client import CollectorRegistry
+        registry = CollectorRegistry(auto_describe=True)  # private (no global state); described, so name[] works
+        for collector in self.collectors():
+            registry.register(collector)
+        return registry
+
+    def serve(self, cfg: RuntimeConfig) -> Any:
+        """The /metrics and /healthz server (metrics.server.MetricsServer), bound now; None without a port."""
+        if cfg.metrics.port is None:
+            return None
+        from retsnoop_otel.metrics.server import ListenError, MetricsServer
+        try:
+            return MetricsServer(cfg.metrics.host, cfg.metrics.port, self.registry(), self._rt.health,
+                                 setting=cfg.names.listen, web=self.web(cfg))
+        except ListenError as exc:
+            raise SetupError(str(exc)) from None
+
+    def web(self, cfg: RuntimeConfig) -> Any:
+        """metrics.web_config_file read and its certificates loaded (metrics.web_tls.WebWatcher); None without."""
+        if cfg.metrics.port is None or not cfg.metrics.web_config_file:
+            return None
+        from retsnoop_otel.metrics.web_config import WebConfigError
+        from retsnoop_otel.metrics.web_tls import WebWatcher, load_web_config
+        try:
+            web = load_web_config(cfg.metrics.web_config_file)
+        except WebConfigError as exc:
+            raise InputError(f"{cfg.names.web_config}: {exc}") from None
+        return WebWatcher(web, lambda error: self._rt.log.warning(
+            "web config change not loaded; the previous one stays in force", error=error))
+
+    def push(self, cfg: RuntimeConfig) -> Any:
+        """metrics.otlp: the /metrics families pushed every otlp_interval seconds (the same collectors)."""
+        if cfg.metrics.otlp is None:
+            return None
+        from retsnoop_otel.export.metrics_push import OtlpMetricsPusher
+        from retsnoop_otel.metrics.otlp_units import OTLP_UNITS
+        settings = otlp_settings(cfg.metrics.otlp, "metrics", cfg.names.metrics_otlp, self._rt.deps.environ)
+        collectors = self.collectors()
+
+        def collect() -> list:
+            with self._rt.lock:
+                return [family for c in collectors for family in c.collect()]
+
+        assert self._rt.resource is not None
+        return OtlpMetricsPusher(collect, self._rt.deps.make_sender(settings), self._rt.resource.attributes,
+                                 cfg.metrics.otlp_interval_s, units=OTLP_UNITS,
+                                 schema_url=self._rt.resource.schema_url).start()
+
+    def stats_enabled(self) -> bool:
+        from retsnoop_otel.metrics.kernel_families import read_bpf_stats_enabled
+        return read_bpf_stats_enabled(self._rt.deps.root)
+
+    def exemplars(self, probe_set: str, entry_function: str) -> dict:
+        sinks = self._rt.sinks
+        if sinks is None or sinks.exemplars is None:
+            return {}
+        return sinks.exemplars.for_histogram(probe_set, entry_function)
+
+    def series_limiter(self, probe_set: str) -> SeriesLimiter | None:
+        """The label bounds of metrics, kept across scrapes (a new one when the bounds change on reload)."""
+        m = self._rt.config.metrics
+        bounds = SeriesBounds(m.max_error_types, m.functions)
+        if bounds == SeriesBounds():
+            return None
+        lim = self._limiters.get(probe_set)
+        if lim is None or lim.bounds != bounds:
+            lim = self._limiters[probe_set] = SeriesLimiter(bounds)
+        return lim
+
+    def duration_range(self, probe_set: str) -> Any:
+        """The bucket range of a probe set's histograms (metrics.buckets.DurationRange; None: every slot)."""
+        own = next((ps.duration_range for ps in self._rt.config.probe_sets if ps.name == probe_set), None)
+        return own or self._rt.config.metrics.duration_range
+
+    def counters(self) -> Any:
+        """A metrics.runtime_families.RunCounters snapshot, taken at scrape time."""
+        from retsnoop_otel.metrics.runtime_families import RunCounters
+        sinks = self._rt.sinks
+        t = sinks.totals() if sinks is not None else ExportTotals()
+        app = self._rt.app_watch.counters if self._rt.app_watch is not None and self._rt.app_watch.read_app else None
+        k8s = self._rt.workloads.counters() if self._rt.workloads is not None else None
+        if app is None:
+            return RunCounters(t.spans_exported, dict(t.spans_dropped), t.export_errors, self._rt.session_errors,
+                               dict(self._rt.reloads), k8s=k8s)
+        return RunCounters(t.spans_exported, dict(t.spans_dropped), t.export_errors, self._rt.session_errors,
+                           dict(self._rt.reloads), dict(app.sessions), app.processes_checked, app.processes_publishing,
+                           app.check_errors, k8s=k8s)
+
+    def workload_series(self, ps: ProbeSetConfig) -> WorkloadSeries:
+        """A probe set's per-workload series: its cgroups named by the workload resolver, decided once."""
+        kind = ps.workload_label or "container"
+
+        def label_of(cgroup_id: int) -> str | None:
+            workloads = self._rt.workloads
+            if workloads is None or not workloads.knows_cgroup(cgroup_id):
+                return None  # not found in cgroupfs yet: pending (then `unknown`)
+            return label_value(workloads.of_cgroup(cgroup_id), kind)
+
+        def alive(cgroup_id: int) -> bool:
+            workloads = self._rt.workloads
+            return workloads is None or workloads.cgroup_alive(cgroup_id)
+
+        return WorkloadSeries(label_of, alive, self._rt.deps.monotonic, self._rt.config.metrics.max_workloads)

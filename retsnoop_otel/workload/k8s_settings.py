@@ -1,0 +1,108 @@
+"""The pod metadata watch's settings: what the config says, completed from the in-cluster environment.
+
+In a pod, the API server is `https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT`, the service
+account's token and the cluster CA are files under /var/run/secrets/kubernetes.io/serviceaccount, and
+the node name comes in through the downward API as K8S_NODE_NAME (config/daemonset.yaml). Each can be
+set in the config instead (tests point them at a local server). The config file's check is of the form
+only (so the shipped file parses anywhere); what the environment must provide is checked when the
+runtime starts, before anything is loaded into the kernel: a watch that cannot start is a one-line input
+error naming the setting.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+NODE_ENV = "K8S_NODE_NAME"
+WATCH_TIMEOUT_S = 300  # the server ends each watch after this; it is then resumed from the last resourceVersion
+
+
+@dataclass(frozen=True)
+class KubernetesConfig:
+    metadata: bool = False  # k8s.pod.name, k8s.namespace.name, k8s.container.name from a watch of this node's pods
+    node_name: str | None = None  # None: $K8S_NODE_NAME
+    api_server: str | None = None  # None: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT
+    token_file: str = f"{SA_DIR}/token"
+    ca_file: str = f"{SA_DIR}/ca.crt"
+    keep_deleted_s: float = 300.0  # a deleted pod's names stay this long for its last sessions
+
+
+@dataclass(frozen=True)
+class KubeSettings:
+    """A watch that can start: every value known."""
+
+    node_name: str
+    api_server: str
+    token_file: str
+    ca_file: str | None  # None for an http:// API server (tests only)
+    keep_deleted_s: float = 300.0
+    watch_timeout_s: int = WATCH_TIMEOUT_S
+
+
+class KubeConfigError(ValueError):
+    """`key: what is wrong; what to do`, with the key as the user wrote it."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key = key
+
+
+def in_cluster_server(environ: Mapping[str, str]) -> str | None:
+    host, port = environ.get("KUBERNETES_SERVICE_HOST", "").strip(), environ.get("KUBERNETES_SERVICE_PORT", "").strip()
+    if not host or not port:
+        return None
+    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+
+
+def library_available() -> bool:
+    return importlib.util.find_spec("kubernetes") is not None
+
+
+def check_form(cfg: KubernetesConfig, prefix: str = "kubernetes.") -> None:
+    """What the settings say by themselves (the config file's check); the environment is checked at start."""
+    if cfg.api_server is not None:
+        url = urlsplit(cfg.api_server)
+        if url.scheme not in ("https", "http") or not url.hostname:
+            raise KubeConfigError(prefix + "api_server", f"'{cfg.api_server}' is not an https:// URL; write it like "
+                                  "https://10.96.0.1:443")
+
+
+def resolve_kubernetes(cfg: KubernetesConfig, environ: Mapping[str, str], prefix: str = "kubernetes.",
+                       root: str = "/") -> KubeSettings | None:
+    """None when the watch is off; raises KubeConfigError when it is on and cannot start (checked by the
+    runtime before anything is loaded, and by `agent --check`: a node name, a server, a mounted token)."""
+    if not cfg.metadata:
+        return None
+    check_form(cfg, prefix)
+    if not library_available():
+        raise KubeConfigError(prefix + "metadata", "needs the kubernetes client library: install "
+                              "retsnoop-otel[kubernetes] (pip install kubernetes), or set it to false")
+    node = (cfg.node_name if cfg.node_name is not None else environ.get(NODE_ENV, "")).strip()
+    if not node:
+        raise KubeConfigError(prefix + "node_name", f"not set and ${NODE_ENV} is empty: give the node's name, or set "
+                              f"{NODE_ENV} from the downward API (fieldRef spec.nodeName)")
+    server = cfg.api_server if cfg.api_server is not None else in_cluster_server(environ)
+    if not server:
+        raise KubeConfigError(prefix + "api_server", "not set and $KUBERNETES_SERVICE_HOST/PORT are empty (not in a "
+                              "pod?): give the API server's URL, such as https://10.96.0.1:443")
+    url = urlsplit(server)
+    token = _readable(cfg.token_file, root, prefix + "token_file",
+                      "mount the service-account token (automountServiceAccountToken: true)")
+    ca = _readable(cfg.ca_file, root, prefix + "ca_file", "mount the service-account token volume, which holds "
+                   "ca.crt, or give the cluster CA") if url.scheme == "https" else None
+    return KubeSettings(node, server.rstrip("/"), token, ca, cfg.keep_deleted_s)
+
+
+def _readable(path: str, root: str, key: str, fix: str) -> str:
+    full = os.path.join(root, path.lstrip("/")) if os.path.isabs(path) else path
+    try:
+        with open(full, "rb"):
+            pass
+    except OSError as exc:
+        raise KubeConfigError(key, f"{path}: {exc.strerror}; {fix}") from None
+    return full

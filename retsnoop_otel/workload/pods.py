@@ -1,0 +1,121 @@
+"""The pods of this node as the API server describes them: uid -> name, namespace, container id -> name.
+
+Filled by the pod watch (k8s_watch.py) from list and watch responses (plain JSON, as the API server
+sends them), read by the resolver on the capture loop: readers only look up dictionaries that the
+writer replaces whole, so they never wait. A deleted pod stays for `keep_deleted_s`: its last sessions
+are still in the ring buffer or the export queue when the API server reports it gone.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from retsnoop_otel.workload.cgroup_path import split_k8s_container_id
+
+KEEP_DELETED_S = 300.0
+MAX_DELETED = 4096
+_STATUS_LISTS = ("containerStatuses", "initContainerStatuses", "ephemeralContainerStatuses")
+
+
+@dataclass(frozen=True, slots=True)
+class PodMeta:
+    uid: str
+    name: str
+    namespace: str
+    containers: Mapping[str, tuple[str, str]] = field(default_factory=dict)  # id -> (container name, runtime)
+
+
+def pod_meta(obj: Mapping[str, Any]) -> PodMeta | None:
+    """A Pod object (JSON) -> what sessions need of it; None without a uid."""
+    meta = obj.get("metadata") or {}
+    uid = meta.get("uid")
+    if not isinstance(uid, str) or not uid:
+        return None
+    status = obj.get("status") or {}
+    containers: dict[str, tuple[str, str]] = {}
+    for key in _STATUS_LISTS:
+        for cs in status.get(key) or ():
+            cid, runtime = split_k8s_container_id(str(cs.get("containerID") or ""))
+            if cid:  # not yet started: no id, and so no cgroup either
+                containers[cid] = (str(cs.get("name") or ""), runtime)
+    return PodMeta(uid, str(meta.get("name") or ""), str(meta.get("namespace") or ""), containers)
+
+
+class PodCache:
+    """Live pods and recently deleted ones; `generation` moves on every change, so that the resolver
+    knows when a workload it cached may have gained a name."""
+
+    def __init__(self, monotonic: Callable[[], float], keep_deleted_s: float = KEEP_DELETED_S,
+                 max_deleted: int = MAX_DELETED) -> None:
+        self._now = monotonic
+        self.keep_deleted_s = keep_deleted_s
+        self.max_deleted = max_deleted
+        self._live: dict[str, PodMeta] = {}
+        self._deleted: dict[str, tuple[PodMeta, float]] = {}  # uid -> (pod, when it was deleted)
+        self._write = threading.Lock()
+        self.generation = 0
+
+    def get(self, uid: str) -> PodMeta | None:
+        pod = self._live.get(uid)
+        if pod is None:
+            gone = self._deleted.get(uid)
+            pod = gone[0] if gone is not None else None
+        return pod
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    @property
+    def deleted(self) -> int:
+        return len(self._deleted)
+
+    def replace(self, pods: Iterable[PodMeta]) -> None:
+        """A fresh list: pods missing from it were deleted while nobody watched."""
+        with self._write:
+            live = {p.uid: p for p in pods}
+            deleted = dict(self._deleted)
+            now = self._now()
+            for uid, pod in self._live.items():
+                if uid not in live:
+                    deleted[uid] = (pod, now)
+            for uid in live:
+                deleted.pop(uid, None)
+            self._live, self._deleted = live, self._bounded(deleted, now)
+            self.generation += 1
+
+    def upsert(self, pod: PodMeta) -> None:
+        with self._write:
+            live = dict(self._live)
+            live[pod.uid] = pod
+            if pod.uid in self._deleted:
+                deleted = dict(self._deleted)
+                del deleted[pod.uid]
+                self._deleted = deleted
+            self._live = live
+            self.generation += 1
+
+    def delete(self, pod: PodMeta) -> None:
+        with self._write:
+            live = dict(self._live)
+            live.pop(pod.uid, None)
+            deleted = dict(self._deleted)
+            deleted[pod.uid] = (pod, self._now())
+            self._live, self._deleted = live, self._bounded(deleted, self._now())
+            self.generation += 1
+
+    def expire(self) -> None:
+        """Forget pods deleted more than keep_deleted_s ago."""
+        now = self._now()
+        if any(now - t > self.keep_deleted_s for _, t in self._deleted.values()):
+            with self._write:
+                self._deleted = self._bounded(dict(self._deleted), now)
+                self.generation += 1
+
+    def _bounded(self, deleted: dict[str, tuple[PodMeta, float]], now: float) -> dict[str, tuple[PodMeta, float]]:
+        kept = {uid: v for uid, v in deleted.items() if now - v[1] <= self.keep_deleted_s}
+        while len(kept) > self.max_deleted:
+            del kept[min(kept, key=lambda u: kept[u][1])]
+        return kept

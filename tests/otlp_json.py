@@ -1,0 +1,41 @@
+"""What the test receiver stored (protobuf's JSON mapping of OTLP requests) as plain span dicts, for the VM
+tests and scenarios: each span with its attributes, its resource's and hex ids."""
+
+from __future__ import annotations
+
+import base64
+import os
+import sys
+from typing import Any
+
+# process.executable.name of the test's Python processes: /proc/PID/exe of .venv/bin/python (python3.11),
+# not the kernel's comm (python)
+PYTHON_EXE = os.path.basename(os.path.realpath(sys.executable))
+
+
+def value(v: dict) -> Any:
+    """An AnyValue: ints as ints (the JSON mapping writes int64 as strings), the rest as given."""
+    (kind, val), = v.items() if v else (("stringValue", ""),)
+    return int(val) if kind == "intValue" else val
+
+
+def attributes(items: list[dict]) -> dict[str, Any]:
+    return {a["key"]: value(a["value"]) for a in items}
+
+
+def _hex(b64: str) -> str:
+    return base64.b64decode(b64).hex()
+
+
+def spans(requests: list[dict]) -> list[dict]:
+    """Every span of every request: its JSON fields plus `attrs`, `resource`, and `trace`/`id`/`parent` in hex."""
+    out = []
+    for req in requests:
+        for rs in req.get("resourceSpans", []):
+            res = attributes(rs.get("resource", {}).get("attributes", []))
+            for ss in rs.get("scopeSpans", []):
+                for s in ss.get("spans", []):
+                    out.append({**s, "trace": _hex(s["traceId"]), "id": _hex(s["spanId"]),
+                                "parent": _hex(s["parentSpanId"]) if s.get("parentSpanId") else None,
+                                "attrs": attributes(s.get("attributes", [])), "resource": res})
+    return out
