@@ -66,17 +66,17 @@ static __always_inline bool emit_start(struct session *s)
 static __always_inline bool release_calls(struct session *s, __u32 key)
 {
 	struct rec_func_batch *b = bpf_map_lookup_elem(&call_bufs, &key);
+	__u32 n = b ? b->cnt : 0;
 	__u64 size;
-	__u32 n;
 
-	if (!emit_start(s))
-		return false;
-	if (!b)
-		return true;
-	n = b->cnt;
 	if (n > CALL_BUF_RECS)
 		n = CALL_BUF_RECS;
-	if (!n)
+	if (!emit_start(s)) {
+		if (n)
+			lost_records(s, n);	/* an end record that follows shows the gap */
+		return false;
+	}
+	if (!b || !n)
 		return true;
 	b->type = REC_FUNC_BATCH;
 	b->tid = s->tid;
