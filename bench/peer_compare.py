@@ -34,6 +34,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import statistics
@@ -228,8 +229,9 @@ class KernelFacts:
 
 
 def our_functions(facts: KernelFacts, entry: Sequence[str], allow: Sequence[str], mode: str) -> list[str]:
+    """The names we attach; in fentry mode only those with BTF (ours skips the others at attach too)."""
     disc = discovery.discover(entry, allow, [], facts.ksyms, facts.available, facts.ret_kinds, mode)
-    return sorted({f.name for f in disc.funcs})
+    return sorted({f.name for f in disc.funcs if mode != "fentry" or facts.ret_kinds.func_id(f.name)})
 
 
 def bpftrace_program(mode: str, entry: Sequence[str], allow: Sequence[str], names: Sequence[str]) -> str:
@@ -270,6 +272,14 @@ class Run:
     error: str = ""
 
 
+def _roomy_nofile() -> None:
+    """bpftrace keeps several fds per probe and does not raise its own limit (ours does): `ulimit -n` for both."""
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 1 << 20
+    resource.setrlimit(resource.RLIMIT_NOFILE, (want, max(hard, want)) if hard != resource.RLIM_INFINITY
+                       else (want, hard))
+
+
 def start_command(tool: str, mode: str, entry: Sequence[str], allow: Sequence[str], program: Path) -> list[str]:
     if tool == "bpftrace":
         return ["bpftrace", "-B", "none", str(program)]
@@ -283,11 +293,12 @@ def one_run(tool: str, mode: str, set_name: str, entry: Sequence[str], allow: Se
     program = tmp / f"{mode}_{set_name}.bt"
     program.write_text(bpftrace_program(mode, entry, allow, names))
     env = dict(os.environ, BPFTRACE_MAX_PROBES=str(4 * len(names) + 64),
-               BPFTRACE_MAX_BPF_PROGS=str(4 * len(names) + 64))
+               BPFTRACE_MAX_BPF_PROGS=str(4 * len(names) + 64), RETSNOOP_OTEL_CACHE=str(tmp / "cache"))
     before = set(prog_stats())
     t0 = time.monotonic()
     proc = subprocess.Popen(start_command(tool, mode, entry, allow, program), cwd=ROOT, env=env, text=True,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=_roomy_nofile)
     lines = Lines(proc)
     try:
         ready = lines.wait_for(READY_OURS if tool == "ours" else READY_BT, timeout)
@@ -296,6 +307,7 @@ def one_run(tool: str, mode: str, set_name: str, entry: Sequence[str], allow: Se
             return run
         run.start_s = ready[0] - t0
         if tool == "ours":
+            lines.wait_for(re.compile(r"^Phase ready"), 60)  # -v goes to stderr, read by another thread
             for _, m in lines.find(PHASE_OURS):
                 run.phases[m.group(1)] = int(m.group(2))
             run.python_s = run.phases["python"] / 1000 if "python" in run.phases else py_start
@@ -324,6 +336,8 @@ def one_run(tool: str, mode: str, set_name: str, entry: Sequence[str], allow: Se
         lines.join()
         if done := lines.find(DONE_OURS):
             run.detach_own_s = int(done[-1][1].group(1)) / 1000
+        for _, m in lines.find(PHASE_OURS):  # now with the shutdown's phases (drain, detach, flush)
+            run.phases[m.group(1)] = int(m.group(2))
     finally:
         set_stats(False)
         if proc.poll() is None:
@@ -356,7 +370,8 @@ def _ratio(a: float | None, b: float | None) -> str:
     return "-" if a is None or b is None or b <= 0 else f"{a / b:.2f}x"
 
 
-def table(rows: list[tuple[Run, Run]], baseline_ns: float, release: str, calls: int, py_start: float) -> str:
+def table(rows: list[tuple[Run, Run]], baseline_ns: float, release: str, calls: int, py_start: float,
+          cache_phases: dict[str, dict[str, int]]) -> str:
     out = [f"kernel {release}; workload {calls:,} failing bpf(BPF_MAP_CREATE) calls, {baseline_ns / 1000:.1f} us "
            f"per call untraced; Python's own start (interpreter and imports before main) {py_start:.2f} s, "
            "not included in our start below.", "",
@@ -379,6 +394,12 @@ def table(rows: list[tuple[Run, Run]], baseline_ns: float, release: str, calls: 
     errors = [r for pair in rows for r in pair if r.error]
     for r in errors:
         out.append(f"\n{r.tool} {r.mode} {r.set_name}: {r.error}")
+    cold, warm = cache_phases.get("cold", {}), cache_phases.get("warm", {})
+    if cold and warm:
+        extra = sum(cold.get(k, 0) - warm.get(k, 0) for k in ("btf", "symbols"))
+        out.append(f"\nOur starts above use the kernel cache (filled by an untimed run); with an empty cache the "
+                   f"btf and symbols phases took {cold.get('btf', 0) + cold.get('symbols', 0):,} ms instead of "
+                   f"{warm.get('btf', 0) + warm.get('symbols', 0):,} ms (+{extra / 1000:.2f} s to every start).")
     phases = [(r.mode, r.set_name, r.phases) for r, _ in rows if r.phases]
     if phases:
         out.append("\nOur start by phase (ms, from -v):")
@@ -387,11 +408,18 @@ def table(rows: list[tuple[Run, Run]], baseline_ns: float, release: str, calls: 
     return "\n".join(out)
 
 
-def warm_up(tmp: Path) -> None:
-    """Both tools once, untimed, so that neither pays for reading its files into the page cache."""
+def warm_up(tmp: Path) -> dict[str, dict[str, int]]:
+    """Both tools once, untimed, so that neither pays for reading its files into the page cache; ours
+    twice, with an empty kernel cache and then the one it filled (which every timed run of ours uses):
+    returns the -v phases of both (cold, warm)."""
     subprocess.run(["bpftrace", "-e", "BEGIN { exit(); }"], capture_output=True, timeout=600)
-    subprocess.run([sys.executable, "-m", "retsnoop_otel", "trace", "-e", "*sys_bpf", "--dry-run"], cwd=ROOT,
-                   capture_output=True, timeout=600)
+    out = {}
+    for label in ("cold", "warm"):
+        res = subprocess.run([sys.executable, "-m", "retsnoop_otel", "trace", "-v", "-e", "*sys_bpf", "--dry-run"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=600,
+                             env=dict(os.environ, RETSNOOP_OTEL_CACHE=str(tmp / "cache")))
+        out[label] = {m.group(1): int(m.group(2)) for line in res.stderr.splitlines() if (m := PHASE_OURS.match(line))}
+    return out
 
 
 def main() -> int:
@@ -411,7 +439,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="peer-compare-") as tmpdir:
         tmp = Path(tmpdir)
         workload = build_workload(tmp)
-        warm_up(tmp)
+        cache_phases = warm_up(tmp)
+        print(json.dumps({"cache_phases": cache_phases}), flush=True)
         py_start = python_start()
         baseline = [run_workload(workload, args.calls) for _ in range(3)]
         for set_name in args.sets.split(","):
@@ -432,7 +461,7 @@ def main() -> int:
                 baseline.append(run_workload(workload, args.calls))
                 rows.append((pair[0], pair[1]))
     base = statistics.median(baseline)
-    text = table(rows, base, os.uname().release, args.calls, py_start)
+    text = table(rows, base, os.uname().release, args.calls, py_start, cache_phases)
     print("\n" + text)
     if args.json:
         args.json.write_text(json.dumps({"release": os.uname().release, "baseline_ns": base, "python_start_s": py_start,

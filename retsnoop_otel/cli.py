@@ -54,6 +54,8 @@ def features_main(argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from retsnoop_otel.runtime.startup import StartClock
+    started = StartClock.now()  # before the command's own imports: what came before is Python's start
     args = list(sys.argv[1:] if argv is None else argv)
     # retsnoop users type flags directly: treat `retsnoop-otel -e ...` as `retsnoop-otel trace -e ...`
     if args and args[0].startswith("-") and args[0] not in ("-h", "--help"):
@@ -67,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if cmd == "trace":
             from retsnoop_otel.trace.main import run_trace
-            return run_trace(rest)
+            return run_trace(rest, started=started)
         if cmd == "features":
             return features_main(rest)
         if cmd == "simfail":

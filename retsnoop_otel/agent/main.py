@@ -23,6 +23,7 @@ from retsnoop_otel.runtime.errors import RunRefused
 from retsnoop_otel.runtime.logs import EventLog, bridge_library_logs
 from retsnoop_otel.runtime.probe_set import resolve
 from retsnoop_otel.runtime.runtime import SHUTDOWN_FLUSH_S, Runtime, RuntimeDeps
+from retsnoop_otel.runtime.startup import phase_fields
 from retsnoop_otel.symbols.discovery import format_dry_run
 
 
@@ -44,7 +45,7 @@ class Agent:
         self.runtime = runtime
         self._log_attached()
         self.log.info("agent started", config=self.config_path, listen=cfg.metrics.listen,
-                      probe_sets=len(runtime.probe_sets), version=__version__)
+                      probe_sets=len(runtime.probe_sets), version=__version__, **phase_fields(runtime.phases))
 
     def _log_attached(self) -> None:
         assert self.runtime is not None
@@ -89,7 +90,8 @@ class Agent:
         if not self.runtime.reload(cfg):
             return False
         self.log.configure(cfg.logging.format, cfg.logging.level)
-        self.log.info("config reloaded", config=self.config_path, probe_sets=len(self.runtime.probe_sets))
+        self.log.info("config reloaded", config=self.config_path, probe_sets=len(self.runtime.probe_sets),
+                      **phase_fields(self.runtime.phases))
         self._log_attached()
         return True
 

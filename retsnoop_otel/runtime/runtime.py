@@ -36,6 +36,7 @@ from retsnoop_otel.runtime.errors import InputError, SetupError
 from retsnoop_otel.runtime.logs import EventLog
 from retsnoop_otel.runtime.probe_set import ProbeSet, TracerFactory, real_tracer_factory, resolve, start_probe_sets
 from retsnoop_otel.runtime.sinks import ExportTotals, Sinks, otlp_settings
+from retsnoop_otel.runtime.startup import Phase, attach_phases, phase_since
 from retsnoop_otel.symbols import discovery
 
 POLL_MS = 100
@@ -98,6 +99,8 @@ class Runtime:
         self._reported: dict[str, int] = {}
         self._limiters: dict[str, SeriesLimiter] = {}  # per probe set: which error types got own series
         self.app_watch: AppWatcher | None = None  # while a probe set reads thread context or user stacks
+        self.phases: list[Phase] = []  # where the last start or reload spent its time
+        self.stop_phases: list[Phase] = []  # and the last shutdown
 
     # ---- phases ----------------------------------------------------------------------------------
 
@@ -124,6 +127,8 @@ class Runtime:
     def open(self) -> None:
         """Inputs checked, /metrics bound and outputs opened: everything short of the kernel."""
         cfg = self.config
+        t0 = time.monotonic()
+        self.phases = []
         self.vmlinux = self.check_inputs()
         self._offset_ns = self.deps.boot_to_wall_offset()
         self._resource = self.deps.make_resource()
@@ -133,10 +138,12 @@ class Runtime:
         except BaseException:
             self.shutdown(0.0)
             raise
+        self.phases.append(phase_since("inputs", t0, "flags or config, outputs"))
 
     def load_env(self) -> KernelEnv:
         self.deps.check_privileges()
         self.env = self._load_env(self.config, self.vmlinux)
+        self.phases.extend(self.env.phases)
         return self.env
 
     def _load_env(self, cfg: RuntimeConfig, vmlinux: str | None) -> KernelEnv:
@@ -147,7 +154,14 @@ class Runtime:
         """Every probe set's functions and attach mode; all resolve before anything is attached."""
         cfg, env = cfg or self.config, env or self.env
         assert env is not None, "load_env() first"
-        return [(ps, resolve(ps, env, cfg.names)) for ps in cfg.probe_sets]
+        out = []
+        for ps in cfg.probe_sets:
+            t0 = time.monotonic()
+            found = resolve(ps, env, cfg.names)
+            self.phases.append(phase_since("discovery", t0, f"{len(found.funcs)} functions"
+                                           + (f" of probe set {ps.name}" if len(cfg.probe_sets) > 1 else "")))
+            out.append((ps, found))
+        return out
 
     def attach(self, found: Resolved) -> None:
         cfg = self.config
@@ -161,6 +175,7 @@ class Runtime:
             raise
         with self._lock:
             self.probe_sets = sets
+        self.phases.extend(attach_phases(sets))
         self._app_targets(sets)
         try:
             self.metrics_push = self._metrics_push(cfg)
@@ -341,6 +356,7 @@ class Runtime:
         self.reloading = True
         new_server = new_sinks = env = None
         new_sets: list[ProbeSet] = []
+        self.phases = []
         try:
             vmlinux = self.check_inputs(cfg)
             if (cfg.metrics.host, cfg.metrics.port, cfg.names.listen) != (
@@ -349,10 +365,12 @@ class Runtime:
             if (cfg.exporter, cfg.limits) != (old.exporter, old.limits):
                 new_sinks = self._sinks(cfg)
             env = self._load_env(cfg, vmlinux)
+            self.phases.extend(env.phases)
             found = self.resolve(cfg, env)
             self._watch_apps(cfg)
             new_sets = start_probe_sets(found, env, cfg.limits, self.deps.tracer_factory, self._on_session, cfg.names,
                                         self._app_probe)
+            self.phases.extend(attach_phases(new_sets))
         except Exception as exc:  # noqa: BLE001 - whatever fails, the running config stays
             for part in (new_server, env):
                 if part is not None:
@@ -394,11 +412,14 @@ class Runtime:
         return True
 
     def _drain_and_close(self, ps: ProbeSet) -> None:
+        t0 = time.monotonic()
         try:
             ps.poll(0)  # sessions already in the ring buffer still go out
         except Exception as exc:  # noqa: BLE001 - detaching matters more than the last records
             self.log.warning("could not drain probe set before detaching", probe_set=ps.name, error=str(exc))
+        t1 = time.monotonic()
         ps.close()
+        self.stop_phases += [Phase("drain", t1 - t0, ps.name), phase_since("detach", t1, ps.name)]
 
     def shutdown(self, flush_s: float) -> None:
         """Detach everything, flush the exporters within `flush_s`, stop listening. Idempotent."""
@@ -415,6 +436,7 @@ class Runtime:
             sinks, self.sinks = self.sinks, None
             exporting, t0 = bool(sinks.exporters), time.monotonic()
             sinks.close(flush_s)
+            self.stop_phases.append(phase_since("flush", t0, "outputs"))
             t = sinks.totals()
             if exporting:
                 self.log.info("exporters flushed", seconds=round(time.monotonic() - t0, 3),

@@ -20,6 +20,10 @@ _FUNC_LINE = re.compile(r"^([0-9a-f]+) [tTwW] (\S+)(?:[ \t]+\[(\S+)\])?$", re.M)
 _BPF_LINE = re.compile(r"^([0-9a-f]+) [tT] (\S+)[ \t]+\[(bpf)\]$", re.M)
 
 
+def _volatile(module: str) -> bool:
+    return module == "bpf" or module.startswith("__builtin__")
+
+
 class KallsymsError(Exception):
     """/proc/kallsyms is unreadable or hides addresses: one sentence naming the fix."""
 
@@ -71,6 +75,25 @@ class Kallsyms:
                                 "functions and name stack frames") from None
         return cls.parse(text)
 
+    def stable(self) -> Kallsyms:
+        """Without the pseudo-modules that come and go with no module load: [bpf] (JIT-ed programs,
+        trampolines) and [__builtin__*] (ftrace and kprobe trampolines). What remains depends only
+        on the boot and the loaded modules, which is what kernel/kcache.py keys it by."""
+        items = [it for it in self._items if not _volatile(it[2])]
+        return self if len(items) == len(self._items) else Kallsyms(items)
+
+    def state(self) -> tuple:
+        """Everything lookups need, as plain containers (what the kernel cache stores)."""
+        self._index()
+        return (self._width, self._items, self._first, self._multi)
+
+    @classmethod
+    def from_state(cls, state: tuple) -> Kallsyms:
+        width, items, first, multi = state
+        ks = cls(items)
+        ks._width, ks._first, ks._multi = width, first, multi
+        return ks
+
     def add_bpf_symbols(self, text: str) -> int:
         """Merge the [bpf] symbols of a fresh kallsyms read (taken after attaching), so stack frames
         inside fexit trampolines and BPF programs are recognised as the tracer's own rather than
@@ -118,9 +141,10 @@ class Kallsyms:
             first = dict(zip(reversed(names), range(len(names) - 1, -1, -1), strict=True))
             if len(first) != len(names):
                 dups = {n for n, c in Counter(names).items() if c > 1}
-                for i, n in enumerate(names):
-                    if n in dups:
-                        self._multi.setdefault(n, []).append(i)
+                multi: dict[str, list[int]] = {}
+                for i in [i for i, n in enumerate(names) if n in dups]:
+                    multi.setdefault(names[i], []).append(i)
+                self._multi = multi
             self._first = first
         return self._first
 
@@ -130,10 +154,23 @@ class Kallsyms:
 
     def by_name(self, name: str) -> list[KSym]:
         """Every instance of `name` (static functions and compiler clones can repeat), by address."""
+        return [self._ksym(i) for i in self.positions(name)]
+
+    def positions(self, name: str) -> list[int]:
+        """Where the instances of `name` are (for ksym_at/module_at); [] for an unknown name."""
         first = self._index().get(name)
         if first is None:
             return []
-        return [self._ksym(i) for i in self._multi.get(name, [first])]
+        return self._multi.get(name, [first])
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._index()
+
+    def ksym_at(self, i: int) -> KSym:
+        return self._ksym(i)
+
+    def module_at(self, i: int) -> str | None:
+        return self._items[i][2] or None
 
     @property
     def stext(self) -> int | None:
