@@ -11,6 +11,7 @@ clock comes in through RuntimeDeps, so the lifecycle runs in unit tests without 
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import threading
@@ -75,6 +76,14 @@ class RuntimeDeps:
     environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
     root: str = "/"  # where /proc is read for the process and BPF statistics metrics
     app_sources: Callable[[str, bool, bool], AppSources] = AppSources.from_proc  # (proc root, user stacks, lines)
+
+
+def _freeze_heap() -> None:
+    """The kernel tables (kallsyms, traceable functions, BTF index: about a million objects) live as long
+    as the run: moved out of the collector's reach, they no longer make its full passes pause capture for
+    seconds under emulation. The command line turns the collector off while it starts (cli.py)."""
+    gc.freeze()
+    gc.enable()
 
 
 class Runtime:
@@ -184,6 +193,7 @@ class Runtime:
             raise
         self.last_poll = self.deps.monotonic()
         self._next_housekeeping = self.last_poll + HOUSEKEEPING_S
+        _freeze_heap()
 
     def start(self) -> None:
         """All phases; on failure nothing is left attached, listening or open."""
@@ -408,18 +418,20 @@ class Runtime:
                 self.log.error("OTLP metrics export not started", error=str(exc))
         self.reloads["success"] += 1
         self.reloading = False
+        _freeze_heap()
         self.last_poll = self.deps.monotonic()
         return True
 
     def _drain_and_close(self, ps: ProbeSet) -> None:
-        t0 = time.monotonic()
+        t0, drained = time.monotonic(), 0
         try:
-            ps.poll(0)  # sessions already in the ring buffer still go out
+            drained = ps.poll(0)  # sessions already in the ring buffer still go out
         except Exception as exc:  # noqa: BLE001 - detaching matters more than the last records
             self.log.warning("could not drain probe set before detaching", probe_set=ps.name, error=str(exc))
         t1 = time.monotonic()
         ps.close()
-        self.stop_phases += [Phase("drain", t1 - t0, ps.name), phase_since("detach", t1, ps.name)]
+        self.stop_phases += [Phase("drain", t1 - t0, f"{drained} records of {ps.name}"),
+                             phase_since("detach", t1, ps.name)]
 
     def shutdown(self, flush_s: float) -> None:
         """Detach everything, flush the exporters within `flush_s`, stop listening. Idempotent."""

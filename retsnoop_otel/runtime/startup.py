@@ -7,7 +7,6 @@ on it, and what bench/peer_compare.py reads.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -26,30 +25,12 @@ def phase_since(name: str, t0: float, detail: str = "") -> Phase:
     return Phase(name, time.monotonic() - t0, detail)
 
 
-def process_age_s(root: str = "/") -> float | None:
-    """Seconds since this process was created (exec'ed or forked), or None when /proc cannot say.
-
-    /proc/self/stat's start time counts clock ticks since boot (suspend included), like CLOCK_BOOTTIME.
-    """
-    try:
-        with open(os.path.join(root, "proc/self/stat")) as f:
-            stat = f.read()
-        ticks = int(stat[stat.rindex(")") + 2:].split()[19])  # field 22; the name in (...) may hold spaces
-        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 @dataclass(frozen=True, slots=True)
 class StartClock:
     """When main() began: the monotonic time, and how old the process was then (Python's own start)."""
 
     main_t0: float
     python_s: float | None
-
-    @classmethod
-    def now(cls) -> StartClock:
-        return cls(time.monotonic(), process_age_s())
 
     def before_main(self) -> list[Phase]:
         if self.python_s is None:

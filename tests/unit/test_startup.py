@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from retsnoop_otel.runtime.startup import Phase, StartClock, format_phases, phase_fields, process_age_s
+from retsnoop_otel.cli import process_age_s
+from retsnoop_otel.runtime.startup import Phase, StartClock, format_phases, phase_fields
 from retsnoop_otel.trace.main import run_trace
 from tests.unit.test_agent_lifecycle import World
 
