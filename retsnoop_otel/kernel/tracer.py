@@ -25,8 +25,8 @@ from retsnoop_otel.capture.model import (
     TracedFunc,
     error_type,
 )
+from retsnoop_otel.kernel import clones, libbpf_progs, libbpf_ringbuf
 from retsnoop_otel.kernel import libbpf as lb
-from retsnoop_otel.kernel import libbpf_progs, libbpf_ringbuf
 from retsnoop_otel.kernel.libbpf_btf import Btf
 
 PARALLEL_DETACH_MIN = 32
@@ -213,9 +213,10 @@ class Tracer:
             if self.config.mode == "kprobe_multi":
                 self._attach_multi(report)
             else:
+                loaded = self._load_clones() if self.config.mode == "fentry" else {}
                 for f in self.funcs:
                     try:
-                        self._attach_one(f)
+                        self._attach_one(f, loaded.get(f.id))
                         report.attached.append(f)
                     except lb.LibbpfError as exc:
                         if strict:
@@ -255,7 +256,7 @@ class Tracer:
         value[off:off + size] = b"\x01"
         bss.update(struct.pack("<I", 0), bytes(value))
 
-    def _attach_one(self, f: TracedFunc) -> None:
+    def _attach_one(self, f: TracedFunc, loaded: clones.Clone | BaseException | None = None) -> None:
         assert self._obj is not None
         entry_name, exit_name = _MODE_PROGRAMS[self.config.mode]
         entry, exit_ = self._obj.program(entry_name), self._obj.program(exit_name)
@@ -270,18 +271,35 @@ class Tracer:
             self._links.append(exit_.attach_uprobe(binary, f.name, retprobe=True, cookie=f.id))
             self._links.append(entry.attach_uprobe(binary, f.name, cookie=f.id))
             return
+        clone = loaded
+        if clone is None:
+            clone = self._load_clone(f)
+            self._prog_fds.extend((self._template_of(tag), fd) for fd, _, tag in clone)  # closed by detach()
+        if isinstance(clone, BaseException):
+            raise clone
+        for fd, attach_type, tag in clone:
+            self._links.append(libbpf_progs.link_create(fd, attach_type, cookie=f.id, what=f"{tag} to {f.name}"))
+
+    def _load_clone(self, f: TracedFunc) -> clones.Clone:
+        assert self._obj is not None
+        entry_name, exit_name = _MODE_PROGRAMS[self.config.mode]
         btf_id = self._btf_func_id(f.name) if self._btf_func_id else None
         if btf_id is None:
             raise lb.LibbpfError(f"fentry needs BTF for {f.name} (module functions and functions without BTF "
                                  "are not supported in fentry mode; use -K)", errno.EOPNOTSUPP)
-        fds = []
-        for prog, attach_type, tag in ((exit_, libbpf_progs.ATTACH_TRACE_FEXIT, "rs_fexit"),
-                                       (entry, libbpf_progs.ATTACH_TRACE_FENTRY, "rs_fentry")):
-            fd = libbpf_progs.clone_program(prog, attach_btf_id=btf_id, attach_type=attach_type, name=tag)
-            self._prog_fds.append((prog.name, fd))
-            fds.append((fd, attach_type, tag))
-        for fd, attach_type, tag in fds:
-            self._links.append(libbpf_progs.link_create(fd, attach_type, cookie=f.id, what=f"{tag} to {f.name}"))
+        return clones.load_clone(self._obj.program(exit_name), self._obj.program(entry_name), btf_id)
+
+    def _load_clones(self) -> dict[int, clones.Clone | BaseException]:
+        """Every function's clones, verified on several threads before any is attached."""
+        out = clones.load_all(self.funcs, self._load_clone)
+        for res in out.values():
+            if not isinstance(res, BaseException):
+                self._prog_fds.extend((self._template_of(tag), fd) for fd, _, tag in res)  # closed by detach()
+        return out
+
+    def _template_of(self, tag: str) -> str:
+        entry_name, exit_name = _MODE_PROGRAMS[self.config.mode]
+        return exit_name if tag == clones.EXIT_TAG else entry_name
 
     def _attach_multi(self, report: AttachReport) -> None:
         assert self._obj is not None
