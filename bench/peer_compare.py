@@ -68,7 +68,7 @@ READY_OURS = re.compile(r"^Receiving data")
 READY_BT = re.compile(r"^READY$")
 ATTACHING_BT = re.compile(r"^Attaching (\d+) probes")
 ATTACHED_OURS = re.compile(r"^Successfully attached (\d+) functions in (\d+) ms")
-PHASE_OURS = re.compile(r"^Phase (\S+): (\d+) ms")
+PHASE_OURS = re.compile(r"^Phase (\S+): (\d+) ms(?: \((.*)\))?")
 DONE_OURS = re.compile(r"DONE in (\d+) ms")
 
 WORKLOAD_C = r"""
@@ -176,7 +176,8 @@ def enabled_count() -> int:
 
 def prog_stats() -> dict[int, tuple[str, int, int]]:
     """id -> (name, run_time_ns, run_cnt) of every loaded BPF program."""
-    out = subprocess.run(["bpftool", "-j", "prog", "show"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(["bpftool", "-j", "prog", "show"], capture_output=True, text=True, check=True,
+                         timeout=600).stdout
     return {p["id"]: (p.get("name", ""), p.get("run_time_ns", 0), p.get("run_cnt", 0)) for p in json.loads(out)}
 
 
@@ -198,7 +199,7 @@ def build_workload(tmp: Path) -> list[str]:
 
 def run_workload(cmd: list[str], calls: int) -> float:
     """Nanoseconds per call, as the workload measured its own loop."""
-    out = subprocess.run([*cmd, str(calls)], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([*cmd, str(calls)], capture_output=True, text=True, check=True, timeout=1200).stdout
     return float(out.strip().splitlines()[-1])
 
 
@@ -269,6 +270,8 @@ class Run:
     bpf_ns_per_call: float | None = None
     probe_runs_per_call: float | None = None
     phases: dict[str, int] = field(default_factory=dict)
+    details: dict[str, str] = field(default_factory=dict)  # ours: each phase's detail text
+    lines_after_stop: int = 0  # output lines that came after the stop signal (sessions still being printed)
     error: str = ""
 
 
@@ -330,6 +333,7 @@ def one_run(tool: str, mode: str, set_name: str, entry: Sequence[str], allow: Se
         run.probe_runs_per_call = cnt / calls
         lines.quiet_for(3.0, cap=600.0)  # our consumer may still be printing the sessions
         t1 = time.monotonic()
+        seen = len(lines.lines)
         proc.send_signal(signal.SIGINT if tool == "bpftrace" else signal.SIGTERM)
         proc.wait(timeout=timeout)
         run.detach_s = time.monotonic() - t1
@@ -338,6 +342,10 @@ def one_run(tool: str, mode: str, set_name: str, entry: Sequence[str], allow: Se
             run.detach_own_s = int(done[-1][1].group(1)) / 1000
         for _, m in lines.find(PHASE_OURS):  # now with the shutdown's phases (drain, detach, flush)
             run.phases[m.group(1)] = int(m.group(2))
+            run.details[m.group(1)] = m.group(3) or ""
+        run.lines_after_stop = len(lines.lines) - seen
+    except (subprocess.TimeoutExpired, subprocess.CalledProcessError) as exc:
+        run.error = f"{type(exc).__name__}: {exc}; last output: " + " | ".join(lines.tail())
     finally:
         set_stats(False)
         if proc.poll() is None:

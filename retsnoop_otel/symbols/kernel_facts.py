@@ -28,10 +28,12 @@ def load_symbols(cache: KernelCache, ident: KernelIdentity, root: str = "/") -> 
             return Kallsyms.from_state(cached[0]), cached[1], True
         except (TypeError, ValueError):
             pass  # a payload of another shape: read the kernel instead
-    ksyms = Kallsyms.load(root)
+    # what comes and goes without a module load is left out whether cached or not, so that a run finds
+    # the same functions either way; the tracer merges its own [bpf] symbols after attaching (fentry)
+    ksyms = Kallsyms.load(root).stable()
     available = tracefs.read_available_filter_functions(root)
     if key is not None and cache.directory is not None and kernel_identity(root) == ident:
-        cache.write(name, key, (ksyms.stable().state(), available))
+        cache.write(name, key, (ksyms.state(), available))
     return ksyms, available, False
 
 
