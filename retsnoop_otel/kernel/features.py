@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno as _errno
 import gzip
 import os
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, fields
 
@@ -318,6 +319,31 @@ def probe_capabilities(root: str) -> Feature:
                    _errno.EPERM, "needs CAP_BPF and CAP_PERFMON (or root) to trace")
 
 
+def _side_by_side(probes: dict[str, Callable[[], Feature]]) -> dict[str, Feature]:
+    """Run probes on threads: each mostly waits on the kernel (verification, text patching, RCU grace
+    periods on detach) with the GIL dropped, so their waits overlap instead of adding up."""
+    results: dict[str, Feature | BaseException] = {}
+
+    def run(name: str, probe: Callable[[], Feature]) -> None:
+        try:
+            results[name] = probe()
+        except BaseException as exc:  # noqa: BLE001 - re-raised below, in the caller's thread
+            results[name] = exc
+
+    threads = [threading.Thread(target=run, args=item, name=f"probe-{item[0]}") for item in probes.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    out: dict[str, Feature] = {}
+    for name in probes:
+        res = results[name]
+        if isinstance(res, BaseException):
+            raise res
+        out[name] = res
+    return out
+
+
 def detect(root: str = "/", func_id: FuncIdLookup | None = None, thorough: bool = True) -> Features:
     """Probe the running kernel; files (sysfs, procfs, tracefs) are read under `root`.
 
@@ -336,13 +362,14 @@ def detect(root: str = "/", func_id: FuncIdLookup | None = None, thorough: bool 
     targets: Btf | FuncIdLookup | None = func_id if btf_feature.available and func_id is not None else btf
     try:
         major, minor = lb.version()
+        modes = _side_by_side({"fentry": lambda: probe_fentry(targets),
+                               "kprobes": lambda: probe_kprobes(root, targets, config),
+                               "kprobe_multi": lambda: probe_kprobe_multi(targets)})
         return Features(
             kernel_release=release,
             libbpf_version=f"{major}.{minor}",
             btf=btf_feature,
-            fentry=probe_fentry(targets),
-            kprobes=probe_kprobes(root, targets, config),
-            kprobe_multi=probe_kprobe_multi(targets),
+            **modes,
             ringbuf=probe_ringbuf(),
             func_ip=probe_helper("func_ip", HELPER_GET_FUNC_IP, "bpf_get_func_ip", "Linux 5.15"),
             bpf_cookie=probe_helper("bpf_cookie", HELPER_GET_ATTACH_COOKIE, "bpf_get_attach_cookie",

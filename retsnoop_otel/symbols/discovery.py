@@ -16,7 +16,7 @@ from operator import itemgetter
 from pathlib import Path
 
 from retsnoop_otel.capture.model import RetKind, TracedFunc
-from retsnoop_otel.symbols.globs import glob_to_regex
+from retsnoop_otel.symbols.globs import glob_to_regex, lines_matching, name_blob
 from retsnoop_otel.symbols.kallsyms import Kallsyms
 
 MODES = ("fentry", "kprobe", "kprobe_multi")
@@ -137,7 +137,7 @@ def expand_glob_args(values: Iterable[str]) -> list[str]:
 
 
 class _GlobSet:
-    """Globs of one kind compiled once: plain ones matched by C-level regex scans over a blob of names,
+    """Globs of one kind: plain ones matched by C-level scans over a blob of names (globs.lines_matching),
     module and source-path ones checked per function instance (they depend on where it lives)."""
 
     def __init__(self, specs: Sequence[GlobSpec], sources: dict[str, set[str]]) -> None:
@@ -146,18 +146,16 @@ class _GlobSet:
         self._exact = {g for g in plain if "*" not in g and "?" not in g}.union(
             *(sources[s.source] for s in self.specs if s.source is not None))
         # module specs pre-filter on their function part; the module is checked per instance
-        wild = [g for g in plain if "*" in g or "?" in g] + [s.func for s in self.specs if s.module and s.func]
-        alternation = "|".join(f"(?:{glob_to_regex(g).pattern})" for g in wild)
-        self._lines = re.compile(f"^(?:{alternation})$", re.M) if wild else None
+        self._wild = [g for g in plain if "*" in g or "?" in g] + [s.func for s in self.specs if s.module and s.func]
         self._sources = sources
         self._per_instance = [i for i, s in enumerate(self.specs) if s.source is not None or s.module is not None]
         self._hits: dict[str, tuple[int, ...]] = {}
 
     def names_matching(self, names: Iterable[str], blob: str) -> set[str]:
-        """Names that may match, found in one regex scan of `blob` (the same names, one per line)."""
+        """Names that may match, found by scans of `blob` (globs.name_blob() of the same names)."""
         out = self._exact.intersection(names)
-        if self._lines is not None:
-            out.update(self._lines.findall(blob))
+        for glob in self._wild:
+            out.update(lines_matching(glob, blob))
         return out
 
     @property
@@ -176,10 +174,8 @@ class _GlobSet:
         for i, s in enumerate(self.specs):
             if s.func is None or s.module is not None:
                 continue
-            if "*" in s.func or "?" in s.func:
-                found = re.findall(f"^(?:{glob_to_regex(s.func).pattern})$", blob, re.M)
-            else:
-                found = [s.func] if s.func in present else []
+            found = lines_matching(s.func, blob) if "*" in s.func or "?" in s.func else \
+                [s.func] if s.func in present else []
             for name in found:
                 hits.setdefault(name, []).append(i)
         self._hits = {name: tuple(idx) for name, idx in hits.items()}
@@ -205,13 +201,13 @@ class _GlobSet:
 
 
 def _builtin_deny(mode: str, blob: str) -> dict[str, str]:
-    """name -> reason of the first built-in deny group matching it, from one regex scan per group."""
+    """name -> reason of the first built-in deny group matching it (blob: globs.name_blob() of the names)."""
     out: dict[str, str] = {}
     for group in BUILTIN_DENY:
         if group.modes is None or mode in group.modes:
-            rx = re.compile("^(?:" + "|".join(f"(?:{glob_to_regex(g).pattern})" for g in group.globs) + ")$", re.M)
-            for name in rx.findall(blob):
-                out.setdefault(name, group.reason)
+            for glob in group.globs:
+                for name in lines_matching(glob, blob):
+                    out.setdefault(name, group.reason)
     return out
 
 
@@ -242,11 +238,11 @@ def discover(entry_globs: Sequence[str], allow_globs: Sequence[str], deny_globs:
     denies = _GlobSet(deny_specs, sources)
     avail_count = Counter(map(itemgetter(0), available))
 
-    all_names = kallsyms.names()
-    matched = allows.names_matching(all_names, "\n".join(all_names))
+    matched = allows.names_matching(kallsyms.names(), kallsyms.names_blob())
     candidates = sorted(n for n in matched if not n.startswith(_NOT_FUNCTIONS))
-    missing = sorted(n for n in allows.names_matching(avail_count, "\n".join(avail_count)) if n not in kallsyms)
-    blob = "\n".join(candidates)
+    aff_only = set(avail_count).difference(kallsyms.names())  # traceable, yet not in kallsyms: a few at most
+    missing = sorted(allows.names_matching(aff_only, name_blob(aff_only)))
+    blob = name_blob(candidates)
     for globs in (entries, allows, denies):
         globs.index_names(candidates, blob)
     builtin = _builtin_deny(mode, blob)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import re
 from collections import Counter
+from collections.abc import KeysView
 from dataclasses import dataclass
 from operator import itemgetter
 from pathlib import Path
@@ -48,6 +49,7 @@ class Kallsyms:
         self._width = len(items[0][0]) if items else 16
         self._first: dict[str, int] | None = None
         self._multi: dict[str, list[int]] = {}
+        self._blob: str | None = None
 
     @classmethod
     def parse(cls, text: str) -> Kallsyms:
@@ -83,15 +85,14 @@ class Kallsyms:
         return self if len(items) == len(self._items) else Kallsyms(items)
 
     def state(self) -> tuple:
-        """Everything lookups need, as plain containers (what the kernel cache stores)."""
-        self._index()
-        return (self._width, self._items, self._first, self._multi)
+        """Everything lookups and discovery need, as plain containers (what the kernel cache stores)."""
+        return (self._width, self._items, self._index(), self._multi, self.names_blob())
 
     @classmethod
     def from_state(cls, state: tuple) -> Kallsyms:
-        width, items, first, multi = state
+        width, items, first, multi, blob = state
         ks = cls(items)
-        ks._width, ks._first, ks._multi = width, first, multi
+        ks._width, ks._first, ks._multi, ks._blob = width, first, multi, blob
         return ks
 
     def add_bpf_symbols(self, text: str) -> int:
@@ -104,7 +105,7 @@ class Kallsyms:
         for item in new:
             bisect.insort(self._items, item)
         if new:
-            self._first, self._multi = None, {}  # positions shifted: rebuild the name index lazily
+            self._first, self._multi, self._blob = None, {}, None  # positions shifted: rebuild the index lazily
         return len(new)
 
     def refresh_bpf_symbols(self, root: str = "/") -> int:
@@ -148,9 +149,15 @@ class Kallsyms:
             self._first = first
         return self._first
 
-    def names(self) -> list[str]:
+    def names(self) -> KeysView[str]:
         """Distinct function names (discovery matches globs against these)."""
-        return list(self._index())
+        return self._index().keys()
+
+    def names_blob(self) -> str:
+        """globs.name_blob() of names(), built once (discovery scans it for every glob)."""
+        if self._blob is None:
+            self._blob = "\n" + "\n".join(self._index()) + "\n"
+        return self._blob
 
     def by_name(self, name: str) -> list[KSym]:
         """Every instance of `name` (static functions and compiler clones can repeat), by address."""
