@@ -7,7 +7,10 @@ loading the OpenTelemetry or Prometheus libraries.
 from __future__ import annotations
 
 import argparse
+import gc
+import os
 import sys
+import time
 from collections.abc import Sequence
 
 SUBCOMMANDS = ("trace", "features", "simfail", "agent")
@@ -53,7 +56,22 @@ def features_main(argv: Sequence[str]) -> int:
     return 0
 
 
+def process_age_s(root: str = "/") -> float | None:
+    """Seconds since this process was created (exec'ed or forked), or None when /proc cannot say.
+
+    /proc/self/stat's start time counts clock ticks since boot (suspend included), like CLOCK_BOOTTIME.
+    """
+    try:
+        with open(os.path.join(root, "proc/self/stat")) as f:
+            stat = f.read()
+        ticks = int(stat[stat.rindex(")") + 2:].split()[19])  # field 22; the name in (...) may hold spaces
+        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    main_t0, python_s = time.monotonic(), process_age_s()  # before any import of ours: Python's own start
     args = list(sys.argv[1:] if argv is None else argv)
     # retsnoop users type flags directly: treat `retsnoop-otel -e ...` as `retsnoop-otel trace -e ...`
     if args and args[0].startswith("-") and args[0] not in ("-h", "--help"):
@@ -65,16 +83,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     cmd, rest = args[0], args[1:]
     try:
+        if cmd in ("trace", "agent"):
+            gc.disable()  # start-up builds large tables that all live on: no collection passes (runtime.py)
         if cmd == "trace":
+            from retsnoop_otel.runtime.startup import StartClock
             from retsnoop_otel.trace.main import run_trace
-            return run_trace(rest)
+            return run_trace(rest, started=StartClock(main_t0, python_s))
         if cmd == "features":
             return features_main(rest)
         if cmd == "simfail":
             from retsnoop_otel import simfail
             return simfail.main(rest)
         from retsnoop_otel.agent import main as agent_cmd
-        return agent_cmd.main(rest)
+        from retsnoop_otel.runtime.startup import StartClock
+        return agent_cmd.main(rest, started=StartClock(main_t0, python_s))
     except KeyboardInterrupt:
         return 130
 

@@ -77,7 +77,7 @@ HOST_ACCESS = {
     "/boot": ("/boot/config-<release> (why a feature is missing) and vmlinux with DWARF",
               "retsnoop_otel/kernel/features.py", 'f"boot/config-{release}"'),
     "/usr/lib/debug": ("vmlinux with DWARF from the distribution's debug packages (source lines)",
-                       "retsnoop_otel/symbols/dwarf.py", 'f"usr/lib/debug/boot/vmlinux-{release}"'),
+                       "retsnoop_otel/symbols/vmlinux.py", 'f"usr/lib/debug/boot/vmlinux-{release}"'),
 }
 # What Pod Security "baseline" lets a pod add (Kubernetes Pod Security Standards).
 BASELINE_CAPABILITIES = {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",

@@ -32,6 +32,7 @@ from retsnoop_otel.agent.yaml_nodes import (
 from retsnoop_otel.capture.errfilter import ErrorFilter
 from retsnoop_otel.capture.sampling import Sampling
 from retsnoop_otel.export.otlp_settings import OtlpConfig, OtlpConfigError, resolve_settings
+from retsnoop_otel.kernel.kcache import AGENT_CACHE_DIR
 from retsnoop_otel.metrics.buckets import DurationRange, RangeError, parse_duration_ns
 from retsnoop_otel.runtime.config import (
     ATTACH_MODES,
@@ -384,7 +385,7 @@ def parse_config(text: str, filename: str = "<config>", environ: Mapping[str, st
         metrics=_metrics(ctx, m["metrics"], environ) if "metrics" in m else MetricsConfig(),
         limits=_limits(ctx, m["limits"]) if "limits" in m else Limits(),
         logging=_logging(ctx, m["logging"]) if "logging" in m else LoggingConfig(),
-        symbols=SymbolsConfig(vmlinux=vmlinux),
+        symbols=SymbolsConfig(vmlinux=vmlinux, cache_dir=AGENT_CACHE_DIR),
         kubernetes=parse_kubernetes(ctx, m["kubernetes"]) if "kubernetes" in m else KubernetesConfig())
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TextIO
 
 from retsnoop_otel import __version__
@@ -23,12 +23,16 @@ from retsnoop_otel.runtime.errors import RunRefused
 from retsnoop_otel.runtime.logs import EventLog, bridge_library_logs
 from retsnoop_otel.runtime.probe_set import resolve
 from retsnoop_otel.runtime.runtime import SHUTDOWN_FLUSH_S, Runtime, RuntimeDeps
+from retsnoop_otel.runtime.startup import Phase, StartClock, phase_fields, phase_since
 from retsnoop_otel.symbols.discovery import format_dry_run
 
 
 class Agent:
-    def __init__(self, config_path: str, deps: RuntimeDeps | None = None, log: EventLog | None = None) -> None:
+    def __init__(self, config_path: str, deps: RuntimeDeps | None = None, log: EventLog | None = None,
+                 started: StartClock | None = None, before: Sequence[Phase] = ()) -> None:
         self.config_path = config_path
+        self.started = started  # when main() began (cli.py): the start log says where the time went
+        self.before = list(before)  # Python's start and the imports, measured by main()
         self.deps = deps or RuntimeDeps()
         self.log = log or EventLog()
         self.runtime: Runtime | None = None
@@ -43,8 +47,11 @@ class Agent:
         runtime.start()
         self.runtime = runtime
         self._log_attached()
+        phases = [*self.before, *runtime.phases]
+        if self.started is not None:
+            phases.append(phase_since("ready", self.started.main_t0, "main to attached"))
         self.log.info("agent started", config=self.config_path, listen=cfg.metrics.listen,
-                      probe_sets=len(runtime.probe_sets), version=__version__)
+                      probe_sets=len(runtime.probe_sets), version=__version__, **phase_fields(phases))
 
     def _log_attached(self) -> None:
         assert self.runtime is not None
@@ -89,7 +96,8 @@ class Agent:
         if not self.runtime.reload(cfg):
             return False
         self.log.configure(cfg.logging.format, cfg.logging.level)
-        self.log.info("config reloaded", config=self.config_path, probe_sets=len(self.runtime.probe_sets))
+        self.log.info("config reloaded", config=self.config_path, probe_sets=len(self.runtime.probe_sets),
+                      **phase_fields(self.runtime.phases))
         self._log_attached()
         return True
 
@@ -141,7 +149,9 @@ def check(path: str, out: TextIO, deps: RuntimeDeps | None = None,
     return 1 if failed else 0
 
 
-def main(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+def main(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr,
+         started: StartClock | None = None) -> int:
+    before = [*started.before_main(), phase_since("imports", started.main_t0, "the agent's modules")] if started else []
     p = argparse.ArgumentParser(prog="retsnoop-otel agent", description="Run the long-running exporter: "
                                 "probe sets from a YAML config, sessions as OTLP traces, metrics on /metrics.")
     p.add_argument("--config", metavar="FILE", help="YAML config (see config/agent.yaml)")
@@ -161,7 +171,7 @@ def main(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
         p.error("--config FILE is required (or --check FILE)")
     log = EventLog(err)
     bridge_library_logs(log)  # grpc's and the exporters' own warnings follow the configured log format too
-    agent = Agent(args.config, log=log)
+    agent = Agent(args.config, log=log, started=started, before=before)
     install_signal_handlers(agent)
     try:
         agent.start()

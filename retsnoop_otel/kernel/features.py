@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno as _errno
 import gzip
 import os
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, fields
 
@@ -132,11 +133,16 @@ def probe_btf(root: str) -> Feature:
     return Feature("btf", True, f"{path} ({size / 1e6:.1f} MB)")
 
 
-def _target_func(btf: Btf | None) -> tuple[str, int]:
-    """First PROBE_TARGETS function present in kernel BTF, with its BTF id (0 without BTF)."""
+FuncIdLookup = Callable[[str], "int | None"]
+
+
+def _target_func(btf: Btf | FuncIdLookup | None) -> tuple[str, int]:
+    """First PROBE_TARGETS function present in kernel BTF, with its BTF id (0 without BTF).
+
+    `btf` is libbpf's kernel BTF, or a name -> BTF id lookup (symbols.btf_index, faster to search)."""
     if btf is not None:
         for name in PROBE_TARGETS:
-            tid = btf.find(name, BTF_KIND_FUNC)
+            tid = btf.find(name, BTF_KIND_FUNC) if isinstance(btf, Btf) else btf(name)
             if tid:
                 return name, tid
     return PROBE_TARGETS[0], 0
@@ -148,7 +154,7 @@ def _close(*fds: int) -> None:
             os.close(fd)
 
 
-def probe_fentry(btf: Btf | None) -> Feature:
+def probe_fentry(btf: Btf | FuncIdLookup | None) -> Feature:
     """Load and attach a fentry program (BPF trampoline) on a harmless function, then detach."""
     name = "fentry"
     func, tid = _target_func(btf)
@@ -177,7 +183,7 @@ def probe_fentry(btf: Btf | None) -> Feature:
     return Feature(name, True, f"fentry program loaded and attached to {func}")
 
 
-def probe_kprobes(root: str, btf: Btf | None, config: dict[str, str]) -> Feature:
+def probe_kprobes(root: str, btf: Btf | FuncIdLookup | None, config: dict[str, str]) -> Feature:
     """Register a kprobe through the kprobe PMU and attach a program to it, then remove both."""
     name = "kprobes"
     try:
@@ -205,7 +211,7 @@ def probe_kprobes(root: str, btf: Btf | None, config: dict[str, str]) -> Feature
     return Feature(name, True, f"kprobe PMU type {pmu}; kprobe created on {func} and a program attached")
 
 
-def probe_kprobe_multi(btf: Btf | None) -> Feature:
+def probe_kprobe_multi(btf: Btf | FuncIdLookup | None) -> Feature:
     """Attach a kprobe.multi program (BPF_LINK_CREATE, BPF_TRACE_KPROBE_MULTI) to one function."""
     name = "kprobe_multi"
     func, _ = _target_func(btf)
@@ -230,7 +236,7 @@ def probe_kprobe_multi(btf: Btf | None) -> Feature:
     return Feature(name, True, f"kprobe.multi link attached to {func}")
 
 
-def probe_kprobe_session(btf: Btf | None) -> Feature:
+def probe_kprobe_session(btf: Btf | FuncIdLookup | None) -> Feature:
     """Attach a kprobe.session program (BPF_TRACE_KPROBE_SESSION, Linux 6.10+) to one function."""
     name = "kprobe_session"
     func, _ = _target_func(btf)
@@ -287,15 +293,20 @@ def probe_lbr(cpu: int = 0) -> Feature:
     return Feature(name, True, f"branch-stack perf event opened on CPU {cpu}")
 
 
-def probe_filter_functions(root: str) -> Feature:
+def probe_filter_functions(root: str, count: bool = True) -> Feature:
+    """Whether available_filter_functions can be read; `count` reads it all to say how many it lists
+    (the kernel generates the file on every read: the tracer's start reads it once, for discovery)."""
     from retsnoop_otel.kernel import tracefs
     name = "filter_functions"
     try:
-        count = len(tracefs.read_available_filter_functions(root))
+        text = tracefs.read_available_filter_functions_text(root, None if count else 4096)
     except tracefs.TracefsError as exc:
         return Feature(name, False, str(exc), _errno.EPERM if "EPERM" in str(exc) else _errno.ENOENT,
                        "does not list traceable functions (available_filter_functions)")
-    return Feature(name, True, f"available_filter_functions lists {count} functions")
+    if not count:
+        return Feature(name, True, "available_filter_functions is readable")
+    listed = len(tracefs.parse_available_filter_functions(text))
+    return Feature(name, True, f"available_filter_functions lists {listed} functions")
 
 
 def probe_kallsyms(root: str) -> Feature:
@@ -334,27 +345,58 @@ def probe_capabilities(root: str) -> Feature:
                    _errno.EPERM, "needs CAP_BPF and CAP_PERFMON (or root) to trace")
 
 
-def detect(root: str = "/") -> Features:
-    """Probe the running kernel; files (sysfs, procfs, tracefs) are read under `root`."""
+def _side_by_side(probes: dict[str, Callable[[], Feature]]) -> dict[str, Feature]:
+    """Run probes on threads: each mostly waits on the kernel (verification, text patching, RCU grace
+    periods on detach) with the GIL dropped, so their waits overlap instead of adding up."""
+    results: dict[str, Feature | BaseException] = {}
+
+    def run(name: str, probe: Callable[[], Feature]) -> None:
+        try:
+            results[name] = probe()
+        except BaseException as exc:  # noqa: BLE001 - re-raised below, in the caller's thread
+            results[name] = exc
+
+    threads = [threading.Thread(target=run, args=item, name=f"probe-{item[0]}") for item in probes.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    out: dict[str, Feature] = {}
+    for name in probes:
+        res = results[name]
+        if isinstance(res, BaseException):
+            raise res
+        out[name] = res
+    return out
+
+
+def detect(root: str = "/", func_id: FuncIdLookup | None = None, thorough: bool = True) -> Features:
+    """Probe the running kernel; files (sysfs, procfs, tracefs) are read under `root`.
+
+    `func_id` finds the probes' target functions in BTF (else libbpf's BTF is loaded for that);
+    `thorough=False` (a tracer starting) checks that available_filter_functions is readable without
+    counting its functions."""
     release = os.uname().release
     config = kernel_config(root, release)
     btf_feature = probe_btf(root)
     btf: Btf | None = None
-    if btf_feature.available:
+    if btf_feature.available and func_id is None:
         try:
             btf = Btf.load_vmlinux()
         except lb.LibbpfError:
             btf = None
+    targets: Btf | FuncIdLookup | None = func_id if btf_feature.available and func_id is not None else btf
     try:
         major, minor = lb.version()
+        modes = _side_by_side({"fentry": lambda: probe_fentry(targets),
+                               "kprobes": lambda: probe_kprobes(root, targets, config),
+                               "kprobe_multi": lambda: probe_kprobe_multi(targets),
+                               "kprobe_session": lambda: probe_kprobe_session(targets)})
         return Features(
             kernel_release=release,
             libbpf_version=f"{major}.{minor}",
             btf=btf_feature,
-            fentry=probe_fentry(btf),
-            kprobes=probe_kprobes(root, btf, config),
-            kprobe_multi=probe_kprobe_multi(btf),
-            kprobe_session=probe_kprobe_session(btf),
+            **modes,
             ringbuf=probe_ringbuf(),
             func_ip=probe_helper("func_ip", HELPER_GET_FUNC_IP, "bpf_get_func_ip", "Linux 5.15"),
             bpf_cookie=probe_helper("bpf_cookie", HELPER_GET_ATTACH_COOKIE, "bpf_get_attach_cookie",
@@ -362,7 +404,7 @@ def detect(root: str = "/") -> Features:
             branch_snapshot=probe_helper("branch_snapshot", HELPER_GET_BRANCH_SNAPSHOT,
                                          "bpf_get_branch_snapshot", "Linux 5.16"),
             lbr=probe_lbr(),
-            filter_functions=probe_filter_functions(root),
+            filter_functions=probe_filter_functions(root, count=thorough),
             kallsyms=probe_kallsyms(root),
             capabilities=probe_capabilities(root),
         )

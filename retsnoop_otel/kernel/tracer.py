@@ -12,9 +12,7 @@ import resource
 import struct
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
 from retsnoop_otel.capture import records
@@ -26,9 +24,8 @@ from retsnoop_otel.capture.model import (
     SessionStats,
     TracedFunc,
     WorkloadCount,
-    error_type,
 )
-from retsnoop_otel.kernel import bpfsys, libbpf_progs, libbpf_ringbuf, multi_link
+from retsnoop_otel.kernel import bpfsys, clones, libbpf_progs, libbpf_ringbuf, multi_link, stats_maps
 from retsnoop_otel.kernel import libbpf as lb
 from retsnoop_otel.kernel.libbpf_btf import Btf
 
@@ -47,7 +44,8 @@ MAX_HELD_SESSIONS = 1024  # sessions whose per-call records the kernel holds at 
 
 
 def bpf_object_path() -> Path:
-    path = Path(str(resources.files("retsnoop_otel") / "bpf" / "retsnoop.bpf.o"))
+    # next to the package's modules (importlib.resources would say the same, after a 0.3 s import under emulation)
+    path = Path(__file__).resolve().parent.parent / "bpf" / "retsnoop.bpf.o"
     if not path.exists():
         raise FileNotFoundError(
             f"{path} is missing: the package was installed without its BPF object; reinstall with "
@@ -235,9 +233,10 @@ class Tracer:
             if self.config.mode in _BY_ADDRESS:
                 self._attach_multi(report)
             else:
+                loaded = self._load_clones() if self.config.mode == "fentry" else {}
                 for f in self.funcs:
                     try:
-                        self._attach_one(f)
+                        self._attach_one(f, loaded.get(f.id))
                         report.attached.append(f)
                     except lb.LibbpfError as exc:
                         if strict:
@@ -276,7 +275,7 @@ class Tracer:
         value[off:off + size] = b"\x01"
         bss.update(struct.pack("<I", 0), bytes(value))
 
-    def _attach_one(self, f: TracedFunc) -> None:
+    def _attach_one(self, f: TracedFunc, loaded: clones.Clone | BaseException | None = None) -> None:
         assert self._obj is not None
         entry_name, exit_name = _MODE_PROGRAMS[self.config.mode]
         entry, exit_ = self._obj.program(entry_name), self._obj.program(exit_name)
@@ -291,18 +290,35 @@ class Tracer:
             self._links.append(exit_.attach_uprobe(binary, f.name, retprobe=True, cookie=f.id))
             self._links.append(entry.attach_uprobe(binary, f.name, cookie=f.id))
             return
+        clone = loaded
+        if clone is None:
+            clone = self._load_clone(f)
+            self._prog_fds.extend((self._template_of(tag), fd) for fd, _, tag in clone)  # closed by detach()
+        if isinstance(clone, BaseException):
+            raise clone
+        for fd, attach_type, tag in clone:
+            self._links.append(libbpf_progs.link_create(fd, attach_type, cookie=f.id, what=f"{tag} to {f.name}"))
+
+    def _load_clone(self, f: TracedFunc) -> clones.Clone:
+        assert self._obj is not None
+        entry_name, exit_name = _MODE_PROGRAMS[self.config.mode]
         btf_id = self._btf_func_id(f.name) if self._btf_func_id else None
         if btf_id is None:
             raise lb.LibbpfError(f"fentry needs BTF for {f.name} (module functions and functions without BTF "
                                  "are not supported in fentry mode; use -K)", errno.EOPNOTSUPP)
-        fds = []
-        for prog, attach_type, tag in ((exit_, libbpf_progs.ATTACH_TRACE_FEXIT, "rs_fexit"),
-                                       (entry, libbpf_progs.ATTACH_TRACE_FENTRY, "rs_fentry")):
-            fd = libbpf_progs.clone_program(prog, attach_btf_id=btf_id, attach_type=attach_type, name=tag)
-            self._prog_fds.append((prog.name, fd))
-            fds.append((fd, attach_type, tag))
-        for fd, attach_type, tag in fds:
-            self._links.append(libbpf_progs.link_create(fd, attach_type, cookie=f.id, what=f"{tag} to {f.name}"))
+        return clones.load_clone(self._obj.program(exit_name), self._obj.program(entry_name), btf_id)
+
+    def _load_clones(self) -> dict[int, clones.Clone | BaseException]:
+        """Every function's clones, verified on several threads before any is attached."""
+        out = clones.load_all(self.funcs, self._load_clone)
+        for res in out.values():
+            if not isinstance(res, BaseException):
+                self._prog_fds.extend((self._template_of(tag), fd) for fd, _, tag in res)  # closed by detach()
+        return out
+
+    def _template_of(self, tag: str) -> str:
+        entry_name, exit_name = _MODE_PROGRAMS[self.config.mode]
+        return exit_name if tag == clones.EXIT_TAG else entry_name
 
     def _attach_multi(self, report: AttachReport) -> None:
         assert self._obj is not None
@@ -354,86 +370,22 @@ class Tracer:
 
     def func_stats(self) -> list[FuncStats]:
         """Aggregates summed over CPUs, read at call time (scrape time for Prometheus)."""
-        assert self._obj is not None
-        stats_map = self._obj.map("func_stats")
-        vsize = records.FUNC_STATS.size * self._ncpus
-        errors: dict[int, dict[str, int]] = {}
-        err_map = self._obj.map("err_stats")
-        for key in list(err_map.keys()):
-            raw = err_map.lookup(key, 8 * self._ncpus)
-            if raw is None:
-                continue
-            fid, err = records.ERR_KEY.unpack(key)
-            count = sum(struct.unpack(f"<{self._ncpus}Q", raw))
-            name = self._error_name(fid, err)
-            if name is None:
-                continue
-            errors.setdefault(fid, {})[name] = errors.get(fid, {}).get(name, 0) + count
-        out = []
-        for f in self.funcs:
-            raw = stats_map.lookup(struct.pack("<I", f.id), vsize)
-            if raw is None:
-                continue
-            calls, _errs, dur, buckets = records.decode_func_stats(raw, self._ncpus)
-            out.append(FuncStats(f.id, calls, errors.get(f.id, {}), tuple(buckets), dur))
-        return out
-
-    def _error_name(self, func_id: int, err: int) -> str | None:
-        """error.type of err_key.err (positive errno, 0 = NULL) for one of our functions; None: not ours."""
-        if not 0 <= func_id < len(self.funcs):
-            return None
-        return "NULL" if err == 0 else error_type((1 << 64) - err, self.funcs[func_id].ret) or f"E{err}"
+        return stats_maps.func_stats(self._map("func_stats"), self._map("err_stats"), self.funcs, self._ncpus)
 
     def workload_counts(self) -> list[WorkloadCount]:
         """The per-cgroup counts (CaptureConfig.workload_stats), summed over CPUs, read at scrape time."""
-        m = self._map("wl_stats")
-        out = []
-        for key in list(m.keys()):
-            raw = m.lookup(key, 8 * self._ncpus)
-            if raw is None:
-                continue
-            cgroup_id, fid, outcome = records.WL_KEY.unpack(key)
-            session = bool(fid & records.WL_SESSION)
-            fid &= ~records.WL_SESSION
-            if session:
-                error: str | None = "error" if outcome else None
-            elif outcome:
-                error = self._error_name(fid, outcome - 1)
-                if error is None:
-                    continue
-            else:
-                error = None
-            out.append(WorkloadCount(cgroup_id, fid, session, error, sum(struct.unpack(f"<{self._ncpus}Q", raw))))
-        return out
+        return stats_maps.workload_counts(self._map("wl_stats"), self.funcs, self._ncpus)
 
     def forget_cgroups(self, cgroup_ids: set[int]) -> None:
         """Drop the per-cgroup counts of these cgroups (gone: user space keeps their totals)."""
-        m = self._map("wl_stats")
-        for key in list(m.keys()):
-            if records.WL_KEY.unpack(key)[0] in cgroup_ids:
-                m.delete(key)
+        stats_maps.forget_cgroups(self._map("wl_stats"), cgroup_ids)
 
     def session_stats(self) -> list[SessionStats]:
         """Sessions per entry function (outcome counts and duration histogram), summed over CPUs."""
-        assert self._obj is not None
-        stats_map = self._obj.map("entry_stats")
-        vsize = records.FUNC_STATS.size * self._ncpus
-        out = []
-        for f in self.funcs:
-            if not f.is_entry:
-                continue
-            raw = stats_map.lookup(struct.pack("<I", f.id), vsize)
-            if raw is None:
-                continue
-            sessions, errors, dur, buckets = records.decode_func_stats(raw, self._ncpus)
-            out.append(SessionStats(f.id, sessions, errors, tuple(buckets), dur))
-        return out
+        return stats_maps.session_stats(self._map("entry_stats"), self.funcs, self._ncpus)
 
     def capture_stats(self) -> CaptureStats:
-        assert self._obj is not None
-        size = records.CAPTURE_STATS.size * self._ncpus
-        raw = self._obj.map("cap_stats").lookup(struct.pack("<I", 0), size)
-        return records.decode_capture_stats(raw or b"", self._ncpus) if raw else CaptureStats()
+        return stats_maps.capture_stats(self._map("cap_stats"), self._ncpus)
 
     def programs(self) -> list[tuple[str, int]]:
         """(name, fd) of the programs that run when a traced function is hit.
@@ -449,7 +401,7 @@ class Tracer:
 
     def program_stats(self) -> list[ProgramStats]:
         """Run count and time of each program (clones summed), read at scrape time: one syscall per fd."""
-        return sum_program_stats(self.programs(), libbpf_progs.prog_info)
+        return stats_maps.sum_program_stats(self.programs(), libbpf_progs.prog_info)
 
     # ---- teardown ------------------------------------------------------------------------
 
@@ -466,6 +418,7 @@ class Tracer:
                 for link in reversed(group):
                     link.destroy()
                 continue
+            from concurrent.futures import ThreadPoolExecutor
             with ThreadPoolExecutor(max_workers=DETACH_THREADS) as pool:
                 list(pool.map(lambda link: link.destroy(), group))
 
@@ -486,17 +439,6 @@ class Tracer:
         if self._obj is not None:
             self._obj.close()
             self._obj = None
-
-
-def sum_program_stats(programs: Sequence[tuple[str, int]], read_info: Callable[[int], libbpf_progs.ProgInfo]
-                      ) -> list[ProgramStats]:
-    """One ProgramStats per program name, in first-seen order: fentry's thousand clones make two series."""
-    totals: dict[str, tuple[int, int]] = {}
-    for name, fd in programs:
-        info = read_info(fd)
-        cnt, ns = totals.get(name, (0, 0))
-        totals[name] = (cnt + info.run_cnt, ns + info.run_time_ns)
-    return [ProgramStats(name, cnt, ns) for name, (cnt, ns) in totals.items()]
 
 
 def _comm_key(comm: str) -> bytes:

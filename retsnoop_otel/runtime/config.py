@@ -108,6 +108,7 @@ class SymbolsConfig:
     vmlinux: str | None = None  # None: kallsyms names only; "auto": the standard places; else a path
     source_lines: bool = True  # file:line from DWARF in stacks (when a vmlinux is found)
     inlines: bool = True  # inlined frames too
+    cache_dir: str | None = None  # kernel facts cache (kernel/kcache.py); None: the user's XDG cache
 
 
 def _names(prefix: str) -> Mapping[str, str]:

@@ -9,12 +9,14 @@ too, so that they run before the slow kernel reads.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Sequence, Sized
+from dataclasses import dataclass, field
 
 from retsnoop_otel.capture.model import RetKind
 from retsnoop_otel.runtime.config import SymbolsConfig
 from retsnoop_otel.runtime.errors import InputError, SetupError
+from retsnoop_otel.runtime.startup import Phase, phase_since
 from retsnoop_otel.workload.cgroupfs import cgroup2_mount
 
 
@@ -41,16 +43,23 @@ class KernelEnv:
     resolve_source_glob: Callable[[str], set[str]] | None = None
     close: Callable[[], None] = _nothing
     lbr_missing: str = ""  # why LBR capture cannot work here ("" = it can)
-    btf: object | None = None  # kernel.libbpf_btf.Btf, for argument capture (-A)
+    btf: object | None = None  # kernel.libbpf_btf.Btf, for argument capture (-A): see kernel_btf()
     vmlinux: str | None = None  # the DWARF vmlinux in use
+    phases: list[Phase] = field(default_factory=list)  # how long each read took (trace -v, agent start log)
+    load_btf: Callable[[], object] | None = None  # loads `btf` on first use (only argument capture needs it)
+
+    def kernel_btf(self) -> object | None:
+        if self.btf is None and self.load_btf is not None:
+            self.btf, self.load_btf = self.load_btf(), None
+        return self.btf
 
 
 def find_vmlinux(symbols: SymbolsConfig, name: str, root: str = "/") -> str | None:
     """The DWARF vmlinux to use, checked against the running kernel's build-id (cheap: before kernel reads)."""
     if symbols.vmlinux is None:
         return None
-    from retsnoop_otel.symbols.dwarf import DwarfError
-    from retsnoop_otel.symbols.dwarf import find_vmlinux as find
+    from retsnoop_otel.symbols.vmlinux import DwarfError
+    from retsnoop_otel.symbols.vmlinux import find_vmlinux as find
     try:
         return find(None if symbols.vmlinux == "auto" else symbols.vmlinux, root)
     except DwarfError as exc:
@@ -79,20 +88,36 @@ def load_kernel_env(symbols: SymbolsConfig, vmlinux: str | None, lbr: tuple[str,
     """Features, kallsyms, available_filter_functions, BTF and (optionally) a DWARF vmlinux.
 
     `lbr`: (how the user asked for LBR, the probe set that did) when one did: a machine without LBR
-    is said first, before what else it lacks, since that is what the user asked for.
+    is said first, before what else it lacks, since that is what the user asked for. Kernel symbols
+    and function types come from the kernel cache when their key still holds (kernel/kcache.py).
     """
     from retsnoop_otel.kernel import features, tracefs
     from retsnoop_otel.kernel import libbpf as lb
+    from retsnoop_otel.kernel.kcache import KernelCache, kernel_identity
     from retsnoop_otel.kernel.lbr import lbr_missing
     from retsnoop_otel.kernel.libbpf_btf import Btf
     from retsnoop_otel.symbols.btf import ReturnKinds
-    from retsnoop_otel.symbols.kallsyms import Kallsyms, KallsymsError
+    from retsnoop_otel.symbols.kallsyms import KallsymsError
+    from retsnoop_otel.symbols.kernel_facts import load_func_types, load_symbols
     from retsnoop_otel.symbols.symbolize import DwarfSymbolizer, KallsymsSymbolizer
 
+    phases: list[Phase] = []
+    cache = KernelCache.at(symbols.cache_dir)
+    t = time.monotonic()
+    ident = kernel_identity(root)
+    try:  # the kernel's function types first: the feature probes look their targets up in them
+        types, cached = load_func_types(cache, ident, root, lambda: ReturnKinds(Btf.load_vmlinux()))
+        count = f"{len(types)} functions" if isinstance(types, Sized) else "libbpf lookups"
+        phases.append(phase_since("btf", t, count + (", cached" if cached else "")))
+    except (OSError, lb.LibbpfError, lb.LibbpfUnavailable):
+        types = None  # no BTF: the feature checks below say so
+    t = time.monotonic()
     try:
-        feats = features.detect(root)
+        feats = features.detect(root, func_id=types.func_id if types is not None else None,  # type: ignore[attr-defined]
+                                thorough=False)
     except lb.LibbpfUnavailable as exc:
         raise SetupError(str(exc)) from None
+    phases.append(phase_since("features", t, "kernel feature probes"))
 
     def check_mode(mode: str) -> None:
         try:
@@ -104,27 +129,39 @@ def load_kernel_env(symbols: SymbolsConfig, vmlinux: str | None, lbr: tuple[str,
     if lbr is not None and missing:
         raise lbr_refusal(lbr[0], missing, lbr[1])
     check_mode("auto")
+    if types is None:
+        raise SetupError(f"cannot read {os.path.join(root, 'sys/kernel/btf/vmlinux')}: run as root")
+    t = time.monotonic()
     try:
-        ksyms = Kallsyms.load(root)
-        available = tracefs.read_available_filter_functions(root)
-        btf = Btf.load_vmlinux()
-    except (KallsymsError, tracefs.TracefsError, lb.LibbpfError, lb.LibbpfUnavailable) as exc:
+        ksyms, available, cached = load_symbols(cache, ident, root)
+    except (KallsymsError, tracefs.TracefsError) as exc:
         raise SetupError(str(exc)) from None
-    ret_kinds = ReturnKinds(btf)
+    phases.append(phase_since("symbols", t, f"{len(ksyms)} kallsyms functions, {len(available)} traceable"
+                              + (", cached" if cached else "")))
     symbolizer: object = KallsymsSymbolizer(ksyms)
     resolve = None
     close = _nothing
     if vmlinux is not None:
+        t = time.monotonic()
         from retsnoop_otel.symbols.dwarf import LlvmSymbolizer, SourceIndex, kaslr_offset
-        resolve = SourceIndex.load_or_build(vmlinux).match
+        resolve = SourceIndex.load_or_build(vmlinux, symbols.cache_dir).match
         if symbols.source_lines:
             source = LlvmSymbolizer(vmlinux, kaslr_offset(vmlinux, ksyms.stext),  # type: ignore[arg-type]
                                     inlines=symbols.inlines)
             symbolizer = DwarfSymbolizer(ksyms, source)
             close = source.close
-    return KernelEnv(ksyms=ksyms, available=available, ret_kind=ret_kinds, btf_func_id=ret_kinds.func_id,
+        phases.append(phase_since("dwarf", t, vmlinux))
+
+    def load_btf() -> object:
+        try:
+            return Btf.load_vmlinux()
+        except (lb.LibbpfError, lb.LibbpfUnavailable) as exc:
+            raise SetupError(str(exc)) from None
+
+    return KernelEnv(ksyms=ksyms, available=available, ret_kind=types, btf_func_id=types.func_id,  # type: ignore
                      auto_mode=features.choose_mode(feats), check_mode=check_mode, symbolizer=symbolizer,
-                     resolve_source_glob=resolve, close=close, btf=btf, vmlinux=vmlinux, lbr_missing=missing)
+                     resolve_source_glob=resolve, close=close, load_btf=load_btf, vmlinux=vmlinux,
+                     lbr_missing=missing, phases=phases)
 
 
 def cgroup_target(path: str, name: str = "cgroup", root: str = "/") -> tuple[int, int]:

@@ -7,6 +7,7 @@ without a kernel in tests.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -124,11 +125,12 @@ class ProbeSet:
         self._ksyms = env.ksyms
         self.arg_descs: dict[int, list] = {}
         arg_specs = None
-        if cfg.capture_args and env.btf is not None:
+        btf = env.kernel_btf() if cfg.capture_args else None
+        if btf is not None:
             from retsnoop_otel.symbols.args import describe_args, spec_words
-            self.arg_descs = {f.id: d for f in found.funcs if (d := describe_args(env.btf, f.name))}  # type: ignore[arg-type]
+            self.arg_descs = {f.id: d for f in found.funcs if (d := describe_args(btf, f.name))}  # type: ignore[arg-type]
             arg_specs = {fid: spec_words(d) for fid, d in self.arg_descs.items()}
-        self.btf = env.btf
+        self.btf = btf
         capture = capture_config(cfg, found.mode, limits, names, arg_specs)
         self.tracer = tracer_factory(found.funcs, capture, env.btf_func_id)
         ks = kernel_sampling(cfg.sampling)
@@ -139,6 +141,7 @@ class ProbeSet:
         self._assembler = SessionAssembler(max_open=limits.max_sessions, max_calls=limits.max_calls_per_session)
         self.report: AttachReport | None = None
         self.attach_failures: list[tuple[str, str]] = []
+        self.load_s = 0.0  # BPF object open, verification and map setup
         self.kept = 0
         self.sampled_out = 0
         self.filtered_out = 0
@@ -152,7 +155,9 @@ class ProbeSet:
     def start(self) -> AttachReport:
         """Load, attach (exits before entries), open the ring buffer; on any failure nothing stays attached."""
         try:
+            t0 = time.monotonic()
             self.tracer.load()
+            self.load_s = time.monotonic() - t0
             report = self.tracer.attach(on_error=lambda f, e: self.attach_failures.append((f.name, e)))
             self.tracer.open_ring_buffer(self._on_record)
             if self.mode == "fentry" and hasattr(self._ksyms, "refresh_bpf_symbols"):

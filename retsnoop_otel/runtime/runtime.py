@@ -12,6 +12,7 @@ clock comes in through RuntimeDeps, so the lifecycle runs in unit tests without 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import sys
 import threading
@@ -37,6 +38,7 @@ from retsnoop_otel.runtime.logs import EventLog
 from retsnoop_otel.runtime.metrics_view import RuntimeMetrics
 from retsnoop_otel.runtime.probe_set import ProbeSet, TracerFactory, real_tracer_factory, resolve, start_probe_sets
 from retsnoop_otel.runtime.sinks import Sinks, otlp_settings
+from retsnoop_otel.runtime.startup import Phase, attach_phases, phase_since
 from retsnoop_otel.symbols import discovery
 from retsnoop_otel.workload.k8s_settings import KubeConfigError, KubeSettings, resolve_kubernetes
 from retsnoop_otel.workload.resolver import WorkloadResolver, build_resolver
@@ -81,6 +83,14 @@ class RuntimeDeps:
     make_workloads: Callable[[str, Callable[[], float], KubeSettings | None, Any], WorkloadResolver] = build_resolver
 
 
+def _freeze_heap() -> None:
+    """The kernel tables (kallsyms, traceable functions, BTF index: about a million objects) live as long
+    as the run: moved out of the collector's reach, they no longer make its full passes pause capture for
+    seconds under emulation. The command line turns the collector off while it starts (cli.py)."""
+    gc.freeze()
+    gc.enable()
+
+
 class Runtime:
     def __init__(self, config: RuntimeConfig, deps: RuntimeDeps | None = None, log: EventLog | None = None) -> None:
         self.config = config
@@ -104,6 +114,8 @@ class Runtime:
         self.app_watch: AppWatcher | None = None  # while a probe set reads thread context or user stacks
         self.workloads: WorkloadResolver | None = None  # container, pod and executable name of each kept session
         self.metrics = RuntimeMetrics(self)  # collectors, /metrics server, OTLP push
+        self.phases: list[Phase] = []  # where the last start or reload spent its time
+        self.stop_phases: list[Phase] = []  # and the last shutdown
 
     # ---- phases ----------------------------------------------------------------------------------
 
@@ -141,6 +153,8 @@ class Runtime:
     def open(self) -> None:
         """Inputs checked, /metrics bound and outputs opened: everything short of the kernel."""
         cfg = self.config
+        t0 = time.monotonic()
+        self.phases = []
         self.vmlinux = self.check_inputs()
         self._offset_ns = self.deps.boot_to_wall_offset()
         self.resource = self.deps.make_resource()
@@ -151,10 +165,12 @@ class Runtime:
         except BaseException:
             self.shutdown(0.0)
             raise
+        self.phases.append(phase_since("inputs", t0, "flags or config, outputs"))
 
     def load_env(self) -> KernelEnv:
         self.deps.check_privileges()
         self.env = self._load_env(self.config, self.vmlinux)
+        self.phases.extend(self.env.phases)
         return self.env
 
     def _load_env(self, cfg: RuntimeConfig, vmlinux: str | None) -> KernelEnv:
@@ -165,7 +181,14 @@ class Runtime:
         """Every probe set's functions and attach mode; all resolve before anything is attached."""
         cfg, env = cfg or self.config, env or self.env
         assert env is not None, "load_env() first"
-        return [(ps, resolve(ps, env, cfg.names)) for ps in cfg.probe_sets]
+        out = []
+        for ps in cfg.probe_sets:
+            t0 = time.monotonic()
+            found = resolve(ps, env, cfg.names)
+            self.phases.append(phase_since("discovery", t0, f"{len(found.funcs)} functions"
+                                           + (f" of probe set {ps.name}" if len(cfg.probe_sets) > 1 else "")))
+            out.append((ps, found))
+        return out
 
     def attach(self, found: Resolved) -> None:
         cfg = self.config
@@ -179,6 +202,7 @@ class Runtime:
             raise
         with self.lock:
             self.probe_sets = sets
+        self.phases.extend(attach_phases(sets))
         self._app_targets(sets)
         try:
             self.metrics_push = self.metrics.push(cfg)
@@ -187,6 +211,7 @@ class Runtime:
             raise
         self.last_poll = self.deps.monotonic()
         self._next_housekeeping = self.last_poll + HOUSEKEEPING_S
+        _freeze_heap()
 
     def start(self) -> None:
         """All phases; on failure nothing is left attached, listening or open."""
@@ -276,6 +301,7 @@ class Runtime:
         self.reloading = True
         new_server = new_sinks = env = web = None
         new_sets: list[ProbeSet] = []
+        self.phases = []
         try:
             vmlinux = self.check_inputs(cfg)
             if (cfg.metrics.host, cfg.metrics.port, cfg.names.listen) != (
@@ -286,10 +312,12 @@ class Runtime:
             if (cfg.exporter, cfg.limits) != (old.exporter, old.limits):
                 new_sinks = self._sinks(cfg)
             env = self._load_env(cfg, vmlinux)
+            self.phases.extend(env.phases)
             found = self.resolve(cfg, env)
             self._watch_apps(cfg)
             new_sets = start_probe_sets(found, env, cfg.limits, self.deps.tracer_factory, self._on_session, cfg.names,
                                         self._app_probe, self.metrics.workload_series)
+            self.phases.extend(attach_phases(new_sets))
         except Exception as exc:  # noqa: BLE001 - whatever fails, the running config stays
             for part in (new_server, env):
                 if part is not None:
@@ -333,15 +361,20 @@ class Runtime:
                 self.log.error("OTLP metrics export not started", error=str(exc))
         self.reloads["success"] += 1
         self.reloading = False
+        _freeze_heap()
         self.last_poll = self.deps.monotonic()
         return True
 
     def _drain_and_close(self, ps: ProbeSet) -> None:
+        t0, drained = time.monotonic(), 0
         try:
-            ps.poll(0)  # sessions already in the ring buffer still go out
+            drained = ps.poll(0)  # sessions already in the ring buffer still go out
         except Exception as exc:  # noqa: BLE001 - detaching matters more than the last records
             self.log.warning("could not drain probe set before detaching", probe_set=ps.name, error=str(exc))
+        t1 = time.monotonic()
         ps.close()
+        self.stop_phases += [Phase("drain", t1 - t0, f"{drained} records of {ps.name}"),
+                             phase_since("detach", t1, ps.name)]
 
     def shutdown(self, flush_s: float) -> None:
         """Detach everything, flush the exporters within `flush_s`, stop listening. Idempotent."""
@@ -358,6 +391,7 @@ class Runtime:
             sinks, self.sinks = self.sinks, None
             exporting, t0 = bool(sinks.exporters), time.monotonic()
             sinks.close(flush_s)
+            self.stop_phases.append(phase_since("flush", t0, "outputs"))
             t = sinks.totals()
             if exporting:
                 self.log.info("exporters flushed", seconds=round(time.monotonic() - t0, 3),

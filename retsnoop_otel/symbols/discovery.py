@@ -16,8 +16,8 @@ from operator import itemgetter
 from pathlib import Path
 
 from retsnoop_otel.capture.model import RetKind, TracedFunc
-from retsnoop_otel.symbols.globs import glob_to_regex
-from retsnoop_otel.symbols.kallsyms import Kallsyms, KSym
+from retsnoop_otel.symbols.globs import glob_to_regex, lines_matching, name_blob
+from retsnoop_otel.symbols.kallsyms import Kallsyms
 
 MODES = ("fentry", "kprobe", "kprobe_multi", "kprobe_session")
 NOT_AVAILABLE = "not in available_filter_functions"
@@ -139,7 +139,8 @@ def expand_glob_args(values: Iterable[str]) -> list[str]:
 
 
 class _GlobSet:
-    """Globs of one kind compiled once: plain ones into a single alternation, the rest kept apart."""
+    """Globs of one kind: plain ones matched by C-level scans over a blob of names (globs.lines_matching),
+    module and source-path ones checked per function instance (they depend on where it lives)."""
 
     def __init__(self, specs: Sequence[GlobSpec], sources: dict[str, set[str]]) -> None:
         self.specs = list(specs)
@@ -147,37 +148,69 @@ class _GlobSet:
         self._exact = {g for g in plain if "*" not in g and "?" not in g}.union(
             *(sources[s.source] for s in self.specs if s.source is not None))
         # module specs pre-filter on their function part; the module is checked per instance
-        wild = [g for g in plain if "*" in g or "?" in g] + [s.func for s in self.specs if s.module and s.func]
-        alternation = "|".join(f"(?:{glob_to_regex(g).pattern})" for g in wild)
-        self._lines = re.compile(f"^(?:{alternation})$", re.M) if wild else None
+        self._wild = [g for g in plain if "*" in g or "?" in g] + [s.func for s in self.specs if s.module and s.func]
         self._sources = sources
+        self._per_instance = [i for i, s in enumerate(self.specs) if s.source is not None or s.module is not None]
+        self._hits: dict[str, tuple[int, ...]] = {}
 
     def names_matching(self, names: Iterable[str], blob: str) -> set[str]:
-        """Names that may match, found in one regex scan of `blob` (the same names, one per line)."""
+        """Names that may match, found by scans of `blob` (globs.name_blob() of the same names)."""
         out = self._exact.intersection(names)
-        if self._lines is not None:
-            out.update(self._lines.findall(blob))
+        for glob in self._wild:
+            out.update(lines_matching(glob, blob))
         return out
+
+    @property
+    def per_instance(self) -> bool:
+        """Whether some spec depends on the module or source file of an instance, not only on its name."""
+        return bool(self._per_instance)
+
+    def plain(self, name: str) -> list[GlobSpec]:
+        """The name-only specs matching `name` (after index_names() over a blob holding it)."""
+        return [self.specs[i] for i in self._hits.get(name, ())]
+
+    def index_names(self, names: Sequence[str], blob: str) -> None:
+        """Which plain specs match each of `names` (one regex scan per spec), for matching() to look up."""
+        hits: dict[str, list[int]] = {}
+        present = set(names)
+        for i, s in enumerate(self.specs):
+            if s.func is None or s.module is not None:
+                continue
+            found = lines_matching(s.func, blob) if "*" in s.func or "?" in s.func else \
+                [s.func] if s.func in present else []
+            for name in found:
+                hits.setdefault(name, []).append(i)
+        self._hits = {name: tuple(idx) for name, idx in hits.items()}
 
     def matching(self, name: str, module: str | None) -> list[GlobSpec]:
-        """The specs matching one function instance (module None: vmlinux)."""
-        out = []
-        for s in self.specs:
+        """The specs matching one function instance (module None: vmlinux), in spec order.
+
+        Plain specs come from index_names() when it has run for `name`'s blob, else are matched here."""
+        idx = set(self._hits.get(name, ()))
+        if not self._hits:
+            idx.update(i for i, s in enumerate(self.specs) if s.func is not None and s.module is None
+                       and glob_to_regex(s.func).fullmatch(name) is not None)
+        for i in self._per_instance:
+            s = self.specs[i]
             if s.source is not None:
                 hit = module is None and name in self._sources[s.source]
-            elif s.module is not None:
-                hit = module is not None and glob_to_regex(s.module).fullmatch(module) is not None \
-                    and glob_to_regex(s.func or "").fullmatch(name) is not None
             else:
-                hit = glob_to_regex(s.func or "").fullmatch(name) is not None
+                hit = module is not None and glob_to_regex(s.module or "").fullmatch(module) is not None \
+                    and glob_to_regex(s.func or "").fullmatch(name) is not None
             if hit:
-                out.append(s)
-        return out
+                idx.add(i)
+        return [self.specs[i] for i in sorted(idx)]
 
 
-def _builtin_deny(mode: str) -> list[tuple[re.Pattern[str], str]]:
-    return [(re.compile("|".join(f"(?:{glob_to_regex(g).pattern})" for g in group.globs)), group.reason)
-            for group in BUILTIN_DENY if group.modes is None or mode in group.modes]
+def _builtin_deny(mode: str, blob: str) -> dict[str, str]:
+    """name -> reason of the first built-in deny group matching it (blob: globs.name_blob() of the names)."""
+    out: dict[str, str] = {}
+    for group in BUILTIN_DENY:
+        if group.modes is None or mode in group.modes:
+            for glob in group.globs:
+                for name in lines_matching(glob, blob):
+                    out.setdefault(name, group.reason)
+    return out
 
 
 # ---- discovery ----------------------------------------------------------------------------------
@@ -205,15 +238,18 @@ def discover(entry_globs: Sequence[str], allow_globs: Sequence[str], deny_globs:
     entries = _GlobSet(entry_specs, sources)
     allows = _GlobSet(entry_specs + allow_specs, sources)
     denies = _GlobSet(deny_specs, sources)
-    builtin = _builtin_deny(mode)
     avail_count = Counter(map(itemgetter(0), available))
 
-    all_names = kallsyms.names()
-    matched = allows.names_matching(all_names, "\n".join(all_names))
+    matched = allows.names_matching(kallsyms.names(), kallsyms.names_blob())
     candidates = sorted(n for n in matched if not n.startswith(_NOT_FUNCTIONS))
-    missing = sorted(n for n in allows.names_matching(avail_count, "\n".join(avail_count)) if not kallsyms.by_name(n))
+    aff_only = set(avail_count).difference(kallsyms.names())  # traceable, yet not in kallsyms: a few at most
+    missing = sorted(allows.names_matching(aff_only, name_blob(aff_only)))
+    blob = name_blob(candidates)
+    for globs in (entries, allows, denies):
+        globs.index_names(candidates, blob)
+    builtin = _builtin_deny(mode, blob)
 
-    chosen: list[tuple[KSym, bool]] = []
+    chosen: list[tuple[int, bool]] = []  # (kallsyms position, is entry)
     skipped: dict[str, str] = {}
     entry_hits: dict[GlobSpec, int] = {s: 0 for s in entry_specs if s.source is None}
     entry_skips: dict[GlobSpec, list[str]] = {s: [] for s in entry_hits}
@@ -225,24 +261,32 @@ def discover(entry_globs: Sequence[str], allow_globs: Sequence[str], deny_globs:
                 entry_skips[spec].append(label)
 
     for name in missing:
-        skip(name, "not in kallsyms", [s for s in entry_specs if s.source is None and entries.matching(name, None)])
+        skip(name, "not in kallsyms", [s for s in entry_specs if s.source is None and _plain_match(s, name)])
 
+    by_instance = entries.per_instance or allows.per_instance or denies.per_instance
     for name in candidates:
-        every = kallsyms.by_name(name)
-        instances = [(sym, entries.matching(name, sym.module)) for sym in every]
-        instances = [(sym, ent) for sym, ent in instances if ent or allows.matching(name, sym.module)]
-        if not instances:
-            continue
-        entry_of = sorted({s for _, ent in instances for s in ent}, key=lambda s: s.text)
-        label = name if instances[0][0].module is None else f"{name} [{instances[0][0].module}]"
-        denied = [denies.matching(name, sym.module) for sym, _ in instances]
-        kept = [inst for inst, by in zip(instances, denied, strict=True) if not by]
+        every = kallsyms.positions(name)
+        if by_instance:
+            matches = [(i, mod, entries.matching(name, mod)) for i, mod in ((i, kallsyms.module_at(i)) for i in every)]
+            matches = [(i, mod, ent) for i, mod, ent in matches if ent or allows.matching(name, mod)]
+            if not matches:
+                continue
+            denied = [denies.matching(name, mod) for _, mod, _ in matches]
+        else:  # the same specs match every instance: decide once per name
+            ent = entries.plain(name)
+            matches = [(i, kallsyms.module_at(i), ent) for i in every]
+            by = denies.plain(name)
+            denied = [by] * len(matches)
+        entry_of = sorted({s for _, _, ent in matches for s in ent}, key=lambda s: s.text)
+        label = name if matches[0][1] is None else f"{name} [{matches[0][1]}]"
+        kept = [m for m, by in zip(matches, denied, strict=True) if not by]
         reason = (f"denied by '{next(by for by in denied if by)[0].text}'" if not kept else
-                  _reject_reason(name, kept, builtin, avail_count, len(every), mode))
+                  _reject_reason(name, [mod for _, mod, _ in kept], builtin.get(name), avail_count, len(every),
+                                 mode))
         if reason:
             skip(label, reason, entry_of)
             continue
-        chosen.extend((sym, bool(ent)) for sym, ent in kept)
+        chosen.extend((i, bool(ent)) for i, _, ent in kept)
         for spec in entry_of:
             if spec in entry_hits:
                 entry_hits[spec] += 1
@@ -254,19 +298,22 @@ def discover(entry_globs: Sequence[str], allow_globs: Sequence[str], deny_globs:
         raise DiscoveryError("no entry function left to attach: the source-path entry globs "
                              f"({', '.join(s.text for s in entry_specs if s.source)}) matched no traceable function")
 
-    chosen.sort(key=lambda item: (not item[1], item[0].name, item[0].addr))
+    syms = [(kallsyms.ksym_at(i), is_entry) for i, is_entry in chosen]
+    syms.sort(key=lambda item: (not item[1], item[0].name, item[0].addr))
     funcs = [TracedFunc(id=i, name=sym.name, addr=sym.addr, ret=ret_kind(sym.name), is_entry=is_entry,
-                        module=sym.module, size=sym.size) for i, (sym, is_entry) in enumerate(chosen)]
+                        module=sym.module, size=sym.size) for i, (sym, is_entry) in enumerate(syms)]
     return Discovery(funcs=funcs, skipped=sorted(skipped.items()), mode=mode, available_count=len(available))
 
 
-def _reject_reason(name: str, instances: list[tuple[KSym, list[GlobSpec]]],
-                   builtin: list[tuple[re.Pattern[str], str]], avail_count: Counter[str], ksym_count: int,
-                   mode: str) -> str | None:
+def _plain_match(spec: GlobSpec, name: str) -> bool:
+    return spec.func is not None and spec.module is None and glob_to_regex(spec.func).fullmatch(name) is not None
+
+
+def _reject_reason(name: str, modules: list[str | None], builtin: str | None, avail_count: Counter[str],
+                   ksym_count: int, mode: str) -> str | None:
     """Why a matched (and not user-denied) function must not be attached, or None."""
-    for rx, why in builtin:
-        if rx.fullmatch(name):
-            return f"built-in deny list: {why}"
+    if builtin is not None:
+        return f"built-in deny list: {builtin}"
     if _COLD.search(name):
         return "cold part of a split function (not a function entry)"
     if name not in avail_count:
@@ -275,7 +322,7 @@ def _reject_reason(name: str, instances: list[tuple[KSym, list[GlobSpec]]],
         if mode == "fentry":
             return (f"{AMBIGUOUS} ({ksym_count} in kallsyms, {avail_count[name]} in available_filter_functions;"
                     " use -K to attach each by address)")
-    if mode == "fentry" and any(sym.module for sym, _ in instances):
+    if mode == "fentry" and any(modules):
         return "module function: fentry mode attaches vmlinux functions only (use -K)"
     return None
 

@@ -1,4 +1,4 @@
-"""DWARF: finding the running kernel's vmlinux, source-path globs, and file:line + inline frames.
+"""DWARF: source-path globs, and file:line + inline frames (finding the vmlinux: symbols/vmlinux.py).
 
 Symbolization goes through one long-running `llvm-symbolizer` process with an address cache;
 source-path globs (`:kernel/bpf/*.c`) use an index of compile units -> functions built once per
@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import bisect
 import json
-import os
 import re
 import shutil
-import stat
 import struct
 import subprocess
 import threading
@@ -21,9 +19,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from elftools.elf.elffile import ELFFile
-
+from retsnoop_otel.kernel.build_id import parse_notes_build_id, running_build_id  # noqa: F401 - re-exported
+from retsnoop_otel.kernel.kcache import cache_base
 from retsnoop_otel.symbols.globs import glob_to_regex
+from retsnoop_otel.symbols.vmlinux import DwarfError, candidate_paths, elf_build_id, find_vmlinux  # noqa: F401
 
 # Kernel tree top-level directories: a DWARF path is cut at the first of these (build prefixes go).
 _TREE_DIRS = ("arch", "block", "certs", "crypto", "drivers", "fs", "include", "init", "io_uring", "ipc",
@@ -32,104 +31,14 @@ _TREE_DIRS = ("arch", "block", "certs", "crypto", "drivers", "fs", "include", "i
 _TREE_RE = re.compile(r"(?:^|/)((?:{})/.*)$".format("|".join(_TREE_DIRS)))
 
 
-class DwarfError(Exception):
-    """A vmlinux problem the user can fix (wrong file, no DWARF, tools missing)."""
-
-
 def tree_path(path: str) -> str:
     """'debian/build/build_amd64_none_amd64/kernel/bpf/syscall.c' -> 'kernel/bpf/syscall.c'."""
     m = _TREE_RE.search(path)
     return m.group(1) if m else path
 
 
-def cache_dir() -> Path:
-    base = os.environ.get("RETSNOOP_OTEL_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "retsnoop-otel")
-    return Path(base) / "dwarf"
-
-
-# ---- build ids and finding vmlinux ---------------------------------------------------------------
-
-
-def parse_notes_build_id(data: bytes) -> str | None:
-    """The GNU build-id from a raw ELF notes blob (/sys/kernel/notes)."""
-    off = 0
-    while off + 12 <= len(data):
-        namesz, descsz, ntype = (int.from_bytes(data[off + i:off + i + 4], "little") for i in (0, 4, 8))
-        name_off = off + 12
-        desc_off = name_off + ((namesz + 3) & ~3)
-        if ntype == 3 and data[name_off:name_off + namesz].rstrip(b"\0") == b"GNU":
-            return data[desc_off:desc_off + descsz].hex()
-        off = desc_off + ((descsz + 3) & ~3)
-    return None
-
-
-def running_build_id(root: str = "/") -> str | None:
-    try:
-        return parse_notes_build_id(Path(root, "sys/kernel/notes").read_bytes())
-    except OSError:
-        return None
-
-
-def elf_build_id(path: str) -> str | None:
-    with open(path, "rb") as fh:
-        elf = ELFFile(fh)
-        for sec in elf.iter_sections():
-            if sec.header["sh_type"] != "SHT_NOTE":
-                continue
-            for note in sec.iter_notes():
-                if note["n_type"] == "NT_GNU_BUILD_ID":
-                    desc = note["n_desc"]
-                    # vmlinux carries a dummy 8-byte note for the decompressor: skip it
-                    if isinstance(desc, str) and len(desc) >= 32:
-                        return desc
-    return None
-
-
-def candidate_paths(release: str, root: str = "/") -> list[Path]:
-    """Where distributions put a vmlinux with DWARF (retsnoop looks in the same places)."""
-    rel = [f"boot/vmlinux-{release}", f"lib/modules/{release}/vmlinux-{release}",
-           f"lib/modules/{release}/vmlinux", f"lib/modules/{release}/build/vmlinux",
-           f"usr/lib/modules/{release}/kernel/vmlinux", f"usr/lib/debug/boot/vmlinux-{release}",
-           f"usr/lib/debug/boot/vmlinux-{release}.debug", f"usr/lib/debug/lib/modules/{release}/vmlinux"]
-    return [Path(root, p) for p in rel]
-
-
-def find_vmlinux(explicit: str | None = None, root: str = "/", release: str | None = None) -> str | None:
-    """The vmlinux matching the running kernel, or None; a wrong explicit file is an error (its message
-    starts with the path: the caller adds how the user gave it)."""
-    release = release or os.uname().release
-    want = running_build_id(root)
-    if explicit:
-        try:
-            if not stat.S_ISREG(os.stat(explicit).st_mode):
-                raise DwarfError(f"{explicit}: not a file")
-        except FileNotFoundError:
-            raise DwarfError(f"{explicit}: no such file") from None
-        except OSError as exc:
-            raise DwarfError(f"{explicit}: cannot read it ({exc.strerror or exc}); run as root or give a "
-                             "readable vmlinux") from None
-        try:
-            have = elf_build_id(explicit)
-        except OSError as exc:
-            raise DwarfError(f"{explicit}: cannot read it ({exc.strerror or exc}); run as root or give a "
-                             "readable vmlinux") from None
-        except Exception as exc:  # noqa: BLE001 - pyelftools raises many types on non-ELF input
-            raise DwarfError(f"{explicit}: not an ELF vmlinux ({exc})") from None
-        if want and have and want != have:
-            raise DwarfError(f"{explicit} belongs to another kernel build (build-id {have}, running kernel "
-                             f"{want}): give the vmlinux of the running kernel ({release})")
-        return explicit
-    for path in candidate_paths(release, root):
-        try:  # a candidate this user cannot read (an unprivileged run) is skipped like a missing one
-            if not path.is_file():
-                continue
-            have = elf_build_id(str(path))
-        except Exception:  # noqa: BLE001 - OSError, or pyelftools' many types on non-ELF input
-            continue
-        if not want or not have or have == want:
-            return str(path)
-    return None
+def cache_dir(configured: str | None = None) -> Path:
+    return cache_base(configured) / "dwarf"
 
 
 # ---- source path index --------------------------------------------------------------------------
@@ -151,9 +60,10 @@ class SourceIndex:
         return out
 
     @classmethod
-    def load_or_build(cls, vmlinux: str) -> SourceIndex:
+    def load_or_build(cls, vmlinux: str, cache: str | None = None) -> SourceIndex:
+        """`cache`: the configured cache directory (the agent's /var/cache), as for the kernel facts."""
         build_id = elf_build_id(vmlinux) or "unknown"
-        path = cache_dir() / f"{build_id}.units.json"
+        path = cache_dir(cache) / f"{build_id}.units.json"
         if path.is_file():
             data = json.loads(path.read_text())
             return cls(build_id, data["units"])
@@ -221,6 +131,7 @@ def build_units(vmlinux: str) -> dict[str, list[str]]:
     ranges = parse_cu_dump(proc.stdout.splitlines())
     starts = [r[0] for r in ranges]
     units: dict[str, set[str]] = {}
+    from elftools.elf.elffile import ELFFile
     with open(vmlinux, "rb") as fh:
         symtab = ELFFile(fh).get_section_by_name(".symtab")
         if symtab is None:
@@ -291,6 +202,7 @@ def kaslr_offset(vmlinux: str, runtime_stext: int) -> int:
     Reads the raw ELF64 symbol table: pyelftools' by-name lookup builds a dict of all ~150,000 kernel
     symbols first (3.6 s here, minutes under emulation), for the one symbol needed.
     """
+    from elftools.elf.elffile import ELFFile
     with open(vmlinux, "rb") as fh:
         elf = ELFFile(fh)
         symtab = elf.get_section_by_name(".symtab")

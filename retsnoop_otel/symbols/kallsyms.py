@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import re
 from collections import Counter
+from collections.abc import KeysView
 from dataclasses import dataclass
 from operator import itemgetter
 from pathlib import Path
@@ -18,6 +19,10 @@ from pathlib import Path
 _FUNC_LINE = re.compile(r"^([0-9a-f]+) [tTwW] (\S+)(?:[ \t]+\[(\S+)\])?$", re.M)
 # JIT-ed BPF programs and trampolines: they exist only once the tracer has attached.
 _BPF_LINE = re.compile(r"^([0-9a-f]+) [tT] (\S+)[ \t]+\[(bpf)\]$", re.M)
+
+
+def _volatile(module: str) -> bool:
+    return module == "bpf" or module.startswith("__builtin__")
 
 
 class KallsymsError(Exception):
@@ -44,6 +49,7 @@ class Kallsyms:
         self._width = len(items[0][0]) if items else 16
         self._first: dict[str, int] | None = None
         self._multi: dict[str, list[int]] = {}
+        self._blob: str | None = None
 
     @classmethod
     def parse(cls, text: str) -> Kallsyms:
@@ -71,6 +77,24 @@ class Kallsyms:
                                 "functions and name stack frames") from None
         return cls.parse(text)
 
+    def stable(self) -> Kallsyms:
+        """Without the pseudo-modules that come and go with no module load: [bpf] (JIT-ed programs,
+        trampolines) and [__builtin__*] (ftrace and kprobe trampolines). What remains depends only
+        on the boot and the loaded modules, which is what kernel/kcache.py keys it by."""
+        items = [it for it in self._items if not _volatile(it[2])]
+        return self if len(items) == len(self._items) else Kallsyms(items)
+
+    def state(self) -> tuple:
+        """Everything lookups and discovery need, as plain containers (what the kernel cache stores)."""
+        return (self._width, self._items, self._index(), self._multi, self.names_blob())
+
+    @classmethod
+    def from_state(cls, state: tuple) -> Kallsyms:
+        width, items, first, multi, blob = state
+        ks = cls(items)
+        ks._width, ks._first, ks._multi, ks._blob = width, first, multi, blob
+        return ks
+
     def add_bpf_symbols(self, text: str) -> int:
         """Merge the [bpf] symbols of a fresh kallsyms read (taken after attaching), so stack frames
         inside fexit trampolines and BPF programs are recognised as the tracer's own rather than
@@ -81,7 +105,7 @@ class Kallsyms:
         for item in new:
             bisect.insort(self._items, item)
         if new:
-            self._first, self._multi = None, {}  # positions shifted: rebuild the name index lazily
+            self._first, self._multi, self._blob = None, {}, None  # positions shifted: rebuild the index lazily
         return len(new)
 
     def refresh_bpf_symbols(self, root: str = "/") -> int:
@@ -118,22 +142,42 @@ class Kallsyms:
             first = dict(zip(reversed(names), range(len(names) - 1, -1, -1), strict=True))
             if len(first) != len(names):
                 dups = {n for n, c in Counter(names).items() if c > 1}
-                for i, n in enumerate(names):
-                    if n in dups:
-                        self._multi.setdefault(n, []).append(i)
+                multi: dict[str, list[int]] = {}
+                for i in [i for i, n in enumerate(names) if n in dups]:
+                    multi.setdefault(names[i], []).append(i)
+                self._multi = multi
             self._first = first
         return self._first
 
-    def names(self) -> list[str]:
+    def names(self) -> KeysView[str]:
         """Distinct function names (discovery matches globs against these)."""
-        return list(self._index())
+        return self._index().keys()
+
+    def names_blob(self) -> str:
+        """globs.name_blob() of names(), built once (discovery scans it for every glob)."""
+        if self._blob is None:
+            self._blob = "\n" + "\n".join(self._index()) + "\n"
+        return self._blob
 
     def by_name(self, name: str) -> list[KSym]:
         """Every instance of `name` (static functions and compiler clones can repeat), by address."""
+        return [self._ksym(i) for i in self.positions(name)]
+
+    def positions(self, name: str) -> list[int]:
+        """Where the instances of `name` are (for ksym_at/module_at); [] for an unknown name."""
         first = self._index().get(name)
         if first is None:
             return []
-        return [self._ksym(i) for i in self._multi.get(name, [first])]
+        return self._multi.get(name, [first])
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._index()
+
+    def ksym_at(self, i: int) -> KSym:
+        return self._ksym(i)
+
+    def module_at(self, i: int) -> str | None:
+        return self._items[i][2] or None
 
     @property
     def stext(self) -> int | None:

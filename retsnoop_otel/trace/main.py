@@ -17,6 +17,7 @@ from retsnoop_otel import __version__
 from retsnoop_otel.runtime.errors import RunRefused
 from retsnoop_otel.runtime.logs import EventLog
 from retsnoop_otel.runtime.runtime import SHUTDOWN_FLUSH_S, Runtime, RuntimeDeps
+from retsnoop_otel.runtime.startup import StartClock, format_phases, phase_since
 from retsnoop_otel.trace.flags import TraceRequest, parse
 
 
@@ -40,19 +41,27 @@ def _version(request: TraceRequest, out: TextIO) -> int:
 
 
 def run_trace(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr,
-              deps: RuntimeDeps | None = None) -> int:
+              deps: RuntimeDeps | None = None, started: StartClock | None = None) -> int:
+    """`started`: when main() began (cli.main), so that -v can say where the time to "Receiving data..." went."""
+    started = started or StartClock(time.monotonic(), None)
+    imports = phase_since("imports", started.main_t0, "the trace command's modules")
     request = parse(argv)
     if request.version:
         return _version(request, out)
     deps = deps or RuntimeDeps(console=out)
     runtime = Runtime(request.config, deps, EventLog(err, level="debug" if request.verbose >= 2 else "error"))
     try:
-        if not _start(runtime, request, out, err):
-            return 0
+        attached = _start(runtime, request, out, err)
     except RunRefused as exc:
         runtime.shutdown(0.0)
         print(f"retsnoop-otel: {exc.message}", file=err)
         return exc.exit_code
+    if request.verbose:
+        end = phase_since("ready", started.main_t0, 'main to "Receiving data...", Python\'s own start excluded') \
+            if attached else phase_since("dry-run", started.main_t0, "main to the list of functions")
+        print("\n".join(format_phases([*started.before_main(), imports, *runtime.phases, end])), file=err, flush=True)
+    if not attached:
+        return 0
     print("Receiving data...", file=out, flush=True)
     stop = _stop_flag()
     try:
@@ -60,6 +69,8 @@ def run_trace(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.s
             runtime.poll_once()
     finally:
         _detach(runtime, out)
+    if request.verbose:
+        print("\n".join(format_phases(runtime.stop_phases)), file=err, flush=True)
     return 0
 
 

@@ -33,6 +33,7 @@ from retsnoop_otel.runtime.environment import KernelEnv
 from retsnoop_otel.runtime.errors import SetupError
 from retsnoop_otel.runtime.logs import EventLog
 from retsnoop_otel.runtime.runtime import RuntimeDeps
+from retsnoop_otel.runtime.startup import Phase
 from retsnoop_otel.symbols.kallsyms import Kallsyms
 from retsnoop_otel.symbols.process_context import thread_attributes
 from retsnoop_otel.symbols.symbolize import KallsymsSymbolizer
@@ -58,7 +59,7 @@ def make_env(fail: str | None = None) -> KernelEnv:
     names = [line.split()[2] for line in KALLSYMS.splitlines()[1:]]
     return KernelEnv(ksyms=ksyms, available=[(n, None) for n in names], ret_kind=lambda _n: RetKind.INT32,
                      btf_func_id=lambda _n: 1, auto_mode="kprobe", check_mode=lambda _m: None,
-                     symbolizer=KallsymsSymbolizer(ksyms))
+                     symbolizer=KallsymsSymbolizer(ksyms), phases=[Phase("symbols", 0.25, "cached")])
 
 
 class FakeTracer:
@@ -255,6 +256,9 @@ def test_start_attaches_each_probe_set_with_its_own_capture_config(setup) -> Non
     assert errs.cfg.mode == "kprobe"  # attach_mode auto -> the environment's choice
     started = [e for e in log_events(logbuf) if e["msg"] == "agent started"]
     assert started and started[0]["probe_sets"] == 2
+    # where the start went, for an agent at scale: the kernel reads, discovery, load and attach of both sets
+    assert started[0]["symbols_ms"] == 250.0
+    assert all(started[0][f"{p}_ms"] >= 0 for p in ("inputs", "discovery", "load", "attach"))
 
 
 def test_sessions_become_one_trace_each_with_nesting_and_status(setup) -> None:
@@ -343,7 +347,7 @@ def test_reload_with_unresolvable_glob_attaches_nothing_new(setup) -> None:
 
 
 def test_good_reload_attaches_new_then_detaches_old(setup) -> None:
-    world, agent, cfg, _log = setup
+    world, agent, cfg, logbuf = setup
     agent.start()
     old = world.live()
     order: list[str] = []
@@ -364,6 +368,8 @@ def test_good_reload_attaches_new_then_detaches_old(setup) -> None:
     assert [ps.name for ps in agent.runtime.probe_sets] == ["errors2", "prog_load"]
     assert agent.runtime.reloads == {"success": 1, "failure": 0}
     assert all(t.state == "closed" for t in old) and len(world.live()) == 2
+    reloaded = [e for e in log_events(logbuf) if e["msg"] == "config reloaded"]
+    assert reloaded and reloaded[0]["symbols_ms"] == 250.0 and reloaded[0]["attach_ms"] >= 0
 
 
 def test_signals_drive_reload_and_stop(setup) -> None:

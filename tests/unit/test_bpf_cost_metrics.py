@@ -13,7 +13,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from retsnoop_otel.capture.model import ProgramStats, RetKind, TracedFunc
 from retsnoop_otel.kernel import libbpf_progs as lb
-from retsnoop_otel.kernel.tracer import sum_program_stats
+from retsnoop_otel.kernel.stats_maps import sum_program_stats
 from retsnoop_otel.metrics.kernel_families import KernelCollector, read_bpf_stats_enabled
 from retsnoop_otel.metrics.runtime_families import RunCounters, RuntimeCollector
 from tests.unit.test_metrics import FakeProbeSet, make_registry

@@ -100,6 +100,11 @@ def test_attach_modes(vm_batch, scenario) -> None:
     # -v says which attach mode was used and how long attaching took
     assert re.search(rf"^Using attach mode {MODES[scenario]}$", r["output"], re.M), r["output"][:3000]
     assert re.search(r"^Successfully attached \d+ functions in \d+ ms\.$", r["output"], re.M), r["output"][:3000]
+    # -v: one line per start-up phase before "Receiving data...", the shutdown's after "Detaching..."
+    phases = re.findall(r"^Phase (\S+): \d+ ms", r["output"], re.M)
+    assert phases == ["python", "imports", "inputs", "btf", "features", "symbols", "discovery", "load", "attach",
+                      "ready", "drain", "detach", "flush"], r["output"][:3000]
+    assert re.search(rf"^Phase attach: \d+ ms \(\d+ functions, {MODES[scenario]}\)$", r["output"], re.M)
     # trace_kprobe is stopped with SIGINT (Ctrl-C), the others with SIGTERM: both detach cleanly
     assert re.search(r"Detaching\.\.\. DONE in \d+ ms\.", r["output"]), r["output"][-2000:]
     assert r["rc"] == 0 and r["progs_after"] == []
@@ -120,6 +125,27 @@ def test_dry_run_lists_and_attaches_nothing(vm_batch) -> None:
     assert re.search(r"^\s+array_map_free\s+denied by 'array_map_free'$", out.split("Skipped functions:")[1],
                      re.M), out[-3000:]
     assert "Receiving data" not in out and r["progs_before"] == [] and r["progs_after"] == []
+
+
+def _phases(text: str) -> dict[str, str]:
+    """-v phase lines: name -> detail."""
+    return {m.group(1): m.group(3) or "" for m in re.finditer(r"^Phase (\S+): (\d+) ms(?: \((.*)\))?$", text, re.M)}
+
+
+def test_dry_run_phases_and_the_kernel_cache(vm_batch) -> None:
+    """-v says where start-up time went; a second run takes the kernel's symbols and BTF from the cache,
+    a module load makes it read the symbols again."""
+    runs = {run["step"]: run for run in vm_batch["trace_dry_run"]["runs"]}
+    cold, warm = _phases(runs["cold"]["err"]), _phases(runs["warm"]["err"])
+    assert list(cold) == ["python", "imports", "inputs", "btf", "features", "symbols", "discovery", "dry-run"], \
+        runs["cold"]["err"][-3000:]
+    assert "cached" not in cold["btf"] and "cached" not in cold["symbols"]
+    assert warm["btf"].endswith(", cached") and warm["symbols"].endswith(", cached"), warm
+    assert runs["warm"]["rc"] == 0 and runs["warm"]["out"] == runs["cold"]["out"]  # the same functions found
+    module = runs["module"]
+    assert "skipped" not in module, module.get("skipped")
+    after = _phases(module["err"])
+    assert module["rc"] == 0 and after["btf"].endswith(", cached") and "cached" not in after["symbols"], after
 
 
 def test_call_table_and_arguments(vm_batch) -> None:

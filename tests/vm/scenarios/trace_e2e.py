@@ -98,11 +98,28 @@ def scenario_trace_kprobe(ctx) -> dict:
 
 
 def scenario_trace_dry_run(ctx) -> dict:
-    """--dry-run -v: what would be attached and why the rest is skipped; nothing is loaded."""
+    """--dry-run -v: what would be attached and why the rest is skipped; nothing is loaded.
+
+    Run three times over one kernel cache directory: empty (the kernel is read and the cache filled),
+    again (kallsyms, available_filter_functions and BTF come from the cache), and after loading a
+    module (the symbols are read again; BTF, which belongs to the kernel build, still comes cached)."""
     before = _our_progs(ctx)
-    rc, out, err = ctx.run([PY, "-m", "retsnoop_otel", "trace", "--dry-run", "-v", "-e", "*sys_bpf", "-a",
-                            "array_map_*", "-d", "array_map_free"], 300)
-    return {"rc": rc, "out": out, "err": err, "progs_before": before, "progs_after": _our_progs(ctx)}
+    cmd = [PY, "-m", "retsnoop_otel", "trace", "--dry-run", "-v", "-e", "*sys_bpf", "-a", "array_map_*",
+           "-d", "array_map_free"]
+    env = f"RETSNOOP_OTEL_CACHE={ctx.tmpdir}/cache"
+    runs = []
+    for step in ("cold", "warm", "module"):
+        if step == "module":
+            mod_rc, _, mod_err = ctx.run("modprobe dummy", 60)
+            if mod_rc != 0:
+                runs.append({"step": step, "skipped": mod_err})
+                break
+        rc, out, err = ctx.run(f"{env} {' '.join(repr(c) if '*' in c else c for c in cmd)}", 300)
+        runs.append({"step": step, "rc": rc, "out": out, "err": err})
+    ctx.run("rmmod dummy", 60)
+    first = runs[0]
+    return {"rc": first["rc"], "out": first["out"], "err": first["err"], "runs": runs, "progs_before": before,
+            "progs_after": _our_progs(ctx)}
 
 
 def scenario_trace_kprobe_multi(ctx) -> dict:

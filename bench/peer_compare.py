@@ -1,0 +1,481 @@
+"""retsnoop-otel side by side with bpftrace: start, attach, detach, workload slowdown, BPF ns per call.
+
+Run as root on a kernel that allows tracing, one VM boot per kernel:
+
+    flock /tmp/retsnoop-vm.lock tests/vm/run --kernel 6.12 -- python bench/peer_compare.py
+    flock /tmp/retsnoop-vm.lock tests/vm/run --kernel 6.1 -- python bench/peer_compare.py --sets 100 --modes kprobe
+
+Both tools do the same per-call work shape: an entry and an exit probe on the same functions, and a
+per-thread map update in each (bpftrace: `@t[tid] = nsecs` at entry, `@t[tid] = nsecs - @t[tid]` at
+exit; retsnoop-otel: its session stack, which is keyed by thread). Per attach mode:
+- kprobe: both attach one kprobe and one kretprobe per function (bpftrace gets the function list
+  spelled out, which in bpftrace 0.17 means single kprobes, one program per probe);
+- kprobe_multi (kernels with CONFIG_FPROBE): both give the kernel the whole set in one link per
+  direction (bpftrace gets the same globs, which it expands to kprobe_multi links);
+- fentry: bpftrace's `kfunc:`/`kretfunc:` (bpftrace 0.17's names for fentry/fexit) on the same list.
+How many functions each tool really hooked is read from tracefs `enabled_functions` while it runs.
+
+Reported per tool: start (command to ready: our "Receiving data...", bpftrace's BEGIN output, which it
+runs once every probe is attached), Python's own start (interpreter and imports before main, ours
+only: reported separately and subtracted from our start for the ratio), attach (ours: our -v line;
+bpftrace: from its "Attaching N probes..." line to ready, which includes loading each program), detach
+(stop signal to exit), the workload's time per call without tracing and with each tool, and the BPF
+time per workload call (kernel.bpf_stats_enabled is switched on only while the workload runs, so the
+statistics reads of this script are not counted; run_time_ns summed over the programs each tool
+loaded). The workload is a C loop of failing bpf(BPF_MAP_CREATE) calls (an array map with an 8-byte
+key), built with gcc at start (a Python ctypes loop when gcc is missing).
+
+Output: one JSON line per run while it goes, then a markdown table with ratios (ours / bpftrace).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from retsnoop_otel.kernel import features, tracefs  # noqa: E402
+from retsnoop_otel.kernel import libbpf_btf as lb  # noqa: E402
+from retsnoop_otel.symbols import discovery  # noqa: E402
+from retsnoop_otel.symbols.btf import ReturnKinds  # noqa: E402
+from retsnoop_otel.symbols.kallsyms import Kallsyms  # noqa: E402
+
+SETS = {
+    "20": (["*sys_bpf"], ["array_map_*"]),  # for trying the script out
+    "100": (["*sys_bpf"], ["array_map_*", "map_*", "htab_*"]),
+    "1000": (["*sys_bpf"], ["bpf_*", "array_map_*", "map_*"]),
+}
+FLAGS = {"kprobe": "-K", "kprobe_multi": "-M", "fentry": "-F"}
+STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
+ENABLED = "enabled_functions"
+READY_OURS = re.compile(r"^Receiving data")
+READY_BT = re.compile(r"^READY$")
+ATTACHING_BT = re.compile(r"^Attaching (\d+) probes")
+ATTACHED_OURS = re.compile(r"^Successfully attached (\d+) functions in (\d+) ms")
+PHASE_OURS = re.compile(r"^Phase (\S+): (\d+) ms(?: \((.*)\))?")
+DONE_OURS = re.compile(r"DONE in (\d+) ms")
+
+WORKLOAD_C = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+int main(int argc, char **argv) {
+    long n = atol(argv[1]);
+    unsigned int attr[30];
+    memset(attr, 0, sizeof(attr));
+    attr[0] = 2; attr[1] = 8; attr[2] = 4; attr[3] = 1;  /* BPF_MAP_TYPE_ARRAY, key 8: EINVAL */
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    for (long i = 0; i < n; i++) {
+        long fd = syscall(SYS_bpf, 0, attr, sizeof(attr));
+        if (fd >= 0) close((int)fd);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    printf("%.1f\n", ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / n);
+    return 0;
+}
+"""
+
+WORKLOAD_PY = r"""
+import ctypes, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+attr = (ctypes.c_uint32 * 30)(2, 8, 4, 1)
+n = int(sys.argv[1])
+t0 = time.monotonic_ns()
+for _ in range(n):
+    libc.syscall(321, 0, attr, ctypes.sizeof(attr))
+print((time.monotonic_ns() - t0) / n)
+"""
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+
+
+class Lines:
+    """Lines of a child's stdout and stderr with the monotonic time each arrived."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
+        self.lines: list[tuple[float, str, str]] = []
+        self._cond = threading.Condition()
+        self._threads = [threading.Thread(target=self._read, args=(s, n), daemon=True)
+                         for s, n in ((proc.stdout, "out"), (proc.stderr, "err"))]
+        for t in self._threads:
+            t.start()
+
+    def _read(self, stream, name: str) -> None:  # noqa: ANN001 - a text pipe
+        for line in stream:
+            with self._cond:
+                self.lines.append((time.monotonic(), name, line.rstrip("\n")))
+                self._cond.notify_all()
+
+    def wait_for(self, rx: re.Pattern[str], timeout: float) -> tuple[float, re.Match[str]] | None:
+        deadline = time.monotonic() + timeout
+        seen = 0
+        with self._cond:
+            while True:
+                for t, _, line in self.lines[seen:]:
+                    if m := rx.search(line):
+                        return t, m
+                seen = len(self.lines)
+                left = deadline - time.monotonic()
+                if left <= 0 or self.proc.poll() is not None and all(not t.is_alive() for t in self._threads):
+                    return None
+                self._cond.wait(min(left, 1.0))
+
+    def find(self, rx: re.Pattern[str]) -> list[tuple[float, re.Match[str]]]:
+        with self._cond:
+            return [(t, m) for t, _, line in self.lines if (m := rx.search(line))]
+
+    def quiet_for(self, seconds: float, cap: float) -> None:
+        """Wait until no line arrived for `seconds` (a consumer still printing sessions), at most `cap`."""
+        end = time.monotonic() + cap
+        while time.monotonic() < end:
+            with self._cond:
+                last = self.lines[-1][0] if self.lines else 0.0
+            if time.monotonic() - last >= seconds:
+                return
+            time.sleep(0.5)
+
+    def tail(self, n: int = 12) -> list[str]:
+        with self._cond:
+            return [f"{name}: {line}" for _, name, line in self.lines[-n:]]
+
+    def join(self) -> None:
+        for t in self._threads:
+            t.join(timeout=30)
+
+
+def enabled_count() -> int:
+    """Functions with an ftrace hook (kprobes on function entries, fprobes, trampolines) right now."""
+    try:
+        text = (tracefs.find_tracefs() / ENABLED).read_text()
+    except (OSError, tracefs.TracefsError):
+        return -1
+    return len({line.split()[0] for line in text.splitlines() if line.strip()})
+
+
+def prog_stats() -> dict[int, tuple[str, int, int]]:
+    """id -> (name, run_time_ns, run_cnt) of every loaded BPF program."""
+    out = subprocess.run(["bpftool", "-j", "prog", "show"], capture_output=True, text=True, check=True,
+                         timeout=600).stdout
+    return {p["id"]: (p.get("name", ""), p.get("run_time_ns", 0), p.get("run_cnt", 0)) for p in json.loads(out)}
+
+
+def set_stats(on: bool) -> None:
+    STATS.write_text("1" if on else "0")
+
+
+def build_workload(tmp: Path) -> list[str]:
+    if shutil.which("gcc"):
+        src = tmp / "bpf_fail_loop.c"
+        src.write_text(WORKLOAD_C)
+        exe = tmp / "bpf_fail_loop"
+        if subprocess.run(["gcc", "-O2", "-o", str(exe), str(src)], capture_output=True).returncode == 0:
+            return [str(exe)]
+    script = tmp / "bpf_fail_loop.py"
+    script.write_text(WORKLOAD_PY)
+    return [sys.executable, str(script)]
+
+
+def run_workload(cmd: list[str], calls: int) -> float:
+    """Nanoseconds per call, as the workload measured its own loop."""
+    out = subprocess.run([*cmd, str(calls)], capture_output=True, text=True, check=True, timeout=1200).stdout
+    return float(out.strip().splitlines()[-1])
+
+
+def python_start(repeat: int = 3) -> float:
+    """Seconds for the interpreter to start and import our command-line module (before main runs)."""
+    times = []
+    for _ in range(repeat):
+        t0 = time.monotonic()
+        subprocess.run([sys.executable, "-c", "import retsnoop_otel.cli"], check=True, cwd=ROOT)
+        times.append(time.monotonic() - t0)
+    return statistics.median(times)
+
+
+# ---- the function sets --------------------------------------------------------------------------
+
+
+@dataclass
+class KernelFacts:
+    ksyms: Kallsyms
+    available: list[tuple[str, str | None]]
+    ret_kinds: ReturnKinds
+    feats: features.Features
+
+    @classmethod
+    def load(cls) -> KernelFacts:
+        return cls(Kallsyms.load(), tracefs.read_available_filter_functions(),
+                   ReturnKinds(lb.Btf.load_vmlinux()), features.detect())
+
+
+def our_functions(facts: KernelFacts, entry: Sequence[str], allow: Sequence[str], mode: str) -> list[str]:
+    """The names we attach; in fentry mode only those with BTF (ours skips the others at attach too)."""
+    disc = discovery.discover(entry, allow, [], facts.ksyms, facts.available, facts.ret_kinds, mode)
+    return sorted({f.name for f in disc.funcs if mode != "fentry" or facts.ret_kinds.func_id(f.name)})
+
+
+def bpftrace_program(mode: str, entry: Sequence[str], allow: Sequence[str], names: Sequence[str]) -> str:
+    """The same work as ours in bpftrace: entry and exit on the same functions, a per-thread map update."""
+    if mode == "kprobe_multi":
+        targets = [*entry, *allow]  # wildcards: bpftrace expands them into kprobe_multi links
+        enter, leave = "kprobe", "kretprobe"
+    else:
+        targets = list(names)
+        enter, leave = ("kfunc", "kretfunc") if mode == "fentry" else ("kprobe", "kretprobe")
+    return "\n".join([
+        'BEGIN { printf("READY\\n"); }',
+        ",\n".join(f"{enter}:{t}" for t in targets) + " { @t[tid] = nsecs; }",
+        ",\n".join(f"{leave}:{t}" for t in targets) + " { @t[tid] = nsecs - @t[tid]; }",
+        "END { clear(@t); }",
+        ""])
+
+
+# ---- one tool run -------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    tool: str
+    mode: str
+    set_name: str
+    functions: int = 0  # what the tool says it attached (ours) / probes it announced (bpftrace)
+    hooked: int = 0  # enabled_functions lines while it ran
+    start_s: float | None = None
+    python_s: float | None = None  # ours: Python's own start, from its -v phase line (or measured)
+    attach_s: float | None = None
+    detach_s: float | None = None
+    detach_own_s: float | None = None  # ours: what its "Detaching... DONE in N ms" says
+    ns_per_call: float | None = None  # workload, while traced
+    bpf_ns_per_call: float | None = None
+    probe_runs_per_call: float | None = None
+    phases: dict[str, int] = field(default_factory=dict)
+    details: dict[str, str] = field(default_factory=dict)  # ours: each phase's detail text
+    lines_after_stop: int = 0  # output lines that came after the stop signal (sessions still being printed)
+    error: str = ""
+
+
+def _roomy_nofile() -> None:
+    """bpftrace keeps several fds per probe and does not raise its own limit (ours does): `ulimit -n` for both."""
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 1 << 20
+    resource.setrlimit(resource.RLIMIT_NOFILE, (want, max(hard, want)) if hard != resource.RLIM_INFINITY
+                       else (want, hard))
+
+
+def start_command(tool: str, mode: str, entry: Sequence[str], allow: Sequence[str], program: Path) -> list[str]:
+    if tool == "bpftrace":
+        return ["bpftrace", "-B", "none", str(program)]
+    globs = [x for g in entry for x in ("-e", g)] + [x for g in allow for x in ("-a", g)]
+    return [sys.executable, "-m", "retsnoop_otel", "trace", "-v", FLAGS[mode], *globs]
+
+
+def one_run(tool: str, mode: str, set_name: str, entry: Sequence[str], allow: Sequence[str], names: Sequence[str],
+            workload: list[str], calls: int, tmp: Path, timeout: float, py_start: float) -> Run:
+    run = Run(tool, mode, set_name)
+    program = tmp / f"{mode}_{set_name}.bt"
+    program.write_text(bpftrace_program(mode, entry, allow, names))
+    env = dict(os.environ, BPFTRACE_MAX_PROBES=str(4 * len(names) + 64),
+               BPFTRACE_MAX_BPF_PROGS=str(4 * len(names) + 64), RETSNOOP_OTEL_CACHE=str(tmp / "cache"))
+    before = set(prog_stats())
+    t0 = time.monotonic()
+    proc = subprocess.Popen(start_command(tool, mode, entry, allow, program), cwd=ROOT, env=env, text=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=_roomy_nofile)
+    lines = Lines(proc)
+    try:
+        ready = lines.wait_for(READY_OURS if tool == "ours" else READY_BT, timeout)
+        if ready is None:
+            run.error = "never ready: " + " | ".join(lines.tail())
+            return run
+        run.start_s = ready[0] - t0
+        if tool == "ours":
+            lines.wait_for(re.compile(r"^Phase ready"), 60)  # -v goes to stderr, read by another thread
+            for _, m in lines.find(PHASE_OURS):
+                run.phases[m.group(1)] = int(m.group(2))
+            run.python_s = run.phases["python"] / 1000 if "python" in run.phases else py_start
+            if att := lines.find(ATTACHED_OURS):
+                run.functions, run.attach_s = int(att[0][1].group(1)), int(att[0][1].group(2)) / 1000
+        else:
+            if att := lines.find(ATTACHING_BT):
+                run.functions = int(att[0][1].group(1))
+                run.attach_s = ready[0] - att[0][0]
+        run.hooked = enabled_count()
+        ours = [i for i in prog_stats() if i not in before]
+        s0 = prog_stats()
+        set_stats(True)
+        run.ns_per_call = run_workload(workload, calls)
+        set_stats(False)
+        s1 = prog_stats()
+        ns = sum(s1[i][1] - s0[i][1] for i in ours if i in s0 and i in s1)
+        cnt = sum(s1[i][2] - s0[i][2] for i in ours if i in s0 and i in s1)
+        run.bpf_ns_per_call = ns / calls
+        run.probe_runs_per_call = cnt / calls
+        lines.quiet_for(3.0, cap=600.0)  # our consumer may still be printing the sessions
+        t1 = time.monotonic()
+        seen = len(lines.lines)
+        proc.send_signal(signal.SIGINT if tool == "bpftrace" else signal.SIGTERM)
+        proc.wait(timeout=timeout)
+        run.detach_s = time.monotonic() - t1
+        lines.join()
+        if done := lines.find(DONE_OURS):
+            run.detach_own_s = int(done[-1][1].group(1)) / 1000
+        for _, m in lines.find(PHASE_OURS):  # now with the shutdown's phases (drain, detach, flush)
+            run.phases[m.group(1)] = int(m.group(2))
+            run.details[m.group(1)] = m.group(3) or ""
+        run.lines_after_stop = len(lines.lines) - seen
+    except (subprocess.TimeoutExpired, subprocess.CalledProcessError) as exc:
+        run.error = f"{type(exc).__name__}: {exc}; last output: " + " | ".join(lines.tail())
+    finally:
+        set_stats(False)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        lines.join()
+    if proc.returncode not in (0, -signal.SIGINT, -signal.SIGTERM):
+        run.error = f"exit {proc.returncode}: " + " | ".join(lines.tail())
+    left = enabled_count()
+    if left > 0:  # wait for the kernel to finish tearing down before the next run measures anything
+        for _ in range(120):
+            time.sleep(1)
+            if enabled_count() <= 0:
+                break
+    return run
+
+
+# ---- report -------------------------------------------------------------------------------------
+
+
+def _s(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f} s" if v < 10 else f"{v:.1f} s"
+
+
+def _n(v: float | None) -> str:
+    return "-" if v is None else f"{v:,.0f}"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "-" if a is None or b is None or b <= 0 else f"{a / b:.2f}x"
+
+
+def table(rows: list[tuple[Run, Run]], baseline_ns: float, release: str, calls: int, py_start: float,
+          cache_phases: dict[str, dict[str, int]]) -> str:
+    out = [f"kernel {release}; workload {calls:,} failing bpf(BPF_MAP_CREATE) calls, {baseline_ns / 1000:.1f} us "
+           f"per call untraced; Python's own start (interpreter and imports before main) {py_start:.2f} s, "
+           "not included in our start below.", "",
+           "| mode | set | functions (ours / bpftrace) | start ours | start bpftrace | ratio | attach ours | "
+           "attach bpftrace | ratio | detach ours | detach bpftrace | ratio | us per call ours | us per call "
+           "bpftrace | ratio of slowdowns | BPF ns per call ours | BPF ns per call bpftrace | ratio |",
+           "|---" * 18 + "|"]
+    for ours, bt in rows:
+        start_ours = None if ours.start_s is None else ours.start_s - (ours.python_s or 0.0)
+        slow_o = None if ours.ns_per_call is None else ours.ns_per_call - baseline_ns
+        slow_b = None if bt.ns_per_call is None else bt.ns_per_call - baseline_ns
+        us = (lambda v: "-" if v is None else f"{v / 1000:.1f}")  # noqa: E731
+        out.append(
+            f"| {ours.mode} | {ours.set_name} | {ours.hooked} / {bt.hooked} | {_s(start_ours)} | {_s(bt.start_s)} | "
+            f"{_ratio(start_ours, bt.start_s)} | {_s(ours.attach_s)} | {_s(bt.attach_s)} | "
+            f"{_ratio(ours.attach_s, bt.attach_s)} | {_s(ours.detach_s)} | {_s(bt.detach_s)} | "
+            f"{_ratio(ours.detach_s, bt.detach_s)} | {us(ours.ns_per_call)} | {us(bt.ns_per_call)} | "
+            f"{_ratio(slow_o, slow_b)} | {_n(ours.bpf_ns_per_call)} | {_n(bt.bpf_ns_per_call)} | "
+            f"{_ratio(ours.bpf_ns_per_call, bt.bpf_ns_per_call)} |")
+    errors = [r for pair in rows for r in pair if r.error]
+    for r in errors:
+        out.append(f"\n{r.tool} {r.mode} {r.set_name}: {r.error}")
+    cold, warm = cache_phases.get("cold", {}), cache_phases.get("warm", {})
+    if cold and warm:
+        extra = sum(cold.get(k, 0) - warm.get(k, 0) for k in ("btf", "symbols"))
+        out.append(f"\nOur starts above use the kernel cache (filled by an untimed run); with an empty cache the "
+                   f"btf and symbols phases took {cold.get('btf', 0) + cold.get('symbols', 0):,} ms instead of "
+                   f"{warm.get('btf', 0) + warm.get('symbols', 0):,} ms (+{extra / 1000:.2f} s to every start).")
+    phases = [(r.mode, r.set_name, r.phases) for r, _ in rows if r.phases]
+    if phases:
+        out.append("\nOur start by phase (ms, from -v):")
+        for mode, set_name, ph in phases:
+            out.append(f"- {mode} {set_name}: " + ", ".join(f"{k} {v:,}" for k, v in ph.items()))
+    return "\n".join(out)
+
+
+def warm_up(tmp: Path) -> dict[str, dict[str, int]]:
+    """Both tools once, untimed, so that neither pays for reading its files into the page cache; ours
+    twice, with an empty kernel cache and then the one it filled (which every timed run of ours uses):
+    returns the -v phases of both (cold, warm)."""
+    subprocess.run(["bpftrace", "-e", "BEGIN { exit(); }"], capture_output=True, timeout=600)
+    out = {}
+    for label in ("cold", "warm"):
+        res = subprocess.run([sys.executable, "-m", "retsnoop_otel", "trace", "-v", "-e", "*sys_bpf", "--dry-run"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=600,
+                             env=dict(os.environ, RETSNOOP_OTEL_CACHE=str(tmp / "cache")))
+        out[label] = {m.group(1): int(m.group(2)) for line in res.stderr.splitlines() if (m := PHASE_OURS.match(line))}
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sets", default="100,1000", help=f"function sets ({', '.join(SETS)})")
+    ap.add_argument("--modes", default="kprobe_multi,kprobe,fentry")
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--timeout", type=float, default=3600)
+    ap.add_argument("--json", type=Path, help="also write every run here")
+    args = ap.parse_args()
+    if shutil.which("bpftrace") is None:
+        print("bpftrace is not installed (Debian package bpftrace)", file=sys.stderr)
+        return 2
+    facts = KernelFacts.load()
+    set_stats(False)
+    rows: list[tuple[Run, Run]] = []
+    with tempfile.TemporaryDirectory(prefix="peer-compare-") as tmpdir:
+        tmp = Path(tmpdir)
+        workload = build_workload(tmp)
+        cache_phases = warm_up(tmp)
+        print(json.dumps({"cache_phases": cache_phases}), flush=True)
+        py_start = python_start()
+        baseline = [run_workload(workload, args.calls) for _ in range(3)]
+        for set_name in args.sets.split(","):
+            entry, allow = SETS[set_name]
+            for mode in args.modes.split(","):
+                try:
+                    features.require_tracing(facts.feats, mode)
+                except features.FeatureError as exc:
+                    print(json.dumps({"mode": mode, "set": set_name, "skipped": str(exc)}), flush=True)
+                    continue
+                names = our_functions(facts, entry, allow, mode)
+                pair = []
+                for tool in ("ours", "bpftrace"):
+                    r = one_run(tool, mode, set_name, entry, allow, names, workload, args.calls, tmp, args.timeout,
+                                py_start)
+                    print(json.dumps(r.__dict__), flush=True)
+                    pair.append(r)
+                baseline.append(run_workload(workload, args.calls))
+                rows.append((pair[0], pair[1]))
+    base = statistics.median(baseline)
+    text = table(rows, base, os.uname().release, args.calls, py_start, cache_phases)
+    print("\n" + text)
+    if args.json:
+        args.json.write_text(json.dumps({"release": os.uname().release, "baseline_ns": base, "python_start_s": py_start,
+                                         "runs": [r.__dict__ for pair in rows for r in pair]}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

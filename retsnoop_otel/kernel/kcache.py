@@ -1,0 +1,137 @@
+"""On-disk caches of what is slow to read from the running kernel, each valid only under its key.
+
+Parsing kallsyms, available_filter_functions and BTF takes seconds under emulation and on large
+hosts, at every `trace` run and every agent reload, for facts that do not change while their key
+holds: the kernel build (BTF), or the boot and the set of loaded modules (symbols and traceable
+functions). A cache entry is one file holding (format, key, payload); an entry whose key differs
+is ignored and replaced. The cache is an accelerator only: an unwritable or missing directory, a
+corrupt file or one not owned by this user (or writable by others) reads as a miss, and nothing
+fails because of it.
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import stat
+import sys
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from retsnoop_otel.kernel.build_id import parse_notes_build_id
+
+FORMAT = 1
+AGENT_CACHE_DIR = "/var/cache/retsnoop-otel"
+
+
+def cache_base(configured: str | None = None, environ: Mapping[str, str] | None = None) -> Path:
+    """RETSNOOP_OTEL_CACHE, else the configured directory (the agent's /var/cache), else the XDG cache."""
+    env = os.environ if environ is None else environ
+    if env.get("RETSNOOP_OTEL_CACHE"):
+        return Path(env["RETSNOOP_OTEL_CACHE"])
+    if configured:
+        return Path(configured)
+    return Path(env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "retsnoop-otel")
+
+
+@dataclass(frozen=True)
+class KernelIdentity:
+    """What the cached facts depend on: the kernel build, this boot, and the loaded modules."""
+
+    build_id: str  # GNU build-id of the running kernel ('' when /sys/kernel/notes cannot say)
+    boot_id: str
+    modules: str  # the loaded modules (name, size, state, address), one per line
+
+    def build_key(self) -> str | None:
+        return f"{self.build_id}:{sys.version_info[:2]}" if self.build_id else None
+
+    def boot_key(self) -> str | None:
+        if not (self.build_id and self.boot_id):
+            return None
+        return f"{self.build_id}:{self.boot_id}:{self.modules}:{sys.version_info[:2]}"
+
+
+def _read(path: str, mode: str = "r") -> str | bytes | None:
+    try:
+        with open(path, mode) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def modules_state(text: str) -> str:
+    """/proc/modules without what changes all the time (reference counts, users): loading, unloading or
+    reloading a module (or it finishing its init) changes kallsyms and the traceable functions, and its
+    name, size, state or load address with them. Kept whole in the key (a few kB): no hash to import."""
+    rows = []
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) >= 6:
+            rows.append(f"{f[0]} {f[1]} {f[4]} {f[5]}")
+    return "\n".join(sorted(rows))
+
+
+def kernel_identity(root: str = "/") -> KernelIdentity:
+    notes = _read(os.path.join(root, "sys/kernel/notes"), "rb")
+    build_id = (parse_notes_build_id(notes) if isinstance(notes, bytes) else None) or ""
+    boot = _read(os.path.join(root, "proc/sys/kernel/random/boot_id"))
+    mods = _read(os.path.join(root, "proc/modules"))
+    return KernelIdentity(build_id, boot.strip() if isinstance(boot, str) else "",
+                          modules_state(mods) if isinstance(mods, str) else "")
+
+
+class KernelCache:
+    """One directory of cache entries (`None`: caching off)."""
+
+    def __init__(self, directory: Path | None) -> None:
+        self.directory = directory
+
+    @classmethod
+    def at(cls, configured: str | None = None, environ: Mapping[str, str] | None = None) -> KernelCache:
+        return cls(cache_base(configured, environ) / "kernel")
+
+    def _path(self, name: str) -> Path | None:
+        return None if self.directory is None else self.directory / f"{name}.marshal"
+
+    def read(self, name: str, key: str | None) -> object | None:
+        """The payload stored under `name` when its key is `key`; None on any mismatch or problem."""
+        path = self._path(name)
+        if path is None or key is None:
+            return None
+        try:
+            with open(path, "rb") as f:
+                if not _trusted(os.fstat(f.fileno())) or not _trusted(os.stat(path.parent)):
+                    return None
+                fmt, stored_key, payload = marshal.loads(f.read())
+        except (OSError, EOFError, ValueError, TypeError):
+            return None
+        return payload if fmt == FORMAT and stored_key == key else None
+
+    def write(self, name: str, key: str | None, payload: object) -> bool:
+        """Store atomically (a reader never sees half a file); False when the directory is unwritable."""
+        path = self._path(name)
+        if path is None or key is None:
+            return False
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            if not _trusted(os.stat(path.parent)):
+                return False
+            data = marshal.dumps((FORMAT, key, payload))
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{name}.")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, path)
+            except BaseException:
+                os.unlink(tmp)
+                raise
+        except (OSError, ValueError):
+            return False
+        return True
+
+
+def _trusted(st: os.stat_result) -> bool:
+    """Ours and not writable by anyone else: a cache others can write could name wrong addresses."""
+    return st.st_uid == os.geteuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)

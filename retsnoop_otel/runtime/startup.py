@@ -1,0 +1,63 @@
+"""Where start-up time goes: named phases with their wall time, for `trace -v` and the agent's start log.
+
+Under emulation (and on busy hosts) starting takes seconds; which part (the interpreter, kernel
+symbol reads, BTF, the BPF object's verification, attaching) is what a user needs to see to act
+on it, and what bench/peer_compare.py reads.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    name: str
+    seconds: float
+    detail: str = ""
+
+
+def phase_since(name: str, t0: float, detail: str = "") -> Phase:
+    """A phase that started at monotonic time `t0` and ends now."""
+    return Phase(name, time.monotonic() - t0, detail)
+
+
+@dataclass(frozen=True, slots=True)
+class StartClock:
+    """When main() began: the monotonic time, and how old the process was then (Python's own start)."""
+
+    main_t0: float
+    python_s: float | None
+
+    def before_main(self) -> list[Phase]:
+        if self.python_s is None:
+            return []
+        return [Phase("python", self.python_s, "interpreter start and imports before main")]
+
+
+def format_phases(phases: Iterable[Phase]) -> list[str]:
+    """One line per phase, 'Phase NAME: N ms (detail)'."""
+    return [f"Phase {p.name}: {p.seconds * 1000:.0f} ms" + (f" ({p.detail})" if p.detail else "") for p in phases]
+
+
+def phase_fields(phases: Iterable[Phase]) -> dict[str, float]:
+    """The phases as log fields: NAME_ms -> milliseconds (repeated names add up)."""
+    out: dict[str, float] = {}
+    for p in phases:
+        key = f"{p.name.replace('-', '_')}_ms"
+        out[key] = round(out.get(key, 0.0) + p.seconds * 1000, 1)
+    return out
+
+
+def attach_phases(sets: Sequence[Any]) -> list[Phase]:
+    """Each probe set's (runtime.probe_set.ProbeSet) BPF object load and attach, as phases."""
+    out = []
+    for ps in sets:
+        name = f" of probe set {ps.name}" if len(sets) > 1 else ""
+        out.append(Phase("load", ps.load_s, f"BPF object{name}"))
+        if ps.report is not None:
+            out.append(Phase("attach", ps.report.attach_ms / 1000, f"{ps.attached} functions, {ps.mode}{name}"))
+    return out

@@ -1,0 +1,192 @@
+"""The kernel facts cache: keys (build, boot, modules), invalidation, and that it never gets in the way.
+
+Fixture kernel roots are built in tmp_path from tests/fixtures/kernel_root (kallsyms and
+available_filter_functions) plus the files the key is made of: /sys/kernel/notes (build-id),
+/proc/sys/kernel/random/boot_id and /proc/modules.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+
+from retsnoop_otel.kernel import kcache
+from retsnoop_otel.kernel.kcache import KernelCache, cache_base, kernel_identity, modules_state
+from retsnoop_otel.symbols.kernel_facts import load_func_types, load_symbols
+
+FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "kernel_root"
+MODULES = ("kvm 1204224 1 kvm_intel, Live 0xffffffffc0400000\n"
+           "nf_tables 352256 0 - Live 0xffffffffc0a00000\n")
+
+
+def _notes(build_id: bytes) -> bytes:
+    return struct.pack("<III", 4, len(build_id), 3) + b"GNU\0" + build_id
+
+
+def make_root(tmp_path: Path, build_id: bytes = b"\x12" * 20, boot: str = "boot-1", modules: str = MODULES) -> Path:
+    root = tmp_path / "root"
+    if not root.exists():
+        shutil.copytree(FIXTURE, root)
+    (root / "sys/kernel").mkdir(parents=True, exist_ok=True)
+    (root / "sys/kernel/notes").write_bytes(_notes(build_id))
+    (root / "proc/sys/kernel/random").mkdir(parents=True, exist_ok=True)
+    (root / "proc/sys/kernel/random/boot_id").write_text(boot + "\n")
+    (root / "proc/modules").write_text(modules)
+    return root
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> KernelCache:
+    return KernelCache(tmp_path / "cache" / "kernel")
+
+
+def test_cache_directory_precedence(tmp_path: Path) -> None:
+    assert cache_base("/var/cache/x", {"RETSNOOP_OTEL_CACHE": "/env"}) == Path("/env")
+    assert cache_base(kcache.AGENT_CACHE_DIR, {}) == Path("/var/cache/retsnoop-otel")
+    assert cache_base(None, {"XDG_CACHE_HOME": "/xdg"}) == Path("/xdg/retsnoop-otel")
+    assert KernelCache.at(None, {"RETSNOOP_OTEL_CACHE": str(tmp_path)}).directory == tmp_path / "kernel"
+
+
+def test_identity_reads_build_boot_and_modules(tmp_path: Path) -> None:
+    ident = kernel_identity(str(make_root(tmp_path)))
+    assert ident.build_id == "12" * 20 and ident.boot_id == "boot-1"
+    assert ident.modules == ("kvm 1204224 Live 0xffffffffc0400000\n"
+                             "nf_tables 352256 Live 0xffffffffc0a00000")
+    assert ident.boot_key() and ident.build_key() and ident.boot_key() != ident.build_key()
+
+
+def test_module_reference_counts_do_not_change_the_key() -> None:
+    busy = MODULES.replace("kvm 1204224 1 kvm_intel,", "kvm 1204224 7 kvm_intel,kvm_amd,")
+    assert modules_state(busy) == modules_state(MODULES)
+    assert modules_state(MODULES.replace("Live", "Loading")) != modules_state(MODULES)
+
+
+def test_no_build_id_means_no_cache(tmp_path: Path, cache: KernelCache) -> None:
+    root = make_root(tmp_path)
+    (root / "sys/kernel/notes").unlink()
+    ident = kernel_identity(str(root))
+    assert ident.build_key() is None and ident.boot_key() is None
+    assert not cache.write("x", ident.boot_key(), [1])
+    _, _, cached = load_symbols(cache, ident, str(root))
+    _, _, cached_again = load_symbols(cache, ident, str(root))
+    assert not cached and not cached_again
+
+
+def test_roundtrip_and_key_mismatch(cache: KernelCache) -> None:
+    assert cache.read("facts", "k1") is None
+    assert cache.write("facts", "k1", {"a": [1, 2], "b": ("x", None)})
+    assert cache.read("facts", "k1") == {"a": [1, 2], "b": ("x", None)}
+    assert cache.read("facts", "k2") is None
+    assert cache.write("facts", "k2", [3])
+    assert cache.read("facts", "k1") is None and cache.read("facts", "k2") == [3]
+
+
+def test_corrupt_or_foreign_files_read_as_misses(cache: KernelCache) -> None:
+    assert cache.write("facts", "k", [1])
+    path = cache.directory / "facts.marshal"  # type: ignore[operator]
+    path.write_bytes(b"\x00garbage")
+    assert cache.read("facts", "k") is None
+    assert cache.write("facts", "k", [1])
+    path.chmod(0o666)  # writable by others: it could have been replaced
+    assert cache.read("facts", "k") is None
+    path.chmod(0o600)
+    assert cache.read("facts", "k") == [1]
+    cache.directory.chmod(0o777)  # type: ignore[union-attr]
+    assert cache.read("facts", "k") is None
+    assert not cache.write("facts", "k", [2])
+
+
+def test_unwritable_cache_directory_is_only_slower(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    cache = KernelCache(blocker / "kernel")
+    root = make_root(tmp_path)
+    ident = kernel_identity(str(root))
+    assert not cache.write("facts", "k", [1]) and cache.read("facts", "k") is None
+    ksyms, available, cached = load_symbols(cache, ident, str(root))
+    assert len(ksyms) > 10 and len(available) > 10 and not cached
+
+
+def test_read_only_cache_directory(tmp_path: Path, cache: KernelCache) -> None:
+    if os.geteuid() == 0:
+        pytest.skip("root writes into read-only directories")
+    cache.directory.mkdir(parents=True)  # type: ignore[union-attr]
+    cache.directory.chmod(0o500)  # type: ignore[union-attr]
+    assert not cache.write("facts", "k", [1])
+
+
+def test_symbols_come_from_the_cache_while_boot_and_modules_hold(tmp_path: Path, cache: KernelCache) -> None:
+    root = make_root(tmp_path)
+    ident = kernel_identity(str(root))
+    ksyms, available, cached = load_symbols(cache, ident, str(root))
+    assert not cached
+    # the kernel files are gone: a second run can only succeed from the cache
+    (root / "proc/kallsyms").rename(root / "proc/kallsyms.away")
+    (root / "sys/kernel/tracing/available_filter_functions").rename(root / "aff.away")
+    warm, warm_available, cached = load_symbols(cache, kernel_identity(str(root)), str(root))
+    assert cached and warm_available == available
+    assert [s.addr for s in warm.by_name("show_stat")] == [s.addr for s in ksyms.by_name("show_stat")]
+    assert warm.lookup(0xFFFFFFFF81001010 + 0x35) == ksyms.lookup(0xFFFFFFFF81001010 + 0x35)
+    # what changes without any module load is left out, cached or not: [bpf] programs, ftrace trampolines
+    assert not ksyms.by_name("bpf_trampoline_6442491234") and not warm.by_name("bpf_trampoline_6442491234")
+    assert not ksyms.by_name("ftrace_trampoline") and not warm.by_name("ftrace_trampoline")
+    assert len(warm) == len(ksyms) == 47 - 4
+
+
+@pytest.mark.parametrize("change", [
+    {"boot": "boot-2"},  # a reboot (KASLR moves every address)
+    {"modules": MODULES + "dummy 16384 0 - Live 0xffffffffc0c00000\n"},  # a module loaded
+    {"modules": MODULES.splitlines(keepends=True)[0]},  # a module unloaded
+    {"modules": MODULES.replace("0xffffffffc0400000", "0xffffffffc0600000")},  # reloaded elsewhere
+    {"build_id": b"\x34" * 20},  # another kernel
+])
+def test_symbols_are_read_again_when_the_kernel_changes(tmp_path: Path, cache: KernelCache, change: dict) -> None:
+    root = make_root(tmp_path)
+    load_symbols(cache, kernel_identity(str(root)), str(root))
+    root = make_root(tmp_path, **change)
+    kallsyms = root / "proc/kallsyms"
+    kallsyms.write_text(kallsyms.read_text() + "ffffffffc0c00000 t dummy_xmit\t[dummy]\n")
+    ksyms, _, cached = load_symbols(cache, kernel_identity(str(root)), str(root))
+    assert not cached and ksyms.by_name("dummy_xmit")
+
+
+def test_nothing_is_stored_when_the_kernel_changed_during_the_read(tmp_path: Path, cache: KernelCache) -> None:
+    root = make_root(tmp_path)
+    before = kernel_identity(str(root))
+    make_root(tmp_path, modules=MODULES + "dummy 16384 0 - Live 0xffffffffc0c00000\n")
+    load_symbols(cache, before, str(root))  # identity taken before a module load: what it read is newer
+    _, _, cached = load_symbols(cache, before, str(root))
+    assert not cached
+
+
+def _btf_blob() -> bytes:
+    """int f_int(void); long f_long(void): the smallest BTF with two functions."""
+    strings = b"\0int\0f_int\0long\0f_long\0"
+    types = b"".join([
+        struct.pack("<III", 1, 1 << 24, 4), struct.pack("<I", 1 << 24 | 32),  # 1: INT int, signed, 32 bits
+        struct.pack("<III", 0, 13 << 24, 1),  # 2: FUNC_PROTO -> int
+        struct.pack("<III", 5, 12 << 24 | 1, 2),  # 3: FUNC f_int
+        struct.pack("<III", 11, 1 << 24, 8), struct.pack("<I", 1 << 24 | 64),  # 4: INT long
+        struct.pack("<III", 0, 13 << 24, 4),  # 5: FUNC_PROTO -> long
+        struct.pack("<III", 16, 12 << 24 | 1, 5),  # 6: FUNC f_long
+    ])
+    return struct.pack("<HBBIIIII", 0xEB9F, 1, 0, 24, 0, len(types), len(types), len(strings)) + types + strings
+
+
+def test_function_types_are_cached_per_kernel_build(tmp_path: Path, cache: KernelCache) -> None:
+    root = make_root(tmp_path)
+    (root / "sys/kernel/btf").mkdir(parents=True)
+    (root / "sys/kernel/btf/vmlinux").write_bytes(_btf_blob())
+    types, cached = load_func_types(cache, kernel_identity(str(root)), str(root))
+    assert not cached and types.func_id("f_long") == 6  # type: ignore[attr-defined]
+    (root / "sys/kernel/btf/vmlinux").unlink()
+    make_root(tmp_path, boot="boot-2", modules="")  # BTF is the build's: a reboot keeps it
+    types, cached = load_func_types(cache, kernel_identity(str(root)), str(root))
+    assert cached and types.func_id("f_int") == 3  # type: ignore[attr-defined]
+    make_root(tmp_path, build_id=b"\x56" * 20)
+    with pytest.raises(OSError):
+        load_func_types(cache, kernel_identity(str(root)), str(root))
