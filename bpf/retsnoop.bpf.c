@@ -294,6 +294,18 @@ static __always_inline void fill_level(struct session *s, int d, __s64 res, __u6
 	s->chain_lat[lvl(d)] = lat;
 }
 
+/* The executable's file name (what /proc/PID/exe ends with), read in the kernel because a short-lived
+ * process is often gone before user space could look it up; empty for kernel threads (no mm). */
+static __always_inline void read_exe_name(char *out)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	const unsigned char *name = BPF_CORE_READ(task, mm, exe_file, f_path.dentry, d_name.name);
+
+	out[0] = 0;
+	if (name)
+		bpf_probe_read_kernel_str(out, EXE_NAME_LEN, name);
+}
+
 static __always_inline void end_session(void *ctx, struct session *s, __u32 key, __u64 now)
 {
 	struct capture_stats *cs = cstats();
@@ -346,6 +358,7 @@ static __always_inline void end_session(void *ctx, struct session *s, __u32 key,
 	r->kstack_sz = s->kstack_sz;
 	__builtin_memcpy(r->comm, s->comm, sizeof(r->comm));
 	__builtin_memcpy(r->proc_comm, s->proc_comm, sizeof(r->proc_comm));
+	read_exe_name(r->exe);
 	bpf_probe_read_kernel(r->chain_ids, sizeof(r->chain_ids), s->chain_ids);
 	bpf_probe_read_kernel(r->chain_res, sizeof(r->chain_res), s->chain_res);
 	bpf_probe_read_kernel(r->chain_lat, sizeof(r->chain_lat), s->chain_lat);
@@ -428,7 +441,7 @@ static __always_inline void handle_exit(void *ctx, __s64 id, __s64 res)
  * tests/unit/test_records.py compares with these numbers. */
 _Static_assert(sizeof(struct rec_session_start) == 56, "rec_session_start layout");
 _Static_assert(sizeof(struct rec_func_trace) == 40, "rec_func_trace layout");
-_Static_assert(sizeof(struct rec_session_end) == 1768, "rec_session_end layout");
+_Static_assert(sizeof(struct rec_session_end) == 1832, "rec_session_end layout");
 _Static_assert(sizeof(struct rec_func_batch) == 2584, "rec_func_batch layout");
 _Static_assert(sizeof(struct func_stats) == 344, "func_stats layout");
 _Static_assert(sizeof(struct capture_stats) == 56, "capture_stats layout");

@@ -8,6 +8,7 @@
 #define MAX_FSTACK_DEPTH 64	/* traced-function nesting kept per session */
 #define MAX_KSTACK_DEPTH 64	/* kernel stack frames captured at the error point */
 #define TASK_COMM_LEN 16
+#define EXE_NAME_LEN 64	/* the executable's file name, as /proc/PID/exe names it (truncated) */
 #define DUR_BUCKETS 40		/* log2(ns) latency buckets: [2^i, 2^(i+1)) ns, last one open */
 
 enum rec_type {
@@ -218,6 +219,7 @@ struct rec_session_end {
 	__s32 kstack_sz;	/* bytes of kstack filled, or negative error */
 	char comm[TASK_COMM_LEN];
 	char proc_comm[TASK_COMM_LEN];
+	char exe[EXE_NAME_LEN];	/* read as the session ends, while the process still runs ("" for kernel threads) */
 	__u16 chain_ids[MAX_FSTACK_DEPTH];
 	__s64 chain_res[MAX_FSTACK_DEPTH];
 	__u64 chain_lat[MAX_FSTACK_DEPTH];

@@ -43,7 +43,28 @@ struct thread_struct {
 	unsigned long fsbase;	/* x86-64: the user thread pointer (TLS) */
 } __attribute__((preserve_access_index));
 
+struct qstr {
+	const unsigned char *name;
+} __attribute__((preserve_access_index));
+
+struct dentry {
+	struct qstr d_name;
+} __attribute__((preserve_access_index));
+
+struct path {
+	struct dentry *dentry;
+} __attribute__((preserve_access_index));
+
+struct file {
+	struct path f_path;
+} __attribute__((preserve_access_index));
+
+struct mm_struct {
+	struct file *exe_file;
+} __attribute__((preserve_access_index));
+
 struct task_struct {
+	struct mm_struct *mm;
 	int pid;
 	int tgid;
 	char comm[16];

@@ -264,7 +264,8 @@ class Session:
     trace_randomness: int | None = None
     kernel_sampling: int = 0  # how the kernel side kept a success (records.SAMPLED_*; 0: an error session)
     # filled in user space while the process lived (workload/resolver.py): its container and pod, and the
-    # basename of /proc/PID/exe ("": not readable; `proc_comm` is the 15-character fallback)
+    # the executable's file name: read by the kernel as the session ended (REC_SESSION_END.exe), else the
+    # basename of /proc/PID/exe ("": kernel thread or not readable; `proc_comm` is the 15-character fallback)
     workload: Workload | None = None
     exe_name: str = ""
 

@@ -47,7 +47,7 @@ FUNC_RET_KIND_SHIFT = 8
 
 SESSION_START = struct.Struct("<IIIIQ16s16s")
 FUNC_TRACE = struct.Struct("<IIQIHHQq")
-SESSION_END = struct.Struct(f"<IIIIQQQQIIBB2xiii16s16s{MAX_FSTACK_DEPTH}H{MAX_FSTACK_DEPTH}q"
+SESSION_END = struct.Struct(f"<IIIIQQQQIIBB2xiii16s16s64s{MAX_FSTACK_DEPTH}H{MAX_FSTACK_DEPTH}q"
                             f"{MAX_FSTACK_DEPTH}Q{MAX_KSTACK_DEPTH}Q")
 FUNC_INFO = struct.Struct("<QII")
 FUNC_STATS = struct.Struct(f"<QQQ{DUR_BUCKETS}Q")
@@ -120,6 +120,7 @@ class SessionEndRec:
     kstack: tuple[int, ...]
     sampling: int = 0  # how the kernel kept a success: SAMPLED_PROBABILITY or SAMPLED_RATE (0: an error)
     randomness: int = 0  # SAMPLED_PROBABILITY: the 56-bit value compared with the threshold
+    exe: str = ""  # the executable's file name, read by the kernel as the session ended
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,13 +248,14 @@ def decode(data: bytes) -> Record:
     if rtype == REC_SESSION_END:
         v = SESSION_END.unpack_from(data)
         m = MAX_FSTACK_DEPTH
-        base = 17  # first array element, after the 17 scalar fields
+        base = 18  # first array element, after the 18 scalar fields
         kstack_sz = v[14]
         kstack = v[base + 3 * m:base + 3 * m + max(0, kstack_sz) // 8]
         return SessionEndRec(
             tid=v[1], tgid=v[2], cpu=v[3], start_ts=v[4], end_ts=v[5], cgroup_id=v[6], randomness=v[7],
             last_seq=v[8], dropped_records=v[9], is_err=bool(v[10]), sampling=v[11], chain_depth=v[12],
             chain_top=v[13], kstack_sz=kstack_sz, comm=_comm(v[15]), proc_comm=_comm(v[16]),
+            exe=_comm(v[17]),
             chain_ids=v[base:base + m], chain_res=v[base + m:base + 2 * m], chain_lat=v[base + 2 * m:base + 3 * m],
             kstack=kstack)
     raise ValueError(f"unknown record type {rtype} ({len(data)} bytes)")

@@ -166,7 +166,7 @@ class SessionAssembler:
             res = rec.chain_res[level] & 0xFFFFFFFFFFFFFFFF if known else 0
             chain.append(StackEntry(rec.chain_ids[level], res, rec.chain_lat[level] if known else None))
         return Session(
-            tid=rec.tid, pid=rec.tgid, comm=rec.comm, proc_comm=rec.proc_comm, start_ns=rec.start_ts,
+            tid=rec.tid, pid=rec.tgid, comm=rec.comm, proc_comm=rec.proc_comm, exe_name=rec.exe, start_ns=rec.start_ts,
             end_ns=rec.end_ts, is_err=rec.is_err, chain=chain, kstack=list(rec.kstack), calls=calls,
             dropped_records=max(rec.dropped_records, missing), cpu=rec.cpu, cgroup_id=rec.cgroup_id,
             calls_cut=cut, lbr=lbr, app=app, ustack=ustack, ustack_error=ustack_error, kernel_sampling=rec.sampling,

@@ -279,7 +279,8 @@ class Runtime:
             workloads = self.workloads
             if workloads is not None:  # cached: dictionary look-ups once a process and its cgroup were seen
                 session.workload = workloads.of_session(session.pid, session.cgroup_id, session.proc_comm) or None
-                session.exe_name = workloads.exe_name(session.pid, session.proc_comm)
+                # the kernel names the executable as the session ends; /proc only for older records
+                session.exe_name = session.exe_name or workloads.exe_name(session.pid, session.proc_comm)
             sinks.emit(ps, session, self._offset_ns)
         except Exception as exc:  # noqa: BLE001 - one bad session must not stop capture
             self.session_errors += 1

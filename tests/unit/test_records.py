@@ -58,8 +58,9 @@ def test_decode_session_end_trims_kstack():
     lat = [500, 20] + [0] * (m - 2)
     kstack = [0xffffffff81000010, 0xffffffff81000020] + [0] * (records.MAX_KSTACK_DEPTH - 2)
     raw = records.SESSION_END.pack(records.REC_SESSION_END, 10, 11, 1, 100, 600, 77, 0, 9, 0, 1, 0, 2, 0, 16,
-                                   b"a", b"b", *ids, *res, *lat, *kstack)
+                                   b"a", b"b", b"python3.11", *ids, *res, *lat, *kstack)
     rec = decode(raw)
+    assert rec.proc_comm == "b" and rec.exe == "python3.11"  # the exe name is not cut at 15 characters
     assert isinstance(rec, SessionEndRec)
     assert rec.is_err and rec.chain_depth == 2 and rec.chain_top == 0 and rec.sampling == 0
     assert rec.kstack == (0xffffffff81000010, 0xffffffff81000020)
@@ -80,7 +81,7 @@ def test_func_batch_size_and_decode():
 def test_session_end_carries_the_kernel_sampling_decision():
     m, k = records.MAX_FSTACK_DEPTH, records.MAX_KSTACK_DEPTH
     raw = records.SESSION_END.pack(records.REC_SESSION_END, 10, 11, 1, 100, 600, 77, 0xD0_1234_5678_9ABC, 9, 0, 0,
-                                   records.SAMPLED_PROBABILITY, 1, 0, 0, b"a", b"b", *([0] * (3 * m + k)))
+                                   records.SAMPLED_PROBABILITY, 1, 0, 0, b"a", b"b", b"", *([0] * (3 * m + k)))
     rec = decode(raw)
     assert not rec.is_err and rec.sampling == records.SAMPLED_PROBABILITY and rec.randomness == 0xD0_1234_5678_9ABC
 

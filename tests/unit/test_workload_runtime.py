@@ -48,8 +48,10 @@ def test_sessions_carry_their_workload_to_the_exported_resource(tmp_path: Path) 
         in_container = [dataclasses.replace(r, tgid=4321, cgroup_id=cg_id(root, APP))
                         if isinstance(r, SessionEndRec) else dataclasses.replace(r, tgid=4321)
                         for r in error_session(t, tid=4321)]
-        t.pending += host_session + in_container
-        spans = wait_exported(world, 6)
+        gone = [dataclasses.replace(r, exe="python3.11") if isinstance(r, SessionEndRec) else r
+                for r in error_session(t, tid=77)]  # exited: only the kernel's exe name is left
+        t.pending += host_session + in_container + gone
+        spans = wait_exported(world, 9)
     finally:
         agent.runtime.shutdown(1.0)
     assert seen == [None]  # no kubernetes section: no watch
@@ -61,7 +63,8 @@ def test_sessions_carry_their_workload_to_the_exported_resource(tmp_path: Path) 
     assert app.attributes["process.executable.name"] == "checkout-server"  # /proc/PID/exe, not comm "python"
     other = roots[9]
     assert not any(k.startswith(("container.", "k8s.")) for k in other.resource)
-    assert other.attributes["process.executable.name"] == "python"  # no /proc entry: the kernel's comm
+    assert other.attributes["process.executable.name"] == "python"  # no /proc entry, no exe: the kernel's comm
+    assert roots[77].attributes["process.executable.name"] == "python3.11"  # named by the kernel at session end
     children = [s for s in spans if s.parent is not None and s.context.trace_id == app.context.trace_id]
     assert children and all(s.resource == app.resource for s in children)
 
