@@ -82,6 +82,11 @@ static __always_inline bool release_calls(struct session *s, __u32 key)
 	b->tid = s->tid;
 	b->start_ts = s->start_ts;
 	size = sizeof(*b) - sizeof(b->recs) + n * sizeof(b->recs[0]);
+	/* hidden from the compiler, so that the bound it already knows stays in the code: 6.1's verifier
+	 * otherwise sees the size recomputed from an unbounded spill of `n` */
+	asm volatile("" : "+r"(size));
+	if (size > sizeof(*b))
+		size = sizeof(*b);
 	if (!room_for_call_records(size) || bpf_ringbuf_output(&rb, b, size, 0))
 		lost_records(s, n);
 	b->cnt = 0;

@@ -44,7 +44,8 @@ def _end_raw(tid: int, start_ts: int, end_ts: int) -> bytes:
     res = [-7, -7] + [0] * (m - 2)
     lat = [900, 100] + [0] * (m - 2)
     return records.SESSION_END.pack(records.REC_SESSION_END, tid, tid, 0, start_ts, end_ts, 0, 0, 0, 0, 1, 0, 2, 0, 0,
-                                    b"simfail", b"simfail", b"simfail", *ids, *res, *lat, *([0] * records.MAX_KSTACK_DEPTH))
+                                    b"simfail", b"simfail", b"simfail", *ids, *res, *lat,
+                                    *([0] * records.MAX_KSTACK_DEPTH))
 
 
 def test_record_size_matches_the_bpf_side():
