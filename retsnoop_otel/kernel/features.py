@@ -211,53 +211,43 @@ def probe_kprobes(root: str, btf: Btf | FuncIdLookup | None, config: dict[str, s
     return Feature(name, True, f"kprobe PMU type {pmu}; kprobe created on {func} and a program attached")
 
 
-def probe_kprobe_multi(btf: Btf | FuncIdLookup | None) -> Feature:
-    """Attach a kprobe.multi program (BPF_LINK_CREATE, BPF_TRACE_KPROBE_MULTI) to one function."""
-    name = "kprobe_multi"
+def _probe_fprobe_link(name: str, what: str, attach_type: int, prog_name: bytes, btf: Btf | FuncIdLookup | None,
+                       too_old: tuple[str, str], called: str) -> Feature:
+    """Load a kprobe program for `attach_type` and link it to one function (both fprobe-based links);
+    `called` names the mode in the one-line refusals ("this kernel has no ...")."""
     func, _ = _target_func(btf)
     prog = link = -1
     try:
-        prog = bpfsys.prog_load(bpfsys.PROG_KPROBE, bpfsys.RETURN_ZERO,
-                                expected_attach_type=bpfsys.ATTACH_TRACE_KPROBE_MULTI, name=b"rs_probe_kmulti")
-        link = bpfsys.link_create_kprobe_multi(prog, [func])
+        prog = bpfsys.prog_load(bpfsys.PROG_KPROBE, bpfsys.RETURN_ZERO, expected_attach_type=attach_type,
+                                name=prog_name)
+        link = bpfsys.link_create_kprobe_multi(prog, [func], attach_type=attach_type)
     except OSError as exc:
         err = exc.errno or _errno.EINVAL
-        if prog < 0 and err == _errno.EINVAL:
-            return _refused(name, err, "the kernel does not know kprobe.multi programs (Linux 5.18+ needed)",
-                            "has no kprobe_multi (Linux 5.18+ needed)")
+        if err == _errno.EINVAL and (prog < 0 or attach_type == bpfsys.ATTACH_TRACE_KPROBE_SESSION):
+            return _refused(name, err, *too_old)  # older kernels reject the program (multi) or the link (session)
         if err == _errno.EOPNOTSUPP:
-            why = "has no kprobe_multi (CONFIG_FPROBE is off)"
             return Feature(name, False, "not supported (EOPNOTSUPP): the kernel was built without CONFIG_FPROBE",
-                           err, why)
-        stage = "loading a kprobe.multi program" if prog < 0 else f"attaching kprobe.multi to {func}"
-        return _refused(name, err, f"{stage} failed: {os.strerror(err)}", "refuses kprobe_multi links")
+                           err, f"has no {called} (CONFIG_FPROBE is off)")
+        stage = f"loading a {what} program" if prog < 0 else f"attaching {what} to {func}"
+        return _refused(name, err, f"{stage} failed: {os.strerror(err)}", f"refuses {called} links")
     finally:
         _close(link, prog)
-    return Feature(name, True, f"kprobe.multi link attached to {func}")
+    return Feature(name, True, f"{what} link attached to {func}")
+
+
+def probe_kprobe_multi(btf: Btf | FuncIdLookup | None) -> Feature:
+    """Attach a kprobe.multi program (BPF_LINK_CREATE, BPF_TRACE_KPROBE_MULTI) to one function."""
+    return _probe_fprobe_link("kprobe_multi", "kprobe.multi", bpfsys.ATTACH_TRACE_KPROBE_MULTI, b"rs_probe_kmulti",
+                              btf, ("the kernel does not know kprobe.multi programs (Linux 5.18+ needed)",
+                                    "has no kprobe_multi (Linux 5.18+ needed)"), "kprobe_multi")
 
 
 def probe_kprobe_session(btf: Btf | FuncIdLookup | None) -> Feature:
     """Attach a kprobe.session program (BPF_TRACE_KPROBE_SESSION, Linux 6.10+) to one function."""
-    name = "kprobe_session"
-    func, _ = _target_func(btf)
-    prog = link = -1
-    try:
-        prog = bpfsys.prog_load(bpfsys.PROG_KPROBE, bpfsys.RETURN_ZERO,
-                                expected_attach_type=bpfsys.ATTACH_TRACE_KPROBE_SESSION, name=b"rs_probe_ksess")
-        link = bpfsys.link_create_kprobe_multi(prog, [func], attach_type=bpfsys.ATTACH_TRACE_KPROBE_SESSION)
-    except OSError as exc:
-        err = exc.errno or _errno.EINVAL
-        if err == _errno.EINVAL:  # older kernels load the program but know no such link
-            return _refused(name, err, "the kernel does not know kprobe.session links (Linux 6.10+ needed)",
-                            "has no kprobe.session (Linux 6.10+ needed)")
-        if err == _errno.EOPNOTSUPP:
-            return Feature(name, False, "not supported (EOPNOTSUPP): the kernel was built without CONFIG_FPROBE",
-                           err, "has no kprobe.session (CONFIG_FPROBE is off)")
-        stage = "loading a kprobe.session program" if prog < 0 else f"attaching kprobe.session to {func}"
-        return _refused(name, err, f"{stage} failed: {os.strerror(err)}", "refuses kprobe.session links")
-    finally:
-        _close(link, prog)
-    return Feature(name, True, f"kprobe.session link attached to {func}")
+    return _probe_fprobe_link("kprobe_session", "kprobe.session", bpfsys.ATTACH_TRACE_KPROBE_SESSION,
+                              b"rs_probe_ksess", btf,
+                              ("the kernel does not know kprobe.session links (Linux 6.10+ needed)",
+                               "has no kprobe.session (Linux 6.10+ needed)"), "kprobe.session")
 
 
 def probe_ringbuf() -> Feature:
