@@ -224,7 +224,8 @@ def _probe_fprobe_link(name: str, what: str, attach_type: int, prog_name: bytes,
     except OSError as exc:
         err = exc.errno or _errno.EINVAL
         if err == _errno.EINVAL and (prog < 0 or attach_type == bpfsys.ATTACH_TRACE_KPROBE_SESSION):
-            return _refused(name, err, *too_old)  # older kernels reject the program (multi) or the link (session)
+            # older kernels reject the program (multi) or the link (session): the version says it all
+            return Feature(name, False, f"refused ({_ename(err)}): {too_old[0]}", err, too_old[1])
         if err == _errno.EOPNOTSUPP:
             return Feature(name, False, "not supported (EOPNOTSUPP): the kernel was built without CONFIG_FPROBE",
                            err, f"has no {called} (CONFIG_FPROBE is off)")

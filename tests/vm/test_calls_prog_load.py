@@ -97,7 +97,11 @@ def test_successful_prog_load_call_trace(vm_batch) -> None:
 def test_tiny_ring_buffer_marks_the_gap_and_counts_it(vm_batch_612) -> None:
     r = vm_batch_612["calls_record_loss"]
     assert r["ran"] and r["simfail"]["rc"] == 0
-    rows, _root = _prog_load_table(r)
+    # every session of this run starts at bpf_prog_load (the only entry function); its first 64 records,
+    # held in the kernel until its end, can be lost as one batch, so the table may open with the gap
+    tables = [rows for rows in _tables(r["output"]) if any("missing" in x for x in rows)]
+    assert tables, r["output"][-5000:]
+    rows = tables[0]
     gaps = [int(m.group(1)) for x in rows if (m := re.search(r"‼ \.\.\. missing (\d+) records", x))]
     assert gaps and all(g > 0 for g in gaps), "\n".join(rows[:80])
     summary = re.search(r"LOST RECORDS: (\d+)", r["output"])

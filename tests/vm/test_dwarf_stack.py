@@ -11,6 +11,7 @@ pytestmark = pytest.mark.vm
 
 def _sessions(output: str) -> list[str]:
     """Split tracer output into session blocks (header line + rows)."""
+    output = output.split("\nDetaching...", 1)[0]  # the last block ends where the exit summary and -v phases start
     blocks = re.split(r"(?m)^(?=\d\d:\d\d:\d\d\.\d{6} -> )", output)
     return [b for b in blocks if re.match(r"\d\d:\d\d:\d\d\.\d{6} -> ", b)]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import subprocess
 import sys
 import time
 import urllib.request
@@ -82,6 +83,11 @@ def _trace_mode(ctx, mode_flag: str, case: str, extra: list[str] | None = None,
             result["simfail_rc"] = rc
             tracer.wait_for_line(r"array_map_alloc_check", timeout=120)
             tracer.wait_output_settled(3, timeout=60)
+        else:  # refused: it exits on its own, with its own code (a signal now would race that exit)
+            try:
+                tracer.popen.wait(120)
+            except subprocess.TimeoutExpired:
+                pass
     finally:
         result["rc"] = tracer.terminate(timeout=240, sig=stop)
         result["output"] = tracer.output()
