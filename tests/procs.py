@@ -131,6 +131,13 @@ class Proc:
                 self._cond.wait(min(quiet_until, deadline) - now)
         return True
 
+    def wait(self, timeout: float) -> int | None:
+        """Its exit code once it exits on its own within `timeout`; None if it is still running."""
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
     def terminate(self, timeout: float = 30, sig: int = signal.SIGTERM) -> int:
         """SIGTERM (background processes inherit SIGINT ignored: send SIGINT only to programs that install
         their own handler), SIGKILL after `timeout`; returns rc."""

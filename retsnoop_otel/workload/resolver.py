@@ -41,7 +41,7 @@ SWEEP_BATCH = 64  # processes re-checked per sweep
 class _Proc:
     comm: str
     started: int | None  # /proc/PID/stat start time; None: could not be read
-    exe: str  # "" when /proc/PID/exe could not be followed
+    exe: str | None = None  # read when first asked (the kernel usually names it); "": could not be followed
     ref: ContainerRef | None = None  # from /proc/PID/cgroup (v1 fallback), read when first needed
     workload: tuple[int, Workload] | None = None  # (pod cache generation, workload)
 
@@ -97,7 +97,12 @@ class WorkloadResolver:
 
     def exe_name(self, pid: int, comm: str = "") -> str:
         """Basename of /proc/PID/exe; "" for kernel threads, exited processes and those not readable."""
-        return self._proc(pid, comm).exe if pid else ""
+        if not pid:
+            return ""
+        proc = self._proc(pid, comm)
+        if proc.exe is None:
+            proc.exe = exe_name(self.proc_root, pid) or ""
+        return proc.exe
 
     # ---- cgroup v2 --------------------------------------------------------------------------------------
 
@@ -151,7 +156,7 @@ class WorkloadResolver:
         if proc is not None and (not comm or proc.comm == comm):
             return proc
         with self._lock:
-            proc = _Proc(comm, start_time(self.proc_root, pid), exe_name(self.proc_root, pid) or "")
+            proc = _Proc(comm, start_time(self.proc_root, pid))
             if pid not in self._procs and len(self._procs) >= MAX_PROCESSES:
                 del self._procs[next(iter(self._procs))]
             self._procs[pid] = proc

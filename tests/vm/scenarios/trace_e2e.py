@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 import signal
-import subprocess
 import sys
 import time
 import urllib.request
@@ -84,10 +83,7 @@ def _trace_mode(ctx, mode_flag: str, case: str, extra: list[str] | None = None,
             tracer.wait_for_line(r"array_map_alloc_check", timeout=120)
             tracer.wait_output_settled(3, timeout=60)
         else:  # refused: it exits on its own, with its own code (a signal now would race that exit)
-            try:
-                tracer.popen.wait(120)
-            except subprocess.TimeoutExpired:
-                pass
+            tracer.wait(120)
     finally:
         result["rc"] = tracer.terminate(timeout=240, sig=stop)
         result["output"] = tracer.output()
