@@ -276,10 +276,23 @@ static __always_inline bool handle_entry(void *ctx, __s64 id, bool fentry, bool 
 	return true;
 }
 
+/* n clamped to [0, max] where the verifier can see it (the opaque copy keeps the compiler from folding
+ * the clamp into arithmetic it cannot follow): copies of chains and stacks take only their filled part,
+ * most of them far shorter than their arrays. */
+static __always_inline __u64 upto(__s32 n, __u64 max)
+{
+	__u64 v = n > 0 ? (__u64)n : 0;	/* 64-bit: no zero-extension copy for the bound to get lost in */
+
+	asm volatile("" : "+r"(v));
+	if (v > max)
+		v = max;
+	return v;
+}
+
 static __always_inline void take_chain(void *ctx, struct session *s, int d, __u32 key, __u32 func_id, __u64 now)
 {
 	/* the live stack [0..d] becomes the chain; levels above d fill in as they return */
-	bpf_probe_read_kernel(s->chain_ids, sizeof(s->chain_ids), s->func_ids);
+	bpf_probe_read_kernel(s->chain_ids, upto(d + 1, MAX_FSTACK_DEPTH) * sizeof(s->chain_ids[0]), s->func_ids);
 	s->chain_depth = d + 1;
 	s->chain_top = d + 1;
 	s->kstack_sz = bpf_get_stack(ctx, s->kstack, sizeof(s->kstack), 0);
@@ -359,10 +372,14 @@ static __always_inline void end_session(void *ctx, struct session *s, __u32 key,
 	__builtin_memcpy(r->comm, s->comm, sizeof(r->comm));
 	__builtin_memcpy(r->proc_comm, s->proc_comm, sizeof(r->proc_comm));
 	read_exe_name(r->exe);
-	bpf_probe_read_kernel(r->chain_ids, sizeof(r->chain_ids), s->chain_ids);
-	bpf_probe_read_kernel(r->chain_res, sizeof(r->chain_res), s->chain_res);
-	bpf_probe_read_kernel(r->chain_lat, sizeof(r->chain_lat), s->chain_lat);
-	bpf_probe_read_kernel(r->kstack, sizeof(r->kstack), s->kstack);
+	/* user space reads chain_* up to chain_depth and kstack up to kstack_sz: the rest stays unwritten */
+	bpf_probe_read_kernel(r->chain_ids, upto(s->chain_depth, MAX_FSTACK_DEPTH) * sizeof(r->chain_ids[0]),
+			      s->chain_ids);
+	bpf_probe_read_kernel(r->chain_res, upto(s->chain_depth, MAX_FSTACK_DEPTH) * sizeof(r->chain_res[0]),
+			      s->chain_res);
+	bpf_probe_read_kernel(r->chain_lat, upto(s->chain_depth, MAX_FSTACK_DEPTH) * sizeof(r->chain_lat[0]),
+			      s->chain_lat);
+	bpf_probe_read_kernel(r->kstack, upto(s->kstack_sz, sizeof(r->kstack)), s->kstack);
 	bpf_ringbuf_submit(r, 0);
 	if (cs)
 		cs->sessions_reported++;

@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from fractions import Fraction
 
 RANDOM_BITS = 56
 MAX_THRESHOLD = (1 << RANDOM_BITS) - 1
@@ -41,6 +40,7 @@ def threshold(probability: float, precision: int = PRECISION) -> int:
     exponent = math.frexp(probability)[1]  # probability = m * 2**exponent with 0.5 <= m < 1
     digits = max(1, min(RANDOM_BITS // 4, precision + (-exponent) // 4))
     step = 1 << (4 * (RANDOM_BITS // 4 - digits))
+    from fractions import Fraction  # exact arithmetic, needed only when a probability is configured
     exact = (1 - Fraction(probability)) * (1 << RANDOM_BITS) / step
     return min(MAX_THRESHOLD, int(exact + Fraction(1, 2)) * step)  # half rounds up
 

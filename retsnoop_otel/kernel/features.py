@@ -19,6 +19,7 @@ from retsnoop_otel.capture.errnos import errno_name
 from retsnoop_otel.kernel import bpfsys
 from retsnoop_otel.kernel import libbpf as lb
 from retsnoop_otel.kernel.caps import TRACING_CAPS, CapsError, can_trace, effective_caps
+from retsnoop_otel.kernel.kcache import KernelCache, KernelIdentity
 from retsnoop_otel.kernel.libbpf_btf import BTF_KIND_FUNC, Btf
 
 # Functions that are safe to attach to for a moment: the first is only ever called by
@@ -361,47 +362,109 @@ def _side_by_side(probes: dict[str, Callable[[], Feature]]) -> dict[str, Feature
     return out
 
 
-def detect(root: str = "/", func_id: FuncIdLookup | None = None, thorough: bool = True) -> Features:
+# The probes whose answer is a fact of the kernel build (attach types and helpers it knows), unlike the
+# process's privileges, LBR, kallsyms visibility or tracefs, which are probed at every start.
+BUILD_FACTS = ("fentry", "kprobes", "kprobe_multi", "kprobe_session", "ringbuf", "func_ip", "bpf_cookie",
+               "branch_snapshot")
+DENIED = (_errno.EPERM, _errno.EACCES)
+FORMAT_FEATURES = 1
+
+
+@dataclass
+class ProbeCache:
+    """Where the build facts of this boot are kept: answers that policy, not the build, could have
+    given (EPERM/EACCES) are never stored, and the key holds the lockdown level, which root can raise."""
+
+    cache: KernelCache
+    key: str | None
+    hit: bool = False  # the last load() found this boot's facts
+
+    @classmethod
+    def for_boot(cls, cache: KernelCache, ident: KernelIdentity, root: str = "/") -> ProbeCache:
+        boot = ident.boot_key()
+        lockdown = _read_text(os.path.join(root, "sys/kernel/security/lockdown"))
+        major, minor = lb.version()
+        return cls(cache, None if boot is None else f"{boot}:{lockdown}:libbpf {major}.{minor}")
+
+    def load(self) -> dict[str, Feature] | None:
+        stored = self.cache.read(f"features-{FORMAT_FEATURES}", self.key)
+        if not isinstance(stored, dict) or set(stored) != set(BUILD_FACTS):
+            return None
+        try:
+            facts = {name: Feature(*row) for name, row in stored.items()}
+        except TypeError:
+            return None
+        self.hit = True
+        return facts
+
+    def store(self, facts: dict[str, Feature], capabilities: Feature) -> None:
+        if not capabilities.available or any(f.errno in DENIED for f in facts.values()):
+            return
+        self.cache.write(f"features-{FORMAT_FEATURES}", self.key,
+                         {name: (f.name, f.available, f.detail, f.errno, f.why) for name, f in facts.items()})
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _probe_build_facts(root: str, targets: Btf | FuncIdLookup | None, config: dict[str, str]) -> dict[str, Feature]:
+    modes = _side_by_side({"fentry": lambda: probe_fentry(targets),
+                           "kprobes": lambda: probe_kprobes(root, targets, config),
+                           "kprobe_multi": lambda: probe_kprobe_multi(targets),
+                           "kprobe_session": lambda: probe_kprobe_session(targets)})
+    return {**modes,
+            "ringbuf": probe_ringbuf(),
+            "func_ip": probe_helper("func_ip", HELPER_GET_FUNC_IP, "bpf_get_func_ip", "Linux 5.15"),
+            "bpf_cookie": probe_helper("bpf_cookie", HELPER_GET_ATTACH_COOKIE, "bpf_get_attach_cookie",
+                                       "Linux 5.15"),
+            "branch_snapshot": probe_helper("branch_snapshot", HELPER_GET_BRANCH_SNAPSHOT,
+                                            "bpf_get_branch_snapshot", "Linux 5.16")}
+
+
+def detect(root: str = "/", func_id: FuncIdLookup | None = None, thorough: bool = True,
+           cache: ProbeCache | None = None) -> Features:
     """Probe the running kernel; files (sysfs, procfs, tracefs) are read under `root`.
 
     `func_id` finds the probes' target functions in BTF (else libbpf's BTF is loaded for that);
     `thorough=False` (a tracer starting) checks that available_filter_functions is readable without
-    counting its functions."""
+    counting its functions. `cache`: take the build facts from there when this boot stored them
+    (each costs a program load and attach: 0.6 s together under emulation), else store them."""
     release = os.uname().release
-    config = kernel_config(root, release)
     btf_feature = probe_btf(root)
-    btf: Btf | None = None
-    if btf_feature.available and func_id is None:
+    capabilities = probe_capabilities(root)
+    major, minor = lb.version()
+    facts = cache.load() if cache is not None and capabilities.available else None
+    if facts is None:
+        config = kernel_config(root, release)
+        btf: Btf | None = None
+        if btf_feature.available and func_id is None:
+            try:
+                btf = Btf.load_vmlinux()
+            except lb.LibbpfError:
+                btf = None
+        targets: Btf | FuncIdLookup | None = func_id if btf_feature.available and func_id is not None else btf
         try:
-            btf = Btf.load_vmlinux()
-        except lb.LibbpfError:
-            btf = None
-    targets: Btf | FuncIdLookup | None = func_id if btf_feature.available and func_id is not None else btf
-    try:
-        major, minor = lb.version()
-        modes = _side_by_side({"fentry": lambda: probe_fentry(targets),
-                               "kprobes": lambda: probe_kprobes(root, targets, config),
-                               "kprobe_multi": lambda: probe_kprobe_multi(targets),
-                               "kprobe_session": lambda: probe_kprobe_session(targets)})
-        return Features(
-            kernel_release=release,
-            libbpf_version=f"{major}.{minor}",
-            btf=btf_feature,
-            **modes,
-            ringbuf=probe_ringbuf(),
-            func_ip=probe_helper("func_ip", HELPER_GET_FUNC_IP, "bpf_get_func_ip", "Linux 5.15"),
-            bpf_cookie=probe_helper("bpf_cookie", HELPER_GET_ATTACH_COOKIE, "bpf_get_attach_cookie",
-                                    "Linux 5.15"),
-            branch_snapshot=probe_helper("branch_snapshot", HELPER_GET_BRANCH_SNAPSHOT,
-                                         "bpf_get_branch_snapshot", "Linux 5.16"),
-            lbr=probe_lbr(),
-            filter_functions=probe_filter_functions(root, count=thorough),
-            kallsyms=probe_kallsyms(root),
-            capabilities=probe_capabilities(root),
-        )
-    finally:
-        if btf is not None:
-            btf.free()
+            facts = _probe_build_facts(root, targets, config)
+        finally:
+            if btf is not None:
+                btf.free()
+        if cache is not None:
+            cache.store(facts, capabilities)
+    return Features(
+        kernel_release=release,
+        libbpf_version=f"{major}.{minor}",
+        btf=btf_feature,
+        **facts,
+        lbr=probe_lbr(),
+        filter_functions=probe_filter_functions(root, count=thorough),
+        kallsyms=probe_kallsyms(root),
+        capabilities=capabilities,
+    )
 
 
 # ---- using the result ---------------------------------------------------------------------------

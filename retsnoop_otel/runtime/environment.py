@@ -113,11 +113,12 @@ def load_kernel_env(symbols: SymbolsConfig, vmlinux: str | None, lbr: tuple[str,
         types = None  # no BTF: the feature checks below say so
     t = time.monotonic()
     try:
+        probed = features.ProbeCache.for_boot(cache, ident, root)
         feats = features.detect(root, func_id=types.func_id if types is not None else None,  # type: ignore[attr-defined]
-                                thorough=False)
+                                thorough=False, cache=probed)
     except lb.LibbpfUnavailable as exc:
         raise SetupError(str(exc)) from None
-    phases.append(phase_since("features", t, "kernel feature probes"))
+    phases.append(phase_since("features", t, "kernel feature probes" + (", cached" if probed.hit else "")))
 
     def check_mode(mode: str) -> None:
         try:

@@ -13,6 +13,7 @@ import pytest
 
 from retsnoop_otel.kernel import caps, features
 from retsnoop_otel.kernel.features import Feature, FeatureError, Features
+from retsnoop_otel.kernel.kcache import KernelCache, KernelIdentity
 
 
 def _feats(**over: Feature) -> Features:
@@ -207,3 +208,67 @@ def test_main_json_and_text(capsys) -> None:
     assert d["default_mode"] in features.MODES
     assert features_main([]) == 0
     assert capsys.readouterr().out.startswith(f"Kernel {os.uname().release}, libbpf ")
+
+
+# ---- the build facts, cached per boot -----------------------------------------------------------
+
+
+def _ident(boot: str = "b1") -> KernelIdentity:
+    return KernelIdentity("abcd", boot, "")
+
+
+def _fake_probes(monkeypatch: pytest.MonkeyPatch, answers: dict[str, Feature]) -> list[int]:
+    calls: list[int] = []
+
+    def probe(root, targets, config):  # noqa: ANN001, ANN202 - stands in for the kernel
+        calls.append(1)
+        return dict(answers)
+    monkeypatch.setattr(features, "_probe_build_facts", probe)
+    return calls
+
+
+BUILD_OK = {n: Feature(n, True, f"{n} works") for n in features.BUILD_FACTS}
+
+
+def test_build_facts_are_probed_once_per_boot_and_lockdown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "root"
+    _write(root, "proc/self/status", STATUS)
+    _write(root, "sys/kernel/security/lockdown", "[none] integrity confidentiality\n")
+    cache = KernelCache(tmp_path / "cache")
+    answers = dict(BUILD_OK, kprobe_session=NO_KSESSION)
+    calls = _fake_probes(monkeypatch, answers)
+    first = features.ProbeCache.for_boot(cache, _ident(), str(root))
+    a = features.detect(str(root), cache=first)
+    assert len(calls) == 1 and not first.hit
+    again = features.ProbeCache.for_boot(cache, _ident(), str(root))
+    b = features.detect(str(root), cache=again)
+    assert len(calls) == 1 and again.hit and a == b and b.kprobe_session == NO_KSESSION
+    # another boot, or root raising the lockdown level: probed again
+    features.detect(str(root), cache=features.ProbeCache.for_boot(cache, _ident("b2"), str(root)))
+    assert len(calls) == 2
+    _write(root, "sys/kernel/security/lockdown", "none [integrity] confidentiality\n")
+    raised = features.ProbeCache.for_boot(cache, _ident("b2"), str(root))
+    features.detect(str(root), cache=raised)
+    assert len(calls) == 3 and not raised.hit
+
+
+def test_answers_of_policy_and_runs_without_privileges_are_not_cached(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "root"
+    _write(root, "proc/self/status", STATUS)
+    cache = KernelCache(tmp_path / "cache")
+    calls = _fake_probes(monkeypatch, dict(BUILD_OK, fentry=FENTRY_EPERM))
+    for _ in range(2):  # EPERM may be an LSM policy of the moment, not the kernel build
+        features.detect(str(root), cache=features.ProbeCache.for_boot(cache, _ident(), str(root)))
+    assert len(calls) == 2
+    calls = _fake_probes(monkeypatch, BUILD_OK)
+    _write(root, "proc/self/status", "CapEff:\t0000000000000000\n")
+    for _ in range(2):  # without privileges every answer could be a refusal of this process
+        probed = features.ProbeCache.for_boot(cache, _ident(), str(root))
+        features.detect(str(root), cache=probed)
+    assert len(calls) == 2 and not probed.hit
+    _write(root, "proc/self/status", STATUS)
+    features.detect(str(root), cache=features.ProbeCache.for_boot(cache, _ident(), str(root)))
+    probed = features.ProbeCache.for_boot(cache, _ident(), str(root))
+    features.detect(str(root), cache=probed)
+    assert len(calls) == 3 and probed.hit

@@ -133,19 +133,21 @@ def _phases(text: str) -> dict[str, str]:
 
 
 def test_dry_run_phases_and_the_kernel_cache(vm_batch) -> None:
-    """-v says where start-up time went; a second run takes the kernel's symbols and BTF from the cache,
-    a module load makes it read the symbols again."""
+    """-v says where start-up time went; a second run takes the kernel's symbols, BTF and feature probe
+    answers from the cache, a module load makes it read the symbols and probe the features again."""
     runs = {run["step"]: run for run in vm_batch["trace_dry_run"]["runs"]}
     cold, warm = _phases(runs["cold"]["err"]), _phases(runs["warm"]["err"])
     assert list(cold) == ["python", "imports", "inputs", "btf", "features", "symbols", "discovery", "dry-run"], \
         runs["cold"]["err"][-3000:]
-    assert "cached" not in cold["btf"] and "cached" not in cold["symbols"]
+    assert "cached" not in cold["btf"] and "cached" not in cold["symbols"] and "cached" not in cold["features"]
     assert warm["btf"].endswith(", cached") and warm["symbols"].endswith(", cached"), warm
+    assert warm["features"] == "kernel feature probes, cached", warm  # the attach types this boot knows
     assert runs["warm"]["rc"] == 0 and runs["warm"]["out"] == runs["cold"]["out"]  # the same functions found
     module = runs["module"]
     assert "skipped" not in module, module.get("skipped")
     after = _phases(module["err"])
     assert module["rc"] == 0 and after["btf"].endswith(", cached") and "cached" not in after["symbols"], after
+    assert "cached" not in after["features"], after
 
 
 def test_call_table_and_arguments(vm_batch) -> None:
