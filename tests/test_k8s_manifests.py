@@ -75,7 +75,7 @@ HOST_ACCESS = {
     "/sys/kernel/debug": ("the same under debugfs, on hosts that mount tracefs only there",
                           "retsnoop_otel/kernel/tracefs.py", '"sys/kernel/debug/tracing"'),
     "/boot": ("/boot/config-<release> (why a feature is missing) and vmlinux with DWARF",
-              "retsnoop_otel/kernel/features.py", 'f"boot/config-{release}"'),
+              "retsnoop_otel/kernel/kconfig.py", 'f"boot/config-{release}"'),
     "/usr/lib/debug": ("vmlinux with DWARF from the distribution's debug packages (source lines)",
                        "retsnoop_otel/symbols/vmlinux.py", 'f"usr/lib/debug/boot/vmlinux-{release}"'),
 }

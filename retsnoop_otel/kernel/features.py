@@ -9,7 +9,6 @@ result says why when something is missing.
 from __future__ import annotations
 
 import errno as _errno
-import gzip
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -20,6 +19,7 @@ from retsnoop_otel.kernel import bpfsys
 from retsnoop_otel.kernel import libbpf as lb
 from retsnoop_otel.kernel.caps import TRACING_CAPS, CapsError, can_trace, effective_caps
 from retsnoop_otel.kernel.kcache import KernelCache, KernelIdentity
+from retsnoop_otel.kernel.kconfig import config_off, kernel_config
 from retsnoop_otel.kernel.libbpf_btf import BTF_KIND_FUNC, Btf
 
 # Functions that are safe to attach to for a moment: the first is only ever called by
@@ -92,35 +92,6 @@ def _refused(name: str, err: int, meaning: str, what: str) -> Feature:
     return Feature(name, False, f"refused ({_ename(err)}): {meaning}", err, f"{what} ({_ename(err)})")
 
 
-# ---- kernel config (only used to explain a missing feature) -----------------------------------
-
-
-def kernel_config(root: str, release: str) -> dict[str, str]:
-    """CONFIG_* values from /proc/config.gz or /boot/config-<release>; empty when neither exists."""
-    text = ""
-    try:
-        with gzip.open(os.path.join(root, "proc/config.gz"), "rt") as f:
-            text = f.read()
-    except OSError:
-        try:
-            with open(os.path.join(root, f"boot/config-{release}")) as f:
-                text = f.read()
-        except OSError:
-            return {}
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        if line.startswith("CONFIG_"):
-            key, _, value = line.partition("=")
-            out[key] = value
-        elif line.startswith("# CONFIG_") and line.endswith(" is not set"):
-            out[line[2:-len(" is not set")]] = "n"
-    return out
-
-
-def _config_off(config: dict[str, str], option: str) -> bool:
-    return config.get(option) == "n"
-
-
 # ---- probes -------------------------------------------------------------------------------------
 
 
@@ -190,7 +161,7 @@ def probe_kprobes(root: str, btf: Btf | FuncIdLookup | None, config: dict[str, s
     try:
         pmu = bpfsys.kprobe_pmu_type(root)
     except (OSError, ValueError):
-        if _config_off(config, "CONFIG_KPROBES"):
+        if config_off(config, "CONFIG_KPROBES"):
             return Feature(name, False, "kprobes are not configured (CONFIG_KPROBES is off)", _errno.ENOENT,
                            "has no kprobes (CONFIG_KPROBES is off)")
         return Feature(name, False, "no kprobe PMU (/sys/bus/event_source/devices/kprobe is missing): kernel "

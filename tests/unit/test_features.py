@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from retsnoop_otel.kernel import caps, features
+from retsnoop_otel.kernel import caps, features, kconfig
 from retsnoop_otel.kernel.features import Feature, FeatureError, Features
 from retsnoop_otel.kernel.kcache import KernelCache, KernelIdentity
 
@@ -114,13 +114,13 @@ def _write(root: Path, rel: str, text: str) -> None:
 
 def test_kernel_config_from_boot_and_proc(tmp_path: Path) -> None:
     _write(tmp_path, "boot/config-6.18.0", "CONFIG_BPF=y\n# CONFIG_KPROBES is not set\nCONFIG_LSM=\"bpf\"\n")
-    cfg = features.kernel_config(str(tmp_path), "6.18.0")
+    cfg = kconfig.kernel_config(str(tmp_path), "6.18.0")
     assert cfg == {"CONFIG_BPF": "y", "CONFIG_KPROBES": "n", "CONFIG_LSM": '"bpf"'}
-    assert features.kernel_config(str(tmp_path), "6.1.0") == {}
+    assert kconfig.kernel_config(str(tmp_path), "6.1.0") == {}
     (tmp_path / "proc").mkdir()
     with gzip.open(tmp_path / "proc/config.gz", "wt") as f:
         f.write("CONFIG_FPROBE=y\n")
-    assert features.kernel_config(str(tmp_path), "6.18.0") == {"CONFIG_FPROBE": "y"}
+    assert kconfig.kernel_config(str(tmp_path), "6.18.0") == {"CONFIG_FPROBE": "y"}
 
 
 def test_kprobes_without_pmu_explained_from_config(tmp_path: Path) -> None:
