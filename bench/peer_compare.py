@@ -27,6 +27,13 @@ statistics reads of this script are not counted; run_time_ns summed over the pro
 loaded). The workload is a C loop of failing bpf(BPF_MAP_CREATE) calls (an array map with an 8-byte
 key), built with gcc at start (a Python ctypes loop when gcc is missing).
 
+Everything (this script, both tools, the workload) runs on one CPU (--cpu, default 0). Under emulation
+each virtual CPU is a host thread: our reader decoding sessions on the other virtual CPU while the
+workload runs competed with the workload's CPU for the host's cores, which inflated our BPF time per
+call by half or more (bench/probe_cost.py, full_app against full_live), and bpftrace's reader has
+nothing to do. On one CPU our reader's work lands in the workload's wall time instead, where it is
+a cost of ours.
+
 Output: one JSON line per run while it goes, then a markdown table with ratios (ours / bpftrace).
 """
 
@@ -450,8 +457,11 @@ def main() -> int:
     ap.add_argument("--modes", default="kprobe_session,kprobe_multi,kprobe,fentry")
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--timeout", type=float, default=3600)
+    ap.add_argument("--cpu", type=int, default=0, help="run everything on this CPU (-1: anywhere); see above")
     ap.add_argument("--json", type=Path, help="also write every run here")
     args = ap.parse_args()
+    if args.cpu >= 0:
+        os.sched_setaffinity(0, {args.cpu})  # inherited by both tools, their threads and the workload
     if shutil.which("bpftrace") is None:
         print("bpftrace is not installed (Debian package bpftrace)", file=sys.stderr)
         return 2

@@ -20,6 +20,8 @@ Variants (bench/probe_variants.bpf.c, built into bench/build/ on first use; need
   guard    a per-CPU array lookup (the recursion guard)
   full     retsnoop-otel's own programs (kernel/tracer.py), stack mode
   calls    retsnoop-otel's own programs with per-call records (mode: calls), the ring buffer drained
+  full_app   full, with the application-context lookup that trace and agent do by default
+  full_live  full_app, with the ring buffer read and decoded while the workload runs (another thread)
 Modes: kprobe, kprobe_multi, kprobe_session (one program for entry and exit; 6.10+), fentry (full only).
 
 --fentry-nested (6.12: needs kprobe.multi): which functions run our fentry programs more often than they
@@ -35,17 +37,21 @@ import ctypes
 import json
 import os
 import resource
+import statistics
 import struct
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
+from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from retsnoop_otel.kernel import bpfsys, features, libbpf_progs, tracefs  # noqa: E402
 from retsnoop_otel.kernel import libbpf as lb  # noqa: E402
+from retsnoop_otel.kernel import tracer as tracer_module  # noqa: E402
 from retsnoop_otel.kernel.libbpf_btf import Btf  # noqa: E402
 from retsnoop_otel.kernel.tracer import MODES as tracer_modes_  # noqa: E402
 from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer  # noqa: E402
@@ -59,6 +65,7 @@ VARIANTS_OBJ = HERE / "build" / "probe_variants.bpf.o"
 SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
 ATTACH_KPROBE_SESSION = 56
 TRACER_MODES = set(tracer_modes_)
+FULL = ("full", "calls", "full_app", "full_live")  # variants that run retsnoop-otel's own Tracer
 
 
 def build_variants() -> Path:
@@ -157,25 +164,45 @@ class VariantRun:
 class FullRun:
     """retsnoop-otel's own Tracer on the set."""
 
-    def __init__(self, mode: str, funcs: list, btf_func_id, calls: bool) -> None:
-        self.tracer = Tracer(funcs, CaptureConfig(mode=mode, emit_calls=calls), btf_func_id=btf_func_id)
-        self.tracer.load()
+    def __init__(self, mode: str, funcs: list, btf_func_id, variant: str, obj: Path | None = None) -> None:
+        # exclude_self off: the workload runs in this process, and the sessions are what is measured
+        cfg = CaptureConfig(mode=mode, emit_calls=variant == "calls", exclude_self=False,
+                            app_context=variant in ("full_app", "full_live"))
+        self.tracer = Tracer(funcs, cfg, btf_func_id=btf_func_id)
+        if obj is None:
+            self.tracer.load()
+        else:  # another build of retsnoop.bpf.c (--base-object), side by side with this one
+            with mock.patch.object(tracer_module, "bpf_object_path", lambda: obj):
+                self.tracer.load()
         t0 = time.monotonic()
         self.tracer.attach()
         self.attach_s = time.monotonic() - t0
         self.fds = [fd for _name, fd in self.tracer.programs()]
         self.records = 0
-        if calls:
+        self._stop = threading.Event()
+        self._live: threading.Thread | None = None
+        if variant in ("calls", "full_live"):
             def count(_rec) -> None:
                 self.records += 1
             self.tracer.open_ring_buffer(count)
+        if variant == "full_live":  # decoded while the workload runs, on another CPU, as trace and agent do
+            self._live = threading.Thread(target=self._consume, daemon=True)
+            self._live.start()
+
+    def _consume(self) -> None:
+        while not self._stop.is_set():
+            self.tracer.poll(10)
 
     def drain(self) -> None:
+        self._stop.set()
+        if self._live is not None:
+            self._live.join()
         if self.tracer._rb is not None:
             while self.tracer.poll(0) > 0:
                 pass
 
     def close(self) -> None:
+        self.drain()
         self.tracer.close()
 
 
@@ -197,7 +224,8 @@ def prog_info_btf(fd: int) -> ProgInfoBtf:
 def fentry_nested(funcs: list, btf_func_id, calls: int, ok: bool) -> None:
     """Per function: fentry clone runs (entry side) against its calls; prints the functions with an excess."""
     by_btf = {btf_func_id(f.name): f.name for f in funcs}
-    tracer = Tracer(funcs, CaptureConfig(mode="fentry"), btf_func_id=btf_func_id)
+    # exclude_self off: the workload runs in this process, and what runs inside its sessions is the question
+    tracer = Tracer(funcs, CaptureConfig(mode="fentry", exclude_self=False), btf_func_id=btf_func_id)
     tracer.load()
     try:
         report = tracer.attach()
@@ -233,31 +261,50 @@ def fentry_nested(funcs: list, btf_func_id, calls: int, ok: bool) -> None:
         print(f"  {name:<40}{n:>9}  ({entry_runs[name]} runs, {real[name]} calls)")
 
 
-def stats(fds: list[int]) -> tuple[int, int]:
-    ns = cnt = 0
+def stats(fds: list[int]) -> tuple[int, int, int]:
+    """Run time, runs, and recursion misses: the hook fired inside a BPF program (often ours) and skipped it."""
+    ns = cnt = missed = 0
     for fd in fds:
         info = libbpf_progs.prog_info(fd)
         ns += info.run_time_ns
         cnt += info.run_cnt
-    return ns, cnt
+        missed += info.recursion_misses
+    return ns, cnt, missed
 
 
 def measure(run, calls: int, ok: bool, base_us: float) -> dict:
     # a stats read is a bpf() call per program, traced like the workload's (fentry: ~2,000 clones):
     # two reads back to back say what one read adds, and that is taken off
-    ns_a, cnt_a = stats(run.fds)
-    ns0, cnt0 = stats(run.fds)
+    ns_a, cnt_a, _ = stats(run.fds)
+    ns0, cnt0, miss0 = stats(run.fds)
     wall = workload(calls, ok)
     if isinstance(run, FullRun):
         run.drain()
-    ns1, cnt1 = stats(run.fds)
+    ns1, cnt1, miss1 = stats(run.fds)
     runs = cnt1 - cnt0 - (cnt0 - cnt_a)
     ns = ns1 - ns0 - (ns0 - ns_a)
     return {"attach_s": round(run.attach_s, 2), "probe_runs": runs,
             "ns_per_run": round(ns / runs) if runs else None,
             "bpf_ns_per_call": round(ns / calls),
+            "missed_per_call": round((miss1 - miss0) / calls, 2),
             "wall_us_per_call": round(wall / calls * 1e6, 1),
             "added_us_per_call": round(wall / calls * 1e6 - base_us, 1)}
+
+
+def medians(rows: list[dict]) -> list[dict]:
+    """One row per (mode, size, variant): the median of each figure over its rounds, in first-seen order."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["mode"], r["size"], r.get("variant")), []).append(r)
+    out = []
+    for group in groups.values():
+        if "note" in group[0]:
+            out.append(group[0])
+            continue
+        out.append({k: (statistics.median([x[k] for x in group if x[k] is not None] or [None])
+                        if isinstance(v, (int, float)) and not isinstance(v, bool) else v)
+                    for k, v in group[0].items()})
+    return out
 
 
 def main() -> int:
@@ -268,6 +315,9 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--workload", choices=("fail", "ok"), default="fail")
     ap.add_argument("--build-only", action="store_true", help="build the variant object (on the host) and stop")
+    ap.add_argument("--repeat", type=int, default=1, help="rounds over the variants; the table shows medians")
+    ap.add_argument("--base-object", type=Path, metavar="BPF_O", help="also run the full variants with this "
+                    "build of retsnoop.bpf.c (rows '<variant>-base'), to compare a change side by side")
     ap.add_argument("--fentry-nested", type=int, metavar="SIZE", help="only the fentry self-firing analysis")
     args = ap.parse_args()
     build_variants()
@@ -304,15 +354,20 @@ def main() -> int:
                     rows.append({"mode": mode, "size": size, "note": "not supported by this kernel"})
                     continue
                 funcs = pick(size, mode, ksyms, available, ret_kinds)
-                for variant in args.variants.split(","):
-                    if mode == "fentry" and variant not in ("full", "calls"):
+                variants = args.variants.split(",")
+                if args.base_object:
+                    variants = [w for v in variants for w in ((v, f"{v}-base") if v in FULL else (v,))]
+                for variant in variants * args.repeat:  # rounds interleaved: drifts hit every variant alike
+                    kind = variant.removesuffix("-base")
+                    if mode == "fentry" and kind not in FULL:
                         continue
-                    if variant in ("full", "calls") and mode not in TRACER_MODES:
+                    if kind in FULL and mode not in TRACER_MODES:
                         continue
                     t0 = time.monotonic()
                     try:
-                        run = (FullRun(mode, funcs, ret_kinds.func_id, variant == "calls")
-                               if variant in ("full", "calls") else VariantRun(mode, variant, funcs))
+                        run = (FullRun(mode, funcs, ret_kinds.func_id, kind,
+                                       args.base_object if variant.endswith("-base") else None)
+                               if kind in FULL else VariantRun(mode, variant, funcs))
                     except (OSError, lb.LibbpfError) as exc:
                         rows.append({"mode": mode, "size": size, "variant": variant, "note": str(exc)[:200]})
                         print(json.dumps(rows[-1]), flush=True)
@@ -333,14 +388,15 @@ def main() -> int:
         btf.free()
     print(f"\nkernel {os.uname().release}; workload: {args.calls} x bpf(BPF_MAP_CREATE) "
           f"({'create + close' if ok else 'failing, EINVAL'}); nothing attached: {base_us:.1f} us per call")
-    print(f"{'mode':<15}{'funcs':>6} {'variant':<8}{'probe runs':>11}{'ns/run':>8}{'BPF ns/call':>12}"
-          f"{'+us/call':>10}{'attach s':>9}{'detach s':>9}")
-    for r in rows:
+    print(f"{'mode':<15}{'funcs':>6} {'variant':<15}{'probe runs':>11}{'ns/run':>8}{'BPF ns/call':>12}"
+          f"{'+us/call':>10}{'attach s':>9}{'detach s':>9}{'missed/call':>12}")
+    for r in medians(rows) if args.repeat > 1 else rows:
         if "note" in r:
-            print(f"{r['mode']:<15}{r['size']:>6} {r.get('variant', ''):<8} {r['note']}")
+            print(f"{r['mode']:<15}{r['size']:>6} {r.get('variant', ''):<15} {r['note']}")
             continue
-        print(f"{r['mode']:<15}{r['size']:>6} {r['variant']:<8}{r['probe_runs']:>11}{r['ns_per_run'] or '-':>8}"
-              f"{r['bpf_ns_per_call']:>12}{r['added_us_per_call']:>10}{r['attach_s']:>9}{r['detach_s']:>9}")
+        print(f"{r['mode']:<15}{r['size']:>6} {r['variant']:<15}{r['probe_runs']:>11}{r['ns_per_run'] or '-':>8}"
+              f"{r['bpf_ns_per_call']:>12}{r['added_us_per_call']:>10}{r['attach_s']:>9}{r['detach_s']:>9}"
+              f"{r.get('missed_per_call', '-'):>12}")
     return 0
 
 

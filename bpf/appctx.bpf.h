@@ -32,7 +32,10 @@ static __always_inline void ask_about(__u32 tgid)
 	struct rec_app_probe *r;
 	__u8 one = 1;
 
-	if (bpf_map_update_elem(&app_asked, &tgid, &one, BPF_NOEXIST))
+	/* looked up first: an LRU map's update takes a free node (evicting one when full) even when the key
+	 * exists, and sessions keep coming until user space's answer lands */
+	if (bpf_map_lookup_elem(&app_asked, &tgid) ||
+	    bpf_map_update_elem(&app_asked, &tgid, &one, BPF_NOEXIST))
 		return;	/* asked already */
 	r = bpf_ringbuf_reserve(&rb, sizeof(*r), 0);
 	if (!r) {
@@ -41,7 +44,7 @@ static __always_inline void ask_about(__u32 tgid)
 	}
 	r->type = REC_APP_PROBE;
 	r->tgid = tgid;
-	bpf_ringbuf_submit(r, 0);
+	bpf_ringbuf_submit(r, rb_wakeup());
 }
 
 static __always_inline __u32 attrs_len(__u16 size)
@@ -131,7 +134,7 @@ static __always_inline void emit_app_side(void *ctx, struct session *s)
 			r->err = 0;
 			__builtin_memset(&r->ctx, 0, APP_CTX_HEAD);
 			read_app_ctx(r, t);
-			bpf_ringbuf_submit(r, 0);
+			bpf_ringbuf_submit(r, rb_wakeup());
 		}
 	}
 	if (user_stacks) {
@@ -142,7 +145,7 @@ static __always_inline void emit_app_side(void *ctx, struct session *s)
 			u->start_ts = s->start_ts;
 			u->pad = 0;
 			u->ustack_sz = bpf_get_stack(ctx, u->ustack, sizeof(u->ustack), BPF_F_USER_STACK);
-			bpf_ringbuf_submit(u, 0);
+			bpf_ringbuf_submit(u, rb_wakeup());
 		}
 	}
 }

@@ -16,8 +16,6 @@ struct {
 
 static const struct rec_func_batch empty_batch = {};
 
-/* uapi enum value for bpf_ringbuf_query() (not in the minimal vmlinux header) */
-#define RB_AVAIL_DATA 0
 /* Room per-call records leave free for session end records (two, with their 8-byte headers): when
  * calls flood the ring buffer, the session still arrives, with its gap counted, instead of vanishing. */
 #define END_RECORD_HEADROOM (2 * (sizeof(struct rec_session_end) + 8))
@@ -58,7 +56,7 @@ static __always_inline bool emit_start(struct session *s)
 	r->start_ts = s->start_ts;
 	__builtin_memcpy(r->comm, s->comm, sizeof(r->comm));
 	__builtin_memcpy(r->proc_comm, s->proc_comm, sizeof(r->proc_comm));
-	bpf_ringbuf_submit(r, 0);
+	bpf_ringbuf_submit(r, rb_wakeup());
 	return true;
 }
 
@@ -142,5 +140,5 @@ static __always_inline void emit_trace(struct session *s, __u32 key, __u32 type,
 		return;
 	}
 	fill_trace(r, type, tid, ts, s->next_seq++, depth, func_id, lat, res);
-	bpf_ringbuf_submit(r, 0);
+	bpf_ringbuf_submit(r, rb_wakeup());
 }

@@ -59,8 +59,10 @@ struct session {
 	__u8 defunct;		/* its start record was lost: nothing more of it is sent */
 	__u8 want_success;	/* reported if it succeeds (sampling.bpf.h) */
 	__u8 streaming;		/* calls.bpf.h: per-call records go straight to the ring buffer */
+	__u8 active;		/* the entry outlives its session: the thread's next session reuses it */
 	char comm[TASK_COMM_LEN];
 	char proc_comm[TASK_COMM_LEN];
+	/* everything above is reset when a session starts; the arrays below are written before they are read */
 	__u16 func_ids[MAX_FSTACK_DEPTH];
 	__u64 func_ts[MAX_FSTACK_DEPTH];
 	__u16 chain_ids[MAX_FSTACK_DEPTH];
@@ -74,6 +76,19 @@ struct {
 	__uint(max_entries, 8 * 1024 * 1024);
 } rb SEC(".maps");
 
+/* uapi values for bpf_ringbuf_query() and bpf_ringbuf_submit() (not in the minimal vmlinux header) */
+#define RB_AVAIL_DATA 0
+#define RB_NO_WAKEUP 1
+#define RB_FORCE_WAKEUP 2
+
+/* Submit flags: the reader is woken only once a batch waits (1/16 of the ring buffer). A wakeup per
+ * record costs the traced thread an irq_work and the reader a wakeup per session; without one, user
+ * space reads the records when its wait times out (runtime.POLL_MS). */
+static __always_inline __u64 rb_wakeup(void)
+{
+	return bpf_ringbuf_query(&rb, RB_AVAIL_DATA) >= rb_bytes / 16 ? RB_FORCE_WAKEUP : RB_NO_WAKEUP;
+}
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);	/* resized to the number of traced functions */
@@ -81,8 +96,11 @@ struct {
 	__type(value, struct func_info);
 } func_infos SEC(".maps");
 
+/* One entry per thread, kept after its session ends and reset by the thread's next one: creating and
+ * deleting a 2.4 kB entry per session cost more than the rest of the session's work (bench/probe_cost.py
+ * variants tmpl and tidupd). LRU: the entries of threads that are gone make room for new threads. */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 4096);
 	__type(key, __u32);
 	__type(value, struct session);
@@ -107,7 +125,7 @@ static __always_inline __s64 id_by_ip(void *ctx)
 	return id ? *id : -1;
 }
 
-/* Template for new sessions: BPF cannot memset a 2 KB value, but can copy this zeroed one. */
+/* Template for a thread's first session: BPF cannot memset a 2 KB value, but can copy this zeroed one. */
 static const struct session empty_session = {};
 
 struct {
@@ -180,34 +198,38 @@ static __always_inline __u32 session_key(__u32 tid)
 #include "appctx.bpf.h"
 #include "sampling.bpf.h"
 
-static __always_inline void drop_session(__u32 key)
+static __always_inline void drop_session(struct session *s, __u32 key)
 {
 	if (use_lbr)
 		bpf_map_delete_elem(&session_lbrs, &key);
 	if (emit_calls)
 		bpf_map_delete_elem(&call_bufs, &key);
-	bpf_map_delete_elem(&sessions, &key);
+	s->active = 0;
 }
 
-static __always_inline struct session *start_session(__u32 key, __u32 tid, __u32 tgid, __u64 now)
+/* `s`: the thread's entry from its last session, or NULL for its first one */
+static __always_inline struct session *start_session(struct session *s, __u32 key, __u32 tid, __u32 tgid,
+						     __u64 now)
 {
 	struct capture_stats *cs;
 	struct task_struct *task;
-	struct session *s;
 
 	if (!filters_allow(tgid, tid))
 		return NULL;
 	cs = cstats();
-	if (bpf_map_update_elem(&sessions, &key, &empty_session, BPF_NOEXIST)) {
-		if (cs)
-			cs->dropped_sessions++;
-		return NULL;
+	if (!s) {
+		if (bpf_map_update_elem(&sessions, &key, &empty_session, BPF_NOEXIST) ||
+		    !(s = bpf_map_lookup_elem(&sessions, &key))) {
+			if (cs)
+				cs->dropped_sessions++;
+			return NULL;
+		}
+	} else {
+		__builtin_memset(s, 0, __builtin_offsetof(struct session, func_ids));
 	}
-	s = bpf_map_lookup_elem(&sessions, &key);
-	if (!s)
-		return NULL;
 	if (cs)
 		cs->sessions_started++;
+	s->active = 1;
 	s->start_ts = now;
 	s->tid = tid;
 	s->tgid = tgid;
@@ -215,8 +237,12 @@ static __always_inline struct session *start_session(__u32 key, __u32 tid, __u32
 	if (workload_stats)
 		s->cgroup_id = bpf_get_current_cgroup_id();
 	bpf_get_current_comm(s->comm, sizeof(s->comm));
-	task = (struct task_struct *)bpf_get_current_task();
-	BPF_CORE_READ_STR_INTO(&s->proc_comm, task, group_leader, comm);
+	if (tid == tgid) {	/* the process's main thread: its comm is the process's */
+		__builtin_memcpy(s->proc_comm, s->comm, sizeof(s->comm));
+	} else {
+		task = bpf_get_current_task_btf();
+		bpf_probe_read_kernel_str(s->proc_comm, sizeof(s->proc_comm), task->group_leader->comm);
+	}
 	sample_at_start(s);
 	if (emit_calls) {
 		hold_calls(s, key);
@@ -237,12 +263,16 @@ static __always_inline bool handle_entry(void *ctx, __s64 id, bool fentry, bool 
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	__u32 tid = (__u32)pid_tgid, key = session_key(tid), func_id;
+	struct session *s, *idle = NULL;
 	struct func_info *fi;
-	struct session *s;
 	__u64 now;
 	int d;
 
 	s = bpf_map_lookup_elem(&sessions, &key);
+	if (s && !s->active) {
+		idle = s;
+		s = NULL;
+	}
 	if (!s && !outer)
 		return false;
 	if (id == ID_BY_IP)
@@ -256,7 +286,7 @@ static __always_inline bool handle_entry(void *ctx, __s64 id, bool fentry, bool 
 		if (!ready || !fi || !(fi->flags & FUNC_IS_ENTRY))
 			return false;
 		now = bpf_ktime_get_boot_ns();
-		s = start_session(key, tid, pid_tgid >> 32, now);
+		s = start_session(idle, key, tid, pid_tgid >> 32, now);
 		if (!s)
 			return false;
 	} else {
@@ -311,8 +341,10 @@ static __always_inline void fill_level(struct session *s, int d, __s64 res, __u6
  * process is often gone before user space could look it up; empty for kernel threads (no mm). */
 static __always_inline void read_exe_name(char *out)
 {
-	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
-	const unsigned char *name = BPF_CORE_READ(task, mm, exe_file, f_path.dentry, d_name.name);
+	/* a BTF pointer: the walk is plain loads the kernel guards against faults (a NULL mm reads as 0),
+	 * not a probe-read helper call per pointer */
+	struct task_struct *task = bpf_get_current_task_btf();
+	const unsigned char *name = task->mm->exe_file->f_path.dentry->d_name.name;
 
 	out[0] = 0;
 	if (name)
@@ -380,11 +412,11 @@ static __always_inline void end_session(void *ctx, struct session *s, __u32 key,
 	bpf_probe_read_kernel(r->chain_lat, upto(s->chain_depth, MAX_FSTACK_DEPTH) * sizeof(r->chain_lat[0]),
 			      s->chain_lat);
 	bpf_probe_read_kernel(r->kstack, upto(s->kstack_sz, sizeof(r->kstack)), s->kstack);
-	bpf_ringbuf_submit(r, 0);
+	bpf_ringbuf_submit(r, rb_wakeup());
 	if (cs)
 		cs->sessions_reported++;
 out:
-	drop_session(key);
+	drop_session(s, key);
 }
 
 static __always_inline void handle_exit(void *ctx, __s64 id, __s64 res)
@@ -400,7 +432,7 @@ static __always_inline void handle_exit(void *ctx, __s64 id, __s64 res)
 	int d;
 
 	s = bpf_map_lookup_elem(&sessions, &key);
-	if (!s)
+	if (!s || !s->active)
 		return;
 	if (id == ID_BY_IP)
 		id = id_by_ip(ctx);
@@ -421,7 +453,7 @@ static __always_inline void handle_exit(void *ctx, __s64 id, __s64 res)
 		cs = cstats();
 		if (cs)
 			cs->incomplete_sessions++;
-		drop_session(key);
+		drop_session(s, key);
 		return;
 	}
 	s->depth = d;

@@ -125,5 +125,6 @@ SIGNATURES: dict[str, tuple[object, list[object]]] = {
     "btf__name_by_offset": (ctypes.c_char_p, [ctypes.c_void_p, ctypes.c_uint32]),
     "ring_buffer__new": (ctypes.c_void_p, [ctypes.c_int, SAMPLE_FN, ctypes.c_void_p, ctypes.c_void_p]),
     "ring_buffer__poll": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int]),
+    "ring_buffer__consume": (ctypes.c_int, [ctypes.c_void_p]),
     "ring_buffer__free": (None, [ctypes.c_void_p]),
 }

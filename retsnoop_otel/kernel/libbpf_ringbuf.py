@@ -33,8 +33,14 @@ class RingBuffer:
         return 0
 
     def poll(self, timeout_ms: int) -> int:
-        """Records consumed (0 on timeout or EINTR)."""
-        rc = lb.lib().lib.ring_buffer__poll(self._ptr, timeout_ms)
+        """Records consumed (0 when none came within the timeout, or on EINTR).
+
+        The BPF side wakes the reader only once a batch is waiting (rb_wakeup() in retsnoop.bpf.c), so
+        records that came without a wakeup are read when the wait times out."""
+        lib = lb.lib().lib
+        rc = lib.ring_buffer__poll(self._ptr, timeout_ms)
+        if rc == 0 and self._error is None:
+            rc = lib.ring_buffer__consume(self._ptr)
         if self._error is not None:
             err, self._error = self._error, None
             raise err

@@ -100,7 +100,7 @@ class Limits:
     max_calls_per_session: int = 4096  # calls kept per session in user space (the rest are counted)
     export_queue_spans: int = 65536
     ringbuf_size: int = 8 << 20
-    max_sessions: int = 4096  # threads with a session open at once (kernel map and assembler)
+    max_sessions: int = 4096  # threads with a kernel session entry (LRU: the longest idle make room); open sessions
 
 
 @dataclass(frozen=True)

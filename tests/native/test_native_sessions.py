@@ -76,6 +76,9 @@ def test_error_chain_passes_over_void_call(simkern):
     assert len(sessions) == 1
     s = sessions[0]
     assert s.is_err and s.pid == os.getpid()
+    # the main thread: its comm is the process's, read once (tid == tgid)
+    assert s.comm == s.proc_comm == Path("/proc/self/comm").read_text().strip()
+    assert s.exe_name == Path(os.readlink("/proc/self/exe")).name[:63]
     # sk_log (void) ran between sk_check's error and sk_create's return: the chain survives it
     assert _chain(funcs, s) == [("sk_syscall", "-EINVAL"), ("sk_create", "-EINVAL"), ("sk_check", "-EINVAL")]
     assert all(e.latency_ns and e.latency_ns > 0 for e in s.chain)
@@ -102,6 +105,20 @@ def test_success_sessions_only_with_S(simkern):
     # the deepest chain seen in a successful session
     assert _chain(funcs, sessions[0])[0] == ("sk_syscall", "3")
     assert len(sessions[0].chain) == 3
+
+
+def test_a_threads_next_session_reuses_its_entry_without_leftovers(simkern):
+    # one thread, three sessions: the kernel keeps the thread's entry and resets it at each start, so
+    # an error, a deeper success and a shallower success must each carry only their own chain and flags
+    funcs, sessions, _, cstats = _capture(simkern, [("sk_syscall", 0), ("sk_syscall", 5), ("sk_many", 2)],
+                                          capture_success=True)
+    assert [s.is_err for s in sessions] == [True, False, False]
+    assert _chain(funcs, sessions[0]) == [("sk_syscall", "-EINVAL"), ("sk_create", "-EINVAL"),
+                                          ("sk_check", "-EINVAL")]
+    assert _chain(funcs, sessions[1])[0] == ("sk_syscall", "3") and len(sessions[1].chain) == 3
+    assert [funcs[e.func_id].name for e in sessions[2].chain] == ["sk_many", "sk_flag"]
+    assert sessions[0].start_ns < sessions[1].start_ns < sessions[2].start_ns
+    assert cstats.sessions_started == 3 and cstats.sessions_reported == 3 and cstats.dropped_sessions == 0
 
 
 def test_call_records_build_the_call_tree(simkern):
@@ -292,6 +309,7 @@ def test_concurrent_sessions_on_many_threads_do_not_mix(simkern):
 
     def worker(arg: int) -> None:
         arg_of[threading.get_native_id()] = arg
+        Path(f"/proc/self/task/{threading.get_native_id()}/comm").write_text(f"sk-worker-{arg}")
         barrier.wait()
         for _ in range(25):
             lib.sk_syscall(arg)
@@ -310,6 +328,8 @@ def test_concurrent_sessions_on_many_threads_do_not_mix(simkern):
         cstats = tracer.capture_stats()
     finally:
         tracer.close()
+    main_comm = Path("/proc/self/comm").read_text().strip()
+    exe = Path(os.readlink("/proc/self/exe")).name[:63]
     want = {0: [("sk_syscall", "-EINVAL"), ("sk_create", "-EINVAL"), ("sk_check", "-EINVAL")],
             500: [("sk_syscall", "-ENOMEM"), ("sk_create", "-ENOMEM"), ("sk_alloc", "NULL")],
             5: [("sk_syscall", "3"), ("sk_create", "3"), ("sk_check", "0")]}
@@ -319,6 +339,8 @@ def test_concurrent_sessions_on_many_threads_do_not_mix(simkern):
         assert _chain(funcs, s)[0] == want[arg][0] and len(s.chain) == 3, (arg, _chain(funcs, s))
         if arg != 5:
             assert _chain(funcs, s) == want[arg]
+        # a thread's own name, its process's (the main thread's), and the executable's file name
+        assert (s.comm, s.proc_comm, s.exe_name) == (f"sk-worker-{arg}", main_comm, exe), (s.comm, s.proc_comm)
         (root,) = s.calls  # the call tree holds this thread's calls only
         assert [funcs[c.func_id].name for c in root.children] == ["sk_create", "sk_log"]
         assert all(c.start_ns >= s.start_ns and c.end_ns <= s.end_ns for c in _walk(s.calls))
