@@ -372,6 +372,21 @@ def test_good_reload_attaches_new_then_detaches_old(setup) -> None:
     assert reloaded and reloaded[0]["symbols_ms"] == 250.0 and reloaded[0]["attach_ms"] >= 0
 
 
+def test_reload_frees_the_previous_configs_tables(setup) -> None:
+    """The start freezes the heap (runtime._freeze_heap): a reload must still free what it replaced."""
+    import gc
+    import weakref
+    world, agent, cfg, _ = setup
+    agent.start()
+    old_ksyms = weakref.ref(agent.runtime.env.ksyms)
+    old_tracers = [weakref.ref(t) for t in world.live()]
+    world.tracers.clear()  # the test's own list would keep them
+    cfg.write_text(CONFIG.format(prob=0.5).replace("bpf_errors", "errors2"))
+    assert agent.reload() is True
+    assert gc.isenabled()
+    assert old_ksyms() is None and all(t() is None for t in old_tracers)
+
+
 def test_signals_drive_reload_and_stop(setup) -> None:
     """Real SIGHUP/SIGTERM to this process: the loop reloads, then detaches, flushes and returns 0."""
     world, agent, cfg, logbuf = setup
