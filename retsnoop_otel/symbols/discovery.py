@@ -82,7 +82,17 @@ BUILTIN_DENY: tuple[DenyGroup, ...] = (
         "array_map_lookup_elem", "percpu_array_map_lookup_elem", "bpf_get_func_ip*", "bpf_get_attach_cookie*",
         "bpf_get_func_ret", "bpf_get_func_arg*", "bpf_probe_read_kernel*", "bpf_probe_read_user*",
         "copy_from_kernel_nofault*", "copy_from_user_nofault*", "bpf_get_prandom_u32", "bpf_user_rnd_u32",
-        "bpf_session_is_return", "bpf_get_branch_snapshot")))
+        "bpf_session_is_return", "bpf_get_branch_snapshot",
+        # the session map (an LRU hash): its free-list and eviction code
+        "htab_lru_*", "bpf_lru_*", "__bpf_lru_*",
+        # the kernel stack taken at the error: the unwinder, and its lookups of the BPF programs and
+        # trampolines on the stack (bpf_ksym_find ran 4 times per failing call under fentry,
+        # bench/probe_cost.py --fentry-nested)
+        "unwind_next_frame", "__unwind_start", "unwind_get_return_address*", "orc_find", "__orc_find",
+        "get_stack_info", "in_task_stack", "in_irq_stack", "kernel_text_address", "__kernel_text_address",
+        "core_kernel_text", "is_bpf_text_address", "bpf_ksym_find", "bpf_prog_ksym_find", "search_bpf_extables",
+        "is_module_text_address", "__module_address", "__module_text_address",
+        "__is_insn_slot_addr", "is_kprobe_*_slot")))
 
 # Symbols that are not functions of their own: call padding and CFI preambles (kernel 6.2+).
 _NOT_FUNCTIONS = ("__pfx_", "__cfi_")

@@ -147,6 +147,18 @@ def test_builtin_deny_list(ksyms, available) -> None:
     assert all(g.reason and g.globs and g.modes is None for g in BUILTIN_DENY)
 
 
+def test_what_our_programs_call_at_an_error_is_denied_in_every_mode() -> None:
+    # the stack taken at the error runs the unwinder, which looks up the BPF programs and trampolines on
+    # the stack (bpf_ksym_find fired 4 times per failing call under fentry); the session map is an LRU hash
+    names_ = ["__x64_sys_bpf", "bpf_ksym_find", "is_bpf_text_address", "unwind_next_frame", "__kernel_text_address",
+              "htab_lru_map_lookup_elem", "bpf_lru_pop_free", "bpf_prog_load"]
+    ks = Kallsyms.parse("".join(f"ffffffff8100{i:04x} T {n}\n" for i, n in enumerate(names_)))
+    for mode in ("fentry", "kprobe", "kprobe_multi", "kprobe_session"):
+        d = run(ks, [(n, None) for n in names_], ["__x64_sys_bpf"], ["*"], mode=mode)
+        assert names(d) == ["__x64_sys_bpf", "bpf_prog_load"], mode
+        assert all("own BPF programs" in why for _, why in d.skipped)
+
+
 def test_tracing_machinery_is_never_attached(ksyms, available) -> None:
     allow = ["*kretprobe*", "trace_call_bpf", "bpf_get_stack", "ftrace_trampoline"]
     d = run(ksyms, available, ["__x64_sys_bpf"], allow, mode="kprobe")
