@@ -58,12 +58,15 @@ def test_exports_resume_over_http_when_the_receiver_is_back(r) -> None:
 
 def test_soak_memory_stays_flat_and_exports_keep_up(r) -> None:
     samples = [kib for _, kib in r["rss_samples"]]
-    assert len(samples) >= 30, r["rss_samples"]  # ten minutes at one sample per 15 s
+    shown = " ".join(f"{t:.0f}s:{kib}" for t, kib in r["rss_samples"])  # all of them: pytest truncates lists
+    assert len(samples) >= 30, shown  # ten minutes at one sample per 15 s
     third = len(samples) // 3
     middle, last = samples[third:2 * third], samples[2 * third:]
     growth = statistics.median(last) - statistics.median(middle)
-    assert growth <= MAX_GROWTH_KIB, r["rss_samples"]
-    assert max(last) - min(samples[third:]) <= 2 * MAX_GROWTH_KIB, r["rss_samples"]
+    assert growth <= MAX_GROWTH_KIB, shown
+    # no climb above the steady level late in the run; a dip below it (the allocator handing memory
+    # back between bursts of sessions) is not growth
+    assert max(last) - statistics.median(samples[third:]) <= 2 * MAX_GROWTH_KIB, shown
     before, after = r["counters_after_up"], r["counters_after_soak"]
     assert after["sessions"] - before["sessions"] >= 1000, (before, after)  # a real load, not a trickle
     assert after["exported"] > before["exported"]
