@@ -34,14 +34,15 @@ static __always_inline void emit_args(void *ctx, struct session *s, __u32 tid, i
 	struct rec_func_args *r;
 	struct arg_spec *as;
 	__u32 kind, size;
-	__u64 v;
+	__u64 v, avail;
 	long n;
 	int i;
 
 	as = bpf_map_lookup_elem(&arg_specs, &func_id);
 	if (!as)
 		return;
-	r = room_for_call_records(sizeof(*r)) ? bpf_ringbuf_reserve(&rb, sizeof(*r), 0) : NULL;
+	avail = bpf_ringbuf_query(&rb, RB_AVAIL_DATA);
+	r = room_for_call_records(avail, sizeof(*r)) ? bpf_ringbuf_reserve(&rb, sizeof(*r), 0) : NULL;
 	if (!r) {
 		s->dropped_records++;
 		return;
@@ -66,5 +67,5 @@ static __always_inline void emit_args(void *ctx, struct session *s, __u32 tid, i
 			n = bpf_probe_read_kernel_str(r->data[i], MAX_ARG_DATA, (void *)v);
 		r->data_len[i] = n;
 	}
-	bpf_ringbuf_submit(r, rb_wakeup());
+	bpf_ringbuf_submit(r, rb_wakeup_at(avail));
 }

@@ -20,9 +20,10 @@ static const struct rec_func_batch empty_batch = {};
  * calls flood the ring buffer, the session still arrives, with its gap counted, instead of vanishing. */
 #define END_RECORD_HEADROOM (2 * (sizeof(struct rec_session_end) + 8))
 
-static __always_inline bool room_for_call_records(__u64 size)
+/* `avail`: bpf_ringbuf_query(RB_AVAIL_DATA), queried once per record and reused for its wakeup flag */
+static __always_inline bool room_for_call_records(__u64 avail, __u64 size)
 {
-	return bpf_ringbuf_query(&rb, RB_AVAIL_DATA) + size + 8 + END_RECORD_HEADROOM <= rb_bytes;
+	return avail + size + 8 + END_RECORD_HEADROOM <= rb_bytes;
 }
 
 static __always_inline void lost_records(struct session *s, __u32 n)
@@ -63,6 +64,7 @@ static __always_inline bool emit_start(struct session *s)
 /* The start record and the held records go out; false when not even the start record fit. */
 static __always_inline bool release_calls(struct session *s, __u32 key)
 {
+	__u64 avail;
 	struct rec_func_batch *b = bpf_map_lookup_elem(&call_bufs, &key);
 	__u32 n = b ? b->cnt : 0;
 	__u64 size;
@@ -85,7 +87,8 @@ static __always_inline bool release_calls(struct session *s, __u32 key)
 	asm volatile("" : "+r"(size));
 	if (size > sizeof(*b))
 		size = sizeof(*b);
-	if (!room_for_call_records(size) || bpf_ringbuf_output(&rb, b, size, 0))
+	avail = bpf_ringbuf_query(&rb, RB_AVAIL_DATA);
+	if (!room_for_call_records(avail, size) || bpf_ringbuf_output(&rb, b, size, rb_wakeup_at(avail)))
 		lost_records(s, n);
 	b->cnt = 0;
 	return true;
@@ -109,6 +112,7 @@ static __always_inline void emit_trace(struct session *s, __u32 key, __u32 type,
 {
 	struct rec_func_trace *r;
 	struct rec_func_batch *b;
+	__u64 avail;
 	__u32 n;
 
 	if (!s->streaming) {
@@ -133,12 +137,13 @@ static __always_inline void emit_trace(struct session *s, __u32 key, __u32 type,
 			return;
 		}
 	}
-	r = room_for_call_records(sizeof(*r)) ? bpf_ringbuf_reserve(&rb, sizeof(*r), 0) : NULL;
+	avail = bpf_ringbuf_query(&rb, RB_AVAIL_DATA);
+	r = room_for_call_records(avail, sizeof(*r)) ? bpf_ringbuf_reserve(&rb, sizeof(*r), 0) : NULL;
 	if (!r) {
 		s->next_seq++;	/* the gap in sequence numbers shows user space where records were lost */
 		lost_records(s, 1);
 		return;
 	}
 	fill_trace(r, type, tid, ts, s->next_seq++, depth, func_id, lat, res);
-	bpf_ringbuf_submit(r, rb_wakeup());
+	bpf_ringbuf_submit(r, rb_wakeup_at(avail));
 }

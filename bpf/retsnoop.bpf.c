@@ -84,9 +84,14 @@ struct {
 /* Submit flags: the reader is woken only once a batch waits (1/16 of the ring buffer). A wakeup per
  * record costs the traced thread an irq_work and the reader a wakeup per session; without one, user
  * space reads the records when its wait times out (runtime.POLL_MS). */
+static __always_inline __u64 rb_wakeup_at(__u64 avail)
+{
+	return avail >= rb_bytes / 16 ? RB_FORCE_WAKEUP : RB_NO_WAKEUP;
+}
+
 static __always_inline __u64 rb_wakeup(void)
 {
-	return bpf_ringbuf_query(&rb, RB_AVAIL_DATA) >= rb_bytes / 16 ? RB_FORCE_WAKEUP : RB_NO_WAKEUP;
+	return rb_wakeup_at(bpf_ringbuf_query(&rb, RB_AVAIL_DATA));
 }
 
 struct {
