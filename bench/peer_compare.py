@@ -35,6 +35,11 @@ workload's wall time instead, where it is that tool's cost. Measured on 6.12 at 
 raised both tools' BPF time per call by about 1.4x and left their ratios within 0.1x of an unpinned
 run's.
 
+--base-object BPF_O adds a third run per mode: ours with another build of retsnoop.bpf.c (say, main's
+before a change: `git archive REV bpf | tar -x -C /tmp/b && make -C /tmp/b/bpf`), so that a change is
+judged in one boot. Boots differ: the same bpftrace run measured 17,029 and 31,435 BPF ns per call in
+two 6.1 boots, so figures from different boots are not compared.
+
 Output: one JSON line per run while it goes, then a markdown table with ratios (ours / bpftrace).
 """
 
@@ -289,6 +294,7 @@ class Run:
     phases: dict[str, int] = field(default_factory=dict)
     details: dict[str, str] = field(default_factory=dict)  # ours: each phase's detail text
     lines_after_stop: int = 0  # output lines that came after the stop signal (sessions still being printed)
+    programs: dict[str, dict[str, float]] = field(default_factory=dict)  # per program name: BPF ns and runs per call
     error: str = ""
 
 
@@ -300,15 +306,24 @@ def _roomy_nofile() -> None:
                        else (want, hard))
 
 
-def start_command(tool: str, mode: str, entry: Sequence[str], allow: Sequence[str], program: Path) -> list[str]:
+# ours with another build of retsnoop.bpf.c (--base-object): argv[1] is the object, the rest the command line
+BASE_LAUNCH = ("import sys; from pathlib import Path; from retsnoop_otel.kernel import tracer; "
+               "obj = Path(sys.argv.pop(1)); tracer.bpf_object_path = lambda: obj; "
+               "from retsnoop_otel.cli import main; sys.exit(main(sys.argv[1:]))")
+
+
+def start_command(tool: str, mode: str, entry: Sequence[str], allow: Sequence[str], program: Path,
+                  base_object: Path | None = None) -> list[str]:
     if tool == "bpftrace":
         return ["bpftrace", "-B", "none", str(program)]
     globs = [x for g in entry for x in ("-e", g)] + [x for g in allow for x in ("-a", g)]
-    return [sys.executable, "-m", "retsnoop_otel", "trace", "-v", FLAGS[mode], *globs]
+    launch = ["-c", BASE_LAUNCH, str(base_object)] if tool == "ours-base" else ["-m", "retsnoop_otel"]
+    return [sys.executable, *launch, "trace", "-v", FLAGS[mode], *globs]
 
 
 def one_run(tool: str, mode: str, set_name: str, entry: Sequence[str], allow: Sequence[str], names: Sequence[str],
-            workload: list[str], calls: int, tmp: Path, timeout: float, py_start: float) -> Run:
+            workload: list[str], calls: int, tmp: Path, timeout: float, py_start: float,
+            base_object: Path | None = None) -> Run:
     run = Run(tool, mode, set_name)
     program = tmp / f"{mode}_{set_name}.bt"
     program.write_text(bpftrace_program(mode, entry, allow, names))
@@ -316,17 +331,17 @@ def one_run(tool: str, mode: str, set_name: str, entry: Sequence[str], allow: Se
                BPFTRACE_MAX_BPF_PROGS=str(4 * len(names) + 64), RETSNOOP_OTEL_CACHE=str(tmp / "cache"))
     before = set(prog_stats())
     t0 = time.monotonic()
-    proc = subprocess.Popen(start_command(tool, mode, entry, allow, program), cwd=ROOT, env=env, text=True,
+    proc = subprocess.Popen(start_command(tool, mode, entry, allow, program, base_object), cwd=ROOT, env=env, text=True,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             preexec_fn=_roomy_nofile)
     lines = Lines(proc)
     try:
-        ready = lines.wait_for(READY_OURS if tool == "ours" else READY_BT, timeout)
+        ready = lines.wait_for(READY_BT if tool == "bpftrace" else READY_OURS, timeout)
         if ready is None:
             run.error = "never ready: " + " | ".join(lines.tail())
             return run
         run.start_s = ready[0] - t0
-        if tool == "ours":
+        if tool != "bpftrace":
             lines.wait_for(re.compile(r"^Phase ready"), 60)  # -v goes to stderr, read by another thread
             for _, m in lines.find(PHASE_OURS):
                 run.phases[m.group(1)] = int(m.group(2))
@@ -349,6 +364,15 @@ def one_run(tool: str, mode: str, set_name: str, entry: Sequence[str], allow: Se
         cnt = sum(s1[i][2] - s0[i][2] for i in ours if i in s0 and i in s1)
         run.bpf_ns_per_call = ns / calls
         run.probe_runs_per_call = cnt / calls
+        by_name: dict[str, list[int]] = {}
+        for i in ours:
+            if i in s0 and i in s1:
+                acc = by_name.setdefault(s1[i][0], [0, 0, 0])
+                acc[0] += 1
+                acc[1] += s1[i][1] - s0[i][1]
+                acc[2] += s1[i][2] - s0[i][2]
+        run.programs = {n: {"progs": c, "ns_per_call": round(ns_ / calls), "runs_per_call": round(r / calls, 2)}
+                        for n, (c, ns_, r) in sorted(by_name.items()) if r}
         lines.quiet_for(3.0, cap=600.0)  # our consumer may still be printing the sessions
         t1 = time.monotonic()
         seen = len(lines.lines)
@@ -390,6 +414,10 @@ def _s(v: float | None) -> str:
 
 def _n(v: float | None) -> str:
     return "-" if v is None else f"{v:,.0f}"
+
+
+def _us(ns: float | None) -> str:
+    return "-" if ns is None else f"{ns / 1000:.1f}"
 
 
 def _ratio(a: float | None, b: float | None) -> str:
@@ -434,6 +462,21 @@ def table(rows: list[tuple[Run, Run]], baseline_ns: float, release: str, calls: 
     return "\n".join(out)
 
 
+def base_table(rows: list[tuple[Run, Run]], obj: Path) -> str:
+    """This build of ours against --base-object's, same set, same boot."""
+    out = [f"This build of ours against {obj} (ours / base):", "",
+           "| mode | set | start | attach | detach | us per call | BPF ns per call | probe runs per call |",
+           "|---" * 8 + "|"]
+    for new, old in rows:
+        out.append(
+            f"| {new.mode} | {new.set_name} | {_s(new.start_s)} / {_s(old.start_s)} | {_s(new.attach_s)} / "
+            f"{_s(old.attach_s)} | {_s(new.detach_s)} / {_s(old.detach_s)} | "
+            f"{_us(new.ns_per_call)} / {_us(old.ns_per_call)} | {_n(new.bpf_ns_per_call)} / "
+            f"{_n(old.bpf_ns_per_call)} ({_ratio(new.bpf_ns_per_call, old.bpf_ns_per_call)}) | "
+            f"{new.probe_runs_per_call or 0:.1f} / {old.probe_runs_per_call or 0:.1f} |")
+    return "\n".join(out)
+
+
 def warm_up(tmp: Path) -> dict[str, dict[str, int]]:
     """Both tools once, untimed, so that neither pays for reading its files into the page cache; ours
     twice, with an empty kernel cache and then the one it filled (which every timed run of ours uses):
@@ -460,6 +503,8 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--cpu", type=int, default=0, help="run everything on this CPU (-1: anywhere); see above")
     ap.add_argument("--json", type=Path, help="also write every run here")
+    ap.add_argument("--base-object", type=Path, metavar="BPF_O", help="also run ours with this build of "
+                    "retsnoop.bpf.c (tool 'ours-base'), to compare a change side by side in the same boot")
     args = ap.parse_args()
     if args.cpu >= 0:
         os.sched_setaffinity(0, {args.cpu})  # inherited by both tools, their threads and the workload
@@ -469,6 +514,7 @@ def main() -> int:
     facts = KernelFacts.load()
     set_stats(False)
     rows: list[tuple[Run, Run]] = []
+    base_rows: list[tuple[Run, Run]] = []
     with tempfile.TemporaryDirectory(prefix="peer-compare-") as tmpdir:
         tmp = Path(tmpdir)
         workload = build_workload(tmp)
@@ -486,20 +532,24 @@ def main() -> int:
                     continue
                 names = our_functions(facts, entry, allow, mode)
                 pair = []
-                for tool in ("ours", "bpftrace"):
+                for tool in ("ours", *(("ours-base",) if args.base_object else ()), "bpftrace"):
                     if tool == "bpftrace" and mode == "fentry" and pair[0].hooked_names:
                         # the functions ours could attach: bpftrace stops at the first it cannot (variadic
                         # functions such as bpf_log have no fexit), where ours skips it and says so
                         wanted = set(names)
                         names = [n for n in pair[0].hooked_names if n in wanted]
                     r = one_run(tool, mode, set_name, entry, allow, names, workload, args.calls, tmp, args.timeout,
-                                py_start)
+                                py_start, args.base_object)
                     print(json.dumps(_shown(r)), flush=True)
                     pair.append(r)
                 baseline.append(run_workload(workload, args.calls))
-                rows.append((pair[0], pair[1]))
+                rows.append((pair[0], pair[-1]))
+                if args.base_object:
+                    base_rows.append((pair[0], pair[1]))
     base = statistics.median(baseline)
     text = table(rows, base, os.uname().release, args.calls, py_start, cache_phases)
+    if base_rows:
+        text += "\n\n" + base_table(base_rows, args.base_object)
     print("\n" + text)
     if args.json:
         args.json.write_text(json.dumps({"release": os.uname().release, "baseline_ns": base, "python_start_s": py_start,

@@ -78,6 +78,13 @@ def check_privileges(root: str = "/") -> None:
                          "run it with sudo")
 
 
+def kernel_state(root: str = "/") -> str | None:
+    """What a loaded KernelEnv stays true for: this kernel build, this boot, these modules (the kernel
+    cache's key). None when the kernel does not say (then nothing is reused)."""
+    from retsnoop_otel.kernel.kcache import kernel_identity
+    return kernel_identity(root).boot_key()
+
+
 def lbr_refusal(setting: str, why: str, probe_set: str | None = None) -> SetupError:
     return SetupError(f"{setting} needs last branch records, but {why}: run without {setting}, or on a machine "
                       "whose CPU exposes LBR to this kernel (bare metal or a VM with LBR passthrough)", probe_set)

@@ -31,6 +31,7 @@ from retsnoop_otel.runtime.environment import (
     cgroup_target,
     check_privileges,
     find_vmlinux,
+    kernel_state,
     load_kernel_env,
 )
 from retsnoop_otel.runtime.errors import InputError
@@ -68,6 +69,7 @@ class RuntimeDeps:
     """Everything that touches the kernel, the network, the clock or the host's files."""
 
     load_env: Callable[[SymbolsConfig, str | None, tuple[str, str | None] | None], KernelEnv] = load_kernel_env
+    kernel_state: Callable[[], object] = kernel_state  # a reload keeps the loaded env while this is unchanged
     find_vmlinux: Callable[[SymbolsConfig, str], str | None] = find_vmlinux
     check_privileges: Callable[[], None] = check_privileges
     tracer_factory: TracerFactory = real_tracer_factory
@@ -106,6 +108,7 @@ class Runtime:
         self.deps = deps or RuntimeDeps()
         self.log = log or EventLog(level="error")
         self.env: KernelEnv | None = None
+        self.env_key: tuple | None = None  # what self.env was loaded for (None: load again at a reload)
         self.vmlinux: str | None = None
         self.probe_sets: list[ProbeSet] = []
         self.sinks: Sinks | None = None
@@ -178,13 +181,21 @@ class Runtime:
 
     def load_env(self) -> KernelEnv:
         self.deps.check_privileges()
+        self.env_key = self._env_key(self.config, self.vmlinux)
         self.env = self._load_env(self.config, self.vmlinux)
         self.phases.extend(self.env.phases)
         return self.env
 
+    def _env_key(self, cfg: RuntimeConfig, vmlinux: str | None) -> tuple | None:
+        state = self.deps.kernel_state()
+        return None if state is None else (state, cfg.symbols, vmlinux, self._lbr(cfg))
+
+    @staticmethod
+    def _lbr(cfg: RuntimeConfig) -> tuple[str, str] | None:
+        return next(((cfg.names.lbr, ps.name) for ps in cfg.probe_sets if ps.lbr_branch_types), None)
+
     def _load_env(self, cfg: RuntimeConfig, vmlinux: str | None) -> KernelEnv:
-        lbr = next(((cfg.names.lbr, ps.name) for ps in cfg.probe_sets if ps.lbr_branch_types), None)
-        return self.deps.load_env(cfg.symbols, vmlinux, lbr)
+        return self.deps.load_env(cfg.symbols, vmlinux, self._lbr(cfg))
 
     def resolve(self, cfg: RuntimeConfig | None = None, env: KernelEnv | None = None) -> Resolved:
         """Every probe set's functions and attach mode; all resolve before anything is attached."""
@@ -328,15 +339,22 @@ class Runtime:
                 web = self.metrics.web(cfg)  # read again even when unchanged: SIGHUP is how users ask for that
             if (cfg.exporter, cfg.limits) != (old.exporter, old.limits):
                 new_sinks = self._sinks(cfg)
-            env = self._load_env(cfg, vmlinux)
-            self.phases.extend(env.phases)
+            # The kernel tables (a million objects for 10,000 functions) are kept while the kernel is
+            # unchanged: reading them again per reload left the heap larger at every reload (bench/agent_scale.py)
+            env_key = self._env_key(cfg, vmlinux)
+            if env_key is not None and env_key == self.env_key:
+                env = self.env
+                self.phases.append(Phase("symbols", 0.0, "kernel, boot and modules unchanged: tables kept"))
+            else:
+                env = self._load_env(cfg, vmlinux)
+                self.phases.extend(env.phases)
             found = self.resolve(cfg, env)
             self._watch_apps(cfg)
             new_sets = start_probe_sets(found, env, cfg.limits, self.deps.tracer_factory, self._on_session, cfg.names,
                                         self._app_probe, self.metrics.workload_series)
             self.phases.extend(attach_phases(new_sets))
         except Exception as exc:  # noqa: BLE001 - whatever fails, the running config stays
-            for part in (new_server, env):
+            for part in (new_server, env if env is not self.env else None):
                 if part is not None:
                     part.close()
             if new_sinks is not None:
@@ -347,7 +365,8 @@ class Runtime:
             return False
         with self.lock:  # the new sets are attached: now drain and detach the old ones
             old_sets, self.probe_sets = self.probe_sets, new_sets
-            old_env, self.env, self.vmlinux = self.env, env, vmlinux
+            old_env = self.env if self.env is not env else None
+            self.env, self.env_key, self.vmlinux = env, env_key, vmlinux
             old_sinks = old_server = None
             if new_sinks is not None:
                 old_sinks, self.sinks = self.sinks, new_sinks

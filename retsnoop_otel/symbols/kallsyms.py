@@ -95,16 +95,20 @@ class Kallsyms:
         ks._width, ks._first, ks._multi, ks._blob = width, first, multi, blob
         return ks
 
-    def add_bpf_symbols(self, text: str) -> int:
-        """Merge the [bpf] symbols of a fresh kallsyms read (taken after attaching), so stack frames
-        inside fexit trampolines and BPF programs are recognised as the tracer's own rather than
-        charged to whichever module function happens to precede them. Returns how many were new."""
-        have = {(a, n) for a, n, m in self._items if m == "bpf"}
-        new = [(a.zfill(self._width), n, m) for a, n, m in _BPF_LINE.findall(text)]
-        new = [item for item in new if (item[0], item[1]) not in have]
-        for item in new:
+    def sync_bpf_symbols(self, text: str) -> int:
+        """Bring the [bpf] symbols up to date with a fresh kallsyms read (taken after attaching), so stack
+        frames inside fexit trampolines and BPF programs are recognised as the tracer's own rather than
+        charged to whichever module function happens to precede them. Those of programs that are gone
+        are dropped: an agent's reload keeps these tables while it replaces its programs. Returns how
+        many were new."""
+        now = {(a.zfill(self._width), n, m) for a, n, m in _BPF_LINE.findall(text)}
+        have = {item for item in self._items if item[2] == "bpf"}
+        new, gone = now - have, have - now
+        if gone:
+            self._items = [item for item in self._items if item not in gone]
+        for item in sorted(new):
             bisect.insort(self._items, item)
-        if new:
+        if new or gone:
             self._first, self._multi, self._blob = None, {}, None  # positions shifted: rebuild the index lazily
         return len(new)
 
@@ -113,7 +117,7 @@ class Kallsyms:
             text = Path(root, "proc/kallsyms").read_text()
         except OSError:
             return 0
-        return self.add_bpf_symbols(text)
+        return self.sync_bpf_symbols(text)
 
     def __len__(self) -> int:
         return len(self._items)

@@ -132,6 +132,8 @@ class World:
         self.requests: list = []
         self.env_fail: str | None = None
         self.publishing: dict[int, object] = {}  # pid -> TlsLocation-like, for the application watcher
+        self.kernel_state: str | None = None  # None: the kernel cannot say, every reload loads the env again
+        self.env_loads = 0
 
     def factory(self, funcs, cfg, btf_func_id):
         t = FakeTracer(funcs, cfg, btf_func_id, self)
@@ -156,7 +158,11 @@ class World:
         return Mem()
 
     def deps(self, console=None) -> RuntimeDeps:
-        return RuntimeDeps(load_env=lambda _symbols, _vmlinux, _lbr: make_env(self.env_fail),
+        def load_env(_symbols, _vmlinux, _lbr):
+            self.env_loads += 1
+            return make_env(self.env_fail)
+
+        return RuntimeDeps(load_env=load_env, kernel_state=lambda: self.kernel_state,
                            find_vmlinux=lambda _symbols, _name: None, check_privileges=lambda: None,
                            tracer_factory=self.factory, make_sender=self.sender,
                            boot_to_wall_offset=lambda: 1_000_000_000_000, make_resource=lambda: Resource({}),
@@ -385,6 +391,28 @@ def test_reload_frees_the_previous_configs_tables(setup) -> None:
     assert agent.reload() is True
     assert gc.isenabled()
     assert old_ksyms() is None and all(t() is None for t in old_tracers)
+
+
+def test_reload_keeps_the_kernel_tables_while_the_kernel_is_unchanged(setup) -> None:
+    """Reading them again at every reload grew the agent by megabytes per reload (bench/agent_scale.py);
+    a module load (a new kernel state) must still be seen."""
+    world, agent, cfg, logbuf = setup
+    world.kernel_state = "build:boot:modules-1"
+    agent.start()
+    env = agent.runtime.env
+    closed = []
+    env.close = lambda: closed.append(True)
+    cfg.write_text(CONFIG.format(prob=0.5).replace("bpf_errors", "errors2"))
+    assert agent.reload() is True and agent.runtime.env is env and world.env_loads == 1 and closed == []
+    reloaded = [e for e in log_events(logbuf) if e["msg"] == "config reloaded"]
+    assert reloaded[-1]["symbols_ms"] == 0.0
+    world.env_fail = "boom"  # not read again: the reload succeeds with the tables it has
+    assert agent.reload() is True and world.env_loads == 1
+    world.kernel_state = "build:boot:modules-2"
+    assert agent.reload() is False and agent.runtime.env is env and closed == []  # failed: the old env stays
+    world.env_fail = None
+    assert agent.reload() is True and world.env_loads == 3 and agent.runtime.env is not env and closed == [True]
+    assert agent.reload() is True and world.env_loads == 3
 
 
 def test_signals_drive_reload_and_stop(setup) -> None:

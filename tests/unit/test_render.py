@@ -254,13 +254,25 @@ def test_fexit_trampolines_created_after_load_are_merged_from_a_fresh_read() -> 
     session = Session(1, 1, "t", "t", BOOT_START, BOOT_START + 31_000, True, chain, kstack)
     stale = render_stack(session, funcs, KallsymsSymbolizer(before), OFFSET)
     assert "!    8us [-EINVAL]  array_map_alloc_check" not in stale
-    assert before.add_bpf_symbols(full) == 3
-    assert before.add_bpf_symbols(full) == 0  # idempotent
+    assert before.sync_bpf_symbols(full) == 3
+    assert before.sync_bpf_symbols(full) == 0  # idempotent
     assert [s.name for s in before.by_name("bpf_trampoline_6442491234")] == ["bpf_trampoline_6442491234"]
     body = render_stack(session, funcs, KallsymsSymbolizer(before), OFFSET).split("\n\n", 1)[1]
     assert body == ("    30us [-EINVAL]  __x64_sys_bpf+0x1c\n"
                     "                    __sys_bpf+0xca0\n"
                     "!    8us [-EINVAL]  array_map_alloc_check\n\n\n")
+
+
+def test_bpf_symbols_of_programs_that_are_gone_are_dropped() -> None:
+    """An agent's reload keeps the kernel tables while it replaces its programs: a detached program's
+    address must not keep naming whatever is loaded there next."""
+    full = (ROOT / "proc/kallsyms").read_text()
+    ksyms = Kallsyms.parse(full)
+    without = "\n".join(ln for ln in full.splitlines() if "bpf_trampoline_6442491234" not in ln)
+    assert ksyms.sync_bpf_symbols(without) == 0
+    assert ksyms.by_name("bpf_trampoline_6442491234") == []
+    assert ksyms.by_name("__x64_sys_bpf") != []  # the kernel's own symbols stay
+    assert ksyms.sync_bpf_symbols(full) == 1
 
 
 def test_returned_function_rows_show_where_it_is_defined_when_dwarf_knows(ksyms: Kallsyms) -> None:
