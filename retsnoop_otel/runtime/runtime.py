@@ -279,6 +279,8 @@ class Runtime:
         per_set = max(1, POLL_MS // max(1, len(sets)))
         for ps in sets:
             ps.poll(per_set)
+        if self.sinks is not None:
+            self.sinks.flush()
         if self.app_watch is not None:
             self.app_watch.service()
         if self.workloads is not None:
@@ -403,6 +405,8 @@ class Runtime:
         t0, drained = time.monotonic(), 0
         try:
             drained = ps.poll(0)  # sessions already in the ring buffer still go out
+            if self.sinks is not None:
+                self.sinks.flush()
         except Exception as exc:  # noqa: BLE001 - detaching matters more than the last records
             self.log.warning("could not drain probe set before detaching", probe_set=ps.name, error=str(exc))
         t1 = time.monotonic()

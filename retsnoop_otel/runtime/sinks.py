@@ -112,12 +112,10 @@ class Sinks:
 
     def emit(self, ps: Any, session: Session, offset_ns: int) -> None:
         out = self._outputs(ps)
-        if self._console is not None:
+        if self._console is not None:  # flushed once per poll (flush()), not per session
             self._console.write(self._text(ps, out, session, offset_ns))
-            self._console.flush()
         if self.trace_json is not None and session.calls:
             self.trace_json.add(session, ps.funcs, offset_ns)
-            self.trace_json.flush()
         if not self.exporters:
             return
         trace = out.encoder.encode(session, offset_ns)
@@ -158,9 +156,19 @@ class Sinks:
     def last_errors(self) -> list[str]:
         return [s.last_error for s in self.exporters if s.last_error]
 
+    def flush(self) -> None:
+        """After each poll: the console and the trace JSON file get a poll's sessions in one write, not
+        a write (and, on a pipe, a wakeup of its reader) per session."""
+        if self._console is not None:
+            self._console.flush()
+        if self.trace_json is not None:
+            self.trace_json.flush()
+
     def close(self, timeout: float) -> None:
         """Flush within `timeout` in total (shared by the exporters), then stop them."""
         deadline = time.monotonic() + timeout
+        if self._console is not None:
+            self._console.flush()
         for sink in self.exporters:
             sink.shutdown(timeout=max(0.0, deadline - time.monotonic()))
         self._final = self.totals()

@@ -50,6 +50,7 @@ class Kallsyms:
         self._first: dict[str, int] | None = None
         self._multi: dict[str, list[int]] = {}
         self._blob: str | None = None
+        self.generation = 0  # changes whenever the symbols do (symbolizers cache what they looked up)
 
     @classmethod
     def parse(cls, text: str) -> Kallsyms:
@@ -110,6 +111,7 @@ class Kallsyms:
             bisect.insort(self._items, item)
         if new or gone:
             self._first, self._multi, self._blob = None, {}, None  # positions shifted: rebuild the index lazily
+            self.generation += 1
         return len(new)
 
     def refresh_bpf_symbols(self, root: str = "/") -> int:

@@ -46,19 +46,38 @@ def definition(symbolizer: Symbolizer, addr: int) -> tuple[str, int] | None:
     return None
 
 
+CACHE_MAX = 1 << 16  # addresses a symbolizer remembers (a few MB at most): stacks repeat, the set is bounded
+
+
 class KallsymsSymbolizer:
-    """Names and offsets only: what every host can give without debug info."""
+    """Names and offsets only: what every host can give without debug info.
+
+    Results are cached per address (shared lists: callers do not modify them). Kernel stacks repeat
+    from session to session, and looking each frame up again was most of the console's time per
+    session (bench/console_cost.py)."""
 
     def __init__(self, kallsyms: Kallsyms) -> None:
         self._ksyms = kallsyms
+        self._frames: dict[int, list[Frame]] = {}
+        self._generation = kallsyms.generation
 
     def frames(self, addr: int) -> list[Frame]:
+        if self._generation != self._ksyms.generation:  # [bpf] symbols came or went
+            self._frames, self._generation = {}, self._ksyms.generation
+        hit = self._frames.get(addr)
+        if hit is None:
+            if len(self._frames) >= CACHE_MAX:
+                self._frames = {}
+            hit = self._frames[addr] = self._lookup(addr)
+        return hit
+
+    def _lookup(self, addr: int) -> list[Frame]:
         sym = self._ksyms.lookup(addr)
         return [] if sym is None else [Frame(sym.name, sym.offset, sym.module)]
 
     def describe(self, addr: int) -> str:
-        sym = self._ksyms.lookup(addr)
-        return f"0x{addr:x}" if sym is None else f"{sym.name}+0x{sym.offset:x}"
+        frames = self.frames(addr)
+        return f"0x{addr:x}" if not frames else f"{frames[0].name}+0x{frames[0].offset:x}"
 
 
 class DwarfSymbolizer(KallsymsSymbolizer):
@@ -68,8 +87,8 @@ class DwarfSymbolizer(KallsymsSymbolizer):
         super().__init__(kallsyms)
         self._source = source
 
-    def frames(self, addr: int) -> list[Frame]:
-        base = super().frames(addr)
+    def _lookup(self, addr: int) -> list[Frame]:
+        base = super()._lookup(addr)
         if not base or base[0].module is not None:  # DWARF covers vmlinux only
             return base
         src = list(reversed(self._source.frames(addr)))  # outermost first

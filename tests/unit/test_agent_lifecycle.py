@@ -556,6 +556,30 @@ def test_console_and_file_outputs(tmp_path: Path) -> None:
     assert spans[1]["status"]["code"] == 2  # OTLP/JSON enums are integers
 
 
+def test_console_is_written_once_per_poll_not_per_session(tmp_path: Path) -> None:
+    """On a pipe, a flush per session cost a write and a wakeup of the reader per session."""
+    class Counting(io.StringIO):
+        flushes = 0
+
+        def flush(self) -> None:
+            self.flushes += 1
+            super().flush()
+
+    world = World()
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(CONFIG.format(prob=1.0).replace('otlp: {endpoint: "http://127.0.0.1:4317"}',
+                                                   "otlp: null\n  console: true"))
+    console = Counting()
+    agent = Agent(str(cfg), world.deps(console), EventLog(io.StringIO()))
+    agent.start()
+    errs = by_set(world, "__x64_sys_bpf")
+    errs.pending = error_session(errs, tid=7) + error_session(errs, tid=8) + error_session(errs, tid=9)
+    before = console.flushes
+    agent.runtime.poll_once()
+    assert console.getvalue().count("[bpf_errors]") == 3 and console.flushes == before + 1
+    agent.runtime.shutdown(5.0)
+
+
 def test_check_prints_what_each_probe_set_would_attach(tmp_path: Path) -> None:
     cfg = tmp_path / "agent.yaml"
     cfg.write_text(CONFIG.format(prob=1.0))

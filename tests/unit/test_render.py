@@ -275,6 +275,17 @@ def test_bpf_symbols_of_programs_that_are_gone_are_dropped() -> None:
     assert ksyms.sync_bpf_symbols(full) == 1
 
 
+def test_a_symbolizer_forgets_what_it_cached_when_the_symbols_change() -> None:
+    full = (ROOT / "proc/kallsyms").read_text()
+    ksyms = Kallsyms.parse("\n".join(ln for ln in full.splitlines() if not ln.endswith("[bpf]")))
+    sym = KallsymsSymbolizer(ksyms)
+    tramp = addr(Kallsyms.parse(full), "bpf_trampoline_6442491234", 0x8c, "bpf")
+    assert not sym.describe(tramp).startswith("bpf_trampoline_")  # charged to the function before it
+    assert sym.frames(tramp) is sym.frames(tramp)  # cached
+    ksyms.sync_bpf_symbols(full)
+    assert sym.describe(tramp) == "bpf_trampoline_6442491234+0x8c"
+
+
 def test_returned_function_rows_show_where_it_is_defined_when_dwarf_knows(ksyms: Kallsyms) -> None:
     """'!' rows have no frame; with DWARF the function's entry address still names its file:line."""
     funcs = funcs_for(ksyms, [("__x64_sys_bpf", RetKind.SIGNED), ("__sys_bpf", RetKind.INT32),
