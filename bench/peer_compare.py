@@ -37,8 +37,10 @@ run's.
 
 --base-object BPF_O adds a third run per mode: ours with another build of retsnoop.bpf.c (say, main's
 before a change: `git archive REV bpf | tar -x -C /tmp/b && make -C /tmp/b/bpf`), so that a change is
-judged in one boot. Boots differ: the same bpftrace run measured 17,029 and 31,435 BPF ns per call in
-two 6.1 boots, so figures from different boots are not compared.
+judged in one boot. Given a directory, a checkout of another revision, it runs that checkout's Python
+code and BPF object (`git worktree add /tmp/w REV && make -C /tmp/w bpf`). Boots differ: the same
+bpftrace run measured 17,029 and 31,435 BPF ns per call in two 6.1 boots, so figures from different
+boots are not compared.
 
 Output: one JSON line per run while it goes, then a markdown table with ratios (ours / bpftrace).
 """
@@ -317,7 +319,8 @@ def start_command(tool: str, mode: str, entry: Sequence[str], allow: Sequence[st
     if tool == "bpftrace":
         return ["bpftrace", "-B", "none", str(program)]
     globs = [x for g in entry for x in ("-e", g)] + [x for g in allow for x in ("-a", g)]
-    launch = ["-c", BASE_LAUNCH, str(base_object)] if tool == "ours-base" else ["-m", "retsnoop_otel"]
+    by_object = tool == "ours-base" and base_object is not None and not base_object.is_dir()
+    launch = ["-c", BASE_LAUNCH, str(base_object)] if by_object else ["-m", "retsnoop_otel"]
     return [sys.executable, *launch, "trace", "-v", FLAGS[mode], *globs]
 
 
@@ -331,7 +334,11 @@ def one_run(tool: str, mode: str, set_name: str, entry: Sequence[str], allow: Se
                BPFTRACE_MAX_BPF_PROGS=str(4 * len(names) + 64), RETSNOOP_OTEL_CACHE=str(tmp / "cache"))
     before = set(prog_stats())
     t0 = time.monotonic()
-    proc = subprocess.Popen(start_command(tool, mode, entry, allow, program, base_object), cwd=ROOT, env=env, text=True,
+    tree = base_object if tool == "ours-base" and base_object is not None and base_object.is_dir() else None
+    if tree is not None:  # another checkout: its own Python code and BPF object
+        env["PYTHONPATH"] = str(tree)
+    proc = subprocess.Popen(start_command(tool, mode, entry, allow, program, base_object), cwd=tree or ROOT,
+                            env=env, text=True,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             preexec_fn=_roomy_nofile)
     lines = Lines(proc)
@@ -503,8 +510,9 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--cpu", type=int, default=0, help="run everything on this CPU (-1: anywhere); see above")
     ap.add_argument("--json", type=Path, help="also write every run here")
-    ap.add_argument("--base-object", type=Path, metavar="BPF_O", help="also run ours with this build of "
-                    "retsnoop.bpf.c (tool 'ours-base'), to compare a change side by side in the same boot")
+    ap.add_argument("--base-object", type=Path, metavar="BPF_O|DIR", help="also run ours with this build of "
+                    "retsnoop.bpf.c, or from this checkout (its Python code and BPF object; tool 'ours-base'), "
+                    "to compare a change side by side in the same boot")
     args = ap.parse_args()
     if args.cpu >= 0:
         os.sched_setaffinity(0, {args.cpu})  # inherited by both tools, their threads and the workload
