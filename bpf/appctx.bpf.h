@@ -44,7 +44,7 @@ static __always_inline void ask_about(__u32 tgid)
 	}
 	r->type = REC_APP_PROBE;
 	r->tgid = tgid;
-	bpf_ringbuf_submit(r, rb_wakeup());
+	bpf_ringbuf_submit(r, rb_wakeup(sizeof(*r)));
 }
 
 static __always_inline __u32 attrs_len(__u16 size)
@@ -134,7 +134,7 @@ static __always_inline void emit_app_side(void *ctx, struct session *s)
 			r->err = 0;
 			__builtin_memset(&r->ctx, 0, APP_CTX_HEAD);
 			read_app_ctx(r, t);
-			bpf_ringbuf_submit(r, rb_wakeup());
+			bpf_ringbuf_submit(r, rb_wakeup(sizeof(*r)));
 		}
 	}
 	if (user_stacks) {
@@ -145,7 +145,7 @@ static __always_inline void emit_app_side(void *ctx, struct session *s)
 			u->start_ts = s->start_ts;
 			u->pad = 0;
 			u->ustack_sz = bpf_get_stack(ctx, u->ustack, sizeof(u->ustack), BPF_F_USER_STACK);
-			bpf_ringbuf_submit(u, rb_wakeup());
+			bpf_ringbuf_submit(u, rb_wakeup(sizeof(*u)));
 		}
 	}
 }

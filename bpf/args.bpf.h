@@ -67,5 +67,5 @@ static __always_inline void emit_args(void *ctx, struct session *s, __u32 tid, i
 			n = bpf_probe_read_kernel_str(r->data[i], MAX_ARG_DATA, (void *)v);
 		r->data_len[i] = n;
 	}
-	bpf_ringbuf_submit(r, rb_wakeup_at(avail));
+	bpf_ringbuf_submit(r, rb_wakeup_at(avail, sizeof(*r)));
 }

@@ -57,7 +57,7 @@ static __always_inline bool emit_start(struct session *s)
 	r->start_ts = s->start_ts;
 	__builtin_memcpy(r->comm, s->comm, sizeof(r->comm));
 	__builtin_memcpy(r->proc_comm, s->proc_comm, sizeof(r->proc_comm));
-	bpf_ringbuf_submit(r, rb_wakeup());
+	bpf_ringbuf_submit(r, rb_wakeup(sizeof(*r)));
 	return true;
 }
 
@@ -88,7 +88,7 @@ static __always_inline bool release_calls(struct session *s, __u32 key)
 	if (size > sizeof(*b))
 		size = sizeof(*b);
 	avail = bpf_ringbuf_query(&rb, RB_AVAIL_DATA);
-	if (!room_for_call_records(avail, size) || bpf_ringbuf_output(&rb, b, size, rb_wakeup_at(avail)))
+	if (!room_for_call_records(avail, size) || bpf_ringbuf_output(&rb, b, size, rb_wakeup_at(avail, size)))
 		lost_records(s, n);
 	b->cnt = 0;
 	return true;
@@ -145,5 +145,5 @@ static __always_inline void emit_trace(struct session *s, __u32 key, __u32 type,
 		return;
 	}
 	fill_trace(r, type, tid, ts, s->next_seq++, depth, func_id, lat, res);
-	bpf_ringbuf_submit(r, rb_wakeup_at(avail));
+	bpf_ringbuf_submit(r, rb_wakeup_at(avail, sizeof(*r)));
 }

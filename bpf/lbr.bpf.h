@@ -67,5 +67,5 @@ static __always_inline void emit_lbr(struct session *s, __u32 key)
 	r->tid = s->tid;
 	r->start_ts = s->start_ts;
 	bpf_probe_read_kernel(&r->lbr, sizeof(r->lbr), kept);
-	bpf_ringbuf_submit(r, rb_wakeup());
+	bpf_ringbuf_submit(r, rb_wakeup(sizeof(*r)));
 }

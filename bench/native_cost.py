@@ -1,0 +1,120 @@
+"""BPF time per run of our kprobe programs on real hardware: the same kprobe_entry/kretprobe_exit that
+single-kprobe mode loads, driven by uprobes on tests/native/simkern.c (the host forbids kernel-function
+probes, not uprobes). Under emulation (tests/vm) every figure is an order of magnitude larger and
+varies between boots; here a change to bpf/ is measured in seconds, side by side with another build.
+
+    .venv/bin/python bench/native_cost.py [--calls N] [--rounds N] [--base-object BPF_O]
+
+Run as root. kernel.bpf_stats_enabled is switched on only while the calls run. Each call is
+sk_syscall(0): a session of four traced functions (sk_syscall -> sk_create -> sk_check fails with
+-EINVAL, then sk_log) ending in an error, like a failing syscall. The records are read between
+batches, outside the measured windows, as the tools' readers would on another CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from unittest import mock
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from retsnoop_otel.capture.model import RetKind, TracedFunc  # noqa: E402
+from retsnoop_otel.kernel import tracer as tracer_module  # noqa: E402
+from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer  # noqa: E402
+
+SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
+FUNCS = [TracedFunc(0, "sk_syscall", 0, RetKind.SIGNED, True), TracedFunc(1, "sk_create", 0, RetKind.SIGNED, False),
+         TracedFunc(2, "sk_check", 0, RetKind.INT32, False), TracedFunc(3, "sk_log", 0, RetKind.VOID, False)]
+BATCH = 1000  # calls between reads of the ring buffer (2 MB of records at most)
+
+
+def build_simkern(tmp: Path) -> tuple[str, ctypes.CDLL]:
+    out = tmp / "libsimkern.so"
+    subprocess.run(["gcc", "-O1", "-shared", "-fPIC", "-o", str(out), str(ROOT / "tests/native/simkern.c")],
+                   check=True)
+    return str(out), ctypes.CDLL(str(out))
+
+
+def measure(path: str, lib: ctypes.CDLL, calls: int, obj: Path | None, **cfg: object) -> dict[str, float]:
+    """ns per run of each program and BPF ns per call, for one build."""
+    config = CaptureConfig(mode="uprobe", uprobe_binary=path, pids=[os.getpid()], exclude_self=False,
+                           **cfg)  # type: ignore[arg-type]
+    tracer = Tracer(FUNCS, config)
+    try:
+        if obj is None:
+            tracer.load()
+        else:
+            with mock.patch.object(tracer_module, "bpf_object_path", lambda: obj):
+                tracer.load()
+        tracer.attach(strict=True)
+        tracer.open_ring_buffer(lambda _rec: None)
+        lib.sk_syscall(0)  # the thread's first session (its entry in the sessions map) is not measured
+        while tracer.poll(0) > 0:
+            pass
+        totals: dict[str, list[int]] = {}
+        done = 0
+        while done < calls:
+            n = min(BATCH, calls - done)
+            before = {p.name: p for p in tracer.program_stats()}
+            SYSCTL.write_text("1\n")
+            for _ in range(n):
+                lib.sk_syscall(0)
+            SYSCTL.write_text("0\n")
+            after = {p.name: p for p in tracer.program_stats()}
+            for name, p in after.items():
+                acc = totals.setdefault(name, [0, 0])
+                acc[0] += p.run_time_ns - before[name].run_time_ns
+                acc[1] += p.run_cnt - before[name].run_cnt
+            while tracer.poll(0) > 0:
+                pass
+            done += n
+    finally:
+        tracer.close()
+    out = {f"{name} ns/run": ns / max(1, cnt) for name, (ns, cnt) in totals.items()}
+    out["BPF ns/call"] = sum(ns for ns, _ in totals.values()) / calls
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--calls", type=int, default=20000)
+    ap.add_argument("--rounds", type=int, default=5, help="rounds over the builds, interleaved; medians shown")
+    ap.add_argument("--base-object", type=Path, metavar="BPF_O", help="another build of retsnoop.bpf.c, side by side")
+    ap.add_argument("--app-context", action=argparse.BooleanOptionalAction, default=True,
+                    help="as `trace` runs by default (the application's thread context asked at session start)")
+    args = ap.parse_args()
+    old = SYSCTL.read_text()
+    builds: list[tuple[str, Path | None]] = [("this build", None)]
+    if args.base_object:
+        builds.append(("base", args.base_object))
+    rows: dict[str, list[dict[str, float]]] = {name: [] for name, _ in builds}
+    try:
+        with tempfile.TemporaryDirectory(prefix="native-cost-") as tmp:
+            path, lib = build_simkern(Path(tmp))
+            for _ in range(args.rounds):
+                for name, obj in builds:
+                    rows[name].append(measure(path, lib, args.calls, obj, app_context=args.app_context))
+    finally:
+        SYSCTL.write_text(old)
+    keys = list(rows[builds[0][0]][0])
+    print(f"kernel {os.uname().release}; {args.calls:,} failing sessions of 4 functions per round, "
+          f"medians of {args.rounds} rounds")
+    print(f"{'':<12}" + "".join(f"{k:>24}" for k in keys))
+    med = {name: {k: statistics.median(r[k] for r in rs) for k in keys} for name, rs in rows.items()}
+    for name, m in med.items():
+        print(f"{name:<12}" + "".join(f"{m[k]:>24.0f}" for k in keys))
+    if args.base_object:
+        print(f"{'ratio':<12}" + "".join(f"{med['this build'][k] / med['base'][k]:>23.2f}x" for k in keys))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
