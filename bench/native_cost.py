@@ -3,19 +3,24 @@ single-kprobe mode loads, driven by uprobes on tests/native/simkern.c (the host 
 probes, not uprobes). Under emulation (tests/vm) every figure is an order of magnitude larger and
 varies between boots; here a change to bpf/ is measured in seconds, side by side with another build.
 
-    .venv/bin/python bench/native_cost.py [--calls N] [--rounds N] [--base-object BPF_O]
+    .venv/bin/python bench/native_cost.py [--calls N] [--rounds N] [--base-object BPF_O] [--bpftrace]
 
 Run as root. kernel.bpf_stats_enabled is switched on only while the calls run. Each call is
 sk_syscall(0): a session of four traced functions (sk_syscall -> sk_create -> sk_check fails with
 -EINVAL, then sk_log) ending in an error, like a failing syscall. The records are read between
 batches, outside the measured windows, as the tools' readers would on another CPU.
+
+--bpftrace adds the peer of bench/peer_compare.py on the same four functions: an entry and an exit
+uprobe each, `@t[tid] = nsecs` and `@t[tid] = nsecs - @t[tid]` (a per-thread map update in both).
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -79,8 +84,48 @@ def measure(path: str, lib: ctypes.CDLL, calls: int, obj: Path | None, **cfg: ob
     finally:
         tracer.close()
     out = {f"{name} ns/run": ns / max(1, cnt) for name, (ns, cnt) in totals.items()}
+    out["ns/run (all)"] = sum(ns for ns, _ in totals.values()) / max(1, sum(c for _, c in totals.values()))
     out["BPF ns/call"] = sum(ns for ns, _ in totals.values()) / calls
     return out
+
+
+def prog_stats() -> dict[int, tuple[str, int, int]]:
+    out = subprocess.run(["bpftool", "-j", "prog", "show"], capture_output=True, text=True, check=True).stdout
+    return {p["id"]: (p.get("name", ""), p.get("run_time_ns", 0), p.get("run_cnt", 0)) for p in json.loads(out)}
+
+
+def measure_bpftrace(path: str, lib: ctypes.CDLL, calls: int) -> dict[str, float]:
+    names = [f.name for f in FUNCS]
+    program = "\n".join([
+        'BEGIN { printf("READY\\n"); }',
+        ",".join(f"uprobe:{path}:{n}" for n in names) + " { @t[tid] = nsecs; }",
+        ",".join(f"uretprobe:{path}:{n}" for n in names) + " { @t[tid] = nsecs - @t[tid]; }",
+        "END { clear(@t); }"])
+    before_ids = set(prog_stats())
+    proc = subprocess.Popen(["bpftrace", "-B", "none", "-e", program], stdout=subprocess.PIPE, text=True,
+                            stderr=subprocess.DEVNULL)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.strip() == "READY":
+                break
+        else:
+            raise RuntimeError("bpftrace exited before it was ready")
+        lib.sk_syscall(0)
+        ids = [i for i in prog_stats() if i not in before_ids]
+        s0 = prog_stats()
+        SYSCTL.write_text("1\n")
+        for _ in range(calls):
+            lib.sk_syscall(0)
+        SYSCTL.write_text("0\n")
+        s1 = prog_stats()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+    ns = sum(s1[i][1] - s0[i][1] for i in ids if i in s0 and i in s1)
+    runs = sum(s1[i][2] - s0[i][2] for i in ids if i in s0 and i in s1)
+    return {"kprobe_entry ns/run": float("nan"), "kretprobe_exit ns/run": float("nan"),
+            "ns/run (all)": ns / max(1, runs), "BPF ns/call": ns / calls}
 
 
 def main() -> int:
@@ -90,6 +135,7 @@ def main() -> int:
     ap.add_argument("--base-object", type=Path, metavar="BPF_O", help="another build of retsnoop.bpf.c, side by side")
     ap.add_argument("--app-context", action=argparse.BooleanOptionalAction, default=True,
                     help="as `trace` runs by default (the application's thread context asked at session start)")
+    ap.add_argument("--bpftrace", action="store_true", help="also bpftrace doing the peer's work (see above)")
     args = ap.parse_args()
     old = SYSCTL.read_text()
     builds: list[tuple[str, Path | None]] = [("this build", None)]
@@ -102,6 +148,8 @@ def main() -> int:
             for _ in range(args.rounds):
                 for name, obj in builds:
                     rows[name].append(measure(path, lib, args.calls, obj, app_context=args.app_context))
+                if args.bpftrace:
+                    rows.setdefault("bpftrace", []).append(measure_bpftrace(path, lib, args.calls))
     finally:
         SYSCTL.write_text(old)
     keys = list(rows[builds[0][0]][0])
@@ -111,8 +159,9 @@ def main() -> int:
     med = {name: {k: statistics.median(r[k] for r in rs) for k in keys} for name, rs in rows.items()}
     for name, m in med.items():
         print(f"{name:<12}" + "".join(f"{m[k]:>24.0f}" for k in keys))
-    if args.base_object:
-        print(f"{'ratio':<12}" + "".join(f"{med['this build'][k] / med['base'][k]:>23.2f}x" for k in keys))
+    for other in ("base", "bpftrace"):
+        if other in med:
+            print(f"{'/ ' + other:<12}" + "".join(f"{med['this build'][k] / med[other][k]:>23.2f}x" for k in keys))
     return 0
 
 
