@@ -7,9 +7,11 @@ per-call records and in-kernel aggregates natively and fast. Kernel attach modes
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -187,18 +189,27 @@ def test_attach_failure_leaves_nothing_attached(simkern):
     tracer.close()
 
 
+@contextlib.contextmanager
+def _attached(path: str, **cfg: object) -> Iterator[Tracer]:
+    """This process's sessions of _funcs() captured (no reader unless the test opens one)."""
+    tracer = Tracer(_funcs(), CaptureConfig(mode="uprobe", uprobe_binary=path, pids=[os.getpid()],
+                                            exclude_self=False, **cfg))  # type: ignore[arg-type]
+    try:
+        tracer.load()
+        tracer.attach(strict=True)
+        yield tracer
+    finally:
+        tracer.close()
+
+
 def test_a_sleeping_reader_is_woken_once_a_batch_waits_not_per_record(simkern):
     """rb_wakeup() in retsnoop.bpf.c: no wakeup below 1/16 of the ring buffer (4 KiB of 64 KiB here),
     one when a record crosses it. Session end records take about 1.9 KiB: the third crosses."""
     import threading
     import time
     path, lib = simkern
-    tracer = Tracer(_funcs(), CaptureConfig(mode="uprobe", uprobe_binary=path, pids=[os.getpid()],
-                                            exclude_self=False, ringbuf_size=64 << 10))
     got: list = []
-    try:
-        tracer.load()
-        tracer.attach(strict=True)
+    with _attached(path, ringbuf_size=64 << 10) as tracer:
         tracer.open_ring_buffer(got.append)
         polled: dict = {}
         reader = threading.Thread(target=lambda: polled.setdefault("n", tracer.poll(60_000)), daemon=True)
@@ -211,8 +222,6 @@ def test_a_sleeping_reader_is_woken_once_a_batch_waits_not_per_record(simkern):
         lib.sk_syscall(0)
         reader.join(30.0)  # far below the 60 s timeout: only a wakeup ends the wait this early
         assert not reader.is_alive() and polled["n"] == len(got) == 3
-    finally:
-        tracer.close()
 
 
 def _irq_work_interrupts() -> int | None:
@@ -229,19 +238,13 @@ def test_a_lagging_reader_costs_the_traced_thread_no_wakeup_per_record(simkern):
     if _irq_work_interrupts() is None:
         pytest.skip("this kernel's /proc/interrupts has no IRQ work (IWI) counter")
     path, lib = simkern
-    tracer = Tracer(_funcs(), CaptureConfig(mode="uprobe", uprobe_binary=path, pids=[os.getpid()],
-                                            exclude_self=False))
-    try:
-        tracer.load()
-        tracer.attach(strict=True)
+    with _attached(path) as tracer:
         tracer.open_ring_buffer(lambda _rec: None)
         before = _irq_work_interrupts()
         for _ in range(2000):
             lib.sk_syscall(0)
         after = _irq_work_interrupts()
         assert tracer.capture_stats().sessions_reported == 2000
-    finally:
-        tracer.close()
     assert after - before < 200, after - before  # 7 wakeups, plus whatever else the machine queued
 
 
@@ -259,16 +262,10 @@ def test_own_process_is_excluded_by_default(simkern):
 
 def test_session_aggregates_per_entry_function(simkern):
     path, lib = simkern
-    tracer = Tracer(_funcs(), CaptureConfig(mode="uprobe", uprobe_binary=path, pids=[os.getpid()],
-                                            exclude_self=False))
-    try:
-        tracer.load()
-        tracer.attach(strict=True)
+    with _attached(path) as tracer:
         for v in (0, 5, 500, 7):
             lib.sk_syscall(v)
         stats = {s.entry_func_id: s for s in tracer.session_stats()}
-    finally:
-        tracer.close()
     s = stats[0]  # sk_syscall
     assert (s.sessions, s.error_sessions) == (4, 2)
     assert sum(s.duration_buckets) == 4 and s.duration_sum_ns > 0
