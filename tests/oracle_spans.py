@@ -20,7 +20,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags, TraceState
 from opentelemetry.trace.status import Status, StatusCode
 
-from retsnoop_otel.capture.model import Call, Session
+from retsnoop_otel.capture.model import Call, FuncTable, Session, lookup_func
 from retsnoop_otel.export.resource import Resource, with_workload
 from retsnoop_otel.export.span_attributes import (
     DEFAULT_MAX_SPANS,
@@ -30,7 +30,6 @@ from retsnoop_otel.export.span_attributes import (
     START_ESTIMATED,
     Attrs,
     FormatArgs,
-    FuncTable,
     Locate,
     SpanStatus,
     app_parent,
@@ -39,7 +38,6 @@ from retsnoop_otel.export.span_attributes import (
     count_calls,
     lbr_attrs,
     lbr_call,
-    lookup_func,
     result_attrs,
     sampling_state,
     session_attrs,

@@ -20,7 +20,8 @@ from retsnoop_otel.agent.config_file import AgentConfig, ConfigError, load_confi
 from retsnoop_otel.runtime.config import MetricsConfig
 from retsnoop_otel.runtime.environment import KernelEnv
 from retsnoop_otel.runtime.errors import RunRefused
-from retsnoop_otel.runtime.logs import EventLog, bridge_library_logs
+from retsnoop_otel.runtime.log_bridge import bridge_library_logs
+from retsnoop_otel.runtime.logs import EventLog
 from retsnoop_otel.runtime.probe_set import resolve
 from retsnoop_otel.runtime.runtime import SHUTDOWN_FLUSH_S, Runtime, RuntimeDeps
 from retsnoop_otel.runtime.startup import Phase, StartClock, phase_fields, phase_since

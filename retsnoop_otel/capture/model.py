@@ -7,6 +7,7 @@ and unit tests build it by hand from recorded values.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from retsnoop_otel.capture.errnos import MAX_ERRNO, errno_name
@@ -107,6 +108,17 @@ class TracedFunc:
     is_entry: bool
     module: str | None = None
     size: int = 0
+
+
+FuncTable = Mapping[int, TracedFunc] | Sequence[TracedFunc]
+
+
+def lookup_func(funcs: FuncTable, func_id: int) -> TracedFunc:
+    """The traced function of an id, or a placeholder named after the id (a record of another table)."""
+    try:
+        return funcs[func_id]
+    except (KeyError, IndexError):
+        return TracedFunc(func_id, f"func#{func_id}", 0, RetKind.UNKNOWN, False)
 
 
 @dataclass(frozen=True, slots=True)

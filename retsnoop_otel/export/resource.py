@@ -8,7 +8,6 @@ twenty lines of parsing (tests compare the result with the SDK's own detector).
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,7 +19,6 @@ from retsnoop_otel import __version__
 from retsnoop_otel.capture.model import Workload
 from retsnoop_otel.export.semconv import SCHEMA_URL
 
-log = logging.getLogger(__name__)
 DEFAULT_SERVICE_NAME = "retsnoop-otel"
 NODE_NAME_ENV = "K8S_NODE_NAME"  # the downward API's spec.nodeName (config/daemonset.yaml)
 
@@ -94,7 +92,8 @@ def parse_resource_attributes(text: str) -> dict[str, str]:
             continue
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            log.warning("OTEL_RESOURCE_ATTRIBUTES ignored: '%s' is not key=value", item.strip())
+            import logging  # only here: the trace command does not import logging otherwise
+            logging.getLogger(__name__).warning("OTEL_RESOURCE_ATTRIBUTES ignored: '%s' is not key=value", item.strip())
             return {}
         out[key.strip()] = unquote(value.strip())  # only values are percent-encoded (W3C Baggage)
     return out

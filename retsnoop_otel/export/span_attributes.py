@@ -13,7 +13,7 @@ retsnoop.start_estimated=true. Durations are exact unless clamped.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,11 +22,13 @@ from retsnoop_otel.capture.errnos import errno_name
 from retsnoop_otel.capture.model import (
     AppContext,
     Call,
+    FuncTable,
     RetKind,
     Session,
     TracedFunc,
     error_type,
     format_result,
+    lookup_func,
     signed_value,
 )
 from retsnoop_otel.capture.sampling import trace_state
@@ -44,7 +46,6 @@ UNKNOWN_ROOT_NAME = "unknown"
 APP_PREFIX = "retsnoop.app."  # the application's thread-context attributes, under their own names
 USER_STACK = "retsnoop.user_stacktrace"
 
-FuncTable = Mapping[int, TracedFunc] | Sequence[TracedFunc]
 Attrs = dict[str, Any]
 Locate = Callable[[int], "tuple[str, int] | None"]  # function address -> (file, line) of its definition
 FormatArgs = Callable[[int, Any], list[str]]  # (function id, captured arguments) -> `name=value` strings
@@ -65,13 +66,6 @@ class SpanStatus:
 
 
 UNSET = SpanStatus()
-
-
-def lookup_func(funcs: FuncTable, func_id: int) -> TracedFunc:
-    try:
-        return funcs[func_id]
-    except (KeyError, IndexError):
-        return TracedFunc(func_id, f"func#{func_id}", 0, RetKind.UNKNOWN, False)
 
 
 def int64(value: int) -> int:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from retsnoop_otel.capture.errnos import MAX_ERRNO
-from retsnoop_otel.capture.model import Call, RetKind, Session, Workload
+from retsnoop_otel.capture.model import Call, FuncTable, RetKind, Session, Workload, lookup_func
 from retsnoop_otel.export.protowire import I32, I64, LEN, VARINT, key_values, len_field, tag, varint
 from retsnoop_otel.export.resource import with_workload
 from retsnoop_otel.export.span_attributes import (
@@ -30,7 +30,6 @@ from retsnoop_otel.export.span_attributes import (
     AppContext,
     Attrs,
     FormatArgs,
-    FuncTable,
     Locate,
     SpanStatus,
     app_parent,
@@ -40,7 +39,6 @@ from retsnoop_otel.export.span_attributes import (
     func_attrs,
     lbr_attrs,
     lbr_call,
-    lookup_func,
     return_attrs,
     sampling_state,
     session_attrs,

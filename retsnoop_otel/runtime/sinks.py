@@ -16,10 +16,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from retsnoop_otel.capture.model import Session
+from retsnoop_otel.capture.model import Session, lookup_func
 from retsnoop_otel.export.otlp_settings import OtlpConfig, OtlpConfigError, OtlpSettings, resolve_settings
 from retsnoop_otel.export.resource import Resource
-from retsnoop_otel.export.span_attributes import lookup_func
 from retsnoop_otel.runtime.config import AGENT_NAMES, ExporterConfig, InputNames, Limits
 from retsnoop_otel.runtime.environment import name_it
 from retsnoop_otel.runtime.errors import InputError

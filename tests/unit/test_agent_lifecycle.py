@@ -690,7 +690,7 @@ def test_cgroup_target_id_and_level(tmp_path: Path) -> None:
 def test_library_warnings_follow_the_log_format_and_are_rate_limited() -> None:
     import logging
 
-    from retsnoop_otel.runtime.logs import LibraryLogBridge
+    from retsnoop_otel.runtime.log_bridge import LibraryLogBridge
     out = io.StringIO()
     now = {"t": 100.0}
     log = EventLog(out, fmt="json")

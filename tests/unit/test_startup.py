@@ -94,3 +94,16 @@ def test_without_verbose_no_phase_lines(argv: list[str]) -> None:
     err = io.StringIO()
     assert run_trace(argv, io.StringIO(), err, World().deps()) == 0
     assert "Phase " not in err.getvalue()
+
+
+def test_the_trace_command_starts_without_the_exporters_and_metrics_libraries() -> None:
+    """Imports are the largest phase of `trace` under emulation: what only OTLP export, /metrics or the
+    agent's log bridge need is imported when they are used."""
+    import subprocess
+    import sys
+    heavy = ("grpc", "google.protobuf", "opentelemetry", "prometheus_client", "logging", "platform", "socket",
+             "uuid", "yaml", "ssl", "http.server")
+    code = ("import sys, retsnoop_otel.cli, retsnoop_otel.trace.main; "
+            f"print(' '.join(m for m in {heavy!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == []
