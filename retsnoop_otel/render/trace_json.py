@@ -71,6 +71,10 @@ class TraceJsonWriter:
                 self._named.add(key)
             self._pending.append(ev)
 
+    @property
+    def pending(self) -> bool:
+        return bool(self._pending)
+
     def flush(self) -> None:
         fh = self._fh
         if fh.closed:

@@ -160,7 +160,7 @@ class Sinks:
         a write (and, on a pipe, a wakeup of its reader) per session."""
         if self._console is not None:
             self._console.flush()
-        if self.trace_json is not None:
+        if self.trace_json is not None and self.trace_json.pending:
             self.trace_json.flush()
 
     def close(self, timeout: float) -> None:
