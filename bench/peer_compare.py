@@ -197,11 +197,14 @@ def enabled_count() -> int:
     return -1 if names is None else len(names)
 
 
-def prog_stats() -> dict[int, tuple[str, int, int]]:
-    """id -> (name, run_time_ns, run_cnt) of every loaded BPF program."""
+def prog_stats() -> dict[int, tuple[str, int, int, int]]:
+    """id -> (name, run_time_ns, run_cnt, recursion_misses) of every loaded BPF program. A miss is a run
+    the kernel skipped because the program was already running on that CPU (fentry inside our own
+    programs' helpers): it costs the hook but is in neither run_cnt nor run_time_ns."""
     out = subprocess.run(["bpftool", "-j", "prog", "show"], capture_output=True, text=True, check=True,
                          timeout=600).stdout
-    return {p["id"]: (p.get("name", ""), p.get("run_time_ns", 0), p.get("run_cnt", 0)) for p in json.loads(out)}
+    return {p["id"]: (p.get("name", ""), p.get("run_time_ns", 0), p.get("run_cnt", 0), p.get("recursion_misses", 0))
+            for p in json.loads(out)}
 
 
 def set_stats(on: bool) -> None:
@@ -374,12 +377,13 @@ def one_run(tool: str, mode: str, set_name: str, entry: Sequence[str], allow: Se
         by_name: dict[str, list[int]] = {}
         for i in ours:
             if i in s0 and i in s1:
-                acc = by_name.setdefault(s1[i][0], [0, 0, 0])
+                acc = by_name.setdefault(s1[i][0], [0, 0, 0, 0])
                 acc[0] += 1
-                acc[1] += s1[i][1] - s0[i][1]
-                acc[2] += s1[i][2] - s0[i][2]
-        run.programs = {n: {"progs": c, "ns_per_call": round(ns_ / calls), "runs_per_call": round(r / calls, 2)}
-                        for n, (c, ns_, r) in sorted(by_name.items()) if r}
+                for k in (1, 2, 3):
+                    acc[k] += s1[i][k] - s0[i][k]
+        run.programs = {n: {"progs": c, "ns_per_call": round(ns_ / calls), "runs_per_call": round(r / calls, 2),
+                            "misses_per_call": round(m / calls, 2)}
+                        for n, (c, ns_, r, m) in sorted(by_name.items()) if r}
         lines.quiet_for(3.0, cap=600.0)  # our consumer may still be printing the sessions
         t1 = time.monotonic()
         seen = len(lines.lines)
