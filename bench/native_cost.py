@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import os
 import signal
 import statistics
@@ -31,6 +30,7 @@ from unittest import mock
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.peer_compare import prog_stats  # noqa: E402
 from retsnoop_otel.capture.model import RetKind, TracedFunc  # noqa: E402
 from retsnoop_otel.kernel import tracer as tracer_module  # noqa: E402
 from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer  # noqa: E402
@@ -87,11 +87,6 @@ def measure(path: str, lib: ctypes.CDLL, calls: int, obj: Path | None, **cfg: ob
     out["ns/run (all)"] = sum(ns for ns, _ in totals.values()) / max(1, sum(c for _, c in totals.values()))
     out["BPF ns/call"] = sum(ns for ns, _ in totals.values()) / calls
     return out
-
-
-def prog_stats() -> dict[int, tuple[str, int, int]]:
-    out = subprocess.run(["bpftool", "-j", "prog", "show"], capture_output=True, text=True, check=True).stdout
-    return {p["id"]: (p.get("name", ""), p.get("run_time_ns", 0), p.get("run_cnt", 0)) for p in json.loads(out)}
 
 
 def measure_bpftrace(path: str, lib: ctypes.CDLL, calls: int) -> dict[str, float]:

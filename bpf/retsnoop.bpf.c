@@ -88,19 +88,24 @@ struct {
  * (runtime.POLL_MS). Forcing a wakeup on every record past the mark until the reader ran cost each
  * record an irq_work again (exit 2.3x per run on real hardware, bench/native_cost.py).
  * `before`: unread bytes without this record (bpf_ringbuf_query() before reserving it). */
+static __always_inline __u64 rb_used(__u64 size)
+{
+	return (size + 8 + 7) & ~7ULL;	/* what a record takes: an 8-byte header, 8-byte aligned */
+}
+
 static __always_inline __u64 rb_wakeup_at(__u64 before, __u64 size)
 {
-	__u64 mark = rb_bytes / 16, used = (size + 8 + 7) & ~7ULL;	/* 8-byte header, 8-byte aligned */
+	__u64 mark = rb_bytes / 16;
 
-	return before / mark != (before + used) / mark ? RB_FORCE_WAKEUP : RB_NO_WAKEUP;
+	return before / mark != (before + rb_used(size)) / mark ? RB_FORCE_WAKEUP : RB_NO_WAKEUP;
 }
 
 /* the same for a record already reserved (counted in what the query returns) */
 static __always_inline __u64 rb_wakeup(__u64 size)
 {
-	__u64 after = bpf_ringbuf_query(&rb, RB_AVAIL_DATA), used = (size + 8 + 7) & ~7ULL;
+	__u64 after = bpf_ringbuf_query(&rb, RB_AVAIL_DATA);
 
-	return rb_wakeup_at(after > used ? after - used : 0, size);
+	return rb_wakeup_at(after > rb_used(size) ? after - rb_used(size) : 0, size);
 }
 
 struct {
