@@ -33,6 +33,7 @@ const volatile bool capture_args = false;	/* -A: off unless asked, kernel memory
 const volatile bool use_lbr = false;		/* --lbr: snapshot the CPU's branch records at exits */
 const volatile bool read_app = false;		/* read the application's OTel thread context at session start */
 const volatile bool user_stacks = false;	/* take the user stack at session start */
+const volatile bool kernel_stack = true;	/* take the kernel stack at the error (off where nothing reports it) */
 const volatile bool workload_stats = false;	/* count per cgroup too (metrics workload label) */
 const volatile __u64 rb_bytes = 8 * 1024 * 1024;	/* the ring buffer's size */
 const volatile __u64 success_threshold = 0;	/* sampling.bpf.h */
@@ -309,7 +310,7 @@ static __always_inline void take_chain(void *ctx, struct session *s, int d, __u3
 	bpf_probe_read_kernel(s->chain_ids, upto(d + 1, MAX_FSTACK_DEPTH) * sizeof(s->chain_ids[0]), s->func_ids);
 	s->chain_depth = d + 1;
 	s->chain_top = d + 1;
-	s->kstack_sz = bpf_get_stack(ctx, s->kstack, sizeof(s->kstack), 0);
+	s->kstack_sz = kernel_stack ? bpf_get_stack(ctx, s->kstack, sizeof(s->kstack), 0) : 0;
 	if (use_lbr)
 		keep_lbr(key, func_id, d, now);
 }

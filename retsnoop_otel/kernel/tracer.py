@@ -81,6 +81,9 @@ class CaptureConfig:
     arg_specs: Mapping[int, Sequence[int]] = field(default_factory=dict)  # -A: function id -> arg_spec words
     app_context: bool = False  # read the application's OTel thread context when a session starts
     user_stacks: bool = False  # take the user stack when a session starts
+    # the kernel stack at the error: off where no session is reported (mode metrics), as it is the
+    # most expensive step of a failing call (with fentry on 6.1 it grows with the attached functions)
+    kernel_stack: bool = True
     max_app_processes: int = 16384  # processes whose thread-context location the kernel side keeps
     workload_stats: bool = False  # also count calls, errors and sessions per cgroup v2 (metrics workload label)
     max_workload_counts: int = 16384  # (cgroup, function, outcome) counts the kernel side keeps
@@ -154,6 +157,7 @@ class Tracer:
             "use_lbr": struct.pack("<?", bool(cfg.lbr_branch_types)),
             "read_app": struct.pack("<?", cfg.app_context),
             "user_stacks": struct.pack("<?", cfg.user_stacks),
+            "kernel_stack": struct.pack("<?", cfg.kernel_stack),
             "workload_stats": struct.pack("<?", cfg.workload_stats),
             "rb_bytes": struct.pack("<Q", _ringbuf_size(cfg.ringbuf_size)),
             "success_threshold": struct.pack("<Q", cfg.success_threshold),

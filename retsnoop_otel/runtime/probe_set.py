@@ -99,7 +99,7 @@ def capture_config(cfg: ProbeSetConfig, mode: str, limits: Limits, names: InputN
         # Counted in the kernel's per-CPU maps, never reported: no session reaches user space, so the
         # CPU spent in user space does not grow with the call rate, and a one-page ring buffer is enough.
         return CaptureConfig(**common, emit_calls=False, capture_success=False, min_duration_ns=METRICS_ONLY_NS,
-                             ringbuf_size=4096)
+                             ringbuf_size=4096, kernel_stack=False)
     ks = kernel_sampling(cfg.sampling)
     return CaptureConfig(**common, emit_calls=cfg.records_calls, capture_success=ks.capture_success,
                          success_threshold=ks.threshold, success_interval_ns=ks.interval_ns,

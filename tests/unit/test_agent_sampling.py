@@ -48,11 +48,12 @@ def test_capture_config_follows_mode_sampling_and_filters() -> None:
     cc = capture_config(_cfg(sampling=Sampling(success_rate_per_s=4.0)), "kprobe", limits)
     assert cc.capture_success and cc.success_interval_ns == 250_000_000 and cc.success_burst_ns == 750_000_000
     cc = capture_config(_cfg(), "kprobe", limits)
-    assert not cc.emit_calls and not cc.capture_success
+    assert not cc.emit_calls and not cc.capture_success and cc.kernel_stack
     # metrics: counted in the kernel, no session ever reported (min duration out of reach), one-page ring
     cc = capture_config(_cfg(mode="metrics", sampling=Sampling(1.0), comms=("a",)), "kprobe", limits)
     assert not cc.emit_calls and not cc.capture_success and cc.min_duration_ns == (1 << 64) - 1
     assert cc.ringbuf_size == 4096 and cc.comms == ("a",)
+    assert not cc.kernel_stack  # nothing would ever report it
 
 
 def test_error_sessions_ignore_sampling_but_follow_the_error_filter(tmp_path) -> None:

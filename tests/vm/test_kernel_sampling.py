@@ -21,3 +21,11 @@ def test_dropped_successes_send_nothing_and_the_error_arrives_whole(vm_batch) ->
     assert s["is_err"] and s["sampling"] == 0 and s["dropped"] == 0
     assert s["calls"] == [["__x64_sys_bpf", einval, [["map_create", einval32, [["array_map_alloc_check", einval32,
                                                                                  []]]]]]]
+
+
+def test_the_kernel_stack_is_taken_at_the_error_unless_switched_off(vm_batch) -> None:
+    """Mode metrics switches it off: nothing reports it, and it is a failing call's most expensive step."""
+    r = vm_batch["kernel_sampling"]
+    assert len(r["kstack_frames"]) == 1 and r["kstack_frames"][0] >= 3, r["kstack_frames"]
+    assert r["kstack_frames_off"] == [0]
+    assert r["chain_off"] == [["__x64_sys_bpf", "map_create", "array_map_alloc_check"]]

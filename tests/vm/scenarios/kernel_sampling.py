@@ -2,7 +2,8 @@
 
 Drives the Tracer directly (calls mode, successes wanted but with a threshold no randomness reaches):
 successful bpf() calls must send nothing at all, and the one failing call its start record, its held
-calls as one batch and its end, complete. Host-side asserts: tests/vm/test_kernel_sampling.py.
+calls as one batch and its end, complete. Then the same with the kernel stack switched off (mode
+metrics): the error chain without the stack. Host-side asserts: tests/vm/test_kernel_sampling.py.
 """
 
 from __future__ import annotations
@@ -26,10 +27,9 @@ for entries in [1] * 20 + [0]:  # 20 array maps created and closed, then max_ent
 
 def scenario_kernel_sampling(ctx) -> dict:
     from retsnoop_otel.capture.sampling import MAX_THRESHOLD
-    from retsnoop_otel.capture.sessions import SessionAssembler
     from retsnoop_otel.kernel import features, tracefs
     from retsnoop_otel.kernel import libbpf_btf as lb
-    from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer
+    from retsnoop_otel.kernel.tracer import CaptureConfig
     from retsnoop_otel.symbols import discovery
     from retsnoop_otel.symbols.btf import ReturnKinds
     from retsnoop_otel.symbols.kallsyms import Kallsyms
@@ -42,7 +42,31 @@ def scenario_kernel_sampling(ctx) -> dict:
     names = {f.id: f.name for f in disc.funcs}
     cfg = CaptureConfig(mode=mode, emit_calls=True, capture_success=True, success_threshold=MAX_THRESHOLD,
                         comms=["python", "python3"])
-    tracer = Tracer(disc.funcs, cfg, btf_func_id=kinds.func_id)
+    res: dict = {"mode": mode}
+    try:
+        sessions, res["records"], res["capture_stats"], res["workload"] = _capture(ctx, disc.funcs, cfg, kinds)
+        # the same failing call with the kernel stack switched off (what mode metrics does)
+        bare, _, _, _ = _capture(ctx, disc.funcs, dataclasses.replace(cfg, kernel_stack=False), kinds)
+    finally:
+        btf.free()
+    res["kstack_frames"] = [len(s.kstack) for s in sessions if s.is_err]
+    res["kstack_frames_off"] = [len(s.kstack) for s in bare if s.is_err]
+    res["chain_off"] = [[names[e.func_id] for e in s.chain] for s in bare if s.is_err]
+
+    def tree(calls) -> list:
+        return [[names[c.func_id], c.result, tree(c.children)] for c in calls]
+
+    res["sessions"] = [{"is_err": s.is_err, "sampling": s.kernel_sampling, "dropped": s.dropped_records,
+                        "calls": tree(s.calls)} for s in sessions]
+    return res
+
+
+def _capture(ctx, funcs, cfg, kinds) -> tuple[list, dict, dict, tuple]:
+    """Sessions, record kinds, capture statistics and the workload's outcome, for one run of WORKLOAD."""
+    from retsnoop_otel.capture.sessions import SessionAssembler
+    from retsnoop_otel.kernel.tracer import Tracer
+
+    tracer = Tracer(funcs, cfg, btf_func_id=kinds.func_id)
     kinds_seen: Counter = Counter()
     sessions: list = []
     asm = SessionAssembler()
@@ -52,26 +76,16 @@ def scenario_kernel_sampling(ctx) -> dict:
         if (s := asm.feed(rec)) is not None:
             sessions.append(s)
 
-    res: dict = {"mode": mode}
     try:
         tracer.load()
         tracer.attach(strict=True)
         tracer.open_ring_buffer(on_record)
         rc, _, err = ctx.run([PY, "-c", WORKLOAD], 120)
-        res["workload"] = (rc, err[-500:])
         deadline = time.monotonic() + 60
         while not sessions and time.monotonic() < deadline:
             tracer.poll(200)
         tracer.poll(500)
-        res["capture_stats"] = dataclasses.asdict(tracer.capture_stats())
+        stats = dataclasses.asdict(tracer.capture_stats())
     finally:
         tracer.close()
-        btf.free()
-    res["records"] = dict(kinds_seen)
-
-    def tree(calls) -> list:
-        return [[names[c.func_id], c.result, tree(c.children)] for c in calls]
-
-    res["sessions"] = [{"is_err": s.is_err, "sampling": s.kernel_sampling, "dropped": s.dropped_records,
-                        "calls": tree(s.calls)} for s in sessions]
-    return res
+    return sessions, dict(kinds_seen), stats, (rc, err[-500:])
