@@ -8,7 +8,9 @@ varies between boots; here a change to bpf/ is measured in seconds, side by side
 Run as root. kernel.bpf_stats_enabled is switched on only while the calls run. Each call is
 sk_syscall(0): a session of four traced functions (sk_syscall -> sk_create -> sk_check fails with
 -EINVAL, then sk_log) ending in an error, like a failing syscall. The records are read between
-batches, outside the measured windows, as the tools' readers would on another CPU.
+batches, outside the measured windows, as the tools' readers would on another CPU. Also shown: the
+object's load time (open, relocation and verification; fentry mode verifies its programs once per
+traced function) and the instructions the verifier processed in the two programs.
 
 --bpftrace adds the peer of bench/peer_compare.py on the same four functions: an entry and an exit
 uprobe each, `@t[tid] = nsecs` and `@t[tid] = nsecs - @t[tid]` (a per-thread map update in both).
@@ -24,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from unittest import mock
 
@@ -31,7 +34,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.peer_compare import prog_stats  # noqa: E402
+from bench.probe_cost import prog_info_btf  # noqa: E402
 from retsnoop_otel.capture.model import RetKind, TracedFunc  # noqa: E402
+from retsnoop_otel.kernel import libbpf as lb  # noqa: E402
 from retsnoop_otel.kernel import tracer as tracer_module  # noqa: E402
 from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer  # noqa: E402
 
@@ -54,12 +59,15 @@ def measure(path: str, lib: ctypes.CDLL, calls: int, obj: Path | None, **cfg: ob
                            **cfg)  # type: ignore[arg-type]
     tracer = Tracer(FUNCS, config)
     try:
+        t0 = time.perf_counter()
         if obj is None:
             tracer.load()
         else:
             with mock.patch.object(tracer_module, "bpf_object_path", lambda: obj):
                 tracer.load()
+        load_ms = (time.perf_counter() - t0) * 1000
         tracer.attach(strict=True)
+        verified = sum(prog_info_btf(fd).verified_insns for _name, fd in tracer.programs())
         tracer.open_ring_buffer(lambda _rec: None)
         lib.sk_syscall(0)  # the thread's first session (its entry in the sessions map) is not measured
         while tracer.poll(0) > 0:
@@ -86,7 +94,19 @@ def measure(path: str, lib: ctypes.CDLL, calls: int, obj: Path | None, **cfg: ob
     out = {f"{name} ns/run": ns / max(1, cnt) for name, (ns, cnt) in totals.items()}
     out["ns/run (all)"] = sum(ns for ns, _ in totals.values()) / max(1, sum(c for _, c in totals.values()))
     out["BPF ns/call"] = sum(ns for ns, _ in totals.values()) / calls
+    out["load us"] = load_ms * 1000  # open, relocate, verify: what fentry mode pays per traced function
+    out["verified insns"] = verified
     return out
+
+
+def verified_insns(prog_id: int) -> int:
+    fd = lb.lib().lib.bpf_prog_get_fd_by_id(prog_id)
+    if fd < 0:
+        return 0
+    try:
+        return prog_info_btf(fd).verified_insns
+    finally:
+        os.close(fd)
 
 
 def measure_bpftrace(path: str, lib: ctypes.CDLL, calls: int) -> dict[str, float]:
@@ -108,6 +128,7 @@ def measure_bpftrace(path: str, lib: ctypes.CDLL, calls: int) -> dict[str, float
             raise RuntimeError("bpftrace exited before it was ready")
         lib.sk_syscall(0)
         ids = [i for i in prog_stats() if i not in before_ids]
+        verified = 2 * max((verified_insns(i) for i in ids), default=0)  # a program per probe: entry and exit
         s0 = prog_stats()
         SYSCTL.write_text("1\n")
         for _ in range(calls):
@@ -120,7 +141,8 @@ def measure_bpftrace(path: str, lib: ctypes.CDLL, calls: int) -> dict[str, float
     ns = sum(s1[i][1] - s0[i][1] for i in ids if i in s0 and i in s1)
     runs = sum(s1[i][2] - s0[i][2] for i in ids if i in s0 and i in s1)
     return {"kprobe_entry ns/run": float("nan"), "kretprobe_exit ns/run": float("nan"),
-            "ns/run (all)": ns / max(1, runs), "BPF ns/call": ns / calls}
+            "ns/run (all)": ns / max(1, runs), "BPF ns/call": ns / calls, "load us": float("nan"),
+            "verified insns": verified}
 
 
 def main() -> int:
@@ -156,7 +178,8 @@ def main() -> int:
         print(f"{name:<12}" + "".join(f"{m[k]:>24.0f}" for k in keys))
     for other in ("base", "bpftrace"):
         if other in med:
-            print(f"{'/ ' + other:<12}" + "".join(f"{med['this build'][k] / med[other][k]:>23.2f}x" for k in keys))
+            print(f"{'/ ' + other:<12}" + "".join(f"{med['this build'][k] / med[other][k]:>23.2f}x"
+                                                  if med[other][k] else f"{'-':>24}" for k in keys))
     return 0
 
 

@@ -32,19 +32,30 @@ struct {
 	__type(value, __u64);
 } wl_stats SEC(".maps");
 
+/* floor(log2(v)) without branches: each step's test is arithmetic ((t + 2^k - 1) >> k is 1 exactly when
+ * 0 < t < 2^k), so the verifier follows one path through it. A binary search with an `if` per step
+ * gave it 64 paths per call: the exit program took 6,666 verified instructions instead of 1,287, and
+ * fentry mode verifies it once per traced function. */
 static __always_inline __u32 log2_u64(__u64 v)
 {
-	/* BPF has no count-leading-zeros instruction: binary search instead */
-	__u32 r = 0;
+	__u64 s, r;
 
-	if (v >> 32) { v >>= 32; r += 32; }
-	if (v >> 16) { v >>= 16; r += 16; }
-	if (v >> 8) { v >>= 8; r += 8; }
-	if (v >> 4) { v >>= 4; r += 4; }
-	if (v >> 2) { v >>= 2; r += 2; }
-	if (v >> 1)
-		r += 1;
-	return r;
+	s = (((v >> 32) + 0xffffffffULL) >> 32) << 5;	/* 32 when v >= 2^32 */
+	v >>= s;
+	r = s;
+	s = (((v >> 16) + 0xffffULL) >> 16) << 4;	/* v < 2^32 here, so v >> 16 < 2^16 */
+	v >>= s;
+	r |= s;
+	s = (((v >> 8) + 0xffULL) >> 8) << 3;
+	v >>= s;
+	r |= s;
+	s = (((v >> 4) + 0xfULL) >> 4) << 2;
+	v >>= s;
+	r |= s;
+	s = (((v >> 2) + 0x3ULL) >> 2) << 1;
+	v >>= s;
+	r |= s;
+	return r | (v >> 1);	/* v < 4 here */
 }
 
 static __always_inline void count_into(struct func_stats *st, __u64 lat, bool failed)

@@ -271,6 +271,17 @@ def test_session_aggregates_per_entry_function(simkern):
     assert sum(s.duration_buckets) == 4 and s.duration_sum_ns > 0
 
 
+def test_a_single_call_lands_in_the_log2_bucket_of_its_duration(simkern):
+    """The kernel side's branch-free log2: with one call, the duration sum is that call's duration."""
+    funcs, _, stats, _ = _capture(simkern, [("sk_syscall", 0)])
+    once = [st for st in stats.values() if st.calls == 1]
+    assert len(once) >= 3, stats
+    for st in once:
+        expected = min(st.duration_sum_ns.bit_length() - 1, len(st.duration_buckets) - 1)
+        nonzero = [i for i, n in enumerate(st.duration_buckets) if n]
+        assert nonzero == [expected], (funcs[st.func_id].name, st.duration_sum_ns, nonzero)
+
+
 def test_call_records_leave_room_for_the_session_end_record(simkern):
     """A 4 KiB ring buffer and one session of 40 nested calls (80 call records, ~3.8 KiB): the call records
     overflow, but the headroom they leave lets the session's end record through, gaps counted and shown."""
