@@ -365,7 +365,7 @@ class Runtime:
             self.reloads["failure"] += 1
             self.log.error("config reload failed; the previous config keeps running", error=str(exc))
             return False
-        with self.lock:  # the new sets are attached: now drain and detach the old ones
+        with self.lock:  # the new sets are attached: swap them in; scrapes see the new sets from here on
             old_sets, self.probe_sets = self.probe_sets, new_sets
             old_env = self.env if self.env is not env else None
             self.env, self.env_key, self.vmlinux = env, env_key, vmlinux
@@ -377,9 +377,11 @@ class Runtime:
             elif self.server is not None:
                 self.server.use_web(web)
             self.config = cfg
-            for ps in old_sets:
-                self._drain_and_close(ps)
             self._app_targets(new_sets)
+        # Drained and detached outside the lock: at 10,000 functions the kernel takes seconds to detach a
+        # set, and a scrape waiting for the lock meanwhile would time out.
+        for ps in old_sets:
+            self._drain_and_close(ps)
         for part in (old_env, old_server):
             if part is not None:
                 part.close()

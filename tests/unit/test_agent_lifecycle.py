@@ -357,8 +357,24 @@ def test_good_reload_attaches_new_then_detaches_old(setup) -> None:
     agent.start()
     old = world.live()
     order: list[str] = []
+    scrape_could_lock: list[bool] = []
+
+    def try_lock() -> None:  # what the scrape thread does
+        if agent.runtime.lock.acquire(blocking=False):
+            agent.runtime.lock.release()
+            scrape_could_lock.append(True)
+        else:
+            scrape_could_lock.append(False)
+
+    def close_old(t) -> None:  # a detach takes seconds at 10,000 functions: scrapes must not wait for it
+        th = threading.Thread(target=try_lock)
+        th.start()
+        th.join()
+        order.append("close-old")
+        t.state = "closed"
+
     for t in old:
-        t.close = lambda t=t: (order.append("close-old"), setattr(t, "state", "closed"))  # type: ignore[method-assign]
+        t.close = lambda t=t: close_old(t)  # type: ignore[method-assign]
     real_factory = world.factory
 
     def factory(funcs, c, b):
@@ -371,6 +387,7 @@ def test_good_reload_attaches_new_then_detaches_old(setup) -> None:
     cfg.write_text(CONFIG.format(prob=0.5).replace("bpf_errors", "errors2"))
     assert agent.reload() is True
     assert order == ["attach-new", "attach-new", "close-old", "close-old"]
+    assert scrape_could_lock == [True, True]
     assert [ps.name for ps in agent.runtime.probe_sets] == ["errors2", "prog_load"]
     assert agent.runtime.reloads == {"success": 1, "failure": 0}
     assert all(t.state == "closed" for t in old) and len(world.live()) == 2
