@@ -17,7 +17,7 @@ from retsnoop_otel import __version__
 from retsnoop_otel.runtime.errors import RunRefused
 from retsnoop_otel.runtime.logs import EventLog
 from retsnoop_otel.runtime.runtime import SHUTDOWN_FLUSH_S, Runtime, RuntimeDeps
-from retsnoop_otel.runtime.startup import StartClock, format_phases, phase_since
+from retsnoop_otel.runtime.startup import Phase, StartClock, format_phases, phase_since
 from retsnoop_otel.trace.flags import TraceRequest, parse
 
 
@@ -45,7 +45,9 @@ def run_trace(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.s
     """`started`: when main() began (cli.main), so that -v can say where the time to "Receiving data..." went."""
     started = started or StartClock(time.monotonic(), None)
     imports = phase_since("imports", started.main_t0, "the trace command's modules")
+    t0 = time.monotonic()
     request = parse(argv)
+    flags = phase_since("flags", t0, "command line")
     if request.version:
         return _version(request, out)
     deps = deps or RuntimeDeps(console=out)
@@ -59,7 +61,10 @@ def run_trace(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.s
     if request.verbose:
         end = phase_since("ready", started.main_t0, 'main to "Receiving data...", Python\'s own start excluded') \
             if attached else phase_since("dry-run", started.main_t0, "main to the list of functions")
-        print("\n".join(format_phases([*started.before_main(), imports, *runtime.phases, end])), file=err, flush=True)
+        steps = [imports, flags, *runtime.phases]
+        rest = Phase("other", max(0.0, end.seconds - sum(p.seconds for p in steps)),
+                     "between the phases above: privilege check, kernel identity, output")
+        print("\n".join(format_phases([*started.before_main(), *steps, rest, end])), file=err, flush=True)
     if not attached:
         return 0
     print("Receiving data...", file=out, flush=True)
