@@ -82,7 +82,7 @@ class CaptureConfig:
     app_context: bool = False  # read the application's OTel thread context when a session starts
     user_stacks: bool = False  # take the user stack when a session starts
     # the kernel stack at the error: off where no session is reported (mode metrics), as it is the
-    # most expensive step of a failing call (with fentry on 6.1 it grows with the attached functions)
+    # most expensive step of a failing call (with fentry it grows with the attached functions)
     kernel_stack: bool = True
     max_app_processes: int = 16384  # processes whose thread-context location the kernel side keeps
     workload_stats: bool = False  # also count calls, errors and sessions per cgroup v2 (metrics workload label)
