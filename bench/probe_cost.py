@@ -44,7 +44,6 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 from unittest import mock
 
@@ -100,7 +99,7 @@ def pick(size: int, mode: str, ksyms, available, ret_kinds) -> list:
                               "kprobe_multi" if mode == "kprobe_session" else mode)
     entries = [f for f in disc.funcs if f.is_entry]
     others = [f for f in disc.funcs if not f.is_entry and ret_kinds.func_id(f.name)][: max(0, size - len(entries))]
-    return [replace(f, id=i) for i, f in enumerate(entries + others)]
+    return [f._replace(id=i) for i, f in enumerate(entries + others)]
 
 
 def session_link(prog_fd: int, funcs: list) -> lb.Link:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 ClockFn = Callable[[], int]
 
@@ -23,8 +23,7 @@ def _boottime_ns() -> int:
     return time.clock_gettime_ns(time.CLOCK_BOOTTIME)
 
 
-@dataclass(frozen=True, slots=True)
-class ClockOffset:
+class ClockOffset(NamedTuple):
     """A measured CLOCK_REALTIME - CLOCK_BOOTTIME difference.
 
     `measured_at` is the boot-clock time of the measurement, so callers can tell how old it is;

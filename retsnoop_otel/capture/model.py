@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from retsnoop_otel.capture.errnos import MAX_ERRNO, errno_name
 
@@ -97,8 +98,7 @@ def format_result(raw: int | None, kind: RetKind) -> str:
     return f"0x{value & ((1 << 64) - 1):x}"
 
 
-@dataclass(frozen=True, slots=True)
-class TracedFunc:
+class TracedFunc(NamedTuple):
     """One attached kernel function instance; `id` is what the kernel records carry."""
 
     id: int
@@ -121,8 +121,7 @@ def lookup_func(funcs: FuncTable, func_id: int) -> TracedFunc:
         return TracedFunc(func_id, f"func#{func_id}", 0, RetKind.UNKNOWN, False)
 
 
-@dataclass(frozen=True, slots=True)
-class ArgValue:
+class ArgValue(NamedTuple):
     """One captured argument: the register value and, for pointers and strings, the bytes behind it."""
 
     raw: int
@@ -152,16 +151,14 @@ class Call:
         return None if self.end_ns is None else self.end_ns - self.start_ns
 
 
-@dataclass(frozen=True, slots=True)
-class Branch:
+class Branch(NamedTuple):
     """One last-branch record: a taken branch from `src` to `dst` (kernel addresses)."""
 
     src: int
     dst: int
 
 
-@dataclass(frozen=True, slots=True)
-class LbrCapture:
+class LbrCapture(NamedTuple):
     """The CPU's last-branch stack, snapshotted at the exit of the function where the session's
     deepest chain starts (the deepest failing return, or with -S the deepest return)."""
 
@@ -175,8 +172,7 @@ class LbrCapture:
 APP_STATUSES = ("ok", "no_record", "invalid", "fault")
 
 
-@dataclass(frozen=True, slots=True)
-class AppContext:
+class AppContext(NamedTuple):
     """The application's OpenTelemetry context on the thread when the session started (OTEP 4947 record).
 
     `status`: ok (a valid record), no_record (the thread had none), invalid (its valid byte was not 1)
@@ -204,8 +200,7 @@ class AppContext:
         return self.status == "ok" and bool(self.trace_id) and bool(self.span_id)
 
 
-@dataclass(frozen=True, slots=True)
-class UserFrame:
+class UserFrame(NamedTuple):
     """One symbolized user-space frame; inlined frames come before the frame of their caller."""
 
     addr: int
@@ -217,8 +212,7 @@ class UserFrame:
     inlined: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class StackEntry:
+class StackEntry(NamedTuple):
     """One level of the deepest (error) call chain kept by the kernel, outermost first."""
 
     func_id: int
@@ -226,8 +220,7 @@ class StackEntry:
     latency_ns: int | None  # None: the function had not returned when the chain was taken
 
 
-@dataclass(frozen=True, slots=True)
-class Workload:
+class Workload(NamedTuple):
     """Which container (and Kubernetes pod) a session's thread ran in; "" = not known.
 
     Plain data so that export and metrics use it without the workload package (which resolves it).
@@ -288,8 +281,7 @@ class Session:
         return self.calls[0].func_id if self.calls else None
 
 
-@dataclass(frozen=True, slots=True)
-class FuncStats:
+class FuncStats(NamedTuple):
     """In-kernel aggregates for one traced function, summed over CPUs at read time."""
 
     func_id: int
@@ -299,8 +291,7 @@ class FuncStats:
     duration_sum_ns: int
 
 
-@dataclass(frozen=True, slots=True)
-class SessionStats:
+class SessionStats(NamedTuple):
     """In-kernel aggregates of whole sessions per entry function (every session, reported or not)."""
 
     entry_func_id: int
@@ -310,8 +301,7 @@ class SessionStats:
     duration_sum_ns: int
 
 
-@dataclass(frozen=True, slots=True)
-class CaptureStats:
+class CaptureStats(NamedTuple):
     """Loss counters kept by the kernel side."""
 
     dropped_sessions: int = 0
@@ -323,8 +313,7 @@ class CaptureStats:
     sampled_out: int = 0  # successful sessions the sampler dropped in the kernel
 
 
-@dataclass(frozen=True, slots=True)
-class ProgramStats:
+class ProgramStats(NamedTuple):
     """Kernel-side cost of one of our BPF programs (per-function clones summed), from bpf_prog_info.
 
     The kernel only advances these while BPF statistics are enabled (kernel.bpf_stats_enabled).
@@ -335,8 +324,7 @@ class ProgramStats:
     run_time_ns: int
 
 
-@dataclass(frozen=True, slots=True)
-class WorkloadCount:
+class WorkloadCount(NamedTuple):
     """One in-kernel count per workload (metrics workload label), summed over CPUs: the calls of a function
     (or the sessions of an entry function) with one outcome, by threads of one cgroup v2."""
 

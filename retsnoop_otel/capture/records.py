@@ -9,7 +9,7 @@ one side cannot go unnoticed.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from retsnoop_otel.capture.model import CaptureStats
 
@@ -76,8 +76,7 @@ def _comm(raw: bytes) -> str:
     return raw.split(b"\0", 1)[0].decode(errors="replace")
 
 
-@dataclass(frozen=True, slots=True)
-class SessionStartRec:
+class SessionStartRec(NamedTuple):
     tid: int
     tgid: int
     cpu: int
@@ -86,8 +85,7 @@ class SessionStartRec:
     proc_comm: str
 
 
-@dataclass(frozen=True, slots=True)
-class FuncTraceRec:
+class FuncTraceRec(NamedTuple):
     is_exit: bool
     tid: int
     ts: int
@@ -98,8 +96,7 @@ class FuncTraceRec:
     res: int
 
 
-@dataclass(frozen=True, slots=True)
-class SessionEndRec:
+class SessionEndRec(NamedTuple):
     tid: int
     tgid: int
     cpu: int
@@ -123,8 +120,7 @@ class SessionEndRec:
     exe: str = ""  # the executable's file name, read by the kernel as the session ended
 
 
-@dataclass(frozen=True, slots=True)
-class FuncBatchRec:
+class FuncBatchRec(NamedTuple):
     """The per-call records a reported session held in the kernel until its end, in order."""
 
     tid: int
@@ -132,8 +128,7 @@ class FuncBatchRec:
     recs: tuple[FuncTraceRec, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class FuncArgsRec:
+class FuncArgsRec(NamedTuple):
     tid: int
     seq: int
     func_id: int
@@ -142,8 +137,7 @@ class FuncArgsRec:
     data: tuple[bytes | None, ...]  # pointed-to bytes / string per argument, None when not captured
 
 
-@dataclass(frozen=True, slots=True)
-class SessionLbrRec:
+class SessionLbrRec(NamedTuple):
     """Branch records a session kept (--lbr): sent right before its SessionEndRec."""
 
     tid: int
@@ -155,8 +149,7 @@ class SessionLbrRec:
     branches: tuple[tuple[int, int], ...]  # (from, to), newest first, as the CPU keeps them
 
 
-@dataclass(frozen=True, slots=True)
-class SessionAppRec:
+class SessionAppRec(NamedTuple):
     """The application's OTel thread context read when the session started: sent before its SessionEndRec."""
 
     tid: int
@@ -171,8 +164,7 @@ class SessionAppRec:
     attrs: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class SessionUstackRec:
+class SessionUstackRec(NamedTuple):
     """The user stack taken when the session started: sent before its SessionEndRec."""
 
     tid: int
@@ -181,8 +173,7 @@ class SessionUstackRec:
     ips: tuple[int, ...]  # return addresses, innermost first
 
 
-@dataclass(frozen=True, slots=True)
-class AppProbeRec:
+class AppProbeRec(NamedTuple):
     """A session started in a process whose thread context user space has not looked for yet."""
 
     tgid: int

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 RANDOM_BITS = 56
 MAX_THRESHOLD = (1 << RANDOM_BITS) - 1
@@ -70,8 +71,7 @@ class Sampling:
         return self.success_probability > 0 or bool(self.success_rate_per_s)
 
 
-@dataclass(frozen=True, slots=True)
-class KernelSampling:
+class KernelSampling(NamedTuple):
     """The decision as the kernel side takes it (bpf/sampling.bpf.h), so that a successful session the
     sampler drops costs no ring-buffer record and no user-space work: a success is kept when its 56-bit
     randomness is >= `threshold`, or (interval_ns > 0) when its entry function's token bucket of

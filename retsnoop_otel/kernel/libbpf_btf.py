@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import errno as _errno
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from retsnoop_otel.kernel import libbpf as lb
 from retsnoop_otel.kernel import libbpf_abi as abi
@@ -33,8 +33,7 @@ BTF_INT_SIGNED = 1
 BTF_INT_BOOL = 4
 
 
-@dataclass(frozen=True, slots=True)
-class BtfType:
+class BtfType(NamedTuple):
     id: int
     kind: int
     name: str

@@ -16,7 +16,7 @@ container. Three rules keep those series honest counters:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from retsnoop_otel.capture.model import Workload, WorkloadCount
 from retsnoop_otel.metrics.series import OTHER, SeriesBounds, SeriesLimiter
@@ -41,8 +41,7 @@ def label_value(workload: Workload, kind: str) -> str | None:
         else workload.container_id
 
 
-@dataclass(frozen=True, slots=True)
-class WorkloadTotal:
+class WorkloadTotal(NamedTuple):
     """One series' count: calls of a function (or sessions of an entry function) with one outcome, per value."""
 
     value: str  # the workload label's value

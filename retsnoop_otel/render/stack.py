@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from retsnoop_otel.capture.model import Session, StackEntry, TracedFunc, format_result
 from retsnoop_otel.render.user_stack import user_stack_lines
@@ -32,8 +32,7 @@ _FENTRY_SITE_MAX = 0x10
 _MIN_DURATION_WIDTH = 5
 
 
-@dataclass(frozen=True, slots=True)
-class _Row:
+class _Row(NamedTuple):
     mark: str = " "
     duration: str = ""
     result: str = ""

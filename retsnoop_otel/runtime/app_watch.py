@@ -17,7 +17,6 @@ record's own valid byte and ids are read from the new process's memory.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -255,8 +254,8 @@ class AppWatcher:
                 if ctx is not None:
                     attrs = self.sources.thread_attributes(app.attrs, ctx.key_map) if app.attrs else {}
                     name = ctx.attributes.get("service.name")
-                    session.app = dataclasses.replace(app, attributes=tuple(attrs.items()),
-                                                      service_name=name if isinstance(name, str) else "")
+                    session.app = app._replace(attributes=tuple(attrs.items()),
+                                               service_name=name if isinstance(name, str) else "")
         sym = self.sources.user_symbolizer
         if session.ustack and sym is not None:
             try:

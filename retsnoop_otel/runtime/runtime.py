@@ -11,7 +11,6 @@ clock comes in through RuntimeDeps, so the lifecycle runs in unit tests without 
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import os
 import sys
@@ -315,7 +314,7 @@ class Runtime:
         total = CaptureStats()
         for ps in self.probe_sets:
             c = ps.capture_stats()
-            total = CaptureStats(*(getattr(total, f.name) + getattr(c, f.name) for f in dataclasses.fields(c)))
+            total = CaptureStats(*(a + b for a, b in zip(total, c, strict=True)))
         return total
 
     def reload(self, cfg: RuntimeConfig) -> bool:

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class Phase:
+class Phase(NamedTuple):
     name: str
     seconds: float
     detail: str = ""
@@ -25,8 +23,7 @@ def phase_since(name: str, t0: float, detail: str = "") -> Phase:
     return Phase(name, time.monotonic() - t0, detail)
 
 
-@dataclass(frozen=True, slots=True)
-class StartClock:
+class StartClock(NamedTuple):
     """When main() began: the monotonic time, and how old the process was then (Python's own start)."""
 
     main_t0: float

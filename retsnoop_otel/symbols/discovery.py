@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 from pathlib import Path
+from typing import NamedTuple
 
 from retsnoop_otel.capture.model import RetKind, TracedFunc
 from retsnoop_otel.symbols.globs import glob_to_regex, lines_matching, name_blob
@@ -28,8 +29,7 @@ class DiscoveryError(Exception):
     """A glob, glob file or function set the user has to change."""
 
 
-@dataclass(frozen=True, slots=True)
-class GlobSpec:
+class GlobSpec(NamedTuple):
     """One user glob: a function glob (optionally limited to modules) or a source-path glob."""
 
     text: str
@@ -38,8 +38,7 @@ class GlobSpec:
     source: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class DenyGroup:
+class DenyGroup(NamedTuple):
     """Built-in deny globs that share one reason; `modes` None means every attach mode."""
 
     reason: str

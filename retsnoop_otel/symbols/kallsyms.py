@@ -11,9 +11,9 @@ import bisect
 import re
 from collections import Counter
 from collections.abc import KeysView
-from dataclasses import dataclass
 from operator import itemgetter
 from pathlib import Path
+from typing import NamedTuple
 
 # 'addr type name' or 'addr type name\t[module]'; t/T/w/W are code symbols (weak ones included).
 _FUNC_LINE = re.compile(r"^([0-9a-f]+) [tTwW] (\S+)(?:[ \t]+\[(\S+)\])?$", re.M)
@@ -29,8 +29,7 @@ class KallsymsError(Exception):
     """/proc/kallsyms is unreadable or hides addresses: one sentence naming the fix."""
 
 
-@dataclass(frozen=True, slots=True)
-class KSym:
+class KSym(NamedTuple):
     """A function symbol; `offset` is how far the looked-up address lies past `addr`."""
 
     name: str

@@ -10,14 +10,12 @@ Addresses are symbolized as given (stack return addresses included), as retsnoop
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from retsnoop_otel.symbols.kallsyms import Kallsyms
 
 
-@dataclass(frozen=True, slots=True)
-class Frame:
+class Frame(NamedTuple):
     name: str
     offset: int = 0
     module: str | None = None

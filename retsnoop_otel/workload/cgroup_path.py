@@ -21,8 +21,8 @@ innermost container component wins and a kubelet `--cgroup-root` prefix does not
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 _ID = r"([0-9a-f]{64})"
 # component -> runtime; the conmon scopes ("crio-conmon-<id>", "libpod-conmon-<id>") do not match: "conmon-" is no id
@@ -38,8 +38,7 @@ _POD_CGROUPFS = re.compile(rf"^pod{_UID}$")
 RUNTIME_OF_K8S_PREFIX = {"containerd": "containerd", "cri-o": "cri-o", "docker": "docker"}  # containerID scheme
 
 
-@dataclass(frozen=True, slots=True)
-class ContainerRef:
+class ContainerRef(NamedTuple):
     """What a cgroup path says by itself; "" = not in the path."""
 
     container_id: str = ""

@@ -9,13 +9,12 @@ record carries.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from retsnoop_otel.workload.cgroup_path import NONE, ContainerRef, parse_cgroup_path
 
 
-@dataclass(frozen=True, slots=True)
-class CgroupLine:
+class CgroupLine(NamedTuple):
     """One line of /proc/PID/cgroup: `0::/path` (v2) or `4:memory:/path`, `1:name=systemd:/path` (v1)."""
 
     hierarchy: int

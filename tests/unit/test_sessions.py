@@ -149,8 +149,7 @@ def test_application_context_and_user_stack_join_their_own_session():
 def test_the_kernel_named_executable_reaches_the_session():
     """The kernel reads the exe name as the session ends: a process gone before user space looks at
     /proc/PID/exe still gets its full name, not the 15-character comm."""
-    import dataclasses
     asm = SessionAssembler()
     (s,) = feed(asm, [start(), ent(0, 0, 0, 100), ext(1, 0, 0, 160, 60, -22),
-                      dataclasses.replace(end(2), exe="simfail-long-executable")])
+                      end(2)._replace(exe="simfail-long-executable")])
     assert s.exe_name == "simfail-long-executable" and s.proc_comm == "simfail"

@@ -5,7 +5,6 @@ are annotated from a fixture /proc and cgroupfs tree, exported under a resource 
 
 from __future__ import annotations
 
-import dataclasses
 import io
 from pathlib import Path
 
@@ -45,10 +44,10 @@ def test_sessions_carry_their_workload_to_the_exported_resource(tmp_path: Path) 
     try:
         t = by_set(world, "__x64_sys_bpf")
         host_session = error_session(t, tid=9)
-        in_container = [dataclasses.replace(r, tgid=4321, cgroup_id=cg_id(root, APP))
-                        if isinstance(r, SessionEndRec) else dataclasses.replace(r, tgid=4321)
+        in_container = [r._replace(tgid=4321, cgroup_id=cg_id(root, APP))
+                        if isinstance(r, SessionEndRec) else r._replace(tgid=4321)
                         for r in error_session(t, tid=4321)]
-        gone = [dataclasses.replace(r, exe="python3.11") if isinstance(r, SessionEndRec) else r
+        gone = [r._replace(exe="python3.11") if isinstance(r, SessionEndRec) else r
                 for r in error_session(t, tid=77)]  # exited: only the kernel's exe name is left
         t.pending += host_session + in_container + gone
         spans = wait_exported(world, 9)

@@ -85,7 +85,7 @@ def _capture(ctx, funcs, cfg, kinds) -> tuple[list, dict, dict, tuple]:
         while not sessions and time.monotonic() < deadline:
             tracer.poll(200)
         tracer.poll(500)
-        stats = dataclasses.asdict(tracer.capture_stats())
+        stats = tracer.capture_stats()._asdict()
     finally:
         tracer.close()
     return sessions, dict(kinds_seen), stats, (rc, err[-500:])
