@@ -9,7 +9,9 @@ a fresh interpreter (bytecode compiled beforehand, as `tests/vm/run` does) that 
 dataclasses and NamedTuples they define (under Python 3.11 the dataclass decorator compiles five to six
 methods per frozen class as its module loads: 0.65 ms each on the CI host, a NamedTuple 0.05 ms).
 --base runs another checkout (`git worktree add /tmp/base REV`) the same way, runs interleaved, and
-prints the ratio of the medians.
+prints the ratio of the medians. The same types are what the reader builds per ring-buffer record, so
+the last table times `capture.records.decode` of a session end, a session start and a per-call record
+in each tree.
 """
 
 from __future__ import annotations
@@ -49,6 +51,26 @@ print(json.dumps({"imports_ms": total * 1e3, "modules": len(ours),
 """
 
 
+DECODE = r"""
+import json, sys, timeit
+sys.path.insert(0, sys.argv[1])
+from retsnoop_otel.capture import records as r
+m = r.MAX_FSTACK_DEPTH
+end = r.SESSION_END.pack(r.REC_SESSION_END, 11, 11, 0, 100, 200, 0, 0, 3, 0, 1, 0, 4, 4, 80, b"comm", b"pcomm",
+                         b"exe", *[1] * m, *[-22] * m, *[5] * m, *[0xffffffff81000000] * r.MAX_KSTACK_DEPTH)
+start = r.SESSION_START.pack(r.REC_SESSION_START, 11, 11, 0, 100, b"comm", b"pcomm")
+call = r.FUNC_TRACE.pack(r.REC_FUNC_EXIT, 11, 150, 2, 1, 3, 50, -22)
+print(json.dumps({name: min(timeit.repeat(lambda: r.decode(data), number=20000, repeat=5)) / 20000 * 1e9
+                  for name, data in (("session end", end), ("session start", start), ("call", call))}))
+"""
+
+
+def decode_ns(checkout: Path) -> dict[str, float]:
+    out = subprocess.run([sys.executable, "-c", DECODE, str(checkout)], check=True, capture_output=True, text=True,
+                         cwd=checkout).stdout
+    return json.loads(out)
+
+
 def one_run(checkout: Path) -> dict[str, float]:
     out = subprocess.run([sys.executable, "-c", CHILD, str(checkout), *START_MODULES], check=True,
                          capture_output=True, text=True, cwd=checkout).stdout
@@ -76,6 +98,12 @@ def main() -> int:
     if args.base:
         a, b = med["this checkout"], med["base"]
         print(f"\nimports: this checkout / base = {a['imports_ms'] / b['imports_ms']:.2f}x")
+    decoded = {name: decode_ns(tree) for name, tree in trees.items()}
+    kinds = list(decoded["this checkout"])
+    print("\n| tree | " + " | ".join(f"decode a {k} record" for k in kinds) + " |")
+    print("|---|" + "---|" * len(kinds))
+    for name, d in decoded.items():
+        print(f"| {name} | " + " | ".join(f"{d[k]:,.0f} ns" for k in kinds) + " |")
     return 0
 
 
