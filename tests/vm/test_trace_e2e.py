@@ -102,8 +102,8 @@ def test_attach_modes(vm_batch, scenario) -> None:
     assert re.search(r"^Successfully attached \d+ functions in \d+ ms\.$", r["output"], re.M), r["output"][:3000]
     # -v: one line per start-up phase before "Receiving data...", the shutdown's after "Detaching..."
     phases = re.findall(r"^Phase (\S+): \d+ ms", r["output"], re.M)
-    assert phases == ["python", "imports", "inputs", "btf", "features", "symbols", "discovery", "load", "attach",
-                      "ready", "drain", "detach", "flush"], r["output"][:3000]
+    assert phases == ["python", "imports", "flags", "inputs", "btf", "features", "symbols", "discovery", "load",
+                      "attach", "other", "ready", "drain", "detach", "flush"], r["output"][:3000]
     assert re.search(rf"^Phase attach: \d+ ms \(\d+ functions, {MODES[scenario]}\)$", r["output"], re.M)
     # trace_kprobe is stopped with SIGINT (Ctrl-C), the others with SIGTERM: both detach cleanly
     assert re.search(r"Detaching\.\.\. DONE in \d+ ms\.", r["output"]), r["output"][-2000:]
@@ -137,7 +137,8 @@ def test_dry_run_phases_and_the_kernel_cache(vm_batch) -> None:
     answers from the cache, a module load makes it read the symbols and probe the features again."""
     runs = {run["step"]: run for run in vm_batch["trace_dry_run"]["runs"]}
     cold, warm = _phases(runs["cold"]["err"]), _phases(runs["warm"]["err"])
-    assert list(cold) == ["python", "imports", "inputs", "btf", "features", "symbols", "discovery", "dry-run"], \
+    assert list(cold) == ["python", "imports", "flags", "inputs", "btf", "features", "symbols", "discovery", "other",
+                          "dry-run"], \
         runs["cold"]["err"][-3000:]
     assert "cached" not in cold["btf"] and "cached" not in cold["symbols"] and "cached" not in cold["features"]
     assert warm["btf"].endswith(", cached") and warm["symbols"].endswith(", cached"), warm
