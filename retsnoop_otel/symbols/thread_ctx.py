@@ -27,12 +27,16 @@ import os
 import stat
 import struct
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
+
+from retsnoop_otel.symbols.elf_dynsym import find_dynsym, read_headers
 
 SYMBOL = "otel_thread_ctx_v1"
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _DT_DEBUG = 21
 _R_DTPMOD64, _R_TPOFF64, _R_TLSDESC = 16, 18, 36  # x86-64 psABI relocation types
+_STT_TLS, _SHT_RELA, _SHT_DYNSYM = 6, 4, 11
+_RELA = struct.Struct("<QQq")  # Elf64_Rela: r_offset, r_info, r_addend
 _MAX_OBJECTS = 8192  # a corrupt or cyclic r_map list must not loop for ever
 _CACHE_LIMIT = 4096
 
@@ -100,56 +104,34 @@ def _exe_tls_offset(tls: tuple[int, int, int], dynamic_linker: bool) -> int:
 
 def _read_elf(f) -> _ElfInfo | None:
     """Program headers and the .dynsym entry of SYMBOL; None for a file that is not an x86-64 ELF."""
-    from elftools.elf.elffile import ELFFile
-    from elftools.elf.hash import ELFHashSection, GNUHashSection
-    from elftools.elf.sections import SymbolTableSection
-
-    if f.read(4) != b"\x7fELF":
-        return None
-    f.seek(0)
     try:
-        elf = ELFFile(f)
-        if elf.elfclass != 64 or elf["e_machine"] != "EM_X86_64":
+        found = read_headers(f)
+        if found is None:
             return None
-        tls = dynamic = None
-        loads, interp = [], False
-        for seg in elf.iter_segments():
-            kind = seg["p_type"]
-            if kind == "PT_TLS" and seg["p_memsz"]:  # dl-load.c: an empty PT_TLS gets no module id
-                tls = (seg["p_vaddr"], seg["p_memsz"], seg["p_align"])
-            elif kind == "PT_LOAD":
-                loads.append((seg["p_offset"], seg["p_vaddr"]))
-            elif kind == "PT_DYNAMIC":
-                dynamic = (seg["p_vaddr"], seg["p_memsz"])
-            elif kind == "PT_INTERP":
-                interp = True
-        sections = list(elf.iter_sections())
-        hashes = [s for s in sections if isinstance(s, GNUHashSection | ELFHashSection)]
-        dynsyms = [s for s in sections if isinstance(s, SymbolTableSection) and s["sh_type"] == "SHT_DYNSYM"]
-        if hashes:  # one hash lookup instead of walking thousands of libc symbols
-            sym = hashes[0].get_symbol(SYMBOL)
-        else:
-            sym = next(iter(dynsyms[0].get_symbol_by_name(SYMBOL) or ()), None) if dynsyms else None
-        if sym is None or sym["st_info"]["type"] != "STT_TLS" or sym["st_shndx"] == "SHN_UNDEF":
-            return _ElfInfo(elf["e_type"] == "ET_EXEC", tls, None, tuple(loads), dynamic, interp)
-        relocs = _tls_relocs(sections, dynsyms[0], sym["st_value"]) if dynsyms else ()
-        return _ElfInfo(elf["e_type"] == "ET_EXEC", tls, sym["st_value"], tuple(loads), dynamic, interp, relocs)
-    except Exception:  # pyelftools raises many types on a malformed file: not an ELF we can use
+        head, sections = found
+        sym = find_dynsym(f, sections, SYMBOL)
+        if sym is None or sym.info & 0xF != _STT_TLS or sym.shndx == 0:
+            return _ElfInfo(head.exec_type, head.tls, None, head.loads, head.dynamic, head.interp)
+        relocs = _tls_relocs(f, sections, sym.index, sym.value)
+    except (OSError, ValueError, struct.error):  # unreadable or malformed: not an ELF we can use
         return None
+    return _ElfInfo(head.exec_type, head.tls, sym.value, head.loads, head.dynamic, head.interp, relocs)
 
 
-def _tls_relocs(sections: list, dynsym: Any, value: int) -> tuple[tuple[int, int, int], ...]:
-    """The defining file's TLS relocations against SYMBOL, or against its own block (symbol index 0, as
-    -Bsymbolic or a hidden alias produce, where r_addend is the offset inside the block)."""
-    from elftools.elf.relocation import RelocationSection
-
-    index = next(i for i, s in enumerate(dynsym.iter_symbols()) if s.name == SYMBOL)
-    link = sections.index(dynsym)
-    return tuple((r["r_info_type"], r["r_offset"], r["r_addend"] - (0 if r["r_info_sym"] else value))
-                 for section in sections
-                 if isinstance(section, RelocationSection) and section.is_RELA() and section["sh_link"] == link
-                 for r in section.iter_relocations()
-                 if r["r_info_sym"] in (0, index) and r["r_info_type"] in (_R_DTPMOD64, _R_TPOFF64, _R_TLSDESC))
+def _tls_relocs(f, sections: list[tuple[int, ...]], index: int, value: int) -> tuple[tuple[int, int, int], ...]:
+    """The defining file's TLS relocations against SYMBOL (.dynsym entry `index`), or against its own block
+    (symbol index 0, as -Bsymbolic or a hidden alias produce, where r_addend is the offset inside the block)."""
+    link = next(i for i, sh in enumerate(sections) if sh[1] == _SHT_DYNSYM)
+    out = []
+    for sh in sections:
+        if sh[1] != _SHT_RELA or sh[6] != link:
+            continue
+        f.seek(sh[4])
+        for r_offset, r_info, r_addend in _RELA.iter_unpack(f.read(sh[5] - sh[5] % _RELA.size)):
+            rsym, rtype = r_info >> 32, r_info & 0xFFFFFFFF
+            if rsym in (0, index) and rtype in (_R_DTPMOD64, _R_TPOFF64, _R_TLSDESC):
+                out.append((rtype, r_offset, r_addend - (0 if rsym else value)))
+    return tuple(out)
 
 
 def _parse_maps(text: str) -> list[_Mapping]:
