@@ -1,0 +1,76 @@
+"""tests/vm/run boots again when the guest died before the command started, and only then.
+
+A fake `vng` stands in for virtme-ng: it plays a guest that dies while booting (no out.log, no exit code),
+one that runs the command (out.log, then rc), or one that dies while the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.machinery
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+RUN = Path(__file__).resolve().parents[1] / "vm" / "run"
+
+
+def _load():
+    loader = importlib.machinery.SourceFileLoader("vm_run", str(RUN))
+    spec = importlib.util.spec_from_loader("vm_run", loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+@pytest.fixture()
+def vm_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    module = _load()
+    boots = tmp_path / "boots"
+    plan = tmp_path / "plan"  # one word per boot: die | ok | crash
+
+    def fake_vng(vmlinuz: Path, rwdir: Path, script: Path) -> list[str]:
+        return ["sh", "-c", f"""
+            n=$(( $(cat {boots} 2>/dev/null || echo 0) + 1 )); echo $n > {boots}
+            what=$(sed -n "${{n}}p" {plan})
+            echo "[ 1.77] booting, attempt $n"
+            case $what in
+              ok) echo hello > {rwdir}/out.log; echo 0 > {rwdir}/rc ;;
+              crash) echo started > {rwdir}/out.log ;;
+              *) echo "Kernel panic - not syncing: Fatal exception in interrupt" ;;
+            esac"""]
+
+    monkeypatch.setattr(module, "vng_command", fake_vng)
+    monkeypatch.setattr(module, "fetch_kernel", lambda series, dbg: (tmp_path / "vmlinuz-6.12.0", "6.12.0"))
+    monkeypatch.setattr(module, "ensure_host_modules", lambda kdir, release: None)
+    monkeypatch.setattr(module, "precompile", lambda: None)
+    args = argparse.Namespace(kernel="6.12", dbg=False, timeout=60.0, rwdir=None, command=["true"])
+
+    def run(*outcomes: str) -> tuple[int, int]:
+        plan.write_text("\n".join(outcomes) + "\n")
+        boots.unlink(missing_ok=True)
+        rc = module.run_vm(args, tmp_path / "rw")
+        return rc, int(boots.read_text())
+
+    return module, run
+
+
+def test_a_guest_that_died_booting_is_booted_once_more(vm_run, capsys: pytest.CaptureFixture[str]) -> None:
+    _module, run = vm_run
+    assert run("die", "ok") == (0, 2)
+    err = capsys.readouterr().err
+    assert "died while booting, before the command started: booting once more" in err
+    assert "Kernel panic" in err  # the first boot's console tail is still shown
+
+
+def test_twice_dead_while_booting_is_a_failure(vm_run) -> None:
+    module, run = vm_run
+    assert run("die", "die", "ok") == (module.EXIT_NO_RC, 2)
+
+
+def test_a_command_that_started_is_never_run_twice(vm_run) -> None:
+    module, run = vm_run
+    assert run("crash", "ok") == (module.EXIT_NO_RC, 1)
+    assert run("ok", "ok") == (0, 1)
