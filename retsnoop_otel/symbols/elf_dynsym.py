@@ -1,4 +1,4 @@
-"""One dynamic symbol of an ELF file, found the way the dynamic linker finds it: through the hash table.
+"""One dynamic symbol of an ELF file, found the way the dynamic linker finds it, and the relocations against it.
 
 The application-context watcher asks every running process's executable and libraries whether they
 export otel_thread_ctx_v1, and almost none does. Answering with pyelftools cost about 50 ms of imports
@@ -17,10 +17,11 @@ _EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
 _PHDR = struct.Struct("<IIQQQQQQ")
 _SHDR = struct.Struct("<IIQQQQIIQQ")
 _SYM = struct.Struct("<IBBHQQ")
+_RELA = struct.Struct("<QQq")  # Elf64_Rela: r_offset, r_info, r_addend
 _EM_X86_64 = 62
 _ET_EXEC = 2
 _PT_LOAD, _PT_DYNAMIC, _PT_INTERP, _PT_TLS = 1, 2, 3, 7
-_SHT_HASH, _SHT_DYNSYM, _SHT_GNU_HASH = 5, 11, 0x6FFFFFF6
+_SHT_RELA, _SHT_HASH, _SHT_DYNSYM, _SHT_GNU_HASH = 4, 5, 11, 0x6FFFFFF6
 _MAX_TABLE = 64 << 20  # a section claiming more than this is not one we read
 
 
@@ -35,6 +36,7 @@ class ElfHeaders(NamedTuple):
 
 
 class DynSym(NamedTuple):
+    table: int  # section index of the .dynsym it was found in
     index: int  # in .dynsym
     value: int
     info: int  # st_info: type in the low four bits (STT_TLS = 6)
@@ -104,9 +106,10 @@ def _sysv_hash(name: bytes) -> int:
 def find_dynsym(f: BinaryIO, sections: list[tuple[int, ...]], name: str) -> DynSym | None:
     """`name` in the first .dynsym, through the first hash section (GNU or SysV, in section order, as
     pyelftools picks it), or by a walk of .dynsym when the file has no hash section."""
-    dynsym = next((s for s in sections if s[1] == _SHT_DYNSYM), None)
-    if dynsym is None or not 0 <= dynsym[6] < len(sections):
+    table_index = next((i for i, s in enumerate(sections) if s[1] == _SHT_DYNSYM), None)
+    if table_index is None or not 0 <= sections[table_index][6] < len(sections):
         return None
+    dynsym = sections[table_index]
     strtab = sections[dynsym[6]]
     syms = _read(f, dynsym[4], dynsym[5])
     strs = _read(f, strtab[4], strtab[5])
@@ -118,7 +121,7 @@ def find_dynsym(f: BinaryIO, sections: list[tuple[int, ...]], name: str) -> DynS
             return None
         st_name, info, _, shndx, value, _ = _SYM.unpack_from(syms, i * _SYM.size)
         end = strs.find(b"\0", st_name)
-        return DynSym(i, value, info, shndx) if strs[st_name:end] == want else None
+        return DynSym(table_index, i, value, info, shndx) if strs[st_name:end] == want else None
 
     table = next((s for s in sections if s[1] in (_SHT_GNU_HASH, _SHT_HASH)), None)
     if table is None:
@@ -153,3 +156,20 @@ def find_dynsym(f: BinaryIO, sections: list[tuple[int, ...]], name: str) -> DynS
             return None
         i += 1
     return None
+
+
+class Rela(NamedTuple):
+    offset: int  # r_offset
+    sym: int  # index in the symbol table; 0: none (r_addend alone locates the target)
+    type: int
+    addend: int
+
+
+def relocations(f: BinaryIO, sections: list[tuple[int, ...]], table: int) -> list[Rela]:
+    """Every SHT_RELA entry of the sections whose symbols come from section `table` (sh_link)."""
+    out = []
+    for sh in sections:
+        if sh[1] == _SHT_RELA and sh[6] == table:
+            raw = _read(f, sh[4], sh[5] - sh[5] % _RELA.size)
+            out += [Rela(off, info >> 32, info & 0xFFFFFFFF, add) for off, info, add in _RELA.iter_unpack(raw)]
+    return out

@@ -29,14 +29,13 @@ import struct
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from retsnoop_otel.symbols.elf_dynsym import find_dynsym, read_headers
+from retsnoop_otel.symbols.elf_dynsym import DynSym, find_dynsym, read_headers, relocations
 
 SYMBOL = "otel_thread_ctx_v1"
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _DT_DEBUG = 21
 _R_DTPMOD64, _R_TPOFF64, _R_TLSDESC = 16, 18, 36  # x86-64 psABI relocation types
-_STT_TLS, _SHT_RELA, _SHT_DYNSYM = 6, 4, 11
-_RELA = struct.Struct("<QQq")  # Elf64_Rela: r_offset, r_info, r_addend
+_STT_TLS = 6
 _MAX_OBJECTS = 8192  # a corrupt or cyclic r_map list must not loop for ever
 _CACHE_LIMIT = 4096
 
@@ -112,26 +111,17 @@ def _read_elf(f) -> _ElfInfo | None:
         sym = find_dynsym(f, sections, SYMBOL)
         if sym is None or sym.info & 0xF != _STT_TLS or sym.shndx == 0:
             return _ElfInfo(head.exec_type, head.tls, None, head.loads, head.dynamic, head.interp)
-        relocs = _tls_relocs(f, sections, sym.index, sym.value)
+        relocs = _tls_relocs(f, sections, sym)
     except (OSError, ValueError, struct.error):  # unreadable or malformed: not an ELF we can use
         return None
     return _ElfInfo(head.exec_type, head.tls, sym.value, head.loads, head.dynamic, head.interp, relocs)
 
 
-def _tls_relocs(f, sections: list[tuple[int, ...]], index: int, value: int) -> tuple[tuple[int, int, int], ...]:
-    """The defining file's TLS relocations against SYMBOL (.dynsym entry `index`), or against its own block
-    (symbol index 0, as -Bsymbolic or a hidden alias produce, where r_addend is the offset inside the block)."""
-    link = next(i for i, sh in enumerate(sections) if sh[1] == _SHT_DYNSYM)
-    out = []
-    for sh in sections:
-        if sh[1] != _SHT_RELA or sh[6] != link:
-            continue
-        f.seek(sh[4])
-        for r_offset, r_info, r_addend in _RELA.iter_unpack(f.read(sh[5] - sh[5] % _RELA.size)):
-            rsym, rtype = r_info >> 32, r_info & 0xFFFFFFFF
-            if rsym in (0, index) and rtype in (_R_DTPMOD64, _R_TPOFF64, _R_TLSDESC):
-                out.append((rtype, r_offset, r_addend - (0 if rsym else value)))
-    return tuple(out)
+def _tls_relocs(f, sections: list[tuple[int, ...]], sym: DynSym) -> tuple[tuple[int, int, int], ...]:
+    """The defining file's TLS relocations against SYMBOL, or against its own block (symbol index 0, as
+    -Bsymbolic or a hidden alias produce, where r_addend is the offset inside the block)."""
+    return tuple((r.type, r.offset, r.addend - (0 if r.sym else sym.value)) for r in relocations(f, sections, sym.table)
+                 if r.sym in (0, sym.index) and r.type in (_R_DTPMOD64, _R_TPOFF64, _R_TLSDESC))
 
 
 def _parse_maps(text: str) -> list[_Mapping]:

@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 from elftools.elf.elffile import ELFFile
 from elftools.elf.hash import ELFHashSection, GNUHashSection
+from elftools.elf.relocation import RelocationSection
 from elftools.elf.sections import SymbolTableSection
 
 from retsnoop_otel.symbols import thread_ctx
-from retsnoop_otel.symbols.elf_dynsym import find_dynsym, read_headers
+from retsnoop_otel.symbols.elf_dynsym import find_dynsym, read_headers, relocations
 
 PUBLISHER = Path(__file__).resolve().parents[2] / "retsnoop_otel" / "publisher" / "libotel_thread_ctx.so"
 ABSENT = "retsnoop_no_such_symbol"
@@ -123,6 +124,25 @@ def test_program_headers_match_pyelftools(elf_files: list[Path]) -> None:
         assert head.loads == tuple((s["p_offset"], s["p_vaddr"]) for s in segs if s["p_type"] == "PT_LOAD")
         assert head.dynamic == (dyn[0] if dyn else None)
         assert head.interp == any(s["p_type"] == "PT_INTERP" for s in segs)
+
+
+def test_relocations_match_pyelftools(elf_files: list[Path]) -> None:
+    total = 0
+    for path in elf_files:
+        with open(path, "rb") as f:
+            elf = ELFFile(f)
+            dynsym = next(i for i, s in enumerate(elf.iter_sections()) if s["sh_type"] == "SHT_DYNSYM")
+            expected = [(r["r_offset"], r["r_info_sym"], r["r_info_type"], r["r_addend"])
+                        for s in elf.iter_sections() if isinstance(s, RelocationSection) and s.is_RELA()
+                        and s["sh_link"] == dynsym for r in s.iter_relocations()]
+            found = read_headers(f)
+            assert found is not None
+            sym = find_dynsym(f, found[1], "malloc")
+            got = [tuple(r) for r in relocations(f, found[1], dynsym)]
+        assert got == expected, path
+        assert sym is None or sym.table == dynsym, path
+        total += len(got)
+    assert total > 1000
 
 
 def test_the_publisher_library_exports_the_tls_symbol() -> None:
