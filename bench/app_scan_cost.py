@@ -12,14 +12,12 @@ interpreter with an empty per-file cache, imports included; --base runs another 
 
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
-import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from checkouts import THIS, child_json, interleaved, medians, parse_trees  # noqa: E402
 
 CHILD = r"""
 import json, os, sys, time
@@ -38,32 +36,19 @@ print(json.dumps({"ms": (time.perf_counter() - t0) * 1e3, "processes": len(pids)
 """
 
 
-def one_run(tree: Path) -> dict[str, float]:
-    out = subprocess.run([sys.executable, "-c", CHILD, str(tree)], check=True, capture_output=True, text=True,
-                         cwd=tree).stdout
-    return json.loads(out)
-
-
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runs", type=int, default=9)
-    ap.add_argument("--base", type=Path, help="another checkout, run interleaved with this one")
-    args = ap.parse_args()
-    trees = {"this checkout": ROOT} | ({"base": args.base.resolve()} if args.base else {})
-    runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
-    for _ in range(args.runs):
-        for name, tree in trees.items():
-            runs[name].append(one_run(tree))
+    args, trees = parse_trees(__doc__.split("\n\n")[0], runs=9)
+    runs = interleaved(trees, args.runs, lambda tree: child_json(CHILD, tree))
+    med = medians(runs)
     print(f"| tree | scan of every process, imports included (median of {args.runs}) | processes | ELF files read "
           "| with a thread context | unreadable |")
     print("|---|---|---|---|---|---|")
     for name, rs in runs.items():
         last = rs[-1]
-        print(f"| {name} | {statistics.median(r['ms'] for r in rs):.1f} ms | {last['processes']} | "
+        print(f"| {name} | {med[name]['ms']:.1f} ms | {last['processes']} | "
               f"{last['elf_files']} | {last['found']} | {last['unreadable']} |")
     if args.base:
-        a, b = (statistics.median(r["ms"] for r in runs[n]) for n in trees)
-        print(f"\nthis checkout / base = {a / b:.2f}x")
+        print(f"\nthis checkout / base = {med[THIS]['ms'] / med['base']['ms']:.2f}x")
     return 0
 
 

@@ -16,14 +16,13 @@ in each tree.
 
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from checkouts import THIS, child_json, interleaved, medians, parse_trees  # noqa: E402
 
 # the modules a `trace` start imports before "Receiving data...": the command's own tree, then what the
 # runtime's phases import on the way (kernel facts, feature probes, symbolizer, console renderer)
@@ -65,41 +64,20 @@ print(json.dumps({name: min(timeit.repeat(lambda: r.decode(data), number=20000, 
 """
 
 
-def decode_ns(checkout: Path) -> dict[str, float]:
-    out = subprocess.run([sys.executable, "-c", DECODE, str(checkout)], check=True, capture_output=True, text=True,
-                         cwd=checkout).stdout
-    return json.loads(out)
-
-
-def one_run(checkout: Path) -> dict[str, float]:
-    out = subprocess.run([sys.executable, "-c", CHILD, str(checkout), *START_MODULES], check=True,
-                         capture_output=True, text=True, cwd=checkout).stdout
-    return json.loads(out)
-
-
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runs", type=int, default=15)
-    ap.add_argument("--base", type=Path, help="another checkout, run interleaved with this one")
-    args = ap.parse_args()
-    trees = {"this checkout": ROOT} | ({"base": args.base.resolve()} if args.base else {})
+    args, trees = parse_trees(__doc__.split("\n\n")[0], runs=15)
     for tree in trees.values():
         subprocess.run([sys.executable, "-m", "compileall", "-qq", "retsnoop_otel"], cwd=tree, check=True)
-    runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
-    for _ in range(args.runs):
-        for name, tree in trees.items():
-            runs[name].append(one_run(tree))
-    med = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()}
+    med = medians(interleaved(trees, args.runs, lambda tree: child_json(CHILD, tree, *START_MODULES)))
     print(f"| tree | imports (median of {args.runs}) | dataclasses | NamedTuples | our modules |")
     print("|---|---|---|---|---|")
     for name, m in med.items():
         print(f"| {name} | {m['imports_ms']:.1f} ms | {m['dataclasses']:.0f} | {m['named_tuples']:.0f} "
               f"| {m['modules']:.0f} |")
     if args.base:
-        a, b = med["this checkout"], med["base"]
-        print(f"\nimports: this checkout / base = {a['imports_ms'] / b['imports_ms']:.2f}x")
-    decoded = {name: decode_ns(tree) for name, tree in trees.items()}
-    kinds = list(decoded["this checkout"])
+        print(f"\nimports: this checkout / base = {med[THIS]['imports_ms'] / med['base']['imports_ms']:.2f}x")
+    decoded = {name: child_json(DECODE, tree) for name, tree in trees.items()}
+    kinds = list(decoded[THIS])
     print("\n| tree | " + " | ".join(f"decode a {k} record" for k in kinds) + " |")
     print("|---|" + "---|" * len(kinds))
     for name, d in decoded.items():
