@@ -94,8 +94,14 @@ def workload(n: int, ok: bool) -> float:
     return time.perf_counter() - t0
 
 
-def pick(size: int, mode: str, ksyms, available, ret_kinds) -> list:
-    disc = discovery.discover(["*sys_bpf"], ["*bpf*"], [], ksyms, available, ret_kinds,
+# --set: this bench's own set, or bench/peer_compare.py's `--sets 1000` (what trace attaches there), so that a
+# gap seen there can be taken apart here, with the same programs and without the CLI around them
+SETS = {"bpf": (["*sys_bpf"], ["*bpf*"]), "peer": (["*sys_bpf"], ["bpf_*", "array_map_*", "map_*"])}
+
+
+def pick(size: int, mode: str, ksyms, available, ret_kinds, set_name: str = "bpf") -> list:
+    entry, allow = SETS[set_name]
+    disc = discovery.discover(entry, allow, [], ksyms, available, ret_kinds,
                               "kprobe_multi" if mode == "kprobe_session" else mode)
     entries = [f for f in disc.funcs if f.is_entry]
     others = [f for f in disc.funcs if not f.is_entry and ret_kinds.func_id(f.name)][: max(0, size - len(entries))]
@@ -314,6 +320,8 @@ def main() -> int:
     ap.add_argument("--variants", default="empty,cookie,full")
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--workload", choices=("fail", "ok"), default="fail")
+    ap.add_argument("--set", choices=sorted(SETS), default="bpf", help="bpf: entry *sys_bpf, then other *bpf* "
+                    "functions with BTF (default); peer: bench/peer_compare.py's --sets 1000 globs")
     ap.add_argument("--build-only", action="store_true", help="build the variant object (on the host) and stop")
     ap.add_argument("--repeat", type=int, default=1, help="rounds over the variants; the table shows medians")
     ap.add_argument("--base-object", type=Path, metavar="BPF_O", help="also run the full variants with this "
@@ -353,7 +361,7 @@ def main() -> int:
                 except features.FeatureError:
                     rows.append({"mode": mode, "size": size, "note": "not supported by this kernel"})
                     continue
-                funcs = pick(size, mode, ksyms, available, ret_kinds)
+                funcs = pick(size, mode, ksyms, available, ret_kinds, args.set)
                 variants = args.variants.split(",")
                 if args.base_object:
                     variants = [w for v in variants for w in ((v, f"{v}-base") if v in FULL else (v,))]
