@@ -42,12 +42,14 @@ import statistics
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(1, str(Path(__file__).resolve().parent))
 
 from retsnoop_otel.kernel import bpfsys, features, libbpf_progs, tracefs  # noqa: E402
 from retsnoop_otel.kernel import libbpf as lb  # noqa: E402
@@ -278,12 +280,12 @@ def stats(fds: list[int]) -> tuple[int, int, int]:
     return ns, cnt, missed
 
 
-def measure(run, calls: int, ok: bool, base_us: float) -> dict:
+def measure(run, calls: int, work, base_us: float) -> dict:
     # a stats read is a bpf() call per program, traced like the workload's (fentry: ~2,000 clones):
     # two reads back to back say what one read adds, and that is taken off
     ns_a, cnt_a, _ = stats(run.fds)
     ns0, cnt0, miss0 = stats(run.fds)
-    wall = workload(calls, ok)
+    wall = work(calls)
     if isinstance(run, FullRun):
         run.drain()
     ns1, cnt1, miss1 = stats(run.fds)
@@ -320,6 +322,8 @@ def main() -> int:
     ap.add_argument("--variants", default="empty,cookie,full")
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--workload", choices=("fail", "ok"), default="fail")
+    ap.add_argument("--external", action="store_true", help="run the workload as another process (bench/"
+                    "peer_compare.py's C loop, failing calls only), as trace and the agent see it")
     ap.add_argument("--set", choices=sorted(SETS), default="bpf", help="bpf: entry *sys_bpf, then other *bpf* "
                     "functions with BTF (default); peer: bench/peer_compare.py's --sets 1000 globs")
     ap.add_argument("--build-only", action="store_true", help="build the variant object (on the host) and stop")
@@ -334,6 +338,8 @@ def main() -> int:
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # kprobe mode: two links per function
     ok = args.workload == "ok"
+    if args.external and ok:
+        ap.error("--external runs failing calls only (bench/peer_compare.py's workload)")
     feats = features.detect()
     ksyms = Kallsyms.load()
     available = tracefs.read_available_filter_functions()
@@ -350,9 +356,18 @@ def main() -> int:
             SYSCTL.write_text(old)
             btf.free()
         return 0
+    if args.external:
+        import peer_compare
+        cmd = peer_compare.build_workload(Path(tempfile.mkdtemp(prefix="probe_cost-")))
+
+        def work(n: int) -> float:
+            return peer_compare.run_workload(cmd, n) * n / 1e9
+    else:
+        def work(n: int) -> float:
+            return workload(n, ok)
     try:
-        workload(200, ok)  # warm up
-        base_us = min(workload(args.calls, ok) for _ in range(3)) / args.calls * 1e6
+        work(200)  # warm up
+        base_us = min(work(args.calls) for _ in range(3)) / args.calls * 1e6
         print(json.dumps({"baseline_us_per_call": round(base_us, 1)}), flush=True)
         for size in (int(s) for s in args.sizes.split(",")):
             for mode in args.modes.split(","):
@@ -382,7 +397,7 @@ def main() -> int:
                         continue
                     try:
                         row = {"mode": mode, "size": len(funcs), "variant": variant,
-                               **measure(run, args.calls, ok, base_us)}
+                               **measure(run, args.calls, work, base_us)}
                     finally:
                         t1 = time.monotonic()
                         run.close()
