@@ -3,10 +3,11 @@ error chain, format the rows. Run as root on any host (it reads /proc/kallsyms; 
 
     .venv/bin/python bench/console_cost.py [--sessions N] [--stacks N]
 
-Side by side in one run: the production symbolizer (results cached per address) and the same one with
-its cache bypassed, which is what every session paid before. Under emulation (tests/vm) the reader of
-`bench/peer_compare.py` spent 3.7 ms per session draining 2,000 of them; on one CPU that time is taken
-from the traced workload.
+Side by side in one run: the console as trace runs it (stack layouts kept per stack shape, symbolizer
+results cached per address), the same without kept layouts (the build before render/stack.py's
+StackLayouts), and without the symbolizer's cache either (the build before that). Under emulation
+(tests/vm) the reader of `bench/peer_compare.py` spent 3.7 ms per session draining 2,000 of them; on
+one CPU that time is taken from the traced workload.
 
 The sessions: --stacks distinct kernel stacks (real addresses of this kernel's bpf(2) path and of
 random functions below it), a four-level error chain each, repeated to --sessions, as a failing
@@ -25,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from retsnoop_otel.capture.model import RetKind, Session, StackEntry, TracedFunc  # noqa: E402
 from retsnoop_otel.render.console import session_text  # noqa: E402
+from retsnoop_otel.render.stack import StackLayouts  # noqa: E402
 from retsnoop_otel.symbols.kallsyms import Kallsyms  # noqa: E402
 from retsnoop_otel.symbols.symbolize import Frame, KallsymsSymbolizer  # noqa: E402
 
@@ -61,12 +63,13 @@ def sessions(ksyms: Kallsyms, n: int, stacks: int) -> tuple[dict[int, TracedFunc
 
 
 def per_session_us(symbolizer: KallsymsSymbolizer, funcs: dict[int, TracedFunc], batch: list[Session],
-                   rounds: int = 5) -> float:
+                   keep_layouts: bool, rounds: int = 5) -> float:
     best = float("inf")
     for _ in range(rounds):
+        layouts = StackLayouts(funcs, symbolizer) if keep_layouts else None  # a fresh console per pass
         t0 = time.perf_counter()
         for s in batch:
-            session_text(s, funcs, symbolizer, OFFSET, calls_view=False)
+            session_text(s, funcs, symbolizer, OFFSET, calls_view=False, layouts=layouts)
         best = min(best, time.perf_counter() - t0)
     return best / len(batch) * 1e6
 
@@ -78,11 +81,15 @@ def main() -> int:
     args = ap.parse_args()
     ksyms = Kallsyms.load()
     funcs, batch = sessions(ksyms, args.sessions, args.stacks)
-    old = per_session_us(Uncached(ksyms), funcs, batch)
-    new = per_session_us(KallsymsSymbolizer(ksyms), funcs, batch)
+    oldest = per_session_us(Uncached(ksyms), funcs, batch, keep_layouts=False)
+    old = per_session_us(KallsymsSymbolizer(ksyms), funcs, batch, keep_layouts=False)
+    new = per_session_us(KallsymsSymbolizer(ksyms), funcs, batch, keep_layouts=True)
     print(f"{len(ksyms):,} kallsyms functions; {args.sessions:,} sessions over {args.stacks} distinct stacks; "
-          "best of 5 passes")
-    print(f"uncached: {old:.1f} us per session; cached: {new:.1f} us per session ({new / old:.2f}x)")
+          "best of 5 passes, us per session")
+    print("| console | us per session | ratio to trace's |\n|---|---|---|")
+    for name, us in (("as trace runs it (kept layouts, cached symbols)", new), ("without kept layouts", old),
+                     ("without the symbol cache either", oldest)):
+        print(f"| {name} | {us:.1f} | {us / new:.2f}x |")
     return 0
 
 

@@ -13,18 +13,19 @@ from retsnoop_otel.capture.errnos import errno_name
 from retsnoop_otel.capture.model import AppContext, Session, TracedFunc, UserFrame, error_type, format_result
 from retsnoop_otel.render.calls import ArgsFormatter, render_calls, render_chain_args
 from retsnoop_otel.render.lbr import render_session_lbr
-from retsnoop_otel.render.stack import render_header, render_stack
+from retsnoop_otel.render.stack import StackLayouts, render_header, render_stack
 from retsnoop_otel.render.user_stack import user_stack_lines
 from retsnoop_otel.symbols.symbolize import Symbolizer
 
 
 def session_text(session: Session, funcs: Mapping[int, TracedFunc], symbolizer: Symbolizer, offset_ns: int, *,
                  calls_view: bool, call_stack: bool = False, fmt_args: ArgsFormatter | None = None,
-                 lbr_max_count: int = 0) -> str:
-    """`calls_view`: the -T table (with the stack under it when `call_stack`); else the stack view."""
+                 lbr_max_count: int = 0, layouts: StackLayouts | None = None) -> str:
+    """`calls_view`: the -T table (with the stack under it when `call_stack`); else the stack view.
+    `layouts`: the stack shapes already laid out for these `funcs` and `symbolizer` (render/stack.py)."""
     lbr = render_session_lbr(session, funcs, symbolizer, lbr_max_count) if session.lbr is not None else ""
     if not calls_view:
-        text = render_stack(session, funcs, symbolizer, offset_ns)
+        text = render_stack(session, funcs, symbolizer, offset_ns, layouts)
         if lbr:
             head, _, rows = text.partition("\n\n")
             text = head + "\n\n" + lbr + "\n" + rows
@@ -35,7 +36,7 @@ def session_text(session: Session, funcs: Mapping[int, TracedFunc], symbolizer: 
     if lbr:
         parts.append("\n" + lbr)
     if call_stack:
-        stack = render_stack(session, funcs, symbolizer, offset_ns)
+        stack = render_stack(session, funcs, symbolizer, offset_ns, layouts)
         parts.append("\n" + stack.split("\n", 2)[2] if stack.count("\n") >= 2 else stack)
     else:
         user = user_stack_lines(session)

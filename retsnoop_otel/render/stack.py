@@ -63,14 +63,14 @@ def filter_kstack(kstack: Sequence[int], symbolizer: Symbolizer) -> list[tuple[i
     return out
 
 
-def _match_chain(kframes: list[tuple[int, list[Frame]]], chain: Sequence[StackEntry],
+def _match_chain(kframes: list[tuple[int, list[Frame]]], func_ids: Sequence[int],
                  funcs: Mapping[int, TracedFunc]) -> list[int | None]:
-    """For each chain entry (outermost first) its kframes position, matching by function start address."""
+    """For each chain function (outermost first) its kframes position, matching by function start address."""
     starts = [addr - frames[0].offset if frames else None for addr, frames in kframes]
     positions: list[int | None] = []
     cursor = 0
-    for entry in chain:
-        func = funcs.get(entry.func_id)
+    for func_id in func_ids:
+        func = funcs.get(func_id)
         pos = None
         if func is not None:
             pos = next((i for i in range(cursor, len(starts)) if starts[i] == func.addr), None)
@@ -113,15 +113,22 @@ def _entry_columns(entry: StackEntry, func: TracedFunc | None) -> tuple[str, str
     return f"{entry.latency_ns // 1000}us", f"[{format_result(entry.result, func.ret)}]"
 
 
-def stack_rows(session: Session, funcs: Mapping[int, TracedFunc], symbolizer: Symbolizer) -> list[_Row]:
+class _Layout(NamedTuple):
+    """A stack's rows with the chain's durations and results left out, and where each of those goes."""
+
+    rows: tuple[_Row, ...]
+    slots: tuple[tuple[int, int], ...]  # (row, chain position)
+
+
+def _layout(kstack: Sequence[int], func_ids: Sequence[int], funcs: Mapping[int, TracedFunc],
+            symbolizer: Symbolizer) -> _Layout:
     """Rows outermost first: kernel frames above the chain, merged rows, then '!' rows for the rest."""
-    kframes = list(reversed(filter_kstack(session.kstack, symbolizer)))
-    positions = _match_chain(kframes, session.chain, funcs)
+    kframes = list(reversed(filter_kstack(kstack, symbolizer)))
+    positions = _match_chain(kframes, func_ids, funcs)
     rows: list[_Row] = []
+    slots: list[tuple[int, int]] = []
     cursor = 0
-    for i, entry in enumerate(session.chain):
-        func = funcs.get(entry.func_id)
-        duration, result = _entry_columns(entry, func)
+    for i, func_id in enumerate(func_ids):
         pos = positions[i]
         # A traced function missing from the stack sits below every kernel frame above the next
         # traced function that is there (or below all of them): those frames print first.
@@ -129,15 +136,54 @@ def stack_rows(session: Session, funcs: Mapping[int, TracedFunc], symbolizer: Sy
         for addr, frames in kframes[cursor:stop]:
             rows.extend(_frame_rows(addr, frames))
         cursor = stop
+        slots.append((len(rows), i))
         if pos is None:
-            rows.append(_Row("!", duration, result, func.name if func else f"<func #{entry.func_id}>",
-                             _definition(func, symbolizer)))
+            func = funcs.get(func_id)
+            rows.append(_Row("!", "", "", func.name if func else f"<func #{func_id}>", _definition(func, symbolizer)))
             continue
         addr, frames = kframes[pos]
-        rows.extend(_frame_rows(addr, frames, " ", duration, result))
+        rows.extend(_frame_rows(addr, frames))
         cursor = pos + 1
     for addr, frames in kframes[cursor:]:
         rows.extend(_frame_rows(addr, frames))
+    return _Layout(tuple(rows), tuple(slots))
+
+
+class StackLayouts:
+    """Layouts by (kernel stack, chain functions), for one probe set's functions and symbolizer.
+
+    A syscall failing in a loop repeats one stack shape thousands of times; only the durations and
+    results differ. Building the layout (symbolizing, dropping the tracer's frames, matching the chain)
+    was almost half of the console's time per session (bench/console_cost.py), and on one CPU the
+    reader's time is taken from the traced workload. Bounded: once full, new shapes are built and not
+    kept (keeping thousands of distinct ones cost more in allocation than they saved).
+    """
+
+    def __init__(self, funcs: Mapping[int, TracedFunc], symbolizer: Symbolizer, limit: int = 512) -> None:
+        self.funcs, self.symbolizer, self.limit = funcs, symbolizer, limit
+        self._kept: dict[tuple[tuple[int, ...], tuple[int, ...]], _Layout] = {}
+
+    def get(self, kstack: Sequence[int], func_ids: tuple[int, ...]) -> _Layout:
+        key = (tuple(kstack), func_ids)
+        layout = self._kept.get(key)
+        if layout is None:
+            layout = _layout(kstack, func_ids, self.funcs, self.symbolizer)
+            if len(self._kept) < self.limit:
+                self._kept[key] = layout
+        return layout
+
+
+def stack_rows(session: Session, funcs: Mapping[int, TracedFunc], symbolizer: Symbolizer,
+               layouts: StackLayouts | None = None) -> list[_Row]:
+    """The session's rows: its stack shape's layout with the chain's durations and results filled in."""
+    func_ids = tuple(e.func_id for e in session.chain)
+    layout = (layouts.get(session.kstack, func_ids) if layouts is not None
+              else _layout(session.kstack, func_ids, funcs, symbolizer))
+    rows = list(layout.rows)
+    for row, i in layout.slots:
+        entry = session.chain[i]
+        duration, result = _entry_columns(entry, funcs.get(entry.func_id))
+        rows[row] = rows[row]._replace(duration=duration, result=result)
     return rows
 
 
@@ -168,9 +214,10 @@ def render_header(session: Session, offset_ns: int) -> str:
 
 
 def render_stack(session: Session, funcs: Mapping[int, TracedFunc], symbolizer: Symbolizer,
-                 offset_ns: int) -> str:
-    """One session in retsnoop's stack format; `offset_ns` converts boot-clock times to wall clock."""
-    lines = format_rows(stack_rows(session, funcs, symbolizer))
+                 offset_ns: int, layouts: StackLayouts | None = None) -> str:
+    """One session in retsnoop's stack format; `offset_ns` converts boot-clock times to wall clock.
+    `layouts`: kept stack shapes of these `funcs` and `symbolizer` (a console's, across sessions)."""
+    lines = format_rows(stack_rows(session, funcs, symbolizer, layouts))
     user = user_stack_lines(session)
     if user:
         lines += ["", *user]

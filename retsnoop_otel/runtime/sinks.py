@@ -50,6 +50,7 @@ class _SetOutputs:
 
         from retsnoop_otel.symbols.symbolize import definition
         self.fmt_args = self.export_args = None
+        self.stack_layouts: Any = None  # render.stack.StackLayouts, made by the console's first session
         if ps.arg_descs and ps.btf is not None:
             from retsnoop_otel.symbols.args import ArgFormatter
             self.fmt_args = ArgFormatter(ps.btf, ps.arg_descs).format
@@ -126,6 +127,7 @@ class Sinks:
 
     def _text(self, ps: Any, out: _SetOutputs, session: Session, offset_ns: int) -> str:
         from retsnoop_otel.render.console import session_json, session_text
+        from retsnoop_otel.render.stack import StackLayouts
         console = self.cfg.console
         assert console is not None
         if console.format == "json":
@@ -133,9 +135,11 @@ class Sinks:
         else:
             calls_view = console.view == "calls" or (console.view == "auto" and ps.cfg.mode == "calls"
                                                      and bool(session.calls))
+            if out.stack_layouts is None:
+                out.stack_layouts = StackLayouts(ps.funcs, ps.symbolizer)
             text = session_text(session, ps.funcs, ps.symbolizer, offset_ns, calls_view=calls_view,
                                 call_stack=console.call_stack, fmt_args=out.fmt_args,
-                                lbr_max_count=console.lbr_max_count)
+                                lbr_max_count=console.lbr_max_count, layouts=out.stack_layouts)
         return f"[{ps.name}] {text}" if console.prefix else text
 
     def totals(self) -> ExportTotals:

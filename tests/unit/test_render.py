@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from retsnoop_otel.capture.model import RetKind, Session, StackEntry, TracedFunc
-from retsnoop_otel.render.stack import filter_kstack, render_header, render_stack
+from retsnoop_otel.render.stack import StackLayouts, filter_kstack, render_header, render_stack
 from retsnoop_otel.symbols.dwarf import SourceFrame
 from retsnoop_otel.symbols.kallsyms import Kallsyms
 from retsnoop_otel.symbols.symbolize import DwarfSymbolizer, Frame, KallsymsSymbolizer
@@ -335,3 +335,30 @@ def test_application_ids_in_the_header_and_user_stack_under_the_kernel_stack(ksy
     assert session_json(unlinked, funcs, 0)["app"] == {"status": "invalid"}
     assert "user stack: not captured (EFAULT)" in session_text(unlinked, funcs, KallsymsSymbolizer(ksyms), 0,
                                                                calls_view=False)
+
+
+def test_kept_stack_layouts_render_what_a_fresh_layout_does(ksyms: Kallsyms) -> None:
+    """The console keeps one layout per stack shape; durations and results still come from each session."""
+    funcs = funcs_for(ksyms, [("__x64_sys_bpf", RetKind.SIGNED), ("__sys_bpf", RetKind.INT32),
+                              ("array_map_alloc_check", RetKind.INT32)])
+    probe = [addr(ksyms, name, off, mod) for name, off, mod in KRETPROBE_FRAMES]
+    shape_a = [*probe, addr(ksyms, "__sys_bpf", 0x38b), addr(ksyms, "__x64_sys_bpf", 0x1a),
+               addr(ksyms, "do_syscall_64", 0x35)]
+    shape_b = [*probe, addr(ksyms, "__x64_sys_bpf", 0x1a), addr(ksyms, "do_syscall_64", 0x35)]
+    sym = KallsymsSymbolizer(ksyms)
+    layouts = StackLayouts(funcs, sym, limit=1)
+
+    def session(kstack: list[int], lats: list[int | None], res: list[int]) -> Session:
+        chain = [StackEntry(i, r, lat) for i, (lat, r) in enumerate(zip(lats, res, strict=True))]
+        return Session(5, 5, "t", "t", BOOT_START, BOOT_START + 80_000, True, chain, kstack)
+
+    sessions = [session(shape_a, [73_000, 70_000, 8_000], [NEG - 12, NEG - 12, NEG - 22]),
+                session(shape_a, [1_234_000, 9_000, None], [NEG - 22, NEG - 22, 0]),
+                session(shape_b, [5_000, 4_000, 3_000], [NEG - 1, NEG - 1, NEG - 1]),
+                session(shape_a, [2_000, 1_000, 500], [0, 0, NEG - 95])]
+    texts = [render_stack(s, funcs, sym, OFFSET, layouts) for s in sessions]
+    assert texts == [render_stack(s, funcs, sym, OFFSET) for s in sessions]
+    assert "1234us [-EINVAL]" in texts[1] and "... [...]" in texts[1] and "[-EPERM]" in texts[2]
+    assert "    70us [-ENOMEM]  __sys_bpf+0x38b\n" in texts[0]  # two shapes: __sys_bpf in the stack,
+    assert "!    4us [-EPERM]  __sys_bpf\n" in texts[2]  # and returned before it was taken
+    assert list(layouts._kept) == [(tuple(shape_a), (0, 1, 2))]  # shape_b came when the one place was taken
