@@ -106,7 +106,10 @@ def pick(size: int, mode: str, ksyms, available, ret_kinds, set_name: str = "bpf
     disc = discovery.discover(entry, allow, [], ksyms, available, ret_kinds,
                               "kprobe_multi" if mode == "kprobe_session" else mode)
     entries = [f for f in disc.funcs if f.is_entry]
-    others = [f for f in disc.funcs if not f.is_entry and ret_kinds.func_id(f.name)][: max(0, size - len(entries))]
+    # the peer set is what trace attaches: functions without BTF too, outside fentry mode
+    any_btf = set_name == "peer" and mode != "fentry"
+    others = [f for f in disc.funcs if not f.is_entry and (any_btf or ret_kinds.func_id(f.name))]
+    others = others[: max(0, size - len(entries))]
     return [f._replace(id=i) for i, f in enumerate(entries + others)]
 
 
