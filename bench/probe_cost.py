@@ -51,6 +51,8 @@ from unittest import mock
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(1, str(Path(__file__).resolve().parent))
 
+import peer_compare  # noqa: E402
+
 from retsnoop_otel.kernel import bpfsys, features, libbpf_progs, tracefs  # noqa: E402
 from retsnoop_otel.kernel import libbpf as lb  # noqa: E402
 from retsnoop_otel.kernel import tracer as tracer_module  # noqa: E402
@@ -98,7 +100,7 @@ def workload(n: int, ok: bool) -> float:
 
 # --set: this bench's own set, or bench/peer_compare.py's `--sets 1000` (what trace attaches there), so that a
 # gap seen there can be taken apart here, with the same programs and without the CLI around them
-SETS = {"bpf": (["*sys_bpf"], ["*bpf*"]), "peer": (["*sys_bpf"], ["bpf_*", "array_map_*", "map_*"])}
+SETS = {"bpf": (["*sys_bpf"], ["*bpf*"]), "peer": peer_compare.SETS["1000"]}
 
 
 def pick(size: int, mode: str, ksyms, available, ret_kinds, set_name: str = "bpf") -> list:
@@ -107,8 +109,8 @@ def pick(size: int, mode: str, ksyms, available, ret_kinds, set_name: str = "bpf
                               "kprobe_multi" if mode == "kprobe_session" else mode)
     entries = [f for f in disc.funcs if f.is_entry]
     # the peer set is what trace attaches: functions without BTF too, outside fentry mode
-    any_btf = set_name == "peer" and mode != "fentry"
-    others = [f for f in disc.funcs if not f.is_entry and (any_btf or ret_kinds.func_id(f.name))]
+    btf_optional = set_name == "peer" and mode != "fentry"
+    others = [f for f in disc.funcs if not f.is_entry and (btf_optional or ret_kinds.func_id(f.name))]
     others = others[: max(0, size - len(entries))]
     return [f._replace(id=i) for i, f in enumerate(entries + others)]
 
@@ -360,7 +362,6 @@ def main() -> int:
             btf.free()
         return 0
     if args.external:
-        import peer_compare
         cmd = peer_compare.build_workload(Path(tempfile.mkdtemp(prefix="probe_cost-")))
 
         def work(n: int) -> float:
