@@ -42,7 +42,14 @@ code and BPF object (`git worktree add /tmp/w REV && make -C /tmp/w bpf`). Boots
 bpftrace run measured 17,029 and 31,435 BPF ns per call in two 6.1 boots, so figures from different
 boots are not compared.
 
-Output: one JSON line per run while it goes, then a markdown table with ratios (ours / bpftrace).
+--peers bpftrace,bpftrace-kstack adds a second peer that also takes the kernel stack where ours does:
+at the first failing exit of a call tree (the deepest error), once per tree, kept per thread. The plain
+peer does less per call than ours (no stack); this one does the same, and pays the same kernel unwinder.
+
+--rounds N runs every set, mode and tool N times, interleaved round by round, and reports medians and
+each round's ratio: one run of either tool can move by half within a boot under emulation.
+
+Output: one JSON line per run while it goes, then a markdown table with ratios (ours / peer).
 """
 
 from __future__ import annotations
@@ -60,13 +67,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from retsnoop_otel.capture.model import RetKind  # noqa: E402
 from retsnoop_otel.kernel import features, tracefs  # noqa: E402
 from retsnoop_otel.kernel import libbpf_btf as lb  # noqa: E402
 from retsnoop_otel.symbols import discovery  # noqa: E402
@@ -261,20 +269,49 @@ def our_functions(facts: KernelFacts, entry: Sequence[str], allow: Sequence[str]
     return sorted({f.name for f in disc.funcs if mode != "fentry" or facts.ret_kinds.func_id(f.name)})
 
 
-def bpftrace_program(mode: str, entry: Sequence[str], allow: Sequence[str], names: Sequence[str]) -> str:
-    """The same work as ours in bpftrace: entry and exit on the same functions, a per-thread map update."""
+PEERS = ("bpftrace", "bpftrace-kstack")
+CHECKED_KINDS = (RetKind.INT32, RetKind.SIGNED, RetKind.UNKNOWN)  # kretfunc: retval an int of its own width
+
+
+def bpftrace_program(mode: str, entry: Sequence[str], allow: Sequence[str], names: Sequence[str],
+                     kstack: bool = False, ret_kind: Callable[[str], RetKind] | None = None) -> str:
+    """The same work as ours in bpftrace: entry and exit on the same functions, a per-thread map update.
+
+    kstack (peer `bpftrace-kstack`): also the kernel stack where ours takes it, at the first failing
+    exit of a call tree (the deepest error), kept per thread until the tree's top returns. Ours takes
+    that stack at every failing session; this peer does the same, so the stack's cost is on both sides.
+    """
     if mode in ("kprobe_multi", "kprobe_session"):  # bpftrace has no kprobe.session: its kprobe.multi
         targets = [*entry, *allow]  # wildcards: bpftrace expands them into kprobe_multi links
         enter, leave = "kprobe", "kretprobe"
     else:
         targets = list(names)
         enter, leave = ("kfunc", "kretfunc") if mode == "fentry" else ("kprobe", "kretprobe")
-    return "\n".join([
-        'BEGIN { printf("READY\\n"); }',
-        ",\n".join(f"{enter}:{t}" for t in targets) + " { @t[tid] = nsecs; }",
-        ",\n".join(f"{leave}:{t}" for t in targets) + " { @t[tid] = nsecs - @t[tid]; }",
-        "END { clear(@t); }",
-        ""])
+    if not kstack:
+        return "\n".join([
+            'BEGIN { printf("READY\\n"); }',
+            ",\n".join(f"{enter}:{t}" for t in targets) + " { @t[tid] = nsecs; }",
+            ",\n".join(f"{leave}:{t}" for t in targets) + " { @t[tid] = nsecs - @t[tid]; }",
+            "END { clear(@t); }",
+            ""])
+    # kretprobe: retval is the raw register, and its low 32 bits hold an int's errno as they do a long's or
+    # an ERR_PTR's. kretfunc: retval is typed, so only functions returning a signed int are checked (the
+    # workload's errors are ints); void ones have no retval at all.
+    checked = targets if leave == "kretprobe" or ret_kind is None else [
+        t for t in targets if ret_kind(t) in CHECKED_KINDS]
+    unchecked = [t for t in targets if t not in set(checked)]
+    exit_ = "@t[tid] = nsecs - @t[tid]; @d[tid] = @d[tid] - 1;"
+    done = "if (@d[tid] <= 0) { @e[tid] = 0; }"
+    take = "if ((int32)retval < 0 && (int32)retval >= -4095 && @e[tid] == 0) { @k[tid] = kstack; @e[tid] = 1; }"
+    lines = ['BEGIN { printf("READY\\n"); }',
+             ",\n".join(f"{enter}:{t}" for t in targets) + " { @t[tid] = nsecs; @d[tid] = @d[tid] + 1; }"]
+    if checked and leave == "kretfunc":  # one block each: bpftrace wants one retval type per block that reads it
+        lines += [f"{leave}:{t} {{ {exit_} {take} {done} }}" for t in checked]
+    elif checked:
+        lines.append(",\n".join(f"{leave}:{t}" for t in checked) + f" {{ {exit_} {take} {done} }}")
+    if unchecked:
+        lines.append(",\n".join(f"{leave}:{t}" for t in unchecked) + f" {{ {exit_} {done} }}")
+    return "\n".join([*lines, "END { clear(@t); clear(@d); clear(@e); clear(@k); }", ""])
 
 
 # ---- one tool run -------------------------------------------------------------------------------
@@ -319,7 +356,7 @@ BASE_LAUNCH = ("import sys; from pathlib import Path; from retsnoop_otel.kernel 
 
 def start_command(tool: str, mode: str, entry: Sequence[str], allow: Sequence[str], program: Path,
                   base_object: Path | None = None) -> list[str]:
-    if tool == "bpftrace":
+    if tool in PEERS:
         return ["bpftrace", "-B", "none", str(program)]
     globs = [x for g in entry for x in ("-e", g)] + [x for g in allow for x in ("-a", g)]
     by_object = tool == "ours-base" and base_object is not None and not base_object.is_dir()
@@ -329,10 +366,11 @@ def start_command(tool: str, mode: str, entry: Sequence[str], allow: Sequence[st
 
 def one_run(tool: str, mode: str, set_name: str, entry: Sequence[str], allow: Sequence[str], names: Sequence[str],
             workload: list[str], calls: int, tmp: Path, timeout: float, py_start: float,
-            base_object: Path | None = None) -> Run:
+            base_object: Path | None = None, ret_kind: Callable[[str], RetKind] | None = None) -> Run:
     run = Run(tool, mode, set_name)
-    program = tmp / f"{mode}_{set_name}.bt"
-    program.write_text(bpftrace_program(mode, entry, allow, names))
+    peer = tool in PEERS
+    program = tmp / f"{tool}_{mode}_{set_name}.bt"
+    program.write_text(bpftrace_program(mode, entry, allow, names, tool == "bpftrace-kstack", ret_kind))
     env = dict(os.environ, BPFTRACE_MAX_PROBES=str(4 * len(names) + 64),
                BPFTRACE_MAX_BPF_PROGS=str(4 * len(names) + 64), RETSNOOP_OTEL_CACHE=str(tmp / "cache"))
     before = set(prog_stats())
@@ -346,12 +384,12 @@ def one_run(tool: str, mode: str, set_name: str, entry: Sequence[str], allow: Se
                             preexec_fn=_roomy_nofile)
     lines = Lines(proc)
     try:
-        ready = lines.wait_for(READY_BT if tool == "bpftrace" else READY_OURS, timeout)
+        ready = lines.wait_for(READY_BT if peer else READY_OURS, timeout)
         if ready is None:
             run.error = "never ready: " + " | ".join(lines.tail())
             return run
         run.start_s = ready[0] - t0
-        if tool != "bpftrace":
+        if not peer:
             lines.wait_for(re.compile(r"^Phase ready"), 60)  # -v goes to stderr, read by another thread
             for _, m in lines.find(PHASE_OURS):
                 run.phases[m.group(1)] = int(m.group(2))
@@ -387,7 +425,7 @@ def one_run(tool: str, mode: str, set_name: str, entry: Sequence[str], allow: Se
         lines.quiet_for(3.0, cap=600.0)  # our consumer may still be printing the sessions
         t1 = time.monotonic()
         seen = len(lines.lines)
-        proc.send_signal(signal.SIGINT if tool == "bpftrace" else signal.SIGTERM)
+        proc.send_signal(signal.SIGINT if peer else signal.SIGTERM)
         proc.wait(timeout=timeout)
         run.detach_s = time.monotonic() - t1
         lines.join()
@@ -440,23 +478,24 @@ def table(rows: list[tuple[Run, Run]], baseline_ns: float, release: str, calls: 
     out = [f"kernel {release}; workload {calls:,} failing bpf(BPF_MAP_CREATE) calls, {baseline_ns / 1000:.1f} us "
            f"per call untraced; Python's own start (interpreter and imports before main) {py_start:.2f} s, "
            "not included in our start below.", "",
-           "| mode | set | functions (ours / bpftrace) | start ours | start bpftrace | ratio | attach ours | "
-           "attach bpftrace | ratio | detach ours | detach bpftrace | ratio | us per call ours | us per call "
-           "bpftrace | ratio of slowdowns | BPF ns per call ours | BPF ns per call bpftrace | ratio |",
-           "|---" * 18 + "|"]
+           "| mode | set | peer | functions (ours / peer) | start ours | start peer | ratio | attach ours | "
+           "attach peer | ratio | detach ours | detach peer | ratio | us per call ours | us per call "
+           "peer | ratio of slowdowns | BPF ns per call ours | BPF ns per call peer | ratio |",
+           "|---" * 19 + "|"]
     for ours, bt in rows:
         start_ours = None if ours.start_s is None else ours.start_s - (ours.python_s or 0.0)
         slow_o = None if ours.ns_per_call is None else ours.ns_per_call - baseline_ns
         slow_b = None if bt.ns_per_call is None else bt.ns_per_call - baseline_ns
         us = (lambda v: "-" if v is None else f"{v / 1000:.1f}")  # noqa: E731
         out.append(
-            f"| {ours.mode} | {ours.set_name} | {ours.hooked} / {bt.hooked} | {_s(start_ours)} | {_s(bt.start_s)} | "
+            f"| {ours.mode} | {ours.set_name} | {bt.tool} | {ours.hooked} / {bt.hooked} | {_s(start_ours)} | "
+            f"{_s(bt.start_s)} | "
             f"{_ratio(start_ours, bt.start_s)} | {_s(ours.attach_s)} | {_s(bt.attach_s)} | "
             f"{_ratio(ours.attach_s, bt.attach_s)} | {_s(ours.detach_s)} | {_s(bt.detach_s)} | "
             f"{_ratio(ours.detach_s, bt.detach_s)} | {us(ours.ns_per_call)} | {us(bt.ns_per_call)} | "
             f"{_ratio(slow_o, slow_b)} | {_n(ours.bpf_ns_per_call)} | {_n(bt.bpf_ns_per_call)} | "
             f"{_ratio(ours.bpf_ns_per_call, bt.bpf_ns_per_call)} |")
-    errors = [r for pair in rows for r in pair if r.error]
+    errors = list({id(r): r for pair in rows for r in pair if r.error}.values())
     for r in errors:
         out.append(f"\n{r.tool} {r.mode} {r.set_name}: {r.error}")
     cold, warm = cache_phases.get("cold", {}), cache_phases.get("warm", {})
@@ -465,7 +504,7 @@ def table(rows: list[tuple[Run, Run]], baseline_ns: float, release: str, calls: 
         out.append(f"\nOur starts above use the kernel cache (filled by an untimed run); with an empty cache the "
                    f"btf and symbols phases took {cold.get('btf', 0) + cold.get('symbols', 0):,} ms instead of "
                    f"{warm.get('btf', 0) + warm.get('symbols', 0):,} ms (+{extra / 1000:.2f} s to every start).")
-    phases = [(r.mode, r.set_name, r.phases) for r, _ in rows if r.phases]
+    phases = list({(r.mode, r.set_name): (r.mode, r.set_name, r.phases) for r, _ in rows if r.phases}.values())
     if phases:
         out.append("\nOur start by phase (ms, from -v):")
         for mode, set_name, ph in phases:
@@ -506,10 +545,34 @@ def _shown(run: Run) -> dict:
     return {k: v for k, v in run.__dict__.items() if k != "hooked_names"}
 
 
+NUMERIC = ("functions", "hooked", "start_s", "python_s", "attach_s", "detach_s", "detach_own_s", "ns_per_call",
+           "bpf_ns_per_call", "probe_runs_per_call")
+
+
+def median_run(runs: Sequence[Run]) -> Run:
+    """One run of each figure's median over the rounds (phases and programs: the first round's)."""
+    first = runs[0]
+    out = Run(first.tool, first.mode, first.set_name, phases=first.phases, details=first.details,
+              programs=first.programs, error="; ".join(r.error for r in runs if r.error))
+    for name in NUMERIC:
+        vals = [v for r in runs if (v := getattr(r, name)) is not None]
+        setattr(out, name, statistics.median(vals) if vals else None)
+    return out
+
+
+def round_ratios(ours: Sequence[Run], peer: Sequence[Run]) -> str:
+    """BPF ns per call, ours over the peer's, round by round (each pair ran back to back)."""
+    return ", ".join(_ratio(o.bpf_ns_per_call, b.bpf_ns_per_call) for o, b in zip(ours, peer, strict=True))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sets", default="100,1000", help=f"function sets ({', '.join(SETS)})")
     ap.add_argument("--modes", default="kprobe_session,kprobe_multi,kprobe,fentry")
+    ap.add_argument("--peers", default="bpftrace", help=f"peer programs ({', '.join(PEERS)}): bpftrace-kstack "
+                    "also takes the kernel stack at the deepest error of each failing call, as ours does")
+    ap.add_argument("--rounds", type=int, default=1, help="run every tool this many times, interleaved (one "
+                    "round runs each set, mode and tool once); the table gives medians and each round's ratio")
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--cpu", type=int, default=0, help="run everything on this CPU (-1: anywhere); see above")
@@ -518,6 +581,11 @@ def main() -> int:
                     "retsnoop.bpf.c, or from this checkout (its Python code and BPF object; tool 'ours-base'), "
                     "to compare a change side by side in the same boot")
     args = ap.parse_args()
+    peers = args.peers.split(",")
+    if unknown := [x for x in peers if x not in PEERS]:
+        ap.error(f"unknown peer {', '.join(unknown)}: choose from {', '.join(PEERS)}")
+    if args.rounds < 1:
+        ap.error("--rounds must be 1 or more")
     if args.cpu >= 0:
         os.sched_setaffinity(0, {args.cpu})  # inherited by both tools, their threads and the workload
     if shutil.which("bpftrace") is None:
@@ -525,8 +593,8 @@ def main() -> int:
         return 2
     facts = KernelFacts.load()
     set_stats(False)
-    rows: list[tuple[Run, Run]] = []
-    base_rows: list[tuple[Run, Run]] = []
+    tools = ["ours", *(["ours-base"] if args.base_object else []), *peers]
+    runs: dict[tuple[str, str, str], list[Run]] = {}  # (set, mode, tool) -> one run per round
     with tempfile.TemporaryDirectory(prefix="peer-compare-") as tmpdir:
         tmp = Path(tmpdir)
         workload = build_workload(tmp)
@@ -534,38 +602,47 @@ def main() -> int:
         print(json.dumps({"cache_phases": cache_phases}), flush=True)
         py_start = python_start()
         baseline = [run_workload(workload, args.calls) for _ in range(3)]
-        for set_name in args.sets.split(","):
-            entry, allow = SETS[set_name]
-            for mode in args.modes.split(","):
-                try:
-                    features.require_tracing(facts.feats, mode)
-                except features.FeatureError as exc:
-                    print(json.dumps({"mode": mode, "set": set_name, "skipped": str(exc)}), flush=True)
-                    continue
-                names = our_functions(facts, entry, allow, mode)
-                pair = []
-                for tool in ("ours", *(("ours-base",) if args.base_object else ()), "bpftrace"):
-                    if tool == "bpftrace" and mode == "fentry" and pair[0].hooked_names:
-                        # the functions ours could attach: bpftrace stops at the first it cannot (variadic
-                        # functions such as bpf_log have no fexit), where ours skips it and says so
-                        wanted = set(names)
-                        names = [n for n in pair[0].hooked_names if n in wanted]
-                    r = one_run(tool, mode, set_name, entry, allow, names, workload, args.calls, tmp, args.timeout,
-                                py_start, args.base_object)
-                    print(json.dumps(_shown(r)), flush=True)
-                    pair.append(r)
-                baseline.append(run_workload(workload, args.calls))
-                rows.append((pair[0], pair[-1]))
-                if args.base_object:
-                    base_rows.append((pair[0], pair[1]))
+        for rnd in range(args.rounds):
+            for set_name in args.sets.split(","):
+                entry, allow = SETS[set_name]
+                for mode in args.modes.split(","):
+                    try:
+                        features.require_tracing(facts.feats, mode)
+                    except features.FeatureError as exc:
+                        print(json.dumps({"mode": mode, "set": set_name, "skipped": str(exc)}), flush=True)
+                        continue
+                    names = our_functions(facts, entry, allow, mode)
+                    ours: Run | None = None
+                    for tool in tools:
+                        if tool in PEERS and mode == "fentry" and ours is not None and ours.hooked_names:
+                            # the functions ours could attach: bpftrace stops at the first it cannot (variadic
+                            # functions such as bpf_log have no fexit), where ours skips it and says so
+                            wanted = set(names)
+                            names = [n for n in ours.hooked_names if n in wanted]
+                        r = one_run(tool, mode, set_name, entry, allow, names, workload, args.calls, tmp,
+                                    args.timeout, py_start, args.base_object, facts.ret_kinds)
+                        print(json.dumps({"round": rnd + 1, **_shown(r)}), flush=True)
+                        runs.setdefault((set_name, mode, tool), []).append(r)
+                        ours = r if tool == "ours" else ours
+                    baseline.append(run_workload(workload, args.calls))
     base = statistics.median(baseline)
+    keys = list(dict.fromkeys((s_, m) for s_, m, _ in runs))
+    med = {k: median_run(rs) for k, rs in runs.items()}
+    rows = [(med[(s_, m, "ours")], med[(s_, m, p)]) for s_, m in keys for p in peers]
     text = table(rows, base, os.uname().release, args.calls, py_start, cache_phases)
-    if base_rows:
-        text += "\n\n" + base_table(base_rows, args.base_object)
+    if args.rounds > 1:
+        text += f"\n\nMedians of {args.rounds} rounds. BPF ns per call, ours / peer, round by round:"
+        for s_, m in keys:
+            for p in peers:
+                text += f"\n- {m} {s_} {p}: {round_ratios(runs[(s_, m, 'ours')], runs[(s_, m, p)])}"
+    if args.base_object:
+        text += "\n\n" + base_table([(med[(s_, m, "ours")], med[(s_, m, "ours-base")]) for s_, m in keys],
+                                      args.base_object)
     print("\n" + text)
     if args.json:
         args.json.write_text(json.dumps({"release": os.uname().release, "baseline_ns": base, "python_start_s": py_start,
-                                         "runs": [_shown(r) for pair in rows for r in pair]}, indent=1))
+                                         "rounds": args.rounds,
+                                         "runs": [_shown(r) for rs in runs.values() for r in rs]}, indent=1))
     return 0
 
 
