@@ -146,6 +146,7 @@ class ProbeSet:
         self.sampled_out = 0
         self.filtered_out = 0
         self._started = False
+        self._bpf_names_due = False  # fentry: [bpf] kallsyms not read since attach
         self._workloads = workload_series(cfg) if workload_series is not None and cfg.workload_label else None
 
     @property
@@ -160,8 +161,9 @@ class ProbeSet:
             self.load_s = time.monotonic() - t0
             report = self.tracer.attach(on_error=lambda f, e: self.attach_failures.append((f.name, e)))
             self.tracer.open_ring_buffer(self._on_record)
-            if self.mode == "fentry" and hasattr(self._ksyms, "refresh_bpf_symbols"):
-                self._ksyms.refresh_bpf_symbols()  # name the trampolines that fexit stacks run through
+            # fexit stacks run through trampolines and our programs, named by a fresh kallsyms read: taken
+            # before the first stack is shown rather than here, where it was most of a small set's start
+            self._bpf_names_due = self.mode == "fentry" and hasattr(self._ksyms, "refresh_bpf_symbols")
         except BaseException as exc:
             self.tracer.close()
             if isinstance(exc, RunRefused):
@@ -184,6 +186,9 @@ class ProbeSet:
                 self._on_app_probe(rec.tgid)
             return
         session = self._assembler.feed(rec)
+        if session is not None and self._bpf_names_due and session.kstack:
+            self._bpf_names_due = False
+            self._ksyms.refresh_bpf_symbols()
         if session is not None and self.accepts(session):
             self.kept += 1
             self._on_session(self, session)

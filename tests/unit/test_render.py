@@ -8,6 +8,7 @@ column 2 ('*') is not produced (the kernel side keeps a single error chain).
 from __future__ import annotations
 
 import calendar
+import dataclasses
 import time
 from pathlib import Path
 
@@ -261,6 +262,41 @@ def test_fexit_trampolines_created_after_load_are_merged_from_a_fresh_read() -> 
     assert body == ("    30us [-EINVAL]  __x64_sys_bpf+0x1c\n"
                     "                    __sys_bpf+0xca0\n"
                     "!    8us [-EINVAL]  array_map_alloc_check\n\n\n")
+
+
+def test_fentry_probe_sets_read_the_bpf_symbols_before_the_first_stack_not_at_start() -> None:
+    """The fresh kallsyms read took most of a small fentry set's start under emulation (1.9 s of 7.4):
+    it now waits for the first session with a kernel stack, ahead of that session's rendering, once."""
+    from retsnoop_otel.agent.config_file import parse_config
+    from retsnoop_otel.runtime.config import ProbeSetConfig
+    from retsnoop_otel.runtime.probe_set import ProbeSet
+    from retsnoop_otel.symbols.discovery import discover
+    from tests.unit.test_agent_lifecycle import World, error_session, make_env
+
+    class CountingKallsyms(Kallsyms):
+        reads = 0
+
+        def refresh_bpf_symbols(self, root: str = "/") -> int:
+            self.reads += 1
+            return 0
+
+    env = make_env()
+    ksyms = CountingKallsyms(env.ksyms._items)
+    env = dataclasses.replace(env, ksyms=ksyms)
+    disc = discover(["__x64_sys_bpf"], ["array_map_alloc_check"], [], ksyms, env.available, env.ret_kind, "fentry")
+    world, shown = World(), []
+    ps = ProbeSet(ProbeSetConfig(name="x", entry=("__x64_sys_bpf",)), disc,
+                  parse_config("probe_sets: {a: {entry: f}}").limits, env, world.factory,
+                  lambda _p, s: shown.append((ksyms.reads, s)))
+    ps.start()
+    assert ps.mode == "fentry" and ksyms.reads == 0  # not on the way to "Receiving data..."
+    (tracer,) = world.tracers
+    for tid in (7, 8):
+        start, end = error_session(tracer, tid)
+        for rec in (start, end._replace(kstack_sz=1, kstack=(0xffffffff81003009,))):
+            tracer.on_record(rec)
+        assert [reads for reads, _ in shown][:1] == [1]  # read before the first session went out to be rendered
+    assert ksyms.reads == 1 and len(shown) == 2  # once
 
 
 def test_bpf_symbols_of_programs_that_are_gone_are_dropped() -> None:
