@@ -256,11 +256,16 @@ class KernelFacts:
     available: list[tuple[str, str | None]]
     ret_kinds: ReturnKinds
     feats: features.Features
+    btf: lb.Btf
 
     @classmethod
     def load(cls) -> KernelFacts:
-        return cls(Kallsyms.load(), tracefs.read_available_filter_functions(),
-                   ReturnKinds(lb.Btf.load_vmlinux()), features.detect())
+        btf = lb.Btf.load_vmlinux()
+        return cls(Kallsyms.load(), tracefs.read_available_filter_functions(), ReturnKinds(btf), features.detect(),
+                   btf)
+
+    def int_ret(self, name: str) -> bool:
+        return int_retval(self.btf, self.ret_kinds, name)
 
 
 def our_functions(facts: KernelFacts, entry: Sequence[str], allow: Sequence[str], mode: str) -> list[str]:
@@ -273,8 +278,23 @@ PEERS = ("bpftrace", "bpftrace-kstack")
 CHECKED_KINDS = (RetKind.INT32, RetKind.SIGNED, RetKind.UNKNOWN)  # kretfunc: retval an int of its own width
 
 
+def int_retval(btf: lb.Btf, ret_kinds: ReturnKinds, name: str) -> bool:
+    """Whether bpftrace 0.17's kretfunc reads this function's retval right as a signed int: it returns one,
+    and no argument is a struct passed by value wider than 8 bytes (bpftrace#2858: 0.17 reads retval from
+    the wrong slot there, and the verifier refuses the program, e.g. bpf_iter_link_attach's bpfptr_t)."""
+    if ret_kinds(name) not in CHECKED_KINDS or (fid := btf.find(name, lb.BTF_KIND_FUNC)) is None:
+        return False
+    for _name, tid in btf.func_params(btf.type_by_id(fid).size_or_type):
+        t = btf.type_by_id(tid)
+        while t.kind in (lb.BTF_KIND_TYPEDEF, lb.BTF_KIND_CONST, lb.BTF_KIND_VOLATILE) and t.size_or_type:
+            t = btf.type_by_id(t.size_or_type)
+        if t.kind in (lb.BTF_KIND_STRUCT, lb.BTF_KIND_UNION) and t.size_or_type > 8:
+            return False
+    return True
+
+
 def bpftrace_program(mode: str, entry: Sequence[str], allow: Sequence[str], names: Sequence[str],
-                     kstack: bool = False, ret_kind: Callable[[str], RetKind] | None = None) -> str:
+                     kstack: bool = False, int_ret: Callable[[str], bool] | None = None) -> str:
     """The same work as ours in bpftrace: entry and exit on the same functions, a per-thread map update.
 
     kstack (peer `bpftrace-kstack`): also the kernel stack where ours takes it, at the first failing
@@ -296,9 +316,8 @@ def bpftrace_program(mode: str, entry: Sequence[str], allow: Sequence[str], name
             ""])
     # kretprobe: retval is the raw register, and its low 32 bits hold an int's errno as they do a long's or
     # an ERR_PTR's. kretfunc: retval is typed, so only functions returning a signed int are checked (the
-    # workload's errors are ints); void ones have no retval at all.
-    checked = targets if leave == "kretprobe" or ret_kind is None else [
-        t for t in targets if ret_kind(t) in CHECKED_KINDS]
+    # workload's errors are ints; int_retval above); void ones have no retval at all.
+    checked = targets if leave == "kretprobe" or int_ret is None else [t for t in targets if int_ret(t)]
     unchecked = [t for t in targets if t not in set(checked)]
     exit_ = "@t[tid] = nsecs - @t[tid]; @d[tid] = @d[tid] - 1;"
     done = "if (@d[tid] <= 0) { @e[tid] = 0; }"
@@ -366,11 +385,11 @@ def start_command(tool: str, mode: str, entry: Sequence[str], allow: Sequence[st
 
 def one_run(tool: str, mode: str, set_name: str, entry: Sequence[str], allow: Sequence[str], names: Sequence[str],
             workload: list[str], calls: int, tmp: Path, timeout: float, py_start: float,
-            base_object: Path | None = None, ret_kind: Callable[[str], RetKind] | None = None) -> Run:
+            base_object: Path | None = None, int_ret: Callable[[str], bool] | None = None) -> Run:
     run = Run(tool, mode, set_name)
     peer = tool in PEERS
     program = tmp / f"{tool}_{mode}_{set_name}.bt"
-    program.write_text(bpftrace_program(mode, entry, allow, names, tool == "bpftrace-kstack", ret_kind))
+    program.write_text(bpftrace_program(mode, entry, allow, names, tool == "bpftrace-kstack", int_ret))
     env = dict(os.environ, BPFTRACE_MAX_PROBES=str(4 * len(names) + 64),
                BPFTRACE_MAX_BPF_PROGS=str(4 * len(names) + 64), RETSNOOP_OTEL_CACHE=str(tmp / "cache"))
     before = set(prog_stats())
@@ -620,7 +639,7 @@ def main() -> int:
                             wanted = set(names)
                             names = [n for n in ours.hooked_names if n in wanted]
                         r = one_run(tool, mode, set_name, entry, allow, names, workload, args.calls, tmp,
-                                    args.timeout, py_start, args.base_object, facts.ret_kinds)
+                                    args.timeout, py_start, args.base_object, facts.int_ret)
                         print(json.dumps({"round": rnd + 1, **_shown(r)}), flush=True)
                         runs.setdefault((set_name, mode, tool), []).append(r)
                         ours = r if tool == "ours" else ours
