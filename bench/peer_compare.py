@@ -280,11 +280,15 @@ CHECKED_KINDS = (RetKind.INT32, RetKind.SIGNED, RetKind.UNKNOWN)  # kretfunc: re
 
 def int_retval(btf: lb.Btf, ret_kinds: ReturnKinds, name: str) -> bool:
     """Whether bpftrace 0.17's kretfunc reads this function's retval right as a signed int: it returns one,
-    and no argument is a struct passed by value wider than 8 bytes (bpftrace#2858: 0.17 reads retval from
-    the wrong slot there, and the verifier refuses the program, e.g. bpf_iter_link_attach's bpfptr_t)."""
+    has at most 6 parameters (more: bpftrace refuses a probe that reads retval), and none is a struct passed
+    by value wider than 8 bytes (bpftrace#2858: 0.17 reads retval from the wrong slot there, and the
+    verifier refuses the program, e.g. bpf_iter_link_attach's bpfptr_t)."""
     if ret_kinds(name) not in CHECKED_KINDS or (fid := btf.find(name, lb.BTF_KIND_FUNC)) is None:
         return False
-    for _name, tid in btf.func_params(btf.type_by_id(fid).size_or_type):
+    params = btf.func_params(btf.type_by_id(fid).size_or_type)
+    if len(params) > 6:
+        return False
+    for _name, tid in params:
         t = btf.type_by_id(tid)
         while t.kind in (lb.BTF_KIND_TYPEDEF, lb.BTF_KIND_CONST, lb.BTF_KIND_VOLATILE) and t.size_or_type:
             t = btf.type_by_id(t.size_or_type)
