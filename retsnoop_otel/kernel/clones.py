@@ -36,8 +36,17 @@ def load_clone(exit_prog: lb.BpfProgram, entry_prog: lb.BpfProgram, btf_id: int)
     return out
 
 
-def load_all(funcs: Sequence[T], load: Callable[[T], Clone], threads: int = CLONE_THREADS
-             ) -> dict[int, Clone | BaseException]:
+def usable_cpus() -> int:
+    """CPUs this process may run on (a cpuset or taskset leaves fewer than the machine has): more
+    verifying threads than that only take turns on the same CPUs."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except OSError:
+        return os.cpu_count() or 1
+
+
+def load_all(funcs: Sequence[T], load: Callable[[T], Clone], threads: int = CLONE_THREADS,
+             cpus: int | None = None) -> dict[int, Clone | BaseException]:
     """func.id -> its clone, or the LibbpfError that refused it (the caller reports it as not attached)."""
     def one(f: T) -> Clone | BaseException:
         try:
@@ -45,7 +54,7 @@ def load_all(funcs: Sequence[T], load: Callable[[T], Clone], threads: int = CLON
         except lb.LibbpfError as exc:
             return exc
 
-    n = max(1, min(threads, os.cpu_count() or 1, len(funcs)))
+    n = max(1, min(threads, usable_cpus() if cpus is None else cpus, len(funcs)))
     if n == 1:
         results = [one(f) for f in funcs]
     else:

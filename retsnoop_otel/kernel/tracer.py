@@ -94,6 +94,7 @@ class AttachReport:
     attached: list[TracedFunc] = field(default_factory=list)
     failed: list[tuple[TracedFunc, str]] = field(default_factory=list)
     attach_ms: float = 0.0
+    verify_ms: float = 0.0  # fentry: the part of attach_ms spent loading (verifying) each function's programs
 
 
 class Tracer:
@@ -238,6 +239,7 @@ class Tracer:
                 self._attach_multi(report)
             else:
                 loaded = self._load_clones() if self.config.mode == "fentry" else {}
+                report.verify_ms = (time.monotonic() - t0) * 1000 if loaded else 0.0
                 for f in self.funcs:
                     try:
                         self._attach_one(f, loaded.get(f.id))

@@ -56,5 +56,8 @@ def attach_phases(sets: Sequence[Any]) -> list[Phase]:
         name = f" of probe set {ps.name}" if len(sets) > 1 else ""
         out.append(Phase("load", ps.load_s, f"BPF object{name}"))
         if ps.report is not None:
-            out.append(Phase("attach", ps.report.attach_ms / 1000, f"{ps.attached} functions, {ps.mode}{name}"))
+            verify = ps.report.verify_ms
+            clones = f", {verify / 1000:.1f} s of it verifying a program pair per function" if verify else ""
+            out.append(Phase("attach", ps.report.attach_ms / 1000,
+                             f"{ps.attached} functions, {ps.mode}{clones}{name}"))
     return out

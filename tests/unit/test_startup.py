@@ -39,6 +39,22 @@ def test_process_age_from_proc_self_stat(tmp_path: Path) -> None:
     assert own is not None and 0 <= own < 3600
 
 
+def test_fentry_attach_says_how_much_of_it_was_verification() -> None:
+    """fentry's attach is mostly the kernel verifying a program pair per function: -v splits it out."""
+    from types import SimpleNamespace
+
+    from retsnoop_otel.kernel.tracer import AttachReport
+    from retsnoop_otel.runtime.startup import attach_phases
+
+    def ps(mode: str, verify_ms: float) -> SimpleNamespace:
+        return SimpleNamespace(name="s", load_s=0.25, attached=1036, mode=mode,
+                               report=AttachReport(attach_ms=52_816, verify_ms=verify_ms))
+
+    assert [p.detail for p in attach_phases([ps("fentry", 31_200.4)])][1] == \
+        "1036 functions, fentry, 31.2 s of it verifying a program pair per function"
+    assert [p.detail for p in attach_phases([ps("kprobe", 0.0)])][1] == "1036 functions, kprobe"
+
+
 def test_phase_lines_and_log_fields() -> None:
     phases = [Phase("python", 1.2345, "interpreter"), Phase("load", 0.5), Phase("attach", 0.25, "21 functions"),
               Phase("attach", 0.5, "second set")]
