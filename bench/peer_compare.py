@@ -322,7 +322,8 @@ def bpftrace_program(mode: str, entry: Sequence[str], allow: Sequence[str], name
     # an ERR_PTR's. kretfunc: retval is typed, so only functions returning a signed int are checked (the
     # workload's errors are ints; int_retval above); void ones have no retval at all.
     checked = targets if leave == "kretprobe" or int_ret is None else [t for t in targets if int_ret(t)]
-    unchecked = [t for t in targets if t not in set(checked)]
+    checked_set = set(checked)
+    unchecked = [t for t in targets if t not in checked_set]
     exit_ = "@t[tid] = nsecs - @t[tid]; @d[tid] = @d[tid] - 1;"
     done = "if (@d[tid] <= 0) { @e[tid] = 0; }"
     take = "if ((int32)retval < 0 && (int32)retval >= -4095 && @e[tid] == 0) { @k[tid] = kstack; @e[tid] = 1; }"
@@ -579,7 +580,8 @@ def median_run(runs: Sequence[Run]) -> Run:
               programs=first.programs, error="; ".join(r.error for r in runs if r.error))
     for name in NUMERIC:
         vals = [v for r in runs if (v := getattr(r, name)) is not None]
-        setattr(out, name, statistics.median(vals) if vals else None)
+        pick = statistics.median_low if name in ("functions", "hooked") else statistics.median  # counts stay whole
+        setattr(out, name, pick(vals) if vals else None)
     return out
 
 
