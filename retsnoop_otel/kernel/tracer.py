@@ -238,8 +238,9 @@ class Tracer:
             if self.config.mode in _BY_ADDRESS:
                 self._attach_multi(report)
             else:
+                t_verify = time.monotonic()
                 loaded = self._load_clones() if self.config.mode == "fentry" else {}
-                report.verify_ms = (time.monotonic() - t0) * 1000 if loaded else 0.0
+                report.verify_ms = (time.monotonic() - t_verify) * 1000 if loaded else 0.0
                 for f in self.funcs:
                     try:
                         self._attach_one(f, loaded.get(f.id))
