@@ -361,6 +361,7 @@ class Run:
     details: dict[str, str] = field(default_factory=dict)  # ours: each phase's detail text
     lines_after_stop: int = 0  # output lines that came after the stop signal (sessions still being printed)
     programs: dict[str, dict[str, float]] = field(default_factory=dict)  # per program name: BPF ns and runs per call
+    counts: dict[str, float] = field(default_factory=dict)  # --count: kernel function calls per workload call
     error: str = ""
 
 
@@ -388,9 +389,43 @@ def start_command(tool: str, mode: str, entry: Sequence[str], allow: Sequence[st
     return [sys.executable, *launch, "trace", "-v", FLAGS[mode], *globs]
 
 
+def count_calls(funcs: Sequence[str], workload: list[str], calls: int) -> dict[str, float]:
+    """How often each kernel function ran per workload call, in a second workload run while a tool traces.
+
+    One bpftrace kprobe per function, in a process of its own so that its programs are known by id. The
+    count is the program's runs plus its recursion misses: inside a kprobe-attached program (ours or
+    bpftrace's in the kprobe modes) the kernel skips the counter's kprobe program and counts a miss."""
+    counters: list[tuple[str, subprocess.Popen, Lines, list[int]]] = []
+    try:
+        for f in funcs:
+            before = set(prog_stats())
+            script = f'BEGIN {{ printf("READY\\n"); }} kprobe:{f} {{ @n = count(); }}'
+            proc = subprocess.Popen(["bpftrace", "-e", script], text=True, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            lines = Lines(proc)
+            if lines.wait_for(READY_BT, 300) is None:
+                raise RuntimeError(f"counter for {f} never ready: " + " | ".join(lines.tail()))
+            counters.append((f, proc, lines, [i for i in prog_stats() if i not in before]))
+        s0 = prog_stats()
+        run_workload(workload, calls)
+        s1 = prog_stats()
+        return {f: sum(s1[i][2] + s1[i][3] - s0[i][2] - s0[i][3] for i in ids if i in s0 and i in s1) / calls
+                for f, _, _, ids in counters}
+    finally:
+        for _, proc, lines, _ in counters:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            lines.join()
+
+
 def one_run(tool: str, mode: str, set_name: str, entry: Sequence[str], allow: Sequence[str], names: Sequence[str],
             workload: list[str], calls: int, tmp: Path, timeout: float, py_start: float,
-            base_object: Path | None = None, int_ret: Callable[[str], bool] | None = None) -> Run:
+            base_object: Path | None = None, int_ret: Callable[[str], bool] | None = None,
+            count: Sequence[str] = ()) -> Run:
     run = Run(tool, mode, set_name)
     peer = tool in PEERS
     program = tmp / f"{tool}_{mode}_{set_name}.bt"
@@ -446,6 +481,8 @@ def one_run(tool: str, mode: str, set_name: str, entry: Sequence[str], allow: Se
         run.programs = {n: {"progs": c, "ns_per_call": round(ns_ / calls), "runs_per_call": round(r / calls, 2),
                             "misses_per_call": round(m / calls, 2)}
                         for n, (c, ns_, r, m) in sorted(by_name.items()) if r}
+        if count:
+            run.counts = count_calls(count, workload, calls)
         lines.quiet_for(3.0, cap=600.0)  # our consumer may still be printing the sessions
         t1 = time.monotonic()
         seen = len(lines.lines)
@@ -577,7 +614,7 @@ def median_run(runs: Sequence[Run]) -> Run:
     """One run of each figure's median over the rounds (phases and programs: the first round's)."""
     first = runs[0]
     out = Run(first.tool, first.mode, first.set_name, phases=first.phases, details=first.details,
-              programs=first.programs, error="; ".join(r.error for r in runs if r.error))
+              programs=first.programs, counts=first.counts, error="; ".join(r.error for r in runs if r.error))
     for name in NUMERIC:
         vals = [v for r in runs if (v := getattr(r, name)) is not None]
         pick = statistics.median_low if name in ("functions", "hooked") else statistics.median  # counts stay whole
@@ -602,6 +639,9 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--cpu", type=int, default=0, help="run everything on this CPU (-1: anywhere); see above")
     ap.add_argument("--json", type=Path, help="also write every run here")
+    ap.add_argument("--count", default="", metavar="FUNC[,FUNC]", help="also count how often these kernel "
+                    "functions run per workload call under each tool (say get_perf_callchain: stacks taken), in "
+                    "a second workload run so that the counters' kprobes do not touch the other figures")
     ap.add_argument("--base-object", type=Path, metavar="BPF_O|DIR", help="also run ours with this build of "
                     "retsnoop.bpf.c, or from this checkout (its Python code and BPF object; tool 'ours-base'), "
                     "to compare a change side by side in the same boot")
@@ -645,7 +685,8 @@ def main() -> int:
                             wanted = set(names)
                             names = [n for n in ours.hooked_names if n in wanted]
                         r = one_run(tool, mode, set_name, entry, allow, names, workload, args.calls, tmp,
-                                    args.timeout, py_start, args.base_object, facts.int_ret)
+                                    args.timeout, py_start, args.base_object, facts.int_ret,
+                                    [f for f in args.count.split(",") if f])
                         print(json.dumps({"round": rnd + 1, **_shown(r)}), flush=True)
                         runs.setdefault((set_name, mode, tool), []).append(r)
                         ours = r if tool == "ours" else ours
