@@ -7,27 +7,54 @@
  * (ID_BY_IP), and only once the thread is known to be in a session: their cookie is found by a binary
  * search over the link's sorted addresses on every run (bench/probe_cost.py). */
 
+/* fentry: a pair per traced function, cloned from these templates (kernel/clones.py). Entry functions get
+ * fentry_entry/fexit_exit; the others fentry_inner/fexit_inner, which cannot start or end a session and
+ * leave that code out: it is most of what the kernel verifies for every clone. */
+static __always_inline void fentry_run(void *ctx, bool outer)
+{
+	if (!enter_guard())
+		return;
+	handle_entry(ctx, (__u32)bpf_get_attach_cookie(ctx), true, outer);
+	exit_guard();
+}
+
+static __always_inline void fexit_run(void *ctx, bool outer)
+{
+	__u64 ret = 0;
+
+	snap_lbr();
+	if (!enter_guard())
+		return;
+	bpf_get_func_ret(ctx, &ret);
+	handle_exit(ctx, (__u32)bpf_get_attach_cookie(ctx), (__s64)ret, outer);
+	exit_guard();
+}
+
 SEC("fentry/bpf_fentry_test1")
 int BPF_PROG(fentry_entry)
 {
-	if (!enter_guard())
-		return 0;
-	handle_entry(ctx, (__u32)bpf_get_attach_cookie(ctx), true, true);
-	exit_guard();
+	fentry_run(ctx, true);
 	return 0;
 }
 
 SEC("fexit/bpf_fentry_test1")
 int BPF_PROG(fexit_exit)
 {
-	__u64 ret = 0;
+	fexit_run(ctx, true);
+	return 0;
+}
 
-	snap_lbr();
-	if (!enter_guard())
-		return 0;
-	bpf_get_func_ret(ctx, &ret);
-	handle_exit(ctx, (__u32)bpf_get_attach_cookie(ctx), (__s64)ret);
-	exit_guard();
+SEC("?fentry/bpf_fentry_test1")
+int BPF_PROG(fentry_inner)
+{
+	fentry_run(ctx, false);
+	return 0;
+}
+
+SEC("?fexit/bpf_fentry_test1")
+int BPF_PROG(fexit_inner)
+{
+	fexit_run(ctx, false);
 	return 0;
 }
 
@@ -42,7 +69,7 @@ SEC("kretprobe")
 int kretprobe_exit(struct pt_regs *ctx)
 {
 	snap_lbr();
-	handle_exit(ctx, (__u32)bpf_get_attach_cookie(ctx), (__s64)PT_REGS_RC(ctx));
+	handle_exit(ctx, (__u32)bpf_get_attach_cookie(ctx), (__s64)PT_REGS_RC(ctx), true);
 	return 0;
 }
 
@@ -65,7 +92,7 @@ SEC("kretprobe.multi")
 int kmulti_exit(struct pt_regs *ctx)
 {
 	snap_lbr();
-	handle_exit(ctx, ID_BY_IP, (__s64)PT_REGS_RC(ctx));	/* most exits find no session: no id needed */
+	handle_exit(ctx, ID_BY_IP, (__s64)PT_REGS_RC(ctx), true);	/* most exits find no session: no id needed */
 	return 0;
 }
 
@@ -81,7 +108,7 @@ static __always_inline int session_run(struct pt_regs *ctx, bool outer)
 {
 	if (bpf_session_is_return()) {
 		snap_lbr();
-		handle_exit(ctx, ID_BY_IP, (__s64)PT_REGS_RC(ctx));
+		handle_exit(ctx, ID_BY_IP, (__s64)PT_REGS_RC(ctx), outer);
 		return 0;
 	}
 	return handle_entry(ctx, ID_BY_IP, false, outer) ? 0 : 1;

@@ -404,7 +404,10 @@ out:
 	drop_session(s, key);
 }
 
-static __always_inline void handle_exit(void *ctx, __s64 id, __s64 res)
+/* `outer`: as for handle_entry(). A session's level 0 is always an entry function (a mismatch there drops
+ * the session above), so the exits of the other functions never end one: fentry verifies a program pair
+ * per traced function, and theirs leave the session's end out. */
+static __always_inline void handle_exit(void *ctx, __s64 id, __s64 res, bool outer)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	__u32 tid = (__u32)pid_tgid, key = session_key(tid), func_id;
@@ -465,7 +468,7 @@ static __always_inline void handle_exit(void *ctx, __s64 id, __s64 res)
 	}
 	if (emit_calls && !s->defunct)
 		emit_trace(s, key, REC_FUNC_EXIT, tid, now, d, func_id, lat, res);
-	if (d == 0)
+	if (outer && d == 0)
 		end_session(ctx, s, key, now);
 }
 

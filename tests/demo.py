@@ -28,6 +28,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from retsnoop_otel.kernel.tracer import PROGRAM_NAMES
 from tests.procs import Proc
 
 PY = sys.executable
@@ -35,8 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 METRICS_PORT = 9464
 FUNC = "array_map_alloc_check"
 CASES = ("bpf-bad-map-max-entries-array", "bpf-bad-map-val-size-percpu-array")
-OUR_PROGS = ("fentry_entry", "fexit_exit", "kprobe_entry", "kretprobe_exit", "kmulti_entry", "kmulti_exit", "ksession",
-             "rs_fentry", "rs_fexit")
+OUR_PROGS = PROGRAM_NAMES  # every name our programs have in the kernel
 CHILD_ENV = {"PYTHONUNBUFFERED": "1"}  # children's lines reach us as they print them
 STACK_RX = rf"\[-E[A-Z0-9]+\]\s+{FUNC}\b"  # the failing frame of a session's stack: `!  12us [-EINVAL] func`
 CALLS_RX = rf'^retsnoop_function_calls_total\{{[^}}]*function="{FUNC}"'

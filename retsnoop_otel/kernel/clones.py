@@ -16,7 +16,11 @@ from retsnoop_otel.kernel import libbpf as lb
 from retsnoop_otel.kernel import libbpf_progs
 
 CLONE_THREADS = 4  # clones verified at once (bounded by the CPUs)
-EXIT_TAG, ENTRY_TAG = "rs_fexit", "rs_fentry"
+# template -> the kernel's name for its clones (at most 15 characters): entry functions run the first
+# pair, the others the smaller "inner" pair (bpf/flavours.bpf.h)
+TAGS = {"fexit_exit": "rs_fexit", "fentry_entry": "rs_fentry", "fexit_inner": "rs_fexit_in",
+        "fentry_inner": "rs_fentry_in"}
+TEMPLATES = {tag: template for template, tag in TAGS.items()}
 Clone = list[tuple[int, int, str]]  # (program fd, attach type, program name), exit first
 T = TypeVar("T")
 
@@ -25,8 +29,9 @@ def load_clone(exit_prog: lb.BpfProgram, entry_prog: lb.BpfProgram, btf_id: int)
     """The exit and entry templates retargeted at the function with BTF id `btf_id`."""
     out: Clone = []
     try:
-        for prog, attach_type, tag in ((exit_prog, libbpf_progs.ATTACH_TRACE_FEXIT, EXIT_TAG),
-                                       (entry_prog, libbpf_progs.ATTACH_TRACE_FENTRY, ENTRY_TAG)):
+        for prog, attach_type in ((exit_prog, libbpf_progs.ATTACH_TRACE_FEXIT),
+                                  (entry_prog, libbpf_progs.ATTACH_TRACE_FENTRY)):
+            tag = TAGS[prog.name]
             out.append((libbpf_progs.clone_program(prog, attach_btf_id=btf_id, attach_type=attach_type, name=tag),
                         attach_type, tag))
     except BaseException:

@@ -33,13 +33,15 @@ PARALLEL_DETACH_MIN = 32
 DETACH_THREADS = 32
 MODES = ("fentry", "kprobe", "kprobe_multi", "kprobe_session", "uprobe")
 _MODE_PROGRAMS = {  # (entry, exit) or, by address (multi_link.py), per group of functions
-    "fentry": ("fentry_entry", "fexit_exit"),
+    "fentry": ("fentry_entry", "fexit_exit", "fentry_inner", "fexit_inner"),  # entry functions', the others'
     "kprobe": ("kprobe_entry", "kretprobe_exit"),
     "kprobe_multi": ("kmulti_entry", "kmulti_exit", "kmulti_inner"),
     "kprobe_session": ("ksession", "ksession_inner"),
     "uprobe": ("kprobe_entry", "kretprobe_exit"),  # user-space functions: drives the logic in host tests
 }
 _BY_ADDRESS = ("kprobe_multi", "kprobe_session")  # the programs find the function id by address (map ip_ids)
+# every name a program of ours has in the kernel: what a check for leftovers after detach looks for
+PROGRAM_NAMES = frozenset({*(n for names in _MODE_PROGRAMS.values() for n in names), *clones.TEMPLATES})
 MAX_HELD_SESSIONS = 1024  # sessions whose per-call records the kernel holds at once (the rest stream)
 
 
@@ -188,6 +190,8 @@ class Tracer:
         obj.map("call_bufs").set_max_entries(min(cfg.max_sessions, MAX_HELD_SESSIONS) if held else 1)
         obj.map("rate_tat").set_max_entries(n if cfg.success_interval_ns else 1)
         progs = _MODE_PROGRAMS[cfg.mode]
+        if cfg.mode == "fentry" and all(f.is_entry for f in self.funcs):
+            progs = progs[:2]  # no function runs the inner pair: not worth verifying its templates
         for names in set(_MODE_PROGRAMS.values()):
             for name in names:
                 obj.program(name).set_autoload(name in progs)
@@ -284,7 +288,7 @@ class Tracer:
 
     def _attach_one(self, f: TracedFunc, loaded: clones.Clone | BaseException | None = None) -> None:
         assert self._obj is not None
-        entry_name, exit_name = _MODE_PROGRAMS[self.config.mode]
+        entry_name, exit_name = _MODE_PROGRAMS[self.config.mode][:2]
         entry, exit_ = self._obj.program(entry_name), self._obj.program(exit_name)
         if self.config.mode == "kprobe":
             # a name with several instances (static functions, clones) is attached per instance address
@@ -300,7 +304,7 @@ class Tracer:
         clone = loaded
         if clone is None:
             clone = self._load_clone(f)
-            self._prog_fds.extend((self._template_of(tag), fd) for fd, _, tag in clone)  # closed by detach()
+            self._prog_fds.extend((clones.TEMPLATES[tag], fd) for fd, _, tag in clone)  # closed by detach()
         if isinstance(clone, BaseException):
             raise clone
         for fd, attach_type, tag in clone:
@@ -308,7 +312,9 @@ class Tracer:
 
     def _load_clone(self, f: TracedFunc) -> clones.Clone:
         assert self._obj is not None
-        entry_name, exit_name = _MODE_PROGRAMS[self.config.mode]
+        entry_name, exit_name, inner_entry, inner_exit = _MODE_PROGRAMS["fentry"]
+        if not f.is_entry:
+            entry_name, exit_name = inner_entry, inner_exit
         btf_id = self._btf_func_id(f.name) if self._btf_func_id else None
         if btf_id is None:
             raise lb.LibbpfError(f"fentry needs BTF for {f.name} (module functions and functions without BTF "
@@ -320,12 +326,8 @@ class Tracer:
         out = clones.load_all(self.funcs, self._load_clone)
         for res in out.values():
             if not isinstance(res, BaseException):
-                self._prog_fds.extend((self._template_of(tag), fd) for fd, _, tag in res)  # closed by detach()
+                self._prog_fds.extend((clones.TEMPLATES[tag], fd) for fd, _, tag in res)  # closed by detach()
         return out
-
-    def _template_of(self, tag: str) -> str:
-        entry_name, exit_name = _MODE_PROGRAMS[self.config.mode]
-        return exit_name if tag == clones.EXIT_TAG else entry_name
 
     def _attach_multi(self, report: AttachReport) -> None:
         assert self._obj is not None

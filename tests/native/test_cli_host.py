@@ -108,9 +108,8 @@ def _our_programs() -> list[str]:
     """Names of loaded BPF programs that are ours (bpftool), to show a refused run leaves none."""
     import json
     out = subprocess.run(["bpftool", "-j", "prog", "list"], capture_output=True, text=True, timeout=60).stdout
-    ours = ("fentry_entry", "fexit_exit", "kprobe_entry", "kretprobe_exit", "kmulti_entry", "kmulti_exit", "ksession",
-            "rs_fentry", "rs_fexit")
-    return [p.get("name", "") for p in json.loads(out or "[]") if p.get("name") in ours]
+    from retsnoop_otel.kernel.tracer import PROGRAM_NAMES
+    return [p.get("name", "") for p in json.loads(out or "[]") if p.get("name") in PROGRAM_NAMES]
 
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]

@@ -17,12 +17,12 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from retsnoop_otel.kernel.tracer import PROGRAM_NAMES
 from tests.otlp_json import spans as otlp_spans
 from tests.vm.guest_batch import budget
 
 PY = sys.executable
-OUR_PROGS = ("fentry_entry", "fexit_exit", "kprobe_entry", "kretprobe_exit", "kmulti_entry", "kmulti_exit", "ksession",
-             "rs_fentry", "rs_fexit")
+OUR_PROGS = PROGRAM_NAMES  # every name our programs have in the kernel
 METRICS_PORT = 9471
 
 CONFIG = """

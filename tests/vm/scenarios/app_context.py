@@ -21,11 +21,12 @@ import time
 import urllib.request
 from pathlib import Path
 
+from retsnoop_otel.kernel.tracer import PROGRAM_NAMES
 from tests.vm.guest_batch import budget
 
 PY = sys.executable  # comm "python": the comm filter below names it
 METRICS_PORT = 9481
-OUR_PROGS = ("fentry_entry", "fexit_exit", "kprobe_entry", "kretprobe_exit", "kmulti_entry", "kmulti_exit", "ksession")
+OUR_PROGS = PROGRAM_NAMES  # every name our programs have in the kernel
 BEFORE = {"two": ("exe", "valid", 2), "invalid": ("exe", "invalid", 1), "null": ("exe", "null", 1),
           "badptr": ("exe", "badptr", 1), "pagedout": ("exe", "pagedout", 1), "bigsize": ("lib", "bigsize", 1)}
 COST_ROUNDS = 200

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 
+from retsnoop_otel.kernel.tracer import PROGRAM_NAMES
 from tests.vm.guest_batch import budget
 
 PY = sys.executable
@@ -34,8 +35,7 @@ def scenario_dwarf_stack(ctx) -> dict:
         result["rc"] = tracer.terminate(timeout=900)
         result["output"] = tracer.output()
     result["progs_after"] = [p.get("name") for p in ctx.bpf_prog_ids()
-                             if p.get("name") in ("kprobe_entry", "kretprobe_exit", "kmulti_entry", "kmulti_exit",
-                                                  "ksession", "rs_fentry", "rs_fexit")]
+                             if p.get("name") in PROGRAM_NAMES]
     return result
 
 

@@ -16,12 +16,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from retsnoop_otel.kernel.tracer import PROGRAM_NAMES
 from tests.procs import remove_cgroups
 from tests.vm.guest_batch import budget
 
 PY = sys.executable
-OUR_PROGS = ("fentry_entry", "fexit_exit", "kprobe_entry", "kretprobe_exit", "kmulti_entry", "kmulti_exit", "ksession",
-             "rs_fentry", "rs_fexit")
+OUR_PROGS = PROGRAM_NAMES  # every name our programs have in the kernel
 BPF_SET = ["-e", "*sys_bpf", "-a", "array_map_alloc_check"]
 EINVAL_CASE = "bpf-bad-map-max-entries-array"
 E2BIG_CASE = "bpf-bad-map-val-size-percpu-array"

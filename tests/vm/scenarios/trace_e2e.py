@@ -14,9 +14,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+from retsnoop_otel.kernel.tracer import PROGRAM_NAMES
+
 PY = sys.executable
-OUR_PROGS = ("fentry_entry", "fexit_exit", "kprobe_entry", "kretprobe_exit", "kmulti_entry", "kmulti_exit",
-             "ksession", "rs_fentry", "rs_fexit")
+OUR_PROGS = PROGRAM_NAMES  # every name our programs have in the kernel
 
 
 def _our_progs(ctx) -> list[str]:
