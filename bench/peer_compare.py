@@ -407,11 +407,14 @@ def count_calls(funcs: Sequence[str], workload: list[str], calls: int) -> dict[s
                 raise RuntimeError(f"counter for {f} never ready: " + " | ".join(lines.tail()))
             counters.append((f, proc, lines, [i for i in prog_stats() if i not in before]))
         s0 = prog_stats()
+        set_stats(True)  # run_cnt counts only while statistics are on (misses always)
         run_workload(workload, calls)
+        set_stats(False)
         s1 = prog_stats()
         return {f: sum(s1[i][2] + s1[i][3] - s0[i][2] - s0[i][3] for i in ids if i in s0 and i in s1) / calls
                 for f, _, _, ids in counters}
     finally:
+        set_stats(False)
         for _, proc, lines, _ in counters:
             proc.send_signal(signal.SIGINT)
             try:
