@@ -152,6 +152,8 @@ def main() -> int:
     ap.add_argument("--base-object", type=Path, metavar="BPF_O", help="another build of retsnoop.bpf.c, side by side")
     ap.add_argument("--app-context", action=argparse.BooleanOptionalAction, default=True,
                     help="as `trace` runs by default (the application's thread context asked at session start)")
+    ap.add_argument("--func-counts", action=argparse.BooleanOptionalAction, default=False,
+                    help="keep the per-function counts, as with metrics served (`trace` alone does not)")
     ap.add_argument("--bpftrace", action="store_true", help="also bpftrace doing the peer's work (see above)")
     args = ap.parse_args()
     old = SYSCTL.read_text()
@@ -164,7 +166,9 @@ def main() -> int:
             path, lib = build_simkern(Path(tmp))
             for _ in range(args.rounds):
                 for name, obj in builds:
-                    rows[name].append(measure(path, lib, args.calls, obj, app_context=args.app_context))
+                    rows[name].append(measure(path, lib, args.calls, obj, app_context=args.app_context,
+                                             **({"func_counts": False} if obj is None and not args.func_counts
+                                                else {})))
                 if args.bpftrace:
                     rows.setdefault("bpftrace", []).append(measure_bpftrace(path, lib, args.calls))
     finally:

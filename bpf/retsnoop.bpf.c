@@ -34,6 +34,8 @@ const volatile bool use_lbr = false;		/* --lbr: snapshot the CPU's branch record
 const volatile bool read_app = false;		/* read the application's OTel thread context at session start */
 const volatile bool user_stacks = false;	/* take the user stack at session start */
 const volatile bool kernel_stack = true;	/* take the kernel stack at the error (off where nothing reports it) */
+const volatile bool func_counts = true;	/* per-function and per-session counts (stats.bpf.h): read by
+						 * the metrics only, off where none are served */
 const volatile bool workload_stats = false;	/* count per cgroup too (metrics workload label) */
 const volatile __u64 rb_bytes = 8 * 1024 * 1024;	/* the ring buffer's size */
 const volatile __u64 success_threshold = 0;	/* sampling.bpf.h */
@@ -342,10 +344,10 @@ static __always_inline void end_session(void *ctx, struct session *s, __u32 key,
 	struct rec_session_end *r;
 	__u64 lat = now - s->start_ts;
 	__u32 entry_id = s->func_ids[0];
-	struct func_stats *es = bpf_map_lookup_elem(&entry_stats, &entry_id);
+	struct func_stats *es;
 	__u8 sampling = 0;
 
-	if (es)
+	if (func_counts && (es = bpf_map_lookup_elem(&entry_stats, &entry_id)))
 		count_into(es, lat, s->is_err);
 	if (workload_stats)
 		count_workload(s->cgroup_id, entry_id | WL_SESSION, s->is_err);
@@ -448,7 +450,8 @@ static __always_inline void handle_exit(void *ctx, __s64 id, __s64 res, bool out
 	lat = now - s->func_ts[lvl(d)];
 	failed = is_failure(res, fi->flags);
 	err = failed ? errno_of(res, fi->flags) : 0;
-	count_call(func_id, lat, failed, err);
+	if (func_counts)
+		count_call(func_id, lat, failed, err);
 	if (workload_stats)
 		count_workload(s->cgroup_id, func_id, failed ? err + 1 : 0);
 

@@ -87,6 +87,7 @@ class CaptureConfig:
     # most expensive step of a failing call (with fentry it grows with the attached functions)
     kernel_stack: bool = True
     max_app_processes: int = 16384  # processes whose thread-context location the kernel side keeps
+    func_counts: bool = True  # count calls, errors and latency per function and session (read by metrics only)
     workload_stats: bool = False  # also count calls, errors and sessions per cgroup v2 (metrics workload label)
     max_workload_counts: int = 16384  # (cgroup, function, outcome) counts the kernel side keeps
 
@@ -161,6 +162,7 @@ class Tracer:
             "read_app": struct.pack("<?", cfg.app_context),
             "user_stacks": struct.pack("<?", cfg.user_stacks),
             "kernel_stack": struct.pack("<?", cfg.kernel_stack),
+            "func_counts": struct.pack("<?", cfg.func_counts),
             "workload_stats": struct.pack("<?", cfg.workload_stats),
             "rb_bytes": struct.pack("<Q", _ringbuf_size(cfg.ringbuf_size)),
             "success_threshold": struct.pack("<Q", cfg.success_threshold),
@@ -173,8 +175,10 @@ class Tracer:
         rodata.set_initial_value(bytes(data))
         n = len(self.funcs)
         obj.map("func_infos").set_max_entries(n)
-        obj.map("func_stats").set_max_entries(n)
-        obj.map("entry_stats").set_max_entries(n)
+        obj.map("func_stats").set_max_entries(n if cfg.func_counts else 1)
+        obj.map("entry_stats").set_max_entries(n if cfg.func_counts else 1)
+        if not cfg.func_counts:
+            obj.map("err_stats").set_max_entries(1)
         obj.map("arg_specs").set_max_entries(n)
         obj.map("rb").set_max_entries(_ringbuf_size(cfg.ringbuf_size))
         obj.map("sessions").set_max_entries(cfg.max_sessions)
@@ -379,6 +383,8 @@ class Tracer:
 
     def func_stats(self) -> list[FuncStats]:
         """Aggregates summed over CPUs, read at call time (scrape time for Prometheus)."""
+        if not self.config.func_counts:
+            return []
         return stats_maps.func_stats(self._map("func_stats"), self._map("err_stats"), self.funcs, self._ncpus)
 
     def workload_counts(self) -> list[WorkloadCount]:
@@ -391,6 +397,8 @@ class Tracer:
 
     def session_stats(self) -> list[SessionStats]:
         """Sessions per entry function (outcome counts and duration histogram), summed over CPUs."""
+        if not self.config.func_counts:
+            return []
         return stats_maps.session_stats(self._map("entry_stats"), self.funcs, self._ncpus)
 
     def capture_stats(self) -> CaptureStats:

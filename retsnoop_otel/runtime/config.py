@@ -93,6 +93,12 @@ class MetricsConfig:
     def listen(self) -> str:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
+    @property
+    def read(self) -> bool:
+        """Whether anything reads the kernel's per-function counts (a /metrics endpoint or an OTLP push):
+        without a reader they are not kept, which saves a map update per traced call."""
+        return self.port is not None or self.otlp is not None
+
 
 @dataclass(frozen=True)
 class Limits:

@@ -86,15 +86,18 @@ def resolve(cfg: ProbeSetConfig, env: KernelEnv, names: InputNames = AGENT_NAMES
 
 
 def capture_config(cfg: ProbeSetConfig, mode: str, limits: Limits, names: InputNames = AGENT_NAMES,
-                   arg_specs: dict[int, list[int]] | None = None, root: str = "/") -> CaptureConfig:
-    """The one translation of a probe set into what the kernel side records."""
+                   arg_specs: dict[int, list[int]] | None = None, root: str = "/",
+                   counted: bool = True) -> CaptureConfig:
+    """The one translation of a probe set into what the kernel side records.
+
+    `counted`: something reads the per-function counts (MetricsConfig.read)."""
     try:
         cg, level = cgroup_target(cfg.cgroup, names.cgroup, root) if cfg.cgroup else (0, 0)
     except InputError as exc:
         raise exc.for_set(cfg.name) from None
     common = {"mode": mode, "pids": cfg.pids, "no_pids": cfg.no_pids, "comms": cfg.comms, "no_comms": cfg.no_comms,
               "cgroup_id": cg, "cgroup_level": level, "max_sessions": limits.max_sessions,
-              "workload_stats": cfg.workload_label is not None}
+              "workload_stats": counted and cfg.workload_label is not None, "func_counts": counted}
     if cfg.mode == "metrics":
         # Counted in the kernel's per-CPU maps, never reported: no session reaches user space, so the
         # CPU spent in user space does not grow with the call rate, and a one-page ring buffer is enough.
@@ -115,7 +118,7 @@ class ProbeSet:
     def __init__(self, cfg: ProbeSetConfig, found: discovery.Discovery, limits: Limits, env: KernelEnv,
                  tracer_factory: TracerFactory, on_session: SessionCallback, names: InputNames = AGENT_NAMES,
                  on_app_probe: Callable[[int], None] | None = None,
-                 workload_series: WorkloadSeriesFactory | None = None) -> None:
+                 workload_series: WorkloadSeriesFactory | None = None, counted: bool = True) -> None:
         self.cfg = cfg
         self.name = cfg.name
         self.mode = found.mode
@@ -131,7 +134,7 @@ class ProbeSet:
             self.arg_descs = {f.id: d for f in found.funcs if (d := describe_args(btf, f.name))}  # type: ignore[arg-type]
             arg_specs = {fid: spec_words(d) for fid, d in self.arg_descs.items()}
         self.btf = btf
-        capture = capture_config(cfg, found.mode, limits, names, arg_specs)
+        capture = capture_config(cfg, found.mode, limits, names, arg_specs, counted=counted)
         self.tracer = tracer_factory(found.funcs, capture, env.btf_func_id)
         ks = kernel_sampling(cfg.sampling)
         self._success_threshold = ks.threshold if ks.by_probability else None  # what kept successes say
@@ -252,13 +255,14 @@ def start_probe_sets(found: Sequence[tuple[ProbeSetConfig, discovery.Discovery]]
                      tracer_factory: TracerFactory, on_session: SessionCallback,
                      names: InputNames = AGENT_NAMES,
                      on_app_probe: Callable[[int], None] | None = None,
-                     workload_series: WorkloadSeriesFactory | None = None) -> list[ProbeSet]:
+                     workload_series: WorkloadSeriesFactory | None = None,
+                     counted: bool = True) -> list[ProbeSet]:
     """Attach every resolved set, or (on the first failure) detach the ones already attached and raise."""
     started: list[ProbeSet] = []
     try:
         for cfg, disc in found:
             ps = ProbeSet(cfg, disc, limits, env, tracer_factory, on_session, names, on_app_probe=on_app_probe,
-                          workload_series=workload_series)
+                          workload_series=workload_series, counted=counted)
             ps.start()
             started.append(ps)
     except BaseException:

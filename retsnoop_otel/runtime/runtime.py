@@ -215,7 +215,7 @@ class Runtime:
         try:
             self._watch_apps(cfg)
             sets = start_probe_sets(found, self.env, cfg.limits, self.deps.tracer_factory, self._on_session,
-                                    cfg.names, self._app_probe, self.metrics.workload_series)
+                                    cfg.names, self._app_probe, self.metrics.workload_series, cfg.metrics.read)
         except BaseException:
             self.shutdown(0.0)
             raise
@@ -352,7 +352,7 @@ class Runtime:
             found = self.resolve(cfg, env)
             self._watch_apps(cfg)
             new_sets = start_probe_sets(found, env, cfg.limits, self.deps.tracer_factory, self._on_session, cfg.names,
-                                        self._app_probe, self.metrics.workload_series)
+                                        self._app_probe, self.metrics.workload_series, cfg.metrics.read)
             self.phases.extend(attach_phases(new_sets))
         except Exception as exc:  # noqa: BLE001 - whatever fails, the running config stays
             for part in (new_server, env if env is not self.env else None):

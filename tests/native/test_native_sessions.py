@@ -90,6 +90,25 @@ def test_error_chain_passes_over_void_call(simkern):
     assert cstats.sessions_started == 1 and cstats.sessions_reported == 1
 
 
+def test_without_a_metrics_reader_nothing_is_counted_and_the_sessions_are_the_same(simkern):
+    """func_counts off (trace without /metrics or an OTLP push): no per-function or per-session counts in
+    the kernel, the same error chain."""
+    from retsnoop_otel.kernel import stats_maps
+    path, lib = simkern
+    funcs = _funcs()
+    with _attached(path, func_counts=False) as tracer:
+        got: list = []
+        assembler = SessionAssembler()
+        tracer.open_ring_buffer(lambda rec: (s := assembler.feed(rec)) and got.append(s))
+        lib.sk_syscall(0)
+        while tracer.poll(50):
+            pass
+        assert tracer.func_stats() == [] and tracer.session_stats() == []
+        raw = stats_maps.func_stats(tracer._map("func_stats"), tracer._map("err_stats"), funcs[:1], tracer._ncpus)
+        assert [st.calls for st in raw] == [0]  # sk_syscall (id 0, the one slot left) ran but was not counted
+    assert _chain(funcs, got[0]) == [("sk_syscall", "-EINVAL"), ("sk_create", "-EINVAL"), ("sk_check", "-EINVAL")]
+
+
 def test_null_pointer_becomes_enomem(simkern):
     funcs, sessions, stats, _ = _capture(simkern, [("sk_syscall", 500)])
     assert [_chain(funcs, s) for s in sessions] == [

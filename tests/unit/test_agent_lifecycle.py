@@ -753,3 +753,29 @@ def test_application_context_joins_the_sampled_trace_and_survives_a_reload(setup
     assert agent.reload() is True
     assert not set(world.live()) & set(old)
     assert all(t.app_targets.get(7) == (-8, 0, 0, True) for t in world.live())
+
+
+@pytest.mark.parametrize("served", [False, True])
+def test_per_function_counts_are_kept_only_where_metrics_read_them(served: bool) -> None:
+    """The kernel's per-function and per-session counts feed /metrics and the OTLP metrics push alone:
+    `trace` without either loads its programs without them (a map update less per traced call)."""
+    import socket
+
+    from retsnoop_otel.runtime.runtime import Runtime
+    from retsnoop_otel.trace import flags
+
+    argv = []
+    if served:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            argv = ["--metrics-addr", "127.0.0.1", "--metrics-port", str(s.getsockname()[1])]
+    world = World()
+    request = flags.parse(["-e", "*sys_bpf", "-a", "array_map_alloc_check", *argv], environ={})
+    runtime = Runtime(request.config, world.deps())
+    runtime.start()
+    try:
+        (t,) = world.live()
+        assert t.cfg.func_counts is served
+        assert t.cfg.workload_stats is False
+    finally:
+        runtime.shutdown(0.5)
