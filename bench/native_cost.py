@@ -167,8 +167,7 @@ def main() -> int:
             for _ in range(args.rounds):
                 for name, obj in builds:
                     rows[name].append(measure(path, lib, args.calls, obj, app_context=args.app_context,
-                                             **({"func_counts": False} if obj is None and not args.func_counts
-                                                else {})))
+                                             func_counts=args.func_counts))
                 if args.bpftrace:
                     rows.setdefault("bpftrace", []).append(measure_bpftrace(path, lib, args.calls))
     finally:

@@ -255,7 +255,7 @@ def fentry_nested(funcs: list, btf_func_id, calls: int, ok: bool) -> None:
             fname = by_btf.get(info.attach_btf_id, "?")
             n = info.run_cnt - before[fd] - (before[fd] - first[fd])
             runs[fname] = runs.get(fname, 0) + n
-            if name == "fentry_entry":
+            if name in ("fentry_entry", "fentry_inner"):
                 entry_runs[fname] = n
     finally:
         tracer.close()

@@ -169,6 +169,9 @@ class Tracer:
             "success_interval_ns": struct.pack("<Q", cfg.success_interval_ns),
             "success_burst_ns": struct.pack("<Q", cfg.success_burst_ns),
         }
+        if missing := [name for name in values if name not in layout]:
+            raise lb.LibbpfError(f"{bpf_object_path()} was built from older sources (no {', '.join(missing)}): "
+                                 "rebuild it with `make bpf`", errno.ENOEXEC)
         for name, raw in values.items():
             off, size = layout[name]
             data[off:off + size] = raw
