@@ -18,9 +18,11 @@ Variants (bench/probe_variants.bpf.c, built into bench/build/ on first use; need
   tidhash  a hash lookup by thread id (what finding the session costs)
   ktime    bpf_ktime_get_boot_ns()
   guard    a per-CPU array lookup (the recursion guard)
-  full     retsnoop-otel's own programs (kernel/tracer.py), stack mode
+  full     retsnoop-otel's own programs (kernel/tracer.py), stack mode, as `trace` runs them (no metrics
+           served: no per-function counts)
+  counted  full, with the per-function and per-session counts that served metrics read (the agent)
   calls    retsnoop-otel's own programs with per-call records (mode: calls), the ring buffer drained
-  nostack  full without the kernel stack at the error (what mode metrics runs)
+  nostack  full without the kernel stack at the error (what mode metrics runs, with the counts)
   full_app   full, with the application-context lookup that trace and agent do by default
   full_live  full_app, with the ring buffer read and decoded while the workload runs (another thread)
 Modes: kprobe, kprobe_multi, kprobe_session (one program for entry and exit; 6.10+), fentry (full only).
@@ -69,7 +71,7 @@ VARIANTS_OBJ = HERE / "build" / "probe_variants.bpf.o"
 SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
 ATTACH_KPROBE_SESSION = 56
 TRACER_MODES = set(tracer_modes_)
-FULL = ("full", "nostack", "calls", "full_app", "full_live")  # variants that run retsnoop-otel's own Tracer
+FULL = ("full", "counted", "nostack", "calls", "full_app", "full_live")  # variants that run retsnoop-otel's own Tracer
 
 
 def build_variants() -> Path:
@@ -180,7 +182,8 @@ class FullRun:
     def __init__(self, mode: str, funcs: list, btf_func_id, variant: str, obj: Path | None = None) -> None:
         # exclude_self off: the workload runs in this process, and the sessions are what is measured
         cfg = CaptureConfig(mode=mode, emit_calls=variant == "calls", exclude_self=False,
-                            app_context=variant in ("full_app", "full_live"), kernel_stack=variant != "nostack")
+                            app_context=variant in ("full_app", "full_live"), kernel_stack=variant != "nostack",
+                            func_counts=variant in ("counted", "nostack"))
         self.tracer = Tracer(funcs, cfg, btf_func_id=btf_func_id)
         if obj is None:
             self.tracer.load()
