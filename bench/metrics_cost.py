@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import signal
 import socket
 import statistics
 import struct
@@ -66,6 +65,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from prometheus_client.registry import CollectorRegistry  # noqa: E402
 
+from bench.procs import stop  # noqa: E402
 from retsnoop_otel.capture import records  # noqa: E402
 from retsnoop_otel.capture.model import (  # noqa: E402
     CaptureStats,
@@ -382,12 +382,7 @@ def measure_variant(variant: str, metrics_only: bool, args: argparse.Namespace, 
         print(f"{variant}: agent idle CPU {idle_rate * 1000:.2f} ms/s", flush=True)
         return rows
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
         log.close()
 
 

@@ -74,6 +74,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.procs import stop  # noqa: E402
 from retsnoop_otel.capture.model import RetKind  # noqa: E402
 from retsnoop_otel.kernel import features, tracefs  # noqa: E402
 from retsnoop_otel.kernel import libbpf_btf as lb  # noqa: E402
@@ -416,12 +417,7 @@ def count_calls(funcs: Sequence[str], workload: list[str], calls: int) -> dict[s
     finally:
         set_stats(False)
         for _, proc, lines, _ in counters:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc, signal.SIGINT, 120)
             lines.join()
 
 

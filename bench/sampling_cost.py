@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from metrics_cost import (  # noqa: E402 - the shared measuring helpers of the m
     settle,
     wait_healthy,
 )
+from procs import stop  # noqa: E402
 
 WORKLOAD = """
 import ctypes, os, sys
@@ -110,12 +110,7 @@ def measure(repo: Path, mode: str, args: argparse.Namespace, tmp: Path) -> Row:
             wall, cpu = time.monotonic() - t0, cpu_seconds(proc.pid) - c0
             after = scrape(port)
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc, timeout=120)
     sessions = int(growth(before, after, "retsnoop_sessions_total"))
     run_s = growth(before, after, "retsnoop_bpf_program_run_seconds_total")
     row = Row(str(repo), mode, args.calls, wall, cpu - idle_rate * wall, sessions,
