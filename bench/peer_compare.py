@@ -46,6 +46,11 @@ boots are not compared.
 at the first failing exit of a call tree (the deepest error), once per tree, kept per thread. The plain
 peer does less per call than ours (no stack); this one does the same, and pays the same kernel unwinder.
 
+--profile HZ samples the kernel stacks of a third workload run under each tool (bench/kprofile.py: a
+bpftrace `profile` probe on the workload's CPU and command) and reports, per kernel function, the share of
+samples in the function itself and anywhere in the stack: where the BPF time per call goes, which the
+programs' statistics cannot say (a stack walk is one helper call to them).
+
 --rounds N runs every set, mode and tool N times, interleaved round by round, and reports medians and
 each round's ratio: one run of either tool can move by half within a boot under emulation.
 
@@ -74,6 +79,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import kprofile  # noqa: E402
 from bench.procs import stop  # noqa: E402
 from retsnoop_otel.capture.model import RetKind  # noqa: E402
 from retsnoop_otel.kernel import features, tracefs  # noqa: E402
@@ -363,6 +369,7 @@ class Run:
     lines_after_stop: int = 0  # output lines that came after the stop signal (sessions still being printed)
     programs: dict[str, dict[str, float]] = field(default_factory=dict)  # per program name: BPF ns and runs per call
     counts: dict[str, float] = field(default_factory=dict)  # --count: kernel function calls per workload call
+    profile: dict = field(default_factory=dict)  # --profile: kprofile.Profile.as_dict() of a third workload run
     error: str = ""
 
 
@@ -422,10 +429,26 @@ def count_calls(funcs: Sequence[str], workload: list[str], calls: int) -> dict[s
             lines.join()
 
 
+def profile_calls(hz: int, cpu: int, workload: list[str], calls: int) -> kprofile.Profile:
+    """Kernel stacks sampled during a third workload run while a tool traces (bench/kprofile.py)."""
+    comm = Path(workload[0]).name[:15] if len(workload) == 1 else ""  # the C loop; ctypes runs as python
+    proc = subprocess.Popen(["bpftrace", "-e", kprofile.script(hz, cpu, comm)], text=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    lines = Lines(proc)
+    try:
+        if lines.wait_for(READY_BT, 300) is None:
+            raise RuntimeError("profiler never ready: " + " | ".join(lines.tail()))
+        run_workload(workload, calls)
+    finally:
+        stop(proc, signal.SIGINT, 300)
+        lines.join()
+    return kprofile.fold(kprofile.parse_stacks("\n".join(line for _, name, line in lines.lines if name == "out")))
+
+
 def one_run(tool: str, mode: str, set_name: str, entry: Sequence[str], allow: Sequence[str], names: Sequence[str],
             workload: list[str], calls: int, tmp: Path, timeout: float, py_start: float,
             base_object: Path | None = None, int_ret: Callable[[str], bool] | None = None,
-            count: Sequence[str] = ()) -> Run:
+            count: Sequence[str] = (), profile_hz: int = 0, cpu: int = -1) -> Run:
     run = Run(tool, mode, set_name)
     peer = tool in PEERS
     program = tmp / f"{tool}_{mode}_{set_name}.bt"
@@ -483,6 +506,8 @@ def one_run(tool: str, mode: str, set_name: str, entry: Sequence[str], allow: Se
                         for n, (c, ns_, r, m) in sorted(by_name.items()) if r}
         if count:
             run.counts = count_calls(count, workload, calls)
+        if profile_hz:
+            run.profile = profile_calls(profile_hz, cpu, workload, calls).as_dict()
         lines.quiet_for(3.0, cap=600.0)  # our consumer may still be printing the sessions
         t1 = time.monotonic()
         seen = len(lines.lines)
@@ -602,6 +627,28 @@ def warm_up(tmp: Path) -> dict[str, dict[str, int]]:
     return out
 
 
+def profile_table(runs: dict[tuple[str, str, str], list[Run]], top: int = 8) -> str:
+    """Where each tool's traced workload spent its samples: per function, the share of samples in the
+    function itself and anywhere in the stack, summed over the rounds."""
+    out = ["Kernel profile of the traced workload (--profile; share of samples: self / anywhere in the stack):"]
+    for (set_name, mode, tool), rs in runs.items():
+        stacks_self: dict[str, float] = {}
+        stacks_total: dict[str, float] = {}
+        samples = sum(r.profile.get("samples", 0) for r in rs)
+        for r in rs:
+            n = r.profile.get("samples", 0)
+            for key, acc in (("self", stacks_self), ("total", stacks_total)):
+                for f, share in r.profile.get(key, []):
+                    acc[f] = acc.get(f, 0.0) + share * n
+        if not samples:
+            continue
+        pick = sorted(stacks_total, key=lambda f: -stacks_total[f])[:top]
+        pick += [f for f in sorted(stacks_self, key=lambda f: -stacks_self[f])[:top] if f not in pick]
+        out.append(f"- {mode} {set_name} {tool}, {samples:,} samples: " + ", ".join(
+            f"{f} {stacks_self.get(f, 0) / samples:.0%} / {stacks_total.get(f, 0) / samples:.0%}" for f in pick))
+    return "\n".join(out)
+
+
 def _shown(run: Run) -> dict:
     return {k: v for k, v in run.__dict__.items() if k != "hooked_names"}
 
@@ -614,7 +661,8 @@ def median_run(runs: Sequence[Run]) -> Run:
     """One run of each figure's median over the rounds (phases and programs: the first round's)."""
     first = runs[0]
     out = Run(first.tool, first.mode, first.set_name, phases=first.phases, details=first.details,
-              programs=first.programs, counts=first.counts, error="; ".join(r.error for r in runs if r.error))
+              programs=first.programs, counts=first.counts, profile=first.profile,
+              error="; ".join(r.error for r in runs if r.error))
     for name in NUMERIC:
         vals = [v for r in runs if (v := getattr(r, name)) is not None]
         pick = statistics.median_low if name in ("functions", "hooked") else statistics.median  # counts stay whole
@@ -642,6 +690,9 @@ def main() -> int:
     ap.add_argument("--count", default="", metavar="FUNC[,FUNC]", help="also count how often these kernel "
                     "functions run per workload call under each tool (say get_perf_callchain: stacks taken), in "
                     "a second workload run so that the counters' kprobes do not touch the other figures")
+    ap.add_argument("--profile", type=int, default=0, metavar="HZ", help="also sample the kernel stacks of a "
+                    "third workload run under each tool at HZ (bpftrace profile; bench/kprofile.py) and report "
+                    "where the time went, by kernel function")
     ap.add_argument("--base-object", type=Path, metavar="BPF_O|DIR", help="also run ours with this build of "
                     "retsnoop.bpf.c, or from this checkout (its Python code and BPF object; tool 'ours-base'), "
                     "to compare a change side by side in the same boot")
@@ -686,7 +737,7 @@ def main() -> int:
                             names = [n for n in ours.hooked_names if n in wanted]
                         r = one_run(tool, mode, set_name, entry, allow, names, workload, args.calls, tmp,
                                     args.timeout, py_start, args.base_object, facts.int_ret,
-                                    [f for f in args.count.split(",") if f])
+                                    [f for f in args.count.split(",") if f], args.profile, args.cpu)
                         print(json.dumps({"round": rnd + 1, **_shown(r)}), flush=True)
                         runs.setdefault((set_name, mode, tool), []).append(r)
                         ours = r if tool == "ours" else ours
@@ -704,6 +755,8 @@ def main() -> int:
     if args.base_object:
         text += "\n\n" + base_table([(med[(s_, m, "ours")], med[(s_, m, "ours-base")]) for s_, m in keys],
                                       args.base_object)
+    if args.profile:
+        text += "\n\n" + profile_table(runs)
     print("\n" + text)
     if args.json:
         args.json.write_text(json.dumps({"release": os.uname().release, "baseline_ns": base, "python_start_s": py_start,
