@@ -70,7 +70,10 @@ def fold(stacks: Iterable[tuple[list[str], int]], top: int = 40) -> Profile:
         self_n[frames[0] if frames else USER] += n
         for f in set(frames) or {USER}:
             total_n[f] += n
-    share = (lambda c: [(f, k / samples) for f, k in c.most_common(top)] if samples else [])  # noqa: E731
+
+    def share(c: Counter[str]) -> list[tuple[str, float]]:
+        return [(f, k / samples) for f, k in c.most_common(top)] if samples else []
+
     return Profile(samples, share(self_n), share(total_n))
 
 

@@ -397,6 +397,23 @@ def start_command(tool: str, mode: str, entry: Sequence[str], allow: Sequence[st
     return [sys.executable, *launch, "trace", "-v", FLAGS[mode], *globs]
 
 
+def start_helper(script: str, what: str) -> tuple[subprocess.Popen, Lines]:
+    """A bpftrace process beside the tool (a counter, the profiler), once it has printed READY."""
+    proc = subprocess.Popen(["bpftrace", "-e", script], text=True, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    lines = Lines(proc)
+    if lines.wait_for(READY_BT, 300) is None:
+        tail = lines.tail()
+        stop_helper(proc, lines)
+        raise RuntimeError(f"{what} never ready: " + " | ".join(tail))
+    return proc, lines
+
+
+def stop_helper(proc: subprocess.Popen, lines: Lines, timeout: float = 120) -> None:
+    stop(proc, signal.SIGINT, timeout)
+    lines.join()
+
+
 def count_calls(funcs: Sequence[str], workload: list[str], calls: int) -> dict[str, float]:
     """How often each kernel function ran per workload call, in a second workload run while a tool traces.
 
@@ -408,12 +425,8 @@ def count_calls(funcs: Sequence[str], workload: list[str], calls: int) -> dict[s
     try:
         for f in funcs:
             before = set(prog_stats())
-            script = f'BEGIN {{ printf("READY\\n"); }} kprobe:{f} {{ @n = count(); }}'
-            proc = subprocess.Popen(["bpftrace", "-e", script], text=True, stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            lines = Lines(proc)
-            if lines.wait_for(READY_BT, 300) is None:
-                raise RuntimeError(f"counter for {f} never ready: " + " | ".join(lines.tail()))
+            proc, lines = start_helper(f'BEGIN {{ printf("READY\\n"); }} kprobe:{f} {{ @n = count(); }}',
+                                       f"counter for {f}")
             counters.append((f, proc, lines, [i for i in prog_stats() if i not in before]))
         s0 = prog_stats()
         set_stats(True)  # run_cnt counts only while statistics are on (misses always)
@@ -425,23 +438,17 @@ def count_calls(funcs: Sequence[str], workload: list[str], calls: int) -> dict[s
     finally:
         set_stats(False)
         for _, proc, lines, _ in counters:
-            stop(proc, signal.SIGINT, 120)
-            lines.join()
+            stop_helper(proc, lines)
 
 
 def profile_calls(hz: int, cpu: int, workload: list[str], calls: int) -> kprofile.Profile:
     """Kernel stacks sampled during a third workload run while a tool traces (bench/kprofile.py)."""
     comm = Path(workload[0]).name[:15] if len(workload) == 1 else ""  # the C loop; ctypes runs as python
-    proc = subprocess.Popen(["bpftrace", "-e", kprofile.script(hz, cpu, comm)], text=True,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    lines = Lines(proc)
+    proc, lines = start_helper(kprofile.script(hz, cpu, comm), "profiler")
     try:
-        if lines.wait_for(READY_BT, 300) is None:
-            raise RuntimeError("profiler never ready: " + " | ".join(lines.tail()))
         run_workload(workload, calls)
     finally:
-        stop(proc, signal.SIGINT, 300)
-        lines.join()
+        stop_helper(proc, lines, 300)  # it prints its map on the way out
     return kprofile.fold(kprofile.parse_stacks("\n".join(line for _, name, line in lines.lines if name == "out")))
 
 
