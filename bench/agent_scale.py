@@ -33,9 +33,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench.peer_compare import STATS, build_workload, prog_stats, run_workload, set_stats  # noqa: E402
 from retsnoop_otel.capture.model import RetKind  # noqa: E402
-from retsnoop_otel.kernel import tracefs  # noqa: E402
 from retsnoop_otel.symbols import discovery  # noqa: E402
 from retsnoop_otel.symbols.kallsyms import Kallsyms  # noqa: E402
+from retsnoop_otel.symbols.traceable import Traceable  # noqa: E402
 
 CONFIG = """\
 probe_sets:
@@ -70,7 +70,7 @@ COLD_PREFIXES = (
 def pick_globs(target: int, mode: str = "kprobe_multi") -> tuple[list[str], int]:
     """Cold-subsystem globs, largest first, until discovery would attach at least `target` functions."""
     ksyms = Kallsyms.load().stable()
-    available = tracefs.read_available_filter_functions()
+    available = Traceable.load()
     cands = [f"{p}*" for p in COLD_PREFIXES]
     disc = discovery.discover(["*sys_bpf"], cands, [], ksyms, available, lambda _n: RetKind.UNKNOWN, mode)
     per_glob: dict[str, int] = {}

@@ -50,7 +50,7 @@ def sessions(ksyms: Kallsyms, n: int, stacks: int) -> tuple[dict[int, TracedFunc
 
     funcs = {i: TracedFunc(i, name, at(name), kind, i == 0) for i, (name, kind) in enumerate(CHAIN)}
     rng = random.Random(1)
-    names = list(ksyms.names())
+    names = sorted({name for _, name, _ in ksyms.items()})
     shapes = []
     for _ in range(stacks):
         below = [at(rng.choice(names)) + rng.randrange(1, 64) for _ in range(rng.randrange(0, 6))]

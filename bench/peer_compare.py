@@ -87,6 +87,7 @@ from retsnoop_otel.kernel import libbpf_btf as lb  # noqa: E402
 from retsnoop_otel.symbols import discovery  # noqa: E402
 from retsnoop_otel.symbols.btf import ReturnKinds  # noqa: E402
 from retsnoop_otel.symbols.kallsyms import Kallsyms  # noqa: E402
+from retsnoop_otel.symbols.traceable import Traceable  # noqa: E402
 
 SETS = {
     "20": (["*sys_bpf"], ["array_map_*"]),  # for trying the script out
@@ -268,7 +269,7 @@ class KernelFacts:
     @classmethod
     def load(cls) -> KernelFacts:
         btf = lb.Btf.load_vmlinux()
-        return cls(Kallsyms.load(), tracefs.read_available_filter_functions(), ReturnKinds(btf), features.detect(),
+        return cls(Kallsyms.load(), Traceable.load(), ReturnKinds(btf), features.detect(),
                    btf)
 
     def int_ret(self, name: str) -> bool:

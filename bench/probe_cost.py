@@ -55,7 +55,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))
 
 import peer_compare  # noqa: E402
 
-from retsnoop_otel.kernel import bpfsys, features, libbpf_progs, tracefs  # noqa: E402
+from retsnoop_otel.kernel import bpfsys, features, libbpf_progs  # noqa: E402
 from retsnoop_otel.kernel import libbpf as lb  # noqa: E402
 from retsnoop_otel.kernel import tracer as tracer_module  # noqa: E402
 from retsnoop_otel.kernel.libbpf_btf import Btf  # noqa: E402
@@ -64,6 +64,7 @@ from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer  # noqa: E402
 from retsnoop_otel.symbols import discovery  # noqa: E402
 from retsnoop_otel.symbols.btf import ReturnKinds  # noqa: E402
 from retsnoop_otel.symbols.kallsyms import Kallsyms  # noqa: E402
+from retsnoop_otel.symbols.traceable import Traceable  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 VARIANTS_SRC = HERE / "probe_variants.bpf.c"
@@ -350,7 +351,7 @@ def main() -> int:
         ap.error("--external runs failing calls only (bench/peer_compare.py's workload)")
     feats = features.detect()
     ksyms = Kallsyms.load()
-    available = tracefs.read_available_filter_functions()
+    available = Traceable.load()
     btf = Btf.load_vmlinux()
     ret_kinds = ReturnKinds(btf)
     old = SYSCTL.read_text().strip()

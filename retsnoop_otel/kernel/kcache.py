@@ -22,7 +22,7 @@ from pathlib import Path
 
 from retsnoop_otel.kernel.build_id import parse_notes_build_id
 
-FORMAT = 1
+FORMAT = 2  # 2: kallsyms and traceable functions as flat columns (symbols/kallsyms.py)
 AGENT_CACHE_DIR = "/var/cache/retsnoop-otel"
 
 

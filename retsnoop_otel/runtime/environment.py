@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence, Sized
+from collections.abc import Callable, Sized
 from dataclasses import dataclass, field
 
 from retsnoop_otel.capture.model import RetKind
@@ -34,7 +34,7 @@ class KernelEnv:
     """Facts about the running kernel that discovery and symbolization need."""
 
     ksyms: object  # symbols.kallsyms.Kallsyms
-    available: Sequence[tuple[str, str | None]]
+    available: object  # symbols.traceable.Traceable
     ret_kind: Callable[[str], RetKind]
     btf_func_id: Callable[[str], int | None] | None
     auto_mode: str

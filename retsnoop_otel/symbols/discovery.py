@@ -9,16 +9,15 @@ allow globs; a plain entry glob that ends up attaching nothing is an error, as i
 from __future__ import annotations
 
 import re
-from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass
-from operator import itemgetter
 from pathlib import Path
 from typing import NamedTuple
 
 from retsnoop_otel.capture.model import RetKind, TracedFunc
 from retsnoop_otel.symbols.globs import glob_to_regex, lines_matching, name_blob
 from retsnoop_otel.symbols.kallsyms import Kallsyms
+from retsnoop_otel.symbols.traceable import Traceable
 
 MODES = ("fentry", "kprobe", "kprobe_multi", "kprobe_session")
 NOT_AVAILABLE = "not in available_filter_functions"
@@ -162,9 +161,9 @@ class _GlobSet:
         self._per_instance = [i for i, s in enumerate(self.specs) if s.source is not None or s.module is not None]
         self._hits: dict[str, tuple[int, ...]] = {}
 
-    def names_matching(self, names: Iterable[str], blob: str) -> set[str]:
+    def names_matching(self, names: Container[str], blob: str) -> set[str]:
         """Names that may match, found by scans of `blob` (globs.name_blob() of the same names)."""
-        out = self._exact.intersection(names)
+        out = {n for n in self._exact if n in names}
         for glob in self._wild:
             out.update(lines_matching(glob, blob))
         return out
@@ -226,7 +225,7 @@ def _builtin_deny(mode: str, blob: str) -> dict[str, str]:
 
 
 def discover(entry_globs: Sequence[str], allow_globs: Sequence[str], deny_globs: Sequence[str],
-             kallsyms: Kallsyms, available: Sequence[tuple[str, str | None]], ret_kind: Callable[[str], RetKind],
+             kallsyms: Kallsyms, available: Traceable, ret_kind: Callable[[str], RetKind],
              mode: str, resolve_source_glob: Callable[[str], set[str]] | None = None) -> Discovery:
     """Resolve the user's globs into the function table the BPF side is loaded with."""
     if mode not in MODES:
@@ -247,12 +246,10 @@ def discover(entry_globs: Sequence[str], allow_globs: Sequence[str], deny_globs:
     entries = _GlobSet(entry_specs, sources)
     allows = _GlobSet(entry_specs + allow_specs, sources)
     denies = _GlobSet(deny_specs, sources)
-    avail_count = Counter(map(itemgetter(0), available))
-
-    matched = allows.names_matching(kallsyms.names(), kallsyms.names_blob())
+    matched = allows.names_matching(kallsyms, kallsyms.names_blob())
     candidates = sorted(n for n in matched if not n.startswith(_NOT_FUNCTIONS))
-    aff_only = set(avail_count).difference(kallsyms.names())  # traceable, yet not in kallsyms: a few at most
-    missing = sorted(allows.names_matching(aff_only, name_blob(aff_only)))
+    # traceable, yet not in kallsyms: a few at most
+    missing = sorted(n for n in allows.names_matching(available, available.names_blob()) if n not in kallsyms)
     blob = name_blob(candidates)
     for globs in (entries, allows, denies):
         globs.index_names(candidates, blob)
@@ -290,7 +287,7 @@ def discover(entry_globs: Sequence[str], allow_globs: Sequence[str], deny_globs:
         label = name if matches[0][1] is None else f"{name} [{matches[0][1]}]"
         kept = [m for m, by in zip(matches, denied, strict=True) if not by]
         reason = (f"denied by '{next(by for by in denied if by)[0].text}'" if not kept else
-                  _reject_reason(name, [mod for _, mod, _ in kept], builtin.get(name), avail_count, len(every),
+                  _reject_reason(name, [mod for _, mod, _ in kept], builtin.get(name), available, len(every),
                                  mode))
         if reason:
             skip(label, reason, entry_of)
@@ -318,18 +315,19 @@ def _plain_match(spec: GlobSpec, name: str) -> bool:
     return spec.func is not None and spec.module is None and glob_to_regex(spec.func).fullmatch(name) is not None
 
 
-def _reject_reason(name: str, modules: list[str | None], builtin: str | None, avail_count: Counter[str],
+def _reject_reason(name: str, modules: list[str | None], builtin: str | None, available: Traceable,
                    ksym_count: int, mode: str) -> str | None:
     """Why a matched (and not user-denied) function must not be attached, or None."""
     if builtin is not None:
         return f"built-in deny list: {builtin}"
     if _COLD.search(name):
         return "cold part of a split function (not a function entry)"
-    if name not in avail_count:
+    listed = available.count(name)
+    if not listed:
         return NOT_AVAILABLE
-    if ksym_count > 1 or avail_count[name] != ksym_count:
+    if ksym_count > 1 or listed != ksym_count:
         if mode == "fentry":
-            return (f"{AMBIGUOUS} ({ksym_count} in kallsyms, {avail_count[name]} in available_filter_functions;"
+            return (f"{AMBIGUOUS} ({ksym_count} in kallsyms, {listed} in available_filter_functions;"
                     " use -K to attach each by address)")
     if mode == "fentry" and any(modules):
         return "module function: fentry mode attaches vmlinux functions only (use -K)"

@@ -1,24 +1,30 @@
 """/proc/kallsyms: kernel function symbols by address (stack frames) and by name (discovery).
 
 The file has ~120-200k lines and is read inside a TCG VM where Python runs ~30x slower, so the
-parse is one C-level regex scan over the whole text, addresses stay as fixed-width hex strings
-(which sort like the numbers they spell) and are converted to int only for the symbols asked for.
+parse is one C-level regex scan over the whole text, and the table is kept as flat columns rather
+than a Python object per symbol: addresses in an array, names as symbols/names.py keeps them (with
+their order by name, for binary search), modules as runs. The kernel cache (kernel/kcache.py) loads
+that in a few copies; the ~300k objects it used to build took 0.6-2 s of every start under emulation.
 """
 
 from __future__ import annotations
 
 import bisect
 import re
-from collections import Counter
-from collections.abc import KeysView
-from operator import itemgetter
+from array import array
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
+
+from retsnoop_otel.symbols.names import Names, SortedNames
 
 # 'addr type name' or 'addr type name\t[module]'; t/T/w/W are code symbols (weak ones included).
 _FUNC_LINE = re.compile(r"^([0-9a-f]+) [tTwW] (\S+)(?:[ \t]+\[(\S+)\])?$", re.M)
 # JIT-ed BPF programs and trampolines: they exist only once the tracer has attached.
 _BPF_LINE = re.compile(r"^([0-9a-f]+) [tT] (\S+)[ \t]+\[(bpf)\]$", re.M)
+_STATE = "kallsyms-columns-1"  # the layout of state(): another one is refused by from_state()
+
+Item = tuple[int, str, str]  # (address, name, module or '')
 
 
 def _volatile(module: str) -> bool:
@@ -40,28 +46,26 @@ class KSym(NamedTuple):
 
 
 class Kallsyms:
-    """Function symbols sorted by address, with a name index for discovery."""
+    """Function symbols sorted by address, found by address or by name (binary searches both)."""
 
-    def __init__(self, items: list[tuple[str, str, str]]) -> None:
-        # (zero-padded hex address, name, module or '') sorted by address; all addresses one width
-        self._items = items
-        self._width = len(items[0][0]) if items else 16
-        self._first: dict[str, int] | None = None
-        self._multi: dict[str, list[int]] = {}
-        self._blob: str | None = None
+    def __init__(self, items: list[Item]) -> None:
+        """`items` sorted by (address, name, module)."""
+        self._set_columns(*_columns(items))
+
+    def _set_columns(self, addrs: array, names: SortedNames, run_starts: list[int], run_mods: list[str]) -> None:
+        self._addrs = addrs
+        self._names = names
+        self._run_starts = run_starts  # positions where the module changes
+        self._run_mods = run_mods  # the module from there on ('' for vmlinux)
         self.generation = 0  # changes whenever the symbols do (symbolizers cache what they looked up)
 
     @classmethod
     def parse(cls, text: str) -> Kallsyms:
-        items = _FUNC_LINE.findall(text)
-        if not items:
+        found = _FUNC_LINE.findall(text)
+        if not found:
             raise KallsymsError("no function symbols found in kallsyms")
-        widths = {len(a) for a, _, _ in items}
-        if len(widths) > 1:  # %px prints fixed width; pad anything else so string order = number order
-            width = max(widths)
-            items = [(a.zfill(width), n, m) for a, n, m in items]
-        items.sort()  # nearly sorted already (modules trail): timsort makes this cheap
-        if int(items[-1][0], 16) == 0:
+        items = sorted((int(a, 16), n, m) for a, n, m in found)  # nearly sorted already (modules trail)
+        if items[-1][0] == 0:
             raise KallsymsError(
                 "/proc/kallsyms shows only zero addresses (kernel.kptr_restrict or missing CAP_SYSLOG): "
                 "run as root, or set `sysctl kernel.kptr_restrict=0`")
@@ -77,22 +81,35 @@ class Kallsyms:
                                 "functions and name stack frames") from None
         return cls.parse(text)
 
+    def items(self) -> Iterator[Item]:
+        """(address, name, module or '') of every symbol, by address."""
+        mods = (self.module_at(i) or "" for i in range(len(self)))
+        return zip(self._addrs, self._names.names.all(), mods, strict=True)
+
     def stable(self) -> Kallsyms:
         """Without the pseudo-modules that come and go with no module load: [bpf] (JIT-ed programs,
         trampolines) and [__builtin__*] (ftrace and kprobe trampolines). What remains depends only
         on the boot and the loaded modules, which is what kernel/kcache.py keys it by."""
-        items = [it for it in self._items if not _volatile(it[2])]
-        return self if len(items) == len(self._items) else Kallsyms(items)
+        if not any(_volatile(m) for m in self._run_mods):
+            return self
+        return Kallsyms([it for it in self.items() if not _volatile(it[2])])
 
     def state(self) -> tuple:
-        """Everything lookups and discovery need, as plain containers (what the kernel cache stores)."""
-        return (self._width, self._items, self._index(), self._multi, self.names_blob())
+        """Everything lookups and discovery need, as a few flat values (what the kernel cache stores)."""
+        return _STATE, self._addrs.tobytes(), self._names.state(), self._run_starts, self._run_mods
 
     @classmethod
     def from_state(cls, state: tuple) -> Kallsyms:
-        width, items, first, multi, blob = state
-        ks = cls(items)
-        ks._width, ks._first, ks._multi, ks._blob = width, first, multi, blob
+        """Raises ValueError for a state of another layout."""
+        tag, addrs, names, run_starts, run_mods = state
+        if tag != _STATE:
+            raise ValueError(f"kallsyms state {tag!r}")
+        ks, a = cls.__new__(cls), array("Q")
+        a.frombytes(addrs)
+        sorted_names = SortedNames.from_state(names)
+        if len(sorted_names.names) != len(a) or len(run_starts) != len(run_mods) or not run_starts:
+            raise ValueError("kallsyms state of inconsistent lengths")
+        ks._set_columns(a, sorted_names, list(run_starts), list(run_mods))
         return ks
 
     def sync_bpf_symbols(self, text: str) -> int:
@@ -101,17 +118,21 @@ class Kallsyms:
         charged to whichever module function happens to precede them. Those of programs that are gone
         are dropped: an agent's reload keeps these tables while it replaces its programs. Returns how
         many were new."""
-        now = {(a.zfill(self._width), n, m) for a, n, m in _BPF_LINE.findall(text)}
-        have = {item for item in self._items if item[2] == "bpf"}
+        now = {(int(a, 16), n, m) for a, n, m in _BPF_LINE.findall(text)}
+        have = set(self._bpf_items())
         new, gone = now - have, have - now
-        if gone:
-            self._items = [item for item in self._items if item not in gone]
-        for item in sorted(new):
-            bisect.insort(self._items, item)
         if new or gone:
-            self._first, self._multi, self._blob = None, {}, None  # positions shifted: rebuild the index lazily
-            self.generation += 1
+            generation = self.generation
+            items = sorted([it for it in self.items() if it[2] != "bpf"] + list(now))
+            self._set_columns(*_columns(items))
+            self.generation = generation + 1
         return len(new)
+
+    def _bpf_items(self) -> Iterator[Item]:
+        for r, mod in enumerate(self._run_mods):
+            if mod == "bpf":
+                end = self._run_starts[r + 1] if r + 1 < len(self._run_starts) else len(self)
+                yield from ((self._addrs[i], self._names.names[i], mod) for i in range(self._run_starts[r], end))
 
     def refresh_bpf_symbols(self, root: str = "/") -> int:
         try:
@@ -121,48 +142,26 @@ class Kallsyms:
         return self.sync_bpf_symbols(text)
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._addrs)
 
     def _ksym(self, i: int, offset: int = 0) -> KSym:
-        hexaddr, name, module = self._items[i]
-        start = int(hexaddr, 16)
-        size = int(self._items[i + 1][0], 16) - start if i + 1 < len(self._items) else 0
-        return KSym(name, start, offset, module or None, size)
+        start = self._addrs[i]
+        size = self._addrs[i + 1] - start if i + 1 < len(self._addrs) else 0
+        return KSym(self._names.names[i], start, offset, self.module_at(i), size)
 
     def lookup(self, addr: int) -> KSym | None:
         """The function containing `addr` (binary search), or None below the first symbol."""
         if addr < 0:
             return None
-        key = f"{addr:0{self._width}x}"
-        i = bisect.bisect_right(self._items, key, key=itemgetter(0)) - 1
+        i = bisect.bisect_right(self._addrs, addr) - 1
         if i < 0:
             return None
-        start = int(self._items[i][0], 16)
-        return self._ksym(i, addr - start)
-
-    def _index(self) -> dict[str, int]:
-        """name -> position of its first instance; names with several instances also go to _multi."""
-        if self._first is None:
-            names = list(map(itemgetter(1), self._items))
-            first = dict(zip(reversed(names), range(len(names) - 1, -1, -1), strict=True))
-            if len(first) != len(names):
-                dups = {n for n, c in Counter(names).items() if c > 1}
-                multi: dict[str, list[int]] = {}
-                for i in [i for i, n in enumerate(names) if n in dups]:
-                    multi.setdefault(names[i], []).append(i)
-                self._multi = multi
-            self._first = first
-        return self._first
-
-    def names(self) -> KeysView[str]:
-        """Distinct function names (discovery matches globs against these)."""
-        return self._index().keys()
+        return self._ksym(i, addr - self._addrs[i])
 
     def names_blob(self) -> str:
-        """globs.name_blob() of names(), built once (discovery scans it for every glob)."""
-        if self._blob is None:
-            self._blob = "\n" + "\n".join(self._index()) + "\n"
-        return self._blob
+        """Every symbol's name, one per line in address order (globs.name_blob()'s layout): discovery
+        scans it for every glob, so a name with several instances may match more than once."""
+        return self._names.names.blob
 
     def by_name(self, name: str) -> list[KSym]:
         """Every instance of `name` (static functions and compiler clones can repeat), by address."""
@@ -170,22 +169,33 @@ class Kallsyms:
 
     def positions(self, name: str) -> list[int]:
         """Where the instances of `name` are (for ksym_at/module_at); [] for an unknown name."""
-        first = self._index().get(name)
-        if first is None:
-            return []
-        return self._multi.get(name, [first])
+        return self._names.positions(name)
 
-    def __contains__(self, name: str) -> bool:
-        return name in self._index()
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and bool(self.positions(name))
 
     def ksym_at(self, i: int) -> KSym:
         return self._ksym(i)
 
     def module_at(self, i: int) -> str | None:
-        return self._items[i][2] or None
+        return self._run_mods[bisect.bisect_right(self._run_starts, i) - 1] or None
 
     @property
     def stext(self) -> int | None:
         """Runtime address of _stext: the KASLR-shifted start of kernel text."""
         syms = self.by_name("_stext")
         return syms[0].addr if syms else None
+
+
+def _columns(items: list[Item]) -> tuple[array, SortedNames, list[int], list[str]]:
+    return (array("Q", [a for a, _, _ in items]), SortedNames.of(Names([n for _, n, _ in items])), *_runs(items))
+
+
+def _runs(items: list[Item]) -> tuple[list[int], list[str]]:
+    """(positions where the module changes, the module from there on); one run for an empty table."""
+    starts, mods = [0], [items[0][2] if items else ""]
+    for i, (_, _, m) in enumerate(items):
+        if m != mods[-1]:
+            starts.append(i)
+            mods.append(m)
+    return starts, mods

@@ -10,30 +10,28 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from retsnoop_otel.kernel import tracefs
 from retsnoop_otel.kernel.kcache import KernelCache, KernelIdentity, kernel_identity
 from retsnoop_otel.symbols.btf_index import BtfFormatError, FuncTypes, index_raw_btf
 from retsnoop_otel.symbols.kallsyms import Kallsyms
+from retsnoop_otel.symbols.traceable import Traceable
 
-Available = list[tuple[str, str | None]]
 
-
-def load_symbols(cache: KernelCache, ident: KernelIdentity, root: str = "/") -> tuple[Kallsyms, Available, bool]:
+def load_symbols(cache: KernelCache, ident: KernelIdentity, root: str = "/") -> tuple[Kallsyms, Traceable, bool]:
     """(kallsyms, available_filter_functions, whether both came from the cache)."""
     name = f"symbols-{ident.build_id}"
     key = ident.boot_key()
     cached = cache.read(name, key)
     if isinstance(cached, tuple) and len(cached) == 2:
         try:
-            return Kallsyms.from_state(cached[0]), cached[1], True
+            return Kallsyms.from_state(cached[0]), Traceable.from_state(cached[1]), True
         except (TypeError, ValueError):
             pass  # a payload of another shape: read the kernel instead
     # what comes and goes without a module load is left out whether cached or not, so that a run finds
     # the same functions either way; the tracer merges its own [bpf] symbols after attaching (fentry)
     ksyms = Kallsyms.load(root).stable()
-    available = tracefs.read_available_filter_functions(root)
+    available = Traceable.load(root)
     if key is not None and cache.directory is not None and kernel_identity(root) == ident:
-        cache.write(name, key, (ksyms.state(), available))
+        cache.write(name, key, (ksyms.state(), available.state()))
     return ksyms, available, False
 
 

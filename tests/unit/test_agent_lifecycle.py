@@ -37,6 +37,7 @@ from retsnoop_otel.runtime.startup import Phase
 from retsnoop_otel.symbols.kallsyms import Kallsyms
 from retsnoop_otel.symbols.process_context import thread_attributes
 from retsnoop_otel.symbols.symbolize import KallsymsSymbolizer
+from retsnoop_otel.symbols.traceable import Traceable
 from tests.oracle_spans import request_to_span_views
 
 KALLSYMS = """\
@@ -57,7 +58,7 @@ def make_env(fail: str | None = None) -> KernelEnv:
         raise SetupError(fail)
     ksyms = Kallsyms.parse(KALLSYMS)
     names = [line.split()[2] for line in KALLSYMS.splitlines()[1:]]
-    return KernelEnv(ksyms=ksyms, available=[(n, None) for n in names], ret_kind=lambda _n: RetKind.INT32,
+    return KernelEnv(ksyms=ksyms, available=Traceable(names), ret_kind=lambda _n: RetKind.INT32,
                      btf_func_id=lambda _n: 1, auto_mode="kprobe", check_mode=lambda _m: None,
                      symbolizer=KallsymsSymbolizer(ksyms), phases=[Phase("symbols", 0.25, "cached")])
 

@@ -20,6 +20,7 @@ from retsnoop_otel.symbols.discovery import (
     parse_glob,
 )
 from retsnoop_otel.symbols.kallsyms import Kallsyms
+from retsnoop_otel.symbols.traceable import Traceable
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 ROOT = FIXTURES / "kernel_root"
@@ -32,8 +33,8 @@ def ksyms() -> Kallsyms:
 
 
 @pytest.fixture(scope="module")
-def available() -> list[tuple[str, str | None]]:
-    return tracefs.read_available_filter_functions(str(ROOT))
+def available() -> Traceable:
+    return Traceable.load(str(ROOT))
 
 
 def run(ksyms, available, entry, allow=(), deny=(), mode="fentry", **kw) -> Discovery:
@@ -60,11 +61,24 @@ def test_tracefs_not_mounted(tmp_path: Path) -> None:
         tracefs.read_available_filter_functions(str(tmp_path))
 
 
-def test_available_filter_functions_parsing(available: list[tuple[str, str | None]]) -> None:
-    assert not any(name.startswith("__ftrace_invalid_address__") for name, _ in available)
-    assert ("show_stat", "kvm") in available and ("nft_bpf_helper", "nf_tables") in available
-    assert available.count(("show_stat", None)) == 2
-    assert len(available) == 24
+def test_available_filter_functions_parsing(available: Traceable) -> None:
+    pairs = tracefs.read_available_filter_functions(str(ROOT))
+    assert not any(name.startswith("__ftrace_invalid_address__") for name, _ in pairs)
+    assert ("show_stat", "kvm") in pairs and ("nft_bpf_helper", "nf_tables") in pairs
+    assert pairs.count(("show_stat", None)) == 2
+    assert len(pairs) == len(available) == 24
+    assert available.count("show_stat") == 3 and "nft_bpf_helper" in available and "init_task" not in available
+
+
+def test_name_lookups_by_binary_search_agree_with_a_scan() -> None:
+    names = [f"f{i % 50}" for i in range(400)] + ["solo", "x.isra.0", "f1.cold", "a"]
+    ks = Kallsyms.parse("".join(f"ffffffff81{i:06x} T {n}\n" for i, n in enumerate(names)))
+    ks = Kallsyms.from_state(ks.state())  # as the kernel cache gives it back
+    tr = Traceable.from_state(Traceable(names + ["solo"]).state())
+    for name in {*names, "f", "x.isra", "zzz", "", "f1\nf2"}:
+        assert ks.positions(name) == [i for i, n in enumerate(names) if n == name], name
+        assert tr.count(name) == names.count(name) + (name == "solo"), name
+    assert ks.by_name("f1.cold")[0].addr == 0xFFFFFFFF81000000 + 402 and "x.isra.0" in tr and "f1" in ks
 
 
 @pytest.mark.parametrize("err, expect", [(errno.EPERM, "does not allow function tracing"),
@@ -154,7 +168,7 @@ def test_what_our_programs_call_at_an_error_is_denied_in_every_mode() -> None:
               "htab_lru_map_lookup_elem", "bpf_lru_pop_free", "bpf_prog_load"]
     ks = Kallsyms.parse("".join(f"ffffffff8100{i:04x} T {n}\n" for i, n in enumerate(names_)))
     for mode in ("fentry", "kprobe", "kprobe_multi", "kprobe_session"):
-        d = run(ks, [(n, None) for n in names_], ["__x64_sys_bpf"], ["*"], mode=mode)
+        d = run(ks, Traceable(names_), ["__x64_sys_bpf"], ["*"], mode=mode)
         assert names(d) == ["__x64_sys_bpf", "bpf_prog_load"], mode
         assert all("own BPF programs" in why for _, why in d.skipped)
 

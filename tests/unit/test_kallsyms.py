@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import time
 from pathlib import Path
 
 import pytest
@@ -76,7 +75,7 @@ def test_by_name_lists_every_instance(ksyms: Kallsyms) -> None:
                                                   (0xFFFFFFFFC0400800, "kvm")]
     assert all(s.size > 0 and s.offset == 0 for s in inst)
     assert ksyms.by_name("map_check_btf") == []  # only its .isra.0 / .cold parts exist
-    assert "map_check_btf.isra.0" in ksyms.names() and "init_task" not in ksyms.names()
+    assert "map_check_btf.isra.0" in ksyms and "init_task" not in ksyms
 
 
 def test_stext(ksyms: Kallsyms) -> None:
@@ -100,19 +99,39 @@ def test_unpadded_addresses_sort_numerically() -> None:
     assert ks.lookup(0xFFFF0001) == KSym("big", 0xFFFF0000, 1, None, 0)
 
 
-def test_real_kallsyms_loads_fast() -> None:
+def test_real_kallsyms() -> None:
     """The host's own /proc/kallsyms: every function found by name is found again by address."""
     try:
         ks = Kallsyms.load("/")
     except KallsymsError as exc:
         pytest.skip(f"host kallsyms unusable here: {exc}")
-    t0 = time.perf_counter()
-    ks = Kallsyms.load("/")
-    load_s = time.perf_counter() - t0
     assert len(ks) > 10_000
-    assert load_s < 2.0, f"loading {len(ks)} symbols took {load_s:.2f} s"
     stext = ks.stext
     assert stext is not None and ks.lookup(stext).addr == stext
     for name in ("do_syscall_64", "schedule", "vfs_read"):
         for sym in ks.by_name(name):
             assert ks.lookup(sym.addr + 1).addr == sym.addr
+
+
+def test_state_round_trip_and_other_layouts(ksyms: Kallsyms) -> None:
+    """What the kernel cache stores gives the same answers; a state of another layout is refused (a miss)."""
+    back = Kallsyms.from_state(ksyms.state())
+    assert list(back.items()) == list(ksyms.items()) and len(back) == 47
+    assert back.by_name("show_stat") == ksyms.by_name("show_stat") and back.lookup(0xFFFFFFFFC0400810).module == "kvm"
+    old_layout = (16, [("ffffffff81000000", "_stext", "")], {"_stext": 0}, {}, "\n_stext\n")
+    for bad in (old_layout, ("kallsyms-columns-0", *ksyms.state()[1:])):
+        with pytest.raises((ValueError, TypeError)):
+            Kallsyms.from_state(bad)
+
+
+def test_bpf_symbols_come_and_go(ksyms: Kallsyms) -> None:
+    ks = Kallsyms.from_state(ksyms.state()).stable()
+    base = list(ks.items())
+    trampoline = "ffffffffa0002000 t bpf_trampoline_9\t[bpf]\n"
+    assert ks.sync_bpf_symbols("ffffffffa0001000 t bpf_prog_abc_x\t[bpf]\n" + trampoline) == 2 and ks.generation == 1
+    assert ks.lookup(0xFFFFFFFFA0001010)[:2] == ("bpf_prog_abc_x", 0xFFFFFFFFA0001000)
+    assert ks.lookup(0xFFFFFFFFA0001010).module == "bpf" and ks.by_name("bpf_trampoline_9")[0].module == "bpf"
+    assert ks.sync_bpf_symbols(trampoline) == 0 and ks.generation == 2
+    assert ks.by_name("bpf_prog_abc_x") == [] and len(ks) == len(base) + 1
+    ks.sync_bpf_symbols("")
+    assert list(ks.items()) == base

@@ -281,7 +281,7 @@ def test_fentry_probe_sets_read_the_bpf_symbols_before_the_first_stack_not_at_st
             return 0
 
     env = make_env()
-    ksyms = CountingKallsyms(env.ksyms._items)
+    ksyms = CountingKallsyms(list(env.ksyms.items()))
     env = dataclasses.replace(env, ksyms=ksyms)
     disc = discover(["__x64_sys_bpf"], ["array_map_alloc_check"], [], ksyms, env.available, env.ret_kind, "fentry")
     world, shown = World(), []

@@ -27,18 +27,19 @@ for entries in [1] * 20 + [0]:  # 20 array maps created and closed, then max_ent
 
 def scenario_kernel_sampling(ctx) -> dict:
     from retsnoop_otel.capture.sampling import MAX_THRESHOLD
-    from retsnoop_otel.kernel import features, tracefs
+    from retsnoop_otel.kernel import features
     from retsnoop_otel.kernel import libbpf_btf as lb
     from retsnoop_otel.kernel.tracer import CaptureConfig
     from retsnoop_otel.symbols import discovery
     from retsnoop_otel.symbols.btf import ReturnKinds
     from retsnoop_otel.symbols.kallsyms import Kallsyms
+    from retsnoop_otel.symbols.traceable import Traceable
 
     mode = features.choose_mode(features.detect())
     btf = lb.Btf.load_vmlinux()
     kinds = ReturnKinds(btf)
     disc = discovery.discover(["__x64_sys_bpf"], ["map_create", "array_map_alloc_check"], [], Kallsyms.load(),
-                              tracefs.read_available_filter_functions(), kinds, mode)
+                              Traceable.load(), kinds, mode)
     names = {f.id: f.name for f in disc.funcs}
     cfg = CaptureConfig(mode=mode, emit_calls=True, capture_success=True, success_threshold=MAX_THRESHOLD,
                         comms=["python", "python3"])

@@ -19,7 +19,7 @@ PY = sys.executable
 
 @budget(900)
 def scenario_lbr_kernel_path(ctx) -> dict:
-    from retsnoop_otel.kernel import bpfsys, features, tracefs
+    from retsnoop_otel.kernel import bpfsys, features
     from retsnoop_otel.kernel import libbpf_btf as lb
     from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer
     from retsnoop_otel.render.lbr import render_session_lbr
@@ -27,13 +27,14 @@ def scenario_lbr_kernel_path(ctx) -> dict:
     from retsnoop_otel.symbols.btf import ReturnKinds
     from retsnoop_otel.symbols.kallsyms import Kallsyms
     from retsnoop_otel.symbols.symbolize import KallsymsSymbolizer
+    from retsnoop_otel.symbols.traceable import Traceable
 
     feats = features.detect()
     modes = [m for m, feat in (("fentry", feats.fentry), ("kprobe", feats.kprobes),
                                ("kprobe_multi", feats.kprobe_multi), ("kprobe_session", feats.kprobe_session))
              if feat.available]
     ksyms = Kallsyms.load()
-    available = tracefs.read_available_filter_functions()
+    available = Traceable.load()
     btf = lb.Btf.load_vmlinux()
     kinds = ReturnKinds(btf)
     sym = KallsymsSymbolizer(ksyms)

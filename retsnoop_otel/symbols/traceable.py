@@ -1,0 +1,53 @@
+"""available_filter_functions as discovery needs it: which names ftrace can hook, and how often each appears.
+
+A name can appear several times (static functions of one name in several files or modules). Kept sorted
+in symbols/names.py's layout, so the kernel cache loads it in two copies and a count is a binary search.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+
+from retsnoop_otel.kernel import tracefs
+from retsnoop_otel.symbols.names import Names
+
+
+class Traceable:
+    def __init__(self, names: Iterable[str]) -> None:
+        self._names = Names(sorted(names))
+
+    @classmethod
+    def load(cls, root: str = "/") -> Traceable:
+        """Raises tracefs.TracefsError naming the fix when the file cannot be read."""
+        return cls(name for name, _ in tracefs.read_available_filter_functions(root))  # modules are not needed
+
+    def state(self) -> tuple[str, bytes]:
+        return self._names.state()
+
+    @classmethod
+    def from_state(cls, state: tuple[str, bytes]) -> Traceable:
+        """Raises ValueError for a state of another layout."""
+        t = cls(())
+        t._names = Names.from_state(state)
+        return t
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def names_blob(self) -> str:
+        """Every listed name (globs.name_blob()'s layout, repeats included)."""
+        return self._names.blob
+
+    def count(self, name: str) -> int:
+        """How many times `name` is listed (0: ftrace cannot hook it)."""
+        names = self._names
+        return bisect.bisect_right(names, name) - bisect.bisect_left(names, name)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self.count(name) > 0
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Traceable) and other._names.blob == self._names.blob
+
+    __hash__ = None  # type: ignore[assignment]
