@@ -35,7 +35,10 @@ def start_once(tool: str, mode: str, entry: list[str], allow: list[str], names: 
     program = tmp / f"{mode}.bt"
     program.write_text(pc.bpftrace_program(mode, entry, allow, names))
     env = dict(os.environ, BPFTRACE_MAX_PROBES=str(4 * len(names) + 64),
-               BPFTRACE_MAX_BPF_PROGS=str(4 * len(names) + 64), RETSNOOP_OTEL_CACHE=str(tmp / "cache"))
+               BPFTRACE_MAX_BPF_PROGS=str(4 * len(names) + 64),
+               # a cache of its own per checkout: another build may keep another cache format, and two
+               # formats in one directory replace each other's entries at every start (each start cold)
+               RETSNOOP_OTEL_CACHE=str(tmp / ("cache-base" if tool == "ours-base" else "cache")))
     tree = base if tool == "ours-base" else None
     if tree is not None:
         env["PYTHONPATH"] = str(tree)
@@ -96,6 +99,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="start-compare-") as tmpdir:
         tmp = Path(tmpdir)
         pc.warm_up(tmp)
+        if args.base:  # the other checkout fills its own kernel cache too (untimed)
+            subprocess.run([sys.executable, "-m", "retsnoop_otel", "trace", "-e", "*sys_bpf", "--dry-run"],
+                           cwd=args.base, capture_output=True, timeout=600,
+                           env=dict(os.environ, PYTHONPATH=str(args.base), RETSNOOP_OTEL_CACHE=str(tmp / "cache-base")))
         modes = args.modes.split(",")
         names = {m: pc.our_functions(facts, entry, allow, m) for m in modes}
         for r in range(args.rounds):

@@ -43,8 +43,11 @@ def load_func_types(cache: KernelCache, ident: KernelIdentity, root: str = "/",
     name = f"btf-{ident.build_id}"
     key = ident.build_key()
     cached = cache.read(name, key)
-    if isinstance(cached, dict):
-        return FuncTypes(cached), True
+    if cached is not None:
+        try:
+            return FuncTypes.from_state(cached), True  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            pass  # a payload of another shape: read the kernel instead
     data = Path(root, "sys/kernel/btf/vmlinux").read_bytes()
     try:
         index = index_raw_btf(data)
@@ -52,5 +55,6 @@ def load_func_types(cache: KernelCache, ident: KernelIdentity, root: str = "/",
         if fallback is None:
             raise
         return fallback(), False
-    cache.write(name, key, index)
-    return FuncTypes(index), False
+    types = FuncTypes(index)
+    cache.write(name, key, types.state())
+    return types, False

@@ -101,6 +101,16 @@ def test_every_function_is_indexed(index: tuple[FuncTypes, dict[str, int]]) -> N
     assert len(index[0]) == len(index[1])
 
 
+def test_state_round_trip(index: tuple[FuncTypes, dict[str, int]]) -> None:
+    """What the kernel cache stores answers the same; a state of another layout is refused (a miss)."""
+    types, ids = index
+    back = FuncTypes.from_state(types.state())
+    for name in [*ids, "no_such_function", "", "~"]:
+        assert (back(name), back.func_id(name)) == (types(name), types.func_id(name)), name
+    with pytest.raises((TypeError, ValueError)):
+        FuncTypes.from_state({"f": 1 << 4})  # type: ignore[arg-type]
+
+
 def test_unknown_kinds_and_bad_blobs_are_refused() -> None:
     b = BtfBuilder()
     b.add(25, "future")
