@@ -69,7 +69,7 @@ COLD_PREFIXES = (
 
 def pick_globs(target: int, mode: str = "kprobe_multi") -> tuple[list[str], int]:
     """Cold-subsystem globs, largest first, until discovery would attach at least `target` functions."""
-    ksyms = Kallsyms.load().stable()
+    ksyms = Kallsyms.load(stable=True)
     available = Traceable.load()
     cands = [f"{p}*" for p in COLD_PREFIXES]
     disc = discovery.discover(["*sys_bpf"], cands, [], ksyms, available, lambda _n: RetKind.UNKNOWN, mode)

@@ -306,7 +306,7 @@ def parse_listen(text: str) -> tuple[str, int]:
 def _metrics(ctx: Nodes, node: yaml.Node, environ: Mapping[str, str]) -> MetricsConfig:
     m = mapping(ctx, node, "metrics", ("listen", "stall_after_s", "otlp", "otlp_interval", "max_error_types",
                                         "functions", "duration_range", "max_workloads", "web_config_file"))
-    host, port = MetricsConfig.host, MetricsConfig.port
+    host, port = MetricsConfig().host, MetricsConfig().port
     if "listen" in m:
         try:
             host, port = parse_listen(string(ctx, m["listen"], "metrics.listen"))
@@ -321,7 +321,7 @@ def _metrics(ctx: Nodes, node: yaml.Node, environ: Mapping[str, str]) -> Metrics
     funcs = _globs(ctx, m["functions"], "metrics.functions") if "functions" in m else ()
     buckets = _duration_range(ctx, m["duration_range"], "metrics.duration_range") if "duration_range" in m else None
     workloads = pos_int(ctx, m["max_workloads"], "metrics.max_workloads") if "max_workloads" in m \
-        else MetricsConfig.max_workloads
+        else MetricsConfig().max_workloads
     web = opt_string(ctx, m.get("web_config_file"), "metrics.web_config_file")  # read by the runtime, at start
     return MetricsConfig(host, port, stall, otlp, interval, max_errs, funcs, buckets, workloads,
                          web_config_file=web or None)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from retsnoop_otel.capture.errnos import parse_errno
 from retsnoop_otel.capture.model import RetKind, Session, TracedFunc, error_type
@@ -11,8 +11,7 @@ from retsnoop_otel.capture.model import RetKind, Session, TracedFunc, error_type
 NULL = "NULL"
 
 
-@dataclass(frozen=True)
-class ErrorFilter:
+class ErrorFilter(NamedTuple):
     """Deny wins; an empty allow set (or 'any') allows every error."""
 
     allow: frozenset[str] = frozenset()

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
 from typing import NamedTuple
 
 RANDOM_BITS = 56
@@ -59,8 +58,7 @@ def trace_state(t: int | None) -> str:
     return "" if t is None else f"ot=th:{th_value(t)}"
 
 
-@dataclass(frozen=True)
-class Sampling:
+class Sampling(NamedTuple):
     """Error sessions are always kept; successful ones by probability or by rate per entry function."""
 
     success_probability: float = 0.0

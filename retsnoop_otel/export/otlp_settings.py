@@ -14,7 +14,7 @@ import math
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 
 SIGNALS = ("traces", "metrics")
@@ -29,8 +29,7 @@ _HTTP_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an HTTP field name (
 _GRPC_KEY = re.compile(r"[0-9a-z_.-]+")  # a gRPC metadata key
 
 
-@dataclass(frozen=True)
-class OtlpConfig:
+class OtlpConfig(NamedTuple):
     """What the user configured for one OTLP destination; None / () = not set (then the environment, then the
     default)."""
 
@@ -45,8 +44,7 @@ class OtlpConfig:
     client_certificate: str | None = None  # mTLS
 
 
-@dataclass(frozen=True)
-class OtlpSettings:
+class OtlpSettings(NamedTuple):
     """Fully resolved settings for one signal: what a sender needs, nothing left to look up."""
 
     signal: str  # "traces" | "metrics"
@@ -66,8 +64,7 @@ class OtlpConfigError(ValueError):
     """One line naming the bad setting (config key or environment variable) and how to fix it."""
 
 
-@dataclass(frozen=True)
-class _Value:
+class _Value(NamedTuple):
     """A setting's raw value and where it came from, so errors can name the right key or variable."""
 
     value: object

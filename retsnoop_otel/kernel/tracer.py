@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
+from typing import NamedTuple
 
 from retsnoop_otel.capture import records
 from retsnoop_otel.capture.model import (
@@ -55,8 +57,7 @@ def bpf_object_path() -> Path:
     return path
 
 
-@dataclass(frozen=True)
-class CaptureConfig:
+class CaptureConfig(NamedTuple):
     """What the kernel side records and how it attaches; applied to the BPF object before load."""
 
     mode: str
@@ -80,7 +81,7 @@ class CaptureConfig:
     uprobe_binary: str = ""  # mode 'uprobe' only: the ELF file whose functions are traced
     lbr_branch_types: int = 0  # --lbr: perf branch_sample_type of the LBR events; 0 = no LBR capture
     lbr_perf_events: bool = True  # open the per-CPU LBR perf events (tests on CPUs without LBR: False)
-    arg_specs: Mapping[int, Sequence[int]] = field(default_factory=dict)  # -A: function id -> arg_spec words
+    arg_specs: Mapping[int, Sequence[int]] = MappingProxyType({})  # -A: function id -> arg_spec words
     app_context: bool = False  # read the application's OTel thread context when a session starts
     user_stacks: bool = False  # take the user stack when a session starts
     # the kernel stack at the error: off where no session is reported (mode metrics), as it is the

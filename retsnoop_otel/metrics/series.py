@@ -5,13 +5,12 @@ from __future__ import annotations
 import fnmatch
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 OTHER = "other"  # label value of what the series bounds fold together
 
 
-@dataclass(frozen=True)
-class SeriesBounds:
+class SeriesBounds(NamedTuple):
     """Caps on label values: 0 / () mean no cap."""
 
     max_error_types: int = 0  # error_type values per function; the rest are summed as error_type="other"

@@ -1,5 +1,8 @@
 """What the capture runtime runs: probe sets, outputs, metrics, limits and symbols, as plain data.
 
+Immutable values as NamedTuples, not frozen dataclasses: Python 3.11 compiles a frozen dataclass's
+methods as its module loads, which made these classes a large part of every start's imports.
+
 Both commands produce this: `agent` from its YAML file (agent/config_file.py), `trace` from its
 flags (trace/options.py, one ad-hoc probe set). Nothing here reads files or the environment.
 """
@@ -7,8 +10,9 @@ flags (trace/options.py, one ad-hoc probe set). Nothing here reads files or the 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
+from typing import NamedTuple
 
 from retsnoop_otel.capture.errfilter import ErrorFilter
 from retsnoop_otel.capture.sampling import Sampling
@@ -21,8 +25,7 @@ WORKLOAD_LABELS = ("namespace", "container")  # a probe set's metrics labelled b
 ATTACH_MODES = ("auto", "fentry", "kprobe", "kprobe_multi", "kprobe_session")
 
 
-@dataclass(frozen=True)
-class ProbeSetConfig:
+class ProbeSetConfig(NamedTuple):
     """One named set of traced functions and what to keep of their sessions.
 
     mode: `stack` reports the error chain and kernel stack; `calls` also every traced call;
@@ -41,8 +44,8 @@ class ProbeSetConfig:
     no_comms: tuple[str, ...] = ()
     cgroup: str | None = None
     min_duration_ns: int = 0
-    errors: ErrorFilter = field(default_factory=ErrorFilter)
-    sampling: Sampling = field(default_factory=Sampling)
+    errors: ErrorFilter = ErrorFilter()
+    sampling: Sampling = Sampling()
     lbr_branch_types: int = 0  # perf branch types snapshotted at the deepest failing return; 0 = no LBR
     capture_args: bool = False  # BTF-typed arguments with each call (kernel memory: off unless asked)
     app_context: bool = True  # join the application's trace when its thread publishes OTel thread context
@@ -56,8 +59,7 @@ class ProbeSetConfig:
         return self.mode == "calls" or self.capture_args
 
 
-@dataclass(frozen=True)
-class ConsoleConfig:
+class ConsoleConfig(NamedTuple):
     """Sessions as text on stdout, in retsnoop's layouts."""
 
     format: str = "text"  # text | json (one object per session)
@@ -67,17 +69,15 @@ class ConsoleConfig:
     prefix: bool = False  # '[probe set] ' before each session, when several sets share the console
 
 
-@dataclass(frozen=True)
-class ExporterConfig:
-    otlp: OtlpConfig | None = field(default_factory=OtlpConfig)
+class ExporterConfig(NamedTuple):
+    otlp: OtlpConfig | None = OtlpConfig()
     file: str | None = None  # OTLP-JSON lines, one export request per line
     console: ConsoleConfig | None = None
     trace_json: str | None = None  # Chrome trace events of call sessions (Perfetto)
     export_addresses: bool = False  # raw kernel addresses in exported data (they reveal KASLR)
 
 
-@dataclass(frozen=True)
-class MetricsConfig:
+class MetricsConfig(NamedTuple):
     host: str = "0.0.0.0"
     port: int | None = 9464  # None: no /metrics and /healthz endpoint
     stall_after_s: float = 30.0  # /healthz answers 503 when the capture loop has not polled for this long
@@ -100,8 +100,7 @@ class MetricsConfig:
         return self.port is not None or self.otlp is not None
 
 
-@dataclass(frozen=True)
-class Limits:
+class Limits(NamedTuple):
     max_spans_per_trace: int = 4096  # exported spans per session
     max_calls_per_session: int = 4096  # calls kept per session in user space (the rest are counted)
     export_queue_spans: int = 65536
@@ -109,8 +108,7 @@ class Limits:
     max_sessions: int = 4096  # threads with a kernel session entry (LRU: the longest idle make room); open sessions
 
 
-@dataclass(frozen=True)
-class SymbolsConfig:
+class SymbolsConfig(NamedTuple):
     vmlinux: str | None = None  # None: kallsyms names only; "auto": the standard places; else a path
     source_lines: bool = True  # file:line from DWARF in stacks (when a vmlinux is found)
     inlines: bool = True  # inlined frames too
@@ -123,12 +121,11 @@ def _names(prefix: str) -> Mapping[str, str]:
     return MappingProxyType({f: prefix + ("timeout" if f == "timeout_s" else f) for f in fields})
 
 
-@dataclass(frozen=True)
-class InputNames:
+class InputNames(NamedTuple):
     """How the user wrote each setting, so that errors name it: YAML keys for agent, flags for trace."""
 
-    otlp: Mapping[str, str] = field(default_factory=lambda: _names("exporter.otlp."))
-    metrics_otlp: Mapping[str, str] = field(default_factory=lambda: _names("metrics.otlp."))
+    otlp: Mapping[str, str] = _names("exporter.otlp.")
+    metrics_otlp: Mapping[str, str] = _names("metrics.otlp.")
     listen: str = "metrics.listen"
     web_config: str = "metrics.web_config_file"
     trace_json: str = "exporter.trace_json"
@@ -140,14 +137,14 @@ class InputNames:
 
 
 @dataclass(frozen=True)
-class RuntimeConfig:
+class RuntimeConfig:  # a dataclass: agent/config_file.py's AgentConfig extends it
     probe_sets: tuple[ProbeSetConfig, ...]
-    exporter: ExporterConfig = field(default_factory=ExporterConfig)
-    metrics: MetricsConfig = field(default_factory=MetricsConfig)
-    limits: Limits = field(default_factory=Limits)
-    symbols: SymbolsConfig = field(default_factory=SymbolsConfig)
-    names: InputNames = field(default_factory=InputNames)
-    kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)  # the pod metadata watch (off)
+    exporter: ExporterConfig = ExporterConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    limits: Limits = Limits()
+    symbols: SymbolsConfig = SymbolsConfig()
+    names: InputNames = InputNames()
+    kubernetes: KubernetesConfig = KubernetesConfig()  # the pod metadata watch (off)
 
 
 AGENT_NAMES = InputNames()  # the YAML keys: the default way settings are named

@@ -12,7 +12,9 @@ from __future__ import annotations
 import bisect
 import re
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from itertools import chain, groupby, repeat
+from operator import itemgetter
 from pathlib import Path
 from typing import NamedTuple
 
@@ -20,15 +22,13 @@ from retsnoop_otel.symbols.names import Names, SortedNames
 
 # 'addr type name' or 'addr type name\t[module]'; t/T/w/W are code symbols (weak ones included).
 _FUNC_LINE = re.compile(r"^([0-9a-f]+) [tTwW] (\S+)(?:[ \t]+\[(\S+)\])?$", re.M)
+# the same without the pseudo-modules that come and go with no module load (parse(stable=True))
+_STABLE_LINE = re.compile(r"^([0-9a-f]+) [tTwW] (\S+)(?:[ \t]+\[(?!bpf\]|__builtin__)(\S+)\])?$", re.M)
 # JIT-ed BPF programs and trampolines: they exist only once the tracer has attached.
 _BPF_LINE = re.compile(r"^([0-9a-f]+) [tT] (\S+)[ \t]+\[(bpf)\]$", re.M)
 _STATE = "kallsyms-columns-1"  # the layout of state(): another one is refused by from_state()
 
 Item = tuple[int, str, str]  # (address, name, module or '')
-
-
-def _volatile(module: str) -> bool:
-    return module == "bpf" or module.startswith("__builtin__")
 
 
 class KallsymsError(Exception):
@@ -50,7 +50,8 @@ class Kallsyms:
 
     def __init__(self, items: list[Item]) -> None:
         """`items` sorted by (address, name, module)."""
-        self._set_columns(*_columns(items))
+        addrs, names, mods = zip(*items, strict=True) if items else ((), (), ())
+        self._set_columns(*_columns(array("Q", addrs), names, mods))
 
     def _set_columns(self, addrs: array, names: SortedNames, run_starts: list[int], run_mods: list[str]) -> None:
         self._addrs = addrs
@@ -60,39 +61,43 @@ class Kallsyms:
         self.generation = 0  # changes whenever the symbols do (symbolizers cache what they looked up)
 
     @classmethod
-    def parse(cls, text: str) -> Kallsyms:
-        found = _FUNC_LINE.findall(text)
+    def parse(cls, text: str, stable: bool = False) -> Kallsyms:
+        """`stable`: without the pseudo-modules that come and go with no module load, [bpf] (JIT-ed
+        programs, trampolines) and [__builtin__*] (ftrace and kprobe trampolines). What remains depends
+        only on the boot and the loaded modules, which is what kernel/kcache.py keys it by."""
+        found = (_STABLE_LINE if stable else _FUNC_LINE).findall(text)  # C-level from here on: 100k+ lines
         if not found:
             raise KallsymsError("no function symbols found in kallsyms")
-        items = sorted((int(a, 16), n, m) for a, n, m in found)  # nearly sorted already (modules trail)
-        if items[-1][0] == 0:
+        widths = set(map(len, map(itemgetter(0), found)))
+        if len(widths) > 1:  # %px prints fixed width; pad anything else so string order = number order
+            found = [(a.zfill(max(widths)), n, m) for a, n, m in found]
+        found.sort()  # nearly sorted already (modules trail): timsort makes this cheap
+        hexes, names, mods = zip(*found, strict=True)
+        addrs = array("Q", map(int, hexes, repeat(16)))
+        if addrs[-1] == 0:
             raise KallsymsError(
                 "/proc/kallsyms shows only zero addresses (kernel.kptr_restrict or missing CAP_SYSLOG): "
                 "run as root, or set `sysctl kernel.kptr_restrict=0`")
-        return cls(items)
+        ks = cls.__new__(cls)
+        ks._set_columns(*_columns(addrs, names, mods))
+        return ks
 
     @classmethod
-    def load(cls, root: str = "/") -> Kallsyms:
+    def load(cls, root: str = "/", stable: bool = False) -> Kallsyms:
         path = Path(root, "proc/kallsyms")
         try:
             text = path.read_text()
         except OSError as exc:
             raise KallsymsError(f"cannot read {path}: {exc.strerror}; kernel symbols are needed to find "
                                 "functions and name stack frames") from None
-        return cls.parse(text)
+        return cls.parse(text, stable)
 
     def items(self) -> Iterator[Item]:
         """(address, name, module or '') of every symbol, by address."""
-        mods = (self.module_at(i) or "" for i in range(len(self)))
+        ends = [*self._run_starts[1:], len(self)]
+        runs = zip(self._run_starts, ends, self._run_mods, strict=True)
+        mods = chain.from_iterable(repeat(m, end - start) for start, end, m in runs)
         return zip(self._addrs, self._names.names.all(), mods, strict=True)
-
-    def stable(self) -> Kallsyms:
-        """Without the pseudo-modules that come and go with no module load: [bpf] (JIT-ed programs,
-        trampolines) and [__builtin__*] (ftrace and kprobe trampolines). What remains depends only
-        on the boot and the loaded modules, which is what kernel/kcache.py keys it by."""
-        if not any(_volatile(m) for m in self._run_mods):
-            return self
-        return Kallsyms([it for it in self.items() if not _volatile(it[2])])
 
     def state(self) -> tuple:
         """Everything lookups and discovery need, as a few flat values (what the kernel cache stores)."""
@@ -123,8 +128,8 @@ class Kallsyms:
         new, gone = now - have, have - now
         if new or gone:
             generation = self.generation
-            items = sorted([it for it in self.items() if it[2] != "bpf"] + list(now))
-            self._set_columns(*_columns(items))
+            addrs, names, mods = zip(*sorted([it for it in self.items() if it[2] != "bpf"] + list(now)), strict=True)
+            self._set_columns(*_columns(array("Q", addrs), names, mods))
             self.generation = generation + 1
         return len(new)
 
@@ -187,15 +192,17 @@ class Kallsyms:
         return syms[0].addr if syms else None
 
 
-def _columns(items: list[Item]) -> tuple[array, SortedNames, list[int], list[str]]:
-    return (array("Q", [a for a, _, _ in items]), SortedNames.of(Names([n for _, n, _ in items])), *_runs(items))
+def _columns(addrs: array, names: Sequence[str], mods: Sequence[str]
+             ) -> tuple[array, SortedNames, list[int], list[str]]:
+    """The columns of symbols sorted by (address, name, module)."""
+    return (addrs, SortedNames.of(Names(names)), *_runs(mods))
 
 
-def _runs(items: list[Item]) -> tuple[list[int], list[str]]:
+def _runs(mods: Sequence[str]) -> tuple[list[int], list[str]]:
     """(positions where the module changes, the module from there on); one run for an empty table."""
-    starts, mods = [0], [items[0][2] if items else ""]
-    for i, (_, _, m) in enumerate(items):
-        if m != mods[-1]:
-            starts.append(i)
-            mods.append(m)
-    return starts, mods
+    starts, run_mods, at = [], [], 0
+    for mod, same in groupby(mods):
+        starts.append(at)
+        run_mods.append(mod)
+        at += len(list(same))
+    return (starts, run_mods) if starts else ([0], [""])

@@ -28,7 +28,7 @@ def load_symbols(cache: KernelCache, ident: KernelIdentity, root: str = "/") -> 
             pass  # a payload of another shape: read the kernel instead
     # what comes and goes without a module load is left out whether cached or not, so that a run finds
     # the same functions either way; the tracer merges its own [bpf] symbols after attaching (fentry)
-    ksyms = Kallsyms.load(root).stable()
+    ksyms = Kallsyms.load(root, stable=True)
     available = Traceable.load(root)
     if key is not None and cache.directory is not None and kernel_identity(root) == ident:
         cache.write(name, key, (ksyms.state(), available.state()))

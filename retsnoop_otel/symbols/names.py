@@ -23,7 +23,7 @@ SEARCHES_BEFORE_INDEX = 256
 class Names(Sequence[str]):
     def __init__(self, names: Sequence[str]) -> None:
         self.blob = name_blob(names)  # "\nname0\nname1\n...\n"
-        self._starts = array("I", accumulate((len(n) + 1 for n in names), initial=1))  # and the end sentinel
+        self._starts = array("I", accumulate(map((1).__add__, map(len, names)), initial=1))  # and the end sentinel
 
     def state(self) -> tuple[str, bytes]:
         return self.blob, self._starts.tobytes()

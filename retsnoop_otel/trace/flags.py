@@ -11,9 +11,8 @@ import argparse
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from types import MappingProxyType
-from typing import NoReturn
+from typing import NamedTuple, NoReturn
 
 from retsnoop_otel.capture.errfilter import ErrorFilter
 from retsnoop_otel.capture.sampling import Sampling
@@ -166,8 +165,7 @@ def build_parser(prog: str = "retsnoop-otel trace") -> OneLineErrorParser:
     return p
 
 
-@dataclass(frozen=True)
-class TraceRequest:
+class TraceRequest(NamedTuple):
     """What one `trace` command line asks for: the runtime's config and how to present the run."""
 
     config: RuntimeConfig
@@ -248,8 +246,8 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] = os.environ,
             trace_json=args.trace_json, export_addresses=args.export_addresses),
         metrics=MetricsConfig(host=args.metrics_addr, port=args.metrics_port, web_config_file=args.web_config_file),
         limits=Limits(max_calls_per_session=c.get("calls.max-per-session", DEFAULT_MAX_CALLS),
-                      ringbuf_size=c.get("bpf.ringbuf-size", Limits.ringbuf_size),
-                      max_sessions=c.get("bpf.sessions-size", Limits.max_sessions)),
+                      ringbuf_size=c.get("bpf.ringbuf-size", Limits().ringbuf_size),
+                      max_sessions=c.get("bpf.sessions-size", Limits().max_sessions)),
         symbols=SymbolsConfig(vmlinux=args.kernel or ("auto" if level != 0 else None), source_lines=level != 0,
                               inlines=level is None or level >= 2),
         names=TRACE_NAMES)

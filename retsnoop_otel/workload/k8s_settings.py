@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -22,8 +22,7 @@ NODE_ENV = "K8S_NODE_NAME"
 WATCH_TIMEOUT_S = 300  # the server ends each watch after this; it is then resumed from the last resourceVersion
 
 
-@dataclass(frozen=True)
-class KubernetesConfig:
+class KubernetesConfig(NamedTuple):
     metadata: bool = False  # k8s.pod.name, k8s.namespace.name, k8s.container.name from a watch of this node's pods
     node_name: str | None = None  # None: $K8S_NODE_NAME
     api_server: str | None = None  # None: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT
@@ -32,8 +31,7 @@ class KubernetesConfig:
     keep_deleted_s: float = 300.0  # a deleted pod's names stay this long for its last sessions
 
 
-@dataclass(frozen=True)
-class KubeSettings:
+class KubeSettings(NamedTuple):
     """A watch that can start: every value known."""
 
     node_name: str

@@ -687,7 +687,7 @@ def test_lbr_probe_set_refused_where_the_cpu_has_no_lbr() -> None:
         resolve(cfg, env)
     found = resolve(cfg, make_env())
     assert capture_config(cfg, found.mode, Limits()).lbr_branch_types == 0x22
-    assert resolve(replace(cfg, lbr_branch_types=0), env).funcs
+    assert resolve(cfg._replace(lbr_branch_types=0), env).funcs
 
 
 def test_cgroup_target_id_and_level(tmp_path: Path) -> None:

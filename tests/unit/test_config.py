@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from retsnoop_otel.agent.config_file import ConfigError, load_config, parse_config, parse_listen
+from retsnoop_otel.runtime.config import Limits, MetricsConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -82,6 +83,19 @@ def test_defaults() -> None:
     assert ps.mode == "stack" and ps.attach_mode == "auto" and not ps.sampling.captures_success
     assert cfg.exporter.otlp is not None and cfg.exporter.otlp.endpoint is None  # OTEL_* variables decide
     assert cfg.metrics.listen == "0.0.0.0:9464" and cfg.logging.format == "text"
+    # a metrics section that leaves keys out gets the same defaults as no section
+    metrics = parse_config(BASE + "metrics: {stall_after_s: 10}\n").metrics
+    assert (metrics.host, metrics.port, metrics.max_workloads) == (MetricsConfig().host, 9464, 100)
+
+
+def test_trace_flags_defaults_are_the_runtime_defaults() -> None:
+    """The kernel-side sizes trace leaves to -C are the runtime's own defaults."""
+    from retsnoop_otel.trace.flags import parse
+    limits = parse(["-e", "*sys_bpf"], environ={}).config.limits
+    defaults = Limits()
+    assert (limits.ringbuf_size, limits.max_sessions) == (defaults.ringbuf_size, defaults.max_sessions)
+    assert defaults.ringbuf_size == 8 << 20
+    assert parse(["-e", "*sys_bpf", "-C", "bpf.ringbuf-size=65536"], environ={}).config.limits.ringbuf_size == 65536
 
 
 def test_unknown_key_with_did_you_mean() -> None:

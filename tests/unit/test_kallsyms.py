@@ -125,7 +125,7 @@ def test_state_round_trip_and_other_layouts(ksyms: Kallsyms) -> None:
 
 
 def test_bpf_symbols_come_and_go(ksyms: Kallsyms) -> None:
-    ks = Kallsyms.from_state(ksyms.state()).stable()
+    ks = Kallsyms.from_state(Kallsyms.load(str(ROOT), stable=True).state())
     base = list(ks.items())
     trampoline = "ffffffffa0002000 t bpf_trampoline_9\t[bpf]\n"
     assert ks.sync_bpf_symbols("ffffffffa0001000 t bpf_prog_abc_x\t[bpf]\n" + trampoline) == 2 and ks.generation == 1
@@ -135,3 +135,11 @@ def test_bpf_symbols_come_and_go(ksyms: Kallsyms) -> None:
     assert ks.by_name("bpf_prog_abc_x") == [] and len(ks) == len(base) + 1
     ks.sync_bpf_symbols("")
     assert list(ks.items()) == base
+
+
+def test_stable_leaves_out_what_comes_and_goes_without_a_module_load(ksyms: Kallsyms) -> None:
+    stable = Kallsyms.load(str(ROOT), stable=True)
+    gone = {name for _, name, mod in ksyms.items() if mod == "bpf" or mod.startswith("__builtin__")}
+    assert len(gone) == 4 and len(stable) == len(ksyms) - 4
+    assert not any(name in stable for name in gone) and all(name in ksyms for name in gone)
+    assert list(stable.items()) == [it for it in ksyms.items() if it[1] not in gone]

@@ -8,7 +8,6 @@ metrics): the error chain without the stack. Host-side asserts: tests/vm/test_ke
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import time
 from collections import Counter
@@ -47,7 +46,7 @@ def scenario_kernel_sampling(ctx) -> dict:
     try:
         sessions, res["records"], res["capture_stats"], res["workload"] = _capture(ctx, disc.funcs, cfg, kinds)
         # the same failing call with the kernel stack switched off (what mode metrics does)
-        bare, _, _, _ = _capture(ctx, disc.funcs, dataclasses.replace(cfg, kernel_stack=False), kinds)
+        bare, _, _, _ = _capture(ctx, disc.funcs, cfg._replace(kernel_stack=False), kinds)
     finally:
         btf.free()
     res["kstack_frames"] = [len(s.kstack) for s in sessions if s.is_err]
