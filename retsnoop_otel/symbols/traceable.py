@@ -7,15 +7,18 @@ in symbols/names.py's layout, so the kernel cache loads it in two copies and a c
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from collections.abc import Iterable
 
 from retsnoop_otel.kernel import tracefs
-from retsnoop_otel.symbols.names import Names
+from retsnoop_otel.symbols.names import SEARCHES_BEFORE_INDEX, Names
 
 
 class Traceable:
     def __init__(self, names: Iterable[str]) -> None:
         self._names = Names(sorted(names))
+        self._searches = 0
+        self._counts: Counter[str] | None = None  # built after SEARCHES_BEFORE_INDEX counts (large sets)
 
     @classmethod
     def load(cls, root: str = "/") -> Traceable:
@@ -41,6 +44,11 @@ class Traceable:
 
     def count(self, name: str) -> int:
         """How many times `name` is listed (0: ftrace cannot hook it)."""
+        if self._counts is None and self._searches >= SEARCHES_BEFORE_INDEX:
+            self._counts = Counter(self._names.all())
+        if self._counts is not None:
+            return self._counts[name]
+        self._searches += 1
         names = self._names
         return bisect.bisect_right(names, name) - bisect.bisect_left(names, name)
 
