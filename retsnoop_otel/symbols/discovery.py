@@ -248,8 +248,8 @@ def discover(entry_globs: Sequence[str], allow_globs: Sequence[str], deny_globs:
     denies = _GlobSet(deny_specs, sources)
     matched = allows.names_matching(kallsyms, kallsyms.names_blob())
     candidates = sorted(n for n in matched if not n.startswith(_NOT_FUNCTIONS))
-    # traceable, yet not in kallsyms: a few at most
-    missing = sorted(n for n in allows.names_matching(available, available.names_blob()) if n not in kallsyms)
+    unnamed = available.not_in(kallsyms)  # traceable, yet not in kallsyms: a few at most
+    missing = sorted(allows.names_matching(set(unnamed), name_blob(unnamed)))
     blob = name_blob(candidates)
     for globs in (entries, allows, denies):
         globs.index_names(candidates, blob)

@@ -27,6 +27,11 @@ def name_blob(names: Iterable[str]) -> str:
     return f"\n{joined}\n" if joined else "\n"
 
 
+def blob_names(blob: str) -> list[str]:
+    """The names of a name_blob(), in order."""
+    return blob[1:-1].split("\n") if len(blob) > 1 else []
+
+
 @lru_cache(maxsize=1024)
 def _line_regex(glob: str) -> re.Pattern[str]:
     """The glob as a regex over one line of a name blob (wildcards never cross a newline)."""

@@ -30,6 +30,7 @@ def load_symbols(cache: KernelCache, ident: KernelIdentity, root: str = "/") -> 
     # the same functions either way; the tracer merges its own [bpf] symbols after attaching (fentry)
     ksyms = Kallsyms.load(root, stable=True)
     available = Traceable.load(root)
+    available.not_in(ksyms)  # found once here, kept with the cache
     if key is not None and cache.directory is not None and kernel_identity(root) == ident:
         cache.write(name, key, (ksyms.state(), available.state()))
     return ksyms, available, False

@@ -11,14 +11,14 @@ from __future__ import annotations
 import bisect
 from array import array
 from collections.abc import Sequence
-from itertools import accumulate
+from itertools import accumulate, pairwise
 
-from retsnoop_otel.symbols.globs import name_blob
+from retsnoop_otel.symbols.globs import blob_names, name_blob
 
 # Lookups answered by a binary search over the blob (~10 us each on a host) before a list or dict of every
 # name is built (~30 ms for 100k names): a start that asks about twenty functions never builds it, one
 # with thousands does.
-SEARCHES_BEFORE_INDEX = 256
+SEARCHES_BEFORE_INDEX = 64
 
 
 class Names(Sequence[str]):
@@ -50,41 +50,51 @@ class Names(Sequence[str]):
         return self.blob[self._starts[i]:self._starts[i + 1] - 1]
 
     def all(self) -> list[str]:
-        return self.blob[1:-1].split("\n") if len(self) else []
+        return blob_names(self.blob)
 
 
 class SortedNames:
-    """Names sorted, found by binary search: no index of them all to build or load."""
+    """Names found by binary search over their order by name, then, once many are asked for, by a dict:
+    nothing to build for a start that looks up twenty, no ten thousand slow searches for one that looks
+    up ten thousand."""
 
-    def __init__(self, names: Names, order: array) -> None:
-        self.names, self._order = names, order  # order: positions in `names`, sorted by name (then position)
+    def __init__(self, names: Names, order: array, repeated: dict[str, list[int]]) -> None:
+        self.names = names
+        self._order = order  # positions in `names`, sorted by name (then position)
+        self._repeated = repeated  # the names at several positions (a few hundred): all of them
         self._searches = 0
-        self._sorted: list[str] | None = None  # the names in that order, once enough have been looked up
+        self._first: dict[str, int] | None = None  # name -> its position, once enough have been looked up
 
     @classmethod
     def of(cls, names: Names) -> SortedNames:
-        return cls(names, array("I", sorted(range(len(names)), key=names.all().__getitem__)))
+        every = names.all()
+        order = sorted(range(len(every)), key=every.__getitem__)
+        repeated: dict[str, list[int]] = {}
+        for prev, at in pairwise(order):  # once per table read; the kernel cache keeps the result
+            if every[prev] == every[at]:
+                repeated.setdefault(every[at], [prev]).append(at)
+        return cls(names, array("I", order), repeated)
 
-    def state(self) -> tuple[tuple[str, bytes], bytes]:
-        return self.names.state(), self._order.tobytes()
+    def state(self) -> tuple[tuple[str, bytes], bytes, dict[str, list[int]]]:
+        return self.names.state(), self._order.tobytes(), self._repeated
 
     @classmethod
-    def from_state(cls, state: tuple[tuple[str, bytes], bytes]) -> SortedNames:
-        names_state, order_bytes = state
+    def from_state(cls, state: tuple[tuple[str, bytes], bytes, dict[str, list[int]]]) -> SortedNames:
+        names_state, order_bytes, repeated = state
         names, order = Names.from_state(names_state), array("I")
         order.frombytes(order_bytes)
-        if len(order) != len(names):
+        if len(order) != len(names) or not isinstance(repeated, dict):
             raise ValueError("sorted names state")
-        return cls(names, order)
+        return cls(names, order, repeated)
 
     def positions(self, name: str) -> list[int]:
         """Where `name` is in `names`, ascending."""
-        if self._sorted is None and self._searches >= SEARCHES_BEFORE_INDEX:
-            # a list of the names in order makes each search C-level (~1 us instead of ~10): 30 ms once
-            self._sorted = list(map(self.names.all().__getitem__, self._order))
-        if self._sorted is not None:
-            lo = bisect.bisect_left(self._sorted, name)
-            return list(self._order[lo:bisect.bisect_right(self._sorted, name, lo)])
+        if self._first is None and self._searches >= SEARCHES_BEFORE_INDEX:
+            every = self.names.all()  # C-level: 30 ms for 100k names on a host, once
+            self._first = dict(zip(every, range(len(every)), strict=True))
+        if self._first is not None:
+            at = self._first.get(name)
+            return [] if at is None else self._repeated.get(name) or [at]
         self._searches += 1
         at = bisect.bisect_left(self._order, name, key=self.names.__getitem__)
         out = []

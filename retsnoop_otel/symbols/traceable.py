@@ -11,6 +11,8 @@ from collections import Counter
 from collections.abc import Iterable
 
 from retsnoop_otel.kernel import tracefs
+from retsnoop_otel.symbols.globs import blob_names
+from retsnoop_otel.symbols.kallsyms import Kallsyms
 from retsnoop_otel.symbols.names import SEARCHES_BEFORE_INDEX, Names
 
 
@@ -19,21 +21,34 @@ class Traceable:
         self._names = Names(sorted(names))
         self._searches = 0
         self._counts: Counter[str] | None = None  # built after SEARCHES_BEFORE_INDEX counts (large sets)
+        self._not_in_kallsyms: tuple[str, ...] | None = None
 
     @classmethod
     def load(cls, root: str = "/") -> Traceable:
         """Raises tracefs.TracefsError naming the fix when the file cannot be read."""
         return cls(name for name, _ in tracefs.read_available_filter_functions(root))  # modules are not needed
 
-    def state(self) -> tuple[str, bytes]:
-        return self._names.state()
+    def state(self) -> tuple[tuple[str, bytes], tuple[str, ...] | None]:
+        return self._names.state(), self._not_in_kallsyms
 
     @classmethod
-    def from_state(cls, state: tuple[str, bytes]) -> Traceable:
+    def from_state(cls, state: tuple[tuple[str, bytes], tuple[str, ...] | None]) -> Traceable:
         """Raises ValueError for a state of another layout."""
+        names, not_in_kallsyms = state
         t = cls(())
-        t._names = Names.from_state(state)
+        t._names = Names.from_state(names)
+        if not_in_kallsyms is not None and not isinstance(not_in_kallsyms, tuple):
+            raise ValueError("traceable functions state")
+        t._not_in_kallsyms = not_in_kallsyms
         return t
+
+    def not_in(self, kallsyms: Kallsyms) -> tuple[str, ...]:
+        """The listed names kallsyms lacks (a few at most), found once: those of the kernel the two tables
+        were read from (the kernel cache keeps them together, under one key), kept with this table's state."""
+        if self._not_in_kallsyms is None:
+            listed = set(self._names.all()).difference(blob_names(kallsyms.names_blob()))
+            self._not_in_kallsyms = tuple(sorted(listed))
+        return self._not_in_kallsyms
 
     def __len__(self) -> int:
         return len(self._names)

@@ -278,3 +278,12 @@ def test_dry_run_report(ksyms, available) -> None:
     assert "    rcu_read_lock_held  built-in deny list: RCU read side and preempt count, used by the probes " \
         "themselves" in verbose
     assert sum(1 for line in verbose if line.startswith("    show_stat ")) == 1
+
+
+def test_traceable_names_missing_from_kallsyms_are_found_once_and_cached(ksyms, available) -> None:
+    fresh = Traceable.load(str(ROOT))
+    unnamed = fresh.not_in(ksyms)
+    assert unnamed == ("only_in_aff",)
+    cached = Traceable.from_state(fresh.state())  # what the kernel cache gives back: no second set difference
+    assert cached.not_in(Kallsyms.parse("ffffffff81000000 T only_in_aff\n")) == unnamed
+    assert Traceable.from_state(Traceable.load(str(ROOT)).state()).not_in(ksyms) == unnamed  # not cached: found
