@@ -53,9 +53,13 @@ class Kallsyms:
         addrs, names, mods = zip(*items, strict=True) if items else ((), (), ())
         self._set_columns(*_columns(array("Q", addrs), names, mods))
 
-    def _set_columns(self, addrs: array, names: SortedNames, run_starts: list[int], run_mods: list[str]) -> None:
+    def _set_columns(self, addrs: array, names: Names, run_starts: list[int], run_mods: list[str],
+                     by_name: SortedNames | None = None) -> None:
         self._addrs = addrs
         self._names = names
+        # their order by name: sorted when a name is first looked up or the state saved, not when [bpf]
+        # symbols come and go (a fentry tracer's first stack, a reload), which only look up addresses
+        self._by_name = by_name
         self._run_starts = run_starts  # positions where the module changes
         self._run_mods = run_mods  # the module from there on ('' for vmlinux)
         self.generation = 0  # changes whenever the symbols do (symbolizers cache what they looked up)
@@ -97,11 +101,11 @@ class Kallsyms:
         ends = [*self._run_starts[1:], len(self)]
         runs = zip(self._run_starts, ends, self._run_mods, strict=True)
         mods = chain.from_iterable(repeat(m, end - start) for start, end, m in runs)
-        return zip(self._addrs, self._names.names.all(), mods, strict=True)
+        return zip(self._addrs, self._names.all(), mods, strict=True)
 
     def state(self) -> tuple:
         """Everything lookups and discovery need, as a few flat values (what the kernel cache stores)."""
-        return _STATE, self._addrs.tobytes(), self._names.state(), self._run_starts, self._run_mods
+        return _STATE, self._addrs.tobytes(), self._sorted().state(), self._run_starts, self._run_mods
 
     @classmethod
     def from_state(cls, state: tuple) -> Kallsyms:
@@ -114,7 +118,7 @@ class Kallsyms:
         sorted_names = SortedNames.from_state(names)
         if len(sorted_names.names) != len(a) or len(run_starts) != len(run_mods) or not run_starts:
             raise ValueError("kallsyms state of inconsistent lengths")
-        ks._set_columns(a, sorted_names, list(run_starts), list(run_mods))
+        ks._set_columns(a, sorted_names.names, list(run_starts), list(run_mods), sorted_names)
         return ks
 
     def sync_bpf_symbols(self, text: str) -> int:
@@ -128,16 +132,41 @@ class Kallsyms:
         new, gone = now - have, have - now
         if new or gone:
             generation = self.generation
-            addrs, names, mods = zip(*sorted([it for it in self.items() if it[2] != "bpf"] + list(now)), strict=True)
-            self._set_columns(*_columns(array("Q", addrs), names, mods))
+            self._set_columns(*_columns(*self._merged(sorted(now))))
             self.generation = generation + 1
         return len(new)
+
+    def _merged(self, bpf: list[Item]) -> tuple[array, list[str], list[str]]:
+        """Every symbol but the [bpf] ones, with `bpf` (sorted) put in address order: copied a run of
+        symbols at a time, not a tuple per symbol (100k+ of them, at a fentry tracer's first stack)."""
+        every = self._names.all()
+        ends = [*self._run_starts[1:], len(self)]
+        addrs, names, mods = array("Q"), [], []
+        for start, end, mod in zip(self._run_starts, ends, self._run_mods, strict=True):
+            if mod != "bpf":
+                addrs.extend(self._addrs[start:end])
+                names.extend(every[start:end])
+                mods.extend(repeat(mod, end - start))
+        at = [bisect.bisect_right(addrs, a) for a, _, _ in bpf]  # where each goes among the others
+        out_addrs, out_names, out_mods, prev = array("Q"), [], [], 0
+        for pos, (a, n, m) in zip(at, bpf, strict=True):
+            out_addrs.extend(addrs[prev:pos])
+            out_addrs.append(a)
+            out_names.extend(names[prev:pos])
+            out_names.append(n)
+            out_mods.extend(mods[prev:pos])
+            out_mods.append(m)
+            prev = pos
+        out_addrs.extend(addrs[prev:])
+        out_names.extend(names[prev:])
+        out_mods.extend(mods[prev:])
+        return out_addrs, out_names, out_mods
 
     def _bpf_items(self) -> Iterator[Item]:
         for r, mod in enumerate(self._run_mods):
             if mod == "bpf":
                 end = self._run_starts[r + 1] if r + 1 < len(self._run_starts) else len(self)
-                yield from ((self._addrs[i], self._names.names[i], mod) for i in range(self._run_starts[r], end))
+                yield from ((self._addrs[i], self._names[i], mod) for i in range(self._run_starts[r], end))
 
     def refresh_bpf_symbols(self, root: str = "/") -> int:
         try:
@@ -152,7 +181,7 @@ class Kallsyms:
     def _ksym(self, i: int, offset: int = 0) -> KSym:
         start = self._addrs[i]
         size = self._addrs[i + 1] - start if i + 1 < len(self._addrs) else 0
-        return KSym(self._names.names[i], start, offset, self.module_at(i), size)
+        return KSym(self._names[i], start, offset, self.module_at(i), size)
 
     def lookup(self, addr: int) -> KSym | None:
         """The function containing `addr` (binary search), or None below the first symbol."""
@@ -166,7 +195,7 @@ class Kallsyms:
     def names_blob(self) -> str:
         """Every symbol's name, one per line in address order (globs.name_blob()'s layout): discovery
         scans it for every glob, so a name with several instances may match more than once."""
-        return self._names.names.blob
+        return self._names.blob
 
     def by_name(self, name: str) -> list[KSym]:
         """Every instance of `name` (static functions and compiler clones can repeat), by address."""
@@ -174,7 +203,12 @@ class Kallsyms:
 
     def positions(self, name: str) -> list[int]:
         """Where the instances of `name` are (for ksym_at/module_at); [] for an unknown name."""
-        return self._names.positions(name)
+        return self._sorted().positions(name)
+
+    def _sorted(self) -> SortedNames:
+        if self._by_name is None:
+            self._by_name = SortedNames.of(self._names)
+        return self._by_name
 
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and bool(self.positions(name))
@@ -192,10 +226,9 @@ class Kallsyms:
         return syms[0].addr if syms else None
 
 
-def _columns(addrs: array, names: Sequence[str], mods: Sequence[str]
-             ) -> tuple[array, SortedNames, list[int], list[str]]:
+def _columns(addrs: array, names: Sequence[str], mods: Sequence[str]) -> tuple[array, Names, list[int], list[str]]:
     """The columns of symbols sorted by (address, name, module)."""
-    return (addrs, SortedNames.of(Names(names)), *_runs(mods))
+    return (addrs, Names(names), *_runs(mods))
 
 
 def _runs(mods: Sequence[str]) -> tuple[list[int], list[str]]:

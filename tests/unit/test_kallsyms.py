@@ -143,3 +143,14 @@ def test_stable_leaves_out_what_comes_and_goes_without_a_module_load(ksyms: Kall
     assert len(gone) == 4 and len(stable) == len(ksyms) - 4
     assert not any(name in stable for name in gone) and all(name in ksyms for name in gone)
     assert list(stable.items()) == [it for it in ksyms.items() if it[1] not in gone]
+
+
+def test_bpf_symbols_land_in_address_order_among_every_module(ksyms: Kallsyms) -> None:
+    stable = Kallsyms.load(str(ROOT), stable=True)
+    items = list(stable.items())
+    rng = random.Random(5)
+    addrs = sorted({rng.randrange(items[0][0] - 64, items[-1][0] + 64) for _ in range(40)})
+    text = "".join(f"{a:016x} t bpf_prog_{i}\t[bpf]\n" for i, a in enumerate(addrs))
+    assert stable.sync_bpf_symbols(text) == len(addrs)
+    assert list(stable.items()) == sorted(items + [(a, f"bpf_prog_{i}", "bpf") for i, a in enumerate(addrs)])
+    assert [s.name for s in stable.by_name("bpf_prog_3")] == ["bpf_prog_3"] and "show_stat" in stable
