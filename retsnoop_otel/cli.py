@@ -13,12 +13,14 @@ import sys
 import time
 from collections.abc import Sequence
 
+from retsnoop_otel.help_format import HelpFormatter
+
 SUBCOMMANDS = ("trace", "features", "simfail", "agent")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="retsnoop-otel",
+        prog="retsnoop-otel", formatter_class=HelpFormatter,
         description="retsnoop-style kernel function tracing exported as OpenTelemetry traces and "
                     "Prometheus metrics.")
     p.add_argument("-V", "--version", action="store_true", help="print version")
@@ -37,7 +39,7 @@ def features_main(argv: Sequence[str]) -> int:
 
     from retsnoop_otel.kernel import features
     from retsnoop_otel.kernel import libbpf as lb
-    p = argparse.ArgumentParser(prog="retsnoop-otel features",
+    p = argparse.ArgumentParser(prog="retsnoop-otel features", formatter_class=HelpFormatter,
                                 description="Report what the running kernel allows a tracer to do.")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--root", default="/", help=argparse.SUPPRESS)

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TextIO
 
 from retsnoop_otel.capture.errnos import errno_name
+from retsnoop_otel.help_format import HelpFormatter
 from retsnoop_otel.kernel import bpfsys
 
 MAP_NAME = b"simfail_map"
@@ -274,7 +275,7 @@ def format_list() -> str:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="retsnoop-otel simfail",
+    p = argparse.ArgumentParser(prog="retsnoop-otel simfail", formatter_class=HelpFormatter,
                                 description="Make the kernel fail (or succeed) in known ways: a workload "
                                             "for testing tracers. Exit 0 when every case behaved as designed.")
     p.add_argument("cases", nargs="*", metavar="CASE", help="case names (see --list)")

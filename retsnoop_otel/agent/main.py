@@ -17,6 +17,7 @@ from typing import TextIO
 
 from retsnoop_otel import __version__
 from retsnoop_otel.agent.config_file import AgentConfig, ConfigError, load_config
+from retsnoop_otel.help_format import HelpFormatter
 from retsnoop_otel.runtime.config import MetricsConfig
 from retsnoop_otel.runtime.environment import KernelEnv
 from retsnoop_otel.runtime.errors import RunRefused
@@ -153,8 +154,9 @@ def check(path: str, out: TextIO, deps: RuntimeDeps | None = None,
 def main(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr,
          started: StartClock | None = None) -> int:
     before = [*started.before_main(), phase_since("imports", started.main_t0, "the agent's modules")] if started else []
-    p = argparse.ArgumentParser(prog="retsnoop-otel agent", description="Run the long-running exporter: "
-                                "probe sets from a YAML config, sessions as OTLP traces, metrics on /metrics.")
+    p = argparse.ArgumentParser(prog="retsnoop-otel agent", formatter_class=HelpFormatter,
+                                description="Run the long-running exporter: probe sets from a YAML config, "
+                                            "sessions as OTLP traces, metrics on /metrics.")
     p.add_argument("--config", metavar="FILE", help="YAML config (see config/agent.yaml)")
     p.add_argument("--check", metavar="FILE", help="validate FILE and resolve its globs against the running "
                    "kernel without attaching; exit 0 when every probe set would attach")

@@ -18,6 +18,7 @@ from retsnoop_otel.capture.errfilter import ErrorFilter
 from retsnoop_otel.capture.sampling import Sampling
 from retsnoop_otel.capture.sessions import DEFAULT_MAX_CALLS
 from retsnoop_otel.export.otlp_settings import OtlpConfig
+from retsnoop_otel.help_format import HelpFormatter
 from retsnoop_otel.runtime.config import (
     ConsoleConfig,
     ExporterConfig,
@@ -86,7 +87,7 @@ class OneLineErrorParser(argparse.ArgumentParser):
 
 def build_parser(prog: str = "retsnoop-otel trace") -> OneLineErrorParser:
     p = OneLineErrorParser(
-        prog=prog,
+        prog=prog, formatter_class=HelpFormatter,
         description="Trace kernel functions the way retsnoop does: sessions start at entry functions "
                     "(-e) and record the allowed functions (-a) they call; failing sessions print the "
                     "deepest error call chain. Optionally export sessions as OpenTelemetry traces and "
