@@ -117,6 +117,8 @@ class Tracer:
         self._arg_specs = arg_specs or config.arg_specs
         self._links: list[lb.Link] = []
         self._prog_fds: list[tuple[str, int]] = []  # fentry clones: (template program name, fd)
+        self._template_fds: list[tuple[str, int]] = []  # fentry templates attached as they are (the object owns them)
+        self._template_funcs = self._template_targets() if config.mode == "fentry" else {}
         self._rb: libbpf_ringbuf.RingBuffer | None = None
         self._lbr_fds: list[int] = []
         self._obj: lb.BpfObject | None = None
@@ -203,8 +205,10 @@ class Tracer:
         for names in set(_MODE_PROGRAMS.values()):
             for name in names:
                 obj.program(name).set_autoload(name in progs)
-        for name in progs if cfg.mode == "fentry" else ():  # verified against the first function, then cloned
-            obj.program(name).set_attach_target(self.funcs[0].name)
+        # fentry: each pair is verified against a function of its kind (else any with BTF), then cloned
+        fallback = next(iter(self._template_funcs.values()), self.funcs[0])
+        for i, name in enumerate(progs) if cfg.mode == "fentry" else ():
+            obj.program(name).set_attach_target(self._template_funcs.get(i < 2, fallback).name)
         for name in progs if cfg.mode == "kprobe_session" else ():
             obj.program(name).set_expected_attach_type(bpfsys.ATTACH_TRACE_KPROBE_SESSION)
 
@@ -329,13 +333,34 @@ class Tracer:
                                  "are not supported in fentry mode; use -K)", errno.EOPNOTSUPP)
         return clones.load_clone(self._obj.program(exit_name), self._obj.program(entry_name), btf_id)
 
+    def _template_targets(self) -> dict[bool, TracedFunc]:
+        """is_entry -> the function a template pair is verified against at object load.
+
+        That function then runs the templates themselves: a clone of them for it would be the same
+        program verified a second time (a pair is 3-30 ms of an emulated start).
+        """
+        out: dict[bool, TracedFunc] = {}
+        for f in self.funcs:
+            if f.is_entry not in out and (self._btf_func_id is None or self._btf_func_id(f.name) is not None):
+                out[f.is_entry] = f
+        return out
+
     def _load_clones(self) -> dict[int, clones.Clone | BaseException]:
         """Every function's clones, verified on several threads before any is attached."""
-        out = clones.load_all(self.funcs, self._load_clone)
+        assert self._obj is not None
+        entry_name, exit_name, inner_entry, inner_exit = _MODE_PROGRAMS["fentry"]
+        as_is: dict[int, clones.Clone | BaseException] = {}
+        for is_entry, f in self._template_funcs.items():  # the inner pair is loaded only if a function runs it
+            exit_tpl, entry_tpl = (exit_name, entry_name) if is_entry else (inner_exit, inner_entry)
+            exit_fd, entry_fd = self._obj.program(exit_tpl).fd, self._obj.program(entry_tpl).fd
+            as_is[f.id] = [(exit_fd, libbpf_progs.ATTACH_TRACE_FEXIT, clones.TAGS[exit_tpl]),
+                           (entry_fd, libbpf_progs.ATTACH_TRACE_FENTRY, clones.TAGS[entry_tpl])]
+            self._template_fds += [(exit_tpl, exit_fd), (entry_tpl, entry_fd)]
+        out = clones.load_all([f for f in self.funcs if f.id not in as_is], self._load_clone)
         for res in out.values():
             if not isinstance(res, BaseException):
                 self._prog_fds.extend((clones.TEMPLATES[tag], fd) for fd, _, tag in res)  # closed by detach()
-        return out
+        return {f.id: as_is[f.id] if f.id in as_is else out[f.id] for f in self.funcs}
 
     def _attach_multi(self, report: AttachReport) -> None:
         assert self._obj is not None
@@ -411,13 +436,14 @@ class Tracer:
     def programs(self) -> list[tuple[str, int]]:
         """(name, fd) of the programs that run when a traced function is hit.
 
-        fentry mode runs per-function clones (named after their template); the templates themselves
-        are never attached. The other modes run the object's entry and exit programs.
+        fentry mode runs per-function clones (named after their template), and the templates themselves
+        for the functions they were verified against. The other modes run the object's entry and exit
+        programs.
         """
         if self._obj is None:
             return []
         if self.config.mode == "fentry":
-            return list(self._prog_fds)
+            return [*self._template_fds, *self._prog_fds]
         return [(name, self._obj.program(name).fd) for name in _MODE_PROGRAMS[self.config.mode]]
 
     def program_stats(self) -> list[ProgramStats]:
@@ -445,7 +471,7 @@ class Tracer:
 
     def detach(self) -> None:
         self.detach_links()
-        fds, self._prog_fds = self._prog_fds, []
+        fds, self._prog_fds, self._template_fds = self._prog_fds, [], []
         for _name, fd in fds:
             os.close(fd)
         lbr_fds, self._lbr_fds = self._lbr_fds, []

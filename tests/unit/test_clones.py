@@ -43,7 +43,8 @@ def test_usable_cpus_follow_the_affinity_mask() -> None:
 
 def test_entry_functions_get_the_session_pair_and_the_others_the_inner_pair(monkeypatch) -> None:
     """Only entry functions start and end sessions: the rest are cloned from the smaller templates, under
-    names of their own (which leftover checks and per-program statistics go by)."""
+    names of their own (which leftover checks and per-program statistics go by). The function each
+    template pair was verified against runs that pair itself: no clone of it is verified again."""
     from retsnoop_otel.capture.model import RetKind, TracedFunc
     from retsnoop_otel.kernel import libbpf_progs, tracer
 
@@ -53,18 +54,35 @@ def test_entry_functions_get_the_session_pair_and_the_others_the_inner_pair(monk
         loaded.append((prog.name, attach_btf_id, name))
         return 1000 + len(loaded)
 
+    class Template:
+        def __init__(self, name: str) -> None:
+            self.name, self.fd = name, 50 + len(name)
+
     class Obj:
-        def program(self, name: str) -> lb.BpfProgram:
-            return lb.BpfProgram(0, name)
+        def program(self, name: str) -> Template:
+            return Template(name)
 
     monkeypatch.setattr(libbpf_progs, "clone_program", clone_program)
     monkeypatch.setattr(lb, "num_possible_cpus", lambda: 1)
-    funcs = [TracedFunc(1, "__sys_bpf", 0, RetKind.INT32, True), TracedFunc(2, "map_create", 0, RetKind.INT32, False)]
-    t = tracer.Tracer(funcs, tracer.CaptureConfig(mode="fentry"), btf_func_id={"__sys_bpf": 7, "map_create": 8}.get)
+    funcs = [TracedFunc(0, "no_btf_here", 0, RetKind.INT32, False),
+             TracedFunc(1, "__sys_bpf", 0, RetKind.INT32, True), TracedFunc(2, "map_create", 0, RetKind.INT32, False),
+             TracedFunc(3, "__x64_sys_bpf", 0, RetKind.INT32, True),
+             TracedFunc(4, "array_map_alloc", 0, RetKind.INT32, False)]
+    btf_ids = {"__sys_bpf": 7, "map_create": 8, "__x64_sys_bpf": 9, "array_map_alloc": 10}
+    t = tracer.Tracer(funcs, tracer.CaptureConfig(mode="fentry"), btf_func_id=btf_ids.get)
+    assert t._template_funcs == {True: funcs[1], False: funcs[2]}  # the first of each kind with BTF
     t._obj = Obj()  # type: ignore[assignment]
     out = t._load_clones()
-    assert loaded == [("fexit_exit", 7, "rs_fexit"), ("fentry_entry", 7, "rs_fentry"),
-                      ("fexit_inner", 8, "rs_fexit_in"), ("fentry_inner", 8, "rs_fentry_in")]
+    assert isinstance(out[0], lb.LibbpfError) and "needs BTF" in str(out[0])
+    assert loaded == [("fexit_exit", 9, "rs_fexit"), ("fentry_entry", 9, "rs_fentry"),
+                      ("fexit_inner", 10, "rs_fexit_in"), ("fentry_inner", 10, "rs_fentry_in")]
+    assert out[1] == [(50 + len("fexit_exit"), libbpf_progs.ATTACH_TRACE_FEXIT, "rs_fexit"),
+                      (50 + len("fentry_entry"), libbpf_progs.ATTACH_TRACE_FENTRY, "rs_fentry")]
     assert [tag for _, _, tag in out[2]] == ["rs_fexit_in", "rs_fentry_in"]
-    assert [name for name, _ in t.programs()] == ["fexit_exit", "fentry_entry", "fexit_inner", "fentry_inner"]
+    assert [tag for _, _, tag in out[4]] == ["rs_fexit_in", "rs_fentry_in"]
+    assert [name for name, _ in t.programs()] == ["fexit_exit", "fentry_entry", "fexit_inner", "fentry_inner"] * 2
     assert {tag for _, _, tag in loaded} | {"fexit_inner", "fentry_inner"} <= tracer.PROGRAM_NAMES
+    closed: list[int] = []
+    monkeypatch.setattr(tracer.os, "close", closed.append)
+    t.detach()  # the clones' fds only: the templates belong to the object
+    assert sorted(closed) == [1001, 1002, 1003, 1004] and t.programs() == []
