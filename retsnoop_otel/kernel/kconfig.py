@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import gzip
 import os
 
 
 def kernel_config(root: str, release: str) -> dict[str, str]:
     """CONFIG_* values from /proc/config.gz or /boot/config-<release>; empty when neither exists."""
+    import gzip  # only to explain a missing feature: not at every start
     text = ""
     try:
         with gzip.open(os.path.join(root, "proc/config.gz"), "rt") as f:
