@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from retsnoop_otel.help_format import HelpFormatter
+from retsnoop_otel.runtime.help_format import HelpFormatter
 
 SUBCOMMANDS = ("trace", "features", "simfail", "agent")
 

@@ -17,10 +17,10 @@ from typing import TextIO
 
 from retsnoop_otel import __version__
 from retsnoop_otel.agent.config_file import AgentConfig, ConfigError, load_config
-from retsnoop_otel.help_format import HelpFormatter
 from retsnoop_otel.runtime.config import MetricsConfig
 from retsnoop_otel.runtime.environment import KernelEnv
 from retsnoop_otel.runtime.errors import RunRefused
+from retsnoop_otel.runtime.help_format import HelpFormatter
 from retsnoop_otel.runtime.log_bridge import bridge_library_logs
 from retsnoop_otel.runtime.logs import EventLog
 from retsnoop_otel.runtime.probe_set import resolve

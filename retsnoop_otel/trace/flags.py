@@ -18,7 +18,6 @@ from retsnoop_otel.capture.errfilter import ErrorFilter
 from retsnoop_otel.capture.sampling import Sampling
 from retsnoop_otel.capture.sessions import DEFAULT_MAX_CALLS
 from retsnoop_otel.export.otlp_settings import OtlpConfig
-from retsnoop_otel.help_format import HelpFormatter
 from retsnoop_otel.runtime.config import (
     ConsoleConfig,
     ExporterConfig,
@@ -29,6 +28,7 @@ from retsnoop_otel.runtime.config import (
     RuntimeConfig,
     SymbolsConfig,
 )
+from retsnoop_otel.runtime.help_format import HelpFormatter
 
 TRACE_NAMES = InputNames(
     otlp=MappingProxyType({"endpoint": "--otlp-endpoint", "protocol": "--otlp-protocol"}),
