@@ -17,7 +17,7 @@ from itertools import accumulate
 
 from retsnoop_otel.capture.model import RET_KIND_CODES, RetKind
 from retsnoop_otel.kernel import libbpf_btf as lb
-from retsnoop_otel.symbols.names import SEARCHES_BEFORE_INDEX, Names
+from retsnoop_otel.symbols.names import Names, SearchThenIndex
 
 BTF_MAGIC = 0xEB9F
 CACHE_NAME = "btf-funcs"
@@ -131,8 +131,7 @@ class FuncTypes:
         items = sorted(index.items())
         self._names = Names([name for name, _ in items])
         self._packed = array.array("Q", [packed for _, packed in items])
-        self._searches = 0
-        self._index: dict[str, int] | None = None  # built after SEARCHES_BEFORE_INDEX lookups
+        self._lookup = SearchThenIndex(self._search, lambda: dict(zip(self._names.all(), self._packed, strict=True)))
 
     def state(self) -> tuple[tuple[str, bytes], bytes]:
         return self._names.state(), self._packed.tobytes()
@@ -152,19 +151,14 @@ class FuncTypes:
     def __len__(self) -> int:
         return len(self._packed)
 
-    def _get(self, name: str) -> int | None:
-        if self._index is None and self._searches >= SEARCHES_BEFORE_INDEX:
-            self._index = dict(zip(self._names.all(), self._packed, strict=True))
-        if self._index is not None:
-            return self._index.get(name)
-        self._searches += 1
+    def _search(self, name: str) -> int | None:
         i = bisect.bisect_left(self._names, name)
         return self._packed[i] if i < len(self._packed) and self._names[i] == name else None
 
     def func_id(self, name: str) -> int | None:
-        packed = self._get(name)
+        packed = self._lookup.get(name)
         return None if packed is None else packed >> 4
 
     def __call__(self, name: str) -> RetKind:
-        packed = self._get(name)
+        packed = self._lookup.get(name)
         return RetKind.UNKNOWN if packed is None else _KIND_OF_CODE[packed & 0xF]

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import bisect
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import accumulate, pairwise
+from typing import Generic, TypeVar
 
 from retsnoop_otel.symbols.globs import blob_names, name_blob
 
@@ -19,6 +20,25 @@ from retsnoop_otel.symbols.globs import blob_names, name_blob
 # built (~30 ms for 100k names): a start that asks about twenty functions never builds it, one with
 # thousands does, and then looks each up in well under a microsecond.
 SEARCHES_BEFORE_INDEX = 64
+V = TypeVar("V")
+
+
+class SearchThenIndex(Generic[V]):
+    """A name's value by `search` (a binary search) for the first SEARCHES_BEFORE_INDEX lookups, then from
+    the mapping `index` builds once: what each table keyed by name answers lookups with."""
+
+    def __init__(self, search: Callable[[str], V | None], index: Callable[[], Mapping[str, V]]) -> None:
+        self._search, self._index_of = search, index
+        self._searches = 0
+        self._index: Mapping[str, V] | None = None
+
+    def get(self, name: str) -> V | None:
+        if self._index is None:
+            if self._searches < SEARCHES_BEFORE_INDEX:
+                self._searches += 1
+                return self._search(name)
+            self._index = self._index_of()
+        return self._index.get(name)
 
 
 class Names(Sequence[str]):
@@ -62,8 +82,7 @@ class SortedNames:
         self.names = names
         self._order = order  # positions in `names`, sorted by name (then position)
         self._repeated = repeated  # the names at several positions (a few hundred): all of them
-        self._searches = 0
-        self._first: dict[str, int] | None = None  # name -> its position, once enough have been looked up
+        self._first = SearchThenIndex(self._search, self._index)  # name -> a position of it
 
     @classmethod
     def of(cls, names: Names) -> SortedNames:
@@ -89,16 +108,13 @@ class SortedNames:
 
     def positions(self, name: str) -> list[int]:
         """Where `name` is in `names`, ascending."""
-        if self._first is None and self._searches >= SEARCHES_BEFORE_INDEX:
-            every = self.names.all()  # C-level: 30 ms for 100k names on a host, once
-            self._first = dict(zip(every, range(len(every)), strict=True))
-        if self._first is not None:
-            at = self._first.get(name)
-            return [] if at is None else self._repeated.get(name) or [at]
-        self._searches += 1
+        at = self._first.get(name)
+        return [] if at is None else self._repeated.get(name) or [at]
+
+    def _search(self, name: str) -> int | None:
         at = bisect.bisect_left(self._order, name, key=self.names.__getitem__)
-        out = []
-        while at < len(self._order) and self.names[self._order[at]] == name:
-            out.append(self._order[at])
-            at += 1
-        return out
+        return self._order[at] if at < len(self._order) and self.names[self._order[at]] == name else None
+
+    def _index(self) -> dict[str, int]:
+        every = self.names.all()  # C-level: 30 ms for 100k names on a host, once
+        return dict(zip(every, range(len(every)), strict=True))

@@ -13,14 +13,13 @@ from collections.abc import Iterable
 from retsnoop_otel.kernel import tracefs
 from retsnoop_otel.symbols.globs import blob_names
 from retsnoop_otel.symbols.kallsyms import Kallsyms
-from retsnoop_otel.symbols.names import SEARCHES_BEFORE_INDEX, Names
+from retsnoop_otel.symbols.names import Names, SearchThenIndex
 
 
 class Traceable:
     def __init__(self, names: Iterable[str]) -> None:
         self._names = Names(sorted(names))
-        self._searches = 0
-        self._counts: Counter[str] | None = None  # built after SEARCHES_BEFORE_INDEX counts (large sets)
+        self._counts = SearchThenIndex(self._search, lambda: Counter(self._names.all()))
         self._not_in_kallsyms: tuple[str, ...] | None = None
 
     @classmethod
@@ -59,13 +58,10 @@ class Traceable:
 
     def count(self, name: str) -> int:
         """How many times `name` is listed (0: ftrace cannot hook it)."""
-        if self._counts is None and self._searches >= SEARCHES_BEFORE_INDEX:
-            self._counts = Counter(self._names.all())
-        if self._counts is not None:
-            return self._counts[name]
-        self._searches += 1
-        names = self._names
-        return bisect.bisect_right(names, name) - bisect.bisect_left(names, name)
+        return self._counts.get(name) or 0
+
+    def _search(self, name: str) -> int:
+        return bisect.bisect_right(self._names, name) - bisect.bisect_left(self._names, name)
 
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and self.count(name) > 0

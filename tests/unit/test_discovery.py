@@ -20,7 +20,7 @@ from retsnoop_otel.symbols.discovery import (
     parse_glob,
 )
 from retsnoop_otel.symbols.kallsyms import Kallsyms
-from retsnoop_otel.symbols.names import SEARCHES_BEFORE_INDEX
+from retsnoop_otel.symbols.names import SEARCHES_BEFORE_INDEX, SearchThenIndex
 from retsnoop_otel.symbols.traceable import Traceable
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -81,6 +81,23 @@ def test_name_lookups_by_binary_search_agree_with_a_scan() -> None:
         assert ks.positions(name) == [i for i, n in enumerate(names) if n == name], name
         assert tr.count(name) == names.count(name) + (name == "solo"), name
     assert ks.by_name("f1.cold")[0].addr == 0xFFFFFFFF81000000 + 402 and "x.isra.0" in tr and "f1" in ks
+
+
+def test_lookups_search_until_the_index_pays_then_build_it_once() -> None:
+    calls = {"search": 0, "index": 0}
+
+    def search(name: str) -> int | None:
+        calls["search"] += 1
+        return len(name) if name != "missing" else None
+
+    def index() -> dict[str, int]:
+        calls["index"] += 1
+        return {n: len(n) for n in ("a", "bb", "ccc")}
+
+    lookup = SearchThenIndex(search, index)
+    asked = ["a", "bb", "missing", "ccc"] * SEARCHES_BEFORE_INDEX
+    assert [lookup.get(n) for n in asked] == [None if n == "missing" else len(n) for n in asked]
+    assert calls == {"search": SEARCHES_BEFORE_INDEX, "index": 1}
 
 
 @pytest.mark.parametrize("err, expect", [(errno.EPERM, "does not allow function tracing"),
