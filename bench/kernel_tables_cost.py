@@ -61,6 +61,18 @@ with tempfile.TemporaryDirectory() as cache_dir:
         out[f"discovery_{name}_ms"] = (time.perf_counter() - t0) * 1e3
         out[f"functions_{name}"] = len(found.funcs)
         ksyms, available, _ = kernel_facts.load_symbols(cache, ident, root)  # the next set: fresh tables
+    # a fentry tracer's first stack and an agent's reload: the kallsyms text with 2,000 programs' symbols in
+    # the module area (the parse of the fresh read is in both; then the same again, then half of them gone)
+    text = open(f"{root}/proc/kallsyms").read()
+    top = max(a for a, _, _ in ksyms.items())
+    bpf = "".join(f"{top + 0x1000 * (i + 1):016x} t bpf_prog_{i:016x}_rs_fexit\t[bpf]\n" for i in range(2000))
+    for what, extra in (("sync_new", bpf), ("sync_same", bpf), ("sync_half_gone", bpf[:len(bpf) // 2])):
+        t0 = time.perf_counter()
+        ksyms.sync_bpf_symbols(text + extra)
+        out[f"{what}_ms"] = (time.perf_counter() - t0) * 1e3
+        t0 = time.perf_counter()
+        assert ksyms.lookup(top + 0x1008).name.startswith("bpf_prog_0")
+        out[f"{what}_lookup_ms"] = (time.perf_counter() - t0) * 1e3
 print(json.dumps(out))
 """
 
@@ -74,9 +86,11 @@ def main() -> int:
     trees = {THIS: ROOT} | ({"base": args.base.resolve()} if args.base else {})
     sets = json.dumps(SETS)
     med = medians(interleaved(trees, args.runs, lambda tree: child_json(CHILD, tree, args.root, sets)))
-    cols = ["cold_ms", "warm_ms", *(f"discovery_{s}_ms" for s in SETS)]
+    cols = ["cold_ms", "warm_ms", *(f"discovery_{s}_ms" for s in SETS), "sync_new_ms", "sync_same_ms",
+            "sync_half_gone_ms", "sync_new_lookup_ms"]
     heads = ["first start: read, parse, cache", "cache filled: load",
-             *(f"discovery, {med[THIS]['functions_' + s]:,.0f} functions" for s in SETS)]
+             *(f"discovery, {med[THIS]['functions_' + s]:,.0f} functions" for s in SETS),
+             "[bpf] sync: 2,000 new", "the same again", "half of them gone", "first lookup after"]
     print(f"medians of {args.runs} runs, ms\n")
     print("| tree | " + " | ".join(heads) + " |")
     print("|---|" + "---|" * len(cols))

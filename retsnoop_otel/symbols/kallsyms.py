@@ -5,11 +5,15 @@ parse is one C-level regex scan over the whole text, and the table is kept as fl
 than a Python object per symbol: addresses in an array, names as symbols/names.py keeps them (with
 their order by name, for binary search), modules as runs. The kernel cache (kernel/kcache.py) loads
 that in a few copies; the ~300k objects it used to build took 0.6-2 s of every start under emulation.
+
+The [bpf] symbols (JIT-ed programs, trampolines) come and go with every attach, so they are kept in a
+small table of their own beside those columns: bringing them up to date never copies the 100k others.
 """
 
 from __future__ import annotations
 
 import bisect
+import heapq
 import re
 from array import array
 from collections.abc import Iterator, Sequence
@@ -21,12 +25,12 @@ from typing import NamedTuple
 from retsnoop_otel.symbols.names import Names, SortedNames
 
 # 'addr type name' or 'addr type name\t[module]'; t/T/w/W are code symbols (weak ones included).
-_FUNC_LINE = re.compile(r"^([0-9a-f]+) [tTwW] (\S+)(?:[ \t]+\[(\S+)\])?$", re.M)
+_FUNC_LINE = re.compile(r"^([0-9a-f]+) [tTwW] (\S+)(?:[ \t]+\[(?!bpf\])(\S+)\])?$", re.M)  # [bpf]: _BPF_LINE
 # the same without the pseudo-modules that come and go with no module load (parse(stable=True))
 _STABLE_LINE = re.compile(r"^([0-9a-f]+) [tTwW] (\S+)(?:[ \t]+\[(?!bpf\]|__builtin__)(\S+)\])?$", re.M)
 # JIT-ed BPF programs and trampolines: they exist only once the tracer has attached.
 _BPF_LINE = re.compile(r"^([0-9a-f]+) [tT] (\S+)[ \t]+\[(bpf)\]$", re.M)
-_STATE = "kallsyms-columns-1"  # the layout of state(): another one is refused by from_state()
+_STATE = "kallsyms-columns-2"  # the layout of state(): another one is refused by from_state()
 
 Item = tuple[int, str, str]  # (address, name, module or '')
 
@@ -46,10 +50,14 @@ class KSym(NamedTuple):
 
 
 class Kallsyms:
-    """Function symbols sorted by address, found by address or by name (binary searches both)."""
+    """Function symbols sorted by address, found by address or by name (binary searches both).
+
+    Positions (positions(), ksym_at(), module_at()) count the columns' symbols first, then the [bpf] ones.
+    """
 
     def __init__(self, items: list[Item]) -> None:
         """`items` sorted by (address, name, module)."""
+        items = [it for it in items if it[2] != "bpf"]
         addrs, names, mods = zip(*items, strict=True) if items else ((), (), ())
         self._set_columns(*_columns(array("Q", addrs), names, mods))
 
@@ -62,7 +70,16 @@ class Kallsyms:
         self._by_name = by_name
         self._run_starts = run_starts  # positions where the module changes
         self._run_mods = run_mods  # the module from there on ('' for vmlinux)
+        self._set_bpf([])
         self.generation = 0  # changes whenever the symbols do (symbolizers cache what they looked up)
+
+    def _set_bpf(self, syms: list[tuple[int, str]]) -> None:
+        """The [bpf] symbols, sorted by (address, name)."""
+        self._bpf_addrs = array("Q", [a for a, _ in syms])
+        self._bpf_names = [n for _, n in syms]
+        self._bpf_by_name: dict[str, list[int]] = {}
+        for j, n in enumerate(self._bpf_names):
+            self._bpf_by_name.setdefault(n, []).append(len(self._addrs) + j)
 
     @classmethod
     def parse(cls, text: str, stable: bool = False) -> Kallsyms:
@@ -84,6 +101,8 @@ class Kallsyms:
                 "run as root, or set `sysctl kernel.kptr_restrict=0`")
         ks = cls.__new__(cls)
         ks._set_columns(*_columns(addrs, names, mods))
+        if not stable:
+            ks._set_bpf(_bpf_symbols(text))
         return ks
 
     @classmethod
@@ -98,27 +117,32 @@ class Kallsyms:
 
     def items(self) -> Iterator[Item]:
         """(address, name, module or '') of every symbol, by address."""
-        ends = [*self._run_starts[1:], len(self)]
+        ends = [*self._run_starts[1:], len(self._addrs)]
         runs = zip(self._run_starts, ends, self._run_mods, strict=True)
         mods = chain.from_iterable(repeat(m, end - start) for start, end, m in runs)
-        return zip(self._addrs, self._names.all(), mods, strict=True)
+        bpf = zip(self._bpf_addrs, self._bpf_names, repeat("bpf"))
+        return heapq.merge(zip(self._addrs, self._names.all(), mods, strict=True), bpf)
 
     def state(self) -> tuple:
         """Everything lookups and discovery need, as a few flat values (what the kernel cache stores)."""
-        return _STATE, self._addrs.tobytes(), self._sorted().state(), self._run_starts, self._run_mods
+        return (_STATE, self._addrs.tobytes(), self._sorted().state(), self._run_starts, self._run_mods,
+                self._bpf_addrs.tobytes(), tuple(self._bpf_names))
 
     @classmethod
     def from_state(cls, state: tuple) -> Kallsyms:
         """Raises ValueError for a state of another layout."""
-        tag, addrs, names, run_starts, run_mods = state
+        tag, addrs, names, run_starts, run_mods, bpf_addrs, bpf_names = state
         if tag != _STATE:
             raise ValueError(f"kallsyms state {tag!r}")
-        ks, a = cls.__new__(cls), array("Q")
+        ks, a, b = cls.__new__(cls), array("Q"), array("Q")
         a.frombytes(addrs)
+        b.frombytes(bpf_addrs)
         sorted_names = SortedNames.from_state(names)
-        if len(sorted_names.names) != len(a) or len(run_starts) != len(run_mods) or not run_starts:
+        if (len(sorted_names.names) != len(a) or len(run_starts) != len(run_mods) or not run_starts
+                or len(b) != len(bpf_names)):
             raise ValueError("kallsyms state of inconsistent lengths")
         ks._set_columns(a, sorted_names.names, list(run_starts), list(run_mods), sorted_names)
+        ks._set_bpf(list(zip(b, bpf_names, strict=True)))
         return ks
 
     def sync_bpf_symbols(self, text: str) -> int:
@@ -127,46 +151,14 @@ class Kallsyms:
         charged to whichever module function happens to precede them. Those of programs that are gone
         are dropped: an agent's reload keeps these tables while it replaces its programs. Returns how
         many were new."""
-        now = {(int(a, 16), n, m) for a, n, m in _BPF_LINE.findall(text)}
-        have = set(self._bpf_items())
-        new, gone = now - have, have - now
-        if new or gone:
-            generation = self.generation
-            self._set_columns(*_columns(*self._merged(sorted(now))))
-            self.generation = generation + 1
-        return len(new)
-
-    def _merged(self, bpf: list[Item]) -> tuple[array, list[str], list[str]]:
-        """Every symbol but the [bpf] ones, with `bpf` (sorted) put in address order: copied a run of
-        symbols at a time, not a tuple per symbol (100k+ of them, at a fentry tracer's first stack)."""
-        every = self._names.all()
-        ends = [*self._run_starts[1:], len(self)]
-        addrs, names, mods = array("Q"), [], []
-        for start, end, mod in zip(self._run_starts, ends, self._run_mods, strict=True):
-            if mod != "bpf":
-                addrs.extend(self._addrs[start:end])
-                names.extend(every[start:end])
-                mods.extend(repeat(mod, end - start))
-        at = [bisect.bisect_right(addrs, a) for a, _, _ in bpf]  # where each goes among the others
-        out_addrs, out_names, out_mods, prev = array("Q"), [], [], 0
-        for pos, (a, n, m) in zip(at, bpf, strict=True):
-            out_addrs.extend(addrs[prev:pos])
-            out_addrs.append(a)
-            out_names.extend(names[prev:pos])
-            out_names.append(n)
-            out_mods.extend(mods[prev:pos])
-            out_mods.append(m)
-            prev = pos
-        out_addrs.extend(addrs[prev:])
-        out_names.extend(names[prev:])
-        out_mods.extend(mods[prev:])
-        return out_addrs, out_names, out_mods
-
-    def _bpf_items(self) -> Iterator[Item]:
-        for r, mod in enumerate(self._run_mods):
-            if mod == "bpf":
-                end = self._run_starts[r + 1] if r + 1 < len(self._run_starts) else len(self)
-                yield from ((self._addrs[i], self._names[i], mod) for i in range(self._run_starts[r], end))
+        now = _bpf_symbols(text)
+        have = list(zip(self._bpf_addrs, self._bpf_names, strict=True))
+        if now == have:
+            return 0
+        generation = self.generation
+        self._set_bpf(now)
+        self.generation = generation + 1
+        return len(set(now).difference(have))
 
     def refresh_bpf_symbols(self, root: str = "/") -> int:
         try:
@@ -176,25 +168,40 @@ class Kallsyms:
         return self.sync_bpf_symbols(text)
 
     def __len__(self) -> int:
-        return len(self._addrs)
+        return len(self._addrs) + len(self._bpf_addrs)
 
     def _ksym(self, i: int, offset: int = 0) -> KSym:
-        start = self._addrs[i]
-        size = self._addrs[i + 1] - start if i + 1 < len(self._addrs) else 0
-        return KSym(self._names[i], start, offset, self.module_at(i), size)
+        """Its size runs to the next symbol of either table; at one address, [bpf] symbols come last."""
+        n, addrs, bpf = len(self._addrs), self._addrs, self._bpf_addrs
+        if i < n:
+            start, name = addrs[i], self._names[i]
+            after = [addrs[i + 1]] if i + 1 < n else []
+            j = bisect.bisect_left(bpf, start)
+            after += [bpf[j]] if j < len(bpf) else []
+        else:
+            start, name = bpf[i - n], self._bpf_names[i - n]
+            after = [bpf[i - n + 1]] if i - n + 1 < len(bpf) else []
+            k = bisect.bisect_right(addrs, start)
+            after += [addrs[k]] if k < n else []
+        return KSym(name, start, offset, self.module_at(i), min(after) - start if after else 0)
 
     def lookup(self, addr: int) -> KSym | None:
         """The function containing `addr` (binary search), or None below the first symbol."""
         if addr < 0:
             return None
         i = bisect.bisect_right(self._addrs, addr) - 1
-        if i < 0:
+        j = bisect.bisect_right(self._bpf_addrs, addr) - 1
+        if j >= 0 and (i < 0 or self._bpf_addrs[j] >= self._addrs[i]):
+            i = len(self._addrs) + j
+        elif i < 0:
             return None
-        return self._ksym(i, addr - self._addrs[i])
+        start = self._addrs[i] if i < len(self._addrs) else self._bpf_addrs[i - len(self._addrs)]
+        return self._ksym(i, addr - start)
 
     def names_blob(self) -> str:
-        """Every symbol's name, one per line in address order (globs.name_blob()'s layout): discovery
-        scans it for every glob, so a name with several instances may match more than once."""
+        """Every symbol's name but the [bpf] ones, one per line in address order (globs.name_blob()'s
+        layout): discovery scans it for every glob, so a name with several instances may match more than
+        once (a program or trampoline is never a function to trace)."""
         return self._names.blob
 
     def by_name(self, name: str) -> list[KSym]:
@@ -203,7 +210,9 @@ class Kallsyms:
 
     def positions(self, name: str) -> list[int]:
         """Where the instances of `name` are (for ksym_at/module_at); [] for an unknown name."""
-        return self._sorted().positions(name)
+        found = self._sorted().positions(name)
+        bpf = self._bpf_by_name.get(name)
+        return found + bpf if bpf else found
 
     def _sorted(self) -> SortedNames:
         if self._by_name is None:
@@ -217,6 +226,8 @@ class Kallsyms:
         return self._ksym(i)
 
     def module_at(self, i: int) -> str | None:
+        if i >= len(self._addrs):
+            return "bpf"
         return self._run_mods[bisect.bisect_right(self._run_starts, i) - 1] or None
 
     @property
@@ -224,6 +235,16 @@ class Kallsyms:
         """Runtime address of _stext: the KASLR-shifted start of kernel text."""
         syms = self.by_name("_stext")
         return syms[0].addr if syms else None
+
+
+def _bpf_symbols(text: str) -> list[tuple[int, str]]:
+    """(address, name) of the [bpf] lines, sorted. The kernel lists them after its own and the modules'
+    symbols: the regex starts at the first one (a plain search), not at each of 100k+ lines before it."""
+    first = text.find("[bpf]")
+    if first < 0:
+        return []
+    start = text.rfind("\n", 0, first) + 1
+    return sorted({(int(a, 16), n) for a, n, _ in _BPF_LINE.findall(text, start)})
 
 
 def _columns(addrs: array, names: Sequence[str], mods: Sequence[str]) -> tuple[array, Names, list[int], list[str]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import random
 from pathlib import Path
 
@@ -154,3 +155,11 @@ def test_bpf_symbols_land_in_address_order_among_every_module(ksyms: Kallsyms) -
     assert stable.sync_bpf_symbols(text) == len(addrs)
     assert list(stable.items()) == sorted(items + [(a, f"bpf_prog_{i}", "bpf") for i, a in enumerate(addrs)])
     assert [s.name for s in stable.by_name("bpf_prog_3")] == ["bpf_prog_3"] and "show_stat" in stable
+    every = list(stable.items())  # by address; at one address the [bpf] symbol last, as they were merged
+    every.sort(key=lambda it: (it[0], it[2] == "bpf"))
+    starts = [a for a, _, _ in every]
+    for target in [*addrs, *(a + 1 for a in addrs), *(a - 1 for a in addrs), *(a for a, _, _ in items[::7])]:
+        i = bisect.bisect_right(starts, target) - 1
+        want = None if i < 0 else KSym(every[i][1], starts[i], target - starts[i], every[i][2] or None,
+                                       starts[i + 1] - starts[i] if i + 1 < len(every) else 0)
+        assert stable.lookup(target) == want, hex(target)
