@@ -8,10 +8,12 @@ before the tracer links them to their trampolines, which the kernel updates one 
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from retsnoop_otel.capture.model import TracedFunc
 from retsnoop_otel.kernel import libbpf as lb
 from retsnoop_otel.kernel import libbpf_progs
 
@@ -21,6 +23,7 @@ CLONE_THREADS = 4  # clones verified at once (bounded by the CPUs)
 TAGS = {"fexit_exit": "rs_fexit", "fentry_entry": "rs_fentry", "fexit_inner": "rs_fexit_in",
         "fentry_inner": "rs_fentry_in"}
 TEMPLATES = {tag: template for template, tag in TAGS.items()}
+PAIRS = {True: ("fexit_exit", "fentry_entry"), False: ("fexit_inner", "fentry_inner")}  # is_entry -> (exit, entry)
 Clone = list[tuple[int, int, str]]  # (program fd, attach type, program name), exit first
 T = TypeVar("T")
 
@@ -67,3 +70,76 @@ def load_all(funcs: Sequence[T], load: Callable[[T], Clone], threads: int = CLON
         with ThreadPoolExecutor(max_workers=n) as pool:
             results = list(pool.map(one, funcs))
     return {f.id: res for f, res in zip(funcs, results, strict=True)}  # type: ignore[attr-defined]
+
+
+class FentryPrograms:
+    """The programs fentry mode runs: a pair per traced function, cloned from the object's templates.
+
+    Each template pair is verified at object load against a traced function of its kind, which then runs
+    the templates themselves (a clone for it would be the same program verified again: 3-30 ms of an
+    emulated start per pair). The clones' fds are ours to close, the templates' the object's.
+    """
+
+    def __init__(self, funcs: Sequence[TracedFunc], btf_func_id: Callable[[str], int | None] | None) -> None:
+        self._funcs, self._btf_func_id = funcs, btf_func_id
+        self.targets = self._first_of_each_kind()  # is_entry -> the function its templates are verified against
+        self.template_fds: list[tuple[str, int]] = []  # (template name, fd), attached as they are
+        self.clone_fds: list[tuple[str, int]] = []  # (template name, fd)
+
+    def _first_of_each_kind(self) -> dict[bool, TracedFunc]:
+        out: dict[bool, TracedFunc] = {}
+        for f in self._funcs:
+            if f.is_entry not in out and (self._btf_func_id is None or self._btf_func_id(f.name) is not None):
+                out[f.is_entry] = f
+        return out
+
+    def verify_against_harmless(self) -> None:
+        """After the kernel refused a template pair for its traced function (fentry cannot take a
+        variadic function, for one): the templates are verified against other functions, and that one's
+        own clone then fails alone, reported as not attached."""
+        self.targets = {}
+
+    def target(self, is_entry: bool) -> str:
+        """The function the template pair of this kind is verified against at object load."""
+        f = self.targets.get(is_entry) or next(iter(self.targets.values()), None)
+        if f is not None:
+            return f.name
+        from retsnoop_otel.kernel.features import PROBE_TARGETS  # functions fentry always takes
+        known = (n for n in PROBE_TARGETS if self._btf_func_id is not None and self._btf_func_id(n) is not None)
+        return next(known, self._funcs[0].name)
+
+    def load(self, obj: lb.BpfObject) -> dict[int, Clone | BaseException]:
+        """func.id -> its pair, verified on several threads before any is attached, or why it was refused."""
+        as_is: dict[int, Clone | BaseException] = {}
+        for is_entry, f in self.targets.items():  # the inner templates are loaded only if a function runs them
+            exit_tpl, entry_tpl = PAIRS[is_entry]
+            exit_fd, entry_fd = obj.program(exit_tpl).fd, obj.program(entry_tpl).fd
+            as_is[f.id] = [(exit_fd, libbpf_progs.ATTACH_TRACE_FEXIT, TAGS[exit_tpl]),
+                           (entry_fd, libbpf_progs.ATTACH_TRACE_FENTRY, TAGS[entry_tpl])]
+            self.template_fds += [(exit_tpl, exit_fd), (entry_tpl, entry_fd)]
+        out = load_all([f for f in self._funcs if f.id not in as_is], lambda f: self._pair(obj, f))
+        for res in out.values():
+            if not isinstance(res, BaseException):
+                self.clone_fds.extend((TEMPLATES[tag], fd) for fd, _, tag in res)
+        return {f.id: as_is[f.id] if f.id in as_is else out[f.id] for f in self._funcs}
+
+    def load_one(self, obj: lb.BpfObject, f: TracedFunc) -> Clone:
+        clone = self._pair(obj, f)
+        self.clone_fds.extend((TEMPLATES[tag], fd) for fd, _, tag in clone)
+        return clone
+
+    def _pair(self, obj: lb.BpfObject, f: TracedFunc) -> Clone:
+        btf_id = self._btf_func_id(f.name) if self._btf_func_id else None
+        if btf_id is None:
+            raise lb.LibbpfError(f"fentry needs BTF for {f.name} (module functions and functions without BTF "
+                                 "are not supported in fentry mode; use -K)", errno.EOPNOTSUPP)
+        exit_tpl, entry_tpl = PAIRS[f.is_entry]
+        return load_clone(obj.program(exit_tpl), obj.program(entry_tpl), btf_id)
+
+    def programs(self) -> list[tuple[str, int]]:
+        return [*self.template_fds, *self.clone_fds]
+
+    def close(self) -> None:
+        fds, self.clone_fds, self.template_fds = self.clone_fds, [], []
+        for _name, fd in fds:
+            os.close(fd)

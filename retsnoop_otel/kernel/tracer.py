@@ -116,9 +116,7 @@ class Tracer:
         self._btf_func_id = btf_func_id
         self._arg_specs = arg_specs or config.arg_specs
         self._links: list[lb.Link] = []
-        self._prog_fds: list[tuple[str, int]] = []  # fentry clones: (template program name, fd)
-        self._template_fds: list[tuple[str, int]] = []  # fentry templates attached as they are (the object owns them)
-        self._template_funcs = self._template_targets() if config.mode == "fentry" else {}
+        self._fentry = clones.FentryPrograms(self.funcs, btf_func_id)  # used in fentry mode only
         self._rb: libbpf_ringbuf.RingBuffer | None = None
         self._lbr_fds: list[int] = []
         self._obj: lb.BpfObject | None = None
@@ -131,6 +129,15 @@ class Tracer:
 
     def load(self) -> None:
         _raise_nofile_limit(4 * len(self.funcs) + 1024)
+        try:
+            self._load_object()
+        except lb.LibbpfError:
+            if self.config.mode != "fentry" or not self._fentry.targets:
+                raise
+            self._fentry.verify_against_harmless()  # a traced function the kernel refuses: it fails alone
+            self._load_object()
+
+    def _load_object(self) -> None:
         obj = lb.BpfObject.open_file(str(bpf_object_path()))
         self._obj = obj
         try:
@@ -205,10 +212,8 @@ class Tracer:
         for names in set(_MODE_PROGRAMS.values()):
             for name in names:
                 obj.program(name).set_autoload(name in progs)
-        # fentry: each pair is verified against a function of its kind (else any with BTF), then cloned
-        fallback = next(iter(self._template_funcs.values()), self.funcs[0])
-        for i, name in enumerate(progs) if cfg.mode == "fentry" else ():
-            obj.program(name).set_attach_target(self._template_funcs.get(i < 2, fallback).name)
+        for i, name in enumerate(progs) if cfg.mode == "fentry" else ():  # verified against one, then cloned
+            obj.program(name).set_attach_target(self._fentry.target(is_entry=i < 2))
         for name in progs if cfg.mode == "kprobe_session" else ():
             obj.program(name).set_expected_attach_type(bpfsys.ATTACH_TRACE_KPROBE_SESSION)
 
@@ -255,7 +260,7 @@ class Tracer:
                 self._attach_multi(report)
             else:
                 t_verify = time.monotonic()
-                loaded = self._load_clones() if self.config.mode == "fentry" else {}
+                loaded = self._fentry.load(self._obj) if self.config.mode == "fentry" else {}
                 report.verify_ms = (time.monotonic() - t_verify) * 1000 if loaded else 0.0
                 for f in self.funcs:
                     try:
@@ -313,54 +318,11 @@ class Tracer:
             self._links.append(exit_.attach_uprobe(binary, f.name, retprobe=True, cookie=f.id))
             self._links.append(entry.attach_uprobe(binary, f.name, cookie=f.id))
             return
-        clone = loaded
-        if clone is None:
-            clone = self._load_clone(f)
-            self._prog_fds.extend((clones.TEMPLATES[tag], fd) for fd, _, tag in clone)  # closed by detach()
+        clone = loaded if loaded is not None else self._fentry.load_one(self._obj, f)
         if isinstance(clone, BaseException):
             raise clone
         for fd, attach_type, tag in clone:
             self._links.append(libbpf_progs.link_create(fd, attach_type, cookie=f.id, what=f"{tag} to {f.name}"))
-
-    def _load_clone(self, f: TracedFunc) -> clones.Clone:
-        assert self._obj is not None
-        entry_name, exit_name, inner_entry, inner_exit = _MODE_PROGRAMS["fentry"]
-        if not f.is_entry:
-            entry_name, exit_name = inner_entry, inner_exit
-        btf_id = self._btf_func_id(f.name) if self._btf_func_id else None
-        if btf_id is None:
-            raise lb.LibbpfError(f"fentry needs BTF for {f.name} (module functions and functions without BTF "
-                                 "are not supported in fentry mode; use -K)", errno.EOPNOTSUPP)
-        return clones.load_clone(self._obj.program(exit_name), self._obj.program(entry_name), btf_id)
-
-    def _template_targets(self) -> dict[bool, TracedFunc]:
-        """is_entry -> the function a template pair is verified against at object load.
-
-        That function then runs the templates themselves: a clone of them for it would be the same
-        program verified a second time (a pair is 3-30 ms of an emulated start).
-        """
-        out: dict[bool, TracedFunc] = {}
-        for f in self.funcs:
-            if f.is_entry not in out and (self._btf_func_id is None or self._btf_func_id(f.name) is not None):
-                out[f.is_entry] = f
-        return out
-
-    def _load_clones(self) -> dict[int, clones.Clone | BaseException]:
-        """Every function's clones, verified on several threads before any is attached."""
-        assert self._obj is not None
-        entry_name, exit_name, inner_entry, inner_exit = _MODE_PROGRAMS["fentry"]
-        as_is: dict[int, clones.Clone | BaseException] = {}
-        for is_entry, f in self._template_funcs.items():  # the inner pair is loaded only if a function runs it
-            exit_tpl, entry_tpl = (exit_name, entry_name) if is_entry else (inner_exit, inner_entry)
-            exit_fd, entry_fd = self._obj.program(exit_tpl).fd, self._obj.program(entry_tpl).fd
-            as_is[f.id] = [(exit_fd, libbpf_progs.ATTACH_TRACE_FEXIT, clones.TAGS[exit_tpl]),
-                           (entry_fd, libbpf_progs.ATTACH_TRACE_FENTRY, clones.TAGS[entry_tpl])]
-            self._template_fds += [(exit_tpl, exit_fd), (entry_tpl, entry_fd)]
-        out = clones.load_all([f for f in self.funcs if f.id not in as_is], self._load_clone)
-        for res in out.values():
-            if not isinstance(res, BaseException):
-                self._prog_fds.extend((clones.TEMPLATES[tag], fd) for fd, _, tag in res)  # closed by detach()
-        return {f.id: as_is[f.id] if f.id in as_is else out[f.id] for f in self.funcs}
 
     def _attach_multi(self, report: AttachReport) -> None:
         assert self._obj is not None
@@ -443,7 +405,7 @@ class Tracer:
         if self._obj is None:
             return []
         if self.config.mode == "fentry":
-            return [*self._template_fds, *self._prog_fds]
+            return self._fentry.programs()
         return [(name, self._obj.program(name).fd) for name in _MODE_PROGRAMS[self.config.mode]]
 
     def program_stats(self) -> list[ProgramStats]:
@@ -471,9 +433,7 @@ class Tracer:
 
     def detach(self) -> None:
         self.detach_links()
-        fds, self._prog_fds, self._template_fds = self._prog_fds, [], []
-        for _name, fd in fds:
-            os.close(fd)
+        self._fentry.close()
         lbr_fds, self._lbr_fds = self._lbr_fds, []
         for fd in lbr_fds:
             os.close(fd)

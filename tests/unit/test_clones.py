@@ -70,9 +70,10 @@ def test_entry_functions_get_the_session_pair_and_the_others_the_inner_pair(monk
              TracedFunc(4, "array_map_alloc", 0, RetKind.INT32, False)]
     btf_ids = {"__sys_bpf": 7, "map_create": 8, "__x64_sys_bpf": 9, "array_map_alloc": 10}
     t = tracer.Tracer(funcs, tracer.CaptureConfig(mode="fentry"), btf_func_id=btf_ids.get)
-    assert t._template_funcs == {True: funcs[1], False: funcs[2]}  # the first of each kind with BTF
+    assert t._fentry.targets == {True: funcs[1], False: funcs[2]}  # the first of each kind with BTF
+    assert (t._fentry.target(is_entry=True), t._fentry.target(is_entry=False)) == ("__sys_bpf", "map_create")
     t._obj = Obj()  # type: ignore[assignment]
-    out = t._load_clones()
+    out = t._fentry.load(t._obj)
     assert isinstance(out[0], lb.LibbpfError) and "needs BTF" in str(out[0])
     assert loaded == [("fexit_exit", 9, "rs_fexit"), ("fentry_entry", 9, "rs_fentry"),
                       ("fexit_inner", 10, "rs_fexit_in"), ("fentry_inner", 10, "rs_fentry_in")]
@@ -83,6 +84,21 @@ def test_entry_functions_get_the_session_pair_and_the_others_the_inner_pair(monk
     assert [name for name, _ in t.programs()] == ["fexit_exit", "fentry_entry", "fexit_inner", "fentry_inner"] * 2
     assert {tag for _, _, tag in loaded} | {"fexit_inner", "fentry_inner"} <= tracer.PROGRAM_NAMES
     closed: list[int] = []
-    monkeypatch.setattr(tracer.os, "close", closed.append)
+    monkeypatch.setattr(clones.os, "close", closed.append)
     t.detach()  # the clones' fds only: the templates belong to the object
     assert sorted(closed) == [1001, 1002, 1003, 1004] and t.programs() == []
+
+
+def test_after_a_refused_template_target_the_templates_are_verified_against_a_harmless_function() -> None:
+    """The kernel refuses fentry programs for some functions (a variadic one): if the first of a kind is
+    one, the object would not load at all. The retry verifies the templates elsewhere, and every traced
+    function then gets a clone of its own (the refused one fails alone)."""
+    from retsnoop_otel.capture.model import RetKind, TracedFunc
+
+    funcs = [TracedFunc(1, "__sys_bpf", 0, RetKind.INT32, True), TracedFunc(2, "_printk", 0, RetKind.INT32, False)]
+    fp = clones.FentryPrograms(funcs, {"__sys_bpf": 7, "_printk": 8, "do_sys_openat2": 9}.get)
+    assert fp.target(is_entry=False) == "_printk"
+    fp.verify_against_harmless()
+    assert fp.targets == {} and fp.target(is_entry=True) == fp.target(is_entry=False) == "do_sys_openat2"
+    assert clones.FentryPrograms(funcs, None).target(is_entry=True) == "__sys_bpf"
+    assert clones.FentryPrograms(funcs, {"_printk": 8}.get).targets == {False: funcs[1]}

@@ -108,6 +108,9 @@ def test_attach_modes(vm_batch, scenario) -> None:
     verified = r", [\d.]+ s of it verifying a program pair per function" if MODES[scenario] == "fentry" else ""
     assert re.search(rf"^Phase attach: \d+ ms \(\d+ functions, {MODES[scenario]}{verified}\)$", r["output"], re.M), \
         r["output"][:3000]
+    if MODES[scenario] == "fentry":  # a function the kernel refuses fails alone, even the templates' first target
+        assert re.search(r"^Failed to attach _printk: .+", r["output"], re.M), r["output"][:3000]
+        assert "could not" not in r["output"] and "Traceback" not in r["output"], r["output"][:3000]
     # trace_kprobe is stopped with SIGINT (Ctrl-C), the others with SIGTERM: both detach cleanly
     assert re.search(r"Detaching\.\.\. DONE in \d+ ms\.", r["output"]), r["output"][-2000:]
     assert r["rc"] == 0 and r["progs_after"] == []

@@ -93,7 +93,9 @@ def _trace_mode(ctx, mode_flag: str, case: str, extra: list[str] | None = None,
 
 
 def scenario_trace_fentry(ctx) -> dict:
-    return _trace_mode(ctx, "-F", "bpf-bad-map-max-entries-array")
+    """With _printk too: variadic, so the kernel refuses fentry programs for it, and first by name among the
+    other functions, so the templates are first verified against it."""
+    return _trace_mode(ctx, "-F", "bpf-bad-map-max-entries-array", extra=["-a", "_printk"])
 
 
 def scenario_trace_kprobe(ctx) -> dict:
