@@ -91,6 +91,8 @@ class FentryPrograms:
         for f in self._funcs:
             if f.is_entry not in out and (self._btf_func_id is None or self._btf_func_id(f.name) is not None):
                 out[f.is_entry] = f
+                if len(out) == 2:
+                    break
         return out
 
     def verify_against_harmless(self) -> None:

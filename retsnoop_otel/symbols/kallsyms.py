@@ -173,6 +173,10 @@ class Kallsyms:
     def _ksym(self, i: int, offset: int = 0) -> KSym:
         """Its size runs to the next symbol of either table; at one address, [bpf] symbols come last."""
         n, addrs, bpf = len(self._addrs), self._addrs, self._bpf_addrs
+        if i < n and not bpf:  # discovery's case: no program of ours yet
+            start = addrs[i]
+            size = addrs[i + 1] - start if i + 1 < n else 0
+            return KSym(self._names[i], start, offset, self.module_at(i), size)
         if i < n:
             start, name = addrs[i], self._names[i]
             after = [addrs[i + 1]] if i + 1 < n else []

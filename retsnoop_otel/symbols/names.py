@@ -38,6 +38,7 @@ class SearchThenIndex(Generic[V]):
                 self._searches += 1
                 return self._search(name)
             self._index = self._index_of()
+            self.get = self._index.get  # type: ignore[method-assign]  # from now on the dict's own, no call of ours
         return self._index.get(name)
 
 
