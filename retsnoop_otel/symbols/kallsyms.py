@@ -57,9 +57,10 @@ class Kallsyms:
 
     def __init__(self, items: list[Item]) -> None:
         """`items` sorted by (address, name, module)."""
-        items = [it for it in items if it[2] != "bpf"]
-        addrs, names, mods = zip(*items, strict=True) if items else ((), (), ())
+        kernel = [it for it in items if it[2] != "bpf"]
+        addrs, names, mods = zip(*kernel, strict=True) if kernel else ((), (), ())
         self._set_columns(*_columns(array("Q", addrs), names, mods))
+        self._set_bpf(sorted((a, n) for a, n, m in items if m == "bpf"))
 
     def _set_columns(self, addrs: array, names: Names, run_starts: list[int], run_mods: list[str],
                      by_name: SortedNames | None = None) -> None:

@@ -114,6 +114,12 @@ def test_real_kallsyms() -> None:
             assert ks.lookup(sym.addr + 1).addr == sym.addr
 
 
+def test_built_from_items_it_keeps_every_symbol(ksyms: Kallsyms) -> None:
+    again = Kallsyms(list(ksyms.items()))
+    assert list(again.items()) == list(ksyms.items()) and again.by_name("bpf_trampoline_6442491234")
+    assert again.lookup(0xFFFFFFFFC0400810) == ksyms.lookup(0xFFFFFFFFC0400810)
+
+
 def test_state_round_trip_and_other_layouts(ksyms: Kallsyms) -> None:
     """What the kernel cache stores gives the same answers; a state of another layout is refused (a miss)."""
     back = Kallsyms.from_state(ksyms.state())
