@@ -122,7 +122,7 @@ class Kallsyms:
         runs = zip(self._run_starts, ends, self._run_mods, strict=True)
         mods = chain.from_iterable(repeat(m, end - start) for start, end, m in runs)
         bpf = zip(self._bpf_addrs, self._bpf_names, repeat("bpf"))
-        return heapq.merge(zip(self._addrs, self._names.all(), mods, strict=True), bpf)
+        return heapq.merge(zip(self._addrs, self._names.all(), mods, strict=True), bpf, key=itemgetter(0))
 
     def state(self) -> tuple:
         """Everything lookups and discovery need, as a few flat values (what the kernel cache stores)."""
