@@ -13,7 +13,6 @@ small table of their own beside those columns: bringing them up to date never co
 from __future__ import annotations
 
 import bisect
-import heapq
 import re
 from array import array
 from collections.abc import Iterator, Sequence
@@ -118,6 +117,7 @@ class Kallsyms:
 
     def items(self) -> Iterator[Item]:
         """(address, name, module or '') of every symbol, by address."""
+        import heapq  # not at start: no start lists every symbol
         ends = [*self._run_starts[1:], len(self._addrs)]
         runs = zip(self._run_starts, ends, self._run_mods, strict=True)
         mods = chain.from_iterable(repeat(m, end - start) for start, end, m in runs)
