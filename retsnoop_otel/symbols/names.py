@@ -30,16 +30,13 @@ class SearchThenIndex(Generic[V]):
     def __init__(self, search: Callable[[str], V | None], index: Callable[[], Mapping[str, V]]) -> None:
         self._search, self._index_of = search, index
         self._searches = 0
-        self._index: Mapping[str, V] | None = None
 
     def get(self, name: str) -> V | None:
-        if self._index is None:
-            if self._searches < SEARCHES_BEFORE_INDEX:
-                self._searches += 1
-                return self._search(name)
-            self._index = self._index_of()
-            self.get = self._index.get  # type: ignore[method-assign]  # from now on the dict's own, no call of ours
-        return self._index.get(name)
+        if self._searches < SEARCHES_BEFORE_INDEX:
+            self._searches += 1
+            return self._search(name)
+        self.get = self._index_of().get  # type: ignore[method-assign]  # from now on the mapping's own get
+        return self.get(name)
 
 
 class Names(Sequence[str]):
