@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import yaml
 
@@ -40,6 +40,7 @@ from retsnoop_otel.runtime.config import (
     WORKLOAD_LABELS,
     ConsoleConfig,
     ExporterConfig,
+    InputNames,
     Limits,
     MetricsConfig,
     ProbeSetConfig,
@@ -58,18 +59,31 @@ _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 __all__ = ["AgentConfig", "ConfigError", "LoggingConfig", "load_config", "parse_config", "parse_listen"]
 
 
-@dataclass(frozen=True)
-class LoggingConfig:
+class LoggingConfig(NamedTuple):
     format: str = "text"
     level: str = "info"
 
 
-@dataclass(frozen=True)
-class AgentConfig(RuntimeConfig):
-    """The runtime's configuration as the agent's file gives it, plus where it came from and logging."""
+class AgentConfig(NamedTuple):
+    """The runtime's configuration as the agent's file gives it, plus where it came from and logging.
 
+    RuntimeConfig's fields first, in its order (a NamedTuple cannot extend another with fields of its own);
+    `runtime` is what the capture runtime is given.
+    """
+
+    probe_sets: tuple[ProbeSetConfig, ...]
+    exporter: ExporterConfig = ExporterConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    limits: Limits = Limits()
+    symbols: SymbolsConfig = SymbolsConfig()
+    names: InputNames = InputNames()
+    kubernetes: KubernetesConfig = KubernetesConfig()  # the pod metadata watch (off)
     path: str = ""
-    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    logging: LoggingConfig = LoggingConfig()
+
+    @property
+    def runtime(self) -> RuntimeConfig:
+        return RuntimeConfig._make(getattr(self, f) for f in RuntimeConfig._fields)
 
 
 # ---- sections ------------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ class Agent:
         """Load the config and attach everything; on failure nothing is left attached or listening."""
         cfg = load_config(self.config_path, self.deps.environ)
         self.log.configure(cfg.logging.format, cfg.logging.level)
-        runtime = Runtime(cfg, self.deps, self.log)
+        runtime = Runtime(cfg.runtime, self.deps, self.log)
         runtime.start()
         self.runtime = runtime
         self._log_attached()
@@ -95,7 +95,7 @@ class Agent:
             self.log.error("config reload failed; the previous config keeps running", config=self.config_path,
                            error=str(exc))
             return False
-        if not self.runtime.reload(cfg):
+        if not self.runtime.reload(cfg.runtime):
             return False
         self.log.configure(cfg.logging.format, cfg.logging.level)
         self.log.info("config reloaded", config=self.config_path, probe_sets=len(self.runtime.probe_sets),
@@ -131,7 +131,7 @@ def check(path: str, out: TextIO, deps: RuntimeDeps | None = None,
     deps = deps or RuntimeDeps()
     cfg = load_config(path, deps.environ)
     print(f"{path}: configuration is valid ({len(cfg.probe_sets)} probe sets)", file=out)
-    runtime = Runtime(cfg, deps)
+    runtime = Runtime(cfg.runtime, deps)
     runtime.vmlinux = runtime.check_inputs()
     env = load_env(cfg) if load_env is not None else runtime.load_env()
     try:

@@ -1,14 +1,15 @@
 """Typed records passed between capture, assembly and the sinks (text, OTLP, Prometheus).
 
 Everything here is plain data: the kernel-facing code produces it, pure functions consume it,
-and unit tests build it by hand from recorded values.
+and unit tests build it by hand from recorded values. Immutable records are NamedTuples; the two that
+are built up while a session is decoded (Call, Session) are plain slotted classes. Nothing on the start
+path uses dataclasses: its import (with inspect, ast, dis and tokenize) was 0.5 s of an emulated start.
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from retsnoop_otel.capture.errnos import MAX_ERRNO, errno_name
@@ -128,7 +129,6 @@ class ArgValue(NamedTuple):
     data: bytes | None = None
 
 
-@dataclass(slots=True)
 class Call:
     """One traced call inside a session, from the per-call (-T) records.
 
@@ -136,15 +136,20 @@ class Call:
     when the exit record was lost or the session ended first.
     """
 
-    func_id: int
-    depth: int
-    start_ns: int
-    end_ns: int | None = None
-    result: int | None = None
-    seq: int = 0
-    children: list[Call] = field(default_factory=list)
-    missing_before: int = 0  # records lost right before this call (sequence gap)
-    args: tuple[ArgValue, ...] | None = None  # -A: captured at entry
+    __slots__ = ("func_id", "depth", "start_ns", "end_ns", "result", "seq", "children", "missing_before", "args")
+
+    def __init__(self, func_id: int, depth: int, start_ns: int, end_ns: int | None = None,
+                 result: int | None = None, seq: int = 0, children: list[Call] | None = None,
+                 missing_before: int = 0, args: tuple[ArgValue, ...] | None = None) -> None:
+        self.func_id = func_id
+        self.depth = depth
+        self.start_ns = start_ns
+        self.end_ns = end_ns
+        self.result = result
+        self.seq = seq
+        self.children: list[Call] = [] if children is None else children
+        self.missing_before = missing_before  # records lost right before this call (sequence gap)
+        self.args = args  # -A: captured at entry
 
     @property
     def duration_ns(self) -> int | None:
@@ -240,39 +245,50 @@ class Workload(NamedTuple):
 NO_WORKLOAD = Workload()
 
 
-@dataclass(slots=True)
 class Session:
     """One entry-function invocation on one thread, as captured in the kernel."""
 
-    tid: int
-    pid: int
-    comm: str
-    proc_comm: str
-    start_ns: int  # boot clock
-    end_ns: int  # boot clock
-    is_err: bool
-    chain: list[StackEntry]
-    kstack: list[int]  # raw kernel addresses, innermost first, as bpf_get_stack returns them
-    calls: list[Call] = field(default_factory=list)  # top-level calls; empty unless recorded
-    dropped_records: int = 0
-    cpu: int = 0
-    cgroup_id: int = 0
-    calls_cut: int = 0  # calls left out of `calls` by the per-session cap
-    lbr: LbrCapture | None = None  # --lbr
-    app: AppContext | None = None  # the application's OTel thread context, when its process publishes one
-    ustack: tuple[int, ...] | None = None  # user stack at the session start (innermost first), when taken
-    ustack_error: int = 0  # positive errno when the user stack could not be taken
-    user_frames: tuple[UserFrame, ...] = ()  # `ustack` symbolized in user space while the process lived
-    # how the session was kept (capture/sampling.py): the OTel rejection threshold (0: always kept; None:
-    # no known probability) and the 56-bit randomness a probability decision compared with it
-    sampling_threshold: int | None = None
-    trace_randomness: int | None = None
-    kernel_sampling: int = 0  # how the kernel side kept a success (records.SAMPLED_*; 0: an error session)
-    # filled in user space while the process lived (workload/resolver.py): its container and pod, and the
-    # the executable's file name: read by the kernel as the session ended (REC_SESSION_END.exe), else the
-    # basename of /proc/PID/exe ("": kernel thread or not readable; `proc_comm` is the 15-character fallback)
-    workload: Workload | None = None
-    exe_name: str = ""
+    __slots__ = ("tid", "pid", "comm", "proc_comm", "start_ns", "end_ns", "is_err", "chain", "kstack", "calls",
+                 "dropped_records", "cpu", "cgroup_id", "calls_cut", "lbr", "app", "ustack", "ustack_error",
+                 "user_frames", "sampling_threshold", "trace_randomness", "kernel_sampling", "workload", "exe_name")
+
+    def __init__(self, tid: int, pid: int, comm: str, proc_comm: str, start_ns: int, end_ns: int, is_err: bool,
+                 chain: list[StackEntry], kstack: list[int], calls: list[Call] | None = None,
+                 dropped_records: int = 0, cpu: int = 0, cgroup_id: int = 0, calls_cut: int = 0,
+                 lbr: LbrCapture | None = None, app: AppContext | None = None, ustack: tuple[int, ...] | None = None,
+                 ustack_error: int = 0, user_frames: tuple[UserFrame, ...] = (),
+                 sampling_threshold: int | None = None, trace_randomness: int | None = None,
+                 kernel_sampling: int = 0, workload: Workload | None = None, exe_name: str = "") -> None:
+        self.tid = tid
+        self.pid = pid
+        self.comm = comm
+        self.proc_comm = proc_comm
+        self.start_ns = start_ns  # boot clock
+        self.end_ns = end_ns  # boot clock
+        self.is_err = is_err
+        self.chain = chain
+        self.kstack = kstack  # raw kernel addresses, innermost first, as bpf_get_stack returns them
+        self.calls: list[Call] = [] if calls is None else calls  # top-level calls; empty unless recorded
+        self.dropped_records = dropped_records
+        self.cpu = cpu
+        self.cgroup_id = cgroup_id
+        self.calls_cut = calls_cut  # calls left out of `calls` by the per-session cap
+        self.lbr = lbr  # --lbr
+        self.app = app  # the application's OTel thread context, when its process publishes one
+        self.ustack = ustack  # user stack at the session start (innermost first), when taken
+        self.ustack_error = ustack_error  # positive errno when the user stack could not be taken
+        self.user_frames = user_frames  # `ustack` symbolized in user space while the process lived
+        # how the session was kept (capture/sampling.py): the OTel rejection threshold (0: always kept; None:
+        # no known probability) and the 56-bit randomness a probability decision compared with it
+        self.sampling_threshold = sampling_threshold
+        self.trace_randomness = trace_randomness
+        # how the kernel side kept a success (records.SAMPLED_*; 0: an error session)
+        self.kernel_sampling = kernel_sampling
+        # filled in user space while the process lived (workload/resolver.py): its container and pod, and the
+        # the executable's file name: read by the kernel as the session ended (REC_SESSION_END.exe), else the
+        # basename of /proc/PID/exe ("": kernel thread or not readable; `proc_comm` is the 15-character fallback)
+        self.workload = workload
+        self.exe_name = exe_name
 
     @property
     def entry_func_id(self) -> int | None:

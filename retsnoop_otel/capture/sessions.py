@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
 
 from retsnoop_otel.capture.model import (
     APP_STATUSES,
@@ -37,19 +36,23 @@ _SideRec = SessionLbrRec | SessionAppRec | SessionUstackRec
 DEFAULT_MAX_CALLS = 20_000
 
 
-@dataclass(slots=True)
 class _CallTree:
     """Per-thread builder of the call tree from entry/exit records, with gap detection."""
 
-    start: SessionStartRec
-    max_calls: int = 0  # 0: unbounded
-    roots: list[Call] = field(default_factory=list)
-    stack: list[Call] = field(default_factory=list)
-    next_seq: int = 0
-    missing: int = 0
-    pending_gap: int = 0
-    calls: int = 0
-    cut: int = 0  # calls left out once max_calls were kept
+    __slots__ = ("start", "max_calls", "roots", "stack", "next_seq", "missing", "pending_gap", "calls", "cut")
+
+    def __init__(self, start: SessionStartRec, max_calls: int = 0, roots: list[Call] | None = None,
+                 stack: list[Call] | None = None, next_seq: int = 0, missing: int = 0, pending_gap: int = 0,
+                 calls: int = 0, cut: int = 0) -> None:
+        self.start = start
+        self.max_calls = max_calls  # 0: unbounded
+        self.roots: list[Call] = [] if roots is None else roots
+        self.stack: list[Call] = [] if stack is None else stack
+        self.next_seq = next_seq
+        self.missing = missing
+        self.pending_gap = pending_gap
+        self.calls = calls
+        self.cut = cut  # calls left out once max_calls were kept
 
     def feed(self, rec: FuncTraceRec) -> None:
         if rec.seq != self.next_seq:

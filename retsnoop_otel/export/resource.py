@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple
 from urllib.parse import unquote
 
 from retsnoop_otel import __version__
@@ -23,9 +23,8 @@ DEFAULT_SERVICE_NAME = "retsnoop-otel"
 NODE_NAME_ENV = "K8S_NODE_NAME"  # the downward API's spec.nodeName (config/daemonset.yaml)
 
 
-@dataclass(frozen=True)
-class Resource:
-    attributes: dict[str, Any] = field(default_factory=dict)
+class Resource(NamedTuple):
+    attributes: Mapping[str, Any] = MappingProxyType({})
     schema_url: str = ""
 
 

@@ -12,7 +12,7 @@ import errno as _errno
 import os
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, fields
+from typing import NamedTuple
 
 from retsnoop_otel.capture.errnos import errno_name
 from retsnoop_otel.kernel import bpfsys
@@ -42,8 +42,7 @@ class FeatureError(RuntimeError):
     """The kernel lacks what the requested tracing mode needs (one sentence, with what to do)."""
 
 
-@dataclass(frozen=True)
-class Feature:
+class Feature(NamedTuple):
     """One probed capability; `why` completes "this kernel ..." when it is unavailable."""
 
     name: str
@@ -53,8 +52,7 @@ class Feature:
     why: str = ""
 
 
-@dataclass(frozen=True)
-class Features:
+class Features(NamedTuple):
     kernel_release: str
     libbpf_version: str
     btf: Feature
@@ -72,14 +70,14 @@ class Features:
     capabilities: Feature
 
     def entries(self) -> Iterator[Feature]:
-        for f in fields(self):
-            value = getattr(self, f.name)
+        for name in self._fields:
+            value = getattr(self, name)
             if isinstance(value, Feature):
                 yield value
 
     def to_dict(self) -> dict:
         return {"kernel_release": self.kernel_release, "libbpf_version": self.libbpf_version,
-                "features": {f.name: {k: v for k, v in asdict(f).items() if k != "name"}
+                "features": {f.name: {k: v for k, v in f._asdict().items() if k != "name"}
                              for f in self.entries()}}
 
 
@@ -341,14 +339,16 @@ DENIED = (_errno.EPERM, _errno.EACCES)
 FORMAT_FEATURES = 1
 
 
-@dataclass
 class ProbeCache:
     """Where the build facts of this boot are kept: answers that policy, not the build, could have
     given (EPERM/EACCES) are never stored, and the key holds the lockdown level, which root can raise."""
 
-    cache: KernelCache
-    key: str | None
-    hit: bool = False  # the last load() found this boot's facts
+    __slots__ = ("cache", "key", "hit")
+
+    def __init__(self, cache: KernelCache, key: str | None, hit: bool = False) -> None:
+        self.cache = cache
+        self.key = key
+        self.hit = hit  # the last load() found this boot's facts
 
     @classmethod
     def for_boot(cls, cache: KernelCache, ident: KernelIdentity, root: str = "/") -> ProbeCache:

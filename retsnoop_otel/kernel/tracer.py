@@ -12,7 +12,6 @@ import resource
 import struct
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import NamedTuple
@@ -93,12 +92,15 @@ class CaptureConfig(NamedTuple):
     max_workload_counts: int = 16384  # (cgroup, function, outcome) counts the kernel side keeps
 
 
-@dataclass
 class AttachReport:
-    attached: list[TracedFunc] = field(default_factory=list)
-    failed: list[tuple[TracedFunc, str]] = field(default_factory=list)
-    attach_ms: float = 0.0
-    verify_ms: float = 0.0  # fentry: the part of attach_ms spent loading (verifying) each function's programs
+    __slots__ = ("attached", "failed", "attach_ms", "verify_ms")
+
+    def __init__(self, attached: list[TracedFunc] | None = None, failed: list[tuple[TracedFunc, str]] | None = None,
+                 attach_ms: float = 0.0, verify_ms: float = 0.0) -> None:
+        self.attached: list[TracedFunc] = [] if attached is None else attached
+        self.failed: list[tuple[TracedFunc, str]] = [] if failed is None else failed
+        self.attach_ms = attach_ms
+        self.verify_ms = verify_ms  # fentry: the part of attach_ms spent loading (verifying) each function's programs
 
 
 class Tracer:

@@ -13,7 +13,7 @@ every duration from min to max falls in a bucket of its own resolution.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from retsnoop_otel.capture.records import DUR_BUCKETS
 
@@ -45,22 +45,26 @@ def format_ns(ns: int) -> str:
     return f"{ns}ns"
 
 
-@dataclass(frozen=True)
-class DurationRange:
-    """The durations a probe set's histograms resolve, in nanoseconds (the defaults: the kernel's whole range)."""
-
+class _Bounds(NamedTuple):
     min_ns: int = 1 << FIRST_EXP
     max_ns: int = 1 << LAST_EXP
 
-    def __post_init__(self) -> None:
-        if self.min_ns < 1 << FIRST_EXP:
-            raise RangeError(f"min {format_ns(self.min_ns)} is below the kernel's first bucket bound (2ns); "
+
+class DurationRange(_Bounds):
+    """The durations a probe set's histograms resolve, in nanoseconds (the defaults: the kernel's whole range)."""
+
+    __slots__ = ()
+
+    def __new__(cls, min_ns: int = 1 << FIRST_EXP, max_ns: int = 1 << LAST_EXP) -> DurationRange:
+        if min_ns < 1 << FIRST_EXP:
+            raise RangeError(f"min {format_ns(min_ns)} is below the kernel's first bucket bound (2ns); "
                              "use 2ns or more")
-        if self.max_ns > 1 << LAST_EXP:
-            raise RangeError(f"max {format_ns(self.max_ns)} is above the kernel's last bucket bound "
+        if max_ns > 1 << LAST_EXP:
+            raise RangeError(f"max {format_ns(max_ns)} is above the kernel's last bucket bound "
                              f"({format_ns(1 << LAST_EXP)}, 2^{LAST_EXP} ns); use 549s or less")
-        if self.min_ns >= self.max_ns:
-            raise RangeError(f"min {format_ns(self.min_ns)} must be below max {format_ns(self.max_ns)}")
+        if min_ns >= max_ns:
+            raise RangeError(f"min {format_ns(min_ns)} must be below max {format_ns(max_ns)}")
+        return super().__new__(cls, min_ns, max_ns)
 
     @property
     def exponents(self) -> tuple[int, int]:

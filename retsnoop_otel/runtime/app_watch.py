@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from retsnoop_otel.capture.model import Session
@@ -43,46 +42,71 @@ class AppTargets(Protocol):
     def forget_app_target(self, tgid: int) -> None: ...
 
 
-@dataclass
 class _Process:
-    tgid: int
-    location: Any = None  # symbols.thread_ctx.TlsLocation; None: publishes no thread context (yet)
-    context: Any = None  # symbols.process_context.ProcessContext
-    context_read_at: float = 0.0
-    recheck_at: float = 0.0
-    backoff: float = RECHECK_FIRST_S
-    in_kernel: bool = True  # an answer is in the kernel maps (False while waiting for a recheck probe)
+    __slots__ = ("tgid", "location", "context", "context_read_at", "recheck_at", "backoff", "in_kernel")
+
+    def __init__(self, tgid: int, location: Any = None, context: Any = None, context_read_at: float = 0.0,
+                 recheck_at: float = 0.0, backoff: float = RECHECK_FIRST_S, in_kernel: bool = True) -> None:
+        self.tgid = tgid
+        self.location = location  # symbols.thread_ctx.TlsLocation; None: publishes no thread context (yet)
+        self.context = context  # symbols.process_context.ProcessContext
+        self.context_read_at = context_read_at
+        self.recheck_at = recheck_at
+        self.backoff = backoff
+        self.in_kernel = in_kernel  # an answer is in the kernel maps (False while waiting for a recheck probe)
 
 
-@dataclass
 class AppCounters:
     """For retsnoop_app_context_* self-metrics: what the watcher did and what the sessions held."""
 
-    processes_checked: int = 0
-    processes_publishing: int = 0
-    check_errors: int = 0
-    sessions: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
+    __slots__ = ("processes_checked", "processes_publishing", "check_errors", "sessions")
+
+    def __init__(self, processes_checked: int = 0, processes_publishing: int = 0, check_errors: int = 0,
+                 sessions: dict[str, int] | None = None) -> None:
+        self.processes_checked = processes_checked
+        self.processes_publishing = processes_publishing
+        self.check_errors = check_errors
+        self.sessions = dict.fromkeys(OUTCOMES, 0) if sessions is None else sessions
 
 
-@dataclass
 class AppSources:
     """The readers of process state (symbols.thread_ctx, symbols.process_context, symbols.user_symbols)."""
 
-    locate: Callable[[int], Any]  # pid -> TlsLocation | None; raises on an unreadable or exited process
-    read_context: Callable[[int], Any]  # pid -> ProcessContext | None
-    thread_attributes: Callable[[bytes, Any], dict[str, str]]  # (attrs-data, key map) -> attributes
-    user_symbolizer: Any = None  # UserSymbolizer when user stacks are on
+    __slots__ = ("locate", "read_context", "thread_attributes", "user_symbolizer")
+
+    def __init__(self, locate: Callable[[int], Any], read_context: Callable[[int], Any],
+                 thread_attributes: Callable[[bytes, Any], dict[str, str]], user_symbolizer: Any = None) -> None:
+        self.locate = locate  # pid -> TlsLocation | None; raises on an unreadable or exited process
+        self.read_context = read_context  # pid -> ProcessContext | None
+        self.thread_attributes = thread_attributes  # (attrs-data, key map) -> attributes
+        self.user_symbolizer = user_symbolizer  # UserSymbolizer when user stacks are on
 
     @classmethod
     def from_proc(cls, proc_root: str, user_stacks: bool, lines: bool = True) -> AppSources:
-        from retsnoop_otel.symbols.process_context import read_process_context, thread_attributes
-        from retsnoop_otel.symbols.thread_ctx import TlsLocator
-        locator = TlsLocator(proc_root)
+        """The readers of `proc_root`. symbols.thread_ctx and symbols.process_context are imported at the first
+        call that needs them: a run whose sessions come from no publishing process may never call them."""
+        locator: Any = None  # symbols.thread_ctx.TlsLocator, built at the first locate (it caches per ELF file)
+
+        def locate(pid: int) -> Any:
+            nonlocal locator
+            if locator is None:
+                from retsnoop_otel.symbols.thread_ctx import TlsLocator
+                locator = TlsLocator(proc_root)
+            return locator.locate(pid)
+
+        def read_context(pid: int) -> Any:
+            from retsnoop_otel.symbols.process_context import read_process_context
+            return read_process_context(pid, proc_root)
+
+        def thread_attributes(attrs_data: bytes, key_map: Any) -> dict[str, str]:
+            from retsnoop_otel.symbols.process_context import thread_attributes as attributes
+            return attributes(attrs_data, key_map)
+
         symbolizer = None
         if user_stacks:
             from retsnoop_otel.symbols.user_symbols import UserSymbolizer
             symbolizer = UserSymbolizer(proc_root, lines=lines)
-        return cls(locator.locate, lambda pid: read_process_context(pid, proc_root), thread_attributes, symbolizer)
+        return cls(locate, read_context, thread_attributes, symbolizer)
 
 
 class AppWatcher:

@@ -1,7 +1,8 @@
 """What the capture runtime runs: probe sets, outputs, metrics, limits and symbols, as plain data.
 
-Immutable values as NamedTuples, not frozen dataclasses: Python 3.11 compiles a frozen dataclass's
-methods as its module loads, which made these classes a large part of every start's imports.
+Immutable values as NamedTuples, not frozen data classes: Python 3.11 compiles a frozen data class's
+methods as its module loads, which made these classes a large part of every start's imports (and its
+module pulls inspect, ast, dis and tokenize).
 
 Both commands produce this: `agent` from its YAML file (agent/config_file.py), `trace` from its
 flags (trace/options.py, one ad-hoc probe set). Nothing here reads files or the environment.
@@ -10,7 +11,6 @@ flags (trace/options.py, one ad-hoc probe set). Nothing here reads files or the 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import NamedTuple
 
@@ -136,8 +136,7 @@ class InputNames(NamedTuple):
     attach_mode: str = "attach_mode"
 
 
-@dataclass(frozen=True)
-class RuntimeConfig:  # a dataclass: agent/config_file.py's AgentConfig extends it
+class RuntimeConfig(NamedTuple):  # agent/config_file.py's AgentConfig repeats these fields (and adds its own)
     probe_sets: tuple[ProbeSetConfig, ...]
     exporter: ExporterConfig = ExporterConfig()
     metrics: MetricsConfig = MetricsConfig()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sized
-from dataclasses import dataclass, field
 
 from retsnoop_otel.capture.model import RetKind
 from retsnoop_otel.runtime.config import SymbolsConfig
@@ -29,24 +28,32 @@ def name_it(name: str, message: str) -> str:
     return f"{name} {message}" if name.startswith("-") else f"{name}: {message}"
 
 
-@dataclass
 class KernelEnv:
     """Facts about the running kernel that discovery and symbolization need."""
 
-    ksyms: object  # symbols.kallsyms.Kallsyms
-    available: object  # symbols.traceable.Traceable
-    ret_kind: Callable[[str], RetKind]
-    btf_func_id: Callable[[str], int | None] | None
-    auto_mode: str
-    check_mode: Callable[[str], None]  # raises SetupError when the mode cannot trace here
-    symbolizer: object  # symbols.symbolize.Symbolizer
-    resolve_source_glob: Callable[[str], set[str]] | None = None
-    close: Callable[[], None] = _nothing
-    lbr_missing: str = ""  # why LBR capture cannot work here ("" = it can)
-    btf: object | None = None  # kernel.libbpf_btf.Btf, for argument capture (-A): see kernel_btf()
-    vmlinux: str | None = None  # the DWARF vmlinux in use
-    phases: list[Phase] = field(default_factory=list)  # how long each read took (trace -v, agent start log)
-    load_btf: Callable[[], object] | None = None  # loads `btf` on first use (only argument capture needs it)
+    __slots__ = ("ksyms", "available", "ret_kind", "btf_func_id", "auto_mode", "check_mode", "symbolizer",
+                 "resolve_source_glob", "close", "lbr_missing", "btf", "vmlinux", "phases", "load_btf")
+
+    def __init__(self, ksyms: object, available: object, ret_kind: Callable[[str], RetKind],
+                 btf_func_id: Callable[[str], int | None] | None, auto_mode: str, check_mode: Callable[[str], None],
+                 symbolizer: object, resolve_source_glob: Callable[[str], set[str]] | None = None,
+                 close: Callable[[], None] = _nothing, lbr_missing: str = "", btf: object | None = None,
+                 vmlinux: str | None = None, phases: list[Phase] | None = None,
+                 load_btf: Callable[[], object] | None = None) -> None:
+        self.ksyms = ksyms  # symbols.kallsyms.Kallsyms
+        self.available = available  # symbols.traceable.Traceable
+        self.ret_kind = ret_kind
+        self.btf_func_id = btf_func_id
+        self.auto_mode = auto_mode
+        self.check_mode = check_mode  # raises SetupError when the mode cannot trace here
+        self.symbolizer = symbolizer  # symbols.symbolize.Symbolizer
+        self.resolve_source_glob = resolve_source_glob
+        self.close = close
+        self.lbr_missing = lbr_missing  # why LBR capture cannot work here ("" = it can)
+        self.btf = btf  # kernel.libbpf_btf.Btf, for argument capture (-A): see kernel_btf()
+        self.vmlinux = vmlinux  # the DWARF vmlinux in use
+        self.phases = [] if phases is None else phases  # how long each read took (trace -v, agent start log)
+        self.load_btf = load_btf  # loads `btf` on first use (only argument capture needs it)
 
     def kernel_btf(self) -> object | None:
         if self.btf is None and self.load_btf is not None:

@@ -12,7 +12,6 @@ import os
 import time
 import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from retsnoop_otel.capture.model import Session, lookup_func
@@ -34,11 +33,14 @@ def otlp_settings(cfg: OtlpConfig, signal: str, names: Mapping[str, str],
         raise InputError(str(exc)) from None
 
 
-@dataclass
 class ExportTotals:
-    spans_exported: int = 0
-    spans_dropped: dict[str, int] = field(default_factory=dict)
-    export_errors: int = 0
+    __slots__ = ("spans_exported", "spans_dropped", "export_errors")
+
+    def __init__(self, spans_exported: int = 0, spans_dropped: dict[str, int] | None = None,
+                 export_errors: int = 0) -> None:
+        self.spans_exported = spans_exported
+        self.spans_dropped = {} if spans_dropped is None else spans_dropped
+        self.export_errors = export_errors
 
 
 class _SetOutputs:

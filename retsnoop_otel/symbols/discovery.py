@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Container, Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -98,14 +97,17 @@ _COLD = re.compile(r"\.cold(?:\.\d+)?$")
 _MOD_GLOB = re.compile(r"^(\S+)\s+\[(\S+)\]$")
 
 
-@dataclass(slots=True)
 class Discovery:
     """What would be attached (ids 0..n-1, entry functions first) and what was left out, and why."""
 
-    funcs: list[TracedFunc]
-    skipped: list[tuple[str, str]]
-    mode: str
-    available_count: int = 0
+    __slots__ = ("funcs", "skipped", "mode", "available_count")
+
+    def __init__(self, funcs: list[TracedFunc], skipped: list[tuple[str, str]], mode: str,
+                 available_count: int = 0) -> None:
+        self.funcs = funcs
+        self.skipped = skipped
+        self.mode = mode
+        self.available_count = available_count
 
     @property
     def entry_count(self) -> int:

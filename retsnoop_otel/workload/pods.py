@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 from retsnoop_otel.workload.cgroup_path import split_k8s_container_id
 
@@ -20,12 +20,11 @@ MAX_DELETED = 4096
 _STATUS_LISTS = ("containerStatuses", "initContainerStatuses", "ephemeralContainerStatuses")
 
 
-@dataclass(frozen=True, slots=True)
-class PodMeta:
+class PodMeta(NamedTuple):
     uid: str
     name: str
     namespace: str
-    containers: Mapping[str, tuple[str, str]] = field(default_factory=dict)  # id -> (container name, runtime)
+    containers: Mapping[str, tuple[str, str]] = MappingProxyType({})  # id -> (container name, runtime)
 
 
 def pod_meta(obj: Mapping[str, Any]) -> PodMeta | None:

@@ -21,7 +21,6 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from retsnoop_otel.capture.model import NO_WORKLOAD, Workload
@@ -37,13 +36,16 @@ SWEEP_EVERY_S = 2.0
 SWEEP_BATCH = 64  # processes re-checked per sweep
 
 
-@dataclass(slots=True)
 class _Proc:
-    comm: str
-    started: int | None  # /proc/PID/stat start time; None: could not be read
-    exe: str | None = None  # read when first asked (the kernel usually names it); "": could not be followed
-    ref: ContainerRef | None = None  # from /proc/PID/cgroup (v1 fallback), read when first needed
-    workload: tuple[int, Workload] | None = None  # (pod cache generation, workload)
+    __slots__ = ("comm", "started", "exe", "ref", "workload")
+
+    def __init__(self, comm: str, started: int | None, exe: str | None = None, ref: ContainerRef | None = None,
+                 workload: tuple[int, Workload] | None = None) -> None:
+        self.comm = comm
+        self.started = started  # /proc/PID/stat start time; None: could not be read
+        self.exe = exe  # read when first asked (the kernel usually names it); "": could not be followed
+        self.ref = ref  # from /proc/PID/cgroup (v1 fallback), read when first needed
+        self.workload = workload  # (pod cache generation, workload)
 
 
 class WorkloadResolver:

@@ -677,11 +677,10 @@ def test_metrics_otlp_pushes_the_same_families_and_a_last_push_before_detaching(
 
 
 def test_lbr_probe_set_refused_where_the_cpu_has_no_lbr() -> None:
-    from dataclasses import replace
-
     from retsnoop_otel.runtime.config import Limits, ProbeSetConfig
     from retsnoop_otel.runtime.probe_set import capture_config, resolve
-    env = replace(make_env(), lbr_missing="opening a branch-stack perf event was refused (ENOENT)")
+    env = make_env()
+    env.lbr_missing = "opening a branch-stack perf event was refused (ENOENT)"
     cfg = ProbeSetConfig(name="deep", entry=("bpf_check",), lbr_branch_types=0x22)
     with pytest.raises(SetupError, match="probe set 'deep': lbr needs last branch records, but opening"):
         resolve(cfg, env)

@@ -4,6 +4,8 @@ backed off, exited processes forgotten, sessions annotated and counted."""
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 from types import SimpleNamespace
 
 from retsnoop_otel.capture.model import AppContext, UserFrame
@@ -143,3 +145,15 @@ def test_processes_running_at_start_are_checked_after_the_probes(tmp_path, monke
     w.service()
     w.service()
     assert sorted(located) == [5, 6, 7, 99] and maps[0].entries[6] == (-8, 0, 0, True)
+
+
+def test_the_proc_readers_import_their_modules_at_their_first_call() -> None:
+    """symbols.process_context and symbols.thread_ctx (0.24 s of an emulated start) load only once a process is
+    read: a run whose sessions come from no publishing process never imports them."""
+    code = ("import os, sys\nfrom retsnoop_otel.runtime.app_watch import AppSources\n"
+            "mods = ('retsnoop_otel.symbols.process_context', 'retsnoop_otel.symbols.thread_ctx')\n"
+            "sources = AppSources.from_proc('/proc', False)\nprint([m in sys.modules for m in mods])\n"
+            "print(sources.read_context(os.getpid()), [m in sys.modules for m in mods])\n"
+            "sources.locate(os.getpid())\nprint([m in sys.modules for m in mods])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == ["[False, False]", "None [True, False]", "[True, True]"]

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from retsnoop_otel.agent.config_file import ConfigError, load_config, parse_config, parse_listen
-from retsnoop_otel.runtime.config import Limits, MetricsConfig
+from retsnoop_otel.agent.config_file import AgentConfig, ConfigError, load_config, parse_config, parse_listen
+from retsnoop_otel.runtime.config import Limits, MetricsConfig, RuntimeConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -86,6 +86,18 @@ def test_defaults() -> None:
     # a metrics section that leaves keys out gets the same defaults as no section
     metrics = parse_config(BASE + "metrics: {stall_after_s: 10}\n").metrics
     assert (metrics.host, metrics.port, metrics.max_workloads) == (MetricsConfig().host, 9464, 100)
+
+
+def test_the_agent_config_holds_the_runtime_config() -> None:
+    """AgentConfig repeats RuntimeConfig's fields and defaults; the runtime is given exactly those."""
+    assert AgentConfig._fields == (*RuntimeConfig._fields, "path", "logging")
+    assert {k: v for k, v in AgentConfig._field_defaults.items() if k in RuntimeConfig._fields} \
+        == RuntimeConfig._field_defaults
+    cfg = parse_config(BASE + "metrics: {listen: ':9500'}\nlogging: {level: debug}\n", "a.yaml")
+    runtime = cfg.runtime
+    assert type(runtime) is RuntimeConfig and runtime == RuntimeConfig(*cfg[:len(RuntimeConfig._fields)])
+    assert runtime.metrics.port == 9500 and runtime.probe_sets == cfg.probe_sets
+    assert (cfg.path, cfg.logging.level) == ("a.yaml", "debug")
 
 
 def test_trace_flags_defaults_are_the_runtime_defaults() -> None:

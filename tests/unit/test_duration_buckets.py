@@ -139,7 +139,7 @@ def test_per_probe_set_range_with_a_metrics_wide_default() -> None:
     cfg = parse_config(BASE.format(a="{min: 1us, max: 10s}", m="{max: 1s}"), "agent.yaml", {})
     assert cfg.probe_sets[0].duration_range == US_TO_10S and cfg.probe_sets[1].duration_range is None
     assert cfg.metrics.duration_range == DurationRange(max_ns=1_000_000_000)
-    runtime = Runtime(cfg, RuntimeDeps())
+    runtime = Runtime(cfg.runtime, RuntimeDeps())
     assert runtime.metrics.duration_range("a") == US_TO_10S  # its own
     assert runtime.metrics.duration_range("b") == DurationRange(max_ns=1_000_000_000)  # the metrics-wide one
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import struct
 from pathlib import Path
 
@@ -83,6 +84,13 @@ def test_roundtrip_and_key_mismatch(cache: KernelCache) -> None:
     assert cache.read("facts", "k2") is None
     assert cache.write("facts", "k2", [3])
     assert cache.read("facts", "k1") is None and cache.read("facts", "k2") == [3]
+
+
+def test_a_write_leaves_one_private_file_and_no_temporary_one(cache: KernelCache) -> None:
+    assert cache.write("facts", "k1", [1]) and cache.write("facts", "k1", [2])
+    (path,) = [p for p in cache.directory.rglob("*") if p.is_file()]
+    assert path.name.startswith("facts") and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert cache.read("facts", "k1") == [2]
 
 
 def test_corrupt_or_foreign_files_read_as_misses(cache: KernelCache) -> None:

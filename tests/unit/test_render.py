@@ -8,7 +8,6 @@ column 2 ('*') is not produced (the kernel side keeps a single error chain).
 from __future__ import annotations
 
 import calendar
-import dataclasses
 import time
 from pathlib import Path
 
@@ -282,7 +281,7 @@ def test_fentry_probe_sets_read_the_bpf_symbols_before_the_first_stack_not_at_st
 
     env = make_env()
     ksyms = CountingKallsyms(list(env.ksyms.items()))
-    env = dataclasses.replace(env, ksyms=ksyms)
+    env.ksyms = ksyms
     disc = discover(["__x64_sys_bpf"], ["array_map_alloc_check"], [], ksyms, env.available, env.ret_kind, "fentry")
     world, shown = World(), []
     ps = ProbeSet(ProbeSetConfig(name="x", entry=("__x64_sys_bpf",)), disc,

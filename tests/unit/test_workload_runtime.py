@@ -125,7 +125,7 @@ def test_the_environment_is_checked_when_the_agent_starts(tmp_path: Path, extra:
     deps = world.deps()
     deps.environ = env
     with pytest.raises(InputError) as err:
-        Runtime(cfg, deps).check_inputs()
+        Runtime(cfg.runtime, deps).check_inputs()
     assert str(err.value).startswith(want), str(err.value)
     assert world.tracers == []
 
@@ -219,5 +219,5 @@ def test_namespace_label_needs_the_metadata_watch(tmp_path: Path) -> None:
     from retsnoop_otel.runtime.runtime import Runtime
     cfg = parse_config(WL_CONFIG.replace("workload_label: container", "workload_label: namespace"), environ={})
     with pytest.raises(InputError) as err:
-        Runtime(cfg, World().deps()).check_inputs()
+        Runtime(cfg.runtime, World().deps()).check_inputs()
     assert "kubernetes.metadata: true" in str(err.value) and "counted" in str(err.value)

@@ -71,9 +71,9 @@ def scenario_trace_otlp_metrics(ctx) -> dict:
 
 
 def _trace_mode(ctx, mode_flag: str, case: str, extra: list[str] | None = None,
-                stop: signal.Signals = signal.SIGTERM) -> dict:
+                stop: signal.Signals = signal.SIGTERM, env: dict[str, str] | None = None) -> dict:
     tracer = ctx.spawn([PY, "-m", "retsnoop_otel", "trace", mode_flag, "-e", "*sys_bpf", "-a",
-                        "array_map_alloc_check", "-v", *(extra or [])])
+                        "array_map_alloc_check", "-v", *(extra or [])], env=env)
     result: dict = {}
     try:
         line = tracer.wait_for_line(r"Receiving data|retsnoop-otel: ", timeout=300)
@@ -99,7 +99,10 @@ def scenario_trace_fentry(ctx) -> dict:
 
 
 def scenario_trace_kprobe(ctx) -> dict:
-    return _trace_mode(ctx, "-K", "bpf-bad-map-max-entries-array", stop=signal.SIGINT)  # Ctrl-C
+    """Stopped with Ctrl-C; Python lists each module it imports (-X importtime), so the host can check
+    what a start imports before "Receiving data"."""
+    return _trace_mode(ctx, "-K", "bpf-bad-map-max-entries-array", stop=signal.SIGINT,
+                       env={"PYTHONPROFILEIMPORTTIME": "1"})
 
 
 def scenario_trace_dry_run(ctx) -> dict:
