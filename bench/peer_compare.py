@@ -715,7 +715,7 @@ def main() -> int:
     if args.cpu >= 0:
         os.sched_setaffinity(0, {args.cpu})  # inherited by both tools, their threads and the workload
     if shutil.which("bpftrace") is None:
-        print("bpftrace is not installed (Debian package bpftrace)", file=sys.stderr)
+        print("bpftrace is not installed: apt-get install bpftrace (the Debian package)", file=sys.stderr)
         return 2
     facts = KernelFacts.load()
     set_stats(False)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -92,6 +93,9 @@ def main() -> int:
     args = ap.parse_args()
     if args.cpu >= 0:
         os.sched_setaffinity(0, {args.cpu})
+    if shutil.which("bpftrace") is None:
+        print("bpftrace is not installed: apt-get install bpftrace (the Debian package)", file=sys.stderr)
+        return 2
     facts = pc.KernelFacts.load()
     entry, allow = (list(x) for x in pc.SETS[args.set])
     tools = ["ours", *(["ours-base"] if args.base else []), "bpftrace"]
