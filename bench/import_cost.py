@@ -21,21 +21,14 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the repo root, for tests.start_path
 
 from checkouts import THIS, child_json, interleaved, medians, parse_trees  # noqa: E402
 
-# the modules a `trace` start imports before "Receiving data...": the command's own tree, then what the
-# runtime's phases import on the way (kernel facts, feature probes, symbolizer, console renderer)
-START_MODULES = (
-    "retsnoop_otel.trace.main", "retsnoop_otel.kernel.features", "retsnoop_otel.kernel.tracefs",
-    "retsnoop_otel.kernel.kcache", "retsnoop_otel.kernel.lbr", "retsnoop_otel.kernel.caps",
-    "retsnoop_otel.kernel.tracer", "retsnoop_otel.symbols.btf", "retsnoop_otel.symbols.kernel_facts",
-    "retsnoop_otel.symbols.symbolize", "retsnoop_otel.symbols.vmlinux", "retsnoop_otel.symbols.discovery",
-    "retsnoop_otel.capture.clock", "retsnoop_otel.render.console",
-)
+from tests.start_path import START_MODULES  # noqa: E402
 
 CHILD = r"""
-import dataclasses, importlib, json, sys, time
+import importlib, json, sys, time  # not dataclasses: whether the start imports it is part of what is measured
 sys.path.insert(0, sys.argv[1])
 t0 = time.perf_counter()
 for name in sys.argv[2:]:
@@ -45,7 +38,7 @@ ours = [m for n, m in list(sys.modules.items()) if n.startswith("retsnoop_otel")
 classes = {id(c): c for m in ours for c in vars(m).values()
            if isinstance(c, type) and c.__module__.startswith("retsnoop_otel")}.values()
 print(json.dumps({"imports_ms": total * 1e3, "modules": len(ours),
-                  "dataclasses": sum(dataclasses.is_dataclass(c) for c in classes),
+                  "dataclasses": sum("__dataclass_fields__" in vars(c) for c in classes),
                   "named_tuples": sum(issubclass(c, tuple) and hasattr(c, "_fields") for c in classes)}))
 """
 

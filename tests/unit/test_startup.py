@@ -21,6 +21,7 @@ import pytest
 from retsnoop_otel.cli import process_age_s
 from retsnoop_otel.runtime.startup import Phase, StartClock, format_phases, phase_fields
 from retsnoop_otel.trace.main import run_trace
+from tests.start_path import START_MODULES
 from tests.unit.test_agent_lifecycle import World
 
 PHASE = re.compile(r"^Phase (\S+): (\d+) ms(?: \((.*)\))?$")
@@ -131,18 +132,9 @@ def test_the_trace_command_starts_without_the_exporters_and_metrics_libraries() 
     assert out.split() == []
 
 
-# What a warm `trace` start imports after its command module: the kernel facts, the symbol readers and the
-# kernel cache (tests/vm/test_trace_e2e.py checks the real start in the VM).
-START_PATH = ("retsnoop_otel.trace.main", "retsnoop_otel.kernel.build_id", "retsnoop_otel.symbols.vmlinux",
-              "retsnoop_otel.capture.clock", "retsnoop_otel.kernel.caps", "retsnoop_otel.kernel.kcache",
-              "retsnoop_otel.kernel.features", "retsnoop_otel.kernel.lbr", "retsnoop_otel.kernel.libbpf_btf",
-              "retsnoop_otel.symbols.btf", "retsnoop_otel.symbols.kernel_facts", "retsnoop_otel.symbols.symbolize",
-              "retsnoop_otel.kernel.clones")
-
-
 def test_the_start_path_imports_neither_dataclasses_nor_inspect() -> None:
     """dataclasses pulls inspect, ast, dis and tokenize: 0.5 s of a 3 s start under emulation."""
-    code = f"import sys, importlib\nfor m in {START_PATH!r}: importlib.import_module(m)\n" \
+    code = f"import sys, importlib\nfor m in {START_MODULES!r}: importlib.import_module(m)\n" \
            "print(sorted({'dataclasses', 'inspect'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "[]"
