@@ -2,7 +2,7 @@
 runtime's phases import on the way (kernel facts, feature probes, kernel cache, symbolizer, console).
 
 Shared by tests/unit/test_startup.py (none of them may import dataclasses) and bench/import_cost.py (what
-their imports cost); tests/vm/test_trace_e2e.py checks the same of a real start in the VM.
+their imports cost); tests/vm/test_trace_e2e.py checks what a warm `trace --dry-run` imports in the VM.
 """
 
 START_MODULES = (
