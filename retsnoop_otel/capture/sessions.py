@@ -41,18 +41,16 @@ class _CallTree:
 
     __slots__ = ("start", "max_calls", "roots", "stack", "next_seq", "missing", "pending_gap", "calls", "cut")
 
-    def __init__(self, start: SessionStartRec, max_calls: int = 0, roots: list[Call] | None = None,
-                 stack: list[Call] | None = None, next_seq: int = 0, missing: int = 0, pending_gap: int = 0,
-                 calls: int = 0, cut: int = 0) -> None:
+    def __init__(self, start: SessionStartRec, max_calls: int = 0) -> None:
         self.start = start
         self.max_calls = max_calls  # 0: unbounded
-        self.roots: list[Call] = [] if roots is None else roots
-        self.stack: list[Call] = [] if stack is None else stack
-        self.next_seq = next_seq
-        self.missing = missing
-        self.pending_gap = pending_gap
-        self.calls = calls
-        self.cut = cut  # calls left out once max_calls were kept
+        self.roots: list[Call] = []
+        self.stack: list[Call] = []
+        self.next_seq = 0
+        self.missing = 0
+        self.pending_gap = 0
+        self.calls = 0
+        self.cut = 0  # calls left out once max_calls were kept
 
     def feed(self, rec: FuncTraceRec) -> None:
         if rec.seq != self.next_seq:
