@@ -32,7 +32,8 @@ def test_the_scrape_is_https_with_basic_auth(vm_batch) -> None:
     r = vm_batch["prometheus_e2e"]
     assert "scheme: https" in r["prometheus_config"] and "password_file:" in r["prometheus_config"]
     (target,) = r["target"]
-    assert target == {"scrapeUrl": "https://127.0.0.1:9464/metrics", "health": "up", "lastError": ""}, target
+    assert target == {"scrapeUrl": "https://127.0.0.1:9464/metrics", "health": "up", "lastError": ""}, \
+        (target, f"share of scrapes up {r['up_ratio']:.2f}, longest {r['scrape_seconds']:.2f} s")
     assert r["metrics_status"] == 200 and "retsnoop_build_info" in r["metrics_text"]
 
 

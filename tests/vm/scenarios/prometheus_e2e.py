@@ -192,9 +192,18 @@ def scenario_prometheus_e2e(ctx) -> dict:
             return [{k: t.get(k) for k in ("scrapeUrl", "health", "lastError")}
                     for t in api("/api/v1/targets")["data"]["activeTargets"]]
 
+        def all_up() -> list[dict] | None:
+            """The targets if every one is up; one read, so a scrape failing between two reads cannot slip in."""
+            ts = targets()
+            return ts if all(t["health"] == "up" for t in ts) else None
+
         # a scrape that timed out under TCG leaves the target down until the next one: wait for a good one
-        r["target"] = wait_until(lambda: all(t["health"] == "up" for t in targets()) and targets(), timeout=30) \
-            or targets()
+        r["target"] = wait_until(all_up, timeout=60) or targets()
+        # how often a 1 s scrape made it in time under emulation, for the log when the target is down
+        r["up_ratio"] = scalar_sum(query('avg_over_time(up{job="retsnoop-otel"}[1h])'))
+        r["scrape_seconds"] = scalar_sum(query('max_over_time(scrape_duration_seconds{job="retsnoop-otel"}[1h])'))
+        ctx.log(f"targets {r['target']}, share of scrapes up {r['up_ratio']:.2f}, "
+                f"longest scrape {r['scrape_seconds']:.2f} s")
     finally:
         r["tracer_rc"] = tracer.terminate(timeout=240)
         r["tracer_output"] = tracer.output()[-6000:]
