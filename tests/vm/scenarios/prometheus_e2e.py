@@ -100,6 +100,21 @@ def query(expr: str) -> dict:
     return api("/api/v1/query", query=expr)
 
 
+def query_fresh(expr: str, tries: int = 4) -> dict:
+    """`query(expr)`, asked again while it comes back empty right after a scrape that timed out.
+
+    Under TCG about one 1 s scrape in five times out, which marks every series of the target stale
+    until the next good one; another may fail between the check of `up` and the query, so ask a few
+    times. Expressions that are truly empty stay empty."""
+    res = query(expr)
+    for _ in range(tries - 1):
+        if res.get("status") != "success" or res["data"].get("result"):
+            break
+        wait_until(lambda: query('up{job="retsnoop-otel"} == 1')["data"]["result"], timeout=30)
+        res = query(expr)
+    return res
+
+
 def scalar_sum(res: dict) -> float:
     return sum(float(s["value"][1]) for s in res.get("data", {}).get("result", []))
 
@@ -162,16 +177,16 @@ def scenario_prometheus_e2e(ctx) -> dict:
         r["einval"] = wait_until(lambda: scalar_sum(query(EINVAL_QUERY)) >= SIMFAIL_RUNS and query(EINVAL_QUERY),
                                  timeout=180)
         ctx.log(f"EINVAL series: {r['einval']}")
-        r["duration_count"] = query(COUNT_QUERY)
-        r["up"] = query('up{job="retsnoop-otel"}')
+        r["duration_count"] = query_fresh(COUNT_QUERY)
+        def up_now() -> dict | None:
+            """`up` as the server stores it (relabeled), once a scrape made it in time."""
+            res = query('up{job="retsnoop-otel"}')
+            return res if scalar_sum(res) == 1 else None
+
+        r["up"] = wait_until(up_now, timeout=60) or query('up{job="retsnoop-otel"}')
         r["queries"] = []
         for where, expr in all_expressions():
-            res = query(expr)
-            if res.get("status") == "success" and not res["data"].get("result"):
-                # a scrape that timed out under TCG marks every series stale until the next good one:
-                # ask again once the target is up again (expressions that are truly empty stay empty)
-                wait_until(lambda: query('up{job="retsnoop-otel"} == 1')["data"]["result"], timeout=30)
-                res = query(expr)
+            res = query_fresh(expr)
             data = res.get("data", {})
             r["queries"].append({"where": where, "expr": expr, "status": res.get("status"),
                                  "error": res.get("error"), "result_type": data.get("resultType"),
