@@ -1,5 +1,6 @@
 """The modules a `trace` start imports before "Receiving data...": the command's own tree, then what the
-runtime's phases import on the way (kernel facts, feature probes, kernel cache, symbolizer, console).
+runtime's phases import on the way (kernel facts, feature probes, kernel cache, symbolizer), and the
+console renderer, which the first session imports.
 
 Shared by tests/unit/test_startup.py (none of them may import dataclasses) and bench/import_cost.py (what
 their imports cost); tests/vm/test_trace_e2e.py checks what a warm `trace --dry-run` imports in the VM.
