@@ -38,6 +38,7 @@ METRICS_PORT = 9464
 PROM_ADDR = "127.0.0.1:9090"
 SIMFAIL_RUNS = 3
 EINVAL_QUERY = 'retsnoop_function_errors_total{function="array_map_alloc_check",error_type="EINVAL"}'
+UP_QUERY = 'up{job="retsnoop-otel"}'
 COUNT_QUERY = 'sum(retsnoop_function_duration_seconds_count{function="array_map_alloc_check"})'
 SCRAPER, PASSWORD = "prometheus", "scrape-s3cret"
 
@@ -100,6 +101,11 @@ def query(expr: str) -> dict:
     return api("/api/v1/query", query=expr)
 
 
+def target_up() -> list:
+    """The `up` sample of the agent's target if its latest scrape made it in time, else empty."""
+    return query(f"{UP_QUERY} == 1")["data"]["result"]
+
+
 def query_fresh(expr: str, tries: int = 4) -> dict:
     """`query(expr)`, asked again while it comes back empty right after a scrape that timed out.
 
@@ -110,7 +116,7 @@ def query_fresh(expr: str, tries: int = 4) -> dict:
     for _ in range(tries - 1):
         if res.get("status") != "success" or res["data"].get("result"):
             break
-        wait_until(lambda: query('up{job="retsnoop-otel"} == 1')["data"]["result"], timeout=30)
+        wait_until(target_up, timeout=30)
         res = query(expr)
     return res
 
@@ -168,7 +174,7 @@ def scenario_prometheus_e2e(ctx) -> dict:
         r["prometheus_ready"] = bool(ready)
         ctx.log(f"agent attached, prometheus ready: {bool(ready)}")
         # the first scrape of the tracer, so the counters' rise from their first value is recorded
-        r["first_up"] = wait_until(lambda: query('up{job="retsnoop-otel"} == 1')["data"]["result"], timeout=120)
+        r["first_up"] = wait_until(target_up, timeout=120)
 
         r["simfail"] = []
         for _ in range(SIMFAIL_RUNS):
@@ -180,10 +186,10 @@ def scenario_prometheus_e2e(ctx) -> dict:
         r["duration_count"] = query_fresh(COUNT_QUERY)
         def up_now() -> dict | None:
             """`up` as the server stores it (relabeled), once a scrape made it in time."""
-            res = query('up{job="retsnoop-otel"}')
+            res = query(UP_QUERY)
             return res if scalar_sum(res) == 1 else None
 
-        r["up"] = wait_until(up_now, timeout=60) or query('up{job="retsnoop-otel"}')
+        r["up"] = wait_until(up_now, timeout=60) or query(UP_QUERY)
         r["queries"] = []
         for where, expr in all_expressions():
             res = query_fresh(expr)
@@ -215,7 +221,7 @@ def scenario_prometheus_e2e(ctx) -> dict:
         # a scrape that timed out under TCG leaves the target down until the next one: wait for a good one
         r["target"] = wait_until(all_up, timeout=60) or targets()
         # how often a 1 s scrape made it in time under emulation, for the log when the target is down
-        r["up_ratio"] = scalar_sum(query('avg_over_time(up{job="retsnoop-otel"}[1h])'))
+        r["up_ratio"] = scalar_sum(query(f"avg_over_time({UP_QUERY}[1h])"))
         r["scrape_seconds"] = scalar_sum(query('max_over_time(scrape_duration_seconds{job="retsnoop-otel"}[1h])'))
         ctx.log(f"targets {r['target']}, share of scrapes up {r['up_ratio']:.2f}, "
                 f"longest scrape {r['scrape_seconds']:.2f} s")
