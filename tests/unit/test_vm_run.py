@@ -31,7 +31,7 @@ def vm_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     boots = tmp_path / "boots"
     plan = tmp_path / "plan"  # one word per boot: die | ok | crash
 
-    def fake_vng(vmlinuz: Path, rwdir: Path, script: Path) -> list[str]:
+    def fake_vng(vmlinuz: Path, rwdir: Path, script: Path, cpus: int) -> list[str]:
         return ["sh", "-c", f"""
             n=$(( $(cat {boots} 2>/dev/null || echo 0) + 1 )); echo $n > {boots}
             what=$(sed -n "${{n}}p" {plan})
@@ -46,7 +46,7 @@ def vm_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     monkeypatch.setattr(module, "fetch_kernel", lambda series, dbg: (tmp_path / "vmlinuz-6.12.0", "6.12.0"))
     monkeypatch.setattr(module, "ensure_host_modules", lambda kdir, release: None)
     monkeypatch.setattr(module, "precompile", lambda: None)
-    args = argparse.Namespace(kernel="6.12", dbg=False, timeout=60.0, rwdir=None, command=["true"])
+    args = argparse.Namespace(kernel="6.12", dbg=False, cpus=2, timeout=60.0, rwdir=None, command=["true"])
 
     def run(*outcomes: str) -> tuple[int, int]:
         plan.write_text("\n".join(outcomes) + "\n")
@@ -74,3 +74,26 @@ def test_a_command_that_started_is_never_run_twice(vm_run) -> None:
     module, run = vm_run
     assert run("crash", "ok") == (module.EXIT_NO_RC, 1)
     assert run("ok", "ok") == (0, 1)
+
+
+def test_the_guest_binds_the_repo_python_and_cache_from_the_cached_export(tmp_path: Path) -> None:
+    module = _load()
+    trees = module.cached_trees()
+    assert trees[0] == module.REPO
+    assert any((t / "bin").is_dir() and t != module.REPO for t in trees)  # the venv's base Python
+    args = argparse.Namespace(kernel="6.12", command=["true"])
+    script = module.guest_script(args, tmp_path / "rw", None)
+    assert f"cache=loose {module.CACHED_TAG} {module.CACHED_MOUNT}" in script
+    assert f"mount --bind {module.CACHED_MOUNT}{module.REPO} {module.REPO}" in script
+    # the shell's working directory is taken again from the cached mount, after the binds
+    assert script.index(f"mount --bind {module.CACHED_MOUNT}{module.REPO}") < script.rindex(f"cd {module.REPO}")
+    vng = " ".join(module.vng_command(Path("vmlinuz"), tmp_path, tmp_path / "s", 1))
+    assert f"mount_tag={module.CACHED_TAG}" in vng and "--cpus 1" in vng
+
+
+def test_a_read_write_folder_inside_a_cached_tree_keeps_that_tree_uncached(tmp_path: Path) -> None:
+    """The bind would hide the read-write mount under it (the guest could not write its results)."""
+    module = _load()
+    args = argparse.Namespace(kernel="6.12", command=["true"])
+    script = module.guest_script(args, module.REPO / "build" / "rw", None)
+    assert f"mount --bind {module.CACHED_MOUNT}{module.REPO} " not in script

@@ -24,6 +24,12 @@ def test_btf_and_tracefs(vm_batch) -> None:
     assert smoke.get("filter_functions", 0) > 10_000, smoke.get("filter_functions_error")
 
 
+def test_the_guest_reads_the_repo_through_a_cached_mount(vm_batch) -> None:
+    """tests/vm/run mounts the repo (and Python, the kernel cache) from a cached 9p export: uncached, every
+    Python start spends seconds on stat round trips through QEMU and the batches take half again as long."""
+    assert "cache=" in vm_batch["smoke"]["repo_mount_options"], vm_batch["smoke"]["repo_mount_options"]
+
+
 def test_bpf_prog_ids_sees_a_loaded_program(vm_batch) -> None:
     smoke = vm_batch["smoke"]
     [probe] = smoke["probe_listed"]

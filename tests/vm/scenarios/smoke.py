@@ -62,6 +62,16 @@ def _mounts() -> dict[str, str]:
     return out
 
 
+def _mount_options(point: Path) -> str:
+    """The options of the mount that is on top at `point` (the last one listed there)."""
+    found = ""
+    for line in Path("/proc/mounts").read_text().splitlines():
+        fields = line.split()
+        if len(fields) >= 4 and fields[1] == str(point):
+            found = fields[3]
+    return found
+
+
 def _tcp_echo(ctx: Context) -> dict:
     """A server on 127.0.0.1 in another process, reached from this one (later tests run gRPC like this)."""
     server = ctx.spawn([sys.executable, "-c", ECHO_SERVER])
@@ -81,6 +91,7 @@ def scenario_smoke(ctx: Context) -> dict:
                     "btf_vmlinux": Path("/sys/kernel/btf/vmlinux").exists()}
     mounts = _mounts()
     result["tracefs_mounted"] = mounts.get("/sys/kernel/tracing") == "tracefs"
+    result["repo_mount_options"] = _mount_options(Path(__file__).resolve().parents[3])
     result["debugfs_mounted"] = mounts.get("/sys/kernel/debug") == "debugfs"
     try:
         with open("/sys/kernel/tracing/available_filter_functions") as f:
