@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 
 import pytest
@@ -21,6 +22,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--vm-kernels", default=",".join(VM_KERNELS),
                     help="comma-separated kernel series to boot (default: %(default)s); tests for the others "
                          "are reported as deselected. Leave out all VM tests only with -m 'not vm'.")
+    group.addoption("--vm-parallel", action=argparse.BooleanOptionalAction, default=True,
+                    help="boot the kernels at once, one guest CPU each (default), or one after the other with "
+                         "two CPUs each (--no-vm-parallel)")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -1,6 +1,7 @@
 """Host side of the VM tests: boot each kernel once per pytest run and run every scenario in it.
 
-Fixtures (all session-scoped, sharing one cache, so a kernel boots at most once per run):
+The kernels boot side by side, one guest CPU each (--no-vm-parallel: one after the other, two CPUs
+each). Fixtures (all session-scoped, sharing one cache, so a kernel boots at most once per run):
 - `vm_batch`: parametrized over the kernels chosen with --vm-kernels (ids `6.1`, `6.12`);
 - `vm_batch_61`, `vm_batch_612`: one kernel each.
 Each returns a `VmBatch`: a read-only mapping scenario name -> result dict (the name is the guest
@@ -16,10 +17,12 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -37,6 +40,9 @@ FIXTURE_KERNEL = {"vm_batch_61": "6.1", "vm_batch_612": "6.12"}
 BOOT_MARGIN_S = 900.0  # boot (20-40 s under TCG) + guest Python start-up and imports, generously
 LOG_TAIL = 80
 STASH = pytest.StashKey["VmBatches"]()
+WANTED = pytest.StashKey[list]()
+KERNELS_ORDER = list(KERNELS).index
+PARALLEL_SLOWDOWN = 2.0  # budgets are for a guest alone with two CPUs
 
 
 def _tail(text: str, n: int = LOG_TAIL) -> str:
@@ -83,31 +89,64 @@ class VmBatch(Mapping):
 
 
 class VmBatches:
-    """Boots each kernel on first request and caches the outcome (success or failure) for the session."""
+    """Boots the kernels on first request and caches each outcome (success or failure) for the session.
 
-    def __init__(self, config: pytest.Config) -> None:
+    With `parallel`, the first request boots every kernel the selected tests need at once, one guest CPU
+    each (two guests of two CPUs on a two-core host spin on each other's preempted locks); otherwise one
+    kernel at a time, two CPUs each. Boots run on threads; their progress lines are printed by the test
+    thread while it waits for a batch."""
+
+    def __init__(self, config: pytest.Config, wanted: list[str], parallel: bool) -> None:
         self.config = config
+        self.wanted = wanted
+        self.parallel = parallel
         self.done: dict[str, VmBatch | str] = {}
+        self._threads: dict[str, threading.Thread] = {}
+        self._lines: queue.Queue[str] = queue.Queue()
+        self._procs: list[subprocess.Popen] = []
 
     def get(self, series: str) -> VmBatch:
-        if series not in self.done:
-            try:
-                self.done[series] = self._boot(series)
-            except RuntimeError as e:
-                self.done[series] = str(e)
+        for s in ([*self.wanted, series] if self.parallel else [series]):
+            if s not in self._threads:
+                self._threads[s] = threading.Thread(target=self._run, args=(s,), name=f"vm-{s}", daemon=True)
+                self._threads[s].start()
+        thread = self._threads[series]
+        while thread.is_alive():
+            thread.join(0.5)
+            self.say_pending()
+        self.say_pending()
         outcome = self.done[series]
         if isinstance(outcome, str):
             pytest.fail(outcome, pytrace=False)
         return outcome
 
+    def _run(self, series: str) -> None:
+        try:
+            self.done[series] = self._boot(series)
+        except Exception as e:  # noqa: BLE001 - any failure becomes that kernel's failure, reported by get()
+            self.done[series] = str(e) if isinstance(e, RuntimeError) else f"VM batch on {series}: {e!r}"
+
+    def stop(self) -> None:
+        """A session that ends before a batch does (-x, ^C) stops its VM: tests/vm/run kills QEMU on SIGTERM."""
+        for proc in self._procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for thread in self._threads.values():
+            thread.join(30)
+
     def _say(self, line: str) -> None:
+        self._lines.put(line)
+
+    def say_pending(self) -> None:
         """Progress on the terminal even while pytest captures output (a batch takes minutes)."""
         capman = self.config.pluginmanager.getplugin("capturemanager")
         reporter = self.config.pluginmanager.getplugin("terminalreporter")
-        if capman is None or reporter is None:
-            return
-        with capman.global_and_fixture_disabled():
-            reporter.write_line(line)
+        while not self._lines.empty():
+            line = self._lines.get_nowait()
+            if capman is None or reporter is None:
+                continue
+            with capman.global_and_fixture_disabled():
+                reporter.write_line(line)
 
     def _boot(self, series: str) -> VmBatch:
         scenarios = guest_batch.discover()
@@ -115,8 +154,10 @@ class VmBatches:
         # Not under pytest's basetemp: concurrent pytest runs prune old basetemps while a batch runs.
         rwdir = Path(tempfile.mkdtemp(prefix=f"retsnoop-otel-vm-{series}-"))
         results = rwdir / "results"
+        if self.parallel:
+            timeout *= PARALLEL_SLOWDOWN
         cmd = [str(REPO / "tests" / "vm" / "run"), "--kernel", series, "--timeout", f"{timeout:.0f}",
-               "--rwdir", str(rwdir)]
+               "--rwdir", str(rwdir), "--cpus", "1" if self.parallel else "2"]
         if KERNELS[series]["dbg"]:
             cmd.append("--dbg")
         cmd += ["--", "python", "-m", "tests.vm.guest_batch", "--out", str(results)]
@@ -124,12 +165,13 @@ class VmBatches:
             cmd += ["--only", only]
             scenarios = [s for s in scenarios if s.name.removeprefix(guest_batch.SCENARIO_PREFIX) in only.split(",")]
         self._say(f"\n[vm {series}] booting for {len(scenarios)} scenarios (timeout {timeout:.0f} s, "
-                  f"log {rwdir / 'batch.log'})")
+                  f"{'beside the other kernels, ' if self.parallel else ''}log {rwdir / 'batch.log'})")
         start = time.monotonic()
         lines: list[str] = []
         with open(rwdir / "batch.log", "w") as log, subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                 errors="replace", cwd=REPO) as proc:
+            self._procs.append(proc)
             assert proc.stdout is not None
             for line in proc.stdout:
                 lines.append(line)
@@ -171,13 +213,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = keep
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The kernels the tests left after every deselection need: the ones a parallel start boots."""
+    session.config.stash[WANTED] = sorted(set().union(*(_item_kernels(i) for i in session.items)), key=KERNELS_ORDER)
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
     """How long each boot + batch took and each scenario's status: the numbers CI cost depends on."""
     batches = config.stash.get(STASH, None)
     if batches is None or not batches.done:
         return
+    batches.say_pending()
     terminalreporter.section("VM batches")
-    for series, outcome in batches.done.items():
+    for series, outcome in list(batches.done.items()):
         if isinstance(outcome, str):
             terminalreporter.write_line(f"kernel {series}: FAILED to produce results")
             continue
@@ -187,10 +235,17 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
                                     f"{parts}{kept}")
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    batches = config.stash.get(STASH, None)
+    if batches is not None:
+        batches.stop()
+
+
 @pytest.fixture(scope="session")
 def vm_batches(pytestconfig: pytest.Config) -> VmBatches:
     if STASH not in pytestconfig.stash:
-        pytestconfig.stash[STASH] = VmBatches(pytestconfig)
+        pytestconfig.stash[STASH] = VmBatches(pytestconfig, pytestconfig.stash.get(WANTED, []),
+                                              pytestconfig.getoption("--vm-parallel"))
     return pytestconfig.stash[STASH]
 
 
