@@ -94,8 +94,8 @@ class VmBatches:
     With `parallel`, the first request boots every kernel the selected tests need at once, one guest CPU
     each (two guests of two CPUs on a two-core host spin on each other's preempted locks); otherwise one
     kernel at a time, two CPUs each, the default: under one-CPU guests most of prometheus_e2e's 1 s
-    scrapes time out (9% made it in one 6.12 run). Boots run on threads; their progress lines are printed by the test
-    thread while it waits for a batch."""
+    scrapes time out (9% made it in one 6.12 run). Boots run on threads; their progress lines are
+    printed by the test thread while it waits for a batch."""
 
     def __init__(self, config: pytest.Config, wanted: list[str], parallel: bool) -> None:
         self.config = config
