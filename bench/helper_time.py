@@ -24,7 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.peer_compare import SETS, KernelFacts, build_workload, our_functions, run_workload  # noqa: E402
+from bench.nested_calls import traced_workload  # noqa: E402
+from bench.peer_compare import SETS, KernelFacts, build_workload, our_functions  # noqa: E402
 from bench.together_cost import attach, detach, settle  # noqa: E402
 from retsnoop_otel.kernel import tracefs  # noqa: E402
 
@@ -43,20 +44,14 @@ def helper_time(root: Path, funcs: list[str], workload: list[str], calls: int) -
     (root / "current_tracer").write_text("nop")
     (root / "set_ftrace_filter").write_text("\n".join(funcs) + "\n")
     (root / "max_graph_depth").write_text("1")
-    (root / "current_tracer").write_text("function_graph")
-    (root / "trace").write_text("")
-    (root / "tracing_on").write_text("1")
-    try:
-        run_workload(workload, calls)
-    finally:
-        (root / "tracing_on").write_text("0")
     acc: dict[str, list[float]] = {}
-    for line in (root / "trace").read_text().splitlines():
-        if m := LEAF.search(line):
-            acc.setdefault(m.group(2), []).append(float(m.group(1)))
-    (root / "current_tracer").write_text("nop")
-    (root / "set_ftrace_filter").write_text("")
-    (root / "max_graph_depth").write_text("0")
+    try:
+        for line in traced_workload(root, "function_graph", workload, calls).splitlines():
+            if m := LEAF.search(line):
+                acc.setdefault(m.group(2), []).append(float(m.group(1)))
+    finally:
+        (root / "set_ftrace_filter").write_text("")
+        (root / "max_graph_depth").write_text("0")
     return {k: (len(v) / calls, sum(v) / len(v)) for k, v in acc.items()}
 
 

@@ -30,9 +30,9 @@ from bench.together_cost import attach, detach, settle  # noqa: E402
 from retsnoop_otel.kernel import tracefs  # noqa: E402
 
 
-def calls_per_call(root: Path, workload: list[str], calls: int) -> dict[str, float]:
-    """Calls of each filtered function per workload call, from the function tracer's buffer."""
-    (root / "current_tracer").write_text("function")
+def traced_workload(root: Path, tracer: str, workload: list[str], calls: int) -> str:
+    """The trace buffer's text after `calls` workload calls under `tracer` (filters set by the caller)."""
+    (root / "current_tracer").write_text(tracer)
     (root / "tracing_on").write_text("0")
     (root / "trace").write_text("")
     (root / "tracing_on").write_text("1")
@@ -40,13 +40,20 @@ def calls_per_call(root: Path, workload: list[str], calls: int) -> dict[str, flo
         run_workload(workload, calls)
     finally:
         (root / "tracing_on").write_text("0")
+    try:
+        return (root / "trace").read_text()
+    finally:
+        (root / "current_tracer").write_text("nop")
+
+
+def calls_per_call(root: Path, workload: list[str], calls: int) -> dict[str, float]:
+    """Calls of each filtered function per workload call, from the function tracer's buffer."""
     seen: dict[str, int] = {}
-    for line in (root / "trace").read_text().splitlines():
+    for line in traced_workload(root, "function", workload, calls).splitlines():
         if line.startswith("#") or ": " not in line:
             continue
         fn = line.split(": ", 1)[1].split(" <-")[0].strip()
         seen[fn] = seen.get(fn, 0) + 1
-    (root / "current_tracer").write_text("nop")
     return {k: v / calls for k, v in seen.items()}
 
 
