@@ -25,8 +25,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.nested_calls import traced_workload  # noqa: E402
-from bench.peer_compare import SETS, KernelFacts, build_workload, our_functions  # noqa: E402
-from bench.together_cost import attach, detach, settle  # noqa: E402
+from bench.peer_compare import (  # noqa: E402
+    SETS,
+    KernelFacts,
+    build_workload,
+    our_functions,
+    settle,
+)
+from bench.together_cost import attach, detach  # noqa: E402
 from retsnoop_otel.kernel import tracefs  # noqa: E402
 
 HELPERS = ("bpf_get_stack", "bpf_get_stack_raw_tp", "bpf_get_stack_pe", "bpf_ringbuf_reserve", "bpf_ringbuf_submit",
@@ -81,7 +87,7 @@ def main() -> int:
                 got = helper_time(root, funcs, workload, args.calls)
             finally:
                 detach(running, 600)
-                settle()
+                settle(300)
     finally:
         (root / "buffer_size_kb").write_text(size_kb)
     print(json.dumps({"mode": args.mode, "set": args.sets, "calls": args.calls,

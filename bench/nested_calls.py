@@ -25,8 +25,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.peer_compare import PEERS, SETS, KernelFacts, build_workload, our_functions, run_workload  # noqa: E402
-from bench.together_cost import attach, detach, settle  # noqa: E402
+from bench.peer_compare import (  # noqa: E402
+    PEERS,
+    SETS,
+    KernelFacts,
+    build_workload,
+    our_functions,
+    run_workload,
+    settle,
+)
+from bench.together_cost import attach, detach  # noqa: E402
 from retsnoop_otel.kernel import tracefs  # noqa: E402
 
 
@@ -88,7 +96,7 @@ def main() -> int:
                     with_tool = calls_per_call(root, workload, args.calls)
                 finally:
                     detach(running, 600)
-                    settle()
+                    settle(300)
                 grew = {k: round(v - base.get(k, 0.0), 2) for k, v in with_tool.items() if v - base.get(k, 0.0) > 0.05}
                 print(json.dumps({"tool": tool, "mode": args.mode, "set": args.sets, "extra_calls_per_call":
                                   dict(sorted(grew.items(), key=lambda kv: -kv[1]))}), flush=True)

@@ -222,6 +222,14 @@ def enabled_count() -> int:
     return -1 if names is None else len(names)
 
 
+def settle(seconds: int) -> None:
+    """Wait (at most `seconds`) for the kernel to finish tearing a tool's hooks down."""
+    for _ in range(seconds):
+        if enabled_count() <= 0:
+            return
+        time.sleep(1)
+
+
 def prog_stats() -> dict[int, tuple[str, int, int, int]]:
     """id -> (name, run_time_ns, run_cnt, recursion_misses) of every loaded BPF program. A miss is a run
     the kernel skipped because the program was already running on that CPU (fentry inside our own
@@ -549,12 +557,7 @@ def one_run(tool: str, mode: str, set_name: str, entry: Sequence[str], allow: Se
         lines.join()
     if proc.returncode not in (0, -signal.SIGINT, -signal.SIGTERM):
         run.error = f"exit {proc.returncode}: " + " | ".join(lines.tail())
-    left = enabled_count()
-    if left > 0:  # wait for the kernel to finish tearing down before the next run measures anything
-        for _ in range(120):
-            time.sleep(1)
-            if enabled_count() <= 0:
-                break
+    settle(120)  # the kernel's teardown finished before the next run measures anything
     return run
 
 

@@ -37,7 +37,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from fnmatch import fnmatch
@@ -57,12 +56,12 @@ from bench.peer_compare import (  # noqa: E402
     _roomy_nofile,
     bpftrace_program,
     build_workload,
-    enabled_count,
     enabled_names,
     our_functions,
     prog_stats,
     run_workload,
     set_stats,
+    settle,
     start_command,
 )
 from bench.procs import stop  # noqa: E402
@@ -143,14 +142,6 @@ def measure(ours: Attached, peer: Attached, workload: list[str], calls: int) -> 
             per_call(peer.prog_ids, 2))
 
 
-def settle() -> None:
-    """Wait for the kernel to finish tearing the hooks down before the next attachment."""
-    for _ in range(300):
-        if enabled_count() <= 0:
-            return
-        time.sleep(1)
-
-
 def run_mode(mode: str, set_name: str, peer_tool: str, orders: list[str], rounds: int, calls: int,
              workload: list[str], tmp: Path, facts: KernelFacts, timeout: float,
              deny: Sequence[str] = ()) -> list[Round]:
@@ -178,7 +169,7 @@ def run_mode(mode: str, set_name: str, peer_tool: str, orders: list[str], rounds
         finally:
             for tool in reversed(list(running)):
                 detach(running[tool], timeout)
-            settle()
+            settle(300)
     return out
 
 
