@@ -23,9 +23,17 @@ Variants (bench/probe_variants.bpf.c, built into bench/build/ on first use; need
   counted  full, with the per-function and per-session counts that served metrics read (the agent)
   calls    retsnoop-otel's own programs with per-call records (mode: calls), the ring buffer drained
   nostack  full without the kernel stack at the error (what mode metrics runs, with the counts)
+  norecord full without the session's ring-buffer record (no session is long enough: -L): the stack stays
+  bare     neither stack nor record: the per-thread session bookkeeping alone, the plain peer's work
   full_app   full, with the application-context lookup that trace and agent do by default
   full_live  full_app, with the ring buffer read and decoded while the workload runs (another thread)
 Modes: kprobe, kprobe_multi, kprobe_session (one program for entry and exit; 6.10+), fentry (full only).
+
+--together A,B (each VARIANT[@BPF_O], a variant of our programs and optionally another build of them)
+attaches both at once, in each attach order in turn, and splits the very same workload calls between them:
+`--together full,full@OLD.bpf.o` compares a change with the build before it, `--together full,bare` says
+what the stack and the record cost. Runs one after the other drift up to 2x under emulation; the ratio of
+two programs attached together moved 3% when both were the same build.
 
 --fentry-nested (6.12: needs kprobe.multi): which functions run our fentry programs more often than they
 are called. Per function, the runs of its fentry clone against its calls counted by a kprobe.multi
@@ -72,7 +80,8 @@ VARIANTS_OBJ = HERE / "build" / "probe_variants.bpf.o"
 SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
 ATTACH_KPROBE_SESSION = 56
 TRACER_MODES = set(tracer_modes_)
-FULL = ("full", "counted", "nostack", "calls", "full_app", "full_live")  # variants that run retsnoop-otel's own Tracer
+# variants that run retsnoop-otel's own Tracer
+FULL = ("full", "counted", "nostack", "norecord", "bare", "calls", "full_app", "full_live")
 
 
 def build_variants() -> Path:
@@ -180,10 +189,13 @@ class VariantRun:
 class FullRun:
     """retsnoop-otel's own Tracer on the set."""
 
-    def __init__(self, mode: str, funcs: list, btf_func_id, variant: str, obj: Path | None = None) -> None:
+    def __init__(self, mode: str, funcs: list, btf_func_id, variant: str, obj: Path | None = None,
+                 drained: bool = False) -> None:
         # exclude_self off: the workload runs in this process, and the sessions are what is measured
         cfg = CaptureConfig(mode=mode, emit_calls=variant == "calls", exclude_self=False,
-                            app_context=variant in ("full_app", "full_live"), kernel_stack=variant != "nostack",
+                            app_context=variant in ("full_app", "full_live"),
+                            kernel_stack=variant not in ("nostack", "bare"),
+                            min_duration_ns=2**63 if variant in ("norecord", "bare") else 0,
                             func_counts=variant in ("counted", "nostack"))
         self.tracer = Tracer(funcs, cfg, btf_func_id=btf_func_id)
         if obj is None:
@@ -198,7 +210,7 @@ class FullRun:
         self.records = 0
         self._stop = threading.Event()
         self._live: threading.Thread | None = None
-        if variant in ("calls", "full_live"):
+        if variant in ("calls", "full_live") or drained:
             def count(_rec) -> None:
                 self.records += 1
             self.tracer.open_ring_buffer(count)
@@ -308,6 +320,75 @@ def measure(run, calls: int, work, base_us: float) -> dict:
             "added_us_per_call": round(wall / calls * 1e6 - base_us, 1)}
 
 
+def parse_spec(spec: str) -> tuple[str, Path | None]:
+    """VARIANT[@BPF_O]: one of the FULL variants, run with this checkout's object or the one given."""
+    variant, _, obj = spec.partition("@")
+    if variant not in FULL or variant == "full_live":  # full_live reads in its own thread until closed
+        raise ValueError(f"--together takes variants of retsnoop-otel's own programs, not {variant!r}")
+    return variant, Path(obj) if obj else None
+
+
+def together(mode: str, funcs: list, btf_func_id, specs: tuple[str, str], calls: int, work,
+             rounds: int) -> list[dict]:
+    """Two runs of our programs attached at once (variants, or builds), each attach order in turn: every
+    workload call runs both, so the kernel's run time per program splits the very same calls between them,
+    and the guest's drift between rounds (up to 2x under emulation) falls on both alike."""
+    rows = []
+    for order in ("this-first", "other-first"):
+        runs: list[FullRun] = []
+        try:
+            for spec in (specs if order == "this-first" else specs[::-1]):
+                variant, obj = parse_spec(spec)
+                runs.append(FullRun(mode, funcs, btf_func_id, variant, obj, drained=True))
+            this, other = runs if order == "this-first" else runs[::-1]
+            for rnd in range(1, rounds + 1):
+                # every stats read is a bpf() call per program that the other build's probes may see:
+                # taken before and after, with what one read adds taken off, as in measure()
+                a = [stats(r.fds) for r in (this, other)]
+                b = [stats(r.fds) for r in (this, other)]
+                work(calls)
+                c = [stats(r.fds) for r in (this, other)]
+                ns = [c[i][0] - b[i][0] - (b[i][0] - a[i][0]) for i in (0, 1)]
+                cnt = [c[i][1] - b[i][1] - (b[i][1] - a[i][1]) for i in (0, 1)]
+                for r in (this, other):
+                    r.drain()  # outside the counted calls: the next round starts with an empty ring buffer
+                row = {"mode": mode, "size": len(funcs), "variant": " vs ".join(specs), "order": order, "round": rnd,
+                       "bpf_ns_per_call": round(ns[0] / calls), "other_bpf_ns_per_call": round(ns[1] / calls),
+                       "probe_runs": cnt[0], "other_probe_runs": cnt[1],
+                       "ratio": round(ns[0] / ns[1], 3) if ns[1] else None}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+        finally:
+            for r in runs:
+                r.close()
+    return rows
+
+
+def together_table(rows: list[dict]) -> str:
+    """Per mode, size and pair: medians of both, and the ratio's geometric mean over both attach orders, which
+    cancels what being attached first does to a program's run time (the same build twice, 6.12 under
+    emulation: 1.2x dearer first in the kprobe modes, 0.65x in fentry)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["mode"], r["size"], r["variant"]), []).append(r)
+    lines = ["the first / the second, BPF ns per workload call, --repeat rounds in each attach order",
+             f"{'mode':<15}{'funcs':>6} {'first vs second':<40}{'BPF ns/call':>12}{'second':>10}  ratio by round"]
+    for (mode, size, variant), group in groups.items():
+        ratios = [r["ratio"] for r in group if r["ratio"]]
+        lines.append(f"{mode:<15}{size:>6} {variant:<40}"
+                     f"{statistics.median(r['bpf_ns_per_call'] for r in group):>12.0f}"
+                     f"{statistics.median(r['other_bpf_ns_per_call'] for r in group):>10.0f}  "
+                     f"{statistics.geometric_mean(ratios):.2f}x: {', '.join(f'{x:.2f}' for x in ratios)}")
+    return "\n".join(lines)
+
+
+def _median(values: list) -> float | None:
+    if not values:
+        return None
+    m = statistics.median(values)
+    return round(m) if all(isinstance(v, int) for v in values) else round(m, 2)
+
+
 def medians(rows: list[dict]) -> list[dict]:
     """One row per (mode, size, variant): the median of each figure over its rounds, in first-seen order."""
     groups: dict[tuple, list[dict]] = {}
@@ -318,7 +399,7 @@ def medians(rows: list[dict]) -> list[dict]:
         if "note" in group[0]:
             out.append(group[0])
             continue
-        out.append({k: (statistics.median([x[k] for x in group if x[k] is not None] or [None])
+        out.append({k: (_median([x[k] for x in group if x[k] is not None])
                         if isinstance(v, (int, float)) and not isinstance(v, bool) else v)
                     for k, v in group[0].items()})
     return out
@@ -339,8 +420,20 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=1, help="rounds over the variants; the table shows medians")
     ap.add_argument("--base-object", type=Path, metavar="BPF_O", help="also run the full variants with this "
                     "build of retsnoop.bpf.c (rows '<variant>-base'), to compare a change side by side")
+    ap.add_argument("--together", metavar="SPEC,SPEC", help="attach two runs of our programs at once and split "
+                    "the same calls between them (--repeat rounds per attach order); SPEC: VARIANT[@BPF_O], e.g. "
+                    "full,full@bench/build/base.bpf.o (two builds) or full,bare (two configurations)")
     ap.add_argument("--fentry-nested", type=int, metavar="SIZE", help="only the fentry self-firing analysis")
     args = ap.parse_args()
+    if args.together:
+        try:
+            specs = tuple(args.together.split(","))
+            if len(specs) != 2:
+                raise ValueError("--together takes two specs, comma-separated")
+            for spec in specs:
+                parse_spec(spec)
+        except ValueError as exc:
+            ap.error(str(exc))
     build_variants()
     if args.build_only:
         return 0
@@ -385,6 +478,9 @@ def main() -> int:
                     rows.append({"mode": mode, "size": size, "note": "not supported by this kernel"})
                     continue
                 funcs = pick(size, mode, ksyms, available, ret_kinds, args.set)
+                if args.together:
+                    rows += together(mode, funcs, ret_kinds.func_id, specs, args.calls, work, args.repeat)
+                    continue
                 variants = args.variants.split(",")
                 if args.base_object:
                     variants = [w for v in variants for w in ((v, f"{v}-base") if v in FULL else (v,))]
@@ -419,6 +515,9 @@ def main() -> int:
         btf.free()
     print(f"\nkernel {os.uname().release}; workload: {args.calls} x bpf(BPF_MAP_CREATE) "
           f"({'create + close' if ok else 'failing, EINVAL'}); nothing attached: {base_us:.1f} us per call")
+    if args.together:
+        print(together_table(rows))
+        return 0
     print(f"{'mode':<15}{'funcs':>6} {'variant':<15}{'probe runs':>11}{'ns/run':>8}{'BPF ns/call':>12}"
           f"{'+us/call':>10}{'attach s':>9}{'detach s':>9}{'missed/call':>12}")
     for r in medians(rows) if args.repeat > 1 else rows:

@@ -196,6 +196,34 @@ def test_pid_filter_excludes_other_processes(simkern):
         tracer.close()
 
 
+def test_exe_name_follows_an_exec_of_the_same_thread(simkern, tmp_path):
+    """The exe name is the one of the program that ran the session: an exec between two sessions of one
+    thread (same tid, so the same entry in the kernel's sessions map) gives the later ones the new name.
+    Any reuse of the name across a thread's sessions must keep this."""
+    path, _lib = simkern
+    first, second = tmp_path / "exec-first", tmp_path / "exec-second-program"
+    subprocess.run(["gcc", "-O1", "-o", str(first), str(HERE / "exec_twice.c"), "-ldl"], check=True)
+    second.write_bytes(first.read_bytes())
+    second.chmod(0o755)
+    child = subprocess.Popen([str(first), path, str(second)], stdin=subprocess.PIPE)
+    tracer = Tracer(_funcs(), CaptureConfig(mode="uprobe", uprobe_binary=path, pids=[child.pid],
+                                            exclude_self=False))
+    sessions = []
+    assembler = SessionAssembler()
+    try:
+        tracer.load()
+        tracer.attach(strict=True)
+        tracer.open_ring_buffer(lambda rec: (s := assembler.feed(rec)) and sessions.append(s))
+        child.communicate(b"go\n", timeout=30)
+        assert child.returncode == 0
+        while tracer.poll(50):
+            pass
+    finally:
+        child.kill()
+        tracer.close()
+    assert [(s.tid, s.exe_name) for s in sessions] == [(child.pid, first.name)] * 2 + [(child.pid, second.name)] * 2
+
+
 def test_attach_failure_leaves_nothing_attached(simkern):
     path, _ = simkern
     funcs = [TracedFunc(0, "sk_syscall", 0, RetKind.SIGNED, True),
