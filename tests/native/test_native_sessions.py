@@ -11,7 +11,7 @@ import contextlib
 import ctypes
 import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -39,10 +39,12 @@ def _funcs() -> list[TracedFunc]:
     return [TracedFunc(i, name, 0, kind, entry) for i, (name, kind, entry) in enumerate(FUNCS)]
 
 
-def _capture(simkern: tuple[str, ctypes.CDLL], calls: list[tuple[str, int]], **cfg: object):
+def _capture(simkern: tuple[str, ctypes.CDLL], calls: list[tuple[str, int]],
+             drive: Callable[[], None] | None = None, pids: list[int] | None = None, **cfg: object):
+    """Sessions of `calls` made here, or of what `drive` makes another process (`pids`) do."""
     path, lib = simkern
     funcs = _funcs()
-    config = CaptureConfig(mode="uprobe", uprobe_binary=path, pids=[os.getpid()], exclude_self=False,
+    config = CaptureConfig(mode="uprobe", uprobe_binary=path, pids=pids or [os.getpid()], exclude_self=False,
                            **cfg)  # type: ignore[arg-type]
     tracer = Tracer(funcs, config)
     sessions = []
@@ -53,6 +55,8 @@ def _capture(simkern: tuple[str, ctypes.CDLL], calls: list[tuple[str, int]], **c
         tracer.open_ring_buffer(lambda rec: (s := assembler.feed(rec)) and sessions.append(s))
         for fn, arg in calls:
             getattr(lib, fn)(arg)
+        if drive is not None:
+            drive()
         while tracer.poll(50):
             pass
         stats = {f.func_id: f for f in tracer.func_stats()}
@@ -200,27 +204,21 @@ def test_exe_name_follows_an_exec_of_the_same_thread(simkern, tmp_path):
     """The exe name is the one of the program that ran the session: an exec between two sessions of one
     thread (same tid, so the same entry in the kernel's sessions map) gives the later ones the new name.
     Any reuse of the name across a thread's sessions must keep this."""
-    path, _lib = simkern
+    path, _ = simkern
     first, second = tmp_path / "exec-first", tmp_path / "exec-second-program"
     subprocess.run(["gcc", "-O1", "-o", str(first), str(HERE / "exec_twice.c"), "-ldl"], check=True)
     second.write_bytes(first.read_bytes())
     second.chmod(0o755)
     child = subprocess.Popen([str(first), path, str(second)], stdin=subprocess.PIPE)
-    tracer = Tracer(_funcs(), CaptureConfig(mode="uprobe", uprobe_binary=path, pids=[child.pid],
-                                            exclude_self=False))
-    sessions = []
-    assembler = SessionAssembler()
-    try:
-        tracer.load()
-        tracer.attach(strict=True)
-        tracer.open_ring_buffer(lambda rec: (s := assembler.feed(rec)) and sessions.append(s))
-        child.communicate(b"go\n", timeout=30)
+
+    def drive() -> None:
+        child.communicate(b"go\n", timeout=30)  # the child waits for the tracer to be attached
         assert child.returncode == 0
-        while tracer.poll(50):
-            pass
+
+    try:
+        _, sessions, _, _ = _capture(simkern, [], drive, pids=[child.pid])
     finally:
         child.kill()
-        tracer.close()
     assert [(s.tid, s.exe_name) for s in sessions] == [(child.pid, first.name)] * 2 + [(child.pid, second.name)] * 2
 
 
