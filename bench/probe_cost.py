@@ -301,21 +301,31 @@ def stats(fds: list[int]) -> tuple[int, int, int]:
     return ns, cnt, missed
 
 
+def around(fd_sets: list[list[int]], action):
+    """action()'s result, and the run time, runs and recursion misses of each set of programs over it.
+
+    A stats read is a bpf() call per program, traced like the workload's (fentry: ~2,000 clones): two
+    reads back to back say what one read adds, and that is taken off."""
+    first = [stats(fds) for fds in fd_sets]
+    before = [stats(fds) for fds in fd_sets]
+    result = action()
+    after = [stats(fds) for fds in fd_sets]
+    return result, [(a[0] - b[0] - (b[0] - f[0]), a[1] - b[1] - (b[1] - f[1]), a[2] - b[2])
+                    for f, b, a in zip(first, before, after, strict=True)]
+
+
 def measure(run, calls: int, work, base_us: float) -> dict:
-    # a stats read is a bpf() call per program, traced like the workload's (fentry: ~2,000 clones):
-    # two reads back to back say what one read adds, and that is taken off
-    ns_a, cnt_a, _ = stats(run.fds)
-    ns0, cnt0, miss0 = stats(run.fds)
-    wall = work(calls)
-    if isinstance(run, FullRun):
-        run.drain()
-    ns1, cnt1, miss1 = stats(run.fds)
-    runs = cnt1 - cnt0 - (cnt0 - cnt_a)
-    ns = ns1 - ns0 - (ns0 - ns_a)
+    def work_then_drain() -> float:
+        wall = work(calls)
+        if isinstance(run, FullRun):
+            run.drain()
+        return wall
+
+    wall, [(ns, runs, missed)] = around([run.fds], work_then_drain)
     return {"attach_s": round(run.attach_s, 2), "probe_runs": runs,
             "ns_per_run": round(ns / runs) if runs else None,
             "bpf_ns_per_call": round(ns / calls),
-            "missed_per_call": round((miss1 - miss0) / calls, 2),
+            "missed_per_call": round(missed / calls, 2),
             "wall_us_per_call": round(wall / calls * 1e6, 1),
             "added_us_per_call": round(wall / calls * 1e6 - base_us, 1)}
 
@@ -342,20 +352,13 @@ def together(mode: str, funcs: list, btf_func_id, specs: tuple[str, str], calls:
                 runs.append(FullRun(mode, funcs, btf_func_id, variant, obj, drained=True))
             this, other = runs if order == "this-first" else runs[::-1]
             for rnd in range(1, rounds + 1):
-                # every stats read is a bpf() call per program that the other build's probes may see:
-                # taken before and after, with what one read adds taken off, as in measure()
-                a = [stats(r.fds) for r in (this, other)]
-                b = [stats(r.fds) for r in (this, other)]
-                work(calls)
-                c = [stats(r.fds) for r in (this, other)]
-                ns = [c[i][0] - b[i][0] - (b[i][0] - a[i][0]) for i in (0, 1)]
-                cnt = [c[i][1] - b[i][1] - (b[i][1] - a[i][1]) for i in (0, 1)]
+                _, [(ns, cnt, _), (other_ns, other_cnt, _)] = around([this.fds, other.fds], lambda: work(calls))
                 for r in (this, other):
                     r.drain()  # outside the counted calls: the next round starts with an empty ring buffer
                 row = {"mode": mode, "size": len(funcs), "variant": " vs ".join(specs), "order": order, "round": rnd,
-                       "bpf_ns_per_call": round(ns[0] / calls), "other_bpf_ns_per_call": round(ns[1] / calls),
-                       "probe_runs": cnt[0], "other_probe_runs": cnt[1],
-                       "ratio": round(ns[0] / ns[1], 3) if ns[1] else None}
+                       "bpf_ns_per_call": round(ns / calls), "other_bpf_ns_per_call": round(other_ns / calls),
+                       "probe_runs": cnt, "other_probe_runs": other_cnt,
+                       "ratio": round(ns / other_ns, 3) if other_ns else None}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
         finally:
