@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LOW_VENV := .venv-lowest
 LOW_STAMP := $(LOW_VENV)/.installed
-APT_PACKAGES := clang llvm libbpf-dev bpftool qemu-system-x86 kmod busybox-static prometheus
+APT_PACKAGES := clang llvm libelf-dev zlib1g-dev curl bpftool qemu-system-x86 kmod busybox-static prometheus
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 PYTEST_ARGS ?= -ra
 
@@ -43,8 +43,14 @@ $(LOW_STAMP): pyproject.toml setup.py tests/lowest_constraints.py | $(PY)
 	$(LOW_VENV)/bin/python -m pip install -c $(LOW_VENV)/constraints.txt -e '.[dev,kubernetes]'
 	touch $@
 
-bpf:
-	@$(MAKE) --no-print-directory -s -C bpf OUT=$(CURDIR)/retsnoop_otel/bpf
+# our own libbpf (bpf/build-libbpf pins it), loaded by the package whatever the host has; the BPF objects
+# compile against its headers
+LIBBPF_SO := retsnoop_otel/bpf/libbpf.so.1
+LIBBPF_BUILD := build/libbpf
+bpf: $(LIBBPF_SO)
+	@$(MAKE) --no-print-directory -s -C bpf OUT=$(CURDIR)/retsnoop_otel/bpf LIBBPF_INCLUDE=$(CURDIR)/$(LIBBPF_BUILD)/include
+$(LIBBPF_SO): bpf/build-libbpf
+	bpf/build-libbpf $(CURDIR)/$(LIBBPF_BUILD) $(CURDIR)/retsnoop_otel/bpf
 
 # the thread-context publisher for Python services (retsnoop_otel/publisher): TLSDESC, only its API exported
 PUBLISHER_SO := retsnoop_otel/publisher/libotel_thread_ctx.so
@@ -90,6 +96,7 @@ clean:
 	rm -rf build *.egg-info .pytest_cache .ruff_cache .benchmarks
 	find . \( -path ./$(VENV) -o -path ./$(LOW_VENV) \) -prune -o -name __pycache__ -type d -print0 | xargs -0 rm -rf
 	@$(MAKE) --no-print-directory -s -C bpf clean OUT=$(CURDIR)/retsnoop_otel/bpf
+	rm -f $(LIBBPF_SO) retsnoop_otel/bpf/LICENSE.libbpf
 
 distclean: clean
 	rm -rf $(VENV) $(LOW_VENV)

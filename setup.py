@@ -1,5 +1,5 @@
-"""Compile the BPF objects (CO-RE) and the publisher's C library into the package at build time, so no compiler is
-needed at run time."""
+"""Build our own libbpf, the BPF objects (CO-RE) and the publisher's C library into the package at build time, so no
+compiler, and no libbpf of the host's, is needed at run time."""
 
 import os
 import shutil
@@ -19,19 +19,16 @@ def _need(tool: str, package: str) -> None:
 
 
 class BuildBpf(build_py):
-    """Run `make -C bpf` (and build the publisher library) and put them next to the Python modules that load them."""
+    """Run `make bpf` (libbpf, BPF objects, publisher library): they land next to the Python modules that load them."""
 
     def run(self) -> None:
         _need("clang", "clang")
         _need("make", "make")
         _need("gcc", "gcc")  # the thread-context publisher's C library (Makefile rule PUBLISHER_SO)
-        if not Path("/usr/include/bpf/bpf_helpers.h").exists():
-            sys.exit("error: libbpf headers not found: install the Debian package 'libbpf-dev'")
-        out = ROOT / "retsnoop_otel" / "bpf"
-        out.mkdir(exist_ok=True)
-        subprocess.run(["make", "-s", "-C", str(ROOT / "bpf"), f"OUT={out}"], check=True, env=os.environ)
-        subprocess.run(["make", "-s", "-C", str(ROOT), "retsnoop_otel/publisher/libotel_thread_ctx.so"], check=True,
-                       env=os.environ)
+        for header, package in (("libelf.h", "libelf-dev"), ("zlib.h", "zlib1g-dev")):  # what libbpf builds with
+            if not Path("/usr/include", header).exists():
+                sys.exit(f"error: /usr/include/{header} not found: install the Debian package '{package}'")
+        subprocess.run(["make", "-s", "-C", str(ROOT), "bpf"], check=True, env=os.environ)
         super().run()
 
 

@@ -5,7 +5,9 @@
  * How each finds the traced function's id: fentry and kprobe read their BPF cookie (a field of the
  * run context). kprobe.multi and kprobe.session look the function's address up in ip_ids instead
  * (ID_BY_IP), and only once the thread is known to be in a session: their cookie is found by a binary
- * search over the link's sorted addresses on every run (bench/probe_cost.py). */
+ * search over the link's sorted addresses on every run (bench/probe_cost.py). Kernels before 5.15 have no
+ * cookies: there a kprobe finds its id by address too, and a kretprobe takes the session's innermost call.
+ * (compat.bpf.h: what differs between kernels). */
 
 /* fentry: a pair per traced function, cloned from these templates (kernel/clones.py). Entry functions get
  * fentry_entry/fexit_exit; the others fentry_inner/fexit_inner, which cannot start or end a session and
@@ -61,7 +63,7 @@ int BPF_PROG(fexit_inner)
 SEC("kprobe")
 int kprobe_entry(struct pt_regs *ctx)
 {
-	handle_entry(ctx, (__u32)bpf_get_attach_cookie(ctx), false, true);
+	handle_entry(ctx, kprobe_id(ctx, ID_BY_IP), false, true);
 	return 0;
 }
 
@@ -69,7 +71,7 @@ SEC("kretprobe")
 int kretprobe_exit(struct pt_regs *ctx)
 {
 	snap_lbr();
-	handle_exit(ctx, (__u32)bpf_get_attach_cookie(ctx), (__s64)PT_REGS_RC(ctx), true);
+	handle_exit(ctx, kprobe_id(ctx, ID_OF_TOP), (__s64)PT_REGS_RC(ctx), true);
 	return 0;
 }
 
@@ -96,9 +98,6 @@ int kmulti_exit(struct pt_regs *ctx)
 	return 0;
 }
 
-/* Linux 6.10+: whether a kprobe.session program runs at the exit of the call (false: at its entry). */
-extern bool bpf_session_is_return(void) __ksym __weak;
-
 /* kprobe.session (Linux 6.10+): one program at entry and exit; a non-zero return at entry tells the
  * kernel not to run it at that call's exit, which skips the exits of every call outside a session.
  * Two links, as for kprobe.multi: entry functions (ksession) and the others (ksession_inner).
@@ -106,7 +105,7 @@ extern bool bpf_session_is_return(void) __ksym __weak;
  * so user space sets the expected attach type before load and attaches with its own BPF_LINK_CREATE. */
 static __always_inline int session_run(struct pt_regs *ctx, bool outer)
 {
-	if (bpf_session_is_return()) {
+	if (session_is_return(ctx)) {
 		snap_lbr();
 		handle_exit(ctx, ID_BY_IP, (__s64)PT_REGS_RC(ctx), outer);
 		return 0;

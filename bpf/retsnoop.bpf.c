@@ -13,6 +13,7 @@
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
 #include "retsnoop.h"
+#include "compat.bpf.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -103,10 +104,12 @@ struct {
 } ip_ids SEC(".maps");
 
 #define ID_BY_IP (-1)	/* handle_exit(): find the id by the function's address, once a session is found */
+#define ID_OF_TOP (-2)	/* handle_exit(): the function of the session's innermost open call (kretprobes before
+			 * Linux 5.15, which have neither a cookie nor the function's address) */
 
 static __always_inline __s64 id_by_ip(void *ctx)
 {
-	__u64 ip = bpf_get_func_ip(ctx);
+	__u64 ip = func_ip(ctx);
 	__u32 *id = bpf_map_lookup_elem(&ip_ids, &ip);
 
 	return id ? *id : -1;
@@ -199,7 +202,6 @@ static __always_inline struct session *start_session(struct session *s, __u32 ke
 						     __u64 now)
 {
 	struct capture_stats *cs;
-	struct task_struct *task;
 
 	if (!filters_allow(tgid, tid))
 		return NULL;
@@ -227,8 +229,7 @@ static __always_inline struct session *start_session(struct session *s, __u32 ke
 	if (tid == tgid) {	/* the process's main thread: its comm is the process's */
 		__builtin_memcpy(s->proc_comm, s->comm, sizeof(s->comm));
 	} else {
-		task = bpf_get_current_task_btf();
-		bpf_probe_read_kernel_str(s->proc_comm, sizeof(s->proc_comm), task->group_leader->comm);
+		bpf_probe_read_kernel_str(s->proc_comm, sizeof(s->proc_comm), group_leader_comm());
 	}
 	sample_at_start(s);
 	if (emit_calls) {
@@ -328,10 +329,7 @@ static __always_inline void fill_level(struct session *s, int d, __s64 res, __u6
  * process is often gone before user space could look it up; empty for kernel threads (no mm). */
 static __always_inline void read_exe_name(char *out)
 {
-	/* a BTF pointer: the walk is plain loads the kernel guards against faults (a NULL mm reads as 0),
-	 * not a probe-read helper call per pointer */
-	struct task_struct *task = bpf_get_current_task_btf();
-	const unsigned char *name = task->mm->exe_file->f_path.dentry->d_name.name;
+	const unsigned char *name = exe_name();
 
 	out[0] = 0;
 	if (name)
@@ -426,6 +424,8 @@ static __always_inline void handle_exit(void *ctx, __s64 id, __s64 res, bool out
 		return;
 	if (id == ID_BY_IP)
 		id = id_by_ip(ctx);
+	else if (id == ID_OF_TOP)	/* past max_depth any traced id does: that exit only counts the depth down */
+		id = s->depth <= 0 ? -1 : s->func_ids[lvl(s->depth > max_depth ? 0 : s->depth - 1)];
 	if (id < 0)
 		return;
 	func_id = id;

@@ -29,6 +29,13 @@ enum bpf_map_type {
 	BPF_MAP_TYPE_RINGBUF = 27,
 };
 
+/* helpers a kernel may lack: bpf_core_enum_value_exists() asks the running kernel's BTF (CO-RE) */
+enum bpf_func_id {
+	BPF_FUNC_get_current_task_btf = 158,	/* Linux 5.11 */
+	BPF_FUNC_get_func_ip = 173,		/* Linux 5.15 */
+	BPF_FUNC_get_attach_cookie = 174,	/* Linux 5.15 */
+};
+
 enum {
 	BPF_ANY = 0,
 	BPF_NOEXIST = 1,

@@ -30,6 +30,7 @@ MAP_RINGBUF = 27
 PROG_KPROBE = 2
 PROG_TRACING = 26
 ATTACH_TRACE_FENTRY = 24
+ATTACH_TRACE_FEXIT = 25
 ATTACH_TRACE_KPROBE_MULTI = 42
 ATTACH_TRACE_KPROBE_SESSION = 56  # Linux 6.10+
 BPF_F_KPROBE_MULTI_RETURN = 1
@@ -107,7 +108,8 @@ class ProgLoadAttr(ctypes.Structure):
 
 
 class LinkCreateAttr(ctypes.Structure):
-    """link_create with the kprobe_multi layout of the trailing union (tracing uses none of it)."""
+    """link_create with the kprobe_multi layout of the trailing union; a tracing link's cookie (after its u32
+    target_btf_id) lies where kprobe_multi has `syms`."""
 
     _fields_ = [("prog_fd", ctypes.c_uint32), ("target_fd", ctypes.c_uint32), ("attach_type", ctypes.c_uint32),
                 ("flags", ctypes.c_uint32), ("kmulti_flags", ctypes.c_uint32), ("kmulti_cnt", ctypes.c_uint32),
@@ -163,9 +165,9 @@ def prog_load(prog_type: int, insns: bytes, license: bytes = b"GPL", expected_at
         raise BpfLoadError(exc.errno, "bpf(BPF_PROG_LOAD)", text) from None
 
 
-def link_create(prog_fd: int, attach_type: int, target_fd: int = 0) -> int:
-    """BPF_LINK_CREATE for fentry/fexit (target given at load time); returns the link fd."""
-    attr = LinkCreateAttr(prog_fd=prog_fd, target_fd=target_fd, attach_type=attach_type)
+def link_create(prog_fd: int, attach_type: int, target_fd: int = 0, cookie: int = 0) -> int:
+    """BPF_LINK_CREATE for fentry/fexit (target given at load time, `cookie`: Linux 5.19+); returns the link fd."""
+    attr = LinkCreateAttr(prog_fd=prog_fd, target_fd=target_fd, attach_type=attach_type, kmulti_syms=cookie)
     return sys_bpf(BPF_LINK_CREATE, attr, "bpf(BPF_LINK_CREATE)")
 
 

@@ -29,6 +29,7 @@ PROBE_TARGETS = ("bpf_fentry_test1", "do_sys_openat2", "__x64_sys_getpid", "__ar
 HELPER_GET_FUNC_IP = 173
 HELPER_GET_ATTACH_COOKIE = 174
 HELPER_GET_BRANCH_SNAPSHOT = 176
+HELPER_GET_FUNC_RET = 184
 ENOTSUPP = 524  # kernel-internal "operation not supported", leaks out of BPF trampolines
 
 VM_HINT = ("run retsnoop-otel on a kernel that allows them, for example in a VM "
@@ -124,22 +125,45 @@ def _close(*fds: int) -> None:
             os.close(fd)
 
 
+def _fexit_as_traced() -> bytes:
+    """A fexit program that does what ours need of the kernel: the return value and the link's cookie."""
+    b = bpfsys
+    return b''.join((b.mov64_reg(6, 1),
+                     b.st_mem_w(10, -8, 0), b.st_mem_w(10, -4, 0),
+                     b.mov64_reg(1, 6), b.mov64_reg(2, 10), b.add64_imm(2, -8), b.call(HELPER_GET_FUNC_RET),
+                     b.mov64_reg(1, 6), b.call(HELPER_GET_ATTACH_COOKIE),
+                     b.RETURN_ZERO))
+
+
 def probe_fentry(btf: Btf | FuncIdLookup | None) -> Feature:
-    """Load and attach a fentry program (BPF trampoline) on a harmless function, then detach."""
+    """Load and attach a fentry program (BPF trampoline) on a harmless function, then a fexit program that reads
+    the return value and its link's cookie (fentry mode needs both: Linux 5.19+); detach."""
     name = "fentry"
     func, tid = _target_func(btf)
     if not tid:
         return Feature(name, False, "needs kernel BTF to name the attach target", _errno.ENOENT,
                        "has no BTF for fentry/fexit programs")
     prog = link = -1
+    cookies = False
     try:
         prog = bpfsys.prog_load(bpfsys.PROG_TRACING, bpfsys.RETURN_ZERO,
                                 expected_attach_type=bpfsys.ATTACH_TRACE_FENTRY, attach_btf_id=tid,
                                 name=b"rs_probe_fentry")
         link = bpfsys.link_create(prog, bpfsys.ATTACH_TRACE_FENTRY)
+        _close(link, prog)
+        prog = link = -1
+        cookies = True
+        prog = bpfsys.prog_load(bpfsys.PROG_TRACING, _fexit_as_traced(),
+                                expected_attach_type=bpfsys.ATTACH_TRACE_FEXIT, attach_btf_id=tid,
+                                name=b"rs_probe_fexit")
+        link = bpfsys.link_create(prog, bpfsys.ATTACH_TRACE_FEXIT, cookie=1)
     except OSError as exc:
         err = exc.errno or _errno.EINVAL
         stage = "loading" if prog < 0 else "attaching"
+        if cookies and err == _errno.EINVAL:
+            return Feature(name, False, f"refused ({_ename(err)}): fentry programs attach, but not with BPF "
+                           "cookies and bpf_get_func_ret() (Linux 5.19+ needed)", err,
+                           "has no BPF cookies for fentry/fexit (Linux 5.19+ needed)")
         if err in (_errno.EPERM, _errno.EACCES):
             meaning = (f"the kernel denies {stage} BPF tracing programs to this process (kernel lockdown, "
                        "an LSM policy, or missing CAP_BPF/CAP_PERFMON)")
@@ -150,7 +174,7 @@ def probe_fentry(btf: Btf | FuncIdLookup | None) -> Feature:
         return _refused(name, err, meaning, "refuses fentry/fexit programs")
     finally:
         _close(link, prog)
-    return Feature(name, True, f"fentry program loaded and attached to {func}")
+    return Feature(name, True, f"fentry and fexit programs (with cookies) loaded and attached to {func}")
 
 
 def probe_kprobes(root: str, btf: Btf | FuncIdLookup | None, config: dict[str, str]) -> Feature:
@@ -485,7 +509,7 @@ def require_tracing(features: Features, mode: str) -> None:
 
 
 def format_features(features: Features) -> str:
-    lines = [f"Kernel {features.kernel_release}, libbpf {features.libbpf_version}"]
+    lines = [f"Kernel {features.kernel_release}, libbpf {features.libbpf_version} (built with the package)"]
     width = max(len(f.name) for f in features.entries())
     for f in features.entries():
         lines.append(f"  {f.name:<{width}}  {'yes' if f.available else 'NO ':<3}  {f.detail}")

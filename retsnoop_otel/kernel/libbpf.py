@@ -1,5 +1,8 @@
-"""ctypes binding over the system libbpf.so.1 (>= 1.1): the library, its errors, and BPF objects
-with their maps, programs and links.
+"""ctypes binding over our own libbpf (built with the package, retsnoop_otel/bpf/libbpf.so.1; bpf/build-libbpf
+pins its version): the library, its errors, and BPF objects with their maps, programs and links.
+
+Not the host's libbpf: Debian 12 ships 1.1 and Ubuntu 22.04 0.5, and what current kernels need (kfunc
+flavours, fsession) is newer than either; one pinned loader behaves the same on every host.
 
 Only what retsnoop-otel calls. Failures raise LibbpfError carrying errno and the messages libbpf
 printed while failing, so users see libbpf's own explanation. libbpf_abi.py declares the C side;
@@ -18,7 +21,7 @@ from collections.abc import Iterator, Sequence
 
 from retsnoop_otel.kernel import libbpf_abi as abi
 
-MIN_VERSION = (1, 1)
+MIN_VERSION = (1, 7)
 
 # enum bpf_prog_type / bpf_map_type values (uapi linux/bpf.h), for the feature probes.
 PROG_TYPE_KPROBE = 2
@@ -41,7 +44,12 @@ class LibbpfError(OSError):
 
 
 class LibbpfUnavailable(RuntimeError):
-    """libbpf.so.1 is missing, older than MIN_VERSION, or lacks a function we bind."""
+    """Our libbpf.so.1 is missing, older than MIN_VERSION, or lacks a function we bind."""
+
+
+def library_path() -> str:
+    # next to the BPF object it loads (kernel/tracer.bpf_object_path)
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bpf", "libbpf.so.1")
 
 
 # ---- loading the library ----------------------------------------------------------------------
@@ -56,23 +64,28 @@ class _Libbpf:
     refuses to start with one clear message instead of failing in the middle of a run.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, path: str | None = None) -> None:
+        path = path or library_path()
+        rebuild = "rebuild the package (`make bpf` in a checkout, or reinstall it)"
+        if not os.path.exists(path):
+            raise LibbpfUnavailable(f"{path} is missing: the package was built without its libbpf; {rebuild}")
         try:
-            self.lib = ctypes.CDLL("libbpf.so.1", use_errno=True)
-        except OSError as exc:
-            raise LibbpfUnavailable(
-                "libbpf.so.1 not found: install the Debian package 'libbpf1' (version 1.1 or newer)") from exc
+            self.lib = ctypes.CDLL(path, use_errno=True)
+        except OSError as exc:  # libelf.so.1 or zlib missing, or a library built for another machine
+            raise LibbpfUnavailable(f"cannot load {path}: {exc} (it needs the Debian packages libelf1 and "
+                                    f"zlib1g; otherwise {rebuild})") from exc
         for name, (restype, argtypes) in abi.SIGNATURES.items():
             fn = getattr(self.lib, name, None)
             if fn is None:
-                raise LibbpfUnavailable(f"libbpf.so.1 lacks {name}(): install libbpf1 1.1 or newer")
+                raise LibbpfUnavailable(f"{path} lacks {name}(): {rebuild}")
             fn.restype = restype
             fn.argtypes = argtypes
+        self.path = path
         self.version = (self.lib.libbpf_major_version(), self.lib.libbpf_minor_version())
         if self.version < MIN_VERSION:
             raise LibbpfUnavailable(
-                f"libbpf {self.version[0]}.{self.version[1]} is too old: retsnoop-otel needs libbpf "
-                f"{MIN_VERSION[0]}.{MIN_VERSION[1]} or newer (Debian package libbpf1)")
+                f"{path} is libbpf {self.version[0]}.{self.version[1]}, too old: retsnoop-otel needs libbpf "
+                f"{MIN_VERSION[0]}.{MIN_VERSION[1]} or newer; {rebuild}")
         libc = _libc()
         self._vsnprintf = libc.vsnprintf
         self._vsnprintf.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_void_p]

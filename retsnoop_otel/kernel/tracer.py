@@ -41,6 +41,7 @@ _MODE_PROGRAMS = {  # (entry, exit) or, by address (multi_link.py), per group of
     "uprobe": ("kprobe_entry", "kretprobe_exit"),  # user-space functions: drives the logic in host tests
 }
 _BY_ADDRESS = ("kprobe_multi", "kprobe_session")  # the programs find the function id by address (map ip_ids)
+HELPER_GET_ATTACH_COOKIE = 174  # enum bpf_func_id: Linux 5.15
 # every name a program of ours has in the kernel: what a check for leftovers after detach looks for
 PROGRAM_NAMES = frozenset({*(n for names in _MODE_PROGRAMS.values() for n in names), *clones.TEMPLATES})
 MAX_HELD_SESSIONS = 1024  # sessions whose per-call records the kernel holds at once (the rest stream)
@@ -123,6 +124,10 @@ class Tracer:
         self._lbr_fds: list[int] = []
         self._obj: lb.BpfObject | None = None
         self._ncpus = lb.num_possible_cpus()
+        # kprobes carry the function id as their BPF cookie, on kernels that have cookies (5.15+); before that the
+        # programs find it by address (flavours.bpf.h asks the kernel's BTF the same question)
+        self._by_address = config.mode in _BY_ADDRESS or (
+            config.mode == "kprobe" and not lb.probe_helper(lb.PROG_TYPE_KPROBE, HELPER_GET_ATTACH_COOKIE))
         self._name_count: dict[str, int] = {}
         for f in self.funcs:
             self._name_count[f.name] = self._name_count.get(f.name, 0) + 1
@@ -204,7 +209,7 @@ class Tracer:
         obj.map("app_targets").set_max_entries(cfg.max_app_processes if watch else 1)
         obj.map("app_asked").set_max_entries(cfg.max_app_processes if watch else 1)
         obj.map("wl_stats").set_max_entries(cfg.max_workload_counts if cfg.workload_stats else 1)
-        obj.map("ip_ids").set_max_entries(n if cfg.mode in _BY_ADDRESS else 1)
+        obj.map("ip_ids").set_max_entries(n if self._by_address else 1)
         held = cfg.emit_calls and not cfg.capture_args  # -A records are too large to hold: they stream
         obj.map("call_bufs").set_max_entries(min(cfg.max_sessions, MAX_HELD_SESSIONS) if held else 1)
         obj.map("rate_tat").set_max_entries(n if cfg.success_interval_ns else 1)
@@ -228,7 +233,7 @@ class Tracer:
             kind = RET_KIND_CODES[f.ret] << records.FUNC_RET_KIND_SHIFT
             flags = (records.FUNC_IS_ENTRY if f.is_entry else 0) | kind
             infos.update(struct.pack("<I", f.id), records.FUNC_INFO.pack(f.addr, flags, 0))
-        if self.config.mode in _BY_ADDRESS:
+        if self._by_address:
             multi_link.fill_ip_ids(obj.map("ip_ids"), self.funcs)
         specs = obj.map("arg_specs")
         for fid, words in self._arg_specs.items():
@@ -312,8 +317,9 @@ class Tracer:
         if self.config.mode == "kprobe":
             # a name with several instances (static functions, clones) is attached per instance address
             name, off = (None, f.addr) if self._name_count.get(f.name, 0) > 1 and f.addr else (f.name, 0)
-            self._links.append(exit_.attach_kprobe(name, retprobe=True, cookie=f.id, offset=off))
-            self._links.append(entry.attach_kprobe(name, cookie=f.id, offset=off))
+            cookie = 0 if self._by_address else f.id
+            self._links.append(exit_.attach_kprobe(name, retprobe=True, cookie=cookie, offset=off))
+            self._links.append(entry.attach_kprobe(name, cookie=cookie, offset=off))
             return
         if self.config.mode == "uprobe":
             binary = self.config.uprobe_binary

@@ -33,7 +33,12 @@ def _stop_flag() -> Callable[[], bool]:
 
 
 def _version(request: TraceRequest, out: TextIO) -> int:
-    print(f"retsnoop-otel v{__version__}", file=out)
+    from retsnoop_otel.kernel import libbpf as lb
+    try:
+        loader = "libbpf {}.{} (built with the package)".format(*lb.version())
+    except lb.LibbpfUnavailable as exc:
+        loader = f"libbpf unavailable: {exc}"
+    print(f"retsnoop-otel v{__version__}, {loader}", file=out)
     if request.verbose:
         from retsnoop_otel.kernel import features
         print(features.format_features(features.detect()), file=out)

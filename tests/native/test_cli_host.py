@@ -85,6 +85,7 @@ def test_bad_flags_exit_2_with_message():
 def test_version():
     proc = _run("-V")
     assert proc.returncode == 0 and proc.stdout.startswith("retsnoop-otel v")
+    assert "libbpf 1.7 (built with the package)" in proc.stdout  # our own loader, not the host's 1.1
     assert len(proc.stdout.splitlines()) == 1
     proc = _run("-Vv")  # version, then what the running kernel allows
     lines = proc.stdout.splitlines()

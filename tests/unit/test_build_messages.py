@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import os
 import subprocess
 import sys
@@ -26,18 +25,23 @@ def test_build_without_clang_names_the_package(tmp_path: Path) -> None:
     assert "error: 'clang' not found: install the Debian package 'clang' (apt-get install clang)" in proc.stderr
 
 
-def test_missing_or_old_libbpf_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    real_cdll = ctypes.CDLL
-
-    def no_libbpf(name, *a, **kw):
-        if name == "libbpf.so.1":
-            raise OSError("libbpf.so.1: cannot open shared object file")
-        return real_cdll(name, *a, **kw)
-
-    monkeypatch.setattr(ctypes, "CDLL", no_libbpf)
-    with pytest.raises(lb.LibbpfUnavailable, match="install the Debian package 'libbpf1' \\(version 1.1 or newer\\)"):
-        lb._Libbpf()
-    monkeypatch.setattr(ctypes, "CDLL", real_cdll)
+def test_missing_or_old_libbpf_is_one_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The package loads its own libbpf by path: a build without it, or one that cannot load, says how to mend it."""
+    missing = tmp_path / "libbpf.so.1"
+    with pytest.raises(lb.LibbpfUnavailable, match=f"{missing} is missing: .*rebuild the package"):
+        lb._Libbpf(str(missing))
+    missing.write_bytes(b"not an ELF")
+    with pytest.raises(lb.LibbpfUnavailable, match="cannot load .*libelf1 and zlib1g"):
+        lb._Libbpf(str(missing))
     monkeypatch.setattr(lb, "MIN_VERSION", (99, 0))
-    with pytest.raises(lb.LibbpfUnavailable, match=r"libbpf 1\.\d+ is too old: retsnoop-otel needs libbpf 99\.0"):
+    with pytest.raises(lb.LibbpfUnavailable, match=r"is libbpf 1\.\d+, too old: retsnoop-otel needs libbpf 99\.0"):
         lb._Libbpf()
+
+
+def test_the_loader_is_our_own_libbpf_not_the_hosts() -> None:
+    """Every host runs the pinned loader: the process maps the package's copy, whatever /usr/lib holds."""
+    lib = lb.lib()
+    assert lib.path == lb.library_path() and lib.version >= (1, 7)
+    maps = Path("/proc/self/maps").read_text()
+    assert lb.library_path() in maps
+    assert not [line for line in maps.splitlines() if "/usr/lib" in line and "libbpf.so" in line]

@@ -86,7 +86,7 @@ def test_prerequisites_btf_and_ringbuf() -> None:
 def test_format_features_lists_every_entry_and_the_verdict() -> None:
     text = features.format_features(HOST)
     lines = text.splitlines()
-    assert lines[0] == "Kernel 6.12.117+deb12-amd64, libbpf 1.1"
+    assert lines[0] == "Kernel 6.12.117+deb12-amd64, libbpf 1.1 (built with the package)"
     assert len(lines) == 2 + 13
     fentry_line = next(x for x in lines if x.split()[0] == "fentry")
     assert fentry_line.split()[1] == "NO" and fentry_line.endswith("refused (EPERM): denied")

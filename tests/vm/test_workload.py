@@ -93,7 +93,8 @@ def test_features_common(vm_batch) -> None:
     for name in ("btf", "fentry", "kprobes", "ringbuf", "func_ip", "bpf_cookie", "filter_functions", "kallsyms",
                  "capabilities"):
         assert feats[name]["available"], (name, feats[name])
-    assert feats["fentry"]["detail"] == "fentry program loaded and attached to bpf_fentry_test1"
+    assert feats["fentry"]["detail"] == ("fentry and fexit programs (with cookies) loaded and attached to "
+                                         "bpf_fentry_test1")
     assert not feats["lbr"]["available"] and feats["lbr"]["errno"] in (errno.ENOENT, errno.EOPNOTSUPP)
     assert "Tracing: possible" in res["text"]
     assert res["progs_left"] == []
