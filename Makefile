@@ -59,14 +59,15 @@ $(PUBLISHER_SO): retsnoop_otel/publisher/otel_thread_ctx.c
 	@gcc -O2 -fPIC -shared -fvisibility=hidden -mtls-dialect=$(if $(filter x86_64,$(shell uname -m)),gnu2,desc) \
 	  -Wall -Werror -o $@ $<
 
-## kernels: Debian 6.1 (with its DWARF vmlinux) and 6.12 kernels for the VM tests, cached outside the repo
+## kernels: the pinned Debian kernels of the VM tests (tests/vm/kernels.pins: 5.10, 6.1 with its DWARF vmlinux,
+## 6.12 and the newest), cached outside the repo; `tests/vm/fetch-kernel --update-pins` moves the pins
 kernels: setup
+	@for s in $$(tests/vm/fetch-kernel --list); do tests/vm/fetch-kernel $$s >/dev/null || exit 1; done
 	tests/vm/fetch-kernel 6.1 --dbg
-	tests/vm/fetch-kernel 6.12
 	@# index the 6.1 DWARF once on the host (cached by build-id): ':path' globs then start fast in the guest
 	$(PY) -m retsnoop_otel.symbols.dwarf index "$$(tests/vm/fetch-kernel 6.1 --dbg)"/usr/lib/debug/boot/vmlinux-*
 
-## test: lint, then every test: unit, native (uprobes on the host) and VM scenarios on 6.1 and 6.12,
+## test: lint, then every test: unit, native (uprobes on the host) and VM scenarios on 5.10, 6.1, 6.12 and the newest,
 ## then the host tests again with the lowest allowed library versions
 test: setup kernels lint
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -81,7 +82,7 @@ lowest: setup $(LOW_STAMP)
 unit: setup
 	$(PY) -m pytest -m 'not vm' $(PYTEST_ARGS)
 
-## vmtest: only the VM tests (one boot per kernel)
+## vmtest: only the VM tests (one boot per kernel; each runs the scenarios its tests ask of it)
 vmtest: setup kernels
 	$(PY) -m pytest -m vm $(PYTEST_ARGS)
 

@@ -9,7 +9,10 @@
  * that will not be kept skips the deeper-chain captures (-S) on the way.
  * By rate: at most one success per success_interval_ns per entry function, with a burst of
  * success_burst_ns / success_interval_ns + 1 (a token bucket written as GCRA: one timestamp per
- * entry function, the theoretical arrival time of the next success). */
+ * entry function, the theoretical arrival time of the next success). One CPU at a time moves an entry
+ * function's timestamp, which it claims by inserting the function into rate_busy: a hash map's insert is
+ * atomic on every kernel, where BPF's compare-and-swap needs 5.12 (and 5.10 refuses a program holding one,
+ * reachable or not). A success that finds the claim taken is dropped: contention never over-admits. */
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -17,6 +20,13 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } rate_tat SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1);	/* resized with rate_tat */
+	__type(key, __u32);
+	__type(value, __u8);
+} rate_busy SEC(".maps");
 
 #define RANDOM_MASK ((1ULL << 56) - 1)
 
@@ -35,25 +45,23 @@ static __always_inline void sample_at_start(struct session *s)
 /* A success at its end: the sampling flags it is reported with, or 0 when the sampler drops it. */
 static __always_inline __u8 sample_success(struct session *s, __u32 entry_id, __u64 now)
 {
-	__u64 *slot, tat, seen;
-	int i;
+	__u64 *slot, tat;
+	__u8 kept = 0;
 
 	if (!s->want_success)
 		return 0;
 	if (!success_interval_ns)
 		return SAMPLED_PROBABILITY;
 	slot = bpf_map_lookup_elem(&rate_tat, &entry_id);
-	if (!slot)
+	if (!slot || bpf_map_update_elem(&rate_busy, &entry_id, &kept, BPF_NOEXIST))
 		return 0;
-	for (i = 0; i < 4; i++) {	/* another CPU may move the slot between our read and our write */
-		tat = *slot;
-		seen = tat;
-		if (tat < now)
-			tat = now;
-		if (tat - now > success_burst_ns)
-			return 0;
-		if (__sync_val_compare_and_swap(slot, seen, tat + success_interval_ns) == seen)
-			return SAMPLED_RATE;
+	tat = *slot;
+	if (tat < now)
+		tat = now;
+	if (tat - now <= success_burst_ns) {
+		*slot = tat + success_interval_ns;
+		kept = SAMPLED_RATE;
 	}
-	return 0;
+	bpf_map_delete_elem(&rate_busy, &entry_id);
+	return kept;
 }

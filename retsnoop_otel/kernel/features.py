@@ -160,9 +160,10 @@ def probe_fentry(btf: Btf | FuncIdLookup | None) -> Feature:
     except OSError as exc:
         err = exc.errno or _errno.EINVAL
         stage = "loading" if prog < 0 else "attaching"
-        if cookies and err == _errno.EINVAL:
-            return Feature(name, False, f"refused ({_ename(err)}): fentry programs attach, but not with BPF "
-                           "cookies and bpf_get_func_ret() (Linux 5.19+ needed)", err,
+        if err == _errno.EINVAL and (cookies or prog >= 0):  # 5.10 loads fentry but links it only through
+            # BPF_RAW_TRACEPOINT_OPEN, without cookies
+            return Feature(name, False, f"refused ({_ename(err)}): fentry programs load, but {stage} fentry/fexit "
+                           "links with BPF cookies and bpf_get_func_ret() fails (Linux 5.19+ needed)", err,
                            "has no BPF cookies for fentry/fexit (Linux 5.19+ needed)")
         if err in (_errno.EPERM, _errno.EACCES):
             meaning = (f"the kernel denies {stage} BPF tracing programs to this process (kernel lockdown, "
@@ -217,8 +218,8 @@ def _probe_fprobe_link(name: str, what: str, attach_type: int, prog_name: bytes,
         link = bpfsys.link_create_kprobe_multi(prog, [func], attach_type=attach_type)
     except OSError as exc:
         err = exc.errno or _errno.EINVAL
-        if err == _errno.EINVAL and (prog < 0 or attach_type == bpfsys.ATTACH_TRACE_KPROBE_SESSION):
-            # older kernels reject the program (multi) or the link (session): the version says it all
+        if err == _errno.EINVAL:
+            # older kernels reject the program or the link: the version says it all
             return Feature(name, False, f"refused ({_ename(err)}): {too_old[0]}", err, too_old[1])
         if err == _errno.EOPNOTSUPP:
             return Feature(name, False, "not supported (EOPNOTSUPP): the kernel was built without CONFIG_FPROBE",

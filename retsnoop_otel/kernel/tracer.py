@@ -213,6 +213,7 @@ class Tracer:
         held = cfg.emit_calls and not cfg.capture_args  # -A records are too large to hold: they stream
         obj.map("call_bufs").set_max_entries(min(cfg.max_sessions, MAX_HELD_SESSIONS) if held else 1)
         obj.map("rate_tat").set_max_entries(n if cfg.success_interval_ns else 1)
+        obj.map("rate_busy").set_max_entries(n if cfg.success_interval_ns else 1)
         progs = _MODE_PROGRAMS[cfg.mode]
         if cfg.mode == "fentry" and all(f.is_entry for f in self.funcs):
             progs = progs[:2]  # no function runs the inner pair: not worth verifying its templates
