@@ -8,7 +8,9 @@ import os
 import pytest
 from hypothesis import settings
 
-VM_KERNELS = ("6.1", "6.12")
+from tests.vm.kernel_pins import load_series
+
+VM_KERNELS = tuple(load_series())  # oldest to newest, as tests/vm/kernels.pins lists them
 
 
 # CI explores the same examples at every run (reproducible); elsewhere hypothesis keeps searching anew.
@@ -30,6 +32,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "vm: runs inside a real-kernel VM (tests/vm/run), one boot per kernel")
+    config.addinivalue_line("markers", "kernels(*series): the kernels whose boots run a VM test that uses "
+                            "`vm_batch` ('oldest', 'newest' or a series; default: the newest only)")
     chosen = [k.strip() for k in config.getoption("--vm-kernels").split(",") if k.strip()]
     bad = [k for k in chosen if k not in VM_KERNELS]
     if bad or not chosen:

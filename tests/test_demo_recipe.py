@@ -95,13 +95,3 @@ def test_demo_span_tree_and_series() -> None:
                'retsnoop_function_errors_total{error_type="EINVAL",function="array_map_alloc_check",'
                'probe_set="default"} 1.0\n')
     assert demo.series_lines(metrics) == metrics.splitlines()[1::2]
-
-
-def test_vm_scenario_runs_only_on_the_make_demo_kernel() -> None:
-    class Ctx:  # spawn must not be reached on 6.1
-        kernel_series = "6.1"
-
-        def spawn(self, cmd):
-            raise AssertionError(f"demo run on 6.1: {cmd}")
-
-    assert demo_scenario.scenario_demo(Ctx()) == {"skipped_on": "6.1"}

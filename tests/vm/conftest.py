@@ -1,9 +1,13 @@
-"""Host side of the VM tests: boot each kernel once per pytest run and run every scenario in it.
+"""Host side of the VM tests: boot each kernel once per pytest run and run in it the scenarios its tests read.
 
 The kernels boot one after the other, two guest CPUs each (--vm-parallel: side by side, one CPU each).
 Fixtures (all session-scoped, sharing one cache, so a kernel boots at most once per run):
-- `vm_batch`: parametrized over the kernels chosen with --vm-kernels (ids `6.1`, `6.12`);
-- `vm_batch_61`, `vm_batch_612`: one kernel each.
+- `vm_batch`: parametrized over the kernels of the test's `kernels` marker (default: the newest; ids are series
+  such as `5.10`, `7.2`), less those left out with --vm-kernels;
+- `vm_batch_510`, `vm_batch_61`, `vm_batch_612`, `vm_batch_newest`: one kernel each.
+What each boot proves is decided by the tests: a kernel's batch runs the scenario modules (tests/vm/scenarios/X.py)
+of the test modules (tests/vm/test_X.py) that asked for that kernel, so every scenario runs on the newest kernel
+and the others run what their markers name. Four kernels, one boot each, within CI's time.
 Each returns a `VmBatch`: a read-only mapping scenario name -> result dict (the name is the guest
 function's name without `scenario_`). Looking up a scenario that raised, overran its budget or never
 ran fails the test with the guest traceback; `raw(name)` returns the stored dict unchecked.
@@ -33,15 +37,18 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from tests.conftest import VM_KERNELS  # noqa: E402
 from tests.vm import guest_batch  # noqa: E402 - needs the repo root on sys.path
 
-KERNELS = {"6.1": {"dbg": True}, "6.12": {"dbg": False}}
-FIXTURE_KERNEL = {"vm_batch_61": "6.1", "vm_batch_612": "6.12"}
+OLDEST, NEWEST = VM_KERNELS[0], VM_KERNELS[-1]
+DBG_KERNELS = ("6.1",)  # booted with their DWARF vmlinux (':path' globs, file:line)
+FIXTURE_KERNEL = {"vm_batch_510": "5.10", "vm_batch_61": "6.1", "vm_batch_612": "6.12", "vm_batch_newest": NEWEST}
+ROLES = {"oldest": (OLDEST,), "newest": (NEWEST,), "all": VM_KERNELS}
 BOOT_MARGIN_S = 900.0  # boot (20-40 s under TCG) + guest Python start-up and imports, generously
 LOG_TAIL = 80
 STASH = pytest.StashKey["VmBatches"]()
-WANTED = pytest.StashKey[list]()
-KERNELS_ORDER = list(KERNELS).index
+WANTED = pytest.StashKey[dict]()  # series -> the scenario modules its collected tests read
+KERNELS_ORDER = list(VM_KERNELS).index
 PARALLEL_SLOWDOWN = 2.0  # budgets are for a guest alone with two CPUs
 
 
@@ -64,6 +71,10 @@ class VmBatch(Mapping):
         # Read everything now: the files do not have to outlive the boot.
         self.results = {p.stem: json.loads(p.read_text()) for p in results_dir.glob("*.json")
                         if p.name != guest_batch.SUMMARY_FILE}
+
+    def at_least(self, major: int, minor: int) -> bool:
+        """The booted kernel is that version or newer (what a kernel has is decided by its release)."""
+        return tuple(int(x) for x in self.release.split("-")[0].split(".")[:2]) >= (major, minor)
 
     def raw(self, name: str) -> dict:
         """The stored dict of a scenario, including {"error": ...} ones."""
@@ -97,7 +108,7 @@ class VmBatches:
     scrapes time out (9% made it in one 6.12 run). Boots run on threads; their progress lines are
     printed by the test thread while it waits for a batch."""
 
-    def __init__(self, config: pytest.Config, wanted: list[str], parallel: bool) -> None:
+    def __init__(self, config: pytest.Config, wanted: dict[str, set[str]], parallel: bool) -> None:
         self.config = config
         self.wanted = wanted
         self.parallel = parallel
@@ -150,7 +161,12 @@ class VmBatches:
                 reporter.write_line(line)
 
     def _boot(self, series: str) -> VmBatch:
-        scenarios = guest_batch.discover()
+        modules = self.wanted.get(series, set())
+        scenarios = [s for s in guest_batch.discover() if s.module.rsplit(".", 1)[-1] in modules]
+        if only := os.environ.get("RETSNOOP_OTEL_VM_ONLY", ""):  # development: a subset of the scenarios
+            scenarios = [s for s in scenarios if s.name in only.split(",")]
+        if not scenarios:
+            raise RuntimeError(f"no scenario to run on kernel {series} (modules asked for: {sorted(modules)})")
         timeout = BOOT_MARGIN_S + sum(s.budget_s for s in scenarios)
         # Not under pytest's basetemp: concurrent pytest runs prune old basetemps while a batch runs.
         rwdir = Path(tempfile.mkdtemp(prefix=f"retsnoop-otel-vm-{series}-"))
@@ -159,12 +175,10 @@ class VmBatches:
             timeout *= PARALLEL_SLOWDOWN
         cmd = [str(REPO / "tests" / "vm" / "run"), "--kernel", series, "--timeout", f"{timeout:.0f}",
                "--rwdir", str(rwdir), "--cpus", "1" if self.parallel else "2"]
-        if KERNELS[series]["dbg"]:
+        if series in DBG_KERNELS:
             cmd.append("--dbg")
-        cmd += ["--", "python", "-m", "tests.vm.guest_batch", "--out", str(results)]
-        if only := os.environ.get("RETSNOOP_OTEL_VM_ONLY", ""):  # development: a subset of the scenarios
-            cmd += ["--only", only]
-            scenarios = [s for s in scenarios if s.name.removeprefix(guest_batch.SCENARIO_PREFIX) in only.split(",")]
+        cmd += ["--", "python", "-m", "tests.vm.guest_batch", "--out", str(results),
+                "--only", ",".join(s.name for s in scenarios)]
         self._say(f"\n[vm {series}] booting for {len(scenarios)} scenarios (timeout {timeout:.0f} s, "
                   f"{'beside the other kernels, ' if self.parallel else ''}log {rwdir / 'batch.log'})")
         start = time.monotonic()
@@ -191,12 +205,31 @@ class VmBatches:
         return batch
 
 
+def _kernels_of(marker: pytest.Mark | None) -> list[str]:
+    names = marker.args if marker is not None else ("newest",)
+    kernels = [k for n in names for k in ROLES.get(n, (n,))]
+    if unknown := [k for k in kernels if k not in VM_KERNELS]:
+        raise pytest.UsageError(f"kernels marker: unknown series {unknown} (known: {', '.join(VM_KERNELS)})")
+    return sorted(set(kernels), key=KERNELS_ORDER)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "vm_batch" in metafunc.fixturenames:
+        kernels = _kernels_of(metafunc.definition.get_closest_marker("kernels"))
+        metafunc.parametrize("vm_batch", kernels, ids=kernels, indirect=True, scope="session")
+
+
 def _item_kernels(item: pytest.Item) -> set[str]:
     kernels = {k for f, k in FIXTURE_KERNEL.items() if f in getattr(item, "fixturenames", ())}
     callspec = getattr(item, "callspec", None)
     if callspec is not None and "vm_batch" in callspec.params:
         kernels.add(callspec.params["vm_batch"])
     return kernels
+
+
+def _scenario_module(item: pytest.Item) -> str:
+    """tests/vm/test_X.py reads the results of tests/vm/scenarios/X.py"""
+    return item.path.stem.removeprefix("test_")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -215,8 +248,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """The kernels the tests left after every deselection need: the ones a parallel start boots."""
-    session.config.stash[WANTED] = sorted(set().union(*(_item_kernels(i) for i in session.items)), key=KERNELS_ORDER)
+    """What each kernel's boot must run, after every deselection: the scenario modules of the tests left."""
+    wanted: dict[str, set[str]] = {}
+    for item in session.items:
+        for series in _item_kernels(item):
+            wanted.setdefault(series, set()).add(_scenario_module(item))
+    session.config.stash[WANTED] = dict(sorted(wanted.items(), key=lambda kv: KERNELS_ORDER(kv[0])))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
@@ -245,14 +282,20 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 @pytest.fixture(scope="session")
 def vm_batches(pytestconfig: pytest.Config) -> VmBatches:
     if STASH not in pytestconfig.stash:
-        pytestconfig.stash[STASH] = VmBatches(pytestconfig, pytestconfig.stash.get(WANTED, []),
+        pytestconfig.stash[STASH] = VmBatches(pytestconfig, pytestconfig.stash.get(WANTED, {}),
                                               pytestconfig.getoption("--vm-parallel"))
     return pytestconfig.stash[STASH]
 
 
-@pytest.fixture(scope="session", params=list(KERNELS), ids=list(KERNELS))
+@pytest.fixture(scope="session")
 def vm_batch(request: pytest.FixtureRequest, vm_batches: VmBatches) -> VmBatch:
+    """Parametrized by pytest_generate_tests over the test's `kernels` marker."""
     return vm_batches.get(request.param)
+
+
+@pytest.fixture(scope="session")
+def vm_batch_510(vm_batches: VmBatches) -> VmBatch:
+    return vm_batches.get("5.10")
 
 
 @pytest.fixture(scope="session")
@@ -263,3 +306,8 @@ def vm_batch_61(vm_batches: VmBatches) -> VmBatch:
 @pytest.fixture(scope="session")
 def vm_batch_612(vm_batches: VmBatches) -> VmBatch:
     return vm_batches.get("6.12")
+
+
+@pytest.fixture(scope="session")
+def vm_batch_newest(vm_batches: VmBatches) -> VmBatch:
+    return vm_batches.get(NEWEST)

@@ -99,7 +99,7 @@ def discover(package: str = SCENARIO_PACKAGE, default_budget: float = DEFAULT_BU
 class Context:
     """What a scenario gets: command helpers, kernel facts and a private temporary directory.
 
-    Attributes: `name` (scenario name), `kernel_series` ("6.1" or "6.12", from
+    Attributes: `name` (scenario name), `kernel_series` (such as "5.10" or "7.2", from
     RETSNOOP_OTEL_KERNEL_SERIES), `vmlinux` (path of the DWARF vmlinux or None, from
     RETSNOOP_OTEL_VMLINUX), `tmpdir` (an empty directory on the guest's writable /tmp).
     Commands run in the repo root; a str command goes through the shell, a list does not.

@@ -20,8 +20,8 @@ MAX_GROWTH_KIB = 4096
 
 
 @pytest.fixture(scope="module")
-def r(vm_batch_612) -> dict:
-    result = vm_batch_612["agent_faults"]
+def r(vm_batch_newest) -> dict:
+    result = vm_batch_newest["agent_faults"]
     assert result["ran"]
     return result
 

@@ -51,8 +51,8 @@ def test_max_entries_case_einval_with_dwarf_61(vm_batch_61) -> None:
                      re.M), block
 
 
-def test_same_captures_kallsyms_only_612(vm_batch_612) -> None:
-    r = vm_batch_612["dwarf_stack"]
+def test_same_captures_kallsyms_only_newest(vm_batch_newest) -> None:
+    r = vm_batch_newest["dwarf_stack"]
     assert r["rc"] == 0
     e2big = _block_with(r["output"], "E2BIG")
     einval = _block_with(r["output"], "EINVAL")

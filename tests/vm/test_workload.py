@@ -1,4 +1,4 @@
-"""What the real 6.1 and 6.12 kernels answer to every simfail case, and what `features` finds there.
+"""What real kernels (5.10 to the newest) answer to every simfail case, and what `features` finds there.
 
 Guest side: tests/vm/scenarios/workload.py. The errnos follow the kernels' code: map attribute
 checks (array_map_alloc_check, stack_map_alloc, ringbuf_map_alloc) answer EINVAL, the percpu value
@@ -14,10 +14,10 @@ import pytest
 
 from retsnoop_otel import simfail
 
-pytestmark = pytest.mark.vm
+pytestmark = [pytest.mark.vm, pytest.mark.kernels("all")]
 
 ENOTSUPP = 524
-FAILING = {  # case -> (system call that fails, errno), identical on 6.1 and 6.12
+FAILING = {  # case -> (system call that fails, errno), identical on every kernel
     "bpf-bad-map-type": (simfail.S_CREATE, errno.EINVAL),
     "bpf-bad-map-create-flags": (simfail.S_CREATE, errno.EINVAL),
     "bpf-bad-map-key-size-array": (simfail.S_CREATE, errno.EINVAL),
@@ -90,11 +90,15 @@ def test_features_common(vm_batch) -> None:
     assert res["rc"] == 0 and res["text_rc"] == 0, res["stderr"] + res["text_stderr"]
     feats = res["json"]["features"]
     assert res["json"]["kernel_release"] == vm_batch.release
+    since = {"fentry": (5, 19), "func_ip": (5, 15), "bpf_cookie": (5, 15)}  # the others: every kernel we run
     for name in ("btf", "fentry", "kprobes", "ringbuf", "func_ip", "bpf_cookie", "filter_functions", "kallsyms",
                  "capabilities"):
-        assert feats[name]["available"], (name, feats[name])
-    assert feats["fentry"]["detail"] == ("fentry and fexit programs (with cookies) loaded and attached to "
-                                         "bpf_fentry_test1")
+        assert feats[name]["available"] == vm_batch.at_least(*since.get(name, (0, 0))), (name, feats[name])
+    if feats["fentry"]["available"]:
+        assert feats["fentry"]["detail"] == ("fentry and fexit programs (with cookies) loaded and attached to "
+                                             "bpf_fentry_test1")
+    else:
+        assert feats["fentry"]["why"] == "has no BPF cookies for fentry/fexit (Linux 5.19+ needed)"
     assert not feats["lbr"]["available"] and feats["lbr"]["errno"] in (errno.ENOENT, errno.EOPNOTSUPP)
     assert "Tracing: possible" in res["text"]
     assert res["progs_left"] == []

@@ -1,105 +1,14 @@
-"""Guest side of the end-to-end capture checks (issue 2): trace -> text, OTLP, Prometheus, detach.
+"""Guest side of the trace command's other end-to-end checks (issue 2): --dry-run and the kernel cache, -T and -A.
 
 Runs inside the VM (tests/vm/guest_batch.py calls every scenario_* function); the host-side
-assertions live in tests/vm/test_trace_e2e.py.
+assertions live in tests/vm/test_trace_e2e.py. The capture in each attach mode: trace_modes.py.
 """
 
 from __future__ import annotations
 
 import json
-import re
-import signal
-import sys
-import time
-import urllib.request
-from pathlib import Path
 
-from retsnoop_otel.kernel.tracer import PROGRAM_NAMES
-
-PY = sys.executable
-OUR_PROGS = PROGRAM_NAMES  # every name our programs have in the kernel
-
-
-def _our_progs(ctx) -> list[str]:
-    return [p.get("name", "") for p in ctx.bpf_prog_ids() if p.get("name", "") in OUR_PROGS]
-
-
-def _wait_file_lines(path: Path, want: int, timeout: float) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    lines: list[dict] = []
-    while time.monotonic() < deadline:
-        if path.exists():
-            lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-            if len(lines) >= want:
-                break
-        time.sleep(0.5)
-    return lines
-
-
-def _scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
-        return resp.read().decode()
-
-
-def scenario_trace_otlp_metrics(ctx) -> dict:
-    """The issue-2 chain: one failing bpf() call, seen as text, as one OTLP trace and as a metric."""
-    result: dict = {}
-    out_file = Path(ctx.tmpdir) / "otlp.jsonl"
-    receiver = ctx.spawn([PY, "-m", "tests.otlp_receiver", "--port", "0", "--out", str(out_file)])
-    m = receiver.wait_for_line(r"READY (\d+)", timeout=240)
-    port = int(m.group(1))
-    tracer = ctx.spawn([PY, "-m", "retsnoop_otel", "trace", "-e", "*sys_bpf", "-a", "array_map_alloc_check",
-                        "--otlp-endpoint", f"http://127.0.0.1:{port}", "--metrics-port", "9464", "-v"])
-    try:
-        tracer.wait_for_line(r"Receiving data", timeout=300)
-        result["progs_while_attached"] = _our_progs(ctx)
-        rc, sout, serr = ctx.run([PY, "-m", "retsnoop_otel", "simfail", "bpf-bad-map-max-entries-array"], 120)
-        result["simfail"] = {"rc": rc, "out": sout, "err": serr}
-        tracer.wait_for_line(r"array_map_alloc_check", timeout=120)
-        tracer.wait_output_settled(3, timeout=60)
-        result["metrics"] = _scrape(9464)
-        result["otlp"] = _wait_file_lines(out_file, 1, timeout=120)
-    finally:
-        t0 = time.monotonic()
-        result["tracer_rc"] = tracer.terminate(timeout=240)
-        result["detach_s"] = time.monotonic() - t0
-        result["tracer_output"] = tracer.output()
-        receiver.terminate(timeout=30)
-    time.sleep(1)
-    result["progs_after"] = _our_progs(ctx)
-    return result
-
-
-def _trace_mode(ctx, mode_flag: str, case: str, extra: list[str] | None = None,
-                stop: signal.Signals = signal.SIGTERM) -> dict:
-    tracer = ctx.spawn([PY, "-m", "retsnoop_otel", "trace", mode_flag, "-e", "*sys_bpf", "-a",
-                        "array_map_alloc_check", "-v", *(extra or [])])
-    result: dict = {}
-    try:
-        line = tracer.wait_for_line(r"Receiving data|retsnoop-otel: ", timeout=300)
-        result["started"] = bool(re.search("Receiving data", line.group(0)))
-        if result["started"]:
-            rc, sout, serr = ctx.run([PY, "-m", "retsnoop_otel", "simfail", case], 120)
-            result["simfail_rc"] = rc
-            tracer.wait_for_line(r"array_map_alloc_check", timeout=120)
-            tracer.wait_output_settled(3, timeout=60)
-        else:  # refused: it exits on its own, with its own code (a signal now would race that exit)
-            tracer.wait(120)
-    finally:
-        result["rc"] = tracer.terminate(timeout=240, sig=stop)
-        result["output"] = tracer.output()
-    result["progs_after"] = _our_progs(ctx)
-    return result
-
-
-def scenario_trace_fentry(ctx) -> dict:
-    """With _printk too: variadic, so the kernel refuses fentry programs for it, and first by name among the
-    other functions, so the templates are first verified against it."""
-    return _trace_mode(ctx, "-F", "bpf-bad-map-max-entries-array", extra=["-a", "_printk"])
-
-
-def scenario_trace_kprobe(ctx) -> dict:
-    return _trace_mode(ctx, "-K", "bpf-bad-map-max-entries-array", stop=signal.SIGINT)  # Ctrl-C
+from tests.vm.scenarios.trace_modes import PY, _our_progs, _trace_mode
 
 
 def scenario_trace_dry_run(ctx) -> dict:
@@ -127,15 +36,6 @@ def scenario_trace_dry_run(ctx) -> dict:
     first = runs[0]
     return {"rc": first["rc"], "out": first["out"], "err": first["err"], "runs": runs, "progs_before": before,
             "progs_after": _our_progs(ctx)}
-
-
-def scenario_trace_kprobe_multi(ctx) -> dict:
-    return _trace_mode(ctx, "-M", "bpf-bad-map-max-entries-array")
-
-
-def scenario_trace_kprobe_session(ctx) -> dict:
-    """6.12: one program at entry and exit; 6.1 (no kprobe.session) refuses it in one line."""
-    return _trace_mode(ctx, "--kprobe-session", "bpf-bad-map-max-entries-array")
 
 
 def scenario_trace_calls_args(ctx) -> dict:

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.vm
 def test_snapshot_taken_at_the_deepest_failing_exit(vm_batch) -> None:
     r = vm_batch["lbr_kernel_path"]
     assert r["snapshot_feature"], "bpf_get_branch_snapshot should exist on 6.1 and 6.12"
-    want = {"fentry", "kprobe"} | ({"kprobe_multi", "kprobe_session"} if vm_batch.series == "6.12" else set())
+    want = {"fentry", "kprobe"} | ({"kprobe_multi", "kprobe_session"} if vm_batch.at_least(6, 10) else set())
     assert set(r["modes"]) == want
     for mode, res in r["modes"].items():
         assert res["simfail_rc"] == 0, (mode, res)
