@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.procs import without_system_libbpf
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -200,3 +202,15 @@ def test_privileged_metrics_port_as_an_unprivileged_user() -> None:
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 1 and len(lines) == 1, proc.stderr
     assert "permission denied" in lines[0] and "--metrics-port" in lines[0], lines[0]
+
+
+def test_features_and_version_where_the_host_has_no_usable_libbpf():
+    """The package brings its own loader: with the host's libbpf.so files emptied, `features` and `-V` work the same
+    and name libbpf 1.7 (Debian 12's own is 1.1, Ubuntu 22.04's 0.5)."""
+    for args, want in ((["features", "--json"], '"libbpf_version": "1.7"'),
+                       (["-V"], "libbpf 1.7 (built with the package)")):
+        proc = subprocess.run(without_system_libbpf([sys.executable, "-m", "retsnoop_otel", *args]),
+                              capture_output=True, text=True, timeout=120, cwd=REPO)
+        assert proc.returncode == 0, proc.stderr
+        assert "HOST-LIBBPF-LOADS" not in proc.stdout  # the host's library is really gone for the command
+        assert want in proc.stdout and "Traceback" not in proc.stderr

@@ -12,9 +12,11 @@ import signal
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from retsnoop_otel.kernel.tracer import PROGRAM_NAMES
+from tests.procs import without_system_libbpf
 
 PY = sys.executable
 OUR_PROGS = PROGRAM_NAMES  # every name our programs have in the kernel
@@ -71,9 +73,9 @@ def scenario_trace_otlp_metrics(ctx) -> dict:
 
 
 def _trace_mode(ctx, mode_flag: str, case: str, extra: list[str] | None = None,
-                stop: signal.Signals = signal.SIGTERM) -> dict:
-    tracer = ctx.spawn([PY, "-m", "retsnoop_otel", "trace", mode_flag, "-e", "*sys_bpf", "-a",
-                        "array_map_alloc_check", "-v", *(extra or [])])
+                stop: signal.Signals = signal.SIGTERM, wrap: Callable[[list[str]], list[str]] = list) -> dict:
+    tracer = ctx.spawn(wrap([PY, "-m", "retsnoop_otel", "trace", mode_flag, "-e", "*sys_bpf", "-a",
+                             "array_map_alloc_check", "-v", *(extra or [])]))
     result: dict = {}
     try:
         line = tracer.wait_for_line(r"Receiving data|retsnoop-otel: ", timeout=300)
@@ -99,7 +101,8 @@ def scenario_trace_fentry(ctx) -> dict:
 
 
 def scenario_trace_kprobe(ctx) -> dict:
-    return _trace_mode(ctx, "-K", "bpf-bad-map-max-entries-array", stop=signal.SIGINT)  # Ctrl-C
+    """Stopped with Ctrl-C; the system's libbpf hidden from the tracer (it loads the one built with the package)."""
+    return _trace_mode(ctx, "-K", "bpf-bad-map-max-entries-array", stop=signal.SIGINT, wrap=without_system_libbpf)
 
 
 def scenario_trace_kprobe_multi(ctx) -> dict:
