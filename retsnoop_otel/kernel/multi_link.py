@@ -23,13 +23,14 @@ def fill_ip_ids(ip_ids: lb.BpfMap, funcs: Sequence[TracedFunc]) -> None:
 
 
 def attach(mode: str, progs: Sequence[lb.BpfProgram], funcs: Sequence[TracedFunc], links: list[lb.Link],
-           detach: Callable[[], None]) -> None:
+           detach: Callable[[], None]) -> int:
     """One link per group: exits of every function first (kprobe.multi), then the functions that only
     record inside a session, then the entry functions, so that no session starts half-instrumented.
 
     Entry functions and the others run different programs (`kmulti_entry`/`kmulti_inner`, `ksession`/
     `ksession_inner`): a call of the others outside a session then costs one session lookup, without
     finding its function id. On failure by address (strict about notrace functions), by name.
+    Returns how many links were split for want of kernel memory (see _attach_group).
     """
     named = {p.name: p for p in progs}
     inner = [f for f in funcs if not f.is_entry]
@@ -41,12 +42,27 @@ def attach(mode: str, progs: Sequence[lb.BpfProgram], funcs: Sequence[TracedFunc
                   (named["kmulti_entry"], entries, False)]
     groups = [g for g in groups if g[1]]
     try:
-        for prog, group, retprobe in groups:
-            links.append(_link(mode, prog, retprobe, addrs=[f.addr for f in group]))
+        return sum(_attach_group(mode, prog, retprobe, group, links, True) for prog, group, retprobe in groups)
     except lb.LibbpfError:
         detach()
-        for prog, group, retprobe in groups:
-            links.append(_link(mode, prog, retprobe, syms=[f.name for f in group]))
+        return sum(_attach_group(mode, prog, retprobe, group, links, False) for prog, group, retprobe in groups)
+
+
+def _attach_group(mode: str, prog: lb.BpfProgram, retprobe: bool, group: Sequence[TracedFunc],
+                  links: list[lb.Link], by_addr: bool) -> int:
+    """One link for the group, or, where the kernel runs out of memory making it, one for each half, and so on:
+    Linux 6.7-6.11 size a kretprobe.multi link's pool of return instances by its function count and refuse
+    large links with ENOMEM (a kernel objpool bug; retsnoop halves its batches too). Returns the splits made."""
+    where = {"addrs": [f.addr for f in group]} if by_addr else {"syms": [f.name for f in group]}
+    try:
+        links.append(_link(mode, prog, retprobe, **where))
+        return 0
+    except lb.LibbpfError as exc:
+        if exc.errno != errno.ENOMEM or len(group) < 2:
+            raise
+    half = len(group) // 2
+    return 1 + _attach_group(mode, prog, retprobe, group[:half], links, by_addr) + \
+        _attach_group(mode, prog, retprobe, group[half:], links, by_addr)
 
 
 def _link(mode: str, prog: lb.BpfProgram, retprobe: bool, addrs: Sequence[int] = (),

@@ -94,14 +94,15 @@ class CaptureConfig(NamedTuple):
 
 
 class AttachReport:
-    __slots__ = ("attached", "failed", "attach_ms", "verify_ms")
+    __slots__ = ("attached", "failed", "attach_ms", "verify_ms", "split_links")
 
     def __init__(self, attached: list[TracedFunc] | None = None, failed: list[tuple[TracedFunc, str]] | None = None,
-                 attach_ms: float = 0.0, verify_ms: float = 0.0) -> None:
+                 attach_ms: float = 0.0, verify_ms: float = 0.0, split_links: int = 0) -> None:
         self.attached: list[TracedFunc] = [] if attached is None else attached
         self.failed: list[tuple[TracedFunc, str]] = [] if failed is None else failed
         self.attach_ms = attach_ms
         self.verify_ms = verify_ms  # fentry: the part of attach_ms spent loading (verifying) each function's programs
+        self.split_links = split_links  # kprobe.multi links split in two for want of kernel memory (6.7-6.11)
 
 
 class Tracer:
@@ -336,7 +337,7 @@ class Tracer:
     def _attach_multi(self, report: AttachReport) -> None:
         assert self._obj is not None
         progs = [self._obj.program(name) for name in _MODE_PROGRAMS[self.config.mode]]
-        multi_link.attach(self.config.mode, progs, self.funcs, self._links, self.detach_links)
+        report.split_links = multi_link.attach(self.config.mode, progs, self.funcs, self._links, self.detach_links)
         report.attached.extend(self.funcs)
 
     # ---- capture -------------------------------------------------------------------------

@@ -108,6 +108,9 @@ def _start(runtime: Runtime, request: TraceRequest, out: TextIO, err: TextIO) ->
     for ps in runtime.probe_sets:
         for name, why in ps.attach_failures:
             _say(request, f"Failed to attach {name}: {why}", err)
+        if ps.report is not None and ps.report.split_links:
+            _say(request, f"The kernel ran out of memory for a multi-function link (the objpool bug of Linux "
+                          f"6.7-6.11): split {ps.report.split_links} times into smaller links", err)
         if ps.report is not None:
             _say(request, f"Successfully attached {ps.attached} functions in {ps.report.attach_ms:.0f} ms.", err)
     return True
