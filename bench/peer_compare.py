@@ -1,9 +1,10 @@
-"""retsnoop-otel side by side with bpftrace: start, attach, detach, workload slowdown, BPF ns per call.
+"""retsnoop-otel side by side with bpftrace and retsnoop: start, attach, detach, workload slowdown, BPF ns per call.
 
 Run as root on a kernel that allows tracing, one VM boot per kernel:
 
     flock /tmp/retsnoop-vm.lock tests/vm/run --kernel 6.12 -- python bench/peer_compare.py
     flock /tmp/retsnoop-vm.lock tests/vm/run --kernel 6.1 -- python bench/peer_compare.py --sets 100 --modes kprobe
+    tests/vm/run --kernel 7.2 -- python bench/peer_compare.py --peers bpftrace,retsnoop --retsnoop-bin PATH
 
 Both tools do the same per-call work shape: an entry and an exit probe on the same functions, and a
 per-thread map update in each (bpftrace: `@t[tid] = nsecs` at entry, `@t[tid] = nsecs - @t[tid]` at
@@ -46,6 +47,17 @@ boots are not compared.
 at the first failing exit of a call tree (the deepest error), once per tree, kept per thread. The plain
 peer does less per call than ours (no stack); this one does the same, and pays the same kernel unwinder.
 
+--peers retsnoop (with --retsnoop-bin PATH or RETSNOOP_BIN) adds upstream retsnoop, the tool ours models: its
+stack mode (the default), -sn (no DWARF symbolization), in its mode nearest to each of ours (NEAREST: -M for
+kprobe.session and fsession.multi, -F for fsession). Both are given the same globs; an untimed `retsnoop
+--dry-run -vvv` says which names it would attach, and each tool also gets, as -d, the names only it would take
+(SameSet; the JSON lines list them), so both attach the same names; bpftrace gets that list in kprobe and
+fentry mode. Its table (retsnoop_table) gives start with Python's own start included, and attach as the same
+span for every tool: BPF object load and attach (ours: the load and attach phases, fentry's clones verified in
+the second; retsnoop: from its "Found N attachable functions" to its "Successfully attached" line, which
+covers the load of its clones), besides each tool's own attach figure. A peer's run serves every row of ours
+that maps to the same run (kprobe.session and kprobe.multi share retsnoop's -M and bpftrace's globs).
+
 --deny GLOB[,GLOB] leaves functions out of the set for both tools. The peer's own machinery: bpftrace's
 hash-map updates call bpf_obj_free_fields, which the `bpf_*` set includes (our discovery leaves out only
 what our programs call). Every bpftrace program run then fires a nested kprobe and kretprobe there: the
@@ -80,8 +92,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from fnmatch import fnmatch
 from pathlib import Path
 
@@ -89,6 +101,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import kprofile  # noqa: E402
+from bench.kernel_tables_cost import AGENT_SCALE_GLOBS  # noqa: E402
 from bench.procs import stop  # noqa: E402
 from retsnoop_otel.capture.model import RetKind  # noqa: E402
 from retsnoop_otel.kernel import features, tracefs  # noqa: E402
@@ -102,8 +115,14 @@ SETS = {
     "20": (["*sys_bpf"], ["array_map_*"]),  # for trying the script out
     "100": (["*sys_bpf"], ["array_map_*", "map_*", "htab_*"]),
     "1000": (["*sys_bpf"], ["bpf_*", "array_map_*", "map_*"]),
+    # the workload's own path and little else: start with a handful of functions
+    "6": (["*sys_bpf"], ["map_create", "array_map_alloc_check"]),
+    # ~10,000 functions of subsystems the VM leaves idle (bench/agent_scale.py's choice on 6.12)
+    "10000": (["*sys_bpf"], list(AGENT_SCALE_GLOBS)),
 }
 FLAGS = {"kprobe": "-K", "kprobe_multi": "-M", "kprobe_session": "--kprobe-session", "fentry": "-F"}
+# the modes whose programs run in BPF trampolines, attached by BTF id (fsession*: where tracer.MODES has them)
+TRAMPOLINE_MODES = ("fentry", "fsession", "fsession_multi")
 STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
 ENABLED = "enabled_functions"
 READY_OURS = re.compile(r"^Receiving data")
@@ -294,12 +313,18 @@ class KernelFacts:
 
 
 def our_functions(facts: KernelFacts, entry: Sequence[str], allow: Sequence[str], mode: str) -> list[str]:
-    """The names we attach; in fentry mode only those with BTF (ours skips the others at attach too)."""
+    """The names we attach; in the trampoline modes only those with BTF (ours skips the others at attach too)."""
     disc = discovery.discover(entry, allow, [], facts.ksyms, facts.available, facts.ret_kinds, mode)
-    return sorted({f.name for f in disc.funcs if mode != "fentry" or facts.ret_kinds.func_id(f.name)})
+    return sorted({f.name for f in disc.funcs if mode not in TRAMPOLINE_MODES or facts.ret_kinds.func_id(f.name)})
 
 
-PEERS = ("bpftrace", "bpftrace-kstack")
+PEERS = ("bpftrace", "bpftrace-kstack")  # the bpftrace peers (bench/together_cost.py and nested_calls.py take these)
+RETSNOOP = "retsnoop"  # upstream retsnoop, built by hand outside the repo (below, "retsnoop as a peer")
+ALL_PEERS = (*PEERS, RETSNOOP)
+# the peer's attach mode nearest to each of ours: neither peer has kprobe.session or fsession; bpftrace 0.17 has
+# no fentry multi link either, retsnoop none at all (its -M: one kprobe.multi link per direction)
+NEAREST = {"kprobe": "kprobe", "kprobe_multi": "kprobe_multi", "kprobe_session": "kprobe_multi", "fentry": "fentry",
+           "fsession": "fentry", "fsession_multi": "kprobe_multi"}
 CHECKED_KINDS = (RetKind.INT32, RetKind.SIGNED, RetKind.UNKNOWN)  # kretfunc: retval an int of its own width
 
 
@@ -330,7 +355,8 @@ def bpftrace_program(mode: str, entry: Sequence[str], allow: Sequence[str], name
     exit of a call tree (the deepest error), kept per thread until the tree's top returns. Ours takes
     that stack at every failing session; this peer does the same, so the stack's cost is on both sides.
     """
-    if mode in ("kprobe_multi", "kprobe_session"):  # bpftrace has no kprobe.session: its kprobe.multi
+    mode = NEAREST.get(mode, mode)  # bpftrace has no kprobe.session nor fsession: its kprobe.multi, its kfunc
+    if mode == "kprobe_multi":
         targets = [*entry, *allow]  # wildcards: bpftrace expands them into kprobe_multi links
         enter, leave = "kprobe", "kretprobe"
     else:
@@ -363,6 +389,98 @@ def bpftrace_program(mode: str, entry: Sequence[str], allow: Sequence[str], name
     return "\n".join([*lines, "END { clear(@t); clear(@d); clear(@e); clear(@k); }", ""])
 
 
+# ---- retsnoop as a peer -------------------------------------------------------------------------
+
+RETSNOOP_ENV = "RETSNOOP_BIN"
+RETSNOOP_FLAGS = {"kprobe": "-K", "kprobe_multi": "-M", "fentry": "-F"}
+RETSNOOP_HOWTO = (
+    "upstream retsnoop is not part of this repository: build v0.11 by hand outside it (README, \"Compared with "
+    "retsnoop\": its source and the libbpf and bpftool commits it pins, a stub in place of its Rust addr2line "
+    f"sidecar) and give the binary with --retsnoop-bin PATH or {RETSNOOP_ENV}=PATH; it runs with -sn")
+ATTACHED_RS = re.compile(r"^Successfully attached in (\d+) ms")  # retsnoop -v: mass_attacher's attach only
+FOUND_RS = re.compile(r"^Found (\d+) attachable functions in total")  # retsnoop -v: its discovery is done
+FOUND_FUNC_RS = re.compile(r"^Found function '([^' ]+)(?: \[[^]]+\])?' at address")  # retsnoop -vvv
+
+
+def retsnoop_bin(given: Path | str | None, environ: Mapping[str, str] | None = None) -> Path:
+    """The retsnoop binary from --retsnoop-bin or RETSNOOP_BIN; ValueError saying how to get one otherwise."""
+    environ = os.environ if environ is None else environ
+    path = given or environ.get(RETSNOOP_ENV)
+    if not path:
+        raise ValueError(RETSNOOP_HOWTO)
+    path = Path(path)
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise ValueError(f"{path} is not an executable file: {RETSNOOP_HOWTO}")
+    return path
+
+
+def retsnoop_command(binary: Path, mode: str, entry: Sequence[str], allow: Sequence[str], deny: Sequence[str] = (),
+                     verbosity: int = 1, dry_run: bool = False) -> list[str]:
+    """retsnoop in its attach mode nearest to our `mode`, stack capture (its default), no DWARF symbolization
+    (-sn: the stub sidecar is never run; ours has no DWARF vmlinux in the VM either)."""
+    globs = ([x for g in entry for x in ("-e", g)] + [x for g in allow for x in ("-a", g)]
+             + [x for g in deny for x in ("-d", g)])
+    return [str(binary), "-" + "v" * verbosity, RETSNOOP_FLAGS[NEAREST[mode]], "-sn",
+            *(["--dry-run"] if dry_run else []), *globs]
+
+
+def parse_retsnoop_dry_run(text: str) -> set[str]:
+    """The function names a `retsnoop --dry-run -vvv` would attach (module instances by their name)."""
+    return {m.group(1) for line in text.splitlines() if (m := FOUND_FUNC_RS.match(line))}
+
+
+def retsnoop_functions(binary: Path, mode: str, entry: Sequence[str], allow: Sequence[str],
+                       deny: Sequence[str] = ()) -> set[str]:
+    res = subprocess.run(retsnoop_command(binary, mode, entry, allow, deny, verbosity=3, dry_run=True),
+                         capture_output=True, text=True, timeout=900, preexec_fn=_roomy_nofile)
+    names = parse_retsnoop_dry_run(res.stdout)
+    if res.returncode != 0 or not names:
+        tail = " | ".join((res.stdout + res.stderr).strip().splitlines()[-5:])
+        raise RuntimeError(f"retsnoop --dry-run {NEAREST[mode]}: exit {res.returncode}, {len(names)} functions: {tail}")
+    return names
+
+
+@dataclass
+class SameSet:
+    """One function set for every tool: the names both we and retsnoop would attach from the same globs. Each
+    tool also gets, as deny globs, the names that only it would have taken (our deny list covers the helpers of
+    our programs, retsnoop's its own few, and each leaves out some names the other keeps)."""
+    names: list[str]
+    ours_deny: list[str]
+    retsnoop_deny: list[str]
+
+    @classmethod
+    def of(cls, ours: Iterable[str], retsnoop: Iterable[str] | None, deny: Sequence[str] = ()) -> SameSet:
+        mine = set(ours)
+        theirs = mine if retsnoop is None else set(retsnoop)
+        return cls(sorted(mine & theirs), [*deny, *sorted(mine - theirs)], [*deny, *sorted(theirs - mine)])
+
+    def narrowed(self, keep: Iterable[str]) -> SameSet:
+        """The set without what one tool could not attach after all (fentry: variadic functions): the others
+        are told to deny those too."""
+        keep = set(keep)
+        drop = sorted(n for n in self.names if n not in keep)
+        return SameSet([n for n in self.names if n in keep], [*self.ours_deny, *drop], [*self.retsnoop_deny, *drop])
+
+
+def same_names(facts: KernelFacts, set_name: str, mode: str, deny: Sequence[str], rs_bin: Path | None,
+               rs_sets: dict[tuple[str, str], set[str]]) -> SameSet:
+    """The set's names for every tool in this mode of ours (rs_sets: retsnoop's dry runs so far, by set and mode)."""
+    entry, allow = SETS[set_name]
+    mine = [n for n in our_functions(facts, entry, allow, mode) if not any(fnmatch(n, g) for g in deny)]
+    theirs = None
+    if rs_bin is not None:
+        key = (set_name, NEAREST[mode])
+        if key not in rs_sets:
+            try:
+                rs_sets[key] = retsnoop_functions(rs_bin, mode, entry, allow, deny)
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:  # its own run will fail and say why
+                print(json.dumps({"set": set_name, "mode": mode, "retsnoop_dry_run": str(exc)}), flush=True)
+                rs_sets[key] = set()
+        theirs = rs_sets[key] or None
+    return SameSet.of(mine, theirs, deny)
+
+
 # ---- one tool run -------------------------------------------------------------------------------
 
 
@@ -371,12 +489,16 @@ class Run:
     tool: str
     mode: str
     set_name: str
-    functions: int = 0  # what the tool says it attached (ours) / probes it announced (bpftrace)
+    peer_mode: str = ""  # a peer: the attach mode it ran in for this row of ours (NEAREST)
+    functions: int = 0  # what the tool says it attached (ours, retsnoop) / probes it announced (bpftrace)
     hooked: int = 0  # enabled_functions lines while it ran
     hooked_names: list[str] = field(default_factory=list)  # which (not in the JSON lines)
     start_s: float | None = None
     python_s: float | None = None  # ours: Python's own start, from its -v phase line (or measured)
-    attach_s: float | None = None
+    attach_s: float | None = None  # the tool's own figure (bpftrace: "Attaching N probes" to ready)
+    # BPF object load and attach, the same span for every tool: ours its load and attach phases (fentry's clones
+    # are verified in the second), retsnoop from the end of its discovery to its attach line, bpftrace attach_s
+    load_attach_s: float | None = None
     detach_s: float | None = None
     detach_own_s: float | None = None  # ours: what its "Detaching... DONE in N ms" says
     ns_per_call: float | None = None  # workload, while traced
@@ -405,15 +527,29 @@ BASE_LAUNCH = ("import sys; from pathlib import Path; from retsnoop_otel.kernel 
                "from retsnoop_otel.cli import main; sys.exit(main(sys.argv[1:]))")
 
 
+def our_flag(mode: str) -> str:
+    """Our trace command's flag for an attach mode, from its own parser (modes added later included)."""
+    if mode in FLAGS:
+        return FLAGS[mode]
+    from retsnoop_otel.trace.flags import build_parser
+    for action in build_parser()._actions:
+        if action.dest == "mode" and action.const == mode:
+            return action.option_strings[-1]
+    raise ValueError(f"retsnoop-otel trace has no flag for attach mode {mode}")
+
+
 def start_command(tool: str, mode: str, entry: Sequence[str], allow: Sequence[str], program: Path,
-                  base_object: Path | None = None, deny: Sequence[str] = ()) -> list[str]:
+                  base_object: Path | None = None, deny: Sequence[str] = (), retsnoop: Path | None = None) -> list[str]:
     if tool in PEERS:
         return ["bpftrace", "-B", "none", str(program)]
+    if tool == RETSNOOP:
+        assert retsnoop is not None, "--retsnoop-bin"
+        return retsnoop_command(retsnoop, mode, entry, allow, deny)
     globs = ([x for g in entry for x in ("-e", g)] + [x for g in allow for x in ("-a", g)]
              + [x for g in deny for x in ("-d", g)])
     by_object = tool == "ours-base" and base_object is not None and not base_object.is_dir()
     launch = ["-c", BASE_LAUNCH, str(base_object)] if by_object else ["-m", "retsnoop_otel"]
-    return [sys.executable, *launch, "trace", "-v", FLAGS[mode], *globs]
+    return [sys.executable, *launch, "trace", "-v", our_flag(mode), *globs]
 
 
 def start_helper(script: str, what: str) -> tuple[subprocess.Popen, Lines]:
@@ -474,9 +610,11 @@ def profile_calls(hz: int, cpu: int, workload: list[str], calls: int) -> kprofil
 def one_run(tool: str, mode: str, set_name: str, entry: Sequence[str], allow: Sequence[str], names: Sequence[str],
             workload: list[str], calls: int, tmp: Path, timeout: float, py_start: float,
             base_object: Path | None = None, int_ret: Callable[[str], bool] | None = None,
-            count: Sequence[str] = (), profile_hz: int = 0, cpu: int = -1, deny: Sequence[str] = ()) -> Run:
-    run = Run(tool, mode, set_name)
-    peer = tool in PEERS
+            count: Sequence[str] = (), profile_hz: int = 0, cpu: int = -1, deny: Sequence[str] = (),
+            retsnoop: Path | None = None) -> Run:
+    """One tool's start, attach, workload and detach. `deny`: the deny globs of this tool (ours, retsnoop)."""
+    run = Run(tool, mode, set_name, peer_mode=NEAREST[mode] if tool in ALL_PEERS else "")
+    peer = tool in PEERS  # bpftrace (retsnoop prints retsnoop-otel's lines: it is the model of ours)
     program = tmp / f"{tool}_{mode}_{set_name}.bt"
     program.write_text(bpftrace_program(mode, entry, allow, names, tool == "bpftrace-kstack", int_ret))
     env = dict(os.environ, BPFTRACE_MAX_PROBES=str(4 * len(names) + 64),
@@ -486,7 +624,8 @@ def one_run(tool: str, mode: str, set_name: str, entry: Sequence[str], allow: Se
     tree = base_object if tool == "ours-base" and base_object is not None and base_object.is_dir() else None
     if tree is not None:  # another checkout: its own Python code and BPF object
         env["PYTHONPATH"] = str(tree)
-    proc = subprocess.Popen(start_command(tool, mode, entry, allow, program, base_object, deny), cwd=tree or ROOT,
+    proc = subprocess.Popen(start_command(tool, mode, entry, allow, program, base_object, deny, retsnoop),
+                            cwd=tree or ROOT,
                             env=env, text=True,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             preexec_fn=_roomy_nofile)
@@ -497,17 +636,25 @@ def one_run(tool: str, mode: str, set_name: str, entry: Sequence[str], allow: Se
             run.error = "never ready: " + " | ".join(lines.tail())
             return run
         run.start_s = ready[0] - t0
-        if not peer:
+        if tool == RETSNOOP:
+            found, att = lines.find(FOUND_RS), lines.find(ATTACHED_RS)
+            if found and att:
+                run.functions = int(found[0][1].group(1))
+                run.attach_s = int(att[0][1].group(1)) / 1000
+                run.load_attach_s = att[0][0] - found[0][0]
+        elif not peer:
             lines.wait_for(re.compile(r"^Phase ready"), 60)  # -v goes to stderr, read by another thread
             for _, m in lines.find(PHASE_OURS):
                 run.phases[m.group(1)] = int(m.group(2))
             run.python_s = run.phases["python"] / 1000 if "python" in run.phases else py_start
             if att := lines.find(ATTACHED_OURS):
                 run.functions, run.attach_s = int(att[0][1].group(1)), int(att[0][1].group(2)) / 1000
+            if "load" in run.phases and "attach" in run.phases:
+                run.load_attach_s = (run.phases["load"] + run.phases["attach"]) / 1000
         else:
             if att := lines.find(ATTACHING_BT):
                 run.functions = int(att[0][1].group(1))
-                run.attach_s = ready[0] - att[0][0]
+                run.attach_s = run.load_attach_s = ready[0] - att[0][0]
         hooked = enabled_names() or set()
         run.hooked, run.hooked_names = len(hooked), sorted(hooked)
         ours = [i for i in prog_stats() if i not in before]
@@ -619,6 +766,34 @@ def table(rows: list[tuple[Run, Run]], baseline_ns: float, release: str, calls: 
     return "\n".join(out)
 
 
+def retsnoop_table(rows: list[tuple[Run, Run]], baseline_ns: float, release: str, calls: int) -> str:
+    """Ours against upstream retsnoop: each cell ours / retsnoop (ours over retsnoop). Start here includes
+    Python's own start (the issue's acceptance); attach is the same span for both (load_attach_s), with each
+    tool's own attach figure beside it."""
+    out = [f"kernel {release}; workload {calls:,} failing bpf(BPF_MAP_CREATE) calls, {baseline_ns / 1000:.1f} us "
+           "per call untraced; each cell: ours / retsnoop (ratio ours / retsnoop).", "",
+           "| mode (ours / retsnoop) | set | functions hooked | start, Python's included | load and attach | "
+           "attach (own figure) | detach | BPF ns per workload call | probe runs per call | us per call |",
+           "|---" * 10 + "|"]
+
+    def cell(a: float | None, b: float | None, fmt: Callable[[float | None], str]) -> str:
+        return f"{fmt(a)} / {fmt(b)} ({_ratio(a, b)})"
+
+    for ours, rs in rows:
+        runs = "-" if ours.probe_runs_per_call is None or rs.probe_runs_per_call is None else \
+            f"{ours.probe_runs_per_call:.1f} / {rs.probe_runs_per_call:.1f}"
+        out.append(
+            f"| {ours.mode} / {RETSNOOP_FLAGS.get(rs.peer_mode, '-')} | {ours.set_name} | {ours.hooked:,} / "
+            f"{rs.hooked:,} | {cell(ours.start_s, rs.start_s, _s)} | "
+            f"{cell(ours.load_attach_s, rs.load_attach_s, _s)} | "
+            f"{cell(ours.attach_s, rs.attach_s, _s)} | {cell(ours.detach_s, rs.detach_s, _s)} | "
+            f"{cell(ours.bpf_ns_per_call, rs.bpf_ns_per_call, _n)} | {runs} | "
+            f"{_us(ours.ns_per_call)} / {_us(rs.ns_per_call)} |")
+    for r in list({id(r): r for pair in rows for r in pair if r.error}.values()):
+        out.append(f"\n{r.tool} {r.mode} {r.set_name}: {r.error}")
+    return "\n".join(out)
+
+
 def base_table(rows: list[tuple[Run, Run]], obj: Path) -> str:
     """This build of ours against --base-object's, same set, same boot."""
     out = [f"This build of ours against {obj} (ours / base):", "",
@@ -637,8 +812,9 @@ def base_table(rows: list[tuple[Run, Run]], obj: Path) -> str:
 def warm_up(tmp: Path) -> dict[str, dict[str, int]]:
     """Both tools once, untimed, so that neither pays for reading its files into the page cache; ours
     twice, with an empty kernel cache and then the one it filled (which every timed run of ours uses):
-    returns the -v phases of both (cold, warm)."""
-    subprocess.run(["bpftrace", "-e", "BEGIN { exit(); }"], capture_output=True, timeout=600)
+    returns the -v phases of both (cold, warm). (retsnoop's first run is its untimed --dry-run: retsnoop_functions.)"""
+    if shutil.which("bpftrace"):
+        subprocess.run(["bpftrace", "-e", "BEGIN { exit(); }"], capture_output=True, timeout=600)
     out = {}
     for label in ("cold", "warm"):
         res = subprocess.run([sys.executable, "-m", "retsnoop_otel", "trace", "-v", "-e", "*sys_bpf", "--dry-run"],
@@ -676,14 +852,14 @@ def _shown(run: Run) -> dict:
     return {k: v for k, v in run.__dict__.items() if k != "hooked_names"}
 
 
-NUMERIC = ("functions", "hooked", "start_s", "python_s", "attach_s", "detach_s", "detach_own_s", "ns_per_call",
-           "bpf_ns_per_call", "probe_runs_per_call")
+NUMERIC = ("functions", "hooked", "start_s", "python_s", "attach_s", "load_attach_s", "detach_s", "detach_own_s",
+           "ns_per_call", "bpf_ns_per_call", "probe_runs_per_call")
 
 
 def median_run(runs: Sequence[Run]) -> Run:
     """One run of each figure's median over the rounds (phases and programs: the first round's)."""
     first = runs[0]
-    out = Run(first.tool, first.mode, first.set_name, phases=first.phases, details=first.details,
+    out = Run(first.tool, first.mode, first.set_name, first.peer_mode, phases=first.phases, details=first.details,
               programs=first.programs, counts=first.counts, profile=first.profile,
               error="; ".join(r.error for r in runs if r.error))
     for name in NUMERIC:
@@ -702,8 +878,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sets", default="100,1000", help=f"function sets ({', '.join(SETS)})")
     ap.add_argument("--modes", default="kprobe_session,kprobe_multi,kprobe,fentry")
-    ap.add_argument("--peers", default="bpftrace", help=f"peer programs ({', '.join(PEERS)}): bpftrace-kstack "
-                    "also takes the kernel stack at the deepest error of each failing call, as ours does")
+    ap.add_argument("--peers", default="bpftrace", help=f"peer programs ({', '.join(ALL_PEERS)}): bpftrace-kstack "
+                    "also takes the kernel stack at the deepest error of each failing call, as ours does; retsnoop "
+                    "is upstream retsnoop (--retsnoop-bin)")
+    ap.add_argument("--retsnoop-bin", type=Path, help=f"the retsnoop binary (default: ${RETSNOOP_ENV}); built by "
+                    "hand outside the repository, see the README's \"Compared with retsnoop\"")
     ap.add_argument("--rounds", type=int, default=1, help="run every tool this many times, interleaved (one "
                     "round runs each set, mode and tool once); the table gives medians and each round's ratio")
     ap.add_argument("--calls", type=int, default=2000)
@@ -725,19 +904,28 @@ def main() -> int:
     args = ap.parse_args()
     deny = [g for g in args.deny.split(",") if g]
     peers = args.peers.split(",")
-    if unknown := [x for x in peers if x not in PEERS]:
-        ap.error(f"unknown peer {', '.join(unknown)}: choose from {', '.join(PEERS)}")
+    if unknown := [x for x in peers if x not in ALL_PEERS]:
+        ap.error(f"unknown peer {', '.join(unknown)}: choose from {', '.join(ALL_PEERS)}")
+    rs_bin = None
+    if RETSNOOP in peers:
+        try:
+            rs_bin = retsnoop_bin(args.retsnoop_bin)
+        except ValueError as exc:
+            print(f"bench/peer_compare.py: {exc}", file=sys.stderr)
+            return 2
     if args.rounds < 1:
         ap.error("--rounds must be 1 or more")
     if args.cpu >= 0:
         os.sched_setaffinity(0, {args.cpu})  # inherited by both tools, their threads and the workload
-    if shutil.which("bpftrace") is None:
+    if shutil.which("bpftrace") is None and (set(peers) & set(PEERS) or args.count or args.profile):
         print("bpftrace is not installed: apt-get install bpftrace (the Debian package)", file=sys.stderr)
         return 2
     facts = KernelFacts.load()
     set_stats(False)
     tools = ["ours", *(["ours-base"] if args.base_object else []), *peers]
     runs: dict[tuple[str, str, str], list[Run]] = {}  # (set, mode, tool) -> one run per round
+    peer_runs: dict[tuple, Run] = {}  # a peer's run in its mode, for each row of ours that maps to it (NEAREST)
+    rs_sets: dict[tuple[str, str], set[str]] = {}  # what retsnoop would attach, by set and its mode
     with tempfile.TemporaryDirectory(prefix="peer-compare-") as tmpdir:
         tmp = Path(tmpdir)
         workload = build_workload(tmp)
@@ -754,18 +942,31 @@ def main() -> int:
                     except features.FeatureError as exc:
                         print(json.dumps({"mode": mode, "set": set_name, "skipped": str(exc)}), flush=True)
                         continue
-                    names = [n for n in our_functions(facts, entry, allow, mode)
-                             if not any(fnmatch(n, g) for g in deny)]
+                    same = same_names(facts, set_name, mode, deny, rs_bin, rs_sets)
+                    print(json.dumps({"set": set_name, "mode": mode, "functions": len(same.names),
+                                      "ours_only": same.ours_deny[len(deny):],
+                                      "retsnoop_only": same.retsnoop_deny[len(deny):]}), flush=True)
                     ours: Run | None = None
                     for tool in tools:
-                        if tool in PEERS and mode == "fentry" and ours is not None and ours.hooked_names:
+                        if (tool in ALL_PEERS and NEAREST[mode] == "fentry" and ours is not None
+                                and ours.hooked_names):
                             # the functions ours could attach: bpftrace stops at the first it cannot (variadic
                             # functions such as bpf_log have no fexit), where ours skips it and says so
-                            wanted = set(names)
-                            names = [n for n in ours.hooked_names if n in wanted]
-                        r = one_run(tool, mode, set_name, entry, allow, names, workload, args.calls, tmp,
+                            same = same.narrowed(ours.hooked_names)
+                        tool_deny = same.retsnoop_deny if tool == RETSNOOP else same.ours_deny
+                        reuse = (rnd, set_name, tool, NEAREST[mode], tuple(same.names), tuple(tool_deny))
+                        if tool in ALL_PEERS and reuse in peer_runs:  # the same run as for another mode of ours
+                            r = replace(peer_runs[reuse], mode=mode)
+                            print(json.dumps({"round": rnd + 1, "tool": tool, "mode": mode,
+                                              "same_run_as_for": peer_runs[reuse].mode}), flush=True)
+                            runs.setdefault((set_name, mode, tool), []).append(r)
+                            continue
+                        r = one_run(tool, mode, set_name, entry, allow, same.names, workload, args.calls, tmp,
                                     args.timeout, py_start, args.base_object, facts.int_ret,
-                                    [f for f in args.count.split(",") if f], args.profile, args.cpu, deny)
+                                    [f for f in args.count.split(",") if f], args.profile, args.cpu, tool_deny,
+                                    rs_bin)
+                        if tool in ALL_PEERS:
+                            peer_runs[reuse] = r
                         print(json.dumps({"round": rnd + 1, **_shown(r)}), flush=True)
                         runs.setdefault((set_name, mode, tool), []).append(r)
                         ours = r if tool == "ours" else ours
@@ -773,8 +974,11 @@ def main() -> int:
     base = statistics.median(baseline)
     keys = list(dict.fromkeys((s_, m) for s_, m, _ in runs))
     med = {k: median_run(rs) for k, rs in runs.items()}
-    rows = [(med[(s_, m, "ours")], med[(s_, m, p)]) for s_, m in keys for p in peers]
-    text = table(rows, base, os.uname().release, args.calls, py_start, cache_phases)
+    rows = [(med[(s_, m, "ours")], med[(s_, m, p)]) for s_, m in keys for p in peers if p != RETSNOOP]
+    text = table(rows, base, os.uname().release, args.calls, py_start, cache_phases) if rows else ""
+    if RETSNOOP in peers:
+        text += ("\n\n" if text else "") + retsnoop_table([(med[(s_, m, "ours")], med[(s_, m, RETSNOOP)])
+                                                            for s_, m in keys], base, os.uname().release, args.calls)
     if args.rounds > 1:
         text += f"\n\nMedians of {args.rounds} rounds. BPF ns per call, ours / peer, round by round:"
         for s_, m in keys:
