@@ -1,0 +1,186 @@
+"""The attach modes' probes: each loads a tiny program of its mode, links it to a harmless function and undoes
+both, so that a mode is offered only where the kernel really runs it; a refusal says what is missing and since
+which Linux release. Part of features.py's report (features.detect() runs them side by side).
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import os
+from collections.abc import Callable
+from typing import NamedTuple
+
+from retsnoop_otel.capture.errnos import errno_name
+from retsnoop_otel.kernel import bpfsys
+from retsnoop_otel.kernel.kconfig import config_off
+from retsnoop_otel.kernel.libbpf_btf import BTF_KIND_FUNC, Btf
+
+# Functions that are safe to attach to for a moment: the first is only ever called by
+# BPF_PROG_TEST_RUN, the others are syscall paths common enough to exist on every kernel.
+PROBE_TARGETS = ("bpf_fentry_test1", "do_sys_openat2", "__x64_sys_getpid", "__arm64_sys_getpid")
+
+HELPER_GET_ATTACH_COOKIE = 174
+HELPER_GET_FUNC_RET = 184
+ENOTSUPP = 524  # kernel-internal "operation not supported", leaks out of BPF trampolines
+
+
+class Feature(NamedTuple):
+    """One probed capability; `why` completes "this kernel ..." when it is unavailable."""
+
+    name: str
+    available: bool
+    detail: str
+    errno: int = 0
+    why: str = ""
+
+
+def _ename(err: int) -> str:
+    return errno_name(err) or f"errno {err}"
+
+
+def _refused(name: str, err: int, meaning: str, what: str) -> Feature:
+    """An unavailable feature whose probe the kernel answered with `err`."""
+    return Feature(name, False, f"refused ({_ename(err)}): {meaning}", err, f"{what} ({_ename(err)})")
+
+
+FuncIdLookup = Callable[[str], "int | None"]
+
+
+def _target_func(btf: Btf | FuncIdLookup | None) -> tuple[str, int]:
+    """First PROBE_TARGETS function present in kernel BTF, with its BTF id (0 without BTF).
+
+    `btf` is libbpf's kernel BTF, or a name -> BTF id lookup (symbols.btf_index, faster to search)."""
+    if btf is not None:
+        for name in PROBE_TARGETS:
+            tid = btf.find(name, BTF_KIND_FUNC) if isinstance(btf, Btf) else btf(name)
+            if tid:
+                return name, tid
+    return PROBE_TARGETS[0], 0
+
+
+def _close(*fds: int) -> None:
+    for fd in fds:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _fexit_as_traced() -> bytes:
+    """A fexit program that does what ours need of the kernel: the return value and the link's cookie."""
+    b = bpfsys
+    return b''.join((b.mov64_reg(6, 1),
+                     b.st_mem_w(10, -8, 0), b.st_mem_w(10, -4, 0),
+                     b.mov64_reg(1, 6), b.mov64_reg(2, 10), b.add64_imm(2, -8), b.call(HELPER_GET_FUNC_RET),
+                     b.mov64_reg(1, 6), b.call(HELPER_GET_ATTACH_COOKIE),
+                     b.RETURN_ZERO))
+
+
+def probe_fentry(btf: Btf | FuncIdLookup | None) -> Feature:
+    """Load and attach a fentry program (BPF trampoline) on a harmless function, then a fexit program that reads
+    the return value and its link's cookie (fentry mode needs both: Linux 5.19+); detach."""
+    name = "fentry"
+    func, tid = _target_func(btf)
+    if not tid:
+        return Feature(name, False, "needs kernel BTF to name the attach target", _errno.ENOENT,
+                       "has no BTF for fentry/fexit programs")
+    prog = link = -1
+    cookies = False
+    try:
+        prog = bpfsys.prog_load(bpfsys.PROG_TRACING, bpfsys.RETURN_ZERO,
+                                expected_attach_type=bpfsys.ATTACH_TRACE_FENTRY, attach_btf_id=tid,
+                                name=b"rs_probe_fentry")
+        link = bpfsys.link_create(prog, bpfsys.ATTACH_TRACE_FENTRY)
+        _close(link, prog)
+        prog = link = -1
+        cookies = True
+        prog = bpfsys.prog_load(bpfsys.PROG_TRACING, _fexit_as_traced(),
+                                expected_attach_type=bpfsys.ATTACH_TRACE_FEXIT, attach_btf_id=tid,
+                                name=b"rs_probe_fexit")
+        link = bpfsys.link_create(prog, bpfsys.ATTACH_TRACE_FEXIT, cookie=1)
+    except OSError as exc:
+        err = exc.errno or _errno.EINVAL
+        stage = "loading" if prog < 0 else "attaching"
+        if err == _errno.EINVAL and (cookies or prog >= 0):  # 5.10 loads fentry but links it only through
+            # BPF_RAW_TRACEPOINT_OPEN, without cookies
+            return Feature(name, False, f"refused ({_ename(err)}): fentry programs load, but {stage} fentry/fexit "
+                           "links with BPF cookies and bpf_get_func_ret() fails (Linux 5.19+ needed)", err,
+                           "has no BPF cookies for fentry/fexit (Linux 5.19+ needed)")
+        if err in (_errno.EPERM, _errno.EACCES):
+            meaning = (f"the kernel denies {stage} BPF tracing programs to this process (kernel lockdown, "
+                       "an LSM policy, or missing CAP_BPF/CAP_PERFMON)")
+        elif err in (ENOTSUPP, _errno.EOPNOTSUPP):
+            meaning = f"no BPF trampoline support for {func} on this kernel/architecture ({stage})"
+        else:
+            meaning = f"{stage} a fentry program on {func} failed: {os.strerror(err)}"
+        return _refused(name, err, meaning, "refuses fentry/fexit programs")
+    finally:
+        _close(link, prog)
+    return Feature(name, True, f"fentry and fexit programs (with cookies) loaded and attached to {func}")
+
+
+def probe_kprobes(root: str, btf: Btf | FuncIdLookup | None, config: dict[str, str]) -> Feature:
+    """Register a kprobe through the kprobe PMU and attach a program to it, then remove both."""
+    name = "kprobes"
+    try:
+        pmu = bpfsys.kprobe_pmu_type(root)
+    except (OSError, ValueError):
+        if config_off(config, "CONFIG_KPROBES"):
+            return Feature(name, False, "kprobes are not configured (CONFIG_KPROBES is off)", _errno.ENOENT,
+                           "has no kprobes (CONFIG_KPROBES is off)")
+        return Feature(name, False, "no kprobe PMU (/sys/bus/event_source/devices/kprobe is missing): kernel "
+                       "without CONFIG_KPROBE_EVENTS or older than 4.17", _errno.ENOENT,
+                       "has no kprobe PMU (CONFIG_KPROBES or CONFIG_KPROBE_EVENTS is off)")
+    func, _ = _target_func(btf)
+    prog = event = -1
+    try:
+        prog = bpfsys.prog_load(bpfsys.PROG_KPROBE, bpfsys.RETURN_ZERO, name=b"rs_probe_kprobe")
+        event = bpfsys.perf_kprobe_open(func, pmu)
+        bpfsys.perf_set_bpf(event, prog)
+    except OSError as exc:
+        err = exc.errno or _errno.EINVAL
+        stage = "loading a kprobe program" if prog < 0 else f"creating a kprobe on {func}" if event < 0 \
+            else f"attaching a program to a kprobe on {func}"
+        return _refused(name, err, f"{stage} failed: {os.strerror(err)}", "refuses kprobes")
+    finally:
+        _close(event, prog)
+    return Feature(name, True, f"kprobe PMU type {pmu}; kprobe created on {func} and a program attached")
+
+
+def _probe_fprobe_link(name: str, what: str, attach_type: int, prog_name: bytes, btf: Btf | FuncIdLookup | None,
+                       too_old: tuple[str, str], called: str) -> Feature:
+    """Load a kprobe program for `attach_type` and link it to one function (both fprobe-based links);
+    `called` names the mode in the one-line refusals ("this kernel has no ...")."""
+    func, _ = _target_func(btf)
+    prog = link = -1
+    try:
+        prog = bpfsys.prog_load(bpfsys.PROG_KPROBE, bpfsys.RETURN_ZERO, expected_attach_type=attach_type,
+                                name=prog_name)
+        link = bpfsys.link_create_kprobe_multi(prog, [func], attach_type=attach_type)
+    except OSError as exc:
+        err = exc.errno or _errno.EINVAL
+        if err == _errno.EINVAL:
+            # older kernels reject the program or the link: the version says it all
+            return Feature(name, False, f"refused ({_ename(err)}): {too_old[0]}", err, too_old[1])
+        if err == _errno.EOPNOTSUPP:
+            return Feature(name, False, "not supported (EOPNOTSUPP): the kernel was built without CONFIG_FPROBE",
+                           err, f"has no {called} (CONFIG_FPROBE is off)")
+        stage = f"loading a {what} program" if prog < 0 else f"attaching {what} to {func}"
+        return _refused(name, err, f"{stage} failed: {os.strerror(err)}", f"refuses {called} links")
+    finally:
+        _close(link, prog)
+    return Feature(name, True, f"{what} link attached to {func}")
+
+
+def probe_kprobe_multi(btf: Btf | FuncIdLookup | None) -> Feature:
+    """Attach a kprobe.multi program (BPF_LINK_CREATE, BPF_TRACE_KPROBE_MULTI) to one function."""
+    return _probe_fprobe_link("kprobe_multi", "kprobe.multi", bpfsys.ATTACH_TRACE_KPROBE_MULTI, b"rs_probe_kmulti",
+                              btf, ("the kernel does not know kprobe.multi programs (Linux 5.18+ needed)",
+                                    "has no kprobe_multi (Linux 5.18+ needed)"), "kprobe_multi")
+
+
+def probe_kprobe_session(btf: Btf | FuncIdLookup | None) -> Feature:
+    """Attach a kprobe.session program (BPF_TRACE_KPROBE_SESSION, Linux 6.10+) to one function."""
+    return _probe_fprobe_link("kprobe_session", "kprobe.session", bpfsys.ATTACH_TRACE_KPROBE_SESSION,
+                              b"rs_probe_ksess", btf,
+                              ("the kernel does not know kprobe.session links (Linux 6.10+ needed)",
+                               "has no kprobe.session (Linux 6.10+ needed)"), "kprobe.session")
+
