@@ -2,7 +2,7 @@
 /* The programs the kernel runs, one thin wrapper per attach flavour around handle_entry() and
  * handle_exit(). Part of retsnoop.bpf.c (included last). kernel/tracer.py loads the pair of one flavour.
  *
- * How each finds the traced function's id: fentry and kprobe read their BPF cookie (a field of the
+ * How each finds the traced function's id: fentry, fsession and kprobe read their BPF cookie (a field of the
  * run context). kprobe.multi and kprobe.session look the function's address up in ip_ids instead
  * (ID_BY_IP), and only once the thread is known to be in a session: their cookie is found by a binary
  * search over the link's sorted addresses on every run (bench/probe_cost.py). Kernels before 5.15 have no
@@ -123,4 +123,41 @@ SEC("?kprobe.multi")
 int ksession_inner(struct pt_regs *ctx)
 {
 	return session_run(ctx, false);
+}
+
+/* fsession (Linux 7.0+): fentry's pair in one program, run at the function's entry and again at its exit
+ * (BPF_TRACE_FSESSION). Unlike kprobe.session its entry cannot skip the exit: the verifier allows these programs
+ * no return value but 0 (kernel/bpf/verifier.c). Cloned per function from these templates, as fentry's pair is:
+ * entry functions get fsession_entry, the others fsession_inner. */
+static __always_inline void fsession_run(void *ctx, bool outer)
+{
+	if (session_is_return(ctx))
+		fexit_run(ctx, outer);
+	else
+		fentry_run(ctx, outer);
+}
+
+SEC("?fsession/bpf_fentry_test1")
+int BPF_PROG(fsession_entry)
+{
+	fsession_run(ctx, true);
+	return 0;
+}
+
+SEC("?fsession/bpf_fentry_test1")
+int BPF_PROG(fsession_inner)
+{
+	fsession_run(ctx, false);
+	return 0;
+}
+
+/* fsession.multi (Linux 7.2+, BPF_TRACE_FSESSION_MULTI): the same program loaded once without a target function
+ * and linked to the whole set by one tracing_multi link, each function's id its cookie in that link. Arguments
+ * and the return value only through helpers (it is verified against no function's prototype), which is how ours
+ * read them anyway. A section libbpf 1.7 does not know: kernel/tracer.py sets its type and attach type. */
+SEC("?fsession.multi")
+int BPF_PROG(fsession_multi)
+{
+	fsession_run(ctx, true);
+	return 0;
 }

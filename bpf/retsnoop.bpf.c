@@ -4,7 +4,8 @@
  * per-function aggregates (calls, errors by errno, log2 latency histogram) for Prometheus.
  *
  * One set of logic behind thin programs per attach flavour (flavours.bpf.h): fentry/fexit,
- * kprobe/kretprobe (also attached as uprobes), kprobe.multi/kretprobe.multi and kprobe.session.
+ * kprobe/kretprobe (also attached as uprobes), kprobe.multi/kretprobe.multi, kprobe.session, fsession and
+ * fsession.multi.
  * bpf/retsnoop.h is the whole contract with user space.
  */
 

@@ -33,6 +33,8 @@ ATTACH_TRACE_FENTRY = 24
 ATTACH_TRACE_FEXIT = 25
 ATTACH_TRACE_KPROBE_MULTI = 42
 ATTACH_TRACE_KPROBE_SESSION = 56  # Linux 6.10+
+ATTACH_TRACE_FSESSION = 58  # Linux 7.0+
+ATTACH_TRACE_FSESSION_MULTI = 61  # Linux 7.2+, through a tracing_multi link
 BPF_F_KPROBE_MULTI_RETURN = 1
 
 # perf_event_open(2).
@@ -117,6 +119,14 @@ class LinkCreateAttr(ctypes.Structure):
                 ("kmulti_cookies", ctypes.c_uint64)]
 
 
+class TracingMultiLinkAttr(ctypes.Structure):
+    """link_create with the tracing_multi layout of the trailing union (Linux 7.2+), as long as LinkCreateAttr."""
+
+    _fields_ = [("prog_fd", ctypes.c_uint32), ("target_fd", ctypes.c_uint32), ("attach_type", ctypes.c_uint32),
+                ("flags", ctypes.c_uint32), ("ids", ctypes.c_uint64), ("cookies", ctypes.c_uint64),
+                ("cnt", ctypes.c_uint32), ("_pad", ctypes.c_uint32 * 3)]
+
+
 class BpfLoadError(OSError):
     """BPF_PROG_LOAD failed; `log` holds the verifier's explanation (may be empty)."""
 
@@ -192,6 +202,17 @@ def link_create_kprobe_multi(prog_fd: int, syms: Sequence[str] = (), addrs: Sequ
                           kmulti_cookies=arr(cookies))
     kind = "kprobe.session" if attach_type == ATTACH_TRACE_KPROBE_SESSION else "kprobe_multi"
     return sys_bpf(BPF_LINK_CREATE, attr, f"bpf(BPF_LINK_CREATE {kind})")
+
+
+def link_create_tracing_multi(prog_fd: int, btf_ids: Sequence[int], cookies: Sequence[int] = (),
+                              attach_type: int = ATTACH_TRACE_FSESSION_MULTI) -> int:
+    """BPF_LINK_CREATE of one tracing_multi link: the functions by their BTF ids (u32, in the BTF the program was
+    loaded against), each with its cookie (u64, same order: the kernel sorts both together); returns the link fd."""
+    ids = (ctypes.c_uint32 * len(btf_ids))(*btf_ids)
+    values = (ctypes.c_uint64 * len(cookies))(*cookies) if cookies else None
+    attr = TracingMultiLinkAttr(prog_fd=prog_fd, attach_type=attach_type, ids=ctypes.addressof(ids),
+                                cookies=ctypes.addressof(values) if values is not None else 0, cnt=len(btf_ids))
+    return sys_bpf(BPF_LINK_CREATE, attr, "bpf(BPF_LINK_CREATE tracing_multi)")
 
 
 # ---- perf_event_open --------------------------------------------------------------------------

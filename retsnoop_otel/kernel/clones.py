@@ -1,9 +1,9 @@
-"""fentry/fexit programs retargeted at each traced function: verified in parallel, linked one at a time.
+"""fentry/fexit and fsession programs retargeted at each traced function: verified in parallel, linked one at a time.
 
-fentry/fexit programs are bound to one function at load time, so mass-attaching needs a verified
-program per function and direction: the bulk of fentry's attach time. The kernel verifies parallel
-loads in parallel (ctypes drops the GIL during the call), so the clones are loaded on a few threads
-before the tracer links them to their trampolines, which the kernel updates one at a time anyway.
+These programs are bound to one function at load time, so mass-attaching needs a verified program per
+function and direction (fsession: one program for both): the bulk of these modes' attach time. The kernel
+verifies parallel loads in parallel (ctypes drops the GIL during the call), so the clones are loaded on a
+few threads before the tracer links them to their trampolines, which the kernel updates one at a time anyway.
 """
 
 from __future__ import annotations
@@ -14,27 +14,33 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from retsnoop_otel.capture.model import TracedFunc
+from retsnoop_otel.kernel import bpfsys, libbpf_progs
 from retsnoop_otel.kernel import libbpf as lb
-from retsnoop_otel.kernel import libbpf_progs
 
 CLONE_THREADS = 4  # clones verified at once (bounded by the CPUs)
-# template -> the kernel's name for its clones (at most 15 characters): entry functions run the first
-# pair, the others the smaller "inner" pair (bpf/flavours.bpf.h)
-TAGS = {"fexit_exit": "rs_fexit", "fentry_entry": "rs_fentry", "fexit_inner": "rs_fexit_in",
-        "fentry_inner": "rs_fentry_in"}
+# template -> the kernel's name for its clones (at most 15 characters), and their attach type
+_TEMPLATES = {"fexit_exit": ("rs_fexit", libbpf_progs.ATTACH_TRACE_FEXIT),
+              "fentry_entry": ("rs_fentry", libbpf_progs.ATTACH_TRACE_FENTRY),
+              "fexit_inner": ("rs_fexit_in", libbpf_progs.ATTACH_TRACE_FEXIT),
+              "fentry_inner": ("rs_fentry_in", libbpf_progs.ATTACH_TRACE_FENTRY),
+              "fsession_entry": ("rs_fsession", bpfsys.ATTACH_TRACE_FSESSION),
+              "fsession_inner": ("rs_fsession_in", bpfsys.ATTACH_TRACE_FSESSION)}
+TAGS = {template: tag for template, (tag, _) in _TEMPLATES.items()}
 TEMPLATES = {tag: template for template, tag in TAGS.items()}
-PAIRS = {True: ("fexit_exit", "fentry_entry"), False: ("fexit_inner", "fentry_inner")}  # is_entry -> (exit, entry)
+# mode -> is_entry -> the templates cloned for a function, exit first: entry functions run the first set, the
+# others the smaller "inner" one (bpf/flavours.bpf.h)
+SETS = {"fentry": {True: ("fexit_exit", "fentry_entry"), False: ("fexit_inner", "fentry_inner")},
+        "fsession": {True: ("fsession_entry",), False: ("fsession_inner",)}}
 Clone = list[tuple[int, int, str]]  # (program fd, attach type, program name), exit first
 T = TypeVar("T")
 
 
-def load_clone(exit_prog: lb.BpfProgram, entry_prog: lb.BpfProgram, btf_id: int) -> Clone:
-    """The exit and entry templates retargeted at the function with BTF id `btf_id`."""
+def load_clone(templates: Sequence[lb.BpfProgram], btf_id: int) -> Clone:
+    """The templates (exit first) retargeted at the function with BTF id `btf_id`."""
     out: Clone = []
     try:
-        for prog, attach_type in ((exit_prog, libbpf_progs.ATTACH_TRACE_FEXIT),
-                                  (entry_prog, libbpf_progs.ATTACH_TRACE_FENTRY)):
-            tag = TAGS[prog.name]
+        for prog in templates:
+            tag, attach_type = _TEMPLATES[prog.name]
             out.append((libbpf_progs.clone_program(prog, attach_btf_id=btf_id, attach_type=attach_type, name=tag),
                         attach_type, tag))
     except BaseException:
@@ -73,15 +79,19 @@ def load_all(funcs: Sequence[T], load: Callable[[T], Clone], threads: int = CLON
 
 
 class FentryPrograms:
-    """The programs fentry mode runs: a pair per traced function, cloned from the object's templates.
+    """The programs fentry mode runs: a pair per traced function, cloned from the object's templates (fsession
+    mode: one program per function, the same way).
 
-    Each template pair is verified at object load against a traced function of its kind, which then runs
+    Each template set is verified at object load against a traced function of its kind, which then runs
     the templates themselves (a clone for it would be the same program verified again: 3-30 ms of an
     emulated start per pair). The clones' fds are ours to close, the templates' the object's.
     """
 
-    def __init__(self, funcs: Sequence[TracedFunc], btf_func_id: Callable[[str], int | None] | None) -> None:
+    def __init__(self, funcs: Sequence[TracedFunc], btf_func_id: Callable[[str], int | None] | None,
+                 mode: str = "fentry") -> None:
         self._funcs, self._btf_func_id = funcs, btf_func_id
+        self.mode = mode
+        self._sets = SETS[mode]
         self.targets = self._first_of_each_kind()  # is_entry -> the function its templates are verified against
         self.template_fds: list[tuple[str, int]] = []  # (template name, fd), attached as they are
         self.clone_fds: list[tuple[str, int]] = []  # (template name, fd)
@@ -114,11 +124,9 @@ class FentryPrograms:
         """func.id -> its pair, verified on several threads before any is attached, or why it was refused."""
         as_is: dict[int, Clone | BaseException] = {}
         for is_entry, f in self.targets.items():  # the inner templates are loaded only if a function runs them
-            exit_tpl, entry_tpl = PAIRS[is_entry]
-            exit_fd, entry_fd = obj.program(exit_tpl).fd, obj.program(entry_tpl).fd
-            as_is[f.id] = [(exit_fd, libbpf_progs.ATTACH_TRACE_FEXIT, TAGS[exit_tpl]),
-                           (entry_fd, libbpf_progs.ATTACH_TRACE_FENTRY, TAGS[entry_tpl])]
-            self.template_fds += [(exit_tpl, exit_fd), (entry_tpl, entry_fd)]
+            fds = [(tpl, obj.program(tpl).fd) for tpl in self._sets[is_entry]]
+            as_is[f.id] = [(fd, _TEMPLATES[tpl][1], TAGS[tpl]) for tpl, fd in fds]
+            self.template_fds += fds
         out = load_all([f for f in self._funcs if f.id not in as_is], lambda f: self._pair(obj, f))
         for res in out.values():
             if not isinstance(res, BaseException):
@@ -133,10 +141,9 @@ class FentryPrograms:
     def _pair(self, obj: lb.BpfObject, f: TracedFunc) -> Clone:
         btf_id = self._btf_func_id(f.name) if self._btf_func_id else None
         if btf_id is None:
-            raise lb.LibbpfError(f"fentry needs BTF for {f.name} (module functions and functions without BTF "
-                                 "are not supported in fentry mode; use -K)", errno.EOPNOTSUPP)
-        exit_tpl, entry_tpl = PAIRS[f.is_entry]
-        return load_clone(obj.program(exit_tpl), obj.program(entry_tpl), btf_id)
+            raise lb.LibbpfError(f"{self.mode} needs BTF for {f.name} (module functions and functions without BTF "
+                                 f"are not supported in {self.mode} mode; use -K)", errno.EOPNOTSUPP)
+        return load_clone([obj.program(tpl) for tpl in self._sets[f.is_entry]], btf_id)
 
     def programs(self) -> list[tuple[str, int]]:
         return [*self.template_fds, *self.clone_fds]

@@ -27,6 +27,8 @@ from retsnoop_otel.kernel.mode_probes import (  # noqa: F401 - PROBE_TARGETS and
     FuncIdLookup,
     _refused,
     probe_fentry,
+    probe_fsession,
+    probe_fsession_multi,
     probe_kprobe_multi,
     probe_kprobe_session,
     probe_kprobes,
@@ -38,8 +40,9 @@ HELPER_GET_BRANCH_SNAPSHOT = 176
 VM_HINT = ("run retsnoop-otel on a kernel that allows them, for example in a VM "
            "(tests/vm/run -- retsnoop-otel trace ...)")
 MODE_FLAGS = {"fentry": "-F (fentry/fexit)", "kprobe": "-K (kprobes)", "kprobe_multi": "-M (kprobe_multi)",
-              "kprobe_session": "--kprobe-session (kprobe.session)"}
-MODES = ("auto", "fentry", "kprobe", "kprobe_multi", "kprobe_session")
+              "kprobe_session": "--kprobe-session (kprobe.session)", "fsession": "--fsession (fsession)",
+              "fsession_multi": "--fsession-multi (fsession.multi)"}
+MODES = ("auto", "fentry", "kprobe", "kprobe_multi", "kprobe_session", "fsession", "fsession_multi")
 
 
 class FeatureError(RuntimeError):
@@ -54,6 +57,8 @@ class Features(NamedTuple):
     kprobes: Feature
     kprobe_multi: Feature
     kprobe_session: Feature
+    fsession: Feature
+    fsession_multi: Feature
     ringbuf: Feature
     func_ip: Feature
     bpf_cookie: Feature
@@ -200,8 +205,8 @@ def _side_by_side(probes: dict[str, Callable[[], Feature]]) -> dict[str, Feature
 
 # The probes whose answer is a fact of the kernel build (attach types and helpers it knows), unlike the
 # process's privileges, LBR, kallsyms visibility or tracefs, which are probed at every start.
-BUILD_FACTS = ("fentry", "kprobes", "kprobe_multi", "kprobe_session", "ringbuf", "func_ip", "bpf_cookie",
-               "branch_snapshot")
+BUILD_FACTS = ("fentry", "kprobes", "kprobe_multi", "kprobe_session", "fsession", "fsession_multi", "ringbuf",
+               "func_ip", "bpf_cookie", "branch_snapshot")
 DENIED = (_errno.EPERM, _errno.EACCES)
 FORMAT_FEATURES = 1
 
@@ -254,7 +259,9 @@ def _probe_build_facts(root: str, targets: Btf | FuncIdLookup | None, config: di
     modes = _side_by_side({"fentry": lambda: probe_fentry(targets),
                            "kprobes": lambda: probe_kprobes(root, targets, config),
                            "kprobe_multi": lambda: probe_kprobe_multi(targets),
-                           "kprobe_session": lambda: probe_kprobe_session(targets)})
+                           "kprobe_session": lambda: probe_kprobe_session(targets),
+                           "fsession": lambda: probe_fsession(targets),
+                           "fsession_multi": lambda: probe_fsession_multi(targets)})
     return {**modes,
             "ringbuf": probe_ringbuf(),
             "func_ip": probe_helper("func_ip", HELPER_GET_FUNC_IP, "bpf_get_func_ip", "Linux 5.15"),
@@ -312,6 +319,8 @@ _MODE_FEATURE: dict[str, Callable[[Features], Feature]] = {
     "kprobe": lambda f: f.kprobes,
     "kprobe_multi": lambda f: f.kprobe_multi,
     "kprobe_session": lambda f: f.kprobe_session,
+    "fsession": lambda f: f.fsession,
+    "fsession_multi": lambda f: f.fsession_multi,
 }
 
 
@@ -320,6 +329,7 @@ _MODE_FEATURE: dict[str, Callable[[Features], Feature]] = {
 # exit probe at all for calls outside a session). Single kprobes attach 3x faster than per-function
 # fentry clones (each clone is verified) and never fire inside our own BPF programs.
 DEFAULT_MODE_ORDER = ("kprobe_session", "kprobe_multi", "kprobe", "fentry")
+USABLE_ORDER = ("kprobe_session", "kprobe_multi", "fsession_multi", "fsession", "fentry", "kprobe")  # as offered
 
 
 def choose_mode(features: Features) -> str:
@@ -338,7 +348,7 @@ def require_tracing(features: Features, mode: str) -> None:
                         (features.ringbuf, "to stream captured calls")):
         if not prereq.available:
             raise FeatureError(f"this kernel {prereq.why}, which retsnoop-otel needs {use}: {VM_HINT}")
-    usable = [m for m in ("kprobe_session", "kprobe_multi", "fentry", "kprobe") if _MODE_FEATURE[m](features).available]
+    usable = [m for m in USABLE_ORDER if _MODE_FEATURE[m](features).available]
     if not usable:
         raise FeatureError(f"this kernel {features.fentry.why} and {features.kprobes.why}, so kernel "
                            f"functions cannot be traced here: {VM_HINT}")

@@ -23,8 +23,9 @@ from retsnoop_otel.kernel import libbpf_abi as abi
 
 MIN_VERSION = (1, 7)
 
-# enum bpf_prog_type / bpf_map_type values (uapi linux/bpf.h), for the feature probes.
+# enum bpf_prog_type / bpf_map_type values (uapi linux/bpf.h), for the feature probes and set_type().
 PROG_TYPE_KPROBE = 2
+PROG_TYPE_TRACING = 26
 MAP_TYPE_RINGBUF = 27
 
 
@@ -272,6 +273,11 @@ class BpfProgram:
         """Before load; how a kprobe program becomes a kprobe.session one with libbpf 1.1 (no such SEC)."""
         check_rc(lib().lib.bpf_program__set_expected_attach_type(self._ptr, attach_type),
                  f"set expected attach type of '{self.name}'")
+
+    def set_type(self, prog_type: int) -> None:
+        """Before load; a program in a section libbpf does not know (SEC("fsession.multi") in 1.7) gets its type
+        here, and libbpf then leaves its attach target alone (no BTF id: what tracing_multi programs need)."""
+        check_rc(lib().lib.bpf_program__set_type(self._ptr, prog_type), f"set type of '{self.name}'")
 
     def set_attach_target(self, func_name: str) -> None:
         check_rc(lib().lib.bpf_program__set_attach_target(self._ptr, 0, func_name.encode()),

@@ -94,6 +94,7 @@ SIGNATURES: dict[str, tuple[object, list[object]]] = {
     "bpf_program__fd": (ctypes.c_int, [ctypes.c_void_p]),
     "bpf_program__set_autoload": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_bool]),
     "bpf_program__set_expected_attach_type": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int]),
+    "bpf_program__set_type": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int]),
     "bpf_program__set_attach_target": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p]),
     "bpf_program__insns": (ctypes.c_void_p, [ctypes.c_void_p]),
     "bpf_program__insn_cnt": (ctypes.c_size_t, [ctypes.c_void_p]),

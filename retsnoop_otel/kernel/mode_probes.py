@@ -184,3 +184,47 @@ def probe_kprobe_session(btf: Btf | FuncIdLookup | None) -> Feature:
                               ("the kernel does not know kprobe.session links (Linux 6.10+ needed)",
                                "has no kprobe.session (Linux 6.10+ needed)"), "kprobe.session")
 
+
+def _probe_fsession_kind(name: str, called: str, since: str, btf: Btf | FuncIdLookup | None, multi: bool) -> Feature:
+    """Load a program that does what ours need of the kernel (the return value and the link's cookie) as fsession,
+    or as fsession.multi (loaded without a target, then linked to the function by its BTF id in a tracing_multi
+    link), link it with a cookie, and undo both; `called` names the mode in the one-line refusals."""
+    func, tid = _target_func(btf)
+    if not tid:
+        return Feature(name, False, "needs kernel BTF to name the attach target", _errno.ENOENT,
+                       f"has no BTF for {called} programs")
+    attach_type = bpfsys.ATTACH_TRACE_FSESSION_MULTI if multi else bpfsys.ATTACH_TRACE_FSESSION
+    prog = link = -1
+    try:
+        prog = bpfsys.prog_load(bpfsys.PROG_TRACING, _fexit_as_traced(), expected_attach_type=attach_type,
+                                attach_btf_id=0 if multi else tid,
+                                name=b"rs_probe_fsmult" if multi else b"rs_probe_fsess")
+        link = bpfsys.link_create_tracing_multi(prog, [tid], [1]) if multi else \
+            bpfsys.link_create(prog, attach_type, cookie=1)
+    except OSError as exc:
+        err = exc.errno or _errno.EINVAL
+        stage = "loading" if prog < 0 else "linking"
+        if err == _errno.EINVAL:  # older kernels know neither the attach type nor (multi) a program without target
+            return Feature(name, False, f"refused (EINVAL): the kernel does not know {called} programs ({since}+ "
+                           "needed)", err, f"has no {called} ({since}+ needed)")
+        if err in (ENOTSUPP, _errno.EOPNOTSUPP):
+            meaning = f"this kernel's BPF JIT or ftrace cannot run {called} programs ({stage})"
+        elif err in (_errno.EPERM, _errno.EACCES):
+            meaning = (f"the kernel denies {stage} BPF tracing programs to this process (kernel lockdown, "
+                       "an LSM policy, or missing CAP_BPF/CAP_PERFMON)")
+        else:
+            meaning = f"{stage} a {called} program for {func} failed: {os.strerror(err)}"
+        return _refused(name, err, meaning, f"refuses {called} programs")
+    finally:
+        _close(link, prog)
+    return Feature(name, True, f"{called} program (return value and cookie) loaded and linked to {func}")
+
+
+def probe_fsession(btf: Btf | FuncIdLookup | None) -> Feature:
+    """BPF_TRACE_FSESSION (Linux 7.0+): one trampoline program for a function's entry and exit."""
+    return _probe_fsession_kind("fsession", "fsession", "Linux 7.0", btf, multi=False)
+
+
+def probe_fsession_multi(btf: Btf | FuncIdLookup | None) -> Feature:
+    """BPF_TRACE_FSESSION_MULTI through a tracing_multi link (Linux 7.2+): one link for a whole function set."""
+    return _probe_fsession_kind("fsession_multi", "fsession.multi", "Linux 7.2", btf, multi=True)

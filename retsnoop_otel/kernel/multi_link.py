@@ -1,9 +1,10 @@
-"""kprobe.multi and kprobe.session: a whole function set in a few links, whatever its size.
+"""kprobe.multi, kprobe.session and fsession.multi: a whole function set in a few links, whatever its size.
 
-Their programs find a call's function id by its address in map ip_ids, not by BPF cookie: a
+The kprobe programs find a call's function id by its address in map ip_ids, not by BPF cookie: a
 kprobe.multi cookie is found by a binary search over the link's sorted addresses on every run
 (bench/probe_cost.py, 6.12 under emulation: about 400 ns per run against 200-280 for the address
-lookup, at 1,000 functions). So the links carry no cookies.
+lookup, at 1,000 functions). So those links carry no cookies. A tracing_multi link (fsession.multi) gives
+each function's trampoline its own cookie, read directly like fentry's: there the id is the cookie.
 """
 
 from __future__ import annotations
@@ -11,10 +12,15 @@ from __future__ import annotations
 import errno
 import struct
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from retsnoop_otel.capture.model import TracedFunc
 from retsnoop_otel.kernel import bpfsys
 from retsnoop_otel.kernel import libbpf as lb
+
+T = TypeVar("T")
+# errors of the whole request, not of one of its functions: halving a tracing_multi link would only repeat them
+_NOT_PER_FUNCTION = (errno.EPERM, errno.EACCES, errno.EFAULT, errno.ENOMEM)
 
 
 def fill_ip_ids(ip_ids: lb.BpfMap, funcs: Sequence[TracedFunc]) -> None:
@@ -53,16 +59,14 @@ def _attach_group(mode: str, prog: lb.BpfProgram, retprobe: bool, group: Sequenc
     """One link for the group, or, where the kernel runs out of memory making it, one for each half, and so on:
     Linux 6.7-6.11 size a kretprobe.multi link's pool of return instances by its function count and refuse
     large links with ENOMEM (a kernel objpool bug; retsnoop halves its batches too). Returns the splits made."""
-    where = {"addrs": [f.addr for f in group]} if by_addr else {"syms": [f.name for f in group]}
-    try:
-        links.append(_link(mode, prog, retprobe, **where))
-        return 0
-    except lb.LibbpfError as exc:
-        if exc.errno != errno.ENOMEM or len(group) < 2:
-            raise
-    half = len(group) // 2
-    return 1 + _attach_group(mode, prog, retprobe, group[:half], links, by_addr) + \
-        _attach_group(mode, prog, retprobe, group[half:], links, by_addr)
+    def link(part: Sequence[TracedFunc]) -> lb.Link:
+        where = {"addrs": [f.addr for f in part]} if by_addr else {"syms": [f.name for f in part]}
+        return _link(mode, prog, retprobe, **where)
+
+    splits, refused = link_halving(group, link, links, lambda exc: exc.errno == errno.ENOMEM)
+    if refused:  # one function alone is too many
+        raise refused[0][1]
+    return splits
 
 
 def _link(mode: str, prog: lb.BpfProgram, retprobe: bool, addrs: Sequence[int] = (),
@@ -77,3 +81,53 @@ def _link(mode: str, prog: lb.BpfProgram, retprobe: bool, addrs: Sequence[int] =
         return lb.Link(fd=fd)
     how = {"addrs": addrs} if addrs else {"syms": syms}
     return prog.attach_kprobe_multi(**how, retprobe=retprobe)
+
+
+def attach_fsession(prog: lb.BpfProgram, funcs: Sequence[TracedFunc], btf_func_id: Callable[[str], int | None] | None,
+                    links: list[lb.Link]) -> list[tuple[TracedFunc, lb.LibbpfError]]:
+    """fsession.multi: the set in one tracing_multi link, each function by its vmlinux BTF id with its id as cookie;
+    returns the functions left out and why. The kernel takes or refuses a link whole (kernel/bpf/trampoline.c:
+    a function it cannot trace refuses them all), so a refused set is halved until the refused functions stand
+    alone; k of n cost about 2k*log2(n) more attempts and leave about k*log2(n) links."""
+    refused: list[tuple[TracedFunc, lb.LibbpfError]] = []
+    targets: dict[int, TracedFunc] = {}
+    for f in funcs:
+        btf_id = btf_func_id(f.name) if btf_func_id else None
+        if btf_id is None:  # the program was loaded against vmlinux's BTF: a module's functions are not in it
+            refused.append((f, lb.LibbpfError(f"fsession.multi needs BTF for {f.name} (module functions and functions "
+                                              "without BTF are not supported in fsession.multi mode; use -K)",
+                                              errno.EOPNOTSUPP)))
+        elif btf_id in targets:  # the kernel refuses a link naming a function twice
+            refused.append((f, lb.LibbpfError(f"{f.name} is the same BTF function as {targets[btf_id].name}, attached "
+                                              "once", errno.EEXIST)))
+        else:
+            targets[btf_id] = f
+
+    def link(group: Sequence[tuple[int, TracedFunc]]) -> lb.Link:
+        what = group[0][1].name if len(group) == 1 else f"{len(group)} functions"
+        try:
+            return lb.Link(fd=bpfsys.link_create_tracing_multi(prog.fd, [i for i, _ in group],
+                                                               [f.id for _, f in group]))
+        except OSError as exc:
+            raise lb.LibbpfError(f"attach fsession.multi to {what}", exc.errno or errno.EINVAL) from None
+
+    _, alone = link_halving(list(targets.items()), link, links, lambda exc: exc.errno not in _NOT_PER_FUNCTION)
+    return refused + [(f, exc) for (_, f), exc in alone]
+
+
+def link_halving(group: Sequence[T], link: Callable[[Sequence[T]], lb.Link], links: list[lb.Link],
+                 halve: Callable[[lb.LibbpfError], bool]) -> tuple[int, list[tuple[T, lb.LibbpfError]]]:
+    """Link `group` at once; where the kernel refuses it with an error `halve` accepts, each half on its own, and so
+    on: members refused alone are returned with the error, not raised; other errors raise. Returns the splits made
+    and the refused members."""
+    try:
+        links.append(link(group))
+        return 0, []
+    except lb.LibbpfError as exc:
+        if not halve(exc):
+            raise
+        if len(group) == 1:
+            return 0, [(group[0], exc)]
+    mid = len(group) // 2
+    first, second = link_halving(group[:mid], link, links, halve), link_halving(group[mid:], link, links, halve)
+    return 1 + first[0] + second[0], first[1] + second[1]

@@ -32,15 +32,20 @@ from retsnoop_otel.kernel.libbpf_btf import Btf
 
 PARALLEL_DETACH_MIN = 32
 DETACH_THREADS = 32
-MODES = ("fentry", "kprobe", "kprobe_multi", "kprobe_session", "uprobe")
+MODES = ("fentry", "kprobe", "kprobe_multi", "kprobe_session", "fsession", "fsession_multi", "uprobe")
 _MODE_PROGRAMS = {  # (entry, exit) or, by address (multi_link.py), per group of functions
     "fentry": ("fentry_entry", "fexit_exit", "fentry_inner", "fexit_inner"),  # entry functions', the others'
     "kprobe": ("kprobe_entry", "kretprobe_exit"),
     "kprobe_multi": ("kmulti_entry", "kmulti_exit", "kmulti_inner"),
     "kprobe_session": ("ksession", "ksession_inner"),
+    "fsession": ("fsession_entry", "fsession_inner"),  # entry and exit in one, cloned per function as fentry's
+    "fsession_multi": ("fsession_multi",),  # one program, one tracing_multi link for the whole set
     "uprobe": ("kprobe_entry", "kretprobe_exit"),  # user-space functions: drives the logic in host tests
 }
 _BY_ADDRESS = ("kprobe_multi", "kprobe_session")  # the programs find the function id by address (map ip_ids)
+# the modes whose programs run in BPF trampolines: attached by BTF id (vmlinux functions, one instance per name),
+# and their stacks run through trampolines and our programs
+TRAMPOLINE_MODES = ("fentry", "fsession", "fsession_multi")
 HELPER_GET_ATTACH_COOKIE = 174  # enum bpf_func_id: Linux 5.15
 # every name a program of ours has in the kernel: what a check for leftovers after detach looks for
 PROGRAM_NAMES = frozenset({*(n for names in _MODE_PROGRAMS.values() for n in names), *clones.TEMPLATES})
@@ -120,7 +125,9 @@ class Tracer:
         self._btf_func_id = btf_func_id
         self._arg_specs = arg_specs or config.arg_specs
         self._links: list[lb.Link] = []
-        self._fentry = clones.FentryPrograms(self.funcs, btf_func_id)  # used in fentry mode only
+        # the per-function clones of fentry and fsession mode (unused in the others)
+        self._fentry = clones.FentryPrograms(self.funcs, btf_func_id, config.mode if config.mode in clones.SETS
+                                             else "fentry")
         self._rb: libbpf_ringbuf.RingBuffer | None = None
         self._lbr_fds: list[int] = []
         self._obj: lb.BpfObject | None = None
@@ -140,7 +147,7 @@ class Tracer:
         try:
             self._load_object()
         except lb.LibbpfError:
-            if self.config.mode != "fentry" or not self._fentry.targets:
+            if self.config.mode not in clones.SETS or not self._fentry.targets:
                 raise
             self._fentry.verify_against_harmless()  # a traced function the kernel refuses: it fails alone
             self._load_object()
@@ -216,15 +223,20 @@ class Tracer:
         obj.map("rate_tat").set_max_entries(n if cfg.success_interval_ns else 1)
         obj.map("rate_busy").set_max_entries(n if cfg.success_interval_ns else 1)
         progs = _MODE_PROGRAMS[cfg.mode]
-        if cfg.mode == "fentry" and all(f.is_entry for f in self.funcs):
-            progs = progs[:2]  # no function runs the inner pair: not worth verifying its templates
+        cloned = clones.SETS.get(cfg.mode, {})
+        if cloned and all(f.is_entry for f in self.funcs):
+            progs = cloned[True]  # no function runs the inner templates: not worth verifying them
         for names in set(_MODE_PROGRAMS.values()):
             for name in names:
                 obj.program(name).set_autoload(name in progs)
-        for i, name in enumerate(progs) if cfg.mode == "fentry" else ():  # verified against one, then cloned
-            obj.program(name).set_attach_target(self._fentry.target(is_entry=i < 2))
+        for is_entry, names in cloned.items():  # verified against one function of their kind, then cloned
+            for name in set(names) & set(progs):
+                obj.program(name).set_attach_target(self._fentry.target(is_entry=is_entry))
         for name in progs if cfg.mode == "kprobe_session" else ():
             obj.program(name).set_expected_attach_type(bpfsys.ATTACH_TRACE_KPROBE_SESSION)
+        for name in progs if cfg.mode == "fsession_multi" else ():  # loaded without a target function
+            obj.program(name).set_type(lb.PROG_TYPE_TRACING)
+            obj.program(name).set_expected_attach_type(bpfsys.ATTACH_TRACE_FSESSION_MULTI)
 
     def _no_pids(self) -> list[int]:
         return [*self.config.no_pids, *([os.getpid()] if self.config.exclude_self else [])]
@@ -267,9 +279,11 @@ class Tracer:
             self._open_lbr_events()
             if self.config.mode in _BY_ADDRESS:
                 self._attach_multi(report)
+            elif self.config.mode == "fsession_multi":
+                self._attach_tracing_multi(report, on_error, strict)
             else:
                 t_verify = time.monotonic()
-                loaded = self._fentry.load(self._obj) if self.config.mode == "fentry" else {}
+                loaded = self._fentry.load(self._obj) if self.config.mode in clones.SETS else {}
                 report.verify_ms = (time.monotonic() - t_verify) * 1000 if loaded else 0.0
                 for f in self.funcs:
                     try:
@@ -340,6 +354,20 @@ class Tracer:
         report.split_links = multi_link.attach(self.config.mode, progs, self.funcs, self._links, self.detach_links)
         report.attached.extend(self.funcs)
 
+    def _attach_tracing_multi(self, report: AttachReport, on_error: Callable[[TracedFunc, str], None] | None,
+                              strict: bool) -> None:
+        """fsession.multi: the functions the kernel refuses are reported (or raised, if `strict`) like fentry's."""
+        assert self._obj is not None
+        prog = self._obj.program(_MODE_PROGRAMS["fsession_multi"][0])
+        refused = multi_link.attach_fsession(prog, self.funcs, self._btf_func_id, self._links)
+        if refused and strict:
+            raise refused[0][1]
+        left_out = {f.id for f, _ in refused}
+        report.attached.extend(f for f in self.funcs if f.id not in left_out)
+        report.failed.extend((f, str(exc)) for f, exc in refused)
+        for f, why in report.failed if on_error else ():
+            on_error(f, why)
+
     # ---- capture -------------------------------------------------------------------------
 
     def open_ring_buffer(self, on_record: Callable[[records.Record], None]) -> None:
@@ -408,13 +436,13 @@ class Tracer:
     def programs(self) -> list[tuple[str, int]]:
         """(name, fd) of the programs that run when a traced function is hit.
 
-        fentry mode runs per-function clones (named after their template), and the templates themselves
-        for the functions they were verified against. The other modes run the object's entry and exit
-        programs.
+        fentry and fsession mode run per-function clones (named after their template), and the templates
+        themselves for the functions they were verified against. The other modes run the object's entry and
+        exit programs.
         """
         if self._obj is None:
             return []
-        if self.config.mode == "fentry":
+        if self.config.mode in clones.SETS:
             return self._fentry.programs()
         return [(name, self._obj.program(name).fd) for name in _MODE_PROGRAMS[self.config.mode]]
 

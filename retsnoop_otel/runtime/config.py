@@ -22,7 +22,7 @@ from retsnoop_otel.workload.k8s_settings import KubernetesConfig
 
 PROBE_MODES = ("stack", "calls", "metrics")
 WORKLOAD_LABELS = ("namespace", "container")  # a probe set's metrics labelled by Kubernetes namespace or container
-ATTACH_MODES = ("auto", "fentry", "kprobe", "kprobe_multi", "kprobe_session")
+ATTACH_MODES = ("auto", "fentry", "kprobe", "kprobe_multi", "kprobe_session", "fsession", "fsession_multi")
 
 
 class ProbeSetConfig(NamedTuple):

@@ -57,7 +57,8 @@ def attach_phases(sets: Sequence[Any]) -> list[Phase]:
         out.append(Phase("load", ps.load_s, f"BPF object{name}"))
         if ps.report is not None:
             verify = ps.report.verify_ms
-            clones = f", {verify / 1000:.1f} s of it verifying a program pair per function" if verify else ""
+            what = "a program pair" if ps.mode == "fentry" else "a program"  # fsession: entry and exit in one
+            clones = f", {verify / 1000:.1f} s of it verifying {what} per function" if verify else ""
             out.append(Phase("attach", ps.report.attach_ms / 1000,
                              f"{ps.attached} functions, {ps.mode}{clones}{name}"))
     return out

@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import NamedTuple
 
 from retsnoop_otel.capture.model import RetKind, TracedFunc
+from retsnoop_otel.kernel.tracer import TRAMPOLINE_MODES
 from retsnoop_otel.symbols.globs import glob_to_regex, lines_matching, name_blob
 from retsnoop_otel.symbols.kallsyms import Kallsyms
 from retsnoop_otel.symbols.traceable import Traceable
 
-MODES = ("fentry", "kprobe", "kprobe_multi", "kprobe_session")
+MODES = ("fentry", "kprobe", "kprobe_multi", "kprobe_session", "fsession", "fsession_multi")
 NOT_AVAILABLE = "not in available_filter_functions"
 AMBIGUOUS = "ambiguous instances"
 
@@ -328,11 +329,11 @@ def _reject_reason(name: str, modules: list[str | None], builtin: str | None, av
     if not listed:
         return NOT_AVAILABLE
     if ksym_count > 1 or listed != ksym_count:
-        if mode == "fentry":
+        if mode in TRAMPOLINE_MODES:  # attached by name (BTF id): the kernel picks one instance
             return (f"{AMBIGUOUS} ({ksym_count} in kallsyms, {listed} in available_filter_functions;"
                     " use -K to attach each by address)")
-    if mode == "fentry" and any(modules):
-        return "module function: fentry mode attaches vmlinux functions only (use -K)"
+    if mode in TRAMPOLINE_MODES and any(modules):
+        return f"module function: {mode} mode attaches vmlinux functions only (use -K)"
     return None
 
 

@@ -108,6 +108,10 @@ def build_parser(prog: str = "retsnoop-otel trace") -> OneLineErrorParser:
                       help="attach with kprobe.multi/kretprobe.multi")
     mode.add_argument("--kprobe-session", dest="mode", action="store_const", const="kprobe_session",
                       help="attach with kprobe.session: one program at entry and exit (Linux 6.10+)")
+    mode.add_argument("--fsession", dest="mode", action="store_const", const="fsession",
+                      help="attach with fsession: one trampoline program per function for entry and exit (Linux 7.0+)")
+    mode.add_argument("--fsession-multi", dest="mode", action="store_const", const="fsession_multi",
+                      help="attach with fsession.multi: one program in one link for every function (Linux 7.2+)")
     out = p.add_argument_group("what to capture and show")
     out.add_argument("-S", "--success-stacks", action="store_true", help="report sessions without errors too")
     out.add_argument("-T", "--trace", dest="calls", action="store_true",

@@ -102,3 +102,40 @@ def test_after_a_refused_template_target_the_templates_are_verified_against_a_ha
     assert fp.targets == {} and fp.target(is_entry=True) == fp.target(is_entry=False) == "do_sys_openat2"
     assert clones.FentryPrograms(funcs, None).target(is_entry=True) == "__sys_bpf"
     assert clones.FentryPrograms(funcs, {"_printk": 8}.get).targets == {False: funcs[1]}
+
+
+def test_fsession_clones_one_program_per_function_from_its_kind_of_template(monkeypatch) -> None:
+    """fsession mode: the fentry pair's work in one program per function (entry and exit), cloned the same way from
+    the template of the function's kind, under names the leftover checks know."""
+    from retsnoop_otel.capture.model import RetKind, TracedFunc
+    from retsnoop_otel.kernel import bpfsys, libbpf_progs, tracer
+
+    loaded: list[tuple[str, int, int, str]] = []
+
+    def clone_program(prog, *, attach_btf_id: int, attach_type: int, name: str) -> int:  # noqa: ANN001
+        loaded.append((prog.name, attach_btf_id, attach_type, name))
+        return 1000 + len(loaded)
+
+    class Template:
+        def __init__(self, name: str) -> None:
+            self.name, self.fd = name, 50 + len(name)
+
+    class Obj:
+        def program(self, name: str) -> Template:
+            return Template(name)
+
+    monkeypatch.setattr(libbpf_progs, "clone_program", clone_program)
+    monkeypatch.setattr(lb, "num_possible_cpus", lambda: 1)
+    funcs = [TracedFunc(1, "__sys_bpf", 0, RetKind.INT32, True), TracedFunc(2, "map_create", 0, RetKind.INT32, False),
+             TracedFunc(3, "array_map_alloc", 0, RetKind.INT32, False)]
+    t = tracer.Tracer(funcs, tracer.CaptureConfig(mode="fsession"),
+                      btf_func_id={"__sys_bpf": 7, "map_create": 8, "array_map_alloc": 9}.get)
+    t._obj = Obj()  # type: ignore[assignment]
+    out = t._fentry.load(t._obj)
+    fs = bpfsys.ATTACH_TRACE_FSESSION
+    assert out[1] == [(50 + len("fsession_entry"), fs, "rs_fsession")]  # the templates' own targets
+    assert out[2] == [(50 + len("fsession_inner"), fs, "rs_fsession_in")]
+    assert loaded == [("fsession_inner", 9, fs, "rs_fsession_in")]
+    assert [name for name, _ in t.programs()] == ["fsession_entry", "fsession_inner", "fsession_inner"]
+    assert {"rs_fsession", "rs_fsession_in", "fsession_entry", "fsession_inner", "fsession_multi"} \
+        <= tracer.PROGRAM_NAMES

@@ -231,8 +231,11 @@ def test_module_globs(ksyms, available) -> None:
     # a module glob never matches vmlinux functions
     with pytest.raises(DiscoveryError, match="Entry glob 'do_syscall_64 \\[\\*\\]'"):
         run(ksyms, available, ["do_syscall_64 [*]"], mode="kprobe")
-    d = run(ksyms, available, ["__x64_sys_bpf"], ["kvm_vcpu_ioctl [kvm]"], mode="fentry")
-    assert dict(d.skipped)["kvm_vcpu_ioctl [kvm]"].startswith("module function")
+    for mode in ("fentry", "fsession", "fsession_multi"):  # by vmlinux BTF id: one instance per name, no modules
+        d = run(ksyms, available, ["__x64_sys_bpf"], ["kvm_vcpu_ioctl [kvm]", "show_stat"], mode=mode)
+        assert dict(d.skipped)["kvm_vcpu_ioctl [kvm]"] == \
+            f"module function: {mode} mode attaches vmlinux functions only (use -K)"
+        assert dict(d.skipped)["show_stat"].startswith("ambiguous instances (3 in kallsyms")
 
 
 def test_compiler_suffixes_are_distinct_names(ksyms, available) -> None:

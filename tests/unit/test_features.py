@@ -18,8 +18,8 @@ from retsnoop_otel.kernel.kcache import KernelCache, KernelIdentity
 
 def _feats(**over: Feature) -> Features:
     """A kernel where everything works, with the given entries replaced."""
-    names = ["btf", "fentry", "kprobes", "kprobe_multi", "kprobe_session", "ringbuf", "func_ip", "bpf_cookie",
-             "branch_snapshot", "lbr", "filter_functions", "kallsyms", "capabilities"]
+    names = ["btf", "fentry", "kprobes", "kprobe_multi", "kprobe_session", "fsession", "fsession_multi", "ringbuf",
+             "func_ip", "bpf_cookie", "branch_snapshot", "lbr", "filter_functions", "kallsyms", "capabilities"]
     entries = {n: over.get(n, Feature(n, True, f"{n} works")) for n in names}
     return Features(kernel_release="6.12.117+deb12-amd64", libbpf_version="1.1", **entries)
 
@@ -32,8 +32,14 @@ NO_KMULTI = Feature("kprobe_multi", False, "not supported (EOPNOTSUPP)", errno.E
                     "has no kprobe_multi (CONFIG_FPROBE is off)")
 NO_KSESSION = Feature("kprobe_session", False, "refused (EINVAL): unknown", errno.EINVAL,
                       "has no kprobe.session (Linux 6.10+ needed)")
-HOST = _feats(fentry=FENTRY_EPERM, kprobes=NO_KPROBES, kprobe_multi=NO_KMULTI, kprobe_session=NO_KSESSION)
-KERNEL_61 = _feats(kprobe_multi=NO_KMULTI, kprobe_session=NO_KSESSION)
+NO_FSESSION = Feature("fsession", False, "refused (EINVAL): unknown", errno.EINVAL,
+                      "has no fsession (Linux 7.0+ needed)")
+NO_FSESSION_MULTI = Feature("fsession_multi", False, "refused (EINVAL): unknown", errno.EINVAL,
+                            "has no fsession.multi (Linux 7.2+ needed)")
+OLDER = {"fsession": NO_FSESSION, "fsession_multi": NO_FSESSION_MULTI}  # every kernel before 7.0
+HOST = _feats(fentry=FENTRY_EPERM, kprobes=NO_KPROBES, kprobe_multi=NO_KMULTI, kprobe_session=NO_KSESSION, **OLDER)
+KERNEL_61 = _feats(kprobe_multi=NO_KMULTI, kprobe_session=NO_KSESSION, **OLDER)
+KERNEL_612 = _feats(**OLDER)
 
 
 def test_host_like_kernel_gets_one_sentence_naming_what_is_missing() -> None:
@@ -64,8 +70,26 @@ def test_missing_mode_suggests_the_ones_that_work() -> None:
         "-F (fentry/fexit) or -K (kprobes) instead, or leave the mode out to pick one automatically")
 
 
+def test_fsession_modes_refused_before_their_release_with_what_works_instead() -> None:
+    for mode, flag, why in (("fsession", "--fsession (fsession)", "has no fsession (Linux 7.0+ needed)"),
+                            ("fsession_multi", "--fsession-multi (fsession.multi)",
+                             "has no fsession.multi (Linux 7.2+ needed)")):
+        with pytest.raises(FeatureError) as info:
+            features.require_tracing(KERNEL_612, mode)
+        assert str(info.value) == (
+            f"this kernel {why}, so {flag} cannot be used here: use --kprobe-session (kprobe.session) or "
+            "-M (kprobe_multi) or -F (fentry/fexit) or -K (kprobes) instead, or leave the mode out to pick one "
+            "automatically")
+    features.require_tracing(_feats(), "fsession")
+    features.require_tracing(_feats(), "fsession_multi")
+    # 7.0 and 7.1: fsession, no tracing_multi link yet; offered after the one-link kprobe modes
+    with pytest.raises(FeatureError, match=r"use --kprobe-session \(kprobe.session\) or -M \(kprobe_multi\) or "
+                                           r"--fsession \(fsession\) or -F"):
+        features.require_tracing(_feats(fsession_multi=NO_FSESSION_MULTI), "fsession_multi")
+
+
 def test_choose_mode_prefers_kprobe_session_then_kprobe_multi_then_kprobe_then_fentry() -> None:
-    assert features.choose_mode(_feats()) == "kprobe_session"
+    assert features.choose_mode(_feats()) == "kprobe_session"  # also where fsession modes work (7.2)
     assert features.choose_mode(_feats(kprobe_session=NO_KSESSION)) == "kprobe_multi"
     assert features.choose_mode(KERNEL_61) == "kprobe"
     assert features.choose_mode(_feats(kprobe_multi=NO_KMULTI, kprobe_session=NO_KSESSION, fentry=FENTRY_EPERM)) \
@@ -87,7 +111,7 @@ def test_format_features_lists_every_entry_and_the_verdict() -> None:
     text = features.format_features(HOST)
     lines = text.splitlines()
     assert lines[0] == "Kernel 6.12.117+deb12-amd64, libbpf 1.1 (built with the package)"
-    assert len(lines) == 2 + 13
+    assert len(lines) == 2 + 15
     fentry_line = next(x for x in lines if x.split()[0] == "fentry")
     assert fentry_line.split()[1] == "NO" and fentry_line.endswith("refused (EPERM): denied")
     assert next(x for x in lines if x.split()[0] == "btf").split()[1] == "yes"
@@ -98,7 +122,7 @@ def test_format_features_lists_every_entry_and_the_verdict() -> None:
 def test_to_dict_is_json_ready() -> None:
     d = json.loads(json.dumps(HOST.to_dict()))
     assert d["kernel_release"] == "6.12.117+deb12-amd64" and d["libbpf_version"] == "1.1"
-    assert len(d["features"]) == 13
+    assert len(d["features"]) == 15
     assert d["features"]["fentry"] == {"available": False, "detail": "refused (EPERM): denied",
                                        "errno": errno.EPERM, "why": "refuses fentry/fexit programs (EPERM)"}
 

@@ -1,5 +1,6 @@
 """kprobe.multi links on kernels that refuse large ones with ENOMEM (Linux 6.7-6.11's objpool bug): the group is
-split in halves until each link fits, every function is attached exactly once, and other errors stay errors."""
+split in halves until each link fits, every function is attached exactly once, and other errors stay errors.
+fsession.multi's one tracing_multi link is halved the same way around the functions the kernel refuses."""
 
 from __future__ import annotations
 
@@ -52,3 +53,46 @@ def test_other_errors_are_not_split() -> None:
         multi_link.attach("kprobe_multi", progs, _funcs(10), links, detach=links.clear)
     assert exc.value.errno == errno.EINVAL
     assert progs[0].linked == []  # by address, then by name: both refused whole
+
+
+def test_fsession_multi_links_the_set_once_with_each_id_as_its_cookie(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One tracing_multi link: the functions by BTF id, each with its function id as cookie. The kernel refuses a
+    link whole for one function it cannot trace (a variadic one, say): the set is halved until that function stands
+    alone, the rest stays attached, and functions without vmlinux BTF are left out before the kernel is asked."""
+    btf = {f"f{i}": 100 + i for i in range(10) if i != 7}  # f7: a module function, not in vmlinux's BTF
+    bad = {100 + 4}  # the kernel refuses f4 (EINVAL)
+    calls: list[tuple[list[int], list[int]]] = []
+
+    def link_create(prog_fd: int, btf_ids, cookies) -> int:
+        calls.append((list(btf_ids), list(cookies)))
+        if bad & set(btf_ids):
+            raise OSError(errno.EINVAL, "bpf(BPF_LINK_CREATE tracing_multi)")
+        return -1
+
+    class Prog:
+        fd = 5
+
+    monkeypatch.setattr(multi_link.bpfsys, "link_create_tracing_multi", link_create)
+    links: list[lb.Link] = []
+    refused = multi_link.attach_fsession(Prog(), _funcs(10), btf.get, links)  # type: ignore[arg-type]
+    assert calls[0] == ([100 + i for i in range(10) if i != 7], [i for i in range(10) if i != 7])
+    assert sorted(f.name for f, _ in refused) == ["f4", "f7"]
+    why = dict((f.name, str(exc)) for f, exc in refused)
+    assert why["f4"].startswith("attach fsession.multi to f4: Invalid argument")
+    assert "needs BTF for f7" in why["f7"]
+    linked = sorted(i for ids, _ in calls[1:] if not bad & set(ids) for i in ids)
+    assert linked == sorted(v for v in btf.values() if v not in bad)  # every other function exactly once
+    assert len(links) == len(calls) - sum(1 for ids, _ in calls if bad & set(ids))
+
+
+def test_fsession_multi_errors_of_the_whole_request_are_not_halved(monkeypatch: pytest.MonkeyPatch) -> None:
+    def link_create(prog_fd: int, btf_ids, cookies) -> int:
+        raise OSError(errno.EPERM, "bpf(BPF_LINK_CREATE tracing_multi)")
+
+    class Prog:
+        fd = 5
+
+    monkeypatch.setattr(multi_link.bpfsys, "link_create_tracing_multi", link_create)
+    with pytest.raises(lb.LibbpfError) as exc:
+        multi_link.attach_fsession(Prog(), _funcs(10), {f"f{i}": i + 1 for i in range(10)}.get, [])  # type: ignore
+    assert exc.value.errno == errno.EPERM

@@ -76,12 +76,16 @@ def test_nothing_stays_attached_after_sigterm(vm_batch) -> None:
 
 
 MODES = {"trace_fentry": "fentry", "trace_kprobe": "kprobe", "trace_kprobe_multi": "kprobe_multi",
-         "trace_kprobe_session": "kprobe_session"}
+         "trace_kprobe_session": "kprobe_session", "trace_fsession": "fsession",
+         "trace_fsession_multi": "fsession_multi"}
+TRAMPOLINE = ("fentry", "fsession", "fsession_multi")  # attached by BTF id: the kernel refuses variadic _printk
 
 
 # mode -> (the first kernel that has it, why older ones refuse it)
 MISSING = {"kprobe_multi": ((5, 18), "has no kprobe_multi (Linux 5.18+ needed)"),
            "kprobe_session": ((6, 10), "has no kprobe.session (Linux 6.10+ needed)"),
+           "fsession": ((7, 0), "has no fsession (Linux 7.0+ needed)"),
+           "fsession_multi": ((7, 2), "has no fsession.multi (Linux 7.2+ needed)"),
            "fentry": ((5, 19), "has no BPF cookies for fentry/fexit (Linux 5.19+ needed)")}
 
 
@@ -99,9 +103,11 @@ def _refusal(vm_batch, mode: str) -> str | None:
     why = _lacks(vm_batch, mode)
     if why is None:
         return None
-    usable = [m for m in ("kprobe_session", "kprobe_multi", "fentry", "kprobe") if _lacks(vm_batch, m) is None]
+    usable = [m for m in ("kprobe_session", "kprobe_multi", "fsession_multi", "fsession", "fentry", "kprobe")
+              if _lacks(vm_batch, m) is None]
     names = {"fentry": "-F (fentry/fexit)", "kprobe": "-K (kprobes)", "kprobe_multi": "-M (kprobe_multi)",
-             "kprobe_session": "--kprobe-session (kprobe.session)"}
+             "kprobe_session": "--kprobe-session (kprobe.session)", "fsession": "--fsession (fsession)",
+             "fsession_multi": "--fsession-multi (fsession.multi)"}
     return (f"retsnoop-otel: this kernel {why}, so {names[mode]} cannot be used here: use "
             f"{' or '.join(names[m] for m in usable)} instead, or leave the mode out to pick one automatically")
 
@@ -128,11 +134,12 @@ def test_attach_modes(vm_batch, scenario) -> None:
     phases = re.findall(r"^Phase (\S+): \d+ ms", r["output"], re.M)
     assert phases == ["python", "imports", "flags", "inputs", "btf", "features", "symbols", "discovery", "load",
                       "attach", "other", "ready", "drain", "detach", "flush"], r["output"][:3000]
-    # fentry's attach also says how much of it was the kernel verifying a program pair per function
-    verified = r", [\d.]+ s of it verifying a program pair per function" if MODES[scenario] == "fentry" else ""
+    # fentry's attach also says how much of it was the kernel verifying a program pair per function (fsession: one)
+    per_function = {"fentry": "a program pair", "fsession": "a program"}.get(MODES[scenario])
+    verified = rf", [\d.]+ s of it verifying {per_function} per function" if per_function else ""
     assert re.search(rf"^Phase attach: \d+ ms \(\d+ functions, {MODES[scenario]}{verified}\)$", r["output"], re.M), \
         r["output"][:3000]
-    if MODES[scenario] == "fentry":  # a function the kernel refuses fails alone, even the templates' first target
+    if MODES[scenario] in TRAMPOLINE:  # a function the kernel refuses fails alone, even the templates' first target
         assert re.search(r"^Failed to attach _printk: .+", r["output"], re.M), r["output"][:3000]
         assert "could not" not in r["output"] and "Traceback" not in r["output"], r["output"][:3000]
     # trace_kprobe is stopped with SIGINT (Ctrl-C), the others with SIGTERM: both detach cleanly

@@ -112,3 +112,15 @@ def scenario_trace_kprobe_multi(ctx) -> dict:
 def scenario_trace_kprobe_session(ctx) -> dict:
     """6.12: one program at entry and exit; 6.1 (no kprobe.session) refuses it in one line."""
     return _trace_mode(ctx, "--kprobe-session", "bpf-bad-map-max-entries-array")
+
+
+def scenario_trace_fsession(ctx) -> dict:
+    """7.x: one trampoline program per function for entry and exit; with _printk, which the kernel refuses (variadic)
+    and which comes first among the others, as for fentry. Before 7.0: refused in one line."""
+    return _trace_mode(ctx, "--fsession", "bpf-bad-map-max-entries-array", extra=["-a", "_printk"])
+
+
+def scenario_trace_fsession_multi(ctx) -> dict:
+    """7.2: one tracing_multi link for every function; the kernel refuses the link whole for _printk, which is then
+    left out alone. Before 7.2: refused in one line."""
+    return _trace_mode(ctx, "--fsession-multi", "bpf-bad-map-max-entries-array", extra=["-a", "_printk"])
