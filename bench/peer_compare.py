@@ -463,6 +463,14 @@ class SameSet:
         return SameSet([n for n in self.names if n in keep], [*self.ours_deny, *drop], [*self.retsnoop_deny, *drop])
 
 
+def peer_run_key(tool: str, mode: str, same: SameSet) -> tuple:
+    """What a peer's run depends on in this mode of ours: runs with equal keys are the same run (bpftrace gets
+    globs in the multi modes, so there neither the names nor the deny list change what it attaches)."""
+    globs = tool in PEERS and NEAREST[mode] == "kprobe_multi"
+    deny = () if tool in PEERS else tuple(same.retsnoop_deny if tool == RETSNOOP else same.ours_deny)
+    return tool, NEAREST[mode], () if globs else tuple(same.names), deny
+
+
 def same_names(facts: KernelFacts, set_name: str, mode: str, deny: Sequence[str], rs_bin: Path | None,
                rs_sets: dict[tuple[str, str], set[str]]) -> SameSet:
     """The set's names for every tool in this mode of ours (rs_sets: retsnoop's dry runs so far, by set and mode)."""
@@ -954,7 +962,7 @@ def main() -> int:
                             # functions such as bpf_log have no fexit), where ours skips it and says so
                             same = same.narrowed(ours.hooked_names)
                         tool_deny = same.retsnoop_deny if tool == RETSNOOP else same.ours_deny
-                        reuse = (rnd, set_name, tool, NEAREST[mode], tuple(same.names), tuple(tool_deny))
+                        reuse = (rnd, set_name, *peer_run_key(tool, mode, same))
                         if tool in ALL_PEERS and reuse in peer_runs:  # the same run as for another mode of ours
                             r = replace(peer_runs[reuse], mode=mode)
                             print(json.dumps({"round": rnd + 1, "tool": tool, "mode": mode,

@@ -166,7 +166,7 @@ def main() -> int:
             for mode in modes:
                 for tool in (tools if r % 2 == 0 else tools[::-1]):  # alternate the order between rounds
                     tool_deny = same[mode].retsnoop_deny if tool == pc.RETSNOOP else same[mode].ours_deny
-                    key = (tool, pc.NEAREST[mode], tuple(same[mode].names), tuple(tool_deny))
+                    key = pc.peer_run_key(tool, mode, same[mode])
                     if tool in peers and key in done:
                         res = done[key]
                     else:

@@ -110,3 +110,14 @@ def test_start_ratios_take_python_out_for_bpftrace_and_keep_it_for_retsnoop() ->
     assert rows[4] == "| kprobe_session | retsnoop (-M) | 3.50 | - | - | - | - | - |"
     no_peers = sc.start_table({("fentry", "ours"): [{"start": 2.0, "after_python": 1.0}]}, ["fentry"], ["ours"])
     assert no_peers.splitlines()[-1] == "| fentry | ours | 2.00 | 1.00 | - | 1.00 | - | - |"
+
+
+def test_a_peer_run_serves_the_modes_of_ours_that_map_to_the_same_run() -> None:
+    kprobes = pc.SameSet.of(["a", "b", "nobtf"], {"a", "b", "nobtf", "r"})
+    btf_only = pc.SameSet.of(["a", "b"], {"a", "b", "nobtf", "r"})  # a trampoline mode of ours: BTF only
+    key = pc.peer_run_key
+    assert key("retsnoop", "kprobe_session", kprobes) == key("retsnoop", "kprobe_multi", kprobes)
+    assert key("retsnoop", "fsession_multi", btf_only) != key("retsnoop", "kprobe_multi", kprobes)  # its -d differs
+    assert key("bpftrace", "fsession_multi", btf_only) == key("bpftrace", "kprobe_session", kprobes)  # globs
+    assert key("bpftrace", "fsession", btf_only) == key("bpftrace", "fentry", btf_only)
+    assert key("bpftrace", "fentry", btf_only) != key("bpftrace", "kprobe", kprobes)
