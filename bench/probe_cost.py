@@ -27,7 +27,8 @@ Variants (bench/probe_variants.bpf.c, built into bench/build/ on first use; need
   bare     neither stack nor record: the per-thread session bookkeeping alone, the plain peer's work
   full_app   full, with the application-context lookup that trace and agent do by default
   full_live  full_app, with the ring buffer read and decoded while the workload runs (another thread)
-Modes: kprobe, kprobe_multi, kprobe_session (one program for entry and exit; 6.10+), fentry (full only).
+Modes: kprobe, kprobe_multi, kprobe_session (one program for entry and exit; 6.10+), fentry, fsession (7.0+) and
+fsession_multi (7.2+) (these three: full variants only).
 
 --together A,B (each VARIANT[@BPF_O], a variant of our programs and optionally another build of them)
 attaches both at once, in each attach order in turn, and splits the very same workload calls between them:
@@ -68,7 +69,7 @@ from retsnoop_otel.kernel import libbpf as lb  # noqa: E402
 from retsnoop_otel.kernel import tracer as tracer_module  # noqa: E402
 from retsnoop_otel.kernel.libbpf_btf import Btf  # noqa: E402
 from retsnoop_otel.kernel.tracer import MODES as tracer_modes_  # noqa: E402
-from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer  # noqa: E402
+from retsnoop_otel.kernel.tracer import TRAMPOLINE_MODES, CaptureConfig, Tracer  # noqa: E402
 from retsnoop_otel.symbols import discovery  # noqa: E402
 from retsnoop_otel.symbols.btf import ReturnKinds  # noqa: E402
 from retsnoop_otel.symbols.kallsyms import Kallsyms  # noqa: E402
@@ -111,17 +112,29 @@ def workload(n: int, ok: bool) -> float:
 
 
 # --set: this bench's own set, or bench/peer_compare.py's `--sets 1000` (what trace attaches there), so that a
-# gap seen there can be taken apart here, with the same programs and without the CLI around them
-SETS = {"bpf": (["*sys_bpf"], ["*bpf*"]), "peer": peer_compare.SETS["1000"]}
+# gap seen there can be taken apart here, with the same programs and without the CLI around them;
+# wide: over 10,000 vmlinux functions with BTF, of subsystems this benchmark leaves idle (none on the scheduler,
+# memory or cgroup paths), found as a trampoline mode finds them (one instance per name, no modules), so that every
+# mode attaches the very same functions
+WIDE = ["*bpf*", "btf_*", "acpi_*", "pci_*", "xfrm*", "netlink_*", "genl*", "rtnl_*", "ethtool_*",
+        "crypto_*", "device_*", "driver_*", "bus_*", "class_*", "firmware_*", "efi_*", "iommu_*", "msi_*",
+        "audit_*", "key*", "tcp_*", "udp*", "inet*", "ip6*", "ipv6_*", "ip_*", "neigh*", "fib*", "sk_*",
+        "sock_*", "skb_*", "dev_*", "net*", "nf_*", "ZSTD_*", "zstd_*", "thermal_*", "rtc_*", "tty_*",
+        "n_tty_*", "serial8250_*", "uart_*", "input_*", "cpufreq_*", "mce_*", "pnp_*", "dmi_*", "mpi_*",
+        "x509_*", "pkcs7_*", "public_key_*", "zlib_*", "xz_dec_*", "blk_*", "bio_*", "elv_*", "disk_*",
+        "bdev_*", "hugetlb_*", "vt_*", "con_*", "fbcon_*", "vc_*", "kbd_*", "inotify_*", "fanotify_*",
+        "io_uring_*", "seccomp_*", "landlock_*", "ima_*", "evm_*", "integrity_*", "sysrq_*", "kexec_*"]
+SETS = {"bpf": (["*sys_bpf"], ["*bpf*"]), "peer": peer_compare.SETS["1000"],
+        "wide": (["*sys_bpf"], WIDE)}
+SET_DISCOVERY = {"wide": "fentry"}  # the mode a set is discovered in, whatever mode attaches it
 
 
 def pick(size: int, mode: str, ksyms, available, ret_kinds, set_name: str = "bpf") -> list:
     entry, allow = SETS[set_name]
-    disc = discovery.discover(entry, allow, [], ksyms, available, ret_kinds,
-                              "kprobe_multi" if mode == "kprobe_session" else mode)
+    disc = discovery.discover(entry, allow, [], ksyms, available, ret_kinds, SET_DISCOVERY.get(set_name, mode))
     entries = [f for f in disc.funcs if f.is_entry]
-    # the peer set is what trace attaches: functions without BTF too, outside fentry mode
-    btf_optional = set_name == "peer" and mode != "fentry"
+    # the peer set is what trace attaches: functions without BTF too, outside the trampoline modes
+    btf_optional = set_name == "peer" and mode not in TRAMPOLINE_MODES
     others = [f for f in disc.funcs if not f.is_entry and (btf_optional or ret_kinds.func_id(f.name))]
     others = others[: max(0, size - len(entries))]
     return [f._replace(id=i) for i, f in enumerate(entries + others)]
@@ -418,7 +431,8 @@ def main() -> int:
     ap.add_argument("--external", action="store_true", help="run the workload as another process (bench/"
                     "peer_compare.py's C loop, failing calls only), as trace and the agent see it")
     ap.add_argument("--set", choices=sorted(SETS), default="bpf", help="bpf: entry *sys_bpf, then other *bpf* "
-                    "functions with BTF (default); peer: bench/peer_compare.py's --sets 1000 globs")
+                    "functions with BTF (default); peer: bench/peer_compare.py's --sets 1000 globs; wide: over 10,000 "
+                    "vmlinux functions with BTF, the same for every mode")
     ap.add_argument("--build-only", action="store_true", help="build the variant object (on the host) and stop")
     ap.add_argument("--repeat", type=int, default=1, help="rounds over the variants; the table shows medians")
     ap.add_argument("--base-object", type=Path, metavar="BPF_O", help="also run the full variants with this "
@@ -476,7 +490,7 @@ def main() -> int:
         for size in (int(s) for s in args.sizes.split(",")):
             for mode in args.modes.split(","):
                 try:
-                    features.require_tracing(feats, "kprobe_multi" if mode == "kprobe_session" else mode)
+                    features.require_tracing(feats, mode)
                 except features.FeatureError:
                     rows.append({"mode": mode, "size": size, "note": "not supported by this kernel"})
                     continue
@@ -489,7 +503,7 @@ def main() -> int:
                     variants = [w for v in variants for w in ((v, f"{v}-base") if v in FULL else (v,))]
                 for variant in variants * args.repeat:  # rounds interleaved: drifts hit every variant alike
                     kind = variant.removesuffix("-base")
-                    if mode == "fentry" and kind not in FULL:
+                    if mode in TRAMPOLINE_MODES and kind not in FULL:
                         continue
                     if kind in FULL and mode not in TRACER_MODES:
                         continue
