@@ -77,6 +77,17 @@ class Btf:
             enc, bits = (extra >> 24) & 0x0F, extra & 0xFF
         return BtfType(tid, kind, name.decode(), rec.size_or_type, enc, bits)
 
+    def shape(self, tid: int) -> tuple[int, int, int]:
+        """(kind, vlen, size or referenced type id) of a type, without its name: for walks over many types."""
+        rec = lb.lib().lib.btf__type_by_id(self._ptr, tid).contents
+        return (rec.info >> 24) & 0x1F, rec.info & 0xFFFF, rec.size_or_type
+
+    def param_types(self, proto_id: int) -> list[int]:
+        """The type id of each parameter of a FUNC_PROTO (0 for a trailing '...')."""
+        proto = lb.lib().lib.btf__type_by_id(self._ptr, proto_id)
+        base = ctypes.addressof(proto.contents) + ctypes.sizeof(abi.BtfTypeRecord)
+        return list((ctypes.c_uint32 * (2 * (proto.contents.info & 0xFFFF))).from_address(base))[1::2]
+
     def func_params(self, proto_id: int) -> list[tuple[str, int]]:
         """(name, type id) of each parameter of a FUNC_PROTO."""
         proto = lb.lib().lib.btf__type_by_id(self._ptr, proto_id)

@@ -15,8 +15,9 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from retsnoop_otel.capture.model import TracedFunc
-from retsnoop_otel.kernel import bpfsys
+from retsnoop_otel.kernel import bpfsys, trampoline_fit
 from retsnoop_otel.kernel import libbpf as lb
+from retsnoop_otel.kernel.libbpf_btf import Btf
 
 T = TypeVar("T")
 # errors of the whole request, not of one of its functions: halving a tracing_multi link would only repeat them
@@ -84,11 +85,13 @@ def _link(mode: str, prog: lb.BpfProgram, retprobe: bool, addrs: Sequence[int] =
 
 
 def attach_fsession(prog: lb.BpfProgram, funcs: Sequence[TracedFunc], btf_func_id: Callable[[str], int | None] | None,
-                    links: list[lb.Link]) -> list[tuple[TracedFunc, lb.LibbpfError]]:
+                    links: list[lb.Link], load_btf: Callable[[], Btf] = Btf.load_vmlinux,
+                    ) -> list[tuple[TracedFunc, lb.LibbpfError]]:
     """fsession.multi: the set in one tracing_multi link, each function by its vmlinux BTF id with its id as cookie;
-    returns the functions left out and why. The kernel takes or refuses a link whole (kernel/bpf/trampoline.c:
-    a function it cannot trace refuses them all), so a refused set is halved until the refused functions stand
-    alone; k of n cost about 2k*log2(n) more attempts and leave about k*log2(n) links."""
+    returns the functions left out and why. The kernel takes or refuses a link whole (kernel/bpf/trampoline.c: a
+    function it cannot trace refuses them all). After a refusal the functions whose BTF prototype it refuses are
+    left out (trampoline_fit.py) and the rest linked again; what it still refuses is halved until the refused
+    functions stand alone (k of n cost about 2k*log2(n) more attempts and leave about k*log2(n) links)."""
     refused: list[tuple[TracedFunc, lb.LibbpfError]] = []
     targets: dict[int, TracedFunc] = {}
     for f in funcs:
@@ -111,7 +114,24 @@ def attach_fsession(prog: lb.BpfProgram, funcs: Sequence[TracedFunc], btf_func_i
         except OSError as exc:
             raise lb.LibbpfError(f"attach fsession.multi to {what}", exc.errno or errno.EINVAL) from None
 
-    _, alone = link_halving(list(targets.items()), link, links, lambda exc: exc.errno not in _NOT_PER_FUNCTION)
+    items = list(targets.items())
+    if not items:
+        return refused
+    try:
+        links.append(link(items))
+        return refused
+    except lb.LibbpfError as exc:
+        if exc.errno in _NOT_PER_FUNCTION:
+            raise
+    btf = load_btf()
+    try:
+        unfit = trampoline_fit.refusals(btf, ((i, f.name) for i, f in items))
+    finally:
+        btf.free()
+    refused += [(f, lb.LibbpfError(f"fsession.multi cannot attach {f.name}: {unfit[i]}", errno.EINVAL))
+                for i, f in items if i in unfit]
+    fit = [(i, f) for i, f in items if i not in unfit]
+    _, alone = link_halving(fit, link, links, lambda exc: exc.errno not in _NOT_PER_FUNCTION) if fit else (0, [])
     return refused + [(f, exc) for (_, f), exc in alone]
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from retsnoop_otel.capture.model import RetKind, TracedFunc
 from retsnoop_otel.kernel import libbpf as lb
+from retsnoop_otel.kernel import libbpf_btf as lbtf
 from retsnoop_otel.kernel import multi_link
 
 
@@ -55,12 +56,33 @@ def test_other_errors_are_not_split() -> None:
     assert progs[0].linked == []  # by address, then by name: both refused whole
 
 
+class FakeBtf:
+    """Kernel BTF with functions 100.. each taking a pointer and returning int; `variadic` ones end in '...'."""
+
+    def __init__(self, variadic: set[int]) -> None:
+        self.variadic, self.freed = variadic, False
+
+    def shape(self, tid: int) -> tuple[int, int, int]:
+        if tid >= 1000:  # FUNC_PROTO of function tid - 1000, returning int
+            return lbtf.BTF_KIND_FUNC_PROTO, len(self.param_types(tid)), 1
+        if tid >= 100:  # FUNC
+            return lbtf.BTF_KIND_FUNC, 0, 1000 + tid
+        return (lbtf.BTF_KIND_INT, 0, 4) if tid == 1 else (lbtf.BTF_KIND_PTR, 0, 1)
+
+    def param_types(self, proto_id: int) -> list[int]:
+        return [2, 0] if proto_id - 1000 in self.variadic else [2]
+
+    def free(self) -> None:
+        self.freed = True
+
+
 def test_fsession_multi_links_the_set_once_with_each_id_as_its_cookie(monkeypatch: pytest.MonkeyPatch) -> None:
     """One tracing_multi link: the functions by BTF id, each with its function id as cookie. The kernel refuses a
-    link whole for one function it cannot trace (a variadic one, say): the set is halved until that function stands
-    alone, the rest stays attached, and functions without vmlinux BTF are left out before the kernel is asked."""
+    link whole for one function it cannot trace: then the functions whose prototype it refuses (f5, variadic) are
+    left out without asking it, and what it still refuses (f4) is halved out; the rest stays attached. Functions
+    without vmlinux BTF (f7) are left out before the kernel is asked at all."""
     btf = {f"f{i}": 100 + i for i in range(10) if i != 7}  # f7: a module function, not in vmlinux's BTF
-    bad = {100 + 4}  # the kernel refuses f4 (EINVAL)
+    bad = {100 + 4, 100 + 5}  # the kernel refuses f4 and f5 (EINVAL)
     calls: list[tuple[list[int], list[int]]] = []
 
     def link_create(prog_fd: int, btf_ids, cookies) -> int:
@@ -74,15 +96,33 @@ def test_fsession_multi_links_the_set_once_with_each_id_as_its_cookie(monkeypatc
 
     monkeypatch.setattr(multi_link.bpfsys, "link_create_tracing_multi", link_create)
     links: list[lb.Link] = []
-    refused = multi_link.attach_fsession(Prog(), _funcs(10), btf.get, links)  # type: ignore[arg-type]
+    fake = FakeBtf(variadic={105})
+    refused = multi_link.attach_fsession(Prog(), _funcs(10), btf.get, links, load_btf=lambda: fake)  # type: ignore
     assert calls[0] == ([100 + i for i in range(10) if i != 7], [i for i in range(10) if i != 7])
-    assert sorted(f.name for f, _ in refused) == ["f4", "f7"]
+    assert fake.freed and not any(105 in ids for ids, _ in calls[1:])  # f5 was not offered again
+    assert sorted(f.name for f, _ in refused) == ["f4", "f5", "f7"]
     why = dict((f.name, str(exc)) for f, exc in refused)
     assert why["f4"].startswith("attach fsession.multi to f4: Invalid argument")
+    assert why["f5"].startswith("fsession.multi cannot attach f5: it takes variable arguments")
     assert "needs BTF for f7" in why["f7"]
     linked = sorted(i for ids, _ in calls[1:] if not bad & set(ids) for i in ids)
     assert linked == sorted(v for v in btf.values() if v not in bad)  # every other function exactly once
     assert len(links) == len(calls) - sum(1 for ids, _ in calls if bad & set(ids))
+
+
+def test_the_kernels_prototype_rules_for_trampolines() -> None:
+    """btf_distill_func_proto() (7.2) and x86-64's trampoline: what trampoline_fit refuses, from real kernel BTF."""
+    from retsnoop_otel.kernel import trampoline_fit
+    from retsnoop_otel.kernel.libbpf_btf import Btf
+    btf = Btf.load_vmlinux()
+    try:
+        names = ("_printk", "do_exit", "__sys_bpf", "bpf_fentry_test1", "map_create")
+        ids = {name: btf.find(name, lbtf.BTF_KIND_FUNC) for name in names}
+        assert all(ids.values()), ids
+        why = trampoline_fit.refusals(btf, ((tid, name) for name, tid in ids.items()))
+        assert why == {ids["_printk"]: "it takes variable arguments", ids["do_exit"]: "it never returns"}
+    finally:
+        btf.free()
 
 
 def test_fsession_multi_errors_of_the_whole_request_are_not_halved(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -96,3 +136,31 @@ def test_fsession_multi_errors_of_the_whole_request_are_not_halved(monkeypatch: 
     with pytest.raises(lb.LibbpfError) as exc:
         multi_link.attach_fsession(Prog(), _funcs(10), {f"f{i}": i + 1 for i in range(10)}.get, [])  # type: ignore
     assert exc.value.errno == errno.EPERM
+
+
+def test_prototype_rules_on_a_made_up_btf() -> None:
+    """Struct returns, struct arguments over 16 bytes, more than 12 arguments or 8-byte slots are refused; a
+    16-byte struct argument takes two slots; typedefs are looked through."""
+    from retsnoop_otel.kernel import trampoline_fit
+    k = lbtf
+    types = {1: (k.BTF_KIND_INT, 0, 8), 2: (k.BTF_KIND_STRUCT, 1, 16), 3: (k.BTF_KIND_STRUCT, 1, 24),
+             4: (k.BTF_KIND_TYPEDEF, 0, 2), 5: (k.BTF_KIND_PTR, 0, 3)}
+    protos = {"ok": (1, [1, 4, 5]), "struct_ret": (2, [1]), "big_arg": (1, [3]), "many": (1, [1] * 13),
+              "slots": (1, [4] * 6 + [1]), "six_pairs": (1, [4] * 6)}
+
+    class Btf:
+        def shape(self, tid: int) -> tuple[int, int, int]:
+            if tid >= 2000:  # FUNC_PROTO
+                ret, params = list(protos.values())[tid - 2000]
+                return k.BTF_KIND_FUNC_PROTO, len(params), ret
+            if tid >= 1000:  # FUNC
+                return k.BTF_KIND_FUNC, 0, tid + 1000
+            return types[tid]
+
+        def param_types(self, proto_id: int) -> list[int]:
+            return list(protos.values())[proto_id - 2000][1]
+
+    why = trampoline_fit.refusals(Btf(), ((1000 + i, name) for i, name in enumerate(protos)))  # type: ignore
+    names = {1000 + i: name for i, name in enumerate(protos)}
+    assert {names[tid]: text.split(" ")[1] for tid, text in why.items()} == {
+        "struct_ret": "return", "big_arg": "argument", "many": "has", "slots": "arguments"}
