@@ -432,7 +432,7 @@ def parse_retsnoop_dry_run(text: str) -> set[str]:
 def retsnoop_functions(binary: Path, mode: str, entry: Sequence[str], allow: Sequence[str],
                        deny: Sequence[str] = ()) -> set[str]:
     res = subprocess.run(retsnoop_command(binary, mode, entry, allow, deny, verbosity=3, dry_run=True),
-                         capture_output=True, text=True, timeout=900, preexec_fn=_roomy_nofile)
+                         capture_output=True, text=True, errors="replace", timeout=900, preexec_fn=_roomy_nofile)
     names = parse_retsnoop_dry_run(res.stdout)
     if res.returncode != 0 or not names:
         tail = " | ".join((res.stdout + res.stderr).strip().splitlines()[-5:])

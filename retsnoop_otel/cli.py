@@ -101,6 +101,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return agent_cmd.main(rest, started=StartClock(main_t0, python_s))
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader went away (`... | head`): what it did not read is not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

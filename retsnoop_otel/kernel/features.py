@@ -32,6 +32,7 @@ from retsnoop_otel.kernel.mode_probes import (  # noqa: F401 - PROBE_TARGETS and
     probe_kprobe_multi,
     probe_kprobe_session,
     probe_kprobes,
+    probe_session_kfunc,
 )
 
 HELPER_GET_FUNC_IP = 173
@@ -59,6 +60,7 @@ class Features(NamedTuple):
     kprobe_session: Feature
     fsession: Feature
     fsession_multi: Feature
+    session_kfunc: Feature
     ringbuf: Feature
     func_ip: Feature
     bpf_cookie: Feature
@@ -205,8 +207,8 @@ def _side_by_side(probes: dict[str, Callable[[], Feature]]) -> dict[str, Feature
 
 # The probes whose answer is a fact of the kernel build (attach types and helpers it knows), unlike the
 # process's privileges, LBR, kallsyms visibility or tracefs, which are probed at every start.
-BUILD_FACTS = ("fentry", "kprobes", "kprobe_multi", "kprobe_session", "fsession", "fsession_multi", "ringbuf",
-               "func_ip", "bpf_cookie", "branch_snapshot")
+BUILD_FACTS = ("fentry", "kprobes", "kprobe_multi", "kprobe_session", "fsession", "fsession_multi", "session_kfunc",
+               "ringbuf", "func_ip", "bpf_cookie", "branch_snapshot")
 DENIED = (_errno.EPERM, _errno.EACCES)
 FORMAT_FEATURES = 1
 
@@ -255,7 +257,9 @@ def _read_text(path: str) -> str:
         return ""
 
 
-def _probe_build_facts(root: str, targets: Btf | FuncIdLookup | None, config: dict[str, str]) -> dict[str, Feature]:
+def _probe_build_facts(root: str, targets: Btf | FuncIdLookup | None, config: dict[str, str],
+                       btf: Callable[[], Btf | None]) -> dict[str, Feature]:
+    """`btf`: the kernel's BTF, for the one fact a name -> id lookup cannot answer (a kfunc's prototype)."""
     modes = _side_by_side({"fentry": lambda: probe_fentry(targets),
                            "kprobes": lambda: probe_kprobes(root, targets, config),
                            "kprobe_multi": lambda: probe_kprobe_multi(targets),
@@ -263,6 +267,7 @@ def _probe_build_facts(root: str, targets: Btf | FuncIdLookup | None, config: di
                            "fsession": lambda: probe_fsession(targets),
                            "fsession_multi": lambda: probe_fsession_multi(targets)})
     return {**modes,
+            "session_kfunc": probe_session_kfunc(targets if isinstance(targets, Btf) else btf()),
             "ringbuf": probe_ringbuf(),
             "func_ip": probe_helper("func_ip", HELPER_GET_FUNC_IP, "bpf_get_func_ip", "Linux 5.15"),
             "bpf_cookie": probe_helper("bpf_cookie", HELPER_GET_ATTACH_COOKIE, "bpf_get_attach_cookie",
@@ -286,17 +291,21 @@ def detect(root: str = "/", func_id: FuncIdLookup | None = None, thorough: bool 
     facts = cache.load() if cache is not None and capabilities.available else None
     if facts is None:
         config = kernel_config(root, release)
-        btf: Btf | None = None
-        if btf_feature.available and func_id is None:
-            try:
-                btf = Btf.load_vmlinux()
-            except lb.LibbpfError:
-                btf = None
-        targets: Btf | FuncIdLookup | None = func_id if btf_feature.available and func_id is not None else btf
+        loaded: list[Btf] = []
+
+        def kernel_btf() -> Btf | None:
+            if not loaded and btf_feature.available:
+                try:
+                    loaded.append(Btf.load_vmlinux())
+                except lb.LibbpfError:
+                    return None
+            return loaded[0] if loaded else None
+        targets: Btf | FuncIdLookup | None = func_id if btf_feature.available and func_id is not None \
+            else kernel_btf()
         try:
-            facts = _probe_build_facts(root, targets, config)
+            facts = _probe_build_facts(root, targets, config, kernel_btf)
         finally:
-            if btf is not None:
+            for btf in loaded:
                 btf.free()
         if cache is not None:
             cache.store(facts, capabilities)

@@ -13,7 +13,7 @@ from typing import NamedTuple
 from retsnoop_otel.capture.errnos import errno_name
 from retsnoop_otel.kernel import bpfsys
 from retsnoop_otel.kernel.kconfig import config_off
-from retsnoop_otel.kernel.libbpf_btf import BTF_KIND_FUNC, Btf
+from retsnoop_otel.kernel.libbpf_btf import BTF_KIND_FUNC, BTF_KIND_PTR, Btf
 
 # Functions that are safe to attach to for a moment: the first is only ever called by
 # BPF_PROG_TEST_RUN, the others are syscall paths common enough to exist on every kernel.
@@ -56,6 +56,33 @@ def _target_func(btf: Btf | FuncIdLookup | None) -> tuple[str, int]:
             if tid:
                 return name, tid
     return PROBE_TARGETS[0], 0
+
+
+SESSION_KFUNC = "bpf_session_is_return"
+# bpf/compat.bpf.h declares both prototypes the kernel has had; libbpf binds the one that matches its BTF
+SESSION_PROTOTYPES = {(): ("bpf_session_is_return(void)", "Linux 6.10 to 6.19"),
+                      (BTF_KIND_PTR,): ("bpf_session_is_return(void *ctx)", "Linux 7.0+")}
+
+
+def probe_session_kfunc(btf: Btf | None) -> Feature:
+    """Which of our two declarations of the session kfunc the kernel's own prototype binds (kprobe.session and
+    fsession programs call it); read from the kernel's BTF, the only place that says."""
+    name = "session_kfunc"
+    if btf is None:
+        return Feature(name, False, "needs kernel BTF to read the prototype of " + SESSION_KFUNC, _errno.ENOENT,
+                       f"has no BTF to read {SESSION_KFUNC} from")
+    fid = btf.find(SESSION_KFUNC, BTF_KIND_FUNC)
+    if fid is None:
+        return Feature(name, False, f"the kernel has no {SESSION_KFUNC} kfunc (Linux 6.10+ needed)", _errno.ENOENT,
+                       f"has no {SESSION_KFUNC} kfunc (Linux 6.10+ needed)")
+    params = tuple(btf.type_by_id(t).kind for t in btf.param_types(btf.type_by_id(fid).size_or_type))
+    known = SESSION_PROTOTYPES.get(params)
+    if known is None:
+        return Feature(name, False, f"the kernel's {SESSION_KFUNC} takes {len(params)} parameter(s), a prototype "
+                       "this build does not declare: kprobe.session and fsession programs cannot load",
+                       _errno.EINVAL, f"has a {SESSION_KFUNC} prototype this build does not know")
+    proto, since = known
+    return Feature(name, True, f"{proto} bound (the {since} prototype)")
 
 
 def _close(*fds: int) -> None:

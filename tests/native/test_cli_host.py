@@ -214,3 +214,13 @@ def test_features_and_version_where_the_host_has_no_usable_libbpf():
         assert proc.returncode == 0, proc.stderr
         assert "HOST-LIBBPF-LOADS" not in proc.stdout  # the host's library is really gone for the command
         assert want in proc.stdout and "Traceback" not in proc.stderr
+
+
+def test_a_reader_that_stops_early_gets_no_traceback() -> None:
+    """`retsnoop-otel features | head -1`: the pipe closes under our output, which is the reader's choice."""
+    proc = subprocess.Popen([sys.executable, "-m", "retsnoop_otel", "features"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline().startswith(b"Kernel ")
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 141 and err == b"", err

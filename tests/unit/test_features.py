@@ -11,15 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from retsnoop_otel.kernel import caps, features, kconfig
+from retsnoop_otel.kernel import caps, features, kconfig, libbpf_btf, mode_probes
 from retsnoop_otel.kernel.features import Feature, FeatureError, Features
 from retsnoop_otel.kernel.kcache import KernelCache, KernelIdentity
 
 
 def _feats(**over: Feature) -> Features:
     """A kernel where everything works, with the given entries replaced."""
-    names = ["btf", "fentry", "kprobes", "kprobe_multi", "kprobe_session", "fsession", "fsession_multi", "ringbuf",
-             "func_ip", "bpf_cookie", "branch_snapshot", "lbr", "filter_functions", "kallsyms", "capabilities"]
+    names = ["btf", "fentry", "kprobes", "kprobe_multi", "kprobe_session", "fsession", "fsession_multi",
+             "session_kfunc", "ringbuf", "func_ip", "bpf_cookie", "branch_snapshot", "lbr", "filter_functions",
+             "kallsyms", "capabilities"]
     entries = {n: over.get(n, Feature(n, True, f"{n} works")) for n in names}
     return Features(kernel_release="6.12.117+deb12-amd64", libbpf_version="1.1", **entries)
 
@@ -111,7 +112,7 @@ def test_format_features_lists_every_entry_and_the_verdict() -> None:
     text = features.format_features(HOST)
     lines = text.splitlines()
     assert lines[0] == "Kernel 6.12.117+deb12-amd64, libbpf 1.1 (built with the package)"
-    assert len(lines) == 2 + 15
+    assert len(lines) == 2 + 16
     fentry_line = next(x for x in lines if x.split()[0] == "fentry")
     assert fentry_line.split()[1] == "NO" and fentry_line.endswith("refused (EPERM): denied")
     assert next(x for x in lines if x.split()[0] == "btf").split()[1] == "yes"
@@ -122,7 +123,7 @@ def test_format_features_lists_every_entry_and_the_verdict() -> None:
 def test_to_dict_is_json_ready() -> None:
     d = json.loads(json.dumps(HOST.to_dict()))
     assert d["kernel_release"] == "6.12.117+deb12-amd64" and d["libbpf_version"] == "1.1"
-    assert len(d["features"]) == 15
+    assert len(d["features"]) == 16
     assert d["features"]["fentry"] == {"available": False, "detail": "refused (EPERM): denied",
                                        "errno": errno.EPERM, "why": "refuses fentry/fexit programs (EPERM)"}
 
@@ -134,6 +135,35 @@ def _write(root: Path, rel: str, text: str) -> None:
     path = root / rel
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
+
+
+class _KfuncBtf:
+    """Kernel BTF holding one FUNC bpf_session_is_return (id 10 -> FUNC_PROTO 11) with the given parameter kinds."""
+
+    def __init__(self, params: tuple[int, ...] | None) -> None:
+        self.params = params
+
+    def find(self, name: str, kind: int) -> int | None:
+        return 10 if self.params is not None and name == "bpf_session_is_return" else None
+
+    def type_by_id(self, tid: int) -> libbpf_btf.BtfType:
+        kind = {10: libbpf_btf.BTF_KIND_FUNC, 11: 13}.get(tid) or self.params[tid - 100]
+        return libbpf_btf.BtfType(tid, kind, "", 11 if tid == 10 else 0)
+
+    def param_types(self, proto_id: int) -> list[int]:
+        return [100 + i for i in range(len(self.params))]
+
+
+def test_session_kfunc_names_the_prototype_the_kernel_binds() -> None:
+    void = mode_probes.probe_session_kfunc(_KfuncBtf(()))
+    assert void.available and void.detail == "bpf_session_is_return(void) bound (the Linux 6.10 to 6.19 prototype)"
+    ctx = mode_probes.probe_session_kfunc(_KfuncBtf((libbpf_btf.BTF_KIND_PTR,)))
+    assert ctx.available and ctx.detail == "bpf_session_is_return(void *ctx) bound (the Linux 7.0+ prototype)"
+    older = mode_probes.probe_session_kfunc(_KfuncBtf(None))
+    assert not older.available and older.why == "has no bpf_session_is_return kfunc (Linux 6.10+ needed)"
+    unknown = mode_probes.probe_session_kfunc(_KfuncBtf((libbpf_btf.BTF_KIND_PTR, libbpf_btf.BTF_KIND_INT)))
+    assert not unknown.available and "takes 2 parameter(s)" in unknown.detail and unknown.errno == errno.EINVAL
+    assert not mode_probes.probe_session_kfunc(None).available
 
 
 def test_kernel_config_from_boot_and_proc(tmp_path: Path) -> None:
@@ -244,7 +274,7 @@ def _ident(boot: str = "b1") -> KernelIdentity:
 def _fake_probes(monkeypatch: pytest.MonkeyPatch, answers: dict[str, Feature]) -> list[int]:
     calls: list[int] = []
 
-    def probe(root, targets, config):  # noqa: ANN001, ANN202 - stands in for the kernel
+    def probe(root, targets, config, btf):  # noqa: ANN001, ANN202 - stands in for the kernel
         calls.append(1)
         return dict(answers)
     monkeypatch.setattr(features, "_probe_build_facts", probe)

@@ -99,6 +99,15 @@ def test_features_common(vm_batch) -> None:
                                              "bpf_fentry_test1")
     else:
         assert feats["fentry"]["why"] == "has no BPF cookies for fentry/fexit (Linux 5.19+ needed)"
+    # the kfunc prototype our weak declarations bind, read from the kernel's BTF (changed in 7.0)
+    session = feats["session_kfunc"]
+    if vm_batch.at_least(7, 0):
+        assert session["detail"] == "bpf_session_is_return(void *ctx) bound (the Linux 7.0+ prototype)", session
+    elif vm_batch.at_least(6, 10):
+        assert session["detail"] == "bpf_session_is_return(void) bound (the Linux 6.10 to 6.19 prototype)", session
+    else:
+        assert not session["available"] and session["why"] == ("has no bpf_session_is_return kfunc (Linux 6.10+ "
+                                                               "needed)"), session
     assert not feats["lbr"]["available"] and feats["lbr"]["errno"] in (errno.ENOENT, errno.EOPNOTSUPP)
     assert "Tracing: possible" in res["text"]
     assert res["progs_left"] == []
