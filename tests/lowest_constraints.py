@@ -1,8 +1,7 @@
 """Print pip constraints that pin every lower bound of pyproject.toml, so CI can test the bounds are true.
 
-Covers the runtime dependencies, the OpenTelemetry packages of the test oracle and the kubernetes extra (the pod
-metadata watch): `name>=X` becomes `name==X`. Run: python tests/lowest_constraints.py > constraints.txt;
-pip install -c constraints.txt -e '.[dev,kubernetes]'
+Covers the runtime dependencies and the OpenTelemetry packages of the test oracle: `name>=X` becomes `name==X`.
+Run: python tests/lowest_constraints.py > constraints.txt; pip install -c constraints.txt -e '.[dev]'
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ def lowest(pyproject: Path = PYPROJECT) -> list[str]:
     project = tomllib.loads(pyproject.read_text())["project"]
     wanted = list(project["dependencies"])
     wanted += [d for d in project["optional-dependencies"]["dev"] if d.startswith("opentelemetry")]
-    wanted += project["optional-dependencies"]["kubernetes"]
     pins = []
     for dep in wanted:
         m = re.fullmatch(r"\s*([A-Za-z0-9_.-]+)\s*>=\s*([0-9][^,;\s]*)\s*", dep)

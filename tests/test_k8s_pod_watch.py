@@ -4,22 +4,28 @@ with a CA made at test time, a bearer token file, and recorded list and watch re
 No cluster is reachable from the test machine; what is checked is the protocol as the API server speaks
 it: the node-scoped list, the watch from its resourceVersion with bookmarks, ADDED/MODIFIED/DELETED,
 410 Gone (as a watch event and as a status) leading to a new list, 401/403 and a server that goes away
-(one warning, back-off, the cache kept, recovery without a new list), and token rotation.
+(one warning, back-off, the cache kept, recovery without a new list), token rotation, TLS checked against
+the given CA, and an API server at an IPv6 address (https://[::1]:port).
 """
 
 from __future__ import annotations
 
+import http.client
+import json
+import socket
+import ssl
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import kubernetes  # noqa: F401 - the extra `make setup` installs: a missing one fails here, not skips
 import pytest
 
 from retsnoop_otel.workload.k8s_settings import KubeSettings
-from retsnoop_otel.workload.k8s_watch import PodWatch
+from retsnoop_otel.workload.k8s_watch import HttpError, PodWatch, _short, reason_of
 from retsnoop_otel.workload.pods import PodCache
+from tests import fake_apiserver
 from tests.fake_apiserver import Answer, FakeApiServer, fixture, fixture_events, make_test_ca
 
 CHECKOUT = "6f1b6c5e-2a4d-4a8e-9c3b-0f2e1d4c5b6a"
@@ -220,6 +226,83 @@ def test_rotated_token_is_read_again(server: FakeApiServer, certs, token: Path) 
         watch.close()
     assert reqs[2]["authorization"].endswith(".second") and reqs[0]["authorization"].endswith(".first")
     assert watch.counters().errors.get("unauthorized", 0) == 0
+
+
+def test_tls_is_checked_against_the_ca_file(server: FakeApiServer, certs, token: Path,
+                                           tmp_path: Path) -> None:
+    """A server certificate the configured CA did not sign: nothing is sent, the server is unreachable."""
+    server.lists.append(Answer(body=fixture("pods_list.json")))
+    (tmp_path / "other").mkdir()
+    other_ca = make_test_ca(tmp_path / "other")["ca.pem"]
+    log = Log()
+    settings = KubeSettings("node-a", f"https://127.0.0.1:{server.port}", str(token), other_ca)
+    watch = PodWatch(settings, PodCache(time.monotonic), log, backoff_first_s=0.05, backoff_max_s=0.2).start()
+    try:
+        wait_for(lambda: watch.counters().errors.get("unreachable", 0) >= 2)
+    finally:
+        watch.close()
+    assert server.requests == [] and watch.counters().lists == 0
+    (warning,) = [f for lv, _, f in log.lines if lv == "warning"]
+    assert warning["reason"] == "unreachable" and warning["error"].startswith("SSLCertVerificationError")
+
+
+def _ipv6_loopback() -> bool:
+    if not socket.has_ipv6:
+        return False
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+class _Server6(fake_apiserver._Server):
+    address_family = socket.AF_INET6
+
+
+def test_an_ipv6_api_server(certs, token: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """https://[::1]:port: the host comes out of its brackets, and TLS matches it against the certificate's IP."""
+    if not _ipv6_loopback():
+        pytest.skip("no IPv6 loopback here")
+    d = Path(certs["ca.pem"]).parent  # sign a certificate for ::1 with the test CA (make_test_ca's ca.key)
+    (d / "server6.ext").write_text("basicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:::1\n")
+    for args in (["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout",
+                  "server6.key", "-out", "server6.csr", "-subj", "/CN=kube-apiserver"],
+                 ["x509", "-req", "-in", "server6.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                  "-out", "server6.pem", "-days", "2", "-extfile", "server6.ext"]):
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True, timeout=120)
+    monkeypatch.setattr(fake_apiserver, "_Server", lambda addr, handler: _Server6(("::1", addr[1]), handler))
+    api = FakeApiServer({token.read_text().strip()}).start(cert=str(d / "server6.pem"), key=str(d / "server6.key"))
+    api.lists.append(Answer(body=fixture("pods_list.json")))
+    try:
+        settings = KubeSettings("node-a", f"https://[::1]:{api.port}", str(token), certs["ca.pem"])
+        watch = PodWatch(settings, PodCache(time.monotonic), Log(), backoff_first_s=0.05, backoff_max_s=0.2).start()
+        try:
+            lst, w = api.wait_requests(2)[:2]
+            wait_for(lambda: watch.counters().current)
+        finally:
+            watch.close()
+    finally:
+        api.stop()
+    assert lst["query"] == {"fieldSelector": "spec.nodeName=node-a"}
+    assert w["kind"] == "watch" and w["query"]["resourceVersion"] == "1000"
+    assert watch.cache.get(CHECKOUT) is not None and watch.counters().errors == {}
+
+
+@pytest.mark.parametrize("exc,reason", [
+    (HttpError(401, "Unauthorized"), "unauthorized"), (HttpError(403, "Forbidden"), "forbidden"),
+    (HttpError(410, "Gone"), "gone"), (HttpError(503, "Service Unavailable"), "server_error"),
+    (ssl.SSLCertVerificationError("certificate verify failed"), "unreachable"),  # a ValueError too
+    (ConnectionRefusedError(111, "Connection refused"), "unreachable"), (TimeoutError("timed out"), "unreachable"),
+    (http.client.IncompleteRead(b""), "unreachable"), (json.JSONDecodeError("Expecting value", "", 0),
+                                                       "invalid_response")])
+def test_failure_reasons(exc: BaseException, reason: str) -> None:
+    assert reason_of(exc) == reason
+
+
+def test_http_error_message() -> None:
+    assert _short(HttpError(403, "Forbidden")) == "HTTP 403 Forbidden"
 
 
 def test_deleted_pods_are_forgotten_after_keep_deleted() -> None:

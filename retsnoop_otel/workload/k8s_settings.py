@@ -11,7 +11,6 @@ error naming the setting.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from collections.abc import Mapping
 from typing import NamedTuple
@@ -57,10 +56,6 @@ def in_cluster_server(environ: Mapping[str, str]) -> str | None:
     return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
 
 
-def library_available() -> bool:
-    return importlib.util.find_spec("kubernetes") is not None
-
-
 def check_form(cfg: KubernetesConfig, prefix: str = "kubernetes.") -> None:
     """What the settings say by themselves (the config file's check); the environment is checked at start."""
     if cfg.api_server is not None:
@@ -77,9 +72,6 @@ def resolve_kubernetes(cfg: KubernetesConfig, environ: Mapping[str, str], prefix
     if not cfg.metadata:
         return None
     check_form(cfg, prefix)
-    if not library_available():
-        raise KubeConfigError(prefix + "metadata", "needs the kubernetes client library: install "
-                              "retsnoop-otel[kubernetes] (pip install kubernetes), or set it to false")
     node = (cfg.node_name if cfg.node_name is not None else environ.get(NODE_ENV, "")).strip()
     if not node:
         raise KubeConfigError(prefix + "node_name", f"not set and ${NODE_ENV} is empty: give the node's name, or set "

@@ -1,9 +1,9 @@
 """One node-scoped list+watch of pods (fieldSelector spec.nodeName=<node>), on a thread of its own.
 
-The `kubernetes` client library does the HTTP, TLS and bearer-token work through its public API
-(Configuration, ApiClient, CoreV1Api.list_pod_for_all_namespaces); responses are read raw
-(`_preload_content=False`) and parsed as plain JSON, since model objects for every pod update cost
-more than the few fields used. It is imported only when the watch is on: its import takes seconds.
+Two GETs of /api/v1/pods over the standard library's http.client and ssl (TLS verified against the
+cluster CA, `Authorization: Bearer <token>`), with the query the kubernetes client library wrote for
+CoreV1Api.list_pod_for_all_namespaces; responses are parsed as plain JSON, and the watch's chunked body
+is read line by line as it arrives. A client library would add ~150 MB to the image and seconds to start.
 
 The protocol, as the API server defines it: list (resourceVersion of the list), then watch from that
 version; ADDED/MODIFIED/DELETED move the cache and the version, BOOKMARK moves the version only; a
@@ -17,12 +17,17 @@ and `retsnoop_k8s_watch_errors_total{reason}` (metrics/runtime_families.py).
 
 from __future__ import annotations
 
+import http.client
 import json
+import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+from urllib.parse import quote, urlsplit
 
 from retsnoop_otel.workload.k8s_settings import KubeSettings
 from retsnoop_otel.workload.pods import PodCache, pod_meta
@@ -34,6 +39,7 @@ LIST_READ_TIMEOUT_S = 60.0
 EXPIRE_EVERY_S = 30.0
 MIN_WATCH_INTERVAL_S = 1.0  # a server that ends watches at once is not asked again in a tight loop
 REASONS = ("unreachable", "unauthorized", "forbidden", "gone", "server_error", "invalid_response")
+USER_AGENT = "retsnoop-otel"  # what the API server's audit log and priority-and-fairness see
 
 
 class Log(Protocol):
@@ -65,23 +71,27 @@ class _NoToken(Exception):
     """The token file cannot be read (the projected volume is being rewritten, or was unmounted)."""
 
 
+class HttpError(Exception):
+    """The API server answered with a status other than 2xx: the status says which failure it is."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(f"HTTP {status} {reason}".strip())
+        self.status = status
+        self.reason = reason
+
+
 def reason_of(exc: BaseException) -> str:
     if isinstance(exc, _Gone):
         return "gone"
     if isinstance(exc, _NoToken):
         return "unauthorized"
+    if isinstance(exc, HttpError):
+        return {401: "unauthorized", 403: "forbidden", 410: "gone"}.get(exc.status, "server_error")
+    if isinstance(exc, OSError | http.client.HTTPException):  # before ValueError: a failed TLS check is both
+        return "unreachable"
     if isinstance(exc, _BadResponse | ValueError):
         return "invalid_response"
-    status = getattr(exc, "status", None)  # kubernetes.client.exceptions.ApiException
-    if isinstance(status, int) and status:
-        if status == 401:
-            return "unauthorized"
-        if status == 403:
-            return "forbidden"
-        if status == 410:
-            return "gone"
-        return "server_error"
-    return "unreachable"  # connection refused or reset, TLS, timeouts (urllib3 and OS errors)
+    return "unreachable"
 
 
 class PodWatch:
@@ -101,7 +111,7 @@ class PodWatch:
         self._lists = 0
         self._events = 0
         self._stop = threading.Event()
-        self._resp: Any = None
+        self._sock: socket.socket | None = None  # the open request's, for close() to cut
         self._thread: threading.Thread | None = None
         self._next_expire = 0.0
 
@@ -114,11 +124,11 @@ class PodWatch:
 
     def close(self, timeout: float = 5.0) -> None:
         self._stop.set()
-        resp = self._resp
-        if resp is not None:  # wakes the thread out of a blocking read
+        sock = self._sock
+        if sock is not None:  # wakes the thread out of a blocking read
             try:
-                (getattr(resp, "shutdown", None) or resp.close)()
-            except Exception:  # noqa: BLE001 - closing is best effort; the thread is a daemon
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:  # already closed by the thread: closing is best effort, the thread is a daemon
                 pass
         if self._thread is not None:
             self._thread.join(timeout)
@@ -129,16 +139,13 @@ class PodWatch:
     # ---- the loop -----------------------------------------------------------------------------
 
     def _run(self) -> None:
-        api = None
         backoff = self.backoff_first_s
         while not self._stop.is_set():
             try:
-                if api is None:
-                    api = self._api()
                 if self.resource_version is None:
-                    self._list(api)
+                    self._list()
                 started = self._now()
-                self._watch(api)
+                self._watch()
                 backoff = self.backoff_first_s
                 self._stop.wait(max(0.0, started + MIN_WATCH_INTERVAL_S - self._now()))
             except Exception as exc:  # noqa: BLE001 - every failure degrades the same way, and is retried
@@ -175,40 +182,40 @@ class PodWatch:
             self._failing = False
             self.log.info("pod metadata watch running again", pods=len(self.cache))
 
-    def _api(self) -> Any:
-        from kubernetes import client  # the library's import takes seconds: only when the watch is on
-
-        conf = client.Configuration()
-        conf.host = self.settings.api_server
-        if self.settings.ca_file:
-            conf.ssl_ca_cert = self.settings.ca_file
-        conf.api_key = {"authorization": self._token()}
-        conf.api_key_prefix = {"authorization": "Bearer"}
-        conf.refresh_api_key_hook = self._refresh_token
-        conf.retries = False  # our loop retries, with back-off and counted
-        return client.CoreV1Api(client.ApiClient(conf))
-
     def _token(self) -> str:
+        """Read before every request: kubelet rewrites a bound token before it expires."""
         try:
             with open(self.settings.token_file) as f:
                 return f.read().strip()
         except OSError as exc:
             raise _NoToken(f"{self.settings.token_file}: {exc.strerror}") from None
 
-    def _refresh_token(self, conf: Any) -> None:
-        """Before every request: kubelet rewrites a bound token before it expires."""
-        conf.api_key["authorization"] = self._token()
-
     def _selector(self) -> str:
         return f"spec.nodeName={self.settings.node_name}"
 
-    def _list(self, api: Any) -> None:
-        resp = api.list_pod_for_all_namespaces(field_selector=self._selector(), _preload_content=False,
-                                               _request_timeout=(CONNECT_TIMEOUT_S, LIST_READ_TIMEOUT_S))
+    @contextmanager
+    def _get(self, query: dict[str, str], read_timeout_s: float) -> Iterator[http.client.HTTPResponse]:
+        """GET /api/v1/pods on a connection of its own, closed on leaving; raises HttpError unless 2xx."""
+        headers = {"Authorization": f"Bearer {self._token()}", "Accept": "application/json", "User-Agent": USER_AGENT}
+        conn = _connection(self.settings)
         try:
-            body = json.loads(resp.data)
+            conn.connect()  # TCP and TLS handshakes under CONNECT_TIMEOUT_S, then reads under their own timeout
+            conn.sock.settimeout(read_timeout_s)
+            self._sock = conn.sock
+            if self._stop.is_set():  # close() came during the connect, before it could see this socket
+                raise ConnectionAbortedError("the watch is closing")
+            conn.request("GET", _path(self.settings, query), headers=headers)
+            resp = conn.getresponse()
+            if not 200 <= resp.status <= 299:
+                raise HttpError(resp.status, resp.reason)
+            yield resp
         finally:
-            resp.release_conn()
+            self._sock = None
+            conn.close()
+
+    def _list(self) -> None:
+        with self._get({"fieldSelector": self._selector()}, LIST_READ_TIMEOUT_S) as resp:
+            body = json.loads(resp.read())
         if not isinstance(body, dict) or not isinstance(body.get("items"), list):
             raise _BadResponse("the pod list has no items")
         pods = [p for p in map(pod_meta, body["items"]) if p is not None]
@@ -219,15 +226,13 @@ class PodWatch:
         if self.resource_version is None:
             raise _BadResponse("the pod list has no resourceVersion to watch from")
 
-    def _watch(self, api: Any) -> None:
+    def _watch(self) -> None:
         """Until the server ends the watch (its timeoutSeconds); raises on errors, _Gone on 410."""
         s = self.settings
-        resp = api.list_pod_for_all_namespaces(
-            field_selector=self._selector(), watch=True, allow_watch_bookmarks=True,
-            resource_version=self.resource_version, timeout_seconds=s.watch_timeout_s, _preload_content=False,
-            _request_timeout=(CONNECT_TIMEOUT_S, s.watch_timeout_s + 30))
-        self._resp = resp
-        try:
+        query = {"allowWatchBookmarks": "true", "fieldSelector": self._selector(),
+                 "resourceVersion": str(self.resource_version),  # set by the list before any watch
+                 "timeoutSeconds": str(s.watch_timeout_s), "watch": "true"}
+        with self._get(query, s.watch_timeout_s + 30) as resp:
             self._ok()
             for line in _lines(resp):
                 if self._stop.is_set():
@@ -235,9 +240,6 @@ class PodWatch:
                 self._event(line)
                 self._recovered()
             self._recovered()
-        finally:
-            self._resp = None
-            resp.release_conn()
 
     def _event(self, line: bytes) -> None:
         event = json.loads(line)
@@ -262,10 +264,26 @@ class PodWatch:
             self.cache.expire()
 
 
-def _lines(resp: Any) -> Iterator[bytes]:
-    """Newline-delimited JSON events from a streaming response, as they arrive."""
+def _connection(settings: KubeSettings) -> http.client.HTTPConnection:
+    """HTTPS verified against the cluster CA; plain HTTP only for an http:// server (tests)."""
+    url = urlsplit(settings.api_server)
+    host = url.hostname or ""  # an IPv6 literal without its brackets; http.client adds them to the Host header
+    if url.scheme != "https":
+        return http.client.HTTPConnection(host, url.port, timeout=CONNECT_TIMEOUT_S)
+    tls = ssl.create_default_context(cafile=settings.ca_file)
+    return http.client.HTTPSConnection(host, url.port, timeout=CONNECT_TIMEOUT_S, context=tls)
+
+
+def _path(settings: KubeSettings, query: dict[str, str]) -> str:
+    """The query encoded as the kubernetes client library did (urllib.parse.quote: `=` becomes %3D)."""
+    prefix = urlsplit(settings.api_server).path.rstrip("/")
+    return f"{prefix}/api/v1/pods?" + "&".join(f"{k}={quote(v)}" for k, v in query.items())
+
+
+def _lines(resp: http.client.HTTPResponse) -> Iterator[bytes]:
+    """Newline-delimited JSON events from a streaming response, as they arrive (read1: what one recv brings)."""
     buf = b""
-    for chunk in resp.stream(65536, decode_content=True):
+    while chunk := resp.read1(65536):
         buf += chunk
         while b"\n" in buf:
             line, buf = buf.split(b"\n", 1)
@@ -276,7 +294,6 @@ def _lines(resp: Any) -> Iterator[bytes]:
 
 
 def _short(exc: BaseException) -> str:
-    status = getattr(exc, "status", None)
-    if isinstance(status, int) and status:
-        return f"HTTP {status} {getattr(exc, 'reason', '') or ''}".strip()
+    if isinstance(exc, HttpError):
+        return str(exc)  # HTTP 403 Forbidden
     return (f"{type(exc).__name__}: {exc}".splitlines() or [""])[0][:300]
