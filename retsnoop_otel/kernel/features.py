@@ -95,15 +95,32 @@ def probe_btf(root: str) -> Feature:
     return Feature("btf", True, f"{path} ({size / 1e6:.1f} MB)")
 
 
+DENIED_WHY = "denies BPF to this process (missing CAP_BPF, or CAP_SYS_ADMIN; or an LSM policy)"
+
+
 def probe_ringbuf() -> Feature:
-    if lb.probe_map_type(lb.MAP_TYPE_RINGBUF):
-        return Feature("ringbuf", True, "BPF_MAP_TYPE_RINGBUF maps can be created")
-    return Feature("ringbuf", False, "BPF_MAP_TYPE_RINGBUF is unknown to this kernel (Linux 5.8+ needed)",
-                   _errno.EINVAL, "has no BPF ring buffer (Linux 5.8+ needed)")
+    """Create a ring buffer map: EINVAL means the kernel does not know the type, EPERM that this process may not."""
+    try:
+        os.close(bpfsys.map_create(lb.MAP_TYPE_RINGBUF, 0, 0, 4096))
+    except OSError as exc:
+        err = exc.errno or _errno.EINVAL
+        if err in (_errno.EPERM, _errno.EACCES):
+            return _refused("ringbuf", err, "the kernel " + DENIED_WHY, DENIED_WHY)
+        return Feature("ringbuf", False, "BPF_MAP_TYPE_RINGBUF is unknown to this kernel (Linux 5.8+ needed)",
+                       err, "has no BPF ring buffer (Linux 5.8+ needed)")
+    return Feature("ringbuf", True, "BPF_MAP_TYPE_RINGBUF maps can be created")
 
 
 def probe_helper(name: str, helper_id: int, helper: str, since: str) -> Feature:
-    """Whether kprobe programs may call a helper (libbpf loads a tiny program that calls it)."""
+    """Whether kprobe programs may call a helper (libbpf loads a tiny program that calls it). libbpf reads any
+    refusal without "unknown func" in the verifier's log as yes, so a process that may not load programs at all
+    is told apart first."""
+    try:
+        os.close(bpfsys.prog_load(bpfsys.PROG_KPROBE, bpfsys.RETURN_ZERO))
+    except OSError as exc:
+        err = exc.errno or _errno.EINVAL
+        if err in (_errno.EPERM, _errno.EACCES):
+            return _refused(name, err, f"{helper}() cannot be probed: the kernel {DENIED_WHY}", DENIED_WHY)
     if lb.probe_helper(lb.PROG_TYPE_KPROBE, helper_id):
         return Feature(name, True, f"{helper}() is allowed in kprobe programs")
     return Feature(name, False, f"{helper}() is not allowed in kprobe programs ({since}+ needed)",
@@ -353,6 +370,10 @@ def require_tracing(features: Features, mode: str) -> None:
     """Raise FeatureError (one sentence: what is missing and what to do) unless `mode` can trace here."""
     if mode not in MODES:
         raise ValueError(f"unknown tracing mode '{mode}' (expected one of {', '.join(MODES)})")
+    caps = features.capabilities
+    if not caps.available and caps.errno == _errno.EPERM:  # every probe below was refused for that reason
+        raise FeatureError(f"this process {caps.why}: run it as root, or in a container add those capabilities "
+                           "(--cap-add BPF --cap-add PERFMON; see the Dockerfile)")
     for prereq, use in ((features.btf, "to read kernel function types"),
                         (features.ringbuf, "to stream captured calls")):
         if not prereq.available:
