@@ -6,14 +6,16 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LOW_VENV := .venv-lowest
 LOW_STAMP := $(LOW_VENV)/.installed
-APT_PACKAGES := clang llvm libelf-dev zlib1g-dev curl bpftool qemu-system-x86 kmod busybox-static prometheus
+# podman, mmdebstrap, runc: tests/test_image.py builds and runs the container image
+APT_PACKAGES := clang llvm libelf-dev zlib1g-dev curl bpftool qemu-system-x86 kmod busybox-static prometheus \
+	podman mmdebstrap runc
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 PYTEST_ARGS ?= -ra
 
 .NOTPARALLEL:
-.PHONY: setup apt bpf kernels test unit vmtest lowest lint demo clean distclean
+.PHONY: setup apt bpf wheel kernels test unit vmtest lowest lint demo clean distclean
 
-## setup: Debian packages (only missing ones), .venv with the project and its dev, service and kubernetes extras,
+## setup: Debian packages (only missing ones), .venv with the project and its dev and service extras,
 ## BPF objects
 setup:
 	@$(MAKE) --no-print-directory apt
@@ -33,14 +35,14 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml setup.py | $(PY)
-	$(PY) -m pip install -e '.[dev,service,kubernetes]'
+	$(PY) -m pip install -e '.[dev,service]'
 	touch $@
 
 # the lowest versions pyproject.toml allows, pinned from its own `>=` bounds so that they cannot drift
 $(LOW_STAMP): pyproject.toml setup.py tests/lowest_constraints.py | $(PY)
 	$(PYTHON) -m venv $(LOW_VENV)
 	$(PY) tests/lowest_constraints.py > $(LOW_VENV)/constraints.txt
-	$(LOW_VENV)/bin/python -m pip install -c $(LOW_VENV)/constraints.txt -e '.[dev,kubernetes]'
+	$(LOW_VENV)/bin/python -m pip install -c $(LOW_VENV)/constraints.txt -e '.[dev]'
 	touch $@
 
 # our own libbpf (bpf/build-libbpf pins it), loaded by the package whatever the host has; the BPF objects
@@ -59,6 +61,15 @@ $(PUBLISHER_SO): retsnoop_otel/publisher/otel_thread_ctx.c
 	@gcc -O2 -fPIC -shared -fvisibility=hidden -mtls-dialect=$(if $(filter x86_64,$(shell uname -m)),gnu2,desc) \
 	  -Wall -Werror -o $@ $<
 
+## wheel: dist/ with the sdist and the wheel built from it, tagged manylinux for the glibc its machine code needs
+## (auditwheel takes libelf in); `pip install dist/*.whl` then needs no compiler
+wheel: setup
+	rm -rf dist build/wheel
+	$(PY) -m build --sdist -o dist .
+	$(PY) -m pip wheel --no-cache-dir --no-deps -w build/wheel dist/retsnoop_otel-*.tar.gz
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/auditwheel repair -w dist build/wheel/*.whl
+	rm -rf build/wheel
+
 ## kernels: the pinned Debian kernels of the VM tests (tests/vm/kernels.pins: 5.10, 6.1 with its DWARF vmlinux,
 ## 6.12 and the newest), cached outside the repo; `tests/vm/fetch-kernel --update-pins` moves the pins
 kernels: setup
@@ -74,9 +85,9 @@ test: setup kernels lint
 	@$(MAKE) --no-print-directory lowest
 
 ## lowest: the host tests in a venv holding the lowest versions pyproject.toml allows (OTel, protobuf, grpcio,
-## prometheus-client, PyYAML, pyelftools, kubernetes)
+## prometheus-client, PyYAML, pyelftools, bcrypt); the artifacts (image, wheel) are built once, by `make test`
 lowest: setup $(LOW_STAMP)
-	$(LOW_VENV)/bin/python -m pytest -m 'not vm' $(PYTEST_ARGS)
+	$(LOW_VENV)/bin/python -m pytest -m 'not vm and not artifacts' $(PYTEST_ARGS)
 
 ## unit: the tests that need no VM
 unit: setup
@@ -97,7 +108,8 @@ clean:
 	rm -rf build *.egg-info .pytest_cache .ruff_cache .benchmarks
 	find . \( -path ./$(VENV) -o -path ./$(LOW_VENV) \) -prune -o -name __pycache__ -type d -print0 | xargs -0 rm -rf
 	@$(MAKE) --no-print-directory -s -C bpf clean OUT=$(CURDIR)/retsnoop_otel/bpf
-	rm -f $(LIBBPF_SO) retsnoop_otel/bpf/LICENSE.libbpf
+	rm -f $(LIBBPF_SO) retsnoop_otel/bpf/LICENSE.libbpf retsnoop_otel/bpf/LICENSE.libelf
+	rm -rf dist
 
 distclean: clean
 	rm -rf $(VENV) $(LOW_VENV)

@@ -7,7 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Distribution, setup
+from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
@@ -32,4 +33,20 @@ class BuildBpf(build_py):
         super().run()
 
 
-setup(cmdclass={"build_py": BuildBpf})
+class MachineCode(Distribution):
+    """Holds machine code for this platform (libbpf, the publisher library) though no CPython extension: installed
+    as platform-specific, so the wheel is tagged for the architecture it was built on."""
+
+    def has_ext_modules(self) -> bool:
+        return True
+
+
+class PlatformWheel(bdist_wheel):
+    """Any Python 3 (the code is loaded with ctypes, not as an extension), this platform: `linux_<arch>`, which
+    auditwheel then turns into the manylinux tag of the glibc it needs, taking libelf and zlib in (`make wheel`)."""
+
+    def get_tag(self) -> tuple[str, str, str]:
+        return "py3", "none", super().get_tag()[2]
+
+
+setup(distclass=MachineCode, cmdclass={"build_py": BuildBpf, "bdist_wheel": PlatformWheel})

@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: GPL-2.0
+// SPDX-License-Identifier: GPL-2.0-only
 /* The application's side of a reported session: its OpenTelemetry thread context (OTEP 4947: the TLS
  * variable otel_thread_ctx_v1 points to a record with the active trace id and span id) and its user stack.
  * Part of retsnoop.bpf.c. x86-64: the thread pointer is task->thread.fsbase.

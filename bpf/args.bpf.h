@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: GPL-2.0
+// SPDX-License-Identifier: GPL-2.0-only
 /* -A: argument values, and the memory they point to, of each call (sent right after its
  * REC_FUNC_ENTRY). Part of retsnoop.bpf.c. */
 

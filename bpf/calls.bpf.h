@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: GPL-2.0
+// SPDX-License-Identifier: GPL-2.0-only
 /* Per-call records (mode calls, -T): the session start record, entries and exits. Part of retsnoop.bpf.c.
  *
  * A session's first CALL_BUF_RECS records wait in call_bufs until its end, where a reported session

@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: GPL-2.0
+// SPDX-License-Identifier: GPL-2.0-only
 /* What differs between kernels, from 5.10 to 7.x: helpers a kernel lacks and kfuncs whose prototype changed.
  * Part of retsnoop.bpf.c. Each choice is made by CO-RE against the running kernel's BTF when libbpf loads the
  * object: the branch not taken is a constant-false one the verifier never walks, so its helper or kfunc may be

@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: GPL-2.0
+// SPDX-License-Identifier: GPL-2.0-only
 /* retsnoop's error rule, by the return kind user space derived from BTF (func_info.flags): NULL and
  * ERR_PTR pointers, -MAX_ERRNO..-1 for signed integers (32-bit ones sign-extended first), never for
  * void, bool or unsigned. Part of retsnoop.bpf.c; capture/model.py is_failure() is the same rule. */

@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: GPL-2.0
+// SPDX-License-Identifier: GPL-2.0-only
 /* Which tasks may start a session (--cgroup, -p/-P, -n/-N). Part of retsnoop.bpf.c.
  * User space writes deny entries after allow entries, so a task both allowed and denied is denied. */
 

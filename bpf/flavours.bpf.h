@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: GPL-2.0
+// SPDX-License-Identifier: GPL-2.0-only
 /* The programs the kernel runs, one thin wrapper per attach flavour around handle_entry() and
  * handle_exit(). Part of retsnoop.bpf.c (included last). kernel/tracer.py loads the pair of one flavour.
  *

@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: GPL-2.0
+// SPDX-License-Identifier: GPL-2.0-only
 /* --lbr: the CPU's last branch records at the return that last (re)started a session's chain.
  * Part of retsnoop.bpf.c. */
 

@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: GPL-2.0
+// SPDX-License-Identifier: GPL-2.0-only
 /* Kernel side of retsnoop-otel: per-thread sessions started by entry functions, the deepest
  * error chain with the kernel stack at the error point, optional per-call records, and in-kernel
  * per-function aggregates (calls, errors by errno, log2 latency histogram) for Prometheus.

@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: GPL-2.0
+// SPDX-License-Identifier: GPL-2.0-only
 /* The ring buffer every record goes through, and when a record wakes the reader.
  * Included by retsnoop.bpf.c after its configuration (rb_bytes). */
 

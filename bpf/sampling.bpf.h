@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: GPL-2.0
+// SPDX-License-Identifier: GPL-2.0-only
 /* Which successful sessions are reported: decided here, so that the ones the sampler drops cost no
  * ring-buffer record and no work in user space. Error sessions are always reported. Part of
  * retsnoop.bpf.c; capture/sampling.py turns the configuration into the constants below.

@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: GPL-2.0
+// SPDX-License-Identifier: GPL-2.0-only
 /* In-kernel aggregates read at scrape time: per function and per whole session (calls,
  * failures, log2 latency histogram) and failures by errno. Part of retsnoop.bpf.c. */
 

@@ -31,6 +31,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "artifacts: builds what users install (the container image, the wheel): "
+                            "left out of `make lowest`, which checks library versions")
     config.addinivalue_line("markers", "vm: runs inside a real-kernel VM (tests/vm/run), one boot per kernel")
     config.addinivalue_line("markers", "kernels(*series): the kernels whose boots run a VM test that uses "
                             "`vm_batch` ('oldest', 'newest' or a series; default: the newest only)")
@@ -38,3 +40,9 @@ def pytest_configure(config: pytest.Config) -> None:
     bad = [k for k in chosen if k not in VM_KERNELS]
     if bad or not chosen:
         raise pytest.UsageError(f"--vm-kernels: expected some of {', '.join(VM_KERNELS)}, got {chosen!r}")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    from tests.container_image import SUMMARY
+    if (line := config.stash.get(SUMMARY, None)) is not None:
+        terminalreporter.write_line(line)
