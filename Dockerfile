@@ -1,6 +1,10 @@
 # retsnoop-otel agent image.
 #
 #   docker build -t retsnoop-otel .
+#   (behind a proxy that re-signs TLS, pip in the build stage needs its CA bundle:
+#    docker build --secret id=pip-ca,src=/etc/ssl/certs/ca-certificates.crt -t retsnoop-otel .)
+#   (file:line for kernel and user frames needs llvm-symbolizer, which takes LLVM along (+180 MB):
+#    docker build --build-arg SYMBOLIZER=llvm ...)
 #   docker run --rm --pid=host \
 #     --cap-drop=ALL --cap-add=BPF --cap-add=PERFMON --cap-add=SYS_RESOURCE --cap-add=SYSLOG \
 #     --ulimit memlock=-1 \
@@ -29,38 +33,54 @@
 
 ARG DEBIAN_IMAGE=debian:bookworm-slim
 
-# ---- build: compile the CO-RE BPF object and install the package into a virtualenv ----------------
+# ---- build: our libbpf, the CO-RE BPF objects and the publisher library, in a wheel; then the virtualenv ----------
 FROM ${DEBIAN_IMAGE} AS build
 # Debian package versions are not pinned: a stable release only receives security fixes, which a
 # rebuild should pick up.
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends clang llvm libbpf-dev make python3 python3-venv \
+    && apt-get install -y --no-install-recommends ca-certificates clang curl gcc libc6-dev libelf-dev llvm make \
+       python3 python3-venv zlib1g-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml setup.py README.md ./
-COPY bpf ./bpf
-COPY retsnoop_otel ./retsnoop_otel
-RUN python3 -m venv /opt/retsnoop-otel \
-    && /opt/retsnoop-otel/bin/pip install --no-cache-dir ".[kubernetes]" \
-    && test -f "$(/opt/retsnoop-otel/bin/python -c 'import retsnoop_otel, os; print(os.path.dirname(retsnoop_otel.__file__))')/bpf/retsnoop.bpf.o"
+COPY . .
+# hadolint ignore=DL3042
+RUN --mount=type=secret,id=pip-ca \
+    if [ -s /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
+    && python3 -m venv /opt/retsnoop-otel \
+    && /opt/retsnoop-otel/bin/pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
+    && /opt/retsnoop-otel/bin/pip install --no-cache-dir /wheels/retsnoop_otel-*.whl \
+    && /opt/retsnoop-otel/bin/pip uninstall -y -q setuptools pip \
+    && /opt/retsnoop-otel/bin/retsnoop-otel --version
 
-# ---- runtime: python, libbpf and llvm-symbolizer only ------------------------------------------
+# ---- runtime: Python, libelf and zlib (what our libbpf links), and the virtualenv ----------------------------------
 FROM ${DEBIAN_IMAGE}
+ARG SYMBOLIZER=none
+ARG VERSION=0.1.0
+# the repository the image is built from (a release build passes its URL)
+ARG SOURCE_URL=""
 LABEL org.opencontainers.image.title="retsnoop-otel" \
-      org.opencontainers.image.description="retsnoop-style kernel function tracing as OpenTelemetry traces and Prometheus metrics"
-# hadolint ignore=DL3008
+      org.opencontainers.image.description="retsnoop-style kernel function tracing as OpenTelemetry traces and Prometheus metrics" \
+      org.opencontainers.image.source="${SOURCE_URL}" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.licenses="BSD-2-Clause AND GPL-2.0-only AND (LGPL-2.1-only OR BSD-2-Clause)"
+# procps: kill, for `kubectl exec ... -- kill -HUP 1` (reload); llvm (llvm-symbolizer) only with SYMBOLIZER=llvm
+# hadolint ignore=DL3008,SC2046
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3 libbpf1 llvm ca-certificates \
-    && rm -rf /var/lib/apt/lists/*
+    && apt-get install -y --no-install-recommends python3 libelf1 zlib1g procps ca-certificates \
+       $(if [ "$SYMBOLIZER" = llvm ]; then echo llvm; fi) \
+    && apt-get clean && rm -rf /var/lib/apt/lists/*
 COPY --from=build /opt/retsnoop-otel /opt/retsnoop-otel
+COPY --from=build /src/LICENSE /usr/share/doc/retsnoop-otel/LICENSE
+COPY --from=build /src/bpf/LICENSE /usr/share/doc/retsnoop-otel/LICENSE.bpf
 COPY config/agent.yaml /etc/retsnoop-otel/agent.yaml
 ENV PATH=/opt/retsnoop-otel/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1
 EXPOSE 9464
+# follows the config's metrics.port and web config (TLS, basic auth): `retsnoop-otel agent --health`
 HEALTHCHECK --interval=30s --timeout=10s --start-period=120s \
-    CMD ["/opt/retsnoop-otel/bin/python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9464/healthz', timeout=5)"]
+    CMD ["/opt/retsnoop-otel/bin/retsnoop-otel", "agent", "--health", "--config", "/etc/retsnoop-otel/agent.yaml"]
 # hadolint ignore=DL3002
 USER 0:0
 ENTRYPOINT ["/opt/retsnoop-otel/bin/retsnoop-otel", "agent"]

@@ -160,7 +160,17 @@ def main(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr,
     p.add_argument("--config", metavar="FILE", help="YAML config (see config/agent.yaml)")
     p.add_argument("--check", metavar="FILE", help="validate FILE and resolve its globs against the running "
                    "kernel without attaching; exit 0 when every probe set would attach")
+    p.add_argument("--health", action="store_true", help="ask the agent running with --config FILE for its "
+                   "/healthz, where and as the config serves it (TLS, basic auth); exit 0 when healthy (a container's "
+                   "health check)")
     args = p.parse_args(argv)
+    if args.health:
+        if not args.config:
+            p.error("--health needs --config FILE (the running agent's)")
+        from retsnoop_otel.agent import health
+        code, line = health.main(args.config)
+        print(line if code != 2 else f"retsnoop-otel agent: {line}", file=out if code == 0 else err)
+        return code
     if args.check:
         try:
             return check(args.check, out)

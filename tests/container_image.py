@@ -1,0 +1,83 @@
+"""Build and run the Dockerfile's image with podman (daemonless), on a machine that reaches no registry.
+
+The base image is made from Debian's archive: `mmdebstrap --variant=minbase bookworm` (cached outside the repo) is
+imported as localhost/debian:bookworm-slim and given to the Dockerfile as DEBIAN_IMAGE. podman runs with runc
+(crun refuses a host with hybrid cgroups) and explicit default ulimits (podman's own are refused with EPERM by
+such hosts), set in a containers.conf passed through CONTAINERS_CONF. pip in the build stage verifies TLS with
+this machine's CA bundle, given as the build secret `pip-ca` (the Dockerfile's way for users behind a re-signing
+proxy).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BASE = "localhost/debian:bookworm-slim"
+IMAGE = "localhost/retsnoop-otel:test"
+SUMMARY = pytest.StashKey[str]()  # the image's size, printed at the end of the run (tests/conftest.py)
+CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+CONTAINERS_CONF = """[containers]
+default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]
+[engine]
+runtime = "runc"
+"""
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("RETSNOOP_OTEL_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "retsnoop-otel")
+    return Path(root) / "image"
+
+
+def podman_env(tmp: Path) -> dict[str, str]:
+    conf = tmp / "containers.conf"
+    conf.write_text(CONTAINERS_CONF)
+    return dict(os.environ, CONTAINERS_CONF=str(conf))
+
+
+def podman(env: dict[str, str], *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
+    res = subprocess.run(["podman", *args], env=env, capture_output=True, text=True, timeout=timeout)
+    if check and res.returncode != 0:
+        raise RuntimeError(f"podman {' '.join(args[:3])} ... exited {res.returncode}: "
+                           + " | ".join((res.stdout + res.stderr).strip().splitlines()[-15:]))
+    return res
+
+
+def missing_tools() -> list[str]:
+    return [t for t in ("podman", "mmdebstrap", "runc") if shutil.which(t) is None]
+
+
+def ensure_base(env: dict[str, str]) -> None:
+    """localhost/debian:bookworm-slim from Debian's archive, made once per machine (about 30 s)."""
+    if podman(env, "image", "exists", BASE, check=False).returncode == 0:
+        return
+    cache = cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    tar = cache / "bookworm-minbase.tar"
+    if not tar.exists():
+        part = tar.with_suffix(".part")
+        subprocess.run(["mmdebstrap", "--quiet", "--variant=minbase", "bookworm", str(part)], check=True,
+                       timeout=900, capture_output=True)
+        part.rename(tar)
+    podman(env, "import", str(tar), BASE)
+
+
+def build(env: dict[str, str], tag: str = IMAGE, *extra: str) -> None:
+    secret = ["--secret", f"id=pip-ca,src={CA_BUNDLE}"] if CA_BUNDLE.exists() else []
+    # docker format: OCI image configs have no HEALTHCHECK (buildah drops it), docker's (what `docker build` makes) do
+    podman(env, "build", "--format", "docker", "--build-arg", f"DEBIAN_IMAGE={BASE}",
+           "--build-arg", f"SOURCE_URL=file://{REPO}", *secret, *extra, "-t", tag, str(REPO), timeout=2400)
+
+
+def run(env: dict[str, str], *args: str, entrypoint: str | None = None, options: tuple[str, ...] = (),
+        tag: str = IMAGE) -> subprocess.CompletedProcess:
+    # --no-healthcheck: podman would start the image's health check through systemd, absent here
+    cmd = ["run", "--rm", "--no-healthcheck", *options, *(["--entrypoint", entrypoint] if entrypoint else []),
+           tag, *args]
+    return podman(env, *cmd, timeout=300, check=False)

@@ -1,0 +1,85 @@
+"""The container image, built from the Dockerfile with podman and run: what a user pulling it gets.
+
+Built once per run from a base image made of Debian packages (tests/container_image.py: no registry is reachable
+here). Inside it: the version and our libbpf, the feature report, `agent --check` of the shipped config, the health
+check command of the HEALTHCHECK, kill for the reload, no compiler, the licenses and the OCI labels; its size is
+printed at the end of the run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests import container_image as ci
+
+pytestmark = pytest.mark.artifacts
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> dict[str, str]:
+    if missing := ci.missing_tools():
+        pytest.fail(f"{', '.join(missing)} missing: `make setup` installs podman, mmdebstrap and runc")
+    env = ci.podman_env(tmp_path_factory.mktemp("podman"))
+    ci.ensure_base(env)
+    ci.build(env)
+    size = int(ci.podman(env, "image", "inspect", ci.IMAGE, "--format", "{{.Size}}").stdout)
+    base = int(ci.podman(env, "image", "inspect", ci.BASE, "--format", "{{.Size}}").stdout)
+    pytestconfig.stash[ci.SUMMARY] = (f"image {ci.IMAGE}: {size / 1e6:.0f} MB, of which {(size - base) / 1e6:.0f} MB "
+                                    f"over its Debian base ({base / 1e6:.0f} MB, mmdebstrap minbase)")
+    return env
+
+
+def test_version_names_our_libbpf(image: dict[str, str]) -> None:
+    res = ci.run(image, "--version", entrypoint="retsnoop-otel")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().endswith("libbpf 1.7 (built with the package)"), res.stdout
+
+
+def test_features_report_without_privileges_names_them(image: dict[str, str]) -> None:
+    """A container without the capabilities: every entry answers, and the verdict says what to add."""
+    res = ci.run(image, "features", "--json", entrypoint="retsnoop-otel")
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout)
+    assert report["libbpf_version"] == "1.7"
+    assert report["features"]["btf"]["available"]  # the host's /sys/kernel/btf is visible in the container
+    assert not report["features"]["ringbuf"]["available"] and report["features"]["ringbuf"]["errno"] == 1  # EPERM
+    text = ci.run(image, "features", entrypoint="retsnoop-otel").stdout.splitlines()[-1]
+    assert "--cap-add BPF --cap-add PERFMON" in text, text
+
+
+def test_agent_check_of_the_shipped_config(image: dict[str, str]) -> None:
+    """The config parses and its globs meet the host kernel; this host forbids tracing, which it says."""
+    res = ci.run(image, "--check", "/etc/retsnoop-otel/agent.yaml",
+                 options=("--privileged", "-v", "/sys/kernel/tracing:/sys/kernel/tracing:ro"))
+    assert "configuration is valid (2 probe sets)" in res.stdout, res.stdout + res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_health_check_command_follows_the_config(image: dict[str, str]) -> None:
+    inspect = json.loads(ci.podman(image, "image", "inspect", ci.IMAGE).stdout)[0]
+    health = inspect.get("Healthcheck") or inspect["Config"].get("Healthcheck")
+    assert health["Test"] == ["CMD", "/opt/retsnoop-otel/bin/retsnoop-otel", "agent", "--health", "--config",
+                              "/etc/retsnoop-otel/agent.yaml"], health
+    res = ci.run(image, *health["Test"][2:], entrypoint=health["Test"][1])  # no agent runs here: unhealthy
+    assert res.returncode == 1 and "http://127.0.0.1:9464/healthz: Connection refused" in res.stderr, res.stderr
+
+
+def test_runtime_holds_no_compiler_but_kill_and_the_licenses(image: dict[str, str]) -> None:
+    res = ci.run(image, "-c", "which gcc cc clang ld make kill; "
+                 "ls /usr/share/doc/retsnoop-otel /opt/retsnoop-otel/lib/python3*/site-packages/retsnoop_otel/bpf",
+                 entrypoint="sh")
+    lines = res.stdout.split()
+    assert "/bin/kill" in lines or "/usr/bin/kill" in lines, res.stdout  # `kubectl exec ... -- kill -HUP 1`
+    assert not [x for x in lines if x.rsplit("/", 1)[-1] in ("gcc", "cc", "clang", "ld", "make")], res.stdout
+    shipped = {"LICENSE", "LICENSE.bpf", "LICENSE.libbpf", "LICENSE.libelf", "libbpf.so.1", "retsnoop.bpf.o"}
+    assert shipped <= set(lines), lines
+
+
+def test_oci_labels(image: dict[str, str]) -> None:
+    labels = json.loads(ci.podman(image, "image", "inspect", ci.IMAGE, "--format", "{{json .Labels}}").stdout)
+    assert labels["org.opencontainers.image.version"] == "0.1.0"
+    assert labels["org.opencontainers.image.source"] == "file://" + str(Path(ci.REPO))
+    assert labels["org.opencontainers.image.licenses"].startswith("BSD-2-Clause AND GPL-2.0-only")
