@@ -157,6 +157,8 @@ def test_daemonset_structure(manifests) -> None:
     assert selector and selector.items() <= labels.items(), "the selector must match the pod labels"
     pod = spec["template"]["spec"]
     assert pod["hostPID"] is True
+    # the image and its BPF object are x86-64 builds: nodes of another architecture must not get the pod
+    assert pod["nodeSelector"] == {"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
     (c,) = pod["containers"]
     assert c["name"] and c["image"] and not c["image"].endswith(":latest") and ":" in c["image"]
     sc = c["securityContext"]
@@ -208,7 +210,8 @@ def unit_settings() -> dict[str, list[str]]:
 def test_unit_reloads_with_sighup_and_has_the_capabilities() -> None:
     s = unit_settings()
     assert s["ExecReload"] == ["/bin/kill -HUP $MAINPID"]
-    assert s["ExecStart"][0].endswith("agent --config /etc/retsnoop-otel/agent.yaml")
+    # where the documented install (a venv under /opt, tests/test_wheel.py's clean venv) puts the command
+    assert s["ExecStart"] == ["/opt/retsnoop-otel/bin/retsnoop-otel agent --config /etc/retsnoop-otel/agent.yaml"]
     assert set("CAP_BPF CAP_PERFMON CAP_SYSLOG CAP_SYS_RESOURCE".split()) <= set(s["AmbientCapabilities"][0].split())
     assert s["CapabilityBoundingSet"] == s["AmbientCapabilities"]
     assert s["NoNewPrivileges"] == ["yes"] and s["ProtectSystem"] == ["strict"]
@@ -221,6 +224,6 @@ def test_unit_reloads_with_sighup_and_has_the_capabilities() -> None:
 def test_systemd_analyze_verify(tmp_path: Path) -> None:
     exe = shutil.which("retsnoop-otel") or str(REPO / ".venv" / "bin" / "retsnoop-otel")
     unit = tmp_path / "retsnoop-otel.service"
-    unit.write_text(UNIT.read_text().replace("/usr/local/bin/retsnoop-otel", exe))
+    unit.write_text(UNIT.read_text().replace("/opt/retsnoop-otel/bin/retsnoop-otel", exe))
     res = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True)
     assert res.returncode == 0 and not res.stderr.strip(), res.stderr
