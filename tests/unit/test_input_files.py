@@ -1,0 +1,120 @@
+"""runtime/input_files: only regular files, never a blocking open, a bounded read, UTF-8 with the offset."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+import pytest
+
+from retsnoop_otel.runtime.errors import InputError
+from retsnoop_otel.runtime.input_files import (
+    MAX_CONFIG_BYTES,
+    MAX_GLOB_FILE_BYTES,
+    MAX_PEM_BYTES,
+    read_bytes,
+    read_text,
+    shown,
+)
+
+
+def _within(seconds: float, fn, *args):
+    """fn(*args) in a thread; fails if it has not returned within `seconds` (a blocking open would hang)."""
+    out: dict = {}
+
+    def run():
+        try:
+            out["value"] = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - handed back to the test
+            out["exc"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"{fn.__name__} blocked for more than {seconds} s"
+    if "exc" in out:
+        raise out["exc"]
+    return out["value"]
+
+
+def test_caps():
+    assert MAX_CONFIG_BYTES == MAX_GLOB_FILE_BYTES == 4 << 20
+    assert MAX_PEM_BYTES == 1 << 20
+
+
+def test_regular_file_and_symlink_to_one(tmp_path):
+    f = tmp_path / "a.yaml"
+    f.write_text("probe_sets: []\n")
+    link = tmp_path / "link.yaml"
+    link.symlink_to(f)
+    assert read_text(f, "config file", MAX_CONFIG_BYTES) == "probe_sets: []\n"
+    assert read_text(link, "config file", MAX_CONFIG_BYTES) == "probe_sets: []\n"
+
+
+def test_fifo_refused_at_once_without_blocking(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(InputError, match=r"fifo: the --config file is a FIFO \(named pipe\), not a regular file"):
+        _within(5, read_bytes, fifo, "--config file", MAX_CONFIG_BYTES)
+
+
+def test_dev_zero_refused():
+    with pytest.raises(InputError, match=r"^/dev/zero: the glob file is a character device, not a regular file"):
+        _within(5, read_bytes, "/dev/zero", "glob file", MAX_GLOB_FILE_BYTES)
+
+
+def test_directory_refused(tmp_path):
+    with pytest.raises(InputError, match="is a directory, not a regular file"):
+        read_text(tmp_path, "config file", MAX_CONFIG_BYTES)
+
+
+def test_socket_refused(tmp_path):
+    path = tmp_path / "s"
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(path))
+        with pytest.raises(InputError, match="is a socket, not a regular file"):
+            _within(5, read_bytes, path, "certificate", MAX_PEM_BYTES)
+
+
+def test_missing_file_says_why(tmp_path):
+    with pytest.raises(InputError, match=r"nope: cannot read the config file: No such file or directory$"):
+        read_text(tmp_path / "nope", "config file", MAX_CONFIG_BYTES)
+
+
+def test_over_the_cap_refused_with_the_cap(tmp_path):
+    f = tmp_path / "big"
+    f.write_bytes(b"x" * (MAX_PEM_BYTES + 1))
+    with pytest.raises(InputError, match=r"the certificate is larger than 1 MiB, the limit for it"):
+        read_bytes(f, "certificate", MAX_PEM_BYTES)
+    f.write_bytes(b"x" * MAX_PEM_BYTES)  # exactly the cap is fine
+    assert len(read_bytes(f, "certificate", MAX_PEM_BYTES)) == MAX_PEM_BYTES
+
+
+def test_not_utf8_refused_with_the_offset(tmp_path):
+    f = tmp_path / "globs"
+    f.write_bytes(b"*sys_bpf\n\xff\xfe")
+    with pytest.raises(InputError, match=r"globs: not a text file \(invalid start byte at byte 9\); the glob file "
+                       "must be UTF-8"):
+        read_text(f, "glob file", MAX_GLOB_FILE_BYTES)
+
+
+def test_the_callers_error_type(tmp_path):
+    class MyError(ValueError):
+        pass
+
+    with pytest.raises(MyError, match="a directory"):
+        read_text(tmp_path, "config file", MAX_CONFIG_BYTES, MyError)
+
+
+def test_long_path_cut_in_the_message(tmp_path):
+    with pytest.raises(InputError) as info:
+        read_text("/" + "d" * 300, "config file", MAX_CONFIG_BYTES)
+    assert "(301 characters)" in str(info.value) and len(str(info.value)) < 200
+
+
+def test_shown_bounds_the_echo():
+    assert shown("abc") == "'abc'"
+    assert shown("x" * 100000) == "'" + "x" * 80 + "…' (100000 characters)"
+    assert shown("y" * 81, quote=False) == "y" * 80 + "… (81 characters)"
+    assert shown("\x00" * 100).endswith("…' (100 characters)") and "\x00" not in shown("\x00" * 100)
