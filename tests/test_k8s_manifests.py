@@ -24,8 +24,15 @@ import yaml
 
 from retsnoop_otel.agent.config_file import parse_config
 from retsnoop_otel.kernel import caps
+from tests.gen_k8s_monitoring import (
+    DASHBOARDS,
+    DASHBOARDS_OUTPUT,
+    SIDECAR_LABEL,
+    render,
+    render_dashboards,
+    rule_groups,
+)
 from tests.gen_k8s_monitoring import OUTPUT as PROMETHEUS_RULE
-from tests.gen_k8s_monitoring import render, rule_groups
 from tests.test_dashboards import ALERTS_TEST, SCRAPE_CONFIG, dashboard_expressions, load_dashboards, promtool
 
 REPO = Path(__file__).resolve().parents[1]
@@ -446,3 +453,23 @@ def test_the_commented_tls_variant_fits_together() -> None:
         scheme, token = header["value"].split()
         assert (http_get["scheme"], header["name"], scheme) == ("HTTPS", "Authorization", "Basic")
         assert base64.b64decode(token) == b"probe:probe-password"
+
+
+# ---- Grafana dashboards ConfigMap ----------------------------------------------------------------
+
+
+def test_dashboards_configmap_is_generated_from_the_dashboards() -> None:
+    assert DASHBOARDS_OUTPUT.read_text() == render_dashboards(), \
+        "config/k8s/grafana-dashboards.yaml is out of date: run .venv/bin/python tests/gen_k8s_monitoring.py"
+
+
+def test_dashboards_configmap_is_what_the_sidecar_loads() -> None:
+    import kubernetes_validate as kv
+
+    (cm,) = load_docs(DASHBOARDS_OUTPUT)
+    kv.validate(cm, kv.latest_version(), strict=True)
+    assert cm["metadata"]["labels"][SIDECAR_LABEL[0]] == SIDECAR_LABEL[1]
+    assert cm["metadata"]["namespace"] == next(d for d in load_docs(DAEMONSET) if d["kind"] == "DaemonSet")[
+        "metadata"]["namespace"]
+    assert cm["data"] == {p.name: p.read_text() for p in DASHBOARDS} and len(cm["data"]) == 3
+    assert len(DASHBOARDS_OUTPUT.read_bytes()) < 1024 * 1024  # a ConfigMap holds at most 1 MiB
