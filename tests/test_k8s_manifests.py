@@ -1,4 +1,4 @@
-"""The Kubernetes manifests (config/daemonset.yaml, config/k8s/) checked without a cluster.
+"""The Kubernetes manifests (config/k8s/base/daemonset.yaml, config/k8s/) checked without a cluster.
 
 No cluster is reachable here, so nothing is applied. The core objects are checked against the API
 schemas kubernetes-validate ships (offline; strict, so a misspelt field fails) for the oldest
@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -36,8 +38,8 @@ from tests.gen_k8s_monitoring import OUTPUT as PROMETHEUS_RULE
 from tests.test_dashboards import ALERTS_TEST, SCRAPE_CONFIG, dashboard_expressions, load_dashboards, promtool
 
 REPO = Path(__file__).resolve().parents[1]
-DAEMONSET = REPO / "config" / "daemonset.yaml"
-PODMONITOR = REPO / "config" / "k8s" / "podmonitor.yaml"
+DAEMONSET = REPO / "config" / "k8s" / "base" / "daemonset.yaml"
+PODMONITOR = REPO / "config" / "k8s" / "monitoring" / "podmonitor.yaml"
 UNIT = REPO / "config" / "retsnoop-otel.service"
 OLDEST_KUBERNETES = "1.30.0"  # securityContext.appArmorProfile is GA since 1.30
 CORE_KINDS = {"Namespace", "PriorityClass", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap",
@@ -93,6 +95,20 @@ BASELINE_CAPABILITIES = {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSET
 
 def load_docs(path: Path) -> list[dict]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+@pytest.fixture(scope="module")
+def kustomize() -> Callable[[str], list[dict]]:
+    """`kustomize build` of a folder under config/k8s, with Debian's kustomize (tests/fetch-kustomize)."""
+    tool = subprocess.run([str(REPO / "tests" / "fetch-kustomize")], capture_output=True, text=True, timeout=300)
+    assert tool.returncode == 0, tool.stderr
+
+    def build(folder: str) -> list[dict]:
+        res = subprocess.run([tool.stdout.strip(), "build", str(REPO / "config" / "k8s" / folder)],
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        return [d for d in yaml.safe_load_all(res.stdout) if d]
+    return build
 
 
 @pytest.fixture(scope="module")
@@ -353,7 +369,7 @@ def test_podmonitor_relabelings_pass_promtool(tmp_path: Path, podmonitor) -> Non
 
 def test_prometheusrule_is_generated_from_the_alerts() -> None:
     assert PROMETHEUS_RULE.read_text() == render(), \
-        "config/k8s/prometheusrule.yaml is out of date: run .venv/bin/python tests/gen_k8s_monitoring.py"
+        "config/k8s/monitoring/prometheusrule.yaml is out of date: run .venv/bin/python tests/gen_k8s_monitoring.py"
 
 
 def test_prometheusrule_structure() -> None:
@@ -460,7 +476,7 @@ def test_the_commented_tls_variant_fits_together() -> None:
 
 def test_dashboards_configmap_is_generated_from_the_dashboards() -> None:
     assert DASHBOARDS_OUTPUT.read_text() == render_dashboards(), \
-        "config/k8s/grafana-dashboards.yaml is out of date: run .venv/bin/python tests/gen_k8s_monitoring.py"
+        "config/k8s/monitoring/grafana-dashboards.yaml is out of date: run .venv/bin/python tests/gen_k8s_monitoring.py"
 
 
 def test_dashboards_configmap_is_what_the_sidecar_loads() -> None:
@@ -473,3 +489,40 @@ def test_dashboards_configmap_is_what_the_sidecar_loads() -> None:
         "metadata"]["namespace"]
     assert cm["data"] == {p.name: p.read_text() for p in DASHBOARDS} and len(cm["data"]) == 3
     assert len(DASHBOARDS_OUTPUT.read_bytes()) < 1024 * 1024  # a ConfigMap holds at most 1 MiB
+
+
+# ---- kustomize -----------------------------------------------------------------------------------
+
+IMAGE = "ghcr.io/retsnoop-otel/retsnoop-otel:0.1.0"
+
+
+def _key(doc: dict) -> tuple[str, str]:
+    return doc["kind"], doc["metadata"]["name"]
+
+
+def test_base_renders_the_daemonset_with_the_image_it_names(kustomize) -> None:
+    import kubernetes_validate as kv
+
+    rendered = {_key(d): d for d in kustomize("base")}
+    source = {_key(d): d for d in load_docs(DAEMONSET)}
+    assert set(rendered) == set(source)
+    (c,) = rendered[("DaemonSet", "retsnoop-otel")]["spec"]["template"]["spec"]["containers"]
+    assert c["image"] == IMAGE
+    c["image"] = "retsnoop-otel"
+    assert rendered == source  # nothing but the image changes
+    for doc in kustomize("base"):
+        kv.validate(doc, OLDEST_KUBERNETES, strict=True)
+
+
+def test_monitoring_overlay_adds_the_operator_objects_and_the_dashboards(kustomize) -> None:
+    base = {_key(d) for d in kustomize("base")}
+    overlay = {_key(d): d for d in kustomize("monitoring")}
+    added = {k: overlay[k] for k in set(overlay) - base}
+    files = [PODMONITOR, PROMETHEUS_RULE, DASHBOARDS_OUTPUT]
+    assert added == {_key(d): d for f in files for d in load_docs(f)}
+
+
+def test_the_image_is_named_in_one_place() -> None:
+    named = [str(p.relative_to(REPO)) for p in sorted((REPO / "config").rglob("*")) if p.is_file()
+             and "ghcr.io/retsnoop-otel" in p.read_text(errors="replace")]
+    assert named == ["config/k8s/base/kustomization.yaml"], named

@@ -23,7 +23,7 @@ from retsnoop_otel.agent.config_file import parse_config
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "Dockerfile"
-DAEMONSET = REPO / "config" / "daemonset.yaml"
+DAEMONSET = REPO / "config" / "k8s" / "base" / "daemonset.yaml"
 UNIT = REPO / "config" / "retsnoop-otel.service"
 
 
@@ -160,7 +160,7 @@ def test_daemonset_structure(manifests) -> None:
     # the image and its BPF object are x86-64 builds: nodes of another architecture must not get the pod
     assert pod["nodeSelector"] == {"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
     (c,) = pod["containers"]
-    assert c["name"] and c["image"] and not c["image"].endswith(":latest") and ":" in c["image"]
+    assert c["name"] and c["image"] == "retsnoop-otel"  # its registry and tag: the kustomize base (test_k8s_manifests)
     sc = c["securityContext"]
     assert sc["capabilities"]["drop"] == ["ALL"]
     assert {"BPF", "PERFMON", "SYSLOG", "SYS_RESOURCE"} <= set(sc["capabilities"]["add"])

@@ -20,7 +20,7 @@ from retsnoop_otel.capture.model import Workload
 from retsnoop_otel.export.semconv import SCHEMA_URL
 
 DEFAULT_SERVICE_NAME = "retsnoop-otel"
-NODE_NAME_ENV = "K8S_NODE_NAME"  # the downward API's spec.nodeName (config/daemonset.yaml)
+NODE_NAME_ENV = "K8S_NODE_NAME"  # the downward API's spec.nodeName (config/k8s/base/daemonset.yaml)
 
 
 class Resource(NamedTuple):
