@@ -35,14 +35,15 @@ import peer_compare as pc  # noqa: E402
 
 
 def start_once(tool: str, mode: str, entry: list[str], allow: list[str], names: list[str], tmp: Path,
-               base: Path | None, deny: list[str] | None = None, rs_bin: Path | None = None) -> dict[str, float]:
+               base: Path | None, deny: list[str] | None = None, rs_bin: Path | None = None,
+               cache: str = "cache") -> dict[str, float]:
     program = tmp / f"{mode}.bt"
     program.write_text(pc.bpftrace_program(mode, entry, allow, names))
     env = dict(os.environ, BPFTRACE_MAX_PROBES=str(4 * len(names) + 64),
                BPFTRACE_MAX_BPF_PROGS=str(4 * len(names) + 64),
                # a cache of its own per checkout: another build may keep another cache format, and two
                # formats in one directory replace each other's entries at every start (each start cold)
-               RETSNOOP_OTEL_CACHE=str(tmp / ("cache-base" if tool == "ours-base" else "cache")))
+               RETSNOOP_OTEL_CACHE=str(tmp / (f"{cache}-base" if tool == "ours-base" else cache)))
     tree = base if tool == "ours-base" else None
     if tree is not None:
         env["PYTHONPATH"] = str(tree)
@@ -127,6 +128,8 @@ def main() -> int:
     ap.add_argument("--peers", default="bpftrace", help="bpftrace, retsnoop or both (retsnoop: --retsnoop-bin)")
     ap.add_argument("--retsnoop-bin", type=Path, help=f"the retsnoop binary (default: ${pc.RETSNOOP_ENV})")
     ap.add_argument("--deny", default="", metavar="GLOB[,GLOB]", help="leave these functions out for every tool")
+    ap.add_argument("--cold", action="store_true", help="every start of ours with an empty kernel cache, as the "
+                    "first start after a boot or a kernel update")
     args = ap.parse_args()
     peers = args.peers.split(",")
     if unknown := [p for p in peers if p not in ("bpftrace", pc.RETSNOOP)]:
@@ -172,14 +175,15 @@ def main() -> int:
                     else:
                         try:
                             res = start_once(tool, mode, entry, allow, same[mode].names, tmp, args.base, tool_deny,
-                                             rs_bin)
+                                             rs_bin, f"cache-cold-{r}-{mode}" if args.cold else "cache")
                         except RuntimeError as exc:  # one tool that cannot start here: the others still run
                             print(f"round {r} {mode} {tool}: {exc}", flush=True)
                             res = {}
                         done[key] = res
                     results.setdefault((mode, tool), []).append(res)
                     print(f"round {r} {mode} {tool}: " + ", ".join(f"{k} {v:.2f}" for k, v in res.items()), flush=True)
-    print(f"\nkernel {os.uname().release}; set {args.set}; medians of {args.rounds} rounds (seconds)\n")
+    print(f"\nkernel {os.uname().release}; set {args.set}; medians of {args.rounds} rounds (seconds)"
+          f"{'; ours with an empty kernel cache at every start' if args.cold else ''}\n")
     print(start_table(results, modes, tools))
     return 0
 
