@@ -47,6 +47,7 @@ from retsnoop_otel.runtime.config import (
     RuntimeConfig,
     SymbolsConfig,
 )
+from retsnoop_otel.runtime.input_files import MAX_CONFIG_BYTES, read_text
 from retsnoop_otel.symbols.discovery import DiscoveryError, expand_glob_args, parse_glob
 from retsnoop_otel.workload.k8s_settings import KubernetesConfig
 
@@ -403,11 +404,7 @@ def parse_config(text: str, filename: str = "<config>", environ: Mapping[str, st
         kubernetes=parse_kubernetes(ctx, m["kubernetes"]) if "kubernetes" in m else KubernetesConfig())
 
 
-def load_config(path: str | Path, environ: Mapping[str, str] = os.environ) -> AgentConfig:
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the config file: {exc.strerror}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not a text file ({exc.reason} at byte {exc.start})") from None
+def load_config(path: str | Path, environ: Mapping[str, str] = os.environ, name: str = "config file") -> AgentConfig:
+    """`name`: what the file is called in messages ('--config file', '--check file')."""
+    text = read_text(path, name, MAX_CONFIG_BYTES, ConfigError)
     return parse_config(text, str(path), environ)

@@ -43,7 +43,7 @@ class Agent:
 
     def start(self) -> None:
         """Load the config and attach everything; on failure nothing is left attached or listening."""
-        cfg = load_config(self.config_path, self.deps.environ)
+        cfg = load_config(self.config_path, self.deps.environ, "--config file")
         self.log.configure(cfg.logging.format, cfg.logging.level)
         runtime = Runtime(cfg.runtime, self.deps, self.log)
         runtime.start()
@@ -89,7 +89,7 @@ class Agent:
         """Apply the config file again; on any error keep what runs now. Returns success."""
         assert self.runtime is not None
         try:
-            cfg = load_config(self.config_path, self.deps.environ)
+            cfg = load_config(self.config_path, self.deps.environ, "--config file")
         except ConfigError as exc:
             self.runtime.reloads["failure"] += 1
             self.log.error("config reload failed; the previous config keeps running", config=self.config_path,
@@ -129,7 +129,7 @@ def check(path: str, out: TextIO, deps: RuntimeDeps | None = None,
           load_env: Callable[[AgentConfig], KernelEnv] | None = None) -> int:
     """`agent --check`: validate, then resolve every probe set's globs against this kernel (no attach)."""
     deps = deps or RuntimeDeps()
-    cfg = load_config(path, deps.environ)
+    cfg = load_config(path, deps.environ, "--check file")
     print(f"{path}: configuration is valid ({len(cfg.probe_sets)} probe sets)", file=out)
     runtime = Runtime(cfg.runtime, deps)
     runtime.vmlinux = runtime.check_inputs()

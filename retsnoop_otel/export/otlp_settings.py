@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from typing import NamedTuple
 from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 
+from retsnoop_otel.runtime.input_files import MAX_PEM_BYTES, read_bytes, shown
+
 SIGNALS = ("traces", "metrics")
 PROTOCOLS = ("grpc", "http/protobuf")
 COMPRESSIONS = ("gzip", "deflate", "none")
@@ -93,7 +95,7 @@ class _Lookup:
 
 def _error(v: _Value, problem: str, fix: str, show: bool = True) -> OtlpConfigError:
     """`show=False` for headers: their values can hold API keys, which must not reach logs."""
-    return OtlpConfigError(f"{v.name}{f'={v.value!r}' if show else ''}: {problem}; {fix}")
+    return OtlpConfigError(f"{v.name}{f'={shown(v.value)}' if show else ''}: {problem}; {fix}")
 
 
 def _choice(v: _Value, allowed: tuple[str, ...]) -> str:
@@ -236,13 +238,8 @@ def _timeout(look: _Lookup) -> float:
 def _pem_file(look: _Lookup, field: str, var: str) -> _Value:
     v = look.get(field, var)
     if v.value is not None:
-        path = str(v.value)
-        try:
-            with open(path, "rb"):
-                pass
-        except OSError as exc:
-            raise _error(v, f"cannot read {path!r} ({exc.strerror or exc})", "give the path of a readable PEM file") \
-                from None
+        read_bytes(str(v.value), "PEM file", MAX_PEM_BYTES,  # the path leads the message: not shown twice
+                   lambda msg: OtlpConfigError(f"{v.name}: {msg}; give the path of a readable PEM file"))
     return v
 
 

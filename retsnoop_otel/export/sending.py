@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from retsnoop_otel import __version__
 from retsnoop_otel.export.otlp_settings import OtlpSettings
+from retsnoop_otel.runtime.input_files import MAX_PEM_BYTES, read_bytes
 
 USER_AGENT = f"retsnoop-otel/{__version__}"
 MAX_MESSAGE = 64 << 20
@@ -53,8 +54,7 @@ def partial_success(response: Any, field: str) -> SendResult:
 def read_file(path: str | None) -> bytes | None:
     if path is None:
         return None
-    with open(path, "rb") as f:
-        return f.read()
+    return read_bytes(path, "PEM file", MAX_PEM_BYTES)  # checked at start (otlp_settings); bounded all the same
 
 
 class Retrying:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from retsnoop_otel.metrics.web_config import Locate, TlsSettings, WebConfig, WebConfigError, parse_web_config
+from retsnoop_otel.runtime.input_files import MAX_CONFIG_BYTES, MAX_PEM_BYTES, read_bytes, read_text
 
 _VERIFY = {"NoClientCert": ssl.CERT_NONE, "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
            "RequireAndVerifyClientCert": ssl.CERT_REQUIRED}
@@ -32,11 +33,7 @@ def _no_password() -> bytes:
 
 
 def _readable(path: str, key: str, at: Locate) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as exc:
-        raise at(key, f"{path}: {exc.strerror}") from None
+    return read_bytes(path, "", MAX_PEM_BYTES, lambda msg: at(key, msg))
 
 
 def build_context(tls: TlsSettings, at: Locate) -> ssl.SSLContext:
@@ -99,15 +96,7 @@ def san_allowed(peercert: dict[str, Any] | None, allowed: tuple[str, ...]) -> bo
 
 def load_web_config(path: str) -> WebConfig:
     """Read, check and load a web config file, its certificates included."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as exc:
-        raise WebConfigError(f"{path}: cannot read the web config file: {exc.strerror}") from None
-    try:
-        text = raw.decode()
-    except UnicodeDecodeError as exc:
-        raise WebConfigError(f"{path}: not a text file ({exc.reason} at byte {exc.start})") from None
+    text = read_text(path, "web config file", MAX_CONFIG_BYTES, WebConfigError)
     cfg, at = parse_web_config(text, path)
     if cfg.tls is None:
         return cfg

@@ -56,11 +56,14 @@ def _kind(mode: int) -> str:
 
 def read_bytes(path: str | os.PathLike[str], name: str, cap: int, error: ErrorFactory = InputError) -> bytes:
     """The whole of a regular file of at most `cap` bytes. `name` is what the file is called in messages
-    ('config file', '--check file', 'glob file'); every refusal is `error(message)`."""
+    ('config file', '--check file', 'glob file'), or '' when the caller's message already names it (a config
+    key); every refusal is `error(message)`."""
     where = shown(os.fspath(path), quote=False)
+    the = f"the {name} is " if name else ""
+    cannot = f"cannot read the {name}: " if name else ""
 
     def refuse(kind: str) -> Exception:
-        return error(f"{where}: the {name} is {kind}, not a regular file; give the path of a regular file")
+        return error(f"{where}: {the}{kind}, not a regular file")
 
     try:
         st = os.stat(path)
@@ -68,7 +71,7 @@ def read_bytes(path: str | os.PathLike[str], name: str, cap: int, error: ErrorFa
             raise refuse(_kind(st.st_mode))
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
-        raise error(f"{where}: cannot read the {name}: {exc.strerror or exc}") from None
+        raise error(f"{where}: {cannot}{exc.strerror or exc}") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):  # swapped between the stat and the open
@@ -82,12 +85,12 @@ def read_bytes(path: str | os.PathLike[str], name: str, cap: int, error: ErrorFa
             chunks.append(chunk)
             left -= len(chunk)
     except OSError as exc:
-        raise error(f"{where}: cannot read the {name}: {exc.strerror or exc}") from None
+        raise error(f"{where}: {cannot}{exc.strerror or exc}") from None
     finally:
         os.close(fd)
     data = b"".join(chunks)
     if len(data) > cap:
-        raise error(f"{where}: the {name} is larger than {size_text(cap)}, the limit for it; give a smaller file")
+        raise error(f"{where}: {the}larger than {size_text(cap)}, the limit for it")
     return data
 
 
@@ -98,4 +101,4 @@ def read_text(path: str | os.PathLike[str], name: str, cap: int, error: ErrorFac
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise error(f"{shown(os.fspath(path), quote=False)}: not a text file ({exc.reason} at byte {exc.start}); "
-                    f"the {name} must be UTF-8") from None
+                    f"{f'the {name}' if name else 'it'} must be UTF-8") from None

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Container, Iterable, Sequence
-from pathlib import Path
 from typing import NamedTuple
 
 from retsnoop_otel.capture.model import RetKind, TracedFunc
 from retsnoop_otel.kernel.tracer import TRAMPOLINE_MODES
+from retsnoop_otel.runtime.input_files import MAX_GLOB_FILE_BYTES, read_text
 from retsnoop_otel.symbols.globs import glob_to_regex, lines_matching, name_blob
 from retsnoop_otel.symbols.kallsyms import Kallsyms
 from retsnoop_otel.symbols.traceable import Traceable
@@ -140,11 +140,7 @@ def expand_glob_args(values: Iterable[str]) -> list[str]:
         if not value.startswith("@"):
             out.append(value)
             continue
-        path = Path(value[1:])
-        try:
-            lines = path.read_text().splitlines()
-        except OSError as exc:
-            raise DiscoveryError(f"glob file '{path}': {exc.strerror}") from None
+        lines = read_text(value[1:], "@FILE glob file", MAX_GLOB_FILE_BYTES, DiscoveryError).splitlines()
         out.extend(s for s in (line.strip() for line in lines) if s and not s.startswith("#"))
     return out
 

@@ -2,7 +2,7 @@
 
 In a pod, the API server is `https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT`, the service
 account's token and the cluster CA are files under /var/run/secrets/kubernetes.io/serviceaccount, and
-the node name comes in through the downward API as K8S_NODE_NAME (config/daemonset.yaml). Each can be
+the node name comes in through the downward API as K8S_NODE_NAME (config/k8s/base/daemonset.yaml). Each can be
 set in the config instead (tests point them at a local server). The config file's check is of the form
 only (so the shipped file parses anywhere); what the environment must provide is checked when the
 runtime starts, before anything is loaded into the kernel: a watch that cannot start is a one-line input
@@ -15,6 +15,8 @@ import os
 from collections.abc import Mapping
 from typing import NamedTuple
 from urllib.parse import urlsplit
+
+from retsnoop_otel.runtime.input_files import MAX_PEM_BYTES, read_bytes
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 NODE_ENV = "K8S_NODE_NAME"
@@ -90,9 +92,5 @@ def resolve_kubernetes(cfg: KubernetesConfig, environ: Mapping[str, str], prefix
 
 def _readable(path: str, root: str, key: str, fix: str) -> str:
     full = os.path.join(root, path.lstrip("/")) if os.path.isabs(path) else path
-    try:
-        with open(full, "rb"):
-            pass
-    except OSError as exc:
-        raise KubeConfigError(key, f"{path}: {exc.strerror}; {fix}") from None
+    read_bytes(full, "", MAX_PEM_BYTES, lambda msg: KubeConfigError(key, f"{msg}; {fix}"))
     return full

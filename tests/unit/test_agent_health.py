@@ -71,7 +71,7 @@ def test_tls_from_the_web_config(tmp_path: Path, auth: bool) -> None:
 
 def test_unreadable_config_or_web_config_is_exit_2(tmp_path: Path) -> None:
     code, _, err = _run(tmp_path / "missing.yaml")
-    assert code == 2 and err.startswith("retsnoop-otel agent: ") and "cannot read the config file" in err
+    assert code == 2 and err.startswith("retsnoop-otel agent: ") and "cannot read the --config file" in err
     code, line = health.main(str(_config(tmp_path, 9464, tmp_path / "no-web.yml")))
     assert code == 2 and "cannot read the web config file" in line, line
 

@@ -118,3 +118,10 @@ def test_shown_bounds_the_echo():
     assert shown("x" * 100000) == "'" + "x" * 80 + "…' (100000 characters)"
     assert shown("y" * 81, quote=False) == "y" * 80 + "… (81 characters)"
     assert shown("\x00" * 100).endswith("…' (100 characters)") and "\x00" not in shown("\x00" * 100)
+
+
+def test_no_name_when_the_caller_names_the_file(tmp_path):
+    with pytest.raises(InputError, match=r"nope: No such file or directory$"):
+        read_bytes(tmp_path / "nope", "", MAX_PEM_BYTES)
+    with pytest.raises(InputError, match=r": a directory, not a regular file"):
+        read_bytes(tmp_path, "", MAX_PEM_BYTES)

@@ -1,0 +1,118 @@
+"""Bad input through the real commands: exit 2, no traceback, one line on stderr naming the flag or key, quickly.
+
+Run as subprocesses with a 20 s timeout: a FIFO or /dev/zero given as a file used to block in open() or read
+until the memory ran out. This host cannot trace kernel functions, so valid input would end in a refusal with
+exit 1 about the kernel; bad input has to exit 2 before that.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 20
+
+
+def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    environ.update(env or {})
+    return subprocess.run([sys.executable, "-m", "retsnoop_otel", *args], capture_output=True, text=True,
+                          timeout=TIMEOUT_S, cwd=REPO, env=environ, stdin=subprocess.DEVNULL)
+
+
+def _refused(proc: subprocess.CompletedProcess[str], *names: str) -> str:
+    """Exit 2, no traceback, one line on stderr that holds every one of `names`; returns that line."""
+    out = proc.stdout + proc.stderr
+    assert "Traceback" not in out, out
+    assert proc.returncode == 2, (proc.returncode, out)
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, lines
+    for name in names:
+        assert name in lines[0], (name, lines[0])
+    return lines[0]
+
+
+def _config(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "agent.yaml"
+    path.write_text(body)
+    return path
+
+
+MINIMAL = "probe_sets:\n  - name: errs\n    entry: ['*sys_bpf']\n    mode: metrics\n"
+
+
+@pytest.fixture
+def fifo(tmp_path: Path) -> Path:
+    path = tmp_path / "fifo"
+    os.mkfifo(path)
+    return path
+
+
+def test_agent_check_fifo(fifo: Path):
+    _refused(_run("agent", "--check", str(fifo)), "--check file", "FIFO")
+
+
+def test_agent_config_dev_zero():
+    _refused(_run("agent", "--config", "/dev/zero"), "--config file", "character device")
+
+
+def test_agent_check_directory(tmp_path: Path):
+    _refused(_run("agent", "--check", str(tmp_path)), "--check file", "directory")
+
+
+def test_agent_check_config_over_the_cap(tmp_path: Path):
+    path = _config(tmp_path, MINIMAL + "#" * (4 << 20))
+    _refused(_run("agent", "--check", str(path)), "--check file", "larger than 4 MiB")
+
+
+def test_agent_check_config_not_utf8(tmp_path: Path):
+    path = tmp_path / "agent.yaml"
+    path.write_bytes(MINIMAL.encode() + b"# \xff\n")
+    _refused(_run("agent", "--check", str(path)), "agent.yaml", f"at byte {len(MINIMAL) + 2}")
+
+
+def test_trace_glob_file_dev_zero():
+    _refused(_run("trace", "-e", "@/dev/zero", "--dry-run"), "/dev/zero", "glob file", "character device")
+
+
+def test_trace_glob_file_fifo(fifo: Path):
+    _refused(_run("trace", "-e", "*sys_bpf", "-a", f"@{fifo}", "--dry-run"), "glob file", "FIFO")
+
+
+def test_trace_glob_file_not_utf8(tmp_path: Path):
+    path = tmp_path / "globs"
+    path.write_bytes(b"*sys_bpf\n\xc3\x28\n")
+    _refused(_run("trace", "-e", f"@{path}", "--dry-run"), "globs: not a text file", "at byte 9")
+
+
+def test_agent_config_allow_glob_file_fifo(tmp_path: Path, fifo: Path):
+    path = _config(tmp_path, MINIMAL + f"    allow: '@{fifo}'\n")
+    _refused(_run("agent", "--check", str(path)), "agent.yaml:5: probe_sets[0].allow", "FIFO")
+
+
+def test_trace_web_config_fifo(fifo: Path):
+    _refused(_run("trace", "-e", "*sys_bpf", "--metrics-port", "9464", "--web.config.file", str(fifo)),
+             "--web.config.file", "web config file is a FIFO")
+
+
+def test_agent_web_config_dev_zero(tmp_path: Path):
+    path = _config(tmp_path, MINIMAL + "metrics:\n  web_config_file: /dev/zero\n")
+    _refused(_run("agent", "--check", str(path)), "metrics.web_config_file", "character device")
+
+
+def test_trace_otlp_certificate_fifo(fifo: Path):
+    _refused(_run("trace", "-e", "*sys_bpf", "--otlp-endpoint", "https://collector:4317",
+                  env={"OTEL_EXPORTER_OTLP_CERTIFICATE": str(fifo)}), "OTEL_EXPORTER_OTLP_CERTIFICATE", "FIFO")
+
+
+def test_agent_otlp_certificate_over_the_cap(tmp_path: Path):
+    big = tmp_path / "ca.crt"
+    big.write_bytes(b"x" * ((1 << 20) + 1))
+    path = _config(tmp_path, "probe_sets:\n  - name: errs\n    entry: ['*sys_bpf']\n"
+                   f"exporter:\n  otlp:\n    endpoint: https://collector:4317\n    certificate: {big}\n")
+    _refused(_run("agent", "--check", str(path)), "exporter.otlp.certificate", "larger than 1 MiB")
