@@ -62,13 +62,17 @@ $(PUBLISHER_SO): retsnoop_otel/publisher/otel_thread_ctx.c
 	  -Wall -Werror -o $@ $<
 
 ## wheel: dist/ with the sdist and the wheel built from it, tagged manylinux for the glibc its machine code needs
-## (auditwheel takes libelf in); `pip install dist/*.whl` then needs no compiler
+## (auditwheel takes libelf in; `pip install dist/*.whl` then needs no compiler), and dist/deps with the wheels
+## it depends on (an install without an index; the VM test installs from there)
 wheel: setup
 	rm -rf dist build/wheel
 	$(PY) -m build --sdist -o dist .
 	$(PY) -m pip wheel --no-cache-dir --no-deps -w build/wheel dist/retsnoop_otel-*.tar.gz
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/auditwheel repair -w dist build/wheel/*.whl
 	rm -rf build/wheel
+	@# its dependencies as wheels, for installs without an index (tests/vm/scenarios/wheel_install.py)
+	$(PY) -m pip download -q --only-binary :all: -d dist/deps dist/retsnoop_otel-*-manylinux_*.whl
+	rm -f dist/deps/retsnoop_otel-*
 
 ## kernels: the pinned Debian kernels of the VM tests (tests/vm/kernels.pins: 5.10, 6.1 with its DWARF vmlinux,
 ## 6.12 and the newest), cached outside the repo; `tests/vm/fetch-kernel --update-pins` moves the pins
@@ -80,7 +84,7 @@ kernels: setup
 
 ## test: lint, then every test: unit, native (uprobes on the host) and VM scenarios on 5.10, 6.1, 6.12 and the newest,
 ## then the host tests again with the lowest allowed library versions
-test: setup kernels lint
+test: setup kernels lint wheel
 	$(PY) -m pytest $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory lowest
 
@@ -94,7 +98,7 @@ unit: setup
 	$(PY) -m pytest -m 'not vm' $(PYTEST_ARGS)
 
 ## vmtest: only the VM tests (one boot per kernel; each runs the scenarios its tests ask of it)
-vmtest: setup kernels
+vmtest: setup kernels wheel
 	$(PY) -m pytest -m vm $(PYTEST_ARGS)
 
 lint: setup
