@@ -114,28 +114,49 @@ def _protocol(look: _Lookup) -> str:
     return _choice(v, PROTOCOLS)
 
 
+MAX_HOST_CHARS = 253  # a DNS name's limit (RFC 1035), written out
+
+
+def _redacted(text: str) -> str:
+    """The endpoint as errors show it: no user info and no query string (either can hold an API key). Text
+    only, no URL parser: it has to work on what a parser refuses."""
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        scheme, rest = "", text
+    cut = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    authority, tail = rest[:cut], rest[cut:]
+    if "@" in authority:
+        authority = "***@" + authority.rsplit("@", 1)[1]
+    path, q, _query = tail.partition("?")
+    return f"{scheme}{sep}{authority}{path}{'?***' if q else ''}"
+
+
 def _hide_secrets(v: _Value) -> _Value:
-    """The endpoint as errors show it: no password or query string (either can hold an API key)."""
-    text = str(v.value)
-    parts = urlsplit(text) if "://" in text else None
-    if parts is None or not (parts.password or parts.query):
-        return v
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@") if parts.password else parts.netloc
-    return _Value(urlunsplit(parts._replace(netloc=netloc, query="***" if parts.query else "")), v.name, v.source)
+    return _Value(_redacted(str(v.value)), v.name, v.source)
 
 
 def _split_url(v: _Value, text: str, example: str) -> SplitResult:
-    """Scheme http(s), a host, a valid non-zero port if any; anything else is an OtlpConfigError."""
+    """Scheme http(s), a host, a valid non-zero port if any. Never raises anything but OtlpConfigError, whose
+    message names the setting, shows the value without its secrets and says the form expected."""
     v = _hide_secrets(v)
-    parts = urlsplit(text)
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise _error(v, "a control character in the URL", f"remove it; write it like {example}")
+    try:
+        parts = urlsplit(text)
+    except ValueError as exc:  # an unclosed '[' of an IPv6 address, a bad character in the host...
+        raise _error(v, f"not a valid URL ({exc})", f"write it like {example} (IPv6: http://[::1]:4317)") from None
     if parts.scheme not in ("http", "https") or any(c.isspace() for c in text):
         raise _error(v, "not an http:// or https:// URL", f"write it like {example}")
     try:
         port = parts.port
+        host = parts.hostname
     except ValueError as exc:
         raise _error(v, f"bad port ({exc})", "write a port between 1 and 65535") from None
-    if not parts.hostname:
+    if not host:
         raise _error(v, "no host in the URL", f"write it like {example}")
+    if len(host) > MAX_HOST_CHARS:
+        raise _error(v, f"the host has {len(host)} characters, more than a host name can have ({MAX_HOST_CHARS})",
+                     f"write it like {example}")
     if port == 0:
         raise _error(v, "port 0", "write a port between 1 and 65535")
     return parts

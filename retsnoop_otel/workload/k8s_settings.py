@@ -14,9 +14,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from typing import NamedTuple
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
-from retsnoop_otel.runtime.input_files import MAX_PEM_BYTES, read_bytes
+from retsnoop_otel.runtime.input_files import MAX_PEM_BYTES, read_bytes, shown
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 NODE_ENV = "K8S_NODE_NAME"
@@ -61,10 +61,21 @@ def in_cluster_server(environ: Mapping[str, str]) -> str | None:
 def check_form(cfg: KubernetesConfig, prefix: str = "kubernetes.") -> None:
     """What the settings say by themselves (the config file's check); the environment is checked at start."""
     if cfg.api_server is not None:
-        url = urlsplit(cfg.api_server)
-        if url.scheme not in ("https", "http") or not url.hostname:
-            raise KubeConfigError(prefix + "api_server", f"'{cfg.api_server}' is not an https:// URL; write it like "
-                                  "https://10.96.0.1:443")
+        _server_url(cfg.api_server, prefix + "api_server")
+
+
+def _server_url(server: str, key: str) -> SplitResult:
+    """The API server's URL; anything a URL parser refuses is a KubeConfigError too (never a ValueError)."""
+    try:
+        url = urlsplit(server)
+        ok = url.scheme in ("https", "http") and bool(url.hostname) and not any(
+            ord(c) < 32 or ord(c) == 127 for c in server)
+    except ValueError:  # an unclosed '[' of an IPv6 address
+        ok = False
+    if not ok:
+        raise KubeConfigError(key, f"{shown(server)} is not an https:// URL; write it like https://10.96.0.1:443 "
+                              "(IPv6: https://[fd00::1]:443)")
+    return url
 
 
 def resolve_kubernetes(cfg: KubernetesConfig, environ: Mapping[str, str], prefix: str = "kubernetes.",
@@ -82,7 +93,7 @@ def resolve_kubernetes(cfg: KubernetesConfig, environ: Mapping[str, str], prefix
     if not server:
         raise KubeConfigError(prefix + "api_server", "not set and $KUBERNETES_SERVICE_HOST/PORT are empty (not in a "
                               "pod?): give the API server's URL, such as https://10.96.0.1:443")
-    url = urlsplit(server)
+    url = _server_url(server, prefix + "api_server")
     token = _readable(cfg.token_file, root, prefix + "token_file",
                       "mount the service-account token (automountServiceAccountToken: true)")
     ca = _readable(cfg.ca_file, root, prefix + "ca_file", "mount the service-account token volume, which holds "

@@ -116,3 +116,35 @@ def test_agent_otlp_certificate_over_the_cap(tmp_path: Path):
     path = _config(tmp_path, "probe_sets:\n  - name: errs\n    entry: ['*sys_bpf']\n"
                    f"exporter:\n  otlp:\n    endpoint: https://collector:4317\n    certificate: {big}\n")
     _refused(_run("agent", "--check", str(path)), "exporter.otlp.certificate", "larger than 1 MiB")
+
+
+# ---- endpoints a URL parser refuses (they raised ValueError from the code that hides secrets) ----
+
+def test_trace_otlp_endpoint_unclosed_bracket():
+    line = _refused(_run("trace", "-e", "*sys_bpf", "--otlp-endpoint", "http://user:SECRET@[::1"),
+                    "--otlp-endpoint", "not a valid URL", "write it like")
+    assert "SECRET" not in line and "user" not in line
+
+
+def test_trace_otlp_endpoint_env_unclosed_bracket():
+    _refused(_run("trace", "-e", "*sys_bpf", env={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://[::1"}),
+             "OTEL_EXPORTER_OTLP_ENDPOINT", "not a valid URL")
+
+
+def test_agent_otlp_endpoint_unclosed_bracket(tmp_path: Path):
+    path = _config(tmp_path, "probe_sets:\n  - name: errs\n    entry: ['*sys_bpf']\n"
+                   "exporter:\n  otlp:\n    endpoint: 'http://[::1'\n")
+    _refused(_run("agent", "--check", str(path)), "agent.yaml:6: exporter.otlp.endpoint", "not a valid URL")
+
+
+def test_trace_otlp_endpoint_control_character_and_long_host():
+    _refused(_run("trace", "-e", "*sys_bpf", "--otlp-endpoint", "http://c\x1b[31m:4317"),
+             "--otlp-endpoint", "control character")
+    line = _refused(_run("trace", "-e", "*sys_bpf", "--otlp-endpoint", "http://" + "h" * 100000 + ":4317"),
+                    "--otlp-endpoint", "more than a host name can have (253)", "(100012 characters)")
+    assert len(line) < 400
+
+
+def test_agent_kubernetes_api_server_unclosed_bracket(tmp_path: Path):
+    path = _config(tmp_path, MINIMAL + "kubernetes:\n  metadata: true\n  api_server: 'https://[::1'\n")
+    _refused(_run("agent", "--check", str(path)), "kubernetes.api_server", "is not an https:// URL")

@@ -210,7 +210,7 @@ def test_grpc_endpoint_with_a_path_points_at_otlp_http():
 
 def test_endpoint_errors_hide_passwords_and_query_strings():
     text = error(OtlpConfig(endpoint="http://user:SECRET@c:4317/v1/traces?key=SECRET"))
-    assert text.startswith("endpoint='http://user:***@c:4317/v1/traces?***'") and "SECRET" not in text
+    assert text.startswith("endpoint='http://***@c:4317/v1/traces?***'") and "SECRET" not in text
     text = error(HTTP, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:0/?api_key=SECRET"})
     assert "port 0" in text and "SECRET" not in text
 
@@ -321,3 +321,34 @@ def test_certificate_with_plaintext_grpc_endpoint_is_accepted_but_plaintext(pems
 def test_unknown_signal_is_a_programming_error():
     with pytest.raises(ValueError, match="signal"):
         resolve(signal="logs")
+
+
+# ---- endpoints a URL parser refuses: one OtlpConfigError, never a ValueError from urlsplit ----
+
+@pytest.mark.parametrize("endpoint,problem", [
+    ("http://[::1", "not a valid URL"),
+    ("http://user:SECRET@[::1", "not a valid URL"),
+    ("[::1", "URL"),  # grpc: host[:port] that does not parse; http: not a URL at all
+    ("http://c\n:4317", "control character"),
+    ("http://c\x00:4317", "control character"),
+    ("http://" + "h" * 254 + ":4317", "254 characters, more than a host name can have (253)"),
+])
+@pytest.mark.parametrize("cfg", [OtlpConfig(), HTTP], ids=["grpc", "http"])
+def test_unparseable_endpoints_are_config_errors(endpoint, problem, cfg):
+    text = error(cfg._replace(endpoint=endpoint), names=CLI)
+    assert text.startswith("--otlp-endpoint=") and problem in text and "write it like" in text, text
+    assert "SECRET" not in text and "\n" not in text and len(text) < 300, text
+    text = error(OtlpConfig(), {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint})
+    assert text.startswith("OTEL_EXPORTER_OTLP_ENDPOINT=") and problem in text, text
+
+
+def test_endpoint_userinfo_never_echoed():
+    text = error(OtlpConfig(endpoint="ftp://TOKEN@c:4317"), names=CLI)
+    assert "TOKEN" not in text and "***@c:4317" in text
+    text = error(OtlpConfig(endpoint="TOKEN:pw@c:notaport"), names=CLI)
+    assert "TOKEN" not in text and "pw" not in text
+
+
+def test_a_long_endpoint_is_echoed_cut():
+    text = error(OtlpConfig(endpoint="ftp://" + "x" * 100000), names=CLI)
+    assert "(100006 characters)" in text and len(text) < 300
