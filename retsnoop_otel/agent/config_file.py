@@ -56,6 +56,7 @@ COMPRESSIONS = ("gzip", "deflate", "none")
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_MAX_MS = float((1 << 63) // 1_000_000)  # milliseconds whose nanoseconds fit the kernel's 64-bit durations
 
 __all__ = ["AgentConfig", "ConfigError", "LoggingConfig", "load_config", "parse_config", "parse_listen"]
 
@@ -216,7 +217,7 @@ def _probe_set(ctx: Nodes, node: yaml.Node, key: str, name: str | None) -> Probe
         comms=_strs(ctx, f["comms"], f"{fk}.comms") if "comms" in f else (),
         no_comms=_strs(ctx, f["no_comms"], f"{fk}.no_comms") if "no_comms" in f else (),
         cgroup=opt_string(ctx, f.get("cgroup"), f"{fk}.cgroup"),
-        min_duration_ns=int(number(ctx, f["min_duration_ms"], f"{fk}.min_duration_ms", 0) * 1_000_000)
+        min_duration_ns=int(number(ctx, f["min_duration_ms"], f"{fk}.min_duration_ms", 0, _MAX_MS) * 1_000_000)
         if "min_duration_ms" in f else 0,
         errors=errors,
         sampling=_sampling(ctx, m["sampling"], f"{key}.sampling") if "sampling" in m else Sampling(),

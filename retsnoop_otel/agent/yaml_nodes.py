@@ -8,11 +8,14 @@ Unknown keys are errors (a typo would otherwise silently fall back to a default)
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from collections.abc import Callable
 from typing import Any
 
 import yaml
+
+from retsnoop_otel.runtime.input_files import shown
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMG]i?B?)?\s*$", re.I)
 
@@ -55,7 +58,8 @@ def kind(node: yaml.Node) -> str:
 def got(ctx: Nodes, node: yaml.Node) -> str:
     what = kind(node)
     if isinstance(node, yaml.ScalarNode) and what != "null":
-        return f"{what} {ctx.value(node)!r}"
+        value = ctx.value(node)
+        return f"{what} {shown(value) if isinstance(value, str) else shown(repr(value), quote=False)}"
     return what
 
 
@@ -102,7 +106,14 @@ def boolean(ctx: Nodes, node: yaml.Node, key: str) -> bool:
 
 
 def number(ctx: Nodes, node: yaml.Node, key: str, lo: float, hi: float | None = None) -> float:
-    value = float(scalar(ctx, node, key, (int, float), "a number"))
+    """A finite number within [lo, hi]: .nan and .inf are refused here (NaN would pass every comparison)."""
+    raw = scalar(ctx, node, key, (int, float), "a number")
+    try:
+        value = float(raw)
+    except OverflowError:  # an integer past what a float can hold
+        value = math.inf if raw > 0 else -math.inf
+    if not math.isfinite(value):
+        raise ctx.fail(node, key, f"expected a finite number, got {got(ctx, node)}")
     if value < lo or (hi is not None and value > hi):
         bound = f"between {lo:g} and {hi:g}" if hi is not None else f"at least {lo:g}"
         raise ctx.fail(node, key, f"must be {bound}, got {value:g}")

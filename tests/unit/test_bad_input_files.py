@@ -148,3 +148,19 @@ def test_trace_otlp_endpoint_control_character_and_long_host():
 def test_agent_kubernetes_api_server_unclosed_bracket(tmp_path: Path):
     path = _config(tmp_path, MINIMAL + "kubernetes:\n  metadata: true\n  api_server: 'https://[::1'\n")
     _refused(_run("agent", "--check", str(path)), "kubernetes.api_server", "is not an https:// URL")
+
+
+# ---- numbers in the agent's config: NaN and infinity refused with the key ----
+
+@pytest.mark.parametrize("value", [".nan", ".inf"])
+def test_agent_min_duration_not_finite(tmp_path: Path, value: str):
+    path = _config(tmp_path, MINIMAL + f"    filters:\n      min_duration_ms: {value}\n")
+    _refused(_run("agent", "--check", str(path)), "agent.yaml:6: probe_sets[0].filters.min_duration_ms",
+             "expected a finite number")
+
+
+def test_agent_success_probability_nan(tmp_path: Path):
+    path = _config(tmp_path, "probe_sets:\n  - name: errs\n    entry: ['*sys_bpf']\n    sampling:\n"
+                   "      success_probability: .nan\nexporter:\n  console: true\n")
+    _refused(_run("agent", "--check", str(path)), "probe_sets[0].sampling.success_probability",
+             "expected a finite number")

@@ -228,3 +228,32 @@ def test_trace_flags_for_application_context_and_user_stacks() -> None:
     assert plain.app_context and not plain.user_stacks
     both = parse(["-e", "*sys_bpf", "-U", "--no-app-context"], environ={}).config.probe_sets[0]
     assert both.user_stacks and not both.app_context
+
+
+# ---- numbers: finite only (NaN passes every comparison; .inf and huge integers overflowed) ----
+
+_SET = BASE + "    mode: stack\n"
+
+
+@pytest.mark.parametrize("value", [".nan", ".NaN", ".inf", "-.inf", "1" + "0" * 400])
+@pytest.mark.parametrize("where,key", [
+    (_SET + "    filters:\n      min_duration_ms: {v}\n", "probe_sets[0].filters.min_duration_ms"),
+    (_SET + "    sampling:\n      success_probability: {v}\n", "probe_sets[0].sampling.success_probability"),
+    (_SET + "    sampling:\n      success_rate_per_s: {v}\n", "probe_sets[0].sampling.success_rate_per_s"),
+    (_SET + "metrics:\n  stall_after_s: {v}\n", "metrics.stall_after_s"),
+    (_SET + "metrics:\n  otlp_interval: {v}\n", "metrics.otlp_interval"),
+    (_SET + "exporter:\n  otlp:\n    timeout: {v}\n", "exporter.otlp.timeout"),
+], ids=lambda x: x if "\n" not in x else None)
+def test_non_finite_numbers_refused_with_the_key(where, key, value):
+    text = err(where.format(v=value))
+    assert f": {key}: expected a finite number, got " in text and "\n" not in text and len(text) < 300, text
+
+
+def test_min_duration_beyond_64_bit_nanoseconds_refused():
+    text = err(_SET + "    filters:\n      min_duration_ms: 1.0e+300\n")
+    assert "probe_sets[0].filters.min_duration_ms: must be between 0 and" in text
+
+
+def test_long_values_are_echoed_cut():
+    text = err(BASE + "    mode: " + "x" * 100000 + "\n")
+    assert "(100000 characters)" in text and len(text) < 300, text
