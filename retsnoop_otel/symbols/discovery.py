@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from retsnoop_otel.capture.model import RetKind, TracedFunc
 from retsnoop_otel.kernel.tracer import TRAMPOLINE_MODES
-from retsnoop_otel.runtime.input_files import MAX_GLOB_FILE_BYTES, read_text
+from retsnoop_otel.runtime.input_files import MAX_GLOB_FILE_BYTES, read_text, shown
 from retsnoop_otel.symbols.globs import glob_to_regex, lines_matching, name_blob
 from retsnoop_otel.symbols.kallsyms import Kallsyms
 from retsnoop_otel.symbols.traceable import Traceable
@@ -123,12 +123,12 @@ def parse_glob(text: str) -> GlobSpec:
     if glob.startswith(":"):
         path = glob[1:].lstrip("/")
         if not path:
-            raise DiscoveryError(f"'{text}': a source glob needs a path after ':' (for example ':kernel/bpf/*.c')")
+            raise DiscoveryError(f"{shown(text)}: a source glob needs a path after ':' (for example ':kernel/bpf/*.c')")
         return GlobSpec(glob, source=path)
     if m := _MOD_GLOB.match(glob):
         return GlobSpec(glob, func=m.group(1), module=m.group(2))
     if not glob or any(c.isspace() for c in glob) or "[" in glob or "]" in glob:
-        raise DiscoveryError(f"bad glob '{text}': expected 'func_glob', 'func_glob [module_glob]', "
+        raise DiscoveryError(f"bad glob {shown(text)}: expected 'func_glob', 'func_glob [module_glob]', "
                              "':path/glob.c' or '@file'")
     return GlobSpec(glob, func=glob)
 

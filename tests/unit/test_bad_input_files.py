@@ -164,3 +164,8 @@ def test_agent_success_probability_nan(tmp_path: Path):
                    "      success_probability: .nan\nexporter:\n  console: true\n")
     _refused(_run("agent", "--check", str(path)), "probe_sets[0].sampling.success_probability",
              "expected a finite number")
+
+
+def test_trace_long_bad_glob_echoed_cut():
+    line = _refused(_run("trace", "-e", "[" * 100000, "--dry-run"), "bad glob", "(100000 characters)")
+    assert len(line) < 400
