@@ -37,7 +37,7 @@ def scenario_wheel_install(ctx: Context) -> dict:
                                  str(wheels[0])], timeout=600)
     exe = str(venv / "bin" / "retsnoop-otel")
     result["version"] = ctx.run([exe, "-V"], timeout=120)
-    result["module"] = ctx.run([str(venv / "bin" / "python"), "-c",
+    result["module"] = ctx.run([str(venv / "bin" / "python"), "-I", "-c",  # -I: not this checkout (the cwd)
                                 "import retsnoop_otel.kernel.libbpf as lb; print(lb.library_path())"], timeout=120)
     out_file = Path(ctx.tmpdir) / "otlp.jsonl"
     receiver = ctx.spawn([PY, "-m", "tests.otlp_receiver", "--port", "0", "--out", str(out_file)])
