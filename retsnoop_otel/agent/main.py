@@ -127,28 +127,37 @@ def _sampling_text(ps: object, metrics: MetricsConfig) -> str:
 
 def check(path: str, out: TextIO, deps: RuntimeDeps | None = None,
           load_env: Callable[[AgentConfig], KernelEnv] | None = None) -> int:
-    """`agent --check`: validate, then resolve every probe set's globs against this kernel (no attach)."""
+    """`agent --check`: validate, then resolve every probe set's globs against this kernel (no attach).
+
+    "configuration is valid" is the last line, printed only after every check passed: the config, the files and
+    endpoints it names, this host's kernel and each probe set's functions. A failed check ends the run with its
+    error alone (raised: exit 2 for bad input, 1 for this host) or, for probe sets whose globs match nothing
+    here, their ERROR lines and exit 1."""
     deps = deps or RuntimeDeps()
     cfg = load_config(path, deps.environ, "--check file")
-    print(f"{path}: configuration is valid ({len(cfg.probe_sets)} probe sets)", file=out)
     runtime = Runtime(cfg.runtime, deps)
     runtime.vmlinux = runtime.check_inputs()
     env = load_env(cfg) if load_env is not None else runtime.load_env()
+    report: list[str] = []
+    failed = 0
     try:
-        failed = 0
         for ps in cfg.probe_sets:
             try:
                 disc = resolve(ps, env, cfg.names)
             except RunRefused as exc:
-                print(f"\nprobe set '{ps.name}': ERROR: {exc.message}", file=out)
+                report.append(f"probe set '{ps.name}': ERROR: {exc.message}")
                 failed += 1
                 continue
-            print(f"\nprobe set '{ps.name}' (mode {ps.mode}, attach_mode {ps.attach_mode} -> {disc.mode}, "
-                  f"{_sampling_text(ps, cfg.metrics)}):", file=out)
-            print("  " + format_dry_run(disc).replace("\n", "\n  "), file=out)
+            report.append(f"probe set '{ps.name}' (mode {ps.mode}, attach_mode {ps.attach_mode} -> {disc.mode}, "
+                          f"{_sampling_text(ps, cfg.metrics)}):\n"
+                          + "  " + format_dry_run(disc).replace("\n", "\n  "))
     finally:
         env.close()
-    return 1 if failed else 0
+    print("\n\n".join(report), file=out)
+    if failed:
+        return 1
+    print(f"\n{path}: configuration is valid ({len(cfg.probe_sets)} probe sets)", file=out)
+    return 0
 
 
 def main(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr,

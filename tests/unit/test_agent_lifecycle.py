@@ -604,6 +604,7 @@ def test_check_prints_what_each_probe_set_would_attach(tmp_path: Path) -> None:
     out = io.StringIO()
     assert check(str(cfg), out, World().deps(), load_env=lambda _c: make_env()) == 0
     text = out.getvalue()
+    assert text.rstrip().splitlines()[-1] == f"{cfg}: configuration is valid (2 probe sets)"  # last, after the sets
     assert "probe set 'bpf_errors' (mode stack, attach_mode auto -> kprobe, success sessions: none)" in text
     assert "would attach 3 (2 entry) in kprobe mode" in text
     assert "success sessions: probability 1" in text
@@ -611,6 +612,7 @@ def test_check_prints_what_each_probe_set_would_attach(tmp_path: Path) -> None:
     out = io.StringIO()
     assert check(str(cfg), out, World().deps(), load_env=lambda _c: make_env()) == 1
     assert "probe set 'prog_load': ERROR" in out.getvalue() and "nope_*" in out.getvalue()
+    assert "configuration is valid" not in out.getvalue()
 
 
 def test_main_reports_config_and_setup_errors(tmp_path: Path) -> None:

@@ -169,3 +169,39 @@ def test_agent_success_probability_nan(tmp_path: Path):
 def test_trace_long_bad_glob_echoed_cut():
     line = _refused(_run("trace", "-e", "[" * 100000, "--dry-run"), "bad glob", "(100000 characters)")
     assert len(line) < 400
+
+
+# ---- agent --check: "configuration is valid" only after every check passed ----
+
+def _check_failed(proc: subprocess.CompletedProcess[str], code: int, *names: str) -> None:
+    """The valid line never appears together with an error: only the error line, with its exit code."""
+    out = proc.stdout + proc.stderr
+    assert "configuration is valid" not in out, out
+    assert "Traceback" not in out, out
+    assert proc.returncode == code, (proc.returncode, out)
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, lines
+    for name in names:
+        assert name in lines[0], (name, lines[0])
+
+
+def test_agent_check_missing_web_config_file(tmp_path: Path):
+    path = _config(tmp_path, MINIMAL + f"metrics:\n  web_config_file: {tmp_path / 'web.yml'}\n")
+    _check_failed(_run("agent", "--check", str(path)), 2, "metrics.web_config_file", "No such file")
+
+
+def test_agent_check_vmlinux_not_elf(tmp_path: Path):
+    (tmp_path / "vmlinux").write_bytes(b"\x01" * 100)
+    path = _config(tmp_path, MINIMAL + f"vmlinux: {tmp_path / 'vmlinux'}\n")
+    _check_failed(_run("agent", "--check", str(path)), 2, "vmlinux", "not an ELF")
+
+
+def test_agent_check_missing_cgroup(tmp_path: Path):
+    path = _config(tmp_path, MINIMAL + "    filters:\n      cgroup: /sys/fs/cgroup/no-such-cgroup-here\n")
+    _check_failed(_run("agent", "--check", str(path)), 2, "filters.cgroup", "no-such-cgroup-here")
+
+
+def test_agent_check_valid_config_on_a_host_without_tracing(tmp_path: Path):
+    """This host cannot trace kernel functions: the kernel's refusal (exit 1) alone, never "valid" first."""
+    path = _config(tmp_path, MINIMAL)
+    _check_failed(_run("agent", "--check", str(path)), 1, "kernel")
