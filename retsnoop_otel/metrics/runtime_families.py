@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 
 from retsnoop_otel import __version__
 from retsnoop_otel.metrics.kernel_families import read_bpf_stats_enabled
+from retsnoop_otel.workload.k8s_watch import REASONS as WATCH_ERROR_REASONS
 
 
 @dataclass(frozen=True)
@@ -93,8 +94,10 @@ def _k8s_families(k: Any) -> Iterator[Metric]:
     errors = CounterMetricFamily("retsnoop_k8s_watch_errors", "Failed pod list or watch requests by reason: "
                                  "unreachable, unauthorized, forbidden (RBAC), gone (410: listed again), server_error, "
                                  "invalid_response", labels=["reason"])
-    for reason, n in sorted(k.errors.items()):
-        errors.add_metric([reason], n)
+    # every reason from the start, at 0: an alert on increase() sees the first error (a series that appears with
+    # its first increment has no earlier sample to increase from)
+    for reason in sorted({*WATCH_ERROR_REASONS, *k.errors}):
+        errors.add_metric([reason], k.errors.get(reason, 0))
     yield errors
     yield CounterMetricFamily("retsnoop_k8s_pod_lists", "Full lists of this node's pods (at start, after a 410 or "
                               "an outage)", value=k.lists)

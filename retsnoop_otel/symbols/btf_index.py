@@ -20,7 +20,6 @@ from retsnoop_otel.kernel import libbpf_btf as lb
 from retsnoop_otel.symbols.names import Names, SearchThenIndex
 
 BTF_MAGIC = 0xEB9F
-CACHE_NAME = "btf-funcs"
 _KIND_OF_CODE = {code: kind for kind, code in RET_KIND_CODES.items()}
 # 32-bit words that follow the 12-byte common record: (fixed, per vlen member), by kind (uapi linux/btf.h)
 _EXTRA_WORDS = {

@@ -73,7 +73,8 @@ def test_pod_watch_was_current_and_quiet(vm_batch) -> None:
     assert float(metrics["retsnoop_k8s_metadata_current"]) == 1.0
     assert float(metrics["retsnoop_k8s_pods"]) == 3.0  # checkout, the pending pod, web (coredns was deleted)
     assert float(metrics["retsnoop_k8s_pod_lists_total"]) == 1.0
-    assert not [x for x in r["metrics"] if x.startswith("retsnoop_k8s_watch_errors_total{")]
+    errors = [x for x in r["metrics"] if x.startswith("retsnoop_k8s_watch_errors_total{")]
+    assert len(errors) == 6 and all(x.endswith(" 0.0") for x in errors), errors  # every reason, none counted
     assert r["agent_log"] == [] and r["agent_rc"] == 0
 
 
