@@ -19,12 +19,12 @@ from retsnoop_otel.agent.yaml_nodes import (
     boolean,
     choice,
     got,
+    integer,
     items,
     kind,
     mapping,
     number,
     opt_string,
-    pos_int,
     scalar,
     size,
     string,
@@ -47,7 +47,8 @@ from retsnoop_otel.runtime.config import (
     RuntimeConfig,
     SymbolsConfig,
 )
-from retsnoop_otel.runtime.input_files import MAX_CONFIG_BYTES, read_text
+from retsnoop_otel.runtime.input_files import MAX_CONFIG_BYTES, read_text, shown
+from retsnoop_otel.runtime.input_numbers import COUNT, MAP_ENTRIES, PID, RINGBUF_BYTES, IntRange, NumberError, parse_int
 from retsnoop_otel.symbols.discovery import DiscoveryError, expand_glob_args, parse_glob
 from retsnoop_otel.workload.k8s_settings import KubernetesConfig
 
@@ -108,8 +109,8 @@ def _globs(ctx: Nodes, node: yaml.Node, key: str) -> tuple[str, ...]:
 
 def _pids(ctx: Nodes, node: yaml.Node, key: str) -> tuple[int, ...]:
     if isinstance(node, yaml.ScalarNode) and kind(node) == "int":
-        return (pos_int(ctx, node, key),)
-    return items(ctx, node, key, lambda n, k: pos_int(ctx, n, k), "a list of process ids")
+        return (integer(ctx, node, key, PID),)
+    return items(ctx, node, key, lambda n, k: integer(ctx, n, k, PID), "a list of process ids")
 
 
 def _strs(ctx: Nodes, node: yaml.Node, key: str) -> tuple[str, ...]:
@@ -311,11 +312,12 @@ def parse_listen(text: str) -> tuple[str, int]:
     """'HOST:PORT' or '[V6]:PORT' -> (host, port); raises ValueError with the expected form."""
     m = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:(\d+)|([^:\s\[\]]*):(\d+)", text.strip())
     if not m:
-        raise ValueError(f"'{text}' is not HOST:PORT (for example 0.0.0.0:9464 or [::]:9464)")
+        raise ValueError(f"{shown(text)} is not HOST:PORT (for example 0.0.0.0:9464 or [::]:9464)")
     host = m.group(1) if m.group(1) is not None else (m.group(3) or "0.0.0.0")
-    port = int(m.group(2) or m.group(4))
-    if port > 65535:
-        raise ValueError(f"port {port} in '{text}' is not a TCP port (0..65535)")
+    try:
+        port = parse_int(m.group(2) or m.group(4), IntRange(0, 65535, "a TCP port"))
+    except NumberError as exc:
+        raise ValueError(f"the port {str(exc).replace('must be an integer', 'must be', 1)}") from None
     return host, port
 
 
@@ -333,10 +335,10 @@ def _metrics(ctx: Nodes, node: yaml.Node, environ: Mapping[str, str]) -> Metrics
     if "otlp" in m and kind(m["otlp"]) != "null":
         otlp = _otlp(ctx, m["otlp"], "metrics.otlp", "metrics", environ)
     interval = number(ctx, m["otlp_interval"], "metrics.otlp_interval", 1) if "otlp_interval" in m else 60.0
-    max_errs = pos_int(ctx, m["max_error_types"], "metrics.max_error_types") if "max_error_types" in m else 0
+    max_errs = integer(ctx, m["max_error_types"], "metrics.max_error_types", COUNT) if "max_error_types" in m else 0
     funcs = _globs(ctx, m["functions"], "metrics.functions") if "functions" in m else ()
     buckets = _duration_range(ctx, m["duration_range"], "metrics.duration_range") if "duration_range" in m else None
-    workloads = pos_int(ctx, m["max_workloads"], "metrics.max_workloads") if "max_workloads" in m \
+    workloads = integer(ctx, m["max_workloads"], "metrics.max_workloads", COUNT) if "max_workloads" in m \
         else MetricsConfig().max_workloads
     web = opt_string(ctx, m.get("web_config_file"), "metrics.web_config_file")  # read by the runtime, at start
     return MetricsConfig(host, port, stall, otlp, interval, max_errs, funcs, buckets, workloads,
@@ -346,15 +348,16 @@ def _metrics(ctx: Nodes, node: yaml.Node, environ: Mapping[str, str]) -> Metrics
 def _limits(ctx: Nodes, node: yaml.Node) -> Limits:
     m = mapping(ctx, node, "limits", ("max_spans_per_trace", "export_queue_spans", "ringbuf_size", "max_sessions"))
     d = Limits()
-    spans = pos_int(ctx, m["max_spans_per_trace"], "limits.max_spans_per_trace") if "max_spans_per_trace" in m \
+    spans = integer(ctx, m["max_spans_per_trace"], "limits.max_spans_per_trace", COUNT) if "max_spans_per_trace" in m \
         else d.max_spans_per_trace
     return Limits(
         max_spans_per_trace=spans,
         max_calls_per_session=spans,  # calls beyond the span limit would not be exported: do not keep them
-        export_queue_spans=pos_int(ctx, m["export_queue_spans"], "limits.export_queue_spans")
+        export_queue_spans=integer(ctx, m["export_queue_spans"], "limits.export_queue_spans", COUNT)
         if "export_queue_spans" in m else d.export_queue_spans,
-        ringbuf_size=size(ctx, m["ringbuf_size"], "limits.ringbuf_size") if "ringbuf_size" in m else d.ringbuf_size,
-        max_sessions=pos_int(ctx, m["max_sessions"], "limits.max_sessions")
+        ringbuf_size=size(ctx, m["ringbuf_size"], "limits.ringbuf_size", RINGBUF_BYTES)
+        if "ringbuf_size" in m else d.ringbuf_size,
+        max_sessions=integer(ctx, m["max_sessions"], "limits.max_sessions", MAP_ENTRIES)
         if "max_sessions" in m else d.max_sessions)
 
 

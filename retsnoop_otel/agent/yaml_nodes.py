@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from retsnoop_otel.runtime.input_files import shown
+from retsnoop_otel.runtime.input_numbers import IntRange
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMG]i?B?)?\s*$", re.I)
 
@@ -38,13 +39,17 @@ class Nodes:
     def fail(self, node: yaml.Node, key: str, msg: str) -> ConfigError:
         return ConfigError(f"{self.filename}:{node.start_mark.line + 1}: {key}: {msg}")
 
-    def value(self, node: yaml.Node) -> Any:
+    def value(self, node: yaml.Node, key: str = "") -> Any:
         try:
             return self._loader.construct_object(node, deep=True)
         except yaml.YAMLError as exc:  # an unknown tag (`!foo`), a bad timestamp or binary...
             why = getattr(exc, "problem", None) or str(exc).splitlines()[0]
             raise ConfigError(f"{self.filename}:{node.start_mark.line + 1}: not valid YAML here: "
                               f"{' '.join(str(why).split())}") from None
+        except ValueError:  # an integer of more than 4300 digits, which Python refuses to convert
+            where = f"{key}: " if key else "not valid YAML here: "
+            raise ConfigError(f"{self.filename}:{node.start_mark.line + 1}: {where}"
+                              f"{shown(getattr(node, 'value', ''))} is too long a number for any setting") from None
 
 
 def kind(node: yaml.Node) -> str:
@@ -59,7 +64,10 @@ def got(ctx: Nodes, node: yaml.Node) -> str:
     what = kind(node)
     if isinstance(node, yaml.ScalarNode) and what != "null":
         value = ctx.value(node)
-        return f"{what} {shown(value) if isinstance(value, str) else shown(repr(value), quote=False)}"
+        if isinstance(value, str):
+            return f"{what} {shown(value)}"
+        # as written for integers: Python cannot print one of more than 4300 digits (and 0x... stays 0x...)
+        return f"{what} {shown(node.value if what == 'int' else repr(value), quote=False)}"
     return what
 
 
@@ -83,7 +91,7 @@ def mapping(ctx: Nodes, node: yaml.Node, key: str, known: tuple[str, ...]) -> di
 
 
 def scalar(ctx: Nodes, node: yaml.Node, key: str, types: tuple[type, ...], what: str) -> Any:
-    value = ctx.value(node) if isinstance(node, yaml.ScalarNode) else None
+    value = ctx.value(node, key) if isinstance(node, yaml.ScalarNode) else None
     ok = isinstance(node, yaml.ScalarNode) and isinstance(value, types) and not (
         isinstance(value, bool) and bool not in types)
     if not ok:
@@ -120,23 +128,30 @@ def number(ctx: Nodes, node: yaml.Node, key: str, lo: float, hi: float | None = 
     return value
 
 
-def pos_int(ctx: Nodes, node: yaml.Node, key: str) -> int:
-    value = scalar(ctx, node, key, (int,), "a positive integer")
-    if value <= 0:
-        raise ctx.fail(node, key, f"must be a positive integer, got {value}")
+def integer(ctx: Nodes, node: yaml.Node, key: str, rng: IntRange) -> int:
+    """An integer within the range of where it ends up (a pid_t, a BPF map's max_entries, a count)."""
+    value = scalar(ctx, node, key, (int,), f"an integer {rng.describe()}")
+    bad = rng.problem(value, node.value)
+    if bad:
+        raise ctx.fail(node, key, bad)
     return value
 
 
-def size(ctx: Nodes, node: yaml.Node, key: str) -> int:
-    """Bytes as an integer or with a K/M/G suffix ('8M', '16MiB')."""
-    value = ctx.value(node) if isinstance(node, yaml.ScalarNode) else None
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value
-    m = _SIZE.match(value) if isinstance(value, str) else None
-    if not m or int(m.group(1)) <= 0:
-        raise ctx.fail(node, key, f"expected a size in bytes such as 8388608 or '8M', got {got(ctx, node)}")
-    shift = {"": 0, "k": 10, "m": 20, "g": 30}[(m.group(2) or "")[:1].lower()]
-    return int(m.group(1)) << shift
+def size(ctx: Nodes, node: yaml.Node, key: str, rng: IntRange) -> int:
+    """Bytes as an integer or with a K/M/G suffix ('8M', '16MiB'), within `rng`."""
+    value = ctx.value(node, key) if isinstance(node, yaml.ScalarNode) else None
+    if isinstance(value, int) and not isinstance(value, bool):
+        n = value
+    else:
+        m = _SIZE.match(value) if isinstance(value, str) and len(value) <= 40 else None
+        if not m:
+            raise ctx.fail(node, key, f"expected a size in bytes such as 8388608 or '8M', got {got(ctx, node)}")
+        shift = {"": 0, "k": 10, "m": 20, "g": 30}[(m.group(2) or "")[:1].lower()]
+        n = int(m.group(1)) << shift
+    bad = rng.problem(n, node.value)
+    if bad:
+        raise ctx.fail(node, key, bad.replace("an integer", "a size in bytes", 1))
+    return n
 
 
 def choice(ctx: Nodes, node: yaml.Node, key: str, choices: tuple[str, ...]) -> str:

@@ -29,34 +29,49 @@ from retsnoop_otel.runtime.config import (
     SymbolsConfig,
 )
 from retsnoop_otel.runtime.help_format import HelpFormatter
+from retsnoop_otel.runtime.input_files import shown
+from retsnoop_otel.runtime.input_numbers import (
+    COUNT,
+    MAP_ENTRIES,
+    PID,
+    RINGBUF_BYTES,
+    U32_MAX,
+    IntRange,
+    NumberError,
+    parse_float,
+    parse_int,
+)
 
 TRACE_NAMES = InputNames(
     otlp=MappingProxyType({"endpoint": "--otlp-endpoint", "protocol": "--otlp-protocol"}),
     listen="--metrics-port", trace_json="--trace-json", vmlinux="-k", cgroup="--cgroup", lbr="--lbr",
     attach_mode="-F/-K/-M/--kprobe-session", web_config="--web.config.file")
-C_KEYS = ("bpf.ringbuf-size", "bpf.sessions-size", "calls.max-per-session")
+C_RANGES = {"bpf.ringbuf-size": RINGBUF_BYTES, "bpf.sessions-size": MAP_ENTRIES, "calls.max-per-session": COUNT}
+C_KEYS = tuple(C_RANGES)
+
+
+_MAX_MS = float((1 << 63) // 1_000_000)  # milliseconds whose nanoseconds fit the kernel's 64-bit durations
 
 
 def _positive_ms(text: str) -> int:
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number of milliseconds") from None
-    if not value > 0 or value * 1_000_000 >= 1 << 63:
-        raise argparse.ArgumentTypeError("-L/--longer needs a positive number of milliseconds")
-    return int(value * 1_000_000)
+        return int(parse_float(text, 0, _MAX_MS, "milliseconds") * 1_000_000)
+    except NumberError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _pid(text: str) -> int:
-    if not text.isdigit() or not 0 < int(text) < 1 << 31:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a process id")
-    return int(text)
+def _int_flag(rng: IntRange):  # type: ignore[no-untyped-def]
+    def read(text: str) -> int:
+        try:
+            return parse_int(text, rng)
+        except NumberError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    read.__name__ = "integer"
+    return read
 
 
-def _port(text: str) -> int:
-    if not text.isdigit() or not 0 < int(text) < 65536:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a TCP port (1..65535)")
-    return int(text)
+_pid = _int_flag(PID)
+_port = _int_flag(IntRange(1, 65535, "a TCP port"))
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -131,7 +146,7 @@ def build_parser(prog: str = "retsnoop-otel trace") -> OneLineErrorParser:
                      help="capture last branch records at the deepest failing function (any, any_call, "
                           "any_return (default), cond, call, ind_call, ind_jump, call_stack, abort_tx, in_tx, "
                           "no_tx, or a number); needs a CPU exposing LBR")
-    out.add_argument("--lbr-max-count", type=int, default=None, metavar="N",
+    out.add_argument("--lbr-max-count", type=_int_flag(IntRange(0, U32_MAX, "a count")), default=None, metavar="N",
                      help="show at most N LBR records")
     out.add_argument("-k", "--kernel", metavar="VMLINUX", help="vmlinux with DWARF for source lines")
     out.add_argument("-s", "--symbolize", action="count", default=None,
@@ -185,15 +200,13 @@ def _c_values(parser: argparse.ArgumentParser, items: Sequence[str]) -> dict[str
         key, sep, value = item.partition("=")
         key = key.strip()
         if not sep:
-            parser.error(f"-C expects KEY=VALUE, got '{item}'")
+            parser.error(f"-C expects KEY=VALUE, got {shown(item)}")
         if key not in C_KEYS:
-            parser.error(f"unknown -C key '{key}' (known: {', '.join(C_KEYS)})")
+            parser.error(f"unknown -C key {shown(key)} (known: {', '.join(C_KEYS)})")
         try:
-            number = int(value.strip(), 0)
-        except ValueError:
-            parser.error(f"-C {key} expects an integer, got '{value.strip()}'")
-        if not 0 < number < 1 << 32:
-            parser.error(f"-C {key} must be positive (and below 2^32)")
+            number = parse_int(value, C_RANGES[key], prefixes=True)
+        except NumberError as exc:
+            parser.error(f"-C {key}: {exc}")
         out[key] = number
     return out
 

@@ -81,7 +81,8 @@ def test_bad_flags_exit_2_with_message():
     proc = _run("trace", "-e", "*sys_bpf", "-x", "EWHATEVER")
     assert proc.returncode == 2 and "unknown errno name 'EWHATEVER'" in proc.stderr
     proc = _run("trace", "-e", "*sys_bpf", "-L", "0")
-    assert proc.returncode == 2 and "positive number of milliseconds" in proc.stderr
+    assert proc.returncode == 2 and "-L/--longer: expected a number of milliseconds above 0" in proc.stderr
+    assert "got '0'" in proc.stderr
     proc = _run("trace")
     assert proc.returncode == 2 and "entry glob" in proc.stderr
 

@@ -205,3 +205,63 @@ def test_agent_check_valid_config_on_a_host_without_tracing(tmp_path: Path):
     """This host cannot trace kernel functions: the kernel's refusal (exit 1) alone, never "valid" first."""
     path = _config(tmp_path, MINIMAL)
     _check_failed(_run("agent", "--check", str(path)), 1, "kernel")
+
+
+# ---- integers within the kernel types they end up in; the trace command's numbers name flag and value ----
+
+@pytest.mark.parametrize(("body", "key", "value", "bound"), [
+    ("    filters:\n      pids: [99999999999999999999]\n", "agent.yaml:6: probe_sets[0].filters.pids[0]",
+     "'99999999999999999999'", "between 1 and 4194304"),
+    ("    filters:\n      no_pids: 4194305\n", "agent.yaml:6: probe_sets[0].filters.no_pids", "'4194305'",
+     "between 1 and 4194304"),
+    ("limits:\n  max_spans_per_trace: 18446744073709551617\n", "agent.yaml:6: limits.max_spans_per_trace",
+     "'18446744073709551617'", "between 1 and 4294967295"),
+    ("limits:\n  max_sessions: 4294967296\n", "agent.yaml:6: limits.max_sessions", "'4294967296'",
+     "between 1 and 2147483648"),
+    ("limits:\n  ringbuf_size: 8G\n", "agent.yaml:6: limits.ringbuf_size", "'8G'", "between 1 and 2147483648"),
+    ("limits:\n  export_queue_spans: 0x10000000000000000\n", "agent.yaml:6: limits.export_queue_spans",
+     "'0x10000000000000000'", "between 1 and 4294967295"),
+    ("metrics:\n  max_workloads: -1\n", "agent.yaml:6: metrics.max_workloads", "'-1'", "between 1 and 4294967295"),
+    ("metrics:\n  max_error_types: 4294967296\n", "agent.yaml:6: metrics.max_error_types", "'4294967296'",
+     "between 1 and 4294967295"),
+    ("metrics:\n  listen: '0.0.0.0:65536'\n", "agent.yaml:6: metrics.listen", "'65536'", "between 0 and 65535"),
+])
+def test_agent_integer_out_of_its_range(tmp_path: Path, body: str, key: str, value: str, bound: str):
+    path = _config(tmp_path, MINIMAL + body)
+    _refused(_run("agent", "--check", str(path)), key, f"got {value}", bound)
+
+
+def test_agent_integer_of_5000_digits(tmp_path: Path):
+    """Python cannot convert (or print) a decimal integer over 4300 digits: refused by its length, cut."""
+    path = _config(tmp_path, MINIMAL + f"    filters:\n      pids: [{'9' * 5000}]\n")
+    line = _refused(_run("agent", "--check", str(path)), "probe_sets[0].filters.pids[0]", "(5000 characters)")
+    assert len(line) < 400
+
+
+def test_agent_largest_pid_passes_validation(tmp_path: Path):
+    path = _config(tmp_path, MINIMAL + "    filters:\n      pids: [4194304]\nlimits:\n  ringbuf_size: 2G\n")
+    proc = _run("agent", "--check", str(path))
+    assert proc.returncode == 1 and "kernel" in proc.stderr, proc.stderr  # past validation, to the kernel
+
+
+@pytest.mark.parametrize(("flags", "names"), [
+    (["-p", "99999999999999999999"], ["-p/--pid", "'99999999999999999999'", "between 1 and 4194304"]),
+    (["-P", "0"], ["-P/--no-pid", "'0'", "between 1 and 4194304"]),
+    (["-p", "9" * 5000], ["-p/--pid", "(5000 characters)"]),
+    (["-L", "-1"], ["-L/--longer", "got '-1'", "milliseconds"]),
+    (["-L", "nan"], ["-L/--longer", "got 'nan'"]),
+    (["-L", "inf"], ["-L/--longer", "got 'inf'"]),
+    (["-L", "1e300"], ["-L/--longer", "got '1e300'"]),
+    (["-C", "bpf.ringbuf-size=0x100000000"], ["-C bpf.ringbuf-size", "'0x100000000'", "between 1 and 2147483648"]),
+    (["-C", "bpf.sessions-size=" + "9" * 5000], ["-C bpf.sessions-size", "(5000 characters)"]),
+    (["--metrics-port", "9" * 5000], ["--metrics-port", "(5000 characters)"]),
+    (["--lbr-max-count", "9" * 5000], ["--lbr-max-count", "(5000 characters)"]),
+])
+def test_trace_number_flags_name_the_flag_and_the_value(flags: list[str], names: list[str]):
+    line = _refused(_run("trace", "-e", "*sys_bpf", *flags), *names)
+    assert len(line) < 400
+
+
+def test_trace_largest_pid_passes_validation():
+    proc = _run("trace", "-e", "*sys_bpf", "-p", "4194304", "-L", "0.5", "-C", "bpf.ringbuf-size=0x1000")
+    assert proc.returncode == 1 and "kernel" in proc.stderr, proc.stderr

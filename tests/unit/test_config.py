@@ -124,9 +124,11 @@ def test_wrong_types_name_the_key_and_the_value() -> None:
     assert err(BASE + "    mode: fast\n") == (
         "agent.yaml:4: probe_sets[0].mode: expected one of stack, calls, metrics, got string 'fast'")
     assert err(BASE + "limits:\n  max_sessions: many\n") == (
-        "agent.yaml:5: limits.max_sessions: expected a positive integer, got string 'many'")
+        "agent.yaml:5: limits.max_sessions: expected an integer between 1 and 2147483648 (a BPF map's max_entries, "
+        "at most 2^31), got string 'many'")
     assert err(BASE + "    filters: {pids: [1, x]}\n") == (
-        "agent.yaml:4: probe_sets[0].filters.pids[1]: expected a positive integer, got string 'x'")
+        "agent.yaml:4: probe_sets[0].filters.pids[1]: expected an integer between 1 and 4194304 (a process id, at "
+        "most the kernel's PID_MAX_LIMIT), got string 'x'")
     assert err(BASE + "exporter:\n  console: yes please\n") == (
         "agent.yaml:5: exporter.console: expected true or false, got string 'yes please'")
     assert err("probe_sets: {}\n") == "agent.yaml:1: probe_sets: needs at least one probe set"
@@ -179,7 +181,8 @@ def test_listen_addresses() -> None:
     assert parse_listen("127.0.0.1:0") == ("127.0.0.1", 0)
     assert parse_listen(":9464") == ("0.0.0.0", 9464)
     assert "not HOST:PORT" in err(BASE + "metrics: {listen: 'localhost'}\n")
-    assert "not a TCP port" in err(BASE + "metrics: {listen: '0.0.0.0:70000'}\n")
+    assert "the port must be between 0 and 65535 (a TCP port), got '70000'" in err(
+        BASE + "metrics: {listen: '0.0.0.0:70000'}\n")
 
 
 def test_metrics_otlp_section() -> None:
