@@ -208,9 +208,14 @@ def _insecure(look: _Lookup) -> bool:
     return text == "true"
 
 
+def _header_name(n: int, key: str) -> str:
+    """How an error names a header: by its key (cut, escaped), never by its value; by position when it has none."""
+    return f"header {shown(key, 40)}" if key else f"header #{n}"
+
+
 def _headers(look: _Lookup, grpc: bool) -> tuple[tuple[str, str], ...]:
-    """Pairs from config, or parsed from key1=value1,key2=value2 (percent-decoded). Errors show no names or
-    values: a mistyped header may hold an API key."""
+    """Pairs from config, or parsed from key1=value1,key2=value2 (percent-decoded). Errors name the header by its
+    key and never show a value: a header may hold an API key."""
     v = look.get("headers", "HEADERS")
     if v.value is None:
         return ()
@@ -223,16 +228,27 @@ def _headers(look: _Lookup, grpc: bool) -> tuple[tuple[str, str], ...]:
                 continue  # tolerate "a=1,,b=2" and a trailing comma
             key, eq, val = item.partition("=")
             if not eq:
-                raise _error(v, f"header #{n} has no '='", "write key1=value1,key2=value2", False)
+                # 'Authorization: Bearer x' names its key before ':'; a lone word may be the secret itself
+                head, sep, _ = unquote(item).strip().partition(":")
+                named = head.strip() if sep and _HTTP_TOKEN.fullmatch(head.strip()) else ""
+                what = _header_name(n, named) if named else f"header #{n} (not shown: it may hold a secret)"
+                raise _error(v, f"{what} has no '='", "write key1=value1,key2=value2"
+                             + (f" ({named}=value, not '{named}: value')" if named else ""), False)
             pairs.append((n, unquote(key).strip(), unquote(val).strip()))
     out: dict[str, str] = {}
     for n, key, val in pairs:
         key = key.lower() if grpc else key  # gRPC metadata keys are lower case
+        if not key:
+            raise _error(v, f"header #{n} has an empty name", "write key1=value1,key2=value2", False)
         if not (_GRPC_KEY if grpc else _HTTP_TOKEN).fullmatch(key) or grpc and key.endswith("-bin"):
-            raise _error(v, f"header #{n} has an empty or invalid name", "write key1=value1,key2=value2 with names "
-                         "of letters, digits and -_. (gRPC: not ending in -bin)", False)
+            # only the name's leading letters: 'Authorization: Bearer x' before '=' holds the secret after ':'
+            start = re.match(r"[A-Za-z0-9_.-]{1,40}", key)
+            what = (_header_name(n, key) if start and start.group() == key
+                    else f"header #{n} (its name starts {shown(start.group())})" if start else f"header #{n}")
+            raise _error(v, f"{what} has an invalid name", "write key1=value1,key2=value2 with "
+                         "names of letters, digits and -_. (gRPC: not ending in -bin)", False)
         if any(ord(c) < 32 or ord(c) == 127 for c in val):
-            raise _error(v, f"header #{n} has a control character in its value",
+            raise _error(v, f"{_header_name(n, key)} has a control character in its value (not shown)",
                          "remove it (percent-encoded ones such as %0A too)", False)
         out[key] = val
     return tuple(out.items())

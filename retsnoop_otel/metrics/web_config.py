@@ -22,6 +22,8 @@ from typing import Any
 
 import yaml
 
+from retsnoop_otel.runtime.input_files import shown
+
 # Go crypto/tls names (tls.CipherSuites(), the ones the toolkit accepts) -> OpenSSL names
 TLS12_CIPHERS = MappingProxyType({
     "TLS_RSA_WITH_AES_128_CBC_SHA": "AES128-SHA",
@@ -295,8 +297,16 @@ def _users(r: _Reader, node: yaml.Node) -> Mapping[str, str]:
         text = value if isinstance(value, str) else ""
         m = _BCRYPT.fullmatch(text)
         if not m:
-            why = ("the $2$ variant is not supported by the bcrypt library" if text.startswith("$2$")
-                   else f"expected a bcrypt hash ($2y$10$ and 53 characters of ./A-Za-z0-9), got {_kind(vnode)}")
+            # never the value: a password typed here in plain text by mistake must not reach the logs
+            what = "a string" if isinstance(value, str) else _kind(vnode).split(" ", 1)[0]
+            user = f"the value for user {shown(name, 40)}"
+            if text.startswith("$2$"):
+                why = "the $2$ variant is not supported by the bcrypt library"
+            elif what == "nothing":
+                why = f"{user} is missing: expected a bcrypt hash ($2y$10$ and 53 characters of ./A-Za-z0-9)"
+            else:
+                why = (f"{user} is {what} that is not a bcrypt hash (not shown: it may be a password); expected "
+                       "$2y$10$ and 53 characters of ./A-Za-z0-9")
             raise r.fail(vnode, key, f"{why}; make one with: htpasswd -nBC 10 \"\" | tr -d ':\\n'")
         if not 4 <= int(m.group(1)) <= 31:
             raise r.fail(vnode, key, f"bcrypt cost {int(m.group(1))} is outside 4..31")

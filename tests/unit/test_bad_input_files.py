@@ -265,3 +265,32 @@ def test_trace_number_flags_name_the_flag_and_the_value(flags: list[str], names:
 def test_trace_largest_pid_passes_validation():
     proc = _run("trace", "-e", "*sys_bpf", "-p", "4194304", "-L", "0.5", "-C", "bpf.ringbuf-size=0x1000")
     assert proc.returncode == 1 and "kernel" in proc.stderr, proc.stderr
+
+
+# ---- secrets never echoed: basic_auth values, OTLP header values ----
+
+def test_trace_web_config_plain_password_not_echoed(tmp_path: Path):
+    web = tmp_path / "web.yml"
+    web.write_text("basic_auth_users:\n  alice: hunter2SECRET\n")
+    line = _refused(_run("trace", "-e", "*sys_bpf", "--metrics-port", "9464", "--web.config.file", str(web)),
+                    "basic_auth_users.alice", "'alice'", "not a bcrypt hash")
+    assert "hunter2" not in line and "SECRET" not in line
+
+
+def test_agent_web_config_plain_password_not_echoed(tmp_path: Path):
+    web = tmp_path / "web.yml"
+    web.write_text("basic_auth_users:\n  bob: 12345SECRET\n")
+    path = _config(tmp_path, MINIMAL + f"metrics:\n  web_config_file: {web}\n")
+    line = _refused(_run("agent", "--check", str(path)), "basic_auth_users.bob", "not a bcrypt hash")
+    assert "SECRET" not in line and "12345" not in line
+
+
+@pytest.mark.parametrize(("value", "named"), [
+    ("Authorization: Bearer SECRET", "header 'Authorization' has no '='"),
+    ("x-api-key=SEC%0ARET", "header 'x-api-key' has a control character"),
+    ("ok=1,Authorization: Bearer SEC=RET", "header #2 (its name starts 'authorization')"),  # gRPC: lower case
+])
+def test_trace_otlp_header_named_by_key_never_by_value(value: str, named: str):
+    line = _refused(_run("trace", "-e", "*sys_bpf", "--otlp-endpoint", "http://c:4317",
+                         env={"OTEL_EXPORTER_OTLP_HEADERS": value}), "OTEL_EXPORTER_OTLP_HEADERS", named)
+    assert "SEC" not in line and "Bearer" not in line

@@ -113,10 +113,14 @@ CASES = {
                              "http_server_config.headers.x-frame-options: this header cannot be set"),
     "header_bad_value": Case("http_server_config:\n  headers:\n    X-Frame-Options: DENY\n",
                              "http_server_config.headers.X-Frame-Options: 'DENY' is not allowed"),
-    "user_without_hash": Case("basic_auth_users:\n  alice:\n", "basic_auth_users.alice: expected a bcrypt hash"),
-    "hash_too_short": Case("basic_auth_users:\n  alice: '{short}'\n", "basic_auth_users.alice: expected a bcrypt hash"),
-    "hash_plain_password": Case("basic_auth_users:\n  alice: secret\n", "basic_auth_users.alice: expected a bcrypt"),
-    "hash_version_3": Case("basic_auth_users:\n  alice: '$3a$10${salthash}'\n", "basic_auth_users.alice: expected"),
+    "user_without_hash": Case("basic_auth_users:\n  alice:\n", "basic_auth_users.alice: the value for user 'alice' "
+                              "is missing: expected a bcrypt hash"),
+    "hash_too_short": Case("basic_auth_users:\n  alice: '{short}'\n", "basic_auth_users.alice: the value for user "
+                           "'alice' is a string that is not a bcrypt hash (not shown"),
+    "hash_plain_password": Case("basic_auth_users:\n  alice: secret\n",
+                                "basic_auth_users.alice: the value for user 'alice' is a string that is not a bcrypt"),
+    "hash_version_3": Case("basic_auth_users:\n  alice: '$3a$10${salthash}'\n",
+                           "basic_auth_users.alice: the value for user 'alice'"),
     "hash_cost_3": Case("basic_auth_users:\n  alice: '$2y$03${salthash}'\n",
                         "basic_auth_users.alice: bcrypt cost 3 is outside 4..31"),
     "hash_cost_32": Case("basic_auth_users:\n  alice: '$2y$32${salthash}'\n", "basic_auth_users.alice: bcrypt cost 32"),
@@ -154,8 +158,9 @@ CASES = {
     "hash_2_prefix": Case("basic_auth_users:\n  alice: '$2$10${salthash}'\n",
                           "basic_auth_users.alice: the $2$ variant is not supported", True,
                           "the bcrypt package cannot check $2$ hashes"),
-    "hash_bad_characters": Case("basic_auth_users:\n  alice: '{badchars}'\n", "basic_auth_users.alice: expected a "
-                                "bcrypt hash", True, "Go checks the prefix only; no password could ever match"),
+    "hash_bad_characters": Case("basic_auth_users:\n  alice: '{badchars}'\n", "basic_auth_users.alice: the value for "
+                                "user 'alice' is a string that is not a bcrypt hash", True,
+                                "Go checks the prefix only; no password could ever match"),
     "client_allowed_sans": Case(MTLS + "  client_allowed_sans: [scraper]\n", None, False,
                                 "exporter-toolkit 0.9 added the key; Debian's promtool 2.42 predates it"),
     "sans_without_required_cert": Case(TLS + "  client_allowed_sans: [scraper]\n",
@@ -319,3 +324,13 @@ def test_web_config_text_never_traces_back(pki: Pki, data: str | bytes) -> None:
 
 def test_a_deep_tree_is_an_error_not_a_crash(pki: Pki) -> None:
     _loads_or_one_line(pki.dir / "deep.yml", "tls_server_config: " + "[" * 5000)
+
+
+@pytest.mark.parametrize("value", ["hunter2", "'$2y$10$hunter2'", "12345678", "[hunter2]"])
+def test_basic_auth_value_never_echoed(tmp_path: Path, value: str) -> None:
+    """A password typed in plain text by mistake must not reach the logs: the user is named, the value is not."""
+    path = tmp_path / "web.yml"
+    path.write_text(f"basic_auth_users:\n  alice: {value}\n")
+    text = _ours(path)
+    assert text is not None and "basic_auth_users.alice" in text and "'alice'" in text
+    assert "hunter2" not in text and "12345678" not in text
