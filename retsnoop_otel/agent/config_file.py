@@ -18,6 +18,7 @@ from retsnoop_otel.agent.yaml_nodes import (
     Nodes,
     boolean,
     choice,
+    expansion_bounded,
     got,
     integer,
     items,
@@ -385,6 +386,7 @@ def parse_config(text: str, filename: str = "<config>", environ: Mapping[str, st
         raise ConfigError(f"{ctx.filename}: not valid YAML: nested too deeply") from None
     if root is None:
         raise ConfigError(f"{ctx.filename}:1: the file is empty; it needs at least a 'probe_sets:' section")
+    expansion_bounded(ctx, root)
     m = mapping(ctx, root, "", _TOP_KEYS)
     if "probe_sets" not in m:
         raise ctx.fail(root, "probe_sets", "missing: the config needs at least one probe set")

@@ -52,6 +52,30 @@ class Nodes:
                               f"{shown(getattr(node, 'value', ''))} is too long a number for any setting") from None
 
 
+MAX_NODES = 100_000  # what a config may expand to, aliases counted each time they are used
+
+
+def expansion_bounded(ctx: Nodes, root: yaml.Node, limit: int = MAX_NODES) -> None:
+    """Refuse a node graph that expands to more than `limit` nodes. yaml.compose keeps an alias as a second
+    reference to its anchor's node, so a few hundred bytes of nested aliases (a "billion laughs") stand for
+    more nodes than memory holds, and every reader below walks them all: each node is counted every time it
+    is reached, through each alias, and the walk stops at the limit (a recursive alias too)."""
+    seen = 0
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        seen += 1
+        if seen > limit:
+            raise ConfigError(f"{ctx.filename}: the config expands to more than {limit:,} YAML nodes (its aliases "
+                              "counted each time they are used), the limit; write it without nesting aliases")
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                stack.append(k)
+                stack.append(v)
+
+
 def kind(node: yaml.Node) -> str:
     if isinstance(node, yaml.MappingNode):
         return "mapping"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -294,3 +295,43 @@ def test_trace_otlp_header_named_by_key_never_by_value(value: str, named: str):
     line = _refused(_run("trace", "-e", "*sys_bpf", "--otlp-endpoint", "http://c:4317",
                          env={"OTEL_EXPORTER_OTLP_HEADERS": value}), "OTEL_EXPORTER_OTLP_HEADERS", named)
     assert "SEC" not in line and "Bearer" not in line
+
+
+# ---- YAML aliases: what a config expands to is bounded ----
+
+def _timed_refusal(path: Path, *names: str) -> float:
+    t0 = time.monotonic()
+    proc = _run("agent", "--check", str(path))
+    elapsed = time.monotonic() - t0
+    _refused(proc, *names)
+    return elapsed
+
+
+def test_agent_config_billion_laughs(tmp_path: Path):
+    """Nested lists of aliases, 10 levels of 10: a few hundred bytes that stand for 10^10 globs."""
+    lines = ["probe_sets:", "  - name: errs", "    entry: &a0 ['*sys_bpf']", "    mode: metrics", "    allow:"]
+    lines += [f"      - &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 11)]
+    path = _config(tmp_path, "\n".join(lines) + "\n")
+    assert _timed_refusal(path, "agent.yaml", "expands to more than 100,000 YAML nodes") < 2
+
+
+def test_agent_config_one_glob_list_aliased_into_many_probe_sets(tmp_path: Path):
+    """The issue's 160 kB config: one 20,000-glob list, aliased into 2,000 probe sets (--check busy past 30 s)."""
+    globs = ", ".join(f"f{i}" for i in range(20000))
+    body = (f"probe_sets:\n  - &s {{name: errs, entry: ['*sys_bpf'], allow: [{globs}], mode: metrics}}\n"
+            + "  - *s\n" * 2000)
+    path = _config(tmp_path, body)
+    assert _timed_refusal(path, "expands to more than 100,000 YAML nodes") < 5  # composing 160 kB: ~1 s
+
+
+def test_recursive_alias_refused():
+    from retsnoop_otel.agent.config_file import parse_config
+    from retsnoop_otel.agent.yaml_nodes import ConfigError
+    with pytest.raises(ConfigError, match="expands to more than 100,000"):
+        parse_config("probe_sets: &x [*x]\n", "agent.yaml", {})
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "config").glob("agent*.yaml")), ids=lambda p: p.name)
+def test_shipped_configs_still_load(path: Path):
+    from retsnoop_otel.agent.config_file import load_config
+    load_config(path, {})
