@@ -146,9 +146,11 @@ BAD_INPUT = {
     "web_config_without_port": ([*TRACE, "--web.config.file", "{web_typo}"], {}, 2,
                                 "--web.config.file secures the metrics port: give --metrics-port too"),
     "agent_web_config": (["agent", "--config", "{agent_web}"], {}, 2,
-                         "metrics.web_config_file: {web_hash}:2: basic_auth_users.alice: expected a bcrypt hash"),
+                         "metrics.web_config_file: {web_hash}:2: basic_auth_users.alice: the value for user "
+                         "'alice' is a string that is not a bcrypt hash"),
     "agent_check_web_config": (["agent", "--check", "{agent_web}"], {}, 2,
-                               "metrics.web_config_file: {web_hash}:2: basic_auth_users.alice: expected a bcrypt"),
+                               "metrics.web_config_file: {web_hash}:2: basic_auth_users.alice: the value for "
+                               "user 'alice' is a string that is not a bcrypt hash"),
 }
 
 
