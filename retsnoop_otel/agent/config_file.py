@@ -33,6 +33,8 @@ from retsnoop_otel.agent.yaml_nodes import (
 from retsnoop_otel.capture.errfilter import ErrorFilter
 from retsnoop_otel.capture.sampling import Sampling
 from retsnoop_otel.export.otlp_settings import OtlpConfig, OtlpConfigError, resolve_settings
+from retsnoop_otel.inputs.files import MAX_CONFIG_BYTES, read_text, shown
+from retsnoop_otel.inputs.numbers import COUNT, MAP_ENTRIES, PID, RINGBUF_BYTES, IntRange, NumberError, parse_int
 from retsnoop_otel.kernel.kcache import AGENT_CACHE_DIR
 from retsnoop_otel.metrics.buckets import DurationRange, RangeError, parse_duration_ns
 from retsnoop_otel.runtime.config import (
@@ -48,8 +50,6 @@ from retsnoop_otel.runtime.config import (
     RuntimeConfig,
     SymbolsConfig,
 )
-from retsnoop_otel.runtime.input_files import MAX_CONFIG_BYTES, read_text, shown
-from retsnoop_otel.runtime.input_numbers import COUNT, MAP_ENTRIES, PID, RINGBUF_BYTES, IntRange, NumberError, parse_int
 from retsnoop_otel.symbols.discovery import DiscoveryError, expand_glob_args, parse_glob
 from retsnoop_otel.workload.k8s_settings import KubernetesConfig
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import yaml
 
-from retsnoop_otel.runtime.input_files import shown
-from retsnoop_otel.runtime.input_numbers import IntRange
+from retsnoop_otel.inputs.files import shown
+from retsnoop_otel.inputs.numbers import IntRange
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMG]i?B?)?\s*$", re.I)
 

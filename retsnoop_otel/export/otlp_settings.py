@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import NamedTuple
 from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 
-from retsnoop_otel.runtime.input_files import MAX_PEM_BYTES, read_bytes, shown
+from retsnoop_otel.inputs.files import MAX_PEM_BYTES, read_bytes, shown
 
 SIGNALS = ("traces", "metrics")
 PROTOCOLS = ("grpc", "http/protobuf")

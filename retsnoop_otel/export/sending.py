@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from retsnoop_otel import __version__
 from retsnoop_otel.export.otlp_settings import OtlpSettings
-from retsnoop_otel.runtime.input_files import MAX_PEM_BYTES, read_bytes
+from retsnoop_otel.inputs.files import MAX_PEM_BYTES, read_bytes
 
 USER_AGENT = f"retsnoop-otel/{__version__}"
 MAX_MESSAGE = 64 << 20
@@ -54,7 +54,8 @@ def partial_success(response: Any, field: str) -> SendResult:
 def read_file(path: str | None) -> bytes | None:
     if path is None:
         return None
-    return read_bytes(path, "PEM file", MAX_PEM_BYTES)  # checked at start (otlp_settings); bounded all the same
+    # checked at start (otlp_settings); bounded all the same, and failing here as the open() it replaced did
+    return read_bytes(path, "PEM file", MAX_PEM_BYTES, OSError)
 
 
 class Retrying:

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from retsnoop_otel.runtime.input_files import shown
+from retsnoop_otel.inputs.files import shown
 
 # Go crypto/tls names (tls.CipherSuites(), the ones the toolkit accepts) -> OpenSSL names
 TLS12_CIPHERS = MappingProxyType({

@@ -16,8 +16,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from retsnoop_otel.inputs.files import MAX_CONFIG_BYTES, MAX_PEM_BYTES, read_bytes, read_text
 from retsnoop_otel.metrics.web_config import Locate, TlsSettings, WebConfig, WebConfigError, parse_web_config
-from retsnoop_otel.runtime.input_files import MAX_CONFIG_BYTES, MAX_PEM_BYTES, read_bytes, read_text
 
 _VERIFY = {"NoClientCert": ssl.CERT_NONE, "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
            "RequireAndVerifyClientCert": ssl.CERT_REQUIRED}

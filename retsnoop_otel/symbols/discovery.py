@@ -13,8 +13,8 @@ from collections.abc import Callable, Container, Iterable, Sequence
 from typing import NamedTuple
 
 from retsnoop_otel.capture.model import RetKind, TracedFunc
+from retsnoop_otel.inputs.files import MAX_GLOB_FILE_BYTES, read_text, shown
 from retsnoop_otel.kernel.tracer import TRAMPOLINE_MODES
-from retsnoop_otel.runtime.input_files import MAX_GLOB_FILE_BYTES, read_text, shown
 from retsnoop_otel.symbols.globs import glob_to_regex, lines_matching, name_blob
 from retsnoop_otel.symbols.kallsyms import Kallsyms
 from retsnoop_otel.symbols.traceable import Traceable

@@ -18,6 +18,18 @@ from retsnoop_otel.capture.errfilter import ErrorFilter
 from retsnoop_otel.capture.sampling import Sampling
 from retsnoop_otel.capture.sessions import DEFAULT_MAX_CALLS
 from retsnoop_otel.export.otlp_settings import OtlpConfig
+from retsnoop_otel.inputs.files import shown
+from retsnoop_otel.inputs.numbers import (
+    COUNT,
+    MAP_ENTRIES,
+    PID,
+    RINGBUF_BYTES,
+    U32_MAX,
+    IntRange,
+    NumberError,
+    parse_float,
+    parse_int,
+)
 from retsnoop_otel.runtime.config import (
     ConsoleConfig,
     ExporterConfig,
@@ -29,18 +41,6 @@ from retsnoop_otel.runtime.config import (
     SymbolsConfig,
 )
 from retsnoop_otel.runtime.help_format import HelpFormatter
-from retsnoop_otel.runtime.input_files import shown
-from retsnoop_otel.runtime.input_numbers import (
-    COUNT,
-    MAP_ENTRIES,
-    PID,
-    RINGBUF_BYTES,
-    U32_MAX,
-    IntRange,
-    NumberError,
-    parse_float,
-    parse_int,
-)
 
 TRACE_NAMES = InputNames(
     otlp=MappingProxyType({"endpoint": "--otlp-endpoint", "protocol": "--otlp-protocol"}),

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import NamedTuple
 from urllib.parse import SplitResult, urlsplit
 
-from retsnoop_otel.runtime.input_files import MAX_PEM_BYTES, read_bytes, shown
+from retsnoop_otel.inputs.files import MAX_PEM_BYTES, read_bytes, shown
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 NODE_ENV = "K8S_NODE_NAME"

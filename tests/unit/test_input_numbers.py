@@ -1,10 +1,10 @@
-"""The shared integer and number readers (runtime/input_numbers)."""
+"""The shared integer and number readers (inputs/numbers)."""
 
 from __future__ import annotations
 
 import pytest
 
-from retsnoop_otel.runtime.input_numbers import PID, IntRange, NumberError, parse_float, parse_int
+from retsnoop_otel.inputs.numbers import PID, IntRange, NumberError, parse_float, parse_int
 
 
 def test_parse_int_within_the_range():

@@ -7,7 +7,7 @@ At most cap+1 bytes are read, so a file over its cap is refused with the cap in 
 decoded as UTF-8 with the byte offset of the first bad byte in the message rather than a traceback.
 
 Every refusal is one line, `PATH: problem`, raised as the caller's error type (ConfigError for the agent's
-config, DiscoveryError for glob files, ...), InputError by default, so each command keeps its exit code.
+config, DiscoveryError for glob files, ...), so each command keeps its exit code.
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable
-
-from retsnoop_otel.runtime.errors import InputError
 
 MAX_CONFIG_BYTES = 4 << 20  # the agent's --config / --check file and the web config file
 MAX_GLOB_FILE_BYTES = 4 << 20  # -e/-a/-d @FILE and allow: '@FILE'
@@ -54,7 +52,7 @@ def _kind(mode: int) -> str:
     return next((what for test, what in _KINDS if test(mode)), "not a regular file")
 
 
-def read_bytes(path: str | os.PathLike[str], name: str, cap: int, error: ErrorFactory = InputError) -> bytes:
+def read_bytes(path: str | os.PathLike[str], name: str, cap: int, error: ErrorFactory) -> bytes:
     """The whole of a regular file of at most `cap` bytes. `name` is what the file is called in messages
     ('config file', '--check file', 'glob file'), or '' when the caller's message already names it (a config
     key); every refusal is `error(message)`."""
@@ -94,7 +92,7 @@ def read_bytes(path: str | os.PathLike[str], name: str, cap: int, error: ErrorFa
     return data
 
 
-def read_text(path: str | os.PathLike[str], name: str, cap: int, error: ErrorFactory = InputError) -> str:
+def read_text(path: str | os.PathLike[str], name: str, cap: int, error: ErrorFactory) -> str:
     """read_bytes() decoded as UTF-8; bytes that are not UTF-8 are refused with the offset of the first one."""
     data = read_bytes(path, name, cap, error)
     try:

@@ -15,7 +15,7 @@ import math
 import re
 from typing import NamedTuple
 
-from retsnoop_otel.runtime.input_files import shown
+from retsnoop_otel.inputs.files import shown
 
 PID_MAX_LIMIT = 1 << 22  # include/linux/threads.h: the largest pid a 64-bit kernel hands out
 U32_MAX = (1 << 32) - 1
