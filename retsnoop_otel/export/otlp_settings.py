@@ -17,7 +17,8 @@ from collections.abc import Mapping
 from typing import NamedTuple
 from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 
-from retsnoop_otel.inputs.files import MAX_PEM_BYTES, read_bytes, shown
+from retsnoop_otel.inputs.files import ErrorFactory, shown
+from retsnoop_otel.inputs.tls_files import check_ca_bundle, check_key_pair
 
 SIGNALS = ("traces", "metrics")
 PROTOCOLS = ("grpc", "http/protobuf")
@@ -272,12 +273,8 @@ def _timeout(look: _Lookup) -> float:
     return float(seconds)
 
 
-def _pem_file(look: _Lookup, field: str, var: str) -> _Value:
-    v = look.get(field, var)
-    if v.value is not None:
-        read_bytes(str(v.value), "PEM file", MAX_PEM_BYTES,  # the path leads the message: not shown twice
-                   lambda msg: OtlpConfigError(f"{v.name}: {msg}; give the path of a readable PEM file"))
-    return v
+def _file_error(v: _Value) -> ErrorFactory:
+    return lambda msg: OtlpConfigError(f"{v.name}: {msg}")  # the path leads the message: not shown twice
 
 
 def resolve_settings(cfg: OtlpConfig, signal: str, environ: Mapping[str, str] = os.environ,
@@ -297,13 +294,17 @@ def resolve_settings(cfg: OtlpConfig, signal: str, environ: Mapping[str, str] = 
     else:
         (url, tls), target = _http_url(look), ""
     compression = look.get("compression", "COMPRESSION")
-    certificate = _pem_file(look, "certificate", "CERTIFICATE")
-    key = _pem_file(look, "client_key", "CLIENT_KEY")
-    cert = _pem_file(look, "client_certificate", "CLIENT_CERTIFICATE")
+    certificate = look.get("certificate", "CERTIFICATE")
+    key = look.get("client_key", "CLIENT_KEY")
+    cert = look.get("client_certificate", "CLIENT_CERTIFICATE")
     if (key.value is None) != (cert.value is None):
         given, missing = (key, "client_certificate") if cert.value is None else (cert, "client_key")
         raise _error(given, f"mTLS needs both a client key and a client certificate, but {missing} is not set",
                      f"also set {look.name(missing)} (or OTEL_EXPORTER_OTLP_{missing.upper()}), or remove {given.name}")
+    if certificate.value is not None:
+        check_ca_bundle(str(certificate.value), _file_error(certificate))
+    if cert.value is not None:
+        check_key_pair(str(cert.value), str(key.value), _file_error(cert), _file_error(key))
     return OtlpSettings(
         signal=signal, protocol=protocol, url=url, target=target, tls=tls,
         headers=_headers(look, grpc=protocol == "grpc"),

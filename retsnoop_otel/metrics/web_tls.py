@@ -16,7 +16,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from retsnoop_otel.inputs.files import MAX_CONFIG_BYTES, MAX_PEM_BYTES, read_bytes, read_text
+from retsnoop_otel.inputs.files import MAX_CONFIG_BYTES, read_text
+from retsnoop_otel.inputs.tls_files import load_ca_bundle, load_key_pair
 from retsnoop_otel.metrics.web_config import Locate, TlsSettings, WebConfig, WebConfigError, parse_web_config
 
 _VERIFY = {"NoClientCert": ssl.CERT_NONE, "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
@@ -24,44 +25,14 @@ _VERIFY = {"NoClientCert": ssl.CERT_NONE, "VerifyClientCertIfGiven": ssl.CERT_OP
 _K = "tls_server_config"
 
 
-class _Encrypted(Exception):
-    pass
-
-
-def _no_password() -> bytes:
-    raise _Encrypted  # never OpenSSL's own prompt on the terminal of a daemon
-
-
-def _readable(path: str, key: str, at: Locate) -> bytes:
-    return read_bytes(path, "", MAX_PEM_BYTES, lambda msg: at(key, msg))
-
-
 def build_context(tls: TlsSettings, at: Locate) -> ssl.SSLContext:
     """The server context of the settings; each refusal names the key whose file or value is wrong."""
-    cert = _readable(tls.cert_file, f"{_K}.cert_file", at)
-    key = _readable(tls.key_file, f"{_K}.key_file", at)
-    if b"-----BEGIN CERTIFICATE-----" not in cert:
-        raise at(f"{_K}.cert_file", f"{tls.cert_file}: no PEM certificate in the file")
-    if b"PRIVATE KEY-----" not in key:
-        raise at(f"{_K}.key_file", f"{tls.key_file}: no PEM private key in the file")
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version, ctx.maximum_version = tls.min_version, tls.max_version
-    try:
-        ctx.load_cert_chain(tls.cert_file, tls.key_file, password=_no_password)
-    except _Encrypted:
-        raise at(f"{_K}.key_file", f"{tls.key_file}: the key is encrypted; give it unencrypted "
-                 "(openssl pkey -in KEY -out KEY.plain), readable by this user only") from None
-    except ssl.SSLError as exc:
-        if exc.reason in ("KEY_VALUES_MISMATCH", "NO_CERTIFICATE_ASSIGNED"):  # the latter: a key of another type
-            raise at(f"{_K}.key_file", f"{tls.key_file} does not match the certificate in {tls.cert_file}") from None
-        raise at(f"{_K}.cert_file", f"{tls.cert_file} with {tls.key_file}: cannot load them: "
-                 f"{exc.reason or exc}") from None
+    load_key_pair(ctx, tls.cert_file, tls.key_file, lambda msg: at(f"{_K}.cert_file", msg),
+                  lambda msg: at(f"{_K}.key_file", msg))
     if tls.client_ca_file:
-        _readable(tls.client_ca_file, f"{_K}.client_ca_file", at)
-        try:
-            ctx.load_verify_locations(cafile=tls.client_ca_file)
-        except ssl.SSLError:
-            raise at(f"{_K}.client_ca_file", f"{tls.client_ca_file}: no PEM CA certificate in the file") from None
+        load_ca_bundle(ctx, tls.client_ca_file, lambda msg: at(f"{_K}.client_ca_file", msg))
     ctx.verify_mode = _VERIFY[tls.client_auth]
     if tls.ciphers:
         try:

@@ -12,11 +12,12 @@ error naming the setting.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import NamedTuple
 from urllib.parse import SplitResult, urlsplit
 
-from retsnoop_otel.inputs.files import MAX_PEM_BYTES, read_bytes, shown
+from retsnoop_otel.inputs.files import MAX_PEM_BYTES, ErrorFactory, read_bytes, shown
+from retsnoop_otel.inputs.tls_files import check_ca_bundle
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 NODE_ENV = "K8S_NODE_NAME"
@@ -97,11 +98,19 @@ def resolve_kubernetes(cfg: KubernetesConfig, environ: Mapping[str, str], prefix
     token = _readable(cfg.token_file, root, prefix + "token_file",
                       "mount the service-account token (automountServiceAccountToken: true)")
     ca = _readable(cfg.ca_file, root, prefix + "ca_file", "mount the service-account token volume, which holds "
-                   "ca.crt, or give the cluster CA") if url.scheme == "https" else None
+                   "ca.crt, or give the cluster CA", check_ca_bundle) if url.scheme == "https" else None
     return KubeSettings(node, server.rstrip("/"), token, ca, cfg.keep_deleted_s)
 
 
-def _readable(path: str, root: str, key: str, fix: str) -> str:
+def _readable(path: str, root: str, key: str, fix: str, check: Callable[[str, ErrorFactory], None] | None = None
+              ) -> str:
+    """The path under `root`, read (and parsed by `check`, for the CA) now rather than at the first request."""
     full = os.path.join(root, path.lstrip("/")) if os.path.isabs(path) else path
-    read_bytes(full, "", MAX_PEM_BYTES, lambda msg: KubeConfigError(key, f"{msg}; {fix}"))
+
+    def error(msg: str) -> Exception:
+        return KubeConfigError(key, f"{msg}; {fix}")
+    if check is None:
+        read_bytes(full, "", MAX_PEM_BYTES, error)
+    else:
+        check(full, error)
     return full

@@ -8,6 +8,7 @@ import pytest
 
 from retsnoop_otel.agent.config_file import AgentConfig, ConfigError, load_config, parse_config, parse_listen
 from retsnoop_otel.runtime.config import Limits, MetricsConfig, RuntimeConfig
+from tests.tls_certs import make_ca
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,8 +32,8 @@ def test_shipped_examples_are_valid(path: Path) -> None:
 
 
 def test_full_config_becomes_typed_values(tmp_path: Path) -> None:
-    cert = tmp_path / "ca.pem"
-    cert.write_text("x")
+    make_ca(tmp_path, "ca")
+    cert = tmp_path / "ca.crt"
     cfg = parse_config(f"""\
 probe_sets:
   load:

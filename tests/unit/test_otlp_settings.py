@@ -3,9 +3,13 @@ as protocol/exporter.md and sdk-environment-variables.md define them (explicit e
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from retsnoop_otel.export.otlp_settings import OtlpConfig, OtlpConfigError, describe, resolve_settings
+from tests.tls_certs import make_pki
 
 CLI = {"endpoint": "--otlp-endpoint", "protocol": "--otlp-protocol", "headers": "--otlp-header",
        "compression": "--otlp-compression", "timeout_s": "--otlp-timeout", "insecure": "--otlp-insecure",
@@ -29,14 +33,16 @@ def error(cfg: OtlpConfig | None = None, env: dict[str, str] | None = None, sign
     return text
 
 
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
 @pytest.fixture
-def pems(tmp_path):
-    """Three readable files standing for a CA bundle, a client key and a client certificate."""
-    paths = {}
-    for name in ("ca.pem", "key.pem", "cert.pem"):
-        (tmp_path / name).write_text("-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n")
-        paths[name] = str(tmp_path / name)
-    return paths
+def pems(pki):
+    """A CA bundle, a client key and its certificate, and a second client pair (another CA's)."""
+    return {"ca.pem": str(pki.ca), "key.pem": str(pki.client_key), "cert.pem": str(pki.client_cert),
+            "other.key": str(pki.other_client_key), "other.crt": str(pki.other_client_cert)}
 
 
 # ---- defaults and precedence ----
@@ -85,10 +91,11 @@ def test_precedence_for_endpoint_headers_and_files(pems):
     m = resolve(OtlpConfig(), {k: v for k, v in env.items() if "CERTIFICATE" not in k and "KEY" not in k},
                 signal="metrics")
     assert m.target == "all:4317" and m.headers == (("a", "all"), ("b", "all"))
-    c = resolve(OtlpConfig(endpoint="http://mine:1234", headers=(("X-Key", "v"),), certificate=pems["key.pem"],
-                           client_key=pems["ca.pem"], client_certificate=pems["ca.pem"]), env)
+    c = resolve(OtlpConfig(endpoint="http://mine:1234", headers=(("X-Key", "v"),), certificate=pems["cert.pem"],
+                           client_key=pems["other.key"], client_certificate=pems["other.crt"]), env)
     assert c.target == "mine:1234" and c.headers == (("x-key", "v"),)  # config headers replace the environment's
-    assert (c.certificate, c.client_key, c.client_certificate) == (pems["key.pem"], pems["ca.pem"], pems["ca.pem"])
+    assert (c.certificate, c.client_key, c.client_certificate) == (pems["cert.pem"], pems["other.key"],
+                                                                   pems["other.crt"])
 
 
 def test_metrics_protocol_variable_is_read_for_metrics_only():
@@ -297,12 +304,54 @@ def test_timeout_config_errors(value):
 def test_missing_certificate_files_name_the_setting_and_path(tmp_path):
     missing = str(tmp_path / "nope.pem")
     text = error(OtlpConfig(certificate=missing), names=CLI)
-    assert text.startswith(f"--otlp-certificate: {missing}: cannot read") and "PEM" in text
+    assert text.startswith(f"--otlp-certificate: {missing}: cannot read")
     text = error(OtlpConfig(), {"OTEL_EXPORTER_OTLP_CLIENT_KEY": missing,
                                 "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE": missing})
-    assert text.startswith("OTEL_EXPORTER_OTLP_CLIENT_KEY: ") and missing in text
-    text = error(OtlpConfig(client_certificate=str(tmp_path)), names=YAML)  # a directory cannot be read as a file
+    assert text.startswith("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE: ") and missing in text
+    text = error(OtlpConfig(client_certificate=str(tmp_path), client_key=str(tmp_path)), names=YAML)  # directories
     assert text.startswith("exporter.otlp.client_certificate: ") and "a directory, not a regular file" in text
+
+
+def _der(pem: str, out: Path, kind: str) -> str:
+    subprocess.run(["openssl", kind, "-in", pem, "-outform", "der", "-out", str(out)], check=True,
+                   capture_output=True, timeout=60)
+    return str(out)
+
+
+def test_certificate_files_are_parsed_not_only_read(tmp_path, pems):
+    """Random bytes, an empty file, DER, a key for a CA: refused at start-up, naming the setting and the fix."""
+    junk = tmp_path / "junk.pem"
+    junk.write_bytes(bytes(range(256)) * 4)
+    empty = tmp_path / "empty.pem"
+    empty.write_bytes(b"")
+    broken = tmp_path / "broken.pem"
+    broken.write_text("-----BEGIN CERTIFICATE-----\nnot base64 at all\n-----END CERTIFICATE-----\n")
+    for bad in (junk, empty, pems["key.pem"]):
+        text = error(OtlpConfig(certificate=str(bad)), names=CLI)
+        assert text == f"--otlp-certificate: {bad}: no PEM CA certificate in the file (a file that holds " \
+                       "-----BEGIN CERTIFICATE-----)", text
+    text = error(OtlpConfig(certificate=str(broken)), names=CLI)
+    assert text.startswith(f"--otlp-certificate: {broken}: a certificate in the file does not parse"), text
+    der = _der(pems["ca.pem"], tmp_path / "ca.der", "x509")
+    text = error(OtlpConfig(), {"OTEL_EXPORTER_OTLP_CERTIFICATE": der})
+    assert text.startswith(f"OTEL_EXPORTER_OTLP_CERTIFICATE: {der}: a DER certificate, PEM is expected; convert it "
+                           "with openssl x509 -inform der"), text
+
+
+def test_client_key_is_the_certificates_own_unencrypted_pem_key(tmp_path, pems):
+    text = error(OtlpConfig(client_key=pems["other.key"], client_certificate=pems["cert.pem"]), names=YAML)
+    assert text == f"exporter.otlp.client_key: {pems['other.key']} does not match the certificate in " \
+                   f"{pems['cert.pem']}", text
+    text = error(OtlpConfig(client_key=pems["cert.pem"], client_certificate=pems["cert.pem"]), names=YAML)
+    assert text.startswith(f"exporter.otlp.client_key: {pems['cert.pem']}: no PEM private key in the file"), text
+    enc = tmp_path / "enc.key"
+    subprocess.run(["openssl", "pkey", "-in", pems["key.pem"], "-aes256", "-passout", "pass:secret", "-out",
+                    str(enc)], check=True, capture_output=True, timeout=60)
+    text = error(OtlpConfig(client_key=str(enc), client_certificate=pems["cert.pem"]), names=CLI)
+    assert text.startswith(f"--otlp-client-key: {enc}: the key is encrypted; give it unencrypted"), text
+    der = _der(pems["key.pem"], tmp_path / "key.der", "pkey")
+    text = error(OtlpConfig(client_key=der, client_certificate=pems["cert.pem"]), names=CLI)
+    assert text.startswith(f"--otlp-client-key: {der}: no PEM private key") and "-inform der" in text, text
 
 
 def test_client_key_and_certificate_go_together(pems):

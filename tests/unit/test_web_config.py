@@ -84,7 +84,8 @@ CASES = {
     "no_key_file": Case("tls_server_config:\n  cert_file: server.crt\n", "tls_server_config: missing key_file"),
     "ca_without_cert": Case("tls_server_config:\n  client_ca_file: ca.crt\n", "tls_server_config: missing cert_file"),
     "cert_missing": Case("tls_server_config:\n  cert_file: nope.crt\n  key_file: server.key\n",
-                         "tls_server_config.cert_file: {dir}/nope.crt: No such file or directory"),
+                         "tls_server_config.cert_file: {dir}/nope.crt: cannot read the certificate: No such file or "
+                         "directory"),
     "key_of_another_cert": Case("tls_server_config:\n  cert_file: server.crt\n  key_file: client.key\n",
                                 "tls_server_config.key_file: {dir}/client.key does not match the certificate in"),
     "key_of_another_type": Case("tls_server_config:\n  cert_file: server.crt\n  key_file: rsa.key\n",
@@ -92,7 +93,8 @@ CASES = {
     "ca_without_auth_policy": Case(TLS + "  client_ca_file: ca.crt\n",
                                    "tls_server_config.client_ca_file: client CA configured without a client auth"),
     "ca_file_missing": Case(TLS + "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: nope.crt\n",
-                            "tls_server_config.client_ca_file: {dir}/nope.crt: No such file"),
+                            "tls_server_config.client_ca_file: {dir}/nope.crt: cannot read the CA certificate: No "
+                            "such file"),
     "bogus_auth_type": Case(TLS + "  client_auth_type: Always\n",
                             "tls_server_config.client_auth_type: unknown value 'Always'"),
     "version_tls14": Case(TLS + "  min_version: TLS14\n", "tls_server_config.min_version: unknown value 'TLS14'"),

@@ -17,6 +17,7 @@ from retsnoop_otel.runtime.logs import EventLog
 from retsnoop_otel.workload.k8s_settings import KubernetesConfig
 from retsnoop_otel.workload.pods import PodCache, PodMeta
 from retsnoop_otel.workload.resolver import WorkloadResolver
+from tests.tls_certs import make_ca
 from tests.unit.test_agent_lifecycle import CONFIG, World, by_set, error_session, wait_exported
 from tests.unit.test_workload_resolver import APP, CID, UID, cg_id, host, process
 
@@ -69,10 +70,10 @@ def test_sessions_carry_their_workload_to_the_exported_resource(tmp_path: Path) 
 
 
 def kube_files(tmp_path: Path) -> tuple[Path, Path]:
-    token, ca = tmp_path / "token", tmp_path / "ca.crt"
+    token = tmp_path / "token"
     token.write_text("t")
-    ca.write_text("-----BEGIN CERTIFICATE-----\n")
-    return token, ca
+    make_ca(tmp_path, "ca")
+    return token, tmp_path / "ca.crt"
 
 
 def test_kubernetes_section_in_cluster_defaults(tmp_path: Path) -> None:
