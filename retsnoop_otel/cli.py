@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Sequence
 
+from retsnoop_otel.runtime.errors import EXIT_INPUT, EXIT_INTERRUPTED, EXIT_PIPE, exit_code_epilog
 from retsnoop_otel.runtime.help_format import HelpFormatter
 
 SUBCOMMANDS = ("trace", "features", "simfail", "agent")
@@ -22,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="retsnoop-otel", formatter_class=HelpFormatter,
         description="retsnoop-style kernel function tracing exported as OpenTelemetry traces and "
-                    "Prometheus metrics.")
+                    "Prometheus metrics.", epilog=exit_code_epilog())
     p.add_argument("-V", "--version", action="store_true", help="print version")
     p.add_argument("-v", "--verbose", action="count", default=0)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -82,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser = build_parser()
         parser.parse_args(args)  # prints help / errors for unknown commands
         parser.print_help()
-        return 2
+        return EXIT_INPUT.code
     cmd, rest = args[0], args[1:]
     try:
         if cmd in ("trace", "agent"):
@@ -100,10 +101,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from retsnoop_otel.runtime.startup import StartClock
         return agent_cmd.main(rest, started=StartClock(main_t0, python_s))
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED.code
     except BrokenPipeError:  # the reader went away (`... | head`): what it did not read is not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
+        return EXIT_PIPE.code
 
 
 if __name__ == "__main__":

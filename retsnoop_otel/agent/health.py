@@ -15,6 +15,7 @@ from retsnoop_otel.agent.config_file import ConfigError, load_config
 from retsnoop_otel.metrics.web_config import WebConfigError
 from retsnoop_otel.metrics.web_tls import load_web_config
 from retsnoop_otel.runtime.config import MetricsConfig
+from retsnoop_otel.runtime.errors import EXIT_HOST, EXIT_INPUT, EXIT_OK
 
 LOOPBACK = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}
 
@@ -63,5 +64,5 @@ def main(config_path: str) -> tuple[int, str]:
     try:
         health = check_health(load_config(config_path, name="--config file").metrics)
     except (ConfigError, WebConfigError) as exc:
-        return 2, str(exc)
-    return (0 if health.healthy else 1), health.message
+        return EXIT_INPUT.code, str(exc)
+    return (EXIT_OK if health.healthy else EXIT_HOST).code, health.message

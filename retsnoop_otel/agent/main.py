@@ -19,7 +19,7 @@ from retsnoop_otel import __version__
 from retsnoop_otel.agent.config_file import AgentConfig, ConfigError, load_config
 from retsnoop_otel.runtime.config import MetricsConfig
 from retsnoop_otel.runtime.environment import KernelEnv
-from retsnoop_otel.runtime.errors import RunRefused
+from retsnoop_otel.runtime.errors import EXIT_HOST, EXIT_INPUT, RunRefused, exit_code_epilog
 from retsnoop_otel.runtime.help_format import HelpFormatter
 from retsnoop_otel.runtime.log_bridge import bridge_library_logs
 from retsnoop_otel.runtime.logs import EventLog
@@ -155,7 +155,7 @@ def check(path: str, out: TextIO, deps: RuntimeDeps | None = None,
         env.close()
     print("\n\n".join(report), file=out)
     if failed:
-        return 1
+        return EXIT_HOST.code
     print(f"\n{path}: configuration is valid ({len(cfg.probe_sets)} probe sets)", file=out)
     return 0
 
@@ -165,7 +165,8 @@ def main(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr,
     before = [*started.before_main(), phase_since("imports", started.main_t0, "the agent's modules")] if started else []
     p = argparse.ArgumentParser(prog="retsnoop-otel agent", formatter_class=HelpFormatter,
                                 description="Run the long-running exporter: probe sets from a YAML config, "
-                                            "sessions as OTLP traces, metrics on /metrics.")
+                                            "sessions as OTLP traces, metrics on /metrics.",
+                                epilog=exit_code_epilog())
     p.add_argument("--config", metavar="FILE", help="YAML config (see config/agent.yaml)")
     p.add_argument("--check", metavar="FILE", help="validate FILE and resolve its globs against the running "
                    "kernel without attaching; exit 0 when every probe set would attach")
@@ -178,14 +179,14 @@ def main(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr,
             p.error("--health needs --config FILE (the running agent's)")
         from retsnoop_otel.agent import health
         code, line = health.main(args.config)
-        print(line if code != 2 else f"retsnoop-otel agent: {line}", file=out if code == 0 else err)
+        print(line if code != EXIT_INPUT.code else f"retsnoop-otel agent: {line}", file=out if code == 0 else err)
         return code
     if args.check:
         try:
             return check(args.check, out)
         except ConfigError as exc:
             print(f"retsnoop-otel agent: {exc}", file=err)
-            return 2
+            return EXIT_INPUT.code
         except RunRefused as exc:
             print(f"retsnoop-otel agent: {exc}", file=err)
             return exc.exit_code
@@ -199,7 +200,7 @@ def main(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr,
         agent.start()
     except ConfigError as exc:
         log.error("invalid config", error=str(exc))
-        return 2
+        return EXIT_INPUT.code
     except RunRefused as exc:
         log.error("cannot start", error=str(exc))
         return exc.exit_code

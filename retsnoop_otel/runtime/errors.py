@@ -7,11 +7,42 @@ Both are raised before anything is loaded into the kernel, or after everything w
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+
+class ExitCode(NamedTuple):
+    code: int
+    short: str  # for --help
+    meaning: str  # for the README
+
+
+# Every exit code of every command, in one place: the README's table and `--help` are rendered from it.
+EXIT_OK = ExitCode(0, "done", "done; Ctrl-C or SIGTERM after start-up detaches, flushes and ends here too")
+EXIT_HOST = ExitCode(1, "this host cannot do it", "this host cannot do it now: privileges, a missing kernel feature, "
+                     "no LBR, a busy or privileged port, an agent that is not healthy (`agent --health`)")
+EXIT_INPUT = ExitCode(2, "bad input", "bad input: a flag, an environment variable, a config file or a file it names; "
+                      "nothing was loaded into the kernel")
+EXIT_INTERRUPTED = ExitCode(130, "Ctrl-C during start-up", "Ctrl-C during the start-up of `trace` (what was already "
+                            "attached goes with the process)")
+EXIT_PIPE = ExitCode(141, "the output's reader went away",
+                     "the reader of the output went away (a `head` that read enough)")
+EXIT_CODES = (EXIT_OK, EXIT_HOST, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_PIPE)
+
+
+def exit_code_table() -> str:
+    """The README's Markdown table."""
+    return "\n".join(["| Exit | Meaning |", "|---|---|", *(f"| {c.code} | {c.meaning} |" for c in EXIT_CODES)])
+
+
+def exit_code_epilog() -> str:
+    """One paragraph for the end of `--help`."""
+    return "exit codes: " + ", ".join(f"{c.code} {c.short}" for c in EXIT_CODES)
+
 
 class RunRefused(Exception):
     """One sentence for the user; `probe_set` names the set it concerns when there are several."""
 
-    exit_code = 1
+    exit_code = EXIT_HOST.code
 
     def __init__(self, message: str, probe_set: str | None = None) -> None:
         super().__init__(message)
@@ -27,8 +58,8 @@ class RunRefused(Exception):
 
 
 class InputError(RunRefused):
-    exit_code = 2
+    exit_code = EXIT_INPUT.code
 
 
 class SetupError(RunRefused):
-    exit_code = 1
+    exit_code = EXIT_HOST.code

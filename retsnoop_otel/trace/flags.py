@@ -40,6 +40,7 @@ from retsnoop_otel.runtime.config import (
     RuntimeConfig,
     SymbolsConfig,
 )
+from retsnoop_otel.runtime.errors import EXIT_INPUT, exit_code_epilog
 from retsnoop_otel.runtime.help_format import HelpFormatter
 
 TRACE_NAMES = InputNames(
@@ -97,7 +98,7 @@ class OneLineErrorParser(argparse.ArgumentParser):
         return super().parse_known_args(joined, namespace)
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: {' '.join(message.split())} (see {self.prog} --help)\n")
+        self.exit(EXIT_INPUT.code, f"{self.prog}: {' '.join(message.split())} (see {self.prog} --help)\n")
 
 
 def build_parser(prog: str = "retsnoop-otel trace") -> OneLineErrorParser:
@@ -106,7 +107,7 @@ def build_parser(prog: str = "retsnoop-otel trace") -> OneLineErrorParser:
         description="Trace kernel functions the way retsnoop does: sessions start at entry functions "
                     "(-e) and record the allowed functions (-a) they call; failing sessions print the "
                     "deepest error call chain. Optionally export sessions as OpenTelemetry traces and "
-                    "serve Prometheus metrics.")
+                    "serve Prometheus metrics.", epilog=exit_code_epilog())
     sel = p.add_argument_group("function selection")
     sel.add_argument("-e", "--entry", action="append", default=[], metavar="GLOB",
                      help="entry function glob ('func', 'func [module]', ':path/*.c' or @file); repeatable")

@@ -2,7 +2,7 @@
 
 The runtime phases run one by one so that retsnoop's lines come between them: -v says the attach
 mode and what was found, "Receiving data..." once attached, "Detaching... DONE" at the end with
-the kernel's loss counters. Exit codes: 0 done, 1 this host cannot trace, 2 bad input.
+the kernel's loss counters. Exit codes: runtime/errors.py (EXIT_CODES).
 """
 
 from __future__ import annotations
