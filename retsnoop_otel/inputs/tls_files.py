@@ -3,14 +3,18 @@
 Random bytes, an empty file, a DER file where PEM is expected, an encrypted key or the key of another
 certificate would otherwise pass start-up and fail at the first TLS handshake, minutes later and in a log
 line of the exporter. OpenSSL (the `ssl` module) parses them, so what is accepted here is what the TLS stacks
-that use them later accept. Every refusal is one line raised as the caller's error type.
+that use them later accept. Every refusal is one line raised as the caller's error type. `ssl` is imported
+only when a file is given: `trace` without TLS starts without it (tests/unit/test_startup.py).
 """
 
 from __future__ import annotations
 
-import ssl
+from typing import TYPE_CHECKING
 
 from retsnoop_otel.inputs.files import MAX_PEM_BYTES, ErrorFactory, read_bytes
+
+if TYPE_CHECKING:
+    import ssl
 
 _PEM_CERT = b"-----BEGIN CERTIFICATE-----"
 _PEM_KEY = b"PRIVATE KEY-----"
@@ -25,6 +29,7 @@ def _no_password() -> bytes:
 
 
 def _is_der_certificate(data: bytes) -> bool:
+    import ssl
     try:
         ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=data)
     except (ssl.SSLError, ValueError):
@@ -44,6 +49,7 @@ def _pem_certificates(path: str, error: ErrorFactory, what: str) -> bytes:
 
 def load_ca_bundle(ctx: ssl.SSLContext, path: str, error: ErrorFactory) -> None:
     """A CA bundle into `ctx`: at least one certificate, and every one of them parses."""
+    import ssl
     data = _pem_certificates(path, error, "CA certificate")
     try:
         ctx.load_verify_locations(cadata=data.decode("latin-1"))
@@ -55,6 +61,7 @@ def load_key_pair(ctx: ssl.SSLContext, cert_path: str, key_path: str, cert_error
                   key_error: ErrorFactory) -> None:
     """A certificate (chain) and its private key into `ctx`: both parse, the key is not encrypted and it is the
     certificate's key."""
+    import ssl
     _pem_certificates(cert_path, cert_error, "certificate")
     key = read_bytes(key_path, "private key", MAX_PEM_BYTES, key_error)
     if _PEM_KEY not in key:
@@ -74,9 +81,11 @@ def load_key_pair(ctx: ssl.SSLContext, cert_path: str, key_path: str, cert_error
 
 def check_key_pair(cert_path: str, key_path: str, cert_error: ErrorFactory, key_error: ErrorFactory) -> None:
     """A client certificate and its key, checked as a TLS client will load them."""
+    import ssl
     load_key_pair(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT), cert_path, key_path, cert_error, key_error)
 
 
 def check_ca_bundle(path: str, error: ErrorFactory) -> None:
     """A CA bundle, checked as a TLS client will load it."""
+    import ssl
     load_ca_bundle(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT), path, error)
