@@ -14,13 +14,13 @@ import time
 from collections.abc import Sequence
 
 from retsnoop_otel.runtime.errors import EXIT_INPUT, EXIT_INTERRUPTED, EXIT_PIPE, exit_code_epilog
-from retsnoop_otel.runtime.help_format import HelpFormatter
+from retsnoop_otel.runtime.help_format import HelpFormatter, OneLineParser
 
 SUBCOMMANDS = ("trace", "features", "simfail", "agent")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="retsnoop-otel", formatter_class=HelpFormatter,
         description="retsnoop-style kernel function tracing exported as OpenTelemetry traces and "
                     "Prometheus metrics.", epilog=exit_code_epilog())
@@ -40,7 +40,7 @@ def features_main(argv: Sequence[str]) -> int:
 
     from retsnoop_otel.kernel import features
     from retsnoop_otel.kernel import libbpf as lb
-    p = argparse.ArgumentParser(prog="retsnoop-otel features", formatter_class=HelpFormatter,
+    p = OneLineParser(prog="retsnoop-otel features", formatter_class=HelpFormatter,
                                 description="Report what the running kernel allows a tracer to do.")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--root", default="/", help=argparse.SUPPRESS)

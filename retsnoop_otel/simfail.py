@@ -8,7 +8,6 @@ libbpf, so the kernel sees exactly these arguments and its errno comes back unch
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import errno as _errno
 import json
@@ -23,7 +22,7 @@ from typing import TextIO
 
 from retsnoop_otel.capture.errnos import errno_name
 from retsnoop_otel.kernel import bpfsys
-from retsnoop_otel.runtime.help_format import HelpFormatter
+from retsnoop_otel.runtime.help_format import HelpFormatter, OneLineParser
 
 MAP_NAME = b"simfail_map"
 BASELINE = dict(map_type=bpfsys.MAP_ARRAY, key_size=4, value_size=4, max_entries=1, map_flags=0)
@@ -275,7 +274,7 @@ def format_list() -> str:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="retsnoop-otel simfail", formatter_class=HelpFormatter,
+    p = OneLineParser(prog="retsnoop-otel simfail", formatter_class=HelpFormatter,
                                 description="Make the kernel fail (or succeed) in known ways: a workload "
                                             "for testing tracers. Exit 0 when every case behaved as designed.")
     p.add_argument("cases", nargs="*", metavar="CASE", help="case names (see --list)")

@@ -9,7 +9,6 @@ within a deadline and exit 0.
 
 from __future__ import annotations
 
-import argparse
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -20,7 +19,7 @@ from retsnoop_otel.agent.config_file import AgentConfig, ConfigError, load_confi
 from retsnoop_otel.runtime.config import MetricsConfig
 from retsnoop_otel.runtime.environment import KernelEnv
 from retsnoop_otel.runtime.errors import EXIT_HOST, EXIT_INPUT, RunRefused, exit_code_epilog
-from retsnoop_otel.runtime.help_format import HelpFormatter
+from retsnoop_otel.runtime.help_format import HelpFormatter, OneLineParser
 from retsnoop_otel.runtime.log_bridge import bridge_library_logs
 from retsnoop_otel.runtime.logs import EventLog
 from retsnoop_otel.runtime.probe_set import resolve
@@ -163,7 +162,7 @@ def check(path: str, out: TextIO, deps: RuntimeDeps | None = None,
 def main(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr,
          started: StartClock | None = None) -> int:
     before = [*started.before_main(), phase_since("imports", started.main_t0, "the agent's modules")] if started else []
-    p = argparse.ArgumentParser(prog="retsnoop-otel agent", formatter_class=HelpFormatter,
+    p = OneLineParser(prog="retsnoop-otel agent", formatter_class=HelpFormatter,
                                 description="Run the long-running exporter: probe sets from a YAML config, "
                                             "sessions as OTLP traces, metrics on /metrics.",
                                 epilog=exit_code_epilog())

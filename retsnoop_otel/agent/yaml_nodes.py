@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import difflib
 import math
-import re
 from collections.abc import Callable
 from typing import Any
 
 import yaml
 
-from retsnoop_otel.inputs.files import shown
-from retsnoop_otel.inputs.numbers import IntRange
-
-_SIZE = re.compile(r"^\s*(\d+)\s*([KMG]i?B?)?\s*$", re.I)
+from retsnoop_otel.inputs.files import plain, shown
+from retsnoop_otel.inputs.numbers import IntRange, NumberError, parse_size
 
 
 class ConfigError(ValueError):
@@ -33,11 +30,11 @@ class Nodes:
     """One file's nodes: values are constructed on demand, errors carry the file name and line."""
 
     def __init__(self, filename: str) -> None:
-        self.filename = filename
+        self.filename = plain(filename)  # it leads every message: one line whatever the file is called
         self._loader = yaml.SafeLoader("")
 
     def fail(self, node: yaml.Node, key: str, msg: str) -> ConfigError:
-        return ConfigError(f"{self.filename}:{node.start_mark.line + 1}: {key}: {msg}")
+        return ConfigError(f"{self.filename}:{node.start_mark.line + 1}: {plain(key)}: {msg}")
 
     def value(self, node: yaml.Node, key: str = "") -> Any:
         try:
@@ -162,20 +159,19 @@ def integer(ctx: Nodes, node: yaml.Node, key: str, rng: IntRange) -> int:
 
 
 def size(ctx: Nodes, node: yaml.Node, key: str, rng: IntRange) -> int:
-    """Bytes as an integer or with a K/M/G suffix ('8M', '16MiB'), within `rng`."""
+    """Bytes as an integer or with a K/M/G suffix ('8M', '16MiB'), within `rng` (inputs.numbers.parse_size)."""
     value = ctx.value(node, key) if isinstance(node, yaml.ScalarNode) else None
     if isinstance(value, int) and not isinstance(value, bool):
-        n = value
-    else:
-        m = _SIZE.match(value) if isinstance(value, str) and len(value) <= 40 else None
-        if not m:
-            raise ctx.fail(node, key, f"expected a size in bytes such as 8388608 or '8M', got {got(ctx, node)}")
-        shift = {"": 0, "k": 10, "m": 20, "g": 30}[(m.group(2) or "")[:1].lower()]
-        n = int(m.group(1)) << shift
-    bad = rng.problem(n, node.value)
-    if bad:
-        raise ctx.fail(node, key, bad.replace("an integer", "a size in bytes", 1))
-    return n
+        bad = rng.problem(value, node.value)
+        if bad:
+            raise ctx.fail(node, key, bad.replace("an integer", "a size in bytes", 1))
+        return value
+    if not isinstance(value, str):
+        raise ctx.fail(node, key, f"expected a size in bytes such as 8388608 or '8M', got {got(ctx, node)}")
+    try:
+        return parse_size(value, rng)
+    except NumberError as exc:
+        raise ctx.fail(node, key, str(exc)) from None
 
 
 def choice(ctx: Nodes, node: yaml.Node, key: str, choices: tuple[str, ...]) -> str:

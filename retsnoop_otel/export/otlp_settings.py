@@ -136,6 +136,20 @@ def _hide_secrets(v: _Value) -> _Value:
     return _Value(_redacted(str(v.value)), v.name, v.source)
 
 
+# what RFC 3986 allows between the user info and the path: an [IPv6] literal or an ASCII name, then :port
+_HOST_PORT = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+(?:%25[0-9A-Za-z._~-]+)?)\]|[0-9A-Za-z._~%!$&'()*+,;=-]+)"
+                        r"(?::[^\[\]@]*)?")  # the port itself: checked by urlsplit, whose message is better
+
+
+def _is_ipv6(text: str) -> bool:
+    import ipaddress  # rare: not on the start path of every run
+    try:
+        ipaddress.IPv6Address(text.replace("%25", "%"))
+    except ValueError:
+        return False
+    return True
+
+
 def _split_url(v: _Value, text: str, example: str) -> SplitResult:
     """Scheme http(s), a host, a valid non-zero port if any. Never raises anything but OtlpConfigError, whose
     message names the setting, shows the value without its secrets and says the form expected."""
@@ -155,6 +169,10 @@ def _split_url(v: _Value, text: str, example: str) -> SplitResult:
         raise _error(v, f"bad port ({exc})", "write a port between 1 and 65535") from None
     if not host:
         raise _error(v, "no host in the URL", f"write it like {example}")
+    where = _HOST_PORT.fullmatch(parts.netloc.rpartition("@")[2])
+    if where is None or (where.group("v6") is not None and not _is_ipv6(where.group("v6"))):
+        raise _error(v, "not a host[:port] after the scheme", f"write it like {example} (IPv6: http://[::1]:4317; "
+                     "a host name in ASCII, xn-- for international names)")
     if len(host) > MAX_HOST_CHARS:
         raise _error(v, f"the host has {len(host)} characters, more than a host name can have ({MAX_HOST_CHARS})",
                      f"write it like {example}")

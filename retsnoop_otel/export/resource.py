@@ -9,6 +9,7 @@ twenty lines of parsing (tests compare the result with the SDK's own detector).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -18,6 +19,7 @@ from urllib.parse import unquote
 from retsnoop_otel import __version__
 from retsnoop_otel.capture.model import Workload
 from retsnoop_otel.export.semconv import SCHEMA_URL
+from retsnoop_otel.inputs.files import shown
 
 DEFAULT_SERVICE_NAME = "retsnoop-otel"
 NODE_NAME_ENV = "K8S_NODE_NAME"  # the downward API's spec.nodeName (config/k8s/base/daemonset.yaml)
@@ -80,21 +82,38 @@ def _new_instance_id() -> str:
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
-def parse_resource_attributes(text: str) -> dict[str, str]:
-    """OTEL_RESOURCE_ATTRIBUTES: `key=value` pairs separated by commas, percent-encoded.
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
-    A malformed list is discarded as a whole (and logged), as the specification asks.
-    """
-    out: dict[str, str] = {}
-    for item in text.split(","):
+
+def resource_attributes_problem(text: str) -> str | None:
+    """Why OTEL_RESOURCE_ATTRIBUTES cannot be read, or None. The specification discards a malformed list with a
+    warning; it is refused here instead (exit 2, like a bad endpoint): attributes that silently go missing
+    put a host's telemetry under the wrong service or environment."""
+    for n, item in enumerate(text.split(","), 1):
         if not item.strip():
             continue
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            import logging  # only here: the trace command does not import logging otherwise
-            logging.getLogger(__name__).warning("OTEL_RESOURCE_ATTRIBUTES ignored: '%s' is not key=value", item.strip())
-            return {}
-        out[key.strip()] = unquote(value.strip())  # only values are percent-encoded (W3C Baggage)
+            return f"entry {n} {shown(item.strip())} is not key=value"
+        if _BAD_ESCAPE.search(value):
+            return f"entry {n} ({shown(key.strip())}): a '%' that starts no %XX escape in its value"
+        try:
+            unquote(value, errors="strict")
+        except UnicodeDecodeError:
+            return f"entry {n} ({shown(key.strip())}): its %XX escapes are not UTF-8"
+    return None
+
+
+def parse_resource_attributes(text: str) -> dict[str, str]:
+    """OTEL_RESOURCE_ATTRIBUTES: `key=value` pairs separated by commas, values percent-encoded (W3C Baggage).
+    Checked first (resource_attributes_problem); a malformed list that got here is discarded as a whole."""
+    if resource_attributes_problem(text) is not None:
+        return {}
+    out: dict[str, str] = {}
+    for item in text.split(","):
+        if item.strip():
+            key, _, value = item.partition("=")
+            out[key.strip()] = unquote(value.strip())
     return out
 
 

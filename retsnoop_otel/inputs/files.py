@@ -40,6 +40,15 @@ def shown(value: object, limit: int = ECHO_LIMIT, quote: bool = True) -> str:
     return f"{text[:limit]}… ({len(text)} characters)"
 
 
+def plain(text: str, limit: int = 2 * ECHO_LIMIT) -> str:
+    """A name the user chose (a config key, a probe set, a path) unquoted, with control characters escaped so
+    that a message stays one line, cut to `limit` characters."""
+    if text.isprintable() and len(text) <= limit:
+        return text
+    escaped = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return escaped if len(escaped) <= limit else f"{escaped[:limit]}… ({len(text)} characters)"
+
+
 def size_text(n: int) -> str:
     """4194304 -> '4 MiB'."""
     for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):

@@ -78,3 +78,22 @@ def parse_float(text: str, lo: float, hi: float, unit: str) -> float:
     if not math.isfinite(value) or not lo < value < hi:
         raise NumberError(f"expected a number of {unit} above {lo:g} and below {hi:.15g}, got {shown(text)}")
     return value
+
+
+_SIZE = re.compile(r"(\d+)\s*([KMG]i?B?)?", re.I)
+
+
+def parse_size(text: str, rng: IntRange) -> int:
+    """Bytes as an integer (0x... too) or with a K/M/G suffix, powers of 1024 ('8M', '16MiB', '512k'), within
+    `rng`."""
+    stripped = text.strip()
+    m = _SIZE.fullmatch(stripped) if len(stripped) <= _MAX_INT_TEXT else None
+    if not m:
+        if _INT.fullmatch(stripped) or len(stripped) > _MAX_INT_TEXT:
+            return parse_int(text, rng, prefixes=True)
+        raise NumberError(f"expected a size in bytes such as 8388608 or 8M, got {shown(text)}")
+    value = int(m.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30}[(m.group(2) or "")[:1].lower()]
+    bad = rng.problem(value, text)
+    if bad:
+        raise NumberError(bad.replace("an integer", "a size in bytes", 1))
+    return value

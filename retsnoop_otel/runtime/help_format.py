@@ -9,7 +9,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
+from typing import NoReturn
+
+from retsnoop_otel.runtime.errors import EXIT_INPUT
+
+_LONG_WORD = re.compile(r"\S{81,}")
 
 
 def terminal_columns() -> int:
@@ -33,3 +39,17 @@ class HelpFormatter(argparse.HelpFormatter):
                  width: int | None = None) -> None:
         super().__init__(prog, indent_increment, max_help_position,
                          terminal_columns() - 2 if width is None else width)
+
+
+def _cut(match: re.Match[str]) -> str:
+    word = match.group(0)
+    return f"{word[:80]}… ({len(word)} characters)"
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """A usage error is one line (not argparse's usage block and a second line) that points at --help, with
+    each over-long word of it cut (argparse quotes the whole value: a 100 kB flag value made a 100 kB line)."""
+
+    def error(self, message: str) -> NoReturn:
+        text = _LONG_WORD.sub(_cut, " ".join(message.split()))
+        self.exit(EXIT_INPUT.code, f"{self.prog}: {text} (see {self.prog} --help)\n")

@@ -21,7 +21,8 @@ from typing import Any, TextIO
 
 from retsnoop_otel.capture.model import CaptureStats, Session
 from retsnoop_otel.export.otlp_settings import OtlpSettings
-from retsnoop_otel.export.resource import Resource, build_resource
+from retsnoop_otel.export.resource import Resource, build_resource, resource_attributes_problem
+from retsnoop_otel.inputs.files import shown
 from retsnoop_otel.runtime.app_watch import AppSources, AppWatcher
 from retsnoop_otel.runtime.config import ProbeSetConfig, RuntimeConfig, SymbolsConfig
 from retsnoop_otel.runtime.environment import (
@@ -165,6 +166,12 @@ class Runtime:
             otlp_settings(cfg.exporter.otlp, "traces", cfg.names.otlp, self.deps.environ)
         if cfg.metrics.otlp is not None:
             otlp_settings(cfg.metrics.otlp, "metrics", cfg.names.metrics_otlp, self.deps.environ)
+        if cfg.exporter.otlp is not None or cfg.metrics.otlp is not None or cfg.exporter.file:
+            attrs = self.deps.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
+            problem = resource_attributes_problem(attrs)
+            if problem:
+                raise InputError(f"OTEL_RESOURCE_ATTRIBUTES={shown(attrs)}: {problem}; write it like "
+                                 "key1=value1,key2=value2 with each value percent-encoded")
         self.metrics.web(cfg)
         self._kube_settings(cfg)
         return self.deps.find_vmlinux(cfg.symbols, cfg.names.vmlinux)
@@ -446,7 +453,7 @@ class Runtime:
             sinks.close(flush_s)
             self.stop_phases.append(phase_since("flush", t0, "outputs"))
             t = sinks.totals()
-            if exporting:
+            if exporting and (sets or t.spans_exported or t.spans_dropped):  # not after a start that failed
                 self.log.info("exporters flushed", seconds=round(time.monotonic() - t0, 3),
                               spans_exported=t.spans_exported, spans_dropped=sum(t.spans_dropped.values()))
         if self.server is not None:

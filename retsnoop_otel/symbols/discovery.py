@@ -118,8 +118,14 @@ class Discovery:
 # ---- glob parsing -------------------------------------------------------------------------------
 
 
+MAX_GLOB_CHARS = 4096  # a source path's limit (PATH_MAX); a kernel symbol has at most 512 (KSYM_NAME_LEN)
+
+
 def parse_glob(text: str) -> GlobSpec:
     glob = text.strip()
+    if len(glob) > MAX_GLOB_CHARS:
+        raise DiscoveryError(f"glob {shown(text)} is longer than any kernel symbol or source path could match "
+                             f"({MAX_GLOB_CHARS} characters at most)")
     if glob.startswith(":"):
         path = glob[1:].lstrip("/")
         if not path:

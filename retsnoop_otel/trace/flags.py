@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import NamedTuple, NoReturn
+from typing import NamedTuple
 
 from retsnoop_otel.capture.errfilter import ErrorFilter
 from retsnoop_otel.capture.sampling import Sampling
@@ -29,6 +29,7 @@ from retsnoop_otel.inputs.numbers import (
     NumberError,
     parse_float,
     parse_int,
+    parse_size,
 )
 from retsnoop_otel.runtime.config import (
     ConsoleConfig,
@@ -40,8 +41,8 @@ from retsnoop_otel.runtime.config import (
     RuntimeConfig,
     SymbolsConfig,
 )
-from retsnoop_otel.runtime.errors import EXIT_INPUT, exit_code_epilog
-from retsnoop_otel.runtime.help_format import HelpFormatter
+from retsnoop_otel.runtime.errors import exit_code_epilog
+from retsnoop_otel.runtime.help_format import HelpFormatter, OneLineParser
 
 TRACE_NAMES = InputNames(
     otlp=MappingProxyType({"endpoint": "--otlp-endpoint", "protocol": "--otlp-protocol"}),
@@ -49,6 +50,7 @@ TRACE_NAMES = InputNames(
     attach_mode="-F/-K/-M/--kprobe-session", web_config="--web.config.file")
 C_RANGES = {"bpf.ringbuf-size": RINGBUF_BYTES, "bpf.sessions-size": MAP_ENTRIES, "calls.max-per-session": COUNT}
 C_KEYS = tuple(C_RANGES)
+C_SIZES = ("bpf.ringbuf-size",)  # bytes: 8M as in the agent's limits.ringbuf_size
 
 
 _MAX_MS = float((1 << 63) // 1_000_000)  # milliseconds whose nanoseconds fit the kernel's 64-bit durations
@@ -75,8 +77,8 @@ _pid = _int_flag(PID)
 _port = _int_flag(IntRange(1, 65535, "a TCP port"))
 
 
-class OneLineErrorParser(argparse.ArgumentParser):
-    """Bad flags get one line on stderr (argparse's default repeats a many-line usage first).
+class OneLineErrorParser(OneLineParser):
+    """Bad flags get one line on stderr (OneLineParser).
 
     Like getopt (and so retsnoop), a flag that takes a value takes the next word even when it starts
     with '-': `-x -ENOMEM` works, where argparse alone would call it a missing value.
@@ -97,8 +99,6 @@ class OneLineErrorParser(argparse.ArgumentParser):
             i += 1
         return super().parse_known_args(joined, namespace)
 
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_INPUT.code, f"{self.prog}: {' '.join(message.split())} (see {self.prog} --help)\n")
 
 
 def build_parser(prog: str = "retsnoop-otel trace") -> OneLineErrorParser:
@@ -205,7 +205,8 @@ def _c_values(parser: argparse.ArgumentParser, items: Sequence[str]) -> dict[str
         if key not in C_KEYS:
             parser.error(f"unknown -C key {shown(key)} (known: {', '.join(C_KEYS)})")
         try:
-            number = parse_int(value, C_RANGES[key], prefixes=True)
+            number = parse_size(value, C_RANGES[key]) if key in C_SIZES else parse_int(value, C_RANGES[key],
+                                                                                         prefixes=True)
         except NumberError as exc:
             parser.error(f"-C {key}: {exc}")
         out[key] = number

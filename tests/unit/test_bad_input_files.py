@@ -168,7 +168,7 @@ def test_agent_success_probability_nan(tmp_path: Path):
 
 
 def test_trace_long_bad_glob_echoed_cut():
-    line = _refused(_run("trace", "-e", "[" * 100000, "--dry-run"), "bad glob", "(100000 characters)")
+    line = _refused(_run("trace", "-e", "[" * 100000, "--dry-run"), "glob", "(100000 characters)")
     assert len(line) < 400
 
 

@@ -134,7 +134,7 @@ def test_wrong_types_name_the_key_and_the_value() -> None:
         "agent.yaml:5: exporter.console: expected true or false, got string 'yes please'")
     assert err("probe_sets: {}\n") == "agent.yaml:1: probe_sets: needs at least one probe set"
     assert err(BASE + "limits:\n  ringbuf_size: lots\n").startswith(
-        "agent.yaml:5: limits.ringbuf_size: expected a size in bytes such as 8388608 or '8M'")
+        "agent.yaml:5: limits.ringbuf_size: expected a size in bytes such as 8388608 or 8M, got 'lots'")
 
 
 def test_bad_glob() -> None:

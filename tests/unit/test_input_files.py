@@ -128,3 +128,13 @@ def test_no_name_when_the_caller_names_the_file(tmp_path):
         read_bytes(tmp_path / "nope", "", MAX_PEM_BYTES)
     with pytest.raises(InputError, match=r": a directory, not a regular file"):
         read_bytes(tmp_path, "", MAX_PEM_BYTES)
+
+
+@pytest.mark.parametrize(("text", "out"), [("errs", "errs"), ("a\rb", "a\\rb"), ("x\n", "x\\n"),
+                                           ("\x1b[31m", "\\x1b[31m"), ("é", "é")])
+def test_plain_names_stay_on_one_line(text: str, out: str) -> None:
+    assert files.plain(text) == out
+
+
+def test_plain_cuts_long_names() -> None:
+    assert files.plain("k" * 1000) == "k" * 160 + "… (1000 characters)"

@@ -4,7 +4,12 @@ import pytest
 from opentelemetry.sdk.resources import OTELResourceDetector
 
 from retsnoop_otel import __version__
-from retsnoop_otel.export.resource import build_resource, parse_resource_attributes, read_machine_id
+from retsnoop_otel.export.resource import (
+    build_resource,
+    parse_resource_attributes,
+    read_machine_id,
+    resource_attributes_problem,
+)
 
 
 def test_resource_attributes(tmp_path):
@@ -38,6 +43,11 @@ def test_parsing_matches_the_sdk_detector(text, monkeypatch):
     assert parse_resource_attributes(text) == dict(OTELResourceDetector().detect().attributes)
 
 
-def test_malformed_list_is_discarded_as_a_whole(caplog):
-    assert parse_resource_attributes("a=1,broken,b=2") == {}
-    assert "not key=value" in caplog.text
+@pytest.mark.parametrize("text,problem", [
+    ("a=1,broken,b=2", "entry 2 'broken' is not key=value"), ("=x", "entry 1 '=x' is not key=value"),
+    ("a=%zz", "entry 1 ('a'): a '%' that starts no %XX escape in its value"),
+    ("a=%C3", "entry 1 ('a'): its %XX escapes are not UTF-8")])
+def test_malformed_list_is_named_and_discarded_as_a_whole(text, problem):
+    """The runtime refuses it at start (exit 2); a list that got past that is still never used in part."""
+    assert resource_attributes_problem(text) == problem
+    assert parse_resource_attributes(text) == {}

@@ -1,0 +1,114 @@
+"""One run of the installed `retsnoop-otel` as a user would type it, measured: exit code, output, wall time and
+peak memory (the child's own ru_maxrss, from wait4), with a hard timeout so a hang is a finding, not a stuck test.
+
+A case names the files it needs under `files`; their contents are text, {"hex": ...} bytes, or one of the kinds
+a user may point at by mistake ({"kind": "fifo" | "dir" | "devzero" | "devnull" | "symlink-devzero" | "big"}).
+In arguments, environment values and file contents, "{tmp}" is the case's own directory and "{rep:TEXT:N}" is
+TEXT N times (so that the corpus stays small).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+COMMAND = Path(sys.executable).with_name("retsnoop-otel")  # the console script pip installed into the venv
+KEPT_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")  # nothing else of the caller's (no OTEL_* of the host)
+
+
+@dataclass(frozen=True)
+class Case:
+    argv: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+    files: dict[str, object] = field(default_factory=dict)
+    expect: str = "refused"  # "refused": exit 2; "valid": reaches this host's kernel refusal; "either"
+    secret: str = ""  # a value that must never be echoed
+    why: str = ""
+
+    def show(self) -> str:
+        return f"argv={list(self.argv)!r} env={self.env!r} files={ {k: _short(v) for k, v in self.files.items()} }"
+
+
+def _short(v: object) -> str:
+    text = repr(v)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+@dataclass(frozen=True)
+class Outcome:
+    code: int | None  # None: killed at the timeout
+    stdout: str
+    stderr: str
+    seconds: float
+    max_rss_mb: float
+
+
+_REPEAT = re.compile(r"\{rep:([^:{}]*):(\d+)\}")
+
+
+def expand(text: str, tmp: Path) -> str:
+    return _REPEAT.sub(lambda m: m.group(1) * int(m.group(2)), text.replace("{tmp}", str(tmp)))
+
+
+def _place(tmp: Path, name: str, content: object) -> None:
+    path = tmp / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(content, str):
+        path.write_text(expand(content, tmp))
+        return
+    assert isinstance(content, dict), content
+    if "hex" in content:
+        path.write_bytes(bytes.fromhex(content["hex"]))
+        return
+    kind = content["kind"]
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dir":
+        path.mkdir()
+    elif kind in ("devzero", "devnull", "symlink-devzero"):
+        os.symlink("/dev/null" if kind == "devnull" else "/dev/zero", path)
+    elif kind == "big":  # a regular file of `size` bytes of one repeated line
+        line = content.get("line", "x\n").encode()
+        with open(path, "wb") as f:
+            f.write(line * (int(content["size"]) // len(line) + 1))
+    else:
+        raise ValueError(f"unknown file kind {kind!r}")
+
+
+def run_case(case: Case, tmp: Path, timeout_s: float) -> Outcome:
+    """Runs `retsnoop-otel ARGV` in `tmp`, stdin from /dev/null, killed after `timeout_s`."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    for name, content in case.files.items():
+        _place(tmp, name, content)
+    env = {k: os.environ[k] for k in KEPT_ENV if k in os.environ}
+    env.update({k: expand(v, tmp) for k, v in case.env.items()})
+    out_path, err_path = tmp / ".stdout", tmp / ".stderr"
+    t0 = time.monotonic()
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        argv = [str(COMMAND), *(expand(a, tmp) for a in case.argv)]
+        proc = subprocess.Popen(argv, env=env, cwd=tmp, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                process_group=0)  # a timeout kills what it started too
+    code: int | None = None
+    while True:
+        done, status, rusage = os.wait4(proc.pid, os.WNOHANG)  # wait4, not Popen.wait: the child's peak memory
+        if done:
+            code = os.waitstatus_to_exitcode(status)
+            break
+        if time.monotonic() - t0 > timeout_s:
+            os.killpg(proc.pid, signal.SIGKILL)
+            _, _, rusage = os.wait4(proc.pid, 0)
+            break
+        time.sleep(0.01)
+    proc.returncode = -signal.SIGKILL if code is None else code  # reaped here: Popen must not wait for it again
+    seconds = time.monotonic() - t0
+    return Outcome(code, _text(out_path), _text(err_path), seconds, rusage.ru_maxrss / 1024)
+
+
+def _text(path: Path) -> str:
+    return path.read_bytes().decode("utf-8", "replace")

@@ -1,0 +1,223 @@
+"""Bad input through the installed command, as a user types it: flags, environment and config files, fuzzed.
+
+Every run is `retsnoop-otel ...` as a subprocess (tests/command_runs.py), two at a time. This host cannot trace
+kernel functions, so an input is either refused as bad input (exit 2, before any host fact is read) or valid,
+and then it ends in this host's refusal of kernel tracing (exit 1, that one line): whatever reaches the kernel
+check has passed validation. Every run must also end within TIMEOUT_S, stay under MAX_RSS_MB, write one line of
+at most MAX_LINE characters to stderr and nothing to stdout, never a traceback, never a secret it was given.
+
+The corpus (tests/fixtures/fuzz_corpus.jsonl) holds the reproducers of every class found so far; hypothesis
+adds generated cases around a valid base (each mutation of a flag, a variable or a config key), deterministic
+in `make test` (FUZZ_RANDOM=1 explores with fresh seeds, FUZZ_EXAMPLES=N sets the pairs per test).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from retsnoop_otel.trace.flags import build_parser
+from tests.command_runs import Case, Outcome, run_case
+
+CORPUS = Path(__file__).parent / "fixtures" / "fuzz_corpus.jsonl"
+TIMEOUT_S = 15.0  # a hang detector (a refusal takes ~0.2 s), generous for a loaded two-core CI host
+MAX_RSS_MB = 200
+MAX_LINE = 400
+HOST_REFUSALS = ("kernel functions cannot be traced here", "--lbr needs last branch records")  # this host's
+PAIRS = int(os.environ.get("FUZZ_EXAMPLES", "75"))
+FUZZ = settings(max_examples=PAIRS, deadline=None, derandomize=not os.environ.get("FUZZ_RANDOM"),
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large], database=None)
+
+
+def problems(case: Case, out: Outcome) -> list[str]:
+    """What is wrong with one run; [] when it behaved."""
+    if out.code is None:
+        return [f"no exit within {TIMEOUT_S:g} s (killed)"]
+    found = []
+    text = out.stdout + out.stderr
+    lines = out.stderr.splitlines()
+    if "Traceback" in text:
+        found.append("a traceback")
+    if out.max_rss_mb > MAX_RSS_MB:
+        found.append(f"{out.max_rss_mb:.0f} MB of memory")
+    if case.secret and case.secret in text:
+        found.append("echoed the secret")
+    if out.stdout.strip():
+        found.append(f"wrote to stdout: {out.stdout[:200]!r}")
+    if len(lines) != 1:
+        found.append(f"{len(lines)} lines on stderr")
+    elif len(lines[0]) > MAX_LINE:
+        found.append(f"a {len(lines[0])}-character line")
+    host = out.code == 1 and len(lines) == 1 and any(r in lines[0] for r in HOST_REFUSALS)
+    if case.expect == "refused" and out.code != 2:
+        found.append(f"exit {out.code}, not 2 (bad input)")
+    elif case.expect == "valid" and not (host and HOST_REFUSALS[0] in lines[0]):
+        found.append(f"exit {out.code}: did not reach this host's kernel refusal")
+    elif case.expect == "either" and not (out.code == 2 or host):
+        found.append(f"exit {out.code}: neither refused as input (2) nor at the kernel check (1)")
+    return found
+
+
+def run_all(cases: list[Case]) -> list[str]:
+    """Runs the cases two at a time; one report line per misbehaving case."""
+    def one(case: Case) -> str:
+        with tempfile.TemporaryDirectory(prefix="fuzz-") as tmp:
+            out = run_case(case, Path(tmp), TIMEOUT_S)
+        found = problems(case, out)
+        return "" if not found else (f"{'; '.join(found)} -- {case.why or 'generated'}: {case.show()[:600]} "
+                                     f"-> stderr {out.stderr[:300]!r}")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return [r for r in pool.map(one, cases) if r]
+
+
+def load_corpus() -> list[Case]:
+    cases = []
+    for line in CORPUS.read_text().splitlines():
+        d = json.loads(line)
+        cases.append(Case(tuple(d["argv"]), d.get("env", {}), d.get("files", {}), d.get("expect", "refused"),
+                          d.get("secret", ""), d["why"]))
+    return cases
+
+
+def test_corpus() -> None:
+    cases = load_corpus()
+    assert len(cases) >= 100 and {c.expect for c in cases} == {"refused", "valid"}
+    bad = run_all(cases)
+    assert not bad, f"{len(bad)} of {len(cases)} corpus cases misbehaved:\n" + "\n".join(bad)
+
+
+# ---- generated cases: a valid base, mutated ----
+
+TRACE_BASE = ("trace", "-e", "*sys_bpf")
+VALID_FLAGS = [("-a", "bpf_check"), ("-d", "map_create"), ("-x", "EINVAL"), ("-X", "ENOENT"), ("-L", "5"), ("-S",),
+               ("-T",), ("-E",), ("-K",), ("-F",), ("-M",), ("--json",), ("-A",), ("-n", "bash"), ("-N", "sshd"),
+               ("-p", "1"), ("-P", "2"), ("--otlp-endpoint", "http://127.0.0.1:4317"),
+               ("--otlp-protocol", "http/protobuf"), ("--export-addresses",), ("-C", "bpf.ringbuf-size=1M"),
+               ("--probe-set", "mine"), ("-v",), ("-sn",), ("--no-app-context",)]
+SKIPPED = {"-h", "--help", "-V", "--version", "--dry-run"}  # they end before the kernel check with exit 0
+FLAGS = sorted({o for a in build_parser()._actions for o in a.option_strings} - SKIPPED)  # noqa: SLF001
+WORDS = ["*sys_bpf", "array_map_*", ":kernel/bpf/*.c", "f [mod]", "f [mod", "[", "", "-ENOMEM", "EINVAL", "any",
+         "0", "-1", "65536", "99999999999999999999", "1e400", "nan", "inf", "-inf", "http://127.0.0.1:4317",
+         "ftp://x", "http://[::1", "http://:0", "localhost:4317", "grpc", "http/json", "bpf.ringbuf-size=8M",
+         "bpf.ringbuf-size=3M", "calls.max-per-session=0", "x=y", "=", "@{tmp}/g", "@/dev/zero", "@{tmp}",
+         "{tmp}/file", "/dev/zero", "/dev/null", "/nonexistent/dir/t.json", "/sys/fs/cgroup/none", "-k", "--",
+         "é", "\x7f", "\t", "{rep:a:5000}", "{rep:%:300}"]
+VALUES = st.one_of(st.sampled_from(WORDS), st.text(st.characters(blacklist_categories=("Cs",),
+                                                                  blacklist_characters="\x00"), max_size=12))
+ENV_VARS = ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL",
+            "OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_COMPRESSION",
+            "OTEL_EXPORTER_OTLP_CERTIFICATE", "OTEL_EXPORTER_OTLP_CLIENT_KEY", "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+            "OTEL_RESOURCE_ATTRIBUTES", "OTEL_SERVICE_NAME", "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL"]
+FILES = st.one_of(st.text(max_size=40), st.binary(max_size=40).map(lambda b: {"hex": b.hex()}),
+                  st.sampled_from([{"kind": k} for k in ("fifo", "dir", "devzero", "devnull")]))
+
+
+@st.composite
+def trace_cases(draw: st.DrawFn) -> Case:
+    argv = list(TRACE_BASE) if draw(st.booleans()) else ["trace"]
+    for _ in range(draw(st.integers(0, 2))):
+        argv += draw(st.sampled_from(VALID_FLAGS))
+    for _ in range(draw(st.integers(1, 3))):
+        argv.append(draw(st.sampled_from(FLAGS)))
+        if draw(st.booleans()):
+            argv.append(draw(VALUES))
+    env = draw(st.dictionaries(st.sampled_from(ENV_VARS), VALUES, max_size=2))
+    files = {"g": draw(FILES), "file": draw(FILES)}
+    return Case(tuple(argv), env, files, expect="either")
+
+
+BASE_CONFIG: dict = {
+    "probe_sets": [{"name": "errs", "entry": ["*sys_bpf"], "allow": ["bpf_check"], "mode": "stack",
+                    "attach_mode": "auto", "filters": {"deny_errors": ["ENOENT"], "min_duration_ms": 0},
+                    "sampling": {"success_probability": 0.1}}],
+    "exporter": {"otlp": {"endpoint": "http://127.0.0.1:4317", "protocol": "grpc", "compression": "gzip",
+                          "timeout": 10}},
+    "metrics": {"listen": "127.0.0.1:0", "stall_after_s": 30},
+    "limits": {"max_spans_per_trace": 4096, "ringbuf_size": "8M", "max_sessions": 4096},
+    "logging": {"format": "json", "level": "info"},
+}
+
+
+def _paths(node: object, prefix: tuple = ()) -> list[tuple]:
+    """Every key and list index of the base config: the places a mutation can hit."""
+    if isinstance(node, dict):
+        return [p for k, v in node.items() for p in [(*prefix, k), *_paths(v, (*prefix, k))]]
+    if isinstance(node, list):
+        return [p for i, v in enumerate(node) for p in [(*prefix, i), *_paths(v, (*prefix, i))]]
+    return []
+
+
+PATHS = _paths(BASE_CONFIG)
+SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-2, 1 << 70), st.floats(allow_nan=True),
+                    st.sampled_from([w for w in WORDS if "{rep" not in w]), st.text(max_size=10))
+NODES = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                      st.dictionaries(st.text(max_size=8), inner, max_size=3)),
+                     max_leaves=6)
+
+
+@st.composite
+def config_cases(draw: st.DrawFn) -> Case:
+    cfg = json.loads(json.dumps(BASE_CONFIG))
+    for _ in range(draw(st.integers(1, 3))):
+        path = draw(st.sampled_from(PATHS))
+        parent = cfg
+        try:
+            for step in path[:-1]:
+                parent = parent[step]
+            if draw(st.integers(0, 9)) == 0 and isinstance(parent, dict):
+                parent.pop(path[-1], None)
+            else:
+                parent[path[-1]] = draw(NODES)
+        except (KeyError, IndexError, TypeError):  # an earlier mutation replaced the way there
+            continue
+    if draw(st.integers(0, 4)) == 0:
+        cfg[draw(st.sampled_from(["vmlinux", "bogus", "kubernetes"]))] = draw(NODES)
+    text = yaml.safe_dump(cfg, allow_unicode=True)
+    command = draw(st.sampled_from([("agent", "--check"), ("agent", "--config")]))
+    return Case((*command, "{tmp}/a.yaml"), {}, {"a.yaml": text, "g": draw(FILES)}, expect="either")
+
+
+@FUZZ
+@given(st.lists(trace_cases(), min_size=2, max_size=2))
+def test_generated_trace_flags_and_environment(pair: list[Case]) -> None:
+    bad = run_all(pair)
+    assert not bad, "\n".join(bad)
+
+
+@FUZZ
+@given(st.lists(config_cases(), min_size=2, max_size=2))
+def test_generated_agent_configs(pair: list[Case]) -> None:
+    bad = run_all(pair)
+    assert not bad, "\n".join(bad)
+
+
+@st.composite
+def valid_trace_cases(draw: st.DrawFn) -> Case:
+    flags = draw(st.lists(st.sampled_from([f for f in VALID_FLAGS if f[0] not in ("-K", "-F", "-M")]), max_size=4,
+                          unique=True))
+    if ("-S",) in flags and {("-x", "EINVAL"), ("-X", "ENOENT")} & set(flags):
+        flags.remove(("-S",))  # success sessions and error filters exclude each other (as in retsnoop)
+    mode = draw(st.sampled_from([(), ("-K",), ("-F",), ("-M",), ("--kprobe-session",)]))
+    return Case((*TRACE_BASE, *mode, *(t for f in flags for t in f)), {}, {}, expect="valid")
+
+
+@settings(FUZZ, max_examples=max(5, PAIRS // 5))
+@given(st.lists(valid_trace_cases(), min_size=2, max_size=2))
+def test_valid_flags_reach_the_kernel_check(pair: list[Case]) -> None:
+    bad = run_all(pair)
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("value", ["http://[::1", "ftp://user:pw@x:1"])
+def test_a_run_that_misbehaves_is_reported(value: str) -> None:
+    """The checker itself: a valid-expected bad input and a refused-expected valid one are both findings."""
+    assert run_all([Case((*TRACE_BASE, "--otlp-endpoint", value), expect="valid")])
+    assert run_all([Case(TRACE_BASE, expect="refused")])
