@@ -63,8 +63,9 @@ def expansion_bounded(ctx: Nodes, root: yaml.Node, limit: int = MAX_NODES) -> No
         node = stack.pop()
         seen += 1
         if seen > limit:
-            raise ConfigError(f"{ctx.filename}: the config expands to more than {limit:,} YAML nodes (its aliases "
-                              "counted each time they are used), the limit; write it without nesting aliases")
+            raise ConfigError(f"{ctx.filename}: the config expands to more than {limit:,} YAML nodes (an alias "
+                              "counts each time it is used), the limit; put long glob lists in an '@FILE' glob file "
+                              "and do not nest aliases")
         if isinstance(node, yaml.SequenceNode):
             stack.extend(node.value)
         elif isinstance(node, yaml.MappingNode):

@@ -8,6 +8,7 @@ exit 1 about the kernel; bad input has to exit 2 before that.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -335,3 +336,22 @@ def test_recursive_alias_refused():
 def test_shipped_configs_still_load(path: Path):
     from retsnoop_otel.agent.config_file import load_config
     load_config(path, {})
+
+
+# ---- signals: a long read or check of an input is stopped by SIGINT and SIGTERM ----
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, -signal.SIGTERM)])
+def test_a_signal_stops_the_check_of_a_large_input(tmp_path: Path, sig: signal.Signals, code: int):
+    """Ctrl-C (exit 130, no traceback) and SIGTERM (the default: the process ends) while a config just under its
+    4 MiB cap is read and composed, about 4 s on the CI host."""
+    body = "probe_sets:\n  - name: s\n    entry: ['*sys_bpf']\n    allow:\n"
+    path = _config(tmp_path, body + "".join(f"      - 'fn_{i:07d}*'\n" for i in range(185_000)))
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    proc = subprocess.Popen([sys.executable, "-m", "retsnoop_otel", "agent", "--check", str(path)], cwd=REPO,
+                            env=environ, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    time.sleep(0.5)
+    assert proc.poll() is None, "the check ended before the signal: the input is too small to show anything"
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=TIMEOUT_S)
+    assert proc.returncode == code and "Traceback" not in err, (proc.returncode, err)
