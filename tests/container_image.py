@@ -60,10 +60,14 @@ def ensure_base(env: dict[str, str]) -> None:
     cache = cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
     tar = cache / "bookworm-minbase.tar"
-    if not tar.exists():
+    if not tar.is_file():
+        shutil.rmtree(tar, ignore_errors=True)  # a directory left by an older version of this code
         part = tar.with_suffix(".part")
-        subprocess.run(["mmdebstrap", "--quiet", "--variant=minbase", "bookworm", str(part)], check=True,
-                       timeout=900, capture_output=True)
+        shutil.rmtree(part, ignore_errors=True)
+        part.unlink(missing_ok=True)
+        # --format: mmdebstrap picks the format from the name otherwise, and '.part' made a directory
+        subprocess.run(["mmdebstrap", "--quiet", "--variant=minbase", "--format=tar", "bookworm", str(part)],
+                       check=True, timeout=900, capture_output=True)
         part.rename(tar)
     podman(env, "import", str(tar), BASE)
 
