@@ -34,7 +34,7 @@ class Nodes:
         self._loader = yaml.SafeLoader("")
 
     def fail(self, node: yaml.Node, key: str, msg: str) -> ConfigError:
-        return ConfigError(f"{self.filename}:{node.start_mark.line + 1}: {plain(key)}: {msg}")
+        return ConfigError(f"{self.filename}:{node.start_mark.line + 1}: {plain(key) or 'the top level'}: {msg}")
 
     def value(self, node: yaml.Node, key: str = "") -> Any:
         try:

@@ -53,8 +53,8 @@ def load_ca_bundle(ctx: ssl.SSLContext, path: str, error: ErrorFactory) -> None:
     data = _pem_certificates(path, error, "CA certificate")
     try:
         ctx.load_verify_locations(cadata=data.decode("latin-1"))
-    except ssl.SSLError as exc:
-        raise error(f"{path}: a certificate in the file does not parse ({exc.reason or exc})") from None
+    except ssl.SSLError:  # OpenSSL's reason ("no start line", "bad base64 decode") says less than this
+        raise error(f"{path}: a certificate in the file does not parse (a broken BEGIN/END block or base64)") from None
 
 
 def load_key_pair(ctx: ssl.SSLContext, cert_path: str, key_path: str, cert_error: ErrorFactory,
