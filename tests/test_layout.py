@@ -119,6 +119,16 @@ def test_sub_packages_import_downwards_only() -> None:
     assert wrong == []
 
 
+# side by side rather than above one another: neither imports the other
+SIBLINGS = {("export", "render"), ("render", "export"), ("metrics", "render")}
+
+
+def test_exporters_and_the_console_view_are_independent() -> None:
+    """export/ encodes and sends; render/ writes text for people: what both need lives below them."""
+    wrong = [f"{m} -> {t}" for m, targets in graph().items() for t in targets if (layer(m), layer(t)) in SIBLINGS]
+    assert wrong == []
+
+
 def test_every_module_sits_in_a_layer() -> None:
     assert {m for m in modules() if layer(m) is None} == TOP_LEVEL
 

@@ -19,10 +19,12 @@ from typing import Any
 
 from retsnoop_otel import __version__
 from retsnoop_otel.capture.errnos import errno_name
+from retsnoop_otel.capture.frames import relevant, user_frame_text
 from retsnoop_otel.capture.model import (
     AppContext,
     Call,
     FuncTable,
+    LbrCapture,
     RetKind,
     Session,
     TracedFunc,
@@ -33,8 +35,6 @@ from retsnoop_otel.capture.model import (
 )
 from retsnoop_otel.capture.sampling import trace_state
 from retsnoop_otel.export.semconv import SCHEMA_URL
-from retsnoop_otel.render.lbr import export_lbr
-from retsnoop_otel.render.user_stack import user_frame_text
 
 SCOPE_NAME = "retsnoop_otel"
 SCOPE_VERSION = __version__
@@ -224,7 +224,7 @@ def lbr_attrs(session: Session, funcs: FuncTable, symbolize: Callable[[int], str
         return {}
     if cap.error:
         return {"retsnoop.lbr_error": errno_name(cap.error) or f"E{cap.error}"}
-    entries = export_lbr(cap, lookup_func(funcs, cap.func_id), symbolize, export_addresses)
+    entries = lbr_entries(cap, lookup_func(funcs, cap.func_id), symbolize, export_addresses)
     return {"retsnoop.lbr": entries} if entries else {}
 
 
@@ -265,3 +265,25 @@ def chain_span_times(parent_start: int, parent_end: int, latency_ns: int | None)
     if latency_ns is None:
         return parent_start, parent_end
     return max(parent_start, parent_end - latency_ns), parent_end
+
+
+def lbr_entries(cap: LbrCapture, func: TracedFunc | None, describe: Callable[[int], str] | None,
+               export_addresses: bool) -> list[str]:
+    """`from -> to` strings for the retsnoop.lbr span attribute: the relevant records, oldest first.
+
+    Without a symbolizer only --export-addresses allows the raw addresses (they reveal KASLR); an
+    address no symbol covers is shown as [unknown] unless addresses may be exported.
+    """
+    kept, _ = relevant(cap.branches, func.addr if func else 0, func.size if func else 0)
+
+    def side(addr: int) -> str:
+        if describe is None:
+            return f"0x{addr:x}"
+        text = describe(addr)
+        if export_addresses:
+            return text if text.startswith("0x") else f"0x{addr:x} {text}"
+        return "[unknown]" if text.startswith("0x") else text
+
+    if describe is None and not export_addresses:
+        return []
+    return [f"{side(b.src)} -> {side(b.dst)}" for b in reversed(kept)]

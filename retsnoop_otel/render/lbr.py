@@ -7,22 +7,12 @@ inside the tracing machinery after the deepest traced function returned.
 from __future__ import annotations
 
 import errno
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from retsnoop_otel.capture.errnos import errno_name
-from retsnoop_otel.capture.model import Branch, LbrCapture, Session, TracedFunc
+from retsnoop_otel.capture.frames import relevant
+from retsnoop_otel.capture.model import Branch, Session, TracedFunc
 from retsnoop_otel.symbols.symbolize import Frame, Symbolizer
-
-
-def relevant(records: Sequence[Branch], func_addr: int, func_size: int) -> tuple[list[Branch], bool]:
-    """retsnoop's relevance cut: records are newest first; drop the newest ones up to the first whose
-    source or target lies inside the deepest traced function. Returns (kept, filtered?); when no
-    record touches that function, everything is kept and filtered is False."""
-    end = func_addr + max(func_size, 1)
-    for i, b in enumerate(records):
-        if func_addr <= b.src < end or func_addr <= b.dst < end:
-            return list(records[i:]), True
-    return list(records), False
 
 
 def _side(frames: list[Frame], addr: int) -> list[tuple[str, str]]:
@@ -82,25 +72,3 @@ def render_session_lbr(session: Session, funcs: Mapping[int, TracedFunc], symbol
     func = funcs.get(cap.func_id)
     addr, size = (func.addr, func.size) if func is not None else (0, 0)
     return render_lbr(cap.branches, symbolizer, addr, size, max_count)
-
-
-def export_lbr(cap: LbrCapture, func: TracedFunc | None, describe: Callable[[int], str] | None,
-               export_addresses: bool) -> list[str]:
-    """`from -> to` strings for the retsnoop.lbr span attribute: the relevant records, oldest first.
-
-    Without a symbolizer only --export-addresses allows the raw addresses (they reveal KASLR); an
-    address no symbol covers is shown as [unknown] unless addresses may be exported.
-    """
-    kept, _ = relevant(cap.branches, func.addr if func else 0, func.size if func else 0)
-
-    def side(addr: int) -> str:
-        if describe is None:
-            return f"0x{addr:x}"
-        text = describe(addr)
-        if export_addresses:
-            return text if text.startswith("0x") else f"0x{addr:x} {text}"
-        return "[unknown]" if text.startswith("0x") else text
-
-    if describe is None and not export_addresses:
-        return []
-    return [f"{side(b.src)} -> {side(b.dst)}" for b in reversed(kept)]

@@ -6,28 +6,9 @@ the kernel stack in the stack view's columns, and exported one per line on the r
 
 from __future__ import annotations
 
-import os
-
 from retsnoop_otel.capture.errnos import errno_name
-from retsnoop_otel.capture.model import Session, UserFrame
-
-
-def _symbol(f: UserFrame) -> str:
-    if f.function is None:
-        return f"0x{f.addr:x}"
-    return f". {f.function}" if f.inlined else f"{f.function}+0x{f.offset:x}"
-
-
-def _where(f: UserFrame) -> str:
-    src = f"({f.file}:{f.line})" if f.file else ""
-    mod = f"[{os.path.basename(f.module)}]" if f.module else ""
-    return f"{src} {mod}".strip()
-
-
-def user_frame_text(f: UserFrame, with_address: bool = False) -> str:
-    """'name+0xoff (file:line) [module]'; addresses only on request: user addresses reveal ASLR."""
-    text = f"{_symbol(f)} {_where(f)}".strip()
-    return f"0x{f.addr:016x} {text}" if with_address and f.function is not None else text
+from retsnoop_otel.capture.frames import user_frame_symbol, user_frame_where
+from retsnoop_otel.capture.model import Session
 
 
 def user_stack_lines(session: Session) -> list[str]:
@@ -37,5 +18,5 @@ def user_stack_lines(session: Session) -> list[str]:
     if not session.user_frames:
         return []
     frames = list(reversed(session.user_frames))  # innermost first as taken: print outermost first
-    width = max(len(_symbol(f)) for f in frames)
-    return ["user stack:", *(f"   {_symbol(f):<{width}}  {_where(f)}".rstrip() for f in frames)]
+    width = max(len(user_frame_symbol(f)) for f in frames)
+    return ["user stack:", *(f"   {user_frame_symbol(f):<{width}}  {user_frame_where(f)}".rstrip() for f in frames)]

@@ -11,9 +11,10 @@ from retsnoop_otel.capture import records
 from retsnoop_otel.capture.model import Branch, LbrCapture, RetKind, StackEntry, TracedFunc
 from retsnoop_otel.capture.records import SessionLbrRec
 from retsnoop_otel.capture.sessions import SessionAssembler
+from retsnoop_otel.export.span_attributes import lbr_entries
 from retsnoop_otel.export.span_encoder import build_request
 from retsnoop_otel.render.console import session_text
-from retsnoop_otel.render.lbr import export_lbr, render_session_lbr
+from retsnoop_otel.render.lbr import render_session_lbr
 from retsnoop_otel.symbols.kallsyms import Kallsyms
 from retsnoop_otel.symbols.symbolize import KallsymsSymbolizer
 from retsnoop_otel.trace.flags import parse
@@ -107,11 +108,11 @@ def test_session_block_says_why_nothing_was_captured(sym):
 def test_exported_strings_hide_addresses_unless_asked(sym):
     cap = LbrCapture(1, 1, 500, tuple(RECORDS))
     func = _amac_funcs()[1]
-    got = export_lbr(cap, func, sym.describe, export_addresses=False)
+    got = lbr_entries(cap, func, sym.describe, export_addresses=False)
     assert got[0] == "_copy_from_user+0x2f -> __sys_bpf+0xcc"
     assert got[-1] == "array_map_alloc_check+0x74 -> [unknown]"  # the trampoline has no symbol
-    assert export_lbr(cap, func, None, export_addresses=False) == []
-    with_addrs = export_lbr(cap, func, sym.describe, export_addresses=True)
+    assert lbr_entries(cap, func, None, export_addresses=False) == []
+    with_addrs = lbr_entries(cap, func, sym.describe, export_addresses=True)
     assert with_addrs[-1] == f"0x{AMAC + 0x74:x} array_map_alloc_check+0x74 -> 0xffffffff80f00000"
 
 
