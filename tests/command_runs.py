@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 COMMAND = Path(sys.executable).with_name("retsnoop-otel")  # the console script pip installed into the venv
+# In a user namespace of its own the command holds no capability over the host's kernel: whatever the host
+# allows, valid input ends at the privilege check, and nothing can be attached (util-linux's unshare execs it).
+UNPRIVILEGED = ("unshare", "--user")
 KEPT_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")  # nothing else of the caller's (no OTEL_* of the host)
 
 
@@ -91,7 +94,7 @@ def run_case(case: Case, tmp: Path, timeout_s: float) -> Outcome:
     out_path, err_path = tmp / ".stdout", tmp / ".stderr"
     t0 = time.monotonic()
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
-        argv = [str(COMMAND), *(expand(a, tmp) for a in case.argv)]
+        argv = [*UNPRIVILEGED, str(COMMAND), *(expand(a, tmp) for a in case.argv)]
         proc = subprocess.Popen(argv, env=env, cwd=tmp, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                 process_group=0)  # a timeout kills what it started too
     code: int | None = None

@@ -1,8 +1,9 @@
 """Bad input through the real commands: exit 2, no traceback, one line on stderr naming the flag or key, quickly.
 
-Run as subprocesses with a 20 s timeout: a FIFO or /dev/zero given as a file used to block in open() or read
-until the memory ran out. This host cannot trace kernel functions, so valid input would end in a refusal with
-exit 1 about the kernel; bad input has to exit 2 before that.
+Run as subprocesses in a user namespace of their own (no capability over the kernel, whatever the host allows:
+nothing is ever attached) with a 20 s timeout: a FIFO or /dev/zero given as a file used to block in open() or read
+until the memory ran out. Valid input ends in the refusal of tracing (exit 1: no capability, or a kernel that
+cannot trace); bad input has to exit 2 before that.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.command_runs import UNPRIVILEGED
+
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 20
 
@@ -23,7 +26,7 @@ TIMEOUT_S = 20
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     environ.update(env or {})
-    return subprocess.run([sys.executable, "-m", "retsnoop_otel", *args], capture_output=True, text=True,
+    return subprocess.run([*UNPRIVILEGED, sys.executable, "-m", "retsnoop_otel", *args], capture_output=True, text=True,
                           timeout=TIMEOUT_S, cwd=REPO, env=environ, stdin=subprocess.DEVNULL)
 
 
@@ -347,7 +350,8 @@ def test_a_signal_stops_the_check_of_a_large_input(tmp_path: Path, sig: signal.S
     body = "probe_sets:\n  - name: s\n    entry: ['*sys_bpf']\n    allow:\n"
     path = _config(tmp_path, body + "".join(f"      - 'fn_{i:07d}*'\n" for i in range(185_000)))
     environ = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    proc = subprocess.Popen([sys.executable, "-m", "retsnoop_otel", "agent", "--check", str(path)], cwd=REPO,
+    proc = subprocess.Popen([*UNPRIVILEGED, sys.executable, "-m", "retsnoop_otel", "agent", "--check", str(path)],
+                            cwd=REPO,
                             env=environ, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     time.sleep(0.5)
