@@ -343,3 +343,21 @@ def describe(settings: OtlpSettings) -> str:
         where = f"{parts.scheme}://{host}{'' if parts.port is None else f':{parts.port}'}{parts.path}"
     extra = "" if settings.compression == "none" else f", {settings.compression}"
     return f"{settings.protocol} {where} ({'TLS' if settings.tls else 'plaintext'}{extra})"
+
+
+VALUE_LENGTH_VARS = ("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT")  # first set wins
+
+
+def attribute_value_limit(environ: Mapping[str, str] = os.environ) -> int | None:
+    """The longest string an attribute value may hold (None: no limit, the specification's default): the
+    span-specific variable, else the general one; an empty variable counts as unset. A value that is not a
+    non-negative integer is an error (OtlpConfigError), not ignored."""
+    for var in VALUE_LENGTH_VARS:
+        text = environ.get(var, "").strip()
+        if not text:
+            continue
+        if not text.isdigit() or len(text) > 10:
+            raise OtlpConfigError(f"{var}={shown(text)}: not a length; write a number of characters such as "
+                                  "4096 (0 or more), or unset it for no limit")
+        return int(text)
+    return None

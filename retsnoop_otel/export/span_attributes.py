@@ -45,6 +45,7 @@ RECORDS_LOST = "retsnoop.records_lost_before"
 UNKNOWN_ROOT_NAME = "unknown"
 APP_PREFIX = "retsnoop.app."  # the application's thread-context attributes, under their own names
 USER_STACK = "retsnoop.user_stacktrace"
+ATTRIBUTES_CUT = "retsnoop.attributes_cut"  # names of the attributes whose values the length limit cut
 
 Attrs = dict[str, Any]
 Locate = Callable[[int], "tuple[str, int] | None"]  # function address -> (file, line) of its definition
@@ -72,6 +73,25 @@ def int64(value: int) -> int:
     """OTLP integer attributes are int64: wrap unsigned 64-bit values the way C would."""
     value &= (1 << 64) - 1
     return value - (1 << 64) if value & (1 << 63) else value
+
+
+def limit_lengths(attrs: Attrs, limit: int | None) -> Attrs:
+    """OTEL_(SPAN_)ATTRIBUTE_VALUE_LENGTH_LIMIT on the attributes whose length the data decides (stacks, LBR
+    records, arguments): strings, and each string of an array, cut to `limit` characters, as the SDKs do.
+    The span says which ones were cut (ATTRIBUTES_CUT): a stack cut short must not read as the whole stack."""
+    if limit is None:
+        return attrs
+    cut: list[str] = list(attrs.get(ATTRIBUTES_CUT, ()))  # already cut (the LBR records, before they moved here)
+    for key, value in list(attrs.items()):
+        if isinstance(value, str) and len(value) > limit:
+            attrs[key] = value[:limit]
+            cut.append(key)
+        elif isinstance(value, list) and any(isinstance(v, str) and len(v) > limit for v in value):
+            attrs[key] = [v[:limit] if isinstance(v, str) else v for v in value]
+            cut.append(key)
+    if cut:
+        attrs[ATTRIBUTES_CUT] = list(dict.fromkeys(cut))
+    return attrs
 
 
 def func_attrs(func: TracedFunc, locate: Locate | None = None) -> Attrs:

@@ -39,6 +39,7 @@ from retsnoop_otel.export.span_attributes import (
     func_attrs,
     lbr_attrs,
     lbr_call,
+    limit_lengths,
     return_attrs,
     sampling_state,
     session_attrs,
@@ -166,8 +167,9 @@ class SpanEncoder:
                  symbolize: Any = None, export_addresses: bool = False,
                  max_spans: int = DEFAULT_MAX_SPANS, rng: random.Random | None = None,
                  format_args: FormatArgs | None = None, locate: Locate | None = None,
-                 workloads: WorkloadEnvelopes | None = None) -> None:
+                 workloads: WorkloadEnvelopes | None = None, value_limit: int | None = None) -> None:
         self.funcs = funcs
+        self.value_limit = value_limit  # OTEL_(SPAN_)ATTRIBUTE_VALUE_LENGTH_LIMIT: on stacks, LBR, arguments
         self.workloads = workloads  # a resource per workload; None: every session under `envelope`
         self.locate = locate  # DWARF: code.file.path / code.line.number, looked up once per function
         self.format_args = format_args  # -A: `name=value` strings, exported as retsnoop.args
@@ -245,7 +247,8 @@ class SpanEncoder:
         root_id = self._span_id()
         root_start, root_end = session.start_ns + offset_ns, session.end_ns + offset_ns
         top, root_raw = split_root(session)
-        lbr = lbr_attrs(session, self.funcs, self.symbolize, self.export_addresses) if session.lbr else {}
+        lbr = limit_lengths(lbr_attrs(session, self.funcs, self.symbolize, self.export_addresses),
+                            self.value_limit) if session.lbr else {}
         lbr_root = bool(lbr) and session.lbr is not None and session.lbr.depth == 0
         if session.calls:
             dropped = self._calls(spans, trace_field, top, root_id, root_end, offset_ns,
@@ -264,6 +267,7 @@ class SpanEncoder:
             extra.update(lbr)
         if dropped:
             extra["retsnoop.spans_dropped"] = dropped
+        limit_lengths(extra, self.value_limit)
         if app is not None and joined:
             parent = int.from_bytes(app.span_id.to_bytes(8, "big"), "little")  # packed "<Q": wire order kept
             ids_times = _IDS_TIMES.pack(_SPAN_ID_TAG, root_id, _PARENT_TAG, parent, _START_TAG, root_start,
@@ -298,7 +302,7 @@ class SpanEncoder:
             sid = random64() or new_id()
             ids_times = pack(_SPAN_ID_TAG, sid, _PARENT_TAG, parent, _START_TAG, start, _END_TAG, end)
             if call.missing_before or (call.args and format_args is not None) or call is lbr_at:
-                extra = key_values(9, call_attrs(call, format_args, lbr_at, lbr))
+                extra = key_values(9, limit_lengths(call_attrs(call, format_args, lbr_at, lbr), self.value_limit))
                 append(b"".join((_SPANS_TAG, varint(size + grow + len(extra)), trace_field, ids_times, const, extra)))
             elif grow:
                 append(b"".join((_SPANS_TAG, varint(size + grow), trace_field, ids_times, const)))

@@ -15,7 +15,13 @@ from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
 from retsnoop_otel.capture.model import Session, lookup_func
-from retsnoop_otel.export.otlp_settings import OtlpConfig, OtlpConfigError, OtlpSettings, resolve_settings
+from retsnoop_otel.export.otlp_settings import (
+    OtlpConfig,
+    OtlpConfigError,
+    OtlpSettings,
+    attribute_value_limit,
+    resolve_settings,
+)
 from retsnoop_otel.export.resource import Resource
 from retsnoop_otel.runtime.config import AGENT_NAMES, ExporterConfig, InputNames, Limits
 from retsnoop_otel.runtime.environment import name_it
@@ -33,6 +39,14 @@ def otlp_settings(cfg: OtlpConfig, signal: str, names: Mapping[str, str],
         raise InputError(str(exc)) from None
 
 
+def value_limit(environ: Mapping[str, str]) -> int | None:
+    """OTEL_(SPAN_)ATTRIBUTE_VALUE_LENGTH_LIMIT, or the input error it is."""
+    try:
+        return attribute_value_limit(environ)
+    except OtlpConfigError as exc:
+        raise InputError(str(exc)) from None
+
+
 class ExportTotals:
     __slots__ = ("spans_exported", "spans_dropped", "export_errors")
 
@@ -46,7 +60,7 @@ class ExportTotals:
 class _SetOutputs:
     """Per probe set: its span encoder and argument formatters (a reload builds new probe sets)."""
 
-    def __init__(self, ps: Any, cfg: ExporterConfig, limits: Limits, envelopes: Any) -> None:
+    def __init__(self, ps: Any, cfg: ExporterConfig, limits: Limits, envelopes: Any, value_limit: int | None) -> None:
         from functools import partial
 
         from retsnoop_otel.symbols.symbolize import definition
@@ -64,7 +78,7 @@ class _SetOutputs:
         self.encoder = SpanEncoder(ps.funcs, envelopes.base, symbolize=ps.symbolizer.describe,
                                    locate=partial(definition, ps.symbolizer), export_addresses=cfg.export_addresses,
                                    max_spans=limits.max_spans_per_trace, format_args=self.export_args,
-                                   workloads=envelopes)
+                                   workloads=envelopes, value_limit=value_limit)
 
 
 class Sinks:
@@ -84,6 +98,7 @@ class Sinks:
         self._envelopes: Any = None  # export.span_encoder.WorkloadEnvelopes: one resource per workload, all sets
         self._final: ExportTotals | None = None  # counters at close, when the exporters are gone
         self.trace_json = None
+        self._value_limit: int | None = None
         try:
             if cfg.otlp is not None or cfg.file is not None:  # grpc and protobuf load only when they are needed
                 from retsnoop_otel.export.otlp_sink import OtlpTraceSink
@@ -91,6 +106,7 @@ class Sinks:
                 from retsnoop_otel.metrics.exemplars import ExemplarStore
                 self.exemplars = ExemplarStore()
                 self._envelopes = WorkloadEnvelopes(resource.attributes, resource.schema_url)
+                self._value_limit = value_limit(environ)
             if cfg.otlp is not None:
                 settings = otlp_settings(cfg.otlp, "traces", names.otlp, environ)
                 self.exporters.append(OtlpTraceSink(make_sender(settings), max_queue_spans=limits.export_queue_spans))
@@ -108,7 +124,7 @@ class Sinks:
     def _outputs(self, ps: Any) -> _SetOutputs:
         out = self._per_set.get(ps)
         if out is None:
-            out = self._per_set[ps] = _SetOutputs(ps, self.cfg, self.limits, self._envelopes)
+            out = self._per_set[ps] = _SetOutputs(ps, self.cfg, self.limits, self._envelopes, self._value_limit)
         return out
 
     def emit(self, ps: Any, session: Session, offset_ns: int) -> None:

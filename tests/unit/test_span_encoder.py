@@ -8,6 +8,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from bench import span_throughput  # the benchmark's realistic session generator
 from retsnoop_otel.capture.model import (
     AppContext,
+    ArgValue,
     Call,
     RetKind,
     Session,
@@ -303,3 +304,46 @@ def test_workload_envelopes_stay_bounded():
     made = [envelopes.of(Workload(f"{i:064x}")) for i in range(10)]
     assert len(envelopes._cache) <= 3 and envelopes.of(None) is envelopes.base is envelopes.of(Workload())
     assert envelopes.of(Workload(f"{9:064x}")) is made[9]
+
+
+def test_attribute_value_length_limit_cuts_stacks_and_arguments_and_says_so():
+    """OTEL_(SPAN_)ATTRIBUTE_VALUE_LENGTH_LIMIT: long values are cut to the limit, each string of an array too,
+    and the span names what was cut; short values and other spans are left alone."""
+    session = tree_session()
+    session.calls[0].children[1].args = (ArgValue(0), ArgValue(1))
+
+    def fmt(_func_id, values):
+        return [f"arg{i}={'x' * 30}" for i, _ in enumerate(values)]
+
+    full = {s["name"]: s for s in request_to_spans(build_request(
+        [encoder_for(symbolize=symbolize, format_args=fmt).encode(session, OFFSET)]))}
+    cut = {s["name"]: s for s in request_to_spans(build_request(
+        [encoder_for(symbolize=symbolize, format_args=fmt, value_limit=20).encode(session, OFFSET)]))}
+    root = next(n for n, s in full.items() if "code.stacktrace" in s["attributes"])
+    stack = full[root]["attributes"]["code.stacktrace"]
+    assert len(stack) > 20 and cut[root]["attributes"]["code.stacktrace"] == stack[:20]
+    assert cut[root]["attributes"]["retsnoop.attributes_cut"] == ("code.stacktrace",)
+    assert cut["map_create"]["attributes"]["retsnoop.args"] == ("arg0=" + "x" * 15, "arg1=" + "x" * 15)
+    assert cut["map_create"]["attributes"]["retsnoop.attributes_cut"] == ("retsnoop.args",)
+    assert "retsnoop.attributes_cut" not in full[root]["attributes"]
+    others = [s for n, s in cut.items() if n not in (root, "map_create")]
+    assert others and all("retsnoop.attributes_cut" not in s["attributes"] for s in others)
+    none_cut = {s["name"]: s for s in request_to_spans(build_request(
+        [encoder_for(symbolize=symbolize, format_args=fmt, value_limit=10_000).encode(session, OFFSET)]))}
+    assert {n: s["attributes"] for n, s in none_cut.items()} == {n: s["attributes"] for n, s in full.items()}
+
+
+@pytest.mark.parametrize(("env", "want"), [
+    ({}, None), ({"OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "4096"}, 4096),
+    ({"OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "4096", "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT": "100"}, 100),
+    ({"OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT": " ", "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "0"}, 0)])
+def test_attribute_value_limit_variables(env, want):
+    from retsnoop_otel.export.otlp_settings import attribute_value_limit
+    assert attribute_value_limit(env) == want
+
+
+@pytest.mark.parametrize("value", ["-1", "abc", "1e3", "99999999999"])
+def test_attribute_value_limit_that_is_no_length_is_refused(value):
+    from retsnoop_otel.export.otlp_settings import OtlpConfigError, attribute_value_limit
+    with pytest.raises(OtlpConfigError, match="^OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT='.*': not a length; write"):
+        attribute_value_limit({"OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": value})
