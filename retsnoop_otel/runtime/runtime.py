@@ -37,6 +37,7 @@ from retsnoop_otel.runtime.errors import InputError
 from retsnoop_otel.runtime.logs import EventLog
 from retsnoop_otel.runtime.metrics_view import RuntimeMetrics
 from retsnoop_otel.runtime.probe_set import ProbeSet, TracerFactory, real_tracer_factory, resolve, start_probe_sets
+from retsnoop_otel.runtime.sdk_env import apply_switches, read_switches
 from retsnoop_otel.runtime.sinks import Sinks, otlp_settings, value_limit
 from retsnoop_otel.runtime.startup import Phase, attach_phases, phase_since
 from retsnoop_otel.symbols import discovery
@@ -147,7 +148,7 @@ class Runtime:
 
     def check_inputs(self, cfg: RuntimeConfig | None = None) -> str | None:
         """What can be checked without side effects; returns the DWARF vmlinux to use."""
-        cfg = cfg or self.config
+        cfg = apply_switches(cfg or self.config, read_switches(self.deps.environ))
         for ps in cfg.probe_sets:
             try:
                 for glob in discovery.expand_glob_args([*ps.entry, *ps.allow, *ps.deny]):
@@ -186,10 +187,10 @@ class Runtime:
 
     def open(self) -> None:
         """Inputs checked, /metrics bound and outputs opened: everything short of the kernel."""
-        cfg = self.config
         t0 = time.monotonic()
         self.phases = []
         self.vmlinux = self.check_inputs()
+        cfg = self.config = self._switched(self.config)
         self._offset_ns = self.deps.boot_to_wall_offset()
         self.resource = self.deps.make_resource()
         try:
@@ -200,6 +201,13 @@ class Runtime:
             self.shutdown(0.0)
             raise
         self.phases.append(phase_since("inputs", t0, "flags or config, outputs"))
+
+    def _switched(self, cfg: RuntimeConfig) -> RuntimeConfig:
+        """The config with the exports OTEL_SDK_DISABLED / OTEL_*_EXPORTER=none turn off (sdk_env.py)."""
+        switches = read_switches(self.deps.environ)
+        if switches.why:
+            self.log.info("OTLP export turned off by the environment", variables=switches.why)
+        return apply_switches(cfg, switches)
 
     def load_env(self) -> KernelEnv:
         self.deps.check_privileges()
@@ -356,6 +364,7 @@ class Runtime:
         self.phases = []
         try:
             vmlinux = self.check_inputs(cfg)
+            cfg = self._switched(cfg)
             if (cfg.metrics.host, cfg.metrics.port, cfg.names.listen) != (
                     old.metrics.host, old.metrics.port, old.names.listen):
                 new_server = self.metrics.serve(cfg)

@@ -1,0 +1,72 @@
+"""OTEL_SDK_DISABLED, OTEL_TRACES_EXPORTER and OTEL_METRICS_EXPORTER: read once, applied to the run's config."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from retsnoop_otel.agent.main import Agent
+from retsnoop_otel.export.otlp_settings import OtlpConfig
+from retsnoop_otel.runtime.config import ExporterConfig, MetricsConfig, RuntimeConfig
+from retsnoop_otel.runtime.errors import InputError
+from retsnoop_otel.runtime.logs import EventLog
+from retsnoop_otel.runtime.sdk_env import SdkSwitches, apply_switches, read_switches
+from tests.unit.test_agent_lifecycle import CONFIG, World, by_set, error_session, log_events
+
+
+@pytest.mark.parametrize(("env", "want"), [
+    ({}, SdkSwitches(True, True, "")),
+    ({"OTEL_SDK_DISABLED": "false", "OTEL_TRACES_EXPORTER": "otlp", "OTEL_METRICS_EXPORTER": "prometheus,otlp"},
+     SdkSwitches(True, True, "")),
+    ({"OTEL_SDK_DISABLED": "TRUE"}, SdkSwitches(False, False, "OTEL_SDK_DISABLED=true")),
+    ({"OTEL_TRACES_EXPORTER": " none "}, SdkSwitches(False, True, "OTEL_TRACES_EXPORTER=none")),
+    ({"OTEL_METRICS_EXPORTER": "none", "OTEL_SDK_DISABLED": ""},
+     SdkSwitches(True, False, "OTEL_METRICS_EXPORTER=none")),
+])
+def test_switches(env: dict[str, str], want: SdkSwitches) -> None:
+    assert read_switches(env) == want
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"OTEL_SDK_DISABLED": "yes"}, "OTEL_SDK_DISABLED='yes': not a boolean; write true or false"),
+    ({"OTEL_TRACES_EXPORTER": "zipkin"}, "OTEL_TRACES_EXPORTER='zipkin': 'zipkin' is not an exporter this tool has"),
+    ({"OTEL_METRICS_EXPORTER": "none,otlp"}, "OTEL_METRICS_EXPORTER='none,otlp': 'none' together with other"),
+])
+def test_values_that_are_not_switches_are_refused(env: dict[str, str], message: str) -> None:
+    with pytest.raises(InputError) as info:
+        read_switches(env)
+    assert str(info.value).startswith(message), str(info.value)
+
+
+def test_applied_to_the_config() -> None:
+    cfg = RuntimeConfig(probe_sets=(), exporter=ExporterConfig(otlp=OtlpConfig(), file="/tmp/x.jsonl"),
+                        metrics=MetricsConfig(otlp=OtlpConfig()))
+    off = apply_switches(cfg, SdkSwitches(False, False, "x"))
+    assert (off.exporter.otlp, off.exporter.file, off.metrics.otlp) == (None, None, None)
+    assert apply_switches(cfg, SdkSwitches(True, True, "")) == cfg
+
+
+@pytest.mark.parametrize("disabled", [False, True])
+def test_sdk_disabled_agent_exports_nothing_and_says_why(tmp_path: Path, disabled: bool) -> None:
+    """The shipped kind of config (an OTLP exporter): the same failing session is exported, unless
+    OTEL_SDK_DISABLED=true, when nothing is sent and the log says which variable turned it off."""
+    world = World()
+    path = tmp_path / "agent.yaml"
+    path.write_text(CONFIG.format(prob=1.0))
+    deps = world.deps()
+    deps.environ = {"OTEL_SDK_DISABLED": "true"} if disabled else {}
+    log = io.StringIO()
+    agent = Agent(str(path), deps, EventLog(log))
+    try:
+        agent.start()
+        errs = by_set(world, "__x64_sys_bpf")
+        errs.pending = error_session(errs)
+        agent.runtime.poll_once()
+        assert agent.runtime.sinks is not None and bool(agent.runtime.sinks.exporters) is not disabled
+    finally:
+        agent.runtime.shutdown(2.0)
+    assert bool(world.exported) is not disabled
+    events = [e for e in log_events(log) if e["msg"] == "OTLP export turned off by the environment"]
+    assert [e["variables"] for e in events] == (["OTEL_SDK_DISABLED=true"] if disabled else [])
