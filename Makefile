@@ -8,7 +8,7 @@ LOW_VENV := .venv-lowest
 LOW_STAMP := $(LOW_VENV)/.installed
 # podman, mmdebstrap, runc: tests/test_image.py builds and runs the container image
 APT_PACKAGES := clang llvm libelf-dev zlib1g-dev curl bpftool qemu-system-x86 kmod busybox-static prometheus \
-	podman mmdebstrap runc
+	podman mmdebstrap runc time
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 PYTEST_ARGS ?= -ra
 

@@ -227,3 +227,14 @@ def test_a_run_that_misbehaves_is_reported(value: str) -> None:
     """The checker itself: a valid-expected bad input and a refused-expected valid one are both findings."""
     assert run_all([Case((*TRACE_BASE, "--otlp-endpoint", value), expect="valid")])
     assert run_all([Case(TRACE_BASE, expect="refused")])
+
+
+def test_peak_memory_is_the_commands_not_this_process() -> None:
+    """A large test process (make test's grows past 300 MB) must not count as the command's memory: fork()
+    copies it, and wait4's ru_maxrss of the child would include that copy."""
+    ballast = bytearray(300 << 20)
+    ballast[::4096] = b"x" * len(ballast[::4096])  # resident, not only reserved
+    with tempfile.TemporaryDirectory(prefix="fuzz-") as tmp:
+        out = run_case(Case(("trace", "--frobnicate")), Path(tmp), TIMEOUT_S)
+    assert out.code == 2 and 5 < out.max_rss_mb < 100, out
+    del ballast

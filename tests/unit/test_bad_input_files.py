@@ -350,10 +350,15 @@ def test_a_signal_stops_the_check_of_a_large_input(tmp_path: Path, sig: signal.S
     body = "probe_sets:\n  - name: s\n    entry: ['*sys_bpf']\n    allow:\n"
     path = _config(tmp_path, body + "".join(f"      - 'fn_{i:07d}*'\n" for i in range(185_000)))
     environ = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    proc = subprocess.Popen([*UNPRIVILEGED, sys.executable, "-m", "retsnoop_otel", "agent", "--check", str(path)],
-                            cwd=REPO,
-                            env=environ, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    # a make started in the background (`make test &`) runs with SIGINT ignored, and an ignored signal stays
+    # ignored across exec: the child gets it handled here, which exec turns into the default
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen([*UNPRIVILEGED, sys.executable, "-m", "retsnoop_otel", "agent", "--check", str(path)],
+                                cwd=REPO, env=environ, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     time.sleep(0.5)
     assert proc.poll() is None, "the check ended before the signal: the input is too small to show anything"
     proc.send_signal(sig)
