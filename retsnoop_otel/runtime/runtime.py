@@ -21,8 +21,7 @@ from typing import Any, TextIO
 
 from retsnoop_otel.capture.model import CaptureStats, Session
 from retsnoop_otel.export.otlp_settings import OtlpSettings
-from retsnoop_otel.export.resource import Resource, build_resource, resource_attributes_problem
-from retsnoop_otel.inputs.files import shown
+from retsnoop_otel.export.resource import Resource, build_resource
 from retsnoop_otel.runtime.app_watch import AppSources, AppWatcher
 from retsnoop_otel.runtime.config import ProbeSetConfig, RuntimeConfig, SymbolsConfig
 from retsnoop_otel.runtime.environment import (
@@ -38,7 +37,7 @@ from retsnoop_otel.runtime.logs import EventLog
 from retsnoop_otel.runtime.metrics_view import RuntimeMetrics
 from retsnoop_otel.runtime.probe_set import ProbeSet, TracerFactory, real_tracer_factory, resolve, start_probe_sets
 from retsnoop_otel.runtime.sdk_env import apply_switches, read_switches
-from retsnoop_otel.runtime.sinks import Sinks, otlp_settings, value_limit
+from retsnoop_otel.runtime.sinks import Sinks, check_resource_attributes, otlp_settings, value_limit
 from retsnoop_otel.runtime.startup import Phase, attach_phases, phase_since
 from retsnoop_otel.symbols import discovery
 from retsnoop_otel.workload.k8s_settings import KubeConfigError, KubeSettings, resolve_kubernetes
@@ -170,11 +169,7 @@ class Runtime:
         if cfg.exporter.otlp is not None or cfg.exporter.file:
             value_limit(self.deps.environ)
         if cfg.exporter.otlp is not None or cfg.metrics.otlp is not None or cfg.exporter.file:
-            attrs = self.deps.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
-            problem = resource_attributes_problem(attrs)
-            if problem:
-                raise InputError(f"OTEL_RESOURCE_ATTRIBUTES={shown(attrs)}: {problem}; write it like "
-                                 "key1=value1,key2=value2 with each value percent-encoded")
+            check_resource_attributes(self.deps.environ)
         self.metrics.web(cfg)
         self._kube_settings(cfg)
         return self.deps.find_vmlinux(cfg.symbols, cfg.names.vmlinux)

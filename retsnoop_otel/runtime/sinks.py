@@ -22,7 +22,8 @@ from retsnoop_otel.export.otlp_settings import (
     attribute_value_limit,
     resolve_settings,
 )
-from retsnoop_otel.export.resource import Resource
+from retsnoop_otel.export.resource import Resource, resource_attributes_problem
+from retsnoop_otel.inputs.files import shown
 from retsnoop_otel.runtime.config import AGENT_NAMES, ExporterConfig, InputNames, Limits
 from retsnoop_otel.runtime.environment import name_it
 from retsnoop_otel.runtime.errors import InputError
@@ -45,6 +46,15 @@ def value_limit(environ: Mapping[str, str]) -> int | None:
         return attribute_value_limit(environ)
     except OtlpConfigError as exc:
         raise InputError(str(exc)) from None
+
+
+def check_resource_attributes(environ: Mapping[str, str]) -> None:
+    """OTEL_RESOURCE_ATTRIBUTES that cannot be read is an input error (export.resource says why)."""
+    attrs = environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
+    problem = resource_attributes_problem(attrs)
+    if problem:
+        raise InputError(f"OTEL_RESOURCE_ATTRIBUTES={shown(attrs)}: {problem}; write it like key1=value1,key2=value2 "
+                         "with each value percent-encoded")
 
 
 class ExportTotals:
