@@ -54,6 +54,12 @@ bpf: $(LIBBPF_SO)
 $(LIBBPF_SO): bpf/build-libbpf
 	bpf/build-libbpf $(CURDIR)/$(LIBBPF_BUILD) $(CURDIR)/retsnoop_otel/bpf
 
+# the parsers of kallsyms and the vmlinux BTF (retsnoop_otel/symbols/kernel_tables.py loads it)
+TABLES_SO := retsnoop_otel/symbols/libkernel_tables.so
+bpf: $(TABLES_SO)
+$(TABLES_SO): retsnoop_otel/symbols/kernel_tables.c
+	@gcc -O2 -fPIC -shared -fvisibility=default -Wall -Wextra -Werror -o $@ $<
+
 # the thread-context publisher for Python services (retsnoop_otel/publisher): TLSDESC, only its API exported
 PUBLISHER_SO := retsnoop_otel/publisher/libotel_thread_ctx.so
 bpf: $(PUBLISHER_SO)
@@ -112,7 +118,7 @@ clean:
 	rm -rf build *.egg-info .pytest_cache .ruff_cache .benchmarks
 	find . \( -path ./$(VENV) -o -path ./$(LOW_VENV) \) -prune -o -name __pycache__ -type d -print0 | xargs -0 rm -rf
 	@$(MAKE) --no-print-directory -s -C bpf clean OUT=$(CURDIR)/retsnoop_otel/bpf
-	rm -f $(LIBBPF_SO) retsnoop_otel/bpf/LICENSE.libbpf retsnoop_otel/bpf/LICENSE.libelf
+	rm -f $(LIBBPF_SO) $(TABLES_SO) retsnoop_otel/bpf/LICENSE.libbpf retsnoop_otel/bpf/LICENSE.libelf
 	rm -rf dist
 
 distclean: clean

@@ -1,10 +1,11 @@
 """/proc/kallsyms: kernel function symbols by address (stack frames) and by name (discovery).
 
-The file has ~120-200k lines and is read inside a TCG VM where Python runs ~30x slower, so the
-parse is one C-level regex scan over the whole text, and the table is kept as flat columns rather
-than a Python object per symbol: addresses in an array, names as symbols/names.py keeps them (with
-their order by name, for binary search), modules as runs. The kernel cache (kernel/kcache.py) loads
-that in a few copies; the ~300k objects it used to build took 0.6-2 s of every start under emulation.
+The file has ~120-200k lines, read at the first start of every boot, often inside a TCG VM where
+Python runs ~30x slower: the parse is C (kernel_tables.c), and the table is kept as the flat columns
+it returns rather than a Python object per symbol: addresses in an array, names as symbols/names.py
+keeps them (with their order by name, for binary search), modules as runs. The kernel cache
+(kernel/kcache.py) loads that in a few copies; the ~300k objects it used to build took 0.6-2 s of
+every start under emulation, and the regex parse that followed them 2-2.5 s of the first start.
 
 The [bpf] symbols (JIT-ed programs, trampolines) come and go with every attach, so they are kept in a
 small table of their own beside those columns: bringing them up to date never copies the 100k others.
@@ -21,12 +22,9 @@ from operator import itemgetter
 from pathlib import Path
 from typing import NamedTuple
 
+from retsnoop_otel.symbols import kernel_tables
 from retsnoop_otel.symbols.names import Names, SortedNames
 
-# 'addr type name' or 'addr type name\t[module]'; t/T/w/W are code symbols (weak ones included).
-_FUNC_LINE = re.compile(r"^([0-9a-f]+) [tTwW] (\S+)(?:[ \t]+\[(?!bpf\])(\S+)\])?$", re.M)  # [bpf]: _BPF_LINE
-# the same without the pseudo-modules that come and go with no module load (parse(stable=True))
-_STABLE_LINE = re.compile(r"^([0-9a-f]+) [tTwW] (\S+)(?:[ \t]+\[(?!bpf\]|__builtin__)(\S+)\])?$", re.M)
 # JIT-ed BPF programs and trampolines: they exist only once the tracer has attached.
 _BPF_LINE = re.compile(r"^([0-9a-f]+) [tT] (\S+)[ \t]+\[(bpf)\]$", re.M)
 _STATE = "kallsyms-columns-2"  # the layout of state(): another one is refused by from_state()
@@ -82,34 +80,35 @@ class Kallsyms:
             self._bpf_by_name.setdefault(n, []).append(len(self._addrs) + j)
 
     @classmethod
-    def parse(cls, text: str, stable: bool = False) -> Kallsyms:
-        """`stable`: without the pseudo-modules that come and go with no module load, [bpf] (JIT-ed
-        programs, trampolines) and [__builtin__*] (ftrace and kprobe trampolines). What remains depends
-        only on the boot and the loaded modules, which is what kernel/kcache.py keys it by."""
-        found = (_STABLE_LINE if stable else _FUNC_LINE).findall(text)  # C-level from here on: 100k+ lines
-        if not found:
-            raise KallsymsError("no function symbols found in kallsyms")
-        widths = set(map(len, map(itemgetter(0), found)))
-        if len(widths) > 1:  # %px prints fixed width; pad anything else so string order = number order
-            found = [(a.zfill(max(widths)), n, m) for a, n, m in found]
-        found.sort()  # nearly sorted already (modules trail): timsort makes this cheap
-        hexes, names, mods = zip(*found, strict=True)
-        addrs = array("Q", map(int, hexes, repeat(16)))
-        if addrs[-1] == 0:
-            raise KallsymsError(
-                "/proc/kallsyms shows only zero addresses (kernel.kptr_restrict or missing CAP_SYSLOG): "
-                "run as root, or set `sysctl kernel.kptr_restrict=0`")
+    def parse(cls, text: str | bytes, stable: bool = False) -> Kallsyms:
+        """Lines 'addr type name' or 'addr type name\t[module]' whose type is a code symbol (t/T/w/W,
+        weak ones included). `stable`: without the pseudo-modules that come and go with no module load,
+        [bpf] (JIT-ed programs, trampolines) and [__builtin__*] (ftrace and kprobe trampolines). What
+        remains depends only on the boot and the loaded modules, which is what kernel/kcache.py keys it by."""
+        raw = text.encode() if isinstance(text, str) else text
+        try:
+            cols = kernel_tables.kallsyms_columns(raw, stable)
+        except kernel_tables.TableError as exc:
+            if str(exc) == "zero addresses":
+                raise KallsymsError(
+                    "/proc/kallsyms shows only zero addresses (kernel.kptr_restrict or missing CAP_SYSLOG): "
+                    "run as root, or set `sysctl kernel.kptr_restrict=0`") from None
+            raise KallsymsError(str(exc)) from None
+        names = Names.from_state(cols.names)
+        repeated: dict[str, list[int]] = {}
+        for k in cols.dups:  # a few thousand: static functions of one name, compiler clones
+            repeated.setdefault(names[cols.order[k]], [cols.order[k - 1]]).append(cols.order[k])
         ks = cls.__new__(cls)
-        ks._set_columns(*_columns(addrs, names, mods))
+        ks._set_columns(cols.addrs, names, cols.run_starts, cols.run_mods, SortedNames(names, cols.order, repeated))
         if not stable:
-            ks._set_bpf(_bpf_symbols(text))
+            ks._set_bpf(_bpf_symbols(raw))
         return ks
 
     @classmethod
     def load(cls, root: str = "/", stable: bool = False) -> Kallsyms:
         path = Path(root, "proc/kallsyms")
         try:
-            text = path.read_text()
+            text = path.read_bytes()
         except OSError as exc:
             raise KallsymsError(f"cannot read {path}: {exc.strerror}; kernel symbols are needed to find "
                                 "functions and name stack frames") from None
@@ -242,14 +241,16 @@ class Kallsyms:
         return syms[0].addr if syms else None
 
 
-def _bpf_symbols(text: str) -> list[tuple[int, str]]:
+def _bpf_symbols(text: str | bytes) -> list[tuple[int, str]]:
     """(address, name) of the [bpf] lines, sorted. The kernel lists them after its own and the modules'
     symbols: the regex starts at the first one (a plain search), not at each of 100k+ lines before it."""
-    first = text.find("[bpf]")
+    mark, nl = ("[bpf]", "\n") if isinstance(text, str) else (b"[bpf]", b"\n")
+    first = text.find(mark)  # type: ignore[arg-type]
     if first < 0:
         return []
-    start = text.rfind("\n", 0, first) + 1
-    return sorted({(int(a, 16), n) for a, n, _ in _BPF_LINE.findall(text, start)})
+    start = text.rfind(nl, 0, first) + 1  # type: ignore[arg-type]
+    tail = text[start:] if isinstance(text, str) else text[start:].decode("utf-8", "replace")
+    return sorted({(int(a, 16), n) for a, n, _ in _BPF_LINE.findall(tail)})
 
 
 def _columns(addrs: array, names: Sequence[str], mods: Sequence[str]) -> tuple[array, Names, list[int], list[str]]:

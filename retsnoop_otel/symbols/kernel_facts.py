@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from retsnoop_otel.kernel.kcache import KernelCache, KernelIdentity, kernel_identity
-from retsnoop_otel.symbols.btf_index import BtfFormatError, FuncTypes, index_raw_btf
+from retsnoop_otel.symbols.btf_index import BtfFormatError, FuncTypes
 from retsnoop_otel.symbols.kallsyms import Kallsyms
 from retsnoop_otel.symbols.traceable import Traceable
 
@@ -51,11 +51,10 @@ def load_func_types(cache: KernelCache, ident: KernelIdentity, root: str = "/",
             pass  # a payload of another shape: read the kernel instead
     data = Path(root, "sys/kernel/btf/vmlinux").read_bytes()
     try:
-        index = index_raw_btf(data)
+        types = FuncTypes.from_raw_btf(data)
     except BtfFormatError:
         if fallback is None:
             raise
         return fallback(), False
-    types = FuncTypes(index)
     cache.write(name, key, types.state())
     return types, False

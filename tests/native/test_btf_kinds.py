@@ -29,13 +29,14 @@ def test_kernel_functions_are_classified_by_their_btf_return_type(kinds, func, k
 
 
 def test_raw_btf_index_agrees_with_libbpf_on_the_running_kernel(kinds) -> None:
-    """symbols/btf_index.py parses /sys/kernel/btf/vmlinux itself: same ids and kinds as libbpf's lookups
-    for every 20th function of the running kernel (all of them take libbpf a minute: it scans per name)."""
+    """symbols/btf_index.py parses /sys/kernel/btf/vmlinux itself (kernel_tables.c): same ids and kinds as
+    libbpf's lookups for every 20th function of the running kernel (all of them take libbpf a minute: it
+    scans per name)."""
     from pathlib import Path
 
-    from retsnoop_otel.symbols.btf_index import FuncTypes, index_raw_btf
-    raw = index_raw_btf(Path("/sys/kernel/btf/vmlinux").read_bytes())
-    types = FuncTypes(raw)
+    from retsnoop_otel.symbols.btf_index import FuncTypes
+    from retsnoop_otel.symbols.globs import blob_names
+    types = FuncTypes.from_raw_btf(Path("/sys/kernel/btf/vmlinux").read_bytes())
     assert len(types) > 10_000
-    names = sorted(raw)[::20] + ["__sys_bpf", "capable", "bpf_map_put", "jiffies_to_msecs"]
+    names = blob_names(types.state()[0][0])[::20] + ["__sys_bpf", "capable", "bpf_map_put", "jiffies_to_msecs"]
     assert [(n, types(n), types.func_id(n)) for n in names] == [(n, kinds(n), kinds.func_id(n)) for n in names]

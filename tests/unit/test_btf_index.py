@@ -7,7 +7,7 @@ import struct
 import pytest
 
 from retsnoop_otel.capture.model import RetKind
-from retsnoop_otel.symbols.btf_index import BtfFormatError, FuncTypes, index_raw_btf
+from retsnoop_otel.symbols.btf_index import BtfFormatError, FuncTypes
 from retsnoop_otel.symbols.names import SEARCHES_BEFORE_INDEX
 
 
@@ -83,7 +83,7 @@ def index() -> tuple[FuncTypes, dict[str, int]]:
         "f_struct": b.func("f_struct", struct_id),
     }
     b.func("f_int", i64)  # a later FUNC of the same name: the first one counts, as in libbpf's lookup
-    return FuncTypes(index_raw_btf(b.blob())), ids
+    return FuncTypes.from_raw_btf(b.blob()), ids
 
 
 @pytest.mark.parametrize("name, kind", [
@@ -118,8 +118,8 @@ def test_unknown_kinds_and_bad_blobs_are_refused() -> None:
     b.add(25, "future")
     b.func("f", 0)
     with pytest.raises(BtfFormatError, match="unknown BTF kind 25"):
-        index_raw_btf(b.blob())
+        FuncTypes.from_raw_btf(b.blob())
     with pytest.raises(BtfFormatError):
-        index_raw_btf(b"\xeb\x9f" + b"\0" * 30)  # big-endian magic
+        FuncTypes.from_raw_btf(b"\xeb\x9f" + b"\0" * 30)  # big-endian magic
     with pytest.raises(BtfFormatError):
-        index_raw_btf(b"short")
+        FuncTypes.from_raw_btf(b"short")

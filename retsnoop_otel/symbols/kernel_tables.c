@@ -1,0 +1,407 @@
+// SPDX-License-Identifier: BSD-2-Clause
+/*
+ * The kernel's big tables (kallsyms, the vmlinux BTF), parsed into the flat columns the Python side keeps
+ * (symbols/kernel_tables.py loads this with ctypes). A cold start parses ~150k kallsyms lines and ~150k
+ * BTF types; in Python that took 5-6 s under emulation, here it takes tens of milliseconds. Pure functions
+ * of their input bytes: nothing here reads a file or the kernel, so unit tests drive them with fixtures.
+ *
+ * Every function returns a table allocated here, freed with kt_free(); on bad input the table has
+ * count 0 and `error` set to one sentence. Names are kept in the layout of symbols/names.py: one blob
+ * "\nname0\nname1\n...\n" and the byte offset where each begins (plus the end), in the table's row order.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KT_ABI 1 /* symbols/kernel_tables.py refuses a library of another layout */
+
+struct kt_table {
+	uint64_t count;      /* rows */
+	uint64_t *values;    /* per row: the address (kallsyms), or BTF id << 4 | return kind code (BTF) */
+	char *blob;          /* the rows' names: "\nname0\nname1\n...\n" */
+	uint64_t blob_len;
+	uint32_t *starts;    /* count + 1: where each name begins in `blob`, then blob_len */
+	uint32_t *order;     /* kallsyms: row positions sorted by (name, position) */
+	uint32_t *dups;      /* kallsyms: indexes k of `order` whose name equals that of order[k - 1] */
+	uint64_t ndups;
+	uint32_t *run_starts; /* kallsyms: rows where the module changes */
+	char *run_mods;      /* the module from there on, one per line ("" for vmlinux): "mod0\nmod1\n" */
+	uint64_t nruns;
+	uint64_t run_mods_len;
+	char error[200];
+};
+
+int kt_abi(void) { return KT_ABI; }
+
+void kt_free(struct kt_table *t)
+{
+	if (!t)
+		return;
+	free(t->values);
+	free(t->blob);
+	free(t->starts);
+	free(t->order);
+	free(t->dups);
+	free(t->run_starts);
+	free(t->run_mods);
+	free(t);
+}
+
+static struct kt_table *fail(struct kt_table *t, const char *msg)
+{
+	free(t->values);
+	free(t->blob);
+	free(t->starts);
+	free(t->order);
+	free(t->dups);
+	free(t->run_starts);
+	free(t->run_mods);
+	t->values = NULL, t->blob = NULL, t->starts = NULL, t->order = NULL, t->dups = NULL;
+	t->run_starts = NULL, t->run_mods = NULL;
+	t->count = t->ndups = t->nruns = t->blob_len = t->run_mods_len = 0;
+	if (!t->error[0])
+		snprintf(t->error, sizeof(t->error), "%s", msg);
+	return t;
+}
+
+/* ---- kallsyms ---- */
+
+struct sym {
+	uint64_t addr;
+	const char *name;
+	const char *mod; /* "" for vmlinux */
+	uint32_t name_len, mod_len;
+};
+
+static int cmp_str(const char *a, uint32_t alen, const char *b, uint32_t blen)
+{
+	int c = memcmp(a, b, alen < blen ? alen : blen);
+	return c ? c : (alen > blen) - (alen < blen);
+}
+
+static int cmp_sym(const void *pa, const void *pb)
+{
+	const struct sym *a = pa, *b = pb;
+	int c;
+
+	if (a->addr != b->addr)
+		return a->addr < b->addr ? -1 : 1;
+	c = cmp_str(a->name, a->name_len, b->name, b->name_len);
+	return c ? c : cmp_str(a->mod, a->mod_len, b->mod, b->mod_len);
+}
+
+static int is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\f' || c == '\v'; }
+
+/*
+ * One line "addr type name" or "addr type name\t[module]" (text up to `end`, no newline), kept when the
+ * type is a code symbol (t, T, w, W) and the module is no pseudo-module of what comes and goes with an
+ * attach: [bpf] always, [__builtin__*] (ftrace and kprobe trampolines) when `stable`.
+ */
+static int parse_line(const char *p, const char *end, int stable, struct sym *out)
+{
+	const char *name, *q;
+	uint64_t addr = 0;
+	int digits = 0;
+
+	for (; p < end && ((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f')); p++, digits++)
+		addr = addr << 4 | (uint64_t)(*p <= '9' ? *p - '0' : *p - 'a' + 10);
+	if (!digits || digits > 16 || end - p < 4 || p[0] != ' ' || p[2] != ' ')
+		return 0;
+	if (p[1] != 't' && p[1] != 'T' && p[1] != 'w' && p[1] != 'W')
+		return 0;
+	name = p += 3;
+	while (p < end && !is_space(*p))
+		p++;
+	if (p == name)
+		return 0;
+	out->addr = addr, out->name = name, out->name_len = (uint32_t)(p - name);
+	out->mod = "", out->mod_len = 0;
+	if (p == end)
+		return 1;
+	while (p < end && (*p == ' ' || *p == '\t'))
+		p++;
+	/* "[module]": no blank inside, at least one character, the line's last one "]" */
+	if (p == end || *p != '[' || end - p < 3 || end[-1] != ']')
+		return 0;
+	for (q = p + 1; q < end; q++)
+		if (is_space(*q))
+			return 0;
+	out->mod = p + 1, out->mod_len = (uint32_t)(end - 1 - (p + 1));
+	if (out->mod_len == 3 && !memcmp(out->mod, "bpf", 3))
+		return 0;
+	if (stable && out->mod_len >= 11 && !memcmp(out->mod, "__builtin__", 11))
+		return 0;
+	return 1;
+}
+
+static const struct sym *g_rows; /* qsort has no context argument in C99; set only around that call */
+
+static int cmp_by_name(const void *pa, const void *pb)
+{
+	uint32_t a = *(const uint32_t *)pa, b = *(const uint32_t *)pb;
+	int c = cmp_str(g_rows[a].name, g_rows[a].name_len, g_rows[b].name, g_rows[b].name_len);
+
+	return c ? c : (a > b) - (a < b);
+}
+
+struct kt_table *kt_kallsyms(const char *text, uint64_t len, int stable)
+{
+	struct kt_table *t = calloc(1, sizeof(*t));
+	struct sym *rows = NULL;
+	uint64_t n = 0, cap = 0, blob = 1, mods = 0, i, k;
+	const char *p = text, *end = text + len;
+
+	if (!t)
+		return NULL;
+	while (p < end) {
+		const char *nl = memchr(p, '\n', (size_t)(end - p));
+		const char *eol = nl ? nl : end;
+		struct sym s;
+
+		if (parse_line(p, eol, stable, &s)) {
+			if (n == cap) {
+				struct sym *more = realloc(rows, (cap = cap ? cap * 2 : 65536) * sizeof(*rows));
+
+				if (!more) {
+					free(rows);
+					return fail(t, "out of memory parsing kallsyms");
+				}
+				rows = more;
+			}
+			rows[n++] = s;
+			blob += s.name_len + 1;
+		}
+		p = eol + 1;
+	}
+	if (!n) {
+		free(rows);
+		return fail(t, "no function symbols found in kallsyms");
+	}
+	if (blob > UINT32_MAX) {
+		free(rows);
+		return fail(t, "kallsyms names exceed 4 GiB");
+	}
+	for (i = 1; i < n && cmp_sym(&rows[i - 1], &rows[i]) <= 0; i++)
+		;
+	if (i < n) /* the kernel lists them by address (modules after vmlinux): mostly sorted already */
+		qsort(rows, n, sizeof(*rows), cmp_sym); /* (address, name, module), symbols/kallsyms.py's order */
+	t->values = malloc(n * sizeof(*t->values));
+	t->blob = malloc(blob);
+	t->starts = malloc((n + 1) * sizeof(*t->starts));
+	t->order = malloc(n * sizeof(*t->order));
+	t->dups = malloc(n * sizeof(*t->dups));
+	t->run_starts = malloc(n * sizeof(*t->run_starts));
+	for (i = 0; i < n; i++)
+		if (i == 0 || cmp_str(rows[i].mod, rows[i].mod_len, rows[i - 1].mod, rows[i - 1].mod_len))
+			mods += rows[i].mod_len + 1;
+	t->run_mods = malloc(mods + 1);
+	if (!t->values || !t->blob || !t->starts || !t->order || !t->dups || !t->run_starts || !t->run_mods) {
+		free(rows);
+		return fail(t, "out of memory parsing kallsyms");
+	}
+	t->blob[0] = '\n';
+	t->blob_len = 1;
+	for (i = 0; i < n; i++) {
+		t->values[i] = rows[i].addr;
+		t->starts[i] = (uint32_t)t->blob_len;
+		memcpy(t->blob + t->blob_len, rows[i].name, rows[i].name_len);
+		t->blob_len += rows[i].name_len;
+		t->blob[t->blob_len++] = '\n';
+		t->order[i] = (uint32_t)i;
+		if (i == 0 || cmp_str(rows[i].mod, rows[i].mod_len, rows[i - 1].mod, rows[i - 1].mod_len)) {
+			t->run_starts[t->nruns++] = (uint32_t)i;
+			memcpy(t->run_mods + t->run_mods_len, rows[i].mod, rows[i].mod_len);
+			t->run_mods_len += rows[i].mod_len;
+			t->run_mods[t->run_mods_len++] = '\n';
+		}
+	}
+	t->starts[n] = (uint32_t)t->blob_len;
+	t->count = n;
+	if (rows[n - 1].addr == 0) {
+		free(rows);
+		snprintf(t->error, sizeof(t->error), "zero addresses");
+		return fail(t, "");
+	}
+	g_rows = rows;
+	qsort(t->order, n, sizeof(*t->order), cmp_by_name);
+	g_rows = NULL;
+	for (k = 1; k < n; k++) {
+		const struct sym *a = &rows[t->order[k - 1]], *b = &rows[t->order[k]];
+
+		if (!cmp_str(a->name, a->name_len, b->name, b->name_len))
+			t->dups[t->ndups++] = (uint32_t)k;
+	}
+	free(rows);
+	return t;
+}
+
+/* ---- BTF ---- */
+
+#define BTF_MAGIC 0xEB9F
+enum { K_INT = 1, K_PTR = 2, K_ARRAY = 3, K_STRUCT = 4, K_UNION = 5, K_ENUM = 6, K_FWD = 7, K_TYPEDEF = 8,
+       K_VOLATILE = 9, K_CONST = 10, K_RESTRICT = 11, K_FUNC = 12, K_FUNC_PROTO = 13, K_VAR = 14,
+       K_DATASEC = 15, K_FLOAT = 16, K_DECL_TAG = 17, K_TYPE_TAG = 18, K_ENUM64 = 19 };
+/* the return kinds, in the order of the `codes` argument (symbols/kernel_tables.py RET_KINDS) */
+enum { R_VOID, R_POINTER, R_BOOL, R_UNSIGNED, R_INT32, R_SIGNED, R_UNKNOWN, R_COUNT };
+
+/* 32-bit words after the 12-byte common record: fixed ones and ones per vlen member; -1: unknown kind */
+static int extra_words(uint32_t kind, uint32_t vlen, uint64_t *words)
+{
+	switch (kind) {
+	case K_INT: case K_VAR: case K_DECL_TAG: *words = 1; return 0;
+	case K_PTR: case K_FWD: case K_TYPEDEF: case K_VOLATILE: case K_CONST: case K_RESTRICT: case K_FUNC:
+	case K_FLOAT: case K_TYPE_TAG: *words = 0; return 0;
+	case K_ARRAY: *words = 3; return 0;
+	case K_STRUCT: case K_UNION: case K_DATASEC: case K_ENUM64: *words = 3ull * vlen; return 0;
+	case K_ENUM: case K_FUNC_PROTO: *words = 2ull * vlen; return 0;
+	default: return -1;
+	}
+}
+
+static int classify(const uint32_t *w, const uint64_t *offs, uint64_t ntypes, uint64_t tid)
+{
+	int hops;
+
+	for (hops = 0; hops < 64; hops++) { /* modifier chains are short; a cycle would be malformed BTF */
+		uint32_t info, sot, kind;
+
+		if (tid == 0)
+			return R_VOID;
+		if (tid > ntypes)
+			return R_UNKNOWN;
+		info = w[offs[tid] + 1], sot = w[offs[tid] + 2], kind = info >> 24 & 0x1f;
+		switch (kind) {
+		case K_TYPEDEF: case K_VOLATILE: case K_CONST: case K_RESTRICT: case K_TYPE_TAG:
+			tid = sot;
+			continue;
+		case K_PTR:
+			return R_POINTER;
+		case K_INT: {
+			uint32_t enc = w[offs[tid] + 3] >> 24;
+
+			if (enc & 4)
+				return R_BOOL;
+			if (!(enc & 1) || sot < 4)
+				return R_UNSIGNED;
+			return sot == 4 ? R_INT32 : R_SIGNED;
+		}
+		case K_ENUM: case K_ENUM64:
+			return sot == 4 ? R_INT32 : R_SIGNED;
+		default:
+			return R_UNKNOWN;
+		}
+	}
+	return R_UNKNOWN;
+}
+
+struct func {
+	const char *name;
+	uint32_t name_len, id;
+};
+
+static int cmp_func(const void *pa, const void *pb)
+{
+	const struct func *a = pa, *b = pb;
+	int c = cmp_str(a->name, a->name_len, b->name, b->name_len);
+
+	return c ? c : (a->id > b->id) - (a->id < b->id);
+}
+
+/*
+ * Every named FUNC of a raw little-endian BTF blob (/sys/kernel/btf/vmlinux), sorted by name, the first
+ * FUNC of a name only (as libbpf's btf__find_by_name_kind() finds it): values are id << 4 | codes[kind of
+ * what it returns]. An unknown kind is refused (error "unknown BTF kind K at type N"): the caller then
+ * asks libbpf, which knows it.
+ */
+struct kt_table *kt_btf_funcs(const uint8_t *data, uint64_t len, const uint8_t *codes)
+{
+	struct kt_table *t = calloc(1, sizeof(*t));
+	uint32_t magic, hdr_len, type_off, type_len, str_off, str_len;
+	const uint32_t *w;
+	const char *strs;
+	uint64_t *offs = NULL, nwords, i, ntypes = 0, nfuncs = 0, blob = 1, k;
+	struct func *funcs = NULL;
+
+	if (!t)
+		return NULL;
+	if (len < 24)
+		return fail(t, "BTF blob too short");
+	magic = (uint32_t)data[0] | (uint32_t)data[1] << 8;
+	memcpy(&hdr_len, data + 4, 4), memcpy(&type_off, data + 8, 4), memcpy(&type_len, data + 12, 4);
+	memcpy(&str_off, data + 16, 4), memcpy(&str_len, data + 20, 4);
+	if (magic != BTF_MAGIC || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__)
+		return fail(t, "not little-endian BTF");
+	if ((uint64_t)hdr_len + type_off + type_len > len || (uint64_t)hdr_len + str_off + str_len > len ||
+	    (hdr_len + type_off) % 4)
+		return fail(t, "BTF sections out of bounds");
+	w = (const uint32_t *)(data + hdr_len + type_off);
+	nwords = type_len / 4;
+	strs = (const char *)data + hdr_len + str_off;
+	offs = malloc((nwords / 3 + 2) * sizeof(*offs)); /* a type takes 3 words at least */
+	funcs = malloc((nwords / 3 + 1) * sizeof(*funcs));
+	if (!offs || !funcs) {
+		free(offs), free(funcs);
+		return fail(t, "out of memory indexing BTF");
+	}
+	offs[0] = 0; /* id 0 is void */
+	for (i = 0; i + 3 <= nwords;) {
+		uint32_t info = w[i + 1], kind = info >> 24 & 0x1f;
+		uint64_t more;
+
+		offs[++ntypes] = i;
+		if (extra_words(kind, info & 0xffff, &more)) {
+			snprintf(t->error, sizeof(t->error), "unknown BTF kind %u at type %llu", kind,
+				 (unsigned long long)ntypes);
+			free(offs), free(funcs);
+			return fail(t, "");
+		}
+		if (i + 3 + more > nwords) {
+			free(offs), free(funcs);
+			return fail(t, "BTF type record runs past the type section");
+		}
+		if (kind == K_FUNC && w[i] && w[i] < str_len) {
+			const char *name = strs + w[i];
+			const char *nul = memchr(name, '\0', str_len - w[i]);
+
+			if (nul && nul > name) {
+				funcs[nfuncs].name = name, funcs[nfuncs].name_len = (uint32_t)(nul - name);
+				funcs[nfuncs++].id = (uint32_t)ntypes;
+			}
+		}
+		i += 3 + more;
+	}
+	qsort(funcs, nfuncs, sizeof(*funcs), cmp_func);
+	for (k = 0; k < nfuncs; k++)
+		blob += funcs[k].name_len + 1;
+	t->values = malloc((nfuncs + 1) * sizeof(*t->values));
+	t->starts = malloc((nfuncs + 1) * sizeof(*t->starts));
+	t->blob = malloc(blob);
+	if (!t->values || !t->starts || !t->blob || blob > UINT32_MAX) {
+		free(offs), free(funcs);
+		return fail(t, "out of memory indexing BTF");
+	}
+	t->blob[0] = '\n';
+	t->blob_len = 1;
+	for (k = 0; k < nfuncs; k++) {
+		const struct func *f = &funcs[k];
+		uint32_t proto, ret;
+		int kind = R_UNKNOWN;
+
+		if (k && !cmp_str(f->name, f->name_len, funcs[k - 1].name, funcs[k - 1].name_len))
+			continue; /* a later FUNC of the same name */
+		proto = w[offs[f->id] + 2];
+		if (proto > 0 && proto <= ntypes) {
+			ret = w[offs[proto] + 2];
+			kind = classify(w, offs, ntypes, ret);
+		}
+		t->values[t->count] = (uint64_t)f->id << 4 | codes[kind];
+		t->starts[t->count++] = (uint32_t)t->blob_len;
+		memcpy(t->blob + t->blob_len, f->name, f->name_len);
+		t->blob_len += f->name_len;
+		t->blob[t->blob_len++] = '\n';
+	}
+	t->starts[t->count] = (uint32_t)t->blob_len;
+	free(offs), free(funcs);
+	return t;
+}
