@@ -46,14 +46,16 @@ def read_available_filter_functions(root: str = "/") -> list[tuple[str, str | No
 
 
 def read_available_filter_functions_text(root: str = "/", limit: int | None = None) -> str:
-    """The file's text (its first `limit` characters only, to check that it can be read)."""
+    """The file's text (its first `limit` bytes only, to check that it can be read)."""
+    return read_available_filter_functions_bytes(root, limit).decode("utf-8", "replace")
+
+
+def read_available_filter_functions_bytes(root: str = "/", limit: int | None = None) -> bytes:
+    """The file's bytes (its first `limit` only); raises TracefsError naming the fix."""
     path = find_tracefs(root) / _AFF
     try:
-        if limit is None:
-            text = path.read_text()
-        else:
-            with open(path) as f:
-                text = f.read(limit)
+        with path.open("rb") as f:
+            text = f.read() if limit is None else f.read(limit)
     except PermissionError as exc:
         if exc.errno == errno.EPERM:
             raise TracefsError(

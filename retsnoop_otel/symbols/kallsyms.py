@@ -218,6 +218,10 @@ class Kallsyms:
         bpf = self._bpf_by_name.get(name)
         return found + bpf if bpf else found
 
+    def sorted_names(self) -> SortedNames:
+        """The symbols' names (the [bpf] ones aside) with their order by name."""
+        return self._sorted()
+
     def _sorted(self) -> SortedNames:
         if self._by_name is None:
             self._by_name = SortedNames.of(self._names)

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define KT_ABI 1 /* symbols/kernel_tables.py refuses a library of another layout */
+#define KT_ABI 2 /* symbols/kernel_tables.py refuses a library of another layout */
 
 struct kt_table {
 	uint64_t count;      /* rows */
@@ -135,14 +135,76 @@ static int parse_line(const char *p, const char *end, int stable, struct sym *ou
 	return 1;
 }
 
-static const struct sym *g_rows; /* qsort has no context argument in C99; set only around that call */
-
-static int cmp_by_name(const void *pa, const void *pb)
+/*
+ * The kernel lists symbols by address (modules after vmlinux), all but a few names at one address: an
+ * insertion sort is linear on that; input far from sorted goes to qsort after a bounded number of moves.
+ */
+static void sort_rows(struct sym *rows, uint64_t n)
 {
-	uint32_t a = *(const uint32_t *)pa, b = *(const uint32_t *)pb;
-	int c = cmp_str(g_rows[a].name, g_rows[a].name_len, g_rows[b].name, g_rows[b].name_len);
+	uint64_t i, moves = 0;
 
-	return c ? c : (a > b) - (a < b);
+	for (i = 1; i < n; i++) {
+		struct sym x = rows[i];
+		uint64_t j = i;
+
+		while (j > 0 && cmp_sym(&rows[j - 1], &x) > 0) {
+			rows[j] = rows[j - 1];
+			j--;
+			if (++moves > 8 * n) {
+				rows[j] = x;
+				qsort(rows, n, sizeof(*rows), cmp_sym);
+				return;
+			}
+		}
+		rows[j] = x;
+	}
+}
+
+/* A name's first 8 bytes as one big-endian number: most comparisons of the sort by name end there. */
+struct keyed {
+	uint64_t prefix;
+	const char *name;
+	uint32_t len, pos;
+};
+
+static uint64_t prefix_of(const char *name, uint32_t len)
+{
+	uint64_t p = 0;
+	uint32_t i;
+
+	for (i = 0; i < 8; i++)
+		p = p << 8 | (i < len ? (uint8_t)name[i] : 0);
+	return p;
+}
+
+static int cmp_keyed(const void *pa, const void *pb)
+{
+	const struct keyed *a = pa, *b = pb;
+	int c;
+
+	if (a->prefix != b->prefix)
+		return a->prefix < b->prefix ? -1 : 1;
+	c = cmp_str(a->name, a->len, b->name, b->len); /* names hold no NUL: equal prefixes, equal 8 bytes */
+	return c ? c : (a->pos > b->pos) - (a->pos < b->pos);
+}
+
+/* positions 0..n-1 of names[] sorted by (name, position), into order[]; 0 when out of memory */
+static int sort_by_name(const struct sym *rows, uint64_t n, uint32_t *order)
+{
+	struct keyed *k = malloc(n * sizeof(*k));
+	uint64_t i;
+
+	if (!k)
+		return 0;
+	for (i = 0; i < n; i++) {
+		k[i].prefix = prefix_of(rows[i].name, rows[i].name_len);
+		k[i].name = rows[i].name, k[i].len = rows[i].name_len, k[i].pos = (uint32_t)i;
+	}
+	qsort(k, n, sizeof(*k), cmp_keyed);
+	for (i = 0; i < n; i++)
+		order[i] = k[i].pos;
+	free(k);
+	return 1;
 }
 
 struct kt_table *kt_kallsyms(const char *text, uint64_t len, int stable)
@@ -182,10 +244,7 @@ struct kt_table *kt_kallsyms(const char *text, uint64_t len, int stable)
 		free(rows);
 		return fail(t, "kallsyms names exceed 4 GiB");
 	}
-	for (i = 1; i < n && cmp_sym(&rows[i - 1], &rows[i]) <= 0; i++)
-		;
-	if (i < n) /* the kernel lists them by address (modules after vmlinux): mostly sorted already */
-		qsort(rows, n, sizeof(*rows), cmp_sym); /* (address, name, module), symbols/kallsyms.py's order */
+	sort_rows(rows, n); /* (address, name, module): symbols/kallsyms.py's order */
 	t->values = malloc(n * sizeof(*t->values));
 	t->blob = malloc(blob);
 	t->starts = malloc((n + 1) * sizeof(*t->starts));
@@ -208,7 +267,6 @@ struct kt_table *kt_kallsyms(const char *text, uint64_t len, int stable)
 		memcpy(t->blob + t->blob_len, rows[i].name, rows[i].name_len);
 		t->blob_len += rows[i].name_len;
 		t->blob[t->blob_len++] = '\n';
-		t->order[i] = (uint32_t)i;
 		if (i == 0 || cmp_str(rows[i].mod, rows[i].mod_len, rows[i - 1].mod, rows[i - 1].mod_len)) {
 			t->run_starts[t->nruns++] = (uint32_t)i;
 			memcpy(t->run_mods + t->run_mods_len, rows[i].mod, rows[i].mod_len);
@@ -223,9 +281,10 @@ struct kt_table *kt_kallsyms(const char *text, uint64_t len, int stable)
 		snprintf(t->error, sizeof(t->error), "zero addresses");
 		return fail(t, "");
 	}
-	g_rows = rows;
-	qsort(t->order, n, sizeof(*t->order), cmp_by_name);
-	g_rows = NULL;
+	if (!sort_by_name(rows, n, t->order)) {
+		free(rows);
+		return fail(t, "out of memory parsing kallsyms");
+	}
 	for (k = 1; k < n; k++) {
 		const struct sym *a = &rows[t->order[k - 1]], *b = &rows[t->order[k]];
 
@@ -233,6 +292,125 @@ struct kt_table *kt_kallsyms(const char *text, uint64_t len, int stable)
 			t->dups[t->ndups++] = (uint32_t)k;
 	}
 	free(rows);
+	return t;
+}
+
+/* ---- available_filter_functions ---- */
+
+static int names_table(struct kt_table *t, struct keyed *k, uint64_t n, uint64_t blob)
+{
+	uint64_t i;
+
+	t->values = malloc(sizeof(*t->values)); /* unused: the names are the table */
+	t->starts = malloc((n + 1) * sizeof(*t->starts));
+	t->blob = malloc(blob);
+	if (!t->values || !t->starts || !t->blob || blob > UINT32_MAX)
+		return 0;
+	t->blob[0] = '\n';
+	t->blob_len = 1;
+	for (i = 0; i < n; i++) {
+		t->starts[i] = (uint32_t)t->blob_len;
+		memcpy(t->blob + t->blob_len, k[i].name, k[i].len);
+		t->blob_len += k[i].len;
+		t->blob[t->blob_len++] = '\n';
+	}
+	t->starts[n] = (uint32_t)t->blob_len;
+	t->count = n;
+	return 1;
+}
+
+/*
+ * The first word of every line ("name" or "name [module]", modules not kept), sorted, repeats kept (a
+ * static function of one name in several files is listed once per instance); ftrace's placeholders for
+ * records of discarded code ("__ftrace_invalid_address__...") left out.
+ */
+struct kt_table *kt_traceable(const char *text, uint64_t len)
+{
+	static const char invalid[] = "__ftrace_invalid_address__";
+	struct kt_table *t = calloc(1, sizeof(*t));
+	struct keyed *k = NULL;
+	uint64_t n = 0, cap = 0, blob = 1;
+	const char *p = text, *end = text + len;
+
+	if (!t)
+		return NULL;
+	while (p < end) {
+		const char *name;
+
+		while (p < end && (*p == ' ' || *p == '\t'))
+			p++;
+		name = p;
+		while (p < end && *p != '\n' && !is_space(*p))
+			p++;
+		if (p > name && !((size_t)(p - name) >= sizeof(invalid) - 1 && !memcmp(name, invalid, sizeof(invalid) - 1))) {
+			if (n == cap) {
+				struct keyed *more = realloc(k, (cap = cap ? cap * 2 : 65536) * sizeof(*k));
+
+				if (!more) {
+					free(k);
+					return fail(t, "out of memory parsing available_filter_functions");
+				}
+				k = more;
+			}
+			k[n].name = name, k[n].len = (uint32_t)(p - name), k[n].pos = (uint32_t)n;
+			k[n].prefix = prefix_of(name, k[n].len);
+			blob += k[n++].len + 1;
+		}
+		while (p < end && *p != '\n')
+			p++;
+		p++;
+	}
+	if (n)
+		qsort(k, n, sizeof(*k), cmp_keyed);
+	if (!names_table(t, k, n, blob)) {
+		free(k);
+		return fail(t, "out of memory parsing available_filter_functions");
+	}
+	free(k);
+	return t;
+}
+
+/*
+ * The names of a sorted names table (`a`, starts[na + 1]) absent from another (`b`, in the order
+ * `b_order`), each once: the traceable functions kallsyms does not name.
+ */
+struct kt_table *kt_missing(const char *a, const uint32_t *a_starts, uint64_t na, const char *b,
+			    const uint32_t *b_starts, const uint32_t *b_order, uint64_t nb)
+{
+	struct kt_table *t = calloc(1, sizeof(*t));
+	struct keyed *k = NULL;
+	uint64_t i, j = 0, n = 0, blob = 1;
+
+	if (!t)
+		return NULL;
+	k = malloc((na + 1) * sizeof(*k));
+	if (!k)
+		return fail(t, "out of memory");
+	for (i = 0; i < na; i++) {
+		const char *name = a + a_starts[i];
+		uint32_t len = a_starts[i + 1] - a_starts[i] - 1;
+		int c = 1;
+
+		if (n && k[n - 1].len == len && !memcmp(k[n - 1].name, name, len))
+			continue;
+		for (; j < nb; j++) {
+			uint32_t at = b_order[j];
+
+			c = cmp_str(b + b_starts[at], b_starts[at + 1] - b_starts[at] - 1, name, len);
+			if (c >= 0)
+				break;
+		}
+		if (j == nb || c != 0) {
+			k[n].name = name, k[n].len = len;
+			blob += len + 1;
+			n++;
+		}
+	}
+	if (!names_table(t, k, n, blob)) {
+		free(k);
+		return fail(t, "out of memory");
+	}
+	free(k);
 	return t;
 }
 

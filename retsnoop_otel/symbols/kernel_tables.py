@@ -16,7 +16,7 @@ from typing import NamedTuple
 from retsnoop_otel.capture.model import RET_KIND_CODES, RetKind
 
 LIBRARY = Path(__file__).resolve().parent / "libkernel_tables.so"
-ABI = 1  # KT_ABI of kernel_tables.c
+ABI = 2  # KT_ABI of kernel_tables.c
 # the return kinds in the order of kernel_tables.c's R_* enumeration
 RET_KINDS = (RetKind.VOID, RetKind.POINTER, RetKind.BOOL, RetKind.UNSIGNED, RetKind.INT32, RetKind.SIGNED,
              RetKind.UNKNOWN)
@@ -46,10 +46,13 @@ def library(path: Path = LIBRARY) -> ctypes.CDLL:
     lib.kt_abi.restype = ctypes.c_int
     lib.kt_free.argtypes = [ctypes.POINTER(_Table)]
     lib.kt_free.restype = None
-    for fn in (lib.kt_kallsyms, lib.kt_btf_funcs):
+    for fn in (lib.kt_kallsyms, lib.kt_btf_funcs, lib.kt_traceable, lib.kt_missing):
         fn.restype = ctypes.POINTER(_Table)
     lib.kt_kallsyms.argtypes = [ctypes.c_char_p, ctypes.c_uint64, ctypes.c_int]
     lib.kt_btf_funcs.argtypes = [ctypes.c_char_p, ctypes.c_uint64, ctypes.c_char_p]
+    lib.kt_traceable.argtypes = [ctypes.c_char_p, ctypes.c_uint64]
+    lib.kt_missing.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_uint64,
+                               ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_uint64]
     if lib.kt_abi() != ABI:
         raise RuntimeError(f"retsnoop-otel: {path} is of another version: rebuild it (`make bpf`)")
     return lib
@@ -132,3 +135,29 @@ def btf_funcs(data: bytes) -> FuncColumns:
         return FuncColumns(_names(t), _array("Q", t.values, t.count))
     finally:
         lib.kt_free(ptr)
+
+
+def traceable_names(text: bytes) -> NameColumn:
+    """available_filter_functions' names sorted, repeats kept, modules and ftrace's placeholders left out."""
+    lib, ptr = _run("kt_traceable", text, len(text))
+    try:
+        return _names(ptr.contents)
+    finally:
+        lib.kt_free(ptr)
+
+
+def missing(names: tuple[str, bytes], others: tuple[str, bytes], others_order: bytes) -> list[str]:
+    """The distinct names of `names` (a Names state, sorted) that `others` (a Names state, sorted by
+    `others_order`) lacks, sorted."""
+    names, others = NameColumn._make(names), NameColumn._make(others)
+    if not (names.blob.isascii() and others.blob.isascii()):  # the starts count characters: compare in Python
+        have = set(others.blob[1:-1].split("\n"))
+        return sorted(set(names.blob[1:-1].split("\n") if len(names.blob) > 1 else ()).difference(have))
+    count, others_count = len(names.starts) // 4 - 1, len(others.starts) // 4 - 1
+    lib, ptr = _run("kt_missing", names.blob.encode("ascii"), names.starts, count,
+                    others.blob.encode("ascii"), others.starts, others_order, others_count)
+    try:
+        found = _names(ptr.contents).blob
+    finally:
+        lib.kt_free(ptr)
+    return found[1:-1].split("\n") if len(found) > 1 else []

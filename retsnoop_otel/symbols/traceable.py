@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Iterable
 
 from retsnoop_otel.kernel import tracefs
-from retsnoop_otel.symbols.globs import blob_names
+from retsnoop_otel.symbols import kernel_tables
 from retsnoop_otel.symbols.kallsyms import Kallsyms
 from retsnoop_otel.symbols.names import Names, SearchThenIndex
 
@@ -25,7 +25,14 @@ class Traceable:
     @classmethod
     def load(cls, root: str = "/") -> Traceable:
         """Raises tracefs.TracefsError naming the fix when the file cannot be read."""
-        return cls(name for name, _ in tracefs.read_available_filter_functions(root))  # modules are not needed
+        return cls.parse(tracefs.read_available_filter_functions_bytes(root))
+
+    @classmethod
+    def parse(cls, text: bytes) -> Traceable:
+        """The file's names (kernel_tables.c: ~50k lines under emulation in milliseconds); modules are not needed."""
+        t = cls(())
+        t._names = Names.from_state(kernel_tables.traceable_names(text))
+        return t
 
     def state(self) -> tuple[tuple[str, bytes], tuple[str, ...] | None]:
         return self._names.state(), self._not_in_kallsyms
@@ -45,8 +52,8 @@ class Traceable:
         """The listed names kallsyms lacks (a few at most), found once: those of the kernel the two tables
         were read from (the kernel cache keeps them together, under one key), kept with this table's state."""
         if self._not_in_kallsyms is None:
-            listed = set(self._names.all()).difference(blob_names(kallsyms.names_blob()))
-            self._not_in_kallsyms = tuple(sorted(listed))
+            by_name = kallsyms.sorted_names().state()
+            self._not_in_kallsyms = tuple(kernel_tables.missing(self._names.state(), *by_name[:2]))
         return self._not_in_kallsyms
 
     def __len__(self) -> int:

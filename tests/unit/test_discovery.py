@@ -106,7 +106,7 @@ def test_refused_reads_give_one_sentence(monkeypatch: pytest.MonkeyPatch, err: i
     def refuse(self: Path, *args: object, **kwargs: object) -> str:
         raise PermissionError(err, "refused", str(self))
 
-    monkeypatch.setattr(Path, "read_text", refuse)
+    monkeypatch.setattr(Path, "open", refuse)
     with pytest.raises(tracefs.TracefsError) as exc:
         tracefs.read_available_filter_functions(str(ROOT))
     assert expect in str(exc.value) and "\n" not in str(exc.value)

@@ -120,3 +120,28 @@ def test_btf_refusals_say_what() -> None:
         kt.btf_funcs(_btf(struct.pack("<III", 0, 4 << 24 | 5, 8)))  # a struct of 5 members, none there
     with pytest.raises(kt.TableError, match="out of bounds"):
         kt.btf_funcs(struct.pack("<HBBIIIII", 0xEB9F, 1, 0, 24, 0, 1 << 20, 0, 0))
+
+
+@st.composite
+def aff_text(draw: st.DrawFn) -> str:
+    lines = []
+    for _ in range(draw(st.integers(0, 40))):
+        lead = draw(st.sampled_from(["", "", " ", "\t "]))
+        mod = draw(st.sampled_from(["", " [ext4]", "\t[kvm]", " [a b]", " trailing words"]))
+        lines.append(lead + draw(st.sampled_from(["f", "g", "do_sys_open", "__ftrace_invalid_address___996",
+                                                  "a]b", "\u00e9t\u00e9", "", "x.cold"])) + mod)
+    return "\n".join(lines) + draw(st.sampled_from(["", "\n"]))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(aff_text(), st.lists(st.sampled_from(["f", "g", "x.cold", "zz", "\u00e9t\u00e9"]), max_size=6))
+def test_traceable_names_and_what_kallsyms_lacks_match_python(text: str, others: list[str]) -> None:
+    from retsnoop_otel.kernel.tracefs import parse_available_filter_functions
+    from retsnoop_otel.symbols.names import Names, SortedNames
+
+    want = sorted(name for name, _ in parse_available_filter_functions(text))
+    got = kt.traceable_names(text.encode())
+    assert got.blob == "\n" + "".join(n + "\n" for n in want)
+    assert Names.from_state(got).all() == want  # the starts agree with the blob, also past ASCII
+    by_name = SortedNames.of(Names(others)).state()
+    assert kt.missing(tuple(got), *by_name[:2]) == sorted(set(want).difference(others))
