@@ -275,8 +275,8 @@ def discover(entry_globs: Sequence[str], allow_globs: Sequence[str], deny_globs:
         skip(name, "not in kallsyms", [s for s in entry_specs if s.source is None and _plain_match(s, name)])
 
     by_instance = entries.per_instance or allows.per_instance or denies.per_instance
-    for name in candidates:
-        every = kallsyms.positions(name)
+    found = zip(candidates, kallsyms.positions_many(candidates), available.count_many(candidates), strict=True)
+    for name, every, listed in found:
         if by_instance:
             matches = [(i, mod, entries.matching(name, mod)) for i, mod in ((i, kallsyms.module_at(i)) for i in every)]
             matches = [(i, mod, ent) for i, mod, ent in matches if ent or allows.matching(name, mod)]
@@ -292,8 +292,7 @@ def discover(entry_globs: Sequence[str], allow_globs: Sequence[str], deny_globs:
         label = name if matches[0][1] is None else f"{name} [{matches[0][1]}]"
         kept = [m for m, by in zip(matches, denied, strict=True) if not by]
         reason = (f"denied by '{next(by for by in denied if by)[0].text}'" if not kept else
-                  _reject_reason(name, [mod for _, mod, _ in kept], builtin.get(name), available, len(every),
-                                 mode))
+                  _reject_reason(name, [mod for _, mod, _ in kept], builtin.get(name), listed, len(every), mode))
         if reason:
             skip(label, reason, entry_of)
             continue
@@ -320,14 +319,14 @@ def _plain_match(spec: GlobSpec, name: str) -> bool:
     return spec.func is not None and spec.module is None and glob_to_regex(spec.func).fullmatch(name) is not None
 
 
-def _reject_reason(name: str, modules: list[str | None], builtin: str | None, available: Traceable,
+def _reject_reason(name: str, modules: list[str | None], builtin: str | None, listed: int,
                    ksym_count: int, mode: str) -> str | None:
-    """Why a matched (and not user-denied) function must not be attached, or None."""
+    """Why a matched (and not user-denied) function must not be attached, or None; `listed`: how often
+    available_filter_functions lists it."""
     if builtin is not None:
         return f"built-in deny list: {builtin}"
     if _COLD.search(name):
         return "cold part of a split function (not a function entry)"
-    listed = available.count(name)
     if not listed:
         return NOT_AVAILABLE
     if ksym_count > 1 or listed != ksym_count:

@@ -222,6 +222,13 @@ class Kallsyms:
         """The symbols' names (the [bpf] ones aside) with their order by name."""
         return self._sorted()
 
+    def positions_many(self, names: list[str]) -> list[list[int]]:
+        """positions() of many names at once (discovery's thousands of matched functions)."""
+        found = self._sorted().positions_many(names)
+        if self._bpf_by_name:
+            found = [f + self._bpf_by_name.get(n, []) for f, n in zip(found, names, strict=True)]
+        return found
+
     def _sorted(self) -> SortedNames:
         if self._by_name is None:
             self._by_name = SortedNames.of(self._names)

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define KT_ABI 2 /* symbols/kernel_tables.py refuses a library of another layout */
+#define KT_ABI 3 /* symbols/kernel_tables.py refuses a library of another layout */
 
 struct kt_table {
 	uint64_t count;      /* rows */
@@ -411,6 +411,52 @@ struct kt_table *kt_missing(const char *a, const uint32_t *a_starts, uint64_t na
 		return fail(t, "out of memory");
 	}
 	free(k);
+	return t;
+}
+
+/* ---- lookups of many names at once ---- */
+
+/*
+ * For each query name (`q`, qstarts[nq + 1]): where its first instance is in a names table sorted by
+ * `order` (NULL: the table itself is sorted) and how many instances it has; values[2i], values[2i + 1]
+ * (the first is meaningless when the count is 0). One call for the thousands of functions a large set
+ * matches, instead of a dictionary of every name built in Python first.
+ */
+struct kt_table *kt_find(const char *blob, const uint32_t *starts, const uint32_t *order, uint64_t n,
+			 const char *q, const uint32_t *qstarts, uint64_t nq)
+{
+	struct kt_table *t = calloc(1, sizeof(*t));
+	uint64_t i;
+
+	if (!t)
+		return NULL;
+	t->values = malloc((2 * nq + 1) * sizeof(*t->values));
+	if (!t->values)
+		return fail(t, "out of memory");
+	for (i = 0; i < nq; i++) {
+		const char *name = q + qstarts[i];
+		uint32_t len = qstarts[i + 1] - qstarts[i] - 1;
+		uint64_t lo = 0, hi = n, first;
+
+		while (lo < hi) { /* the first position whose name is not below the query */
+			uint64_t mid = lo + (hi - lo) / 2, at = order ? order[mid] : mid;
+
+			if (cmp_str(blob + starts[at], starts[at + 1] - starts[at] - 1, name, len) < 0)
+				lo = mid + 1;
+			else
+				hi = mid;
+		}
+		first = lo;
+		for (; lo < n; lo++) {
+			uint64_t at = order ? order[lo] : lo;
+
+			if (cmp_str(blob + starts[at], starts[at + 1] - starts[at] - 1, name, len))
+				break;
+		}
+		t->values[2 * i] = first;
+		t->values[2 * i + 1] = lo - first;
+	}
+	t->count = nq;
 	return t;
 }
 

@@ -16,7 +16,7 @@ from typing import NamedTuple
 from retsnoop_otel.capture.model import RET_KIND_CODES, RetKind
 
 LIBRARY = Path(__file__).resolve().parent / "libkernel_tables.so"
-ABI = 2  # KT_ABI of kernel_tables.c
+ABI = 3  # KT_ABI of kernel_tables.c
 # the return kinds in the order of kernel_tables.c's R_* enumeration
 RET_KINDS = (RetKind.VOID, RetKind.POINTER, RetKind.BOOL, RetKind.UNSIGNED, RetKind.INT32, RetKind.SIGNED,
              RetKind.UNKNOWN)
@@ -46,13 +46,15 @@ def library(path: Path = LIBRARY) -> ctypes.CDLL:
     lib.kt_abi.restype = ctypes.c_int
     lib.kt_free.argtypes = [ctypes.POINTER(_Table)]
     lib.kt_free.restype = None
-    for fn in (lib.kt_kallsyms, lib.kt_btf_funcs, lib.kt_traceable, lib.kt_missing):
+    for fn in (lib.kt_kallsyms, lib.kt_btf_funcs, lib.kt_traceable, lib.kt_missing, lib.kt_find):
         fn.restype = ctypes.POINTER(_Table)
     lib.kt_kallsyms.argtypes = [ctypes.c_char_p, ctypes.c_uint64, ctypes.c_int]
     lib.kt_btf_funcs.argtypes = [ctypes.c_char_p, ctypes.c_uint64, ctypes.c_char_p]
     lib.kt_traceable.argtypes = [ctypes.c_char_p, ctypes.c_uint64]
     lib.kt_missing.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_uint64,
                                ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_uint64]
+    lib.kt_find.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_uint64,
+                            ctypes.c_char_p, ctypes.c_char_p, ctypes.c_uint64]
     if lib.kt_abi() != ABI:
         raise RuntimeError(f"retsnoop-otel: {path} is of another version: rebuild it (`make bpf`)")
     return lib
@@ -161,3 +163,22 @@ def missing(names: tuple[str, bytes], others: tuple[str, bytes], others_order: b
     finally:
         lib.kt_free(ptr)
     return found[1:-1].split("\n") if len(found) > 1 else []
+
+
+def find(names: tuple[str, bytes], order: bytes | None, queries: list[str]) -> list[tuple[int, int]] | None:
+    """(where in `order` the first instance of each query is, how many there are) in a Names state sorted
+    by `order` (None: sorted itself); None when a name is beyond ASCII (the caller searches in Python)."""
+    table = NameColumn._make(names)
+    blob = "\n" + "".join(q + "\n" for q in queries)
+    if not (table.blob.isascii() and blob.isascii()):
+        return None
+    qstarts = array("I", [1])
+    for q in queries:
+        qstarts.append(qstarts[-1] + len(q) + 1)
+    lib, ptr = _run("kt_find", table.blob.encode("ascii"), table.starts, order, len(table.starts) // 4 - 1,
+                    blob.encode("ascii"), qstarts.tobytes(), len(queries))
+    try:
+        found = _array("Q", ptr.contents.values, 2 * len(queries))
+    finally:
+        lib.kt_free(ptr)
+    return list(zip(found[::2], found[1::2], strict=True))

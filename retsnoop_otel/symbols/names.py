@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from itertools import accumulate, pairwise
 from typing import Generic, TypeVar
 
+from retsnoop_otel.symbols import kernel_tables
 from retsnoop_otel.symbols.globs import blob_names, name_blob
 
 # Lookups answered by a binary search over the blob (~10 us each on a host) before a dict of every name is
@@ -108,6 +109,14 @@ class SortedNames:
         """Where `name` is in `names`, ascending."""
         at = self._first.get(name)
         return [] if at is None else self._repeated.get(name) or [at]
+
+    def positions_many(self, names: list[str]) -> list[list[int]]:
+        """positions() of each name, found in one C call (kernel_tables.find) rather than one by one."""
+        found = kernel_tables.find(self.names.state(), self._order.tobytes(), names)
+        if found is None:
+            return [self.positions(name) for name in names]
+        order = self._order
+        return [order[k:k + count].tolist() for k, count in found]
 
     def _search(self, name: str) -> int | None:
         at = bisect.bisect_left(self._order, name, key=self.names.__getitem__)

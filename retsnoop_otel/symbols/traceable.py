@@ -67,6 +67,11 @@ class Traceable:
         """How many times `name` is listed (0: ftrace cannot hook it)."""
         return self._counts.get(name) or 0
 
+    def count_many(self, names: list[str]) -> list[int]:
+        """count() of many names at once (one C call instead of a Counter of every name)."""
+        found = kernel_tables.find(self._names.state(), None, names)
+        return [self.count(n) for n in names] if found is None else [count for _, count in found]
+
     def _search(self, name: str) -> int:
         return bisect.bisect_right(self._names, name) - bisect.bisect_left(self._names, name)
 

@@ -145,3 +145,16 @@ def test_traceable_names_and_what_kallsyms_lacks_match_python(text: str, others:
     assert Names.from_state(got).all() == want  # the starts agree with the blob, also past ASCII
     by_name = SortedNames.of(Names(others)).state()
     assert kt.missing(tuple(got), *by_name[:2]) == sorted(set(want).difference(others))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(st.sampled_from(["f", "g", "x.cold", "zz", "a", "ab", "\u00e9t\u00e9"]), max_size=12),
+       st.lists(st.sampled_from(["f", "g", "", "ab", "b", "zz", "zzz", "\u00e9t\u00e9"]), max_size=8))
+def test_many_lookups_at_once_answer_as_one_by_one(table: list[str], queries: list[str]) -> None:
+    from retsnoop_otel.symbols.names import Names, SortedNames
+    from retsnoop_otel.symbols.traceable import Traceable
+
+    by_name = SortedNames.of(Names(table))
+    assert by_name.positions_many(queries) == [[i for i, n in enumerate(table) if n == q] for q in queries]
+    listed = Traceable(table)
+    assert listed.count_many(queries) == [table.count(q) for q in queries]
