@@ -335,7 +335,7 @@ def _metrics(ctx: Nodes, node: yaml.Node, environ: Mapping[str, str]) -> Metrics
     otlp = None
     if "otlp" in m and kind(m["otlp"]) != "null":
         otlp = _otlp(ctx, m["otlp"], "metrics.otlp", "metrics", environ)
-    interval = number(ctx, m["otlp_interval"], "metrics.otlp_interval", 1) if "otlp_interval" in m else 60.0
+    interval = number(ctx, m["otlp_interval"], "metrics.otlp_interval", 1) if "otlp_interval" in m else None
     max_errs = integer(ctx, m["max_error_types"], "metrics.max_error_types", COUNT) if "max_error_types" in m else 0
     funcs = _globs(ctx, m["functions"], "metrics.functions") if "functions" in m else ()
     buckets = _duration_range(ctx, m["duration_range"], "metrics.duration_range") if "duration_range" in m else None

@@ -4,7 +4,9 @@ The capture loop must never wait for the network: `submit` only appends to a que
 spans (not sessions, since one session may carry thousands of spans) and drops when it is full. A
 session's spans are accepted or dropped together so that no trace arrives half-built. One worker
 thread joins consecutive traces into requests of up to `max_batch_spans` spans and hands the bytes
-to the sender; every span ends up counted as exported or dropped (with a cause).
+to the sender; every span ends up counted as exported or dropped (with a cause). With a
+`schedule_delay_s` (OTEL_BSP_SCHEDULE_DELAY) a batch that is not full waits that long after its first
+trace for more; a flush or shutdown sends it at once.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 
 from retsnoop_otel.export.sending import Sender
@@ -32,10 +35,14 @@ class ExportStats:
 class OtlpTraceSink:
     """Sends batches of encoded traces from a worker thread; `submit` never blocks."""
 
-    def __init__(self, sender: Sender, *, max_queue_spans: int = 65536, max_batch_spans: int = 512) -> None:
+    def __init__(self, sender: Sender, *, max_queue_spans: int = 65536, max_batch_spans: int = 512,
+                 schedule_delay_s: float = 0.0) -> None:
         self._sender = sender
         self._max_queue = max_queue_spans
         self._max_batch = max(1, max_batch_spans)
+        self._delay = max(0.0, schedule_delay_s)
+        self._oldest = 0.0  # when the oldest queued trace was submitted (monotonic)
+        self._flushing = 0  # flush() calls waiting: a batch goes at once, full or not
         self._queue: collections.deque[EncodedTrace] = collections.deque()
         self._queued = 0  # spans in _queue
         self._in_flight = 0  # spans taken by the worker and not yet accounted
@@ -59,6 +66,8 @@ class OtlpTraceSink:
             if self._queued + len(trace) > self._max_queue:
                 self._drop("queue_full", len(trace))
                 return False
+            if not self._queue:
+                self._oldest = time.monotonic()
             self._queue.append(trace)
             self._queued += len(trace)
             self._cond.notify()
@@ -71,7 +80,12 @@ class OtlpTraceSink:
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until everything submitted so far has been exported or dropped; False on timeout."""
         with self._cond:
-            return self._cond.wait_for(lambda: not self._queued and not self._in_flight, timeout)
+            self._flushing += 1
+            self._cond.notify_all()
+            try:
+                return self._cond.wait_for(lambda: not self._queued and not self._in_flight, timeout)
+            finally:
+                self._flushing -= 1
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Export what is queued within `timeout`, then stop; spans still queued count as 'shutdown'."""
@@ -96,6 +110,9 @@ class OtlpTraceSink:
         """Queued traces adding up to at most max_batch spans (a bigger trace is split)."""
         with self._cond:
             self._cond.wait_for(lambda: self._queue or self._closing)
+            if self._delay and self._queue:  # let the batch fill, up to the delay after its first trace
+                self._cond.wait_for(lambda: self._closing or self._flushing or self._queued >= self._max_batch,
+                                    max(0.0, self._oldest + self._delay - time.monotonic()))
             if not self._queue:
                 return None
             first = self._queue.popleft()
@@ -108,6 +125,7 @@ class OtlpTraceSink:
                 count += len(batch[-1])
             self._queued -= count
             self._in_flight = count
+            self._oldest = time.monotonic()  # what stays queued waits one delay more at most
             return batch
 
     def _run(self) -> None:

@@ -82,7 +82,7 @@ class MetricsConfig(NamedTuple):
     port: int | None = 9464  # None: no /metrics and /healthz endpoint
     stall_after_s: float = 30.0  # /healthz answers 503 when the capture loop has not polled for this long
     otlp: OtlpConfig | None = None  # also push the metrics over OTLP (for users without Prometheus)
-    otlp_interval_s: float = 60.0
+    otlp_interval_s: float | None = None  # None: OTEL_METRIC_EXPORT_INTERVAL, else 60 s
     max_error_types: int = 0  # per function; 0 = every error type gets its own series
     functions: tuple[str, ...] = ()  # globs of functions with their own series; () = all
     duration_range: DurationRange | None = None  # histogram buckets of probe sets without one; None: all slots
@@ -103,7 +103,7 @@ class MetricsConfig(NamedTuple):
 class Limits(NamedTuple):
     max_spans_per_trace: int = 4096  # exported spans per session
     max_calls_per_session: int = 4096  # calls kept per session in user space (the rest are counted)
-    export_queue_spans: int = 65536
+    export_queue_spans: int | None = None  # None: OTEL_BSP_MAX_QUEUE_SIZE, else 65536
     ringbuf_size: int = 8 << 20
     max_sessions: int = 4096  # threads with a kernel session entry (LRU: the longest idle make room); open sessions
 

@@ -13,7 +13,7 @@ from retsnoop_otel.metrics.series import SeriesBounds, SeriesLimiter
 from retsnoop_otel.metrics.workload_series import WorkloadSeries, label_value
 from retsnoop_otel.runtime.config import ProbeSetConfig, RuntimeConfig
 from retsnoop_otel.runtime.errors import InputError, SetupError
-from retsnoop_otel.runtime.sinks import ExportTotals, otlp_settings
+from retsnoop_otel.runtime.sinks import ExportTotals, otlp_settings, processor_env
 
 
 class RuntimeMetrics:
@@ -73,8 +73,12 @@ class RuntimeMetrics:
         if cfg.metrics.otlp is None:
             return None
         from retsnoop_otel.export.metrics_push import OtlpMetricsPusher
+        from retsnoop_otel.export.processor_env import DEFAULT_METRIC_INTERVAL_S, bounded
         from retsnoop_otel.metrics.otlp_units import OTLP_UNITS
         settings = otlp_settings(cfg.metrics.otlp, "metrics", cfg.names.metrics_otlp, self._rt.deps.environ)
+        reader = processor_env(self._rt.deps.environ)[1]
+        settings = settings._replace(timeout_s=bounded(settings.timeout_s, reader.timeout_s))
+        interval = cfg.metrics.otlp_interval_s or reader.interval_s or DEFAULT_METRIC_INTERVAL_S
         collectors = self.collectors()
 
         def collect() -> list:
@@ -83,7 +87,7 @@ class RuntimeMetrics:
 
         assert self._rt.resource is not None
         return OtlpMetricsPusher(collect, self._rt.deps.make_sender(settings), self._rt.resource.attributes,
-                                 cfg.metrics.otlp_interval_s, units=OTLP_UNITS,
+                                 interval, units=OTLP_UNITS,
                                  schema_url=self._rt.resource.schema_url).start()
 
     def stats_enabled(self) -> bool:

@@ -37,7 +37,7 @@ from retsnoop_otel.runtime.logs import EventLog
 from retsnoop_otel.runtime.metrics_view import RuntimeMetrics
 from retsnoop_otel.runtime.probe_set import ProbeSet, TracerFactory, real_tracer_factory, resolve, start_probe_sets
 from retsnoop_otel.runtime.sdk_env import apply_switches, read_switches
-from retsnoop_otel.runtime.sinks import Sinks, check_resource_attributes, otlp_settings, value_limit
+from retsnoop_otel.runtime.sinks import Sinks, check_export_env, otlp_settings
 from retsnoop_otel.runtime.startup import Phase, attach_phases, phase_since
 from retsnoop_otel.symbols import discovery
 from retsnoop_otel.workload.k8s_settings import KubeConfigError, KubeSettings, resolve_kubernetes
@@ -166,10 +166,8 @@ class Runtime:
             otlp_settings(cfg.exporter.otlp, "traces", cfg.names.otlp, self.deps.environ)
         if cfg.metrics.otlp is not None:
             otlp_settings(cfg.metrics.otlp, "metrics", cfg.names.metrics_otlp, self.deps.environ)
-        if cfg.exporter.otlp is not None or cfg.exporter.file:
-            value_limit(self.deps.environ)
-        if cfg.exporter.otlp is not None or cfg.metrics.otlp is not None or cfg.exporter.file:
-            check_resource_attributes(self.deps.environ)
+        check_export_env(self.deps.environ, cfg.exporter.otlp is not None or bool(cfg.exporter.file),
+                         cfg.metrics.otlp is not None)
         self.metrics.web(cfg)
         self._kube_settings(cfg)
         return self.deps.find_vmlinux(cfg.symbols, cfg.names.vmlinux)

@@ -22,6 +22,14 @@ from retsnoop_otel.export.otlp_settings import (
     attribute_value_limit,
     resolve_settings,
 )
+from retsnoop_otel.export.processor_env import (
+    DEFAULT_QUEUE_SPANS,
+    BatchSettings,
+    ReaderSettings,
+    batch_settings,
+    bounded,
+    reader_settings,
+)
 from retsnoop_otel.export.resource import Resource, resource_attributes_problem
 from retsnoop_otel.inputs.files import shown
 from retsnoop_otel.runtime.config import AGENT_NAMES, ExporterConfig, InputNames, Limits
@@ -46,6 +54,23 @@ def value_limit(environ: Mapping[str, str]) -> int | None:
         return attribute_value_limit(environ)
     except OtlpConfigError as exc:
         raise InputError(str(exc)) from None
+
+
+def processor_env(environ: Mapping[str, str]) -> tuple[BatchSettings, ReaderSettings]:
+    """OTEL_BSP_* and OTEL_METRIC_EXPORT_*, or the input error they are."""
+    try:
+        return batch_settings(environ), reader_settings(environ)
+    except OtlpConfigError as exc:
+        raise InputError(str(exc)) from None
+
+
+def check_export_env(environ: Mapping[str, str], traces: bool, metrics: bool) -> None:
+    """What the exports read from the environment beyond their endpoints, checked at start (exit 2 if unusable)."""
+    if traces:
+        value_limit(environ)
+    if traces or metrics:
+        check_resource_attributes(environ)
+        processor_env(environ)
 
 
 def check_resource_attributes(environ: Mapping[str, str]) -> None:
@@ -117,13 +142,16 @@ class Sinks:
                 self.exemplars = ExemplarStore()
                 self._envelopes = WorkloadEnvelopes(resource.attributes, resource.schema_url)
                 self._value_limit = value_limit(environ)
+            batch = processor_env(environ)[0]
+            queue = dict(max_queue_spans=limits.export_queue_spans or batch.max_queue_spans or DEFAULT_QUEUE_SPANS,
+                         max_batch_spans=batch.max_batch_spans, schedule_delay_s=batch.schedule_delay_s)
             if cfg.otlp is not None:
                 settings = otlp_settings(cfg.otlp, "traces", names.otlp, environ)
-                self.exporters.append(OtlpTraceSink(make_sender(settings), max_queue_spans=limits.export_queue_spans))
+                settings = settings._replace(timeout_s=bounded(settings.timeout_s, batch.export_timeout_s))
+                self.exporters.append(OtlpTraceSink(make_sender(settings), **queue))
             if cfg.file is not None:
                 from retsnoop_otel.export.otlp_file import OtlpJsonFileSender
-                self.exporters.append(OtlpTraceSink(_open(cfg.file, names.file, OtlpJsonFileSender),
-                                                    max_queue_spans=limits.export_queue_spans))
+                self.exporters.append(OtlpTraceSink(_open(cfg.file, names.file, OtlpJsonFileSender), **queue))
             if cfg.trace_json is not None:
                 from retsnoop_otel.render.trace_json import TraceJsonWriter
                 self.trace_json = _open(cfg.trace_json, names.trace_json, TraceJsonWriter)

@@ -119,3 +119,29 @@ def test_shutdown_timeout_drops_what_is_queued():
     sink.shutdown(0.05)
     gate.set()
     assert sender.shut and sink.stats().spans_dropped.get("shutdown") in (6, 12)
+
+
+def test_a_schedule_delay_gathers_a_batch_and_a_flush_sends_it_at_once():
+    """OTEL_BSP_SCHEDULE_DELAY: traces submitted within the delay leave in one request, after it; a full
+    batch leaves before it; flush() does not wait for it."""
+    sender = FakeSender()
+    sink = OtlpTraceSink(sender, max_batch_spans=12, schedule_delay_s=0.6)
+    enc = encoder()
+    started = time.monotonic()
+    assert sink.submit(enc.encode(tree_session(), OFFSET))  # 6 spans: waits for more
+    time.sleep(0.2)
+    assert sender.counts == []
+    assert sink.submit(enc.encode(tree_session(), OFFSET))  # 12: full, goes at once
+    deadline = time.monotonic() + 5
+    while not sender.counts and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sender.counts == [12] and time.monotonic() - started < 0.6
+    assert sink.submit(enc.encode(tree_session(), OFFSET))
+    time.sleep(0.1)
+    assert sender.counts == [12]  # within the delay of its first trace
+    assert sink.flush(5) and sender.counts == [12, 6]
+    assert sink.submit(enc.encode(tree_session(), OFFSET))
+    while len(sender.counts) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sender.counts == [12, 6, 6]  # alone, after the delay
+    sink.shutdown(1)

@@ -1,0 +1,109 @@
+"""OTEL_BSP_* and OTEL_METRIC_EXPORT_*: read as the SDKs read them, refused when they are no number, applied
+to the exporters, and a config key given explicitly wins."""
+
+from __future__ import annotations
+
+import io
+import time
+from pathlib import Path
+
+import pytest
+
+from retsnoop_otel.agent.main import Agent
+from retsnoop_otel.export.otlp_settings import OtlpConfigError
+from retsnoop_otel.export.processor_env import BatchSettings, ReaderSettings, batch_settings, bounded, reader_settings
+from retsnoop_otel.runtime.errors import InputError
+from retsnoop_otel.runtime.logs import EventLog
+from tests.unit.test_agent_lifecycle import CONFIG, World
+
+
+def test_read_in_milliseconds_and_spans() -> None:
+    assert batch_settings({}) == BatchSettings(0.0, None, None, 512)
+    env = {"OTEL_BSP_SCHEDULE_DELAY": "250", "OTEL_BSP_EXPORT_TIMEOUT": " 1500 ", "OTEL_BSP_MAX_QUEUE_SIZE": "4096",
+           "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "64", "OTEL_METRIC_EXPORT_INTERVAL": "15000",
+           "OTEL_METRIC_EXPORT_TIMEOUT": "2000"}
+    assert batch_settings(env) == BatchSettings(0.25, 1.5, 4096, 64)
+    assert reader_settings(env) == ReaderSettings(15.0, 2.0)
+    assert reader_settings({"OTEL_METRIC_EXPORT_INTERVAL": ""}) == ReaderSettings(None, None)
+    assert batch_settings({"OTEL_BSP_SCHEDULE_DELAY": "0"}).schedule_delay_s == 0.0
+    assert bounded(10.0, 1.5) == 1.5 and bounded(10.0, None) == 10.0 and bounded(1.0, 30.0) == 1.0
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"OTEL_BSP_SCHEDULE_DELAY": "5s"}, "OTEL_BSP_SCHEDULE_DELAY='5s': not a time in milliseconds; write a whole "
+                                        "number of at least 0, such as 5000"),
+    ({"OTEL_BSP_EXPORT_TIMEOUT": "0"}, "OTEL_BSP_EXPORT_TIMEOUT='0': not a time in milliseconds; write a whole "
+                                       "number of at least 1"),
+    ({"OTEL_BSP_MAX_QUEUE_SIZE": "-1"}, "OTEL_BSP_MAX_QUEUE_SIZE='-1': not a number of spans"),
+    ({"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "1e3"}, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE='1e3': not a number of spans"),
+    ({"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "600", "OTEL_BSP_MAX_QUEUE_SIZE": "512"},
+     "OTEL_BSP_MAX_EXPORT_BATCH_SIZE=600 is larger than OTEL_BSP_MAX_QUEUE_SIZE=512"),
+    ({"OTEL_METRIC_EXPORT_INTERVAL": "1.5"}, "OTEL_METRIC_EXPORT_INTERVAL='1.5': not a time in milliseconds"),
+    ({"OTEL_METRIC_EXPORT_TIMEOUT": "9" * 20}, "OTEL_METRIC_EXPORT_TIMEOUT='" + "9" * 20),
+])
+def test_values_that_are_no_number_are_refused(env: dict[str, str], message: str) -> None:
+    with pytest.raises(OtlpConfigError) as info:
+        batch_settings(env), reader_settings(env)
+    assert str(info.value).startswith(message), str(info.value)
+
+
+def _agent(tmp_path: Path, world: World, env: dict[str, str], extra: str = "", metrics: str = "") -> Agent:
+    path = tmp_path / "agent.yaml"
+    text = CONFIG.format(prob=1.0) + extra
+    if metrics:
+        text = text.replace('metrics:\n  listen: "127.0.0.1:0"\n', 'metrics:\n  listen: "127.0.0.1:0"\n' + metrics)
+    path.write_text(text)
+    deps = world.deps()
+    deps.environ = env
+    made = world.made = []  # type: ignore[attr-defined]
+    inner = deps.make_sender
+
+    def sender(settings):  # the settings each exporter was built with
+        made.append(settings)
+        return inner(settings)
+
+    deps.make_sender = sender
+    return Agent(str(path), deps, EventLog(io.StringIO()))
+
+
+def test_the_agent_refuses_them_at_start(tmp_path: Path) -> None:
+    world = World()
+    agent = _agent(tmp_path, world, {"OTEL_BSP_MAX_QUEUE_SIZE": "lots"})
+    with pytest.raises(InputError, match="OTEL_BSP_MAX_QUEUE_SIZE='lots': not a number of spans"):
+        agent.start()
+    assert world.tracers == []  # refused before anything was loaded
+
+
+@pytest.mark.parametrize(("extra", "queue"), [("", 1000), ("limits:\n  export_queue_spans: 300\n", 300)])
+def test_the_trace_exporter_takes_them_and_the_config_key_wins(tmp_path: Path, extra: str, queue: int) -> None:
+    env = {"OTEL_BSP_MAX_QUEUE_SIZE": "1000", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "100",
+           "OTEL_BSP_EXPORT_TIMEOUT": "700", "OTEL_BSP_SCHEDULE_DELAY": "50"}
+    world = World()
+    agent = _agent(tmp_path, world, env, extra)
+    agent.start()
+    try:
+        (sink,) = agent.runtime.sinks.exporters
+        assert (sink._max_queue, sink._max_batch, sink._delay) == (queue, 100, 0.05)  # noqa: SLF001
+        assert [s.timeout_s for s in world.made if s.signal == "traces"] == [0.7]
+    finally:
+        agent.runtime.shutdown(1.0)
+
+
+@pytest.mark.parametrize(("interval", "want"), [("", 1.0), ("  otlp_interval: 3600\n", 3600.0)])
+def test_the_metrics_push_takes_them_and_the_config_key_wins(tmp_path: Path, interval: str, want: float) -> None:
+    """OTEL_METRIC_EXPORT_INTERVAL=1000 with no metrics.otlp_interval: a push within seconds (the default
+    would wait a minute); the key, when given, wins; OTEL_METRIC_EXPORT_TIMEOUT bounds the exporter's."""
+    world = World()
+    env = {"OTEL_METRIC_EXPORT_INTERVAL": "1000", "OTEL_METRIC_EXPORT_TIMEOUT": "1200"}
+    agent = _agent(tmp_path, world, env, metrics='  otlp: {endpoint: "http://127.0.0.1:4318"}\n' + interval)
+    agent.start()
+    try:
+        assert agent.runtime.metrics_push._interval == want  # noqa: SLF001
+        assert [s.timeout_s for s in world.made if s.signal == "metrics"] == [1.2]
+        deadline = time.monotonic() + 10
+        while want == 1.0 and not any(s.signal == "metrics" for s, _ in world.requests) \
+                and time.monotonic() < deadline:
+            agent.runtime.poll_once()
+        assert any(s.signal == "metrics" for s, _ in world.requests) == (want == 1.0)
+    finally:
+        agent.runtime.shutdown(1.0)
