@@ -127,3 +127,42 @@ def test_pusher_counts_failures_when_nobody_listens() -> None:
     assert pusher.push() is False
     pusher.stop(final_push=False)
     assert pusher.stats.pushes == 1 and pusher.stats.failures == 1 and pusher.last_error
+
+
+def test_delta_and_exponential_pushes_reach_a_real_receiver_as_set() -> None:
+    """The reader variables as the receiver gets them: OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE=delta (the
+    second push carries what changed since the first) and ..._DEFAULT_HISTOGRAM_AGGREGATION=base2_exponential_
+    bucket_histogram (the kernel's slots one for one, in nanoseconds)."""
+    from retsnoop_otel.export.processor_env import reader_settings
+    reader = reader_settings({"OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE": "delta",
+                              "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION":
+                                  "base2_exponential_bucket_histogram"})
+    receiver = start_receiver(port=0, http_port=0)
+    try:
+        calls = [3]
+        pusher = OtlpMetricsPusher(lambda: collector(calls).collect(), sender(receiver.port, "grpc"),
+                                   {"service.instance.id": "t"}, interval_s=3600, units=OTLP_UNITS,
+                                   temporality=reader.temporality, exponential=reader.exponential)
+        assert pusher.push(), pusher.last_error
+        calls[0] = 9
+        assert pusher.push(), pusher.last_error
+        pusher.stop(final_push=False)
+        first, second = (MessageToDict(r)["resourceMetrics"][0]["scopeMetrics"][0]["metrics"]
+                         for r in receiver.metric_requests)
+
+        def by_function(metrics: list, name: str, kind: str) -> dict:
+            m = next(m for m in metrics if m["name"] == name)
+            assert m[kind].get("aggregationTemporality") == "AGGREGATION_TEMPORALITY_DELTA"
+            return {next(a["value"]["stringValue"] for a in p["attributes"] if a["key"] == "function"): p
+                    for p in m[kind]["dataPoints"]}
+
+        assert {f: p["asInt"] for f, p in by_function(second, "retsnoop_function_calls", "sum").items()} == {
+            "do_open": "6", "may_open": "0"}
+        hist = by_function(first, "retsnoop_function_duration_nanoseconds", "exponentialHistogram")
+        assert hist["do_open"]["positive"] == {"offset": 1, "bucketCounts": ["1", "0", "2"]}  # slots (0, 1, 0, 2)
+        assert hist["may_open"]["positive"] == {"offset": 2, "bucketCounts": ["4"]}
+        later = by_function(second, "retsnoop_function_duration_nanoseconds", "exponentialHistogram")
+        assert later["do_open"]["positive"] == {"offset": 3, "bucketCounts": ["6"]}
+        assert later["may_open"].get("positive", {}) == {} and later["may_open"].get("count", "0") == "0"
+    finally:
+        receiver.stop()

@@ -3,7 +3,8 @@
 The Prometheus collectors stay the single source of the metrics: every interval their families
 are read (the same in-kernel map reads a scrape does) and written as one ExportMetricsServiceRequest
 that an OTLP sender delivers. Counters become cumulative monotonic sums, gauges gauges, and the log2
-histograms explicit-bucket histograms with the same bounds. Names keep the Prometheus family names
+histograms explicit-bucket histograms with the same bounds (sums and histograms as deltas on request:
+export/metrics_temporality.py). Names keep the Prometheus family names
 (without `_total`) and units are given per family (metrics/otlp_units.py: UCUM, curly braces for
 counts), so a collector's Prometheus translation gives back the very series the dashboards use.
 The resource carries its schema URL; the scope does not, as the metric names and their attributes
@@ -26,6 +27,7 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 from prometheus_client.metrics_core import Metric as PromMetric
 
 from retsnoop_otel import __version__
+from retsnoop_otel.export.metrics_temporality import Deltas
 from retsnoop_otel.export.sending import Sender
 
 log = logging.getLogger(__name__)
@@ -87,6 +89,31 @@ def _histogram(family: PromMetric, start_ns: int, now_ns: int) -> pb.Histogram:
     return out
 
 
+def _exponential(histogram: pb.Histogram) -> pb.ExponentialHistogram:
+    """The log2 buckets (bounds 2^k ns) as an exponential histogram at scale 0 in nanoseconds: bucket index k
+    holds the kernel's slot k, the durations in [2^k, 2^(k+1)) ns, so every slot arrives as it was counted.
+    (OTLP's buckets are (2^k, 2^(k+1)]: a duration of exactly 2^k ns is read one bucket up.) A probe set's
+    duration_range merges slots before this: its first bucket (the underflow) lands at the lowest index, the
+    kernel's open last slot and the overflow at the highest."""
+    out = pb.ExponentialHistogram(aggregation_temporality=histogram.aggregation_temporality)
+    for p in histogram.data_points:
+        exponents = [round(math.log2(le * 1e9)) for le in p.explicit_bounds]
+        slots = [e - 1 for e in exponents] + [exponents[-1] if exponents else 0]  # +Inf: the slot after the last
+        counts = dict(zip(slots, p.bucket_counts, strict=True))
+        used = [k for k, n in counts.items() if n]
+        point = out.data_points.add(attributes=p.attributes, start_time_unix_nano=p.start_time_unix_nano,
+                                    time_unix_nano=p.time_unix_nano, count=p.count, sum=p.sum * 1e9, scale=0)
+        if used:
+            point.positive.offset = min(used)
+            point.positive.bucket_counts.extend(counts.get(k, 0) for k in range(min(used), max(used) + 1))
+    return out
+
+
+def _powers_of_two_ns(histogram: pb.Histogram) -> bool:
+    bounds = [le * 1e9 for p in histogram.data_points for le in p.explicit_bounds]
+    return all(2 <= b <= 2**62 and math.isclose(b, 2 ** round(math.log2(b)), rel_tol=1e-9) for b in bounds)
+
+
 def _number_points(family: PromMetric, start_ns: int, now_ns: int) -> list[pb.NumberDataPoint]:
     points = []
     for s in family.samples:
@@ -101,14 +128,24 @@ def _number_points(family: PromMetric, start_ns: int, now_ns: int) -> list[pb.Nu
     return points
 
 
-def to_metric(family: PromMetric, start_ns: int, now_ns: int, units: Mapping[str, str] | None = None
-              ) -> pb.Metric | None:
-    """One Prometheus family as an OTLP metric; None for families without samples or of other types."""
+def to_metric(family: PromMetric, start_ns: int, now_ns: int, units: Mapping[str, str] | None = None,
+              exponential: bool = False) -> pb.Metric | None:
+    """One Prometheus family as an OTLP metric; None for families without samples or of other types.
+
+    `exponential`: durations in seconds (log2 bounds, 2^k ns) as exponential histograms in nanoseconds,
+    renamed `..._nanoseconds` as their unit now says (OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION);
+    /metrics keeps the classic buckets."""
     if not family.samples or family.type not in ("histogram", "counter", "gauge"):
         return None
     metric = pb.Metric(name=family.name, description=family.documentation, unit=_unit(family, units or {}))
     if family.type == "histogram":
-        metric.histogram.CopyFrom(_histogram(family, start_ns, now_ns))
+        histogram = _histogram(family, start_ns, now_ns)
+        if exponential and metric.unit == "s" and _powers_of_two_ns(histogram):
+            metric.name = family.name.removesuffix("_seconds") + "_nanoseconds"
+            metric.unit = "ns"
+            metric.exponential_histogram.CopyFrom(_exponential(histogram))
+        else:
+            metric.histogram.CopyFrom(histogram)
     elif family.type == "counter":
         metric.sum.CopyFrom(pb.Sum(data_points=_number_points(family, start_ns, now_ns), is_monotonic=True,
                                    aggregation_temporality=_CUMULATIVE))
@@ -119,7 +156,7 @@ def to_metric(family: PromMetric, start_ns: int, now_ns: int, units: Mapping[str
 
 def metrics_request(families: Iterable[PromMetric], resource: Mapping[str, Any], start_ns: int,
                     now_ns: int, units: Mapping[str, str] | None = None,
-                    schema_url: str = "") -> ExportMetricsServiceRequest:
+                    schema_url: str = "", exponential: bool = False) -> ExportMetricsServiceRequest:
     """`units`: family name -> OTLP unit; `schema_url`: the resource's (ResourceMetrics.schema_url)."""
     request = ExportMetricsServiceRequest()
     rm = request.resource_metrics.add()
@@ -128,7 +165,8 @@ def metrics_request(families: Iterable[PromMetric], resource: Mapping[str, Any],
         rm.resource.attributes.add(key=key).value.string_value = str(value)
     sm = rm.scope_metrics.add()
     sm.scope.name, sm.scope.version = SCOPE_NAME, __version__
-    sm.metrics.extend(m for m in (to_metric(f, start_ns, now_ns, units) for f in families) if m is not None)
+    sm.metrics.extend(m for m in (to_metric(f, start_ns, now_ns, units, exponential) for f in families)
+                      if m is not None)
     return request
 
 
@@ -146,7 +184,8 @@ class OtlpMetricsPusher:
 
     def __init__(self, collect: Callable[[], Iterable[PromMetric]], sender: Sender, resource: Mapping[str, Any],
                  interval_s: float = 60.0, clock: Callable[[], int] = time.time_ns, *,
-                 units: Mapping[str, str] | None = None, schema_url: str = "") -> None:
+                 units: Mapping[str, str] | None = None, schema_url: str = "", temporality: str = "cumulative",
+                 exponential: bool = False) -> None:
         self._collect = collect
         self._sender = sender
         self._resource = resource
@@ -155,6 +194,8 @@ class OtlpMetricsPusher:
         self._interval = max(0.05, interval_s)
         self._clock = clock
         self._start_ns = clock()
+        self._deltas = Deltas(temporality, self._start_ns)
+        self._exponential = exponential
         self._stop = threading.Event()
         self.stats = PushStats()
         self.last_error: str | None = None
@@ -166,9 +207,12 @@ class OtlpMetricsPusher:
 
     def push(self) -> bool:
         try:
-            request = metrics_request(self._collect(), self._resource, self._start_ns, self._clock(), self._units,
-                                      self._schema_url)
+            now = self._clock()
+            request = metrics_request(self._collect(), self._resource, self._start_ns, now, self._units,
+                                      self._schema_url, self._exponential)
+            self._deltas.apply(request, now)
             points = sum(len(m.sum.data_points) + len(m.gauge.data_points) + len(m.histogram.data_points)
+                         + len(m.exponential_histogram.data_points)
                          for rm in request.resource_metrics for sm in rm.scope_metrics for m in sm.metrics)
             result = self._sender.send(request.SerializeToString(), points)
             ok, self.last_error = result.ok, result.error

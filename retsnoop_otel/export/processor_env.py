@@ -1,4 +1,5 @@
-"""The SDK variables of the batch span processor (OTEL_BSP_*) and the periodic metric reader (OTEL_METRIC_EXPORT_*).
+"""The SDK variables of the batch span processor (OTEL_BSP_*) and the periodic metric reader (OTEL_METRIC_EXPORT_*,
+OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE and _DEFAULT_HISTOGRAM_AGGREGATION).
 
 Deployments set them for every OTel-instrumented process on a host; this tool reads them the way the SDKs do
 (milliseconds, integers), with two differences said where they apply: a config key given explicitly wins over
@@ -29,9 +30,15 @@ class BatchSettings(NamedTuple):
     max_batch_spans: int = DEFAULT_BATCH_SPANS  # OTEL_BSP_MAX_EXPORT_BATCH_SIZE
 
 
+TEMPORALITIES = ("cumulative", "delta", "lowmemory")  # export/metrics_temporality.py applies them
+HISTOGRAM_AGGREGATIONS = ("explicit_bucket_histogram", "base2_exponential_bucket_histogram")  # metrics_push.py
+
+
 class ReaderSettings(NamedTuple):
     interval_s: float | None = None  # OTEL_METRIC_EXPORT_INTERVAL
     timeout_s: float | None = None  # OTEL_METRIC_EXPORT_TIMEOUT
+    temporality: str = "cumulative"  # OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE
+    exponential: bool = False  # OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION=base2_exponential_...
 
 
 def _number(environ: Mapping[str, str], var: str, what: str, example: int, zero: bool = False) -> int | None:
@@ -63,8 +70,18 @@ def batch_settings(environ: Mapping[str, str]) -> BatchSettings:
 
 
 def reader_settings(environ: Mapping[str, str]) -> ReaderSettings:
+    var = "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE"
+    temporality = environ.get(var, "").strip()
+    if temporality and temporality.lower() not in TEMPORALITIES:
+        raise OtlpConfigError(f"{var}={shown(temporality)}: not a temporality; write {', '.join(TEMPORALITIES)}")
+    var = "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION"
+    aggregation = environ.get(var, "").strip()
+    if aggregation and aggregation.lower() not in HISTOGRAM_AGGREGATIONS:
+        raise OtlpConfigError(f"{var}={shown(aggregation)}: not a histogram aggregation; write "
+                              f"{' or '.join(HISTOGRAM_AGGREGATIONS)}")
     return ReaderSettings(_millis(environ, "OTEL_METRIC_EXPORT_INTERVAL", 60000),
-                          _millis(environ, "OTEL_METRIC_EXPORT_TIMEOUT", 30000))
+                          _millis(environ, "OTEL_METRIC_EXPORT_TIMEOUT", 30000), temporality.lower() or "cumulative",
+                          aggregation.lower() == HISTOGRAM_AGGREGATIONS[1])
 
 
 def bounded(timeout_s: float, bound_s: float | None) -> float:

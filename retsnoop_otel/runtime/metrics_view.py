@@ -88,7 +88,8 @@ class RuntimeMetrics:
         assert self._rt.resource is not None
         return OtlpMetricsPusher(collect, self._rt.deps.make_sender(settings), self._rt.resource.attributes,
                                  interval, units=OTLP_UNITS,
-                                 schema_url=self._rt.resource.schema_url).start()
+                                 schema_url=self._rt.resource.schema_url, temporality=reader.temporality,
+                                 exponential=reader.exponential).start()
 
     def stats_enabled(self) -> bool:
         from retsnoop_otel.metrics.kernel_families import read_bpf_stats_enabled

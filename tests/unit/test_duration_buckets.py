@@ -118,6 +118,35 @@ def test_otlp_push_carries_the_ranged_bounds() -> None:
     assert sum(point.bucket_counts) == point.count == 4
 
 
+def _exponential_points(duration_range: DurationRange | None, kernel_slots: tuple[int, ...], sum_ns: int) -> list:
+    """The function duration pushed with exponential histograms, read back from the bytes on the wire."""
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+    ps = FakeProbeSet(name="bpf", funcs=FUNCS,
+                      stats=lambda: [FuncStats(0, sum(kernel_slots), {}, kernel_slots, sum_ns)])
+    collector = KernelCollector(lambda: [ps], stats_enabled=lambda: False, duration_range=lambda _n: duration_range)
+    wire = metrics_request(collector.collect(), {}, 1, 2, exponential=True).SerializeToString()
+    metrics = {m.name: m for m in ExportMetricsServiceRequest.FromString(wire).resource_metrics[0]
+               .scope_metrics[0].metrics}
+    assert "retsnoop_function_duration_seconds" not in metrics
+    metric = metrics["retsnoop_function_duration_nanoseconds"]
+    assert metric.unit == "ns" and metric.WhichOneof("data") == "exponential_histogram"
+    return list(metric.exponential_histogram.data_points)
+
+
+def test_an_exponential_histogram_carries_the_kernel_slots_one_for_one() -> None:
+    """OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION=base2_exponential_bucket_histogram: scale 0 in
+    nanoseconds, bucket index k = the kernel's slot k ([2^k, 2^(k+1)) ns), every slot as it was counted."""
+    kernel = slots(s0=1, s3=2, s4=0, s17=5, s39=1)
+    (point,) = _exponential_points(None, kernel, 123_456)
+    assert (point.scale, point.zero_count, point.count, point.sum) == (0, 0, 9, 123_456.0)
+    assert point.positive.offset == 0
+    assert list(point.positive.bucket_counts) == list(kernel)  # slot for slot, 0 through the open slot 39
+    (ranged,) = _exponential_points(US_TO_10S, slots(s2=1, s10=2, s11=3, s39=1), 5)
+    assert ranged.positive.offset == 8  # the underflow (slots up to 8) at the lowest index of the range
+    assert list(ranged.positive.bucket_counts)[:4] == [1, 0, 2, 3] and ranged.positive.bucket_counts[-1] == 1
+    assert ranged.positive.offset + len(ranged.positive.bucket_counts) - 1 == 34  # the overflow: 2^34 ns on
+
+
 # ---- configuration -------------------------------------------------------------------------------------------
 
 BASE = """\

@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 
 import pytest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
 
 from retsnoop_otel.agent.main import Agent
 from retsnoop_otel.export.otlp_settings import OtlpConfigError
@@ -15,6 +17,8 @@ from retsnoop_otel.export.processor_env import BatchSettings, ReaderSettings, ba
 from retsnoop_otel.runtime.errors import InputError
 from retsnoop_otel.runtime.logs import EventLog
 from tests.unit.test_agent_lifecycle import CONFIG, World
+
+DELTA = AggregationTemporality.AGGREGATION_TEMPORALITY_DELTA
 
 
 def test_read_in_milliseconds_and_spans() -> None:
@@ -40,6 +44,9 @@ def test_read_in_milliseconds_and_spans() -> None:
      "OTEL_BSP_MAX_EXPORT_BATCH_SIZE=600 is larger than OTEL_BSP_MAX_QUEUE_SIZE=512"),
     ({"OTEL_METRIC_EXPORT_INTERVAL": "1.5"}, "OTEL_METRIC_EXPORT_INTERVAL='1.5': not a time in milliseconds"),
     ({"OTEL_METRIC_EXPORT_TIMEOUT": "9" * 20}, "OTEL_METRIC_EXPORT_TIMEOUT='" + "9" * 20),
+    ({"OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION": "exponential"},
+     "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION='exponential': not a histogram aggregation; write "
+     "explicit_bucket_histogram or base2_exponential_bucket_histogram"),
 ])
 def test_values_that_are_no_number_are_refused(env: dict[str, str], message: str) -> None:
     with pytest.raises(OtlpConfigError) as info:
@@ -94,7 +101,9 @@ def test_the_metrics_push_takes_them_and_the_config_key_wins(tmp_path: Path, int
     """OTEL_METRIC_EXPORT_INTERVAL=1000 with no metrics.otlp_interval: a push within seconds (the default
     would wait a minute); the key, when given, wins; OTEL_METRIC_EXPORT_TIMEOUT bounds the exporter's."""
     world = World()
-    env = {"OTEL_METRIC_EXPORT_INTERVAL": "1000", "OTEL_METRIC_EXPORT_TIMEOUT": "1200"}
+    env = {"OTEL_METRIC_EXPORT_INTERVAL": "1000", "OTEL_METRIC_EXPORT_TIMEOUT": "1200",
+           "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE": "delta",
+           "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION": "Base2_Exponential_Bucket_Histogram"}
     agent = _agent(tmp_path, world, env, metrics='  otlp: {endpoint: "http://127.0.0.1:4318"}\n' + interval)
     agent.start()
     try:
@@ -104,6 +113,11 @@ def test_the_metrics_push_takes_them_and_the_config_key_wins(tmp_path: Path, int
         while want == 1.0 and not any(s.signal == "metrics" for s, _ in world.requests) \
                 and time.monotonic() < deadline:
             agent.runtime.poll_once()
-        assert any(s.signal == "metrics" for s, _ in world.requests) == (want == 1.0)
+        pushed = [ExportMetricsServiceRequest.FromString(body) for s, body in world.requests if s.signal == "metrics"]
+        assert bool(pushed) == (want == 1.0)
+        sums = [m.sum for r in pushed for m in r.resource_metrics[0].scope_metrics[0].metrics if m.HasField("sum")]
+        assert all(s.aggregation_temporality == DELTA for s in sums) and (sums or not pushed)
+        names = {m.name: m.WhichOneof("data") for r in pushed for m in r.resource_metrics[0].scope_metrics[0].metrics}
+        assert not pushed or names["retsnoop_function_duration_nanoseconds"] == "exponential_histogram"
     finally:
         agent.runtime.shutdown(1.0)
