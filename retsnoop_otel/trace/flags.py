@@ -18,7 +18,7 @@ from retsnoop_otel.capture.errfilter import ErrorFilter
 from retsnoop_otel.capture.sampling import Sampling
 from retsnoop_otel.capture.sessions import DEFAULT_MAX_CALLS
 from retsnoop_otel.export.otlp_settings import OtlpConfig
-from retsnoop_otel.inputs.files import shown
+from retsnoop_otel.inputs.files import MAX_GLOB_FILE_BYTES, read_text, shown
 from retsnoop_otel.inputs.numbers import (
     COUNT,
     MAP_ENTRIES,
@@ -43,14 +43,42 @@ from retsnoop_otel.runtime.config import (
 )
 from retsnoop_otel.runtime.errors import exit_code_epilog
 from retsnoop_otel.runtime.help_format import HelpFormatter, OneLineParser
+from retsnoop_otel.trace.cases import CASES, with_cases
 
 TRACE_NAMES = InputNames(
     otlp=MappingProxyType({"endpoint": "--otlp-endpoint", "protocol": "--otlp-protocol"}),
     listen="--metrics-port", trace_json="--trace-json", vmlinux="-k", cgroup="--cgroup", lbr="--lbr",
     attach_mode="-F/-K/-M/--kprobe-session", web_config="--web.config.file")
-C_RANGES = {"bpf.ringbuf-size": RINGBUF_BYTES, "bpf.sessions-size": MAP_ENTRIES, "calls.max-per-session": COUNT}
-C_KEYS = tuple(C_RANGES)
+C_RANGES = {"bpf.ringbuf-size": RINGBUF_BYTES, "bpf.sessions-size": MAP_ENTRIES, "calls.max-per-session": COUNT,
+            "fmt.lbr-max-count": IntRange(0, U32_MAX, "a count")}
 C_SIZES = ("bpf.ringbuf-size",)  # bytes: 8M as in the agent's limits.ringbuf_size
+SYMB_MODES = {"none": 0, "n": 0, "linenum": 1, "l": 1, "inlines": 2, "i": 2}  # retsnoop's names and letters
+C_KEYS = (*C_RANGES, "stacks.symb-mode")
+C_HELP = {
+    "bpf.ringbuf-size": "ring buffer size per probe set in bytes, K/M/G suffixes (default 8M)",
+    "bpf.sessions-size": "threads the kernel keeps a session entry for (default 4096)",
+    "calls.max-per-session": f"calls kept per session for -T (default {DEFAULT_MAX_CALLS}; the rest are counted)",
+    "fmt.lbr-max-count": "show at most N LBR records (as --lbr-max-count)",
+    "stacks.symb-mode": "none, linenum or inlines (as -sn, -s, -ss)",
+}
+# retsnoop's keys this tool does not have yet: refused by name rather than as unknown
+C_NOT_YET = ("stacks.unfiltered", "stacks.emit-addrs", "stacks.dec-offs", "args.max-total-args-size",
+             "args.max-sized-arg-size", "args.max-str-arg-size", "args.capture-raw-ptrs", "args.fmt-mode",
+             "args.fmt-max-arg-width")
+
+
+class _ConfigHelp(argparse.Action):
+    """--config-help: every -C key and what it sets, then exit, as retsnoop's does."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="list the -C keys and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
+        width = max(map(len, (*C_HELP, *C_NOT_YET)))
+        lines = [f"  -C {k:<{width}}  {text}" for k, text in C_HELP.items()]
+        lines += [f"  -C {k:<{width}}  (retsnoop's; not in retsnoop-otel yet)" for k in C_NOT_YET]
+        print("Extra configuration (-C KEY=VALUE):\n" + "\n".join(lines))
+        parser.exit(0)
 
 
 _MAX_MS = float((1 << 63) // 1_000_000)  # milliseconds whose nanoseconds fit the kernel's 64-bit durations
@@ -91,7 +119,8 @@ class OneLineErrorParser(OneLineParser):
         joined: list[str] = []
         i = 0
         while i < len(words):
-            if words[i] in takes_value and i + 1 < len(words) and words[i + 1].startswith("-"):
+            # not '--': argparse drops it from a value, leaving a list where a string was expected
+            if words[i] in takes_value and i + 1 < len(words) and words[i + 1].startswith("-") and words[i + 1] != "--":
                 joined.append(f"{words[i]}={words[i + 1]}")
                 i += 2
                 continue
@@ -109,6 +138,8 @@ def build_parser(prog: str = "retsnoop-otel trace") -> OneLineErrorParser:
                     "deepest error call chain. Optionally export sessions as OpenTelemetry traces and "
                     "serve Prometheus metrics.", epilog=exit_code_epilog())
     sel = p.add_argument_group("function selection")
+    sel.add_argument("-c", "--case", action="append", default=[], choices=tuple(CASES), metavar="CASE",
+                     help=f"retsnoop's preset globs of a subsystem, added to -e/-a/-d ({', '.join(CASES)})")
     sel.add_argument("-e", "--entry", action="append", default=[], metavar="GLOB",
                      help="entry function glob ('func', 'func [module]', ':path/*.c' or @file); repeatable")
     sel.add_argument("-a", "--allow", action="append", default=[], metavar="GLOB",
@@ -160,8 +191,8 @@ def build_parser(prog: str = "retsnoop-otel trace") -> OneLineErrorParser:
                      help="never report sessions with these errors (wins over -x)")
     flt.add_argument("-p", "--pid", action="append", default=[], type=_pid, help="only this process id")
     flt.add_argument("-P", "--no-pid", action="append", default=[], type=_pid, help="not this process id")
-    flt.add_argument("-n", "--comm", action="append", default=[], help="only threads with this name")
-    flt.add_argument("-N", "--no-comm", action="append", default=[], help="not threads with this name")
+    flt.add_argument("-n", "--comm", action="append", default=[], help="only threads with this name (or @file)")
+    flt.add_argument("-N", "--no-comm", action="append", default=[], help="not threads with this name (or @file)")
     flt.add_argument("-L", "--longer", type=_positive_ms, default=0, metavar="MS",
                      help="only sessions whose entry function ran at least MS milliseconds")
     flt.add_argument("--cgroup", metavar="PATH", help="only tasks in this cgroup (v2 path) or below it")
@@ -180,7 +211,8 @@ def build_parser(prog: str = "retsnoop-otel trace") -> OneLineErrorParser:
     misc = p.add_argument_group("misc")
     misc.add_argument("--dry-run", action="store_true", help="discover functions, attach nothing")
     misc.add_argument("-C", "--config", action="append", default=[], metavar="KEY=VALUE",
-                      help=", ".join(f"{k}=N" for k in C_KEYS))
+                      help="extra configuration, as retsnoop's (--config-help lists the keys)")
+    misc.add_argument("--config-help", action=_ConfigHelp)
     misc.add_argument("-v", "--verbose", action="count", default=0, help="-v, -vv, -vvv: more details")
     misc.add_argument("-V", "--version", action="store_true", help="print version (-Vv: and kernel features)")
     return p
@@ -202,8 +234,16 @@ def _c_values(parser: argparse.ArgumentParser, items: Sequence[str]) -> dict[str
         key = key.strip()
         if not sep:
             parser.error(f"-C expects KEY=VALUE, got {shown(item)}")
+        if key in C_NOT_YET:
+            parser.error(f"-C {key} is retsnoop's, and retsnoop-otel does not have it yet (--config-help lists "
+                         "the keys it has)")
         if key not in C_KEYS:
             parser.error(f"unknown -C key {shown(key)} (known: {', '.join(C_KEYS)})")
+        if key == "stacks.symb-mode":
+            if value.strip() not in SYMB_MODES:
+                parser.error(f"-C stacks.symb-mode: {shown(value)} is not a mode; write none, linenum or inlines")
+            out[key] = SYMB_MODES[value.strip()]
+            continue
         try:
             number = parse_size(value, C_RANGES[key]) if key in C_SIZES else parse_int(value, C_RANGES[key],
                                                                                          prefixes=True)
@@ -211,6 +251,22 @@ def _c_values(parser: argparse.ArgumentParser, items: Sequence[str]) -> dict[str
             parser.error(f"-C {key}: {exc}")
         out[key] = number
     return out
+
+
+def _names(parser: argparse.ArgumentParser, flag: str, values: Sequence[str]) -> tuple[str, ...]:
+    """-n/-N values in order, each '@file' replaced by its lines (blank lines and '#' comments skipped), as
+    retsnoop reads them."""
+    out: list[str] = []
+    for value in values:
+        if not value.startswith("@"):
+            out.append(value)
+            continue
+        try:
+            text = read_text(value[1:], f"{flag} @FILE", MAX_GLOB_FILE_BYTES, ValueError)
+        except ValueError as exc:
+            parser.error(f"{flag} {exc}")
+        out.extend(s for s in (line.strip() for line in text.splitlines()) if s and not s.startswith("#"))
+    return tuple(out)
 
 
 def otlp_requested(args: argparse.Namespace, environ: Mapping[str, str]) -> bool:
@@ -225,8 +281,9 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] = os.environ,
     args = parser.parse_args(list(argv))
     if args.version:
         return TraceRequest(RuntimeConfig(probe_sets=()), verbose=args.verbose, version=True)
-    if not args.entry:
-        parser.error("at least one entry glob is needed: -e GLOB (for example -e '*sys_bpf')")
+    entry, allow, deny = with_cases(args.case, args.entry, args.allow, args.deny)
+    if not entry:
+        parser.error("at least one entry glob is needed: -e GLOB (for example -e '*sys_bpf'), or -c CASE")
     if args.success_stacks and args.allow_errors:
         parser.error("-S (success sessions) conflicts with -x (only sessions with given errors)")
     try:
@@ -241,8 +298,9 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] = os.environ,
             lbr_flags = parse_specs(args.lbr)
         except LbrError as exc:
             parser.error(str(exc))
-    if args.lbr_max_count is not None and (args.lbr is None or args.lbr_max_count <= 0):
-        parser.error("--lbr-max-count needs --lbr and a positive count")
+    lbr_max = c.get("fmt.lbr-max-count", args.lbr_max_count)
+    if lbr_max is not None and (args.lbr is None or lbr_max <= 0):
+        parser.error("--lbr-max-count (-C fmt.lbr-max-count) needs --lbr and a positive count")
     if args.web_config_file and args.metrics_port is None:
         parser.error("--web.config.file secures the metrics port: give --metrics-port too")
     if not args.probe_set or len(args.probe_set) > 64:
@@ -250,19 +308,20 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] = os.environ,
     otlp = otlp_requested(args, environ)
     success = args.success_stacks or (args.calls and not args.allow_errors)
     probe_set = ProbeSetConfig(
-        name=args.probe_set, entry=tuple(args.entry), allow=tuple(args.allow), deny=tuple(args.deny),
+        name=args.probe_set, entry=entry, allow=allow, deny=deny,
         mode="calls" if args.calls or otlp or args.trace_json else "stack", attach_mode=args.mode or "auto",
-        pids=tuple(args.pid), no_pids=tuple(args.no_pid), comms=tuple(args.comm), no_comms=tuple(args.no_comm),
+        pids=tuple(args.pid), no_pids=tuple(args.no_pid), comms=_names(parser, "-n", args.comm),
+        no_comms=_names(parser, "-N", args.no_comm),
         cgroup=args.cgroup, min_duration_ns=args.longer, errors=errors,
         sampling=Sampling(success_probability=1.0) if success else Sampling(), lbr_branch_types=lbr_flags,
         capture_args=args.capture_args, app_context=args.app_context, user_stacks=args.user_stacks)
-    level = args.symbolize
+    level = c.get("stacks.symb-mode", args.symbolize)
     config = RuntimeConfig(
         probe_sets=(probe_set,),
         exporter=ExporterConfig(
             otlp=OtlpConfig(endpoint=args.otlp_endpoint, protocol=args.otlp_protocol) if otlp else None,
             console=ConsoleConfig(format="json" if args.json else "text", view="calls" if args.calls else "stack",
-                                  call_stack=args.call_stack, lbr_max_count=args.lbr_max_count or 0),
+                                  call_stack=args.call_stack, lbr_max_count=lbr_max or 0),
             trace_json=args.trace_json, export_addresses=args.export_addresses),
         metrics=MetricsConfig(host=args.metrics_addr, port=args.metrics_port, web_config_file=args.web_config_file),
         limits=Limits(max_calls_per_session=c.get("calls.max-per-session", DEFAULT_MAX_CALLS),

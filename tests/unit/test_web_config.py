@@ -8,6 +8,7 @@ nothing or let anyone in (refused), and client_allowed_sans, newer than Debian's
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -312,13 +313,15 @@ def _loads_or_one_line(path: Path, text: str | bytes) -> None:
         assert "\n" not in str(exc) and str(exc).startswith(str(path)), str(exc)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=300, deadline=None, derandomize=not os.environ.get("FUZZ_RANDOM"),
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(tree=st.dictionaries(st.sampled_from(WEB_KEYS), WEB_TREES, max_size=4))
 def test_web_config_trees_never_trace_back(pki: Pki, tree: dict) -> None:
     _loads_or_one_line(pki.dir / "fuzz.yml", yaml.safe_dump(tree, allow_unicode=True))
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=200, deadline=None, derandomize=not os.environ.get("FUZZ_RANDOM"),
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.one_of(st.text(max_size=200), st.binary(max_size=64)))
 def test_web_config_text_never_traces_back(pki: Pki, data: str | bytes) -> None:
     _loads_or_one_line(pki.dir / "fuzz.yml", data)
