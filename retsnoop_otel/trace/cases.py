@@ -1,7 +1,10 @@
 """retsnoop's `-c/--case` presets: the entry, allow and deny globs of a subsystem, added to the user's own.
 
-The same sets retsnoop v0.11 gives `-c bpf` and `-c perf`, so a command line copied from its README or from
-a colleague's shell history means the same functions here.
+The sets retsnoop v0.11 gives `-c bpf` and `-c perf`, so a command line copied from its README or from a
+colleague's shell history means the same functions here, with one correction: retsnoop's perf entry glob
+`*_sys__perf_event_open` names no function (the syscall's are `__x64_sys_perf_event_open`,
+`__do_sys_perf_event_open`, ...), and an entry glob that matches nothing stops a run; here it is
+`*_sys_perf_event_open`.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ CASES = MappingProxyType({
         deny=("bpf_get_smp_processor_id", "bpf_get_current_pid_tgid", "*migrate*", "rcu_read_lock*",
               "rcu_read_unlock*", "bpf_lsm_*", "check_cfs_rq_runtime", "find_busiest_group", "find_vma*",
               "btf_sec_info_cmp", "copy_to_user_nofault")),
-    "perf": Case(entry=("*_sys__perf_event_open", "perf_ioctl"), allow=("*perf_*",), deny=()),
+    "perf": Case(entry=("*_sys_perf_event_open", "perf_ioctl"), allow=("*perf_*",), deny=()),
 })
 
 

@@ -39,6 +39,19 @@ def test_dry_run_lists_and_attaches_nothing(vm_batch) -> None:
     assert "Receiving data" not in out and r["progs_before"] == [] and r["progs_after"] == []
 
 
+def test_retsnoop_cases_resolve_on_a_real_kernel(vm_batch) -> None:
+    """-c bpf -c perf: retsnoop's preset globs find both subsystems' syscalls as entries and their functions."""
+    (run,) = [run for run in vm_batch["trace_dry_run"]["runs"] if run["step"] == "cases"]
+    assert run["rc"] == 0, run["err"][-2000:]
+    m = re.search(r"would attach (\d+) \((\d+) entry\)", run["out"])
+    assert m and int(m.group(1)) > 500, run["out"][:2000]
+    entries = run["out"].split("Entry functions:")[1].split("Other functions:")[0]
+    for name in ("__x64_sys_bpf", "__x64_sys_perf_event_open", "perf_ioctl"):
+        assert re.search(rf"^\s+{name}\s", entries, re.M), entries[:3000]
+    assert re.search(r"denied by 'bpf_lsm_\*'", run["out"]) or "bpf_lsm_" not in entries
+    assert vm_batch["trace_dry_run"]["progs_after"] == []
+
+
 def _phases(text: str) -> dict[str, str]:
     """-v phase lines: name -> detail."""
     return {m.group(1): m.group(3) or "" for m in re.finditer(r"^Phase (\S+): (\d+) ms(?: \((.*)\))?$", text, re.M)}

@@ -91,9 +91,12 @@ def wait_for_pid_session(tracer, pid: int, timeout: float = 180) -> None:
 
 @budget(900)
 def scenario_filter_comm_errors(ctx) -> dict:
-    """-n sfa -n sfb -N sfb -x EINVAL: sfa's EINVAL kept; sfa's E2BIG (-x), sfb (-N wins) and sfc (-n) dropped."""
+    """-n @file (sfa, sfb) -N sfb -x EINVAL: sfa's EINVAL kept; sfa's E2BIG (-x), sfb (-N wins) and sfc (-n)
+    dropped."""
     t0 = time.monotonic()
-    tracer, attach_s = start_tracer(ctx, [*BPF_SET, "--json", "-n", "sfa", "-n", "sfb", "-N", "sfb", "-x", "EINVAL"])
+    comms = Path(ctx.tmpdir, "comms")
+    comms.write_text("# retsnoop's @file for -n\nsfa\nsfb\n")
+    tracer, attach_s = start_tracer(ctx, [*BPF_SET, "--json", "-n", f"@{comms}", "-N", "sfb", "-x", "EINVAL"])
     result: dict = {"attach_s": attach_s}
     try:
         procs = {"sfb": spawn_simfail(ctx, [EINVAL_CASE], comm="sfb"),

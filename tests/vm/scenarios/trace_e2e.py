@@ -33,6 +33,9 @@ def scenario_trace_dry_run(ctx) -> dict:
         rc, out, err = ctx.run(f"{step_env} {' '.join(repr(c) if '*' in c else c for c in cmd)}", 300)
         runs.append({"step": step, "rc": rc, "out": out, "err": err})
     ctx.run("rmmod dummy", 60)
+    # retsnoop's presets (-c) resolve on this kernel: both cases' entry functions found, nothing loaded
+    rc, out, err = ctx.run(f"{env} {PY} -m retsnoop_otel trace --dry-run -c bpf -c perf", 300)
+    runs.append({"step": "cases", "rc": rc, "out": out, "err": err})
     first = runs[0]
     return {"rc": first["rc"], "out": first["out"], "err": first["err"], "runs": runs, "progs_before": before,
             "progs_after": _our_progs(ctx)}
