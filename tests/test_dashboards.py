@@ -133,6 +133,7 @@ def exposed_series() -> set[str]:
     from retsnoop_otel.metrics.runtime_families import RunCounters
     from retsnoop_otel.runtime.config import ProbeSetConfig, RuntimeConfig
     from retsnoop_otel.runtime.runtime import Runtime, RuntimeDeps
+    from retsnoop_otel.workload.k8s_watch import WatchCounters
     from tests.unit.test_metrics import FakeProbeSet
 
     funcs = {0: TracedFunc(0, "__x64_sys_bpf", 0, RetKind.INT32, True),
@@ -154,7 +155,8 @@ def exposed_series() -> set[str]:
             Path(root, "proc", entry).symlink_to(Path("/proc", entry))
         runtime = Runtime(RuntimeConfig(probe_sets=(ProbeSetConfig("bpf", ("f",)),)), RuntimeDeps(root=root))
         runtime.probe_sets = [probe_set]  # type: ignore[list-item]
-        runtime.metrics.counters = lambda: RunCounters(3, {"queue_full": 1}, 1, 0, {"success": 1, "failure": 0})
+        runtime.metrics.counters = lambda: RunCounters(3, {"queue_full": 1}, 1, 0, {"success": 1, "failure": 0},
+                                                       k8s=WatchCounters(current=True))  # the pod watch is on
         return _exposed_names(runtime.metrics.registry())
 
 
@@ -200,7 +202,7 @@ def test_promtool_check_scrape_config() -> None:
 # runbook_url: this repository's dashboards/RUNBOOK.md as GitHub shows it, with the alert's section anchor
 RUNBOOK_URL = "https://github.com/retsnoop-otel/retsnoop-otel/blob/main/dashboards/RUNBOOK.md"
 EXPECTED_ALERTS = {"KernelErrorSpike", "KernelNewErrno", "KernelLatencyP99High", "RetsnoopAgentLosingData",
-                   "RetsnoopAgentDown"}
+                   "RetsnoopAgentDown", "RetsnoopConfigReloadFailed", "RetsnoopExportFailing", "RetsnoopK8sMetadataStale"}
 
 
 def _anchors(markdown: str) -> set[str]:
