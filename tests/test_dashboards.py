@@ -202,7 +202,8 @@ def test_promtool_check_scrape_config() -> None:
 # runbook_url: this repository's dashboards/RUNBOOK.md as GitHub shows it, with the alert's section anchor
 RUNBOOK_URL = "https://github.com/retsnoop-otel/retsnoop-otel/blob/main/dashboards/RUNBOOK.md"
 EXPECTED_ALERTS = {"KernelErrorSpike", "KernelNewErrno", "KernelLatencyP99High", "RetsnoopAgentLosingData",
-                   "RetsnoopAgentDown", "RetsnoopConfigReloadFailed", "RetsnoopExportFailing", "RetsnoopK8sMetadataStale"}
+                   "RetsnoopAgentDown", "RetsnoopConfigReloadFailed", "RetsnoopExportFailing",
+                   "RetsnoopK8sMetadataStale"}
 
 
 def _anchors(markdown: str) -> set[str]:

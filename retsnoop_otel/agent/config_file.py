@@ -33,8 +33,9 @@ from retsnoop_otel.agent.yaml_nodes import (
 from retsnoop_otel.capture.errfilter import ErrorFilter
 from retsnoop_otel.capture.sampling import Sampling
 from retsnoop_otel.export.otlp_settings import OtlpConfig, OtlpConfigError, resolve_settings
-from retsnoop_otel.inputs.files import MAX_CONFIG_BYTES, read_text, shown
-from retsnoop_otel.inputs.numbers import COUNT, MAP_ENTRIES, PID, RINGBUF_BYTES, IntRange, NumberError, parse_int
+from retsnoop_otel.inputs.addresses import parse_listen
+from retsnoop_otel.inputs.files import MAX_CONFIG_BYTES, read_text
+from retsnoop_otel.inputs.numbers import COUNT, MAP_ENTRIES, PID, RINGBUF_BYTES
 from retsnoop_otel.kernel.kcache import AGENT_CACHE_DIR
 from retsnoop_otel.metrics.buckets import DurationRange, RangeError, parse_duration_ns
 from retsnoop_otel.runtime.config import (
@@ -60,7 +61,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _MAX_MS = float((1 << 63) // 1_000_000)  # milliseconds whose nanoseconds fit the kernel's 64-bit durations
 
-__all__ = ["AgentConfig", "ConfigError", "LoggingConfig", "load_config", "parse_config", "parse_listen"]
+__all__ = ["AgentConfig", "ConfigError", "LoggingConfig", "load_config", "parse_config"]
 
 
 class LoggingConfig(NamedTuple):
@@ -307,19 +308,6 @@ def _exporter(ctx: Nodes, node: yaml.Node, environ: Mapping[str, str]) -> Export
     return ExporterConfig(otlp=otlp, file=path, console=ConsoleConfig(prefix=True) if console else None,
                           export_addresses=boolean(ctx, m["export_addresses"], "exporter.export_addresses")
                           if "export_addresses" in m else False)
-
-
-def parse_listen(text: str) -> tuple[str, int]:
-    """'HOST:PORT' or '[V6]:PORT' -> (host, port); raises ValueError with the expected form."""
-    m = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:(\d+)|([^:\s\[\]]*):(\d+)", text.strip())
-    if not m:
-        raise ValueError(f"{shown(text)} is not HOST:PORT (for example 0.0.0.0:9464 or [::]:9464)")
-    host = m.group(1) if m.group(1) is not None else (m.group(3) or "0.0.0.0")
-    try:
-        port = parse_int(m.group(2) or m.group(4), IntRange(0, 65535, "a TCP port"))
-    except NumberError as exc:
-        raise ValueError(f"the port {str(exc).replace('must be an integer', 'must be', 1)}") from None
-    return host, port
 
 
 def _metrics(ctx: Nodes, node: yaml.Node, environ: Mapping[str, str]) -> MetricsConfig:

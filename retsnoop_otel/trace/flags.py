@@ -18,6 +18,7 @@ from retsnoop_otel.capture.errfilter import ErrorFilter
 from retsnoop_otel.capture.sampling import Sampling
 from retsnoop_otel.capture.sessions import DEFAULT_MAX_CALLS
 from retsnoop_otel.export.otlp_settings import OtlpConfig
+from retsnoop_otel.inputs.addresses import parse_listen
 from retsnoop_otel.inputs.files import MAX_GLOB_FILE_BYTES, read_text, shown
 from retsnoop_otel.inputs.numbers import (
     COUNT,
@@ -202,8 +203,11 @@ def build_parser(prog: str = "retsnoop-otel trace") -> OneLineErrorParser:
     exp.add_argument("--otlp-protocol", choices=("grpc", "http/protobuf"), help="OTLP protocol")
     exp.add_argument("--export-addresses", action="store_true",
                      help="include raw kernel addresses in exported data (they reveal the KASLR offset)")
+    exp.add_argument("--web.listen-address", dest="web_listen_address", metavar="[HOST]:PORT",
+                     help="serve Prometheus metrics there (exporter-toolkit's flag; :9464 is every address)")
     exp.add_argument("--metrics-port", type=_port, metavar="PORT", help="serve Prometheus metrics on PORT")
-    exp.add_argument("--metrics-addr", default="0.0.0.0", metavar="ADDR", help="metrics listen address")
+    exp.add_argument("--metrics-addr", default=None, metavar="ADDR",
+                     help="metrics listen address (with --metrics-port; default 0.0.0.0)")
     exp.add_argument("--web.config.file", dest="web_config_file", metavar="FILE",
                      help="TLS and basic auth for the metrics port: node_exporter's web config file "
                           "(exporter-toolkit format)")
@@ -300,9 +304,20 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] = os.environ,
             parser.error(str(exc))
     lbr_max = c.get("fmt.lbr-max-count", args.lbr_max_count)
     if lbr_max is not None and (args.lbr is None or lbr_max <= 0):
-        parser.error("--lbr-max-count (-C fmt.lbr-max-count) needs --lbr and a positive count")
-    if args.web_config_file and args.metrics_port is None:
-        parser.error("--web.config.file secures the metrics port: give --metrics-port too")
+        parser.error("--lbr-max-count needs --lbr and a positive count (so does -C fmt.lbr-max-count)")
+    host, port = args.metrics_addr or "0.0.0.0", args.metrics_port
+    if args.web_listen_address is not None:
+        if args.metrics_port is not None or args.metrics_addr is not None:
+            parser.error("--web.listen-address names the metrics address and port: give it or --metrics-port/"
+                         "--metrics-addr, not both")
+        try:
+            host, port = parse_listen(args.web_listen_address)
+        except ValueError as exc:
+            parser.error(f"--web.listen-address: {exc}")
+    elif args.metrics_addr is not None and args.metrics_port is None:
+        parser.error("--metrics-addr needs --metrics-port (or give --web.listen-address HOST:PORT)")
+    if args.web_config_file and port is None:
+        parser.error("--web.config.file secures the metrics port: give --web.listen-address (or --metrics-port) too")
     if not args.probe_set or len(args.probe_set) > 64:
         parser.error("--probe-set needs a name of 1 to 64 characters")
     otlp = otlp_requested(args, environ)
@@ -323,7 +338,7 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] = os.environ,
             console=ConsoleConfig(format="json" if args.json else "text", view="calls" if args.calls else "stack",
                                   call_stack=args.call_stack, lbr_max_count=lbr_max or 0),
             trace_json=args.trace_json, export_addresses=args.export_addresses),
-        metrics=MetricsConfig(host=args.metrics_addr, port=args.metrics_port, web_config_file=args.web_config_file),
+        metrics=MetricsConfig(host=host, port=port, web_config_file=args.web_config_file),
         limits=Limits(max_calls_per_session=c.get("calls.max-per-session", DEFAULT_MAX_CALLS),
                       ringbuf_size=c.get("bpf.ringbuf-size", Limits().ringbuf_size),
                       max_sessions=c.get("bpf.sessions-size", Limits().max_sessions)),

@@ -144,7 +144,8 @@ BAD_INPUT = {
     "web_config_unknown_key": ([*TRACE, "--metrics-port", "9464", "--web.config.file={web_typo}"], {}, 2,
                                "web-typo.yml:1: basic_auth_user: unknown key; did you mean 'basic_auth_users'?"),
     "web_config_without_port": ([*TRACE, "--web.config.file", "{web_typo}"], {}, 2,
-                                "--web.config.file secures the metrics port: give --metrics-port too"),
+                                "--web.config.file secures the metrics port: give --web.listen-address (or "
+                                "--metrics-port) too"),
     "agent_web_config": (["agent", "--config", "{agent_web}"], {}, 2,
                          "metrics.web_config_file: {web_hash}:2: basic_auth_users.alice: the value for user "
                          "'alice' is a string that is not a bcrypt hash"),

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from retsnoop_otel.agent.config_file import AgentConfig, ConfigError, load_config, parse_config, parse_listen
+from retsnoop_otel.agent.config_file import AgentConfig, ConfigError, load_config, parse_config
+from retsnoop_otel.inputs.addresses import parse_listen
 from retsnoop_otel.runtime.config import Limits, MetricsConfig, RuntimeConfig
 from tests.tls_certs import make_ca
 

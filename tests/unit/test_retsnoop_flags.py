@@ -75,3 +75,19 @@ def test_config_help_lists_every_key_and_exits_zero() -> None:
     assert exc.value.code == 0
     listed = [line.split()[1] for line in out.getvalue().splitlines() if line.startswith("  -C ")]
     assert listed == [*C_HELP, *C_NOT_YET]
+
+
+def test_web_listen_address_is_the_exporter_toolkits_flag_and_the_old_ones_stay() -> None:
+    def metrics(*argv: str):
+        return parse(["-e", "x", *argv], environ={}).config.metrics
+
+    assert (metrics("--web.listen-address", ":9500").host, metrics("--web.listen-address", ":9500").port) == (
+        "0.0.0.0", 9500)
+    assert (metrics("--web.listen-address", "[::1]:0").host, metrics("--web.listen-address", "[::1]:0").port) == (
+        "::1", 0)
+    old = metrics("--metrics-addr", "127.0.0.1", "--metrics-port", "9464")
+    assert (old.host, old.port) == ("127.0.0.1", 9464) and metrics().port is None
+    assert "not both" in refused("-e", "x", "--web.listen-address", ":1", "--metrics-port", "2")
+    assert "is not HOST:PORT" in refused("-e", "x", "--web.listen-address", "9464")
+    assert "--metrics-addr needs --metrics-port" in refused("-e", "x", "--metrics-addr", "::1")
+    assert "give --web.listen-address" in refused("-e", "x", "--web.config.file", "/dev/null")

@@ -51,7 +51,7 @@ def scenario_trace_otlp_metrics(ctx) -> dict:
     m = receiver.wait_for_line(r"READY (\d+)", timeout=240)
     port = int(m.group(1))
     tracer = ctx.spawn([PY, "-m", "retsnoop_otel", "trace", "-e", "*sys_bpf", "-a", "array_map_alloc_check",
-                        "--otlp-endpoint", f"http://127.0.0.1:{port}", "--metrics-port", "9464", "-v"])
+                        "--otlp-endpoint", f"http://127.0.0.1:{port}", "--web.listen-address", "127.0.0.1:9464", "-v"])
     try:
         tracer.wait_for_line(r"Receiving data", timeout=300)
         result["progs_while_attached"] = _our_progs(ctx)
