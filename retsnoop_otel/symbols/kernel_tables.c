@@ -34,10 +34,11 @@ struct kt_table {
 
 int kt_abi(void) { return KT_ABI; }
 
-void kt_free(struct kt_table *t)
+/* the table's columns freed and emptied; its error stays */
+static void drop_columns(struct kt_table *t)
 {
-	if (!t)
-		return;
+	char error[sizeof(t->error)];
+
 	free(t->values);
 	free(t->blob);
 	free(t->starts);
@@ -45,21 +46,22 @@ void kt_free(struct kt_table *t)
 	free(t->dups);
 	free(t->run_starts);
 	free(t->run_mods);
+	memcpy(error, t->error, sizeof(error));
+	memset(t, 0, sizeof(*t));
+	memcpy(t->error, error, sizeof(error));
+}
+
+void kt_free(struct kt_table *t)
+{
+	if (!t)
+		return;
+	drop_columns(t);
 	free(t);
 }
 
 static struct kt_table *fail(struct kt_table *t, const char *msg)
 {
-	free(t->values);
-	free(t->blob);
-	free(t->starts);
-	free(t->order);
-	free(t->dups);
-	free(t->run_starts);
-	free(t->run_mods);
-	t->values = NULL, t->blob = NULL, t->starts = NULL, t->order = NULL, t->dups = NULL;
-	t->run_starts = NULL, t->run_mods = NULL;
-	t->count = t->ndups = t->nruns = t->blob_len = t->run_mods_len = 0;
+	drop_columns(t);
 	if (!t->error[0])
 		snprintf(t->error, sizeof(t->error), "%s", msg);
 	return t;
