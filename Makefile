@@ -6,9 +6,10 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LOW_VENV := .venv-lowest
 LOW_STAMP := $(LOW_VENV)/.installed
-# podman, mmdebstrap, runc: tests/test_image.py builds and runs the container image
+# podman, mmdebstrap, runc: tests/test_image.py builds and runs the container image; qemu-system-arm,
+# qemu-user-static, binfmt-support, arch-test, gcc-aarch64-linux-gnu: the aarch64 wheel and the arm64 VM
 APT_PACKAGES := clang llvm libelf-dev zlib1g-dev curl bpftool qemu-system-x86 kmod busybox-static prometheus \
-	podman mmdebstrap runc time
+	podman mmdebstrap runc time qemu-system-arm qemu-user-static binfmt-support arch-test gcc-aarch64-linux-gnu
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 PYTEST_ARGS ?= -ra
 
@@ -45,26 +46,42 @@ $(LOW_STAMP): pyproject.toml setup.py tests/lowest_constraints.py | $(PY)
 	$(LOW_VENV)/bin/python -m pip install -c $(LOW_VENV)/constraints.txt -e '.[dev]'
 	touch $@
 
+# The machine code is built for MACHINE (uname -m's names: x86_64, aarch64), by default this one's. Another
+# MACHINE is a cross build, made from the sdist into a wheel (`make wheel-arm64`): the cross compiler
+# (gcc-aarch64-linux-gnu) with SYSROOT, a Debian root of that architecture (tests/vm/arm64-root makes one).
+MACHINE ?= $(shell uname -m)
+SYSROOT ?=
+ifeq ($(MACHINE),$(shell uname -m))
+TARGET_CC := gcc
+TARGET_STRIP := strip
+else
+TARGET_CC := $(MACHINE)-linux-gnu-gcc$(if $(SYSROOT), --sysroot=$(SYSROOT))
+TARGET_STRIP := $(MACHINE)-linux-gnu-strip
+endif
+BPF_ARCH := $(if $(filter aarch64,$(MACHINE)),arm64,$(if $(filter x86_64,$(MACHINE)),x86,$(MACHINE)))
+
 # our own libbpf (bpf/build-libbpf pins it), loaded by the package whatever the host has; the BPF objects
 # compile against its headers
 LIBBPF_SO := retsnoop_otel/bpf/libbpf.so.1
-LIBBPF_BUILD := build/libbpf
+LIBBPF_BUILD := build/libbpf-$(MACHINE)
 bpf: $(LIBBPF_SO)
-	@$(MAKE) --no-print-directory -s -C bpf OUT=$(CURDIR)/retsnoop_otel/bpf LIBBPF_INCLUDE=$(CURDIR)/$(LIBBPF_BUILD)/include
+	@$(MAKE) --no-print-directory -s -C bpf OUT=$(CURDIR)/retsnoop_otel/bpf LIBBPF_INCLUDE=$(CURDIR)/$(LIBBPF_BUILD)/include \
+	  BPF_ARCH=$(BPF_ARCH)
 $(LIBBPF_SO): bpf/build-libbpf
-	bpf/build-libbpf $(CURDIR)/$(LIBBPF_BUILD) $(CURDIR)/retsnoop_otel/bpf
+	CC="$(firstword $(TARGET_CC))" STRIP=$(TARGET_STRIP) SYSROOT=$(SYSROOT) \
+	  bpf/build-libbpf $(CURDIR)/$(LIBBPF_BUILD) $(CURDIR)/retsnoop_otel/bpf
 
 # the parsers of kallsyms and the vmlinux BTF (retsnoop_otel/symbols/kernel_tables.py loads it)
 TABLES_SO := retsnoop_otel/symbols/libkernel_tables.so
 bpf: $(TABLES_SO)
 $(TABLES_SO): retsnoop_otel/symbols/kernel_tables.c
-	@gcc -O2 -fPIC -shared -fvisibility=default -Wall -Wextra -Werror -o $@ $<
+	@$(TARGET_CC) -O2 -fPIC -shared -fvisibility=default -Wall -Wextra -Werror -o $@ $<
 
 # the thread-context publisher for Python services (retsnoop_otel/publisher): TLSDESC, only its API exported
 PUBLISHER_SO := retsnoop_otel/publisher/libotel_thread_ctx.so
 bpf: $(PUBLISHER_SO)
 $(PUBLISHER_SO): retsnoop_otel/publisher/otel_thread_ctx.c
-	@gcc -O2 -fPIC -shared -fvisibility=hidden -mtls-dialect=$(if $(filter x86_64,$(shell uname -m)),gnu2,desc) \
+	@$(TARGET_CC) -O2 -fPIC -shared -fvisibility=hidden -mtls-dialect=$(if $(filter x86_64,$(MACHINE)),gnu2,desc) \
 	  -Wall -Werror -o $@ $<
 
 ## wheel: dist/ with the sdist and the wheel built from it, tagged manylinux for the glibc its machine code needs
@@ -79,6 +96,25 @@ wheel: setup
 	@# its dependencies as wheels, for installs without an index (tests/vm/scenarios/wheel_install.py)
 	$(PY) -m pip download -q --only-binary :all: -d dist/deps dist/retsnoop_otel-*-manylinux_*.whl
 	rm -f dist/deps/retsnoop_otel-*
+	@# the aarch64 wheel, cross-built from the same sdist against tests/vm/arm64-root's Debian 12 root (its sysroot), in
+	@# dist/aarch64 with its dependencies, installed into build/arm64-site for the arm64 VM (tests/vm/run --kernel
+	@# 7.2-arm64) with the Python of that root
+	rm -rf build/wheel-aarch64 build/arm64-site
+	root=$$(tests/vm/arm64-root) && \
+	  MACHINE=aarch64 SYSROOT=$$root $(PY) -m pip wheel -q --no-cache-dir --no-deps -w build/wheel-aarch64 \
+	    dist/retsnoop_otel-*.tar.gz && \
+	  PATH=$(CURDIR)/$(VENV)/bin:$$PATH LD_LIBRARY_PATH=$$root/usr/lib/aarch64-linux-gnu \
+	    $(VENV)/bin/auditwheel repair -w dist/aarch64 build/wheel-aarch64/*.whl
+	rm -rf build/wheel-aarch64
+	$(PY) -m pip download -q $(AARCH64_PIP) -d dist/aarch64/deps dist/aarch64/retsnoop_otel-*.whl
+	rm -f dist/aarch64/deps/retsnoop_otel-*
+	$(PY) -m pip install -q --no-index --find-links dist/aarch64/deps $(AARCH64_PIP) --target build/arm64-site \
+	  dist/aarch64/retsnoop_otel-*.whl
+
+# the Python of tests/vm/arm64-root's Debian 12 root, and the platforms its pip would accept
+ARM64_PYTHON := 3.11
+AARCH64_PIP := --only-binary :all: --python-version $(ARM64_PYTHON) --implementation cp \
+	$(foreach v,36 35 34 31 28 27 26 24 17,--platform manylinux_2_$(v)_aarch64) --platform manylinux2014_aarch64
 
 ## kernels: the pinned Debian kernels of the VM tests (tests/vm/kernels.pins: 5.10, 6.1 with its DWARF vmlinux,
 ## 6.12 and the newest), cached outside the repo; `tests/vm/fetch-kernel --update-pins` moves the pins

@@ -2,6 +2,7 @@
 compiler, and no libbpf of the host's, is needed at run time."""
 
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -12,6 +13,9 @@ from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
+# a cross build (the Makefile's MACHINE and SYSROOT, e.g. MACHINE=aarch64 SYSROOT=<arm64 Debian root>)
+MACHINE = os.environ.get("MACHINE") or platform.machine()
+CROSS = MACHINE != platform.machine()
 
 
 def _need(tool: str, package: str) -> None:
@@ -25,10 +29,15 @@ class BuildBpf(build_py):
     def run(self) -> None:
         _need("clang", "clang")
         _need("make", "make")
-        _need("gcc", "gcc")  # the thread-context publisher's C library (Makefile rule PUBLISHER_SO)
+        if CROSS:
+            _need(f"{MACHINE}-linux-gnu-gcc", f"gcc-{MACHINE.replace('_', '-')}-linux-gnu")
+        else:
+            _need("gcc", "gcc")  # the C libraries: publisher, kernel tables, libbpf
+        include = Path(os.environ.get("SYSROOT", "/"), "usr/include")
         for header, package in (("libelf.h", "libelf-dev"), ("zlib.h", "zlib1g-dev")):  # what libbpf builds with
-            if not Path("/usr/include", header).exists():
-                sys.exit(f"error: /usr/include/{header} not found: install the Debian package '{package}'")
+            if not (include / header).exists():
+                sys.exit(f"error: {include / header} not found: install the Debian package '{package}'"
+                         + (f" into {os.environ.get('SYSROOT')}" if CROSS else ""))
         subprocess.run(["make", "-s", "-C", str(ROOT), "bpf"], check=True, env=os.environ)
         super().run()
 
@@ -46,7 +55,7 @@ class PlatformWheel(bdist_wheel):
     auditwheel then turns into the manylinux tag of the glibc it needs, taking libelf and zlib in (`make wheel`)."""
 
     def get_tag(self) -> tuple[str, str, str]:
-        return "py3", "none", super().get_tag()[2]
+        return "py3", "none", f"linux_{MACHINE}" if CROSS else super().get_tag()[2]
 
 
 setup(distclass=MachineCode, cmdclass={"build_py": BuildBpf, "bdist_wheel": PlatformWheel})

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0-only
 /* The application's side of a reported session: its OpenTelemetry thread context (OTEP 4947: the TLS
  * variable otel_thread_ctx_v1 points to a record with the active trace id and span id) and its user stack.
- * Part of retsnoop.bpf.c. x86-64: the thread pointer is task->thread.fsbase.
+ * Part of retsnoop.bpf.c. The thread pointer and where glibc's TCB keeps the DTV are per architecture
+ * (vmlinux_min.h).
  *
  * Both are taken when the session ends, and only for sessions that are reported. The thread has not run
  * user code since the entry function was entered (it is inside a system call or fault of its own), so its
@@ -66,11 +67,11 @@ static __always_inline void read_app_ctx(struct rec_session_app *r, struct app_t
 	long err = 0;
 	__u32 n;
 
-	tp = BPF_CORE_READ(task, thread.fsbase);
+	tp = USER_THREAD_POINTER(task);
 	if (t->modid) {
 		__u64 len = 0;
 
-		err = bpf_probe_read_user(&dtv, sizeof(dtv), (void *)(tp + 8));
+		err = bpf_probe_read_user(&dtv, sizeof(dtv), (void *)(tp + TCB_DTV_OFFSET));
 		if (!err)	/* dtv[-1] holds the number of entries (glibc INSTALL_DTV) */
 			err = bpf_probe_read_user(&len, sizeof(len), (void *)(dtv - 16));
 		if (!err && t->modid <= len)

@@ -24,7 +24,7 @@ static __always_inline __u64 read_arg(void *ctx, int i, bool fentry)
 	case 2: return PT_REGS_PARM3_CORE(regs);
 	case 3: return PT_REGS_PARM4_CORE(regs);
 	case 4: return PT_REGS_PARM5_CORE(regs);
-	default: return BPF_CORE_READ(regs, r9);	/* PT_REGS_PARM6 is missing in libbpf 1.1 */
+	default: return PT_REGS_PARM6_CORE(regs);
 	}
 }
 

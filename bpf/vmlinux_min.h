@@ -41,14 +41,42 @@ enum {
 	BPF_NOEXIST = 1,
 };
 
+/* The registers of a kprobe's context and the user thread pointer, per architecture (bpf_tracing.h's
+ * PT_REGS_* macros read these names; the build passes -D__TARGET_ARCH_x86 or -D__TARGET_ARCH_arm64). */
+#if defined(__TARGET_ARCH_x86)
 struct pt_regs {
 	unsigned long r15, r14, r13, r12, bp, bx, r11, r10, r9, r8, ax, cx, dx, si, di, orig_ax, ip, cs, flags,
 		sp, ss;
 } __attribute__((preserve_access_index));
 
 struct thread_struct {
-	unsigned long fsbase;	/* x86-64: the user thread pointer (TLS) */
+	unsigned long fsbase;	/* the user thread pointer (TLS variant II: the TCB above the TLS blocks) */
 } __attribute__((preserve_access_index));
+#define USER_THREAD_POINTER(task) BPF_CORE_READ(task, thread.fsbase)
+#define TCB_DTV_OFFSET 8	/* glibc's tcbhead_t: { void *tcb; dtv_t *dtv; ... } */
+#elif defined(__TARGET_ARCH_arm64)
+struct user_pt_regs {
+	__u64 regs[31];
+	__u64 sp;
+	__u64 pc;
+	__u64 pstate;
+} __attribute__((preserve_access_index));
+
+struct pt_regs {
+	struct user_pt_regs user_regs;
+	__u64 orig_x0;
+} __attribute__((preserve_access_index));
+
+struct thread_struct {
+	struct {
+		unsigned long tp_value;	/* TPIDR_EL0, the user thread pointer (TLS variant I: the TCB below) */
+	} uw;
+} __attribute__((preserve_access_index));
+#define USER_THREAD_POINTER(task) BPF_CORE_READ(task, thread.uw.tp_value)
+#define TCB_DTV_OFFSET 0	/* glibc's tcbhead_t: { dtv_t *dtv; void *private; } */
+#else
+#error "retsnoop-otel's BPF side is built for x86 or arm64 (make -C bpf ARCH=x86|arm64)"
+#endif
 
 struct qstr {
 	const unsigned char *name;

@@ -3,7 +3,9 @@
 The sdist must hold what the build needs (bpf/, the Makefile, the publisher's C source), the wheel what runs (our
 libbpf, the BPF object, the publisher library, the licenses) under a tag that says so: `py3-none-manylinux_X_Y_<arch>`
 (no CPython extension; auditwheel names the glibc the machine code needs and takes libelf in). A clean venv gets it
-with `--only-binary :all:` (nothing is compiled at install) and runs `--version` and `features`.
+with `--only-binary :all:` (nothing is compiled at install) and runs `--version` and `features`. The aarch64 wheel is
+cross-built from the same sdist against a Debian arm64 root (tests/vm/arm64-root) and must hold arm64 machine code
+and the BPF object built for arm64's registers (tests/vm/test_arm64_smoke.py runs it on an arm64 kernel).
 """
 
 from __future__ import annotations
@@ -22,6 +24,27 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.artifacts
+EM_X86_64, EM_AARCH64 = 62, 183
+# what the BPF object's BTF names only when built for that architecture (vmlinux_min.h's register layouts)
+BPF_ARCH_MARK = {"x86_64": b"orig_ax", "aarch64": b"user_pt_regs"}
+
+
+def _elf_machine(data: bytes) -> int:
+    assert data[:4] == b"\x7fELF" and data[5] == 1, "a little-endian ELF file"
+    return int.from_bytes(data[18:20], "little")
+
+
+def _check_machine_code(wheel: Path, machine: str) -> None:
+    """Every shared library in the wheel is machine code for `machine`, and the BPF object was built for it."""
+    em = {"x86_64": EM_X86_64, "aarch64": EM_AARCH64}[machine]
+    with zipfile.ZipFile(wheel) as z:
+        libs = [n for n in z.namelist() if re.search(r"\.so(\.\d+)*$", n)]
+        assert len(libs) >= 4, libs  # libbpf, publisher, kernel tables, libelf (auditwheel)
+        for name in libs:
+            assert _elf_machine(z.read(name)) == em, (name, machine)
+        bpf = z.read("retsnoop_otel/bpf/retsnoop.bpf.o")
+    others = [mark for m, mark in BPF_ARCH_MARK.items() if m != machine]
+    assert BPF_ARCH_MARK[machine] in bpf and not any(mark in bpf for mark in others), machine
 
 
 def _run(*cmd: str | Path, cwd: Path = REPO, env: dict[str, str] | None = None,
@@ -69,6 +92,34 @@ def test_wheel_tag_matches_what_it_holds(dist: Path) -> None:
     assert not [n for n in names if n.endswith(".c")]
     show = " ".join(_run(Path(sys.executable).parent / "auditwheel", "show", wheel).stdout.split())
     assert f'consistent with the following platform tag: "manylinux_{m[1]}_{m[2]}_{m[3]}"' in show, show
+    _check_machine_code(wheel, platform.machine())
+
+
+@pytest.fixture(scope="module")
+def aarch64_wheel(dist: Path) -> Path:
+    """The sdist cross-built for aarch64 the way `make wheel-arm64` does it."""
+    root = Path(_run(REPO / "tests" / "vm" / "arm64-root", timeout=1200).stdout.split()[-1])
+    (sdist,) = dist.glob("retsnoop_otel-*.tar.gz")
+    env = dict(os.environ, MACHINE="aarch64", SYSROOT=str(root))
+    _run(sys.executable, "-m", "pip", "wheel", "--no-cache-dir", "--no-deps", "-w", dist / "aarch64-linux", sdist,
+         cwd=dist, env=env)
+    (linux,) = (dist / "aarch64-linux").glob("*.whl")
+    bin_dir = Path(sys.executable).parent
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}",
+               LD_LIBRARY_PATH=str(root / "usr/lib/aarch64-linux-gnu"))  # where auditwheel finds arm64's libelf
+    _run(bin_dir / "auditwheel", "repair", "-w", dist / "aarch64", linux, env=env)
+    (wheel,) = (dist / "aarch64").glob("*.whl")
+    return wheel
+
+
+def test_aarch64_wheel_holds_arm64_code_under_its_tag(aarch64_wheel: Path) -> None:
+    m = re.fullmatch(r"retsnoop_otel-0\.1\.0-py3-none-manylinux_(\d+)_(\d+)_aarch64\.whl", aarch64_wheel.name)
+    assert m, aarch64_wheel.name
+    with zipfile.ZipFile(aarch64_wheel) as z:
+        tag = z.read("retsnoop_otel-0.1.0.dist-info/WHEEL").decode()
+        assert [n for n in z.namelist() if n.startswith("retsnoop_otel.libs/libelf")], "auditwheel takes libelf in"
+    assert f"Tag: py3-none-manylinux_{m[1]}_{m[2]}_aarch64" in tag, tag
+    _check_machine_code(aarch64_wheel, "aarch64")
 
 
 def test_clean_venv_installs_the_wheel_without_building_and_runs(dist: Path, tmp_path: Path) -> None:

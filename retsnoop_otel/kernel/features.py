@@ -69,6 +69,7 @@ class Features(NamedTuple):
     filter_functions: Feature
     kallsyms: Feature
     capabilities: Feature
+    machine: str = ""  # uname -m: the BPF object and libbpf are built for one architecture (x86_64, aarch64)
 
     def entries(self) -> Iterator[Feature]:
         for name in self._fields:
@@ -77,7 +78,7 @@ class Features(NamedTuple):
                 yield value
 
     def to_dict(self) -> dict:
-        return {"kernel_release": self.kernel_release, "libbpf_version": self.libbpf_version,
+        return {"kernel_release": self.kernel_release, "machine": self.machine, "libbpf_version": self.libbpf_version,
                 "features": {f.name: {k: v for k, v in f._asdict().items() if k != "name"}
                              for f in self.entries()}}
 
@@ -328,6 +329,7 @@ def detect(root: str = "/", func_id: FuncIdLookup | None = None, thorough: bool 
             cache.store(facts, capabilities)
     return Features(
         kernel_release=release,
+        machine=os.uname().machine,
         libbpf_version=f"{major}.{minor}",
         btf=btf_feature,
         **facts,
@@ -392,7 +394,8 @@ def require_tracing(features: Features, mode: str) -> None:
 
 
 def format_features(features: Features) -> str:
-    lines = [f"Kernel {features.kernel_release}, libbpf {features.libbpf_version} (built with the package)"]
+    machine = f" ({features.machine})" if features.machine else ""
+    lines = [f"Kernel {features.kernel_release}{machine}, libbpf {features.libbpf_version} (built with the package)"]
     width = max(len(f.name) for f in features.entries())
     for f in features.entries():
         lines.append(f"  {f.name:<{width}}  {'yes' if f.available else 'NO ':<3}  {f.detail}")

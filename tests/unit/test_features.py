@@ -261,7 +261,7 @@ def test_main_json_and_text(capsys) -> None:
     assert set(d["features"]) >= {"btf", "fentry", "kprobes", "kprobe_multi", "lbr"}
     assert d["default_mode"] in features.MODES
     assert features_main([]) == 0
-    assert capsys.readouterr().out.startswith(f"Kernel {os.uname().release}, libbpf ")
+    assert capsys.readouterr().out.startswith(f"Kernel {os.uname().release} ({os.uname().machine}), libbpf ")
 
 
 # ---- the build facts, cached per boot -----------------------------------------------------------

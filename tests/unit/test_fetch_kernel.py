@@ -113,6 +113,20 @@ def test_split_kernel_resolves_to_base_binary_and_modules() -> None:
     assert pins[2].filename.startswith("pool/main/l/linux-signed-amd64/")
 
 
+def test_another_architecture_is_its_own_series_and_index() -> None:
+    """The arm64 track reads main/binary-arm64 and names its series `7.2-arm64`; the host's VM tests list only
+    the host's series unless asked for all."""
+    arm64 = kp.Track("linux-image-arm64", ("unstable",), "arm64")
+    text = unstable().replace("amd64", "arm64")
+    pins = kp.resolve(arm64, kp.parse_index(text, "unstable"))
+    assert {p.series for p in pins} == {"7.2-arm64"}
+    assert kp.release_of(pins) == "7.2.13+deb14-arm64" and kp.track_of(pins) == arm64
+    assert kp.index_url("unstable", arch="arm64").endswith("/dists/unstable/main/binary-arm64/Packages.xz")
+    assert kp.arch_of("7.2-arm64") == "arm64" and kp.arch_of("6.12") == "amd64"
+    assert all(kp.arch_of(s) == "amd64" for s in kp.load_series())
+    assert "7.2-arm64" in kp.load_series(arch=None)
+
+
 def test_pins_file_round_trip() -> None:
     pins = kp.resolve(BOOKWORM_TRACK, bookworm_index()) + kp.resolve(UNSTABLE_TRACK, kp.parse_index(unstable(),
                                                                                                      "unstable"))
@@ -151,7 +165,7 @@ def script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     monkeypatch.setattr(module.kp, "PINS_FILE", pins_file)
     monkeypatch.setenv("RETSNOOP_OTEL_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(module, "subprocess", types.SimpleNamespace(run=lambda *a, **k: None))
-    monkeypatch.setattr(module, "load_index", lambda suites: kp.parse_index(unstable("7.3.1"), "unstable"))
+    monkeypatch.setattr(module, "load_index", lambda suites, arch: kp.parse_index(unstable("7.3.1"), "unstable"))
     module.fetched = []
 
     def download(url: str, dest: Path, sha256: str | None = None) -> None:

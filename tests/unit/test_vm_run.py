@@ -31,7 +31,7 @@ def vm_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     boots = tmp_path / "boots"
     plan = tmp_path / "plan"  # one word per boot: die | ok | crash
 
-    def fake_vng(vmlinuz: Path, rwdir: Path, script: Path, cpus: int) -> list[str]:
+    def fake_vng(vmlinuz: Path, guest, rwdir: Path, cpus: int) -> list[str]:
         return ["sh", "-c", f"""
             n=$(( $(cat {boots} 2>/dev/null || echo 0) + 1 )); echo $n > {boots}
             what=$(sed -n "${{n}}p" {plan})
@@ -82,12 +82,12 @@ def test_the_guest_binds_the_repo_python_and_cache_from_the_cached_export(tmp_pa
     assert trees[0] == module.REPO
     assert any((t / "bin").is_dir() and t != module.REPO for t in trees)  # the venv's base Python
     args = argparse.Namespace(kernel="6.12", command=["true"])
-    script = module.guest_script(args, tmp_path / "rw", None)
+    script = module.guest_script(args, module.Guest("amd64", module.REPO, tmp_path / "rw"), tmp_path / "rw", None)
     assert f"cache=loose {module.CACHED_TAG} {module.CACHED_MOUNT}" in script
     assert f"mount --bind {module.CACHED_MOUNT}{module.REPO} {module.REPO}" in script
     # the shell's working directory is taken again from the cached mount, after the binds
     assert script.index(f"mount --bind {module.CACHED_MOUNT}{module.REPO}") < script.rindex(f"cd {module.REPO}")
-    vng = " ".join(module.vng_command(Path("vmlinuz"), tmp_path, tmp_path / "s", 1))
+    vng = " ".join(module.vng_command(Path("vmlinuz"), module.Guest("amd64", module.REPO, tmp_path), tmp_path, 1))
     assert f"mount_tag={module.CACHED_TAG}" in vng and "--cpus 1" in vng
 
 
@@ -95,5 +95,25 @@ def test_a_read_write_folder_inside_a_cached_tree_keeps_that_tree_uncached(tmp_p
     """The bind would hide the read-write mount under it (the guest could not write its results)."""
     module = _load()
     args = argparse.Namespace(kernel="6.12", command=["true"])
-    script = module.guest_script(args, module.REPO / "build" / "rw", None)
+    rw = module.REPO / "build" / "rw"
+    script = module.guest_script(args, module.Guest("amd64", module.REPO, rw), rw, None)
     assert f"mount --bind {module.CACHED_MOUNT}{module.REPO} " not in script
+
+
+def test_an_arm64_guest_boots_its_own_root_and_sees_host_paths_where_they_are_mounted(tmp_path: Path) -> None:
+    """Emulated arm64: the Debian arm64 root, the repo and the shared folder at fixed guest paths, the aarch64
+    package before the repo's tests, and the command's host paths rewritten to the guest's."""
+    module = _load()
+    guest = module.Guest("arm64", Path("/mnt/repo"), Path("/mnt/rw"), tmp_path / "root")
+    host_rw = tmp_path / "rw"
+    args = argparse.Namespace(kernel="7.2-arm64", command=["python", "-m", "tests.vm.guest_batch", "--out",
+                                                          str(host_rw / "results")])
+    script = module.guest_script(args, guest, host_rw, None)
+    assert "python -m tests.vm.guest_batch --out /mnt/rw/results" in script, script
+    assert "export PYTHONPATH=/mnt/repo/build/arm64-site:/mnt/repo" in script and "PYTHONSAFEPATH=1" in script
+    assert str(module.VENV_BIN) not in script and module.CACHED_MOUNT not in script
+    assert "> /mnt/rw/out.log" in script and "\ncd / || exit 1\n" in script
+    vng = module.vng_command(Path("vmlinuz"), guest, host_rw, 2)
+    assert vng[vng.index("--arch") + 1] == "arm64" and vng[vng.index("--root") + 1] == str(tmp_path / "root")
+    assert f"/mnt/repo={module.REPO}" in vng and f"/mnt/rw={host_rw}" in vng and "--disable-kvm" in vng
+    assert "--qemu-opts=-cpu max,pauth-impdef=on" in vng

@@ -4,7 +4,8 @@ The kernels boot one after the other, two guest CPUs each (--vm-parallel: side b
 Fixtures (all session-scoped, sharing one cache, so a kernel boots at most once per run):
 - `vm_batch`: parametrized over the kernels of the test's `kernels` marker (default: the newest; ids are series
   such as `5.10`, `7.2`), less those left out with --vm-kernels;
-- `vm_batch_510`, `vm_batch_61`, `vm_batch_612`, `vm_batch_newest`: one kernel each.
+- `vm_batch_510`, `vm_batch_61`, `vm_batch_612`, `vm_batch_newest`: one kernel each;
+- `vm_batch_arm64`: the newest arm64 kernel, emulated, with a Debian arm64 root and the aarch64 wheel.
 What each boot proves is decided by the tests: a kernel's batch runs the scenario modules (tests/vm/scenarios/X.py)
 of the test modules (tests/vm/test_X.py) that asked for that kernel, so every scenario runs on the newest kernel
 and the others run what their markers name. Four kernels, one boot each, within CI's time.
@@ -37,13 +38,15 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tests.conftest import VM_KERNELS  # noqa: E402
+from tests.conftest import HOST_KERNELS, VM_KERNELS  # noqa: E402
 from tests.vm import guest_batch  # noqa: E402 - needs the repo root on sys.path
 
-OLDEST, NEWEST = VM_KERNELS[0], VM_KERNELS[-1]
+OLDEST, NEWEST = HOST_KERNELS[0], HOST_KERNELS[-1]
+ARM64 = next(k for k in VM_KERNELS if k.endswith("-arm64"))
 DBG_KERNELS = ("6.1",)  # booted with their DWARF vmlinux (':path' globs, file:line)
-FIXTURE_KERNEL = {"vm_batch_510": "5.10", "vm_batch_61": "6.1", "vm_batch_612": "6.12", "vm_batch_newest": NEWEST}
-ROLES = {"oldest": (OLDEST,), "newest": (NEWEST,), "all": VM_KERNELS}
+FIXTURE_KERNEL = {"vm_batch_510": "5.10", "vm_batch_61": "6.1", "vm_batch_612": "6.12", "vm_batch_newest": NEWEST,
+                  "vm_batch_arm64": ARM64}
+ROLES = {"oldest": (OLDEST,), "newest": (NEWEST,), "all": HOST_KERNELS}
 BOOT_MARGIN_S = 900.0  # boot (20-40 s under TCG) + guest Python start-up and imports, generously
 LOG_TAIL = 80
 STASH = pytest.StashKey["VmBatches"]()
@@ -178,7 +181,8 @@ class VmBatches:
         if series in DBG_KERNELS:
             cmd.append("--dbg")
         cmd += ["--", "python", "-m", "tests.vm.guest_batch", "--out", str(results),
-                "--only", ",".join(s.name for s in scenarios)]
+                "--only", ",".join(s.name for s in scenarios),
+                "--modules", ",".join(sorted({s.module.rsplit(".", 1)[-1] for s in scenarios}))]
         self._say(f"\n[vm {series}] booting for {len(scenarios)} scenarios (timeout {timeout:.0f} s, "
                   f"{'beside the other kernels, ' if self.parallel else ''}log {rwdir / 'batch.log'})")
         start = time.monotonic()
@@ -311,3 +315,8 @@ def vm_batch_612(vm_batches: VmBatches) -> VmBatch:
 @pytest.fixture(scope="session")
 def vm_batch_newest(vm_batches: VmBatches) -> VmBatch:
     return vm_batches.get(NEWEST)
+
+
+@pytest.fixture(scope="session")
+def vm_batch_arm64(vm_batches: VmBatches) -> VmBatch:
+    return vm_batches.get(ARM64)

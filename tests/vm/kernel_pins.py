@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PINS_FILE = Path(__file__).resolve().parent / "kernels.pins"
-SUITES: dict[str, str] = {  # suite -> archive root; each suite's index is dists/SUITE/main/binary-amd64
+SUITES: dict[str, str] = {  # suite -> archive root; each suite's index is dists/SUITE/main/binary-ARCH
     "bullseye-security": "http://deb.debian.org/debian-security",
     "bookworm": "http://deb.debian.org/debian",
     "bookworm-security": "http://deb.debian.org/debian-security",
@@ -31,6 +31,7 @@ SPLIT_ROLES = ("base", "binary", "modules")  # 7.x: linux-image-RELEASE only dep
 class Track:
     meta: str
     suites: tuple[str, ...]
+    arch: str = "amd64"  # Debian's architecture name; other than amd64, the series is named `7.2-arm64`
 
 
 TRACKS = (
@@ -38,7 +39,9 @@ TRACKS = (
     Track("linux-image-amd64", ("bookworm", "bookworm-security")),  # 6.1
     Track("linux-image-6.12-amd64", ("bookworm", "bookworm-security")),  # 6.12 (bookworm's backport)
     Track("linux-image-amd64", ("unstable",)),  # the newest Debian kernel (7.x)
+    Track("linux-image-arm64", ("unstable",), "arm64"),  # the newest, for arm64 (booted under emulation)
 )
+HOST_ARCH = "amd64"  # the architecture the VM tests boot natively (TCG or KVM); others are emulated
 
 
 @dataclass(frozen=True)
@@ -81,8 +84,13 @@ class ResolveError(Exception):
     pass
 
 
-def index_url(suite: str, name: str = "Packages.xz") -> str:
-    path = name if name == "InRelease" else f"main/binary-amd64/{name}"
+def arch_of(series: str) -> str:
+    """`7.2-arm64` -> `arm64`; a bare `6.12` is the host's architecture."""
+    return series.partition("-")[2] or HOST_ARCH
+
+
+def index_url(suite: str, name: str = "Packages.xz", arch: str = HOST_ARCH) -> str:
+    path = name if name == "InRelease" else f"main/binary-{arch}/{name}"
     return f"{SUITES[suite]}/dists/{suite}/{path}"
 
 
@@ -178,7 +186,7 @@ def resolve(track: Track, index: Index) -> list[Pin]:
     if len(images) != 1:
         raise ResolveError(f"{track.meta} {meta.version} does not depend on exactly one linux-image-* package")
     image = newest(index, *images[0])
-    series = series_of(image.version)
+    series = series_of(image.version) + ("" if track.arch == HOST_ARCH else f"-{track.arch}")
     pins = [Pin(series, "meta", ",".join(track.suites), meta.package, meta.version)]
     parts = [(role, n, v) for n, v in depends(image) for role in SPLIT_ROLES if n.startswith(f"linux-{role}-")]
     if any(role == "binary" for role, _, _ in parts):
@@ -193,7 +201,7 @@ def resolve(track: Track, index: Index) -> list[Pin]:
 
 def track_of(pins: list[Pin]) -> Track:
     meta = next(p for p in pins if p.role == "meta")
-    return Track(meta.package, tuple(meta.suite.split(",")))
+    return Track(meta.package, tuple(meta.suite.split(",")), arch_of(meta.series))
 
 
 def kernel_pin(pins: list[Pin]) -> Pin:
@@ -261,5 +269,7 @@ def by_series(pins: list[Pin]) -> dict[str, list[Pin]]:
     return out
 
 
-def load_series(path: Path | None = None) -> dict[str, list[Pin]]:
-    return by_series(parse_pins((path or PINS_FILE).read_text()))
+def load_series(path: Path | None = None, arch: str | None = HOST_ARCH) -> dict[str, list[Pin]]:
+    """The pinned series of one architecture (None: all of them)."""
+    return {s: pins for s, pins in by_series(parse_pins((path or PINS_FILE).read_text())).items()
+            if arch is None or arch_of(s) == arch}
