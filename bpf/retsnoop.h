@@ -57,7 +57,7 @@ struct rec_session_lbr {
 #define MAX_USTACK_DEPTH 64
 
 /* Where otel_thread_ctx_v1 lives in every thread of one process (map app_targets, by tgid; filled by
- * user space from the ELF files of the process). x86-64, glibc. */
+ * user space from the ELF files of the process). glibc on x86-64 or arm64. */
 struct app_tls {
 	__s64 tp_offset;	/* modid 0: the variable is at thread pointer + tp_offset (the executable's TLS) */
 	__u64 offset;		/* modid > 0: at dtv[modid].val + offset, where dtv = *(thread pointer + 8) */

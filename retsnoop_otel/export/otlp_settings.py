@@ -346,18 +346,29 @@ def describe(settings: OtlpSettings) -> str:
 
 
 VALUE_LENGTH_VARS = ("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT")  # first set wins
+COUNT_VARS = ("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "OTEL_ATTRIBUTE_COUNT_LIMIT")
 
 
-def attribute_value_limit(environ: Mapping[str, str] = os.environ) -> int | None:
-    """The longest string an attribute value may hold (None: no limit, the specification's default): the
-    span-specific variable, else the general one; an empty variable counts as unset. A value that is not a
-    non-negative integer is an error (OtlpConfigError), not ignored."""
-    for var in VALUE_LENGTH_VARS:
+def _limit(environ: Mapping[str, str], names: tuple[str, ...], what: str) -> int | None:
+    """The span-specific variable, else the general one; an empty variable counts as unset. A value that is not
+    a non-negative integer is an error (OtlpConfigError), not ignored."""
+    for var in names:
         text = environ.get(var, "").strip()
         if not text:
             continue
         if not text.isdigit() or len(text) > 10:
-            raise OtlpConfigError(f"{var}={shown(text)}: not a length; write a number of characters such as "
-                                  "4096 (0 or more), or unset it for no limit")
+            raise OtlpConfigError(f"{var}={shown(text)}: {what}")
         return int(text)
     return None
+
+
+def attribute_value_limit(environ: Mapping[str, str] = os.environ) -> int | None:
+    """The longest string an attribute value may hold (None: no limit, the specification's default)."""
+    return _limit(environ, VALUE_LENGTH_VARS, "not a length; write a number of characters such as 4096 (0 or more), "
+                                              "or unset it for no limit")
+
+
+def attribute_count_limit(environ: Mapping[str, str] = os.environ) -> int | None:
+    """The most attributes a span may hold (None: unset, the specification's 128, above what any span here has)."""
+    return _limit(environ, COUNT_VARS, "not a count; write a number of attributes such as 128 (0 or more), or "
+                                       "unset it for the default of 128")

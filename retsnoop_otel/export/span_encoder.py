@@ -19,6 +19,7 @@ from typing import Any
 
 from retsnoop_otel.capture.errnos import MAX_ERRNO
 from retsnoop_otel.capture.model import Call, FuncTable, RetKind, Session, Workload, lookup_func
+from retsnoop_otel.export.attribute_count import cap_attributes
 from retsnoop_otel.export.protowire import I32, I64, LEN, VARINT, key_values, len_field, tag, varint
 from retsnoop_otel.export.resource import with_workload
 from retsnoop_otel.export.span_attributes import (
@@ -167,9 +168,11 @@ class SpanEncoder:
                  symbolize: Any = None, export_addresses: bool = False,
                  max_spans: int = DEFAULT_MAX_SPANS, rng: random.Random | None = None,
                  format_args: FormatArgs | None = None, locate: Locate | None = None,
-                 workloads: WorkloadEnvelopes | None = None, value_limit: int | None = None) -> None:
+                 workloads: WorkloadEnvelopes | None = None, value_limit: int | None = None,
+                 count_limit: int | None = None) -> None:
         self.funcs = funcs
         self.value_limit = value_limit  # OTEL_(SPAN_)ATTRIBUTE_VALUE_LENGTH_LIMIT: on stacks, LBR, arguments
+        self.count_limit = count_limit  # OTEL_(SPAN_)ATTRIBUTE_COUNT_LIMIT, when set (attribute_count.py)
         self.workloads = workloads  # a resource per workload; None: every session under `envelope`
         self.locate = locate  # DWARF: code.file.path / code.line.number, looked up once per function
         self.format_args = format_args  # -A: `name=value` strings, exported as retsnoop.args
@@ -277,6 +280,8 @@ class SpanEncoder:
             ids_times = _ROOT_IDS_TIMES.pack(_SPAN_ID_TAG, root_id, _START_TAG, root_start, _END_TAG, root_end)
         body = trace_field + ids_times + const + key_values(9, extra) + (_link(app) if app and not joined else b"")
         spans[0] = _SPANS_TAG + varint(len(body)) + body
+        if self.count_limit is not None:
+            spans = [cap_attributes(span, self.count_limit) for span in spans]
         envelope = self.workloads.of(session.workload) if self.workloads is not None else self.envelope
         return EncodedTrace(envelope, spans, dropped, trace_id)
 

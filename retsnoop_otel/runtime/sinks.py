@@ -19,6 +19,7 @@ from retsnoop_otel.export.otlp_settings import (
     OtlpConfig,
     OtlpConfigError,
     OtlpSettings,
+    attribute_count_limit,
     attribute_value_limit,
     resolve_settings,
 )
@@ -48,10 +49,10 @@ def otlp_settings(cfg: OtlpConfig, signal: str, names: Mapping[str, str],
         raise InputError(str(exc)) from None
 
 
-def value_limit(environ: Mapping[str, str]) -> int | None:
-    """OTEL_(SPAN_)ATTRIBUTE_VALUE_LENGTH_LIMIT, or the input error it is."""
+def attribute_limits(environ: Mapping[str, str]) -> tuple[int | None, int | None]:
+    """OTEL_(SPAN_)ATTRIBUTE_VALUE_LENGTH_LIMIT and OTEL_(SPAN_)ATTRIBUTE_COUNT_LIMIT, or the input error they are."""
     try:
-        return attribute_value_limit(environ)
+        return attribute_value_limit(environ), attribute_count_limit(environ)
     except OtlpConfigError as exc:
         raise InputError(str(exc)) from None
 
@@ -67,7 +68,7 @@ def processor_env(environ: Mapping[str, str]) -> tuple[BatchSettings, ReaderSett
 def check_export_env(environ: Mapping[str, str], traces: bool, metrics: bool) -> None:
     """What the exports read from the environment beyond their endpoints, checked at start (exit 2 if unusable)."""
     if traces:
-        value_limit(environ)
+        attribute_limits(environ)
     if traces or metrics:
         check_resource_attributes(environ)
         processor_env(environ)
@@ -95,7 +96,8 @@ class ExportTotals:
 class _SetOutputs:
     """Per probe set: its span encoder and argument formatters (a reload builds new probe sets)."""
 
-    def __init__(self, ps: Any, cfg: ExporterConfig, limits: Limits, envelopes: Any, value_limit: int | None) -> None:
+    def __init__(self, ps: Any, cfg: ExporterConfig, limits: Limits, envelopes: Any,
+                 attr_limits: tuple[int | None, int | None]) -> None:
         from functools import partial
 
         from retsnoop_otel.symbols.symbolize import definition
@@ -113,7 +115,7 @@ class _SetOutputs:
         self.encoder = SpanEncoder(ps.funcs, envelopes.base, symbolize=ps.symbolizer.describe,
                                    locate=partial(definition, ps.symbolizer), export_addresses=cfg.export_addresses,
                                    max_spans=limits.max_spans_per_trace, format_args=self.export_args,
-                                   workloads=envelopes, value_limit=value_limit)
+                                   workloads=envelopes, value_limit=attr_limits[0], count_limit=attr_limits[1])
 
 
 class Sinks:
@@ -133,7 +135,7 @@ class Sinks:
         self._envelopes: Any = None  # export.span_encoder.WorkloadEnvelopes: one resource per workload, all sets
         self._final: ExportTotals | None = None  # counters at close, when the exporters are gone
         self.trace_json = None
-        self._value_limit: int | None = None
+        self._attr_limits: tuple[int | None, int | None] = (None, None)
         try:
             if cfg.otlp is not None or cfg.file is not None:  # grpc and protobuf load only when they are needed
                 from retsnoop_otel.export.otlp_sink import OtlpTraceSink
@@ -141,7 +143,7 @@ class Sinks:
                 from retsnoop_otel.metrics.exemplars import ExemplarStore
                 self.exemplars = ExemplarStore()
                 self._envelopes = WorkloadEnvelopes(resource.attributes, resource.schema_url)
-                self._value_limit = value_limit(environ)
+                self._attr_limits = attribute_limits(environ)
             batch = processor_env(environ)[0]
             queue = dict(max_queue_spans=limits.export_queue_spans or batch.max_queue_spans or DEFAULT_QUEUE_SPANS,
                          max_batch_spans=batch.max_batch_spans, schedule_delay_s=batch.schedule_delay_s)
@@ -162,7 +164,7 @@ class Sinks:
     def _outputs(self, ps: Any) -> _SetOutputs:
         out = self._per_set.get(ps)
         if out is None:
-            out = self._per_set[ps] = _SetOutputs(ps, self.cfg, self.limits, self._envelopes, self._value_limit)
+            out = self._per_set[ps] = _SetOutputs(ps, self.cfg, self.limits, self._envelopes, self._attr_limits)
         return out
 
     def emit(self, ps: Any, session: Session, offset_ns: int) -> None:

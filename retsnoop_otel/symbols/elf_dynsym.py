@@ -4,8 +4,8 @@ The application-context watcher asks every running process's executable and libr
 export otel_thread_ctx_v1, and almost none does. Answering with pyelftools cost about 50 ms of imports
 and tens of ms of parsing per file on the host (3.7 s of the first poll after start under emulation, on a
 handful of processes); this reads the ELF header, the program and section headers and the three
-sections a lookup needs, with struct. Only ELF64 little-endian files are read (x86-64 is what the thread
-context locator supports); anything else, or a malformed file, is `None`.
+sections a lookup needs, with struct. Only ELF64 little-endian files of the machine asked for are read (x86-64
+and aarch64 are what the thread context locator supports); anything else, or a malformed file, is `None`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ _PHDR = struct.Struct("<IIQQQQQQ")
 _SHDR = struct.Struct("<IIQQQQIIQQ")
 _SYM = struct.Struct("<IBBHQQ")
 _RELA = struct.Struct("<QQq")  # Elf64_Rela: r_offset, r_info, r_addend
-_EM_X86_64 = 62
+EM_X86_64, EM_AARCH64 = 62, 183
 _ET_EXEC = 2
 _PT_LOAD, _PT_DYNAMIC, _PT_INTERP, _PT_TLS = 1, 2, 3, 7
 _SHT_RELA, _SHT_HASH, _SHT_DYNSYM, _SHT_GNU_HASH = 4, 5, 11, 0x6FFFFFF6
@@ -53,14 +53,15 @@ def _read(f: BinaryIO, offset: int, size: int) -> bytes:
     return data
 
 
-def read_headers(f: BinaryIO) -> tuple[ElfHeaders, list[tuple[int, ...]]] | None:
-    """The program headers' summary and the raw section headers of an x86-64 ELF64 file; None otherwise."""
+def read_headers(f: BinaryIO, machine: int = EM_X86_64) -> tuple[ElfHeaders, list[tuple[int, ...]]] | None:
+    """The program headers' summary and the raw section headers of a little-endian ELF64 file for `machine`
+    (e_machine); None otherwise."""
     f.seek(0)
     ident = f.read(_EHDR.size)
     if len(ident) < _EHDR.size or ident[:4] != b"\x7fELF" or ident[4] != 2 or ident[5] != 1:
         return None
-    (_, e_type, machine, _, _, phoff, shoff, _, _, phentsize, phnum, shentsize, shnum, _) = _EHDR.unpack(ident)
-    if machine != _EM_X86_64:
+    (_, e_type, e_machine, _, _, phoff, shoff, _, _, phentsize, phnum, shentsize, shnum, _) = _EHDR.unpack(ident)
+    if e_machine != machine:
         return None
     tls = dynamic = None
     loads, interp = [], False

@@ -3,7 +3,7 @@ thread-record attributes that index into its `threadlocal.attribute_key_map`.
 
 The process memory is read through /proc/PID/mem, so the reader needs ptrace-read access to the process (root
 or the same user with a permissive yama.ptrace_scope), as OTEP 4719 says. The header is read in the host's
-(x86-64, little-endian) layout.
+(64-bit little-endian: x86-64 and arm64 alike) layout.
 """
 
 from __future__ import annotations

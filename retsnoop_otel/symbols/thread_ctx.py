@@ -1,15 +1,17 @@
-"""Where a process keeps its OTEP 4947 thread-context pointer, `otel_thread_ctx_v1` (x86-64 and glibc only).
+"""Where a process keeps its OTEP 4947 thread-context pointer, `otel_thread_ctx_v1` (glibc on x86-64 or aarch64).
 
-A BPF program sees only the thread pointer (fsbase) of the thread that entered a traced function, so user
-space computes, once per process, how to get from that pointer to the variable:
+A BPF program sees only the thread pointer (x86-64: fsbase; aarch64: TPIDR_EL0) of the thread that entered a
+traced function, so user space computes, once per process, how to get from that pointer to the variable:
 
-- defined in the executable: TLS variant II puts the executable's block right below the thread pointer, at a
-  fixed distance (`tp_offset`), whatever the access model (local-exec, initial-exec, TLSDESC or GD relaxed);
+- defined in the executable: at a fixed distance from the thread pointer (`tp_offset`), whatever the access
+  model (local-exec, initial-exec, TLSDESC or GD relaxed). x86-64 has TLS variant II, the executable's block
+  right below the thread pointer; aarch64 variant I, the block above it, after the 16-byte TCB;
 - defined in a shared library whose block glibc put in the static TLS area (every library linked at start, and
   a dlopen'ed one reached through TLSDESC or initial-exec): also a fixed `tp_offset`, read from the library's
   resolved TLSDESC descriptor or TPOFF64 GOT slot. This matters for a dlopen'ed TLSDESC library: glibc gives it
   optional static TLS and never fills in its DTV entry in threads that only use TLSDESC;
-- otherwise through glibc's DTV: dtv = *(u64 *)(tp + 8) (tcbhead_t.dtv, set by INSTALL_DTV to &array[1]), its
+- otherwise through glibc's DTV: dtv = *(u64 *)(tp + 8) on x86-64, (tp + 0) on aarch64 (tcbhead_t.dtv, set
+  by INSTALL_DTV to &array[1]; the BPF side knows which, bpf/vmlinux_min.h), its
   16-byte entries (dtv_t) hold at [modid] the start of the module's block in this thread, dtv[-1] the length.
   An entry is TLS_DTV_UNALLOCATED (-1), or past the length, until that thread first touched the module.
 
@@ -29,26 +31,47 @@ import struct
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from retsnoop_otel.symbols.elf_dynsym import DynSym, find_dynsym, read_headers, relocations
+from retsnoop_otel.symbols.elf_dynsym import EM_AARCH64, EM_X86_64, DynSym, find_dynsym, read_headers, relocations
 
 SYMBOL = "otel_thread_ctx_v1"
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _DT_DEBUG = 21
-_R_DTPMOD64, _R_TPOFF64, _R_TLSDESC = 16, 18, 36  # x86-64 psABI relocation types
 _STT_TLS = 6
 _MAX_OBJECTS = 8192  # a corrupt or cyclic r_map list must not loop for ever
 _CACHE_LIMIT = 4096
 
 
+class TlsAbi(NamedTuple):
+    """What differs between the architectures' TLS: the psABI's relocation types, and on which side of the
+    thread pointer the static TLS blocks lie."""
+
+    machine: int  # e_machine of the files to read
+    dtpmod64: int
+    tpoff64: int  # aarch64 calls it TLS_TPREL64
+    tlsdesc: int
+    above_tp: bool  # variant I (aarch64, TLS_DTV_AT_TP): blocks above the thread pointer, after the TCB
+
+
+X86_64 = TlsAbi(EM_X86_64, 16, 18, 36, False)
+AARCH64 = TlsAbi(EM_AARCH64, 1028, 1030, 1031, True)
+_ABIS = {"x86_64": X86_64, "aarch64": AARCH64}
+_TCB_SIZE = 16  # aarch64 glibc's tcbhead_t { dtv_t *dtv; void *private; }: TLS_TCB_SIZE, where variant I starts
+
+
+def host_abi() -> TlsAbi | None:
+    """The running machine's TLS conventions; None where the locator has none (processes are never located)."""
+    return _ABIS.get(os.uname().machine)
+
+
 @dataclass(frozen=True)
 class TlsLocation:
-    """Where otel_thread_ctx_v1 lives in every thread of one process (x86-64, glibc)."""
+    """Where otel_thread_ctx_v1 lives in every thread of one process (glibc)."""
 
     modid: int  # 0: the variable is at thread_pointer + tp_offset; > 0: at dtv[modid].val + offset,
     tp_offset: int  # where dtv = *(u64 *)(thread_pointer + 8) and entries are 16 bytes (glibc's dtv_t)
     offset: int  # the symbol's st_value: offset inside its module's TLS block
     module: str  # path of the ELF that defines it
-    how: str  # "executable" (static TLS right below the thread pointer), "static-tls" (a shared library in the
+    how: str  # "executable" (static TLS next to the thread pointer), "static-tls" (a shared library in the
     #           static TLS area, found from its resolved relocation: also tp_offset) or "dtv" (a shared library)
 
 
@@ -83,8 +106,15 @@ class _Unresolved(Exception):
     """Something in the process's memory could not be followed; the caller falls back."""
 
 
-def _exe_tls_offset(tls: tuple[int, int, int], dynamic_linker: bool) -> int:
-    """glibc's l_tls_offset of the executable: its block occupies [tp - l_tls_offset, tp).
+def _exe_tls_block(tls: tuple[int, int, int], dynamic_linker: bool, abi: TlsAbi) -> int:
+    """Where the executable's TLS block starts, relative to the thread pointer: -l_tls_offset on x86-64 (its
+    block occupies [tp - l_tls_offset, tp)), +l_tls_offset on aarch64.
+
+    aarch64 is TLS_DTV_AT_TP, variant I: elf/dl-tls.c:_dl_determine_tlsoffset starts at offset = TLS_TCB_SIZE
+    and gives the first module off = roundup(offset, align), one align more when off - offset < firstbyte, then
+    l_tls_offset = off - firstbyte (firstbyte = -l_tls_firstbyte_offset mod align); statically linked,
+    csu/libc-tls.c puts it at roundup(TLS_INIT_TCB_SIZE, align). GNU ld's local-exec code uses the same
+    (tpoff = address - tls_vma + align_up(TCB_SIZE, tls_align)). Then &var = tp + l_tls_offset + st_value.
 
     x86-64 is TLS_TCB_AT_TP (sysdeps/x86_64/nptl/tls.h), variant II. Dynamically linked: rtld gives the
     executable slot 0 and elf/dl-tls.c:_dl_determine_tlsoffset starts at offset 0, so
@@ -97,31 +127,37 @@ def _exe_tls_offset(tls: tuple[int, int, int], dynamic_linker: bool) -> int:
     """
     vaddr, memsz, align = tls
     align = max(align, 1)
+    if abi.above_tp:
+        firstbyte = -(vaddr & (align - 1)) & (align - 1) if dynamic_linker else 0
+        off = -(-_TCB_SIZE // align) * align
+        if off - _TCB_SIZE < firstbyte:
+            off += align
+        return off - firstbyte
     firstbyte = -(vaddr & (align - 1)) & (align - 1) if dynamic_linker else 0
-    return -(-(memsz - firstbyte) // align) * align + firstbyte
+    return -(-(-(memsz - firstbyte) // align) * align + firstbyte)
 
 
-def _read_elf(f) -> _ElfInfo | None:
-    """Program headers and the .dynsym entry of SYMBOL; None for a file that is not an x86-64 ELF."""
+def _read_elf(f, abi: TlsAbi) -> _ElfInfo | None:
+    """Program headers and the .dynsym entry of SYMBOL; None for a file that is not an ELF of abi's machine."""
     try:
-        found = read_headers(f)
+        found = read_headers(f, abi.machine)
         if found is None:
             return None
         head, sections = found
         sym = find_dynsym(f, sections, SYMBOL)
         if sym is None or sym.info & 0xF != _STT_TLS or sym.shndx == 0:
             return _ElfInfo(head.exec_type, head.tls, None, head.loads, head.dynamic, head.interp)
-        relocs = _tls_relocs(f, sections, sym)
+        relocs = _tls_relocs(f, sections, sym, abi)
     except (OSError, ValueError, struct.error):  # unreadable or malformed: not an ELF we can use
         return None
     return _ElfInfo(head.exec_type, head.tls, sym.value, head.loads, head.dynamic, head.interp, relocs)
 
 
-def _tls_relocs(f, sections: list[tuple[int, ...]], sym: DynSym) -> tuple[tuple[int, int, int], ...]:
+def _tls_relocs(f, sections: list[tuple[int, ...]], sym: DynSym, abi: TlsAbi) -> tuple[tuple[int, int, int], ...]:
     """The defining file's TLS relocations against SYMBOL, or against its own block (symbol index 0, as
     -Bsymbolic or a hidden alias produce, where r_addend is the offset inside the block)."""
     return tuple((r.type, r.offset, r.addend - (0 if r.sym else sym.value)) for r in relocations(f, sections, sym.table)
-                 if r.sym in (0, sym.index) and r.type in (_R_DTPMOD64, _R_TPOFF64, _R_TLSDESC))
+                 if r.sym in (0, sym.index) and r.type in (abi.dtpmod64, abi.tpoff64, abi.tlsdesc))
 
 
 def _parse_maps(text: str) -> list[_Mapping]:
@@ -180,7 +216,7 @@ class _Process:
                     if len(cache) >= _CACHE_LIMIT:
                         cache.clear()
                     with open(candidate, "rb") as f:
-                        cache[key] = _read_elf(f)
+                        cache[key] = _read_elf(f, self.locator.abi)
                 return cache[key]
             except OSError as exc:
                 error = exc
@@ -248,20 +284,22 @@ class _Process:
         ("static-tls", tp_offset) or ("dtv", modid). TPOFF64 (initial-exec GOT slot) holds st_value + addend -
         l_tls_offset; a TLSDESC descriptor {entry, arg} resolved to static TLS returns arg = the same
         (_dl_tlsdesc_return), while a dynamic one points arg at a heap object (positive, so told apart by the
-        sign: static TLS lies below the thread pointer); DTPMOD64 (GD tls_index.ti_module) holds the module id.
+        sign: static TLS lies below the thread pointer; on aarch64 it lies above it, within 4 GiB, where no heap
+        object is); DTPMOD64 (GD tls_index.ti_module) holds the module id.
         The variable is then at tp + (slot - bias), or in that module's DTV entry. None: nothing resolved
         (no such relocation, lazily bound, or unreadable)."""
         try:
             base = self.load_base(path, info)
             found = None
+            abi = self.locator.abi
             for kind, offset, bias in info.relocs:
-                if kind == _R_DTPMOD64:
+                if kind == abi.dtpmod64:
                     (modid,) = struct.unpack("<Q", self.read(base + offset, 8))
                     found = found or (("dtv", modid) if 0 < modid < 1 << 20 else None)
                     continue
-                word = self.read(base + offset + (8 if kind == _R_TLSDESC else 0), 8)
+                word = self.read(base + offset + (8 if kind == abi.tlsdesc else 0), 8)
                 (value,) = struct.unpack("<q", word)
-                if -(1 << 32) < value < 0:
+                if (0 < value < 1 << 32) if abi.above_tp else (-(1 << 32) < value < 0):
                     return "static-tls", value - bias
             return found
         except (_Unresolved, OSError):
@@ -283,8 +321,9 @@ class TlsLocator:
     exports the symbol, its st_value, and its PT_TLS p_memsz/p_align, so scanning many processes that share
     libraries is cheap."""
 
-    def __init__(self, proc_root: str = "/proc") -> None:
+    def __init__(self, proc_root: str = "/proc", abi: TlsAbi | None = None) -> None:
         self.proc_root = proc_root.rstrip("/") or "/"
+        self.abi = abi or host_abi()
         self._cache: dict[tuple[int, int, int, int], _ElfInfo | None] = {}
 
     def locate(self, pid: int) -> TlsLocation | None:
@@ -298,6 +337,8 @@ class TlsLocator:
             raise ThreadCtxError(f"pid {pid}: cannot read {what}{exc.strerror or exc}") from None
 
     def _locate(self, pid: int) -> TlsLocation | None:
+        if self.abi is None:
+            return None
         proc = _Process(self, pid)
         try:
             return self._find(proc) if proc.maps else None
@@ -307,7 +348,8 @@ class TlsLocator:
     def _find(self, proc: _Process) -> TlsLocation | None:
         exe = proc.info(proc.exe)
         if exe is not None and exe.value is not None and exe.tls is not None:
-            tp_offset = exe.value - _exe_tls_offset(exe.tls, exe.interp)
+            assert self.abi is not None
+            tp_offset = _exe_tls_block(exe.tls, exe.interp, self.abi) + exe.value
             return TlsLocation(0, tp_offset, exe.value, proc.exe, "executable")
         infos = {path: proc.info(path) for path in proc.objects()}
         if not any(i is not None and i.value is not None for i in infos.values()):

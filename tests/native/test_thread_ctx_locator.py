@@ -318,9 +318,9 @@ def test_libraries_are_parsed_once_across_processes(build: Build, monkeypatch: p
     parsed: list[str] = []
     real = thread_ctx._read_elf
 
-    def counting(f):
+    def counting(f, abi):
         parsed.append(f.name)
-        return real(f)
+        return real(f, abi)
 
     monkeypatch.setattr(thread_ctx, "_read_elf", counting)
     build.lib("libctx_gd.so", "libctx.c", "-mtls-dialect=gnu")

@@ -149,14 +149,56 @@ def test_the_publisher_library_exports_the_tls_symbol() -> None:
     if not PUBLISHER.exists():
         pytest.skip("the publisher library is built by `make bpf`")
     with open(PUBLISHER, "rb") as f:
-        info = thread_ctx._read_elf(f)
+        info = thread_ctx._read_elf(f, thread_ctx.X86_64)
     assert info is not None and info.value is not None and info.tls is not None
     assert info.relocs  # its own TLSDESC/DTPMOD64 relocations: how static TLS is found
 
 
 def test_not_an_elf_or_cut_short_is_none() -> None:
     libc = next(p for p in _mapped_libraries() if p.name.startswith("libc.so"))
-    assert thread_ctx._read_elf(io.BytesIO(b"#!/bin/sh\necho hi\n")) is None
-    assert thread_ctx._read_elf(io.BytesIO(libc.read_bytes()[:200])) is None
+    assert thread_ctx._read_elf(io.BytesIO(b"#!/bin/sh\necho hi\n"), thread_ctx.X86_64) is None
+    assert thread_ctx._read_elf(io.BytesIO(libc.read_bytes()[:200]), thread_ctx.X86_64) is None
     data = libc.read_bytes()
-    assert thread_ctx._read_elf(io.BytesIO(data[:len(data) // 2])) is None  # the section headers are at the end
+    # the section headers are at the end
+    assert thread_ctx._read_elf(io.BytesIO(data[:len(data) // 2]), thread_ctx.X86_64) is None
+
+
+AARCH64_CC = "aarch64-linux-gnu-gcc"
+NATIVE = Path(__file__).resolve().parents[1] / "native"
+
+
+@pytest.fixture(scope="module")
+def aarch64_writers(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/native's writer built for aarch64 with the cross compiler (`make setup` installs it): the executable
+    holding the variable (-rdynamic) and libctxlib.so (aarch64's default TLS dialect is TLSDESC)."""
+    if shutil.which(AARCH64_CC) is None:
+        pytest.fail(f"{AARCH64_CC} not found: run `make setup` (Debian package gcc-aarch64-linux-gnu)")
+    out = tmp_path_factory.mktemp("aarch64")
+    cc = [AARCH64_CC, "-O1", "-Wall"]
+    subprocess.run([*cc, "-shared", "-fPIC", "-o", out / "libctxlib.so", NATIVE / "ctxlib.c"], check=True)
+    subprocess.run([*cc, "-rdynamic", "-o", out / "writer_exe", NATIVE / "ctx_writer.c", "-lpthread", "-ldl"],
+                   check=True)
+    return out
+
+
+def test_aarch64_files_are_read_with_aarch64s_relocations(aarch64_writers: Path) -> None:
+    with open(aarch64_writers / "libctxlib.so", "rb") as f:
+        lib = thread_ctx._read_elf(f, thread_ctx.AARCH64)
+        assert thread_ctx._read_elf(f, thread_ctx.X86_64) is None  # another machine's file is not read
+    assert lib is not None and lib.value is not None and lib.tls is not None
+    assert {kind for kind, _, _ in lib.relocs} <= {1028, 1030, 1031} and lib.relocs, lib.relocs
+    with open(aarch64_writers / "writer_exe", "rb") as f:
+        exe = thread_ctx._read_elf(f, thread_ctx.AARCH64)
+    assert exe is not None and exe.value is not None and exe.tls is not None and exe.interp
+
+
+@pytest.mark.parametrize(("tls", "interp", "x86", "arm"), [
+    ((0x1000, 8, 8), True, -8, 16),  # 8 bytes, 8-aligned: right below tp / right after the 16-byte TCB
+    ((0x2000, 24, 8), True, -24, 16),
+    ((0x4000, 8, 32), True, -32, 32),  # 32-aligned: the block starts at the next multiple of 32 above the TCB
+    ((0x4000, 40, 64), False, -64, 64),  # statically linked: the same, from csu/libc-tls.c
+])
+def test_where_the_executables_block_starts(tls: tuple[int, int, int], interp: bool, x86: int, arm: int) -> None:
+    """TLS variant II below the thread pointer (x86-64), variant I above the TCB (aarch64)."""
+    assert thread_ctx._exe_tls_block(tls, interp, thread_ctx.X86_64) == x86
+    assert thread_ctx._exe_tls_block(tls, interp, thread_ctx.AARCH64) == arm

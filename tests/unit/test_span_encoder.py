@@ -347,3 +347,48 @@ def test_attribute_value_limit_that_is_no_length_is_refused(value):
     from retsnoop_otel.export.otlp_settings import OtlpConfigError, attribute_value_limit
     with pytest.raises(OtlpConfigError, match="^OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT='.*': not a length; write"):
         attribute_value_limit({"OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": value})
+
+
+def _parsed_spans(encoded) -> list:
+    req = ExportTraceServiceRequest.FromString(build_request([encoded]))
+    return [s for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans]
+
+
+@pytest.mark.parametrize("limit", [0, 1, 3, 5])
+def test_attribute_count_limit_keeps_the_first_attributes_and_counts_the_rest(limit: int):
+    """OTEL_(SPAN_)ATTRIBUTE_COUNT_LIMIT: every span holds at most `limit` attributes, the first ones of the
+    span written without the limit, and dropped_attributes_count says how many it lost; ids, times, status and
+    the tree are untouched (the protobuf classes parse what we wrote)."""
+    session = tree_session()
+    full = _parsed_spans(encoder_for(symbolize=symbolize, rng=random.Random(7)).encode(session, OFFSET))
+    cut = _parsed_spans(encoder_for(symbolize=symbolize, rng=random.Random(7), count_limit=limit)
+                        .encode(session, OFFSET))
+    assert len(full) == len(cut) > 3
+    assert max(len(s.attributes) for s in full) > limit  # something to cut
+    for f, c in zip(full, cut, strict=True):
+        assert list(c.attributes) == list(f.attributes)[:limit]
+        assert c.dropped_attributes_count == max(0, len(f.attributes) - limit)
+        assert (c.span_id, c.parent_span_id, c.start_time_unix_nano, c.end_time_unix_nano, c.status, c.name) == \
+            (f.span_id, f.parent_span_id, f.start_time_unix_nano, f.end_time_unix_nano, f.status, f.name)
+
+
+def test_attribute_count_limit_above_what_a_span_holds_changes_nothing():
+    session = tree_session()
+    full = encoder_for(symbolize=symbolize, rng=random.Random(7)).encode(session, OFFSET)
+    roomy = encoder_for(symbolize=symbolize, rng=random.Random(7), count_limit=128).encode(session, OFFSET)
+    assert roomy.spans == full.spans
+
+
+@pytest.mark.parametrize(("env", "want"), [
+    ({}, None), ({"OTEL_ATTRIBUTE_COUNT_LIMIT": "64"}, 64),
+    ({"OTEL_ATTRIBUTE_COUNT_LIMIT": "64", "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT": "8"}, 8),
+    ({"OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT": "", "OTEL_ATTRIBUTE_COUNT_LIMIT": "0"}, 0)])
+def test_attribute_count_limit_variables(env, want):
+    from retsnoop_otel.export.otlp_settings import attribute_count_limit
+    assert attribute_count_limit(env) == want
+
+
+def test_attribute_count_limit_that_is_no_count_is_refused():
+    from retsnoop_otel.export.otlp_settings import OtlpConfigError, attribute_count_limit
+    with pytest.raises(OtlpConfigError, match="^OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT='ten': not a count; write"):
+        attribute_count_limit({"OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT": "ten"})

@@ -5,6 +5,7 @@ exported over OTLP, in the default attach mode and with fentry."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -48,6 +49,23 @@ def test_failing_syscall_captured_and_exported(smoke, mode: str) -> None:
     assert args and args[0]["stringValue"].startswith("attr=&{map_type=2,key_size=4,value_size=4,max_entries=0,"), args
     sys_bpf = errors["__arm64_sys_bpf"]
     assert errors["array_map_alloc_check"]["trace"] == sys_bpf["trace"]
+
+
+ROUND = re.compile(r"round (\d+) tid=(\d+) trace=([0-9a-f]{32}) span=([0-9a-f]{16}) ret=(-?\d+)")
+
+
+@pytest.mark.parametrize("where", ["exe", "lib"])
+def test_sessions_join_the_writers_traces(smoke, where: str) -> None:
+    """The thread context read on arm64 (TPIDR_EL0, TLS variant I): the variable in the executable and in a
+    TLSDESC library linked at start (static TLS), each found by the user-space locator and read by BPF."""
+    run = smoke["app_context"]
+    assert run["tracer_rc"] == 0, run["tracer_output"][-3000:]
+    rounds = [m for m in map(ROUND.match, run["rounds"][where]) if m]
+    assert rounds and all(m[5] == "-1" for m in rounds), run["rounds"][where]  # syscall(): -1, errno EINVAL
+    roots = [s for s in otlp_spans(run["otlp"]) if s["name"] == "__arm64_sys_bpf"]
+    joined = [(m[3], m[4]) for m in rounds if any(s["trace"] == m[3] and s["parent"] == m[4] for s in roots)]
+    # the last round at least: the first ones may run before the background look at running processes
+    assert joined and joined[-1] == (rounds[-1][3], rounds[-1][4]), (joined, [(m[3], m[4]) for m in rounds])
 
 
 def test_nothing_left_attached(smoke) -> None:
