@@ -14,7 +14,7 @@ SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 PYTEST_ARGS ?= -ra
 
 .NOTPARALLEL:
-.PHONY: setup apt bpf wheel kernels test unit vmtest lowest lint demo clean distclean
+.PHONY: setup apt bpf wheel docs kernels test unit vmtest lowest lint demo clean distclean
 
 ## setup: Debian packages (only missing ones), .venv with the project and its dev and service extras,
 ## BPF objects
@@ -36,7 +36,7 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml setup.py | $(PY)
-	$(PY) -m pip install -e '.[dev,service]'
+	$(PY) -m pip install -e '.[dev,service,docs]'
 	touch $@
 
 # the lowest versions pyproject.toml allows, pinned from its own `>=` bounds so that they cannot drift
@@ -142,6 +142,10 @@ unit: setup
 ## vmtest: only the VM tests (one boot per kernel; each runs the scenarios its tests ask of it)
 vmtest: setup kernels wheel
 	$(PY) -m pytest -m vm $(PYTEST_ARGS)
+
+## docs: the documentation site in build/site (mkdocs --strict; tests/test_docs.py builds it in `make test`)
+docs: setup
+	$(PY) -m mkdocs build --strict --quiet
 
 lint: setup
 	$(PY) -m ruff check .

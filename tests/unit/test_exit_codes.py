@@ -1,4 +1,4 @@
-"""The exit codes live in one place (runtime/errors.py): the README's table and --help are rendered from it."""
+"""The exit codes live in one place (runtime/errors.py): the documentation's table and --help are rendered from it."""
 
 from __future__ import annotations
 
@@ -19,14 +19,14 @@ from retsnoop_otel.runtime.errors import (
 )
 from retsnoop_otel.trace.flags import build_parser
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "exit-codes.md"
 
 
-def test_readme_table_is_the_rendered_one() -> None:
-    block = re.search(r"<!-- exit-codes:[^\n]*-->\n(.*?)\n<!-- /exit-codes -->", README.read_text(), re.S)
-    assert block is not None, "README.md lost its exit-codes block"
-    assert block.group(1) == exit_code_table(), "README's exit codes differ from runtime/errors.py: paste " \
-        "exit_code_table()'s output between the markers"
+def test_documented_table_is_the_rendered_one() -> None:
+    block = re.search(r"<!-- exit-codes:[^\n]*-->\n(.*?)\n<!-- /exit-codes -->", PAGE.read_text(), re.S)
+    assert block is not None, "docs/reference/exit-codes.md lost its exit-codes block"
+    assert block.group(1) == exit_code_table(), "the documented exit codes differ from runtime/errors.py: run " \
+        "python -m tests.gen_docs_reference"
 
 
 def test_codes_are_distinct_and_the_refusals_use_them() -> None:
