@@ -28,14 +28,16 @@ def _hex(b64: str) -> str:
 
 
 def spans(requests: list[dict]) -> list[dict]:
-    """Every span of every request: its JSON fields plus `attrs`, `resource`, and `trace`/`id`/`parent` in hex."""
+    """Every span of every request: its JSON fields plus `attrs`, `resource`, `scope` (its name), and
+    `trace`/`id`/`parent` in hex."""
     out = []
     for req in requests:
         for rs in req.get("resourceSpans", []):
             res = attributes(rs.get("resource", {}).get("attributes", []))
             for ss in rs.get("scopeSpans", []):
+                scope = ss.get("scope", {}).get("name", "")
                 for s in ss.get("spans", []):
                     out.append({**s, "trace": _hex(s["traceId"]), "id": _hex(s["spanId"]),
                                 "parent": _hex(s["parentSpanId"]) if s.get("parentSpanId") else None,
-                                "attrs": attributes(s.get("attributes", [])), "resource": res})
+                                "attrs": attributes(s.get("attributes", [])), "resource": res, "scope": scope})
     return out

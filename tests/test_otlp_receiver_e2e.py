@@ -24,7 +24,7 @@ from retsnoop_otel.export.otlp_sink import OtlpTraceSink
 from retsnoop_otel.export.resource import build_resource
 from retsnoop_otel.export.semconv import SCHEMA_URL
 from retsnoop_otel.export.senders import build_sender
-from retsnoop_otel.export.span_encoder import EncodedTrace, SpanEncoder, make_envelope
+from retsnoop_otel.export.span_encoder import EncodedTrace, SpanEncoder, WorkloadEnvelopes, make_envelope
 from retsnoop_otel.runtime.config import AGENT_NAMES
 from retsnoop_otel.runtime.sinks import otlp_settings
 from tests.oracle_spans import sdk_request, session_to_spans
@@ -143,6 +143,30 @@ def test_export_to_subprocess_receiver(receiver_proc, protocol, path, monkeypatc
     sink.shutdown(5)
     assert sink.stats().spans_exported == 3 and sink.stats().export_errors == 0
     check_trace(wait_spans(out, 3))
+
+
+@pytest.mark.parametrize("service_per_session", [True, False])
+def test_sessions_arrive_under_their_own_service(receiver_proc, monkeypatch, service_per_session):
+    """The default (exporter.service_name_from: workload): a session's resource names the traced process's
+    service (here its executable, `simfail`; the application's own service.name and the container's name come
+    first, tests/unit/test_service_name.py), without retsnoop-otel's service.version; `agent`: ours."""
+    proxies = [v for v in os.environ if v.lower().endswith("_proxy")]
+    for var in ("OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES", *proxies):
+        monkeypatch.delenv(var, raising=False)
+    proc, grpc_port, _http_port, out = receiver_proc
+    sink = make_sink(grpc_port, "grpc")
+    resource = build_resource()
+    sess = session()
+    sess.exe_name = "simfail"
+    enc = SpanEncoder(FUNCS, make_envelope(resource.attributes, resource.schema_url),
+                      service_per_session=service_per_session,
+                      workloads=WorkloadEnvelopes(resource.attributes, resource.schema_url))
+    assert sink.submit(enc.encode(sess, OFFSET)) and sink.flush(15)
+    sink.shutdown(5)
+    spans = wait_spans(out, 3)
+    assert {s["resource"]["service.name"] for s in spans} == {"simfail" if service_per_session else "retsnoop-otel"}
+    assert all(("service.version" in s["resource"]) != service_per_session for s in spans)
+    assert {s["scope"]["name"] for s in spans} == {"retsnoop_otel"}  # the tracer, named as the instrumentation
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])

@@ -33,6 +33,7 @@ from retsnoop_otel.agent.yaml_nodes import (
 from retsnoop_otel.capture.errfilter import ErrorFilter
 from retsnoop_otel.capture.sampling import Sampling
 from retsnoop_otel.export.otlp_settings import OtlpConfig, OtlpConfigError, resolve_settings
+from retsnoop_otel.export.service_name import SERVICE_NAME_FROM
 from retsnoop_otel.inputs.addresses import parse_listen
 from retsnoop_otel.inputs.files import MAX_CONFIG_BYTES, read_text
 from retsnoop_otel.inputs.numbers import COUNT, MAP_ENTRIES, PID, RINGBUF_BYTES
@@ -295,7 +296,7 @@ def _mapping_any(ctx: Nodes, node: yaml.Node, key: str) -> dict[str, yaml.Node]:
 
 
 def _exporter(ctx: Nodes, node: yaml.Node, environ: Mapping[str, str]) -> ExporterConfig:
-    m = mapping(ctx, node, "exporter", ("otlp", "file", "console", "export_addresses"))
+    m = mapping(ctx, node, "exporter", ("otlp", "file", "console", "export_addresses", "service_name_from"))
     otlp = None
     if "otlp" in m:
         otlp = None if kind(m["otlp"]) == "null" else _otlp(ctx, m["otlp"], "exporter.otlp", "traces", environ)
@@ -305,9 +306,11 @@ def _exporter(ctx: Nodes, node: yaml.Node, environ: Mapping[str, str]) -> Export
     if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
         raise ctx.fail(m["file"], "exporter.file", f"the directory of {path} does not exist")
     console = boolean(ctx, m["console"], "exporter.console") if "console" in m else False
+    service = choice(ctx, m["service_name_from"], "exporter.service_name_from", SERVICE_NAME_FROM) \
+        if "service_name_from" in m else "workload"
     return ExporterConfig(otlp=otlp, file=path, console=ConsoleConfig(prefix=True) if console else None,
                           export_addresses=boolean(ctx, m["export_addresses"], "exporter.export_addresses")
-                          if "export_addresses" in m else False)
+                          if "export_addresses" in m else False, service_name_from=service)
 
 
 def _metrics(ctx: Nodes, node: yaml.Node, environ: Mapping[str, str]) -> MetricsConfig:

@@ -22,6 +22,7 @@ from retsnoop_otel.capture.model import Call, FuncTable, RetKind, Session, Workl
 from retsnoop_otel.export.attribute_count import cap_attributes
 from retsnoop_otel.export.protowire import I32, I64, LEN, VARINT, key_values, len_field, tag, varint
 from retsnoop_otel.export.resource import with_workload
+from retsnoop_otel.export.service_name import session_service
 from retsnoop_otel.export.span_attributes import (
     DEFAULT_MAX_SPANS,
     SCOPE_NAME,
@@ -138,16 +139,23 @@ class WorkloadEnvelopes:
         self.schema_url = resource_schema_url
         self.base = make_envelope(self.resource, resource_schema_url)
         self.max_entries = max(1, max_entries)
-        self._cache: dict[Workload, Envelope] = {}
+        self._cache: dict[tuple[Workload | None, str | None], Envelope] = {}
 
-    def of(self, workload: Workload | None) -> Envelope:
-        if not workload:
+    def of(self, workload: Workload | None, service: str | None = None) -> Envelope:
+        """The envelope of a workload's spans; with `service`, under that service.name (service_name.py), without
+        the tracer's own service.version."""
+        if not workload and service is None:
             return self.base
-        env = self._cache.get(workload)
+        key = (workload or None, service)
+        env = self._cache.get(key)
         if env is None:
             if len(self._cache) >= self.max_entries:
                 self._cache.clear()
-            env = self._cache[workload] = make_envelope(with_workload(self.resource, workload), self.schema_url)
+            attrs = with_workload(self.resource, workload)
+            if service is not None:
+                attrs.pop("service.version", None)
+                attrs["service.name"] = service
+            env = self._cache[key] = make_envelope(attrs, self.schema_url)
         return env
 
 
@@ -169,8 +177,9 @@ class SpanEncoder:
                  max_spans: int = DEFAULT_MAX_SPANS, rng: random.Random | None = None,
                  format_args: FormatArgs | None = None, locate: Locate | None = None,
                  workloads: WorkloadEnvelopes | None = None, value_limit: int | None = None,
-                 count_limit: int | None = None) -> None:
+                 count_limit: int | None = None, service_per_session: bool = False) -> None:
         self.funcs = funcs
+        self.service_per_session = service_per_session  # the session's own service.name (service_name.py)
         self.value_limit = value_limit  # OTEL_(SPAN_)ATTRIBUTE_VALUE_LENGTH_LIMIT: on stacks, LBR, arguments
         self.count_limit = count_limit  # OTEL_(SPAN_)ATTRIBUTE_COUNT_LIMIT, when set (attribute_count.py)
         self.workloads = workloads  # a resource per workload; None: every session under `envelope`
@@ -282,7 +291,8 @@ class SpanEncoder:
         spans[0] = _SPANS_TAG + varint(len(body)) + body
         if self.count_limit is not None:
             spans = [cap_attributes(span, self.count_limit) for span in spans]
-        envelope = self.workloads.of(session.workload) if self.workloads is not None else self.envelope
+        service = session_service(session) if self.service_per_session else None
+        envelope = self.workloads.of(session.workload, service) if self.workloads is not None else self.envelope
         return EncodedTrace(envelope, spans, dropped, trace_id)
 
     def _calls(self, spans: list[bytes], trace_field: bytes, top: list[Call], root_id: int, root_end: int,

@@ -75,6 +75,7 @@ class ExporterConfig(NamedTuple):
     console: ConsoleConfig | None = None
     trace_json: str | None = None  # Chrome trace events of call sessions (Perfetto)
     export_addresses: bool = False  # raw kernel addresses in exported data (they reveal KASLR)
+    service_name_from: str = "workload"  # export/service_name.py: the session's service, or "agent": ours
 
 
 class MetricsConfig(NamedTuple):

@@ -115,7 +115,8 @@ class _SetOutputs:
         self.encoder = SpanEncoder(ps.funcs, envelopes.base, symbolize=ps.symbolizer.describe,
                                    locate=partial(definition, ps.symbolizer), export_addresses=cfg.export_addresses,
                                    max_spans=limits.max_spans_per_trace, format_args=self.export_args,
-                                   workloads=envelopes, value_limit=attr_limits[0], count_limit=attr_limits[1])
+                                   workloads=envelopes, value_limit=attr_limits[0], count_limit=attr_limits[1],
+                                   service_per_session=cfg.service_name_from == "workload")
 
 
 class Sinks:

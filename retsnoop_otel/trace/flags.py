@@ -18,6 +18,7 @@ from retsnoop_otel.capture.errfilter import ErrorFilter
 from retsnoop_otel.capture.sampling import Sampling
 from retsnoop_otel.capture.sessions import DEFAULT_MAX_CALLS
 from retsnoop_otel.export.otlp_settings import OtlpConfig
+from retsnoop_otel.export.service_name import SERVICE_NAME_FROM
 from retsnoop_otel.inputs.addresses import parse_listen
 from retsnoop_otel.inputs.files import MAX_GLOB_FILE_BYTES, read_text, shown
 from retsnoop_otel.inputs.numbers import (
@@ -203,6 +204,9 @@ def build_parser(prog: str = "retsnoop-otel trace") -> OneLineErrorParser:
     exp.add_argument("--otlp-protocol", choices=("grpc", "http/protobuf"), help="OTLP protocol")
     exp.add_argument("--export-addresses", action="store_true",
                      help="include raw kernel addresses in exported data (they reveal the KASLR offset)")
+    exp.add_argument("--service-name-from", choices=SERVICE_NAME_FROM, default="workload",
+                     help="service.name of exported sessions: the traced process's own service (its OTel process "
+                          "context, container name, else executable; default) or agent: retsnoop-otel's")
     exp.add_argument("--web.listen-address", dest="web_listen_address", metavar="[HOST]:PORT",
                      help="serve Prometheus metrics there (exporter-toolkit's flag; :9464 is every address)")
     exp.add_argument("--metrics-port", type=_port, metavar="PORT", help="serve Prometheus metrics on PORT")
@@ -337,7 +341,8 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] = os.environ,
             otlp=OtlpConfig(endpoint=args.otlp_endpoint, protocol=args.otlp_protocol) if otlp else None,
             console=ConsoleConfig(format="json" if args.json else "text", view="calls" if args.calls else "stack",
                                   call_stack=args.call_stack, lbr_max_count=lbr_max or 0),
-            trace_json=args.trace_json, export_addresses=args.export_addresses),
+            trace_json=args.trace_json, export_addresses=args.export_addresses,
+            service_name_from=args.service_name_from),
         metrics=MetricsConfig(host=host, port=port, web_config_file=args.web_config_file),
         limits=Limits(max_calls_per_session=c.get("calls.max-per-session", DEFAULT_MAX_CALLS),
                       ringbuf_size=c.get("bpf.ringbuf-size", Limits().ringbuf_size),

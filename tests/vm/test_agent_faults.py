@@ -51,7 +51,7 @@ def test_exports_resume_over_http_when_the_receiver_is_back(r) -> None:
     for trace in window:
         root = _root(trace)
         assert root["name"] == "__x64_sys_bpf" and root["attrs"]["error.type"] == "EINVAL"
-        assert root["resource"]["service.name"] == "retsnoop-otel"
+        assert root["resource"]["service.name"] == "retsnoop-otel"  # exporter.service_name_from: agent
         assert any(s["name"] == "array_map_alloc_check" for s in trace)
         _assert_nested(trace)
 

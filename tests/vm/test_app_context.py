@@ -118,7 +118,8 @@ def test_python_service_spans_parent_the_kernel_chain(vm_batch) -> None:
     requests = [json.loads(x) for x in r["service_output"].splitlines() if x.startswith('{"request"')]
     assert len(requests) == 4
     spans = otlp_spans(r["otlp"])
-    app_spans = {s["id"]: s for s in spans if s["resource"].get("service.name") == "users-service"}
+    app_spans = {s["id"]: s for s in spans if s["resource"].get("service.name") == "users-service"
+                 and s["scope"] != "retsnoop_otel"}  # the service's own; its kernel spans share its service
     assert {s["name"] for s in app_spans.values()} == {"GET /users/{id}", "load_user"}
     joined = [s for s in _kernel_roots(r) if s["parent"] in app_spans]
     assert len(joined) >= 2, "the service's later requests must be joined"
@@ -126,6 +127,8 @@ def test_python_service_spans_parent_the_kernel_chain(vm_batch) -> None:
         parent = app_spans[root["parent"]]
         assert parent["name"] == "load_user" and parent["trace"] == root["trace"]
         assert root["attrs"]["retsnoop.app.service.name"] == "users-service"
+        # found under the service's own name in Jaeger/Tempo (exporter.service_name_from: workload, the default)
+        assert root["resource"]["service.name"] == "users-service" and "service.version" not in root["resource"]
         req = next(q for q in requests if q["span_id"] == parent["id"])
         assert root["attrs"]["retsnoop.app.user.id"] == str(1000 + req["request"])
         assert root["attrs"]["thread.id"] == req["tid"]

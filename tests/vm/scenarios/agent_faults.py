@@ -37,6 +37,7 @@ probe_sets:
       deny_errors: [ENOENT]
       comms: [python]
 exporter:
+  service_name_from: agent       # every kernel span under retsnoop-otel's service (test_agent_faults checks it)
   otlp:
     endpoint: http://127.0.0.1:{http_port}
     protocol: http/protobuf
