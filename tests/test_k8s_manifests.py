@@ -87,6 +87,8 @@ HOST_ACCESS = {
               "retsnoop_otel/kernel/kconfig.py", 'f"boot/config-{release}"'),
     "/usr/lib/debug": ("vmlinux with DWARF from the distribution's debug packages (source lines)",
                        "retsnoop_otel/symbols/vmlinux.py", 'f"usr/lib/debug/boot/vmlinux-{release}"'),
+    "/etc/machine-id": ("host.id on the resource: the node's machine id, not the image's",
+                        "retsnoop_otel/export/resource.py", '"etc/machine-id"'),
 }
 # What Pod Security "baseline" lets a pod add (Kubernetes Pod Security Standards).
 BASELINE_CAPABILITIES = {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
