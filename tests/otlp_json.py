@@ -4,13 +4,26 @@ tests and scenarios: each span with its attributes, its resource's and hex ids."
 from __future__ import annotations
 
 import base64
+import json
 import os
 import sys
+import time
+from pathlib import Path
 from typing import Any
 
 # process.executable.name of the test's Python processes: /proc/PID/exe of .venv/bin/python (python3.11),
 # not the kernel's comm (python)
 PYTHON_EXE = os.path.basename(os.path.realpath(sys.executable))
+
+
+def wait_requests(path: Path, timeout: float) -> list[dict]:
+    """The requests the receiver wrote to `path` (one JSON line each), once there is at least one; [] on timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and (lines := [json.loads(x) for x in path.read_text().splitlines() if x.strip()]):
+            return lines
+        time.sleep(0.5)
+    return []
 
 
 def value(v: dict) -> Any:

@@ -127,13 +127,12 @@ def _exe_tls_block(tls: tuple[int, int, int], dynamic_linker: bool, abi: TlsAbi)
     """
     vaddr, memsz, align = tls
     align = max(align, 1)
+    firstbyte = -(vaddr & (align - 1)) & (align - 1) if dynamic_linker else 0
     if abi.above_tp:
-        firstbyte = -(vaddr & (align - 1)) & (align - 1) if dynamic_linker else 0
         off = -(-_TCB_SIZE // align) * align
         if off - _TCB_SIZE < firstbyte:
             off += align
         return off - firstbyte
-    firstbyte = -(vaddr & (align - 1)) & (align - 1) if dynamic_linker else 0
     return -(-(-(memsz - firstbyte) // align) * align + firstbyte)
 
 

@@ -9,26 +9,17 @@ the thread pointer is TPIDR_EL0, static TLS lies above it)."""
 from __future__ import annotations
 
 import base64
-import json
 import platform
 import sys
 import time
 from pathlib import Path
 
 import retsnoop_otel
+from tests.otlp_json import wait_requests
 from tests.vm.guest_batch import Context, budget
 
 PY = sys.executable
 TOOL = [PY, "-m", "retsnoop_otel"]
-
-
-def _lines(path: Path, timeout: float) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and (lines := [json.loads(x) for x in path.read_text().splitlines() if x.strip()]):
-            return lines
-        time.sleep(0.5)
-    return []
 
 
 def _capture(ctx: Context, name: str, flags: list[str]) -> dict:
@@ -43,7 +34,7 @@ def _capture(ctx: Context, name: str, flags: list[str]) -> dict:
         ctx.log(f"{name}: tracing, running the failing call")
         result["simfail_rc"] = ctx.run([*TOOL, "simfail", "bpf-bad-map-max-entries-array"], 300)[0]
         tracer.wait_for_line(r"array_map_alloc_check", timeout=300)
-        result["otlp"] = _lines(out_file, 180)
+        result["otlp"] = wait_requests(out_file, 180)
     finally:
         result["tracer_rc"] = tracer.terminate(timeout=300)
         result["tracer_output"] = tracer.output()
@@ -92,7 +83,7 @@ def _app_context(ctx: Context) -> dict:
             traces = [line.split("trace=")[1][:32] for lines in result["rounds"].values() for line in lines]
             if all(_b64_trace(t) in text for t in traces[-len(writers):]):
                 break
-        result["otlp"] = _lines(out_file, 60)
+        result["otlp"] = wait_requests(out_file, 60)
     finally:
         result["tracer_rc"] = tracer.terminate(timeout=300)
         result["tracer_output"] = tracer.output()[-20000:]

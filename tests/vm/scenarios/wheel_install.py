@@ -4,24 +4,14 @@ exporting it over OTLP, with nothing of this checkout on its path."""
 
 from __future__ import annotations
 
-import json
 import sys
-import time
 from pathlib import Path
 
+from tests.otlp_json import wait_requests
 from tests.vm.guest_batch import Context, budget
 
 REPO = Path(__file__).resolve().parents[3]
 PY = sys.executable
-
-
-def _lines(path: Path, timeout: float) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and (lines := [json.loads(x) for x in path.read_text().splitlines() if x.strip()]):
-            return lines
-        time.sleep(0.5)
-    return []
 
 
 @budget(900)
@@ -48,7 +38,7 @@ def scenario_wheel_install(ctx: Context) -> dict:
         tracer.wait_for_line(r"Receiving data", timeout=300)
         result["simfail_rc"] = ctx.run([PY, "-m", "retsnoop_otel", "simfail", "bpf-bad-map-max-entries-array"], 120)[0]
         tracer.wait_for_line(r"array_map_alloc_check", timeout=120)
-        result["otlp"] = _lines(out_file, 120)
+        result["otlp"] = wait_requests(out_file, 120)
     finally:
         result["tracer_rc"] = tracer.terminate(timeout=240)
         result["tracer_output"] = tracer.output()
