@@ -232,7 +232,7 @@ def test_each_capability_is_used_by_the_agent(agent) -> None:
 def test_process_reading_and_sys_ptrace_go_together(core, agent) -> None:
     """SYS_PTRACE is added exactly when a probe set of the shipped config reads other processes."""
     cfg = parse_config(core["ConfigMap"]["data"]["agent.yaml"], "daemonset.yaml:agent.yaml")
-    reads_processes = any(ps.app_context or ps.user_stacks for ps in cfg.probe_sets)
+    reads_processes = any(ps.app_context or ps.user_stacks for ps in cfg.runtime.probe_sets)
     assert ("SYS_PTRACE" in added_capabilities(agent)) == reads_processes
 
 
@@ -255,11 +255,11 @@ def test_startup_probe_covers_a_long_attach(core, agent) -> None:
         assert agent[probe]["httpGet"] == health, probe
     ports = {p["name"]: p["containerPort"] for p in agent["ports"]}
     cfg = parse_config(core["ConfigMap"]["data"]["agent.yaml"], "daemonset.yaml:agent.yaml")
-    assert ports["metrics"] == cfg.metrics.port
+    assert ports["metrics"] == cfg.runtime.metrics.port
     startup = agent["startupProbe"]
     budget = startup["periodSeconds"] * startup["failureThreshold"]
     # /healthz turns 503 after stall_after_s without a poll, which a first attach can exceed by minutes
-    assert budget >= 300 > cfg.metrics.stall_after_s
+    assert budget >= 300 > cfg.runtime.metrics.stall_after_s
     assert "initialDelaySeconds" not in agent["livenessProbe"], "the start-up probe holds liveness back"
 
 
@@ -277,14 +277,14 @@ def test_service_account_token_only_with_the_metadata_watch(core, pod, agent) ->
     assert "retsnoop_otel/workload/k8s_watch.py" in users and users <= {
         "retsnoop_otel/workload/k8s_watch.py", "retsnoop_otel/workload/k8s_settings.py",
         "retsnoop_otel/agent/config_kubernetes.py"}, users
-    cfg = parse_config(core["ConfigMap"]["data"]["agent.yaml"], "daemonset.yaml:agent.yaml", {})
-    assert pod["automountServiceAccountToken"] is cfg.kubernetes.metadata is True
+    cfg = parse_config(core["ConfigMap"]["data"]["agent.yaml"], "daemonset.yaml:agent.yaml")
+    assert pod["automountServiceAccountToken"] is cfg.runtime.kubernetes.metadata is True
     assert sa["automountServiceAccountToken"] is False, "only this pod gets the token, not every pod of the account"
     # the watch's defaults are what the kubelet mounts and sets: token and CA of the account, the API server's
     # service variables, and the node name from the downward API
     from retsnoop_otel.workload.k8s_settings import NODE_ENV, SA_DIR, KubernetesConfig
-    assert (cfg.kubernetes.node_name, cfg.kubernetes.api_server) == (None, None)
-    assert cfg.kubernetes.token_file == KubernetesConfig().token_file == f"{SA_DIR}/token"
+    assert (cfg.runtime.kubernetes.node_name, cfg.runtime.kubernetes.api_server) == (None, None)
+    assert cfg.runtime.kubernetes.token_file == KubernetesConfig().token_file == f"{SA_DIR}/token"
     assert SA_DIR == "/var/run/secrets/kubernetes.io/serviceaccount"
     env = {e["name"]: e for e in agent["env"]}
     assert env[NODE_ENV]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
@@ -451,18 +451,18 @@ def test_the_commented_tls_variant_fits_together() -> None:
     from retsnoop_otel.metrics.web_config import parse_web_config
     daemonset, configmap, agent_yaml, web_text = _tls_variant()
     cfg = parse_config(agent_yaml, "daemonset.yaml:agent.yaml")
-    assert cfg.metrics.web_config_file is not None
+    assert cfg.runtime.metrics.web_config_file is not None
     pod_spec = daemonset["spec"]["template"]["spec"]
     (container,) = pod_spec["containers"]
     mount = next(m for m in container["volumeMounts"] if m["name"] == "web")
-    assert os.path.dirname(cfg.metrics.web_config_file) == mount["mountPath"]
+    assert os.path.dirname(cfg.runtime.metrics.web_config_file) == mount["mountPath"]
     (volume,) = [v for v in pod_spec["volumes"] if v["name"] == "web"]
     sources = volume["projected"]["sources"]
     assert next(s["configMap"]["name"] for s in sources if "configMap" in s) == configmap["metadata"]["name"]
     projected = {item["path"] for s in sources for kind in ("configMap", "secret") for item in s.get(kind, {})
                  .get("items", [])}
     hashed = bcrypt.hashpw(b"probe-password", bcrypt.gensalt(4)).decode()
-    web, _ = parse_web_config(web_text.replace("$2y$10$...", hashed), cfg.metrics.web_config_file)
+    web, _ = parse_web_config(web_text.replace("$2y$10$...", hashed), cfg.runtime.metrics.web_config_file)
     assert web.tls is not None and set(web.users) == {"prometheus", "probe"}
     assert {os.path.basename(web.tls.cert_file), os.path.basename(web.tls.key_file), "web.yml"} == projected
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):

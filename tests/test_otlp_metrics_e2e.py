@@ -16,7 +16,7 @@ from retsnoop_otel.export.senders import build_sender
 from retsnoop_otel.metrics.kernel_families import KernelCollector
 from retsnoop_otel.metrics.otlp_units import OTLP_UNITS
 from retsnoop_otel.runtime.config import AGENT_NAMES
-from retsnoop_otel.runtime.sinks import otlp_settings
+from retsnoop_otel.runtime.settings import otlp_settings
 from tests.otlp_receiver import start_receiver
 from tests.unit.test_metrics import FakeProbeSet
 

@@ -26,7 +26,7 @@ from retsnoop_otel.export.semconv import SCHEMA_URL
 from retsnoop_otel.export.senders import build_sender
 from retsnoop_otel.export.span_encoder import EncodedTrace, SpanEncoder, WorkloadEnvelopes, make_envelope
 from retsnoop_otel.runtime.config import AGENT_NAMES
-from retsnoop_otel.runtime.sinks import otlp_settings
+from retsnoop_otel.runtime.settings import otlp_settings
 from tests.oracle_spans import sdk_request, session_to_spans
 from tests.otlp_receiver import load_spans, start_receiver
 

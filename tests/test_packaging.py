@@ -118,7 +118,7 @@ def test_dockerfile_runs_the_agent(docker) -> None:
     entry = json.loads(next(a for i, a in runtime if i == "ENTRYPOINT"))
     assert entry == ["/opt/retsnoop-otel/bin/retsnoop-otel", "agent"]
     assert json.loads(next(a for i, a in runtime if i == "CMD")) == ["--config", "/etc/retsnoop-otel/agent.yaml"]
-    assert ("EXPOSE", str(parse_config("probe_sets: {a: {entry: f}}").metrics.port)) in runtime
+    assert ("EXPOSE", str(parse_config("probe_sets: {a: {entry: f}}").runtime.metrics.port)) in runtime
     health = next(a for i, a in runtime if i == "HEALTHCHECK")
     assert '"agent", "--health", "--config", "/etc/retsnoop-otel/agent.yaml"' in health, health
 
@@ -185,7 +185,7 @@ def test_daemonset_probes_and_config_match_the_agent(manifests) -> None:
     config_path = c["args"][c["args"].index("--config") + 1]
     assert config_path == f"{mount['mountPath']}/agent.yaml"
     cfg = parse_config(cm["data"]["agent.yaml"], "daemonset.yaml:agent.yaml")  # the real validator
-    assert cfg.metrics.port == ports["metrics"] == 9464
+    assert cfg.runtime.metrics.port == ports["metrics"] == 9464
     assert cm["metadata"]["namespace"] == manifests["DaemonSet"]["metadata"]["namespace"]
 
 

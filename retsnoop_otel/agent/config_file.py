@@ -8,6 +8,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import NamedTuple
 
 import yaml
@@ -32,7 +33,7 @@ from retsnoop_otel.agent.yaml_nodes import (
 )
 from retsnoop_otel.capture.errfilter import ErrorFilter
 from retsnoop_otel.capture.sampling import Sampling
-from retsnoop_otel.export.otlp_settings import OtlpConfig, OtlpConfigError, resolve_settings
+from retsnoop_otel.export.otlp_settings import OtlpConfig
 from retsnoop_otel.export.service_name import SERVICE_NAME_FROM
 from retsnoop_otel.inputs.addresses import parse_listen
 from retsnoop_otel.inputs.files import MAX_CONFIG_BYTES, read_text
@@ -45,7 +46,6 @@ from retsnoop_otel.runtime.config import (
     WORKLOAD_LABELS,
     ConsoleConfig,
     ExporterConfig,
-    InputNames,
     Limits,
     MetricsConfig,
     ProbeSetConfig,
@@ -71,25 +71,32 @@ class LoggingConfig(NamedTuple):
 
 
 class AgentConfig(NamedTuple):
-    """The runtime's configuration as the agent's file gives it, plus where it came from and logging.
+    """The runtime's configuration as the agent's file gives it, plus what only the agent has."""
 
-    RuntimeConfig's fields first, in its order (a NamedTuple cannot extend another with fields of its own);
-    `runtime` is what the capture runtime is given.
-    """
-
-    probe_sets: tuple[ProbeSetConfig, ...]
-    exporter: ExporterConfig = ExporterConfig()
-    metrics: MetricsConfig = MetricsConfig()
-    limits: Limits = Limits()
-    symbols: SymbolsConfig = SymbolsConfig()
-    names: InputNames = InputNames()
-    kubernetes: KubernetesConfig = KubernetesConfig()  # the pod metadata watch (off)
+    runtime: RuntimeConfig
     path: str = ""
     logging: LoggingConfig = LoggingConfig()
+    lines: Mapping[str, int] = MappingProxyType({})  # line of each key, dotted as errors name them
 
-    @property
-    def runtime(self) -> RuntimeConfig:
-        return RuntimeConfig._make(getattr(self, f) for f in RuntimeConfig._fields)
+    def where(self, message: str) -> str:
+        """A message that starts with one of the file's keys (the runtime's errors name them), with that key's
+        file and line in front, as the file's own errors have them."""
+        key = max((k for k in self.lines if message.startswith(k) and message[len(k):len(k) + 1] in (":", "=")),
+                  key=len, default=None)
+        return message if key is None else f"{os.path.basename(self.path)}:{self.lines[key]}: {message}"
+
+
+def _key_lines(ctx: Nodes, node: yaml.Node, prefix: str = "") -> dict[str, int]:
+    """Where each key of the file's sections is (the probe sets' keys carry their own lines in their errors)."""
+    out: dict[str, int] = {}
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            name = f"{prefix}{ctx.value(k)}"
+            if name == "probe_sets":
+                continue
+            out[name] = k.start_mark.line + 1
+            out.update(_key_lines(ctx, v, f"{name}."))
+    return out
 
 
 # ---- sections ------------------------------------------------------------------------------------
@@ -263,14 +270,15 @@ _OTLP_KEYS = ("endpoint", "protocol", "headers", "compression", "timeout", "inse
               "client_certificate")
 
 
-def _otlp(ctx: Nodes, node: yaml.Node, key: str, signal: str, environ: Mapping[str, str]) -> OtlpConfig:
+def _otlp(ctx: Nodes, node: yaml.Node, key: str) -> OtlpConfig:
     m = mapping(ctx, node, key, _OTLP_KEYS)
     headers: list[tuple[str, str]] = []
     if "headers" in m:
         hm = _mapping_any(ctx, m["headers"], f"{key}.headers")
         headers = [(k, str(scalar(ctx, v, f"{key}.headers.{k}", (str, int, float), "a string")))
                    for k, v in hm.items()]
-    cfg = OtlpConfig(
+    # resolved with the environment by the runtime (runtime/settings.py); AgentConfig.where() locates its errors
+    return OtlpConfig(
         endpoint=opt_string(ctx, m.get("endpoint"), f"{key}.endpoint"),
         protocol=choice(ctx, m["protocol"], f"{key}.protocol", PROTOCOLS) if "protocol" in m else None,
         headers=tuple(headers),
@@ -280,13 +288,6 @@ def _otlp(ctx: Nodes, node: yaml.Node, key: str, signal: str, environ: Mapping[s
         certificate=opt_string(ctx, m.get("certificate"), f"{key}.certificate"),
         client_key=opt_string(ctx, m.get("client_key"), f"{key}.client_key"),
         client_certificate=opt_string(ctx, m.get("client_certificate"), f"{key}.client_certificate"))
-    names = {f: f"{key}.{'timeout' if f == 'timeout_s' else f}" for f in (*_OTLP_KEYS, "timeout_s")}
-    try:  # the same check the runtime makes, here with the line of the section
-        resolve_settings(cfg, signal, environ, names)
-    except OtlpConfigError as exc:
-        bad = next((m[k] for k in _OTLP_KEYS if k in m and f"{key}.{k}" in str(exc)), node)
-        raise ConfigError(f"{ctx.filename}:{bad.start_mark.line + 1}: {exc}") from None
-    return cfg
 
 
 def _mapping_any(ctx: Nodes, node: yaml.Node, key: str) -> dict[str, yaml.Node]:
@@ -295,11 +296,11 @@ def _mapping_any(ctx: Nodes, node: yaml.Node, key: str) -> dict[str, yaml.Node]:
     return {str(ctx.value(k)): v for k, v in node.value}
 
 
-def _exporter(ctx: Nodes, node: yaml.Node, environ: Mapping[str, str]) -> ExporterConfig:
+def _exporter(ctx: Nodes, node: yaml.Node) -> ExporterConfig:
     m = mapping(ctx, node, "exporter", ("otlp", "file", "console", "export_addresses", "service_name_from"))
     otlp = None
     if "otlp" in m:
-        otlp = None if kind(m["otlp"]) == "null" else _otlp(ctx, m["otlp"], "exporter.otlp", "traces", environ)
+        otlp = None if kind(m["otlp"]) == "null" else _otlp(ctx, m["otlp"], "exporter.otlp")
     elif "file" not in m and "console" not in m:
         otlp = OtlpConfig()
     path = opt_string(ctx, m.get("file"), "exporter.file")
@@ -313,7 +314,7 @@ def _exporter(ctx: Nodes, node: yaml.Node, environ: Mapping[str, str]) -> Export
                           if "export_addresses" in m else False, service_name_from=service)
 
 
-def _metrics(ctx: Nodes, node: yaml.Node, environ: Mapping[str, str]) -> MetricsConfig:
+def _metrics(ctx: Nodes, node: yaml.Node) -> MetricsConfig:
     m = mapping(ctx, node, "metrics", ("listen", "stall_after_s", "otlp", "otlp_interval", "max_error_types",
                                         "functions", "duration_range", "max_workloads", "web_config_file"))
     host, port = MetricsConfig().host, MetricsConfig().port
@@ -325,7 +326,7 @@ def _metrics(ctx: Nodes, node: yaml.Node, environ: Mapping[str, str]) -> Metrics
     stall = number(ctx, m["stall_after_s"], "metrics.stall_after_s", 1) if "stall_after_s" in m else 30.0
     otlp = None
     if "otlp" in m and kind(m["otlp"]) != "null":
-        otlp = _otlp(ctx, m["otlp"], "metrics.otlp", "metrics", environ)
+        otlp = _otlp(ctx, m["otlp"], "metrics.otlp")
     interval = number(ctx, m["otlp_interval"], "metrics.otlp_interval", 1) if "otlp_interval" in m else None
     max_errs = integer(ctx, m["max_error_types"], "metrics.max_error_types", COUNT) if "max_error_types" in m else 0
     funcs = _globs(ctx, m["functions"], "metrics.functions") if "functions" in m else ()
@@ -363,7 +364,7 @@ def _logging(ctx: Nodes, node: yaml.Node) -> LoggingConfig:
 _TOP_KEYS = ("probe_sets", "exporter", "metrics", "limits", "logging", "vmlinux", "kubernetes")
 
 
-def parse_config(text: str, filename: str = "<config>", environ: Mapping[str, str] = os.environ) -> AgentConfig:
+def parse_config(text: str, filename: str = "<config>") -> AgentConfig:
     """Validate a whole config; raises ConfigError at the first problem."""
     ctx = Nodes(os.path.basename(filename))
     try:
@@ -386,22 +387,22 @@ def parse_config(text: str, filename: str = "<config>", environ: Mapping[str, st
         raise ctx.fail(m["vmlinux"], "vmlinux", f"{vmlinux}: no such file (give a vmlinux with DWARF, 'auto' to "
                        "search the standard places, or leave it out)")
     probe_sets = _probe_sets(ctx, m["probe_sets"])
-    exporter = _exporter(ctx, m["exporter"], environ) if "exporter" in m else ExporterConfig()
+    exporter = _exporter(ctx, m["exporter"]) if "exporter" in m else ExporterConfig()
     if exporter.otlp is None and exporter.file is None and exporter.console is None and any(
             ps.mode != "metrics" for ps in probe_sets):
         raise ctx.fail(m["exporter"], "exporter", "no exporter left for the probe sets that make traces: set otlp, "
                        "file or console: true, or give every probe set mode: metrics")
-    return AgentConfig(
-        path=filename, probe_sets=probe_sets,
-        exporter=exporter,
-        metrics=_metrics(ctx, m["metrics"], environ) if "metrics" in m else MetricsConfig(),
+    runtime = RuntimeConfig(
+        probe_sets=probe_sets, exporter=exporter,
+        metrics=_metrics(ctx, m["metrics"]) if "metrics" in m else MetricsConfig(),
         limits=_limits(ctx, m["limits"]) if "limits" in m else Limits(),
-        logging=_logging(ctx, m["logging"]) if "logging" in m else LoggingConfig(),
         symbols=SymbolsConfig(vmlinux=vmlinux, cache_dir=AGENT_CACHE_DIR),
         kubernetes=parse_kubernetes(ctx, m["kubernetes"]) if "kubernetes" in m else KubernetesConfig())
+    return AgentConfig(runtime, path=filename, logging=_logging(ctx, m["logging"]) if "logging" in m
+                       else LoggingConfig(), lines=MappingProxyType(_key_lines(ctx, root)))
 
 
-def load_config(path: str | Path, environ: Mapping[str, str] = os.environ, name: str = "config file") -> AgentConfig:
+def load_config(path: str | Path, name: str = "config file") -> AgentConfig:
     """`name`: what the file is called in messages ('--config file', '--check file')."""
     text = read_text(path, name, MAX_CONFIG_BYTES, ConfigError)
-    return parse_config(text, str(path), environ)
+    return parse_config(text, str(path))

@@ -62,7 +62,7 @@ def check_health(metrics: MetricsConfig, timeout_s: float = 5.0) -> Health:
 def main(config_path: str) -> tuple[int, str]:
     """Exit code and one line: 0 healthy, 1 unhealthy, 2 when the config or web config cannot be read."""
     try:
-        health = check_health(load_config(config_path, name="--config file").metrics)
+        health = check_health(load_config(config_path, "--config file").runtime.metrics)
     except (ConfigError, WebConfigError) as exc:
         return EXIT_INPUT.code, str(exc)
     return (EXIT_OK if health.healthy else EXIT_HOST).code, health.message

@@ -9,23 +9,22 @@ within a deadline and exit 0.
 
 from __future__ import annotations
 
-import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TextIO
 
 from retsnoop_otel import __version__
 from retsnoop_otel.agent.config_file import AgentConfig, ConfigError, load_config
-from retsnoop_otel.runtime.config import MetricsConfig
-from retsnoop_otel.runtime.environment import KernelEnv
+from retsnoop_otel.runtime.config import MetricsConfig, ProbeSetConfig
 from retsnoop_otel.runtime.errors import EXIT_HOST, EXIT_INPUT, RunRefused, exit_code_epilog
 from retsnoop_otel.runtime.help_format import HelpFormatter, OneLineParser
 from retsnoop_otel.runtime.log_bridge import bridge_library_logs
 from retsnoop_otel.runtime.logs import EventLog
-from retsnoop_otel.runtime.probe_set import resolve
-from retsnoop_otel.runtime.runtime import SHUTDOWN_FLUSH_S, Runtime, RuntimeDeps
+from retsnoop_otel.runtime.probe_set import ProbeSet
+from retsnoop_otel.runtime.requests import Requests
+from retsnoop_otel.runtime.runtime import Resolved, Runtime, RuntimeDeps, StartHook
 from retsnoop_otel.runtime.startup import Phase, StartClock, phase_fields, phase_since
-from retsnoop_otel.symbols.discovery import format_dry_run
+from retsnoop_otel.symbols.discovery import Discovery, format_dry_run
 
 
 class Agent:
@@ -37,26 +36,60 @@ class Agent:
         self.deps = deps or RuntimeDeps()
         self.log = log or EventLog()
         self.runtime: Runtime | None = None
-        self._stop = False
-        self._reload = False
+        self.requests = Requests()
 
     def start(self) -> None:
         """Load the config and attach everything; on failure nothing is left attached or listening."""
-        cfg = load_config(self.config_path, self.deps.environ, "--config file")
+        cfg = load_config(self.config_path, "--config file")
         self.log.configure(cfg.logging.format, cfg.logging.level)
         runtime = Runtime(cfg.runtime, self.deps, self.log)
-        runtime.start()
+        try:
+            runtime.start(_AgentHook(self.log))
+        except RunRefused as exc:
+            raise _located(exc, cfg) from None
         self.runtime = runtime
-        self._log_attached()
         phases = [*self.before, *runtime.phases]
         if self.started is not None:
             phases.append(phase_since("ready", self.started.main_t0, "main to attached"))
-        self.log.info("agent started", config=self.config_path, listen=cfg.metrics.listen,
+        self.log.info("agent started", config=self.config_path, listen=cfg.runtime.metrics.listen,
                       probe_sets=len(runtime.probe_sets), version=__version__, **phase_fields(phases))
 
-    def _log_attached(self) -> None:
+    def request_stop(self) -> None:
+        self.requests.stop = True
+
+    def request_reload(self) -> None:
+        self.requests.reload = True
+
+    def run(self) -> int:
+        """The capture loop; returns when a stop was requested (after shutdown)."""
+        assert self.runtime is not None, "start() first"
+        self.runtime.run(self.requests, reload=self.reload)
+        return 0
+
+    def reload(self) -> bool:
+        """Apply the config file again; on any error keep what runs now. Returns success."""
         assert self.runtime is not None
-        for ps in self.runtime.probe_sets:
+        try:
+            cfg = load_config(self.config_path, "--config file")
+        except ConfigError as exc:
+            self.runtime.reload_failed(str(exc), config=self.config_path)
+            return False
+        if not self.runtime.reload(cfg.runtime, _AgentHook(self.log)):
+            return False
+        self.log.configure(cfg.logging.format, cfg.logging.level)
+        self.log.info("config reloaded", config=self.config_path, probe_sets=len(self.runtime.probe_sets),
+                      **phase_fields(self.runtime.phases))
+        return True
+
+
+class _AgentHook(StartHook):
+    """The log lines of what was attached, at a start and at every reload."""
+
+    def __init__(self, log: EventLog) -> None:
+        self.log = log
+
+    def attached(self, runtime: Runtime, sets: list[ProbeSet]) -> None:
+        for ps in sets:
             self.log.info("probe set attached", probe_set=ps.name, mode=ps.cfg.mode, attach_mode=ps.mode,
                           functions=ps.attached, entry_functions=ps.discovery.entry_count,
                           failed=len(ps.attach_failures))
@@ -64,50 +97,10 @@ class Agent:
                 self.log.warning("function not attached", probe_set=ps.name, function=name,
                                  error=err.splitlines()[0])
 
-    def request_stop(self) -> None:
-        self._stop = True
 
-    def request_reload(self) -> None:
-        self._reload = True
-
-    def run(self) -> int:
-        """The capture loop; returns when a stop was requested (after shutdown)."""
-        assert self.runtime is not None, "start() first"
-        try:
-            while not self._stop:
-                if self._reload:
-                    self._reload = False
-                    self.reload()
-                    continue
-                self.runtime.poll_once()
-        finally:
-            self.runtime.shutdown(SHUTDOWN_FLUSH_S)
-        return 0
-
-    def reload(self) -> bool:
-        """Apply the config file again; on any error keep what runs now. Returns success."""
-        assert self.runtime is not None
-        try:
-            cfg = load_config(self.config_path, self.deps.environ, "--config file")
-        except ConfigError as exc:
-            self.runtime.reloads["failure"] += 1
-            self.log.error("config reload failed; the previous config keeps running", config=self.config_path,
-                           error=str(exc))
-            return False
-        if not self.runtime.reload(cfg.runtime):
-            return False
-        self.log.configure(cfg.logging.format, cfg.logging.level)
-        self.log.info("config reloaded", config=self.config_path, probe_sets=len(self.runtime.probe_sets),
-                      **phase_fields(self.runtime.phases))
-        self._log_attached()
-        return True
-
-
-def install_signal_handlers(agent: Agent) -> None:
-    """SIGHUP: reload; SIGTERM/SIGINT: stop. The loop acts on them between polls."""
-    signal.signal(signal.SIGHUP, lambda _s, _f: agent.request_reload())
-    signal.signal(signal.SIGTERM, lambda _s, _f: agent.request_stop())
-    signal.signal(signal.SIGINT, lambda _s, _f: agent.request_stop())
+def _located(exc: RunRefused, cfg: AgentConfig) -> RunRefused:
+    """The runtime's error with the file and line of the key it names."""
+    return exc if exc.probe_set else type(exc)(cfg.where(exc.message))
 
 
 def _sampling_text(ps: object, metrics: MetricsConfig) -> str:
@@ -124,38 +117,47 @@ def _sampling_text(ps: object, metrics: MetricsConfig) -> str:
             f"({trace_state(threshold(s.success_probability))}){buckets}")
 
 
-def check(path: str, out: TextIO, deps: RuntimeDeps | None = None,
-          load_env: Callable[[AgentConfig], KernelEnv] | None = None) -> int:
+class _CheckHook(StartHook):
+    """--check: every probe set resolved against this kernel, one report per set, and nothing attached."""
+
+    outputs = False  # neither /metrics nor the outputs: a running agent may hold them
+    each_set = True
+
+    def __init__(self, metrics: MetricsConfig) -> None:
+        self.metrics = metrics
+        self.report: list[str] = []
+        self.failed = 0
+
+    def discovered(self, ps: ProbeSetConfig, found: Discovery | None, error: RunRefused | None) -> None:
+        if found is None:
+            self.report.append(f"probe set '{ps.name}': ERROR: {error.message if error else 'not resolved'}")
+            self.failed += 1
+            return
+        self.report.append(f"probe set '{ps.name}' (mode {ps.mode}, attach_mode {ps.attach_mode} -> {found.mode}, "
+                           f"{_sampling_text(ps, self.metrics)}):\n"
+                           + "  " + format_dry_run(found).replace("\n", "\n  "))
+
+    def go_on(self, runtime: Runtime, found: Resolved) -> bool:
+        return False
+
+
+def check(path: str, out: TextIO, deps: RuntimeDeps | None = None) -> int:
     """`agent --check`: validate, then resolve every probe set's globs against this kernel (no attach).
 
     "configuration is valid" is the last line, printed only after every check passed: the config, the files and
     endpoints it names, this host's kernel and each probe set's functions. A failed check ends the run with its
     error alone (raised: exit 2 for bad input, 1 for this host) or, for probe sets whose globs match nothing
     here, their ERROR lines and exit 1."""
-    deps = deps or RuntimeDeps()
-    cfg = load_config(path, deps.environ, "--check file")
-    runtime = Runtime(cfg.runtime, deps)
-    runtime.vmlinux = runtime.check_inputs()
-    env = load_env(cfg) if load_env is not None else runtime.load_env()
-    report: list[str] = []
-    failed = 0
+    cfg = load_config(path, "--check file")
+    hook = _CheckHook(cfg.runtime.metrics)
     try:
-        for ps in cfg.probe_sets:
-            try:
-                disc = resolve(ps, env, cfg.names)
-            except RunRefused as exc:
-                report.append(f"probe set '{ps.name}': ERROR: {exc.message}")
-                failed += 1
-                continue
-            report.append(f"probe set '{ps.name}' (mode {ps.mode}, attach_mode {ps.attach_mode} -> {disc.mode}, "
-                          f"{_sampling_text(ps, cfg.metrics)}):\n"
-                          + "  " + format_dry_run(disc).replace("\n", "\n  "))
-    finally:
-        env.close()
-    print("\n\n".join(report), file=out)
-    if failed:
+        Runtime(cfg.runtime, deps or RuntimeDeps()).start(hook)
+    except RunRefused as exc:
+        raise _located(exc, cfg) from None
+    print("\n\n".join(hook.report), file=out)
+    if hook.failed:
         return EXIT_HOST.code
-    print(f"\n{path}: configuration is valid ({len(cfg.probe_sets)} probe sets)", file=out)
+    print(f"\n{path}: configuration is valid ({len(cfg.runtime.probe_sets)} probe sets)", file=out)
     return 0
 
 
@@ -194,7 +196,7 @@ def main(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr,
     log = EventLog(err)
     bridge_library_logs(log)  # grpc's and the exporters' own warnings follow the configured log format too
     agent = Agent(args.config, log=log, started=started, before=before)
-    install_signal_handlers(agent)
+    agent.requests.install(reload=True)
     try:
         agent.start()
     except ConfigError as exc:

@@ -137,7 +137,7 @@ class InputNames(NamedTuple):
     attach_mode: str = "attach_mode"
 
 
-class RuntimeConfig(NamedTuple):  # agent/config_file.py's AgentConfig repeats these fields (and adds its own)
+class RuntimeConfig(NamedTuple):  # agent/config_file.py: AgentConfig holds one, with what only the agent has
     probe_sets: tuple[ProbeSetConfig, ...]
     exporter: ExporterConfig = ExporterConfig()
     metrics: MetricsConfig = MetricsConfig()

@@ -11,9 +11,10 @@ from typing import Any
 
 from retsnoop_otel.metrics.series import SeriesBounds, SeriesLimiter
 from retsnoop_otel.metrics.workload_series import WorkloadSeries, label_value
-from retsnoop_otel.runtime.config import ProbeSetConfig, RuntimeConfig
-from retsnoop_otel.runtime.errors import InputError, SetupError
-from retsnoop_otel.runtime.sinks import ExportTotals, otlp_settings, processor_env
+from retsnoop_otel.runtime.config import ProbeSetConfig
+from retsnoop_otel.runtime.errors import SetupError
+from retsnoop_otel.runtime.settings import RunSettings
+from retsnoop_otel.runtime.sinks import ExportTotals
 
 
 class RuntimeMetrics:
@@ -44,41 +45,35 @@ class RuntimeMetrics:
             registry.register(collector)
         return registry
 
-    def serve(self, cfg: RuntimeConfig) -> Any:
+    def serve(self, settings: RunSettings) -> Any:
         """The /metrics and /healthz server (metrics.server.MetricsServer), bound now; None without a port."""
+        cfg = settings.config
         if cfg.metrics.port is None:
             return None
         from retsnoop_otel.metrics.server import ListenError, MetricsServer
         try:
             return MetricsServer(cfg.metrics.host, cfg.metrics.port, self.registry(), self._rt.health,
-                                 setting=cfg.names.listen, web=self.web(cfg))
+                                 setting=cfg.names.listen, web=self.web(settings))
         except ListenError as exc:
             raise SetupError(str(exc)) from None
 
-    def web(self, cfg: RuntimeConfig) -> Any:
-        """metrics.web_config_file read and its certificates loaded (metrics.web_tls.WebWatcher); None without."""
-        if cfg.metrics.port is None or not cfg.metrics.web_config_file:
+    def web(self, settings: RunSettings) -> Any:
+        """The loaded web config, watched for changes of its files (metrics.web_tls.WebWatcher); None without."""
+        if settings.web is None:
             return None
-        from retsnoop_otel.metrics.web_config import WebConfigError
-        from retsnoop_otel.metrics.web_tls import WebWatcher, load_web_config
-        try:
-            web = load_web_config(cfg.metrics.web_config_file)
-        except WebConfigError as exc:
-            raise InputError(f"{cfg.names.web_config}: {exc}") from None
-        return WebWatcher(web, lambda error: self._rt.log.warning(
+        from retsnoop_otel.metrics.web_tls import WebWatcher
+        return WebWatcher(settings.web, lambda error: self._rt.log.warning(
             "web config change not loaded; the previous one stays in force", error=error))
 
-    def push(self, cfg: RuntimeConfig) -> Any:
+    def push(self, settings: RunSettings) -> Any:
         """metrics.otlp: the /metrics families pushed every otlp_interval seconds (the same collectors)."""
-        if cfg.metrics.otlp is None:
+        if settings.metrics is None:
             return None
         from retsnoop_otel.export.metrics_push import OtlpMetricsPusher
-        from retsnoop_otel.export.processor_env import DEFAULT_METRIC_INTERVAL_S, bounded
+        from retsnoop_otel.export.processor_env import DEFAULT_METRIC_INTERVAL_S
         from retsnoop_otel.metrics.otlp_units import OTLP_UNITS
-        settings = otlp_settings(cfg.metrics.otlp, "metrics", cfg.names.metrics_otlp, self._rt.deps.environ)
-        reader = processor_env(self._rt.deps.environ)[1]
-        settings = settings._replace(timeout_s=bounded(settings.timeout_s, reader.timeout_s))
-        interval = cfg.metrics.otlp_interval_s or reader.interval_s or DEFAULT_METRIC_INTERVAL_S
+        reader = settings.reader
+        interval = settings.config.metrics.otlp_interval_s or reader.interval_s or DEFAULT_METRIC_INTERVAL_S
         collectors = self.collectors()
 
         def collect() -> list:
@@ -86,7 +81,7 @@ class RuntimeMetrics:
                 return [family for c in collectors for family in c.collect()]
 
         assert self._rt.resource is not None
-        return OtlpMetricsPusher(collect, self._rt.deps.make_sender(settings), self._rt.resource.attributes,
+        return OtlpMetricsPusher(collect, self._rt.deps.make_sender(settings.metrics), self._rt.resource.attributes,
                                  interval, units=OTLP_UNITS,
                                  schema_url=self._rt.resource.schema_url, temporality=reader.temporality,
                                  exponential=reader.exponential).start()

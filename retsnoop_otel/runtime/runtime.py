@@ -1,11 +1,13 @@
 """The one capture runtime behind `trace` and `agent`: inputs, kernel environment, probe sets, poll loop, sinks.
 
-Phases, in the order that keeps a refused run from leaving anything behind: `check_inputs` (pure:
-globs, cgroups, vmlinux, OTLP settings), `open` (binds /metrics, opens files and exporters),
-`load_env` (privileges, then the kernel's facts), `resolve` (discovery per probe set, nothing
-attached), `attach`. `start` runs them all; `trace` runs them one by one to print between them.
-`reload` builds a whole new set of the changed parts and swaps it in only once it is attached, so a
-bad new config leaves the old one running. Everything that touches the kernel, the network or the
+`start` is the one driver of the phases, in the order that keeps a refused run from leaving anything
+behind: settings (pure: globs, cgroups, vmlinux, OTLP and OTEL_* settings, web config; settings.py),
+outputs (binds /metrics, opens files and exporters), kernel (privileges, then the kernel's facts),
+discovery (per probe set, nothing attached), attach. A command says what it needs between them
+through a StartHook (trace's -v lines and --dry-run, agent --check's report, the agent's log) instead
+of sequencing the phases itself. `reload` runs the same phases for a new config, building the changed
+parts beside the running ones and swapping them in once attached, so a bad new config leaves the old
+one running. Everything that touches the kernel, the network or the
 clock comes in through RuntimeDeps, so the lifecycle runs in unit tests without a kernel.
 """
 
@@ -26,21 +28,21 @@ from retsnoop_otel.runtime.app_watch import AppSources, AppWatcher
 from retsnoop_otel.runtime.config import ProbeSetConfig, RuntimeConfig, SymbolsConfig
 from retsnoop_otel.runtime.environment import (
     KernelEnv,
-    cgroup_target,
     check_privileges,
     find_vmlinux,
     kernel_state,
     load_kernel_env,
 )
-from retsnoop_otel.runtime.errors import InputError
+from retsnoop_otel.runtime.errors import RunRefused
 from retsnoop_otel.runtime.logs import EventLog
 from retsnoop_otel.runtime.metrics_view import RuntimeMetrics
 from retsnoop_otel.runtime.probe_set import ProbeSet, TracerFactory, real_tracer_factory, resolve, start_probe_sets
-from retsnoop_otel.runtime.sdk_env import apply_switches, read_switches
-from retsnoop_otel.runtime.sinks import Sinks, check_export_env, otlp_settings
+from retsnoop_otel.runtime.requests import Requests
+from retsnoop_otel.runtime.settings import RunSettings, run_settings
+from retsnoop_otel.runtime.sinks import Sinks
 from retsnoop_otel.runtime.startup import Phase, attach_phases, phase_since
 from retsnoop_otel.symbols import discovery
-from retsnoop_otel.workload.k8s_settings import KubeConfigError, KubeSettings, resolve_kubernetes
+from retsnoop_otel.workload.k8s_settings import KubeSettings
 from retsnoop_otel.workload.resolver import WorkloadResolver, build_resolver
 
 POLL_MS = 100
@@ -116,6 +118,24 @@ def _refreeze_heap() -> None:
     _freeze_heap()
 
 
+class StartHook:
+    """What a command does between the phases of `Runtime.start` and `reload`. This one says nothing and goes
+    through every phase: the agent's run."""
+
+    outputs = True  # bind /metrics and open the outputs (agent --check needs neither)
+    each_set = False  # a probe set whose functions cannot be resolved goes to discovered(); the rest go on
+
+    def discovered(self, ps: ProbeSetConfig, found: discovery.Discovery | None, error: RunRefused | None) -> None:
+        """A probe set's functions and attach mode, or (with each_set) why it has none here."""
+
+    def go_on(self, runtime: Runtime, found: Resolved) -> bool:
+        """Every set is resolved and nothing is attached yet: False stops the start here (a dry run)."""
+        return True
+
+    def attached(self, runtime: Runtime, sets: list[ProbeSet]) -> None:
+        """The sets are attached (at a start, or swapped in at a reload)."""
+
+
 class Runtime:
     def __init__(self, config: RuntimeConfig, deps: RuntimeDeps | None = None, log: EventLog | None = None) -> None:
         self.config = config
@@ -145,126 +165,92 @@ class Runtime:
 
     # ---- phases ----------------------------------------------------------------------------------
 
-    def check_inputs(self, cfg: RuntimeConfig | None = None) -> str | None:
-        """What can be checked without side effects; returns the DWARF vmlinux to use."""
-        cfg = apply_switches(cfg or self.config, read_switches(self.deps.environ))
-        for ps in cfg.probe_sets:
-            try:
-                for glob in discovery.expand_glob_args([*ps.entry, *ps.allow, *ps.deny]):
-                    discovery.parse_glob(glob)
-            except discovery.DiscoveryError as exc:
-                raise InputError(str(exc), ps.name) from None
-            if ps.workload_label == "namespace" and not cfg.kubernetes.metadata:
-                raise InputError("workload_label: namespace: the namespace comes from the pod metadata watch; turn "
-                                 "it on with kubernetes.metadata: true, or use workload_label: container", ps.name)
-            if ps.cgroup:
-                try:
-                    cgroup_target(ps.cgroup, cfg.names.cgroup, self.deps.root)
-                except InputError as exc:
-                    raise exc.for_set(ps.name) from None
-        if cfg.exporter.otlp is not None:
-            otlp_settings(cfg.exporter.otlp, "traces", cfg.names.otlp, self.deps.environ)
-        if cfg.metrics.otlp is not None:
-            otlp_settings(cfg.metrics.otlp, "metrics", cfg.names.metrics_otlp, self.deps.environ)
-        check_export_env(self.deps.environ, cfg.exporter.otlp is not None or bool(cfg.exporter.file),
-                         cfg.metrics.otlp is not None)
-        self.metrics.web(cfg)
-        self._kube_settings(cfg)
-        return self.deps.find_vmlinux(cfg.symbols, cfg.names.vmlinux)
+    def settings(self, cfg: RuntimeConfig | None = None) -> RunSettings:
+        """The first phase, for both a start and a reload: no side effects (runtime/settings.py)."""
+        return run_settings(cfg or self.config, self.deps.environ, self.deps.root, self.deps.find_vmlinux)
 
-    def _kube_settings(self, cfg: RuntimeConfig) -> KubeSettings | None:
-        try:
-            return resolve_kubernetes(cfg.kubernetes, self.deps.environ, root=self.deps.root)
-        except KubeConfigError as exc:
-            raise InputError(str(exc)) from None
-
-    def open(self) -> None:
-        """Inputs checked, /metrics bound and outputs opened: everything short of the kernel."""
+    def start(self, hook: StartHook | None = None) -> bool:
+        """The phases in order, each entered once: settings, outputs, kernel, discovery, attach. `hook` reports
+        between them and may stop before attaching (False is returned then, with nothing left open). On failure
+        nothing is left attached, listening or open."""
+        hook = hook or StartHook()
         t0 = time.monotonic()
         self.phases = []
-        self.vmlinux = self.check_inputs()
-        cfg = self.config = self._switched(self.config)
-        self._offset_ns = self.deps.boot_to_wall_offset()
-        self.resource = self.deps.make_resource()
+        settings = self.settings()
+        self.config, self.vmlinux = settings.config, settings.vmlinux
         try:
-            self.server = self.metrics.serve(cfg)
-            self.sinks = self._sinks(cfg)
-            self.workloads = self._workloads(cfg)
+            if hook.outputs:
+                self._open(settings)
+            self.phases.append(phase_since("inputs", t0, "flags or config, outputs"))
+            self.deps.check_privileges()
+            self.env, self.env_key = self._kernel(settings)
+            found = self._discover(settings.config, self.env, hook)
+            if not hook.go_on(self, found):
+                self.shutdown(0.0)
+                return False
+            sets = self._attach(found, self.env, settings.config)
+            with self.lock:
+                self.probe_sets = sets
+            self._app_targets(sets)
+            self.metrics_push = self.metrics.push(settings)
         except BaseException:
             self.shutdown(0.0)
             raise
-        self.phases.append(phase_since("inputs", t0, "flags or config, outputs"))
-
-    def _switched(self, cfg: RuntimeConfig) -> RuntimeConfig:
-        """The config with the exports OTEL_SDK_DISABLED / OTEL_*_EXPORTER=none turn off (sdk_env.py)."""
-        switches = read_switches(self.deps.environ)
-        if switches.why:
-            self.log.info("OTLP export turned off by the environment", variables=switches.why)
-        return apply_switches(cfg, switches)
-
-    def load_env(self) -> KernelEnv:
-        self.deps.check_privileges()
-        self.env_key = self._env_key(self.config, self.vmlinux)
-        self.env = self._load_env(self.config, self.vmlinux)
-        self.phases.extend(self.env.phases)
-        return self.env
-
-    def _env_key(self, cfg: RuntimeConfig, vmlinux: str | None) -> tuple | None:
-        state = self.deps.kernel_state()
-        return None if state is None else (state, cfg.symbols, vmlinux, self._lbr(cfg))
-
-    @staticmethod
-    def _lbr(cfg: RuntimeConfig) -> tuple[str, str] | None:
-        return next(((cfg.names.lbr, ps.name) for ps in cfg.probe_sets if ps.lbr_branch_types), None)
-
-    def _load_env(self, cfg: RuntimeConfig, vmlinux: str | None) -> KernelEnv:
-        return self.deps.load_env(cfg.symbols, vmlinux, self._lbr(cfg))
-
-    def resolve(self, cfg: RuntimeConfig | None = None, env: KernelEnv | None = None) -> Resolved:
-        """Every probe set's functions and attach mode; all resolve before anything is attached."""
-        cfg, env = cfg or self.config, env or self.env
-        assert env is not None, "load_env() first"
-        out = []
-        for ps in cfg.probe_sets:
-            t0 = time.monotonic()
-            found = resolve(ps, env, cfg.names)
-            self.phases.append(phase_since("discovery", t0, f"{len(found.funcs)} functions"
-                                           + (f" of probe set {ps.name}" if len(cfg.probe_sets) > 1 else "")))
-            out.append((ps, found))
-        return out
-
-    def attach(self, found: Resolved) -> None:
-        cfg = self.config
-        assert self.env is not None
-        try:
-            self._watch_apps(cfg)
-            sets = start_probe_sets(found, self.env, cfg.limits, self.deps.tracer_factory, self._on_session,
-                                    cfg.names, self._app_probe, self.metrics.workload_series, cfg.metrics.read)
-        except BaseException:
-            self.shutdown(0.0)
-            raise
-        with self.lock:
-            self.probe_sets = sets
-        self.phases.extend(attach_phases(sets))
-        self._app_targets(sets)
-        try:
-            self.metrics_push = self.metrics.push(cfg)
-        except BaseException:
-            self.shutdown(0.0)
-            raise
+        hook.attached(self, sets)
         self.last_poll = self.deps.monotonic()
         self._next_housekeeping = self.last_poll + HOUSEKEEPING_S
         _freeze_heap()
+        return True
 
-    def start(self) -> None:
-        """All phases; on failure nothing is left attached, listening or open."""
-        self.open()
-        try:
-            self.load_env()
-            self.attach(self.resolve())
-        except BaseException:
-            self.shutdown(0.0)
-            raise
+    def _open(self, settings: RunSettings) -> None:
+        """/metrics bound and the outputs opened: everything short of the kernel."""
+        if settings.switched_off:
+            self.log.info("OTLP export turned off by the environment", variables=settings.switched_off)
+        self._offset_ns = self.deps.boot_to_wall_offset()
+        self.resource = self.deps.make_resource()
+        self.server = self.metrics.serve(settings)
+        self.sinks = self._sinks(settings)
+        self.workloads = self._workloads(settings)
+
+    def _kernel(self, settings: RunSettings) -> tuple[KernelEnv, tuple | None]:
+        """The kernel's tables, read again only when the kernel, its modules or the symbol settings changed: a
+        reload keeps them (a million objects at 10,000 functions; reading them per reload grew the heap at
+        every reload, bench/agent_scale.py). Returns the tables and what they were read for."""
+        cfg = settings.config
+        state = self.deps.kernel_state()
+        lbr = next(((cfg.names.lbr, ps.name) for ps in cfg.probe_sets if ps.lbr_branch_types), None)
+        key = None if state is None else (state, cfg.symbols, settings.vmlinux, lbr)
+        if self.env is not None and key is not None and key == self.env_key:
+            self.phases.append(Phase("symbols", 0.0, "kernel, boot and modules unchanged: tables kept"))
+            return self.env, key
+        env = self.deps.load_env(cfg.symbols, settings.vmlinux, lbr)
+        self.phases.extend(env.phases)
+        return env, key
+
+    def _discover(self, cfg: RuntimeConfig, env: KernelEnv, hook: StartHook) -> Resolved:
+        """Every probe set's functions and attach mode; all resolve before anything is attached."""
+        out = []
+        for ps in cfg.probe_sets:
+            t0 = time.monotonic()
+            try:
+                found = resolve(ps, env, cfg.names)
+            except RunRefused as exc:
+                if not hook.each_set:
+                    raise
+                hook.discovered(ps, None, exc)
+                continue
+            self.phases.append(phase_since("discovery", t0, f"{len(found.funcs)} functions"
+                                           + (f" of probe set {ps.name}" if len(cfg.probe_sets) > 1 else "")))
+            hook.discovered(ps, found, None)
+            out.append((ps, found))
+        return out
+
+    def _attach(self, found: Resolved, env: KernelEnv, cfg: RuntimeConfig) -> list[ProbeSet]:
+        self._watch_apps(cfg)
+        sets = start_probe_sets(found, env, cfg.limits, self.deps.tracer_factory, self._on_session, cfg.names,
+                                self._app_probe, self.metrics.workload_series, cfg.metrics.read)
+        self.phases.extend(attach_phases(sets))
+        return sets
 
     # ---- the parts -------------------------------------------------------------------------------
 
@@ -278,9 +264,9 @@ class Runtime:
         self.app_watch = AppWatcher(sources, self.deps.monotonic, self.log, os.path.join(self.deps.root, "proc"),
                                     read_app=read_app)
 
-    def _workloads(self, cfg: RuntimeConfig) -> WorkloadResolver:
+    def _workloads(self, settings: RunSettings) -> WorkloadResolver:
         """The resolver (and the pod watch when the config turns it on); nothing here waits for the network."""
-        return self.deps.make_workloads(self.deps.root, self.deps.monotonic, self._kube_settings(cfg), self.log)
+        return self.deps.make_workloads(self.deps.root, self.deps.monotonic, settings.kube, self.log)
 
     def _app_targets(self, sets: list[ProbeSet]) -> None:
         if self.app_watch is not None:
@@ -290,10 +276,9 @@ class Runtime:
         if self.app_watch is not None:
             self.app_watch.asked(tgid, answer=True)
 
-    def _sinks(self, cfg: RuntimeConfig) -> Sinks:
+    def _sinks(self, settings: RunSettings) -> Sinks:
         assert self.resource is not None
-        return Sinks(cfg.exporter, cfg.limits, self.resource, self.deps.console, self.deps.make_sender, cfg.names,
-                     self.deps.environ)
+        return Sinks(settings, self.resource, self.deps.console, self.deps.make_sender)
 
     # ---- running ---------------------------------------------------------------------------------
 
@@ -313,6 +298,25 @@ class Runtime:
         if now >= self._next_housekeeping:
             self._next_housekeeping = now + HOUSEKEEPING_S
             self._housekeeping()
+
+    def run(self, requests: Requests, reload: Callable[[], object] | None = None,
+            detaching: Callable[[], object] = lambda: None) -> CaptureStats:
+        """The capture loop until a stop is requested, reloading between polls when asked (with `reload`); then
+        detach everything and flush. Returns the kernel's loss counters, read before detaching."""
+        try:
+            while not requests.stop:
+                if requests.reload and reload is not None:
+                    requests.reload = False
+                    reload()
+                    continue
+                self.poll_once()
+        finally:
+            detaching()
+            try:
+                stats = self.capture_totals()
+            finally:
+                self.shutdown(SHUTDOWN_FLUSH_S)
+        return stats
 
     def _on_session(self, ps: ProbeSet, session: Session) -> None:
         sinks = self.sinks
@@ -341,44 +345,38 @@ class Runtime:
             total = CaptureStats(*(a + b for a, b in zip(total, c, strict=True)))
         return total
 
-    def reload(self, cfg: RuntimeConfig) -> bool:
+    def reload(self, cfg: RuntimeConfig, hook: StartHook | None = None) -> bool:
         """Apply a new config; on any error keep what runs now. Returns success."""
-        if not self._swap_config(cfg):
+        if not self._swap_config(cfg, hook or StartHook()):
             return False
         _refreeze_heap()  # here, once the swap's locals no longer hold the previous config's objects
         self.last_poll = self.deps.monotonic()
         return True
 
-    def _swap_config(self, cfg: RuntimeConfig) -> bool:
+    def reload_failed(self, error: str, **fields: Any) -> None:
+        """A reload that did not happen, from the config file or from here: counted and said once."""
+        self.reloads["failure"] += 1
+        self.log.error("config reload failed; the previous config keeps running", error=error, **fields)
+
+    def _swap_config(self, cfg: RuntimeConfig, hook: StartHook) -> bool:
+        """The start's phases again for a new config, its new parts built beside the running ones."""
         old = self.config
         self.reloading = True
         new_server = new_sinks = env = web = None
         new_sets: list[ProbeSet] = []
         self.phases = []
         try:
-            vmlinux = self.check_inputs(cfg)
-            cfg = self._switched(cfg)
+            settings = self.settings(cfg)
+            cfg = settings.config
             if (cfg.metrics.host, cfg.metrics.port, cfg.names.listen) != (
                     old.metrics.host, old.metrics.port, old.names.listen):
-                new_server = self.metrics.serve(cfg)
+                new_server = self.metrics.serve(settings)
             else:
-                web = self.metrics.web(cfg)  # read again even when unchanged: SIGHUP is how users ask for that
+                web = self.metrics.web(settings)  # read again even when unchanged: SIGHUP is how users ask for that
             if (cfg.exporter, cfg.limits) != (old.exporter, old.limits):
-                new_sinks = self._sinks(cfg)
-            # The kernel tables (a million objects for 10,000 functions) are kept while the kernel is
-            # unchanged: reading them again per reload left the heap larger at every reload (bench/agent_scale.py)
-            env_key = self._env_key(cfg, vmlinux)
-            if env_key is not None and env_key == self.env_key:
-                env = self.env
-                self.phases.append(Phase("symbols", 0.0, "kernel, boot and modules unchanged: tables kept"))
-            else:
-                env = self._load_env(cfg, vmlinux)
-                self.phases.extend(env.phases)
-            found = self.resolve(cfg, env)
-            self._watch_apps(cfg)
-            new_sets = start_probe_sets(found, env, cfg.limits, self.deps.tracer_factory, self._on_session, cfg.names,
-                                        self._app_probe, self.metrics.workload_series, cfg.metrics.read)
-            self.phases.extend(attach_phases(new_sets))
+                new_sinks = self._sinks(settings)
+            env, env_key = self._kernel(settings)
+            new_sets = self._attach(self._discover(cfg, env, hook), env, cfg)
         except Exception as exc:  # noqa: BLE001 - whatever fails, the running config stays
             for part in (new_server, env if env is not self.env else None):
                 if part is not None:
@@ -386,13 +384,12 @@ class Runtime:
             if new_sinks is not None:
                 new_sinks.close(0.0)
             self.reloading = False
-            self.reloads["failure"] += 1
-            self.log.error("config reload failed; the previous config keeps running", error=str(exc))
+            self.reload_failed(str(exc))
             return False
         with self.lock:  # the new sets are attached: swap them in; scrapes see the new sets from here on
             old_sets, self.probe_sets = self.probe_sets, new_sets
             old_env = self.env if self.env is not env else None
-            self.env, self.env_key, self.vmlinux = env, env_key, vmlinux
+            self.env, self.env_key, self.vmlinux = env, env_key, settings.vmlinux
             old_sinks = old_server = None
             if new_sinks is not None:
                 old_sinks, self.sinks = self.sinks, new_sinks
@@ -411,8 +408,8 @@ class Runtime:
                 part.close()
         if old_sinks is not None:
             old_sinks.close(SHUTDOWN_FLUSH_S)
-        if cfg.kubernetes != old.kubernetes:  # a new pod watch for new settings (check_inputs checked them)
-            old_workloads, self.workloads = self.workloads, self._workloads(cfg)
+        if cfg.kubernetes != old.kubernetes:  # a new pod watch for new settings (resolved above)
+            old_workloads, self.workloads = self.workloads, self._workloads(settings)
             if old_workloads is not None:
                 old_workloads.close()
         if (cfg.metrics.otlp, cfg.metrics.otlp_interval_s) != (old.metrics.otlp, old.metrics.otlp_interval_s):
@@ -420,11 +417,12 @@ class Runtime:
                 self.metrics_push.stop(final_push=True)
             self.metrics_push = None
             try:
-                self.metrics_push = self.metrics.push(cfg)
+                self.metrics_push = self.metrics.push(settings)
             except Exception as exc:  # noqa: BLE001 - capture goes on without the push
                 self.log.error("OTLP metrics export not started", error=str(exc))
         self.reloads["success"] += 1
         self.reloading = False
+        hook.attached(self, new_sets)
         return True
 
     def _drain_and_close(self, ps: ProbeSet) -> None:

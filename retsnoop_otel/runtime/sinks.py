@@ -8,79 +8,21 @@ to an exporter also leaves its id as a metrics exemplar.
 
 from __future__ import annotations
 
-import os
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from retsnoop_otel.capture.model import Session, lookup_func
-from retsnoop_otel.export.otlp_settings import (
-    OtlpConfig,
-    OtlpConfigError,
-    OtlpSettings,
-    attribute_count_limit,
-    attribute_value_limit,
-    resolve_settings,
-)
-from retsnoop_otel.export.processor_env import (
-    DEFAULT_QUEUE_SPANS,
-    BatchSettings,
-    ReaderSettings,
-    batch_settings,
-    bounded,
-    reader_settings,
-)
-from retsnoop_otel.export.resource import Resource, resource_attributes_problem
-from retsnoop_otel.inputs.files import shown
-from retsnoop_otel.runtime.config import AGENT_NAMES, ExporterConfig, InputNames, Limits
+from retsnoop_otel.export.otlp_settings import OtlpSettings
+from retsnoop_otel.export.processor_env import DEFAULT_QUEUE_SPANS
+from retsnoop_otel.export.resource import Resource
+from retsnoop_otel.runtime.config import ExporterConfig, Limits
 from retsnoop_otel.runtime.environment import name_it
 from retsnoop_otel.runtime.errors import InputError
+from retsnoop_otel.runtime.settings import RunSettings
 
 SenderFactory = Callable[[OtlpSettings], Any]  # -> export.senders.Sender
-
-
-def otlp_settings(cfg: OtlpConfig, signal: str, names: Mapping[str, str],
-                  environ: Mapping[str, str] = os.environ) -> OtlpSettings:
-    """The one endpoint check: config, then OTEL_EXPORTER_OTLP_* variables, as the specification orders them."""
-    try:
-        return resolve_settings(cfg, signal, environ, names)
-    except OtlpConfigError as exc:
-        raise InputError(str(exc)) from None
-
-
-def attribute_limits(environ: Mapping[str, str]) -> tuple[int | None, int | None]:
-    """OTEL_(SPAN_)ATTRIBUTE_VALUE_LENGTH_LIMIT and OTEL_(SPAN_)ATTRIBUTE_COUNT_LIMIT, or the input error they are."""
-    try:
-        return attribute_value_limit(environ), attribute_count_limit(environ)
-    except OtlpConfigError as exc:
-        raise InputError(str(exc)) from None
-
-
-def processor_env(environ: Mapping[str, str]) -> tuple[BatchSettings, ReaderSettings]:
-    """OTEL_BSP_* and OTEL_METRIC_EXPORT_*, or the input error they are."""
-    try:
-        return batch_settings(environ), reader_settings(environ)
-    except OtlpConfigError as exc:
-        raise InputError(str(exc)) from None
-
-
-def check_export_env(environ: Mapping[str, str], traces: bool, metrics: bool) -> None:
-    """What the exports read from the environment beyond their endpoints, checked at start (exit 2 if unusable)."""
-    if traces:
-        attribute_limits(environ)
-    if traces or metrics:
-        check_resource_attributes(environ)
-        processor_env(environ)
-
-
-def check_resource_attributes(environ: Mapping[str, str]) -> None:
-    """OTEL_RESOURCE_ATTRIBUTES that cannot be read is an input error (export.resource says why)."""
-    attrs = environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
-    problem = resource_attributes_problem(attrs)
-    if problem:
-        raise InputError(f"OTEL_RESOURCE_ATTRIBUTES={shown(attrs)}: {problem}; write it like key1=value1,key2=value2 "
-                         "with each value percent-encoded")
 
 
 class ExportTotals:
@@ -122,11 +64,12 @@ class _SetOutputs:
 class Sinks:
     """The configured destinations of kept sessions."""
 
-    def __init__(self, cfg: ExporterConfig, limits: Limits, resource: Resource, console: TextIO,
-                 make_sender: SenderFactory, names: InputNames = AGENT_NAMES,
-                 environ: Mapping[str, str] = os.environ) -> None:
+    def __init__(self, settings: RunSettings, resource: Resource, console: TextIO,
+                 make_sender: SenderFactory) -> None:
+        cfg = settings.config.exporter
+        names = settings.config.names
         self.cfg = cfg
-        self.limits = limits
+        self.limits = limits = settings.config.limits
         self._resource = resource
         self._console = console if cfg.console is not None else None
         self.exporters: list[Any] = []  # export.otlp_sink.OtlpTraceSink
@@ -136,7 +79,7 @@ class Sinks:
         self._envelopes: Any = None  # export.span_encoder.WorkloadEnvelopes: one resource per workload, all sets
         self._final: ExportTotals | None = None  # counters at close, when the exporters are gone
         self.trace_json = None
-        self._attr_limits: tuple[int | None, int | None] = (None, None)
+        self._attr_limits = settings.attr_limits
         try:
             if cfg.otlp is not None or cfg.file is not None:  # grpc and protobuf load only when they are needed
                 from retsnoop_otel.export.otlp_sink import OtlpTraceSink
@@ -144,14 +87,11 @@ class Sinks:
                 from retsnoop_otel.metrics.exemplars import ExemplarStore
                 self.exemplars = ExemplarStore()
                 self._envelopes = WorkloadEnvelopes(resource.attributes, resource.schema_url)
-                self._attr_limits = attribute_limits(environ)
-            batch = processor_env(environ)[0]
+            batch = settings.batch
             queue = dict(max_queue_spans=limits.export_queue_spans or batch.max_queue_spans or DEFAULT_QUEUE_SPANS,
                          max_batch_spans=batch.max_batch_spans, schedule_delay_s=batch.schedule_delay_s)
-            if cfg.otlp is not None:
-                settings = otlp_settings(cfg.otlp, "traces", names.otlp, environ)
-                settings = settings._replace(timeout_s=bounded(settings.timeout_s, batch.export_timeout_s))
-                self.exporters.append(OtlpTraceSink(make_sender(settings), **queue))
+            if settings.traces is not None:
+                self.exporters.append(OtlpTraceSink(make_sender(settings.traces), **queue))
             if cfg.file is not None:
                 from retsnoop_otel.export.otlp_file import OtlpJsonFileSender
                 self.exporters.append(OtlpTraceSink(_open(cfg.file, names.file, OtlpJsonFileSender), **queue))

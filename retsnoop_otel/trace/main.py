@@ -1,35 +1,25 @@
 """`retsnoop-otel trace`: one ad-hoc probe set over the capture runtime, presented the way retsnoop is.
 
-The runtime phases run one by one so that retsnoop's lines come between them: -v says the attach
-mode and what was found, "Receiving data..." once attached, "Detaching... DONE" at the end with
+The runtime's phases report through a StartHook so that retsnoop's lines come between them: -v says
+the attach mode and what was found, "Receiving data..." once attached, "Detaching... DONE" at the end with
 the kernel's loss counters. Exit codes: runtime/errors.py (EXIT_CODES).
 """
 
 from __future__ import annotations
 
-import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TextIO
 
 from retsnoop_otel import __version__
 from retsnoop_otel.runtime.errors import RunRefused
 from retsnoop_otel.runtime.logs import EventLog
-from retsnoop_otel.runtime.runtime import SHUTDOWN_FLUSH_S, Runtime, RuntimeDeps
+from retsnoop_otel.runtime.probe_set import ProbeSet
+from retsnoop_otel.runtime.requests import Requests
+from retsnoop_otel.runtime.runtime import Resolved, Runtime, RuntimeDeps, StartHook
 from retsnoop_otel.runtime.startup import Phase, StartClock, format_phases, phase_since
 from retsnoop_otel.trace.flags import TraceRequest, parse
-
-
-def _stop_flag() -> Callable[[], bool]:
-    stopped = {"flag": False}
-
-    def handler(_sig: int, _frame: object) -> None:
-        stopped["flag"] = True
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
-    return lambda: stopped["flag"]
 
 
 def _version(request: TraceRequest, out: TextIO) -> int:
@@ -58,9 +48,8 @@ def run_trace(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.s
     deps = deps or RuntimeDeps(console=out)
     runtime = Runtime(request.config, deps, EventLog(err, level="debug" if request.verbose >= 2 else "error"))
     try:
-        attached = _start(runtime, request, out, err)
-    except RunRefused as exc:
-        runtime.shutdown(0.0)
+        attached = runtime.start(_TraceHook(request, out, err))
+    except RunRefused as exc:  # nothing is left attached, listening or open (Runtime.start)
         print(f"retsnoop-otel: {exc.message}", file=err)
         return exc.exit_code
     if request.verbose:
@@ -73,57 +62,52 @@ def run_trace(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.s
     if not attached:
         return 0
     print("Receiving data...", file=out, flush=True)
-    stop = _stop_flag()
-    try:
-        while not stop():
-            runtime.poll_once()
-    finally:
-        _detach(runtime, out)
+    t0 = time.monotonic()
+
+    def detaching() -> None:
+        nonlocal t0
+        print("Detaching... ", end="", file=out, flush=True)
+        t0 = time.monotonic()
+
+    stats = runtime.run(Requests().install(reload=False), detaching=detaching)
+    if stats.dropped_sessions or stats.incomplete_sessions or stats.dropped_records:
+        print(f"DROPPED SESSIONS: {stats.dropped_sessions}, INCOMPLETE SESSIONS: {stats.incomplete_sessions}, "
+              f"LOST RECORDS: {stats.dropped_records}. ", end="", file=out)
+    print(f"DONE in {(time.monotonic() - t0) * 1000:.0f} ms.", file=out, flush=True)
     if request.verbose:
         print("\n".join(format_phases(runtime.stop_phases)), file=err, flush=True)
     return 0
 
 
-def _say(request: TraceRequest, msg: str, err: TextIO) -> None:
-    if request.verbose:
-        print(msg, file=err, flush=True)
+class _TraceHook(StartHook):
+    """retsnoop's -v lines between the phases, and --dry-run's list of functions in place of attaching."""
 
+    def __init__(self, request: TraceRequest, out: TextIO, err: TextIO) -> None:
+        self.request, self.out, self.err = request, out, err
 
-def _start(runtime: Runtime, request: TraceRequest, out: TextIO, err: TextIO) -> bool:
-    """The runtime's phases with retsnoop's -v lines between them; False after --dry-run."""
-    from retsnoop_otel.symbols.discovery import format_dry_run
-    runtime.open()
-    env = runtime.load_env()
-    found = runtime.resolve()
-    ((cfg, disc),) = found
-    _say(request, f"Using attach mode {disc.mode}" + ("" if cfg.attach_mode != "auto" else " (auto-detected)"), err)
-    _say(request, f"Using vmlinux {env.vmlinux} for DWARF" if env.vmlinux else
-         "No vmlinux with DWARF found: kallsyms names only", err)
-    if request.dry_run or request.verbose:
-        print(format_dry_run(disc, request.verbose), file=out if request.dry_run else err, flush=True)
-    if request.dry_run:
-        runtime.shutdown(0.0)
-        return False
-    runtime.attach(found)
-    for ps in runtime.probe_sets:
-        for name, why in ps.attach_failures:
-            _say(request, f"Failed to attach {name}: {why}", err)
-        if ps.report is not None and ps.report.split_links:
-            _say(request, f"The kernel ran out of memory for a multi-function link (the objpool bug of Linux "
-                          f"6.7-6.11): split {ps.report.split_links} times into smaller links", err)
-        if ps.report is not None:
-            _say(request, f"Successfully attached {ps.attached} functions in {ps.report.attach_ms:.0f} ms.", err)
-    return True
+    def _say(self, msg: str) -> None:
+        if self.request.verbose:
+            print(msg, file=self.err, flush=True)
 
+    def go_on(self, runtime: Runtime, found: Resolved) -> bool:
+        from retsnoop_otel.symbols.discovery import format_dry_run
+        ((cfg, disc),) = found
+        env = runtime.env
+        assert env is not None
+        self._say(f"Using attach mode {disc.mode}" + ("" if cfg.attach_mode != "auto" else " (auto-detected)"))
+        self._say(f"Using vmlinux {env.vmlinux} for DWARF" if env.vmlinux else
+                  "No vmlinux with DWARF found: kallsyms names only")
+        if self.request.dry_run or self.request.verbose:
+            print(format_dry_run(disc, self.request.verbose), file=self.out if self.request.dry_run else self.err,
+                  flush=True)
+        return not self.request.dry_run
 
-def _detach(runtime: Runtime, out: TextIO) -> None:
-    print("Detaching... ", end="", file=out, flush=True)
-    t0 = time.monotonic()
-    try:
-        stats = runtime.capture_totals()
-    finally:
-        runtime.shutdown(SHUTDOWN_FLUSH_S)
-    if stats.dropped_sessions or stats.incomplete_sessions or stats.dropped_records:
-        print(f"DROPPED SESSIONS: {stats.dropped_sessions}, INCOMPLETE SESSIONS: {stats.incomplete_sessions}, "
-              f"LOST RECORDS: {stats.dropped_records}. ", end="", file=out)
-    print(f"DONE in {(time.monotonic() - t0) * 1000:.0f} ms.", file=out, flush=True)
+    def attached(self, runtime: Runtime, sets: list[ProbeSet]) -> None:
+        for ps in sets:
+            for name, why in ps.attach_failures:
+                self._say(f"Failed to attach {name}: {why}")
+            if ps.report is not None and ps.report.split_links:
+                self._say(f"The kernel ran out of memory for a multi-function link (the objpool bug of Linux "
+                          f"6.7-6.11): split {ps.report.split_links} times into smaller links")
+            if ps.report is not None:
+                self._say(f"Successfully attached {ps.attached} functions in {ps.report.attach_ms:.0f} ms.")

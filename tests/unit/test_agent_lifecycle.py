@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from retsnoop_otel.agent.main import Agent, check, install_signal_handlers, main
+from retsnoop_otel.agent.main import Agent, check, main
 from retsnoop_otel.capture import records
 from retsnoop_otel.capture.model import CaptureStats, FuncStats, RetKind, SessionStats
 from retsnoop_otel.capture.records import FuncTraceRec, SessionEndRec, SessionStartRec
@@ -438,7 +438,7 @@ def test_signals_drive_reload_and_stop(setup) -> None:
     world, agent, cfg, logbuf = setup
     old = {s: signal.getsignal(s) for s in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)}
     try:
-        install_signal_handlers(agent)
+        agent.requests.install(reload=True)
         agent.start()
         cfg.write_text("probe_sets: 5\n")
         result: dict = {}
@@ -602,7 +602,7 @@ def test_check_prints_what_each_probe_set_would_attach(tmp_path: Path) -> None:
     cfg = tmp_path / "agent.yaml"
     cfg.write_text(CONFIG.format(prob=1.0))
     out = io.StringIO()
-    assert check(str(cfg), out, World().deps(), load_env=lambda _c: make_env()) == 0
+    assert check(str(cfg), out, World().deps()) == 0
     text = out.getvalue()
     assert text.rstrip().splitlines()[-1] == f"{cfg}: configuration is valid (2 probe sets)"  # last, after the sets
     assert "probe set 'bpf_errors' (mode stack, attach_mode auto -> kprobe, success sessions: none)" in text
@@ -610,7 +610,7 @@ def test_check_prints_what_each_probe_set_would_attach(tmp_path: Path) -> None:
     assert "success sessions: probability 1" in text
     cfg.write_text(CONFIG.format(prob=1.0).replace("[bpf_prog_load]", "[nope_*]"))
     out = io.StringIO()
-    assert check(str(cfg), out, World().deps(), load_env=lambda _c: make_env()) == 1
+    assert check(str(cfg), out, World().deps()) == 1
     assert "probe set 'prog_load': ERROR" in out.getvalue() and "nope_*" in out.getvalue()
     assert "configuration is valid" not in out.getvalue()
 

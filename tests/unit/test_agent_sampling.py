@@ -17,7 +17,7 @@ from retsnoop_otel.export.span_encoder import SpanEncoder, build_request, make_e
 from retsnoop_otel.runtime.config import AGENT_NAMES, ProbeSetConfig
 from retsnoop_otel.runtime.logs import EventLog
 from retsnoop_otel.runtime.probe_set import capture_config
-from retsnoop_otel.runtime.sinks import otlp_settings
+from retsnoop_otel.runtime.settings import otlp_settings
 from tests.otlp_receiver import start_receiver
 
 
@@ -39,7 +39,7 @@ def _cfg(**kw) -> ProbeSetConfig:
 
 
 def test_capture_config_follows_mode_sampling_and_filters() -> None:
-    limits = parse_config("probe_sets: {a: {entry: f}}\nlimits: {ringbuf_size: 1M, max_sessions: 8}\n").limits
+    limits = parse_config("probe_sets: {a: {entry: f}}\nlimits: {ringbuf_size: 1M, max_sessions: 8}\n").runtime.limits
     cc = capture_config(_cfg(mode="calls", sampling=Sampling(0.1), min_duration_ns=2_500_000, comms=("a",)), "fentry",
                         limits)
     assert cc.emit_calls and cc.capture_success and cc.min_duration_ns == 2_500_000 and cc.comms == ("a",)
@@ -66,7 +66,7 @@ def test_error_sessions_ignore_sampling_but_follow_the_error_filter(tmp_path) ->
                     "kprobe")
     world = World()
     cfg = _cfg(errors=ErrorFilter.parse([], ["ENOENT"]), sampling=Sampling(0.0))
-    ps = ProbeSet(cfg, disc, parse_config("probe_sets: {a: {entry: f}}").limits, env, world.factory,
+    ps = ProbeSet(cfg, disc, parse_config("probe_sets: {a: {entry: f}}").runtime.limits, env, world.factory,
                   lambda _p, _s: None)
 
     def session(res: int, is_err: bool) -> Session:

@@ -332,13 +332,13 @@ def test_recursive_alias_refused():
     from retsnoop_otel.agent.config_file import parse_config
     from retsnoop_otel.agent.yaml_nodes import ConfigError
     with pytest.raises(ConfigError, match="expands to more than 100,000"):
-        parse_config("probe_sets: &x [*x]\n", "agent.yaml", {})
+        parse_config("probe_sets: &x [*x]\n", "agent.yaml")
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "config").glob("agent*.yaml")), ids=lambda p: p.name)
 def test_shipped_configs_still_load(path: Path):
     from retsnoop_otel.agent.config_file import load_config
-    load_config(path, {})
+    load_config(path)
 
 
 # ---- signals: a long read or check of an input is stopped by SIGINT and SIGTERM ----

@@ -9,6 +9,8 @@ import pytest
 from retsnoop_otel.agent.config_file import AgentConfig, ConfigError, load_config, parse_config
 from retsnoop_otel.inputs.addresses import parse_listen
 from retsnoop_otel.runtime.config import Limits, MetricsConfig, RuntimeConfig
+from retsnoop_otel.runtime.errors import InputError
+from retsnoop_otel.runtime.runtime import Runtime, RuntimeDeps
 from tests.tls_certs import make_ca
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,10 +28,18 @@ def err(text: str) -> str:
     return str(exc.value)
 
 
+def settings_err(text: str) -> str:
+    """An error the runtime finds as it resolves the file's settings, located in the file as the agent says it."""
+    cfg = parse_config(text, "/etc/retsnoop/agent.yaml")
+    with pytest.raises(InputError) as exc:
+        Runtime(cfg.runtime, RuntimeDeps(environ={}, find_vmlinux=lambda _s, _n: None)).settings()
+    return cfg.where(exc.value.message)
+
+
 @pytest.mark.parametrize("path", sorted((REPO / "config").glob("agent*.yaml")), ids=lambda p: p.name)
 def test_shipped_examples_are_valid(path: Path) -> None:
     cfg = load_config(path)
-    assert cfg.probe_sets
+    assert cfg.runtime.probe_sets
 
 
 def test_full_config_becomes_typed_values(tmp_path: Path) -> None:
@@ -66,39 +76,39 @@ limits:
   max_spans_per_trace: 100
 logging: {{format: json, level: debug}}
 """)
-    (ps,) = cfg.probe_sets
+    (ps,) = cfg.runtime.probe_sets
     assert ps.name == "load" and ps.entry == ("bpf_prog_load",) and ps.mode == "calls"
     assert ps.attach_mode == "kprobe_multi" and ps.pids == (1, 2) and ps.no_pids == (3,) and ps.comms == ("python",)
     assert ps.min_duration_ns == 1_500_000 and ps.errors.allow == {"EINVAL", "ENOMEM"}
     assert ps.sampling.success_rate_per_s == 10 and ps.sampling.captures_success
-    o = cfg.exporter.otlp
+    o = cfg.runtime.exporter.otlp
     assert o is not None and o.protocol == "http/protobuf" and o.headers == (("authorization", "Bearer t"),)
     assert o.timeout_s == 2.5 and o.certificate == str(cert) and o.compression == "gzip"
-    assert (cfg.metrics.host, cfg.metrics.port, cfg.metrics.listen) == ("::1", 9500, "[::1]:9500")
-    assert cfg.limits.ringbuf_size == 16 << 20 and cfg.limits.max_spans_per_trace == 100
+    m = cfg.runtime.metrics
+    assert (m.host, m.port, m.listen) == ("::1", 9500, "[::1]:9500")
+    assert cfg.runtime.limits.ringbuf_size == 16 << 20 and cfg.runtime.limits.max_spans_per_trace == 100
     assert cfg.logging.format == "json" and cfg.logging.level == "debug"
 
 
 def test_defaults() -> None:
     cfg = parse_config(BASE)
-    ps = cfg.probe_sets[0]
+    ps = cfg.runtime.probe_sets[0]
     assert ps.mode == "stack" and ps.attach_mode == "auto" and not ps.sampling.captures_success
-    assert cfg.exporter.otlp is not None and cfg.exporter.otlp.endpoint is None  # OTEL_* variables decide
-    assert cfg.metrics.listen == "0.0.0.0:9464" and cfg.logging.format == "text"
+    otlp = cfg.runtime.exporter.otlp
+    assert otlp is not None and otlp.endpoint is None  # OTEL_* variables decide
+    assert cfg.runtime.metrics.listen == "0.0.0.0:9464" and cfg.logging.format == "text"
     # a metrics section that leaves keys out gets the same defaults as no section
-    metrics = parse_config(BASE + "metrics: {stall_after_s: 10}\n").metrics
+    metrics = parse_config(BASE + "metrics: {stall_after_s: 10}\n").runtime.metrics
     assert (metrics.host, metrics.port, metrics.max_workloads) == (MetricsConfig().host, 9464, 100)
 
 
 def test_the_agent_config_holds_the_runtime_config() -> None:
-    """AgentConfig repeats RuntimeConfig's fields and defaults; the runtime is given exactly those."""
-    assert AgentConfig._fields == (*RuntimeConfig._fields, "path", "logging")
-    assert {k: v for k, v in AgentConfig._field_defaults.items() if k in RuntimeConfig._fields} \
-        == RuntimeConfig._field_defaults
+    """The runtime is given the file's RuntimeConfig as it is; the agent keeps its path, logging and key lines."""
+    assert AgentConfig._fields == ("runtime", "path", "logging", "lines")
     cfg = parse_config(BASE + "metrics: {listen: ':9500'}\nlogging: {level: debug}\n", "a.yaml")
-    runtime = cfg.runtime
-    assert type(runtime) is RuntimeConfig and runtime == RuntimeConfig(*cfg[:len(RuntimeConfig._fields)])
-    assert runtime.metrics.port == 9500 and runtime.probe_sets == cfg.probe_sets
+    assert type(cfg.runtime) is RuntimeConfig and cfg.runtime.metrics.port == 9500
+    assert cfg.lines["metrics.listen"] == 4 and cfg.where("metrics.listen: busy") == "a.yaml:4: metrics.listen: busy"
+    assert cfg.where("OTEL_EXPORTER_OTLP_ENDPOINT: bad") == "OTEL_EXPORTER_OTLP_ENDPOINT: bad"  # not the file's
     assert (cfg.path, cfg.logging.level) == ("a.yaml", "debug")
 
 
@@ -148,11 +158,11 @@ def test_bad_glob() -> None:
 
 def test_bad_endpoint_url() -> None:
     for bad in ("ftp://x:1", "http://host:99999", "http://:4317", "http://c:4317/v1/traces"):
-        msg = err(BASE + f"exporter:\n  otlp:\n    endpoint: '{bad}'\n")
+        msg = settings_err(BASE + f"exporter:\n  otlp:\n    endpoint: '{bad}'\n")
         assert msg.startswith("agent.yaml:6: exporter.otlp.endpoint"), msg
         assert bad in msg and "\n" not in msg
     # gRPC takes a scheme-less host:port (TLS unless insecure), as the OTLP specification allows
-    assert parse_config(BASE + "exporter:\n  otlp:\n    endpoint: 'collector:4317'\n").exporter.otlp.endpoint
+    assert parse_config(BASE + "exporter:\n  otlp:\n    endpoint: 'collector:4317'\n").runtime.exporter.otlp.endpoint
 
 
 def test_sampling_rules() -> None:
@@ -171,7 +181,7 @@ def test_names_errors_and_files() -> None:
     assert "no exporter left" in err(BASE + "exporter: {otlp: null}\n")
     # metrics-only probe sets need no exporter
     cfg = parse_config(BASE + "    mode: metrics\nexporter: {otlp: null}\n", "agent.yaml")
-    assert cfg.probe_sets[0].mode == "metrics" and cfg.exporter.otlp is None
+    assert cfg.runtime.probe_sets[0].mode == "metrics" and cfg.runtime.exporter.otlp is None
     assert err("") == "agent.yaml:1: the file is empty; it needs at least a 'probe_sets:' section"
     assert err(BASE + "  - [\n").startswith("agent.yaml:5: not valid YAML")
     assert "duplicate key" in err(BASE + "    mode: calls\n    mode: stack\n")
@@ -188,7 +198,7 @@ def test_listen_addresses() -> None:
 
 
 def test_metrics_otlp_section() -> None:
-    msg = err(BASE + "metrics:\n  otlp:\n    endpoint: 'ftp://collector:4317'\n")
+    msg = settings_err(BASE + "metrics:\n  otlp:\n    endpoint: 'ftp://collector:4317'\n")
     assert msg.startswith("agent.yaml:6: metrics.otlp.endpoint") and "ftp://collector:4317" in msg, msg
     assert err(BASE + "metrics:\n  otlp_interval: 0\n") == (
         "agent.yaml:5: metrics.otlp_interval: must be at least 1, got 0")
@@ -198,11 +208,11 @@ def test_metrics_otlp_section() -> None:
 def test_lbr_key_takes_the_trace_flag_specs() -> None:
     from retsnoop_otel.kernel.lbr import BRANCH_KERNEL, BRANCH_TYPES
     cfg = parse_config(BASE + "    lbr: true\n", "a.yaml")
-    assert cfg.probe_sets[0].lbr_branch_types == BRANCH_TYPES["any_return"] | BRANCH_KERNEL
+    assert cfg.runtime.probe_sets[0].lbr_branch_types == BRANCH_TYPES["any_return"] | BRANCH_KERNEL
     cfg = parse_config(BASE + "    lbr: any,cond\n", "a.yaml")
-    assert cfg.probe_sets[0].lbr_branch_types == BRANCH_TYPES["any"] | BRANCH_TYPES["cond"] | BRANCH_KERNEL
-    assert parse_config(BASE + "    lbr: false\n", "a.yaml").probe_sets[0].lbr_branch_types == 0
-    assert parse_config(BASE, "a.yaml").probe_sets[0].lbr_branch_types == 0
+    assert cfg.runtime.probe_sets[0].lbr_branch_types == BRANCH_TYPES["any"] | BRANCH_TYPES["cond"] | BRANCH_KERNEL
+    assert parse_config(BASE + "    lbr: false\n", "a.yaml").runtime.probe_sets[0].lbr_branch_types == 0
+    assert parse_config(BASE, "a.yaml").runtime.probe_sets[0].lbr_branch_types == 0
 
 
 def test_bad_lbr_values() -> None:
@@ -215,15 +225,15 @@ def test_bad_lbr_values() -> None:
 
 def test_metrics_series_bounds() -> None:
     cfg = parse_config(BASE + "metrics:\n  max_error_types: 5\n  functions: ['*sys_bpf', map_create]\n", "a.yaml")
-    assert cfg.metrics.max_error_types == 5 and cfg.metrics.functions == ("*sys_bpf", "map_create")
+    assert cfg.runtime.metrics.max_error_types == 5 and cfg.runtime.metrics.functions == ("*sys_bpf", "map_create")
     assert "metrics.max_error_types" in err(BASE + "metrics:\n  max_error_types: 0\n")
 
 
 def test_application_context_and_user_stacks_keys() -> None:
     cfg = parse_config(BASE, "a.yaml")
-    assert cfg.probe_sets[0].app_context is True and cfg.probe_sets[0].user_stacks is False
+    assert cfg.runtime.probe_sets[0].app_context is True and cfg.runtime.probe_sets[0].user_stacks is False
     cfg = parse_config(BASE + "    app_context: false\n    user_stacks: true\n", "a.yaml")
-    assert cfg.probe_sets[0].app_context is False and cfg.probe_sets[0].user_stacks is True
+    assert cfg.runtime.probe_sets[0].app_context is False and cfg.runtime.probe_sets[0].user_stacks is True
     assert "probe_sets[0].user_stacks" in err(BASE + "    user_stacks: sometimes\n")
 
 

@@ -165,9 +165,9 @@ metrics:
 
 def test_per_probe_set_range_with_a_metrics_wide_default() -> None:
     from retsnoop_otel.runtime.runtime import Runtime, RuntimeDeps
-    cfg = parse_config(BASE.format(a="{min: 1us, max: 10s}", m="{max: 1s}"), "agent.yaml", {})
-    assert cfg.probe_sets[0].duration_range == US_TO_10S and cfg.probe_sets[1].duration_range is None
-    assert cfg.metrics.duration_range == DurationRange(max_ns=1_000_000_000)
+    cfg = parse_config(BASE.format(a="{min: 1us, max: 10s}", m="{max: 1s}"), "agent.yaml")
+    assert cfg.runtime.probe_sets[0].duration_range == US_TO_10S and cfg.runtime.probe_sets[1].duration_range is None
+    assert cfg.runtime.metrics.duration_range == DurationRange(max_ns=1_000_000_000)
     runtime = Runtime(cfg.runtime, RuntimeDeps())
     assert runtime.metrics.duration_range("a") == US_TO_10S  # its own
     assert runtime.metrics.duration_range("b") == DurationRange(max_ns=1_000_000_000)  # the metrics-wide one
@@ -185,11 +185,11 @@ def test_per_probe_set_range_with_a_metrics_wide_default() -> None:
 ])
 def test_range_errors_are_one_line_naming_file_line_and_key(value: str, where: str, problem: str) -> None:
     with pytest.raises(ConfigError) as info:
-        parse_config(BASE.format(a=value, m="{max: 1s}"), "agent.yaml", {})
+        parse_config(BASE.format(a=value, m="{max: 1s}"), "agent.yaml")
     text = str(info.value)
     assert "\n" not in text and text.startswith(f"agent.yaml:5: {where}: ") and problem in text, text
 
 
 def test_metrics_wide_range_errors_name_their_key() -> None:
     with pytest.raises(ConfigError, match=r"^agent.yaml:10: metrics.duration_range.max: max 600s is above"):
-        parse_config(BASE.format(a="{min: 1us}", m="{max: 10m}"), "agent.yaml", {})
+        parse_config(BASE.format(a="{min: 1us}", m="{max: 10m}"), "agent.yaml")

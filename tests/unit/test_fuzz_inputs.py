@@ -55,7 +55,7 @@ def test_trace_flags_never_trace_back(argv: list[str]) -> None:
         return
     deps = RuntimeDeps(find_vmlinux=lambda _symbols, _name: None, environ={}, root="/")
     try:
-        Runtime(request.config, deps).check_inputs()
+        Runtime(request.config, deps).settings()
     except Exception as exc:  # noqa: BLE001 - the assertion below says which exceptions are allowed
         assert _refused_cleanly(exc), (argv, repr(exc))
 
@@ -79,7 +79,7 @@ TREES = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=3
 
 def _parse_or_config_error(text: str) -> None:
     try:
-        parse_config(text, "fuzz.yaml", environ={})
+        parse_config(text, "fuzz.yaml")
     except ConfigError as exc:
         assert "\n" not in str(exc) and str(exc).startswith("fuzz.yaml"), str(exc)
 
@@ -109,6 +109,6 @@ def test_config_files_of_any_bytes_never_trace_back(tmp_path_factory, data: byte
     path = tmp_path_factory.mktemp("cfg") / "agent.yaml"
     path.write_bytes(data)
     try:
-        load_config(path, environ={})
+        load_config(path)
     except ConfigError as exc:
         assert "\n" not in str(exc), str(exc)

@@ -339,8 +339,8 @@ def test_agent_with_a_bad_web_config_attaches_nothing(pki: Pki, tmp_path: Path) 
     agent.deps = world.deps()
     with pytest.raises(InputError) as exc:
         agent.start()
-    assert str(exc.value) == (f"metrics.web_config_file: {web}:3: tls_server_config.key_file: {pki.client_key} does "
-                              f"not match the certificate in {pki.server_cert}")
+    assert str(exc.value) == (f"agent.yaml:14: metrics.web_config_file: {web}:3: tls_server_config.key_file: "
+                              f"{pki.client_key} does not match the certificate in {pki.server_cert}")
     assert world.tracers == [] and agent.runtime is None
 
 

@@ -285,7 +285,7 @@ def test_fentry_probe_sets_read_the_bpf_symbols_before_the_first_stack_not_at_st
     disc = discover(["__x64_sys_bpf"], ["array_map_alloc_check"], [], ksyms, env.available, env.ret_kind, "fentry")
     world, shown = World(), []
     ps = ProbeSet(ProbeSetConfig(name="x", entry=("__x64_sys_bpf",)), disc,
-                  parse_config("probe_sets: {a: {entry: f}}").limits, env, world.factory,
+                  parse_config("probe_sets: {a: {entry: f}}").runtime.limits, env, world.factory,
                   lambda _p, s: shown.append((ksyms.reads, s)))
     ps.start()
     assert ps.mode == "fentry" and ksyms.reads == 0  # not on the way to "Receiving data..."

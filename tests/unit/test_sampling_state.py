@@ -61,7 +61,7 @@ def test_probe_set_records_how_each_session_was_kept() -> None:
 
     env = make_env()
     disc = discover(["__x64_sys_bpf"], [], [], env.ksyms, env.available, env.ret_kind, "kprobe")
-    limits = parse_config("probe_sets: {a: {entry: f}}").limits
+    limits = parse_config("probe_sets: {a: {entry: f}}").runtime.limits
 
     def probe_set(sampling: Sampling) -> ProbeSet:
         return ProbeSet(_cfg(sampling=sampling), disc, limits, env, World().factory, lambda _p, _s: None)

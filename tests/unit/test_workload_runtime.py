@@ -80,14 +80,14 @@ def test_kubernetes_section_in_cluster_defaults(tmp_path: Path) -> None:
     token, ca = kube_files(tmp_path)
     env = {"K8S_NODE_NAME": "node-a", "KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
     cfg = parse_config(BASE + f"kubernetes:\n  metadata: true\n  token_file: {token}\n  ca_file: {ca}\n",
-                       "agent.yaml", env)
-    assert cfg.kubernetes == KubernetesConfig(True, None, None, str(token), str(ca))
-    assert parse_config(BASE, "agent.yaml", env).kubernetes == KubernetesConfig()  # off by default
+                       "agent.yaml")
+    assert cfg.runtime.kubernetes == KubernetesConfig(True, None, None, str(token), str(ca))
+    assert parse_config(BASE, "agent.yaml").runtime.kubernetes == KubernetesConfig()  # off by default
     from retsnoop_otel.workload.k8s_settings import resolve_kubernetes
-    s = resolve_kubernetes(cfg.kubernetes, env)
+    s = resolve_kubernetes(cfg.runtime.kubernetes, env)
     assert (s.node_name, s.api_server, s.token_file, s.ca_file) == ("node-a", "https://10.96.0.1:443", str(token),
                                                                      str(ca))
-    v6 = resolve_kubernetes(cfg.kubernetes, {**env, "KUBERNETES_SERVICE_HOST": "fd00:10:96::1"})
+    v6 = resolve_kubernetes(cfg.runtime.kubernetes, {**env, "KUBERNETES_SERVICE_HOST": "fd00:10:96::1"})
     assert v6.api_server == "https://[fd00:10:96::1]:443"
 
 
@@ -101,7 +101,7 @@ def test_kubernetes_section_in_cluster_defaults(tmp_path: Path) -> None:
 ])
 def test_kubernetes_section_errors(section: str, want: str) -> None:
     with pytest.raises(ConfigError) as err:
-        parse_config(BASE + "kubernetes:\n" + section, "agent.yaml", {})
+        parse_config(BASE + "kubernetes:\n" + section, "agent.yaml")
     assert str(err.value).startswith(want), str(err.value)
 
 
@@ -121,12 +121,12 @@ def test_the_environment_is_checked_when_the_agent_starts(tmp_path: Path, extra:
     from retsnoop_otel.runtime.runtime import Runtime
     token, ca = kube_files(tmp_path)
     files = f"  ca_file: {ca}\n" + ("" if "token_file" in extra else f"  token_file: {token}\n")
-    cfg = parse_config(BASE + "kubernetes:\n  metadata: true\n" + extra + files, "agent.yaml", env)
+    cfg = parse_config(BASE + "kubernetes:\n  metadata: true\n" + extra + files, "agent.yaml")
     world = World()
     deps = world.deps()
     deps.environ = env
     with pytest.raises(InputError) as err:
-        Runtime(cfg.runtime, deps).check_inputs()
+        Runtime(cfg.runtime, deps).settings()
     assert str(err.value).startswith(want), str(err.value)
     assert world.tracers == []
 
@@ -218,7 +218,7 @@ def test_metrics_workload_label_through_the_runtime(tmp_path: Path) -> None:
 def test_namespace_label_needs_the_metadata_watch(tmp_path: Path) -> None:
     from retsnoop_otel.runtime.errors import InputError
     from retsnoop_otel.runtime.runtime import Runtime
-    cfg = parse_config(WL_CONFIG.replace("workload_label: container", "workload_label: namespace"), environ={})
+    cfg = parse_config(WL_CONFIG.replace("workload_label: container", "workload_label: namespace"))
     with pytest.raises(InputError) as err:
-        Runtime(cfg.runtime, World().deps()).check_inputs()
+        Runtime(cfg.runtime, World().deps()).settings()
     assert "kubernetes.metadata: true" in str(err.value) and "counted" in str(err.value)
