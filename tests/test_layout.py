@@ -156,5 +156,30 @@ def test_no_private_name_of_an_opentelemetry_package() -> None:
 def test_bench_scripts_import() -> None:
     """The benchmarks are scripts nothing else runs: importing them at least keeps them in step with the code."""
     import importlib
-    for path in sorted((ROOT / "bench").glob("*.py")):
+    for path in sorted((ROOT / "bench").glob("[!_]*.py")):
         importlib.import_module(f"bench.{path.stem}")
+
+
+def imported_modules(path: Path) -> Iterator[str]:
+    """Every module an import statement of `path` names (`from a import b` names a.b too: b may be a module)."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            yield node.module
+            yield from (f"{node.module}.{alias.name}" for alias in node.names)
+
+
+def test_bench_is_a_package_whose_benches_share_one_module() -> None:
+    """Each bench runs as `python -m bench.NAME`: none edits sys.path, none imports from tests/ (the tests may
+    import bench, not the reverse), and none imports another bench: what several use is in bench.harness."""
+    libraries = {"bench.harness", "bench.kprofile", "bench.oracle_spans", "bench.start_path", "bench.tls_certs"}
+    bad = []
+    for path in sorted((ROOT / "bench").glob("*.py")):
+        if "sys.path" in path.read_text():
+            bad.append(f"{path.name}: sys.path")
+        for name in imported_modules(path):
+            if name.split(".")[0] == "tests" or name.count(".") == 1 and name.startswith("bench.") and (
+                    (ROOT / "bench" / f"{name.split('.')[1]}.py").exists() and name not in libraries):
+                bad.append(f"{path.name}: {name}")
+    assert bad == []

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from bench.tls_certs import make_pki
 from retsnoop_otel.agent import health
 from retsnoop_otel.agent.main import main as agent_main
 from retsnoop_otel.metrics.server import MetricsServer
 from retsnoop_otel.metrics.web_tls import WebWatcher, load_web_config
-from tests.tls_certs import make_pki
 from tests.unit.test_metrics_tls import TLS, USERS
 
 

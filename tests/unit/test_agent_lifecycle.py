@@ -21,6 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from bench.oracle_spans import request_to_span_views
 from retsnoop_otel.agent.main import Agent, check, install_signal_handlers, main
 from retsnoop_otel.capture import records
 from retsnoop_otel.capture.model import CaptureStats, FuncStats, RetKind, SessionStats
@@ -38,7 +39,6 @@ from retsnoop_otel.symbols.kallsyms import Kallsyms
 from retsnoop_otel.symbols.process_context import thread_attributes
 from retsnoop_otel.symbols.symbolize import KallsymsSymbolizer
 from retsnoop_otel.symbols.traceable import Traceable
-from tests.oracle_spans import request_to_span_views
 
 KALLSYMS = """\
 ffffffff81000000 T _stext

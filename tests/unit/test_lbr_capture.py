@@ -7,6 +7,7 @@ import io
 
 import pytest
 
+from bench.oracle_spans import request_to_span_views
 from retsnoop_otel.capture import records
 from retsnoop_otel.capture.model import Branch, LbrCapture, RetKind, StackEntry, TracedFunc
 from retsnoop_otel.capture.records import SessionLbrRec
@@ -18,7 +19,6 @@ from retsnoop_otel.render.lbr import render_session_lbr
 from retsnoop_otel.symbols.kallsyms import Kallsyms
 from retsnoop_otel.symbols.symbolize import KallsymsSymbolizer
 from retsnoop_otel.trace.flags import parse
-from tests.oracle_spans import request_to_span_views
 from tests.unit.test_lbr import AMAC, AMAC_SIZE, RECORDS, ROOT
 from tests.unit.test_span_content import FUNCS, OFFSET, encoded, tree_session
 from tests.unit.test_span_encoder import assert_same, decode, encoder_for, symbolize

@@ -10,11 +10,11 @@ import random
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
+from bench.oracle_spans import request_to_spans
 from retsnoop_otel import __version__
 from retsnoop_otel.capture.model import Call, RetKind, Session, StackEntry, TracedFunc
 from retsnoop_otel.export.resource import build_resource
 from retsnoop_otel.export.span_encoder import SpanEncoder, build_request, make_envelope
-from tests.oracle_spans import request_to_spans
 
 ERROR, UNSET = 2, 0
 

@@ -5,7 +5,8 @@ import random
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from bench import span_throughput  # the benchmark's realistic session generator
+from bench import harness  # the benchmarks' realistic session generator
+from bench.oracle_spans import request_to_spans, sdk_request, session_to_spans
 from retsnoop_otel.capture.model import (
     AppContext,
     ArgValue,
@@ -20,7 +21,6 @@ from retsnoop_otel.capture.model import (
 from retsnoop_otel.export import span_encoder
 from retsnoop_otel.export.resource import Resource, build_resource
 from retsnoop_otel.export.span_encoder import SpanEncoder, build_request, make_envelope
-from tests.oracle_spans import request_to_spans, sdk_request, session_to_spans
 from tests.unit.test_span_content import EINVAL, FUNCS, KPTR, OFFSET, tree_session
 
 RESOURCE = build_resource(instance_id="test")
@@ -123,10 +123,10 @@ def test_span_limit():
 def test_generated_sessions_match_with_one_long_lived_encoder():
     """The benchmark's sessions (50 nested calls, errors, lost exits, distinct pointers), one shared encoder."""
     rng = random.Random(3)
-    funcs = span_throughput.make_funcs()
+    funcs = harness.make_funcs()
     encoder = encoder_for(funcs, symbolize=symbolize)
     for _ in range(40):
-        assert_same(span_throughput.make_session(rng, funcs, 50), funcs, encoder=encoder, symbolize=symbolize)
+        assert_same(harness.make_session(rng, funcs, 50), funcs, encoder=encoder, symbolize=symbolize)
     # every valid pointer shares one encoding instead of filling the cache with one entry per address
     pointer_funcs = {f.id for f in funcs.values() if f.ret is RetKind.POINTER}
     cached_pointers = [raw for fid, raw in encoder._cache if fid in pointer_funcs and raw]

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from bench.start_path import START_MODULES
 from retsnoop_otel.cli import process_age_s
 from retsnoop_otel.runtime.startup import Phase, StartClock, format_phases, phase_fields
 from retsnoop_otel.trace.main import run_trace
-from tests.start_path import START_MODULES
 from tests.unit.test_agent_lifecycle import World
 
 PHASE = re.compile(r"^Phase (\S+): (\d+) ms(?: \((.*)\))?$")

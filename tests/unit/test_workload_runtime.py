@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.tls_certs import make_ca
 from retsnoop_otel.agent.config_file import ConfigError, parse_config
 from retsnoop_otel.agent.main import Agent
 from retsnoop_otel.capture.records import SessionEndRec
@@ -17,7 +18,6 @@ from retsnoop_otel.runtime.logs import EventLog
 from retsnoop_otel.workload.k8s_settings import KubernetesConfig
 from retsnoop_otel.workload.pods import PodCache, PodMeta
 from retsnoop_otel.workload.resolver import WorkloadResolver
-from tests.tls_certs import make_ca
 from tests.unit.test_agent_lifecycle import CONFIG, World, by_set, error_session, wait_exported
 from tests.unit.test_workload_resolver import APP, CID, UID, cg_id, host, process
 
