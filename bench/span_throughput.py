@@ -26,10 +26,10 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.trace import SpanKind
 
 from bench.harness import OFFSET, make_funcs, make_session
-from bench.oracle_spans import sdk_resource, sdk_status, session_to_spans
+from bench.oracle_spans import result_attrs, sdk_resource, sdk_status, session_to_spans
 from retsnoop_otel.capture.model import Call, Session, TracedFunc
 from retsnoop_otel.export.resource import build_resource
-from retsnoop_otel.export.span_attributes import SCOPE_NAME, SCOPE_VERSION, result_attrs, session_attrs
+from retsnoop_otel.export.span_attributes import SCOPE_NAME, SCOPE_VERSION, session_attrs
 from retsnoop_otel.export.span_encoder import SpanEncoder, build_request, make_envelope
 
 BATCH = 512  # spans per export request, the sink's default
