@@ -1,5 +1,6 @@
 """The package's shape: no import cycle between modules or sub-packages, the layers import downwards only,
-no module much over 500 lines, and no private name of an OpenTelemetry package anywhere in the product.
+no module much over 500 lines, and no private name of an OpenTelemetry package anywhere in the product. Also the
+shape of bench/ (one package, run with `python -m bench.NAME`) and that no test module imports another.
 
 Imports are read from the source (every import statement, also those inside functions and under
 TYPE_CHECKING), so a cycle hidden behind a lazy import fails here too.
@@ -182,4 +183,15 @@ def test_bench_is_a_package_whose_benches_share_one_module() -> None:
             if name.split(".")[0] == "tests" or name.count(".") == 1 and name.startswith("bench.") and (
                     (ROOT / "bench" / f"{name.split('.')[1]}.py").exists() and name not in libraries):
                 bad.append(f"{path.name}: {name}")
+    assert bad == []
+
+
+def test_no_module_of_the_tests_imports_a_test_module() -> None:
+    """What several test modules share (fakes, oracle checks, dashboard readers) is in helper modules such as
+    tests/fakes.py, never in a test module: importing one would tie its tests to the importer's."""
+    bad = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for name in imported_modules(path):
+            if name.split(".")[0] == "tests" and name.rpartition(".")[2].startswith("test_"):
+                bad.append(f"{path.relative_to(ROOT)}: {name}")
     assert bad == []

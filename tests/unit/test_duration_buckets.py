@@ -16,7 +16,7 @@ from retsnoop_otel.export.metrics_push import metrics_request
 from retsnoop_otel.metrics.buckets import DurationRange, RangeError, parse_duration_ns, slot_buckets
 from retsnoop_otel.metrics.exemplars import ExemplarStore
 from retsnoop_otel.metrics.kernel_families import KernelCollector, bucket_bounds
-from tests.unit.test_metrics import FakeProbeSet, make_registry
+from tests.fakes import FakeProbeSet, make_registry
 
 FUNCS = {0: TracedFunc(0, "__x64_sys_bpf", 0, RetKind.SIGNED, True)}
 US_TO_10S = DurationRange(1_000, 10_000_000_000)  # bounds 2^9 ns (512 ns) .. 2^34 ns (17.18 s)

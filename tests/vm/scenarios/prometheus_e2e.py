@@ -30,7 +30,7 @@ import bcrypt
 import yaml
 
 from bench.tls_certs import leaf, make_ca
-from tests.test_dashboards import ALERTS, SCRAPE_CONFIG, all_expressions
+from tests.dashboard_files import ALERTS, SCRAPE_CONFIG, all_expressions
 from tests.vm.guest_batch import budget
 
 PY = sys.executable
