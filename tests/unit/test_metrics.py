@@ -6,7 +6,8 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from retsnoop_otel import __version__
 from retsnoop_otel.capture.model import FuncStats, RetKind, SessionStats, TracedFunc
-from retsnoop_otel.metrics.kernel_families import bucket_bounds
+from retsnoop_otel.metrics.buckets import FIRST_EXP, LAST_EXP
+from retsnoop_otel.metrics.kernel_families import layout
 from retsnoop_otel.metrics.series import SeriesBounds, SeriesLimiter
 from tests.fakes import FakeProbeSet, metrics_registry, vfs_func_stats
 
@@ -149,7 +150,7 @@ def test_reads_happen_at_scrape_time():
 
 
 def test_kernel_bucket_bounds():
-    bounds = bucket_bounds(40)
+    bounds, _owner = layout(FIRST_EXP, LAST_EXP, 40)  # the kernel's own layout: every slot a bucket
     assert len(bounds) == 40 and bounds[0] == "2e-09" and bounds[-1] == "+Inf"
     assert float(bounds[-2]) == 2**39 / 1e9  # bucket 38 ends at 2^39 ns; bucket 39 is open-ended
 
