@@ -28,11 +28,10 @@ from retsnoop_otel.export.senders import build_sender
 from retsnoop_otel.export.span_encoder import EncodedTrace, SpanEncoder, WorkloadEnvelopes, make_envelope
 from retsnoop_otel.runtime.config import AGENT_NAMES
 from retsnoop_otel.runtime.sinks import otlp_settings
+from tests.fakes import EINVAL, OFFSET
 from tests.otlp_receiver import load_spans, start_receiver
 
 REPO = Path(__file__).resolve().parent.parent
-EINVAL = (1 << 64) - 22
-OFFSET = 1_700_000_000_000_000_000
 FUNCS = {
     0: TracedFunc(0, "__x64_sys_bpf", 0, RetKind.SIGNED, True),
     1: TracedFunc(1, "map_create", 0, RetKind.INT32, False),
