@@ -2,7 +2,7 @@
 
 Run as root on a kernel that allows tracing (in the VM, one boot):
 
-    flock /tmp/retsnoop-vm.lock tests/vm/run --kernel 6.12 -- python bench/agent_scale.py
+    flock /tmp/retsnoop-vm.lock tests/vm/run --kernel 6.12 -- python -m bench.agent_scale
 
 The function set is found with globs: `*sys_bpf` as the entry, then globs of subsystems the VM leaves
 idle (COLD_PREFIXES), in order of how many traceable functions each adds (available_filter_functions
@@ -28,14 +28,11 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from bench.peer_compare import STATS, build_workload, prog_stats, run_workload, set_stats  # noqa: E402
-from retsnoop_otel.capture.model import RetKind  # noqa: E402
-from retsnoop_otel.symbols import discovery  # noqa: E402
-from retsnoop_otel.symbols.kallsyms import Kallsyms  # noqa: E402
-from retsnoop_otel.symbols.traceable import Traceable  # noqa: E402
+from bench.harness import BPF_STATS, ROOT, build_workload, prog_stats, run_workload, set_stats
+from retsnoop_otel.capture.model import RetKind
+from retsnoop_otel.symbols import discovery
+from retsnoop_otel.symbols.kallsyms import Kallsyms
+from retsnoop_otel.symbols.traceable import Traceable
 
 CONFIG = """\
 probe_sets:
@@ -252,4 +249,4 @@ def report(out: dict) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main() if STATS.parent.exists() else 2)
+    sys.exit(main() if BPF_STATS.parent.exists() else 2)

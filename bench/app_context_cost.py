@@ -1,6 +1,6 @@
 """What reading the application's thread context (and its user stack) costs the kernel side, per session.
 
-    .venv/bin/python bench/app_context_cost.py [--rounds 20000] [--repeat 3]      (root; any kernel with uprobes)
+    .venv/bin/python -m bench.app_context_cost [--rounds 20000] [--repeat 3]      (root; any kernel with uprobes)
 
 Three BPF objects, loaded side by side, trace the same user function (sk_syscall of tests/native/simkern.c,
 through uprobes: on the development host kernel functions cannot be traced) in the same writer process
@@ -25,14 +25,11 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from bench.harness import BPF_STATS, ROOT
+from retsnoop_otel.capture.model import RetKind, TracedFunc
+from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer
+from retsnoop_otel.symbols.thread_ctx import TlsLocator
 
-from retsnoop_otel.capture.model import RetKind, TracedFunc  # noqa: E402
-from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer  # noqa: E402
-from retsnoop_otel.symbols.thread_ctx import TlsLocator  # noqa: E402
-
-SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
 VARIANTS = {"plain": (False, False), "context": (True, False), "context_ustack": (True, True)}
 
 
@@ -94,8 +91,8 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=20000)
     p.add_argument("--repeat", type=int, default=3)
     args = p.parse_args()
-    before = SYSCTL.read_text()
-    SYSCTL.write_text("1\n")
+    before = BPF_STATS.read_text()
+    BPF_STATS.write_text("1\n")
     try:
         with tempfile.TemporaryDirectory() as tmp:
             simkern, writer = build(Path(tmp))
@@ -111,7 +108,7 @@ def main() -> int:
                 for n in VARIANTS:
                     print(f"  {n:16s} {med[n]:8.0f} ns   x{med[n] / med['plain']:.3f} of plain")
     finally:
-        SYSCTL.write_text(before)
+        BPF_STATS.write_text(before)
     return 0
 
 

@@ -1,7 +1,7 @@
 """The application watcher's first look at every running process: where, if anywhere, each keeps its OTel
 thread context. Run as root on any host (no tracing needed):
 
-    .venv/bin/python bench/app_scan_cost.py [--runs N] [--base CHECKOUT]
+    .venv/bin/python -m bench.app_scan_cost [--runs N] [--base CHECKOUT]
 
 `trace` and the agent queue every process that runs when they start and check them during the first polls
 after "Receiving data...", so this is CPU taken from the traced system right after attach (under emulation,
@@ -13,15 +13,11 @@ interpreter with an empty per-file cache, imports included; --base runs another 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from checkouts import THIS, child_json, interleaved, medians, parse_trees  # noqa: E402
+from bench.harness import THIS, child_json, interleaved, medians, parse_trees
 
 CHILD = r"""
-import json, os, sys, time
-sys.path.insert(0, sys.argv[1])
+import json, os, time
 t0 = time.perf_counter()
 from retsnoop_otel.symbols.thread_ctx import ThreadCtxError, TlsLocator
 locator, found, failed = TlsLocator(), 0, 0

@@ -1,7 +1,7 @@
 """The console's cost per session (`trace`'s default output): symbolize the kernel stack, match it with the
 error chain, format the rows. Run as root on any host (it reads /proc/kallsyms; no tracing needed):
 
-    .venv/bin/python bench/console_cost.py [--sessions N] [--stacks N]
+    .venv/bin/python -m bench.console_cost [--sessions N] [--stacks N]
 
 Side by side in one run: the console as trace runs it (stack layouts kept per stack shape, symbolizer
 results cached per address), the same without kept layouts (the build before render/stack.py's
@@ -20,15 +20,12 @@ import argparse
 import random
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from retsnoop_otel.capture.model import RetKind, Session, StackEntry, TracedFunc  # noqa: E402
-from retsnoop_otel.render.console import session_text  # noqa: E402
-from retsnoop_otel.render.stack import StackLayouts  # noqa: E402
-from retsnoop_otel.symbols.kallsyms import Kallsyms  # noqa: E402
-from retsnoop_otel.symbols.symbolize import Frame, KallsymsSymbolizer  # noqa: E402
+from retsnoop_otel.capture.model import RetKind, Session, StackEntry, TracedFunc
+from retsnoop_otel.render.console import session_text
+from retsnoop_otel.render.stack import StackLayouts
+from retsnoop_otel.symbols.kallsyms import Kallsyms
+from retsnoop_otel.symbols.symbolize import Frame, KallsymsSymbolizer
 
 NEG = 1 << 64
 OFFSET = 1_700_000_000 * 10**9

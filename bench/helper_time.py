@@ -1,6 +1,6 @@
 """Time per workload call in each kernel helper our programs call, measured by the function_graph tracer.
 
-    tests/vm/run --kernel 6.12 -- python bench/helper_time.py --sets 20 --mode kprobe
+    tests/vm/run --kernel 6.12 -- python -m bench.helper_time --sets 20 --mode kprobe
 
 The programs' statistics give one number per program, and a sampling profiler is blind inside kprobe-type
 programs (a perf event's program is skipped while another BPF program runs on the CPU). The function_graph
@@ -21,19 +21,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from bench.nested_calls import traced_workload  # noqa: E402
-from bench.peer_compare import (  # noqa: E402
+from bench.harness import (
     SETS,
     KernelFacts,
+    attach,
     build_workload,
+    detach,
     our_functions,
-    settle,
+    settle_hooks,
+    traced_workload,
 )
-from bench.together_cost import attach, detach  # noqa: E402
-from retsnoop_otel.kernel import tracefs  # noqa: E402
+from retsnoop_otel.kernel import tracefs
 
 HELPERS = ("bpf_get_stack", "bpf_get_stack_raw_tp", "bpf_get_stack_pe", "bpf_ringbuf_reserve", "bpf_ringbuf_submit",
            "bpf_ringbuf_query", "bpf_probe_read_kernel", "bpf_probe_read_kernel_str", "bpf_probe_read_user",
@@ -87,7 +85,7 @@ def main() -> int:
                 got = helper_time(root, funcs, workload, args.calls)
             finally:
                 detach(running, 600)
-                settle(300)
+                settle_hooks(300)
     finally:
         (root / "buffer_size_kb").write_text(size_kb)
     print(json.dumps({"mode": args.mode, "set": args.sets, "calls": args.calls,

@@ -1,6 +1,6 @@
 """What `trace` imports before it can attach, and what that costs: run on any host (no tracing needed).
 
-    .venv/bin/python bench/import_cost.py [--runs N] [--base CHECKOUT]
+    .venv/bin/python -m bench.import_cost [--runs N] [--base CHECKOUT]
 
 Under emulation (tests/vm) importing our modules is the largest phase of `trace -v` ("imports", about
 35x the host's time), so a millisecond here is tens of milliseconds of a user's wait there. Each run is
@@ -18,20 +18,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the repo root, for tests.start_path
-
-from checkouts import THIS, child_json, interleaved, medians, parse_trees  # noqa: E402
-
-from tests.start_path import START_MODULES  # noqa: E402
+from bench.harness import THIS, child_json, interleaved, medians, parse_trees
+from bench.start_path import START_MODULES
 
 CHILD = r"""
 import importlib, json, sys, time  # not dataclasses: whether the start imports it is part of what is measured
-sys.path.insert(0, sys.argv[1])
 t0 = time.perf_counter()
-for name in sys.argv[2:]:
+for name in sys.argv[1:]:
     importlib.import_module(name)
 total = time.perf_counter() - t0
 ours = [m for n, m in list(sys.modules.items()) if n.startswith("retsnoop_otel")]
@@ -44,8 +38,7 @@ print(json.dumps({"imports_ms": total * 1e3, "modules": len(ours),
 
 
 DECODE = r"""
-import json, sys, timeit
-sys.path.insert(0, sys.argv[1])
+import json, timeit
 from retsnoop_otel.capture import records as r
 m = r.MAX_FSTACK_DEPTH
 end = r.SESSION_END.pack(r.REC_SESSION_END, 11, 11, 0, 100, 200, 0, 0, 3, 0, 1, 0, 4, 4, 80, b"comm", b"pcomm",

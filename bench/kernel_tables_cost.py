@@ -1,6 +1,6 @@
 """Reading the kernel's tables and resolving globs with them: what a start spends before it loads BPF.
 
-    .venv/bin/python bench/kernel_tables_cost.py [--root DIR] [--runs N] [--base CHECKOUT]
+    .venv/bin/python -m bench.kernel_tables_cost [--root DIR] [--runs N] [--base CHECKOUT]
 
 Times, in a fresh interpreter per run, what `trace` and the agent do with kallsyms, available_filter_functions
 and the BTF function types: the first start (read and parse them, fill the kernel cache), a start with the
@@ -22,27 +22,14 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench.harness import AGENT_SCALE_GLOBS, ROOT, THIS, child_json, interleaved, medians
 
-from checkouts import ROOT, THIS, child_json, interleaved, medians  # noqa: E402
-
-# the ~10,000: the globs bench/agent_scale.py chose on 6.12 (the largest idle subsystems first)
-AGENT_SCALE_GLOBS = (
-    "acpi_*", "pci*", "tcp_*", "blk*", "intel_*", "devlink_*", "dev_*", "crypto_*", "amd_*", "perf_*",
-    "xfrm*", "inet*", "clk_*", "fib*", "cgroup_*", "ip6*", "sock_*", "iommu_*", "gpio*", "device_*",
-    "pm_*", "input_*", "ip_*", "i2c_*", "netdev_*", "audit_*", "regulator_*", "skb_*", "ipv6_*", "sk_*",
-    "udp*", "hugetlb*", "thermal_*", "shmem_*", "tcf_*", "cpufreq_*", "rtnl_*", "efi*", "ethtool*", "unix_*",
-    "bio_*", "netlink_*", "pnp_*", "neigh_*", "rtc_*", "nf_*", "platform_*", "mce_*", "tc_*", "qdisc_*",
-    "xdp_*", "key_*", "swap_*", "raw_*", "icmp*", "ipv4_*", "ping_*", "bus_*", "bdev_*", "genl_*",
-    "kvm_*", "page_pool*", "zswap*", "driver_*", "serio_*", "arp_*", "pkcs7_*", "elv_*", "keyring_*",
-)
 SETS = {"20": (["*sys_bpf"], ["array_map_*"]), "1300": (["*sys_bpf"], ["bpf_*", "array_map_*", "map_*"]),
         "10000": (["*sys_bpf"], list(AGENT_SCALE_GLOBS))}
 
 CHILD = r"""
 import json, sys, tempfile, time
-sys.path.insert(0, sys.argv[1])
-root, sets = sys.argv[2], json.loads(sys.argv[3])
+root, sets = sys.argv[1], json.loads(sys.argv[2])
 from retsnoop_otel.kernel.kcache import KernelCache, kernel_identity
 from retsnoop_otel.symbols import discovery, kernel_facts
 out = {}

@@ -2,7 +2,7 @@
 
 (a) Scrape time (default mode; runs anywhere, no tracing needed):
 
-    .venv/bin/python bench/metrics_cost.py [--funcs 1000] [--buckets 40] [--runs 21] [--kernel-maps]
+    .venv/bin/python -m bench.metrics_cost [--funcs 1000] [--buckets 40] [--runs 21] [--kernel-maps]
 
 The runtime's kernel-families collector over synthetic stats for --funcs functions (every third one with one to five
 error types, --buckets log2 duration buckets, 10 entry functions with exemplars in four buckets, two
@@ -15,7 +15,7 @@ same numbers from user space, and whole scrapes (per-CPU map lookups + formattin
 
 (b) Agent CPU per traced call, metrics only (--agent-cpu; needs a kernel that allows tracing):
 
-    tests/vm/run --kernel 6.12 -- python bench/metrics_cost.py --agent-cpu
+    tests/vm/run --kernel 6.12 -- python -m bench.metrics_cost --agent-cpu
 
 How the claim "with metrics only, the user-space cost per traced call is zero" is measured:
 1. The agent runs as its own process (`python -m retsnoop_otel agent --config TMP`) with one probe
@@ -44,30 +44,34 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import socket
 import statistics
 import struct
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from prometheus_client import generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+from prometheus_client.registry import CollectorRegistry
 
-from prometheus_client import generate_latest  # noqa: E402
-from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics  # noqa: E402
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-from prometheus_client.registry import CollectorRegistry  # noqa: E402
-
-from bench.procs import stop  # noqa: E402
-from retsnoop_otel.capture import records  # noqa: E402
-from retsnoop_otel.capture.model import (  # noqa: E402
+from bench.harness import (
+    ROOT,
+    bpf_stats_enabled,
+    cpu_seconds,
+    free_port,
+    growth,
+    scrape,
+    settle_cpu,
+    stop,
+    wait_healthy,
+)
+from retsnoop_otel.capture import records
+from retsnoop_otel.capture.model import (
     CaptureStats,
     FuncStats,
     ProgramStats,
@@ -75,14 +79,12 @@ from retsnoop_otel.capture.model import (  # noqa: E402
     SessionStats,
     TracedFunc,
 )
-from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer  # noqa: E402
-from retsnoop_otel.metrics.exemplars import ExemplarStore  # noqa: E402
-from retsnoop_otel.metrics.kernel_families import KernelCollector  # noqa: E402
+from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer
+from retsnoop_otel.metrics.exemplars import ExemplarStore
+from retsnoop_otel.metrics.kernel_families import KernelCollector
 
-REPO = Path(__file__).resolve().parents[1]
 ERRNOS = {"EINVAL": 22, "ENOMEM": 12, "EPERM": 1, "ENOENT": 2, "EFAULT": 14, "E2BIG": 7}
 ENTRY_FUNCS = 10
-SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
 SIMFAIL_CASE = "bpf-bad-map-max-entries-array"
 
 
@@ -271,50 +273,6 @@ logging:
   level: warning
 """
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a whole process (all threads), from /proc/<pid>/stat."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # fields 14 and 15 of stat(5)
-
-
-def scrape(port: int) -> dict[str, float]:
-    """Sample name{labels} -> value, Prometheus text format."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
-        text = resp.read().decode()
-    out = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-            out[f"{s.name}{{{labels}}}"] = s.value
-    return out
-
-
-def growth(before: dict[str, float], after: dict[str, float], family: str) -> float:
-    """How much the samples of one series name (all label sets summed) grew between two scrapes."""
-    def total(sample: dict[str, float]) -> float:
-        return sum(v for k, v in sample.items() if k.startswith(family + "{"))
-    return total(after) - total(before)
-
-
-def wait_healthy(proc: subprocess.Popen, port: int, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the agent exited with {proc.returncode} before attaching")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5):
-                return
-        except (urllib.error.URLError, ConnectionError):
-            time.sleep(0.5)
-    raise RuntimeError(f"the agent did not answer /healthz within {timeout_s:.0f} s")
-
-
 @dataclass(frozen=True)
 class CpuRow:
     variant: str
@@ -332,21 +290,9 @@ class CpuRow:
         return self.net_cpu_s / self.calls * 1000
 
 
-def settle(pid: int, quiet_rate: float = 0.05, window_s: float = 2.0, timeout_s: float = 120.0) -> float:
-    """Wait until the agent uses less than `quiet_rate` CPU-seconds per second over a window (under
-    emulation its start-up work goes on for a while after /healthz answers); returns the last rate."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        c0, t0 = cpu_seconds(pid), time.monotonic()
-        time.sleep(window_s)
-        rate = (cpu_seconds(pid) - c0) / (time.monotonic() - t0)
-        if rate < quiet_rate or time.monotonic() > deadline:
-            return rate
-
-
 def run_workload(calls: int, delay_ms: float) -> None:
     subprocess.run([sys.executable, "-m", "retsnoop_otel", "simfail", SIMFAIL_CASE, "--repeat", str(calls),
-                    "--delay-ms", str(delay_ms)], cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+                    "--delay-ms", str(delay_ms)], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
 
 
 def measure_variant(variant: str, metrics_only: bool, args: argparse.Namespace, tmp: Path) -> list[CpuRow]:
@@ -354,14 +300,14 @@ def measure_variant(variant: str, metrics_only: bool, args: argparse.Namespace, 
     cfg = tmp / f"agent-{variant}.yaml"
     cfg.write_text(agent_config(port, metrics_only))
     log = (tmp / f"agent-{variant}.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "retsnoop_otel", "agent", "--config", str(cfg)], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "retsnoop_otel", "agent", "--config", str(cfg)], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=log)
     try:
         try:
             wait_healthy(proc, port, args.start_timeout)
         except RuntimeError as exc:
             raise RuntimeError(f"{exc}; agent log:\n{(tmp / f'agent-{variant}.log').read_text()}") from None
-        settle(proc.pid)  # attach done; wait out the first housekeeping, scrapes and lazy imports
+        settle_cpu(proc.pid)  # attach done; wait out the first housekeeping, scrapes and lazy imports
         c0, t0 = cpu_seconds(proc.pid), time.monotonic()
         time.sleep(args.idle_s)
         idle_rate = (cpu_seconds(proc.pid) - c0) / (time.monotonic() - t0)
@@ -386,29 +332,13 @@ def measure_variant(variant: str, metrics_only: bool, args: argparse.Namespace, 
         log.close()
 
 
-@contextmanager
-def bpf_stats_enabled() -> Iterator[None]:
-    """kernel.bpf_stats_enabled=1 while measuring (for the kernel-side column), then the old value."""
-    try:
-        before = SYSCTL.read_text()
-        SYSCTL.write_text("1\n")
-    except OSError as exc:
-        print(f"kernel.bpf_stats_enabled not set ({exc}): no kernel ns/call column", file=sys.stderr)
-        yield
-        return
-    try:
-        yield
-    finally:
-        SYSCTL.write_text(before)
-
-
 def agent_cpu_table(args: argparse.Namespace) -> int:
     variants = [("metrics only", True)] + ([("sessions to console", False)] if args.control else [])
     with tempfile.TemporaryDirectory(dir=os.environ.get("RETSNOOP_OTEL_RWDIR")) as tmp, bpf_stats_enabled():
         try:
             rows = [r for name, only in variants for r in measure_variant(name, only, args, Path(tmp))]
         except (RuntimeError, subprocess.CalledProcessError) as exc:
-            print(f"bench/metrics_cost.py --agent-cpu: {exc}", file=sys.stderr)
+            print(f"bench.metrics_cost --agent-cpu: {exc}", file=sys.stderr)
             return 1
     print(f"\nagent CPU per traced call; workload: simfail {SIMFAIL_CASE} x {args.calls} per rate; "
           f"kernel {os.uname().release}")

@@ -1,6 +1,6 @@
 """What TLS and basic auth add to a scrape of /metrics (runs anywhere, no tracing needed):
 
-    .venv/bin/python bench/metrics_tls_cost.py [--runs 200] [--cost 10]
+    .venv/bin/python -m bench.metrics_tls_cost [--runs 200] [--cost 10]
 
 The real metrics server (metrics/server.py) on loopback with a small registry, scraped by http.client
 with a new connection per scrape (as Prometheus does against a server that closes after each
@@ -16,7 +16,6 @@ import base64
 import http.client
 import ssl
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,12 +24,10 @@ import bcrypt
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from retsnoop_otel.metrics.basic_auth import BasicAuth  # noqa: E402
-from retsnoop_otel.metrics.server import MetricsServer  # noqa: E402
-from retsnoop_otel.metrics.web_tls import WebWatcher, load_web_config  # noqa: E402
-from tests.tls_certs import make_pki  # noqa: E402
+from bench.tls_certs import make_pki
+from retsnoop_otel.metrics.basic_auth import BasicAuth
+from retsnoop_otel.metrics.server import MetricsServer
+from retsnoop_otel.metrics.web_tls import WebWatcher, load_web_config
 
 
 class _Families:

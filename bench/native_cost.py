@@ -3,7 +3,7 @@ single-kprobe mode loads, driven by uprobes on tests/native/simkern.c (the host 
 probes, not uprobes). Under emulation (tests/vm) every figure is an order of magnitude larger and
 varies between boots; here a change to bpf/ is measured in seconds, side by side with another build.
 
-    .venv/bin/python bench/native_cost.py [--calls N] [--rounds N] [--base-object BPF_O] [--bpftrace]
+    .venv/bin/python -m bench.native_cost [--calls N] [--rounds N] [--base-object BPF_O] [--bpftrace]
 
 Run as root. kernel.bpf_stats_enabled is switched on only while the calls run. Each call is
 sk_syscall(0): a session of four traced functions (sk_syscall -> sk_create -> sk_check fails with
@@ -30,17 +30,12 @@ import time
 from pathlib import Path
 from unittest import mock
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from bench.harness import BPF_STATS, ROOT, prog_info_btf, prog_stats
+from retsnoop_otel.capture.model import RetKind, TracedFunc
+from retsnoop_otel.kernel import libbpf as lb
+from retsnoop_otel.kernel import tracer as tracer_module
+from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer
 
-from bench.peer_compare import prog_stats  # noqa: E402
-from bench.probe_cost import prog_info_btf  # noqa: E402
-from retsnoop_otel.capture.model import RetKind, TracedFunc  # noqa: E402
-from retsnoop_otel.kernel import libbpf as lb  # noqa: E402
-from retsnoop_otel.kernel import tracer as tracer_module  # noqa: E402
-from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer  # noqa: E402
-
-SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
 FUNCS = [TracedFunc(0, "sk_syscall", 0, RetKind.SIGNED, True), TracedFunc(1, "sk_create", 0, RetKind.SIGNED, False),
          TracedFunc(2, "sk_check", 0, RetKind.INT32, False), TracedFunc(3, "sk_log", 0, RetKind.VOID, False)]
 BATCH = 1000  # calls between reads of the ring buffer (2 MB of records at most)
@@ -77,10 +72,10 @@ def measure(path: str, lib: ctypes.CDLL, calls: int, obj: Path | None, **cfg: ob
         while done < calls:
             n = min(BATCH, calls - done)
             before = {p.name: p for p in tracer.program_stats()}
-            SYSCTL.write_text("1\n")
+            BPF_STATS.write_text("1\n")
             for _ in range(n):
                 lib.sk_syscall(0)
-            SYSCTL.write_text("0\n")
+            BPF_STATS.write_text("0\n")
             after = {p.name: p for p in tracer.program_stats()}
             for name, p in after.items():
                 acc = totals.setdefault(name, [0, 0])
@@ -130,10 +125,10 @@ def measure_bpftrace(path: str, lib: ctypes.CDLL, calls: int) -> dict[str, float
         ids = [i for i in prog_stats() if i not in before_ids]
         verified = 2 * max((verified_insns(i) for i in ids), default=0)  # a program per probe: entry and exit
         s0 = prog_stats()
-        SYSCTL.write_text("1\n")
+        BPF_STATS.write_text("1\n")
         for _ in range(calls):
             lib.sk_syscall(0)
-        SYSCTL.write_text("0\n")
+        BPF_STATS.write_text("0\n")
         s1 = prog_stats()
     finally:
         proc.send_signal(signal.SIGINT)
@@ -156,7 +151,7 @@ def main() -> int:
                     help="keep the per-function counts, as with metrics served (`trace` alone does not)")
     ap.add_argument("--bpftrace", action="store_true", help="also bpftrace doing the peer's work (see above)")
     args = ap.parse_args()
-    old = SYSCTL.read_text()
+    old = BPF_STATS.read_text()
     builds: list[tuple[str, Path | None]] = [("this build", None)]
     if args.base_object:
         builds.append(("base", args.base_object))
@@ -171,7 +166,7 @@ def main() -> int:
                 if args.bpftrace:
                     rows.setdefault("bpftrace", []).append(measure_bpftrace(path, lib, args.calls))
     finally:
-        SYSCTL.write_text(old)
+        BPF_STATS.write_text(old)
     keys = list(rows[builds[0][0]][0])
     print(f"kernel {os.uname().release}; {args.calls:,} failing sessions of 4 functions per round, "
           f"medians of {args.rounds} rounds")

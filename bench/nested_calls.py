@@ -1,7 +1,7 @@
 """Which functions of a bench set run inside a tool's own programs: calls per workload call that appear only
 while the tool is attached.
 
-    tests/vm/run --kernel 6.12 -- python bench/nested_calls.py --sets 1000 --mode kprobe
+    tests/vm/run --kernel 6.12 -- python -m bench.nested_calls --sets 1000 --mode kprobe
 
 A function that a tool's BPF programs call (a helper, or what a helper calls) and that is also in the
 traced set fires its hook inside the program on every run. The kernel skips the nested program, but the
@@ -22,36 +22,18 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from bench.peer_compare import (  # noqa: E402
+from bench.harness import (
     PEERS,
     SETS,
     KernelFacts,
+    attach,
     build_workload,
+    detach,
     our_functions,
-    run_workload,
-    settle,
+    settle_hooks,
+    traced_workload,
 )
-from bench.together_cost import attach, detach  # noqa: E402
-from retsnoop_otel.kernel import tracefs  # noqa: E402
-
-
-def traced_workload(root: Path, tracer: str, workload: list[str], calls: int) -> str:
-    """The trace buffer's text after `calls` workload calls under `tracer` (filters set by the caller)."""
-    (root / "current_tracer").write_text(tracer)
-    (root / "tracing_on").write_text("0")
-    (root / "trace").write_text("")
-    (root / "tracing_on").write_text("1")
-    try:
-        run_workload(workload, calls)
-    finally:
-        (root / "tracing_on").write_text("0")
-    try:
-        return (root / "trace").read_text()
-    finally:
-        (root / "current_tracer").write_text("nop")
+from retsnoop_otel.kernel import tracefs
 
 
 def calls_per_call(root: Path, workload: list[str], calls: int) -> dict[str, float]:
@@ -96,7 +78,7 @@ def main() -> int:
                     with_tool = calls_per_call(root, workload, args.calls)
                 finally:
                     detach(running, 600)
-                    settle(300)
+                    settle_hooks(300)
                 grew = {k: round(v - base.get(k, 0.0), 2) for k, v in with_tool.items() if v - base.get(k, 0.0) > 0.05}
                 print(json.dumps({"tool": tool, "mode": args.mode, "set": args.sets, "extra_calls_per_call":
                                   dict(sorted(grew.items(), key=lambda kv: -kv[1]))}), flush=True)

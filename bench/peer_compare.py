@@ -2,9 +2,9 @@
 
 Run as root on a kernel that allows tracing, one VM boot per kernel:
 
-    flock /tmp/retsnoop-vm.lock tests/vm/run --kernel 6.12 -- python bench/peer_compare.py
-    flock /tmp/retsnoop-vm.lock tests/vm/run --kernel 6.1 -- python bench/peer_compare.py --sets 100 --modes kprobe
-    tests/vm/run --kernel 7.2 -- python bench/peer_compare.py --peers bpftrace,retsnoop --retsnoop-bin PATH
+    flock /tmp/retsnoop-vm.lock tests/vm/run --kernel 6.12 -- python -m bench.peer_compare
+    flock /tmp/retsnoop-vm.lock tests/vm/run --kernel 6.1 -- python -m bench.peer_compare --sets 100 --modes kprobe
+    tests/vm/run --kernel 7.2 -- python -m bench.peer_compare --peers bpftrace,retsnoop --retsnoop-bin PATH
 
 Both tools do the same per-call work shape: an entry and an exit probe on the same functions, and a
 per-thread map update in each (bpftrace: `@t[tid] = nsecs` at entry, `@t[tid] = nsecs - @t[tid]` at
@@ -83,202 +83,54 @@ import argparse
 import json
 import os
 import re
-import resource
 import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from fnmatch import fnmatch
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from bench import kprofile
+from bench.harness import (
+    ATTACHING_BT,
+    NEAREST,
+    PEERS,
+    PHASE_OURS,
+    READY_BT,
+    READY_OURS,
+    RETSNOOP,
+    RETSNOOP_ENV,
+    RETSNOOP_FLAGS,
+    ROOT,
+    SETS,
+    KernelFacts,
+    Lines,
+    bpftrace_program,
+    build_workload,
+    enabled_names,
+    peer_run_key,
+    prog_stats,
+    retsnoop_bin,
+    roomy_nofile,
+    run_workload,
+    same_names,
+    set_stats,
+    settle_hooks,
+    start_command,
+    stop,
+    warm_up,
+)
+from retsnoop_otel.kernel import features
 
-from bench import kprofile  # noqa: E402
-from bench.kernel_tables_cost import AGENT_SCALE_GLOBS  # noqa: E402
-from bench.procs import stop  # noqa: E402
-from retsnoop_otel.capture.model import RetKind  # noqa: E402
-from retsnoop_otel.kernel import features, tracefs  # noqa: E402
-from retsnoop_otel.kernel import libbpf_btf as lb  # noqa: E402
-from retsnoop_otel.symbols import discovery  # noqa: E402
-from retsnoop_otel.symbols.btf import ReturnKinds  # noqa: E402
-from retsnoop_otel.symbols.kallsyms import Kallsyms  # noqa: E402
-from retsnoop_otel.symbols.traceable import Traceable  # noqa: E402
-
-SETS = {
-    "20": (["*sys_bpf"], ["array_map_*"]),  # for trying the script out
-    "100": (["*sys_bpf"], ["array_map_*", "map_*", "htab_*"]),
-    "1000": (["*sys_bpf"], ["bpf_*", "array_map_*", "map_*"]),
-    # the workload's own path and little else: start with a handful of functions
-    "6": (["*sys_bpf"], ["map_create", "array_map_alloc_check"]),
-    # ~10,000 functions of subsystems the VM leaves idle (bench/agent_scale.py's choice on 6.12)
-    "10000": (["*sys_bpf"], list(AGENT_SCALE_GLOBS)),
-}
-FLAGS = {"kprobe": "-K", "kprobe_multi": "-M", "kprobe_session": "--kprobe-session", "fentry": "-F"}
-# the modes whose programs run in BPF trampolines, attached by BTF id (fsession*: where tracer.MODES has them)
-TRAMPOLINE_MODES = ("fentry", "fsession", "fsession_multi")
-STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
-ENABLED = "enabled_functions"
-READY_OURS = re.compile(r"^Receiving data")
-READY_BT = re.compile(r"^READY$")
-ATTACHING_BT = re.compile(r"^Attaching (\d+) probes")
+ALL_PEERS = (*PEERS, RETSNOOP)
 ATTACHED_OURS = re.compile(r"^Successfully attached (\d+) functions in (\d+) ms")
-PHASE_OURS = re.compile(r"^Phase (\S+): (\d+) ms(?: \((.*)\))?")
 DONE_OURS = re.compile(r"DONE in (\d+) ms")
-
-WORKLOAD_C = r"""
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
-#include <unistd.h>
-#include <sys/syscall.h>
-int main(int argc, char **argv) {
-    long n = atol(argv[1]);
-    unsigned int attr[30];
-    memset(attr, 0, sizeof(attr));
-    attr[0] = 2; attr[1] = 8; attr[2] = 4; attr[3] = 1;  /* BPF_MAP_TYPE_ARRAY, key 8: EINVAL */
-    struct timespec a, b;
-    clock_gettime(CLOCK_MONOTONIC, &a);
-    for (long i = 0; i < n; i++) {
-        long fd = syscall(SYS_bpf, 0, attr, sizeof(attr));
-        if (fd >= 0) close((int)fd);
-    }
-    clock_gettime(CLOCK_MONOTONIC, &b);
-    printf("%.1f\n", ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / n);
-    return 0;
-}
-"""
-
-WORKLOAD_PY = r"""
-import ctypes, sys, time
-libc = ctypes.CDLL(None, use_errno=True)
-attr = (ctypes.c_uint32 * 30)(2, 8, 4, 1)
-n = int(sys.argv[1])
-t0 = time.monotonic_ns()
-for _ in range(n):
-    libc.syscall(321, 0, attr, ctypes.sizeof(attr))
-print((time.monotonic_ns() - t0) / n)
-"""
-
-
-# ---- helpers ------------------------------------------------------------------------------------
-
-
-class Lines:
-    """Lines of a child's stdout and stderr with the monotonic time each arrived."""
-
-    def __init__(self, proc: subprocess.Popen) -> None:
-        self.proc = proc
-        self.lines: list[tuple[float, str, str]] = []
-        self._cond = threading.Condition()
-        self._threads = [threading.Thread(target=self._read, args=(s, n), daemon=True)
-                         for s, n in ((proc.stdout, "out"), (proc.stderr, "err"))]
-        for t in self._threads:
-            t.start()
-
-    def _read(self, stream, name: str) -> None:  # noqa: ANN001 - a text pipe
-        for line in stream:
-            with self._cond:
-                self.lines.append((time.monotonic(), name, line.rstrip("\n")))
-                self._cond.notify_all()
-
-    def wait_for(self, rx: re.Pattern[str], timeout: float) -> tuple[float, re.Match[str]] | None:
-        deadline = time.monotonic() + timeout
-        seen = 0
-        with self._cond:
-            while True:
-                for t, _, line in self.lines[seen:]:
-                    if m := rx.search(line):
-                        return t, m
-                seen = len(self.lines)
-                left = deadline - time.monotonic()
-                if left <= 0 or self.proc.poll() is not None and all(not t.is_alive() for t in self._threads):
-                    return None
-                self._cond.wait(min(left, 1.0))
-
-    def find(self, rx: re.Pattern[str]) -> list[tuple[float, re.Match[str]]]:
-        with self._cond:
-            return [(t, m) for t, _, line in self.lines if (m := rx.search(line))]
-
-    def quiet_for(self, seconds: float, cap: float) -> None:
-        """Wait until no line arrived for `seconds` (a consumer still printing sessions), at most `cap`."""
-        end = time.monotonic() + cap
-        while time.monotonic() < end:
-            with self._cond:
-                last = self.lines[-1][0] if self.lines else 0.0
-            if time.monotonic() - last >= seconds:
-                return
-            time.sleep(0.5)
-
-    def tail(self, n: int = 12) -> list[str]:
-        with self._cond:
-            return [f"{name}: {line}" for _, name, line in self.lines[-n:]]
-
-    def join(self) -> None:
-        for t in self._threads:
-            t.join(timeout=30)
-
-
-def enabled_names() -> set[str] | None:
-    """Functions with an ftrace hook (kprobes on function entries, fprobes, trampolines) right now."""
-    try:
-        text = (tracefs.find_tracefs() / ENABLED).read_text()
-    except (OSError, tracefs.TracefsError):
-        return None
-    # a trampoline's line is followed by an indented one naming its address: not another function
-    return {line.split()[0] for line in text.splitlines() if line.strip() and not line[0].isspace()}
-
-
-def enabled_count() -> int:
-    names = enabled_names()
-    return -1 if names is None else len(names)
-
-
-def settle(seconds: int) -> None:
-    """Wait (at most `seconds`) for the kernel to finish tearing a tool's hooks down."""
-    for _ in range(seconds):
-        if enabled_count() <= 0:
-            return
-        time.sleep(1)
-
-
-def prog_stats() -> dict[int, tuple[str, int, int, int]]:
-    """id -> (name, run_time_ns, run_cnt, recursion_misses) of every loaded BPF program. A miss is a run
-    the kernel skipped because the program was already running on that CPU (fentry inside our own
-    programs' helpers): it costs the hook but is in neither run_cnt nor run_time_ns."""
-    out = subprocess.run(["bpftool", "-j", "prog", "show"], capture_output=True, text=True, check=True,
-                         timeout=600).stdout
-    return {p["id"]: (p.get("name", ""), p.get("run_time_ns", 0), p.get("run_cnt", 0), p.get("recursion_misses", 0))
-            for p in json.loads(out)}
-
-
-def set_stats(on: bool) -> None:
-    STATS.write_text("1" if on else "0")
-
-
-def build_workload(tmp: Path) -> list[str]:
-    if shutil.which("gcc"):
-        src = tmp / "bpf_fail_loop.c"
-        src.write_text(WORKLOAD_C)
-        exe = tmp / "bpf_fail_loop"
-        if subprocess.run(["gcc", "-O2", "-o", str(exe), str(src)], capture_output=True).returncode == 0:
-            return [str(exe)]
-    script = tmp / "bpf_fail_loop.py"
-    script.write_text(WORKLOAD_PY)
-    return [sys.executable, str(script)]
-
-
-def run_workload(cmd: list[str], calls: int) -> float:
-    """Nanoseconds per call, as the workload measured its own loop."""
-    out = subprocess.run([*cmd, str(calls)], capture_output=True, text=True, check=True, timeout=1200).stdout
-    return float(out.strip().splitlines()[-1])
+ATTACHED_RS = re.compile(r"^Successfully attached in (\d+) ms")  # retsnoop -v: mass_attacher's attach only
+FOUND_RS = re.compile(r"^Found (\d+) attachable functions in total")  # retsnoop -v: its discovery is done
 
 
 def python_start(repeat: int = 3) -> float:
@@ -289,204 +141,6 @@ def python_start(repeat: int = 3) -> float:
         subprocess.run([sys.executable, "-c", "import retsnoop_otel.cli"], check=True, cwd=ROOT)
         times.append(time.monotonic() - t0)
     return statistics.median(times)
-
-
-# ---- the function sets --------------------------------------------------------------------------
-
-
-@dataclass
-class KernelFacts:
-    ksyms: Kallsyms
-    available: list[tuple[str, str | None]]
-    ret_kinds: ReturnKinds
-    feats: features.Features
-    btf: lb.Btf
-
-    @classmethod
-    def load(cls) -> KernelFacts:
-        btf = lb.Btf.load_vmlinux()
-        return cls(Kallsyms.load(), Traceable.load(), ReturnKinds(btf), features.detect(),
-                   btf)
-
-    def int_ret(self, name: str) -> bool:
-        return int_retval(self.btf, self.ret_kinds, name)
-
-
-def our_functions(facts: KernelFacts, entry: Sequence[str], allow: Sequence[str], mode: str) -> list[str]:
-    """The names we attach; in the trampoline modes only those with BTF (ours skips the others at attach too)."""
-    disc = discovery.discover(entry, allow, [], facts.ksyms, facts.available, facts.ret_kinds, mode)
-    return sorted({f.name for f in disc.funcs if mode not in TRAMPOLINE_MODES or facts.ret_kinds.func_id(f.name)})
-
-
-PEERS = ("bpftrace", "bpftrace-kstack")  # the bpftrace peers (bench/together_cost.py and nested_calls.py take these)
-RETSNOOP = "retsnoop"  # upstream retsnoop, built by hand outside the repo (below, "retsnoop as a peer")
-ALL_PEERS = (*PEERS, RETSNOOP)
-# the peer's attach mode nearest to each of ours: neither peer has kprobe.session or fsession; bpftrace 0.17 has
-# no fentry multi link either, retsnoop none at all (its -M: one kprobe.multi link per direction)
-NEAREST = {"kprobe": "kprobe", "kprobe_multi": "kprobe_multi", "kprobe_session": "kprobe_multi", "fentry": "fentry",
-           "fsession": "fentry", "fsession_multi": "kprobe_multi"}
-CHECKED_KINDS = (RetKind.INT32, RetKind.SIGNED, RetKind.UNKNOWN)  # kretfunc: retval an int of its own width
-
-
-def int_retval(btf: lb.Btf, ret_kinds: ReturnKinds, name: str) -> bool:
-    """Whether bpftrace 0.17's kretfunc reads this function's retval right as a signed int: it returns one,
-    has at most 6 parameters (more: bpftrace refuses a probe that reads retval), and none is a struct passed
-    by value wider than 8 bytes (bpftrace#2858: 0.17 reads retval from the wrong slot there, and the
-    verifier refuses the program, e.g. bpf_iter_link_attach's bpfptr_t)."""
-    if ret_kinds(name) not in CHECKED_KINDS or (fid := btf.find(name, lb.BTF_KIND_FUNC)) is None:
-        return False
-    params = btf.func_params(btf.type_by_id(fid).size_or_type)
-    if len(params) > 6:
-        return False
-    for _name, tid in params:
-        t = btf.type_by_id(tid)
-        while t.kind in (lb.BTF_KIND_TYPEDEF, lb.BTF_KIND_CONST, lb.BTF_KIND_VOLATILE) and t.size_or_type:
-            t = btf.type_by_id(t.size_or_type)
-        if t.kind in (lb.BTF_KIND_STRUCT, lb.BTF_KIND_UNION) and t.size_or_type > 8:
-            return False
-    return True
-
-
-def bpftrace_program(mode: str, entry: Sequence[str], allow: Sequence[str], names: Sequence[str],
-                     kstack: bool = False, int_ret: Callable[[str], bool] | None = None) -> str:
-    """The same work as ours in bpftrace: entry and exit on the same functions, a per-thread map update.
-
-    kstack (peer `bpftrace-kstack`): also the kernel stack where ours takes it, at the first failing
-    exit of a call tree (the deepest error), kept per thread until the tree's top returns. Ours takes
-    that stack at every failing session; this peer does the same, so the stack's cost is on both sides.
-    """
-    mode = NEAREST.get(mode, mode)  # bpftrace has no kprobe.session nor fsession: its kprobe.multi, its kfunc
-    if mode == "kprobe_multi":
-        targets = [*entry, *allow]  # wildcards: bpftrace expands them into kprobe_multi links
-        enter, leave = "kprobe", "kretprobe"
-    else:
-        targets = list(names)
-        enter, leave = ("kfunc", "kretfunc") if mode == "fentry" else ("kprobe", "kretprobe")
-    if not kstack:
-        return "\n".join([
-            'BEGIN { printf("READY\\n"); }',
-            ",\n".join(f"{enter}:{t}" for t in targets) + " { @t[tid] = nsecs; }",
-            ",\n".join(f"{leave}:{t}" for t in targets) + " { @t[tid] = nsecs - @t[tid]; }",
-            "END { clear(@t); }",
-            ""])
-    # kretprobe: retval is the raw register, and its low 32 bits hold an int's errno as they do a long's or
-    # an ERR_PTR's. kretfunc: retval is typed, so only functions returning a signed int are checked (the
-    # workload's errors are ints; int_retval above); void ones have no retval at all.
-    checked = targets if leave == "kretprobe" or int_ret is None else [t for t in targets if int_ret(t)]
-    checked_set = set(checked)
-    unchecked = [t for t in targets if t not in checked_set]
-    exit_ = "@t[tid] = nsecs - @t[tid]; @d[tid] = @d[tid] - 1;"
-    done = "if (@d[tid] <= 0) { @e[tid] = 0; }"
-    take = "if ((int32)retval < 0 && (int32)retval >= -4095 && @e[tid] == 0) { @k[tid] = kstack; @e[tid] = 1; }"
-    lines = ['BEGIN { printf("READY\\n"); }',
-             ",\n".join(f"{enter}:{t}" for t in targets) + " { @t[tid] = nsecs; @d[tid] = @d[tid] + 1; }"]
-    if checked and leave == "kretfunc":  # one block each: bpftrace wants one retval type per block that reads it
-        lines += [f"{leave}:{t} {{ {exit_} {take} {done} }}" for t in checked]
-    elif checked:
-        lines.append(",\n".join(f"{leave}:{t}" for t in checked) + f" {{ {exit_} {take} {done} }}")
-    if unchecked:
-        lines.append(",\n".join(f"{leave}:{t}" for t in unchecked) + f" {{ {exit_} {done} }}")
-    return "\n".join([*lines, "END { clear(@t); clear(@d); clear(@e); clear(@k); }", ""])
-
-
-# ---- retsnoop as a peer -------------------------------------------------------------------------
-
-RETSNOOP_ENV = "RETSNOOP_BIN"
-RETSNOOP_FLAGS = {"kprobe": "-K", "kprobe_multi": "-M", "fentry": "-F"}
-RETSNOOP_HOWTO = (
-    "upstream retsnoop is not part of this repository: build v0.11 by hand outside it (README, \"Compared with "
-    "retsnoop\": its source and the libbpf and bpftool commits it pins, a stub in place of its Rust addr2line "
-    f"sidecar) and give the binary with --retsnoop-bin PATH or {RETSNOOP_ENV}=PATH; it runs with -sn")
-ATTACHED_RS = re.compile(r"^Successfully attached in (\d+) ms")  # retsnoop -v: mass_attacher's attach only
-FOUND_RS = re.compile(r"^Found (\d+) attachable functions in total")  # retsnoop -v: its discovery is done
-FOUND_FUNC_RS = re.compile(r"^Found function '([^' ]+)(?: \[[^]]+\])?' at address")  # retsnoop -vvv
-
-
-def retsnoop_bin(given: Path | str | None, environ: Mapping[str, str] | None = None) -> Path:
-    """The retsnoop binary from --retsnoop-bin or RETSNOOP_BIN; ValueError saying how to get one otherwise."""
-    environ = os.environ if environ is None else environ
-    path = given or environ.get(RETSNOOP_ENV)
-    if not path:
-        raise ValueError(RETSNOOP_HOWTO)
-    path = Path(path)
-    if not (path.is_file() and os.access(path, os.X_OK)):
-        raise ValueError(f"{path} is not an executable file: {RETSNOOP_HOWTO}")
-    return path
-
-
-def retsnoop_command(binary: Path, mode: str, entry: Sequence[str], allow: Sequence[str], deny: Sequence[str] = (),
-                     verbosity: int = 1, dry_run: bool = False) -> list[str]:
-    """retsnoop in its attach mode nearest to our `mode`, stack capture (its default), no DWARF symbolization
-    (-sn: the stub sidecar is never run; ours has no DWARF vmlinux in the VM either)."""
-    globs = ([x for g in entry for x in ("-e", g)] + [x for g in allow for x in ("-a", g)]
-             + [x for g in deny for x in ("-d", g)])
-    return [str(binary), "-" + "v" * verbosity, RETSNOOP_FLAGS[NEAREST[mode]], "-sn",
-            *(["--dry-run"] if dry_run else []), *globs]
-
-
-def parse_retsnoop_dry_run(text: str) -> set[str]:
-    """The function names a `retsnoop --dry-run -vvv` would attach (module instances by their name)."""
-    return {m.group(1) for line in text.splitlines() if (m := FOUND_FUNC_RS.match(line))}
-
-
-def retsnoop_functions(binary: Path, mode: str, entry: Sequence[str], allow: Sequence[str],
-                       deny: Sequence[str] = ()) -> set[str]:
-    res = subprocess.run(retsnoop_command(binary, mode, entry, allow, deny, verbosity=3, dry_run=True),
-                         capture_output=True, text=True, errors="replace", timeout=900, preexec_fn=_roomy_nofile)
-    names = parse_retsnoop_dry_run(res.stdout)
-    if res.returncode != 0 or not names:
-        tail = " | ".join((res.stdout + res.stderr).strip().splitlines()[-5:])
-        raise RuntimeError(f"retsnoop --dry-run {NEAREST[mode]}: exit {res.returncode}, {len(names)} functions: {tail}")
-    return names
-
-
-@dataclass
-class SameSet:
-    """One function set for every tool: the names both we and retsnoop would attach from the same globs. Each
-    tool also gets, as deny globs, the names that only it would have taken (our deny list covers the helpers of
-    our programs, retsnoop's its own few, and each leaves out some names the other keeps)."""
-    names: list[str]
-    ours_deny: list[str]
-    retsnoop_deny: list[str]
-
-    @classmethod
-    def of(cls, ours: Iterable[str], retsnoop: Iterable[str] | None, deny: Sequence[str] = ()) -> SameSet:
-        mine = set(ours)
-        theirs = mine if retsnoop is None else set(retsnoop)
-        return cls(sorted(mine & theirs), [*deny, *sorted(mine - theirs)], [*deny, *sorted(theirs - mine)])
-
-    def narrowed(self, keep: Iterable[str]) -> SameSet:
-        """The set without what one tool could not attach after all (fentry: variadic functions): the others
-        are told to deny those too."""
-        keep = set(keep)
-        drop = sorted(n for n in self.names if n not in keep)
-        return SameSet([n for n in self.names if n in keep], [*self.ours_deny, *drop], [*self.retsnoop_deny, *drop])
-
-
-def peer_run_key(tool: str, mode: str, same: SameSet) -> tuple:
-    """What a peer's run depends on in this mode of ours: runs with equal keys are the same run (bpftrace gets
-    globs in the multi modes, so there neither the names nor the deny list change what it attaches)."""
-    globs = tool in PEERS and NEAREST[mode] == "kprobe_multi"
-    deny = () if tool in PEERS else tuple(same.retsnoop_deny if tool == RETSNOOP else same.ours_deny)
-    return tool, NEAREST[mode], () if globs else tuple(same.names), deny
-
-
-def same_names(facts: KernelFacts, set_name: str, mode: str, deny: Sequence[str], rs_bin: Path | None,
-               rs_sets: dict[tuple[str, str], set[str]]) -> SameSet:
-    """The set's names for every tool in this mode of ours (rs_sets: retsnoop's dry runs so far, by set and mode)."""
-    entry, allow = SETS[set_name]
-    mine = [n for n in our_functions(facts, entry, allow, mode) if not any(fnmatch(n, g) for g in deny)]
-    theirs = None
-    if rs_bin is not None:
-        key = (set_name, NEAREST[mode])
-        if key not in rs_sets:
-            try:
-                rs_sets[key] = retsnoop_functions(rs_bin, mode, entry, allow, deny)
-            except (RuntimeError, subprocess.TimeoutExpired) as exc:  # its own run will fail and say why
-                print(json.dumps({"set": set_name, "mode": mode, "retsnoop_dry_run": str(exc)}), flush=True)
-                rs_sets[key] = set()
-        theirs = rs_sets[key] or None
-    return SameSet.of(mine, theirs, deny)
 
 
 # ---- one tool run -------------------------------------------------------------------------------
@@ -521,43 +175,6 @@ class Run:
     error: str = ""
 
 
-def _roomy_nofile() -> None:
-    """bpftrace keeps several fds per probe and does not raise its own limit (ours does): `ulimit -n` for both."""
-    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = 1 << 20
-    resource.setrlimit(resource.RLIMIT_NOFILE, (want, max(hard, want)) if hard != resource.RLIM_INFINITY
-                       else (want, hard))
-
-
-# ours with another build of retsnoop.bpf.c (--base-object): argv[1] is the object, the rest the command line
-BASE_LAUNCH = ("import sys; from pathlib import Path; from retsnoop_otel.kernel import tracer; "
-               "obj = Path(sys.argv.pop(1)); tracer.bpf_object_path = lambda: obj; "
-               "from retsnoop_otel.cli import main; sys.exit(main(sys.argv[1:]))")
-
-
-def our_flag(mode: str) -> str:
-    """Our trace command's flag for an attach mode, from its own parser (modes added later included)."""
-    if mode in FLAGS:
-        return FLAGS[mode]
-    from retsnoop_otel.trace.flags import build_parser
-    for action in build_parser()._actions:
-        if action.dest == "mode" and action.const == mode:
-            return action.option_strings[-1]
-    raise ValueError(f"retsnoop-otel trace has no flag for attach mode {mode}")
-
-
-def start_command(tool: str, mode: str, entry: Sequence[str], allow: Sequence[str], program: Path,
-                  base_object: Path | None = None, deny: Sequence[str] = (), retsnoop: Path | None = None) -> list[str]:
-    if tool in PEERS:
-        return ["bpftrace", "-B", "none", str(program)]
-    if tool == RETSNOOP:
-        assert retsnoop is not None, "--retsnoop-bin"
-        return retsnoop_command(retsnoop, mode, entry, allow, deny)
-    globs = ([x for g in entry for x in ("-e", g)] + [x for g in allow for x in ("-a", g)]
-             + [x for g in deny for x in ("-d", g)])
-    by_object = tool == "ours-base" and base_object is not None and not base_object.is_dir()
-    launch = ["-c", BASE_LAUNCH, str(base_object)] if by_object else ["-m", "retsnoop_otel"]
-    return [sys.executable, *launch, "trace", "-v", our_flag(mode), *globs]
 
 
 def start_helper(script: str, what: str) -> tuple[subprocess.Popen, Lines]:
@@ -636,7 +253,7 @@ def one_run(tool: str, mode: str, set_name: str, entry: Sequence[str], allow: Se
                             cwd=tree or ROOT,
                             env=env, text=True,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            preexec_fn=_roomy_nofile)
+                            preexec_fn=roomy_nofile)
     lines = Lines(proc)
     try:
         ready = lines.wait_for(READY_BT if peer else READY_OURS, timeout)
@@ -712,7 +329,7 @@ def one_run(tool: str, mode: str, set_name: str, entry: Sequence[str], allow: Se
         lines.join()
     if proc.returncode not in (0, -signal.SIGINT, -signal.SIGTERM):
         run.error = f"exit {proc.returncode}: " + " | ".join(lines.tail())
-    settle(120)  # the kernel's teardown finished before the next run measures anything
+    settle_hooks(120)  # the kernel's teardown finished before the next run measures anything
     return run
 
 
@@ -817,21 +434,6 @@ def base_table(rows: list[tuple[Run, Run]], obj: Path) -> str:
     return "\n".join(out)
 
 
-def warm_up(tmp: Path) -> dict[str, dict[str, int]]:
-    """Both tools once, untimed, so that neither pays for reading its files into the page cache; ours
-    twice, with an empty kernel cache and then the one it filled (which every timed run of ours uses):
-    returns the -v phases of both (cold, warm). (retsnoop's first run is its untimed --dry-run: retsnoop_functions.)"""
-    if shutil.which("bpftrace"):
-        subprocess.run(["bpftrace", "-e", "BEGIN { exit(); }"], capture_output=True, timeout=600)
-    out = {}
-    for label in ("cold", "warm"):
-        res = subprocess.run([sys.executable, "-m", "retsnoop_otel", "trace", "-v", "-e", "*sys_bpf", "--dry-run"],
-                             cwd=ROOT, capture_output=True, text=True, timeout=600,
-                             env=dict(os.environ, RETSNOOP_OTEL_CACHE=str(tmp / "cache")))
-        out[label] = {m.group(1): int(m.group(2)) for line in res.stderr.splitlines() if (m := PHASE_OURS.match(line))}
-    return out
-
-
 def profile_table(runs: dict[tuple[str, str, str], list[Run]], top: int = 8) -> str:
     """Where each tool's traced workload spent its samples: per function, the share of samples in the
     function itself and anywhere in the stack, summed over the rounds (from each run's top 40 of either:
@@ -919,7 +521,7 @@ def main() -> int:
         try:
             rs_bin = retsnoop_bin(args.retsnoop_bin)
         except ValueError as exc:
-            print(f"bench/peer_compare.py: {exc}", file=sys.stderr)
+            print(f"bench.peer_compare: {exc}", file=sys.stderr)
             return 2
     if args.rounds < 1:
         ap.error("--rounds must be 1 or more")

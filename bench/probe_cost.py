@@ -1,6 +1,6 @@
 """Where the per-call BPF cost goes, per attach mode and function-set size, measured side by side in one boot.
 
-    tests/vm/run --kernel 6.12 -- python bench/probe_cost.py --sizes 100,1000 \
+    tests/vm/run --kernel 6.12 -- python -m bench.probe_cost --sizes 100,1000 \
         --modes kprobe_multi,kprobe --variants empty,cookie,funcip,iphash,full
 
 Each row attaches one program to the entry and the exit of the same function set (the BPF subsystem's
@@ -59,26 +59,21 @@ import time
 from pathlib import Path
 from unittest import mock
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(1, str(Path(__file__).resolve().parent))
-
-import peer_compare  # noqa: E402
-
-from retsnoop_otel.kernel import bpfsys, features, libbpf_progs  # noqa: E402
-from retsnoop_otel.kernel import libbpf as lb  # noqa: E402
-from retsnoop_otel.kernel import tracer as tracer_module  # noqa: E402
-from retsnoop_otel.kernel.libbpf_btf import Btf  # noqa: E402
-from retsnoop_otel.kernel.tracer import MODES as tracer_modes_  # noqa: E402
-from retsnoop_otel.kernel.tracer import TRAMPOLINE_MODES, CaptureConfig, Tracer  # noqa: E402
-from retsnoop_otel.symbols import discovery  # noqa: E402
-from retsnoop_otel.symbols.btf import ReturnKinds  # noqa: E402
-from retsnoop_otel.symbols.kallsyms import Kallsyms  # noqa: E402
-from retsnoop_otel.symbols.traceable import Traceable  # noqa: E402
+from bench import harness
+from retsnoop_otel.kernel import bpfsys, features, libbpf_progs
+from retsnoop_otel.kernel import libbpf as lb
+from retsnoop_otel.kernel import tracer as tracer_module
+from retsnoop_otel.kernel.libbpf_btf import Btf
+from retsnoop_otel.kernel.tracer import MODES as tracer_modes_
+from retsnoop_otel.kernel.tracer import TRAMPOLINE_MODES, CaptureConfig, Tracer
+from retsnoop_otel.symbols import discovery
+from retsnoop_otel.symbols.btf import ReturnKinds
+from retsnoop_otel.symbols.kallsyms import Kallsyms
+from retsnoop_otel.symbols.traceable import Traceable
 
 HERE = Path(__file__).resolve().parent
 VARIANTS_SRC = HERE / "probe_variants.bpf.c"
 VARIANTS_OBJ = HERE / "build" / "probe_variants.bpf.o"
-SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
 ATTACH_KPROBE_SESSION = 56
 TRACER_MODES = set(tracer_modes_)
 # variants that run retsnoop-otel's own Tracer
@@ -124,7 +119,7 @@ WIDE = ["*bpf*", "btf_*", "acpi_*", "pci_*", "xfrm*", "netlink_*", "genl*", "rtn
         "x509_*", "pkcs7_*", "public_key_*", "zlib_*", "xz_dec_*", "blk_*", "bio_*", "elv_*", "disk_*",
         "bdev_*", "hugetlb_*", "vt_*", "con_*", "fbcon_*", "vc_*", "kbd_*", "inotify_*", "fanotify_*",
         "io_uring_*", "seccomp_*", "landlock_*", "ima_*", "evm_*", "integrity_*", "sysrq_*", "kexec_*"]
-SETS = {"bpf": (["*sys_bpf"], ["*bpf*"]), "peer": peer_compare.SETS["1000"],
+SETS = {"bpf": (["*sys_bpf"], ["*bpf*"]), "peer": harness.SETS["1000"],
         "wide": (["*sys_bpf"], WIDE)}
 SET_DISCOVERY = {"wide": "fentry"}  # the mode a set is discovered in, whatever mode attaches it
 
@@ -248,21 +243,6 @@ class FullRun:
         self.tracer.close()
 
 
-class ProgInfoBtf(libbpf_progs.ProgInfo):
-    """bpf_prog_info continued up to attach_btf_id (5.18+): which function a fentry clone is attached to."""
-
-    _fields_ = [("verified_insns", ctypes.c_uint32), ("attach_btf_obj_id", ctypes.c_uint32),
-                ("attach_btf_id", ctypes.c_uint32)]
-
-
-def prog_info_btf(fd: int) -> ProgInfoBtf:
-    info = ProgInfoBtf()
-    size = ctypes.c_uint32(ctypes.sizeof(info))
-    if lb.lib().lib.bpf_obj_get_info_by_fd(fd, ctypes.byref(info), ctypes.byref(size)) < 0:
-        raise OSError(ctypes.get_errno(), f"prog info of fd {fd}")
-    return info
-
-
 def fentry_nested(funcs: list, btf_func_id, calls: int, ok: bool) -> None:
     """Per function: fentry clone runs (entry side) against its calls; prints the functions with an excess."""
     by_btf = {btf_func_id(f.name): f.name for f in funcs}
@@ -274,13 +254,13 @@ def fentry_nested(funcs: list, btf_func_id, calls: int, ok: bool) -> None:
         fds = tracer.programs()
         # reading the counters is a bpf() call per clone, traced like the workload's: measure what one
         # round of reads adds (two rounds back to back) and take it off
-        first = {fd: prog_info_btf(fd).run_cnt for _name, fd in fds}
-        before = {fd: prog_info_btf(fd).run_cnt for _name, fd in fds}
+        first = {fd: harness.prog_info_btf(fd).run_cnt for _name, fd in fds}
+        before = {fd: harness.prog_info_btf(fd).run_cnt for _name, fd in fds}
         workload(calls, ok)
         runs: dict[str, int] = {}
         entry_runs: dict[str, int] = {}
         for name, fd in fds:
-            info = prog_info_btf(fd)
+            info = harness.prog_info_btf(fd)
             fname = by_btf.get(info.attach_btf_id, "?")
             n = info.run_cnt - before[fd] - (before[fd] - first[fd])
             runs[fname] = runs.get(fname, 0) + n
@@ -464,22 +444,22 @@ def main() -> int:
     available = Traceable.load()
     btf = Btf.load_vmlinux()
     ret_kinds = ReturnKinds(btf)
-    old = SYSCTL.read_text().strip()
-    SYSCTL.write_text("1")
+    old = harness.BPF_STATS.read_text().strip()
+    harness.BPF_STATS.write_text("1")
     rows = []
     if args.fentry_nested:
         try:
             fentry_nested(pick(args.fentry_nested, "fentry", ksyms, available, ret_kinds), ret_kinds.func_id,
                           args.calls, ok)
         finally:
-            SYSCTL.write_text(old)
+            harness.BPF_STATS.write_text(old)
             btf.free()
         return 0
     if args.external:
-        cmd = peer_compare.build_workload(Path(tempfile.mkdtemp(prefix="probe_cost-")))
+        cmd = harness.build_workload(Path(tempfile.mkdtemp(prefix="probe_cost-")))
 
         def work(n: int) -> float:
-            return peer_compare.run_workload(cmd, n) * n / 1e9
+            return harness.run_workload(cmd, n) * n / 1e9
     else:
         def work(n: int) -> float:
             return workload(n, ok)
@@ -528,7 +508,7 @@ def main() -> int:
                     rows.append(row)
                     print(json.dumps(row), flush=True)
     finally:
-        SYSCTL.write_text(old)
+        harness.BPF_STATS.write_text(old)
         btf.free()
     print(f"\nkernel {os.uname().release}; workload: {args.calls} x bpf(BPF_MAP_CREATE) "
           f"({'create + close' if ok else 'failing, EINVAL'}); nothing attached: {base_us:.1f} us per call")

@@ -1,13 +1,13 @@
 """Agent CPU per 1,000 successful sessions at 1% sampling, per agent tree, side by side in one boot.
 
-    tests/vm/run --kernel 6.12 -- python bench/sampling_cost.py --repos /work/main,.
+    tests/vm/run --kernel 6.12 -- python -m bench.sampling_cost --repos /work/main,.
 
 Each tree (--repos: a checkout with its .venv-independent package; the current interpreter runs it) runs
 `python -m retsnoop_otel agent` from that tree with one probe set: entry *sys_bpf, allow map_create and
 array_map_alloc_check, success_probability --probability (default 0.01), in mode stack and in mode
 calls, kept sessions written as OTLP JSON to a file. The workload is --calls successful
 bpf(BPF_MAP_CREATE) calls (an array map created and closed: one successful session each) from a
-separate process. As in bench/metrics_cost.py --agent-cpu, the agent's CPU is utime + stime of its
+separate process. As in `python -m bench.metrics_cost --agent-cpu`, the agent's CPU is utime + stime of its
 /proc/<pid>/stat around the workload, minus its idle rate; the scrape before and after gives the
 sessions the kernel counted, those sent to user space (retsnoop_sessions_reported_total), the spans
 exported and the kernel-side BPF ns per session (bpf_stats).
@@ -24,19 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from metrics_cost import (  # noqa: E402 - the shared measuring helpers of the metrics bench
-    bpf_stats_enabled,
-    cpu_seconds,
-    free_port,
-    growth,
-    scrape,
-    settle,
-    wait_healthy,
-)
-from procs import stop  # noqa: E402
+from bench.harness import bpf_stats_enabled, cpu_seconds, free_port, growth, scrape, settle_cpu, stop, wait_healthy
 
 WORKLOAD = """
 import ctypes, os, sys
@@ -99,14 +87,14 @@ def measure(repo: Path, mode: str, args: argparse.Namespace, tmp: Path) -> Row:
                 wait_healthy(proc, port, args.start_timeout)
             except RuntimeError as exc:
                 raise RuntimeError(f"{exc}; agent log:\n{log_path.read_text()}") from None
-            settle(proc.pid)
+            settle_cpu(proc.pid)
             c0, t0 = cpu_seconds(proc.pid), time.monotonic()
             time.sleep(args.idle_s)
             idle_rate = (cpu_seconds(proc.pid) - c0) / (time.monotonic() - t0)
             before = scrape(port)
             c0, t0 = cpu_seconds(proc.pid), time.monotonic()
             subprocess.run([sys.executable, "-c", WORKLOAD, str(args.calls)], check=True)
-            settle(proc.pid)  # until the agent has drained what the workload sent it
+            settle_cpu(proc.pid)  # until the agent has drained what the workload sent it
             wall, cpu = time.monotonic() - t0, cpu_seconds(proc.pid) - c0
             after = scrape(port)
         finally:

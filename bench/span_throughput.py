@@ -2,12 +2,12 @@
 
 Three paths over the same sessions, measured in one run:
   stock     Tracer.start_span/end with explicit times and attributes, then the SDK's OTLP encoder
-  readable  ReadableSpan objects built directly (the test oracle, tests/oracle_spans.py), then the SDK's encoder
+  readable  ReadableSpan objects built directly (the test oracle, bench/oracle_spans.py), then the SDK's encoder
   fast      export.span_encoder.SpanEncoder (protobuf wire format, cached constant parts), requests of <= 512
             spans: the production path (the senders send these bytes as they are)
 plus `fast-cold`, which starts every pass with empty caches (a lower bound for never-seen results).
 
-Run: .venv/bin/python bench/span_throughput.py [--sessions N] [--calls N] [--seconds S]
+Run: .venv/bin/python -m bench.span_throughput [--sessions N] [--calls N] [--seconds S]
 """
 
 from __future__ import annotations
@@ -19,79 +19,20 @@ import random
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.trace import SpanKind
 
-from opentelemetry import trace  # noqa: E402
-from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans  # noqa: E402
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider  # noqa: E402
-from opentelemetry.trace import SpanKind  # noqa: E402
+from bench.harness import OFFSET, make_funcs, make_session
+from bench.oracle_spans import result_attrs, sdk_resource, sdk_status, session_to_spans
+from retsnoop_otel.capture.model import Call, Session, TracedFunc
+from retsnoop_otel.export.resource import build_resource
+from retsnoop_otel.export.span_attributes import SCOPE_NAME, SCOPE_VERSION, session_attrs
+from retsnoop_otel.export.span_encoder import SpanEncoder, build_request, make_envelope
 
-from retsnoop_otel.capture.model import Call, RetKind, Session, StackEntry, TracedFunc  # noqa: E402
-from retsnoop_otel.export.resource import build_resource  # noqa: E402
-from retsnoop_otel.export.span_attributes import SCOPE_NAME, SCOPE_VERSION, result_attrs, session_attrs  # noqa: E402
-from retsnoop_otel.export.span_encoder import SpanEncoder, build_request, make_envelope  # noqa: E402
-from tests.oracle_spans import sdk_resource, sdk_status, session_to_spans  # noqa: E402
-
-OFFSET = 1_700_000_000_000_000_000
 BATCH = 512  # spans per export request, the sink's default
-ERRNOS = [(1 << 64) - e for e in (1, 2, 12, 13, 22, 95)]
-KINDS = [RetKind.INT32, RetKind.INT32, RetKind.SIGNED, RetKind.POINTER, RetKind.BOOL, RetKind.VOID,
-         RetKind.UNSIGNED]
-
-
-def make_funcs(count: int = 120) -> dict[int, TracedFunc]:
-    rng = random.Random(7)
-    return {i: TracedFunc(i, f"kfunc_{i}_{'x' * rng.randrange(4, 20)}", 0xFFFFFFFF81000000 + 64 * i,
-                          RetKind.SIGNED if i == 0 else rng.choice(KINDS), i == 0,
-                          module="xfs" if i % 17 == 5 else None) for i in range(count)}
-
-
-def _result(rng: random.Random, kind: RetKind) -> int:
-    roll = rng.random()
-    if kind is RetKind.POINTER:
-        if roll < 0.1:
-            return rng.choice((0, *ERRNOS))
-        return 0xFFFF888800000000 + 64 * rng.randrange(1 << 20)  # distinct valid pointers
-    if roll < 0.15 and kind in (RetKind.INT32, RetKind.SIGNED):
-        return rng.choice(ERRNOS)
-    if roll < 0.7:
-        return 0
-    return rng.randrange(1, 4096)
-
-
-def make_session(rng: random.Random, funcs: dict[int, TracedFunc], calls: int) -> Session:
-    """One entry call with `calls` nested calls below it (up to 8 deep), results mixed, a few errors."""
-    t = rng.randrange(1 << 40)
-    start = t
-    root = Call(0, 0, t)
-    open_calls = [root]
-    made = 0
-    while made < calls:
-        t += rng.randrange(50, 400)
-        if len(open_calls) > 1 and (len(open_calls) >= 8 or rng.random() < 0.45):
-            done = open_calls.pop()
-            done.end_ns, done.result = t, _result(rng, funcs[done.func_id].ret)
-            continue
-        fid = rng.randrange(1, len(funcs))
-        call = Call(fid, len(open_calls), t, missing_before=1 if rng.random() < 0.01 else 0)
-        open_calls[-1].children.append(call)
-        open_calls.append(call)
-        made += 1
-    while len(open_calls) > 1:
-        t += rng.randrange(50, 400)
-        done = open_calls.pop()
-        done.end_ns, done.result = (t, _result(rng, funcs[done.func_id].ret)) if rng.random() > 0.02 else (None,
-                                                                                                            None)
-    t += 100
-    err = rng.random() < 0.3
-    root.end_ns, root.result = t, ERRNOS[4] if err else 0
-    return Session(tid=rng.randrange(1, 1 << 22), pid=rng.randrange(1, 1 << 22), comm="worker", proc_comm="app",
-                   start_ns=start, end_ns=t, is_err=err, chain=[StackEntry(0, root.result, t - start)],
-                   kstack=[0xFFFFFFFF81001000 + 16 * i for i in range(8)], calls=[root], cpu=rng.randrange(64))
-
-
 class _Collect(SpanProcessor):
     """Keeps ended spans for the encoder; the lightest processor possible, so only the SDK is measured."""
 

@@ -1,6 +1,6 @@
 """Start only, ours against bpftrace and retsnoop (and another checkout of ours), over interleaved rounds in one boot.
 
-    tests/vm/run --kernel 6.12 -- python bench/start_compare.py [--modes kprobe_session,kprobe_multi]
+    tests/vm/run --kernel 6.12 -- python -m bench.start_compare [--modes kprobe_session,kprobe_multi]
         [--set 1000] [--rounds 5] [--base CHECKOUT] [--peers bpftrace,retsnoop --retsnoop-bin PATH]
 
 Under emulation one start of the same build moves by a third between runs of one boot (Python's own start
@@ -12,7 +12,7 @@ also without Python's own start (the numerator of the ratio to bpftrace), and ou
 retsnoop keeps Python's own start in ours (the issue's acceptance: start to "Receiving data...", Python's
 start included). Same sets, programs, function names for every tool (SameSet), nearest peer modes (NEAREST;
 a peer's start in one round serves every mode of ours that maps to it), CPU pinning and kernel cache as
-bench/peer_compare.py, whose helpers this uses.
+bench/peer_compare.py (the helpers of both are in bench/harness.py).
 """
 
 from __future__ import annotations
@@ -29,16 +29,34 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import peer_compare as pc  # noqa: E402
+from bench.harness import (
+    NEAREST,
+    PHASE_OURS,
+    READY_BT,
+    READY_OURS,
+    RETSNOOP,
+    RETSNOOP_ENV,
+    RETSNOOP_FLAGS,
+    ROOT,
+    SETS,
+    KernelFacts,
+    Lines,
+    bpftrace_program,
+    enabled_count,
+    peer_run_key,
+    retsnoop_bin,
+    roomy_nofile,
+    same_names,
+    start_command,
+    warm_up,
+)
 
 
 def start_once(tool: str, mode: str, entry: list[str], allow: list[str], names: list[str], tmp: Path,
                base: Path | None, deny: list[str] | None = None, rs_bin: Path | None = None,
                cache: str = "cache") -> dict[str, float]:
     program = tmp / f"{mode}.bt"
-    program.write_text(pc.bpftrace_program(mode, entry, allow, names))
+    program.write_text(bpftrace_program(mode, entry, allow, names))
     env = dict(os.environ, BPFTRACE_MAX_PROBES=str(4 * len(names) + 64),
                BPFTRACE_MAX_BPF_PROGS=str(4 * len(names) + 64),
                # a cache of its own per checkout: another build may keep another cache format, and two
@@ -49,20 +67,20 @@ def start_once(tool: str, mode: str, entry: list[str], allow: list[str], names: 
         env["PYTHONPATH"] = str(tree)
     print(f"  {time.strftime('%H:%M:%S')} starting {tool} {mode}", flush=True)
     t0 = time.monotonic()
-    proc = subprocess.Popen(pc.start_command(tool, mode, entry, allow, program, tree, deny or (), rs_bin),
-                            cwd=tree or pc.ROOT, env=env,
+    proc = subprocess.Popen(start_command(tool, mode, entry, allow, program, tree, deny or (), rs_bin),
+                            cwd=tree or ROOT, env=env,
                             text=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            preexec_fn=pc._roomy_nofile)
-    lines = pc.Lines(proc)
+                            preexec_fn=roomy_nofile)
+    lines = Lines(proc)
     out: dict[str, float] = {}
     try:
-        ready = lines.wait_for(pc.READY_BT if tool == "bpftrace" else pc.READY_OURS, 300)
+        ready = lines.wait_for(READY_BT if tool == "bpftrace" else READY_OURS, 300)
         if ready is None:
             raise RuntimeError(f"{tool} {mode} never ready: " + " | ".join(lines.tail()))
         out["start"] = ready[0] - t0
         if tool in ("ours", "ours-base"):
             lines.wait_for(re.compile(r"^Phase ready"), 60)
-            out |= {m.group(1): int(m.group(2)) / 1000 for _, m in lines.find(pc.PHASE_OURS)}
+            out |= {m.group(1): int(m.group(2)) / 1000 for _, m in lines.find(PHASE_OURS)}
             out["after_python"] = out["start"] - out.get("python", 0.0)
     finally:
         # bpftrace ignores a SIGINT that comes right after its BEGIN output: ask again every 5 s
@@ -80,11 +98,11 @@ def start_once(tool: str, mode: str, entry: list[str], allow: list[str], names: 
             proc.wait()
         lines.join()
         for _ in range(120):  # the next start must not pay for this one's teardown
-            if pc.enabled_count() <= 0:
+            if enabled_count() <= 0:
                 break
             time.sleep(1)
         else:
-            print(f"  {pc.enabled_count()} functions still hooked 120 s after {tool} exited", flush=True)
+            print(f"  {enabled_count()} functions still hooked 120 s after {tool} exited", flush=True)
     return out
 
 
@@ -104,11 +122,11 @@ def start_table(results: dict[tuple[str, str], list[dict[str, float]]], modes: l
     out = ["| mode | tool | start | start after Python's own | imports | other phases | ratio to bpftrace "
            "| ratio to retsnoop (Python's start included) |", "|---" * 8 + "|"]
     for mode in modes:
-        bt, rs = med(mode, "bpftrace", "start"), med(mode, pc.RETSNOOP, "start")
+        bt, rs = med(mode, "bpftrace", "start"), med(mode, RETSNOOP, "start")
         for tool in tools:
             start = med(mode, tool, "start")
-            if tool in ("bpftrace", pc.RETSNOOP):
-                flag = pc.RETSNOOP_FLAGS[pc.NEAREST[mode]] if tool == pc.RETSNOOP else pc.NEAREST[mode]
+            if tool in ("bpftrace", RETSNOOP):
+                flag = RETSNOOP_FLAGS[NEAREST[mode]] if tool == RETSNOOP else NEAREST[mode]
                 out.append(f"| {mode} | {tool} ({flag}) | {num(start)} | - | - | - | - | - |")
                 continue
             after, imports = med(mode, tool, "after_python"), med(mode, tool, "imports")
@@ -121,19 +139,19 @@ def start_table(results: dict[tuple[str, str], list[dict[str, float]]], modes: l
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--modes", default="kprobe_session,kprobe_multi")
-    ap.add_argument("--set", default="1000", choices=list(pc.SETS))
+    ap.add_argument("--set", default="1000", choices=list(SETS))
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--cpu", type=int, default=0, help="run everything on this CPU (-1: anywhere)")
     ap.add_argument("--base", type=Path, help="another checkout of ours (its Python code and BPF object)")
     ap.add_argument("--peers", default="bpftrace", help="bpftrace, retsnoop or both (retsnoop: --retsnoop-bin)")
-    ap.add_argument("--retsnoop-bin", type=Path, help=f"the retsnoop binary (default: ${pc.RETSNOOP_ENV})")
+    ap.add_argument("--retsnoop-bin", type=Path, help=f"the retsnoop binary (default: ${RETSNOOP_ENV})")
     ap.add_argument("--deny", default="", metavar="GLOB[,GLOB]", help="leave these functions out for every tool")
     ap.add_argument("--cold", action="store_true", help="every start of ours with an empty kernel cache, as the "
                     "first start after a boot or a kernel update")
     args = ap.parse_args()
     peers = args.peers.split(",")
-    if unknown := [p for p in peers if p not in ("bpftrace", pc.RETSNOOP)]:
-        ap.error(f"unknown peer {', '.join(unknown)}: choose from bpftrace, {pc.RETSNOOP}")
+    if unknown := [p for p in peers if p not in ("bpftrace", RETSNOOP)]:
+        ap.error(f"unknown peer {', '.join(unknown)}: choose from bpftrace, {RETSNOOP}")
     deny = [g for g in args.deny.split(",") if g]
     if args.cpu >= 0:
         os.sched_setaffinity(0, {args.cpu})
@@ -141,26 +159,26 @@ def main() -> int:
         print("bpftrace is not installed: apt-get install bpftrace (the Debian package)", file=sys.stderr)
         return 2
     rs_bin = None
-    if pc.RETSNOOP in peers:
+    if RETSNOOP in peers:
         try:
-            rs_bin = pc.retsnoop_bin(args.retsnoop_bin)
+            rs_bin = retsnoop_bin(args.retsnoop_bin)
         except ValueError as exc:
-            print(f"bench/start_compare.py: {exc}", file=sys.stderr)
+            print(f"bench.start_compare: {exc}", file=sys.stderr)
             return 2
-    facts = pc.KernelFacts.load()
-    entry, allow = (list(x) for x in pc.SETS[args.set])
+    facts = KernelFacts.load()
+    entry, allow = (list(x) for x in SETS[args.set])
     tools = ["ours", *(["ours-base"] if args.base else []), *peers]
     results: dict[tuple[str, str], list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="start-compare-") as tmpdir:
         tmp = Path(tmpdir)
-        pc.warm_up(tmp)
+        warm_up(tmp)
         if args.base:  # the other checkout fills its own kernel cache too (untimed)
             subprocess.run([sys.executable, "-m", "retsnoop_otel", "trace", "-e", "*sys_bpf", "--dry-run"],
                            cwd=args.base, capture_output=True, timeout=600,
                            env=dict(os.environ, PYTHONPATH=str(args.base), RETSNOOP_OTEL_CACHE=str(tmp / "cache-base")))
         modes = args.modes.split(",")
         rs_sets: dict[tuple[str, str], set[str]] = {}
-        same = {m: pc.same_names(facts, args.set, m, deny, rs_bin, rs_sets) for m in modes}
+        same = {m: same_names(facts, args.set, m, deny, rs_bin, rs_sets) for m in modes}
         for m, s in same.items():
             print(f"{m}: {len(s.names)} functions for every tool; only ours would take {s.ours_deny[len(deny):]}, "
                   f"only retsnoop {s.retsnoop_deny[len(deny):]} (each denied to the tool that would)", flush=True)
@@ -168,8 +186,8 @@ def main() -> int:
             done: dict[tuple, dict[str, float]] = {}  # a peer's start in this round, by what it ran
             for mode in modes:
                 for tool in (tools if r % 2 == 0 else tools[::-1]):  # alternate the order between rounds
-                    tool_deny = same[mode].retsnoop_deny if tool == pc.RETSNOOP else same[mode].ours_deny
-                    key = pc.peer_run_key(tool, mode, same[mode])
+                    tool_deny = same[mode].retsnoop_deny if tool == RETSNOOP else same[mode].ours_deny
+                    key = peer_run_key(tool, mode, same[mode])
                     if tool in peers and key in done:
                         res = done[key]
                     else:

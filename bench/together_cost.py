@@ -1,6 +1,6 @@
 """BPF ns per call of retsnoop-otel and bpftrace measured on the same workload calls, both attached at once.
 
-    tests/vm/run --kernel 6.12 -- python bench/together_cost.py --modes kprobe,fentry --rounds 5
+    tests/vm/run --kernel 6.12 -- python -m bench.together_cost --modes kprobe,fentry --rounds 5
 
 bench/peer_compare.py runs one tool after the other: under emulation one run of either tool can move by
 half within a boot (the host's other load changes the speed of the guest), so a per-call ratio from
@@ -32,40 +32,30 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from fnmatch import fnmatch
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from bench.peer_compare import (  # noqa: E402
-    ATTACHING_BT,
+from bench.harness import (
     PEERS,
-    READY_BT,
-    READY_OURS,
     SETS,
+    Attached,
     KernelFacts,
-    Lines,
-    _roomy_nofile,
-    bpftrace_program,
+    attach,
     build_workload,
+    detach,
     enabled_names,
     our_functions,
     prog_stats,
     run_workload,
     set_stats,
-    settle,
-    start_command,
+    settle_hooks,
 )
-from bench.procs import stop  # noqa: E402
-from retsnoop_otel.kernel import features  # noqa: E402
+from retsnoop_otel.kernel import features
 
 ORDERS = ("ours-first", "peer-first")
 
@@ -87,42 +77,6 @@ class Round:
     @property
     def ratio(self) -> float:
         return self.bpf_ns_ours / self.bpf_ns_peer if self.bpf_ns_peer else float("nan")
-
-
-@dataclass
-class Attached:
-    """One tool running, with the ids of the programs it loaded."""
-    tool: str
-    proc: subprocess.Popen
-    lines: Lines
-    prog_ids: list[int] = field(default_factory=list)
-    probes: int = 0
-
-
-def attach(tool: str, mode: str, entry: list[str], allow: list[str], names: list[str], tmp: Path,
-           facts: KernelFacts, timeout: float, deny: Sequence[str] = ()) -> Attached:
-    program = tmp / f"{tool}_{mode}.bt"
-    program.write_text(bpftrace_program(mode, entry, allow, names, tool == "bpftrace-kstack", facts.int_ret))
-    env = dict(os.environ, BPFTRACE_MAX_PROBES=str(4 * len(names) + 64),
-               BPFTRACE_MAX_BPF_PROGS=str(4 * len(names) + 64), RETSNOOP_OTEL_CACHE=str(tmp / "cache"))
-    before = set(prog_stats())
-    proc = subprocess.Popen(start_command(tool, mode, entry, allow, program, deny=deny), cwd=ROOT, env=env, text=True,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            preexec_fn=_roomy_nofile)
-    lines = Lines(proc)
-    if lines.wait_for(READY_BT if tool in PEERS else READY_OURS, timeout) is None:
-        tail = " | ".join(lines.tail())
-        detach(Attached(tool, proc, lines), timeout)
-        raise RuntimeError(f"{tool} {mode} never ready: {tail}")
-    got = Attached(tool, proc, lines, [i for i in prog_stats() if i not in before])
-    if tool in PEERS and (found := lines.find(ATTACHING_BT)):
-        got.probes = int(found[0][1].group(1))
-    return got
-
-
-def detach(a: Attached, timeout: float) -> None:
-    stop(a.proc, signal.SIGINT if a.tool in PEERS else signal.SIGTERM, timeout)
-    a.lines.join()
 
 
 def measure(ours: Attached, peer: Attached, workload: list[str], calls: int) -> tuple[float, ...]:
@@ -169,7 +123,7 @@ def run_mode(mode: str, set_name: str, peer_tool: str, orders: list[str], rounds
         finally:
             for tool in reversed(list(running)):
                 detach(running[tool], timeout)
-            settle(300)
+            settle_hooks(300)
     return out
 
 

@@ -10,7 +10,7 @@ envelopes), on one thread, in one run:
             (bench/span_throughput.py's generator: 51 spans)
 It also times the first (uncached) answer per process, which reads /proc/PID/cgroup and /proc/PID/exe once.
 
-Run: .venv/bin/python bench/workload_annotation.py [--rounds N] [--repeat N]
+Run: .venv/bin/python -m bench.workload_annotation [--rounds N] [--repeat N]
 """
 
 from __future__ import annotations
@@ -24,14 +24,12 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.span_throughput import OFFSET, make_funcs, make_session  # noqa: E402
-from retsnoop_otel.capture.model import Session, StackEntry  # noqa: E402
-from retsnoop_otel.export.resource import build_resource  # noqa: E402
-from retsnoop_otel.export.span_encoder import SpanEncoder, WorkloadEnvelopes  # noqa: E402
-from retsnoop_otel.workload.pods import PodCache, PodMeta  # noqa: E402
-from retsnoop_otel.workload.resolver import WorkloadResolver  # noqa: E402
+from bench.harness import OFFSET, make_funcs, make_session
+from retsnoop_otel.capture.model import Session, StackEntry
+from retsnoop_otel.export.resource import build_resource
+from retsnoop_otel.export.span_encoder import SpanEncoder, WorkloadEnvelopes
+from retsnoop_otel.workload.pods import PodCache, PodMeta
+from retsnoop_otel.workload.resolver import WorkloadResolver
 
 CONTAINERS = 20
 PROCESSES = 200

@@ -54,3 +54,20 @@ def spans(requests: list[dict]) -> list[dict]:
                                 "parent": _hex(s["parentSpanId"]) if s.get("parentSpanId") else None,
                                 "attrs": attributes(s.get("attributes", [])), "resource": res, "scope": scope})
     return out
+
+
+def root_span(trace: list[dict]) -> dict:
+    """The one root span of a trace (its spans as `spans` gives them)."""
+    roots = [s for s in trace if not s.get("parentSpanId")]
+    assert len(roots) == 1, "one root span per trace"
+    return roots[0]
+
+
+def assert_nested(trace: list[dict]) -> None:
+    """Every span of a trace lies within its parent's time, and its parent is in the same trace."""
+    by_id = {s["spanId"]: s for s in trace}
+    for s in trace:
+        if s.get("parentSpanId"):
+            parent = by_id[s["parentSpanId"]]  # every parent is in the same trace
+            assert int(parent["startTimeUnixNano"]) <= int(s["startTimeUnixNano"])
+            assert int(s["endTimeUnixNano"]) <= int(parent["endTimeUnixNano"])

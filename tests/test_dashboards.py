@@ -5,29 +5,37 @@ Every PromQL expression of the dashboards and rules must parse (promtool parses 
 rules) and may name only series that retsnoop-otel really exposes: the names come from the
 exposition of the real collectors fed with fake data, plus the few families still to be added
 (PLANNED_SERIES). The VM test tests/vm/test_prometheus_e2e.py evaluates the same expressions on a
-real Prometheus scraping the tracer (the helpers here are shared with its guest side).
+real Prometheus scraping the tracer (tests/dashboard_files.py: what both read).
 """
 
 from __future__ import annotations
 
-import json
 import re
-import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-DASHBOARDS = REPO / "dashboards"
-ALERTS = DASHBOARDS / "alerts.yml"
-ALERTS_TEST = DASHBOARDS / "alerts_test.yml"
+from tests.dashboard_files import (
+    ALERTS,
+    ALERTS_TEST,
+    DASHBOARDS,
+    EXPECTED_ALERTS,
+    PROMETHEUS_SERIES,
+    REPO,
+    SCRAPE_CONFIG,
+    alert_rules,
+    all_expressions,
+    iter_panels,
+    load_dashboards,
+    metric_names,
+    promtool,
+    substitute_grafana_vars,
+)
+
 RUNBOOK = DASHBOARDS / "RUNBOOK.md"
-SCRAPE_CONFIG = REPO / "config" / "prometheus-scrape.yml"
 REQUIRED_VARIABLES = ("datasource", "instance", "probe_set")
 DATASOURCE_REF = "${datasource}"
 
@@ -35,86 +43,6 @@ DATASOURCE_REF = "${datasource}"
 # Keep this the only such list; remove a name once the collectors expose it
 # (test_planned_series_are_not_exposed_yet says when).
 PLANNED_SERIES: frozenset[str] = frozenset()
-# Series that Prometheus itself adds to every scrape target.
-PROMETHEUS_SERIES = frozenset({"up", "scrape_duration_seconds", "scrape_samples_scraped",
-                               "scrape_samples_post_metric_relabeling", "scrape_series_added"})
-
-# Grafana's built-in interval variables -> a concrete duration; any other variable (instance,
-# probe_set, ...) is only used in regex label matchers and becomes ".*" (Grafana's "All").
-GRAFANA_DURATIONS = {"__rate_interval": "5m", "__range": "5m", "__interval": "1m"}
-_VAR = re.compile(r"\$(?:\{(\w+)(?::\w+)?\}|(\w+))")
-_LABEL_VALUES = re.compile(r"^\s*label_values\(\s*(.+?)\s*,\s*(\w+)\s*\)\s*$", re.S)
-
-PROMQL_KEYWORDS = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right", "offset", "bool",
-                             "and", "or", "unless", "inf", "nan", "atan2"})
-
-
-# ---- helpers shared with tests/vm/scenarios/prometheus_e2e.py ------------------------------------
-
-
-def substitute_grafana_vars(expr: str) -> str:
-    """Turn a Grafana query into plain PromQL, as Grafana would with "All" selected."""
-
-    def repl(m: re.Match) -> str:
-        name = m.group(1) or m.group(2)
-        return GRAFANA_DURATIONS.get(name, ".*")
-
-    return _VAR.sub(repl, expr)
-
-
-def load_dashboards() -> dict[str, dict]:
-    return {p.name: json.loads(p.read_text()) for p in sorted(DASHBOARDS.glob("*.json"))}
-
-
-def iter_panels(panels: list[dict]) -> Iterator[dict]:
-    """Every panel, including those nested in (collapsed) rows."""
-    for panel in panels:
-        yield panel
-        yield from iter_panels(panel.get("panels", []))
-
-
-def dashboard_expressions(name: str, dash: dict) -> list[tuple[str, str]]:
-    """(where, PromQL) for every target and every query variable (its label_values() selector)."""
-    out = []
-    for panel in iter_panels(dash.get("panels", [])):
-        for t in panel.get("targets", []):
-            if t.get("expr"):
-                out.append((f"{name}: panel {panel['title']!r} {t['refId']}", substitute_grafana_vars(t["expr"])))
-    for var in dash.get("templating", {}).get("list", []):
-        if var.get("type") != "query":
-            continue
-        q = var["query"]["query"] if isinstance(var["query"], dict) else var["query"]
-        m = _LABEL_VALUES.match(q)
-        assert m, f"{name}: variable {var['name']}: expected label_values(SELECTOR, LABEL), got {q!r}"
-        out.append((f"{name}: variable {var['name']}", substitute_grafana_vars(m.group(1))))
-    return out
-
-
-def alert_rules() -> list[dict]:
-    return [r for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]]
-
-
-def all_expressions() -> list[tuple[str, str]]:
-    """Every PromQL expression of the dashboards and alert rules, ready to evaluate."""
-    out = []
-    for name, dash in load_dashboards().items():
-        out += dashboard_expressions(name, dash)
-    out += [(f"alerts.yml: {r['alert']}", r["expr"].strip()) for r in alert_rules()]
-    return out
-
-
-def metric_names(expr: str) -> set[str]:
-    """Metric names an expression selects (not functions, keywords, labels, strings or durations)."""
-    s = re.sub(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'', '""', expr)  # string literals
-    s = re.sub(r"\{[^}]*\}", " ", s)  # label matchers
-    s = re.sub(r"\[[^\]]*\]", " ", s)  # range and subquery windows
-    s = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", s)  # label lists
-    s = re.sub(r"\boffset\s+-?\w+", " ", s)
-    names = set()
-    for m in re.finditer(r"(?<![\w.])([a-zA-Z_:][\w:]*)(\s*\()?", s):
-        if not m.group(2) and m.group(1).lower() not in PROMQL_KEYWORDS:
-            names.add(m.group(1))
-    return names
 
 
 # ---- the series retsnoop-otel really exposes ------------------------------------------------------
@@ -134,7 +62,7 @@ def exposed_series() -> set[str]:
     from retsnoop_otel.runtime.config import ProbeSetConfig, RuntimeConfig
     from retsnoop_otel.runtime.runtime import Runtime, RuntimeDeps
     from retsnoop_otel.workload.k8s_watch import WatchCounters
-    from tests.unit.test_metrics import FakeProbeSet
+    from tests.fakes import FakeProbeSet
 
     funcs = {0: TracedFunc(0, "__x64_sys_bpf", 0, RetKind.INT32, True),
              1: TracedFunc(1, "array_map_alloc_check", 0, RetKind.INT32, False)}
@@ -161,13 +89,6 @@ def exposed_series() -> set[str]:
 
 
 # ---- promtool ------------------------------------------------------------------------------------
-
-
-def promtool(*args: str | Path) -> subprocess.CompletedProcess:
-    exe = shutil.which("promtool")
-    if exe is None:
-        pytest.fail("promtool not found: install the Debian package 'prometheus' (make setup does)")
-    return subprocess.run([exe, *map(str, args)], capture_output=True, text=True, timeout=120, cwd=REPO)
 
 
 def _ok(res: subprocess.CompletedProcess) -> None:
@@ -201,9 +122,6 @@ def test_promtool_check_scrape_config() -> None:
 
 # runbook_url: this repository's dashboards/RUNBOOK.md as GitHub shows it, with the alert's section anchor
 RUNBOOK_URL = "https://github.com/retsnoop-otel/retsnoop-otel/blob/main/dashboards/RUNBOOK.md"
-EXPECTED_ALERTS = {"KernelErrorSpike", "KernelNewErrno", "KernelLatencyP99High", "RetsnoopAgentLosingData",
-                   "RetsnoopAgentDown", "RetsnoopConfigReloadFailed", "RetsnoopExportFailing",
-                   "RetsnoopK8sMetadataStale"}
 
 
 def _anchors(markdown: str) -> set[str]:

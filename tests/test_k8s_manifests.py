@@ -26,6 +26,7 @@ import yaml
 
 from retsnoop_otel.agent.config_file import parse_config
 from retsnoop_otel.kernel import caps
+from tests.dashboard_files import ALERTS_TEST, SCRAPE_CONFIG, dashboard_expressions, load_dashboards, promtool
 from tests.gen_k8s_monitoring import (
     DASHBOARDS,
     DASHBOARDS_OUTPUT,
@@ -35,7 +36,6 @@ from tests.gen_k8s_monitoring import (
     rule_groups,
 )
 from tests.gen_k8s_monitoring import OUTPUT as PROMETHEUS_RULE
-from tests.test_dashboards import ALERTS_TEST, SCRAPE_CONFIG, dashboard_expressions, load_dashboards, promtool
 
 REPO = Path(__file__).resolve().parents[1]
 DAEMONSET = REPO / "config" / "k8s" / "base" / "daemonset.yaml"

@@ -1,5 +1,6 @@
 """The package's shape: no import cycle between modules or sub-packages, the layers import downwards only,
-no module much over 500 lines, and no private name of an OpenTelemetry package anywhere in the product.
+no module much over 500 lines, and no private name of an OpenTelemetry package anywhere in the product. Also the
+shape of bench/ (one package, run with `python -m bench.NAME`) and that no test module imports another.
 
 Imports are read from the source (every import statement, also those inside functions and under
 TYPE_CHECKING), so a cycle hidden behind a lazy import fails here too.
@@ -156,5 +157,41 @@ def test_no_private_name_of_an_opentelemetry_package() -> None:
 def test_bench_scripts_import() -> None:
     """The benchmarks are scripts nothing else runs: importing them at least keeps them in step with the code."""
     import importlib
-    for path in sorted((ROOT / "bench").glob("*.py")):
+    for path in sorted((ROOT / "bench").glob("[!_]*.py")):
         importlib.import_module(f"bench.{path.stem}")
+
+
+def imported_modules(path: Path) -> Iterator[str]:
+    """Every module an import statement of `path` names (`from a import b` names a.b too: b may be a module)."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            yield node.module
+            yield from (f"{node.module}.{alias.name}" for alias in node.names)
+
+
+def test_bench_is_a_package_whose_benches_share_one_module() -> None:
+    """Each bench runs as `python -m bench.NAME`: none edits sys.path, none imports from tests/ (the tests may
+    import bench, not the reverse), and none imports another bench: what several use is in bench.harness."""
+    libraries = {"bench.harness", "bench.kprofile", "bench.oracle_spans", "bench.start_path", "bench.tls_certs"}
+    bad = []
+    for path in sorted((ROOT / "bench").glob("*.py")):
+        if "sys.path" in path.read_text():
+            bad.append(f"{path.name}: sys.path")
+        for name in imported_modules(path):
+            if name.split(".")[0] == "tests" or name.count(".") == 1 and name.startswith("bench.") and (
+                    (ROOT / "bench" / f"{name.split('.')[1]}.py").exists() and name not in libraries):
+                bad.append(f"{path.name}: {name}")
+    assert bad == []
+
+
+def test_no_module_of_the_tests_imports_a_test_module() -> None:
+    """What several test modules share (fakes, oracle checks, dashboard readers) is in helper modules such as
+    tests/fakes.py, never in a test module: importing one would tie its tests to the importer's."""
+    bad = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for name in imported_modules(path):
+            if name.split(".")[0] == "tests" and name.rpartition(".")[2].startswith("test_"):
+                bad.append(f"{path.relative_to(ROOT)}: {name}")
+    assert bad == []

@@ -17,8 +17,8 @@ from retsnoop_otel.metrics.kernel_families import KernelCollector
 from retsnoop_otel.metrics.otlp_units import OTLP_UNITS
 from retsnoop_otel.runtime.config import AGENT_NAMES
 from retsnoop_otel.runtime.settings import otlp_settings
+from tests.fakes import FakeProbeSet
 from tests.otlp_receiver import start_receiver
-from tests.unit.test_metrics import FakeProbeSet
 
 FUNCS = {0: TracedFunc(0, "do_open", 0, RetKind.INT32, True), 1: TracedFunc(1, "may_open", 0, RetKind.INT32, False)}
 

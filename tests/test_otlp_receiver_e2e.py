@@ -1,6 +1,6 @@
 """OTLP export over real sockets: encoder -> OtlpTraceSink -> sender -> tests/otlp_receiver.py (gRPC and HTTP).
 
-The production path and the SDK-object oracle (tests/oracle_spans.py, encoded by the SDK) both go
+The production path and the SDK-object oracle (bench/oracle_spans.py, encoded by the SDK) both go
 through the same sender, and the receiver must see the same trace from either.
 """
 
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.oracle_spans import sdk_request, session_to_spans
 from retsnoop_otel.capture.model import Call, RetKind, Session, StackEntry, TracedFunc
 from retsnoop_otel.capture.sampling import ALWAYS, threshold
 from retsnoop_otel.export.otlp_settings import OtlpConfig
@@ -27,12 +28,10 @@ from retsnoop_otel.export.senders import build_sender
 from retsnoop_otel.export.span_encoder import EncodedTrace, SpanEncoder, WorkloadEnvelopes, make_envelope
 from retsnoop_otel.runtime.config import AGENT_NAMES
 from retsnoop_otel.runtime.settings import otlp_settings
-from tests.oracle_spans import sdk_request, session_to_spans
+from tests.fakes import EINVAL, OFFSET
 from tests.otlp_receiver import load_spans, start_receiver
 
 REPO = Path(__file__).resolve().parent.parent
-EINVAL = (1 << 64) - 22
-OFFSET = 1_700_000_000_000_000_000
 FUNCS = {
     0: TracedFunc(0, "__x64_sys_bpf", 0, RetKind.SIGNED, True),
     1: TracedFunc(1, "map_create", 0, RetKind.INT32, False),

@@ -124,13 +124,6 @@ def return_attrs(kind: RetKind, raw: int | None, export_addresses: bool) -> tupl
     return attrs, SpanStatus(StatusCode.ERROR, text)
 
 
-def result_attrs(func: TracedFunc, raw: int | None, export_addresses: bool,
-                 locate: Locate | None = None) -> tuple[Attrs, SpanStatus]:
-    """Attributes + status of one call of `func` that returned `raw` (None: the exit was not seen)."""
-    attrs, status = return_attrs(func.ret, raw, export_addresses)
-    return {**func_attrs(func, locate), **attrs}, status
-
-
 def unknown_root() -> tuple[str, Attrs, SpanStatus]:
     """Name, attributes and status of a root span whose entry function is not known."""
     return UNKNOWN_ROOT_NAME, {"retsnoop.incomplete": True}, UNSET

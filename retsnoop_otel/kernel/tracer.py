@@ -396,15 +396,6 @@ class Tracer:
         self._map("app_targets").delete(key)
         self._map("app_asked").delete(key)
 
-    def app_targets(self) -> dict[int, tuple[int, int, int, int]]:
-        m = self._map("app_targets")
-        out = {}
-        for key in list(m.keys()):
-            value = m.lookup(key)
-            if value is not None:
-                out[struct.unpack("<I", key)[0]] = records.APP_TLS.unpack(value)
-        return out
-
     def _map(self, name: str) -> lb.BpfMap:
         if self._obj is None:
             raise RuntimeError("the BPF object is not loaded")

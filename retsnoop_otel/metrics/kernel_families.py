@@ -69,11 +69,6 @@ def layout(lo: int, hi: int, slots: int) -> tuple[tuple[str, ...], tuple[int, ..
     return (*(floatToGoString(2 ** k / 1e9) for k in bounds), "+Inf"), owner
 
 
-def bucket_bounds(count: int) -> tuple[str, ...]:
-    """`le` labels of the kernel's own layout (every slot a bucket)."""
-    return layout(FIRST_EXP, LAST_EXP, count)[0]
-
-
 def _histogram(buckets: Sequence[int], rng: DurationRange | None) -> tuple[tuple[str, ...], tuple[int, ...], list[int]]:
     """(le labels, slot -> bucket, cumulative counts) of kernel slot counts under a probe set's range."""
     if rng is None:  # the kernel's own layout: every slot is a bucket, nothing to merge

@@ -5,7 +5,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import sys
 from functools import cache
 from pathlib import Path
 
@@ -50,21 +49,9 @@ def current() -> int | None:
     return library().otel_thread_ctx_current()
 
 
-def read_record(address: int) -> bytes:
-    """The record at `address` in this process: its 28-byte head and attrs-data."""
-    head = ctypes.string_at(address, HEAD_SIZE)
-    size = int.from_bytes(head[26:28], sys.byteorder)  # attrs-data-size, native endian
-    return head + ctypes.string_at(address + HEAD_SIZE, min(size, RECORD_SIZE - HEAD_SIZE))
-
-
 def publish_payload(payload: bytes) -> None:
     """Publish (or update, OTEP 4719's update protocol) the process context with this serialized Resource."""
     err = library().otel_process_ctx_publish(payload, len(payload))
     if err:
         why = "no memfd and the kernel cannot name the mapping" if err == -errno.ENOTSUP else os.strerror(-err)
         raise OSError(-err, f"cannot publish the OTEL_CTX process context: {why}")
-
-
-def process_ctx_header() -> int | None:
-    """The address of this process's OTEL_CTX header (None before the first publication)."""
-    return library().otel_process_ctx_header()

@@ -85,7 +85,7 @@ BUILTIN_DENY: tuple[DenyGroup, ...] = (
         "htab_lru_*", "bpf_lru_*", "__bpf_lru_*",
         # the kernel stack taken at the error: the unwinder, and its lookups of the BPF programs and
         # trampolines on the stack (bpf_ksym_find ran 4 times per failing call under fentry,
-        # bench/probe_cost.py --fentry-nested)
+        # python -m bench.probe_cost --fentry-nested)
         "unwind_next_frame", "__unwind_start", "unwind_get_return_address*", "orc_find", "__orc_find",
         "get_stack_info", "in_task_stack", "in_irq_stack", "kernel_text_address", "__kernel_text_address",
         "core_kernel_text", "is_bpf_text_address", "bpf_ksym_find", "bpf_prog_ksym_find", "search_bpf_extables",

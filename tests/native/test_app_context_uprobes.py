@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import os
 import re
+import struct
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+from retsnoop_otel.capture import records
 from retsnoop_otel.capture.model import RetKind, TracedFunc
 from retsnoop_otel.capture.records import AppProbeRec
 from retsnoop_otel.capture.sessions import SessionAssembler
@@ -150,25 +152,36 @@ def test_a_corrupt_size_is_cut_and_the_session_still_arrives(run):
     assert s.app.trace_id == r.ids[2][s.tid][0]
 
 
+def app_targets(tracer: Tracer) -> dict[int, tuple[int, int, int, int]]:
+    """The kernel's app_targets map as the watcher left it: tgid -> (tp_offset, offset, modid, flags)."""
+    m = tracer._map("app_targets")
+    out = {}
+    for key in list(m.keys()):
+        value = m.lookup(key)
+        if value is not None:
+            out[struct.unpack("<I", key)[0]] = records.APP_TLS.unpack(value)
+    return out
+
+
 def test_process_without_thread_context_is_marked_as_such(run):
     r = run("exe", "valid", 1)
     r.round()
-    assert r.tracer.app_targets()[r.pid][3] == 0  # located: flags 0
+    assert app_targets(r.tracer)[r.pid][3] == 0  # located: flags 0
     r.watcher.asked(os.getpid())  # pytest's own process has no otel_thread_ctx_v1
     r.watcher.service()
-    assert r.tracer.app_targets()[os.getpid()][3] == 1  # APP_TLS_NONE
+    assert app_targets(r.tracer)[os.getpid()][3] == 1  # APP_TLS_NONE
 
 
 def test_exited_process_is_forgotten(run):
     r = run("exe", "valid", 1)
     r.round()
-    assert r.pid in r.tracer.app_targets()
+    assert r.pid in app_targets(r.tracer)
     assert r.proc.stdin is not None
     r.proc.stdin.close()
     r.proc.wait(10)
     time.sleep(SWEEP_S + 0.05)
     r.watcher.service()
-    assert r.pid not in r.tracer.app_targets()
+    assert r.pid not in app_targets(r.tracer)
 
 
 def test_user_stacks_name_the_writers_functions_in_order(run):

@@ -23,7 +23,7 @@ from retsnoop_otel.kernel.libbpf_progs import ProgInfo, prog_info
 from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer
 from retsnoop_otel.metrics.kernel_families import KernelCollector, read_bpf_stats_enabled
 from retsnoop_otel.metrics.runtime_families import RunCounters, RuntimeCollector
-from tests.unit.test_metrics import FakeProbeSet, make_registry
+from tests.fakes import FakeProbeSet, make_registry
 
 HERE = Path(__file__).parent
 SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")

@@ -14,7 +14,7 @@ from retsnoop_otel.capture import records
 from retsnoop_otel.capture.sampling import ALWAYS, MAX_THRESHOLD, Sampling, kernel_sampling, threshold
 from retsnoop_otel.capture.sessions import SessionAssembler
 from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer
-from tests.native.test_native_sessions import _funcs, _walk
+from tests.native.simkern_funcs import simkern_funcs, walk
 
 LOW56 = (1 << 56) - 1
 
@@ -29,7 +29,7 @@ def _run(simkern: tuple[str, ctypes.CDLL], calls: list[tuple[str, int]], samplin
                            success_threshold=ks.threshold if threshold_ is None else threshold_,
                            success_interval_ns=ks.interval_ns, success_burst_ns=ks.burst_ns,
                            **cfg)  # type: ignore[arg-type]
-    tracer = Tracer(_funcs(), config)
+    tracer = Tracer(simkern_funcs(), config)
     sessions, kinds = [], Counter()
     assembler = SessionAssembler()
 
@@ -77,7 +77,7 @@ def test_rate_keeps_at_most_its_burst_per_entry_function(simkern):
     calls = [("sk_syscall", 5)] * 10 + [("sk_many", 4)] * 10 + [("sk_syscall", 0)] * 3
     sessions, _, cstats = _run(simkern, calls, Sampling(success_rate_per_s=0.5))
     kept = [s for s in sessions if not s.is_err]
-    funcs = _funcs()
+    funcs = simkern_funcs()
     assert sorted(funcs[s.entry_func_id].name for s in kept) == ["sk_many", "sk_syscall"]
     assert all(s.kernel_sampling == records.SAMPLED_RATE and s.trace_randomness is None for s in kept)
     assert sum(s.is_err for s in sessions) == 3  # errors take no token and are never limited
@@ -93,7 +93,7 @@ def test_calls_mode_dropped_successes_send_no_record(simkern):
     assert kinds == Counter(SessionStartRec=1, FuncBatchRec=1, SessionEndRec=1)
     (s,) = sessions
     assert s.is_err and s.dropped_records == 0
-    names = [_funcs()[c.func_id].name for c in _walk(s.calls)]
+    names = [simkern_funcs()[c.func_id].name for c in walk(s.calls)]
     assert names == ["sk_syscall", "sk_create", "sk_check", "sk_log", "sk_log"]
 
 

@@ -20,30 +20,17 @@ from retsnoop_otel.capture.model import RetKind, TracedFunc, format_result
 from retsnoop_otel.capture.sessions import SessionAssembler
 from retsnoop_otel.kernel import libbpf as lb
 from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer
+from tests.native.simkern_funcs import simkern_funcs, walk
 from tests.procs import remove_cgroups
 
 HERE = Path(__file__).parent
-FUNCS = [
-    ("sk_syscall", RetKind.SIGNED, True),
-    ("sk_create", RetKind.SIGNED, False),
-    ("sk_check", RetKind.INT32, False),
-    ("sk_alloc", RetKind.POINTER, False),
-    ("sk_log", RetKind.VOID, False),
-    ("sk_flag", RetKind.BOOL, False),
-    ("sk_recurse", RetKind.INT32, True),
-    ("sk_many", RetKind.SIGNED, True),
-]
-
-
-def _funcs() -> list[TracedFunc]:
-    return [TracedFunc(i, name, 0, kind, entry) for i, (name, kind, entry) in enumerate(FUNCS)]
 
 
 def _capture(simkern: tuple[str, ctypes.CDLL], calls: list[tuple[str, int]],
              drive: Callable[[], None] | None = None, pids: list[int] | None = None, **cfg: object):
     """Sessions of `calls` made here, or of what `drive` makes another process (`pids`) do."""
     path, lib = simkern
-    funcs = _funcs()
+    funcs = simkern_funcs()
     config = CaptureConfig(mode="uprobe", uprobe_binary=path, pids=pids or [os.getpid()], exclude_self=False,
                            **cfg)  # type: ignore[arg-type]
     tracer = Tracer(funcs, config)
@@ -64,12 +51,6 @@ def _capture(simkern: tuple[str, ctypes.CDLL], calls: list[tuple[str, int]],
     finally:
         tracer.close()
     return funcs, sessions, stats, cstats
-
-
-def _walk(calls):
-    for c in calls:
-        yield c
-        yield from _walk(c.children)
 
 
 def _chain(funcs: list[TracedFunc], session) -> list[tuple[str, str]]:
@@ -99,7 +80,7 @@ def test_without_a_metrics_reader_nothing_is_counted_and_the_sessions_are_the_sa
     the kernel, the same error chain."""
     from retsnoop_otel.kernel import stats_maps
     path, lib = simkern
-    funcs = _funcs()
+    funcs = simkern_funcs()
     with _attached(path, func_counts=False) as tracer:
         got: list = []
         assembler = SessionAssembler()
@@ -188,7 +169,7 @@ def test_ring_buffer_overflow_is_counted(simkern):
 
 def test_pid_filter_excludes_other_processes(simkern):
     path, lib = simkern
-    funcs = _funcs()
+    funcs = simkern_funcs()
     tracer = Tracer(funcs, CaptureConfig(mode="uprobe", uprobe_binary=path, pids=[os.getpid() + 100000],
                                          exclude_self=False))
     try:
@@ -237,7 +218,7 @@ def test_attach_failure_leaves_nothing_attached(simkern):
 @contextlib.contextmanager
 def _attached(path: str, **cfg: object) -> Iterator[Tracer]:
     """This process's sessions of _funcs() captured (no reader unless the test opens one)."""
-    tracer = Tracer(_funcs(), CaptureConfig(mode="uprobe", uprobe_binary=path, pids=[os.getpid()],
+    tracer = Tracer(simkern_funcs(), CaptureConfig(mode="uprobe", uprobe_binary=path, pids=[os.getpid()],
                                             exclude_self=False, **cfg))  # type: ignore[arg-type]
     try:
         tracer.load()
@@ -295,7 +276,7 @@ def test_a_lagging_reader_costs_the_traced_thread_no_wakeup_per_record(simkern):
 
 def test_own_process_is_excluded_by_default(simkern):
     path, lib = simkern
-    tracer = Tracer(_funcs(), CaptureConfig(mode="uprobe", uprobe_binary=path))
+    tracer = Tracer(simkern_funcs(), CaptureConfig(mode="uprobe", uprobe_binary=path))
     try:
         tracer.load()
         tracer.attach(strict=True)
@@ -340,7 +321,7 @@ def test_call_records_leave_room_for_the_session_end_record(simkern):
     assert s.dropped_records == cstats.dropped_records
     table = render_calls(s, {f.id: f for f in funcs})
     assert f"missing {s.dropped_records} records" in table or "‼ ... missing" in table, table
-    kept = sum(1 for _ in _walk(s.calls))
+    kept = sum(1 for _ in walk(s.calls))
     assert 0 < kept < 40
 
 
@@ -387,7 +368,7 @@ def test_cgroup_filter_keeps_tasks_in_the_cgroup_and_below(simkern, tmp_path):
                 (where / "cgroup.procs").write_text(f"{p.pid}\n")
         cg_id, level = cgroup_target(str(parent))
         assert level >= 1
-        tracer = Tracer(_funcs(), CaptureConfig(mode="uprobe", uprobe_binary=path, cgroup_id=cg_id,
+        tracer = Tracer(simkern_funcs(), CaptureConfig(mode="uprobe", uprobe_binary=path, cgroup_id=cg_id,
                                                 cgroup_level=level))
         sessions, assembler = [], SessionAssembler()
         try:
@@ -411,7 +392,7 @@ def test_concurrent_sessions_on_many_threads_do_not_mix(simkern):
     """Sessions are per thread: eight threads failing and succeeding at once each get their own chain."""
     import threading
     path, lib = simkern
-    funcs = _funcs()
+    funcs = simkern_funcs()
     tracer = Tracer(funcs, CaptureConfig(mode="uprobe", uprobe_binary=path, pids=[os.getpid()], exclude_self=False,
                                          capture_success=True, emit_calls=True))
     sessions, assembler = [], SessionAssembler()
@@ -454,7 +435,7 @@ def test_concurrent_sessions_on_many_threads_do_not_mix(simkern):
         assert (s.comm, s.proc_comm, s.exe_name) == (f"sk-worker-{arg}", main_comm, exe), (s.comm, s.proc_comm)
         (root,) = s.calls  # the call tree holds this thread's calls only
         assert [funcs[c.func_id].name for c in root.children] == ["sk_create", "sk_log"]
-        assert all(c.start_ns >= s.start_ns and c.end_ns <= s.end_ns for c in _walk(s.calls))
+        assert all(c.start_ns >= s.start_ns and c.end_ns <= s.end_ns for c in walk(s.calls))
 
 
 def test_workload_counts_per_cgroup_and_forgetting_a_gone_cgroup(simkern):
@@ -470,7 +451,7 @@ def test_workload_counts_per_cgroup_and_forgetting_a_gone_cgroup(simkern):
     ids = [g.stat().st_ino for g in groups]  # a cgroup v2 id is its directory's inode number
     script = ("import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); sys.stdin.readline(); "
               "[lib.sk_syscall(int(a)) for a in sys.argv[2:]]; print('done', flush=True)")
-    funcs = _funcs()
+    funcs = simkern_funcs()
     tracer = Tracer(funcs, CaptureConfig(mode="uprobe", uprobe_binary=path, workload_stats=True))
     procs = []
     try:

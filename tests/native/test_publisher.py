@@ -61,12 +61,18 @@ PRELUDE = textwrap.dedent("""
         head = mem(ptr, 28)
         return parse(head + mem(ptr + 28, int.from_bytes(head[26:28], sys.byteorder)), ptr)
 
+    def read_record(address):
+        \"\"\"The record at `address`, read in-process: its head and attrs-data.\"\"\"
+        head = ctypes.string_at(address, 28)
+        size = int.from_bytes(head[26:28], sys.byteorder)
+        return head + ctypes.string_at(address + 28, min(size, native.RECORD_SIZE - 28))
+
     def record():
         \"\"\"This thread's record: /proc/self/mem at otel_thread_ctx_v1, checked against current().\"\"\"
         seen = via_mem(LIB.otel_thread_ctx_addr())
         ptr = native.current()
         assert (seen and seen["ptr"]) == ptr, (seen, ptr)
-        assert seen is None or parse(native.read_record(ptr), ptr) == seen
+        assert seen is None or parse(read_record(ptr), ptr) == seen
         return seen
 
     def ids(span):
@@ -250,7 +256,7 @@ def test_process_context_published_then_updated() -> None:
         from opentelemetry.sdk.resources import Resource
         from retsnoop_otel.publisher import publish_process_context
         out["first"] = process_ctx()
-        out["header"] = native.process_ctx_header()
+        out["header"] = LIB.otel_process_ctx_header()
         out["vmflags"] = vmflags(out["first"]["start"])
         publish_process_context(Resource.create({"service.name": "svc-test", "service.version": "1.2.3"}))
         out["second"] = process_ctx()
@@ -297,7 +303,7 @@ def test_memfd_refused_falls_back_to_named_shared_memory(tmp_path: Path) -> None
     body = """
         import opentelemetry.context
         out["memfd"] = ctypes.CDLL(None).memfd_create(b"x", 1)  # the shim is in place
-        out["header"] = native.process_ctx_header()
+        out["header"] = LIB.otel_process_ctx_header()
         out["ctx"] = process_ctx() if out["header"] else None
         with tracer.start_as_current_span("a") as a:
             out["a"], out["in_a"] = ids(a), record()

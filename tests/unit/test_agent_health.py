@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from bench.tls_certs import make_pki
 from retsnoop_otel.agent import health
 from retsnoop_otel.agent.main import main as agent_main
 from retsnoop_otel.metrics.server import MetricsServer
 from retsnoop_otel.metrics.web_tls import WebWatcher, load_web_config
-from tests.tls_certs import make_pki
-from tests.unit.test_metrics_tls import TLS, USERS
+from tests.fakes import WEB_TLS, WEB_USERS
 
 
 def _serve(healthy: bool, web_file: Path | None = None) -> MetricsServer:
@@ -58,7 +58,7 @@ def test_plain_http_healthy_then_stalled_then_gone(tmp_path: Path) -> None:
 def test_tls_from_the_web_config(tmp_path: Path, auth: bool) -> None:
     pki = make_pki(tmp_path / "pki")
     web = pki.dir / "web.yml"
-    web.write_text(TLS + (USERS if auth else ""))
+    web.write_text(WEB_TLS + (WEB_USERS if auth else ""))
     server = _serve(True, web)
     try:
         code, out, err = _run(_config(tmp_path, server.port, web))

@@ -1,7 +1,7 @@
 """Agent lifecycle without a kernel: start, capture -> export, SIGHUP reload (good and bad), SIGTERM.
 
-The kernel-facing parts are fakes injected through RuntimeDeps: a KernelEnv over a tiny kallsyms, a
-tracer factory whose tracers deliver scripted records on poll, and an in-memory OTLP sender.
+The kernel-facing parts are fakes injected through RuntimeDeps (tests/fakes.py: World): a KernelEnv over a tiny
+kallsyms, a tracer factory whose tracers deliver scripted records on poll, and an in-memory OTLP sender.
 Everything else (config parsing, discovery, session assembly, sampling, span mapping, the export
 queue, the HTTP endpoint) is the real code.
 """
@@ -23,233 +23,31 @@ import pytest
 
 from retsnoop_otel.agent.main import Agent, check, main
 from retsnoop_otel.capture import records
-from retsnoop_otel.capture.model import CaptureStats, FuncStats, RetKind, SessionStats
-from retsnoop_otel.capture.records import FuncTraceRec, SessionEndRec, SessionStartRec
-from retsnoop_otel.export.resource import Resource
-from retsnoop_otel.export.sending import SendResult
-from retsnoop_otel.kernel.tracer import AttachReport
-from retsnoop_otel.runtime.app_watch import AppSources
-from retsnoop_otel.runtime.environment import KernelEnv
+from retsnoop_otel.capture.model import SessionStats
 from retsnoop_otel.runtime.errors import SetupError
 from retsnoop_otel.runtime.logs import EventLog
-from retsnoop_otel.runtime.runtime import RuntimeDeps
-from retsnoop_otel.runtime.startup import Phase
-from retsnoop_otel.symbols.kallsyms import Kallsyms
-from retsnoop_otel.symbols.process_context import thread_attributes
-from retsnoop_otel.symbols.symbolize import KallsymsSymbolizer
-from retsnoop_otel.symbols.traceable import Traceable
-from tests.oracle_spans import request_to_span_views
-
-KALLSYMS = """\
-ffffffff81000000 T _stext
-ffffffff81001000 T __x64_sys_bpf
-ffffffff81002000 T __sys_bpf
-ffffffff81003000 T array_map_alloc_check
-ffffffff81004000 t bpf_prog_load
-ffffffff81005000 T bpf_check
-ffffffff81006000 T bpf_prog_alloc
-ffffffff81007000 T vfs_read
-"""
-M = records.MAX_FSTACK_DEPTH
-
-
-def make_env(fail: str | None = None) -> KernelEnv:
-    if fail:
-        raise SetupError(fail)
-    ksyms = Kallsyms.parse(KALLSYMS)
-    names = [line.split()[2] for line in KALLSYMS.splitlines()[1:]]
-    return KernelEnv(ksyms=ksyms, available=Traceable(names), ret_kind=lambda _n: RetKind.INT32,
-                     btf_func_id=lambda _n: 1, auto_mode="kprobe", check_mode=lambda _m: None,
-                     symbolizer=KallsymsSymbolizer(ksyms), phases=[Phase("symbols", 0.25, "cached")])
-
-
-class FakeTracer:
-    """Delivers scripted records on poll, like a ring buffer would."""
-
-    def __init__(self, funcs, cfg, btf_func_id, world) -> None:
-        self.funcs = list(funcs)
-        self.cfg = cfg
-        self.world = world
-        self.state = "new"
-        self.pending: list = []
-        self.on_record = None
-        self.app_targets: dict[int, tuple] = {}
-        if world.fail_attach_for & {f.name for f in self.funcs}:
-            self.fail = True
-        else:
-            self.fail = False
-
-    def load(self) -> None:
-        self.state = "loaded"
-
-    def attach(self, on_error=None, strict=False) -> AttachReport:
-        if self.fail:
-            raise OSError("attach failed: EBUSY")
-        self.state = "attached"
-        return AttachReport(attached=list(self.funcs))
-
-    def open_ring_buffer(self, on_record) -> None:
-        self.on_record = on_record
-
-    def poll(self, timeout_ms: int) -> int:
-        assert self.state == "attached", "poll after close"
-        pending, self.pending = self.pending, []
-        for rec in pending:
-            self.on_record(rec)
-        if not pending:
-            time.sleep(min(timeout_ms, 5) / 1000)
-        return len(pending)
-
-    def func_stats(self):
-        return [FuncStats(f.id, 3, {"EINVAL": 1}, (0, 1, 2), 300) for f in self.funcs]
-
-    def session_stats(self):
-        return []
-
-    def capture_stats(self):
-        return CaptureStats()
-
-    def program_stats(self):
-        return []
-
-    def set_app_target(self, tgid, tp_offset=0, offset=0, modid=0, publishes=True) -> None:
-        self.app_targets[tgid] = (tp_offset, offset, modid, publishes)
-
-    def forget_app_target(self, tgid) -> None:
-        self.app_targets.pop(tgid, None)
-
-    def close(self) -> None:
-        self.state = "closed"
-
-    def fid(self, name: str) -> int:
-        return next(f.id for f in self.funcs if f.name == name)
-
-
-class World:
-    def __init__(self) -> None:
-        self.tracers: list[FakeTracer] = []
-        self.fail_attach_for: set[str] = set()
-        self.exported: list = []
-        self.requests: list = []
-        self.env_fail: str | None = None
-        self.publishing: dict[int, object] = {}  # pid -> TlsLocation-like, for the application watcher
-        self.kernel_state: str | None = None  # None: the kernel cannot say, every reload loads the env again
-        self.env_loads = 0
-
-    def factory(self, funcs, cfg, btf_func_id):
-        t = FakeTracer(funcs, cfg, btf_func_id, self)
-        self.tracers.append(t)
-        return t
-
-    def sender(self, settings):
-        world = self
-
-        class Mem:
-            """Receives the request bytes an OTLP sender would send; keeps their spans."""
-
-            def send(self, body, items):
-                world.requests.append((settings, body))
-                if settings.signal == "traces":
-                    world.exported.extend(request_to_span_views(body))
-                return SendResult(True)
-
-            def shutdown(self):
-                pass
-
-        return Mem()
-
-    def deps(self, console=None) -> RuntimeDeps:
-        def load_env(_symbols, _vmlinux, _lbr):
-            self.env_loads += 1
-            return make_env(self.env_fail)
-
-        return RuntimeDeps(load_env=load_env, kernel_state=lambda: self.kernel_state,
-                           find_vmlinux=lambda _symbols, _name: None, check_privileges=lambda: None,
-                           tracer_factory=self.factory, make_sender=self.sender,
-                           boot_to_wall_offset=lambda: 1_000_000_000_000, make_resource=lambda: Resource({}),
-                           console=console or io.StringIO(), environ={}, app_sources=self.app_sources)
-
-    def app_sources(self, _proc_root, _user_stacks, _lines) -> AppSources:
-        ctx = SimpleNamespace(attributes={"service.name": "shop"}, key_map=("http.route",))
-        return AppSources(self.publishing.get, lambda pid: ctx if pid in self.publishing else None,
-                          thread_attributes)
-
-    def live(self) -> list[FakeTracer]:
-        return [t for t in self.tracers if t.state == "attached"]
-
-
-CONFIG = """\
-probe_sets:
-  - name: bpf_errors
-    entry: ["*sys_bpf"]
-    allow: [array_map_alloc_check]
-  - name: prog_load
-    entry: [bpf_prog_load]
-    allow: [bpf_check, "bpf_prog_alloc*"]
-    mode: calls
-    sampling: {{success_probability: {prob}}}
-exporter:
-  otlp: {{endpoint: "http://127.0.0.1:4317"}}
-metrics:
-  listen: "127.0.0.1:0"
-logging:
-  format: json
-"""
-
-
-def error_session(t: FakeTracer, tid: int = 7) -> list:
-    """__x64_sys_bpf -> array_map_alloc_check failing with -EINVAL (stack mode: end record only)."""
-    ids = [t.fid("__x64_sys_bpf"), t.fid("array_map_alloc_check")]
-    res = [(1 << 64) - 22] * 2
-    lat = [5000, 1000]
-    pad = [0] * (M - 2)
-    return [SessionStartRec(tid, tid, 0, 100, "python", "python"),
-            SessionEndRec(tid, tid, 0, 100, 5100, 0, 0, 0, True, 2, 0, 0, "python", "python",
-                          tuple(ids + pad), tuple(res + pad), tuple(lat + pad), ())]
-
-
-def success_calls_session(t: FakeTracer, tid: int = 8) -> list:
-    """bpf_prog_load -> bpf_prog_alloc, bpf_check (calls mode), returning 5 (a new fd); kept by the kernel
-    side's sampler as the real one keeps successes at probability 1 (dropped when successes are not wanted)."""
-    kept = records.SAMPLED_PROBABILITY if t.cfg.capture_success and not t.cfg.success_threshold else 0
-    load, alloc, chk = t.fid("bpf_prog_load"), t.fid("bpf_prog_alloc"), t.fid("bpf_check")
-    pad = [0] * (M - 1)
-    return [SessionStartRec(tid, tid, 0, 1000, "python", "python"),
-            FuncTraceRec(False, tid, 1000, 0, 0, load, 0, 0),
-            FuncTraceRec(False, tid, 1100, 1, 1, alloc, 0, 0),
-            FuncTraceRec(True, tid, 1200, 2, 1, alloc, 100, 0xffff888000001000),
-            FuncTraceRec(False, tid, 1300, 3, 1, chk, 0, 0),
-            FuncTraceRec(True, tid, 1900, 4, 1, chk, 600, 0),
-            FuncTraceRec(True, tid, 2000, 5, 0, load, 1000, 5),
-            SessionEndRec(tid, tid, 0, 1000, 2000, 0, 6, 0, False, 1, 0, 0, "python", "python",
-                          tuple([load] + pad), tuple([5] + pad), tuple([1000] + pad), (), kept, 0x123456 * kept)]
-
-
-def by_set(world: World, name: str) -> FakeTracer:
-    return next(t for t in world.live() if name in {f.name for f in t.funcs})
+from tests.fakes import (
+    AGENT_CONFIG,
+    FakeTracer,
+    World,
+    by_set,
+    error_session,
+    log_events,
+    make_env,
+    success_calls_session,
+    wait_exported,
+)
 
 
 @pytest.fixture()
-def setup(tmp_path: Path):
-    world = World()
+def setup(tmp_path: Path, world: World):
     cfg = tmp_path / "agent.yaml"
-    cfg.write_text(CONFIG.format(prob=1.0))
+    cfg.write_text(AGENT_CONFIG.format(prob=1.0))
     logbuf = io.StringIO()
     agent = Agent(str(cfg), world.deps(), EventLog(logbuf))
     yield world, agent, cfg, logbuf
     if agent.runtime is not None:
         agent.runtime.shutdown(0.5)
-
-
-def log_events(buf: io.StringIO) -> list[dict]:
-    return [json.loads(line) for line in buf.getvalue().splitlines()]
-
-
-def wait_exported(world: World, n: int, timeout: float = 5.0) -> list:
-    deadline = time.monotonic() + timeout
-    while len(world.exported) < n and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return world.exported
 
 
 def test_start_attaches_each_probe_set_with_its_own_capture_config(setup) -> None:
@@ -298,10 +96,9 @@ def test_sessions_become_one_trace_each_with_nesting_and_status(setup) -> None:
     assert flushed[0]["spans_exported"] == 5 and flushed[0]["spans_dropped"] == 0
 
 
-def test_success_sessions_are_dropped_when_not_sampled(tmp_path: Path) -> None:
-    world = World()
+def test_success_sessions_are_dropped_when_not_sampled(tmp_path: Path, world: World) -> None:
     cfg = tmp_path / "agent.yaml"
-    cfg.write_text(CONFIG.format(prob=0.0))
+    cfg.write_text(AGENT_CONFIG.format(prob=0.0))
     agent = Agent(str(cfg), world.deps(), EventLog(io.StringIO()))
     agent.start()
     try:
@@ -320,7 +117,7 @@ def test_reload_with_broken_config_keeps_old_probe_sets(setup) -> None:
     world, agent, cfg, logbuf = setup
     agent.start()
     before = world.live()
-    cfg.write_text(CONFIG.format(prob=1.0).replace("mode: calls", "mode: calls\n    bogus: 1"))
+    cfg.write_text(AGENT_CONFIG.format(prob=1.0).replace("mode: calls", "mode: calls\n    bogus: 1"))
     assert agent.reload() is False
     assert world.live() == before and agent.runtime.reloads == {"success": 0, "failure": 1}
     failed = [e for e in log_events(logbuf) if e["msg"].startswith("config reload failed")]
@@ -336,7 +133,7 @@ def test_reload_that_fails_to_attach_detaches_the_new_sets_and_keeps_the_old(set
     world, agent, cfg, _log = setup
     agent.start()
     before = world.live()
-    cfg.write_text(CONFIG.format(prob=1.0).replace("[bpf_check,", "[vfs_read, bpf_check,"))
+    cfg.write_text(AGENT_CONFIG.format(prob=1.0).replace("[bpf_check,", "[vfs_read, bpf_check,"))
     world.fail_attach_for = {"vfs_read"}
     assert agent.reload() is False
     assert world.live() == before
@@ -346,7 +143,7 @@ def test_reload_that_fails_to_attach_detaches_the_new_sets_and_keeps_the_old(set
 def test_reload_with_unresolvable_glob_attaches_nothing_new(setup) -> None:
     world, agent, cfg, logbuf = setup
     agent.start()
-    cfg.write_text(CONFIG.format(prob=1.0).replace("[bpf_prog_load]", "[no_such_function]"))
+    cfg.write_text(AGENT_CONFIG.format(prob=1.0).replace("[bpf_prog_load]", "[no_such_function]"))
     assert agent.reload() is False
     assert len(world.tracers) == 2  # globs are all resolved before anything is loaded
     err = [e for e in log_events(logbuf) if e["msg"].startswith("config reload failed")][0]["error"]
@@ -385,7 +182,7 @@ def test_good_reload_attaches_new_then_detaches_old(setup) -> None:
         return t
 
     agent.deps.tracer_factory = factory
-    cfg.write_text(CONFIG.format(prob=0.5).replace("bpf_errors", "errors2"))
+    cfg.write_text(AGENT_CONFIG.format(prob=0.5).replace("bpf_errors", "errors2"))
     assert agent.reload() is True
     assert order == ["attach-new", "attach-new", "close-old", "close-old"]
     assert scrape_could_lock == [True, True]
@@ -405,7 +202,7 @@ def test_reload_frees_the_previous_configs_tables(setup) -> None:
     old_ksyms = weakref.ref(agent.runtime.env.ksyms)
     old_tracers = [weakref.ref(t) for t in world.live()]
     world.tracers.clear()  # the test's own list would keep them
-    cfg.write_text(CONFIG.format(prob=0.5).replace("bpf_errors", "errors2"))
+    cfg.write_text(AGENT_CONFIG.format(prob=0.5).replace("bpf_errors", "errors2"))
     assert agent.reload() is True
     assert gc.isenabled()
     assert old_ksyms() is None and all(t() is None for t in old_tracers)
@@ -420,7 +217,7 @@ def test_reload_keeps_the_kernel_tables_while_the_kernel_is_unchanged(setup) -> 
     env = agent.runtime.env
     closed = []
     env.close = lambda: closed.append(True)
-    cfg.write_text(CONFIG.format(prob=0.5).replace("bpf_errors", "errors2"))
+    cfg.write_text(AGENT_CONFIG.format(prob=0.5).replace("bpf_errors", "errors2"))
     assert agent.reload() is True and agent.runtime.env is env and world.env_loads == 1 and closed == []
     reloaded = [e for e in log_events(logbuf) if e["msg"] == "config reloaded"]
     assert reloaded[-1]["symbols_ms"] == 0.0
@@ -460,11 +257,10 @@ def test_signals_drive_reload_and_stop(setup) -> None:
     assert "detached" in msgs and "exporters flushed" in msgs
 
 
-def test_start_failure_leaves_nothing_attached(tmp_path: Path) -> None:
-    world = World()
+def test_start_failure_leaves_nothing_attached(tmp_path: Path, world: World) -> None:
     world.fail_attach_for = {"bpf_check"}
     cfg = tmp_path / "agent.yaml"
-    cfg.write_text(CONFIG.format(prob=1.0))
+    cfg.write_text(AGENT_CONFIG.format(prob=1.0))
     agent = Agent(str(cfg), world.deps(), EventLog(io.StringIO()))
     with pytest.raises(SetupError, match="probe set 'prog_load'.*EBUSY"):
         agent.start()
@@ -533,10 +329,9 @@ def test_session_histogram_bucket_links_to_the_exported_trace(setup) -> None:
         assert " # {" not in resp.read().decode()  # Prometheus text format has no exemplars
 
 
-def test_no_exemplar_for_a_trace_the_exporter_did_not_accept(tmp_path: Path) -> None:
-    world = World()
+def test_no_exemplar_for_a_trace_the_exporter_did_not_accept(tmp_path: Path, world: World) -> None:
     cfg = tmp_path / "agent.yaml"
-    cfg.write_text(CONFIG.format(prob=1.0) + "limits:\n  export_queue_spans: 1\n")  # 2-span traces never fit
+    cfg.write_text(AGENT_CONFIG.format(prob=1.0) + "limits:\n  export_queue_spans: 1\n")  # 2-span traces never fit
     agent = Agent(str(cfg), world.deps(), EventLog(io.StringIO()))
     agent.start()
     try:
@@ -553,11 +348,10 @@ def test_no_exemplar_for_a_trace_the_exporter_did_not_accept(tmp_path: Path) -> 
     assert " # {" not in text
 
 
-def test_console_and_file_outputs(tmp_path: Path) -> None:
-    world = World()
+def test_console_and_file_outputs(tmp_path: Path, world: World) -> None:
     out_file = tmp_path / "traces.jsonl"
     cfg = tmp_path / "agent.yaml"
-    cfg.write_text(CONFIG.format(prob=1.0).replace(
+    cfg.write_text(AGENT_CONFIG.format(prob=1.0).replace(
         'otlp: {endpoint: "http://127.0.0.1:4317"}', f"otlp: null\n  file: {out_file}\n  console: true"))
     console = io.StringIO()
     agent = Agent(str(cfg), world.deps(console), EventLog(io.StringIO()))
@@ -574,7 +368,7 @@ def test_console_and_file_outputs(tmp_path: Path) -> None:
     assert spans[1]["status"]["code"] == 2  # OTLP/JSON enums are integers
 
 
-def test_console_is_written_once_per_poll_not_per_session(tmp_path: Path) -> None:
+def test_console_is_written_once_per_poll_not_per_session(tmp_path: Path, world: World) -> None:
     """On a pipe, a flush per session cost a write and a wakeup of the reader per session."""
     class Counting(io.StringIO):
         flushes = 0
@@ -583,9 +377,8 @@ def test_console_is_written_once_per_poll_not_per_session(tmp_path: Path) -> Non
             self.flushes += 1
             super().flush()
 
-    world = World()
     cfg = tmp_path / "agent.yaml"
-    cfg.write_text(CONFIG.format(prob=1.0).replace('otlp: {endpoint: "http://127.0.0.1:4317"}',
+    cfg.write_text(AGENT_CONFIG.format(prob=1.0).replace('otlp: {endpoint: "http://127.0.0.1:4317"}',
                                                    "otlp: null\n  console: true"))
     console = Counting()
     agent = Agent(str(cfg), world.deps(console), EventLog(io.StringIO()))
@@ -600,7 +393,7 @@ def test_console_is_written_once_per_poll_not_per_session(tmp_path: Path) -> Non
 
 def test_check_prints_what_each_probe_set_would_attach(tmp_path: Path) -> None:
     cfg = tmp_path / "agent.yaml"
-    cfg.write_text(CONFIG.format(prob=1.0))
+    cfg.write_text(AGENT_CONFIG.format(prob=1.0))
     out = io.StringIO()
     assert check(str(cfg), out, World().deps()) == 0
     text = out.getvalue()
@@ -608,7 +401,7 @@ def test_check_prints_what_each_probe_set_would_attach(tmp_path: Path) -> None:
     assert "probe set 'bpf_errors' (mode stack, attach_mode auto -> kprobe, success sessions: none)" in text
     assert "would attach 3 (2 entry) in kprobe mode" in text
     assert "success sessions: probability 1" in text
-    cfg.write_text(CONFIG.format(prob=1.0).replace("[bpf_prog_load]", "[nope_*]"))
+    cfg.write_text(AGENT_CONFIG.format(prob=1.0).replace("[bpf_prog_load]", "[nope_*]"))
     out = io.StringIO()
     assert check(str(cfg), out, World().deps()) == 1
     assert "probe set 'prog_load': ERROR" in out.getvalue() and "nope_*" in out.getvalue()
@@ -624,11 +417,10 @@ def test_main_reports_config_and_setup_errors(tmp_path: Path) -> None:
                                       "globs, got int 5")
 
 
-def test_metrics_otlp_pushes_the_same_families_and_a_last_push_before_detaching(tmp_path: Path) -> None:
+def test_metrics_otlp_pushes_the_same_families_and_a_last_push_before_detaching(tmp_path: Path, world: World) -> None:
     """metrics.otlp: periodic pushes of /metrics' families; shutdown pushes once more while still attached."""
     from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
-    world = World()
     states_at_push: list = []
     deps = world.deps()
     traces_sender = deps.make_sender
@@ -650,7 +442,7 @@ def test_metrics_otlp_pushes_the_same_families_and_a_last_push_before_detaching(
 
     deps.make_sender = sender
     cfg = tmp_path / "agent.yaml"
-    cfg.write_text(CONFIG.format(prob=1.0).replace(
+    cfg.write_text(AGENT_CONFIG.format(prob=1.0).replace(
         'metrics:\n  listen: "127.0.0.1:0"\n',
         'metrics:\n  listen: "127.0.0.1:0"\n  otlp: {endpoint: "http://127.0.0.1:4318", protocol: http/protobuf}\n'
         '  otlp_interval: 1\n'))
@@ -751,14 +543,14 @@ def test_application_context_joins_the_sampled_trace_and_survives_a_reload(setup
     text = generate_latest(agent.runtime.metrics.registry()).decode()
     assert 'retsnoop_app_context_sessions_total{outcome="linked"} 1.0' in text
     old = world.live()
-    cfg.write_text(CONFIG.format(prob=0.5).replace("bpf_errors", "errors2"))
+    cfg.write_text(AGENT_CONFIG.format(prob=0.5).replace("bpf_errors", "errors2"))
     assert agent.reload() is True
     assert not set(world.live()) & set(old)
     assert all(t.app_targets.get(7) == (-8, 0, 0, True) for t in world.live())
 
 
 @pytest.mark.parametrize("served", [False, True])
-def test_per_function_counts_are_kept_only_where_metrics_read_them(served: bool) -> None:
+def test_per_function_counts_are_kept_only_where_metrics_read_them(served: bool, world: World) -> None:
     """The kernel's per-function and per-session counts feed /metrics and the OTLP metrics push alone:
     `trace` without either loads its programs without them (a map update less per traced call)."""
     import socket
@@ -771,7 +563,6 @@ def test_per_function_counts_are_kept_only_where_metrics_read_them(served: bool)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             argv = ["--metrics-addr", "127.0.0.1", "--metrics-port", str(s.getsockname()[1])]
-    world = World()
     request = flags.parse(["-e", "*sys_bpf", "-a", "array_map_alloc_check", *argv], environ={})
     runtime = Runtime(request.config, world.deps())
     runtime.start()

@@ -14,10 +14,11 @@ from retsnoop_otel.capture.sampling import ALWAYS, KernelSampling, Sampling, ker
 from retsnoop_otel.export.otlp_settings import OtlpConfig
 from retsnoop_otel.export.senders import build_sender
 from retsnoop_otel.export.span_encoder import SpanEncoder, build_request, make_envelope
-from retsnoop_otel.runtime.config import AGENT_NAMES, ProbeSetConfig
+from retsnoop_otel.runtime.config import AGENT_NAMES
 from retsnoop_otel.runtime.logs import EventLog
 from retsnoop_otel.runtime.probe_set import capture_config
 from retsnoop_otel.runtime.settings import otlp_settings
+from tests.fakes import World, probe_set_config
 from tests.otlp_receiver import start_receiver
 
 
@@ -34,38 +35,33 @@ def test_kernel_constants_of_each_sampling() -> None:
     assert kernel_sampling(Sampling(0.5, 3.0)).interval_ns == 333_333_333  # a rate wins over a probability
 
 
-def _cfg(**kw) -> ProbeSetConfig:
-    return ProbeSetConfig(name="x", entry=("f",), **kw)
-
-
 def test_capture_config_follows_mode_sampling_and_filters() -> None:
     limits = parse_config("probe_sets: {a: {entry: f}}\nlimits: {ringbuf_size: 1M, max_sessions: 8}\n").runtime.limits
-    cc = capture_config(_cfg(mode="calls", sampling=Sampling(0.1), min_duration_ns=2_500_000, comms=("a",)), "fentry",
-                        limits)
+    cc = capture_config(probe_set_config(mode="calls", sampling=Sampling(0.1), min_duration_ns=2_500_000,
+                                         comms=("a",)), "fentry", limits)
     assert cc.emit_calls and cc.capture_success and cc.min_duration_ns == 2_500_000 and cc.comms == ("a",)
     assert cc.success_threshold == threshold(0.1) and cc.success_interval_ns == 0
     assert cc.ringbuf_size == 1 << 20 and cc.max_sessions == 8 and cc.mode == "fentry"
-    cc = capture_config(_cfg(sampling=Sampling(success_rate_per_s=4.0)), "kprobe", limits)
+    cc = capture_config(probe_set_config(sampling=Sampling(success_rate_per_s=4.0)), "kprobe", limits)
     assert cc.capture_success and cc.success_interval_ns == 250_000_000 and cc.success_burst_ns == 750_000_000
-    cc = capture_config(_cfg(), "kprobe", limits)
+    cc = capture_config(probe_set_config(), "kprobe", limits)
     assert not cc.emit_calls and not cc.capture_success and cc.kernel_stack
     # metrics: counted in the kernel, no session ever reported (min duration out of reach), one-page ring
-    cc = capture_config(_cfg(mode="metrics", sampling=Sampling(1.0), comms=("a",)), "kprobe", limits)
+    cc = capture_config(probe_set_config(mode="metrics", sampling=Sampling(1.0), comms=("a",)), "kprobe", limits)
     assert not cc.emit_calls and not cc.capture_success and cc.min_duration_ns == (1 << 64) - 1
     assert cc.ringbuf_size == 4096 and cc.comms == ("a",)
     assert not cc.kernel_stack  # nothing would ever report it
 
 
-def test_error_sessions_ignore_sampling_but_follow_the_error_filter(tmp_path) -> None:
+def test_error_sessions_ignore_sampling_but_follow_the_error_filter(tmp_path, world: World) -> None:
     from retsnoop_otel.runtime.probe_set import ProbeSet
     from retsnoop_otel.symbols.discovery import discover
-    from tests.unit.test_agent_lifecycle import World, make_env
+    from tests.fakes import make_env
 
     env = make_env()
     disc = discover(["__x64_sys_bpf"], ["array_map_alloc_check"], [], env.ksyms, env.available, env.ret_kind,
                     "kprobe")
-    world = World()
-    cfg = _cfg(errors=ErrorFilter.parse([], ["ENOENT"]), sampling=Sampling(0.0))
+    cfg = probe_set_config(errors=ErrorFilter.parse([], ["ENOENT"]), sampling=Sampling(0.0))
     ps = ProbeSet(cfg, disc, parse_config("probe_sets: {a: {entry: f}}").runtime.limits, env, world.factory,
                   lambda _p, _s: None)
 

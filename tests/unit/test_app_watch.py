@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from retsnoop_otel.capture.model import AppContext, UserFrame
 from retsnoop_otel.runtime.app_watch import RECHECK_FIRST_S, SWEEP_S, AppSources, AppWatcher
 from retsnoop_otel.runtime.logs import EventLog
-from tests.unit.test_span_content import tree_session
+from tests.fakes import tree_session
 
 
 class FakeMap:

@@ -1,4 +1,4 @@
-"""bench/probe_cost.py --together: which runs it pairs, and its report over both attach orders."""
+"""`python -m bench.probe_cost --together`: which runs it pairs, and its report over both attach orders."""
 
 import pytest
 

@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from bench import harness
 from bench import peer_compare as pc
 from bench import start_compare as sc
 
@@ -24,56 +25,56 @@ Found 8 attachable functions in total.
 
 
 def test_the_dry_run_names_what_retsnoop_would_attach_once_per_name() -> None:
-    assert pc.parse_retsnoop_dry_run(DRY_RUN) == {"__x64_sys_bpf", "__sys_bpf", "map_create", "bpf_sys_bpf",
+    assert harness.parse_retsnoop_dry_run(DRY_RUN) == {"__x64_sys_bpf", "__sys_bpf", "map_create", "bpf_sys_bpf",
                                                   "array_map_alloc_check", "kvm_arch_vcpu_ioctl", "dup_name"}
-    assert pc.parse_retsnoop_dry_run("Receiving data...\n") == set()
+    assert harness.parse_retsnoop_dry_run("Receiving data...\n") == set()
 
 
 def test_every_tool_gets_the_names_both_take_and_denies_what_only_it_would() -> None:
     ours = ["__sys_bpf", "__x64_sys_bpf", "map_create", "bpf_ringbuf_reserve"]  # ours denies its helpers
     retsnoop = {"__sys_bpf", "__x64_sys_bpf", "map_create", "bpf_sys_bpf"}
-    same = pc.SameSet.of(ours, retsnoop, ["bpf_obj_free_fields"])
+    same = harness.SameSet.of(ours, retsnoop, ["bpf_obj_free_fields"])
     assert same.names == ["__sys_bpf", "__x64_sys_bpf", "map_create"]
     assert same.ours_deny == ["bpf_obj_free_fields", "bpf_ringbuf_reserve"]
     assert same.retsnoop_deny == ["bpf_obj_free_fields", "bpf_sys_bpf"]
     # no retsnoop among the peers: our set, the user's denies
-    alone = pc.SameSet.of(ours, None, ["x"])
+    alone = harness.SameSet.of(ours, None, ["x"])
     assert alone.names == sorted(ours) and alone.ours_deny == alone.retsnoop_deny == ["x"]
 
 
 def test_what_one_tool_could_not_attach_after_all_is_denied_to_the_others() -> None:
-    same = pc.SameSet.of(["a", "b", "c"], {"a", "b", "c", "d"}).narrowed(["a", "c", "zzz"])
+    same = harness.SameSet.of(["a", "b", "c"], {"a", "b", "c", "d"}).narrowed(["a", "c", "zzz"])
     assert same.names == ["a", "c"]
     assert same.ours_deny == ["b"] and same.retsnoop_deny == ["d", "b"]
 
 
 def test_retsnoop_runs_in_its_nearest_mode_without_dwarf() -> None:
-    cmd = pc.retsnoop_command("/opt/retsnoop", "kprobe_session", ["*sys_bpf"], ["map_*"], ["bpf_sys_bpf"])
+    cmd = harness.retsnoop_command("/opt/retsnoop", "kprobe_session", ["*sys_bpf"], ["map_*"], ["bpf_sys_bpf"])
     assert cmd == ["/opt/retsnoop", "-v", "-M", "-sn", "-e", "*sys_bpf", "-a", "map_*", "-d", "bpf_sys_bpf"]
-    assert pc.retsnoop_command("r", "fsession", ["e"], [])[2] == "-F"
-    assert pc.retsnoop_command("r", "fsession_multi", ["e"], [])[2] == "-M"
-    assert pc.retsnoop_command("r", "kprobe", ["e"], [], verbosity=3, dry_run=True) == [
+    assert harness.retsnoop_command("r", "fsession", ["e"], [])[2] == "-F"
+    assert harness.retsnoop_command("r", "fsession_multi", ["e"], [])[2] == "-M"
+    assert harness.retsnoop_command("r", "kprobe", ["e"], [], verbosity=3, dry_run=True) == [
         "r", "-vvv", "-K", "-sn", "--dry-run", "-e", "e"]
-    assert {pc.NEAREST[m] for m in pc.NEAREST} <= set(pc.RETSNOOP_FLAGS)
+    assert {harness.NEAREST[m] for m in harness.NEAREST} <= set(harness.RETSNOOP_FLAGS)
 
 
 def test_bpftrace_gets_its_nearest_mode_too() -> None:
-    assert "kfunc:map_create" in pc.bpftrace_program("fsession", ["*sys_bpf"], [], ["map_create"])
-    assert "kprobe:*sys_bpf" in pc.bpftrace_program("fsession_multi", ["*sys_bpf"], [], ["__sys_bpf"])
+    assert "kfunc:map_create" in harness.bpftrace_program("fsession", ["*sys_bpf"], [], ["map_create"])
+    assert "kprobe:*sys_bpf" in harness.bpftrace_program("fsession_multi", ["*sys_bpf"], [], ["__sys_bpf"])
 
 
 def test_the_binary_comes_from_the_flag_or_the_environment_and_its_absence_says_how_to_build_it(tmp_path) -> None:
     exe = tmp_path / "retsnoop"
     exe.write_text("#!/bin/sh\n")
     exe.chmod(0o755)
-    assert pc.retsnoop_bin(None, {pc.RETSNOOP_ENV: str(exe)}) == exe
-    assert pc.retsnoop_bin(str(exe), {}) == exe
+    assert harness.retsnoop_bin(None, {harness.RETSNOOP_ENV: str(exe)}) == exe
+    assert harness.retsnoop_bin(str(exe), {}) == exe
     with pytest.raises(ValueError, match="Compared with retsnoop.*--retsnoop-bin PATH or RETSNOOP_BIN"):
-        pc.retsnoop_bin(None, {})
+        harness.retsnoop_bin(None, {})
     (tmp_path / "plain").write_text("")
     os.chmod(tmp_path / "plain", 0o644)
     with pytest.raises(ValueError, match="not an executable file"):
-        pc.retsnoop_bin(tmp_path / "plain", {})
+        harness.retsnoop_bin(tmp_path / "plain", {})
 
 
 def _run(tool: str, mode: str, peer_mode: str = "", **kw) -> pc.Run:
@@ -113,9 +114,9 @@ def test_start_ratios_take_python_out_for_bpftrace_and_keep_it_for_retsnoop() ->
 
 
 def test_a_peer_run_serves_the_modes_of_ours_that_map_to_the_same_run() -> None:
-    kprobes = pc.SameSet.of(["a", "b", "nobtf"], {"a", "b", "nobtf", "r"})
-    btf_only = pc.SameSet.of(["a", "b"], {"a", "b", "nobtf", "r"})  # a trampoline mode of ours: BTF only
-    key = pc.peer_run_key
+    kprobes = harness.SameSet.of(["a", "b", "nobtf"], {"a", "b", "nobtf", "r"})
+    btf_only = harness.SameSet.of(["a", "b"], {"a", "b", "nobtf", "r"})  # a trampoline mode of ours: BTF only
+    key = harness.peer_run_key
     assert key("retsnoop", "kprobe_session", kprobes) == key("retsnoop", "kprobe_multi", kprobes)
     assert key("retsnoop", "fsession_multi", btf_only) != key("retsnoop", "kprobe_multi", kprobes)  # its -d differs
     assert key("bpftrace", "fsession_multi", btf_only) == key("bpftrace", "kprobe_session", kprobes)  # globs

@@ -16,7 +16,7 @@ from retsnoop_otel.kernel import libbpf_progs as lb
 from retsnoop_otel.kernel.stats_maps import sum_program_stats
 from retsnoop_otel.metrics.kernel_families import KernelCollector, read_bpf_stats_enabled
 from retsnoop_otel.metrics.runtime_families import RunCounters, RuntimeCollector
-from tests.unit.test_metrics import FakeProbeSet, make_registry
+from tests.fakes import FakeProbeSet, make_registry
 
 FUNCS = {0: TracedFunc(0, "__x64_sys_bpf", 0, RetKind.SIGNED, True)}
 PROGRAMS = [ProgramStats("kmulti_entry", 1200, 1_500_000), ProgramStats("kmulti_exit", 1200, 900_000)]

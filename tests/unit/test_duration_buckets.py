@@ -15,8 +15,8 @@ from retsnoop_otel.capture.records import DUR_BUCKETS
 from retsnoop_otel.export.metrics_push import metrics_request
 from retsnoop_otel.metrics.buckets import DurationRange, RangeError, parse_duration_ns, slot_buckets
 from retsnoop_otel.metrics.exemplars import ExemplarStore
-from retsnoop_otel.metrics.kernel_families import KernelCollector, bucket_bounds
-from tests.unit.test_metrics import FakeProbeSet, make_registry
+from retsnoop_otel.metrics.kernel_families import KernelCollector, layout
+from tests.fakes import FakeProbeSet, make_registry
 
 FUNCS = {0: TracedFunc(0, "__x64_sys_bpf", 0, RetKind.SIGNED, True)}
 US_TO_10S = DurationRange(1_000, 10_000_000_000)  # bounds 2^9 ns (512 ns) .. 2^34 ns (17.18 s)
@@ -49,7 +49,8 @@ def test_durations_and_ranges() -> None:
 def test_default_range_is_the_kernel_layout() -> None:
     bounds, owner = slot_buckets(1, 39, DUR_BUCKETS)
     assert bounds == tuple(range(1, 40)) and owner == tuple(range(40))  # every slot its own bucket
-    assert bucket_bounds(40)[0] == "2e-09" and len(bucket_bounds(40)) == 40
+    les, _owner = layout(1, 39, DUR_BUCKETS)  # what a probe set without a range is served
+    assert les[0] == "2e-09" and len(les) == 40
 
 
 def test_slots_below_and_above_the_range_are_merged() -> None:

@@ -41,7 +41,8 @@ from retsnoop_otel.export.semconv import SCHEMA_URL, SEMCONV_VERSION
 from retsnoop_otel.metrics.otlp_units import OTLP_UNITS
 from retsnoop_otel.metrics.runtime_families import RunCounters
 from retsnoop_otel.workload.k8s_watch import WatchCounters
-from tests.test_dashboards import PROMETHEUS_SERIES, all_expressions, metric_names
+from tests.dashboard_files import PROMETHEUS_SERIES, all_expressions, metric_names
+from tests.fakes import World
 
 # ---- the Collector's translation, from its documentation -------------------------------------------
 
@@ -103,7 +104,7 @@ def _runtime(tmp_path: Path):
     """A runtime whose collectors all have samples: probe set stats, BPF statistics on, thread context read."""
     from retsnoop_otel.runtime.config import ProbeSetConfig, RuntimeConfig
     from retsnoop_otel.runtime.runtime import Runtime, RuntimeDeps
-    from tests.unit.test_metrics import FakeProbeSet
+    from tests.fakes import FakeProbeSet
 
     class ProbeSet(FakeProbeSet):
         def program_stats(self):
@@ -170,19 +171,19 @@ def test_dashboards_and_alerts_query_only_translated_names(tmp_path: Path) -> No
     assert used and used <= series, sorted(used - series)
 
 
-def test_the_runtime_pushes_units_and_schema_url_with_the_metrics_protocol_variable(tmp_path: Path) -> None:
+def test_the_runtime_pushes_units_and_schema_url_with_the_metrics_protocol_variable(tmp_path: Path,
+                                                                                    world: World) -> None:
     """metrics.otlp without a protocol: OTEL_EXPORTER_OTLP_METRICS_PROTOCOL decides, the generic one does not;
     the request carries the families' units and the resource's schema URL."""
     from retsnoop_otel.agent.main import Agent
     from retsnoop_otel.runtime.logs import EventLog
-    from tests.unit.test_agent_lifecycle import CONFIG, World
+    from tests.fakes import AGENT_CONFIG
 
-    world = World()
     deps = world.deps()
     deps.environ = {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "http/protobuf"}
     deps.make_resource = build_resource
     cfg = tmp_path / "agent.yaml"
-    cfg.write_text(CONFIG.format(prob=1.0).replace(
+    cfg.write_text(AGENT_CONFIG.format(prob=1.0).replace(
         'metrics:\n  listen: "127.0.0.1:0"\n',
         'metrics:\n  listen: "127.0.0.1:0"\n  otlp: {endpoint: "http://127.0.0.1:4318"}\n  otlp_interval: 3600\n'))
     agent = Agent(str(cfg), deps, EventLog(io.StringIO()))
@@ -229,8 +230,8 @@ def _exported_attribute_names() -> set[str]:
     kind (call tree, chain, application context)."""
     from retsnoop_otel.capture.model import Workload
     from retsnoop_otel.export.span_encoder import SpanEncoder, WorkloadEnvelopes, build_request
-    from tests.unit.test_span_content import FUNCS as CONTENT_FUNCS
-    from tests.unit.test_span_content import tree_session
+    from tests.fakes import TREE_FUNCS as CONTENT_FUNCS
+    from tests.fakes import tree_session
 
     resource = build_resource(environ={"K8S_NODE_NAME": "node-a"})
     names = set(resource.attributes)
@@ -272,8 +273,8 @@ def test_schema_url_names_a_version_whose_attributes_we_use_as_current() -> None
 
 def test_resource_and_scope_carry_the_schema_url() -> None:
     from retsnoop_otel.export.span_encoder import SpanEncoder, build_request, make_envelope
-    from tests.unit.test_span_content import FUNCS as CONTENT_FUNCS
-    from tests.unit.test_span_content import tree_session
+    from tests.fakes import TREE_FUNCS as CONTENT_FUNCS
+    from tests.fakes import tree_session
 
     resource = build_resource(environ={})
     assert resource.schema_url == SCHEMA_URL

@@ -2,42 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from retsnoop_otel.capture.model import Branch
 from retsnoop_otel.kernel.lbr import BRANCH_KERNEL, BRANCH_TYPES, LbrError, parse_specs
 from retsnoop_otel.render.lbr import render_lbr
 from retsnoop_otel.runtime.environment import lbr_refusal
-from retsnoop_otel.symbols.kallsyms import Kallsyms
-from retsnoop_otel.symbols.symbolize import KallsymsSymbolizer
-
-ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "lbr_61"
-AMAC = 0xffffffff812363b0  # array_map_alloc_check in Debian's 6.1.192 (System.map)
-AMAC_SIZE = 0xffffffff81236470 - AMAC
-SYS_BPF = 0xffffffff8120ec70
-TRAMP = 0xffffffff80f00000  # below _stext, no symbol: printed as an address
+from tests.fakes import AMAC, AMAC_SIZE, LBR_RECORDS
 
 
-@pytest.fixture(scope="module")
-def sym() -> KallsymsSymbolizer:
-    return KallsymsSymbolizer(Kallsyms.load(str(ROOT)))
-
-
-# newest first, as bpf_get_branch_snapshot returns them
-RECORDS = [
-    Branch(0xffffffff811f2e80 + 0x20, 0xffffffff811f5930 + 0x59),  # trace_call_bpf -> kprobe_perf_func: wasted
-    Branch(0xffffffff811f5930 + 0x67, 0xffffffff811f2e80),  # kprobe_perf_func -> trace_call_bpf: wasted
-    Branch(AMAC + 0x74, TRAMP),  # return from the deepest traced function: the cut
-    Branch(AMAC + 0x1d, AMAC + 0x6f),  # the jump to `return -EINVAL`
-    Branch(0xffffffff8144d5a0 + 0x3e, SYS_BPF + 0xe5),  # security_bpf returns
-    Branch(0xffffffff8153daa0 + 0x2f, SYS_BPF + 0xcc),  # _copy_from_user returns
-]
-
-
-def test_relevant_records_oldest_first(sym):
-    text = render_lbr(RECORDS, sym, AMAC, AMAC_SIZE)
+def test_relevant_records_oldest_first(lbr_sym):
+    text = render_lbr(LBR_RECORDS, lbr_sym, AMAC, AMAC_SIZE)
     assert text.splitlines() == [
         "[#05] _copy_from_user+0x2f        ->  __sys_bpf+0xcc",
         "[#04] security_bpf+0x3e           ->  __sys_bpf+0xe5",
@@ -46,13 +20,13 @@ def test_relevant_records_oldest_first(sym):
     ]
 
 
-def test_max_count_keeps_records_nearest_the_cut(sym):
-    lines = render_lbr(RECORDS, sym, AMAC, AMAC_SIZE, max_count=2).splitlines()
+def test_max_count_keeps_records_nearest_the_cut(lbr_sym):
+    lines = render_lbr(LBR_RECORDS, lbr_sym, AMAC, AMAC_SIZE, max_count=2).splitlines()
     assert [line[:5] for line in lines] == ["[#03]", "[#02]"]
 
 
-def test_unfiltered_when_nothing_relevant(sym):
-    text = render_lbr(RECORDS[:2], sym, AMAC, AMAC_SIZE)
+def test_unfiltered_when_nothing_relevant(lbr_sym):
+    text = render_lbr(LBR_RECORDS[:2], lbr_sym, AMAC, AMAC_SIZE)
     assert text.splitlines()[0].startswith("[#01] kprobe_perf_func+0x67")
     assert text.splitlines()[-1] == "[LBR] No relevant LBR data were captured, showing unfiltered LBR stack!"
 

@@ -7,6 +7,7 @@ import io
 
 import pytest
 
+from bench.oracle_spans import request_to_span_views
 from retsnoop_otel.capture import records
 from retsnoop_otel.capture.model import Branch, LbrCapture, RetKind, StackEntry, TracedFunc
 from retsnoop_otel.capture.records import SessionLbrRec
@@ -15,13 +16,9 @@ from retsnoop_otel.export.span_attributes import lbr_entries
 from retsnoop_otel.export.span_encoder import build_request
 from retsnoop_otel.render.console import session_text
 from retsnoop_otel.render.lbr import render_session_lbr
-from retsnoop_otel.symbols.kallsyms import Kallsyms
-from retsnoop_otel.symbols.symbolize import KallsymsSymbolizer
 from retsnoop_otel.trace.flags import parse
-from tests.oracle_spans import request_to_span_views
-from tests.unit.test_lbr import AMAC, AMAC_SIZE, RECORDS, ROOT
-from tests.unit.test_span_content import FUNCS, OFFSET, encoded, tree_session
-from tests.unit.test_span_encoder import assert_same, decode, encoder_for, symbolize
+from tests.fakes import AMAC, AMAC_SIZE, LBR_RECORDS, OFFSET, TREE_FUNCS, symbolize, tree_session
+from tests.span_checks import assert_same, decode, encoded, encoder_for
 
 
 def spans_of(session, **kw):
@@ -49,15 +46,8 @@ def _end_raw(tid: int, start_ts: int, end_ts: int) -> bytes:
                                     *([0] * records.MAX_KSTACK_DEPTH))
 
 
-def test_record_size_matches_the_bpf_side():
-    from tests.unit.test_records import _asserted_sizes
-    sizes = _asserted_sizes()
-    assert sizes["rec_session_lbr"] == records.SESSION_LBR_SIZE == 800
-    assert sizes["lbr_capture"] == records.LBR_CAPTURE_SIZE
-
-
 def test_decode_keeps_filled_entries_newest_first():
-    pairs = [(b.src, b.dst) for b in RECORDS]
+    pairs = [(b.src, b.dst) for b in LBR_RECORDS]
     rec = records.decode(_lbr_raw(7, 100, 500, len(pairs) * 24, 1, 1, pairs))
     assert rec == SessionLbrRec(7, 100, 500, 1, 1, 0, tuple(pairs))
 
@@ -71,18 +61,13 @@ def test_decode_helper_error():
 
 def test_assembler_attaches_branches_to_their_session_only():
     asm = SessionAssembler()
-    pairs = [(b.src, b.dst) for b in RECORDS]
+    pairs = [(b.src, b.dst) for b in LBR_RECORDS]
     assert asm.feed(records.decode(_lbr_raw(7, 100, 500, len(pairs) * 24, 1, 1, pairs))) is None
     s = asm.feed(records.decode(_end_raw(7, 100, 1000)))
-    assert s.lbr == LbrCapture(1, 1, 500, tuple(RECORDS), 0)
+    assert s.lbr == LbrCapture(1, 1, 500, tuple(LBR_RECORDS), 0)
     # a stale capture (another session of the same thread) is not attached to a later session
     asm.feed(records.decode(_lbr_raw(7, 50, 60, 0, 1, 1, [])))
     assert asm.feed(records.decode(_end_raw(7, 100, 1000))).lbr is None
-
-
-@pytest.fixture(scope="module")
-def sym() -> KallsymsSymbolizer:
-    return KallsymsSymbolizer(Kallsyms.load(str(ROOT)))
 
 
 def _amac_funcs() -> dict[int, TracedFunc]:
@@ -90,29 +75,29 @@ def _amac_funcs() -> dict[int, TracedFunc]:
             1: TracedFunc(1, "array_map_alloc_check", AMAC, RetKind.INT32, False, size=AMAC_SIZE)}
 
 
-def test_session_block_is_the_relevant_records(sym):
-    s = tree_session(lbr=LbrCapture(1, 1, 500, tuple(RECORDS)))
-    text = render_session_lbr(s, _amac_funcs(), sym)
+def test_session_block_is_the_relevant_records(lbr_sym):
+    s = tree_session(lbr=LbrCapture(1, 1, 500, tuple(LBR_RECORDS)))
+    text = render_session_lbr(s, _amac_funcs(), lbr_sym)
     assert text.splitlines()[0].startswith("[#05] _copy_from_user+0x2f")
     assert text.splitlines()[-1].startswith("[#02] array_map_alloc_check+0x74")
-    assert len(render_session_lbr(s, _amac_funcs(), sym, max_count=1).splitlines()) == 1
+    assert len(render_session_lbr(s, _amac_funcs(), lbr_sym, max_count=1).splitlines()) == 1
 
 
-def test_session_block_says_why_nothing_was_captured(sym):
+def test_session_block_says_why_nothing_was_captured(lbr_sym):
     s = tree_session(lbr=LbrCapture(1, 1, 500, (), errno.ENOENT))
-    assert render_session_lbr(s, _amac_funcs(), sym) == \
+    assert render_session_lbr(s, _amac_funcs(), lbr_sym) == \
         "[LBR] failed to capture branch records: -ENOENT (this CPU keeps no last branch records)\n"
-    assert render_session_lbr(tree_session(), _amac_funcs(), sym) == ""
+    assert render_session_lbr(tree_session(), _amac_funcs(), lbr_sym) == ""
 
 
-def test_exported_strings_hide_addresses_unless_asked(sym):
-    cap = LbrCapture(1, 1, 500, tuple(RECORDS))
+def test_exported_strings_hide_addresses_unless_asked(lbr_sym):
+    cap = LbrCapture(1, 1, 500, tuple(LBR_RECORDS))
     func = _amac_funcs()[1]
-    got = lbr_entries(cap, func, sym.describe, export_addresses=False)
+    got = lbr_entries(cap, func, lbr_sym.describe, export_addresses=False)
     assert got[0] == "_copy_from_user+0x2f -> __sys_bpf+0xcc"
     assert got[-1] == "array_map_alloc_check+0x74 -> [unknown]"  # the trampoline has no symbol
     assert lbr_entries(cap, func, None, export_addresses=False) == []
-    with_addrs = lbr_entries(cap, func, sym.describe, export_addresses=True)
+    with_addrs = lbr_entries(cap, func, lbr_sym.describe, export_addresses=True)
     assert with_addrs[-1] == f"0x{AMAC + 0x74:x} array_map_alloc_check+0x74 -> 0xffffffff80f00000"
 
 
@@ -154,18 +139,18 @@ def test_capture_that_matches_no_call_is_not_exported():
     s = tree_session(lbr=LbrCapture(1, 1, 7_777, (Branch(1, 2),)))
     spans = spans_of(s, symbolize=symbolize)
     assert not any("retsnoop.lbr" in sp.attributes for sp in spans)
-    body = build_request([encoder_for(FUNCS, symbolize=symbolize).encode(s, OFFSET)])
+    body = build_request([encoder_for(TREE_FUNCS, symbolize=symbolize).encode(s, OFFSET)])
     assert b"retsnoop.lbr" not in body
     assert decode(body).resource_spans
 
 
-def test_trace_text_puts_lbr_between_header_and_stack(sym):
+def test_trace_text_puts_lbr_between_header_and_stack(lbr_sym):
     funcs = _amac_funcs()
     s = tree_session(calls=[], chain=[StackEntry(0, E2BIG, 8_000), StackEntry(1, E2BIG, 100)], kstack=[],
-                     lbr=LbrCapture(1, 1, 500, tuple(RECORDS)))
+                     lbr=LbrCapture(1, 1, 500, tuple(LBR_RECORDS)))
     for argv, after in ((["-e", "*sys_bpf", "--lbr"], "stack"), (["-e", "*sys_bpf", "--lbr", "-T", "-E"], "table")):
         console = parse(argv).config.exporter.console
-        text = session_text(s, funcs, sym, 0, calls_view=console.view == "calls", call_stack=console.call_stack)
+        text = session_text(s, funcs, lbr_sym, 0, calls_view=console.view == "calls", call_stack=console.call_stack)
         out = io.StringIO(text)
         lines = out.getvalue().splitlines()
         assert "TID/PID 42/40" in lines[0] and lines[1] == ""

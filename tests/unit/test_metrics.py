@@ -1,80 +1,15 @@
 """The metric families, composed the way the runtime composes them, checked down to the exposition bytes."""
 
-from dataclasses import dataclass, field
-
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from retsnoop_otel import __version__
-from retsnoop_otel.capture.model import CaptureStats, FuncStats, RetKind, SessionStats, TracedFunc
-from retsnoop_otel.metrics.kernel_families import KernelCollector, bucket_bounds
-from retsnoop_otel.metrics.runtime_families import RunCounters, RuntimeCollector
+from retsnoop_otel.capture.model import FuncStats, RetKind, SessionStats, TracedFunc
+from retsnoop_otel.metrics.buckets import FIRST_EXP, LAST_EXP
+from retsnoop_otel.metrics.kernel_families import layout
 from retsnoop_otel.metrics.series import SeriesBounds, SeriesLimiter
-
-FUNCS = {
-    0: TracedFunc(0, "do_open", 0, RetKind.INT32, True),
-    1: TracedFunc(1, "may_open", 0, RetKind.INT32, False),
-    2: TracedFunc(2, "may_open", 0, RetKind.INT32, False, module="mod"),  # same name, another instance
-}
-
-
-def func_stats():
-    return [
-        # durations: 1 call in [2,4) ns, 2 in [8,16) ns; the last (4th) bucket is open-ended
-        FuncStats(0, 3, {"EINVAL": 1}, (0, 1, 0, 2), 1_500_000_000),
-        FuncStats(1, 4, {"EPERM": 2, "ENOENT": 1}, (0, 0, 4, 0), 40),
-        FuncStats(2, 1, {"EPERM": 1}, (1, 0, 0, 0), 1),
-    ]
-
-
-@dataclass
-class FakeProbeSet:
-    """A probe set as the collector sees it (runtime.probe_set.ProbeSet has the same face)."""
-
-    name: str = "vfs"
-    funcs: dict = field(default_factory=lambda: FUNCS)
-    mode: str = "kprobe_multi"
-    attached: int = 3
-    sampled_out: int = 4
-    filtered_out: int = 1
-    evicted: int = 0
-    stats: object = func_stats
-    sessions: list = field(default_factory=list)
-    capture: CaptureStats = field(default_factory=lambda: CaptureStats(
-        dropped_sessions=2, incomplete_sessions=1, dropped_records=7, sessions_started=20, sessions_reported=18))
-    workload_label: str | None = None
-    workloads: list = field(default_factory=list)  # metrics.workload_series.WorkloadTotal
-
-    def func_stats(self):
-        return self.stats()
-
-    def workload_totals(self):
-        return self.workloads
-
-    def session_stats(self):
-        return self.sessions
-
-    def capture_stats(self):
-        return self.capture
-
-    def program_stats(self):
-        return []
-
-
-def make_registry(*collectors):
-    reg = CollectorRegistry(auto_describe=True)
-    for c in collectors:
-        reg.register(c)
-    return reg
-
-
-def registry(export=True, sets=None, limiter=None):
-    sets = sets if sets is not None else [FakeProbeSet()]
-    counters = RunCounters(100, {"queue_full": 5, "export_failed": 3}, 1) if export else RunCounters()
-    return make_registry(KernelCollector(lambda: sets, stats_enabled=lambda: False, limiter=limiter),
-                         RuntimeCollector(lambda: counters, stats_enabled=lambda: False))
-
+from tests.fakes import FakeProbeSet, metrics_registry, vfs_func_stats
 
 EXPECTED = f"""\
 # HELP retsnoop_function_calls_total Calls of a traced kernel function
@@ -166,11 +101,11 @@ retsnoop_build_info{{version="{__version__}"}} 1.0
 
 
 def test_exposition_text_exact():
-    assert generate_latest(registry()).decode() == EXPECTED
+    assert generate_latest(metrics_registry()).decode() == EXPECTED
 
 
 def test_openmetrics_exposition():
-    text = generate_openmetrics(registry()).decode()
+    text = generate_openmetrics(metrics_registry()).decode()
     assert text.endswith("# EOF\n")
     assert "# TYPE retsnoop_function_calls counter\n" in text
     assert 'retsnoop_function_calls_total{function="may_open",probe_set="vfs"} 5.0\n' in text
@@ -185,7 +120,7 @@ def test_openmetrics_exposition():
 
 
 def test_several_probe_sets_share_each_family_once():
-    text = generate_latest(registry(sets=[FakeProbeSet(), FakeProbeSet(name="net")])).decode()
+    text = generate_latest(metrics_registry(sets=[FakeProbeSet(), FakeProbeSet(name="net")])).decode()
     assert text.count("# TYPE retsnoop_function_calls_total counter") == 1
     assert 'retsnoop_function_calls_total{function="do_open",probe_set="net"} 3.0' in text
     assert 'retsnoop_records_lost_total{probe_set="vfs"} 7.0' in text
@@ -193,7 +128,7 @@ def test_several_probe_sets_share_each_family_once():
 
 
 def test_no_export_stats_reports_zero():
-    text = generate_latest(registry(export=False)).decode()
+    text = generate_latest(metrics_registry(export=False)).decode()
     assert "retsnoop_spans_exported_total 0.0\n" in text and "retsnoop_export_errors_total 0.0\n" in text
     assert "retsnoop_spans_dropped_total{" not in text
 
@@ -206,7 +141,7 @@ def test_reads_happen_at_scrape_time():
         return [FuncStats(0, calls["n"], {}, (1,), 1)]
 
     sets = []
-    reg = registry(sets=sets)  # described while empty: no map is read before the first scrape
+    reg = metrics_registry(sets=sets)  # described while empty: no map is read before the first scrape
     sets.append(FakeProbeSet(name="p", stats=stats))
     assert calls["n"] == 0
     generate_latest(reg)
@@ -215,7 +150,7 @@ def test_reads_happen_at_scrape_time():
 
 
 def test_kernel_bucket_bounds():
-    bounds = bucket_bounds(40)
+    bounds, _owner = layout(FIRST_EXP, LAST_EXP, 40)  # the kernel's own layout: every slot a bucket
     assert len(bounds) == 40 and bounds[0] == "2e-09" and bounds[-1] == "+Inf"
     assert float(bounds[-2]) == 2**39 / 1e9  # bucket 38 ends at 2^39 ns; bucket 39 is open-ended
 
@@ -227,7 +162,7 @@ def test_session_outcomes_and_duration_per_entry_function():
     buckets[20] = 1  # [~1 ms, ~2 ms)
     ps = FakeProbeSet(name="bpf", funcs=funcs, stats=list,
                       sessions=[SessionStats(0, 4, 1, tuple(buckets), 3 * 1500 + 1_500_000)])
-    text = generate_latest(registry(sets=[ps])).decode()
+    text = generate_latest(metrics_registry(sets=[ps])).decode()
     assert 'retsnoop_sessions_total{entry_function="__x64_sys_bpf",outcome="error",probe_set="bpf"} 1.0' in text
     assert 'retsnoop_sessions_total{entry_function="__x64_sys_bpf",outcome="success",probe_set="bpf"} 3.0' in text
     assert ('retsnoop_session_duration_seconds_bucket{entry_function="__x64_sys_bpf",le="2.048e-06",'
@@ -238,7 +173,7 @@ def test_session_outcomes_and_duration_per_entry_function():
 def _bounded(bounds, stats):
     limiter = SeriesLimiter(bounds)
     box = {"stats": stats}
-    return registry(sets=[FakeProbeSet(stats=lambda: box["stats"])], limiter=lambda _name: limiter), box
+    return metrics_registry(sets=[FakeProbeSet(stats=lambda: box["stats"])], limiter=lambda _name: limiter), box
 
 
 def _errors(reg):
@@ -259,7 +194,7 @@ def test_error_types_capped_per_function_and_stable_across_scrapes():
 
 
 def test_function_allow_list_folds_the_rest_into_other():
-    reg, _ = _bounded(SeriesBounds(functions=("do_*",)), func_stats())
+    reg, _ = _bounded(SeriesBounds(functions=("do_*",)), vfs_func_stats())
     text = generate_latest(reg).decode()
     assert 'retsnoop_function_calls_total{function="do_open",probe_set="vfs"} 3.0' in text
     assert 'retsnoop_function_calls_total{function="other",probe_set="vfs"} 5.0' in text
@@ -269,15 +204,15 @@ def test_function_allow_list_folds_the_rest_into_other():
 
 
 def test_unbounded_by_default():
-    reg, _ = _bounded(SeriesBounds(), func_stats())
+    reg, _ = _bounded(SeriesBounds(), vfs_func_stats())
 
     def functions(r):
         return [x for x in generate_latest(r).decode().splitlines() if x.startswith("retsnoop_function_")]
-    assert functions(reg) == functions(registry(export=False))
+    assert functions(reg) == functions(metrics_registry(export=False))
 
 
 def test_openmetrics_exposition_exact():
     """OpenMetrics: the same samples; counter families are named without _total in HELP/TYPE; # EOF ends it."""
     import re
     want = re.sub(r"^# (HELP|TYPE) (\w+)_total ", r"# \1 \2 ", EXPECTED, flags=re.M) + "# EOF\n"
-    assert generate_openmetrics(registry()).decode() == want
+    assert generate_openmetrics(metrics_registry()).decode() == want

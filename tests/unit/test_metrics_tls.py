@@ -1,5 +1,5 @@
 """/metrics and /healthz over TLS and basic auth: the real server on loopback, real TLS clients (ssl,
-http.client), certificates made by openssl for the test (tests/tls_certs.py)."""
+http.client), certificates made by openssl for the test (bench/tls_certs.py)."""
 
 from __future__ import annotations
 
@@ -23,19 +23,15 @@ from prometheus_client.core import GaugeMetricFamily
 
 import retsnoop_otel.metrics.basic_auth as basic_auth_module
 import retsnoop_otel.metrics.server as server_module
+from bench.tls_certs import CLIENT_URI, Pki, leaf, make_pki
 from retsnoop_otel.agent.main import Agent
 from retsnoop_otel.metrics.server import MetricsServer
 from retsnoop_otel.metrics.web_tls import WebWatcher, load_web_config
 from retsnoop_otel.runtime.errors import InputError
 from retsnoop_otel.runtime.logs import EventLog
-from tests.tls_certs import CLIENT_URI, Pki, leaf, make_pki
-from tests.unit.test_agent_lifecycle import CONFIG, World, log_events
+from tests.fakes import AGENT_CONFIG, BCRYPT_COST, PASSWORD_HASH, WEB_TLS, WEB_USERS, World, log_events
 
-COST = 4  # the cheapest bcrypt cost: the tests check behaviour, not bcrypt's speed
-HASH = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(COST)).decode()
-TLS = "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
-MTLS = TLS + "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.crt\n"
-USERS = f"basic_auth_users:\n  alice: '{HASH}'\n"
+MTLS = WEB_TLS + "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.crt\n"
 
 
 class _Gauge:
@@ -122,7 +118,7 @@ def pem_der(path: Path) -> bytes:
 
 
 def test_every_path_over_tls_and_the_certificate_verifies(pki: Pki) -> None:
-    with serve(pki, TLS) as server:
+    with serve(pki, WEB_TLS) as server:
         assert server.scheme == "https"
         status, headers, body = get(server, client_context(pki))
         assert status == 200 and b"retsnoop_demo 1.0" in body
@@ -133,7 +129,7 @@ def test_every_path_over_tls_and_the_certificate_verifies(pki: Pki) -> None:
 
 
 def test_plain_http_on_the_tls_port_gets_gos_answer(pki: Pki) -> None:
-    with serve(pki, TLS) as server:
+    with serve(pki, WEB_TLS) as server:
         status, _headers, body = get(server, None)
         assert (status, body) == (400, b"Client sent an HTTP request to an HTTPS server.\n")
         assert get(server, client_context(pki))[0] == 200  # the server is fine afterwards
@@ -147,7 +143,7 @@ def test_client_certificate_required_and_verified(pki: Pki) -> None:
 
 
 def test_client_certificate_verified_if_given(pki: Pki) -> None:
-    text = TLS + "  client_auth_type: VerifyClientCertIfGiven\n  client_ca_file: ca.crt\n"
+    text = WEB_TLS + "  client_auth_type: VerifyClientCertIfGiven\n  client_ca_file: ca.crt\n"
     with serve(pki, text) as server:
         assert get(server, client_context(pki))[0] == 200
         assert refused(server, client_context(pki, pki.other_client_cert, pki.other_client_key))
@@ -165,19 +161,20 @@ def test_client_allowed_sans(pki: Pki, sans: str, allowed: bool) -> None:
 
 
 def test_tls_versions_ciphers_and_curve_are_enforced(pki: Pki) -> None:
-    with serve(pki, TLS + "  min_version: TLS13\n") as server:
+    with serve(pki, WEB_TLS + "  min_version: TLS13\n") as server:
         old = client_context(pki)
         old.maximum_version = ssl.TLSVersion.TLSv1_2
         assert refused(server, old)
         assert get(server, client_context(pki))[0] == 200
-    with serve(pki, TLS + "  max_version: TLS12\n  cipher_suites: [TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384]\n") as s:
+    tls12 = WEB_TLS + "  max_version: TLS12\n  cipher_suites: [TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384]\n"
+    with serve(pki, tls12) as s:
         other = client_context(pki)
         other.set_ciphers("ECDHE-ECDSA-AES128-GCM-SHA256")
         assert refused(s, other)
         with socket.create_connection(("127.0.0.1", s.port), timeout=10) as raw, \
                 client_context(pki).wrap_socket(raw, server_hostname="localhost") as tls:
             assert tls.cipher()[:2] == ("ECDHE-ECDSA-AES256-GCM-SHA384", "TLSv1.2")
-    with serve(pki, TLS + "  curve_preferences: [CurveP384]\n") as server:
+    with serve(pki, WEB_TLS + "  curve_preferences: [CurveP384]\n") as server:
         p256 = client_context(pki)
         p256.set_ecdh_curve("prime256v1")
         assert refused(server, p256)
@@ -188,7 +185,7 @@ def test_tls_versions_ciphers_and_curve_are_enforced(pki: Pki) -> None:
 
 def test_a_silent_client_does_not_block_others_and_is_dropped(pki: Pki, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(server_module, "HANDSHAKE_TIMEOUT_S", 0.5)
-    with serve(pki, TLS) as server:
+    with serve(pki, WEB_TLS) as server:
         with socket.create_connection(("127.0.0.1", server.port), timeout=30) as silent:
             assert get(server, client_context(pki))[0] == 200  # while the silent one is connected
             assert silent.recv(1) == b""  # closed by the server, not by our 30 s timeout
@@ -201,7 +198,7 @@ def test_a_silent_client_does_not_block_others_and_is_dropped(pki: Pki, monkeypa
 
 
 def test_basic_auth_on_every_path(pki: Pki) -> None:
-    text = TLS + USERS + "http_server_config:\n  headers:\n    X-Content-Type-Options: nosniff\n"
+    text = WEB_TLS + WEB_USERS + "http_server_config:\n  headers:\n    X-Content-Type-Options: nosniff\n"
     with serve(pki, text) as server:
         ctx = client_context(pki)
         for path in ("/metrics", "/healthz", "/", "/nope"):
@@ -218,7 +215,7 @@ def test_basic_auth_on_every_path(pki: Pki) -> None:
 
 
 def test_basic_auth_without_tls(pki: Pki) -> None:
-    with serve(pki, USERS) as server:
+    with serve(pki, WEB_USERS) as server:
         assert server.scheme == "http"
         assert get(server, None)[0] == 401 and get(server, None, auth="alice:s3cret")[0] == 200
 
@@ -235,22 +232,23 @@ def test_verified_credentials_are_cached_and_an_unknown_user_pays_a_full_check(
         return real(password, hashed)
 
     monkeypatch.setattr(basic_auth_module.bcrypt, "checkpw", counting)
-    cost12 = bcrypt.hashpw(b"other", bcrypt.gensalt(COST)).decode().replace(f"${COST:02d}$", "$12$", 1)
-    with serve(pki, TLS + USERS + f"  carol: '{cost12}'\n  dave: '{HASH}'\n") as server:
+    cost12 = bcrypt.hashpw(b"other", bcrypt.gensalt(BCRYPT_COST)).decode().replace(f"${BCRYPT_COST:02d}$", "$12$", 1)
+    with serve(pki, WEB_TLS + WEB_USERS + f"  carol: '{cost12}'\n  dave: '{PASSWORD_HASH}'\n") as server:
         ctx = client_context(pki)
         for _ in range(3):
             assert get(server, ctx, auth="alice:s3cret")[0] == 200
-        assert calls == [HASH.encode()]
+        assert calls == [PASSWORD_HASH.encode()]
         assert get(server, ctx, auth="alice:nope")[0] == 401
         assert get(server, ctx, auth="mallory:s3cret")[0] == 401
         decoy = calls[-1]
-        assert decoy not in (HASH.encode(), cost12.encode()) and decoy.startswith(f"$2b${COST:02d}$".encode())
+        assert decoy not in (PASSWORD_HASH.encode(), cost12.encode())
+        assert decoy.startswith(f"$2b${BCRYPT_COST:02d}$".encode())
         assert len(calls) == 3
         assert get(server, ctx, auth="mallory:s3cret")[0] == 401 and len(calls) == 3  # failures are cached too
 
 
 def test_long_passwords_compare_their_first_72_bytes_like_go(pki: Pki) -> None:
-    long_hash = bcrypt.hashpw(b"x" * 72, bcrypt.gensalt(COST)).decode()
+    long_hash = bcrypt.hashpw(b"x" * 72, bcrypt.gensalt(BCRYPT_COST)).decode()
     with serve(pki, f"basic_auth_users:\n  alice: '{long_hash}'\n") as server:
         assert get(server, None, auth="alice:" + "x" * 100)[0] == 200
 
@@ -260,7 +258,7 @@ def test_long_passwords_compare_their_first_72_bytes_like_go(pki: Pki) -> None:
 
 def test_rotated_certificate_is_served_to_new_connections(pki: Pki) -> None:
     warnings: list[str] = []
-    with serve(pki, TLS, warnings) as server:
+    with serve(pki, WEB_TLS, warnings) as server:
         assert served_cert(server, pki) == pem_der(pki.server_cert)
         new_cert, new_key = leaf(pki.dir, "server2", "ca", "DNS:localhost,IP:127.0.0.1")
         # cert-manager writes one file, then the other: in between the pair does not match
@@ -292,9 +290,9 @@ def test_kubernetes_secret_swap_is_seen(pki: Pki) -> None:
 
 
 def test_edited_web_config_applies_to_the_next_request(pki: Pki) -> None:
-    with serve(pki, USERS) as server:
+    with serve(pki, WEB_USERS) as server:
         assert get(server, None, auth="alice:s3cret")[0] == 200
-        bob = bcrypt.hashpw(b"pw", bcrypt.gensalt(COST)).decode()
+        bob = bcrypt.hashpw(b"pw", bcrypt.gensalt(BCRYPT_COST)).decode()
         (pki.dir / "web.yml").write_text(f"basic_auth_users:\n  bob: '{bob}'\n")
         assert get(server, None, auth="alice:s3cret")[0] == 401 and get(server, None, auth="bob:pw")[0] == 200
 
@@ -303,14 +301,14 @@ def _agent(tmp_path: Path, pki: Pki, web_text: str) -> tuple[Agent, io.StringIO,
     web = pki.dir / "agent-web.yml"
     web.write_text(web_text)
     cfg = tmp_path / "agent.yaml"
-    cfg.write_text(CONFIG.format(prob=1.0).replace('listen: "127.0.0.1:0"\n',
+    cfg.write_text(AGENT_CONFIG.format(prob=1.0).replace('listen: "127.0.0.1:0"\n',
                                                    f'listen: "127.0.0.1:0"\n  web_config_file: {web}\n'))
     logbuf = io.StringIO()
     return Agent(str(cfg), World().deps(), EventLog(logbuf)), logbuf, web
 
 
 def test_agent_serves_tls_and_sighup_rereads_the_web_config(pki: Pki, tmp_path: Path) -> None:
-    agent, logbuf, web = _agent(tmp_path, pki, TLS + USERS)
+    agent, logbuf, web = _agent(tmp_path, pki, WEB_TLS + WEB_USERS)
     agent.start()
     try:
         server = agent.runtime.server
@@ -319,22 +317,21 @@ def test_agent_serves_tls_and_sighup_rereads_the_web_config(pki: Pki, tmp_path: 
         status, _h, body = get(server, ctx, auth="alice:s3cret")
         assert status == 200 and b'retsnoop_attached_functions{mode="kprobe",probe_set="bpf_errors"} 3.0' in body
         # a bad web config at SIGHUP: refused like any bad config, the old one keeps serving
-        web.write_text(TLS + "  min_version: TLS10\n" + USERS)
+        web.write_text(WEB_TLS + "  min_version: TLS10\n" + WEB_USERS)
         assert agent.reload() is False and agent.runtime.server is server
         failed = [e for e in log_events(logbuf) if e["msg"].startswith("config reload failed")]
         error = failed[0]["error"]
         assert error.startswith(f"metrics.web_config_file: {web}:4: tls_server_config.min_version: OpenSSL 3 refuses")
         assert get(server, ctx, auth="alice:s3cret")[0] == 200
         # a good one: applied without re-binding the port
-        web.write_text(TLS)
+        web.write_text(WEB_TLS)
         assert agent.reload() is True and agent.runtime.server is server
         assert get(server, ctx)[0] == 200
     finally:
         agent.runtime.shutdown(0.5)
 
 
-def test_agent_with_a_bad_web_config_attaches_nothing(pki: Pki, tmp_path: Path) -> None:
-    world = World()
+def test_agent_with_a_bad_web_config_attaches_nothing(pki: Pki, tmp_path: Path, world: World) -> None:
     agent, _log, web = _agent(tmp_path, pki, "tls_server_config:\n  cert_file: server.crt\n  key_file: client.key\n")
     agent.deps = world.deps()
     with pytest.raises(InputError) as exc:
@@ -346,7 +343,7 @@ def test_agent_with_a_bad_web_config_attaches_nothing(pki: Pki, tmp_path: Path) 
 
 def test_concurrent_scrapes_share_one_bcrypt_check_at_a_time(pki: Pki) -> None:
     """Many scrapers at once: all served, none refused while another one's check runs."""
-    with serve(pki, TLS + USERS) as server:
+    with serve(pki, WEB_TLS + WEB_USERS) as server:
         results: list[int] = []
         threads = [threading.Thread(target=lambda: results.append(get(server, client_context(pki),
                                                                       auth="alice:s3cret")[0])) for _ in range(8)]

@@ -10,8 +10,8 @@ from retsnoop_otel.capture.model import Call
 from retsnoop_otel.export.otlp_sink import ExportStats, OtlpTraceSink
 from retsnoop_otel.export.sending import SendResult
 from retsnoop_otel.export.span_encoder import SpanEncoder, build_request
-from tests.unit.test_span_content import FUNCS, OFFSET, tree_session
-from tests.unit.test_span_encoder import ENVELOPE
+from tests.fakes import OFFSET, TREE_FUNCS, tree_session
+from tests.span_checks import ENVELOPE
 
 
 class FakeSender:
@@ -42,7 +42,7 @@ def names(request):
 
 
 def encoder():
-    return SpanEncoder(FUNCS, ENVELOPE, rng=random.Random(2))
+    return SpanEncoder(TREE_FUNCS, ENVELOPE, rng=random.Random(2))
 
 
 def wait_in_flight(sink):

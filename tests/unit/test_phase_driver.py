@@ -12,7 +12,7 @@ from pathlib import Path
 from retsnoop_otel.agent.main import Agent, check
 from retsnoop_otel.runtime.logs import EventLog
 from retsnoop_otel.trace.main import run_trace
-from tests.unit.test_agent_lifecycle import CONFIG, World, log_events
+from tests.fakes import AGENT_CONFIG, World, log_events
 
 
 def counted(world: World, console: io.StringIO | None = None) -> tuple:
@@ -60,7 +60,7 @@ def test_check_resolves_every_set_without_binding_or_attaching(tmp_path: Path) -
     busy.listen()
     try:  # the running agent's port: --check must not try to bind it
         cfg = tmp_path / "agent.yaml"
-        cfg.write_text(CONFIG.format(prob=1.0).replace("127.0.0.1:0", f"127.0.0.1:{busy.getsockname()[1]}"))
+        cfg.write_text(AGENT_CONFIG.format(prob=1.0).replace("127.0.0.1:0", f"127.0.0.1:{busy.getsockname()[1]}"))
         world = World()
         deps, calls = counted(world)
         out = io.StringIO()
@@ -73,7 +73,7 @@ def test_check_resolves_every_set_without_binding_or_attaching(tmp_path: Path) -
 
 def test_reload_runs_the_kernel_and_attach_steps_again_and_logs_what_it_attached(tmp_path: Path) -> None:
     cfg = tmp_path / "agent.yaml"
-    cfg.write_text(CONFIG.format(prob=1.0))
+    cfg.write_text(AGENT_CONFIG.format(prob=1.0))
     world, logbuf = World(), io.StringIO()
     world.kernel_state = "boot-1"
     deps, calls = counted(world)
@@ -94,7 +94,7 @@ def test_reload_runs_the_kernel_and_attach_steps_again_and_logs_what_it_attached
 
 def test_a_reload_refused_by_the_file_is_counted_and_logged_once(tmp_path: Path) -> None:
     cfg = tmp_path / "agent.yaml"
-    cfg.write_text(CONFIG.format(prob=1.0))
+    cfg.write_text(AGENT_CONFIG.format(prob=1.0))
     world, logbuf = World(), io.StringIO()
     agent = Agent(str(cfg), world.deps(), EventLog(logbuf))
     agent.start()

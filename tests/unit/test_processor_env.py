@@ -16,7 +16,7 @@ from retsnoop_otel.export.otlp_settings import OtlpConfigError
 from retsnoop_otel.export.processor_env import BatchSettings, ReaderSettings, batch_settings, bounded, reader_settings
 from retsnoop_otel.runtime.errors import InputError
 from retsnoop_otel.runtime.logs import EventLog
-from tests.unit.test_agent_lifecycle import CONFIG, World
+from tests.fakes import AGENT_CONFIG, World
 
 DELTA = AggregationTemporality.AGGREGATION_TEMPORALITY_DELTA
 
@@ -56,7 +56,7 @@ def test_values_that_are_no_number_are_refused(env: dict[str, str], message: str
 
 def _agent(tmp_path: Path, world: World, env: dict[str, str], extra: str = "", metrics: str = "") -> Agent:
     path = tmp_path / "agent.yaml"
-    text = CONFIG.format(prob=1.0) + extra
+    text = AGENT_CONFIG.format(prob=1.0) + extra
     if metrics:
         text = text.replace('metrics:\n  listen: "127.0.0.1:0"\n', 'metrics:\n  listen: "127.0.0.1:0"\n' + metrics)
     path.write_text(text)
@@ -73,8 +73,7 @@ def _agent(tmp_path: Path, world: World, env: dict[str, str], extra: str = "", m
     return Agent(str(path), deps, EventLog(io.StringIO()))
 
 
-def test_the_agent_refuses_them_at_start(tmp_path: Path) -> None:
-    world = World()
+def test_the_agent_refuses_them_at_start(tmp_path: Path, world: World) -> None:
     agent = _agent(tmp_path, world, {"OTEL_BSP_MAX_QUEUE_SIZE": "lots"})
     with pytest.raises(InputError, match="OTEL_BSP_MAX_QUEUE_SIZE='lots': not a number of spans"):
         agent.start()
@@ -82,10 +81,10 @@ def test_the_agent_refuses_them_at_start(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("extra", "queue"), [("", 1000), ("limits:\n  export_queue_spans: 300\n", 300)])
-def test_the_trace_exporter_takes_them_and_the_config_key_wins(tmp_path: Path, extra: str, queue: int) -> None:
+def test_the_trace_exporter_takes_them_and_the_config_key_wins(tmp_path: Path, extra: str, queue: int,
+                                                               world: World) -> None:
     env = {"OTEL_BSP_MAX_QUEUE_SIZE": "1000", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "100",
            "OTEL_BSP_EXPORT_TIMEOUT": "700", "OTEL_BSP_SCHEDULE_DELAY": "50"}
-    world = World()
     agent = _agent(tmp_path, world, env, extra)
     agent.start()
     try:
@@ -97,10 +96,10 @@ def test_the_trace_exporter_takes_them_and_the_config_key_wins(tmp_path: Path, e
 
 
 @pytest.mark.parametrize(("interval", "want"), [("", 1.0), ("  otlp_interval: 3600\n", 3600.0)])
-def test_the_metrics_push_takes_them_and_the_config_key_wins(tmp_path: Path, interval: str, want: float) -> None:
+def test_the_metrics_push_takes_them_and_the_config_key_wins(tmp_path: Path, interval: str, want: float,
+                                                             world: World) -> None:
     """OTEL_METRIC_EXPORT_INTERVAL=1000 with no metrics.otlp_interval: a push within seconds (the default
     would wait a minute); the key, when given, wins; OTEL_METRIC_EXPORT_TIMEOUT bounds the exporter's."""
-    world = World()
     env = {"OTEL_METRIC_EXPORT_INTERVAL": "1000", "OTEL_METRIC_EXPORT_TIMEOUT": "1200",
            "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE": "delta",
            "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION": "Base2_Exponential_Bucket_Histogram"}

@@ -31,6 +31,12 @@ def test_struct_sizes_match_the_bpf_side(name, fmt):
     assert _asserted_sizes()[name] == fmt.size
 
 
+def test_lbr_record_size_matches_the_bpf_side():
+    sizes = _asserted_sizes()
+    assert sizes["rec_session_lbr"] == records.SESSION_LBR_SIZE == 800
+    assert sizes["lbr_capture"] == records.LBR_CAPTURE_SIZE
+
+
 def test_header_constants_match():
     """Every records.py constant named like a #define or enum value of the header has its value."""
     hdr = (ROOT / "bpf" / "retsnoop.h").read_text()

@@ -270,7 +270,7 @@ def test_fentry_probe_sets_read_the_bpf_symbols_before_the_first_stack_not_at_st
     from retsnoop_otel.runtime.config import ProbeSetConfig
     from retsnoop_otel.runtime.probe_set import ProbeSet
     from retsnoop_otel.symbols.discovery import discover
-    from tests.unit.test_agent_lifecycle import World, error_session, make_env
+    from tests.fakes import World, error_session, make_env
 
     class CountingKallsyms(Kallsyms):
         reads = 0

@@ -20,8 +20,8 @@ from retsnoop_otel.capture.sampling import (
     trace_state,
 )
 from retsnoop_otel.export.span_encoder import build_request
-from tests.unit.test_span_content import tree_session
-from tests.unit.test_span_encoder import APP_TRACE, app_session, assert_same, encoder_for, symbolize
+from tests.fakes import APP_TRACE, World, app_session, symbolize, tree_session
+from tests.span_checks import assert_same, encoder_for
 
 LOW56 = (1 << 56) - 1
 
@@ -56,15 +56,14 @@ def test_probe_set_records_how_each_session_was_kept() -> None:
     from retsnoop_otel.capture.records import SAMPLED_PROBABILITY, SAMPLED_RATE
     from retsnoop_otel.runtime.probe_set import ProbeSet
     from retsnoop_otel.symbols.discovery import discover
-    from tests.unit.test_agent_lifecycle import World, make_env
-    from tests.unit.test_agent_sampling import _cfg
+    from tests.fakes import World, make_env, probe_set_config
 
     env = make_env()
     disc = discover(["__x64_sys_bpf"], [], [], env.ksyms, env.available, env.ret_kind, "kprobe")
     limits = parse_config("probe_sets: {a: {entry: f}}").runtime.limits
 
     def probe_set(sampling: Sampling) -> ProbeSet:
-        return ProbeSet(_cfg(sampling=sampling), disc, limits, env, World().factory, lambda _p, _s: None)
+        return ProbeSet(probe_set_config(sampling=sampling), disc, limits, env, World().factory, lambda _p, _s: None)
 
     def session(is_err: bool, kept: int = 0, randomness: int | None = None) -> Session:
         return Session(1, 1, "c", "c", 0, 1, is_err, [StackEntry(0, (1 << 64) - 22 if is_err else 0, 5)], [],
@@ -143,22 +142,14 @@ def test_linked_application_context_gets_a_trace_of_its_own_with_the_threshold()
     assert {s.trace_state for s in spans} == {"ot=th:c"} and spans[0].links[0].trace_id == APP_TRACE.to_bytes(16, "big")
 
 
-def test_agent_exports_error_and_sampled_sessions_with_their_thresholds(tmp_path: Path) -> None:
+def test_agent_exports_error_and_sampled_sessions_with_their_thresholds(tmp_path: Path, world: World) -> None:
     """Through the agent: an error session and a success kept at probability 1 both say th:0."""
     from retsnoop_otel.agent.main import Agent
     from retsnoop_otel.runtime.logs import EventLog
-    from tests.unit.test_agent_lifecycle import (
-        CONFIG,
-        World,
-        by_set,
-        error_session,
-        success_calls_session,
-        wait_exported,
-    )
+    from tests.fakes import AGENT_CONFIG, by_set, error_session, success_calls_session, wait_exported
 
-    world = World()
     cfg = tmp_path / "agent.yaml"
-    cfg.write_text(CONFIG.format(prob=1.0))
+    cfg.write_text(AGENT_CONFIG.format(prob=1.0))
     agent = Agent(str(cfg), world.deps(), EventLog(io.StringIO()))
     agent.start()
     try:

@@ -13,7 +13,7 @@ from retsnoop_otel.runtime.config import ExporterConfig, MetricsConfig, RuntimeC
 from retsnoop_otel.runtime.errors import InputError
 from retsnoop_otel.runtime.logs import EventLog
 from retsnoop_otel.runtime.sdk_env import SdkSwitches, apply_switches, read_switches
-from tests.unit.test_agent_lifecycle import CONFIG, World, by_set, error_session, log_events
+from tests.fakes import AGENT_CONFIG, World, by_set, error_session, log_events
 
 
 @pytest.mark.parametrize(("env", "want"), [
@@ -49,12 +49,11 @@ def test_applied_to_the_config() -> None:
 
 
 @pytest.mark.parametrize("disabled", [False, True])
-def test_sdk_disabled_agent_exports_nothing_and_says_why(tmp_path: Path, disabled: bool) -> None:
+def test_sdk_disabled_agent_exports_nothing_and_says_why(tmp_path: Path, disabled: bool, world: World) -> None:
     """The shipped kind of config (an OTLP exporter): the same failing session is exported, unless
     OTEL_SDK_DISABLED=true, when nothing is sent and the log says which variable turned it off."""
-    world = World()
     path = tmp_path / "agent.yaml"
-    path.write_text(CONFIG.format(prob=1.0))
+    path.write_text(AGENT_CONFIG.format(prob=1.0))
     deps = world.deps()
     deps.environ = {"OTEL_SDK_DISABLED": "true"} if disabled else {}
     log = io.StringIO()

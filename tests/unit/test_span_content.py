@@ -5,53 +5,18 @@ requests with the generated opentelemetry-proto classes and check the meaning: n
 times, statuses, attributes and what must never leak (raw kernel addresses).
 """
 
-import random
-
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
+from bench.oracle_spans import request_to_spans
 from retsnoop_otel import __version__
-from retsnoop_otel.capture.model import Call, RetKind, Session, StackEntry, TracedFunc
-from retsnoop_otel.export.resource import build_resource
-from retsnoop_otel.export.span_encoder import SpanEncoder, build_request, make_envelope
-from tests.oracle_spans import request_to_spans
+from retsnoop_otel.capture.model import Call, StackEntry
+from tests.fakes import EINVAL, KPTR, OFFSET, dwarf_locate, tree_session
+from tests.span_checks import encoded
 
 ERROR, UNSET = 2, 0
 
-OFFSET = 1_700_000_000_000_000_000
-EINVAL = (1 << 64) - 22
 ENOMEM_PTR = (1 << 64) - 12
-KPTR = 0xFFFF888812345678
-
-FUNCS = {
-    0: TracedFunc(0, "__x64_sys_bpf", 0xFFFFFFFF81000000, RetKind.SIGNED, True),
-    1: TracedFunc(1, "map_create", 0xFFFFFFFF81000100, RetKind.INT32, False),
-    2: TracedFunc(2, "kmalloc_trace", 0xFFFFFFFF81000200, RetKind.POINTER, False),
-    3: TracedFunc(3, "security_bpf", 0xFFFFFFFF81000300, RetKind.INT32, False),
-    4: TracedFunc(4, "bpf_map_free", 0xFFFFFFFF81000400, RetKind.VOID, False),
-    5: TracedFunc(5, "capable", 0xFFFFFFFF81000500, RetKind.BOOL, False),
-}
-
-
-def tree_session(**kw):
-    """sys_bpf -> [security_bpf=0, map_create=-EINVAL -> [kmalloc_trace=ptr, capable=true, bpf_map_free (no exit)]]"""
-    free = Call(4, 2, 4_000, None, None)
-    create = Call(1, 1, 2_000, 8_000, EINVAL, children=[
-        Call(2, 2, 2_100, 2_300, KPTR), Call(5, 2, 2_400, 2_500, 1, missing_before=2), free])
-    root = Call(0, 0, 1_000, 9_000, EINVAL, children=[Call(3, 1, 1_100, 1_200, 0), create])
-    defaults = dict(tid=42, pid=40, comm="worker", proc_comm="bpftool", start_ns=1_000, end_ns=9_000, is_err=True,
-                    chain=[StackEntry(0, EINVAL, 8_000), StackEntry(1, EINVAL, 6_000)],
-                    kstack=[0xFFFFFFFF81000105, 0xFFFFFFFF81000010], calls=[root])
-    defaults.update(kw)
-    return Session(**defaults)
-
-
-RESOURCE = build_resource(instance_id="test")
-
-
-def encoded(session, symbolize=None, **kw):
-    enc = SpanEncoder(FUNCS, make_envelope(RESOURCE.attributes), symbolize=symbolize, rng=random.Random(1), **kw)
-    return build_request([enc.encode(session, OFFSET)])
 
 
 def spans_of(session, symbolize=None, **kw):
@@ -204,13 +169,8 @@ def test_encodes_to_one_resource_and_scope():
     assert len(req.resource_spans[0].scope_spans[0].spans) == 6
 
 
-def _locate(addr):
-    """DWARF stand-in: map_create is defined in kernel/bpf/syscall.c; the others have no location."""
-    return ("kernel/bpf/syscall.c", 1105) if addr == FUNCS[1].addr else None
-
-
 def test_source_location_attributes_with_dwarf():
-    spans = spans_of(tree_session(), locate=_locate)
+    spans = spans_of(tree_session(), locate=dwarf_locate)
     named = by_name(spans)
     assert named["map_create"]["attributes"]["code.file.path"] == "kernel/bpf/syscall.c"
     assert named["map_create"]["attributes"]["code.line.number"] == 1105

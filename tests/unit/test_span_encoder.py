@@ -5,9 +5,9 @@ import random
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from bench import span_throughput  # the benchmark's realistic session generator
+from bench import harness  # the benchmarks' realistic session generator
+from bench.oracle_spans import request_to_spans, sdk_request, session_to_spans
 from retsnoop_otel.capture.model import (
-    AppContext,
     ArgValue,
     Call,
     RetKind,
@@ -19,63 +19,13 @@ from retsnoop_otel.capture.model import (
 )
 from retsnoop_otel.export import span_encoder
 from retsnoop_otel.export.resource import Resource, build_resource
-from retsnoop_otel.export.span_encoder import SpanEncoder, build_request, make_envelope
-from tests.oracle_spans import request_to_spans, sdk_request, session_to_spans
-from tests.unit.test_span_content import EINVAL, FUNCS, KPTR, OFFSET, tree_session
-
-RESOURCE = build_resource(instance_id="test")
-ENVELOPE = make_envelope(RESOURCE.attributes, RESOURCE.schema_url)
-
-
-def encoder_for(funcs=FUNCS, resource=RESOURCE, **kw):
-    return SpanEncoder(funcs, make_envelope(resource.attributes, resource.schema_url), **kw)
+from retsnoop_otel.export.span_encoder import SpanEncoder, build_request
+from tests.fakes import APP_SPAN, APP_TRACE, EINVAL, KPTR, OFFSET, TREE_FUNCS, app_session, symbolize, tree_session
+from tests.span_checks import ENVELOPE, RESOURCE, assert_same, decode, encoder_for, strip_ids
 
 
 def span_count(request):
     return sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
-
-
-def symbolize(addr):
-    return f"sym_{addr & 0xFFF:x}+0x5"
-
-
-def decode(body):
-    return ExportTraceServiceRequest.FromString(body)
-
-
-def strip_ids(request):
-    """Blank the random ids, returning the parent index of every span (-1 for a root) and the trace ids."""
-    parents, traces = [], []
-    for rs in request.resource_spans:
-        for ss in rs.scope_spans:
-            index = {s.span_id: i for i, s in enumerate(ss.spans)}
-            assert len(index) == len(ss.spans) and b"\0" * 8 not in index, "span ids must be unique and non-zero"
-            for s in ss.spans:
-                assert len(s.trace_id) == 16 and s.trace_id != b"\0" * 16 and len(s.span_id) == 8
-                # a parent outside the request is the application's span: kept as it is
-                parents.append(index.get(s.parent_span_id, s.parent_span_id) if s.parent_span_id else -1)
-                traces.append(s.trace_id)
-                s.trace_id = s.span_id = s.parent_span_id = b""
-    return parents, traces
-
-
-def assert_same(session, funcs=FUNCS, encoder=None, **kw):
-    """The production encoding of `session` equals the SDK encoding of the oracle's spans, ids aside."""
-    want = sdk_request(session_to_spans(session, funcs, OFFSET, RESOURCE, **kw))
-    encoder = encoder or encoder_for(funcs, **kw)
-    trace = encoder.encode(session, OFFSET)
-    got = decode(build_request([trace]))
-    want_parents, want_traces = strip_ids(want)
-    got_parents, got_traces = strip_ids(got)
-    assert len(set(got_traces)) == 1
-    assert got_parents == want_parents
-    got_spans = got.resource_spans[0].scope_spans[0].spans
-    want_spans = want.resource_spans[0].scope_spans[0].spans
-    assert len(got_spans) == len(want_spans) == len(trace)
-    for g, w in zip(got_spans, want_spans, strict=True):
-        assert g == w, f"span {w.name} differs:\n{g}\nvs\n{w}"
-    assert got == want  # resource, scope and schema urls too
-    return trace
 
 
 def test_tree_session_matches_sdk_encoding():
@@ -123,10 +73,10 @@ def test_span_limit():
 def test_generated_sessions_match_with_one_long_lived_encoder():
     """The benchmark's sessions (50 nested calls, errors, lost exits, distinct pointers), one shared encoder."""
     rng = random.Random(3)
-    funcs = span_throughput.make_funcs()
+    funcs = harness.make_funcs()
     encoder = encoder_for(funcs, symbolize=symbolize)
     for _ in range(40):
-        assert_same(span_throughput.make_session(rng, funcs, 50), funcs, encoder=encoder, symbolize=symbolize)
+        assert_same(harness.make_session(rng, funcs, 50), funcs, encoder=encoder, symbolize=symbolize)
     # every valid pointer shares one encoding instead of filling the cache with one entry per address
     pointer_funcs = {f.id for f in funcs.values() if f.ret is RetKind.POINTER}
     cached_pointers = [raw for fid, raw in encoder._cache if fid in pointer_funcs and raw]
@@ -147,7 +97,7 @@ def test_caches_stay_bounded(monkeypatch):
 def test_resource_attribute_types_match_sdk():
     resource = Resource({"s": "text", "b": True, "i": -5, "big": (1 << 63) - 1, "f": 1.5, "arr": ("a", "b"),
                          "ints": (1, -2), "empty": ""}, "https://opentelemetry.io/schemas/1.26.0")
-    spans = session_to_spans(tree_session(), FUNCS, OFFSET, resource)
+    spans = session_to_spans(tree_session(), TREE_FUNCS, OFFSET, resource)
     got = decode(build_request([encoder_for(resource=resource).encode(tree_session(), OFFSET)]))
     want = sdk_request(spans)
     assert got.resource_spans[0].resource == want.resource_spans[0].resource
@@ -205,17 +155,9 @@ def test_calls_cut_by_the_session_cap_are_on_the_root_span():
 
 
 def test_source_location_matches_sdk_encoding():
-    from tests.unit.test_span_content import _locate
-    assert_same(tree_session(), locate=_locate)
-    assert_same(tree_session(calls=[]), locate=_locate)
-
-
-APP_TRACE, APP_SPAN = 0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7
-
-
-def app_session(**app):
-    ctx = AppContext(**{"status": "ok", "trace_id": APP_TRACE, "span_id": APP_SPAN, "trace_flags": 1, **app})
-    return tree_session(app=ctx)
+    from tests.fakes import dwarf_locate
+    assert_same(tree_session(), locate=dwarf_locate)
+    assert_same(tree_session(calls=[]), locate=dwarf_locate)
 
 
 def test_sampled_application_context_is_joined():
@@ -275,11 +217,11 @@ def test_each_workload_is_a_resource_of_its_own():
     """Sessions of two containers and of a host process in one request: three ResourceSpans, each the agent's
     resource plus that workload's attributes, the same as the SDK writes for the oracle's spans."""
     envelopes = span_encoder.WorkloadEnvelopes(RESOURCE.attributes, RESOURCE.schema_url)
-    enc = SpanEncoder(FUNCS, envelopes.base, workloads=envelopes)
+    enc = SpanEncoder(TREE_FUNCS, envelopes.base, workloads=envelopes)
     sessions = [tree_session(workload=CHECKOUT), tree_session(workload=PODMAN), tree_session(),
                 tree_session(workload=CHECKOUT, exe_name="checkout-server")]
     got = decode(build_request([enc.encode(s, OFFSET) for s in sessions]))
-    want = sdk_request([span for s in sessions for span in session_to_spans(s, FUNCS, OFFSET, RESOURCE)])
+    want = sdk_request([span for s in sessions for span in session_to_spans(s, TREE_FUNCS, OFFSET, RESOURCE)])
     strip_ids(got)
     strip_ids(want)
     assert got == want

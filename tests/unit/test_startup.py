@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from bench.start_path import START_MODULES
 from retsnoop_otel.cli import process_age_s
 from retsnoop_otel.runtime.startup import Phase, StartClock, format_phases, phase_fields
 from retsnoop_otel.trace.main import run_trace
-from tests.start_path import START_MODULES
-from tests.unit.test_agent_lifecycle import World
+from tests.fakes import World
 
 PHASE = re.compile(r"^Phase (\S+): (\d+) ms(?: \((.*)\))?$")
 
@@ -89,8 +89,7 @@ def test_verbose_dry_run_says_where_the_time_went() -> None:
     assert "Receiving data" not in out.getvalue()
 
 
-def test_verbose_trace_prints_phases_before_receiving_data_and_after_detaching() -> None:
-    world = World()
+def test_verbose_trace_prints_phases_before_receiving_data_and_after_detaching(world: World) -> None:
     out, err = io.StringIO(), io.StringIO()
     old = signal.getsignal(signal.SIGTERM)
     stopper = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))

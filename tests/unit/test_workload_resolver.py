@@ -12,14 +12,8 @@ from retsnoop_otel.capture.model import NO_WORKLOAD, Workload
 from retsnoop_otel.workload.cgroupfs import cgroup2_mount, has_cgroup_v1
 from retsnoop_otel.workload.pods import PodCache, PodMeta
 from retsnoop_otel.workload.resolver import WorkloadResolver
+from tests.fakes import APP, CID, CID2, POD, PODMAN, UID, cgroup_id, fake_host, fake_process
 
-CID = "3a8f1c4b2d9e7f6051a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f7a8"
-CID2 = "e4b0f6b9d3c1a2f8e7d6c5b4a3928170f6e5d4c3b2a19080f7e6d5c4b3a29180"
-UID = "6f1b6c5e-2a4d-4a8e-9c3b-0f2e1d4c5b6a"
-POD = f"kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID.replace('-', '_')}.slice"
-APP = f"{POD}/cri-containerd-{CID}.scope"
-PODMAN = f"machine.slice/libpod-{CID2}.scope/container"
-V2_MOUNTINFO = "30 23 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate\n"
 HYBRID_MOUNTINFO = """31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
 35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
 40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,name=systemd
@@ -33,29 +27,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.t
-
-
-def host(tmp_path: Path, mountinfo: str = V2_MOUNTINFO, mount: str = "sys/fs/cgroup") -> Path:
-    (tmp_path / "proc/self").mkdir(parents=True)
-    (tmp_path / "proc/self/mountinfo").write_text(mountinfo)
-    for rel in (APP, PODMAN, "system.slice/sshd.service"):
-        (tmp_path / mount / rel).mkdir(parents=True)
-    return tmp_path
-
-
-def cg_id(root: Path, rel: str, mount: str = "sys/fs/cgroup") -> int:
-    return os.stat(root / mount / rel).st_ino
-
-
-def process(root: Path, pid: int, cgroup: str, exe: str | None, start: int = 4242, comm: str = "app") -> None:
-    d = root / "proc" / str(pid)
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "cgroup").write_text(cgroup)
-    (d / "stat").write_text(f"{pid} ({comm} (x) y) S 1 {pid} {pid} 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 {start} 1 2\n")
-    if (d / "exe").is_symlink():
-        (d / "exe").unlink()
-    if exe is not None:
-        (d / "exe").symlink_to(exe)
 
 
 def test_cgroup2_mount_from_mountinfo(tmp_path: Path) -> None:
@@ -72,32 +43,32 @@ def test_cgroup2_mount_from_mountinfo(tmp_path: Path) -> None:
 
 
 def test_cgroup_id_resolved_by_a_walk_then_cached(tmp_path: Path) -> None:
-    root, clock = host(tmp_path), Clock()
+    root, clock = fake_host(tmp_path), Clock()
     r = WorkloadResolver(str(root), clock)
     want = Workload(CID, "containerd", UID)
-    assert r.of_cgroup(cg_id(root, APP)) == want and r.index.scans == 1
-    assert r.of_cgroup(cg_id(root, PODMAN)) == Workload(CID2, "podman")  # found by the same walk
-    assert r.of_cgroup(cg_id(root, "system.slice/sshd.service")) == NO_WORKLOAD
-    assert r.of_cgroup(cg_id(root, APP)) is r.of_cgroup(cg_id(root, APP)) and r.index.scans == 1
+    assert r.of_cgroup(cgroup_id(root, APP)) == want and r.index.scans == 1
+    assert r.of_cgroup(cgroup_id(root, PODMAN)) == Workload(CID2, "podman")  # found by the same walk
+    assert r.of_cgroup(cgroup_id(root, "system.slice/sshd.service")) == NO_WORKLOAD
+    assert r.of_cgroup(cgroup_id(root, APP)) is r.of_cgroup(cgroup_id(root, APP)) and r.index.scans == 1
 
 
 def test_unknown_ids_walk_at_most_once_per_interval(tmp_path: Path) -> None:
-    root, clock = host(tmp_path), Clock()
+    root, clock = fake_host(tmp_path), Clock()
     r = WorkloadResolver(str(root), clock, rescan_min_s=1.0)
     for bogus in range(10**9, 10**9 + 50):  # a flood of ids nobody knows
         assert r.of_cgroup(bogus) == NO_WORKLOAD
     assert r.index.scans == 1
     late = f"{POD}/cri-containerd-{CID2}.scope"  # a container created after that walk
     (root / "sys/fs/cgroup" / late).mkdir()
-    assert r.of_cgroup(cg_id(root, late)) == NO_WORKLOAD and r.index.scans == 1  # not before the interval
+    assert r.of_cgroup(cgroup_id(root, late)) == NO_WORKLOAD and r.index.scans == 1  # not before the interval
     clock.t += 1.0
-    assert r.of_cgroup(cg_id(root, late)) == Workload(CID2, "containerd", UID) and r.index.scans == 2
+    assert r.of_cgroup(cgroup_id(root, late)) == Workload(CID2, "containerd", UID) and r.index.scans == 2
 
 
 def test_a_removed_cgroup_stays_resolvable(tmp_path: Path) -> None:
-    root, clock = host(tmp_path), Clock()
+    root, clock = fake_host(tmp_path), Clock()
     r = WorkloadResolver(str(root), clock)
-    ident = cg_id(root, APP)
+    ident = cgroup_id(root, APP)
     assert r.of_cgroup(ident).container_id == CID
     (root / "sys/fs/cgroup" / APP).rmdir()  # the container exited; its last sessions are still arriving
     clock.t += 10
@@ -106,21 +77,21 @@ def test_a_removed_cgroup_stays_resolvable(tmp_path: Path) -> None:
 
 
 def test_session_learns_its_cgroup_from_proc_without_a_walk(tmp_path: Path) -> None:
-    root, clock = host(tmp_path), Clock()
-    process(root, 4321, f"0::/{APP}\n", "/usr/local/bin/checkout-server")
+    root, clock = fake_host(tmp_path), Clock()
+    fake_process(root, 4321, f"0::/{APP}\n", "/usr/local/bin/checkout-server")
     r = WorkloadResolver(str(root), clock)
-    assert r.of_session(4321, cg_id(root, APP), "checkout-server") == Workload(CID, "containerd", UID)
-    assert r.index.scans == 0 and r.index.get(cg_id(root, APP)) == "/" + APP
+    assert r.of_session(4321, cgroup_id(root, APP), "checkout-server") == Workload(CID, "containerd", UID)
+    assert r.index.scans == 0 and r.index.get(cgroup_id(root, APP)) == "/" + APP
     # a process that moved since: its /proc path no longer has that id, so the id is found by a walk
-    process(root, 4322, "0::/system.slice/sshd.service\n", "/usr/sbin/sshd")
-    assert r.of_session(4322, cg_id(root, PODMAN), "sshd") == Workload(CID2, "podman") and r.index.scans == 1
+    fake_process(root, 4322, "0::/system.slice/sshd.service\n", "/usr/sbin/sshd")
+    assert r.of_session(4322, cgroup_id(root, PODMAN), "sshd") == Workload(CID2, "podman") and r.index.scans == 1
 
 
 def test_pod_names_arrive_later_and_replace_the_cached_workload(tmp_path: Path) -> None:
-    root, clock = host(tmp_path), Clock()
+    root, clock = fake_host(tmp_path), Clock()
     pods = PodCache(clock)
     r = WorkloadResolver(str(root), clock, pods)
-    ident = cg_id(root, APP)
+    ident = cgroup_id(root, APP)
     assert r.of_cgroup(ident) == Workload(CID, "containerd", UID)  # the watch has not listed yet
     pods.upsert(PodMeta(UID, "checkout-7d4b9c8f6-x2x9k", "shop", {CID: ("app", "containerd")}))
     assert r.of_cgroup(ident) == Workload(CID, "containerd", UID, "checkout-7d4b9c8f6-x2x9k", "shop", "app")
@@ -130,12 +101,12 @@ def test_pod_names_arrive_later_and_replace_the_cached_workload(tmp_path: Path) 
 
 def test_runtime_from_the_api_when_the_path_has_none(tmp_path: Path) -> None:
     """cgroupfs driver: /kubepods/burstable/pod<uid>/<id> names no runtime; containerStatuses' scheme does."""
-    root, clock = host(tmp_path), Clock()
+    root, clock = fake_host(tmp_path), Clock()
     rel = f"kubepods/burstable/pod{UID}/{CID}"
     (root / "sys/fs/cgroup" / rel).mkdir(parents=True)
     pods = PodCache(clock)
     pods.upsert(PodMeta(UID, "web-0", "shop", {CID: ("web", "cri-o")}))
-    assert WorkloadResolver(str(root), clock, pods).of_cgroup(cg_id(root, rel)) == \
+    assert WorkloadResolver(str(root), clock, pods).of_cgroup(cgroup_id(root, rel)) == \
         Workload(CID, "cri-o", UID, "web-0", "shop", "web")
 
 
@@ -143,10 +114,10 @@ def test_cgroup_v1_host_falls_back_to_the_process_cgroups(tmp_path: Path) -> Non
     """On a hybrid host the kernel's id is the unified hierarchy's (here: its root, no container); the process's
     v1 lines (name=systemd, memory) name the container."""
     mount = "sys/fs/cgroup/unified"
-    root, clock = host(tmp_path, HYBRID_MOUNTINFO, mount), Clock()
-    process(root, 77, f"4:memory:/kubepods/besteffort/pod{UID}/{CID}\n1:name=systemd:/kubepods/besteffort/"
+    root, clock = fake_host(tmp_path, HYBRID_MOUNTINFO, mount), Clock()
+    fake_process(root, 77, f"4:memory:/kubepods/besteffort/pod{UID}/{CID}\n1:name=systemd:/kubepods/besteffort/"
                       f"pod{UID}/{CID}\n0::/\n", "/bin/app")
-    process(root, 78, f"4:memory:/docker/{CID2}\n1:name=systemd:/docker/{CID2}\n0::/\n", "/bin/other")
+    fake_process(root, 78, f"4:memory:/docker/{CID2}\n1:name=systemd:/docker/{CID2}\n0::/\n", "/bin/other")
     r = WorkloadResolver(str(root), clock)
     assert r.v1
     unified_root = os.stat(root / mount).st_ino
@@ -156,21 +127,21 @@ def test_cgroup_v1_host_falls_back_to_the_process_cgroups(tmp_path: Path) -> Non
 
 
 def test_exe_names_and_reused_pids(tmp_path: Path) -> None:
-    root, clock = host(tmp_path), Clock()
-    process(root, 10, "0::/\n", "/usr/lib/jvm/java-21-openjdk-amd64/bin/java", start=100, comm="java")
-    process(root, 11, "0::/\n", "/opt/app/bin/server (deleted)", start=100, comm="server")
-    process(root, 12, "0::/\n", None, comm="kworker/0:1")  # kernel threads have no exe
+    root, clock = fake_host(tmp_path), Clock()
+    fake_process(root, 10, "0::/\n", "/usr/lib/jvm/java-21-openjdk-amd64/bin/java", start=100, comm="java")
+    fake_process(root, 11, "0::/\n", "/opt/app/bin/server (deleted)", start=100, comm="server")
+    fake_process(root, 12, "0::/\n", None, comm="kworker/0:1")  # kernel threads have no exe
     r = WorkloadResolver(str(root), clock)
     assert r.exe_name(10, "java") == "java" and r.exe_name(11, "server") == "server" and r.exe_name(12, "kw") == ""
     assert r.exe_name(999, "gone") == ""
     # the comm changed (exec or a new process with the old pid): read again
-    process(root, 10, "0::/\n", "/usr/bin/python3.11", start=100, comm="python3")
+    fake_process(root, 10, "0::/\n", "/usr/bin/python3.11", start=100, comm="python3")
     assert r.exe_name(10, "java") == "java"  # same comm: the cached process
     assert r.exe_name(10, "python3") == "python3.11"
     # a new process with the same pid and the same comm: the sweep sees the new start time
-    process(root, 11, "0::/\n", "/opt/other/bin/server", start=200, comm="server")
+    fake_process(root, 11, "0::/\n", "/opt/other/bin/server", start=200, comm="server")
     assert r.exe_name(11, "server") == "server"
-    process(root, 11, "0::/\n", "/opt/other/bin/server2", start=200, comm="server")
+    fake_process(root, 11, "0::/\n", "/opt/other/bin/server2", start=200, comm="server")
     clock.t += 10
     r.service()
     assert r.exe_name(11, "server") == "server2"

@@ -1,4 +1,4 @@
-"""Workload identity through the agent's runtime (no kernel: the fakes of test_agent_lifecycle): kept sessions
+"""Workload identity through the agent's runtime (no kernel: the World of tests/fakes.py): kept sessions
 are annotated from a fixture /proc and cgroupfs tree, exported under a resource per workload; the
 `kubernetes:` section reaches the resolver as settings, and a bad one is a file:line error.
 """
@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.tls_certs import make_ca
 from retsnoop_otel.agent.config_file import ConfigError, parse_config
 from retsnoop_otel.agent.main import Agent
 from retsnoop_otel.capture.records import SessionEndRec
@@ -17,16 +18,26 @@ from retsnoop_otel.runtime.logs import EventLog
 from retsnoop_otel.workload.k8s_settings import KubernetesConfig
 from retsnoop_otel.workload.pods import PodCache, PodMeta
 from retsnoop_otel.workload.resolver import WorkloadResolver
-from tests.tls_certs import make_ca
-from tests.unit.test_agent_lifecycle import CONFIG, World, by_set, error_session, wait_exported
-from tests.unit.test_workload_resolver import APP, CID, UID, cg_id, host, process
+from tests.fakes import (
+    AGENT_CONFIG,
+    APP,
+    CID,
+    UID,
+    World,
+    by_set,
+    cgroup_id,
+    error_session,
+    fake_host,
+    fake_process,
+    wait_exported,
+)
 
 BASE = "probe_sets:\n  - name: a\n    entry: [f]\nexporter:\n  console: true\n"
 
 
-def test_sessions_carry_their_workload_to_the_exported_resource(tmp_path: Path) -> None:
-    root = host(tmp_path / "root")
-    process(root, 4321, f"0::/{APP}\n", "/usr/local/bin/checkout-server", comm="python")
+def test_sessions_carry_their_workload_to_the_exported_resource(tmp_path: Path, world: World) -> None:
+    root = fake_host(tmp_path / "root")
+    fake_process(root, 4321, f"0::/{APP}\n", "/usr/local/bin/checkout-server", comm="python")
     pods = PodCache(lambda: 0.0)
     pods.upsert(PodMeta(UID, "checkout-7d4b9c8f6-x2x9k", "shop", {CID: ("app", "containerd")}))
     seen = []
@@ -35,17 +46,16 @@ def test_sessions_carry_their_workload_to_the_exported_resource(tmp_path: Path) 
         seen.append(kube)
         return WorkloadResolver(str(root), clock, pods)
 
-    world = World()
     deps = world.deps()
     deps.make_workloads = make_workloads
     cfg = tmp_path / "agent.yaml"
-    cfg.write_text(CONFIG.format(prob=1.0))
+    cfg.write_text(AGENT_CONFIG.format(prob=1.0))
     agent = Agent(str(cfg), deps, EventLog(io.StringIO()))
     agent.start()
     try:
         t = by_set(world, "__x64_sys_bpf")
         host_session = error_session(t, tid=9)
-        in_container = [r._replace(tgid=4321, cgroup_id=cg_id(root, APP))
+        in_container = [r._replace(tgid=4321, cgroup_id=cgroup_id(root, APP))
                         if isinstance(r, SessionEndRec) else r._replace(tgid=4321)
                         for r in error_session(t, tid=4321)]
         gone = [r._replace(exe="python3.11") if isinstance(r, SessionEndRec) else r
@@ -115,14 +125,14 @@ def test_kubernetes_section_errors(section: str, want: str) -> None:
      "kubernetes.token_file: /nonexistent/token: No such file or directory; mount the service-account token "
      "(automountServiceAccountToken: true)"),
 ])
-def test_the_environment_is_checked_when_the_agent_starts(tmp_path: Path, extra: str, env: dict, want: str) -> None:
+def test_the_environment_is_checked_when_the_agent_starts(tmp_path: Path, extra: str, env: dict, want: str,
+                                                          world: World) -> None:
     """The shipped file parses anywhere; `agent --check` and the start say what the watch lacks, as one line."""
     from retsnoop_otel.runtime.errors import InputError
     from retsnoop_otel.runtime.runtime import Runtime
     token, ca = kube_files(tmp_path)
     files = f"  ca_file: {ca}\n" + ("" if "token_file" in extra else f"  token_file: {token}\n")
     cfg = parse_config(BASE + "kubernetes:\n  metadata: true\n" + extra + files, "agent.yaml")
-    world = World()
     deps = world.deps()
     deps.environ = env
     with pytest.raises(InputError) as err:
@@ -135,16 +145,16 @@ def test_json_output_carries_the_workload_and_the_executable() -> None:
     """--json (trace and the agent's console): one object per session, now with its workload."""
     from retsnoop_otel.capture.model import Workload
     from retsnoop_otel.render.console import session_json
-    from tests.unit.test_span_content import FUNCS, tree_session
+    from tests.fakes import TREE_FUNCS, tree_session
 
     w = Workload(CID, "containerd", UID, "checkout-7d4b9c8f6-x2x9k", "shop", "app")
-    out = session_json(tree_session(workload=w, exe_name="checkout-server"), FUNCS, 0)
+    out = session_json(tree_session(workload=w, exe_name="checkout-server"), TREE_FUNCS, 0)
     assert out["workload"] == {"container_id": CID, "container_runtime": "containerd", "pod_uid": UID,
                                "pod_name": "checkout-7d4b9c8f6-x2x9k", "namespace": "shop", "container_name": "app"}
     assert out["exe"] == "checkout-server" and out["proc_comm"] == "bpftool"
-    podman = session_json(tree_session(workload=Workload("e4b0" * 16, "podman")), FUNCS, 0)
+    podman = session_json(tree_session(workload=Workload("e4b0" * 16, "podman")), TREE_FUNCS, 0)
     assert podman["workload"] == {"container_id": "e4b0" * 16, "container_runtime": "podman"}
-    assert "workload" not in session_json(tree_session(), FUNCS, 0)
+    assert "workload" not in session_json(tree_session(), TREE_FUNCS, 0)
 
 
 WL_CONFIG = """\
@@ -160,13 +170,12 @@ metrics:
 """
 
 
-def test_metrics_workload_label_through_the_runtime(tmp_path: Path) -> None:
+def test_metrics_workload_label_through_the_runtime(tmp_path: Path, world: World) -> None:
     """workload_label: the kernel's per-cgroup counts reach /metrics as container_id series; a gone cgroup's
     counts stay, and its kernel entries are deleted."""
     from retsnoop_otel.capture.model import WorkloadCount
-    root = host(tmp_path / "root")
-    app, top = cg_id(root, APP), cg_id(root, "")
-    world = World()
+    root = fake_host(tmp_path / "root")
+    app, top = cgroup_id(root, APP), cgroup_id(root, "")
     deleted: list[set[int]] = []
 
     def factory(funcs, cfg, btf_func_id):

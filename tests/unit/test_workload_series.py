@@ -109,7 +109,7 @@ def test_families_carry_the_workload_label_of_the_sets_that_have_one():
 
     from retsnoop_otel.metrics.series import SeriesBounds, SeriesLimiter
     from retsnoop_otel.metrics.workload_series import WorkloadTotal
-    from tests.unit.test_metrics import FakeProbeSet, registry
+    from tests.fakes import FakeProbeSet, metrics_registry
 
     labelled = FakeProbeSet(name="k8s", workload_label="namespace", workloads=[
         WorkloadTotal("shop", 0, False, None, 2), WorkloadTotal("shop", 0, False, "EINVAL", 1),
@@ -118,7 +118,7 @@ def test_families_carry_the_workload_label_of_the_sets_that_have_one():
         WorkloadTotal("shop", 0, True, "error", 1), WorkloadTotal("shop", 0, True, None, 2)])
     plain = FakeProbeSet(name="vfs")
     limiter = SeriesLimiter(SeriesBounds(max_error_types=1))
-    text = generate_latest(registry(sets=[labelled, plain], limiter=lambda _: limiter)).decode()
+    text = generate_latest(metrics_registry(sets=[labelled, plain], limiter=lambda _: limiter)).decode()
     lines = [ln for ln in text.splitlines() if ln.startswith(("retsnoop_function_calls_total",
                                                                "retsnoop_function_errors_total",
                                                                "retsnoop_sessions_total"))]

@@ -11,12 +11,10 @@ import re
 import pytest
 
 from retsnoop_otel.export.semconv import SCHEMA_URL
-from tests.otlp_json import PYTHON_EXE
+from tests.otlp_json import PYTHON_EXE, assert_nested, root_span
 from tests.otlp_json import spans as otlp_spans
 
 pytestmark = pytest.mark.vm
-
-
 
 
 def _traces(r: dict) -> dict[str, list[dict]]:
@@ -24,21 +22,6 @@ def _traces(r: dict) -> dict[str, list[dict]]:
     for s in otlp_spans(r["otlp"]):
         traces.setdefault(s["traceId"], []).append(s)
     return traces
-
-
-def _root(trace: list[dict]) -> dict:
-    roots = [s for s in trace if not s.get("parentSpanId")]
-    assert len(roots) == 1, "one root span per trace"
-    return roots[0]
-
-
-def _assert_nested(trace: list[dict]) -> None:
-    by_id = {s["spanId"]: s for s in trace}
-    for s in trace:
-        if s.get("parentSpanId"):
-            parent = by_id[s["parentSpanId"]]  # every parent is in the same trace
-            assert int(parent["startTimeUnixNano"]) <= int(s["startTimeUnixNano"])
-            assert int(s["endTimeUnixNano"]) <= int(parent["endTimeUnixNano"])
 
 
 def test_check_resolves_both_probe_sets(vm_batch) -> None:
@@ -65,10 +48,10 @@ def test_one_error_trace_per_failing_call_with_nested_einval(vm_batch) -> None:
     r = vm_batch["agent_two_probe_sets"]
     assert r["simfail1"]["rc"] == 0 and r["simfail2"]["rc"] == 0
     assert r["roots_after_simfail1"].count(["__x64_sys_bpf", "EINVAL"]) == 1, r["roots_after_simfail1"]
-    errors = [t for t in _traces(r).values() if _root(t)["attrs"].get("error.type") == "EINVAL"]
+    errors = [t for t in _traces(r).values() if root_span(t)["attrs"].get("error.type") == "EINVAL"]
     assert len(errors) == 2  # one per bpf-bad-map-max-entries-array run (before and after the reload)
-    first = min(errors, key=lambda t: int(_root(t)["startTimeUnixNano"]))
-    root = _root(first)
+    first = min(errors, key=lambda t: int(root_span(t)["startTimeUnixNano"]))
+    root = root_span(first)
     assert root["name"] == "__x64_sys_bpf" and root["status"]["code"] == "STATUS_CODE_ERROR"
     assert root["attrs"]["process.executable.name"] == PYTHON_EXE
     # timestamps fall inside the wall-clock window of the simfail process
@@ -77,20 +60,20 @@ def test_one_error_trace_per_failing_call_with_nested_einval(vm_batch) -> None:
     leaf = [s for s in first if s["name"] == "array_map_alloc_check"]
     assert len(leaf) == 1 and leaf[0]["attrs"]["error.type"] == "EINVAL"
     assert leaf[0]["status"]["code"] == "STATUS_CODE_ERROR"
-    _assert_nested(first)
+    assert_nested(first)
     assert {s.get("traceState") for s in first} == {"ot=th:0"}  # error sessions are always kept
 
 
 def test_prog_load_success_is_a_calls_trace(vm_batch) -> None:
     r = vm_batch["agent_two_probe_sets"]
-    loads = [t for t in _traces(r).values() if _root(t)["name"] == "bpf_prog_load"]
+    loads = [t for t in _traces(r).values() if root_span(t)["name"] == "bpf_prog_load"]
     assert loads, r["roots_after_simfail1"]
     for trace in loads:
-        root = _root(trace)
+        root = root_span(trace)
         assert root["attrs"]["process.executable.name"] == PYTHON_EXE  # the comms filter kept bpftool out
         assert root["status"].get("code", "STATUS_CODE_UNSET") == "STATUS_CODE_UNSET"
         assert root["attrs"]["retsnoop.return_value"] >= 0 and "error.type" not in root["attrs"]
-        _assert_nested(trace)
+        assert_nested(trace)
         assert {s.get("traceState") for s in trace} == {"ot=th:0"}  # success_probability 1
     names = {s["name"] for t in loads for s in t}
     assert "bpf_check" in names, names
@@ -157,16 +140,16 @@ def test_the_same_over_http_protobuf(vm_batch) -> None:
     h = vm_batch["agent_two_probe_sets"]["http"]
     assert h["simfail"]["rc"] == 0, h["simfail"]
     traces = _traces(h)
-    errors = [t for t in traces.values() if _root(t)["attrs"].get("error.type") == "EINVAL"]
+    errors = [t for t in traces.values() if root_span(t)["attrs"].get("error.type") == "EINVAL"]
     assert len(errors) == 1, h["roots"]
-    root = _root(errors[0])
+    root = root_span(errors[0])
     assert root["name"] == "__x64_sys_bpf" and root["status"]["code"] == "STATUS_CODE_ERROR"
     assert h["simfail"]["start_ns"] <= int(root["startTimeUnixNano"]) <= int(root["endTimeUnixNano"]) \
         <= h["simfail"]["end_ns"]
     assert [s["attrs"]["error.type"] for s in errors[0] if s["name"] == "array_map_alloc_check"] == ["EINVAL"]
-    _assert_nested(errors[0])
-    loads = [t for t in traces.values() if _root(t)["name"] == "bpf_prog_load"]
+    assert_nested(errors[0])
+    loads = [t for t in traces.values() if root_span(t)["name"] == "bpf_prog_load"]
     assert loads and "bpf_check" in {s["name"] for t in loads for s in t}
     for trace in loads:
-        _assert_nested(trace)
+        assert_nested(trace)
     assert h["agent_rc"] == 0 and h["progs_after_sigterm"] == []

@@ -9,8 +9,8 @@ import statistics
 
 import pytest
 
+from tests.otlp_json import assert_nested, root_span
 from tests.otlp_json import spans as otlp_spans
-from tests.vm.test_agent import _assert_nested, _root
 
 pytestmark = pytest.mark.vm
 
@@ -46,14 +46,14 @@ def test_exports_resume_over_http_when_the_receiver_is_back(r) -> None:
     for s in otlp_spans(r["otlp_first"]):
         traces.setdefault(s["traceId"], []).append(s)
     window = [t for t in traces.values()
-              if r["up_simfail"]["start_ns"] <= int(_root(t)["startTimeUnixNano"]) <= r["up_simfail"]["end_ns"]]
+              if r["up_simfail"]["start_ns"] <= int(root_span(t)["startTimeUnixNano"]) <= r["up_simfail"]["end_ns"]]
     assert len(window) >= 3
     for trace in window:
-        root = _root(trace)
+        root = root_span(trace)
         assert root["name"] == "__x64_sys_bpf" and root["attrs"]["error.type"] == "EINVAL"
         assert root["resource"]["service.name"] == "retsnoop-otel"  # exporter.service_name_from: agent
         assert any(s["name"] == "array_map_alloc_check" for s in trace)
-        _assert_nested(trace)
+        assert_nested(trace)
 
 
 def test_soak_memory_stays_flat_and_exports_keep_up(r) -> None:

@@ -2,7 +2,7 @@
 
 Guest side: tests/vm/scenarios/prometheus_e2e.py (scenario prometheus_e2e). It uses the shipped
 config/prometheus-scrape.yml and dashboards/alerts.yml, and evaluates every dashboard and alert
-expression (tests/test_dashboards.py extracts them) through the Prometheus HTTP API. The scrape is
+expression (tests/dashboard_files.py extracts them) through the Prometheus HTTP API. The scrape is
 HTTPS with basic auth (issue 12): the agent has a web config file, Prometheus a CA and a password.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_dashboards import EXPECTED_ALERTS, all_expressions, metric_names
+from tests.dashboard_files import EXPECTED_ALERTS, all_expressions, metric_names
 
 pytestmark = pytest.mark.vm
 

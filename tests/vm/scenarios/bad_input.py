@@ -13,7 +13,7 @@ import socket
 import time
 from pathlib import Path
 
-from tests.tls_certs import leaf, make_ca
+from bench.tls_certs import leaf, make_ca
 from tests.vm.guest_batch import budget
 from tests.vm.scenarios.filters import BPF_SET, PY, our_progs
 

@@ -3,6 +3,8 @@
 The production path (retsnoop_otel.export.span_encoder) writes OTLP bytes by hand for speed; this
 builds the same spans the slow, obvious way (ReadableSpan objects from span_attributes, then the
 SDK's own encoder) so tests can compare the two request by request. Only the random ids differ.
+It lives in bench/ because bench/span_throughput.py measures it too: the tests import bench, never
+the other way round.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags, TraceState
 from opentelemetry.trace.status import Status, StatusCode
 
-from retsnoop_otel.capture.model import Call, FuncTable, Session, lookup_func
+from retsnoop_otel.capture.model import Call, FuncTable, Session, TracedFunc, lookup_func
 from retsnoop_otel.export.resource import Resource, with_workload
 from retsnoop_otel.export.span_attributes import (
     DEFAULT_MAX_SPANS,
@@ -36,9 +38,10 @@ from retsnoop_otel.export.span_attributes import (
     call_attrs,
     chain_span_times,
     count_calls,
+    func_attrs,
     lbr_attrs,
     lbr_call,
-    result_attrs,
+    return_attrs,
     sampling_state,
     session_attrs,
     split_root,
@@ -47,6 +50,13 @@ from retsnoop_otel.export.span_attributes import (
 
 SCOPE = InstrumentationScope(SCOPE_NAME, SCOPE_VERSION, SCOPE_SCHEMA_URL)
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+
+
+def result_attrs(func: TracedFunc, raw: int | None, export_addresses: bool,
+                 locate: Locate | None = None) -> tuple[Attrs, SpanStatus]:
+    """Attributes + status of one call of `func` that returned `raw` (None: the exit was not seen)."""
+    attrs, status = return_attrs(func.ret, raw, export_addresses)
+    return {**func_attrs(func, locate), **attrs}, status
 
 
 def sdk_status(status: SpanStatus) -> Status:

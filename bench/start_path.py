@@ -2,8 +2,9 @@
 runtime's phases import on the way (kernel facts, feature probes, kernel cache, symbolizer), and the
 console renderer, which the first session imports.
 
-Shared by tests/unit/test_startup.py (none of them may import dataclasses) and bench/import_cost.py (what
-their imports cost); tests/vm/test_trace_e2e.py checks what a warm `trace --dry-run` imports in the VM.
+Shared by bench/import_cost.py (what their imports cost) and tests/unit/test_startup.py (none of them may import
+dataclasses), so it lives in bench/: the tests import bench, never the other way round. tests/vm/test_trace_e2e.py
+checks what a warm `trace --dry-run` imports in the VM.
 """
 
 START_MODULES = (
