@@ -28,9 +28,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from retsnoop_otel.appctx.thread_ctx import TlsLocator  # noqa: E402
 from retsnoop_otel.capture.model import RetKind, TracedFunc  # noqa: E402
 from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer  # noqa: E402
-from retsnoop_otel.symbols.thread_ctx import TlsLocator  # noqa: E402
 
 SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
 VARIANTS = {"plain": (False, False), "context": (True, False), "context_ustack": (True, True)}

@@ -23,7 +23,7 @@ CHILD = r"""
 import json, os, sys, time
 sys.path.insert(0, sys.argv[1])
 t0 = time.perf_counter()
-from retsnoop_otel.symbols.thread_ctx import ThreadCtxError, TlsLocator
+from retsnoop_otel.appctx.thread_ctx import ThreadCtxError, TlsLocator
 locator, found, failed = TlsLocator(), 0, 0
 pids = [int(n) for n in os.listdir("/proc") if n.isdigit() and int(n) != os.getpid()]
 for pid in pids:

@@ -22,20 +22,20 @@ from types import SimpleNamespace
 import pytest
 
 from retsnoop_otel.agent.main import Agent, check, install_signal_handlers, main
+from retsnoop_otel.appctx.process_context import thread_attributes
+from retsnoop_otel.appctx.watch import AppSources
 from retsnoop_otel.capture import records
 from retsnoop_otel.capture.model import CaptureStats, FuncStats, RetKind, SessionStats
 from retsnoop_otel.capture.records import FuncTraceRec, SessionEndRec, SessionStartRec
 from retsnoop_otel.export.resource import Resource
 from retsnoop_otel.export.sending import SendResult
 from retsnoop_otel.kernel.tracer import AttachReport
-from retsnoop_otel.runtime.app_watch import AppSources
 from retsnoop_otel.runtime.environment import KernelEnv
 from retsnoop_otel.runtime.errors import SetupError
 from retsnoop_otel.runtime.logs import EventLog
 from retsnoop_otel.runtime.runtime import RuntimeDeps
 from retsnoop_otel.runtime.startup import Phase
 from retsnoop_otel.symbols.kallsyms import Kallsyms
-from retsnoop_otel.symbols.process_context import thread_attributes
 from retsnoop_otel.symbols.symbolize import KallsymsSymbolizer
 from retsnoop_otel.symbols.traceable import Traceable
 from tests.oracle_spans import request_to_span_views
