@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 
 from bench.harness import BPF_STATS, ROOT
+from retsnoop_otel.appctx.thread_ctx import TlsLocator
 from retsnoop_otel.capture.model import RetKind, TracedFunc
 from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer
-from retsnoop_otel.symbols.thread_ctx import TlsLocator
 
 VARIANTS = {"plain": (False, False), "context": (True, False), "context_ustack": (True, True)}
 

@@ -19,7 +19,7 @@ from bench.harness import THIS, child_json, interleaved, medians, parse_trees
 CHILD = r"""
 import json, os, time
 t0 = time.perf_counter()
-from retsnoop_otel.symbols.thread_ctx import ThreadCtxError, TlsLocator
+from retsnoop_otel.appctx.thread_ctx import ThreadCtxError, TlsLocator
 locator, found, failed = TlsLocator(), 0, 0
 pids = [int(n) for n in os.listdir("/proc") if n.isdigit() and int(n) != os.getpid()]
 for pid in pids:

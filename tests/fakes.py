@@ -20,6 +20,8 @@ import bcrypt
 from prometheus_client import CollectorRegistry
 
 from bench.oracle_spans import request_to_span_views
+from retsnoop_otel.appctx.process_context import thread_attributes
+from retsnoop_otel.appctx.watch import AppSources
 from retsnoop_otel.capture import records
 from retsnoop_otel.capture.model import (
     AppContext,
@@ -38,14 +40,12 @@ from retsnoop_otel.export.sending import SendResult
 from retsnoop_otel.kernel.tracer import AttachReport
 from retsnoop_otel.metrics.kernel_families import KernelCollector
 from retsnoop_otel.metrics.runtime_families import RunCounters, RuntimeCollector
-from retsnoop_otel.runtime.app_watch import AppSources
 from retsnoop_otel.runtime.config import ProbeSetConfig
 from retsnoop_otel.runtime.environment import KernelEnv
 from retsnoop_otel.runtime.errors import SetupError
 from retsnoop_otel.runtime.runtime import RuntimeDeps
 from retsnoop_otel.runtime.startup import Phase
 from retsnoop_otel.symbols.kallsyms import Kallsyms
-from retsnoop_otel.symbols.process_context import thread_attributes
 from retsnoop_otel.symbols.symbolize import KallsymsSymbolizer
 from retsnoop_otel.symbols.traceable import Traceable
 

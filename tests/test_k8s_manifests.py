@@ -63,7 +63,7 @@ CAPABILITY_USES = {
 CONFIG_CAPABILITIES = {
     "SYS_PTRACE": ("app_context and user_stacks read other processes' /proc/PID/{maps,mem,root}: ptrace-read "
                    "access, which for processes of other users or holding capabilities the agent lacks takes "
-                   "CAP_SYS_PTRACE", "retsnoop_otel/symbols/process_context.py", "needs ptrace-read access"),
+                   "CAP_SYS_PTRACE", "retsnoop_otel/appctx/process_context.py", "needs ptrace-read access"),
 }
 # Never added.
 NOT_ADDED = {
@@ -73,7 +73,7 @@ NOT_ADDED = {
 HOST_ACCESS = {
     "hostPID": ("the kernel reports host pids: /proc/<pid> must be that process when the agent reads it "
                 "(app_context, user_stacks, /proc/PID/cgroup and /proc/PID/exe for the workload)",
-                "retsnoop_otel/runtime/app_watch.py", 'f"{self.proc_root}/{tgid}"'),
+                "retsnoop_otel/appctx/watch.py", 'f"{self.proc_root}/{tgid}"'),
     "/sys/fs/cgroup": ("the host's cgroup v2 hierarchy: a session's cgroup id (the directory's inode) -> its path "
                        "-> container.id and k8s.pod.uid", "retsnoop_otel/workload/cgroupfs.py",
                        'DEFAULT_MOUNT = "/sys/fs/cgroup"'),

@@ -16,8 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "retsnoop_otel"
 MAX_LINES = 500
 # Sub-packages from the bottom up: each may import only those before it (and the top-level __init__).
-LAYERS = ("inputs", "publisher", "capture", "kernel", "symbols", "workload", "render", "export", "metrics", "runtime",
-          "trace", "agent")
+LAYERS = ("inputs", "publisher", "capture", "kernel", "symbols", "appctx", "workload", "render", "export", "metrics",
+          "runtime", "trace", "agent")
 TOP_LEVEL = {"retsnoop_otel", "retsnoop_otel.__main__", "retsnoop_otel.cli", "retsnoop_otel.simfail"}
 
 

@@ -21,10 +21,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
+from retsnoop_otel.appctx.watch import AppSources, AppWatcher, watches
 from retsnoop_otel.capture.model import CaptureStats, Session
 from retsnoop_otel.export.otlp_settings import OtlpSettings
 from retsnoop_otel.export.resource import Resource, build_resource
-from retsnoop_otel.runtime.app_watch import AppSources, AppWatcher
 from retsnoop_otel.runtime.config import ProbeSetConfig, RuntimeConfig, SymbolsConfig
 from retsnoop_otel.runtime.environment import (
     KernelEnv,
@@ -49,10 +49,6 @@ POLL_MS = 100
 SHUTDOWN_FLUSH_S = 5.0
 HOUSEKEEPING_S = 60.0  # clock offset re-measurement and the periodic loss summary
 Resolved = list[tuple[Any, discovery.Discovery]]
-
-
-def _watches_apps(ps: ProbeSetConfig) -> bool:
-    return (ps.app_context or ps.user_stacks) and ps.mode != "metrics"
 
 
 def _build_sender(settings: OtlpSettings) -> Any:
@@ -256,13 +252,10 @@ class Runtime:
 
     def _watch_apps(self, cfg: RuntimeConfig) -> None:
         """The application watcher, created the first time a config asks for thread context or user stacks."""
-        if self.app_watch is not None or not any(map(_watches_apps, cfg.probe_sets)):
-            return
-        stacks = any(ps.user_stacks and ps.mode != "metrics" for ps in cfg.probe_sets)
-        read_app = any(ps.app_context and ps.mode != "metrics" for ps in cfg.probe_sets)
-        sources = self.deps.app_sources(os.path.join(self.deps.root, "proc"), stacks, cfg.symbols.source_lines)
-        self.app_watch = AppWatcher(sources, self.deps.monotonic, self.log, os.path.join(self.deps.root, "proc"),
-                                    read_app=read_app)
+        if self.app_watch is None:
+            self.app_watch = AppWatcher.for_config(cfg.probe_sets, os.path.join(self.deps.root, "proc"),
+                                                   cfg.symbols.source_lines, self.deps.app_sources,
+                                                   self.deps.monotonic, self.log)
 
     def _workloads(self, settings: RunSettings) -> WorkloadResolver:
         """The resolver (and the pod watch when the config turns it on); nothing here waits for the network."""
@@ -270,7 +263,7 @@ class Runtime:
 
     def _app_targets(self, sets: list[ProbeSet]) -> None:
         if self.app_watch is not None:
-            self.app_watch.set_targets(ps.tracer for ps in sets if _watches_apps(ps.cfg))  # type: ignore[misc]
+            self.app_watch.set_targets(ps.tracer for ps in sets if watches(ps.cfg))  # type: ignore[misc]
 
     def _app_probe(self, tgid: int) -> None:
         if self.app_watch is not None:
@@ -323,7 +316,7 @@ class Runtime:
         if sinks is None:
             return
         try:
-            if self.app_watch is not None and _watches_apps(ps.cfg):
+            if self.app_watch is not None and watches(ps.cfg):
                 session = self.app_watch.annotate(session, reads_app=ps.cfg.app_context)
             workloads = self.workloads
             if workloads is not None:  # cached: dictionary look-ups once a process and its cgroup were seen

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from retsnoop_otel.appctx.watch import SWEEP_S, AppSources, AppWatcher
 from retsnoop_otel.capture import records
 from retsnoop_otel.capture.model import RetKind, TracedFunc
 from retsnoop_otel.capture.records import AppProbeRec
 from retsnoop_otel.capture.sessions import SessionAssembler
 from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer
-from retsnoop_otel.runtime.app_watch import SWEEP_S, AppSources, AppWatcher
 from retsnoop_otel.runtime.logs import EventLog
 
 HERE = Path(__file__).parent

@@ -16,7 +16,7 @@ import pytest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
-from retsnoop_otel.symbols.process_context import read_process_context
+from retsnoop_otel.appctx.process_context import read_process_context
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to build the writer")
 

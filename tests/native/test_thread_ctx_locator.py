@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from retsnoop_otel.symbols import thread_ctx
-from retsnoop_otel.symbols.thread_ctx import ThreadCtxError, TlsLocation, TlsLocator
+from retsnoop_otel.appctx import thread_ctx
+from retsnoop_otel.appctx.thread_ctx import ThreadCtxError, TlsLocation, TlsLocator
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to build the writers")
 

@@ -8,8 +8,8 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+from retsnoop_otel.appctx.watch import RECHECK_FIRST_S, SWEEP_S, AppSources, AppWatcher
 from retsnoop_otel.capture.model import AppContext, UserFrame
-from retsnoop_otel.runtime.app_watch import RECHECK_FIRST_S, SWEEP_S, AppSources, AppWatcher
 from retsnoop_otel.runtime.logs import EventLog
 from tests.fakes import tree_session
 
@@ -134,7 +134,7 @@ def test_unreadable_processes_are_counted_and_logged_a_few_times(tmp_path):
 
 
 def test_processes_running_at_start_are_checked_after_the_probes(tmp_path, monkeypatch):
-    from retsnoop_otel.runtime import app_watch
+    from retsnoop_otel.appctx import watch as app_watch
     monkeypatch.setattr(app_watch, "MAX_CHECKS_PER_SERVICE", 2)
     for pid in (5, 6, 7):
         (tmp_path / str(pid)).mkdir()
@@ -148,12 +148,33 @@ def test_processes_running_at_start_are_checked_after_the_probes(tmp_path, monke
 
 
 def test_the_proc_readers_import_their_modules_at_their_first_call() -> None:
-    """symbols.process_context and symbols.thread_ctx (0.24 s of an emulated start) load only once a process is
+    """appctx.process_context and appctx.thread_ctx (0.24 s of an emulated start) load only once a process is
     read: a run whose sessions come from no publishing process never imports them."""
-    code = ("import os, sys\nfrom retsnoop_otel.runtime.app_watch import AppSources\n"
-            "mods = ('retsnoop_otel.symbols.process_context', 'retsnoop_otel.symbols.thread_ctx')\n"
+    code = ("import os, sys\nfrom retsnoop_otel.appctx.watch import AppSources\n"
+            "mods = ('retsnoop_otel.appctx.process_context', 'retsnoop_otel.appctx.thread_ctx')\n"
             "sources = AppSources.from_proc('/proc', False)\nprint([m in sys.modules for m in mods])\n"
             "print(sources.read_context(os.getpid()), [m in sys.modules for m in mods])\n"
             "sources.locate(os.getpid())\nprint([m in sys.modules for m in mods])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.splitlines() == ["[False, False]", "None [True, False]", "[True, True]"]
+
+
+def test_the_config_decides_whether_and_what_the_watcher_reads(tmp_path):
+    def ps(app_context=False, user_stacks=False, mode="errors"):
+        return SimpleNamespace(app_context=app_context, user_stacks=user_stacks, mode=mode)
+
+    made: list[tuple] = []
+
+    def sources(proc_root, stacks, lines):
+        made.append((proc_root, stacks, lines))
+        return AppSources(lambda pid: None, lambda pid: None, lambda data, keys: {})
+
+    log = EventLog(level="error")
+    # a metrics-only set reports no session: nothing to watch
+    assert AppWatcher.for_config([ps(True, True, "metrics"), ps()], str(tmp_path), True, sources, Clock(), log) is None
+    assert made == []
+    w = AppWatcher.for_config([ps(user_stacks=True), ps(app_context=True, mode="metrics")], str(tmp_path), False,
+                              sources, Clock(), log)
+    assert w is not None and not w.read_app and made == [(str(tmp_path), True, False)]
+    w = AppWatcher.for_config([ps(app_context=True)], str(tmp_path), True, sources, Clock(), log)
+    assert w is not None and w.read_app and made[-1] == (str(tmp_path), False, True)

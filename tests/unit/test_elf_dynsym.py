@@ -18,8 +18,8 @@ from elftools.elf.hash import ELFHashSection, GNUHashSection
 from elftools.elf.relocation import RelocationSection
 from elftools.elf.sections import SymbolTableSection
 
-from retsnoop_otel.symbols import thread_ctx
-from retsnoop_otel.symbols.elf_dynsym import find_dynsym, read_headers, relocations
+from retsnoop_otel.appctx import thread_ctx
+from retsnoop_otel.appctx.elf_dynsym import find_dynsym, read_headers, relocations
 
 PUBLISHER = Path(__file__).resolve().parents[2] / "retsnoop_otel" / "publisher" / "libotel_thread_ctx.so"
 ABSENT = "retsnoop_no_such_symbol"

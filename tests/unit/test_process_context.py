@@ -8,7 +8,7 @@ import sys
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
-from retsnoop_otel.symbols.process_context import decode_payload, thread_attributes
+from retsnoop_otel.appctx.process_context import decode_payload, thread_attributes
 
 KEYS = ("http.route", "user")
 
@@ -90,7 +90,7 @@ def test_payload_that_does_not_decode_is_none() -> None:
 
 
 def test_importing_the_modules_stays_cheap() -> None:
-    code = ("import sys, retsnoop_otel.symbols.process_context, retsnoop_otel.symbols.thread_ctx; "
+    code = ("import sys, retsnoop_otel.appctx.process_context, retsnoop_otel.appctx.thread_ctx; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('google', 'opentelemetry', 'elftools')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "[]"

@@ -22,7 +22,6 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from retsnoop_otel.capture.model import Session
-from retsnoop_otel.runtime.logs import EventLog
 
 SWEEP_S = 1.0
 RECHECK_FIRST_S = 0.5
@@ -31,6 +30,28 @@ CONTEXT_REFRESH_S = 5.0  # a publishing process's context (service.name, key map
 MAX_CHECKS_PER_SERVICE = 64  # probes answered per poll-loop turn, so a burst of new processes cannot stall it
 BACKLOG_BUDGET_S = 0.01  # poll-loop time per turn spent on the processes that were running at start
 OUTCOMES = ("linked", "ok", "no_record", "invalid", "fault", "unknown_process")
+
+
+class Log(Protocol):
+    """The run's event log (runtime.logs.EventLog)."""
+
+    def debug(self, msg: str, **fields: Any) -> None: ...
+
+    def warning(self, msg: str, **fields: Any) -> None: ...
+
+
+class WatchedSet(Protocol):
+    """What the watcher reads of a probe set's configuration (runtime.config.ProbeSetConfig)."""
+
+    app_context: bool
+    user_stacks: bool
+    mode: str
+
+
+def watches(ps: WatchedSet) -> bool:
+    """Whether a probe set's sessions go through the watcher: it reads thread context or takes user stacks
+    (a metrics-only set reports no session)."""
+    return (ps.app_context or ps.user_stacks) and ps.mode != "metrics"
 
 
 class AppTargets(Protocol):
@@ -48,8 +69,8 @@ class _Process:
     def __init__(self, tgid: int, location: Any = None, context: Any = None, context_read_at: float = 0.0,
                  recheck_at: float = 0.0, backoff: float = RECHECK_FIRST_S, in_kernel: bool = True) -> None:
         self.tgid = tgid
-        self.location = location  # symbols.thread_ctx.TlsLocation; None: publishes no thread context (yet)
-        self.context = context  # symbols.process_context.ProcessContext
+        self.location = location  # thread_ctx.TlsLocation; None: publishes no thread context (yet)
+        self.context = context  # process_context.ProcessContext
         self.context_read_at = context_read_at
         self.recheck_at = recheck_at
         self.backoff = backoff
@@ -70,7 +91,7 @@ class AppCounters:
 
 
 class AppSources:
-    """The readers of process state (symbols.thread_ctx, symbols.process_context, symbols.user_symbols)."""
+    """The readers of process state (thread_ctx, process_context, and symbols.user_symbols for user stacks)."""
 
     __slots__ = ("locate", "read_context", "thread_attributes", "user_symbolizer")
 
@@ -83,23 +104,23 @@ class AppSources:
 
     @classmethod
     def from_proc(cls, proc_root: str, user_stacks: bool, lines: bool = True) -> AppSources:
-        """The readers of `proc_root`. symbols.thread_ctx and symbols.process_context are imported at the first
+        """The readers of `proc_root`. thread_ctx and process_context are imported at the first
         call that needs them: a run whose sessions come from no publishing process may never call them."""
-        locator: Any = None  # symbols.thread_ctx.TlsLocator, built at the first locate (it caches per ELF file)
+        locator: Any = None  # thread_ctx.TlsLocator, built at the first locate (it caches per ELF file)
 
         def locate(pid: int) -> Any:
             nonlocal locator
             if locator is None:
-                from retsnoop_otel.symbols.thread_ctx import TlsLocator
+                from retsnoop_otel.appctx.thread_ctx import TlsLocator
                 locator = TlsLocator(proc_root)
             return locator.locate(pid)
 
         def read_context(pid: int) -> Any:
-            from retsnoop_otel.symbols.process_context import read_process_context
+            from retsnoop_otel.appctx.process_context import read_process_context
             return read_process_context(pid, proc_root)
 
         def thread_attributes(attrs_data: bytes, key_map: Any) -> dict[str, str]:
-            from retsnoop_otel.symbols.process_context import thread_attributes as attributes
+            from retsnoop_otel.appctx.process_context import thread_attributes as attributes
             return attributes(attrs_data, key_map)
 
         symbolizer = None
@@ -109,8 +130,14 @@ class AppSources:
         return cls(locate, read_context, thread_attributes, symbolizer)
 
 
+SourcesFactory = Callable[[str, bool, bool], AppSources]  # (proc root, user stacks, source lines)
+
+
 class AppWatcher:
-    def __init__(self, sources: AppSources, monotonic: Callable[[], float], log: EventLog,
+    """The runtime's one handle on the feature: set_targets() after every attach, asked() for each probe
+    record, service() between polls, annotate() for each session of a watched probe set, close() at the end."""
+
+    def __init__(self, sources: AppSources, monotonic: Callable[[], float], log: Log,
                  proc_root: str = "/proc", read_app: bool = True) -> None:
         self.sources = sources
         self._now = monotonic
@@ -124,6 +151,17 @@ class AppWatcher:
         self._backlog: list[int] = []  # processes running at start, checked with what budget is left
         self._next_sweep = 0.0
         self._errors_logged = 0
+
+    @classmethod
+    def for_config(cls, probe_sets: Iterable[WatchedSet], proc_root: str, source_lines: bool,
+                   sources: SourcesFactory, monotonic: Callable[[], float], log: Log) -> AppWatcher | None:
+        """The watcher a configuration needs, or None when no probe set reads thread context or user stacks."""
+        watched = [ps for ps in probe_sets if watches(ps)]
+        if not watched:
+            return None
+        stacks = any(ps.user_stacks for ps in watched)
+        read_app = any(ps.app_context for ps in watched)
+        return cls(sources(proc_root, stacks, source_lines), monotonic, log, proc_root, read_app=read_app)
 
     def set_targets(self, targets: Iterable[AppTargets]) -> None:
         """The probe sets' BPF objects (after start or reload): each gets every answer known so far.

@@ -31,7 +31,7 @@ import struct
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from retsnoop_otel.symbols.elf_dynsym import EM_AARCH64, EM_X86_64, DynSym, find_dynsym, read_headers, relocations
+from retsnoop_otel.appctx.elf_dynsym import EM_AARCH64, EM_X86_64, DynSym, find_dynsym, read_headers, relocations
 
 SYMBOL = "otel_thread_ctx_v1"
 _PAGE = os.sysconf("SC_PAGE_SIZE")
