@@ -146,6 +146,10 @@ class BenchProbeSet:
     sampled_out: int = 0
     filtered_out: int = 0
     evicted: int = 0
+    workload_label: str | None = None  # no per-workload series in this bench
+
+    def workload_totals(self) -> list:
+        return []
 
 
 def collector(w: Workload, func_stats: Callable[[], list[FuncStats]] | None = None,

@@ -10,7 +10,6 @@ from pathlib import Path
 
 LIBRARY = Path(__file__).resolve().parent / "libotel_thread_ctx.so"
 RECORD_SIZE = 640  # the thread record: 28 bytes of head, then attrs-data (OTEP 4947's recommended maximum)
-HEAD_SIZE = 28
 
 
 class PublisherUnavailable(RuntimeError):
