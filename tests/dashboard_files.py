@@ -5,12 +5,16 @@ tests/test_k8s_manifests.py and the VM's Prometheus test (tests/vm/test_promethe
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import re
 import shutil
 import subprocess
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -20,6 +24,9 @@ DASHBOARDS = REPO / "dashboards"
 ALERTS = DASHBOARDS / "alerts.yml"
 ALERTS_TEST = DASHBOARDS / "alerts_test.yml"
 SCRAPE_CONFIG = REPO / "config" / "prometheus-scrape.yml"
+# every panel's selectors match these (Grafana's All: ".*", which a series without the label matches too)
+SCOPE_VARIABLES = ("cluster", "namespace", "job", "instance")
+TRACE_DATASOURCES = {"tempo": "tempo", "jaeger": "jaeger"}  # datasource variable -> Grafana plugin id
 
 # Grafana's built-in interval variables -> a concrete duration; any other variable (instance,
 # probe_set, ...) is only used in regex label matchers and becomes ".*" (Grafana's "All").
@@ -44,6 +51,33 @@ def substitute_grafana_vars(expr: str) -> str:
     def repl(m: re.Match) -> str:
         name = m.group(1) or m.group(2)
         return GRAFANA_DURATIONS.get(name, ".*")
+
+    return _VAR.sub(repl, expr)
+
+
+def variable_defaults(dash: dict) -> dict[str, str]:
+    """Each query variable's value as a dashboard opens: its `current`, All as its allValue, several values
+    as Grafana writes them into a regex matcher."""
+    out = {}
+    for var in dash["templating"]["list"]:
+        if var["type"] != "query":
+            continue
+        values = var["current"]["value"]
+        values = values if isinstance(values, list) else [values]
+        if "$__all" in values:
+            out[var["name"]] = var["allValue"]
+        else:
+            escaped = [re.sub(r"([\\^$*+?.()|{}\[\]])", r"\\\\\1", v) for v in values]
+            out[var["name"]] = escaped[0] if len(escaped) == 1 else "(" + "|".join(escaped) + ")"
+    return out
+
+
+def substitute_defaults(expr: str, defaults: dict[str, str]) -> str:
+    """A Grafana query as the dashboard runs it when opened (a variable without a default fails)."""
+
+    def repl(m: re.Match) -> str:
+        name = m.group(1) or m.group(2)
+        return GRAFANA_DURATIONS.get(name) or defaults[name]
 
     return _VAR.sub(repl, expr)
 
@@ -108,3 +142,65 @@ def promtool(*args: str | Path) -> subprocess.CompletedProcess:
     if exe is None:
         pytest.fail("promtool not found: install the Debian package 'prometheus' (make setup does)")
     return subprocess.run([exe, *map(str, args)], capture_output=True, text=True, timeout=120, cwd=REPO)
+
+
+def _exposed_names(registry) -> set[str]:
+    from prometheus_client import generate_latest
+
+    text = generate_latest(registry).decode()
+    return {re.split(r"[{ ]", line, maxsplit=1)[0] for line in text.splitlines() if line and not line.startswith("#")}
+
+
+@contextlib.contextmanager
+def fake_agent_registry(exemplars: Callable[[str, str], Mapping[int, Any]] | None = None) -> Iterator[Any]:
+    """The runtime's /metrics registry (what both commands serve), fed with fake stats whose counters grow
+    at every read (a scrape sees rates above zero); `exemplars` as RuntimeMetrics.exemplars gives them."""
+    from retsnoop_otel.capture.model import CaptureStats, FuncStats, ProgramStats, RetKind, SessionStats, TracedFunc
+    from retsnoop_otel.metrics.runtime_families import RunCounters
+    from retsnoop_otel.runtime.config import ProbeSetConfig, RuntimeConfig
+    from retsnoop_otel.runtime.runtime import Runtime, RuntimeDeps
+    from retsnoop_otel.workload.k8s_watch import WatchCounters
+    from tests.fakes import FakeProbeSet
+
+    funcs = {0: TracedFunc(0, "__x64_sys_bpf", 0, RetKind.INT32, True),
+             1: TracedFunc(1, "array_map_alloc_check", 0, RetKind.INT32, False)}
+    reads = itertools.count(1)
+
+    class ProbeSet(FakeProbeSet):
+        def program_stats(self):
+            return [ProgramStats("kprobe_entry", 4, 4000), ProgramStats("kretprobe_exit", 4, 3000)]
+
+        def func_stats(self):
+            n = next(reads)
+            return [FuncStats(0, 2 * n, {"EINVAL": n}, (0, n, n), 12 * n),
+                    FuncStats(1, 2 * n, {"EINVAL": n}, (n, n), 5 * n)]
+
+        def session_stats(self):
+            n = next(reads)
+            return [SessionStats(0, 2 * n, n, (0, n, n), 12 * n)]
+
+        def capture_stats(self):
+            n = next(reads)
+            return CaptureStats(n, n, n, 2 * n, 2 * n)
+
+    probe_set = ProbeSet(name="bpf", funcs=funcs, mode="fentry", attached=2, sampled_out=1, filtered_out=1)
+    with tempfile.TemporaryDirectory() as root:  # the run families have samples only while bpf_stats is on
+        sysctl = Path(root, "proc/sys/kernel/bpf_stats_enabled")
+        sysctl.parent.mkdir(parents=True)
+        sysctl.write_text("1\n")
+        for entry in ("self", "stat"):  # the process families read this process's real /proc
+            Path(root, "proc", entry).symlink_to(Path("/proc", entry))
+        runtime = Runtime(RuntimeConfig(probe_sets=(ProbeSetConfig("bpf", ("f",)),)), RuntimeDeps(root=root))
+        runtime.probe_sets = [probe_set]  # type: ignore[list-item]
+        runtime.metrics.counters = lambda: RunCounters(  # type: ignore[method-assign]
+            3 + next(reads), {"queue_full": 1, "export_failed": next(reads)}, next(reads), 0,
+            {"success": 1, "failure": 0}, k8s=WatchCounters(current=True))  # the pod watch is on
+        if exemplars is not None:
+            runtime.metrics.exemplars = exemplars  # type: ignore[method-assign]
+        yield runtime.metrics.registry()
+
+
+def exposed_series() -> set[str]:
+    """Series names of the runtime's /metrics registry, fed with fake stats."""
+    with fake_agent_registry() as registry:
+        return _exposed_names(registry)

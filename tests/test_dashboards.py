@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -25,9 +24,12 @@ from tests.dashboard_files import (
     EXPECTED_ALERTS,
     PROMETHEUS_SERIES,
     REPO,
+    SCOPE_VARIABLES,
     SCRAPE_CONFIG,
+    TRACE_DATASOURCES,
     alert_rules,
     all_expressions,
+    exposed_series,
     iter_panels,
     load_dashboards,
     metric_names,
@@ -36,56 +38,13 @@ from tests.dashboard_files import (
 )
 
 RUNBOOK = DASHBOARDS / "RUNBOOK.md"
-REQUIRED_VARIABLES = ("datasource", "instance", "probe_set")
+REQUIRED_VARIABLES = ("datasource", *SCOPE_VARIABLES, "probe_set", *TRACE_DATASOURCES)
 DATASOURCE_REF = "${datasource}"
 
 # Families the dashboards and alerts use before the code exposes them (issue 6, self-metrics).
 # Keep this the only such list; remove a name once the collectors expose it
 # (test_planned_series_are_not_exposed_yet says when).
 PLANNED_SERIES: frozenset[str] = frozenset()
-
-
-# ---- the series retsnoop-otel really exposes ------------------------------------------------------
-
-
-def _exposed_names(registry) -> set[str]:
-    from prometheus_client import generate_latest
-
-    text = generate_latest(registry).decode()
-    return {re.split(r"[{ ]", line, maxsplit=1)[0] for line in text.splitlines() if line and not line.startswith("#")}
-
-
-def exposed_series() -> set[str]:
-    """Series names of the runtime's /metrics registry (what both commands serve), fed with fake stats."""
-    from retsnoop_otel.capture.model import CaptureStats, FuncStats, ProgramStats, RetKind, SessionStats, TracedFunc
-    from retsnoop_otel.metrics.runtime_families import RunCounters
-    from retsnoop_otel.runtime.config import ProbeSetConfig, RuntimeConfig
-    from retsnoop_otel.runtime.runtime import Runtime, RuntimeDeps
-    from retsnoop_otel.workload.k8s_watch import WatchCounters
-    from tests.fakes import FakeProbeSet
-
-    funcs = {0: TracedFunc(0, "__x64_sys_bpf", 0, RetKind.INT32, True),
-             1: TracedFunc(1, "array_map_alloc_check", 0, RetKind.INT32, False)}
-
-    class ProbeSet(FakeProbeSet):
-        def program_stats(self):
-            return [ProgramStats("kprobe_entry", 4, 4000), ProgramStats("kretprobe_exit", 4, 3000)]
-
-    probe_set = ProbeSet(name="bpf", funcs=funcs, mode="fentry", attached=2, sampled_out=1, filtered_out=1,
-                         stats=lambda: [FuncStats(0, 2, {"EINVAL": 1}, (0, 1, 1), 12),
-                                        FuncStats(1, 2, {"EINVAL": 1}, (1, 1), 5)],
-                         sessions=[SessionStats(0, 2, 1, (0, 1, 1), 12)], capture=CaptureStats(1, 1, 1, 2, 2))
-    with tempfile.TemporaryDirectory() as root:  # the run families have samples only while bpf_stats is on
-        sysctl = Path(root, "proc/sys/kernel/bpf_stats_enabled")
-        sysctl.parent.mkdir(parents=True)
-        sysctl.write_text("1\n")
-        for entry in ("self", "stat"):  # the process families read this process's real /proc
-            Path(root, "proc", entry).symlink_to(Path("/proc", entry))
-        runtime = Runtime(RuntimeConfig(probe_sets=(ProbeSetConfig("bpf", ("f",)),)), RuntimeDeps(root=root))
-        runtime.probe_sets = [probe_set]  # type: ignore[list-item]
-        runtime.metrics.counters = lambda: RunCounters(3, {"queue_full": 1}, 1, 0, {"success": 1, "failure": 0},
-                                                       k8s=WatchCounters(current=True))  # the pod watch is on
-        return _exposed_names(runtime.metrics.registry())
 
 
 # ---- promtool ------------------------------------------------------------------------------------
@@ -179,8 +138,9 @@ def test_dashboards_use_the_classic_model() -> None:
         variables = {v["name"]: v for v in d["templating"]["list"]}
         for required in REQUIRED_VARIABLES:
             assert required in variables, (name, required)
-        ds = variables["datasource"]
-        assert ds["type"] == "datasource" and ds["query"] == "prometheus", name
+        for ds_name, plugin in {"datasource": "prometheus", **TRACE_DATASOURCES}.items():
+            ds = variables[ds_name]
+            assert ds["type"] == "datasource" and ds["query"] == plugin, (name, ds_name)
         for v in variables.values():
             if v["type"] == "query":
                 assert v["datasource"]["uid"] == DATASOURCE_REF, (name, v["name"])

@@ -26,7 +26,13 @@ import yaml
 
 from retsnoop_otel.agent.config_file import parse_config
 from retsnoop_otel.kernel import caps
-from tests.dashboard_files import ALERTS_TEST, SCRAPE_CONFIG, dashboard_expressions, load_dashboards, promtool
+from tests.dashboard_files import (
+    ALERTS_TEST,
+    SCRAPE_CONFIG,
+    load_dashboards,
+    promtool,
+    variable_defaults,
+)
 from tests.gen_k8s_monitoring import (
     DASHBOARDS,
     DASHBOARDS_OUTPUT,
@@ -331,9 +337,8 @@ def test_podmonitor_labels_match_the_dashboards_and_the_scrape_config(core, podm
     pod_labels = core["DaemonSet"]["spec"]["template"]["metadata"]["labels"]
     job = pod_labels[spec["jobLabel"]]  # the operator names the job after this pod label's value
     assert job == _scrape_job()["job_name"]
-    exprs = "\n".join(e for name, d in load_dashboards().items() for _, e in dashboard_expressions(name, d))
-    selected = set(re.findall(r'\bjob\s*=~?\s*"([^"]*)"', exprs))
-    assert selected <= {job}, selected
+    for name, dash in load_dashboards().items():  # the dashboards open on this job (their `job` variable)
+        assert variable_defaults(dash)["job"] == job, name
     (endpoint,) = spec["podMetricsEndpoints"]
     (instance,) = [r for r in endpoint["relabelings"] if r["targetLabel"] == "instance"]
     assert instance["sourceLabels"] == ["__meta_kubernetes_pod_node_name"]
