@@ -112,6 +112,14 @@ def test_trace_flags_defaults_are_the_runtime_defaults() -> None:
     assert parse(["-e", "*sys_bpf", "-C", "bpf.ringbuf-size=65536"], environ={}).config.limits.ringbuf_size == 65536
 
 
+def test_the_wait_for_user_stack_symbols_is_bounded() -> None:
+    assert parse_config(BASE, "a.yaml").limits.user_stack_wait_s == Limits().user_stack_wait_s == 1.0
+    assert parse_config(BASE + "limits:\n  user_stack_wait_s: 2.5\n", "a.yaml").limits.user_stack_wait_s == 2.5
+    assert parse_config(BASE + "limits:\n  user_stack_wait_s: 0\n", "a.yaml").limits.user_stack_wait_s == 0
+    assert err(BASE + "limits:\n  user_stack_wait_s: 600\n") == (
+        "agent.yaml:5: limits.user_stack_wait_s: must be between 0 and 60, got 600")
+
+
 def test_unknown_key_with_did_you_mean() -> None:
     assert err(BASE + "    sampeling: {}\n") == (
         "agent.yaml:4: probe_sets[0].sampeling: unknown key; did you mean 'sampling'?")
