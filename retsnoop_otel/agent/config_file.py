@@ -339,7 +339,8 @@ def _metrics(ctx: Nodes, node: yaml.Node) -> MetricsConfig:
 
 
 def _limits(ctx: Nodes, node: yaml.Node) -> Limits:
-    m = mapping(ctx, node, "limits", ("max_spans_per_trace", "export_queue_spans", "ringbuf_size", "max_sessions"))
+    m = mapping(ctx, node, "limits", ("max_spans_per_trace", "export_queue_spans", "ringbuf_size", "max_sessions",
+                                       "user_stack_wait_s"))
     d = Limits()
     spans = integer(ctx, m["max_spans_per_trace"], "limits.max_spans_per_trace", COUNT) if "max_spans_per_trace" in m \
         else d.max_spans_per_trace
@@ -351,7 +352,9 @@ def _limits(ctx: Nodes, node: yaml.Node) -> Limits:
         ringbuf_size=size(ctx, m["ringbuf_size"], "limits.ringbuf_size", RINGBUF_BYTES)
         if "ringbuf_size" in m else d.ringbuf_size,
         max_sessions=integer(ctx, m["max_sessions"], "limits.max_sessions", MAP_ENTRIES)
-        if "max_sessions" in m else d.max_sessions)
+        if "max_sessions" in m else d.max_sessions,
+        user_stack_wait_s=number(ctx, m["user_stack_wait_s"], "limits.user_stack_wait_s", 0, 60)
+        if "user_stack_wait_s" in m else d.user_stack_wait_s)
 
 
 def _logging(ctx: Nodes, node: yaml.Node) -> LoggingConfig:

@@ -4,9 +4,9 @@ The kernel side reads a thread's context only for processes it has a location fo
 Processes running at start are all checked (a few dozen per poll-loop turn); a session in a process it
 knows nothing about sends one probe record (REC_APP_PROBE) instead. This watcher answers between polls:
 it locates `otel_thread_ctx_v1` in the process's ELF files, reads its process context (service.name,
-the attribute key map), snapshots its mappings for user stacks, and writes the answer into every probe
-set's map. Sessions that started before the answer landed (the
-first ones of a process born after the agent, typically a few milliseconds) stay unlinked.
+the attribute key map), has its mappings snapshotted for user stacks (off the loop: appctx/stacks.py), and
+writes the answer into every probe set's map. Sessions that started before the answer landed (the first
+ones of a process born after the agent, typically a few milliseconds) stay unlinked.
 
 A process found not to publish is asked about again after a back-off (0.5 s doubling to 60 s), since
 runtimes load the publisher late (a Python service imports its SDK after its first system calls).
@@ -21,6 +21,7 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
+from retsnoop_otel.appctx.stacks import WAIT_S, HeldSessions, StackWorker
 from retsnoop_otel.capture.model import Session
 
 SWEEP_S = 1.0
@@ -135,16 +136,25 @@ SourcesFactory = Callable[[str, bool, bool], AppSources]  # (proc root, user sta
 
 class AppWatcher:
     """The runtime's one handle on the feature: set_targets() after every attach, asked() for each probe
-    record, service() between polls, annotate() for each session of a watched probe set, close() at the end."""
+    record, service() between polls; for each session of a watched probe set annotate() then hold(), and
+    due() for the held sessions that may go out (their user stacks are symbolized off the loop,
+    appctx/stacks.py); close() at the end.
+
+    `start_worker=False`: the user-stack worker runs only when `stacks.worker.run_one()` is called (tests)."""
 
     def __init__(self, sources: AppSources, monotonic: Callable[[], float], log: Log,
-                 proc_root: str = "/proc", read_app: bool = True) -> None:
+                 proc_root: str = "/proc", read_app: bool = True, wait_s: float = WAIT_S,
+                 start_worker: bool = True) -> None:
         self.sources = sources
         self._now = monotonic
         self.log = log
         self.proc_root = proc_root.rstrip("/") or "/"
         self.read_app = read_app
         self.counters = AppCounters()
+        sym = sources.user_symbolizer
+        self.stacks: HeldSessions[Any] = HeldSessions(
+            StackWorker(sym, start=start_worker) if sym is not None else None, monotonic, wait_s)
+        self.stacks.on_error = lambda s, error: self._log_error("user stack not symbolized", pid=s.pid, error=error)
         self._targets: list[AppTargets] = []
         self._known: dict[int, _Process] = {}
         self._pending: dict[int, None] = {}  # probes (insertion-ordered set): answered first
@@ -227,8 +237,8 @@ class AppWatcher:
         first = proc is None
         if first:
             proc = self._known[tgid] = _Process(tgid)
-            if self.sources.user_symbolizer is not None:
-                self.sources.user_symbolizer.remember(tgid)
+            if self.stacks.worker is not None:
+                self.stacks.worker.remember(tgid)
         self.counters.processes_checked += 1
         try:
             proc.location = self.sources.locate(tgid) if self.read_app else None
@@ -267,6 +277,7 @@ class AppWatcher:
                 del self._known[tgid]
                 self._pending.pop(tgid, None)
                 self._forget(tgid)
+                self.stacks.forget(tgid)
             elif proc.location is None and proc.in_kernel and now >= proc.recheck_at:
                 proc.in_kernel = False  # its next session asks again
                 self._forget(tgid)
@@ -295,7 +306,7 @@ class AppWatcher:
     # ---- sessions -----------------------------------------------------------------------------
 
     def annotate(self, session: Session, reads_app: bool = True) -> Session:
-        """The session with its record's attributes named, its service, and its user stack symbolized.
+        """The session with its record's attributes named and its service.
 
         `reads_app`: whether the session's probe set reads thread context (a set that only takes user
         stacks has no context to miss).
@@ -318,14 +329,26 @@ class AppWatcher:
                     name = ctx.attributes.get("service.name")
                     session.app = app._replace(attributes=tuple(attrs.items()),
                                                service_name=name if isinstance(name, str) else "")
-        sym = self.sources.user_symbolizer
-        if session.ustack and sym is not None:
-            try:
-                session.user_frames = tuple(sym.frames(session.pid, session.ustack))
-            except Exception as exc:  # noqa: BLE001 - the session goes out without its user stack
-                self._log_error("user stack not symbolized", pid=session.pid, error=str(exc))
         return session
 
+    def hold(self, item: Any, session: Session) -> None:
+        """The session (with `item`, the runtime's probe set) waits for its user stack's symbols behind the
+        sessions held before it; due() gives it back."""
+        self.stacks.hold(item, session)
+
+    def due(self, wait: bool = False) -> list[tuple[Any, Session]]:
+        """The held sessions that may go out now, in order (`wait`: all of them, within their bound)."""
+        return self.stacks.due(wait)
+
+    def set_wait(self, seconds: float) -> None:
+        """How long a session waits for its user stack's symbols (limits.user_stack_wait_s)."""
+        self.stacks.wait_s = seconds
+
+    @property
+    def unsymbolized(self) -> dict[str, int] | None:
+        """Sessions that went out without their user stack's symbols, by reason; None without user stacks."""
+        return self.stacks.unsymbolized if self.stacks.worker is not None else None
+
     def close(self) -> None:
-        if self.sources.user_symbolizer is not None:
-            self.sources.user_symbolizer.close()
+        if self.stacks.worker is not None:
+            self.stacks.worker.close()

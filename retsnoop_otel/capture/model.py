@@ -250,7 +250,8 @@ class Session:
 
     __slots__ = ("tid", "pid", "comm", "proc_comm", "start_ns", "end_ns", "is_err", "chain", "kstack", "calls",
                  "dropped_records", "cpu", "cgroup_id", "calls_cut", "lbr", "app", "ustack", "ustack_error",
-                 "user_frames", "sampling_threshold", "trace_randomness", "kernel_sampling", "workload", "exe_name")
+                 "user_frames", "ustack_unsymbolized", "sampling_threshold", "trace_randomness", "kernel_sampling",
+                 "workload", "exe_name")
 
     def __init__(self, tid: int, pid: int, comm: str, proc_comm: str, start_ns: int, end_ns: int, is_err: bool,
                  chain: list[StackEntry], kstack: list[int], calls: list[Call] | None = None,
@@ -258,7 +259,8 @@ class Session:
                  lbr: LbrCapture | None = None, app: AppContext | None = None, ustack: tuple[int, ...] | None = None,
                  ustack_error: int = 0, user_frames: tuple[UserFrame, ...] = (),
                  sampling_threshold: int | None = None, trace_randomness: int | None = None,
-                 kernel_sampling: int = 0, workload: Workload | None = None, exe_name: str = "") -> None:
+                 kernel_sampling: int = 0, workload: Workload | None = None, exe_name: str = "",
+                 ustack_unsymbolized: str = "") -> None:
         self.tid = tid
         self.pid = pid
         self.comm = comm
@@ -278,6 +280,8 @@ class Session:
         self.ustack = ustack  # user stack at the session start (innermost first), when taken
         self.ustack_error = ustack_error  # positive errno when the user stack could not be taken
         self.user_frames = user_frames  # `ustack` symbolized in user space while the process lived
+        # why `user_frames` hold only addresses (appctx/stacks.py): timeout, queue_full or error; "": symbolized
+        self.ustack_unsymbolized = ustack_unsymbolized
         # how the session was kept (capture/sampling.py): the OTel rejection threshold (0: always kept; None:
         # no known probability) and the 56-bit randomness a probability decision compared with it
         self.sampling_threshold = sampling_threshold

@@ -178,7 +178,11 @@ def session_attrs(session: Session, symbolize: Callable[[int], str] | None, expo
             frames = [no_address(symbolize(addr), addr) for addr in session.kstack]
         attrs["code.stacktrace"] = "\n".join(frames)
     attrs.update(app_attrs(session.app))
-    if session.user_frames:
+    if session.ustack_unsymbolized:  # only addresses: they reveal ASLR, and say little without the process's maps
+        attrs["retsnoop.user_stack_unsymbolized"] = session.ustack_unsymbolized
+        if export_addresses:
+            attrs[USER_STACK] = "\n".join(f"0x{f.addr:016x}" for f in session.user_frames)
+    elif session.user_frames:
         attrs[USER_STACK] = "\n".join(user_frame_text(f, export_addresses) for f in session.user_frames)
     elif session.ustack_error:
         attrs["retsnoop.user_stack_error"] = errno_name(session.ustack_error) or f"E{session.ustack_error}"

@@ -31,6 +31,7 @@ class RunCounters:
     app_processes_checked: int = 0
     app_processes_publishing: int = 0
     app_check_errors: int = 0
+    user_stacks_unsymbolized: Mapping[str, int] | None = None  # reason -> sessions; None: no user stacks taken
     k8s: Any = None  # workload.k8s_watch.WatchCounters while the pod metadata watch is on
 
 
@@ -57,6 +58,14 @@ class RuntimeCollector(Collector):
         yield reloads
         if c.app_sessions is not None:
             yield from _app_families(c)
+        if c.user_stacks_unsymbolized is not None:
+            unsymbolized = CounterMetricFamily(
+                "retsnoop_user_stacks_unsymbolized", "Sessions output without their user stack's symbols (its "
+                "addresses only), by reason: timeout (not symbolized within limits.user_stack_wait_s), queue_full "
+                "(the symbolizer's queue was full: not even tried), error", labels=["reason"])
+            for reason, n in sorted(c.user_stacks_unsymbolized.items()):
+                unsymbolized.add_metric([reason], n)
+            yield unsymbolized
         if c.k8s is not None:
             yield from _k8s_families(c.k8s)
         yield GaugeMetricFamily("retsnoop_agent_up", "1 while retsnoop-otel runs", value=1)

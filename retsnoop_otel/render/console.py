@@ -70,6 +70,8 @@ def session_json(session: Session, funcs: Mapping[int, TracedFunc], offset_ns: i
     if session.user_frames or session.ustack_error:
         out["user_stack"] = {"error": errno_name(session.ustack_error) or session.ustack_error} \
             if session.ustack_error else [_user_frame_json(f) for f in session.user_frames]
+        if session.ustack_unsymbolized:
+            out["user_stack_unsymbolized"] = session.ustack_unsymbolized
     return out
 
 

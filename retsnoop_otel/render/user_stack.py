@@ -1,7 +1,8 @@
 """The user-space stack of a session's thread as text: one frame per line, outermost first.
 
-Frames come symbolized (symbols.user_symbols) while the process was alive; they are printed under
-the kernel stack in the stack view's columns, and exported one per line on the root span.
+Frames come symbolized (symbols.user_symbols, off the capture loop: appctx/stacks.py); a stack whose symbols
+did not come in time is printed as its addresses. They are printed under the kernel stack in the stack
+view's columns, and exported one per line on the root span.
 """
 
 from __future__ import annotations
@@ -19,4 +20,6 @@ def user_stack_lines(session: Session) -> list[str]:
         return []
     frames = list(reversed(session.user_frames))  # innermost first as taken: print outermost first
     width = max(len(user_frame_symbol(f)) for f in frames)
-    return ["user stack:", *(f"   {user_frame_symbol(f):<{width}}  {user_frame_where(f)}".rstrip() for f in frames)]
+    why = f" (not symbolized: {session.ustack_unsymbolized})" if session.ustack_unsymbolized else ""
+    rows = (f"   {user_frame_symbol(f):<{width}}  {user_frame_where(f)}".rstrip() for f in frames)
+    return [f"user stack{why}:", *rows]

@@ -107,6 +107,7 @@ class Limits(NamedTuple):
     export_queue_spans: int | None = None  # None: OTEL_BSP_MAX_QUEUE_SIZE, else 65536
     ringbuf_size: int = 8 << 20
     max_sessions: int = 4096  # threads with a kernel session entry (LRU: the longest idle make room); open sessions
+    user_stack_wait_s: float = 1.0  # a session's export waits this long for its user stack's symbols (appctx/stacks)
 
 
 class SymbolsConfig(NamedTuple):

@@ -117,14 +117,16 @@ class RuntimeMetrics:
         from retsnoop_otel.metrics.runtime_families import RunCounters
         sinks = self._rt.sinks
         t = sinks.totals() if sinks is not None else ExportTotals()
-        app = self._rt.app_watch.counters if self._rt.app_watch is not None and self._rt.app_watch.read_app else None
+        watch = self._rt.app_watch
+        app = watch.counters if watch is not None and watch.read_app else None
+        stacks = watch.unsymbolized if watch is not None else None
         k8s = self._rt.workloads.counters() if self._rt.workloads is not None else None
-        if app is None:
-            return RunCounters(t.spans_exported, dict(t.spans_dropped), t.export_errors, self._rt.session_errors,
-                               dict(self._rt.reloads), k8s=k8s)
+        app_fields: dict[str, Any] = {} if app is None else {
+            "app_sessions": dict(app.sessions), "app_processes_checked": app.processes_checked,
+            "app_processes_publishing": app.processes_publishing, "app_check_errors": app.check_errors}
         return RunCounters(t.spans_exported, dict(t.spans_dropped), t.export_errors, self._rt.session_errors,
-                           dict(self._rt.reloads), dict(app.sessions), app.processes_checked, app.processes_publishing,
-                           app.check_errors, k8s=k8s)
+                           dict(self._rt.reloads), k8s=k8s, **app_fields,
+                           user_stacks_unsymbolized=dict(stacks) if stacks is not None else None)
 
     def workload_series(self, ps: ProbeSetConfig) -> WorkloadSeries:
         """A probe set's per-workload series: its cgroups named by the workload resolver, decided once."""

@@ -264,6 +264,7 @@ class Runtime:
     def _app_targets(self, sets: list[ProbeSet]) -> None:
         if self.app_watch is not None:
             self.app_watch.set_targets(ps.tracer for ps in sets if watches(ps.cfg))  # type: ignore[misc]
+            self.app_watch.set_wait(self.config.limits.user_stack_wait_s)
 
     def _app_probe(self, tgid: int) -> None:
         if self.app_watch is not None:
@@ -280,6 +281,7 @@ class Runtime:
         per_set = max(1, POLL_MS // max(1, len(sets)))
         for ps in sets:
             ps.poll(per_set)
+        self._emit_due()
         if self.sinks is not None:
             self.sinks.flush()
         if self.app_watch is not None:
@@ -316,19 +318,33 @@ class Runtime:
         if sinks is None:
             return
         try:
-            if self.app_watch is not None and watches(ps.cfg):
-                session = self.app_watch.annotate(session, reads_app=ps.cfg.app_context)
             workloads = self.workloads
             if workloads is not None:  # cached: dictionary look-ups once a process and its cgroup were seen
                 session.workload = workloads.of_session(session.pid, session.cgroup_id, session.proc_comm) or None
                 # the kernel names the executable as the session ends; /proc only for older records
                 session.exe_name = session.exe_name or workloads.exe_name(session.pid, session.proc_comm)
-            sinks.emit(ps, session, self._offset_ns)
+            if self.app_watch is not None and watches(ps.cfg):
+                # out in order, once its user stack is symbolized off the loop or its wait for that ran out
+                self.app_watch.hold(ps, self.app_watch.annotate(session, reads_app=ps.cfg.app_context))
+                self._emit_due()
+            else:
+                sinks.emit(ps, session, self._offset_ns)
         except Exception as exc:  # noqa: BLE001 - one bad session must not stop capture
-            self.session_errors += 1
-            if self.session_errors == 1:
-                self.log.error("failed to output a session (further failures are counted in "
-                               "retsnoop_session_errors_total)", probe_set=ps.name, error=repr(exc))
+            self._session_failed(ps, exc)
+
+    def _emit_due(self, wait: bool = False) -> None:
+        """The held sessions that may go out (`wait`: all of them, each within its bound), in order."""
+        for ps, session in self.app_watch.due(wait) if self.app_watch is not None and self.sinks else ():
+            try:
+                self.sinks.emit(ps, session, self._offset_ns)  # type: ignore[union-attr]
+            except Exception as exc:  # noqa: BLE001 - one bad session must not stop capture
+                self._session_failed(ps, exc)
+
+    def _session_failed(self, ps: ProbeSet, exc: Exception) -> None:
+        self.session_errors += 1
+        if self.session_errors == 1:
+            self.log.error("failed to output a session (further failures are counted in "
+                           "retsnoop_session_errors_total)", probe_set=ps.name, error=repr(exc))
 
     def capture_totals(self) -> CaptureStats:
         """The kernel's loss counters summed over probe sets (read before detaching)."""
@@ -422,6 +438,7 @@ class Runtime:
         t0, drained = time.monotonic(), 0
         try:
             drained = ps.poll(0)  # sessions already in the ring buffer still go out
+            self._emit_due(wait=True)  # and those waiting for their user stacks' symbols, within the bound
             if self.sinks is not None:
                 self.sinks.flush()
         except Exception as exc:  # noqa: BLE001 - detaching matters more than the last records

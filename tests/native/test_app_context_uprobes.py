@@ -70,8 +70,8 @@ class Run:
         def on_record(rec):
             if isinstance(rec, AppProbeRec):
                 self.watcher.asked(rec.tgid)
-            elif (s := assembler.feed(rec)) is not None:
-                self.sessions.append(self.watcher.annotate(s))
+            elif (s := assembler.feed(rec)) is not None:  # out once its user stack is symbolized, in order
+                self.watcher.hold(None, self.watcher.annotate(s))
         self.tracer.open_ring_buffer(on_record)
 
     def round(self) -> list:
@@ -90,6 +90,7 @@ class Run:
             self.ids.setdefault(int(m[1]), {})[int(m[2])] = (int(m[3], 16), int(m[4], 16))
         while self.tracer.poll(20):
             pass
+        self.sessions.extend(s for _, s in self.watcher.due(wait=True))
         self.watcher.service()
         return self.sessions[before:]
 

@@ -122,6 +122,17 @@ def test_trace_flags_defaults_are_the_runtime_defaults() -> None:
     assert parse(["-e", "*sys_bpf", "-C", "bpf.ringbuf-size=65536"], environ={}).config.limits.ringbuf_size == 65536
 
 
+def test_the_wait_for_user_stack_symbols_is_bounded() -> None:
+    def wait(extra: str) -> float:
+        return parse_config(BASE + extra, "a.yaml").runtime.limits.user_stack_wait_s
+
+    assert wait("") == Limits().user_stack_wait_s == 1.0
+    assert wait("limits:\n  user_stack_wait_s: 2.5\n") == 2.5
+    assert wait("limits:\n  user_stack_wait_s: 0\n") == 0
+    assert err(BASE + "limits:\n  user_stack_wait_s: 600\n") == (
+        "agent.yaml:5: limits.user_stack_wait_s: must be between 0 and 60, got 600")
+
+
 def test_unknown_key_with_did_you_mean() -> None:
     assert err(BASE + "    sampeling: {}\n") == (
         "agent.yaml:4: probe_sets[0].sampeling: unknown key; did you mean 'sampling'?")

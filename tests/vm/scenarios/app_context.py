@@ -52,6 +52,8 @@ probe_sets:
     endpoint: http://127.0.0.1:{port}
 metrics:
   listen: "127.0.0.1:{metrics_port}"
+limits:
+  user_stack_wait_s: 60
 logging:
   format: json
   level: debug
@@ -111,7 +113,7 @@ def _kernel_roots(path: Path) -> int:
     return n
 
 
-def _wait_roots(path: Path, want: int, timeout: float, settle: float = 30) -> int:
+def _wait_roots(path: Path, want: int, timeout: float, settle: float = 90) -> int:
     """Until `want` kernel root spans arrived, or none arrived for `settle` seconds (or `timeout`)."""
     deadline = time.monotonic() + timeout
     last, since = -1, time.monotonic()
@@ -179,7 +181,7 @@ def scenario_app_context(ctx) -> dict:
         ctx.log(f"short-lived and cost rounds done at {time.monotonic() - t0:.0f} s")
 
         # a Python service born now, once the agent has caught up (under TCG, symbolizing the writers'
-        # first user stacks keeps its loop busy for tens of seconds, and a new process's probe waits)
+        # first user stacks takes tens of seconds: sessions wait for them, limits.user_stack_wait_s above)
         _wait_roots(out_file, sum(t for _, _, t in BEFORE.values()) + 2 + 2 + 3 + 3 * COST_ROUNDS, timeout=300)
         svc_env = {"OTEL_PYTHON_CONTEXT": "retsnoop_thread_ctx", "OTEL_SERVICE_NAME": "users-service",
                    "RETSNOOP_OTEL_THREAD_ATTRIBUTES": "user.id"}
