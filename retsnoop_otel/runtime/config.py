@@ -25,6 +25,18 @@ WORKLOAD_LABELS = ("namespace", "container")  # a probe set's metrics labelled b
 ATTACH_MODES = ("auto", "fentry", "kprobe", "kprobe_multi", "kprobe_session", "fsession", "fsession_multi")
 
 
+class ArgSizes(NamedTuple):
+    """-A: bytes of argument data to capture (retsnoop's args.max-*-size keys). The kernel side copies at most
+    capture.records.MAX_ARG_DATA bytes per argument: larger values are accepted and capped there."""
+
+    total: int = 3072  # per call, over all arguments (the first arguments are served first)
+    sized: int = 256  # behind a pointer to a struct or union
+    string: int = 256  # of a char string
+
+
+DEFAULT_ARG_SIZES = ArgSizes()
+
+
 class ProbeSetConfig(NamedTuple):
     """One named set of traced functions and what to keep of their sessions.
 
@@ -50,6 +62,7 @@ class ProbeSetConfig(NamedTuple):
     capture_args: bool = False  # BTF-typed arguments with each call (kernel memory: off unless asked)
     app_context: bool = True  # join the application's trace when its thread publishes OTel thread context
     user_stacks: bool = False  # the user-space stack of the thread that entered the entry function
+    arg_sizes: ArgSizes = ArgSizes()  # how much of each argument -A copies
     duration_range: DurationRange | None = None  # histogram buckets; None: metrics.duration_range
     workload_label: str | None = None  # calls, errors and sessions also counted per namespace or container
 
@@ -57,6 +70,28 @@ class ProbeSetConfig(NamedTuple):
     def records_calls(self) -> bool:
         """Arguments travel with the per-call records, so capturing them records calls too."""
         return self.mode == "calls" or self.capture_args
+
+
+ARGS_FMT_MODES = ("compact", "multiline", "verbose")
+
+
+class StackFormat(NamedTuple):
+    """How stack and LBR rows are written (retsnoop's stacks.* keys)."""
+
+    unfiltered: bool = False  # keep the tracer's own frames (and every LBR record)
+    emit_addrs: bool = False  # each frame's address first, '~' before those the filter would drop
+    dec_offs: bool = False  # symbol offsets in decimal
+
+
+PLAIN_STACKS = StackFormat()  # the default, for functions' defaults
+
+
+class ArgsFormat(NamedTuple):
+    """How -A arguments are written on the console (retsnoop's args.fmt-* and args.capture-raw-ptrs keys)."""
+
+    mode: str = "compact"  # compact: one line (the calls table's CONTEXT column) | multiline | verbose
+    max_width: int = 120  # characters of one argument's value (compact, multiline); 0: no limit
+    raw_ptrs: bool = False  # a pointer argument's own value before what it points to
 
 
 class ConsoleConfig(NamedTuple):
@@ -67,6 +102,8 @@ class ConsoleConfig(NamedTuple):
     call_stack: bool = False  # the stack under the calls table too (-E)
     lbr_max_count: int = 0  # 0: every relevant LBR record
     prefix: bool = False  # '[probe set] ' before each session, when several sets share the console
+    stacks: StackFormat = StackFormat()
+    args: ArgsFormat = ArgsFormat()
 
 
 class ExporterConfig(NamedTuple):
