@@ -86,8 +86,9 @@ C_HELP = {
     "stacks.unfiltered": "true/false: keep the tracer's own stack frames and every LBR record (default false)",
     "stacks.emit-addrs": "true/false: each stack and LBR frame's address first, '~' marking the tracer's own",
     "stacks.dec-offs": "true/false: symbol offsets in decimal, not hex",
-    "args.max-total-args-size": f"-A bytes per call over all arguments, 1..65536 (default 3072; {_CAPPED}, "
-                                f"{MAX_ARG_DATA * MAX_FUNC_ARGS} per call)",
+    "args.max-total-args-size": "-A bytes per call over all arguments, 1..65536 (default 3072; captured up to "
+                                f"{MAX_ARG_DATA * MAX_FUNC_ARGS} bytes per call here: larger values are accepted "
+                                "and capped)",
     "args.max-sized-arg-size": f"-A bytes behind a pointer to a struct, 1..16384 (default 256; {_CAPPED})",
     "args.max-str-arg-size": f"-A bytes of a string argument, 1..16384 (default 256; {_CAPPED})",
     "args.capture-raw-ptrs": "true/false: a pointer argument's own value, (0x...), before what it points to",
