@@ -12,10 +12,10 @@ from typing import Any
 from retsnoop_otel.capture.errnos import errno_name
 from retsnoop_otel.capture.model import AppContext, Session, TracedFunc, UserFrame, error_type, format_result
 from retsnoop_otel.render.calls import ArgsFormatter, render_calls, render_chain_args
+from retsnoop_otel.render.formats import PLAIN_STACKS, StackFormat
 from retsnoop_otel.render.lbr import render_session_lbr
 from retsnoop_otel.render.stack import StackLayouts, render_header, render_stack
 from retsnoop_otel.render.user_stack import user_stack_lines
-from retsnoop_otel.runtime.config import PLAIN_STACKS, StackFormat
 from retsnoop_otel.symbols.symbolize import Symbolizer
 
 

@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from retsnoop_otel.capture.errnos import errno_name
 from retsnoop_otel.capture.frames import relevant
 from retsnoop_otel.capture.model import Branch, Session, TracedFunc
+from retsnoop_otel.render.formats import PLAIN_STACKS, StackFormat
 from retsnoop_otel.render.stack import symbol_text
-from retsnoop_otel.runtime.config import PLAIN_STACKS, StackFormat
 from retsnoop_otel.symbols.symbolize import Frame, Symbolizer
 
 

@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from retsnoop_otel.capture.model import Session, StackEntry, TracedFunc, format_result
+from retsnoop_otel.render.formats import PLAIN_STACKS, StackFormat
 from retsnoop_otel.render.user_stack import user_stack_lines
-from retsnoop_otel.runtime.config import PLAIN_STACKS, StackFormat
 from retsnoop_otel.symbols.symbolize import Frame, Symbolizer
 
 # Frames that belong to the tracer, not to the traced code: the BPF program and its trampoline,

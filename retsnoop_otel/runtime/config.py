@@ -15,26 +15,16 @@ from types import MappingProxyType
 from typing import NamedTuple
 
 from retsnoop_otel.capture.errfilter import ErrorFilter
+from retsnoop_otel.capture.records import ArgSizes
 from retsnoop_otel.capture.sampling import Sampling
 from retsnoop_otel.export.otlp_settings import OtlpConfig
 from retsnoop_otel.metrics.buckets import DurationRange
+from retsnoop_otel.render.formats import ArgsFormat, StackFormat
 from retsnoop_otel.workload.k8s_settings import KubernetesConfig
 
 PROBE_MODES = ("stack", "calls", "metrics")
 WORKLOAD_LABELS = ("namespace", "container")  # a probe set's metrics labelled by Kubernetes namespace or container
 ATTACH_MODES = ("auto", "fentry", "kprobe", "kprobe_multi", "kprobe_session", "fsession", "fsession_multi")
-
-
-class ArgSizes(NamedTuple):
-    """-A: bytes of argument data to capture (retsnoop's args.max-*-size keys). The kernel side copies at most
-    capture.records.MAX_ARG_DATA bytes per argument: larger values are accepted and capped there."""
-
-    total: int = 3072  # per call, over all arguments (the first arguments are served first)
-    sized: int = 256  # behind a pointer to a struct or union
-    string: int = 256  # of a char string
-
-
-DEFAULT_ARG_SIZES = ArgSizes()
 
 
 class ProbeSetConfig(NamedTuple):
@@ -70,28 +60,6 @@ class ProbeSetConfig(NamedTuple):
     def records_calls(self) -> bool:
         """Arguments travel with the per-call records, so capturing them records calls too."""
         return self.mode == "calls" or self.capture_args
-
-
-ARGS_FMT_MODES = ("compact", "multiline", "verbose")
-
-
-class StackFormat(NamedTuple):
-    """How stack and LBR rows are written (retsnoop's stacks.* keys)."""
-
-    unfiltered: bool = False  # keep the tracer's own frames (and every LBR record)
-    emit_addrs: bool = False  # each frame's address first, '~' before those the filter would drop
-    dec_offs: bool = False  # symbol offsets in decimal
-
-
-PLAIN_STACKS = StackFormat()  # the default, for functions' defaults
-
-
-class ArgsFormat(NamedTuple):
-    """How -A arguments are written on the console (retsnoop's args.fmt-* and args.capture-raw-ptrs keys)."""
-
-    mode: str = "compact"  # compact: one line (the calls table's CONTEXT column) | multiline | verbose
-    max_width: int = 120  # characters of one argument's value (compact, multiline); 0: no limit
-    raw_ptrs: bool = False  # a pointer argument's own value before what it points to
 
 
 class ConsoleConfig(NamedTuple):

@@ -10,9 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from retsnoop_otel.capture.model import ArgValue
-from retsnoop_otel.capture.records import ARG_KIND_SHIFT, ARG_PTR, ARG_RAW, ARG_STR, MAX_ARG_DATA, MAX_FUNC_ARGS
+from retsnoop_otel.capture.records import (
+    ARG_KIND_SHIFT,
+    ARG_PTR,
+    ARG_RAW,
+    ARG_STR,
+    DEFAULT_ARG_SIZES,
+    MAX_ARG_DATA,
+    MAX_FUNC_ARGS,
+    ArgSizes,
+)
 from retsnoop_otel.kernel import libbpf_btf as lb
-from retsnoop_otel.runtime.config import DEFAULT_ARG_SIZES, ArgSizes
 
 _SKIP = (lb.BTF_KIND_TYPEDEF, lb.BTF_KIND_VOLATILE, lb.BTF_KIND_CONST, lb.BTF_KIND_RESTRICT, lb.BTF_KIND_TYPE_TAG)
 BTF_KIND_ARRAY = 3

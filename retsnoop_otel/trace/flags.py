@@ -15,7 +15,7 @@ from types import MappingProxyType
 from typing import NamedTuple
 
 from retsnoop_otel.capture.errfilter import ErrorFilter
-from retsnoop_otel.capture.records import MAX_ARG_DATA, MAX_FUNC_ARGS
+from retsnoop_otel.capture.records import MAX_ARG_DATA, MAX_FUNC_ARGS, ArgSizes
 from retsnoop_otel.capture.sampling import Sampling
 from retsnoop_otel.capture.sessions import DEFAULT_MAX_CALLS
 from retsnoop_otel.export.otlp_settings import OtlpConfig
@@ -34,9 +34,8 @@ from retsnoop_otel.inputs.numbers import (
     parse_int,
     parse_size,
 )
+from retsnoop_otel.render.formats import ArgsFormat, StackFormat
 from retsnoop_otel.runtime.config import (
-    ArgsFormat,
-    ArgSizes,
     ConsoleConfig,
     ExporterConfig,
     InputNames,
@@ -44,7 +43,6 @@ from retsnoop_otel.runtime.config import (
     MetricsConfig,
     ProbeSetConfig,
     RuntimeConfig,
-    StackFormat,
     SymbolsConfig,
 )
 from retsnoop_otel.runtime.errors import exit_code_epilog

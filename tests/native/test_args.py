@@ -7,9 +7,8 @@ import struct
 import pytest
 
 from retsnoop_otel.capture.model import ArgValue
-from retsnoop_otel.capture.records import ARG_PTR, ARG_RAW, ARG_STR, MAX_ARG_DATA
+from retsnoop_otel.capture.records import ARG_PTR, ARG_RAW, ARG_STR, MAX_ARG_DATA, ArgSizes
 from retsnoop_otel.kernel.libbpf_btf import Btf
-from retsnoop_otel.runtime.config import ArgSizes
 from retsnoop_otel.symbols.args import ArgFormatter, describe_args, spec_words
 
 

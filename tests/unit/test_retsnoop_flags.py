@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from retsnoop_otel.capture.records import MAX_ARG_DATA
-from retsnoop_otel.runtime.config import ArgsFormat, ArgSizes, StackFormat
+from retsnoop_otel.capture.records import MAX_ARG_DATA, ArgSizes
+from retsnoop_otel.render.formats import ArgsFormat, StackFormat
 from retsnoop_otel.trace.cases import CASES
 from retsnoop_otel.trace.flags import C_HELP, C_KEYS, capped_arg_sizes, parse
 

@@ -80,9 +80,7 @@ def test_call_table_and_arguments(vm_batch) -> None:
     r = vm_batch["trace_calls_args"]
     out = r["output"]
     assert r["started"] and r["rc"] == 0, out
-    assert re.search(r"^FUNCTION CALLS\s+RESULT\s+DURATION$", out, re.M), out
-    assert re.search(r"^→ __x64_sys_bpf$", out, re.M), out
-    assert re.search(r"^\s+↔ array_map_alloc_check\s+\[-EINVAL\]\s+\d+\.\d{3}us$", out, re.M), out
+    assert re.search(r"^→ __x64_sys_bpf\s+regs=&\{", out, re.M), out  # its one argument, in the CONTEXT column
     assert re.search(r"^← __x64_sys_bpf\s+\[-EINVAL\]\s+\d+\.\d{3}us$", out, re.M), out
     # -A: the union bpf_attr * of map creation, decoded with BTF, in the CONTEXT column (args.fmt-mode=compact)
     assert re.search(r"^FUNCTION CALLS\s+RESULT\s+DURATION  CONTEXT$", out, re.M), out
