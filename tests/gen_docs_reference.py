@@ -36,7 +36,7 @@ def _cell(text: str) -> str:
 
 
 def trace_flags_page() -> str:
-    from retsnoop_otel.trace.flags import build_parser
+    from retsnoop_otel.trace.flags import C_HELP, build_parser
     parser = build_parser()
     rows = []
     for group in parser._action_groups:  # argparse keeps groups only here; read, never changed
@@ -56,7 +56,10 @@ def trace_flags_page() -> str:
             "globs, filters and output formats are the baseline); *ours*: added here (export, metrics, attach "
             "modes of newer kernels). `--config-help` lists the `-C KEY=VALUE` keys.\n\n"
             "| group | flags | meaning | retsnoop |\n|---|---|---|---|\n")
-    return head + "\n".join(rows) + "\n"
+    keys = ("\n## `-C KEY=VALUE` keys\n\nretsnoop's keys, with its meanings, defaults and ranges, and this tool's "
+            "`calls.max-per-session` (as `--config-help` prints them).\n\n| key | meaning |\n|---|---|\n"
+            + "\n".join(f"| `{key}` | {_cell(text)} |" for key, text in C_HELP.items()) + "\n")
+    return head + "\n".join(rows) + "\n" + keys
 
 
 _FAMILY_TYPES = {"CounterMetricFamily": "counter", "GaugeMetricFamily": "gauge",

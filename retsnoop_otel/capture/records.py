@@ -76,6 +76,18 @@ def _comm(raw: bytes) -> str:
     return raw.split(b"\0", 1)[0].decode(errors="replace")
 
 
+class ArgSizes(NamedTuple):
+    """-A: bytes of argument data to capture (retsnoop's args.max-*-size keys). The kernel side copies at most
+    MAX_ARG_DATA bytes per argument: larger values are accepted and capped there."""
+
+    total: int = 3072  # per call, over all arguments (the first arguments are served first)
+    sized: int = 256  # behind a pointer to a struct or union
+    string: int = 256  # of a char string
+
+
+DEFAULT_ARG_SIZES = ArgSizes()
+
+
 class SessionStartRec(NamedTuple):
     tid: int
     tgid: int

@@ -12,6 +12,7 @@ from typing import Any
 from retsnoop_otel.capture.errnos import errno_name
 from retsnoop_otel.capture.model import AppContext, Session, TracedFunc, UserFrame, error_type, format_result
 from retsnoop_otel.render.calls import ArgsFormatter, render_calls, render_chain_args
+from retsnoop_otel.render.formats import PLAIN_STACKS, StackFormat
 from retsnoop_otel.render.lbr import render_session_lbr
 from retsnoop_otel.render.stack import StackLayouts, render_header, render_stack
 from retsnoop_otel.render.user_stack import user_stack_lines
@@ -20,23 +21,25 @@ from retsnoop_otel.symbols.symbolize import Symbolizer
 
 def session_text(session: Session, funcs: Mapping[int, TracedFunc], symbolizer: Symbolizer, offset_ns: int, *,
                  calls_view: bool, call_stack: bool = False, fmt_args: ArgsFormatter | None = None,
-                 lbr_max_count: int = 0, layouts: StackLayouts | None = None) -> str:
+                 lbr_max_count: int = 0, layouts: StackLayouts | None = None, stacks: StackFormat = PLAIN_STACKS,
+                 args_mode: str = "compact") -> str:
     """`calls_view`: the -T table (with the stack under it when `call_stack`); else the stack view.
-    `layouts`: the stack shapes already laid out for these `funcs` and `symbolizer` (render/stack.py)."""
-    lbr = render_session_lbr(session, funcs, symbolizer, lbr_max_count) if session.lbr is not None else ""
+    `layouts`: the stack shapes already laid out for these `funcs` and `symbolizer` (render/stack.py), made
+    with `stacks` (how stack and LBR rows are written); `args_mode`: args.fmt-mode of `fmt_args`'s text."""
+    lbr = render_session_lbr(session, funcs, symbolizer, lbr_max_count, stacks) if session.lbr is not None else ""
     if not calls_view:
-        text = render_stack(session, funcs, symbolizer, offset_ns, layouts)
+        text = render_stack(session, funcs, symbolizer, offset_ns, layouts, stacks)
         if lbr:
             head, _, rows = text.partition("\n\n")
             text = head + "\n\n" + lbr + "\n" + rows
         if fmt_args is not None and session.calls:
-            text = text.rstrip("\n") + "\n\n" + render_chain_args(session, funcs, fmt_args) + "\n"
+            text = text.rstrip("\n") + "\n\n" + render_chain_args(session, funcs, fmt_args, args_mode) + "\n"
         return text
-    parts = [render_header(session, offset_ns) + "\n\n", render_calls(session, funcs, fmt_args)]
+    parts = [render_header(session, offset_ns) + "\n\n", render_calls(session, funcs, fmt_args, args_mode)]
     if lbr:
         parts.append("\n" + lbr)
     if call_stack:
-        stack = render_stack(session, funcs, symbolizer, offset_ns, layouts)
+        stack = render_stack(session, funcs, symbolizer, offset_ns, layouts, stacks)
         parts.append("\n" + stack.split("\n", 2)[2] if stack.count("\n") >= 2 else stack)
     else:
         user = user_stack_lines(session)

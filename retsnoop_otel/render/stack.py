@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from retsnoop_otel.capture.model import Session, StackEntry, TracedFunc, format_result
+from retsnoop_otel.render.formats import PLAIN_STACKS, StackFormat
 from retsnoop_otel.render.user_stack import user_stack_lines
 from retsnoop_otel.symbols.symbolize import Frame, Symbolizer
 
@@ -46,7 +47,13 @@ def is_tracing_frame(name: str) -> bool:
 
 def filter_kstack(kstack: Sequence[int], symbolizer: Symbolizer) -> list[tuple[int, list[Frame]]]:
     """Symbolized kernel frames with the tracer's own frames removed, innermost first (as captured)."""
-    out: list[tuple[int, list[Frame]]] = []
+    return [(addr, frames) for addr, frames, dropped in kstack_frames(kstack, symbolizer) if not dropped]
+
+
+def kstack_frames(kstack: Sequence[int], symbolizer: Symbolizer) -> list[tuple[int, list[Frame], bool]]:
+    """Every symbolized kernel frame, innermost first, each with whether it is the tracer's own (filter_kstack
+    drops those; -C stacks.unfiltered=true shows them)."""
+    out: list[tuple[int, list[Frame], bool]] = []
     after_trampoline = False
     for addr in kstack:
         if not addr:
@@ -54,19 +61,22 @@ def filter_kstack(kstack: Sequence[int], symbolizer: Symbolizer) -> list[tuple[i
         frames = symbolizer.frames(addr)
         if frames and is_tracing_frame(frames[0].name):
             after_trampoline = after_trampoline or frames[0].name.startswith("bpf_trampoline_")
+            out.append((addr, frames, True))
             continue
         if after_trampoline and frames and frames[0].offset <= _FENTRY_SITE_MAX:
             after_trampoline = False
+            out.append((addr, frames, True))
             continue
         after_trampoline = False
-        out.append((addr, frames))
+        out.append((addr, frames, False))
     return out
 
 
-def _match_chain(kframes: list[tuple[int, list[Frame]]], func_ids: Sequence[int],
+def _match_chain(kframes: list[tuple[int, list[Frame], bool]], func_ids: Sequence[int],
                  funcs: Mapping[int, TracedFunc]) -> list[int | None]:
-    """For each chain function (outermost first) its kframes position, matching by function start address."""
-    starts = [addr - frames[0].offset if frames else None for addr, frames in kframes]
+    """For each chain function (outermost first) its kframes position, matching by function start address
+    (never a frame of the tracer's: an fentry call site kept by stacks.unfiltered starts where its function does)."""
+    starts = [addr - frames[0].offset if frames and not dropped else None for addr, frames, dropped in kframes]
     positions: list[int | None] = []
     cursor = 0
     for func_id in func_ids:
@@ -80,12 +90,22 @@ def _match_chain(kframes: list[tuple[int, list[Frame]]], func_ids: Sequence[int]
     return positions
 
 
-def _frame_rows(addr: int, frames: list[Frame], mark: str = " ", duration: str = "", result: str = "") -> list[_Row]:
+_ADDR_WIDTH = 18  # '~' or ' ', 16 hex digits, a space: the address column of stacks.emit-addrs
+
+
+def symbol_text(name: str, offset: int, fmt: StackFormat) -> str:
+    """name+0xOFF, or name+OFF with stacks.dec-offs."""
+    return f"{name}+{offset}" if fmt.dec_offs else f"{name}+0x{offset:x}"
+
+
+def _frame_rows(addr: int, frames: list[Frame], fmt: StackFormat, dropped: bool = False) -> list[_Row]:
+    lead = f"{'~' if dropped else ' '}{addr:016x} " if fmt.emit_addrs else ""
     if not frames:
-        return [_Row(mark, duration, result, f"0x{addr:x}")]
+        return [_Row(symbol=f"{lead}0x{addr:x}")]
     top = frames[0]
-    rows = [_Row(mark, duration, result, f"{top.name}+0x{top.offset:x}", _source(top))]
-    rows.extend(_Row(symbol=f". {f.name}", source=_source(f)) for f in frames[1:])
+    rows = [_Row(symbol=lead + symbol_text(top.name, top.offset, fmt), source=_source(top))]
+    pad = " " * _ADDR_WIDTH if fmt.emit_addrs else ""
+    rows.extend(_Row(symbol=f"{pad}. {f.name}", source=_source(f)) for f in frames[1:])
     return rows
 
 
@@ -121,9 +141,9 @@ class _Layout(NamedTuple):
 
 
 def _layout(kstack: Sequence[int], func_ids: Sequence[int], funcs: Mapping[int, TracedFunc],
-            symbolizer: Symbolizer) -> _Layout:
+            symbolizer: Symbolizer, fmt: StackFormat = PLAIN_STACKS) -> _Layout:
     """Rows outermost first: kernel frames above the chain, merged rows, then '!' rows for the rest."""
-    kframes = list(reversed(filter_kstack(kstack, symbolizer)))
+    kframes = [f for f in reversed(kstack_frames(kstack, symbolizer)) if fmt.unfiltered or not f[2]]
     positions = _match_chain(kframes, func_ids, funcs)
     rows: list[_Row] = []
     slots: list[tuple[int, int]] = []
@@ -133,19 +153,21 @@ def _layout(kstack: Sequence[int], func_ids: Sequence[int], funcs: Mapping[int, 
         # A traced function missing from the stack sits below every kernel frame above the next
         # traced function that is there (or below all of them): those frames print first.
         stop = pos if pos is not None else next((p for p in positions[i + 1:] if p is not None), len(kframes))
-        for addr, frames in kframes[cursor:stop]:
-            rows.extend(_frame_rows(addr, frames))
+        for addr, frames, dropped in kframes[cursor:stop]:
+            rows.extend(_frame_rows(addr, frames, fmt, dropped))
         cursor = stop
         slots.append((len(rows), i))
         if pos is None:
             func = funcs.get(func_id)
-            rows.append(_Row("!", "", "", func.name if func else f"<func #{func_id}>", _definition(func, symbolizer)))
+            lead = " " * _ADDR_WIDTH if fmt.emit_addrs else ""
+            rows.append(_Row("!", "", "", lead + (func.name if func else f"<func #{func_id}>"),
+                             _definition(func, symbolizer)))
             continue
-        addr, frames = kframes[pos]
-        rows.extend(_frame_rows(addr, frames))
+        addr, frames, dropped = kframes[pos]
+        rows.extend(_frame_rows(addr, frames, fmt, dropped))
         cursor = pos + 1
-    for addr, frames in kframes[cursor:]:
-        rows.extend(_frame_rows(addr, frames))
+    for addr, frames, dropped in kframes[cursor:]:
+        rows.extend(_frame_rows(addr, frames, fmt, dropped))
     return _Layout(tuple(rows), tuple(slots))
 
 
@@ -159,26 +181,28 @@ class StackLayouts:
     kept (keeping thousands of distinct ones cost more in allocation than they saved).
     """
 
-    def __init__(self, funcs: Mapping[int, TracedFunc], symbolizer: Symbolizer, limit: int = 512) -> None:
-        self.funcs, self.symbolizer, self.limit = funcs, symbolizer, limit
+    def __init__(self, funcs: Mapping[int, TracedFunc], symbolizer: Symbolizer, limit: int = 512,
+                 fmt: StackFormat = PLAIN_STACKS) -> None:
+        self.funcs, self.symbolizer, self.limit, self.fmt = funcs, symbolizer, limit, fmt
         self._kept: dict[tuple[tuple[int, ...], tuple[int, ...]], _Layout] = {}
 
     def get(self, kstack: Sequence[int], func_ids: tuple[int, ...]) -> _Layout:
         key = (tuple(kstack), func_ids)
         layout = self._kept.get(key)
         if layout is None:
-            layout = _layout(kstack, func_ids, self.funcs, self.symbolizer)
+            layout = _layout(kstack, func_ids, self.funcs, self.symbolizer, self.fmt)
             if len(self._kept) < self.limit:
                 self._kept[key] = layout
         return layout
 
 
 def stack_rows(session: Session, funcs: Mapping[int, TracedFunc], symbolizer: Symbolizer,
-               layouts: StackLayouts | None = None) -> list[_Row]:
-    """The session's rows: its stack shape's layout with the chain's durations and results filled in."""
+               layouts: StackLayouts | None = None, fmt: StackFormat = PLAIN_STACKS) -> list[_Row]:
+    """The session's rows: its stack shape's layout with the chain's durations and results filled in.
+    `fmt` when there are no `layouts` (which have their own)."""
     func_ids = tuple(e.func_id for e in session.chain)
     layout = (layouts.get(session.kstack, func_ids) if layouts is not None
-              else _layout(session.kstack, func_ids, funcs, symbolizer))
+              else _layout(session.kstack, func_ids, funcs, symbolizer, fmt))
     rows = list(layout.rows)
     for row, i in layout.slots:
         entry = session.chain[i]
@@ -214,10 +238,11 @@ def render_header(session: Session, offset_ns: int) -> str:
 
 
 def render_stack(session: Session, funcs: Mapping[int, TracedFunc], symbolizer: Symbolizer,
-                 offset_ns: int, layouts: StackLayouts | None = None) -> str:
+                 offset_ns: int, layouts: StackLayouts | None = None, fmt: StackFormat = PLAIN_STACKS) -> str:
     """One session in retsnoop's stack format; `offset_ns` converts boot-clock times to wall clock.
-    `layouts`: kept stack shapes of these `funcs` and `symbolizer` (a console's, across sessions)."""
-    lines = format_rows(stack_rows(session, funcs, symbolizer, layouts))
+    `layouts`: kept stack shapes of these `funcs` and `symbolizer` (a console's, across sessions, made with
+    the console's `fmt`); `fmt`: how rows are written when there are none."""
+    lines = format_rows(stack_rows(session, funcs, symbolizer, layouts, fmt))
     user = user_stack_lines(session)
     if user:
         lines += ["", *user]

@@ -15,9 +15,11 @@ from types import MappingProxyType
 from typing import NamedTuple
 
 from retsnoop_otel.capture.errfilter import ErrorFilter
+from retsnoop_otel.capture.records import ArgSizes
 from retsnoop_otel.capture.sampling import Sampling
 from retsnoop_otel.export.otlp_settings import OtlpConfig
 from retsnoop_otel.metrics.buckets import DurationRange
+from retsnoop_otel.render.formats import ArgsFormat, StackFormat
 from retsnoop_otel.workload.k8s_settings import KubernetesConfig
 
 PROBE_MODES = ("stack", "calls", "metrics")
@@ -50,6 +52,7 @@ class ProbeSetConfig(NamedTuple):
     capture_args: bool = False  # BTF-typed arguments with each call (kernel memory: off unless asked)
     app_context: bool = True  # join the application's trace when its thread publishes OTel thread context
     user_stacks: bool = False  # the user-space stack of the thread that entered the entry function
+    arg_sizes: ArgSizes = ArgSizes()  # how much of each argument -A copies
     duration_range: DurationRange | None = None  # histogram buckets; None: metrics.duration_range
     workload_label: str | None = None  # calls, errors and sessions also counted per namespace or container
 
@@ -67,6 +70,8 @@ class ConsoleConfig(NamedTuple):
     call_stack: bool = False  # the stack under the calls table too (-E)
     lbr_max_count: int = 0  # 0: every relevant LBR record
     prefix: bool = False  # '[probe set] ' before each session, when several sets share the console
+    stacks: StackFormat = StackFormat()
+    args: ArgsFormat = ArgsFormat()
 
 
 class ExporterConfig(NamedTuple):

@@ -131,7 +131,7 @@ class ProbeSet:
         btf = env.kernel_btf() if cfg.capture_args else None
         if btf is not None:
             from retsnoop_otel.symbols.args import describe_args, spec_words
-            self.arg_descs = {f.id: d for f in found.funcs if (d := describe_args(btf, f.name))}  # type: ignore[arg-type]
+            self.arg_descs = {f.id: d for f in found.funcs if (d := describe_args(btf, f.name, cfg.arg_sizes))}  # type: ignore[arg-type]
             arg_specs = {fid: spec_words(d) for fid, d in self.arg_descs.items()}
         self.btf = btf
         capture = capture_config(cfg, found.mode, limits, names, arg_specs, counted=counted)

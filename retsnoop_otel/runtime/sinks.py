@@ -17,6 +17,7 @@ from retsnoop_otel.capture.model import Session, lookup_func
 from retsnoop_otel.export.otlp_settings import OtlpSettings
 from retsnoop_otel.export.processor_env import DEFAULT_QUEUE_SPANS
 from retsnoop_otel.export.resource import Resource
+from retsnoop_otel.render.formats import ArgsFormat
 from retsnoop_otel.runtime.config import ExporterConfig, Limits
 from retsnoop_otel.runtime.environment import name_it
 from retsnoop_otel.runtime.errors import InputError
@@ -47,7 +48,9 @@ class _SetOutputs:
         self.stack_layouts: Any = None  # render.stack.StackLayouts, made by the console's first session
         if ps.arg_descs and ps.btf is not None:
             from retsnoop_otel.symbols.args import ArgFormatter
-            self.fmt_args = ArgFormatter(ps.btf, ps.arg_descs).format
+            shown = cfg.console.args if cfg.console is not None else ArgsFormat()
+            self.fmt_args = ArgFormatter(ps.btf, ps.arg_descs, width=shown.max_width, mode=shown.mode,
+                                         raw_ptrs=shown.raw_ptrs).format
             # exported data leaves the host: pointers inside arguments would reveal the KASLR offset
             self.export_args = ArgFormatter(ps.btf, ps.arg_descs, show_pointers=cfg.export_addresses).format
         self.encoder = None
@@ -135,10 +138,11 @@ class Sinks:
             calls_view = console.view == "calls" or (console.view == "auto" and ps.cfg.mode == "calls"
                                                      and bool(session.calls))
             if out.stack_layouts is None:
-                out.stack_layouts = StackLayouts(ps.funcs, ps.symbolizer)
+                out.stack_layouts = StackLayouts(ps.funcs, ps.symbolizer, fmt=console.stacks)
             text = session_text(session, ps.funcs, ps.symbolizer, offset_ns, calls_view=calls_view,
                                 call_stack=console.call_stack, fmt_args=out.fmt_args,
-                                lbr_max_count=console.lbr_max_count, layouts=out.stack_layouts)
+                                lbr_max_count=console.lbr_max_count, layouts=out.stack_layouts,
+                                stacks=console.stacks, args_mode=console.args.mode)
         return f"[{ps.name}] {text}" if console.prefix else text
 
     def totals(self) -> ExportTotals:

@@ -15,6 +15,7 @@ from types import MappingProxyType
 from typing import NamedTuple
 
 from retsnoop_otel.capture.errfilter import ErrorFilter
+from retsnoop_otel.capture.records import MAX_ARG_DATA, MAX_FUNC_ARGS, ArgSizes
 from retsnoop_otel.capture.sampling import Sampling
 from retsnoop_otel.capture.sessions import DEFAULT_MAX_CALLS
 from retsnoop_otel.export.otlp_settings import OtlpConfig
@@ -33,6 +34,7 @@ from retsnoop_otel.inputs.numbers import (
     parse_int,
     parse_size,
 )
+from retsnoop_otel.render.formats import ArgsFormat, StackFormat
 from retsnoop_otel.runtime.config import (
     ConsoleConfig,
     ExporterConfig,
@@ -52,21 +54,47 @@ TRACE_NAMES = InputNames(
     listen="--metrics-port", trace_json="--trace-json", vmlinux="-k", cgroup="--cgroup", lbr="--lbr",
     attach_mode="-F/-K/-M/--kprobe-session", web_config="--web.config.file")
 C_RANGES = {"bpf.ringbuf-size": RINGBUF_BYTES, "bpf.sessions-size": MAP_ENTRIES, "calls.max-per-session": COUNT,
-            "fmt.lbr-max-count": IntRange(0, U32_MAX, "a count")}
+            "fmt.lbr-max-count": IntRange(0, U32_MAX, "a count"),
+            # retsnoop's ranges; above MAX_ARG_DATA the capture is capped (describe_args)
+            "args.max-total-args-size": IntRange(1, 65536, "bytes"),
+            "args.max-sized-arg-size": IntRange(1, 16384, "bytes"),
+            "args.max-str-arg-size": IntRange(1, 16384, "bytes"),
+            "args.fmt-max-arg-width": IntRange(0, 250, "characters, 0: no limit")}
 C_SIZES = ("bpf.ringbuf-size",)  # bytes: 8M as in the agent's limits.ringbuf_size
 SYMB_MODES = {"none": 0, "n": 0, "linenum": 1, "l": 1, "inlines": 2, "i": 2}  # retsnoop's names and letters
-C_KEYS = (*C_RANGES, "stacks.symb-mode")
+C_BOOLS = ("stacks.unfiltered", "stacks.emit-addrs", "stacks.dec-offs", "args.capture-raw-ptrs")
+BOOL_WORDS = {"true": True, "y": True, "1": True, "false": False, "n": False, "0": False}  # retsnoop's
+FMT_MODES = {"compact": "compact", "c": "compact", "multiline": "multiline", "m": "multiline",
+             "verbose": "verbose", "v": "verbose"}
+C_ENUMS = {"stacks.symb-mode": SYMB_MODES, "args.fmt-mode": FMT_MODES}
+C_ENUM_WORDS = {"stacks.symb-mode": "none, linenum or inlines", "args.fmt-mode": "compact, multiline or verbose"}
+C_KEYS = (*C_RANGES, *C_BOOLS, *C_ENUMS)
+# the keys that set a config record's fields (the record's defaults are retsnoop's)
+C_ARG_SIZES = {"args.max-total-args-size": "total", "args.max-sized-arg-size": "sized",
+               "args.max-str-arg-size": "string"}
+C_STACKS = {"stacks.unfiltered": "unfiltered", "stacks.emit-addrs": "emit_addrs", "stacks.dec-offs": "dec_offs"}
+C_ARGS_FORMAT = {"args.fmt-mode": "mode", "args.fmt-max-arg-width": "max_width", "args.capture-raw-ptrs": "raw_ptrs"}
+_CAPPED = f"captured up to {MAX_ARG_DATA} bytes per argument here: larger values are accepted and capped"
 C_HELP = {
     "bpf.ringbuf-size": "ring buffer size per probe set in bytes, K/M/G suffixes (default 8M)",
     "bpf.sessions-size": "threads the kernel keeps a session entry for (default 4096)",
     "calls.max-per-session": f"calls kept per session for -T (default {DEFAULT_MAX_CALLS}; the rest are counted)",
     "fmt.lbr-max-count": "show at most N LBR records (as --lbr-max-count)",
     "stacks.symb-mode": "none, linenum or inlines (as -sn, -s, -ss)",
+    "stacks.unfiltered": "true/false: keep the tracer's own stack frames and every LBR record (default false)",
+    "stacks.emit-addrs": "true/false: each stack and LBR frame's address first, '~' marking the tracer's own",
+    "stacks.dec-offs": "true/false: symbol offsets in decimal, not hex",
+    "args.max-total-args-size": "-A bytes per call over all arguments, 1..65536 (default 3072; captured up to "
+                                f"{MAX_ARG_DATA * MAX_FUNC_ARGS} bytes per call here: larger values are accepted "
+                                "and capped)",
+    "args.max-sized-arg-size": f"-A bytes behind a pointer to a struct, 1..16384 (default 256; {_CAPPED})",
+    "args.max-str-arg-size": f"-A bytes of a string argument, 1..16384 (default 256; {_CAPPED})",
+    "args.capture-raw-ptrs": "true/false: a pointer argument's own value, (0x...), before what it points to",
+    "args.fmt-mode": "compact (the calls table's CONTEXT column), multiline (a line per argument) or verbose "
+                     "(structs over several lines, no width limit)",
+    "args.fmt-max-arg-width": "characters of one argument's value before it is cut with '…', 0..250 "
+                              "(default 120; 0: no limit; compact and multiline)",
 }
-# retsnoop's keys this tool does not have yet: refused by name rather than as unknown
-C_NOT_YET = ("stacks.unfiltered", "stacks.emit-addrs", "stacks.dec-offs", "args.max-total-args-size",
-             "args.max-sized-arg-size", "args.max-str-arg-size", "args.capture-raw-ptrs", "args.fmt-mode",
-             "args.fmt-max-arg-width")
 
 
 class _ConfigHelp(argparse.Action):
@@ -76,11 +104,24 @@ class _ConfigHelp(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, help="list the -C keys and exit")
 
     def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
-        width = max(map(len, (*C_HELP, *C_NOT_YET)))
+        width = max(map(len, C_HELP))
         lines = [f"  -C {k:<{width}}  {text}" for k, text in C_HELP.items()]
-        lines += [f"  -C {k:<{width}}  (retsnoop's; not in retsnoop-otel yet)" for k in C_NOT_YET]
         print("Extra configuration (-C KEY=VALUE):\n" + "\n".join(lines))
         parser.exit(0)
+
+
+S_LEVELS = {None: 1, "none": 0, "n": 0, "inlines": 2, "s": 2}  # retsnoop's -s, -sn/-s none, -ss/-s inlines
+
+
+class _Symbolize(argparse.Action):
+    """-s [LEVEL] as retsnoop reads it: -s alone is source lines, -ss (the letter as its value) or -s inlines
+    adds inlined functions, -sn or -s none turns DWARF off; the last one given wins."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
+        if values not in S_LEVELS:
+            parser.error(f"-s: {shown(values)} is not a symbolization level; write -s, -ss (-s inlines) or "
+                         "-sn (-s none)")
+        setattr(namespace, self.dest, S_LEVELS[values])
 
 
 _MAX_MS = float((1 << 63) // 1_000_000)  # milliseconds whose nanoseconds fit the kernel's 64-bit durations
@@ -183,9 +224,9 @@ def build_parser(prog: str = "retsnoop-otel trace") -> OneLineErrorParser:
     out.add_argument("--lbr-max-count", type=_int_flag(IntRange(0, U32_MAX, "a count")), default=None, metavar="N",
                      help="show at most N LBR records")
     out.add_argument("-k", "--kernel", metavar="VMLINUX", help="vmlinux with DWARF for source lines")
-    out.add_argument("-s", "--symbolize", action="count", default=None,
-                     help="-s: source lines, -ss: also inlined functions (default when DWARF is found)")
-    out.add_argument("-sn", dest="symbolize", action="store_const", const=0, help="no DWARF symbolization")
+    out.add_argument("-s", "--symbolize", action=_Symbolize, nargs="?", default=None, metavar="LEVEL",
+                     help="-s: source lines; -ss or -s inlines: also inlined functions (default when DWARF is "
+                          "found); -sn or -s none: no DWARF symbolization")
     flt = p.add_argument_group("filters")
     flt.add_argument("-x", "--allow-errors", action="append", default=[], metavar="ERR",
                      help="report only sessions with these errors (EINVAL, -ENOMEM, NULL, any)")
@@ -235,22 +276,25 @@ class TraceRequest(NamedTuple):
     version: bool = False
 
 
-def _c_values(parser: argparse.ArgumentParser, items: Sequence[str]) -> dict[str, int]:
-    out: dict[str, int] = {}
+def _c_values(parser: argparse.ArgumentParser, items: Sequence[str]) -> dict[str, int | bool | str]:
+    out: dict[str, int | bool | str] = {}
     for item in items:
         key, sep, value = item.partition("=")
-        key = key.strip()
+        key, word = key.strip(), value.strip()
         if not sep:
             parser.error(f"-C expects KEY=VALUE, got {shown(item)}")
-        if key in C_NOT_YET:
-            parser.error(f"-C {key} is retsnoop's, and retsnoop-otel does not have it yet (--config-help lists "
-                         "the keys it has)")
         if key not in C_KEYS:
             parser.error(f"unknown -C key {shown(key)} (known: {', '.join(C_KEYS)})")
-        if key == "stacks.symb-mode":
-            if value.strip() not in SYMB_MODES:
-                parser.error(f"-C stacks.symb-mode: {shown(value)} is not a mode; write none, linenum or inlines")
-            out[key] = SYMB_MODES[value.strip()]
+        if key in C_BOOLS:
+            if word.lower() not in BOOL_WORDS:
+                parser.error(f"-C {key}: {shown(value)} is not true/y/1 or false/n/0")
+            out[key] = BOOL_WORDS[word.lower()]
+            continue
+        if key in C_ENUMS:
+            names = C_ENUMS[key]
+            if word.lower() not in names:
+                parser.error(f"-C {key}: {shown(value)} is not a mode; write {C_ENUM_WORDS[key]}")
+            out[key] = names[word.lower()]
             continue
         try:
             number = parse_size(value, C_RANGES[key]) if key in C_SIZES else parse_int(value, C_RANGES[key],
@@ -259,6 +303,19 @@ def _c_values(parser: argparse.ArgumentParser, items: Sequence[str]) -> dict[str
             parser.error(f"-C {key}: {exc}")
         out[key] = number
     return out
+
+
+def capped_arg_sizes(sizes: ArgSizes) -> list[str]:
+    """-v: what the capture copies of the args.max-*-size values asked above what it can copy."""
+    most = {"total": MAX_ARG_DATA * MAX_FUNC_ARGS, "sized": MAX_ARG_DATA, "string": MAX_ARG_DATA}
+    return [f"-C {key}={getattr(sizes, field)}: captured up to {most[field]} bytes"
+            + (" per call" if field == "total" else " per argument") + " (what retsnoop-otel's capture copies)"
+            for key, field in C_ARG_SIZES.items() if getattr(sizes, field) > most[field]]
+
+
+def _fields(c: Mapping[str, object], keys: Mapping[str, str]) -> dict[str, object]:
+    """The record fields the -C values in `c` set, by `keys` (-C key -> field)."""
+    return {field: c[key] for key, field in keys.items() if key in c}
 
 
 def _names(parser: argparse.ArgumentParser, flag: str, values: Sequence[str]) -> tuple[str, ...]:
@@ -333,14 +390,17 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] = os.environ,
         no_comms=_names(parser, "-N", args.no_comm),
         cgroup=args.cgroup, min_duration_ns=args.longer, errors=errors,
         sampling=Sampling(success_probability=1.0) if success else Sampling(), lbr_branch_types=lbr_flags,
-        capture_args=args.capture_args, app_context=args.app_context, user_stacks=args.user_stacks)
+        capture_args=args.capture_args, app_context=args.app_context, user_stacks=args.user_stacks,
+        arg_sizes=ArgSizes(**_fields(c, C_ARG_SIZES)))
     level = c.get("stacks.symb-mode", args.symbolize)
     config = RuntimeConfig(
         probe_sets=(probe_set,),
         exporter=ExporterConfig(
             otlp=OtlpConfig(endpoint=args.otlp_endpoint, protocol=args.otlp_protocol) if otlp else None,
             console=ConsoleConfig(format="json" if args.json else "text", view="calls" if args.calls else "stack",
-                                  call_stack=args.call_stack, lbr_max_count=lbr_max or 0),
+                                  call_stack=args.call_stack, lbr_max_count=lbr_max or 0,
+                                  stacks=StackFormat(**_fields(c, C_STACKS)),
+                                  args=ArgsFormat(**_fields(c, C_ARGS_FORMAT))),
             trace_json=args.trace_json, export_addresses=args.export_addresses,
             service_name_from=args.service_name_from),
         metrics=MetricsConfig(host=host, port=port, web_config_file=args.web_config_file),

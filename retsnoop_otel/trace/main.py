@@ -19,7 +19,7 @@ from retsnoop_otel.runtime.probe_set import ProbeSet
 from retsnoop_otel.runtime.requests import Requests
 from retsnoop_otel.runtime.runtime import Resolved, Runtime, RuntimeDeps, StartHook
 from retsnoop_otel.runtime.startup import Phase, StartClock, format_phases, phase_since
-from retsnoop_otel.trace.flags import TraceRequest, parse
+from retsnoop_otel.trace.flags import TraceRequest, capped_arg_sizes, parse
 
 
 def _version(request: TraceRequest, out: TextIO) -> int:
@@ -97,6 +97,9 @@ class _TraceHook(StartHook):
         self._say(f"Using attach mode {disc.mode}" + ("" if cfg.attach_mode != "auto" else " (auto-detected)"))
         self._say(f"Using vmlinux {env.vmlinux} for DWARF" if env.vmlinux else
                   "No vmlinux with DWARF found: kallsyms names only")
+        if cfg.capture_args:
+            for line in capped_arg_sizes(cfg.arg_sizes):
+                self._say(line)
         if self.request.dry_run or self.request.verbose:
             print(format_dry_run(disc, self.request.verbose), file=self.out if self.request.dry_run else self.err,
                   flush=True)

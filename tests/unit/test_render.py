@@ -8,12 +8,15 @@ column 2 ('*') is not produced (the kernel side keeps a single error chain).
 from __future__ import annotations
 
 import calendar
+import re
 import time
 from pathlib import Path
 
 import pytest
 
 from retsnoop_otel.capture.model import RetKind, Session, StackEntry, TracedFunc
+from retsnoop_otel.render.console import session_text
+from retsnoop_otel.render.formats import StackFormat
 from retsnoop_otel.render.stack import StackLayouts, filter_kstack, render_header, render_stack
 from retsnoop_otel.symbols.dwarf import SourceFrame
 from retsnoop_otel.symbols.kallsyms import Kallsyms
@@ -397,3 +400,89 @@ def test_kept_stack_layouts_render_what_a_fresh_layout_does(ksyms: Kallsyms) -> 
     assert "    70us [-ENOMEM]  __sys_bpf+0x38b\n" in texts[0]  # two shapes: __sys_bpf in the stack,
     assert "!    4us [-EPERM]  __sys_bpf\n" in texts[2]  # and returned before it was taken
     assert list(layouts._kept) == [(tuple(shape_a), (0, 1, 2))]  # shape_b came when the one place was taken
+
+
+# retsnoop's stacks.* -C keys (issue 35 point 4) on the article's kretprobe stack
+
+ADDRS = StackFormat(emit_addrs=True)
+ALL = StackFormat(unfiltered=True, emit_addrs=True)
+
+
+def _seed(ksyms: Kallsyms):
+    funcs = funcs_for(ksyms, [("__x64_sys_bpf", RetKind.SIGNED), ("__sys_bpf", RetKind.INT32),
+                              ("array_map_alloc", RetKind.POINTER)])
+    chain = [StackEntry(0, NEG - 12, 73_000), StackEntry(1, NEG - 12, 70_000), StackEntry(2, NEG - 12, 50_000)]
+    return funcs, seed1_session(ksyms, chain)
+
+
+def _body(text: str) -> list[str]:
+    return text.split("\n\n", 1)[1].rstrip("\n").splitlines()
+
+
+def test_default_stack_is_unchanged_by_the_default_format(ksyms: Kallsyms) -> None:
+    funcs, session = _seed(ksyms)
+    sym = seed1_symbolizer(ksyms)
+    assert render_stack(session, funcs, sym, OFFSET, fmt=StackFormat()) == render_stack(session, funcs, sym, OFFSET)
+
+
+def test_emit_addrs_puts_each_frames_address_first(ksyms: Kallsyms) -> None:
+    funcs, session = _seed(ksyms)
+    rows = _body(render_stack(session, funcs, seed1_symbolizer(ksyms), OFFSET, fmt=ADDRS))
+    sys_bpf = addr(ksyms, "__sys_bpf", 0x38b)
+    assert rows[3] == f"    73us [-ENOMEM]   {addr(ksyms, '__x64_sys_bpf', 0x1a):016x} __x64_sys_bpf+0x1a" \
+                      "                   (kernel/bpf/syscall.c:5067)"
+    assert rows[4].startswith(f"    70us [-ENOMEM]   {sys_bpf:016x} __sys_bpf+0x38b ")
+    # inlined frames and '!' rows (no frame, so no address) line up under the symbols
+    assert rows[5].startswith("                    " + " " * 18 + ". map_create ")
+    assert rows[7] == "!   50us [-ENOMEM]  " + " " * 18 + "array_map_alloc"
+    assert not any("~" in r for r in rows)  # nothing the filter drops is shown without stacks.unfiltered
+
+
+def test_unfiltered_keeps_the_tracers_frames_marked_with_emit_addrs(ksyms: Kallsyms) -> None:
+    funcs, session = _seed(ksyms)
+    sym = seed1_symbolizer(ksyms)
+    rows = _body(render_stack(session, funcs, sym, OFFSET, fmt=ALL))
+    tracer = [r for r in rows if "~" in r]
+    assert len(tracer) == len(KRETPROBE_FRAMES)
+    # outermost first, so the innermost (the BPF program) is last among them, right above the '!' rows
+    assert re.search(r"~[0-9a-f]{16} bpf_prog_e5d01ee9a8b6fa01_rs_kretprobe\+0x4a", tracer[-1]), tracer
+    assert "__kretprobe_trampoline+0x2a" in tracer[0]
+    # the chain still lands on the real frames
+    assert re.search(r"^    70us \[-ENOMEM\]   [0-9a-f]{16} __sys_bpf\+0x38b", rows[4])
+    plain = _body(render_stack(session, funcs, sym, OFFSET, fmt=StackFormat(unfiltered=True)))
+    assert "bpf_get_stack+0x1c" in "\n".join(plain) and "~" not in "\n".join(plain)
+
+
+def test_unfiltered_fentry_site_is_not_taken_for_the_traced_function(ksyms: Kallsyms) -> None:
+    """fexit's 'f+0x5, trampoline, f+0x1c': with stacks.unfiltered f+0x5 is shown (marked), and the chain's
+    duration stays on f+0x1c."""
+    funcs = funcs_for(ksyms, [("__x64_sys_bpf", RetKind.SIGNED)])
+    kstack = [addr(ksyms, "__sys_bpf", 0xca0), addr(ksyms, "__x64_sys_bpf", 0x1c),
+              addr(ksyms, "bpf_trampoline_6442491234", 0x6f, "bpf"), addr(ksyms, "__x64_sys_bpf", 0x5),
+              addr(ksyms, "do_syscall_64", 0x2d)]
+    session = Session(1, 1, "t", "t", 0, 1, True, [StackEntry(0, NEG - 22, 5_000)], kstack)
+    rows = _body(render_stack(session, funcs, KallsymsSymbolizer(ksyms), 0, fmt=ALL))
+    assert [r.split()[-1] for r in rows] == ["do_syscall_64+0x2d", "__x64_sys_bpf+0x5",
+                                             "bpf_trampoline_6442491234+0x6f", "__x64_sys_bpf+0x1c", "__sys_bpf+0xca0"]
+    assert [r[20] for r in rows] == [" ", "~", "~", " ", " "], rows
+    assert rows[3].startswith("     5us [-EINVAL]  ") and not rows[1].strip().startswith("5us")
+
+
+def test_dec_offs(ksyms: Kallsyms) -> None:
+    funcs, session = _seed(ksyms)
+    rows = _body(render_stack(session, funcs, seed1_symbolizer(ksyms), OFFSET, fmt=StackFormat(dec_offs=True)))
+    assert "__x64_sys_bpf+26 " in rows[3] and "__sys_bpf+907 " in rows[4] and "+0x" not in "".join(rows)
+
+
+def test_layouts_keep_the_console_format(ksyms: Kallsyms) -> None:
+    funcs, session = _seed(ksyms)
+    sym = seed1_symbolizer(ksyms)
+    layouts = StackLayouts(funcs, sym, fmt=ALL)
+    assert render_stack(session, funcs, sym, OFFSET, layouts) == render_stack(session, funcs, sym, OFFSET, fmt=ALL)
+
+
+def test_session_text_carries_the_stack_format(ksyms: Kallsyms) -> None:
+    funcs, session = _seed(ksyms)
+    sym = seed1_symbolizer(ksyms)
+    text = session_text(session, funcs, sym, OFFSET, calls_view=False, stacks=ALL)
+    assert text == render_stack(session, funcs, sym, OFFSET, fmt=ALL)

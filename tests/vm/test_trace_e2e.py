@@ -80,14 +80,30 @@ def test_call_table_and_arguments(vm_batch) -> None:
     r = vm_batch["trace_calls_args"]
     out = r["output"]
     assert r["started"] and r["rc"] == 0, out
-    assert re.search(r"^FUNCTION CALLS\s+RESULT\s+DURATION$", out, re.M), out
-    assert re.search(r"^→ __x64_sys_bpf$", out, re.M), out
-    assert re.search(r"^\s+↔ array_map_alloc_check\s+\[-EINVAL\]\s+\d+\.\d{3}us$", out, re.M), out
+    assert re.search(r"^→ __x64_sys_bpf\s+regs=&\{", out, re.M), out  # its one argument, in the CONTEXT column
     assert re.search(r"^← __x64_sys_bpf\s+\[-EINVAL\]\s+\d+\.\d{3}us$", out, re.M), out
-    # -A: the union bpf_attr * of map creation, decoded with BTF
-    assert re.search(r"› attr=&\{map_type=2,key_size=4,value_size=4,max_entries=0,", out), out
+    # -A: the union bpf_attr * of map creation, decoded with BTF, in the CONTEXT column (args.fmt-mode=compact)
+    assert re.search(r"^FUNCTION CALLS\s+RESULT\s+DURATION  CONTEXT$", out, re.M), out
+    assert re.search(r"^\s+↔ array_map_alloc_check\s+\[-EINVAL\]\s+\d+\.\d{3}us  "
+                     r"attr=&\{map_type=2,key_size=4,value_size=4,max_entries=0,", out, re.M), out
     events = [e for e in r["trace_json"]["traceEvents"] if e["ph"] == "X"]
     names = [e["name"] for e in events]
     assert "array_map_alloc_check" in names and "__x64_sys_bpf" in names
     for e in events:
         assert {"name", "ph", "ts", "dur", "pid", "tid"} <= e.keys()
+
+
+def test_multiline_arguments_and_stack_addresses(vm_batch) -> None:
+    """-T -A -E -C args.fmt-mode=multiline -C stacks.emit-addrs=true: each argument on a line of its own under
+    its call (retsnoop's `› name = value`, zero fields left out), and each stack frame's address first."""
+    r = vm_batch["trace_calls_args"]["multiline"]
+    out = r["output"]
+    assert r["started"] and r["rc"] == 0, out
+    assert re.search(r"^FUNCTION CALLS\s+RESULT\s+DURATION$", out, re.M), out  # no CONTEXT column
+    m = re.search(r"^(\s+)↔ array_map_alloc_check\s+\[-EINVAL\].*\n\1  › attr = &\{map_type=2,key_size=4,"
+                  r"value_size=4(,.*)?\}$", out, re.M)
+    assert m and "max_entries=" not in (m.group(2) or ""), out
+    # the stack under the table: address, then symbol+offset, for the callers of the failing function
+    assert re.search(r"^\s+\d+us \[-EINVAL\]\s+ [0-9a-f]{16} __x64_sys_bpf\+0x[0-9a-f]+", out, re.M), out
+    assert re.search(r"^\s+ [0-9a-f]{16} do_syscall_64\+0x[0-9a-f]+", out, re.M), out
+    assert re.search(r"^!\s+\d+us \[-EINVAL\]\s{19,}array_map_alloc_check", out, re.M), out

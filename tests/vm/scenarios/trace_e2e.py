@@ -42,7 +42,8 @@ def scenario_trace_dry_run(ctx) -> dict:
 
 
 def scenario_trace_calls_args(ctx) -> dict:
-    """-T table and -A arguments for the max-entries failure; -T JSON for Perfetto."""
+    """-T table and -A arguments for the max-entries failure; -T JSON for Perfetto. Then again with retsnoop's
+    args.fmt-mode=multiline and stacks.emit-addrs (the stack under the table, -E, shows the addresses)."""
     out = {}
     trace_json = f"{ctx.tmpdir}/trace.json"
     out.update(_trace_mode(ctx, "-v", "bpf-bad-map-max-entries-array",
@@ -52,4 +53,7 @@ def scenario_trace_calls_args(ctx) -> dict:
             out["trace_json"] = json.load(fh)
     except OSError as exc:
         out["trace_json_error"] = str(exc)
+    out["multiline"] = _trace_mode(ctx, "-v", "bpf-bad-map-max-entries-array",
+                                   ["-a", "map_create", "-T", "-A", "-E", "-C", "args.fmt-mode=multiline",
+                                    "-C", "stacks.emit-addrs=true"])
     return out
