@@ -129,7 +129,7 @@ class RuntimeMetrics:
                                dict(self._rt.reloads), k8s=k8s)
         return RunCounters(t.spans_exported, dict(t.spans_dropped), t.export_errors, self._rt.session_errors,
                            dict(self._rt.reloads), dict(app.sessions), app.processes_checked, app.processes_publishing,
-                           app.check_errors, k8s=k8s)
+                           app.check_errors, dict(app.exec_watches), k8s=k8s)
 
     def workload_series(self, ps: ProbeSetConfig) -> WorkloadSeries:
         """A probe set's per-workload series: its cgroups named by the workload resolver, decided once."""

@@ -279,8 +279,12 @@ class Runtime:
         if self.app_watch is not None:
             self.app_watch.set_targets(ps.tracer for ps in sets if watches(ps.cfg))  # type: ignore[misc]
 
-    def _app_probe(self, tgid: int) -> None:
-        if self.app_watch is not None:
+    def _app_probe(self, tgid: int, born: bool = False) -> None:
+        if self.app_watch is None:
+            return
+        if born:
+            self.app_watch.born(tgid)  # exec'd: watched while its libraries load
+        else:
             self.app_watch.asked(tgid, answer=True)
 
     def _sinks(self, cfg: RuntimeConfig) -> Sinks:
