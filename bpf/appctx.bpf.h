@@ -116,8 +116,9 @@ fault:
 }
 
 /* Sent right before the session's end record: its thread's context (when its process publishes one)
- * and its user stack (when asked for). A process user space has not checked yet is asked about instead:
- * its first reported sessions stay unlinked until the answer lands. */
+ * and its user stack (when asked for). A process user space has not checked yet is asked about instead
+ * (one born before the run, or one whose exec was not seen: app_exec below): its first reported sessions
+ * stay unlinked until the answer lands. */
 static __always_inline void emit_app_side(void *ctx, struct session *s)
 {
 	struct app_tls *t = bpf_map_lookup_elem(&app_targets, &s->tgid);
@@ -149,4 +150,36 @@ static __always_inline void emit_app_side(void *ctx, struct session *s)
 			bpf_ringbuf_submit(u, rb_wakeup(sizeof(*u)));
 		}
 	}
+}
+
+/* A process exec'd: a new image, whatever an earlier image of the same pid published. Its previous answer is
+ * withdrawn (it would point into memory the new image lays out differently), and user space is told, so that
+ * it looks for the variable while the process starts (ld.so has not run yet: its libraries, the publisher
+ * among them, load after this point) and has the answer in app_targets before its first session. Loaded and
+ * attached only when the probe set reads thread context (kernel/tracer.py); processes the probe set's
+ * filters keep from starting sessions are not reported. A raw tracepoint: on every kernel from 5.10 on, and
+ * allowed where tracing programs (tp_btf, fentry) are not. It costs every exec on the host one run (bench/
+ * app_exec_cost.py); the other way, asking at every session's start, costs every session a lookup. */
+SEC("raw_tp/sched_process_exec")
+int app_exec(void *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();	/* after de_thread(): the exec'ing thread leads its group */
+	__u32 tgid = pid_tgid >> 32;
+	struct rec_app_probe *r;
+
+	/* a process the filters keep out starts no session either: whatever its entries say is never read */
+	if (!read_app || !filters_allow(tgid, (__u32)pid_tgid))
+		return 0;
+	/* looked up first: a lookup takes no lock, and most processes have no entry */
+	if (bpf_map_lookup_elem(&app_targets, &tgid))
+		bpf_map_delete_elem(&app_targets, &tgid);
+	if (bpf_map_lookup_elem(&app_asked, &tgid))
+		bpf_map_delete_elem(&app_asked, &tgid);	/* its first session may ask again if no answer came */
+	r = bpf_ringbuf_reserve(&rb, sizeof(*r), 0);
+	if (!r)
+		return 0;	/* its first reported session asks instead */
+	r->type = REC_APP_EXEC;
+	r->tgid = tgid;
+	bpf_ringbuf_submit(r, rb_wakeup(sizeof(*r)));
+	return 0;
 }

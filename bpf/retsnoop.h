@@ -22,6 +22,7 @@ enum rec_type {
 	REC_SESSION_USTACK = 8,
 	REC_APP_PROBE = 9,
 	REC_FUNC_BATCH = 10,
+	REC_APP_EXEC = 11,
 };
 
 #define MAX_LBR_ENTRIES 32	/* the most any CPU's last-branch stack holds */
@@ -103,7 +104,8 @@ struct rec_session_ustack {
 	__u64 ustack[MAX_USTACK_DEPTH];	/* return addresses, innermost first (frame-pointer unwinding) */
 };
 
-/* A session started in a process user space has not checked yet: check it, fill app_targets. */
+/* A session started in a process user space has not checked yet: check it, fill app_targets. The same
+ * layout with type REC_APP_EXEC: a process exec'd (a new image, its libraries not loaded yet): watch it. */
 struct rec_app_probe {
 	__u32 type;
 	__u32 tgid;

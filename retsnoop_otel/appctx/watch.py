@@ -1,15 +1,22 @@
 """The application side of sessions: which processes publish OTel thread context, and what their sessions mean.
 
 The kernel side reads a thread's context only for processes it has a location for (map app_targets).
-Processes running at start are all checked (a few dozen per poll-loop turn); a session in a process it
-knows nothing about sends one probe record (REC_APP_PROBE) instead. This watcher answers between polls:
-it locates `otel_thread_ctx_v1` in the process's ELF files, reads its process context (service.name,
-the attribute key map), has its mappings snapshotted for user stacks (off the loop: appctx/stacks.py), and
-writes the answer into every probe set's map. Sessions that started before the answer landed (the first
-ones of a process born after the agent, typically a few milliseconds) stay unlinked.
+This watcher finds them, between polls: it locates `otel_thread_ctx_v1` in the process's ELF files, reads
+its process context (service.name, the attribute key map), has its mappings snapshotted for user stacks
+(symbolized off the loop: appctx/stacks.py), and writes the answer into every probe set's map. It looks at:
+- the processes running at start, all of them, a few dozen per poll-loop turn (the backlog);
+- a process born later, from its exec: the kernel side reports every exec the probe set's filters let
+  through (REC_APP_EXEC, bpf/appctx.bpf.h app_exec). Just exec'd, the process has not loaded its libraries
+  (nor a runtime its OTel SDK and publisher), so it is checked when the record is read, then again after
+  50 ms, doubling up to 1 s between checks, for 60 s (EXEC_*): its location is in the maps before its first
+  failing request, once it published before that request by at least the current interval. Only a success
+  is written to the maps; a process never found this way is handled as below when its sessions ask;
+- a process the kernel side knows nothing about when one of its reported sessions ends (born before an
+  exec watch could see it, one whose exec record was lost, or after its watch): that session sends one
+  probe record (REC_APP_PROBE) and stays unlinked; the answer lands before the next one.
 
-A process found not to publish is asked about again after a back-off (0.5 s doubling to 60 s), since
-runtimes load the publisher late (a Python service imports its SDK after its first system calls).
+A process found not to publish at a probe is asked about again after a back-off (0.5 s doubling to 60 s),
+since runtimes load the publisher late (a Python service imports its SDK after its first system calls).
 Exited processes are forgotten at the next sweep; until then (at most SWEEP_S) a reused PID would be
 read at its predecessor's location, which gives a fault or an invalid record, never a wrong link: the
 record's own valid byte and ids are read from the new process's memory.
@@ -17,6 +24,7 @@ record's own valid byte and ids are read from the new process's memory.
 
 from __future__ import annotations
 
+import heapq
 import os
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
@@ -27,9 +35,14 @@ from retsnoop_otel.capture.model import Session
 SWEEP_S = 1.0
 RECHECK_FIRST_S = 0.5
 RECHECK_MAX_S = 60.0
+EXEC_RECHECK_FIRST_S = 0.05  # a process just exec'd: checked when its exec is read, again after this, doubling
+EXEC_RECHECK_MAX_S = 1.0  # up to this between checks (a check: 0.1 ms for a small C program, 0.4 ms for Python)
+EXEC_WATCH_S = 60.0  # for this long after its exec, unless found (or exited) earlier
+MAX_EXEC_WATCHED = 4096  # processes watched at once; an exec beyond is found by its first session instead
+EXEC_OUTCOMES = ("located", "not_located", "exited", "error", "skipped")
 CONTEXT_REFRESH_S = 5.0  # a publishing process's context (service.name, key map) is re-read at most this often
-MAX_CHECKS_PER_SERVICE = 64  # probes answered per poll-loop turn, so a burst of new processes cannot stall it
-BACKLOG_BUDGET_S = 0.01  # poll-loop time per turn spent on the processes that were running at start
+MAX_CHECKS_PER_SERVICE = 64  # checks per poll-loop turn, so a burst of new processes cannot stall it
+BACKLOG_BUDGET_S = 0.01  # poll-loop time per turn spent on exec'd processes, then on those running at start
 OUTCOMES = ("linked", "ok", "no_record", "invalid", "fault", "unknown_process")
 
 
@@ -78,17 +91,32 @@ class _Process:
         self.in_kernel = in_kernel  # an answer is in the kernel maps (False while waiting for a recheck probe)
 
 
+class _Watch:
+    """A process watched from its exec: when it is checked next, and how long after that the one after."""
+
+    __slots__ = ("born_at", "due", "interval", "seq", "checks")
+
+    def __init__(self, born_at: float, seq: int) -> None:
+        self.born_at = born_at
+        self.due = born_at  # the first check: as soon as the exec is read
+        self.interval = EXEC_RECHECK_FIRST_S
+        self.seq = seq  # its live entry in the schedule (older entries of a re-exec'd pid are skipped)
+        self.checks = 0
+
+
 class AppCounters:
     """For retsnoop_app_context_* self-metrics: what the watcher did and what the sessions held."""
 
-    __slots__ = ("processes_checked", "processes_publishing", "check_errors", "sessions")
+    __slots__ = ("processes_checked", "processes_publishing", "check_errors", "sessions", "exec_watches")
 
     def __init__(self, processes_checked: int = 0, processes_publishing: int = 0, check_errors: int = 0,
-                 sessions: dict[str, int] | None = None) -> None:
+                 sessions: dict[str, int] | None = None, exec_watches: dict[str, int] | None = None) -> None:
         self.processes_checked = processes_checked
         self.processes_publishing = processes_publishing
         self.check_errors = check_errors
         self.sessions = dict.fromkeys(OUTCOMES, 0) if sessions is None else sessions
+        # how the watches of exec'd processes ended (EXEC_OUTCOMES)
+        self.exec_watches = dict.fromkeys(EXEC_OUTCOMES, 0) if exec_watches is None else exec_watches
 
 
 class AppSources:
@@ -136,9 +164,9 @@ SourcesFactory = Callable[[str, bool, bool], AppSources]  # (proc root, user sta
 
 class AppWatcher:
     """The runtime's one handle on the feature: set_targets() after every attach, asked() for each probe
-    record, service() between polls; for each session of a watched probe set annotate() then hold(), and
-    due() for the held sessions that may go out (their user stacks are symbolized off the loop,
-    appctx/stacks.py); close() at the end.
+    record, born() for each exec record, service() between polls; for each session of a watched probe set
+    annotate() then hold(), and due() for the held sessions that may go out (their user stacks are symbolized
+    off the loop, appctx/stacks.py); close() at the end.
 
     `start_worker=False`: the user-stack worker runs only when `stacks.worker.run_one()` is called (tests)."""
 
@@ -159,6 +187,9 @@ class AppWatcher:
         self._known: dict[int, _Process] = {}
         self._pending: dict[int, None] = {}  # probes (insertion-ordered set): answered first
         self._backlog: list[int] = []  # processes running at start, checked with what budget is left
+        self._watched: dict[int, _Watch] = {}  # exec'd processes not located yet, within EXEC_WATCH_S
+        self._schedule: list[tuple[float, int, int]] = []  # heap of (due, seq, tgid) of the watched processes
+        self._seq = 0
         self._next_sweep = 0.0
         self._errors_logged = 0
 
@@ -207,6 +238,26 @@ class AppWatcher:
         if answer:
             self._answer(self._now(), MAX_CHECKS_PER_SERVICE)
 
+    def born(self, tgid: int) -> None:
+        """An exec record: the process has a new image, not checked yet (its libraries are still loading).
+
+        Checked at the next service(), then on EXEC_RECHECK_* until located, exited or EXEC_WATCH_S have passed.
+        An earlier image's answer (a pid reused, or a process that exec'd again) is withdrawn first.
+        """
+        if not self.read_app:
+            return
+        w = self._watched.get(tgid)
+        if w is not None and not w.checks:
+            return  # another probe set's record of the same exec
+        if w is None and len(self._watched) >= MAX_EXEC_WATCHED:
+            self.counters.exec_watches["skipped"] += 1
+            return
+        if self._known.pop(tgid, None) is not None:
+            self._forget(tgid)  # the hook withdrew it from its own probe set's maps, not from the others'
+        self._seq += 1
+        w = self._watched[tgid] = _Watch(self._now(), self._seq)
+        heapq.heappush(self._schedule, (w.due, w.seq, tgid))
+
     def _answer(self, now: float, budget: int) -> int:
         while self._pending and budget:
             tgid = next(iter(self._pending))
@@ -216,10 +267,18 @@ class AppWatcher:
         return budget
 
     def service(self) -> None:
-        """Between polls: answer pending probes, then (every SWEEP_S) forget exited processes."""
+        """Between polls: answer pending probes, check the exec'd processes that are due, then the processes
+        running at start, all within MAX_CHECKS_PER_SERVICE checks (and BACKLOG_BUDGET_S for the last two);
+        every SWEEP_S, forget exited processes."""
         now = self._now()
         budget = self._answer(now, MAX_CHECKS_PER_SERVICE)
         until = self._now() + BACKLOG_BUDGET_S
+        while self._schedule and budget and self._schedule[0][0] <= now and self._now() < until:
+            _, seq, tgid = heapq.heappop(self._schedule)
+            w = self._watched.get(tgid)
+            if w is not None and w.seq == seq:  # else the entry of an earlier exec of the pid
+                self._recheck(tgid, w, now)
+                budget -= 1
         while self._backlog and budget and self._now() < until:
             tgid = self._backlog.pop()
             if tgid not in self._known:
@@ -228,6 +287,52 @@ class AppWatcher:
         if now >= self._next_sweep:
             self._next_sweep = now + SWEEP_S
             self._sweep(now)
+
+    def _recheck(self, tgid: int, w: _Watch, now: float) -> None:
+        """One check of a process watched from its exec. Only a location is written to the maps: until then the
+        process has no answer there, and its first reported session (if it comes first) asks as any would."""
+        proc = self._known.get(tgid)
+        if proc is not None and proc.location is not None:
+            self._end_watch(tgid, w, now, "located")  # a probe of one of its sessions found it meanwhile
+            return
+        w.checks += 1
+        self.counters.processes_checked += 1
+        try:
+            location = self.sources.locate(tgid)
+        except Exception as exc:  # noqa: BLE001 - one unreadable process must not stop the others
+            if not os.path.exists(f"{self.proc_root}/{tgid}"):
+                self._end_watch(tgid, w, now, "exited")  # short-lived: most exec'd processes end this way
+                return
+            self.counters.check_errors += 1
+            self._log_error("thread context of a process not located", pid=tgid, error=str(exc))
+            self._end_watch(tgid, w, now, "error")
+            return
+        if location is None:
+            w.due = now + w.interval
+            w.interval = min(w.interval * 2, EXEC_RECHECK_MAX_S)
+            if w.due - w.born_at <= EXEC_WATCH_S:
+                heapq.heappush(self._schedule, (w.due, w.seq, tgid))
+            else:
+                self._end_watch(tgid, w, now, "not_located")  # its sessions ask, as those of any process
+            return
+        if proc is None:
+            proc = self._known[tgid] = _Process(tgid)
+            if self.sources.user_symbolizer is not None:
+                self.sources.user_symbolizer.remember(tgid)
+        proc.location = location
+        proc.in_kernel = True
+        self.counters.processes_publishing += 1
+        self._read_context(proc, now)
+        if proc.context is None:  # its library loaded, its process context not published yet: read at its session
+            proc.context_read_at = float("-inf")
+        self._push(proc, self._targets)
+        self._end_watch(tgid, w, now, "located")
+
+    def _end_watch(self, tgid: int, w: _Watch, now: float, outcome: str) -> None:
+        del self._watched[tgid]
+        self.counters.exec_watches[outcome] += 1
+        self.log.debug("exec'd process watched for thread context", pid=tgid, outcome=outcome, checks=w.checks,
+                       after_exec_s=round(now - w.born_at, 3))
 
     def _check(self, tgid: int, now: float) -> None:
         proc = self._known.get(tgid)

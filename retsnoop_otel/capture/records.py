@@ -27,6 +27,7 @@ REC_SESSION_APP = 7
 REC_SESSION_USTACK = 8
 REC_APP_PROBE = 9
 REC_FUNC_BATCH = 10
+REC_APP_EXEC = 11
 CALL_BUF_RECS = 64
 SAMPLED_PROBABILITY = 0x1
 SAMPLED_RATE = 0x2
@@ -69,7 +70,7 @@ APP_TLS = struct.Struct("<qQII")  # tp_offset, offset, modid, flags (map app_tar
 SESSION_APP_HEAD = struct.Struct("<IIQii16s8sBBH")  # type, tid, start_ts, status, err, then the record's head
 SESSION_APP_SIZE = SESSION_APP_HEAD.size + MAX_APP_ATTRS
 SESSION_USTACK = struct.Struct(f"<IIQi4x{MAX_USTACK_DEPTH}Q")
-APP_PROBE = struct.Struct("<II")
+APP_PROBE = struct.Struct("<II")  # also REC_APP_EXEC's
 
 
 def _comm(raw: bytes) -> str:
@@ -191,8 +192,14 @@ class AppProbeRec(NamedTuple):
     tgid: int
 
 
+class AppExecRec(NamedTuple):
+    """A process exec'd (a new image, its libraries not loaded yet), where thread context is read."""
+
+    tgid: int
+
+
 Record = (SessionStartRec | FuncTraceRec | SessionEndRec | FuncArgsRec | SessionLbrRec | SessionAppRec
-          | SessionUstackRec | AppProbeRec | FuncBatchRec)
+          | SessionUstackRec | AppProbeRec | AppExecRec | FuncBatchRec)
 
 
 def decode_lbr_capture(data: bytes, offset: int = 0) -> tuple[int, int, int, int, tuple[tuple[int, int], ...]]:
@@ -240,6 +247,8 @@ def decode(data: bytes) -> Record:
         return SessionUstackRec(v[1], v[2], -sz if sz < 0 else 0, tuple(v[4:4 + max(0, sz) // 8]))
     if rtype == REC_APP_PROBE:
         return AppProbeRec(APP_PROBE.unpack_from(data)[1])
+    if rtype == REC_APP_EXEC:
+        return AppExecRec(APP_PROBE.unpack_from(data)[1])
     if rtype == REC_SESSION_START:
         _, tid, tgid, cpu, ts, comm, pcomm = SESSION_START.unpack_from(data)
         return SessionStartRec(tid, tgid, cpu, ts, _comm(comm), _comm(pcomm))

@@ -17,6 +17,7 @@ from retsnoop_otel.capture.model import (
 from retsnoop_otel.capture.records import (
     MAX_APP_ATTRS,
     SAMPLED_PROBABILITY,
+    AppExecRec,
     AppProbeRec,
     FuncArgsRec,
     FuncBatchRec,
@@ -113,7 +114,7 @@ class SessionAssembler:
             while len(self._side) > 3 * self._max_open:
                 self._side.popitem(last=False)
             return None
-        if isinstance(rec, AppProbeRec):
+        if isinstance(rec, AppProbeRec | AppExecRec):
             return None  # for the process watcher, not for sessions
         if isinstance(rec, FuncArgsRec):
             tree = self._open.get(rec.tid)

@@ -327,6 +327,12 @@ class BpfProgram:
         kind = "uretprobe" if retprobe else "uprobe"
         return Link(check_ptr(ptr, f"attach {kind} to {binary}:{func}"))
 
+    def attach_raw_tracepoint(self, tracepoint: str) -> Link:
+        """A raw_tp program to a kernel tracepoint (sched_process_exec): raw tracepoints need no tracing program
+        type, so they attach where fentry is refused too."""
+        ptr = lib().lib.bpf_program__attach_raw_tracepoint(self._ptr, tracepoint.encode())
+        return Link(check_ptr(ptr, f"attach raw tracepoint {tracepoint}"))
+
 
 class BpfObject:
     """An opened (and later loaded) BPF ELF object."""

@@ -106,6 +106,7 @@ SIGNATURES: dict[str, tuple[object, list[object]]] = {
     "bpf_program__attach_uprobe_opts": (
         ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t,
                           ctypes.POINTER(UprobeOpts)]),
+    "bpf_program__attach_raw_tracepoint": (ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p]),
     "bpf_link__destroy": (ctypes.c_int, [ctypes.c_void_p]),
     "bpf_map_lookup_elem": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]),
     "bpf_map_update_elem": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64]),

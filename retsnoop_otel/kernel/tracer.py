@@ -47,8 +47,10 @@ _BY_ADDRESS = ("kprobe_multi", "kprobe_session")  # the programs find the functi
 # and their stacks run through trampolines and our programs
 TRAMPOLINE_MODES = ("fentry", "fsession", "fsession_multi")
 HELPER_GET_ATTACH_COOKIE = 174  # enum bpf_func_id: Linux 5.15
+EXEC_PROGRAM = "app_exec"  # bpf/appctx.bpf.h, on sched_process_exec: each exec, for the thread-context watcher
 # every name a program of ours has in the kernel: what a check for leftovers after detach looks for
-PROGRAM_NAMES = frozenset({*(n for names in _MODE_PROGRAMS.values() for n in names), *clones.TEMPLATES})
+PROGRAM_NAMES = frozenset({*(n for names in _MODE_PROGRAMS.values() for n in names), *clones.TEMPLATES,
+                           EXEC_PROGRAM})
 MAX_HELD_SESSIONS = 1024  # sessions whose per-call records the kernel holds at once (the rest stream)
 
 
@@ -125,6 +127,7 @@ class Tracer:
         self._btf_func_id = btf_func_id
         self._arg_specs = arg_specs or config.arg_specs
         self._links: list[lb.Link] = []
+        self._exec_link: lb.Link | None = None  # the exec hook (app_context only), apart: _links holds pairs
         # the per-function clones of fentry and fsession mode (unused in the others)
         self._fentry = clones.FentryPrograms(self.funcs, btf_func_id, config.mode if config.mode in clones.SETS
                                              else "fentry")
@@ -232,6 +235,7 @@ class Tracer:
         for is_entry, names in cloned.items():  # verified against one function of their kind, then cloned
             for name in set(names) & set(progs):
                 obj.program(name).set_attach_target(self._fentry.target(is_entry=is_entry))
+        obj.program(EXEC_PROGRAM).set_autoload(cfg.app_context)
         for name in progs if cfg.mode == "kprobe_session" else ():
             obj.program(name).set_expected_attach_type(bpfsys.ATTACH_TRACE_KPROBE_SESSION)
         for name in progs if cfg.mode == "fsession_multi" else ():  # loaded without a target function
@@ -299,6 +303,8 @@ class Tracer:
                 reason = report.failed[0][1] if report.failed else "no functions"
                 raise lb.LibbpfError(f"could not attach any function ({reason.splitlines()[0]})",
                                      errno.EINVAL)
+            if self.config.app_context:  # processes exec'd from now on are reported (REC_APP_EXEC)
+                self._exec_link = self._obj.program(EXEC_PROGRAM).attach_raw_tracepoint("sched_process_exec")
         except BaseException:
             self.detach()
             raise
@@ -438,8 +444,11 @@ class Tracer:
         return [(name, self._obj.program(name).fd) for name in _MODE_PROGRAMS[self.config.mode]]
 
     def program_stats(self) -> list[ProgramStats]:
-        """Run count and time of each program (clones summed), read at scrape time: one syscall per fd."""
-        return stats_maps.sum_program_stats(self.programs(), libbpf_progs.prog_info)
+        """Run count and time of each program (clones summed) and the exec hook; read at scrape time, a syscall each"""
+        progs = self.programs()
+        if self._exec_link is not None and self._obj is not None:
+            progs.append((EXEC_PROGRAM, self._obj.program(EXEC_PROGRAM).fd))
+        return stats_maps.sum_program_stats(progs, libbpf_progs.prog_info)
 
     # ---- teardown ------------------------------------------------------------------------
 
@@ -461,6 +470,9 @@ class Tracer:
                 list(pool.map(lambda link: link.destroy(), group))
 
     def detach(self) -> None:
+        exec_link, self._exec_link = self._exec_link, None
+        if exec_link is not None:
+            exec_link.destroy()
         self.detach_links()
         self._fentry.close()
         lbr_fds, self._lbr_fds = self._lbr_fds, []

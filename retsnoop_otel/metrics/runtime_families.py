@@ -32,6 +32,7 @@ class RunCounters:
     app_processes_publishing: int = 0
     app_check_errors: int = 0
     user_stacks_unsymbolized: Mapping[str, int] | None = None  # reason -> sessions; None: no user stacks taken
+    app_exec_watches: Mapping[str, int] = field(default_factory=dict)  # outcome -> processes watched from exec
     k8s: Any = None  # workload.k8s_watch.WatchCounters while the pod metadata watch is on
 
 
@@ -93,6 +94,14 @@ def _app_families(c: RunCounters) -> Iterator[Metric]:
                               value=c.app_processes_publishing)
     yield CounterMetricFamily("retsnoop_app_context_check_errors",
                               "Processes whose thread-context location could not be read", value=c.app_check_errors)
+    watches = CounterMetricFamily(
+        "retsnoop_app_context_exec_watches", "Processes watched from their exec (checked again as their libraries "
+        "load, 50 ms doubling to 1 s, for 60 s), by how the watch ended: located (the answer was in place before "
+        "their sessions needed it, unless one came first), not_located (nothing published within 60 s: their "
+        "sessions ask instead), exited, error (unreadable), skipped (too many watched at once)", labels=["outcome"])
+    for outcome, n in sorted(c.app_exec_watches.items()):
+        watches.add_metric([outcome], n)
+    yield watches
 
 
 def _k8s_families(k: Any) -> Iterator[Metric]:

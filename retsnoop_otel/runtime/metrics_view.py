@@ -123,7 +123,8 @@ class RuntimeMetrics:
         k8s = self._rt.workloads.counters() if self._rt.workloads is not None else None
         app_fields: dict[str, Any] = {} if app is None else {
             "app_sessions": dict(app.sessions), "app_processes_checked": app.processes_checked,
-            "app_processes_publishing": app.processes_publishing, "app_check_errors": app.check_errors}
+            "app_processes_publishing": app.processes_publishing, "app_check_errors": app.check_errors,
+            "app_exec_watches": dict(app.exec_watches)}
         return RunCounters(t.spans_exported, dict(t.spans_dropped), t.export_errors, self._rt.session_errors,
                            dict(self._rt.reloads), k8s=k8s, **app_fields,
                            user_stacks_unsymbolized=dict(stacks) if stacks is not None else None)

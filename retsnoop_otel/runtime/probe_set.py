@@ -20,7 +20,7 @@ from retsnoop_otel.capture.model import (
     TracedFunc,
     WorkloadCount,
 )
-from retsnoop_otel.capture.records import SAMPLED_PROBABILITY, AppProbeRec, Record
+from retsnoop_otel.capture.records import SAMPLED_PROBABILITY, AppExecRec, AppProbeRec, Record
 from retsnoop_otel.capture.sampling import ALWAYS, kernel_sampling
 from retsnoop_otel.capture.sessions import SessionAssembler
 from retsnoop_otel.kernel.tracer import TRAMPOLINE_MODES, AttachReport, CaptureConfig
@@ -65,6 +65,7 @@ class TracerLike(Protocol):
 
 TracerFactory = Callable[[Sequence[TracedFunc], CaptureConfig, Callable[[str], int | None] | None], TracerLike]
 SessionCallback = Callable[["ProbeSet", Session], None]
+AppProbeCallback = Callable[[int, bool], None]  # (tgid, born): a session asked about it, or it exec'd
 WorkloadSeriesFactory = Callable[[ProbeSetConfig], WorkloadSeries]  # for probe sets with a workload label
 METRICS_ONLY_NS = (1 << 64) - 1  # a minimum session duration nothing reaches
 
@@ -117,7 +118,7 @@ class ProbeSet:
 
     def __init__(self, cfg: ProbeSetConfig, found: discovery.Discovery, limits: Limits, env: KernelEnv,
                  tracer_factory: TracerFactory, on_session: SessionCallback, names: InputNames = AGENT_NAMES,
-                 on_app_probe: Callable[[int], None] | None = None,
+                 on_app_probe: AppProbeCallback | None = None,
                  workload_series: WorkloadSeriesFactory | None = None, counted: bool = True) -> None:
         self.cfg = cfg
         self.name = cfg.name
@@ -184,9 +185,9 @@ class ProbeSet:
         return self._assembler.evicted
 
     def _on_record(self, rec: Record) -> None:
-        if isinstance(rec, AppProbeRec):
+        if isinstance(rec, AppProbeRec | AppExecRec):
             if self._on_app_probe is not None:
-                self._on_app_probe(rec.tgid)
+                self._on_app_probe(rec.tgid, isinstance(rec, AppExecRec))
             return
         session = self._assembler.feed(rec)
         if session is not None and self._bpf_names_due and session.kstack:
@@ -254,7 +255,7 @@ class ProbeSet:
 def start_probe_sets(found: Sequence[tuple[ProbeSetConfig, discovery.Discovery]], env: KernelEnv, limits: Limits,
                      tracer_factory: TracerFactory, on_session: SessionCallback,
                      names: InputNames = AGENT_NAMES,
-                     on_app_probe: Callable[[int], None] | None = None,
+                     on_app_probe: AppProbeCallback | None = None,
                      workload_series: WorkloadSeriesFactory | None = None,
                      counted: bool = True) -> list[ProbeSet]:
     """Attach every resolved set, or (on the first failure) detach the ones already attached and raise."""

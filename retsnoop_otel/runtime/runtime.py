@@ -139,7 +139,6 @@ class Runtime:
         self.log = log or EventLog(level="error")
         self.env: KernelEnv | None = None
         self.env_key: tuple | None = None  # what self.env was loaded for (None: load again at a reload)
-        self.vmlinux: str | None = None
         self.probe_sets: list[ProbeSet] = []
         self.sinks: Sinks | None = None
         self.server: Any = None  # metrics.server.MetricsServer while /metrics is served
@@ -173,7 +172,7 @@ class Runtime:
         t0 = time.monotonic()
         self.phases = []
         settings = self.settings()
-        self.config, self.vmlinux = settings.config, settings.vmlinux
+        self.config = settings.config
         try:
             if hook.outputs:
                 self._open(settings)
@@ -266,8 +265,10 @@ class Runtime:
             self.app_watch.set_targets(ps.tracer for ps in sets if watches(ps.cfg))  # type: ignore[misc]
             self.app_watch.set_wait(self.config.limits.user_stack_wait_s)
 
-    def _app_probe(self, tgid: int) -> None:
-        if self.app_watch is not None:
+    def _app_probe(self, tgid: int, born: bool = False) -> None:
+        if self.app_watch is not None and born:
+            self.app_watch.born(tgid)  # exec'd: watched while its libraries load
+        elif self.app_watch is not None:
             self.app_watch.asked(tgid, answer=True)
 
     def _sinks(self, settings: RunSettings) -> Sinks:
@@ -398,7 +399,7 @@ class Runtime:
         with self.lock:  # the new sets are attached: swap them in; scrapes see the new sets from here on
             old_sets, self.probe_sets = self.probe_sets, new_sets
             old_env = self.env if self.env is not env else None
-            self.env, self.env_key, self.vmlinux = env, env_key, settings.vmlinux
+            self.env, self.env_key = env, env_key
             old_sinks = old_server = None
             if new_sinks is not None:
                 old_sinks, self.sinks = self.sinks, new_sinks

@@ -19,7 +19,7 @@ import pytest
 from retsnoop_otel.appctx.watch import SWEEP_S, AppSources, AppWatcher
 from retsnoop_otel.capture import records
 from retsnoop_otel.capture.model import RetKind, TracedFunc
-from retsnoop_otel.capture.records import AppProbeRec
+from retsnoop_otel.capture.records import AppExecRec, AppProbeRec
 from retsnoop_otel.capture.sessions import SessionAssembler
 from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer
 from retsnoop_otel.runtime.logs import EventLog
@@ -197,6 +197,72 @@ def test_user_stacks_name_the_writers_functions_in_order(run):
     by_name = {f.function: f for f in s.user_frames}
     assert by_name["worker"].module.endswith("writer_exe") and by_name["worker"].file.endswith("ctx_writer.c")
     assert by_name["handle_request"].line is not None
+
+
+@pytest.mark.parametrize("variant", ["exe", "lib"])
+def test_a_process_started_after_the_tracer_is_located_from_its_exec(built, variant):
+    """The exec hook (raw tracepoint sched_process_exec, allowed on this host) reports the writer as it starts,
+    the watcher locates the variable while no session of it ran yet, and its first session joins its trace.
+    The probe set's comm filter applies to the hook: other programs exec'd meanwhile are not reported."""
+    name = os.path.basename(built[variant])
+    watcher = AppWatcher(AppSources.from_proc("/proc", False), time.monotonic, EventLog(level="error"))
+    tracer = Tracer(FUNCS, CaptureConfig(mode="uprobe", uprobe_binary=built["simkern"], comms=[name],
+                                         app_context=True))
+    sessions, execs, probes = [], [], []
+    assembler = SessionAssembler()
+
+    def on_record(rec):
+        if isinstance(rec, AppExecRec):
+            execs.append(rec.tgid)
+            watcher.born(rec.tgid)
+        elif isinstance(rec, AppProbeRec):
+            probes.append(rec.tgid)
+            watcher.asked(rec.tgid)
+        elif (s := assembler.feed(rec)) is not None:
+            sessions.append(watcher.annotate(s))
+
+    def turn():
+        tracer.poll(20)
+        watcher.service()
+    proc = None
+    try:
+        tracer.load()
+        tracer.attach(strict=True)
+        watcher.set_targets([tracer])
+        watcher._backlog = []  # the processes running before: not this test's
+        tracer.open_ring_buffer(on_record)
+        subprocess.run(["true"], check=True)  # not in the filter: not reported
+        proc = subprocess.Popen([built[variant], "valid", "2", "sim"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True, env={**os.environ, "SIMKERN": built["simkern"]})
+        assert proc.stdout is not None and proc.stdin is not None
+        deadline = time.monotonic() + 60
+        while watcher.counters.exec_watches["located"] == 0 and time.monotonic() < deadline:
+            turn()
+        assert execs == [proc.pid], execs
+        assert watcher.counters.exec_watches["located"] == 1, watcher.counters.exec_watches
+        assert app_targets(tracer)[proc.pid][3] == 0  # located (flags 0) before any session of it
+        assert proc.stdout.readline().startswith("ready pid=")
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        ids = {}
+        while (line := proc.stdout.readline()) and not line.startswith("done"):
+            m = ROUND.match(line)
+            assert m, line
+            ids[int(m[2])] = (int(m[3], 16), int(m[4], 16))
+        deadline = time.monotonic() + 30
+        while len(sessions) < 2 and time.monotonic() < deadline:
+            turn()
+    finally:
+        if proc is not None and proc.poll() is None:
+            assert proc.stdin is not None
+            proc.stdin.close()
+            proc.wait(10)
+        tracer.close()
+        watcher.close()
+    assert len(sessions) == 2 and probes == []  # no session had to ask
+    for s in sessions:  # the first round already joins each thread's own trace
+        assert s.app is not None and s.app.status == "ok" and s.app.sampled, s.app
+        assert (s.app.trace_id, s.app.span_id) == ids[s.tid]
 
 
 def test_python_service_through_the_publisher(built):

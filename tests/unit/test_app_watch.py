@@ -8,6 +8,8 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+import pytest
+
 from retsnoop_otel.appctx.watch import RECHECK_FIRST_S, SWEEP_S, AppSources, AppWatcher
 from retsnoop_otel.capture.model import AppContext, UserFrame
 from retsnoop_otel.runtime.logs import EventLog
@@ -178,3 +180,149 @@ def test_the_config_decides_whether_and_what_the_watcher_reads(tmp_path):
     assert w is not None and not w.read_app and made == [(str(tmp_path), True, False)]
     w = AppWatcher.for_config([ps(app_context=True)], str(tmp_path), True, sources, Clock(), log)
     assert w is not None and w.read_app and made[-1] == (str(tmp_path), False, True)
+
+
+# ---- processes born after the start: watched from their exec -------------------------------------------------
+
+def exec_watcher(tmp_path, pids, cost=0.0):
+    """A watcher whose locate() records when it ran: each pid publishes once it is in `loaded` (its libraries
+    loaded); a pid whose folder is gone has exited. `cost`: seconds each check takes on the fake clock."""
+    for pid in pids:
+        (tmp_path / str(pid)).mkdir()
+    clock = Clock()
+    loaded: set[int] = set()
+    checks: list[tuple[int, float]] = []
+
+    def locate(pid):
+        checks.append((pid, clock.t))
+        clock.t += cost
+        if not (tmp_path / str(pid)).exists():
+            raise OSError(f"pid {pid}: the process has exited")
+        return LOC if pid in loaded else None
+
+    sources = AppSources(locate, lambda pid: CTX if pid in loaded else None, lambda data, keys: {})
+    w = AppWatcher(sources, clock, EventLog(level="error"), str(tmp_path))
+    maps = [FakeMap(), FakeMap()]
+    w.set_targets(maps)
+    w._backlog = []  # the processes running at start are another test's
+    return w, maps, clock, loaded, checks
+
+
+def run_until(w, clock, end, step=0.01):
+    """service() every `step` seconds of the fake clock (a poll-loop turn each) up to `end`."""
+    while clock.t < end:
+        w.service()
+        clock.t = round(clock.t + step, 6)
+
+
+def test_an_exec_is_checked_at_once_then_50ms_doubling_until_its_library_loads(tmp_path):
+    from retsnoop_otel.appctx.watch import EXEC_RECHECK_FIRST_S
+    w, maps, clock, loaded, checks = exec_watcher(tmp_path, [30])
+    w.born(30)
+    t0 = clock.t
+    run_until(w, clock, t0 + 0.5)
+    # at once (the exec just read), then 50 ms, 100 ms, 200 ms apart: checked at 0, 0.05, 0.15, 0.35 s (at the
+    # first turn from then on: turns are 10 ms apart here)
+    offsets = [t - t0 for _, t in checks]
+    assert offsets == pytest.approx([0.0, EXEC_RECHECK_FIRST_S, 0.15, 0.35], abs=0.0101)
+    assert maps[0].entries == {} and maps[1].entries == {}  # nothing found yet: no answer, no "does not publish"
+    loaded.add(30)  # its publisher's library loads
+    run_until(w, clock, t0 + 1.0)
+    assert [t - t0 for _, t in checks][4:] == pytest.approx([0.75], abs=0.0101)  # found at the next check
+    for m in maps:  # in every probe set's map before any session of the process asked
+        assert m.entries == {30: (-8, 0, 0, True)}
+    assert w.counters.exec_watches["located"] == 1 and w.counters.processes_publishing == 1
+    run_until(w, clock, t0 + 5.0)
+    assert len(checks) == 5  # located: no more checks
+    assert w.annotate(tree_session(pid=30, app=AppContext("ok", 1, 2, 1))).app.service_name == "shop"
+
+
+def test_the_watch_is_bounded_and_then_the_process_is_handled_by_its_sessions(tmp_path):
+    from retsnoop_otel.appctx.watch import EXEC_RECHECK_MAX_S, EXEC_WATCH_S
+    w, maps, clock, _, checks = exec_watcher(tmp_path, [31])
+    w.born(31)
+    t0 = clock.t
+    run_until(w, clock, t0 + EXEC_WATCH_S + 10, step=0.05)
+    times = [t - t0 for _, t in checks]
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    assert max(gaps) <= EXEC_RECHECK_MAX_S + 0.05 and gaps == sorted(gaps)  # doubling, then capped
+    assert times[-1] <= EXEC_WATCH_S < times[-1] + 2 * EXEC_RECHECK_MAX_S  # checked for EXEC_WATCH_S, no longer
+    assert w.counters.exec_watches["not_located"] == 1 and maps[0].entries == {}
+    assert w.counters.processes_checked == len(checks)
+    w.asked(31)  # its first reported session asks, as any process's would
+    w.service()
+    assert maps[0].entries == {31: (0, 0, 0, False)}
+
+
+def test_an_exec_reported_by_every_probe_set_is_watched_once(tmp_path):
+    w, _, clock, _, checks = exec_watcher(tmp_path, [32])
+    w.born(32)
+    w.born(32)
+    w.service()
+    assert checks == [(32, clock.t)]
+
+
+def test_a_process_that_exits_while_watched_is_dropped_without_an_error(tmp_path):
+    w, maps, clock, _, checks = exec_watcher(tmp_path, [33])
+    w.born(33)
+    w.service()
+    (tmp_path / "33").rmdir()
+    run_until(w, clock, clock.t + 1)
+    assert len(checks) == 2 and w.counters.exec_watches["exited"] == 1 and w.counters.check_errors == 0
+    assert maps[0].entries == {} and w._watched == {} and w._known == {}
+
+
+def test_a_new_image_withdraws_the_old_answer_from_every_probe_set(tmp_path):
+    """A pid that exec'd again (or was reused before the sweep saw its predecessor exit): the old location
+    points into another image's memory."""
+    w, maps, clock, loaded, _ = exec_watcher(tmp_path, [34])
+    loaded.add(34)
+    w.asked(34)
+    w.service()
+    assert maps[0].entries == {34: (-8, 0, 0, True)}
+    loaded.clear()
+    w.born(34)
+    assert maps[0].entries == {} and maps[1].forgotten == [34]
+    run_until(w, clock, clock.t + 0.2)
+    assert maps[0].entries == {} and 34 in w._watched  # the new image is watched, nothing claimed for it yet
+
+
+def test_exec_checks_come_after_the_probes_and_within_the_per_turn_bounds(tmp_path, monkeypatch):
+    from retsnoop_otel.appctx import watch as app_watch
+    monkeypatch.setattr(app_watch, "MAX_CHECKS_PER_SERVICE", 4)
+    w, _, clock, _, checks = exec_watcher(tmp_path, range(40, 50))
+    for pid in range(40, 49):
+        w.born(pid)
+    w.asked(49)
+    w.service()
+    assert [pid for pid, _ in checks] == [49, 40, 41, 42]  # the probe first, then the oldest execs
+    w.service()
+    assert len(checks) == 8
+
+
+def test_exec_checks_stop_once_the_turns_time_budget_is_spent(tmp_path):
+    """Checks that take 4 ms each (on the fake clock): three fit in BACKLOG_BUDGET_S (10 ms) of one turn."""
+    w, _, _, _, checks = exec_watcher(tmp_path, range(40, 50), cost=0.004)
+    for pid in range(40, 50):
+        w.born(pid)
+    w.service()
+    assert len(checks) == 3
+    w.service()
+    assert len(checks) == 6
+
+
+def test_too_many_execs_at_once_are_left_to_their_sessions(tmp_path, monkeypatch):
+    from retsnoop_otel.appctx import watch as app_watch
+    monkeypatch.setattr(app_watch, "MAX_EXEC_WATCHED", 2)
+    w, _, _, _, _ = exec_watcher(tmp_path, [60, 61, 62])
+    for pid in (60, 61, 62):
+        w.born(pid)
+    assert sorted(w._watched) == [60, 61] and w.counters.exec_watches["skipped"] == 1
+
+
+def test_no_exec_watch_where_thread_context_is_not_read(tmp_path):
+    w, _, _, _, checks = exec_watcher(tmp_path, [70])
+    w.read_app = False
+    w.born(70)
+    w.service()
+    assert checks == [] and w._watched == {}

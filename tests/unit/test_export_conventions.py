@@ -120,7 +120,7 @@ def _runtime(tmp_path: Path):
     runtime = Runtime(RuntimeConfig(probe_sets=(ProbeSetConfig("bpf", ("f",)),)), RuntimeDeps(root=str(tmp_path)))
     runtime.probe_sets = [ps]  # type: ignore[list-item]
     runtime.metrics.counters = lambda: RunCounters(3, {"queue_full": 1}, 1, 1, {"success": 1, "failure": 0},
-                                           {"linked": 1}, 2, 1, 0,
+                                           {"linked": 1}, 2, 1, 0, {"located": 1},
                                            k8s=WatchCounters(True, {"forbidden": 1}, lists=1, events=2, pods=3))
     return runtime
 

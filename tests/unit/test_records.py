@@ -131,7 +131,8 @@ def test_application_records_match_the_bpf_side():
     assert sizes["app_ctx"] == records.SESSION_APP_SIZE - 24 == records.APP_CTX_HEAD + records.MAX_APP_ATTRS
     assert sizes["rec_session_ustack"] == records.SESSION_USTACK.size
     assert sizes["rec_app_probe"] == records.APP_PROBE.size and sizes["app_tls"] == records.APP_TLS.size
-    assert {"REC_SESSION_APP", "MAX_APP_ATTRS", "APP_CTX_HEAD", "APP_TLS_NONE", "MAX_USTACK_DEPTH", "APP_FAULT"} \
+    assert {"REC_SESSION_APP", "MAX_APP_ATTRS", "APP_CTX_HEAD", "APP_TLS_NONE", "MAX_USTACK_DEPTH", "APP_FAULT",
+            "REC_APP_EXEC"} \
         <= {k for k in vars(records) if k.isupper()}
 
 
@@ -156,3 +157,5 @@ def test_decode_user_stack_and_probe():
     rec = decode(records.SESSION_USTACK.pack(records.REC_SESSION_USTACK, 7, 100, -14, *([0] * 64)))
     assert rec.error == 14 and rec.ips == ()
     assert decode(records.APP_PROBE.pack(records.REC_APP_PROBE, 4321)) == records.AppProbeRec(4321)
+    exec_rec = decode(records.APP_PROBE.pack(records.REC_APP_EXEC, 4321))
+    assert exec_rec == records.AppExecRec(4321) and type(exec_rec) is records.AppExecRec

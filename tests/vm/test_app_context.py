@@ -90,16 +90,18 @@ def test_a_corrupt_record_size_is_cut_and_still_joins(vm_batch) -> None:
     assert root["attrs"]["retsnoop.app.attributes_cut"] is True
 
 
-def test_a_process_started_after_the_agent_is_linked_from_its_next_session(vm_batch) -> None:
-    """Its first call makes the kernel side ask about it (that session stays unlinked); once the agent
-    has located the variable, every thread's session joins its own trace."""
+def test_a_process_started_after_the_agent_is_linked_from_its_next_session_at_the_latest(vm_batch) -> None:
+    """Its first call comes right after it started: it is linked if the agent located the process from its exec
+    by then (tests/vm/test_app_exec.py waits for that), else it makes the kernel side ask and stays unlinked;
+    once the agent has located the variable, every thread's session joins its own trace."""
     r = vm_batch["app_context"]
     roots = _by_tid(_kernel_roots(r))
     first, second = _ids(r["after"]["round1"]), _ids(r["after"]["round2"])
     assert r["publishing_after"] >= 8 and set(first) == set(second) and len(second) == 2
     for tid, (trace, span) in second.items():
         s1, s2 = sorted(roots[tid], key=lambda s: int(s["startTimeUnixNano"]))
-        assert s1["parent"] is None and s1["trace"] != trace
+        trace1, span1 = first[tid]
+        assert (s1["trace"], s1["parent"]) == (trace1, span1) or (s1["parent"] is None and s1["trace"] != trace1)
         assert s2["trace"] == trace and s2["parent"] == span
 
 
@@ -150,10 +152,10 @@ def test_outcomes_are_counted_without_a_log_storm_and_nothing_stays_attached(vm_
 
 
 def _bpf_seconds(metrics: str) -> dict[str, float]:
-    """BPF run time per probe set (entry and exit programs together), from kernel bpf_stats."""
+    """BPF run time per probe set (entry and exit programs together, not the exec hook), from kernel bpf_stats."""
     run_s: dict[str, float] = {}
-    for m in re.finditer(r'^retsnoop_bpf_program_run_seconds_total\{[^}]*probe_set="(\w+)"[^}]*\} (\S+)$',
-                         metrics, re.M):
+    for m in re.finditer(r'^retsnoop_bpf_program_run_seconds_total\{(?![^}]*program="app_exec")[^}]*'
+                         r'probe_set="(\w+)"[^}]*\} (\S+)$', metrics, re.M):
         run_s[m[1]] = run_s.get(m[1], 0.0) + float(m[2])
     return run_s
 

@@ -4,7 +4,8 @@ One agent run with a real OTLP/gRPC receiver; its probe set `app` (user stacks o
 - C writers (tests/native/ctx_writer.c) started before the agent: TLS in the executable (-rdynamic) with
   two threads, and the unusable cases (valid = 0, NULL pointer, unmapped pointer, record paged out,
   corrupt attrs-data-size in a TLSDESC library);
-- a TLSDESC-library writer started after the agent (its first round only makes the agent look);
+- a TLSDESC-library writer started after the agent (its first round is linked if the agent located it from
+  its exec in time, else it only makes the agent look: tests/vm/scenarios/app_exec.py waits for that);
 - short-lived writers that exit right after their call (gone before the agent can look);
 - a Python service with the OTel SDK and the publisher, exporting its own spans to the same receiver.
 Three more probe sets of the same run see only `cost_writer` (a copy of the writer) and measure the kernel
