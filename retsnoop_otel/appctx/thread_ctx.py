@@ -73,6 +73,9 @@ class TlsLocation:
     module: str  # path of the ELF that defines it
     how: str  # "executable" (static TLS next to the thread pointer), "static-tls" (a shared library in the
     #           static TLS area, found from its resolved relocation: also tp_offset) or "dtv" (a shared library)
+    # False: a library's module id counted while its TLS relocation was not resolved yet (just dlopen'ed, no
+    # access to the variable so far); a TLSDESC library may still land in static TLS, so look again later
+    settled: bool = True
 
 
 class ThreadCtxError(Exception):
@@ -357,11 +360,12 @@ class TlsLocator:
         if found is None:
             return None
         path, info, number = found
-        how, number = proc.resolved(path, info) or ("dtv", number)
+        resolved = proc.resolved(path, info)
+        how, number = resolved or ("dtv", number)
         offset = info.value or 0  # set: _count_modid returns the defining object only
         if how == "static-tls":
             return TlsLocation(0, number, offset, path, how)
-        return TlsLocation(number, 0, offset, path, how)
+        return TlsLocation(number, 0, offset, path, how, settled=resolved is not None)
 
     def _count_modid(self, proc: _Process, exe: _ElfInfo | None,
                      infos: dict[str, _ElfInfo | None]) -> tuple[str, _ElfInfo, int] | None:

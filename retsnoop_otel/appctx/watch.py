@@ -292,7 +292,7 @@ class AppWatcher:
         """One check of a process watched from its exec. Only a location is written to the maps: until then the
         process has no answer there, and its first reported session (if it comes first) asks as any would."""
         proc = self._known.get(tgid)
-        if proc is not None and proc.location is not None:
+        if proc is not None and proc.location is not None and proc.location.settled:
             self._end_watch(tgid, w, now, "located")  # a probe of one of its sessions found it meanwhile
             return
         w.checks += 1
@@ -307,25 +307,29 @@ class AppWatcher:
             self._log_error("thread context of a process not located", pid=tgid, error=str(exc))
             self._end_watch(tgid, w, now, "error")
             return
-        if location is None:
+        if location is not None and (proc is None or proc.location != location):
+            # written at once, even while not settled (its library just loaded: where glibc puts its block is
+            # decided at its first access), and again when a later check finds it elsewhere
+            if proc is None:
+                proc = self._known[tgid] = _Process(tgid)
+                if self.stacks.worker is not None:
+                    self.stacks.worker.remember(tgid)
+            if proc.location is None:
+                self.counters.processes_publishing += 1
+            proc.location = location
+            proc.in_kernel = True
+            self._read_context(proc, now)
+            if proc.context is None:  # its library loaded, its process context not published yet: read later
+                proc.context_read_at = float("-inf")
+            self._push(proc, self._targets)
+        if location is None or not location.settled:
             w.due = now + w.interval
             w.interval = min(w.interval * 2, EXEC_RECHECK_MAX_S)
             if w.due - w.born_at <= EXEC_WATCH_S:
                 heapq.heappush(self._schedule, (w.due, w.seq, tgid))
-            else:
-                self._end_watch(tgid, w, now, "not_located")  # its sessions ask, as those of any process
+            else:  # its sessions ask, as those of any process
+                self._end_watch(tgid, w, now, "not_located" if location is None else "located")
             return
-        if proc is None:
-            proc = self._known[tgid] = _Process(tgid)
-            if self.sources.user_symbolizer is not None:
-                self.sources.user_symbolizer.remember(tgid)
-        proc.location = location
-        proc.in_kernel = True
-        self.counters.processes_publishing += 1
-        self._read_context(proc, now)
-        if proc.context is None:  # its library loaded, its process context not published yet: read at its session
-            proc.context_read_at = float("-inf")
-        self._push(proc, self._targets)
         self._end_watch(tgid, w, now, "located")
 
     def _end_watch(self, tgid: int, w: _Watch, now: float, outcome: str) -> None:

@@ -43,6 +43,7 @@ OTLP_UNITS: Mapping[str, str] = MappingProxyType({
     "retsnoop_app_context_processes_publishing": "{process}",
     "retsnoop_app_context_check_errors": "{process}",
     "retsnoop_app_context_exec_watches": "{process}",
+    "retsnoop_user_stacks_unsymbolized": "{session}",
     "retsnoop_k8s_metadata_current": "",  # a switch (0/1)
     "retsnoop_k8s_watch_errors": "{error}",
     "retsnoop_k8s_pod_lists": "{request}",

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from retsnoop_otel.appctx.thread_ctx import TlsLocation
 from retsnoop_otel.appctx.watch import RECHECK_FIRST_S, SWEEP_S, AppSources, AppWatcher
 from retsnoop_otel.capture.model import AppContext, UserFrame
 from retsnoop_otel.runtime.logs import EventLog
@@ -37,7 +38,7 @@ class Clock:
         return self.t
 
 
-LOC = SimpleNamespace(tp_offset=-8, offset=0, modid=0)
+LOC = TlsLocation(0, -8, 0, "/srv/app", "executable")
 CTX = SimpleNamespace(attributes={"service.name": "shop"}, key_map=("http.route",))
 
 
@@ -184,9 +185,10 @@ def test_the_config_decides_whether_and_what_the_watcher_reads(tmp_path):
 
 # ---- processes born after the start: watched from their exec -------------------------------------------------
 
-def exec_watcher(tmp_path, pids, cost=0.0):
+def exec_watcher(tmp_path, pids, cost=0.0, where=None):
     """A watcher whose locate() records when it ran: each pid publishes once it is in `loaded` (its libraries
-    loaded); a pid whose folder is gone has exited. `cost`: seconds each check takes on the fake clock."""
+    loaded); a pid whose folder is gone has exited. `cost`: seconds each check takes on the fake clock.
+    `where`: pid -> the location its checks find (default LOC)."""
     for pid in pids:
         (tmp_path / str(pid)).mkdir()
     clock = Clock()
@@ -198,7 +200,7 @@ def exec_watcher(tmp_path, pids, cost=0.0):
         clock.t += cost
         if not (tmp_path / str(pid)).exists():
             raise OSError(f"pid {pid}: the process has exited")
-        return LOC if pid in loaded else None
+        return (where or {}).get(pid, LOC) if pid in loaded else None
 
     sources = AppSources(locate, lambda pid: CTX if pid in loaded else None, lambda data, keys: {})
     w = AppWatcher(sources, clock, EventLog(level="error"), str(tmp_path))
@@ -235,6 +237,28 @@ def test_an_exec_is_checked_at_once_then_50ms_doubling_until_its_library_loads(t
     run_until(w, clock, t0 + 5.0)
     assert len(checks) == 5  # located: no more checks
     assert w.annotate(tree_session(pid=30, app=AppContext("ok", 1, 2, 1))).app.service_name == "shop"
+
+
+def test_a_location_not_settled_is_written_and_checked_again_until_glibc_placed_the_block(tmp_path):
+    """A TLSDESC library just dlopen'ed: its module id is counted, but glibc decides at the first access whether
+    its block goes to static TLS. The counted answer is written at once, the watch goes on, and the settled
+    answer replaces it (an early check must not leave a wrong location for good)."""
+    counted = TlsLocation(5, 0, 16, "/lib/libotel_thread_ctx.so", "dtv", settled=False)
+    static = TlsLocation(0, -4096, 16, "/lib/libotel_thread_ctx.so", "static-tls")
+    where = {33: counted}
+    w, maps, clock, loaded, checks = exec_watcher(tmp_path, [33], where=where)
+    loaded.add(33)
+    w.born(33)
+    t0 = clock.t
+    run_until(w, clock, t0 + 0.02)
+    assert maps[0].entries == {33: (0, 16, 5, True)} and w.counters.exec_watches["located"] == 0
+    where[33] = static  # its first span: the descriptor is resolved, into static TLS
+    run_until(w, clock, t0 + 1.0)
+    assert maps[0].entries == maps[1].entries == {33: (-4096, 16, 0, True)}
+    assert w.counters.exec_watches["located"] == 1 and w.counters.processes_publishing == 1
+    n = len(checks)
+    run_until(w, clock, t0 + 5.0)
+    assert len(checks) == n  # settled: no more checks
 
 
 def test_the_watch_is_bounded_and_then_the_process_is_handled_by_its_sessions(tmp_path):

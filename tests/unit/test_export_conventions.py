@@ -120,8 +120,8 @@ def _runtime(tmp_path: Path):
     runtime = Runtime(RuntimeConfig(probe_sets=(ProbeSetConfig("bpf", ("f",)),)), RuntimeDeps(root=str(tmp_path)))
     runtime.probe_sets = [ps]  # type: ignore[list-item]
     runtime.metrics.counters = lambda: RunCounters(3, {"queue_full": 1}, 1, 1, {"success": 1, "failure": 0},
-                                           {"linked": 1}, 2, 1, 0, {"located": 1},
-                                           k8s=WatchCounters(True, {"forbidden": 1}, lists=1, events=2, pods=3))
+                                           {"linked": 1}, 2, 1, 0, user_stacks_unsymbolized={"timeout": 1},
+                                           app_exec_watches={"located": 1}, k8s=WatchCounters(True, {"forbidden": 1}, lists=1, events=2, pods=3))
     return runtime
 
 
