@@ -94,7 +94,7 @@ class _Process:
 class _Watch:
     """A process watched from its exec: when it is checked next, and how long after that the one after."""
 
-    __slots__ = ("born_at", "due", "interval", "seq", "checks")
+    __slots__ = ("born_at", "due", "interval", "seq", "checks", "located")
 
     def __init__(self, born_at: float, seq: int) -> None:
         self.born_at = born_at
@@ -102,6 +102,7 @@ class _Watch:
         self.interval = EXEC_RECHECK_FIRST_S
         self.seq = seq  # its live entry in the schedule (older entries of a re-exec'd pid are skipped)
         self.checks = 0
+        self.located = False  # counted and logged as located; checked on only until its location settles
 
 
 class AppCounters:
@@ -322,6 +323,7 @@ class AppWatcher:
             if proc.context is None:  # its library loaded, its process context not published yet: read later
                 proc.context_read_at = float("-inf")
             self._push(proc, self._targets)
+            self._count_watch(tgid, w, now, "located")
         if location is None or not location.settled:
             w.due = now + w.interval
             w.interval = min(w.interval * 2, EXEC_RECHECK_MAX_S)
@@ -334,6 +336,12 @@ class AppWatcher:
 
     def _end_watch(self, tgid: int, w: _Watch, now: float, outcome: str) -> None:
         del self._watched[tgid]
+        self._count_watch(tgid, w, now, outcome)
+
+    def _count_watch(self, tgid: int, w: _Watch, now: float, outcome: str) -> None:
+        if w.located:
+            return  # said once, when its (not yet settled) location was first written
+        w.located = outcome == "located"
         self.counters.exec_watches[outcome] += 1
         self.log.debug("exec'd process watched for thread context", pid=tgid, outcome=outcome, checks=w.checks,
                        after_exec_s=round(now - w.born_at, 3))
