@@ -15,7 +15,7 @@ from retsnoop_otel.agent.main import Agent
 from retsnoop_otel.capture.records import SessionEndRec
 from retsnoop_otel.runtime.logs import EventLog
 from retsnoop_otel.workload.k8s_settings import KubernetesConfig
-from retsnoop_otel.workload.pods import PodCache, PodMeta
+from retsnoop_otel.workload.pods import ContainerMeta, PodCache, PodMeta
 from retsnoop_otel.workload.resolver import WorkloadResolver
 from tests.tls_certs import make_ca
 from tests.unit.test_agent_lifecycle import CONFIG, World, by_set, error_session, wait_exported
@@ -28,7 +28,7 @@ def test_sessions_carry_their_workload_to_the_exported_resource(tmp_path: Path) 
     root = host(tmp_path / "root")
     process(root, 4321, f"0::/{APP}\n", "/usr/local/bin/checkout-server", comm="python")
     pods = PodCache(lambda: 0.0)
-    pods.upsert(PodMeta(UID, "checkout-7d4b9c8f6-x2x9k", "shop", {CID: ("app", "containerd")}))
+    pods.upsert(PodMeta(UID, "checkout-7d4b9c8f6-x2x9k", "shop", {CID: ContainerMeta("app", "containerd")}))
     seen = []
 
     def make_workloads(root_dir, clock, kube, log):
