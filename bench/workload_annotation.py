@@ -30,7 +30,7 @@ from bench.span_throughput import OFFSET, make_funcs, make_session  # noqa: E402
 from retsnoop_otel.capture.model import Session, StackEntry  # noqa: E402
 from retsnoop_otel.export.resource import build_resource  # noqa: E402
 from retsnoop_otel.export.span_encoder import SpanEncoder, WorkloadEnvelopes  # noqa: E402
-from retsnoop_otel.workload.pods import PodCache, PodMeta  # noqa: E402
+from retsnoop_otel.workload.pods import ContainerMeta, PodCache, PodMeta  # noqa: E402
 from retsnoop_otel.workload.resolver import WorkloadResolver  # noqa: E402
 
 CONTAINERS = 20
@@ -51,7 +51,9 @@ def fixture_tree(root: Path, rng: random.Random) -> tuple[list[tuple[int, int, s
         rel = f"kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid.replace('-', '_')}.slice/" \
               f"cri-containerd-{cid}.scope"
         (root / "sys/fs/cgroup" / rel).mkdir(parents=True)
-        pods.upsert(PodMeta(uid, f"pod-{i}", "bench", {cid: ("main", "containerd")}))
+        main = ContainerMeta("main", "containerd", "registry.example/bench/main", ("1.0",))
+        pods.upsert(PodMeta(uid, f"pod-{i}", "bench", {cid: main}, (("replicaset", f"app{i}-5c9d8b7f4"),
+                                                                    ("deployment", f"app{i}"))))
         cgroups.append((rel, os.stat(root / "sys/fs/cgroup" / rel).st_ino))
     procs = []
     for pid in range(1000, 1000 + PROCESSES):

@@ -137,10 +137,14 @@ def test_json_output_carries_the_workload_and_the_executable() -> None:
     from retsnoop_otel.render.console import session_json
     from tests.unit.test_span_content import FUNCS, tree_session
 
-    w = Workload(CID, "containerd", UID, "checkout-7d4b9c8f6-x2x9k", "shop", "app")
+    w = Workload(CID, "containerd", UID, "checkout-7d4b9c8f6-x2x9k", "shop", "app",
+                 owners=(("replicaset", "checkout-7d4b9c8f6"), ("deployment", "checkout")),
+                 image_name="registry.example/shop/checkout", image_tags=("1.4.2",))
     out = session_json(tree_session(workload=w, exe_name="checkout-server"), FUNCS, 0)
     assert out["workload"] == {"container_id": CID, "container_runtime": "containerd", "pod_uid": UID,
-                               "pod_name": "checkout-7d4b9c8f6-x2x9k", "namespace": "shop", "container_name": "app"}
+                               "pod_name": "checkout-7d4b9c8f6-x2x9k", "namespace": "shop", "container_name": "app",
+                               "owners": {"replicaset": "checkout-7d4b9c8f6", "deployment": "checkout"},
+                               "image_name": "registry.example/shop/checkout", "image_tags": ["1.4.2"]}
     assert out["exe"] == "checkout-server" and out["proc_comm"] == "bpftool"
     podman = session_json(tree_session(workload=Workload("e4b0" * 16, "podman")), FUNCS, 0)
     assert podman["workload"] == {"container_id": "e4b0" * 16, "container_runtime": "podman"}
