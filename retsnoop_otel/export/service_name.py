@@ -12,10 +12,10 @@ So a session's resource names the service of the process it ran in, taken from t
 Steps 2 to 5 follow the order of OpenTelemetry's non-normative "Resource attributes in Kubernetes" page, with
 two differences: `app.kubernetes.io/instance` (a release's name, such as Helm's) is not used, and the
 container's name comes before the pod's, which is not used (a bare pod's name is rarely the service's).
-Every container of a pod (a sidecar too) is thus under the pod's service, as the pod's owner names it.
-The tracer itself stays visible as the
-spans' instrumentation scope (`retsnoop_otel`) and keeps `retsnoop-otel` for its own telemetry; `agent`
-(`exporter.service_name_from`, `--service-name-from`) puts every kernel span under that one service instead.
+Every container of a pod (a sidecar too) is thus under the pod's service, as the pod's owner names it, unless its
+process names its own. The tracer itself stays visible as the spans' instrumentation scope (`retsnoop_otel`) and
+keeps `retsnoop-otel` for its own telemetry; `agent` (`exporter.service_name_from`, `--service-name-from`) puts
+every kernel span under that one service instead.
 """
 
 from __future__ import annotations
