@@ -74,7 +74,7 @@ def test_each_container_has_its_own_resource(vm_batch) -> None:
         assert root["resource"]["host.name"] == root["resource"]["k8s.node.name"] == "node-a"  # K8S_NODE_NAME
         assert root["exe"].startswith("python"), root  # /proc/PID/exe (python3.11), not the kernel's comm
         assert root["resource"]["service.name"] == SERVICE.get(name, root["exe"]), name
-        resources[name] = tuple(sorted(root["resource"].items()))
+        resources[name] = tuple(sorted((k, repr(v)) for k, v in root["resource"].items()))  # tags: a list
     # one ResourceSpans per workload: the resources differ (container.id, or the pod for the conmon scope)
     assert len(set(resources.values())) == len(WANT)
 
