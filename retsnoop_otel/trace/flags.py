@@ -247,7 +247,8 @@ def build_parser(prog: str = "retsnoop-otel trace") -> OneLineErrorParser:
                      help="include raw kernel addresses in exported data (they reveal the KASLR offset)")
     exp.add_argument("--service-name-from", choices=SERVICE_NAME_FROM, default="workload",
                      help="service.name of exported sessions: the traced process's own service (its OTel process "
-                          "context, container name, else executable; default) or agent: retsnoop-otel's")
+                          "context, its pod's service annotation, app.kubernetes.io/name or owning workload, "
+                          "container name, else executable; default) or agent: retsnoop-otel's")
     exp.add_argument("--web.listen-address", dest="web_listen_address", metavar="[HOST]:PORT",
                      help="serve Prometheus metrics there (exporter-toolkit's flag; :9464 is every address)")
     exp.add_argument("--metrics-port", type=_port, metavar="PORT", help="serve Prometheus metrics on PORT")
