@@ -241,8 +241,11 @@ def build_parser(prog: str = "retsnoop-otel trace") -> OneLineErrorParser:
     flt.add_argument("--cgroup", metavar="PATH", help="only tasks in this cgroup (v2 path) or below it")
     exp = p.add_argument_group("export")
     exp.add_argument("--otlp-endpoint", metavar="URL",
-                     help="export sessions as OTLP traces (default: OTEL_EXPORTER_OTLP_* variables)")
-    exp.add_argument("--otlp-protocol", choices=("grpc", "http/protobuf"), help="OTLP protocol")
+                     help="export sessions as OTLP traces to this URL, such as http://collector:4318 "
+                          "(default: OTEL_EXPORTER_OTLP_* variables)")
+    exp.add_argument("--otlp-protocol", choices=("grpc", "http/protobuf"),
+                     help="OTLP protocol (default: OTEL_EXPORTER_OTLP_PROTOCOL, else http/protobuf, a collector's port "
+                          "4318; grpc is its port 4317)")
     exp.add_argument("--export-addresses", action="store_true",
                      help="include raw kernel addresses in exported data (they reveal the KASLR offset)")
     exp.add_argument("--service-name-from", choices=SERVICE_NAME_FROM, default="workload",
