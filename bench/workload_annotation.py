@@ -28,7 +28,7 @@ from bench.harness import OFFSET, make_funcs, make_session
 from retsnoop_otel.capture.model import Session, StackEntry
 from retsnoop_otel.export.resource import build_resource
 from retsnoop_otel.export.span_encoder import SpanEncoder, WorkloadEnvelopes
-from retsnoop_otel.workload.pods import PodCache, PodMeta
+from retsnoop_otel.workload.pods import ContainerMeta, PodCache, PodMeta
 from retsnoop_otel.workload.resolver import WorkloadResolver
 
 CONTAINERS = 20
@@ -49,7 +49,9 @@ def fixture_tree(root: Path, rng: random.Random) -> tuple[list[tuple[int, int, s
         rel = f"kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid.replace('-', '_')}.slice/" \
               f"cri-containerd-{cid}.scope"
         (root / "sys/fs/cgroup" / rel).mkdir(parents=True)
-        pods.upsert(PodMeta(uid, f"pod-{i}", "bench", {cid: ("main", "containerd")}))
+        main = ContainerMeta("main", "containerd", "registry.example/bench/main", ("1.0",))
+        pods.upsert(PodMeta(uid, f"pod-{i}", "bench", {cid: main}, (("replicaset", f"app{i}-5c9d8b7f4"),
+                                                                    ("deployment", f"app{i}"))))
         cgroups.append((rel, os.stat(root / "sys/fs/cgroup" / rel).st_ino))
     procs = []
     for pid in range(1000, 1000 + PROCESSES):

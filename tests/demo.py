@@ -2,16 +2,16 @@
 
     python -m tests.demo          (from the repo root; `make demo` runs it in a 6.12 VM via tests/vm/run)
 
-Starts a local OTLP receiver (tests/otlp_receiver.py, a real gRPC server), runs
-`retsnoop-otel trace` with OTLP export and the metrics endpoint (its output is echoed live), makes the
-kernel fail with `simfail`, then with a small Python service instrumented with the OpenTelemetry SDK
-(tests/otel_service.py, publishing its thread context through retsnoop_otel.publisher and exporting its
-own spans to the same receiver), then shows what each sink got: the retsnoop-style stacks, the
-Prometheus series for the failing function and the traces as span trees, the service's request span
-with the kernel chain nested under it; last, that no BPF program of ours stays loaded. Exit code 0 only
+Starts a local OTLP receiver (tests/otlp_receiver.py, a real OTLP/HTTP and OTLP/gRPC server), runs
+`retsnoop-otel trace` with OTLP export (OTLP/HTTP, the default protocol) and the metrics endpoint (its output
+is echoed live), makes the kernel fail with `simfail`, then with a small Python service instrumented with the
+OpenTelemetry SDK (tests/otel_service.py, publishing its thread context through retsnoop_otel.publisher and
+exporting its own spans to the same receiver over gRPC), then shows what each sink got: the retsnoop-style
+stacks, the Prometheus series for the failing function and the traces as span trees, the service's request
+span with the kernel chain nested under it; last, that no BPF program of ours stays loaded. Exit code 0 only
 when the tracer exited 0, all of that was seen and nothing stayed attached; otherwise 1, with a one-line
-reason on stderr. Meant to run as root on a kernel that allows tracing
-(inside the VM); tests/vm/scenarios/demo.py runs it the same way.
+reason on stderr. Meant to run as root on a kernel that allows tracing (inside the VM);
+tests/vm/scenarios/demo.py runs it the same way.
 """
 
 from __future__ import annotations
@@ -173,7 +173,8 @@ def main() -> int:
     run_shown([PY, "-m", "retsnoop_otel", "features"])
     tmp = Path(tempfile.mkdtemp(prefix="retsnoop-otel-demo-"))
     out_file = tmp / "otlp.jsonl"
-    receiver = Proc([PY, "-m", "tests.otlp_receiver", "--port", "0", "--out", str(out_file)], CHILD_ENV, str(ROOT))
+    receiver = Proc([PY, "-m", "tests.otlp_receiver", "--port", "0", "--http-port", "0", "--out", str(out_file)],
+                    CHILD_ENV, str(ROOT))
     tracer: Proc | None = None
     tracer_rc: int | None = None
     stacks = 0
@@ -181,10 +182,11 @@ def main() -> int:
     tree: list[str] = []
     try:
         try:
-            port = int(receiver.wait_for_line(r"READY (\d+)", SLOW).group(1))
-            say(f"== OTLP/gRPC receiver listening on 127.0.0.1:{port}")
+            ready = receiver.wait_for_line(r"READY (\d+) HTTP (\d+)", SLOW)
+            port, http_port = int(ready.group(1)), int(ready.group(2))
+            say(f"== OTLP receiver listening on 127.0.0.1:{http_port} (OTLP/HTTP) and 127.0.0.1:{port} (OTLP/gRPC)")
             cmd = [PY, "-m", "retsnoop_otel", "trace", "-e", "*sys_bpf", "-a", FUNC,
-                   "--otlp-endpoint", f"http://127.0.0.1:{port}", "--metrics-port", str(METRICS_PORT)]
+                   "--otlp-endpoint", f"http://127.0.0.1:{http_port}", "--metrics-port", str(METRICS_PORT)]
             say("== $", " ".join(cmd[2:]).replace("retsnoop_otel", "retsnoop-otel"))
             tracer = Proc(cmd, CHILD_ENV, str(ROOT), echo=emit)
             tracer.wait_for_line(r"Receiving data", SLOW)

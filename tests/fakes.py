@@ -275,7 +275,7 @@ probe_sets:
     mode: calls
     sampling: {{success_probability: {prob}}}
 exporter:
-  otlp: {{endpoint: "http://127.0.0.1:4317"}}
+  otlp: {{endpoint: "http://127.0.0.1:4318"}}
 metrics:
   listen: "127.0.0.1:0"
 logging:

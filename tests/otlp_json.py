@@ -27,8 +27,10 @@ def wait_requests(path: Path, timeout: float) -> list[dict]:
 
 
 def value(v: dict) -> Any:
-    """An AnyValue: ints as ints (the JSON mapping writes int64 as strings), the rest as given."""
+    """An AnyValue: ints as ints (the JSON mapping writes int64 as strings), arrays as lists, the rest as given."""
     (kind, val), = v.items() if v else (("stringValue", ""),)
+    if kind == "arrayValue":
+        return [value(x) for x in val.get("values", [])]
     return int(val) if kind == "intValue" else val
 
 

@@ -24,7 +24,7 @@ import pytest
 
 from retsnoop_otel.workload.k8s_settings import KubeSettings
 from retsnoop_otel.workload.k8s_watch import HttpError, PodWatch, _short, reason_of
-from retsnoop_otel.workload.pods import PodCache
+from retsnoop_otel.workload.pods import ContainerMeta, PodCache
 from tests import fake_apiserver
 from tests.fake_apiserver import Answer, FakeApiServer, fixture, fixture_events, make_test_ca
 
@@ -96,13 +96,23 @@ def test_list_then_watch_fills_the_cache(server: FakeApiServer, certs, token: Pa
         cache = watch.cache
         checkout = cache.get(CHECKOUT)
         assert checkout is not None and (checkout.name, checkout.namespace) == ("checkout-7d4b9c8f6-x2x9k", "shop")
-        assert {cid[:8]: c for cid, c in checkout.containers.items()} == {
-            "3a8f1c4b": ("app", "containerd"), "e4b0f6b9": ("istio-proxy", "containerd"),
-            "9d2c7e1f": ("migrate", "containerd"), "c0ffee1d": ("debugger-h7k2p", "containerd")}
-        assert cache.get(PENDING).containers == {}  # no container id before the container is created
-        assert cache.get(WEB).containers == {WEB_ID: ("web", "containerd")}  # ADDED without, MODIFIED with an id
+        assert {cid[:8]: c for cid, c in checkout.containers.items()} == {  # images from spec.*containers[]
+            "3a8f1c4b": ContainerMeta("app", "containerd", "registry.example/shop/checkout", ("1.4.2",)),
+            "e4b0f6b9": ContainerMeta("istio-proxy", "containerd", "docker.io/istio/proxyv2", ("1.24.1",)),
+            "9d2c7e1f": ContainerMeta("migrate", "containerd", "registry.example/shop/migrate", ("1.4.2",)),
+            "c0ffee1d": ContainerMeta("debugger-h7k2p", "containerd", "docker.io/library/busybox", ("1.37",))}
+        # ownerReferences: the ReplicaSet, and its Deployment by the pod-template-hash label
+        assert checkout.owners == (("replicaset", "checkout-7d4b9c8f6"), ("deployment", "checkout"))
+        assert (checkout.annotated_service, checkout.app_name) == ("", "")
+        pending = cache.get(PENDING)
+        assert pending.containers == {}  # no container id before the container is created
+        assert pending.owners == (("job", "report-29919600"), ("cronjob", "report"))  # the Job's name: a schedule
+        web = cache.get(WEB)  # ADDED without, MODIFIED with an id
+        assert web.containers == {WEB_ID: ContainerMeta("web", "containerd", "registry.example/shop/web", ("2.0.1",))}
+        assert web.app_name == "storefront" and web.owners[-1] == ("deployment", "web")
         gone = cache.get(COREDNS)  # DELETED, but kept for the sessions still on their way
         assert gone is not None and gone.name == "coredns-76f75df574-9bz6m" and cache.deleted == 1
+        assert gone.annotated_service == "cluster-dns"
         assert len(cache) == 3
     finally:
         watch.close()

@@ -1,4 +1,5 @@
 """OTLP export over real sockets: encoder -> OtlpTraceSink -> sender -> tests/otlp_receiver.py (gRPC and HTTP).
+No protocol given is OTLP/HTTP (the specification's default), which the cases with protocol None exercise.
 
 The production path and the SDK-object oracle (bench/oracle_spans.py, encoded by the SDK) both go
 through the same sender, and the receiver must see the same trace from either.
@@ -129,7 +130,7 @@ def _len(payload: bytes) -> bytes:
 
 
 @pytest.mark.parametrize("path", ["fast", "sdk"])
-@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf", None])
 def test_export_to_subprocess_receiver(receiver_proc, protocol, path, monkeypatch):
     proxies = [v for v in os.environ if v.lower().endswith("_proxy")]  # the exporters must reach 127.0.0.1
     for var in ("OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES", *proxies):
@@ -152,8 +153,8 @@ def test_sessions_arrive_under_their_own_service(receiver_proc, monkeypatch, ser
     proxies = [v for v in os.environ if v.lower().endswith("_proxy")]
     for var in ("OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES", *proxies):
         monkeypatch.delenv(var, raising=False)
-    proc, grpc_port, _http_port, out = receiver_proc
-    sink = make_sink(grpc_port, "grpc")
+    proc, _grpc_port, http_port, out = receiver_proc
+    sink = make_sink(http_port, None)  # the default protocol: OTLP/HTTP
     resource = build_resource()
     sess = session()
     sess.exe_name = "simfail"

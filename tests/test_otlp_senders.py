@@ -28,7 +28,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 
 from retsnoop_otel import __version__
 from retsnoop_otel.export.grpc_sender import GrpcSender
-from retsnoop_otel.export.http_sender import HttpSender
+from retsnoop_otel.export.http_sender import GRPC_PORT_HINT, HttpSender
 from retsnoop_otel.export.otlp_file import OtlpJsonFileSender
 from retsnoop_otel.export.otlp_settings import OtlpConfig, OtlpConfigError, OtlpSettings, resolve_settings
 from retsnoop_otel.export.senders import build_sender
@@ -59,7 +59,7 @@ def metrics_request() -> bytes:
     return request.SerializeToString()
 
 
-def settings_for(receiver: Receiver, protocol: str, signal: str = "traces", env: dict[str, str] | None = None,
+def settings_for(receiver: Receiver, protocol: str | None, signal: str = "traces", env: dict[str, str] | None = None,
                  scheme: str = "http", host: str = "127.0.0.1", **cfg: object) -> OtlpSettings:
     port = receiver.port if protocol == "grpc" else receiver.http_port
     cfg.setdefault("endpoint", f"{scheme}://{host}:{port}")
@@ -145,6 +145,32 @@ def test_plaintext_trace_request_arrives_intact(receiver: Receiver, protocol: st
     assert receiver.headers[0]["user-agent"].startswith(f"retsnoop-otel/{__version__}")
     if protocol == "http/protobuf":
         assert receiver.headers[0]["content-type"] == "application/x-protobuf"
+
+
+@pytest.mark.parametrize("signal,path", [("traces", "/v1/traces"), ("metrics", "/v1/metrics")])
+def test_no_protocol_given_is_otlp_http_to_the_signal_path(receiver: Receiver, signal: str, path: str,
+                                                           sender_cleanup: list) -> None:
+    """The specification's default: http/protobuf, the signal's path appended to the endpoint (a base URL)."""
+    settings = settings_for(receiver, None, signal)
+    assert (settings.protocol, settings.url) == ("http/protobuf", f"http://127.0.0.1:{receiver.http_port}{path}")
+    sender = build(settings, sender_cleanup)
+    assert isinstance(sender, HttpSender)
+    body = trace_request() if signal == "traces" else metrics_request()
+    assert sender.send(body, 1).ok
+    got = receiver.requests if signal == "traces" else receiver.metric_requests
+    assert [r.SerializeToString() for r in got] == [body]
+    assert len(receiver.http_peers) == 1  # over HTTP, to the signal's own path
+    assert (receiver.metric_requests if signal == "traces" else receiver.requests) == []
+
+
+def test_otlp_http_sent_to_a_grpc_port_says_so_at_once(receiver: Receiver, sender_cleanup: list) -> None:
+    """A gRPC server answers an HTTP/1.1 POST with HTTP/2 frames: the error says what happened and how to fix
+    it, and no retry is spent on a port that will not change its protocol."""
+    settings = settings_for(receiver, None, endpoint=f"http://127.0.0.1:{receiver.port}", timeout_s=30)
+    result = build(settings, sender_cleanup).send(trace_request(), 1)
+    assert result == SendResult(False, error=GRPC_PORT_HINT)
+    assert "4318" in GRPC_PORT_HINT and "grpc" in GRPC_PORT_HINT
+    assert receiver.attempts == 0 and receiver.requests == []  # the gRPC service never saw a request
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)

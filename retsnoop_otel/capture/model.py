@@ -237,6 +237,12 @@ class Workload(NamedTuple):
     pod_name: str = ""
     namespace: str = ""
     container_name: str = ""
+    # what the pod says of itself (workload/pod_fields.py), for the resource and the session's service.name
+    annotated_service: str = ""  # pod annotation resource.opentelemetry.io/service.name
+    app_name: str = ""  # pod label app.kubernetes.io/name
+    owners: tuple[tuple[str, str], ...] = ()  # (kind, name) from the pod's controller up: replicaset, deployment
+    image_name: str = ""  # container.image.name: the reference without tag and digest
+    image_tags: tuple[str, ...] = ()  # container.image.tags
 
     def __bool__(self) -> bool:
         return bool(self.container_id or self.pod_uid)

@@ -24,6 +24,14 @@ from retsnoop_otel.export.sending import (
     signal_messages,
 )
 
+GRPC_PORT_HINT = ("the server answered in HTTP/2, as an OTLP/gRPC receiver does (port 4317?): send OTLP/HTTP to "
+                  "its OTLP/HTTP port (4318), or set the protocol to grpc")
+
+
+def _http2_settings(line: str) -> bool:
+    """Whether a status line is an HTTP/2 SETTINGS frame (RFC 9113 4.1, 6.5), which a gRPC server sends first."""
+    return len(line) >= 4 and line[:2] == "\x00\x00" and line[3] == "\x04"
+
 
 class HttpSender(Retrying):
     """POSTs over one kept-alive connection (http.client), reconnecting after errors. One sending thread at a
@@ -110,6 +118,8 @@ class HttpSender(Retrying):
                 error = one_line(f"connection error: {type(exc).__name__}: {exc}")
                 if isinstance(exc, ssl.SSLError):  # certificates or TLS settings: retrying will not help
                     return SendResult(False, error=error), False, None
+                if isinstance(exc, http.client.BadStatusLine) and _http2_settings(exc.line):
+                    return SendResult(False, error=GRPC_PORT_HINT), False, None  # a gRPC port stays one
                 if reused and not isinstance(exc, TimeoutError) and not self._stopped.is_set():
                     continue  # the server closed an idle kept-alive connection: reconnect at once, once
                 return SendResult(False, error=error), True, None

@@ -23,7 +23,7 @@ from retsnoop_otel.inputs.tls_files import check_ca_bundle, check_key_pair
 SIGNALS = ("traces", "metrics")
 PROTOCOLS = ("grpc", "http/protobuf")
 COMPRESSIONS = ("gzip", "deflate", "none")
-DEFAULT_PROTOCOL = "grpc"  # this project's documented default (the spec allows it in place of http/protobuf)
+DEFAULT_PROTOCOL = "http/protobuf"  # the specification's default (protocol/exporter.md, "Specify Protocol")
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
 DEFAULT_HTTP_BASE = "http://localhost:4318/"
@@ -106,13 +106,14 @@ def _choice(v: _Value, allowed: tuple[str, ...]) -> str:
     return text
 
 
-def _protocol(look: _Lookup) -> str:
+def _protocol(look: _Lookup) -> tuple[str, bool]:
+    """(protocol, whether it is the default because nothing set it)."""
     v = look.get("protocol", "PROTOCOL")
     if v.value is None:
-        return DEFAULT_PROTOCOL
+        return DEFAULT_PROTOCOL, True
     if str(v.value).strip().lower() == "http/json":
         raise _error(v, "http/json is not supported", "use http/protobuf or grpc")
-    return _choice(v, PROTOCOLS)
+    return _choice(v, PROTOCOLS), False
 
 
 MAX_HOST_CHARS = 253  # a DNS name's limit (RFC 1035), written out
@@ -181,11 +182,17 @@ def _split_url(v: _Value, text: str, example: str) -> SplitResult:
     return parts
 
 
-def _http_url(look: _Lookup) -> tuple[str, bool]:
+def _http_url(look: _Lookup, by_default: bool) -> tuple[str, bool]:
     """Per-signal variable as is; the generic variable and a config endpoint are base URLs (spec), except a
-    config endpoint that already ends in /v1/<signal>."""
+    config endpoint that already ends in /v1/<signal>. A scheme-less host:port is OTLP/gRPC's form (spec: only
+    gRPC endpoints may omit the scheme), so it is refused with both ways out: a URL, or the gRPC protocol."""
     v = look.get("endpoint", "ENDPOINT")
     text = DEFAULT_HTTP_BASE if v.value is None else str(v.value).strip()
+    if v.value is not None and "://" not in text and not any(c.isspace() or ord(c) < 32 for c in text):
+        which = "http/protobuf, the default" if by_default else "http/protobuf"
+        raise _error(_hide_secrets(v), "not an http:// or https:// URL (a host:port without a scheme is for "
+                     f"OTLP/gRPC, and the protocol is {which})", "write it like http://collector:4318, or set "
+                     f"{look.name('protocol')}=grpc (or OTEL_EXPORTER_OTLP_PROTOCOL=grpc) for gRPC")
     parts = _split_url(v, text, "http://collector:4318")
     suffix = f"v1/{look.signal}"
     base = v.source in ("generic", "default") or (
@@ -306,11 +313,11 @@ def resolve_settings(cfg: OtlpConfig, signal: str, environ: Mapping[str, str] = 
     if signal not in SIGNALS:
         raise ValueError(f"signal must be one of {SIGNALS}, not {signal!r}")
     look = _Lookup(cfg, signal, environ, names or {})
-    protocol = _protocol(look)
+    protocol, by_default = _protocol(look)
     if protocol == "grpc":
         url, target, tls = _grpc_target(look)
     else:
-        (url, tls), target = _http_url(look), ""
+        (url, tls), target = _http_url(look, by_default), ""
     compression = look.get("compression", "COMPRESSION")
     certificate = look.get("certificate", "CERTIFICATE")
     key = look.get("client_key", "CLIENT_KEY")
@@ -334,7 +341,8 @@ def resolve_settings(cfg: OtlpConfig, signal: str, environ: Mapping[str, str] = 
 
 
 def describe(settings: OtlpSettings) -> str:
-    """Short text for logs, e.g. "grpc localhost:4317 (TLS)". Never headers, user info or the query string:
+    """Short text for logs, e.g. "http/protobuf http://localhost:4318/v1/traces (plaintext)" or
+    "grpc localhost:4317 (TLS)". Never headers, user info or the query string:
     they can hold API keys."""
     where = settings.target
     if settings.protocol != "grpc":

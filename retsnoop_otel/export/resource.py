@@ -139,11 +139,21 @@ def build_resource(root: str | Path = "/", service_name: str = DEFAULT_SERVICE_N
     return Resource(attrs, SCHEMA_URL)
 
 
-def workload_attributes(workload: Workload) -> dict[str, str]:
-    """The resource attributes that tell one traced workload from another (known values only)."""
-    pairs = (("container.id", workload.container_id), ("container.runtime.name", workload.container_runtime),
-             ("k8s.pod.uid", workload.pod_uid), ("k8s.pod.name", workload.pod_name),
-             ("k8s.namespace.name", workload.namespace), ("k8s.container.name", workload.container_name))
+# a pod's owner kinds (Workload.owners, workload/pod_fields.py) -> their semantic-conventions attribute
+OWNER_ATTRIBUTES = {"replicaset": "k8s.replicaset.name", "deployment": "k8s.deployment.name",
+                    "daemonset": "k8s.daemonset.name", "statefulset": "k8s.statefulset.name",
+                    "job": "k8s.job.name", "cronjob": "k8s.cronjob.name"}
+
+
+def workload_attributes(workload: Workload) -> dict[str, Any]:
+    """The resource attributes that tell one traced workload from another (known values only): its container and
+    image, its pod and the pod's owners (container.image.tags a string array)."""
+    pairs: list[tuple[str, Any]] = [
+        ("container.id", workload.container_id), ("container.runtime.name", workload.container_runtime),
+        ("container.image.name", workload.image_name), ("container.image.tags", list(workload.image_tags)),
+        ("k8s.pod.uid", workload.pod_uid), ("k8s.pod.name", workload.pod_name),
+        ("k8s.namespace.name", workload.namespace), ("k8s.container.name", workload.container_name)]
+    pairs += [(OWNER_ATTRIBUTES[kind], name) for kind, name in workload.owners if kind in OWNER_ATTRIBUTES]
     return {key: value for key, value in pairs if value}
 
 

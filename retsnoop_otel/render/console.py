@@ -66,7 +66,8 @@ def session_json(session: Session, funcs: Mapping[int, TracedFunc], offset_ns: i
     if session.workload:
         w = session.workload
         fields = (("container_id", w.container_id), ("container_runtime", w.container_runtime), ("pod_uid", w.pod_uid),
-                  ("pod_name", w.pod_name), ("namespace", w.namespace), ("container_name", w.container_name))
+                  ("pod_name", w.pod_name), ("namespace", w.namespace), ("container_name", w.container_name),
+                  ("owners", dict(w.owners)), ("image_name", w.image_name), ("image_tags", list(w.image_tags)))
         out["workload"] = {k: v for k, v in fields if v}
     if session.app is not None:
         out["app"] = _app_json(session.app)

@@ -241,13 +241,17 @@ def build_parser(prog: str = "retsnoop-otel trace") -> OneLineErrorParser:
     flt.add_argument("--cgroup", metavar="PATH", help="only tasks in this cgroup (v2 path) or below it")
     exp = p.add_argument_group("export")
     exp.add_argument("--otlp-endpoint", metavar="URL",
-                     help="export sessions as OTLP traces (default: OTEL_EXPORTER_OTLP_* variables)")
-    exp.add_argument("--otlp-protocol", choices=("grpc", "http/protobuf"), help="OTLP protocol")
+                     help="export sessions as OTLP traces to this URL, such as http://collector:4318 "
+                          "(default: OTEL_EXPORTER_OTLP_* variables)")
+    exp.add_argument("--otlp-protocol", choices=("grpc", "http/protobuf"),
+                     help="OTLP protocol (default: OTEL_EXPORTER_OTLP_PROTOCOL, else http/protobuf, a collector's port "
+                          "4318; grpc is its port 4317)")
     exp.add_argument("--export-addresses", action="store_true",
                      help="include raw kernel addresses in exported data (they reveal the KASLR offset)")
     exp.add_argument("--service-name-from", choices=SERVICE_NAME_FROM, default="workload",
                      help="service.name of exported sessions: the traced process's own service (its OTel process "
-                          "context, container name, else executable; default) or agent: retsnoop-otel's")
+                          "context, its pod's service annotation, app.kubernetes.io/name or owning workload, "
+                          "container name, else executable; default) or agent: retsnoop-otel's")
     exp.add_argument("--web.listen-address", dest="web_listen_address", metavar="[HOST]:PORT",
                      help="serve Prometheus metrics there (exporter-toolkit's flag; :9464 is every address)")
     exp.add_argument("--metrics-port", type=_port, metavar="PORT", help="serve Prometheus metrics on PORT")

@@ -1,4 +1,5 @@
-"""The pods of this node as the API server describes them: uid -> name, namespace, container id -> name.
+"""The pods of this node as the API server describes them: uid -> name, namespace, owners, the service its
+annotation or label names, container id -> name and image (pod_fields.py reads those).
 
 Filled by the pod watch (k8s_watch.py) from list and watch responses (plain JSON, as the API server
 sends them), read by the resolver on the capture loop: readers only look up dictionaries that the
@@ -13,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
+from retsnoop_otel.workload import pod_fields as pf
 from retsnoop_otel.workload.cgroup_path import split_k8s_container_id
 
 KEEP_DELETED_S = 300.0
@@ -20,11 +22,21 @@ MAX_DELETED = 4096
 _STATUS_LISTS = ("containerStatuses", "initContainerStatuses", "ephemeralContainerStatuses")
 
 
+class ContainerMeta(NamedTuple):
+    name: str
+    runtime: str
+    image_name: str = ""
+    image_tags: tuple[str, ...] = ()
+
+
 class PodMeta(NamedTuple):
     uid: str
     name: str
     namespace: str
-    containers: Mapping[str, tuple[str, str]] = MappingProxyType({})  # id -> (container name, runtime)
+    containers: Mapping[str, ContainerMeta] = MappingProxyType({})  # container id -> its name, runtime, image
+    owners: tuple[tuple[str, str], ...] = ()  # (kind, name) from the controller up (pod_fields.owners)
+    annotated_service: str = ""  # resource.opentelemetry.io/service.name
+    app_name: str = ""  # app.kubernetes.io/name
 
 
 def pod_meta(obj: Mapping[str, Any]) -> PodMeta | None:
@@ -34,13 +46,17 @@ def pod_meta(obj: Mapping[str, Any]) -> PodMeta | None:
     if not isinstance(uid, str) or not uid:
         return None
     status = obj.get("status") or {}
-    containers: dict[str, tuple[str, str]] = {}
+    images = pf.spec_images(obj.get("spec") or {})
+    containers: dict[str, ContainerMeta] = {}
     for key in _STATUS_LISTS:
         for cs in status.get(key) or ():
             cid, runtime = split_k8s_container_id(str(cs.get("containerID") or ""))
             if cid:  # not yet started: no id, and so no cgroup either
-                containers[cid] = (str(cs.get("name") or ""), runtime)
-    return PodMeta(uid, str(meta.get("name") or ""), str(meta.get("namespace") or ""), containers)
+                name = str(cs.get("name") or "")
+                image_name, image_tags = pf.split_image(images.get(name) or str(cs.get("image") or ""))
+                containers[cid] = ContainerMeta(name, runtime, image_name, image_tags)
+    return PodMeta(uid, str(meta.get("name") or ""), str(meta.get("namespace") or ""), containers, pf.owners(meta),
+                   pf.label(meta, pf.SERVICE_ANNOTATION, "annotations"), pf.label(meta, pf.APP_NAME_LABEL))
 
 
 class PodCache:

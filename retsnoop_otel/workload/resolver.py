@@ -142,14 +142,15 @@ class WorkloadResolver:
     def _workload(self, ref: ContainerRef) -> Workload:
         if not ref:
             return NO_WORKLOAD
-        runtime, pod_name, namespace, container = ref.runtime, "", "", ""
         pod = self.pods.get(ref.pod_uid) if self.pods is not None and ref.pod_uid else None
-        if pod is not None:
-            pod_name, namespace = pod.name, pod.namespace
-            named = pod.containers.get(ref.container_id)
-            if named is not None:
-                container, runtime = named[0], runtime or named[1]
-        return Workload(ref.container_id, runtime, ref.pod_uid, pod_name, namespace, container)
+        if pod is None:
+            return Workload(ref.container_id, ref.runtime, ref.pod_uid)
+        c = pod.containers.get(ref.container_id) if ref.container_id else None
+        if c is None:  # not started when the watch last heard, or a pod-level cgroup (conmon): the pod's own
+            return Workload(ref.container_id, ref.runtime, ref.pod_uid, pod.name, pod.namespace,
+                            annotated_service=pod.annotated_service, app_name=pod.app_name, owners=pod.owners)
+        return Workload(ref.container_id, ref.runtime or c.runtime, ref.pod_uid, pod.name, pod.namespace, c.name,
+                        pod.annotated_service, pod.app_name, pod.owners, c.image_name, c.image_tags)
 
     # ---- processes ----------------------------------------------------------------------------------------
 

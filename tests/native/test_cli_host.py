@@ -124,8 +124,13 @@ TRACE = ["trace", "-e", "*sys_bpf", "-a", "array_map_alloc_check"]
 # the kernel is asked for anything, so this host (which cannot trace) gives the input's own message.
 BAD_INPUT = {
     "endpoint_scheme": ([*TRACE, "--otlp-endpoint", "ftp://collector:4317"], {}, 2, "--otlp-endpoint"),
-    "endpoint_grpc_path": ([*TRACE, "--otlp-endpoint", "http://c:4317/v1/traces"], {}, 2,
+    "endpoint_grpc_path": ([*TRACE, "--otlp-endpoint", "http://c:4317/v1/traces", "--otlp-protocol", "grpc"], {}, 2,
                            "--otlp-protocol=http/protobuf"),
+    # host:port is gRPC's form; OTLP/HTTP, the default protocol, needs a URL
+    "endpoint_scheme_less": ([*TRACE, "--otlp-endpoint", "collector:4317"], {}, 2,
+                             "write it like http://collector:4318, or set --otlp-protocol=grpc"),
+    "endpoint_scheme_less_env": ([*TRACE], {"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4317"}, 2,
+                                 "OTEL_EXPORTER_OTLP_ENDPOINT='collector:4317': not an http:// or https:// URL"),
     "endpoint_env": ([*TRACE], {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317", "OTEL_EXPORTER_OTLP_TIMEOUT": "soon"},
                      2, "OTEL_EXPORTER_OTLP_TIMEOUT"),
     "metrics_port_busy": ([*TRACE, "--metrics-addr", "127.0.0.1", "--metrics-port", "{busy}"], {}, 1,

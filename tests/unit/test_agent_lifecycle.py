@@ -352,7 +352,7 @@ def test_console_and_file_outputs(tmp_path: Path, world: World) -> None:
     out_file = tmp_path / "traces.jsonl"
     cfg = tmp_path / "agent.yaml"
     cfg.write_text(AGENT_CONFIG.format(prob=1.0).replace(
-        'otlp: {endpoint: "http://127.0.0.1:4317"}', f"otlp: null\n  file: {out_file}\n  console: true"))
+        'otlp: {endpoint: "http://127.0.0.1:4318"}', f"otlp: null\n  file: {out_file}\n  console: true"))
     console = io.StringIO()
     agent = Agent(str(cfg), world.deps(console), EventLog(io.StringIO()))
     agent.start()
@@ -378,7 +378,7 @@ def test_console_is_written_once_per_poll_not_per_session(tmp_path: Path, world:
             super().flush()
 
     cfg = tmp_path / "agent.yaml"
-    cfg.write_text(AGENT_CONFIG.format(prob=1.0).replace('otlp: {endpoint: "http://127.0.0.1:4317"}',
+    cfg.write_text(AGENT_CONFIG.format(prob=1.0).replace('otlp: {endpoint: "http://127.0.0.1:4318"}',
                                                    "otlp: null\n  console: true"))
     console = Counting()
     agent = Agent(str(cfg), world.deps(console), EventLog(io.StringIO()))

@@ -290,13 +290,15 @@ def test_agent_web_config_plain_password_not_echoed(tmp_path: Path):
     assert "SECRET" not in line and "12345" not in line
 
 
-@pytest.mark.parametrize(("value", "named"), [
-    ("Authorization: Bearer SECRET", "header 'Authorization' has no '='"),
-    ("x-api-key=SEC%0ARET", "header 'x-api-key' has a control character"),
-    ("ok=1,Authorization: Bearer SEC=RET", "header #2 (its name starts 'authorization')"),  # gRPC: lower case
+@pytest.mark.parametrize(("value", "named", "protocol"), [
+    ("Authorization: Bearer SECRET", "header 'Authorization' has no '='", []),
+    ("x-api-key=SEC%0ARET", "header 'x-api-key' has a control character", []),
+    ("ok=1,Authorization: Bearer SEC=RET", "header #2 (its name starts 'Authorization')", []),  # OTLP/HTTP
+    ("ok=1,Authorization: Bearer SEC=RET", "header #2 (its name starts 'authorization')",  # gRPC: lower case
+     ["--otlp-protocol", "grpc"]),
 ])
-def test_trace_otlp_header_named_by_key_never_by_value(value: str, named: str):
-    line = _refused(_run("trace", "-e", "*sys_bpf", "--otlp-endpoint", "http://c:4317",
+def test_trace_otlp_header_named_by_key_never_by_value(value: str, named: str, protocol: list[str]):
+    line = _refused(_run("trace", "-e", "*sys_bpf", "--otlp-endpoint", "http://c:4318", *protocol,
                          env={"OTEL_EXPORTER_OTLP_HEADERS": value}), "OTEL_EXPORTER_OTLP_HEADERS", named)
     assert "SEC" not in line and "Bearer" not in line
 

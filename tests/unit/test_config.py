@@ -168,12 +168,18 @@ def test_bad_glob() -> None:
 
 
 def test_bad_endpoint_url() -> None:
-    for bad in ("ftp://x:1", "http://host:99999", "http://:4317", "http://c:4317/v1/traces"):
-        msg = settings_err(BASE + f"exporter:\n  otlp:\n    endpoint: '{bad}'\n")
+    for bad, protocol in (("ftp://x:1", ""), ("http://host:99999", ""), ("http://:4317", ""),
+                          ("http://c:4317/v1/traces", "    protocol: grpc\n"), ("collector:4317", "")):
+        msg = settings_err(BASE + f"exporter:\n  otlp:\n    endpoint: '{bad}'\n{protocol}")
         assert msg.startswith("agent.yaml:6: exporter.otlp.endpoint"), msg
         assert bad in msg and "\n" not in msg
-    # gRPC takes a scheme-less host:port (TLS unless insecure), as the OTLP specification allows
-    assert parse_config(BASE + "exporter:\n  otlp:\n    endpoint: 'collector:4317'\n").runtime.exporter.otlp.endpoint
+    # a scheme-less host:port is gRPC's form: with OTLP/HTTP, the default, the error names the key that fixes it
+    msg = settings_err(BASE + "exporter:\n  otlp:\n    endpoint: 'collector:4317'\n")
+    assert "write it like http://collector:4318, or set exporter.otlp.protocol=grpc" in msg, msg
+    # gRPC takes it (TLS unless insecure), as the OTLP specification allows
+    cfg = parse_config(BASE + "exporter:\n  otlp:\n    endpoint: 'collector:4317'\n    protocol: grpc\n")
+    settings = Runtime(cfg.runtime, RuntimeDeps(environ={}, find_vmlinux=lambda _s, _n: None)).settings()
+    assert (settings.traces.protocol, settings.traces.target, settings.traces.tls) == ("grpc", "collector:4317", True)
 
 
 def test_sampling_rules() -> None:

@@ -121,7 +121,8 @@ def _runtime(tmp_path: Path):
     runtime.probe_sets = [ps]  # type: ignore[list-item]
     runtime.metrics.counters = lambda: RunCounters(3, {"queue_full": 1}, 1, 1, {"success": 1, "failure": 0},
                                            {"linked": 1}, 2, 1, 0, user_stacks_unsymbolized={"timeout": 1},
-                                           app_exec_watches={"located": 1}, k8s=WatchCounters(True, {"forbidden": 1}, lists=1, events=2, pods=3))
+                                           app_exec_watches={"located": 1},
+                                           k8s=WatchCounters(True, {"forbidden": 1}, lists=1, events=2, pods=3))
     return runtime
 
 
@@ -237,9 +238,13 @@ def _exported_attribute_names() -> set[str]:
     names = set(resource.attributes)
     app = AppContext("ok", trace_id=1, span_id=2, trace_flags=1, service_name="shop")
     workload = Workload("3a8f1c4b" * 8, "containerd", "6f1b6c5e-2a4d-4a8e-9c3b-0f2e1d4c5b6a", "checkout-0", "shop",
-                        "app")
+                        "app", owners=(("replicaset", "checkout-7d4b9c8f6"), ("deployment", "checkout")),
+                        image_name="registry.example/shop/checkout", image_tags=("1.4.2",))
+    kinds = ("daemonset", "statefulset", "job", "cronjob")
+    others = [Workload(f"{i:064x}", owners=((k, k),)) for i, k in enumerate(kinds)]
     sessions = [tree_session(dropped_records=1), tree_session(calls=[]), tree_session(app=app),
-                tree_session(workload=workload, exe_name="checkout-server")]
+                tree_session(workload=workload, exe_name="checkout-server"),
+                *(tree_session(workload=w) for w in others)]
     envelopes = WorkloadEnvelopes(resource.attributes, resource.schema_url)
     enc = SpanEncoder(CONTENT_FUNCS, envelopes.base, symbolize=lambda a: "sym+0x1",
                       locate=lambda _a: ("kernel/bpf/syscall.c", 10), workloads=envelopes)

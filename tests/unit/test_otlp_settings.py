@@ -17,6 +17,7 @@ CLI = {"endpoint": "--otlp-endpoint", "protocol": "--otlp-protocol", "headers": 
        "client_certificate": "--otlp-client-certificate"}
 YAML = {k: f"exporter.otlp.{k}" for k in CLI}
 HTTP = OtlpConfig(protocol="http/protobuf")
+GRPC = OtlpConfig(protocol="grpc")
 
 
 def resolve(cfg: OtlpConfig | None = None, env: dict[str, str] | None = None, signal: str = "traces",
@@ -47,13 +48,16 @@ def pems(pki):
 
 # ---- defaults and precedence ----
 
-def test_defaults_are_grpc_plaintext_localhost_ten_seconds():
+def test_defaults_are_http_protobuf_plaintext_localhost_4318_ten_seconds():
+    """The specification's default protocol (protocol/exporter.md): http/protobuf to localhost:4318."""
     s = resolve()
-    assert (s.signal, s.protocol, s.url, s.target, s.tls) == ("traces", "grpc", "http://localhost:4317",
-                                                              "localhost:4317", False)
+    assert (s.signal, s.protocol, s.url, s.target, s.tls) == ("traces", "http/protobuf",
+                                                              "http://localhost:4318/v1/traces", "", False)
     assert (s.headers, s.compression, s.timeout_s) == ((), "none", 10.0)
     assert (s.certificate, s.client_key, s.client_certificate) == (None, None, None)
-    assert describe(s) == "grpc localhost:4317 (plaintext)"
+    assert describe(s) == "http/protobuf http://localhost:4318/v1/traces (plaintext)"
+    assert resolve(signal="metrics").url == "http://localhost:4318/v1/metrics"
+    assert resolve() == resolve(HTTP)  # no protocol given is the same as http/protobuf given
 
 
 def test_http_defaults_per_signal():
@@ -62,9 +66,59 @@ def test_http_defaults_per_signal():
     assert resolve(HTTP).target == ""
 
 
+def test_default_protocol_appends_the_signal_path_to_a_base_url():
+    """No protocol anywhere: an endpoint is an OTLP/HTTP base URL (generic variable, config) or the full URL
+    (per-signal variable), as for http/protobuf given explicitly."""
+    assert resolve(OtlpConfig(endpoint="http://gw:4318")).url == "http://gw:4318/v1/traces"
+    assert resolve(env={"OTEL_EXPORTER_OTLP_ENDPOINT": "https://gw/otlp"}, signal="metrics").url == \
+        "https://gw/otlp/v1/metrics"
+    assert resolve(env={"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://gw:4318/x"}).url == "http://gw:4318/x"
+
+
+@pytest.mark.parametrize("how", ["config", "signal", "generic"])
+def test_grpc_is_one_setting_away(how):
+    """protocol: grpc (or --otlp-protocol), OTEL_EXPORTER_OTLP_TRACES_PROTOCOL or OTEL_EXPORTER_OTLP_PROTOCOL:
+    gRPC with its own default endpoint, localhost:4317."""
+    cfg = GRPC if how == "config" else OtlpConfig()
+    env = {} if how == "config" else {
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL" if how == "signal" else "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
+    s = resolve(cfg, env)
+    assert (s.protocol, s.url, s.target, s.tls) == ("grpc", "http://localhost:4317", "localhost:4317", False)
+    assert describe(s) == "grpc localhost:4317 (plaintext)"
+    assert resolve(cfg, env, signal="metrics").protocol == ("grpc" if how != "signal" else "http/protobuf")
+
+
+@pytest.mark.parametrize("cfg,env,setting,which", [
+    (OtlpConfig(endpoint="collector:4317"), {}, "--otlp-endpoint='collector:4317'", "http/protobuf, the default)"),
+    (OtlpConfig(endpoint="collector"), {}, "--otlp-endpoint='collector'", "http/protobuf, the default)"),
+    (OtlpConfig(), {"OTEL_EXPORTER_OTLP_ENDPOINT": "c:4317"}, "OTEL_EXPORTER_OTLP_ENDPOINT='c:4317'",
+     "http/protobuf, the default)"),
+    (OtlpConfig(), {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "[::1]:4317"},
+     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT='[::1]:4317'", "http/protobuf, the default)"),
+    (HTTP._replace(endpoint="c:4318"), {}, "--otlp-endpoint='c:4318'", "the protocol is http/protobuf)"),
+    (OtlpConfig(endpoint="c:4317"), {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}, "--otlp-endpoint='c:4317'",
+     "the protocol is http/protobuf)"),
+])
+def test_scheme_less_endpoint_with_http_protobuf_says_add_http_or_use_grpc(cfg, env, setting, which):
+    """host:port without a scheme is gRPC's form (the specification lets only gRPC endpoints omit it): with
+    OTLP/HTTP, whether by default or chosen, it is refused, naming both fixes."""
+    text = error(cfg, env, names=CLI)
+    assert text.startswith(f"{setting}: not an http:// or https:// URL (a host:port without a scheme is for "
+                           "OTLP/gRPC"), text
+    assert which in text and "write it like http://collector:4318" in text, text
+    assert "--otlp-protocol=grpc (or OTEL_EXPORTER_OTLP_PROTOCOL=grpc) for gRPC" in text, text
+    # the fix it names works: the same endpoint with the gRPC protocol
+    assert resolve(cfg._replace(protocol="grpc"), env).protocol == "grpc"
+
+
+def test_scheme_less_endpoint_error_names_the_config_keys_and_hides_secrets():
+    text = error(OtlpConfig(endpoint="TOKEN:pw@c:4317?key=SECRET"), names=YAML)
+    assert text.startswith("exporter.otlp.endpoint='***@c:4317?***': not an http:// or https:// URL"), text
+    assert "exporter.otlp.protocol=grpc" in text and "TOKEN" not in text and "SECRET" not in text, text
+
+
 @pytest.mark.parametrize("field,var,config_value,signal_value,generic_value,attr,expected", [
-    ("protocol", "PROTOCOL", "http/protobuf", "grpc", "http/protobuf", "protocol",
-     ("http/protobuf", "grpc", "http/protobuf")),
+    ("protocol", "PROTOCOL", "grpc", "http/protobuf", "grpc", "protocol", ("grpc", "http/protobuf", "grpc")),
     ("compression", "COMPRESSION", "deflate", "gzip", "none", "compression", ("deflate", "gzip", "none")),
     ("timeout_s", "TIMEOUT", 2.5, "1500", "3000", "timeout_s", (2.5, 1.5, 3.0)),
     ("insecure", "INSECURE", False, "true", "false", "tls", (True, False, True)),
@@ -72,7 +126,7 @@ def test_http_defaults_per_signal():
 def test_precedence_config_then_signal_variable_then_generic(field, var, config_value, signal_value, generic_value,
                                                              attr, expected):
     env = {f"OTEL_EXPORTER_OTLP_TRACES_{var}": signal_value, f"OTEL_EXPORTER_OTLP_{var}": generic_value}
-    base = {"endpoint": "collector:4317"} if field == "insecure" else {}
+    base = {"endpoint": "collector:4317", "protocol": "grpc"} if field == "insecure" else {}
     assert getattr(resolve(OtlpConfig(**base, **{field: config_value}), env), attr) == expected[0]
     assert getattr(resolve(OtlpConfig(**base), env), attr) == expected[1]
     # the metrics signal does not read the traces variable: the generic one applies
@@ -85,13 +139,13 @@ def test_precedence_for_endpoint_headers_and_files(pems):
            "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE": pems["ca.pem"], "OTEL_EXPORTER_OTLP_CERTIFICATE": "/nowhere",
            "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY": pems["key.pem"],
            "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE": pems["cert.pem"]}
-    s = resolve(OtlpConfig(), env)
+    s = resolve(GRPC, env)
     assert s.target == "traces:4317" and s.headers == (("a", "traces"),)  # per-signal headers replace the generic
     assert (s.certificate, s.client_key, s.client_certificate) == (pems["ca.pem"], pems["key.pem"], pems["cert.pem"])
-    m = resolve(OtlpConfig(), {k: v for k, v in env.items() if "CERTIFICATE" not in k and "KEY" not in k},
+    m = resolve(GRPC, {k: v for k, v in env.items() if "CERTIFICATE" not in k and "KEY" not in k},
                 signal="metrics")
     assert m.target == "all:4317" and m.headers == (("a", "all"), ("b", "all"))
-    c = resolve(OtlpConfig(endpoint="http://mine:1234", headers=(("X-Key", "v"),), certificate=pems["cert.pem"],
+    c = resolve(GRPC._replace(endpoint="http://mine:1234", headers=(("X-Key", "v"),), certificate=pems["cert.pem"],
                            client_key=pems["other.key"], client_certificate=pems["other.crt"]), env)
     assert c.target == "mine:1234" and c.headers == (("x-key", "v"),)  # config headers replace the environment's
     assert (c.certificate, c.client_key, c.client_certificate) == (pems["cert.pem"], pems["other.key"],
@@ -107,16 +161,18 @@ def test_metrics_protocol_variable_is_read_for_metrics_only():
 
 
 def test_empty_variables_count_as_unset():
-    env = {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+    env = {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
            "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": " ", "OTEL_EXPORTER_OTLP_COMPRESSION": ""}
     s = resolve(OtlpConfig(), env)
-    assert (s.protocol, s.timeout_s, s.compression) == ("http/protobuf", 10.0, "none")
+    assert (s.protocol, s.timeout_s, s.compression) == ("grpc", 10.0, "none")
+    assert resolve(OtlpConfig(), {"OTEL_EXPORTER_OTLP_PROTOCOL": " "}).protocol == "http/protobuf"  # the default
 
 
 # ---- protocol ----
 
 def test_protocol_values_and_errors():
     assert resolve(OtlpConfig(), {"OTEL_EXPORTER_OTLP_PROTOCOL": "HTTP/Protobuf"}).protocol == "http/protobuf"
+    assert resolve(OtlpConfig(), {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "GRPC"}).protocol == "grpc"
     text = error(OtlpConfig(), {"OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "http/json"}, signal="metrics")
     assert text.startswith("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL=") and "not supported" in text
     assert "http/protobuf" in text and "grpc" in text
@@ -192,13 +248,13 @@ def test_http_endpoint_errors_name_the_setting(endpoint, problem):
     ("[::1]", True, "http://[::1]:4317", "[::1]:4317", False),
 ])
 def test_grpc_endpoints(endpoint, insecure, url, target, tls):
-    s = resolve(OtlpConfig(endpoint=endpoint, insecure=insecure))
+    s = resolve(GRPC._replace(endpoint=endpoint, insecure=insecure))
     assert (s.url, s.target, s.tls) == (url, target, tls)
     assert describe(s) == f"grpc {target} ({'TLS' if tls else 'plaintext'})"
 
 
 def test_grpc_insecure_from_environment():
-    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "c:4317"}
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "c:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
     assert resolve(OtlpConfig(), {**env, "OTEL_EXPORTER_OTLP_INSECURE": "TRUE"}).tls is False
     assert resolve(OtlpConfig(), {**env, "OTEL_EXPORTER_OTLP_TRACES_INSECURE": "False",
                                   "OTEL_EXPORTER_OTLP_INSECURE": "true"}).tls is True
@@ -208,15 +264,16 @@ def test_grpc_insecure_from_environment():
 
 
 def test_grpc_endpoint_with_a_path_points_at_otlp_http():
-    text = error(OtlpConfig(endpoint="http://c:4317/v1/traces"), names=CLI)
+    text = error(GRPC._replace(endpoint="http://c:4317/v1/traces"), names=CLI)
     assert text.startswith("--otlp-endpoint='http://c:4317/v1/traces'") and "take no path" in text
     assert "--otlp-protocol=http/protobuf" in text and "drop the path" in text
-    text = error(OtlpConfig(), {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "c:4317/v1/traces"}, names=YAML)
+    text = error(OtlpConfig(), {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "c:4317/v1/traces",
+                                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"}, names=YAML)
     assert text.startswith("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=") and "exporter.otlp.protocol=http/protobuf" in text
 
 
 def test_endpoint_errors_hide_passwords_and_query_strings():
-    text = error(OtlpConfig(endpoint="http://user:SECRET@c:4317/v1/traces?key=SECRET"))
+    text = error(GRPC._replace(endpoint="http://user:SECRET@c:4317/v1/traces?key=SECRET"))
     assert text.startswith("endpoint='http://***@c:4317/v1/traces?***'") and "SECRET" not in text
     text = error(HTTP, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:0/?api_key=SECRET"})
     assert "port 0" in text and "SECRET" not in text
@@ -228,7 +285,7 @@ def test_endpoint_errors_hide_passwords_and_query_strings():
     ("c:notaport", "bad port"),
 ])
 def test_grpc_endpoint_errors(endpoint, problem):
-    text = error(OtlpConfig(endpoint=endpoint))
+    text = error(GRPC._replace(endpoint=endpoint))
     assert text.startswith(f"endpoint={endpoint!r}:") and problem in text  # no `names`: the field name
 
 
@@ -236,9 +293,10 @@ def test_grpc_endpoint_errors(endpoint, problem):
 
 def test_headers_parsing_decoding_and_case():
     env = {"OTEL_EXPORTER_OTLP_HEADERS": " API-Key = a%20b%3Dc , x-tenant=t1,,token=abc== ,"}
-    assert resolve(OtlpConfig(), env).headers == (("api-key", "a b=c"), ("x-tenant", "t1"), ("token", "abc=="))
+    assert resolve(GRPC, env).headers == (("api-key", "a b=c"), ("x-tenant", "t1"), ("token", "abc=="))
     assert resolve(HTTP, env).headers == (("API-Key", "a b=c"), ("x-tenant", "t1"), ("token", "abc=="))
-    assert resolve(OtlpConfig(headers=(("Authorization", "Bearer x"),))).headers == (("authorization", "Bearer x"),)
+    assert resolve(GRPC._replace(headers=(("Authorization", "Bearer x"),))).headers == (("authorization", "Bearer x"),)
+    assert resolve(OtlpConfig(headers=(("Authorization", "Bearer x"),))).headers == (("Authorization", "Bearer x"),)
     assert resolve(HTTP, {"OTEL_EXPORTER_OTLP_HEADERS": "k="}).headers == (("k", ""),)
 
 
@@ -364,7 +422,7 @@ def test_client_key_and_certificate_go_together(pems):
 
 
 def test_certificate_with_plaintext_grpc_endpoint_is_accepted_but_plaintext(pems):
-    s = resolve(OtlpConfig(endpoint="http://c:4317", certificate=pems["ca.pem"]))
+    s = resolve(GRPC._replace(endpoint="http://c:4317", certificate=pems["ca.pem"]))
     assert s.tls is False and s.certificate == pems["ca.pem"]
 
 
@@ -383,7 +441,7 @@ def test_unknown_signal_is_a_programming_error():
     ("http://c\x00:4317", "control character"),
     ("http://" + "h" * 254 + ":4317", "254 characters, more than a host name can have (253)"),
 ])
-@pytest.mark.parametrize("cfg", [OtlpConfig(), HTTP], ids=["grpc", "http"])
+@pytest.mark.parametrize("cfg", [GRPC, HTTP], ids=["grpc", "http"])
 def test_unparseable_endpoints_are_config_errors(endpoint, problem, cfg):
     text = error(cfg._replace(endpoint=endpoint), names=CLI)
     assert text.startswith("--otlp-endpoint=") and problem in text and "write it like" in text, text

@@ -209,7 +209,9 @@ def test_user_stack_on_the_root_span():
 
 
 CHECKOUT = Workload("3a8f1c4b2d9e7f6051a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f7a8", "containerd",
-                    "6f1b6c5e-2a4d-4a8e-9c3b-0f2e1d4c5b6a", "checkout-7d4b9c8f6-x2x9k", "shop", "app")
+                    "6f1b6c5e-2a4d-4a8e-9c3b-0f2e1d4c5b6a", "checkout-7d4b9c8f6-x2x9k", "shop", "app",
+                    owners=(("replicaset", "checkout-7d4b9c8f6"), ("deployment", "checkout")),
+                    image_name="registry.example:5000/shop/checkout", image_tags=("1.4.2", "stable"))
 PODMAN = Workload("e4b0f6b9d3c1a2f8e7d6c5b4a3928170f6e5d4c3b2a19080f7e6d5c4b3a29180", "podman")
 
 
@@ -232,6 +234,10 @@ def test_each_workload_is_a_resource_of_its_own():
                                          "k8s.container.name")} == {
         "container.runtime.name": "containerd", "k8s.pod.name": "checkout-7d4b9c8f6-x2x9k",
         "k8s.namespace.name": "shop", "k8s.container.name": "app"}
+    tags = next(kv.value for kv in got.resource_spans[0].resource.attributes if kv.key == "container.image.tags")
+    assert [v.string_value for v in tags.array_value.values] == ["1.4.2", "stable"]  # a string array, as the SDK's
+    assert (resources[0]["k8s.deployment.name"], resources[0]["container.image.name"]) == \
+        ("checkout", "registry.example:5000/shop/checkout")
     assert resources[1]["container.id"] == PODMAN.container_id and "k8s.pod.uid" not in resources[1]
     assert not any(k.startswith(("container.", "k8s.pod")) for k in resources[2])
     for res in resources:

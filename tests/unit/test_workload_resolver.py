@@ -10,7 +10,7 @@ from pathlib import Path
 
 from retsnoop_otel.capture.model import NO_WORKLOAD, Workload
 from retsnoop_otel.workload.cgroupfs import cgroup2_mount, has_cgroup_v1
-from retsnoop_otel.workload.pods import PodCache, PodMeta
+from retsnoop_otel.workload.pods import ContainerMeta, PodCache, PodMeta
 from retsnoop_otel.workload.resolver import WorkloadResolver
 from tests.fakes import APP, CID, CID2, POD, PODMAN, UID, cgroup_id, fake_host, fake_process
 
@@ -93,10 +93,28 @@ def test_pod_names_arrive_later_and_replace_the_cached_workload(tmp_path: Path) 
     r = WorkloadResolver(str(root), clock, pods)
     ident = cgroup_id(root, APP)
     assert r.of_cgroup(ident) == Workload(CID, "containerd", UID)  # the watch has not listed yet
-    pods.upsert(PodMeta(UID, "checkout-7d4b9c8f6-x2x9k", "shop", {CID: ("app", "containerd")}))
-    assert r.of_cgroup(ident) == Workload(CID, "containerd", UID, "checkout-7d4b9c8f6-x2x9k", "shop", "app")
+    owners = (("replicaset", "checkout-7d4b9c8f6"), ("deployment", "checkout"))
+    pods.upsert(PodMeta(UID, "checkout-7d4b9c8f6-x2x9k", "shop",
+                        {CID: ContainerMeta("app", "containerd", "registry.example/shop/checkout", ("1.4.2",))},
+                        owners, "", "shop-checkout"))
+    assert r.of_cgroup(ident) == Workload(CID, "containerd", UID, "checkout-7d4b9c8f6-x2x9k", "shop", "app",
+                                          "", "shop-checkout", owners, "registry.example/shop/checkout", ("1.4.2",))
     pods.delete(pods.get(UID))  # deleted, kept a while: the names stay
     assert r.of_cgroup(ident).pod_name == "checkout-7d4b9c8f6-x2x9k"
+
+
+def test_a_pod_level_cgroup_has_the_pods_owners_and_service_but_no_container_image(tmp_path: Path) -> None:
+    """The runtime's monitor (crio-conmon-<id>.scope) is in the pod, not in a container: what the pod says of itself
+    (owners, annotation, label) applies; a container's name and image do not."""
+    root, clock = fake_host(tmp_path), Clock()
+    conmon = f"{POD}/crio-conmon-{CID}.scope"
+    (root / "sys/fs/cgroup" / conmon).mkdir(parents=True)
+    pods = PodCache(clock)
+    owners = (("statefulset", "db"),)
+    pods.upsert(PodMeta(UID, "db-0", "shop", {CID: ContainerMeta("db", "cri-o", "postgres", ("16",))}, owners,
+                        "orders-db", ""))
+    assert WorkloadResolver(str(root), clock, pods).of_cgroup(cgroup_id(root, conmon)) == \
+        Workload("", "", UID, "db-0", "shop", "", "orders-db", "", owners)
 
 
 def test_runtime_from_the_api_when_the_path_has_none(tmp_path: Path) -> None:
@@ -105,7 +123,7 @@ def test_runtime_from_the_api_when_the_path_has_none(tmp_path: Path) -> None:
     rel = f"kubepods/burstable/pod{UID}/{CID}"
     (root / "sys/fs/cgroup" / rel).mkdir(parents=True)
     pods = PodCache(clock)
-    pods.upsert(PodMeta(UID, "web-0", "shop", {CID: ("web", "cri-o")}))
+    pods.upsert(PodMeta(UID, "web-0", "shop", {CID: ContainerMeta("web", "cri-o")}))
     assert WorkloadResolver(str(root), clock, pods).of_cgroup(cgroup_id(root, rel)) == \
         Workload(CID, "cri-o", UID, "web-0", "shop", "web")
 

@@ -16,7 +16,7 @@ from retsnoop_otel.agent.main import Agent
 from retsnoop_otel.capture.records import SessionEndRec
 from retsnoop_otel.runtime.logs import EventLog
 from retsnoop_otel.workload.k8s_settings import KubernetesConfig
-from retsnoop_otel.workload.pods import PodCache, PodMeta
+from retsnoop_otel.workload.pods import ContainerMeta, PodCache, PodMeta
 from retsnoop_otel.workload.resolver import WorkloadResolver
 from tests.fakes import (
     AGENT_CONFIG,
@@ -39,7 +39,7 @@ def test_sessions_carry_their_workload_to_the_exported_resource(tmp_path: Path, 
     root = fake_host(tmp_path / "root")
     fake_process(root, 4321, f"0::/{APP}\n", "/usr/local/bin/checkout-server", comm="python")
     pods = PodCache(lambda: 0.0)
-    pods.upsert(PodMeta(UID, "checkout-7d4b9c8f6-x2x9k", "shop", {CID: ("app", "containerd")}))
+    pods.upsert(PodMeta(UID, "checkout-7d4b9c8f6-x2x9k", "shop", {CID: ContainerMeta("app", "containerd")}))
     seen = []
 
     def make_workloads(root_dir, clock, kube, log):
@@ -147,10 +147,14 @@ def test_json_output_carries_the_workload_and_the_executable() -> None:
     from retsnoop_otel.render.console import session_json
     from tests.fakes import TREE_FUNCS, tree_session
 
-    w = Workload(CID, "containerd", UID, "checkout-7d4b9c8f6-x2x9k", "shop", "app")
+    w = Workload(CID, "containerd", UID, "checkout-7d4b9c8f6-x2x9k", "shop", "app",
+                 owners=(("replicaset", "checkout-7d4b9c8f6"), ("deployment", "checkout")),
+                 image_name="registry.example/shop/checkout", image_tags=("1.4.2",))
     out = session_json(tree_session(workload=w, exe_name="checkout-server"), TREE_FUNCS, 0)
     assert out["workload"] == {"container_id": CID, "container_runtime": "containerd", "pod_uid": UID,
-                               "pod_name": "checkout-7d4b9c8f6-x2x9k", "namespace": "shop", "container_name": "app"}
+                               "pod_name": "checkout-7d4b9c8f6-x2x9k", "namespace": "shop", "container_name": "app",
+                               "owners": {"replicaset": "checkout-7d4b9c8f6", "deployment": "checkout"},
+                               "image_name": "registry.example/shop/checkout", "image_tags": ["1.4.2"]}
     assert out["exe"] == "checkout-server" and out["proc_comm"] == "bpftool"
     podman = session_json(tree_session(workload=Workload("e4b0" * 16, "podman")), TREE_FUNCS, 0)
     assert podman["workload"] == {"container_id": "e4b0" * 16, "container_runtime": "podman"}

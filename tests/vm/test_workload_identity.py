@@ -12,18 +12,25 @@ import pytest
 from tests.vm.scenarios import workload_identity as w
 
 pytestmark = pytest.mark.vm
-CHECKOUT = {"k8s.pod.uid": w.CHECKOUT_UID, "k8s.pod.name": "checkout-7d4b9c8f6-x2x9k", "k8s.namespace.name": "shop"}
+CHECKOUT = {"k8s.pod.uid": w.CHECKOUT_UID, "k8s.pod.name": "checkout-7d4b9c8f6-x2x9k", "k8s.namespace.name": "shop",
+            "k8s.replicaset.name": "checkout-7d4b9c8f6", "k8s.deployment.name": "checkout"}  # the pod's owners
 WANT = {  # layout -> the workload part of its resource (every other key is the agent's own)
     "containerd_systemd": {"container.id": w.APP_ID, "container.runtime.name": "containerd", **CHECKOUT,
-                           "k8s.container.name": "app"},
+                           "k8s.container.name": "app", "container.image.name": "registry.example/shop/checkout",
+                           "container.image.tags": ["1.4.2"]},
     # deleted by the watch events before it ran: its names stay for a while
     "crio_systemd_guaranteed": {"container.id": w.COREDNS_ID, "container.runtime.name": "cri-o",
                                 "k8s.pod.uid": w.COREDNS_UID, "k8s.pod.name": "coredns-76f75df574-9bz6m",
-                                "k8s.namespace.name": "kube-system", "k8s.container.name": "coredns"},
+                                "k8s.namespace.name": "kube-system", "k8s.container.name": "coredns",
+                                "k8s.replicaset.name": "coredns-76f75df574", "k8s.deployment.name": "coredns",
+                                "container.image.name": "registry.k8s.io/coredns/coredns",
+                                "container.image.tags": ["v1.11.3"]},
     # the cgroupfs path names no runtime: the pod's containerStatuses do; the pod came from watch events only
     "containerd_cgroupfs": {"container.id": w.WEB_ID, "container.runtime.name": "containerd",
                             "k8s.pod.uid": w.WEB_UID, "k8s.pod.name": "web-5c9d8b7f4-k8l2m",
-                            "k8s.namespace.name": "shop", "k8s.container.name": "web"},
+                            "k8s.namespace.name": "shop", "k8s.container.name": "web",
+                            "k8s.replicaset.name": "web-5c9d8b7f4", "k8s.deployment.name": "web",
+                            "container.image.name": "registry.example/shop/web", "container.image.tags": ["2.0.1"]},
     "crio_conmon": CHECKOUT,  # the runtime's monitor: in the pod, not a container
     "docker_systemd": {"container.id": w.DOCKER_ID, "container.runtime.name": "docker"},
     "docker_cgroupfs": {"container.id": w.DOCKERFS_ID, "container.runtime.name": "docker"},
@@ -31,6 +38,10 @@ WANT = {  # layout -> the workload part of its resource (every other key is the 
     "podman_rootless": {"container.id": w.ROOTLESS_ID, "container.runtime.name": "podman"},
     "v1_named_docker": {"container.id": w.V1_ID, "container.runtime.name": "docker"},
 }
+# service.name (export/service_name.py): the pod's annotation (coredns), its app.kubernetes.io/name label (web),
+# its owning Deployment (checkout, its conmon scope too); outside Kubernetes, the executable's name
+SERVICE = {"containerd_systemd": "checkout", "crio_systemd_guaranteed": "cluster-dns",
+           "containerd_cgroupfs": "storefront", "crio_conmon": "checkout"}
 AGENT_KEYS = {"service.name", "service.instance.id", "host.name", "k8s.node.name", "os.type", "telemetry.sdk.name"}
 
 
@@ -62,7 +73,8 @@ def test_each_container_has_its_own_resource(vm_batch) -> None:
         assert AGENT_KEYS <= set(root["resource"]), name
         assert root["resource"]["host.name"] == root["resource"]["k8s.node.name"] == "node-a"  # K8S_NODE_NAME
         assert root["exe"].startswith("python"), root  # /proc/PID/exe (python3.11), not the kernel's comm
-        resources[name] = tuple(sorted(root["resource"].items()))
+        assert root["resource"]["service.name"] == SERVICE.get(name, root["exe"]), name
+        resources[name] = tuple(sorted((k, repr(v)) for k, v in root["resource"].items()))  # tags: a list
     # one ResourceSpans per workload: the resources differ (container.id, or the pod for the conmon scope)
     assert len(set(resources.values())) == len(WANT)
 

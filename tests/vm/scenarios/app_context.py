@@ -1,13 +1,15 @@
 """Guest side of the thread-context checks (issue 11): kernel sessions inside the application's trace.
 
-One agent run with a real OTLP/gRPC receiver; its probe set `app` (user stacks on) sees:
+One agent run exporting to a real OTLP receiver over OTLP/HTTP (the default protocol); its probe set `app`
+(user stacks on) sees:
 - C writers (tests/native/ctx_writer.c) started before the agent: TLS in the executable (-rdynamic) with
   two threads, and the unusable cases (valid = 0, NULL pointer, unmapped pointer, record paged out,
   corrupt attrs-data-size in a TLSDESC library);
 - a TLSDESC-library writer started after the agent (its first round is linked if the agent located it from
   its exec in time, else it only makes the agent look: tests/vm/scenarios/app_exec.py waits for that);
 - short-lived writers that exit right after their call (gone before the agent can look);
-- a Python service with the OTel SDK and the publisher, exporting its own spans to the same receiver.
+- a Python service with the OTel SDK and the publisher, exporting its own spans to the same
+  receiver over gRPC.
 Three more probe sets of the same run see only `cost_writer` (a copy of the writer) and measure the kernel
 side's cost with bpf_stats, side by side: no context read, the read, the read plus user stacks.
 Host-side assertions: tests/vm/test_app_context.py.
@@ -142,8 +144,9 @@ def scenario_app_context(ctx) -> dict:
     bins = build_writers(ctx, tmp)
     ctx.log(f"writers built in {time.monotonic() - t0:.0f} s")
     out_file = tmp / "otlp.jsonl"
-    receiver = ctx.spawn([PY, "-m", "tests.otlp_receiver", "--port", "0", "--out", str(out_file)])
-    port = int(receiver.wait_for_line(r"READY (\d+)", timeout=240).group(1))
+    receiver = ctx.spawn([PY, "-m", "tests.otlp_receiver", "--port", "0", "--http-port", "0", "--out", str(out_file)])
+    ready = receiver.wait_for_line(r"READY (\d+) HTTP (\d+)", timeout=240)
+    port, http_port = int(ready.group(1)), int(ready.group(2))  # the service's SDK: gRPC; the agent: OTLP/HTTP
     before = {}
     for name, (variant, mode, threads) in BEFORE.items():
         before[name] = ctx.spawn([bins[variant], mode, str(threads), "bpf"], stdin=True)
@@ -151,7 +154,7 @@ def scenario_app_context(ctx) -> dict:
     cost_writer = ctx.spawn([bins["cost"], "valid", "1", "bpf"], stdin=True)
     cost_writer.wait_for_line(r"^ready pid=", timeout=120)
     cfg = tmp / "agent.yaml"
-    cfg.write_text(CONFIG.format(port=port, metrics_port=METRICS_PORT))
+    cfg.write_text(CONFIG.format(port=http_port, metrics_port=METRICS_PORT))
     sysctl = Path("/proc/sys/kernel/bpf_stats_enabled")
     stats_before = sysctl.read_text().strip()
     sysctl.write_text("1")

@@ -38,6 +38,7 @@ probe_sets:
 exporter:
   otlp:
     endpoint: http://127.0.0.1:{port}
+    protocol: grpc  # the receiver's gRPC port (http/protobuf is the default)
 metrics:
   listen: "127.0.0.1:{metrics_port}"
 logging:

@@ -27,7 +27,7 @@ def _capture(ctx: Context, name: str, flags: list[str]) -> dict:
     receiver = ctx.spawn([PY, "-m", "tests.otlp_receiver", "--port", "0", "--out", str(out_file)])
     port = int(receiver.wait_for_line(r"READY (\d+)", timeout=300).group(1))
     tracer = ctx.spawn([*TOOL, "trace", *flags, "-e", "*sys_bpf", "-a", "array_map_alloc_check", "-A",
-                        "--otlp-endpoint", f"http://127.0.0.1:{port}"])
+                        "--otlp-endpoint", f"http://127.0.0.1:{port}", "--otlp-protocol", "grpc"])
     result: dict = {}
     try:
         tracer.wait_for_line(r"Receiving data", timeout=400)
@@ -69,7 +69,7 @@ def _app_context(ctx: Context) -> dict:
     for w in writers.values():
         w.wait_for_line(r"^ready pid=", timeout=300)
     tracer = ctx.spawn([*TOOL, "trace", "-e", "*sys_bpf", "-a", "array_map_alloc_check",
-                        "--otlp-endpoint", f"http://127.0.0.1:{port}"])
+                        "--otlp-endpoint", f"http://127.0.0.1:{port}", "--otlp-protocol", "grpc"])
     result: dict = {"rounds": {name: [] for name in writers}}
     try:
         tracer.wait_for_line(r"Receiving data", timeout=400)

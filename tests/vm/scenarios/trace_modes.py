@@ -47,8 +47,8 @@ def scenario_trace_otlp_metrics(ctx) -> dict:
     """The issue-2 chain: one failing bpf() call, seen as text, as one OTLP trace and as a metric."""
     result: dict = {}
     out_file = Path(ctx.tmpdir) / "otlp.jsonl"
-    receiver = ctx.spawn([PY, "-m", "tests.otlp_receiver", "--port", "0", "--out", str(out_file)])
-    m = receiver.wait_for_line(r"READY (\d+)", timeout=240)
+    receiver = ctx.spawn([PY, "-m", "tests.otlp_receiver", "--port", "0", "--http-port", "0", "--out", str(out_file)])
+    m = receiver.wait_for_line(r"READY \d+ HTTP (\d+)", timeout=240)  # OTLP/HTTP: the default protocol
     port = int(m.group(1))
     tracer = ctx.spawn([PY, "-m", "retsnoop_otel", "trace", "-e", "*sys_bpf", "-a", "array_map_alloc_check",
                         "--otlp-endpoint", f"http://127.0.0.1:{port}", "--web.listen-address", "127.0.0.1:9464", "-v"])

@@ -30,8 +30,8 @@ def scenario_wheel_install(ctx: Context) -> dict:
     result["module"] = ctx.run([str(venv / "bin" / "python"), "-I", "-c",  # -I: not this checkout (the cwd)
                                 "import retsnoop_otel.kernel.libbpf as lb; print(lb.library_path())"], timeout=120)
     out_file = Path(ctx.tmpdir) / "otlp.jsonl"
-    receiver = ctx.spawn([PY, "-m", "tests.otlp_receiver", "--port", "0", "--out", str(out_file)])
-    port = int(receiver.wait_for_line(r"READY (\d+)", timeout=240).group(1))
+    receiver = ctx.spawn([PY, "-m", "tests.otlp_receiver", "--port", "0", "--http-port", "0", "--out", str(out_file)])
+    port = int(receiver.wait_for_line(r"READY \d+ HTTP (\d+)", timeout=240).group(1))  # the default: OTLP/HTTP
     tracer = ctx.spawn([exe, "trace", "-e", "*sys_bpf", "-a", "array_map_alloc_check",
                         "--otlp-endpoint", f"http://127.0.0.1:{port}"])
     try:

@@ -4,9 +4,10 @@ Real cgroup v2 directories in each supported layout (containerd, CRI-O, Docker, 
 cgroupfs drivers; a Guaranteed pod; a conmon scope that is not the container), with container and pod ids
 of the real formats (those of tests/fixtures/k8s), plus a named cgroup v1 hierarchy for the v1 fallback.
 The bundled workload runs in each (`sh` writes its pid into cgroup.procs, then execs `python -m
-retsnoop_otel simfail bpf-bad-map-max-entries-array`). One agent exports to a real OTLP/gRPC receiver, with
-the pod metadata watch pointed at tests/fake_apiserver.py over HTTPS (a CA made here, a bearer token file)
-serving the recorded pod list and watch events. Host-side assertions: tests/vm/test_workload_identity.py.
+retsnoop_otel simfail bpf-bad-map-max-entries-array`). One agent exports to a real OTLP receiver (OTLP/HTTP,
+the default protocol), with the pod metadata watch pointed at tests/fake_apiserver.py over HTTPS (a CA made
+here, a bearer token file) serving the recorded pod list and watch events. Host-side assertions:
+tests/vm/test_workload_identity.py.
 """
 
 from __future__ import annotations
@@ -141,9 +142,9 @@ def scenario_workload_identity(ctx) -> dict:
                      "--watch", str(FIXTURES / "watch_events.jsonl"), "--token-file", str(token),
                      "--cert", certs["server.pem"], "--key", certs["server.key"]])
     out_file = tmp / "otlp.jsonl"
-    receiver = ctx.spawn([PY, "-m", "tests.otlp_receiver", "--port", "0", "--out", str(out_file)])
+    receiver = ctx.spawn([PY, "-m", "tests.otlp_receiver", "--port", "0", "--http-port", "0", "--out", str(out_file)])
     api_port = int(api.wait_for_line(r"READY (\d+)", timeout=240).group(1))
-    port = int(receiver.wait_for_line(r"READY (\d+)", timeout=240).group(1))
+    port = int(receiver.wait_for_line(r"READY \d+ HTTP (\d+)", timeout=240).group(1))  # the default: OTLP/HTTP
     cfg = tmp / "agent.yaml"
     cfg.write_text(CONFIG.format(port=port, metrics_port=METRICS_PORT, api_port=api_port, token=token,
                                  ca=certs["ca.pem"]))
