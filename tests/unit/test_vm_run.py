@@ -117,3 +117,47 @@ def test_an_arm64_guest_boots_its_own_root_and_sees_host_paths_where_they_are_mo
     assert vng[vng.index("--arch") + 1] == "arm64" and vng[vng.index("--root") + 1] == str(tmp_path / "root")
     assert f"/mnt/repo={module.REPO}" in vng and f"/mnt/rw={host_rw}" in vng and "--disable-kvm" in vng
     assert "--qemu-opts=-cpu max,pauth-impdef=on" in vng
+
+
+def _fake_boots(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, crash_text: str):
+    """VmBatches whose boots are scripted: the first writes one scenario's result and dies with `crash_text`,
+    a second one writes the rest."""
+    import json
+    from types import SimpleNamespace
+
+    from tests.vm import conftest as vm_conftest
+    from tests.vm import guest_batch
+
+    scenarios = [SimpleNamespace(name=n, module=f"tests.vm.scenarios.{n}", budget_s=10) for n in ("a", "b", "c")]
+    monkeypatch.setattr(guest_batch, "discover", lambda: scenarios)
+    monkeypatch.setattr(vm_conftest.tempfile, "mkdtemp", lambda prefix: str(tmp_path))
+    boots: list[list[str]] = []
+
+    def boot_once(self, series, wanted, rwdir, results):
+        boots.append([s.name for s in wanted])
+        results.mkdir(exist_ok=True)
+        (rwdir / "batch.log").write_text("")
+        done = {s.name: {"status": "ok"} for s in (wanted[:1] if len(boots) == 1 else wanted)}
+        for name in done:
+            (results / f"{name}.json").write_text(json.dumps({"n": name}))
+        (results / guest_batch.SUMMARY_FILE).write_text(json.dumps({"release": "7.2.13", "scenarios": done}))
+        return (3, crash_text) if len(boots) == 1 else (0, "")
+
+    monkeypatch.setattr(vm_conftest.VmBatches, "_boot_once", boot_once)
+    batches = vm_conftest.VmBatches(None, {"7.2": {"a", "b", "c"}}, parallel=False)
+    batches._say = lambda line: None
+    return batches, boots
+
+
+def test_a_guest_killed_by_a_code_patching_int3_runs_the_scenarios_left_in_a_new_boot(monkeypatch, tmp_path):
+    batches, boots = _fake_boots(monkeypatch, tmp_path, "[   83.262144] Oops: int3: 0000 [#1] SMP NOPTI\n")
+    batch = batches._boot("7.2")
+    assert boots == [["a", "b", "c"], ["b", "c"]]
+    assert {k: v["status"] for k, v in batch.statuses.items()} == {"a": "ok", "b": "ok", "c": "ok"}
+    assert "booted again after a TCG code-patching crash" in batch.log and "Oops: int3" in batch.log
+
+
+def test_any_other_guest_death_is_not_retried(monkeypatch, tmp_path):
+    batches, boots = _fake_boots(monkeypatch, tmp_path, "Kernel panic - not syncing: Fatal exception\n")
+    batch = batches._boot("7.2")
+    assert boots == [["a", "b", "c"]] and set(batch.statuses) == {"a"}  # b and c: no result, reported missing
