@@ -45,8 +45,8 @@ def test_failing_syscall_captured_and_exported(smoke, mode: str) -> None:
     errors = {s["name"]: s for s in spans if s["attrs"].get("error.type") == "EINVAL"}
     assert {"__arm64_sys_bpf", "array_map_alloc_check"} <= errors.keys(), sorted(errors)
     # -A: the first argument, read from x0 (kprobe modes: arm64's pt_regs; fentry: the trampoline's context)
-    args = errors["array_map_alloc_check"]["attrs"].get("retsnoop.args", {}).get("values", [])
-    assert args and args[0]["stringValue"].startswith("attr=&{map_type=2,key_size=4,value_size=4,max_entries=0,"), args
+    args = errors["array_map_alloc_check"]["attrs"].get("retsnoop.args", [])  # an array attribute: a list
+    assert args and args[0].startswith("attr=&{map_type=2,key_size=4,value_size=4,max_entries=0,"), args
     sys_bpf = errors["__arm64_sys_bpf"]
     assert errors["array_map_alloc_check"]["trace"] == sys_bpf["trace"]
 
