@@ -22,11 +22,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+from typing import Any
 
-from bench.harness import BPF_STATS, ROOT
-from retsnoop_otel.appctx.thread_ctx import TlsLocator
+from bench.harness import BPF_STATS, ROOT, writer_location
 from retsnoop_otel.capture.model import RetKind, TracedFunc
 from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer
 
@@ -48,14 +47,7 @@ def one_run(simkern: str, writer: str, rounds: int, order: list[str], fail_every
                             env={"SIMKERN": simkern, "SIM_FAIL_EVERY": str(fail_every)}, text=True)
     tracers: dict[str, Tracer] = {}
     try:
-        loc = None
-        for _ in range(100):  # the writer is up once its executable is mapped
-            try:
-                loc = TlsLocator().locate(proc.pid)
-                break
-            except Exception:  # noqa: BLE001 - not exec'ed yet
-                time.sleep(0.01)
-        assert loc is not None, "otel_thread_ctx_v1 not found in the writer"
+        loc: Any = writer_location(proc.pid, 100)
         for name in order:
             ctx, stacks = VARIANTS[name]
             t = Tracer(funcs, CaptureConfig(mode="uprobe", uprobe_binary=simkern, pids=[proc.pid], app_context=ctx,

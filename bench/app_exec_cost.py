@@ -29,8 +29,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
+from bench.harness import writer_location
 from retsnoop_otel.appctx import watch
 from retsnoop_otel.appctx.thread_ctx import TlsLocator
 from retsnoop_otel.capture.model import RetKind, TracedFunc
@@ -137,14 +139,7 @@ def at_session_start(b: dict[str, str], sessions: int, repeat: int) -> None:
                                 env={"SIMKERN": b["simkern"], "SIM_FAIL_EVERY": "20"}, text=True)
         tracers: dict[str, Tracer] = {}
         try:
-            loc = None
-            for _ in range(200):  # the writer is up once its executable is mapped
-                try:
-                    loc = TlsLocator().locate(proc.pid)
-                    break
-                except Exception:  # noqa: BLE001 - not exec'ed yet
-                    time.sleep(0.01)
-            assert loc is not None, "otel_thread_ctx_v1 not found in the writer"
+            loc: Any = writer_location(proc.pid, 200)
             order = list(objs) if i % 2 == 0 else list(reversed(objs))
             for name in order:
                 t = tracer(CaptureConfig(mode="uprobe", uprobe_binary=b["simkern"], pids=[proc.pid],

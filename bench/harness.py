@@ -729,3 +729,18 @@ def make_session(rng: random.Random, funcs: dict[int, TracedFunc], calls: int) -
     return Session(tid=rng.randrange(1, 1 << 22), pid=rng.randrange(1, 1 << 22), comm="worker", proc_comm="app",
                    start_ns=start, end_ns=t, is_err=err, chain=[StackEntry(0, root.result, t - start)],
                    kstack=[0xFFFFFFFF81001000 + 16 * i for i in range(8)], calls=[root], cpu=rng.randrange(64))
+
+
+def writer_location(pid: int, tries: int = 200) -> object:
+    """Where a thread-context writer just started (tests/native/ctx_writer.c) keeps otel_thread_ctx_v1
+    (appctx.thread_ctx.TlsLocation), once its executable is mapped."""
+    from retsnoop_otel.appctx.thread_ctx import TlsLocator
+    loc = None
+    for _ in range(tries):
+        try:
+            loc = TlsLocator().locate(pid)
+            break
+        except Exception:  # noqa: BLE001 - not exec'ed yet
+            time.sleep(0.01)
+    assert loc is not None, "otel_thread_ctx_v1 not found in the writer"
+    return loc
