@@ -477,6 +477,7 @@ static __always_inline void handle_exit(void *ctx, __s64 id, __s64 res, bool out
 }
 
 #include "flavours.bpf.h"
+#include "inject.bpf.h"
 
 /* Record sizes are part of the contract with retsnoop_otel/capture/records.py, whose formats
  * tests/unit/test_records.py compares with these numbers. */
@@ -497,3 +498,4 @@ _Static_assert(sizeof(struct app_ctx) == 640, "app_ctx layout");
 _Static_assert(sizeof(struct rec_session_app) == 664, "rec_session_app layout");
 _Static_assert(sizeof(struct rec_session_ustack) == 536, "rec_session_ustack layout");
 _Static_assert(sizeof(struct rec_app_probe) == 8, "rec_app_probe layout");
+_Static_assert(sizeof(struct rec_inject_probe) == 296, "rec_inject_probe layout");

@@ -23,6 +23,7 @@ enum rec_type {
 	REC_APP_PROBE = 9,
 	REC_FUNC_BATCH = 10,
 	REC_APP_EXEC = 11,
+	REC_INJECT_PROBE = 12,
 };
 
 #define MAX_LBR_ENTRIES 32	/* the most any CPU's last-branch stack holds */
@@ -257,6 +258,23 @@ struct capture_stats {
 	__u64 sessions_reported;
 	__u64 workload_dropped;		/* counts not kept per workload: wl_stats full */
 	__u64 sampled_out;		/* successful sessions the sampler dropped (in the kernel) */
+};
+
+/* An injected probe (-J) fired inside a session: in the per-call record stream (streamed, never held), with a seq
+ * of its own between the entries and exits around it (bpf/inject.bpf.h). */
+#define MAX_INJECT_DATA 256	/* bytes of payload: a tracepoint's raw entry, or a raw tracepoint's u64 args */
+
+struct rec_inject_probe {
+	__u32 type;
+	__u32 tid;
+	__u64 ts;
+	__u32 seq;
+	__u16 depth;		/* the level a call made here would have: the innermost open call's + 1 */
+	__u16 probe_id;
+	__u64 value;		/* kprobe: the probed instruction pointer; kretprobe: the return value */
+	__s32 data_len;		/* bytes of data filled, or the read's negative error */
+	__u32 pad;
+	__u8 data[MAX_INJECT_DATA];
 };
 
 /* Filters (maps tgid_filter / comm_filter values). */

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from retsnoop_otel.capture.errnos import MAX_ERRNO, errno_name
+
+if TYPE_CHECKING:
+    from retsnoop_otel.capture.inject import ProbeHit
 
 
 class RetKind(enum.Enum):
@@ -136,7 +139,8 @@ class Call:
     when the exit record was lost or the session ended first.
     """
 
-    __slots__ = ("func_id", "depth", "start_ns", "end_ns", "result", "seq", "children", "missing_before", "args")
+    __slots__ = ("func_id", "depth", "start_ns", "end_ns", "result", "seq", "children", "missing_before", "args",
+                 "probes")
 
     def __init__(self, func_id: int, depth: int, start_ns: int, end_ns: int | None = None,
                  result: int | None = None, seq: int = 0, children: list[Call] | None = None,
@@ -150,6 +154,7 @@ class Call:
         self.children: list[Call] = [] if children is None else children
         self.missing_before = missing_before  # records lost right before this call (sequence gap)
         self.args = args  # -A: captured at entry
+        self.probes: list[ProbeHit] = []  # injected probes (-J) that fired with this call innermost
 
     @property
     def duration_ns(self) -> int | None:
@@ -257,7 +262,7 @@ class Session:
     __slots__ = ("tid", "pid", "comm", "proc_comm", "start_ns", "end_ns", "is_err", "chain", "kstack", "calls",
                  "dropped_records", "cpu", "cgroup_id", "calls_cut", "lbr", "app", "ustack", "ustack_error",
                  "user_frames", "ustack_unsymbolized", "sampling_threshold", "trace_randomness", "kernel_sampling",
-                 "workload", "exe_name")
+                 "workload", "exe_name", "probes")
 
     def __init__(self, tid: int, pid: int, comm: str, proc_comm: str, start_ns: int, end_ns: int, is_err: bool,
                  chain: list[StackEntry], kstack: list[int], calls: list[Call] | None = None,
@@ -299,6 +304,7 @@ class Session:
         # basename of /proc/PID/exe ("": kernel thread or not readable; `proc_comm` is the 15-character fallback)
         self.workload = workload
         self.exe_name = exe_name
+        self.probes: list = []  # capture.inject.ProbeHit: every injected probe (-J) that fired, in order
 
     @property
     def entry_func_id(self) -> int | None:

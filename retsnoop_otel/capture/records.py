@@ -28,6 +28,8 @@ REC_SESSION_USTACK = 8
 REC_APP_PROBE = 9
 REC_FUNC_BATCH = 10
 REC_APP_EXEC = 11
+REC_INJECT_PROBE = 12
+MAX_INJECT_DATA = 256
 CALL_BUF_RECS = 64
 SAMPLED_PROBABILITY = 0x1
 SAMPLED_RATE = 0x2
@@ -71,6 +73,7 @@ SESSION_APP_HEAD = struct.Struct("<IIQii16s8sBBH")  # type, tid, start_ts, statu
 SESSION_APP_SIZE = SESSION_APP_HEAD.size + MAX_APP_ATTRS
 SESSION_USTACK = struct.Struct(f"<IIQi4x{MAX_USTACK_DEPTH}Q")
 APP_PROBE = struct.Struct("<II")  # also REC_APP_EXEC's
+INJECT_PROBE = struct.Struct(f"<IIQIHHQi4x{MAX_INJECT_DATA}s")  # struct rec_inject_probe
 
 
 def _comm(raw: bytes) -> str:
@@ -198,8 +201,20 @@ class AppExecRec(NamedTuple):
     tgid: int
 
 
+class InjectProbeRec(NamedTuple):
+    """An injected probe (-J) fired inside the thread's session: in the per-call stream, with its own seq."""
+
+    tid: int
+    ts: int
+    seq: int
+    depth: int  # the level a call made there would have
+    probe_id: int
+    value: int  # kprobe: the instruction pointer; kretprobe: the return value
+    data: bytes  # the payload copied (a tracepoint's raw entry, a raw tracepoint's args); b"" when none or failed
+
+
 Record = (SessionStartRec | FuncTraceRec | SessionEndRec | FuncArgsRec | SessionLbrRec | SessionAppRec
-          | SessionUstackRec | AppProbeRec | AppExecRec | FuncBatchRec)
+          | SessionUstackRec | AppProbeRec | AppExecRec | FuncBatchRec | InjectProbeRec)
 
 
 def decode_lbr_capture(data: bytes, offset: int = 0) -> tuple[int, int, int, int, tuple[tuple[int, int], ...]]:
@@ -249,6 +264,9 @@ def decode(data: bytes) -> Record:
         return AppProbeRec(APP_PROBE.unpack_from(data)[1])
     if rtype == REC_APP_EXEC:
         return AppExecRec(APP_PROBE.unpack_from(data)[1])
+    if rtype == REC_INJECT_PROBE:
+        _, tid, ts, seq, depth, probe_id, value, data_len, data = INJECT_PROBE.unpack_from(data)
+        return InjectProbeRec(tid, ts, seq, depth, probe_id, value, data[:max(0, min(data_len, MAX_INJECT_DATA))])
     if rtype == REC_SESSION_START:
         _, tid, tgid, cpu, ts, comm, pcomm = SESSION_START.unpack_from(data)
         return SessionStartRec(tid, tgid, cpu, ts, _comm(comm), _comm(pcomm))

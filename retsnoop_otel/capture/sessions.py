@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Mapping
 
+from retsnoop_otel.capture.inject import ProbeHit, ProbeInfo, decode_payload
 from retsnoop_otel.capture.model import (
     APP_STATUSES,
     AppContext,
@@ -22,6 +24,7 @@ from retsnoop_otel.capture.records import (
     FuncArgsRec,
     FuncBatchRec,
     FuncTraceRec,
+    InjectProbeRec,
     Record,
     SessionAppRec,
     SessionEndRec,
@@ -40,7 +43,8 @@ DEFAULT_MAX_CALLS = 20_000
 class _CallTree:
     """Per-thread builder of the call tree from entry/exit records, with gap detection."""
 
-    __slots__ = ("start", "max_calls", "roots", "stack", "next_seq", "missing", "pending_gap", "calls", "cut")
+    __slots__ = ("start", "max_calls", "roots", "stack", "next_seq", "missing", "pending_gap", "calls", "cut",
+                 "probes")
 
     def __init__(self, start: SessionStartRec, max_calls: int = 0) -> None:
         self.start = start
@@ -52,13 +56,26 @@ class _CallTree:
         self.pending_gap = 0
         self.calls = 0
         self.cut = 0  # calls left out once max_calls were kept
+        self.probes: list[ProbeHit] = []
 
-    def feed(self, rec: FuncTraceRec) -> None:
-        if rec.seq != self.next_seq:
-            gap = rec.seq - self.next_seq
+    def _step(self, seq: int) -> None:
+        if seq != self.next_seq:
+            gap = seq - self.next_seq
             self.missing += gap
             self.pending_gap += gap
-        self.next_seq = rec.seq + 1
+        self.next_seq = seq + 1
+
+    def feed_probe(self, hit: ProbeHit) -> None:
+        """An injected probe goes with the innermost call open at its depth (the call it fired in)."""
+        self._step(hit.seq)
+        hit.missing_before, self.pending_gap = self.pending_gap, 0
+        self.probes.append(hit)
+        del self.stack[hit.depth:]
+        if self.stack:
+            self.stack[-1].probes.append(hit)
+
+    def feed(self, rec: FuncTraceRec) -> None:
+        self._step(rec.seq)
         if self.max_calls and self.calls >= self.max_calls:
             self._feed_over_cap(rec)
             return
@@ -98,7 +115,9 @@ class _CallTree:
 class SessionAssembler:
     """Turns the record stream into complete Sessions; memory is bounded by `max_open` threads."""
 
-    def __init__(self, max_open: int = 4096, max_calls: int = DEFAULT_MAX_CALLS) -> None:
+    def __init__(self, max_open: int = 4096, max_calls: int = DEFAULT_MAX_CALLS,
+                 probes: Mapping[int, ProbeInfo] | None = None) -> None:
+        self._probes = probes or {}  # injected probes (-J) by id: how to decode their records
         self._open: OrderedDict[int, _CallTree] = OrderedDict()
         self._max_open = max_open
         self._max_calls = max_calls
@@ -126,6 +145,11 @@ class SessionAssembler:
             if tree is not None:
                 tree.feed(rec)
             return None
+        if isinstance(rec, InjectProbeRec):
+            tree = self._open.get(rec.tid)
+            if tree is not None:
+                tree.feed_probe(self._hit(rec))
+            return None
         if isinstance(rec, FuncBatchRec):
             tree = self._open.get(rec.tid)
             if tree is not None and tree.start.start_ts == rec.start_ts:
@@ -142,12 +166,20 @@ class SessionAssembler:
             return None
         return self._finish(rec)
 
+    def _hit(self, rec: InjectProbeRec) -> ProbeHit:
+        info = self._probes.get(rec.probe_id)
+        if info is None:
+            return ProbeHit(rec.probe_id, f"probe#{rec.probe_id}", "", rec.depth, rec.ts, rec.seq)
+        return ProbeHit(rec.probe_id, info.spec.text, info.spec.kind, rec.depth, rec.ts, rec.seq,
+                        decode_payload(info, rec.value, rec.data))
+
     def _finish(self, rec: SessionEndRec) -> Session:
         tree = self._open.pop(rec.tid, None)
         calls: list[Call] = []
+        probes: list[ProbeHit] = []
         missing = cut = 0
         if tree is not None and tree.start.start_ts == rec.start_ts:
-            calls = tree.roots
+            calls, probes = tree.roots, tree.probes
             missing = tree.missing + max(0, rec.last_seq - tree.next_seq)
             cut = tree.cut
         lbr = app = ustack = None
@@ -167,12 +199,14 @@ class SessionAssembler:
             known = level >= rec.chain_top
             res = rec.chain_res[level] & 0xFFFFFFFFFFFFFFFF if known else 0
             chain.append(StackEntry(rec.chain_ids[level], res, rec.chain_lat[level] if known else None))
-        return Session(
+        session = Session(
             tid=rec.tid, pid=rec.tgid, comm=rec.comm, proc_comm=rec.proc_comm, exe_name=rec.exe, start_ns=rec.start_ts,
             end_ns=rec.end_ts, is_err=rec.is_err, chain=chain, kstack=list(rec.kstack), calls=calls,
             dropped_records=max(rec.dropped_records, missing), cpu=rec.cpu, cgroup_id=rec.cgroup_id,
             calls_cut=cut, lbr=lbr, app=app, ustack=ustack, ustack_error=ustack_error, kernel_sampling=rec.sampling,
             trace_randomness=rec.randomness if rec.sampling & SAMPLED_PROBABILITY else None)
+        session.probes = probes
+        return session
 
     def _side_of(self, kind: type, end: SessionEndRec) -> _SideRec | None:
         rec = self._side.pop((kind, end.tid), None)

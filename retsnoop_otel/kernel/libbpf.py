@@ -25,6 +25,8 @@ MIN_VERSION = (1, 7)
 
 # enum bpf_prog_type / bpf_map_type values (uapi linux/bpf.h), for the feature probes and set_type().
 PROG_TYPE_KPROBE = 2
+PROG_TYPE_TRACEPOINT = 5
+PROG_TYPE_RAW_TRACEPOINT = 17
 PROG_TYPE_TRACING = 26
 MAP_TYPE_RINGBUF = 27
 
@@ -332,6 +334,19 @@ class BpfProgram:
         type, so they attach where fentry is refused too."""
         ptr = lib().lib.bpf_program__attach_raw_tracepoint(self._ptr, tracepoint.encode())
         return Link(check_ptr(ptr, f"attach raw tracepoint {tracepoint}"))
+
+    def attach_raw_tracepoint_cookie(self, tracepoint: str, cookie: int) -> Link:
+        """With a BPF cookie (Linux 6.10+): one program serves several raw tracepoints (-J rawtp:)."""
+        opts = abi.CookieOpts(ctypes.sizeof(abi.CookieOpts), cookie)
+        ptr = lib().lib.bpf_program__attach_raw_tracepoint_opts(self._ptr, tracepoint.encode(), ctypes.byref(opts))
+        return Link(check_ptr(ptr, f"attach raw tracepoint {tracepoint}"))
+
+    def attach_tracepoint(self, category: str, name: str, cookie: int = 0) -> Link:
+        """A tracepoint program to events/CATEGORY/NAME, with a BPF cookie (Linux 5.15+)."""
+        opts = abi.CookieOpts(ctypes.sizeof(abi.CookieOpts), cookie)
+        ptr = lib().lib.bpf_program__attach_tracepoint_opts(self._ptr, category.encode(), name.encode(),
+                                                            ctypes.byref(opts))
+        return Link(check_ptr(ptr, f"attach tracepoint {category}:{name}"))
 
 
 class BpfObject:

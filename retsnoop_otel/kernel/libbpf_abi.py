@@ -18,6 +18,12 @@ class KprobeOpts(ctypes.Structure):
                 ("retprobe", ctypes.c_bool)]
 
 
+class CookieOpts(ctypes.Structure):
+    """struct bpf_tracepoint_opts and struct bpf_raw_tracepoint_opts (libbpf 1.5+): the same layout."""
+
+    _fields_ = [("sz", ctypes.c_size_t), ("cookie", ctypes.c_uint64)]
+
+
 class KprobeMultiOpts(ctypes.Structure):
     _fields_ = [("sz", ctypes.c_size_t), ("syms", ctypes.POINTER(ctypes.c_char_p)),
                 ("addrs", ctypes.POINTER(ctypes.c_ulong)), ("cookies", ctypes.POINTER(ctypes.c_uint64)),
@@ -107,6 +113,10 @@ SIGNATURES: dict[str, tuple[object, list[object]]] = {
         ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t,
                           ctypes.POINTER(UprobeOpts)]),
     "bpf_program__attach_raw_tracepoint": (ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p]),
+    "bpf_program__attach_raw_tracepoint_opts": (ctypes.c_void_p,
+                                                [ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(CookieOpts)]),
+    "bpf_program__attach_tracepoint_opts": (ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p,
+                                                              ctypes.POINTER(CookieOpts)]),
     "bpf_link__destroy": (ctypes.c_int, [ctypes.c_void_p]),
     "bpf_map_lookup_elem": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]),
     "bpf_map_update_elem": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64]),

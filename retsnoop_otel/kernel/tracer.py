@@ -17,6 +17,7 @@ from types import MappingProxyType
 from typing import NamedTuple
 
 from retsnoop_otel.capture import records
+from retsnoop_otel.capture.inject import ProbeInfo
 from retsnoop_otel.capture.model import (
     RET_KIND_CODES,
     CaptureStats,
@@ -26,7 +27,7 @@ from retsnoop_otel.capture.model import (
     TracedFunc,
     WorkloadCount,
 )
-from retsnoop_otel.kernel import bpfsys, clones, libbpf_progs, libbpf_ringbuf, multi_link, stats_maps
+from retsnoop_otel.kernel import bpfsys, clones, inject_attach, libbpf_progs, libbpf_ringbuf, multi_link, stats_maps
 from retsnoop_otel.kernel import libbpf as lb
 from retsnoop_otel.kernel.libbpf_btf import Btf
 
@@ -50,7 +51,7 @@ HELPER_GET_ATTACH_COOKIE = 174  # enum bpf_func_id: Linux 5.15
 EXEC_PROGRAM = "app_exec"  # bpf/appctx.bpf.h, on sched_process_exec: each exec, for the thread-context watcher
 # every name a program of ours has in the kernel: what a check for leftovers after detach looks for
 PROGRAM_NAMES = frozenset({*(n for names in _MODE_PROGRAMS.values() for n in names), *clones.TEMPLATES,
-                           EXEC_PROGRAM})
+                           EXEC_PROGRAM, *inject_attach.PROGRAMS.values()})
 MAX_HELD_SESSIONS = 1024  # sessions whose per-call records the kernel holds at once (the rest stream)
 
 
@@ -98,6 +99,7 @@ class CaptureConfig(NamedTuple):
     func_counts: bool = True  # count calls, errors and latency per function and session (read by metrics only)
     workload_stats: bool = False  # also count calls, errors and sessions per cgroup v2 (metrics workload label)
     max_workload_counts: int = 16384  # (cgroup, function, outcome) counts the kernel side keeps
+    inject: Sequence[ProbeInfo] = ()  # -J injected probes (kernel/inject_attach.py); need emit_calls
 
 
 class AttachReport:
@@ -128,6 +130,7 @@ class Tracer:
         self._arg_specs = arg_specs or config.arg_specs
         self._links: list[lb.Link] = []
         self._exec_link: lb.Link | None = None  # the exec hook (app_context only), apart: _links holds pairs
+        self._inject_links: list[lb.Link] = []  # -J
         # the per-function clones of fentry and fsession mode (unused in the others)
         self._fentry = clones.FentryPrograms(self.funcs, btf_func_id, config.mode if config.mode in clones.SETS
                                              else "fentry")
@@ -236,6 +239,7 @@ class Tracer:
             for name in set(names) & set(progs):
                 obj.program(name).set_attach_target(self._fentry.target(is_entry=is_entry))
         obj.program(EXEC_PROGRAM).set_autoload(cfg.app_context)
+        inject_attach.configure(obj, cfg.inject)
         for name in progs if cfg.mode == "kprobe_session" else ():
             obj.program(name).set_expected_attach_type(bpfsys.ATTACH_TRACE_KPROBE_SESSION)
         for name in progs if cfg.mode == "fsession_multi" else ():  # loaded without a target function
@@ -246,6 +250,7 @@ class Tracer:
         return [*self.config.no_pids, *([os.getpid()] if self.config.exclude_self else [])]
 
     def _fill_maps(self, obj: lb.BpfObject) -> None:
+        inject_attach.fill(obj, self.config.inject)
         infos = obj.map("func_infos")
         for f in self.funcs:
             kind = RET_KIND_CODES[f.ret] << records.FUNC_RET_KIND_SHIFT
@@ -305,6 +310,7 @@ class Tracer:
                                      errno.EINVAL)
             if self.config.app_context:  # processes exec'd from now on are reported (REC_APP_EXEC)
                 self._exec_link = self._obj.program(EXEC_PROGRAM).attach_raw_tracepoint("sched_process_exec")
+            self._inject_links = inject_attach.attach(self._obj, self.config.inject)
         except BaseException:
             self.detach()
             raise
@@ -473,6 +479,7 @@ class Tracer:
         exec_link, self._exec_link = self._exec_link, None
         if exec_link is not None:
             exec_link.destroy()
+        self._inject_links = inject_attach.detach(self._inject_links)
         self.detach_links()
         self._fentry.close()
         lbr_fds, self._lbr_fds = self._lbr_fds, []

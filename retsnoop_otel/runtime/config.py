@@ -15,6 +15,7 @@ from types import MappingProxyType
 from typing import NamedTuple
 
 from retsnoop_otel.capture.errfilter import ErrorFilter
+from retsnoop_otel.capture.inject import InjectSpec
 from retsnoop_otel.capture.records import ArgSizes
 from retsnoop_otel.capture.sampling import Sampling
 from retsnoop_otel.export.otlp_settings import OtlpConfig
@@ -55,11 +56,12 @@ class ProbeSetConfig(NamedTuple):
     arg_sizes: ArgSizes = ArgSizes()  # how much of each argument -A copies
     duration_range: DurationRange | None = None  # histogram buckets; None: metrics.duration_range
     workload_label: str | None = None  # calls, errors and sessions also counted per namespace or container
+    inject: tuple[InjectSpec, ...] = ()  # -J: probes recorded inside sessions (kprobe, kretprobe, rawtp, tp)
 
     @property
     def records_calls(self) -> bool:
-        """Arguments travel with the per-call records, so capturing them records calls too."""
-        return self.mode == "calls" or self.capture_args
+        """Arguments and injected probes travel with the per-call records, so either records calls too."""
+        return self.mode == "calls" or self.capture_args or bool(self.inject)
 
 
 class ConsoleConfig(NamedTuple):

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from retsnoop_otel.capture.inject import InjectError, ProbeInfo
 from retsnoop_otel.capture.model import (
     CaptureStats,
     FuncStats,
@@ -88,7 +89,7 @@ def resolve(cfg: ProbeSetConfig, env: KernelEnv, names: InputNames = AGENT_NAMES
 
 def capture_config(cfg: ProbeSetConfig, mode: str, limits: Limits, names: InputNames = AGENT_NAMES,
                    arg_specs: dict[int, list[int]] | None = None, root: str = "/",
-                   counted: bool = True) -> CaptureConfig:
+                   counted: bool = True, inject: Sequence[ProbeInfo] = ()) -> CaptureConfig:
     """The one translation of a probe set into what the kernel side records.
 
     `counted`: something reads the per-function counts (MetricsConfig.read)."""
@@ -110,7 +111,24 @@ def capture_config(cfg: ProbeSetConfig, mode: str, limits: Limits, names: InputN
                          success_burst_ns=ks.burst_ns, min_duration_ns=cfg.min_duration_ns,
                          ringbuf_size=limits.ringbuf_size,
                          lbr_branch_types=cfg.lbr_branch_types, capture_args=cfg.capture_args,
-                         arg_specs=arg_specs or {}, app_context=cfg.app_context, user_stacks=cfg.user_stacks)
+                         arg_specs=arg_specs or {}, app_context=cfg.app_context, user_stacks=cfg.user_stacks,
+                         inject=inject)
+
+
+def resolve_injected(cfg: ProbeSetConfig, env: KernelEnv, root: str = "/") -> list[ProbeInfo]:
+    """The set's injected probes (-J) checked against this kernel; nothing is attached."""
+    if not cfg.inject:
+        return []
+    from retsnoop_otel.kernel import inject_attach
+    from retsnoop_otel.kernel.tracefs import TracefsError, find_tracefs
+    try:
+        inject_attach.check_kernel(cfg.inject)
+        return inject_attach.resolve(cfg.inject, find_tracefs(root), env.ksyms.by_name,  # type: ignore[attr-defined]
+                                     env.kernel_btf)
+    except (inject_attach.InjectUnsupported, TracefsError) as exc:
+        raise SetupError(str(exc), cfg.name) from None
+    except InjectError as exc:
+        raise InputError(str(exc), cfg.name) from None
 
 
 class ProbeSet:
@@ -135,14 +153,16 @@ class ProbeSet:
             self.arg_descs = {f.id: d for f in found.funcs if (d := describe_args(btf, f.name, cfg.arg_sizes))}  # type: ignore[arg-type]
             arg_specs = {fid: spec_words(d) for fid, d in self.arg_descs.items()}
         self.btf = btf
-        capture = capture_config(cfg, found.mode, limits, names, arg_specs, counted=counted)
+        self.probes = resolve_injected(cfg, env)
+        capture = capture_config(cfg, found.mode, limits, names, arg_specs, counted=counted, inject=self.probes)
         self.tracer = tracer_factory(found.funcs, capture, env.btf_func_id)
         ks = kernel_sampling(cfg.sampling)
         self._success_threshold = ks.threshold if ks.by_probability else None  # what kept successes say
         self._on_session = on_session
         self._on_app_probe = on_app_probe
         # calls beyond the span limit would not be exported: do not keep them either
-        self._assembler = SessionAssembler(max_open=limits.max_sessions, max_calls=limits.max_calls_per_session)
+        self._assembler = SessionAssembler(max_open=limits.max_sessions, max_calls=limits.max_calls_per_session,
+                                           probes={p.id: p for p in self.probes})
         self.report: AttachReport | None = None
         self.attach_failures: list[tuple[str, str]] = []
         self.load_s = 0.0  # BPF object open, verification and map setup
@@ -172,6 +192,8 @@ class ProbeSet:
             self.tracer.close()
             if isinstance(exc, RunRefused):
                 raise
+            if isinstance(exc, InjectError):  # an injected probe the kernel refused: the spec's fault
+                raise InputError(str(exc), self.name) from None
             if isinstance(exc, Exception):
                 raise SetupError(str(exc), self.name) from exc
             raise
