@@ -113,7 +113,10 @@ class TpFormat(NamedTuple):
 
     @property
     def size(self) -> int:
-        """Bytes of the raw entry up to the end of its last fixed field (what the probe copies, capped)."""
+        """Bytes of the raw entry the probe copies (capped at MAX_INJECT_DATA): up to the end of its last fixed
+        field, or all it may copy when a dynamic (__data_loc) field lies after the fixed ones."""
+        if any(f.ctype.startswith("__data_loc") for f in self.fields):
+            return MAX_INJECT_DATA
         return max((f.offset + f.size for f in self.fields), default=8)
 
 
@@ -182,7 +185,7 @@ class ProbeInfo(NamedTuple):
 class ProbeHit:
     """One injected probe's firing inside a session, decoded; `depth` is the level a call made there would have."""
 
-    __slots__ = ("probe_id", "spec", "kind", "depth", "ts", "seq", "fields", "missing_before")
+    __slots__ = ("probe_id", "spec", "kind", "depth", "ts", "seq", "fields", "missing_before", "in_call")
 
     def __init__(self, probe_id: int, spec: str, kind: str, depth: int, ts: int, seq: int,
                  fields: tuple[ProbeField, ...] = (), missing_before: int = 0) -> None:
@@ -194,6 +197,7 @@ class ProbeHit:
         self.seq = seq
         self.fields = fields
         self.missing_before = missing_before
+        self.in_call = False  # fired inside a recorded call (it is in that Call's probes), not at the top level
 
     def text(self, addresses: bool = True) -> str:
         """`name=value` pairs, as the -T table shows them after the spec."""

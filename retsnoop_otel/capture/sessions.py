@@ -73,6 +73,7 @@ class _CallTree:
         del self.stack[hit.depth:]
         if self.stack:
             self.stack[-1].probes.append(hit)
+            hit.in_call = True
 
     def feed(self, rec: FuncTraceRec) -> None:
         self._step(rec.seq)

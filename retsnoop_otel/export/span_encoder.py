@@ -20,6 +20,7 @@ from typing import Any
 from retsnoop_otel.capture.errnos import MAX_ERRNO
 from retsnoop_otel.capture.model import Call, FuncTable, RetKind, Session, Workload, lookup_func
 from retsnoop_otel.export.attribute_count import cap_attributes
+from retsnoop_otel.export.probe_events import probe_events
 from retsnoop_otel.export.protowire import I32, I64, LEN, VARINT, key_values, len_field, tag, varint
 from retsnoop_otel.export.resource import with_workload
 from retsnoop_otel.export.service_name import session_service
@@ -288,6 +289,10 @@ class SpanEncoder:
         else:
             ids_times = _ROOT_IDS_TIMES.pack(_SPAN_ID_TAG, root_id, _START_TAG, root_start, _END_TAG, root_end)
         body = trace_field + ids_times + const + key_values(9, extra) + (_link(app) if app and not joined else b"")
+        if session.probes:  # -J: those of the entry call itself and any outside a recorded call
+            root_call = session.calls[0] if session.calls and top is not session.calls else None
+            body += probe_events([h for h in session.probes if not h.in_call or (root_call is not None
+                                  and any(h is p for p in root_call.probes))], offset_ns, self.export_addresses)
         spans[0] = _SPANS_TAG + varint(len(body)) + body
         if self.count_limit is not None:
             spans = [cap_attributes(span, self.count_limit) for span in spans]
@@ -316,8 +321,10 @@ class SpanEncoder:
             end = end + offset if end is not None else max(parent_end, start)
             sid = random64() or new_id()
             ids_times = pack(_SPAN_ID_TAG, sid, _PARENT_TAG, parent, _START_TAG, start, _END_TAG, end)
-            if call.missing_before or (call.args and format_args is not None) or call is lbr_at:
+            if call.missing_before or (call.args and format_args is not None) or call is lbr_at or call.probes:
                 extra = key_values(9, limit_lengths(call_attrs(call, format_args, lbr_at, lbr), self.value_limit))
+                if call.probes:  # -J: the probes that fired with this call innermost
+                    extra += probe_events(call.probes, offset, self.export_addresses)
                 append(b"".join((_SPANS_TAG, varint(size + grow + len(extra)), trace_field, ids_times, const, extra)))
             elif grow:
                 append(b"".join((_SPANS_TAG, varint(size + grow), trace_field, ids_times, const)))

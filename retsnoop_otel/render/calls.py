@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 
+from retsnoop_otel.capture.inject import ProbeHit
 from retsnoop_otel.capture.model import ArgValue, Call, Session, TracedFunc, format_result
 
 ArgsFormatter = Callable[[int, "tuple[ArgValue, ...] | None"], list[str]]
@@ -20,10 +21,29 @@ def _arg_lines(indent: str, args: list[str]) -> Iterator[tuple[str, str, str, st
         yield from ((f"{indent}    {line}", "", "", "") for line in more)
 
 
-def _rows(call: Call, funcs: Mapping[int, TracedFunc], depth: int, fmt_args: ArgsFormatter | None = None,
+def _in_order(calls: list[Call], probes: list[ProbeHit]) -> list[Call | ProbeHit]:
+    """Calls and the injected probes that fired between them, as they happened (by record sequence)."""
+    if not probes:
+        return list(calls)
+    return sorted([*calls, *probes], key=lambda item: item.seq)
+
+
+def _probe_rows(hit: ProbeHit, depth: int) -> Iterator[tuple[str, str, str, str]]:
+    """retsnoop's ◎ row: the probe's spec, then its fields (a tracepoint's by name)."""
+    indent = "    " * min(depth, MAX_INDENT_LEVELS)
+    if hit.missing_before:
+        yield f"{indent}‼ ... missing {hit.missing_before} records ...", "", "", ""
+    fields = hit.text()
+    yield f"{indent}◎ {hit.spec}" + (f"  {fields}" if fields else ""), "", "", ""
+
+
+def _rows(call: Call | ProbeHit, funcs: Mapping[int, TracedFunc], depth: int, fmt_args: ArgsFormatter | None = None,
           compact: bool = True) -> Iterator[tuple[str, str, str, str]]:
     """(function, result, duration, context) rows: `compact` puts the arguments in the context cell of the
-    call's first row, else on lines of their own under it."""
+    call's first row, else on lines of their own under it. An injected probe is one ◎ row."""
+    if isinstance(call, ProbeHit):
+        yield from _probe_rows(call, depth)
+        return
     indent = "    " * min(depth, MAX_INDENT_LEVELS)
     if call.missing_before:
         yield f"{indent}‼ ... missing {call.missing_before} records ...", "", "", ""
@@ -33,7 +53,7 @@ def _rows(call: Call, funcs: Mapping[int, TracedFunc], depth: int, fmt_args: Arg
     duration = f"{call.duration_ns / 1000:.3f}us" if call.duration_ns is not None else ""
     args = fmt_args(call.func_id, call.args) if fmt_args and call.args else []
     context = " ".join(args) if compact else ""
-    if not call.children:
+    if not call.children and not call.probes:
         marker = "↔" if call.end_ns is not None else "→"
         yield f"{indent}{marker} {name}", result, duration, context
         if not compact:
@@ -42,7 +62,7 @@ def _rows(call: Call, funcs: Mapping[int, TracedFunc], depth: int, fmt_args: Arg
     yield f"{indent}→ {name}", "", "", context
     if not compact:
         yield from _arg_lines(indent, args)
-    for child in call.children:
+    for child in _in_order(call.children, call.probes):
         yield from _rows(child, funcs, depth + 1, fmt_args, compact)
     if call.end_ns is not None:
         yield f"{indent}← {name}", result, duration, ""
@@ -55,9 +75,10 @@ def render_calls(session: Session, funcs: Mapping[int, TracedFunc], fmt_args: Ar
     """The table; with `fmt_args` (-A) in args.fmt-mode `args_mode`: compact adds retsnoop's CONTEXT column,
     multiline and verbose put each argument under its call."""
     compact = args_mode == "compact"
-    rows = [row for call in session.calls for row in _rows(call, funcs, 0, fmt_args, compact)]
+    top = _in_order(session.calls, [h for h in session.probes if not h.in_call])
+    rows = [row for call in top for row in _rows(call, funcs, 0, fmt_args, compact)]
     if session.calls and session.dropped_records:
-        counted = sum(c.missing_before for c in _walk(session.calls))
+        counted = sum(c.missing_before for c in _walk(session.calls)) + sum(h.missing_before for h in session.probes)
         if session.dropped_records > counted:
             rows.append((f"‼ ... missing {session.dropped_records - counted} records ...", "", "", ""))
     if session.calls_cut:

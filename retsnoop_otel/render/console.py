@@ -59,6 +59,8 @@ def session_json(session: Session, funcs: Mapping[int, TracedFunc], offset_ns: i
         "tid": session.tid, "pid": session.pid, "comm": session.comm, "proc_comm": session.proc_comm,
         "start_ns": session.start_ns + offset_ns, "end_ns": session.end_ns + offset_ns,
         "is_err": session.is_err, "chain": chain, "dropped_records": session.dropped_records}
+    if session.probes:
+        out["probes"] = probes_json(session, funcs, offset_ns)
     if session.lbr is not None:
         out["lbr"] = _lbr_json(session, funcs)
     if session.exe_name:
@@ -77,6 +79,20 @@ def session_json(session: Session, funcs: Mapping[int, TracedFunc], offset_ns: i
         if session.ustack_unsymbolized:
             out["user_stack_unsymbolized"] = session.ustack_unsymbolized
     return out
+
+
+def probes_json(session: Session, funcs: Mapping[int, TracedFunc], offset_ns: int) -> list[dict[str, Any]]:
+    """-J: each injected probe that fired, in order, with the function it fired in (the innermost open call)."""
+    owner: dict[int, str] = {}
+    stack = list(session.calls)
+    while stack:
+        call = stack.pop()
+        stack.extend(call.children)
+        func = funcs.get(call.func_id)
+        for hit in call.probes:
+            owner[id(hit)] = func.name if func else f"func#{call.func_id}"
+    return [{"probe": h.spec, "kind": h.kind, "depth": h.depth, "ts_ns": h.ts + offset_ns,
+             "function": owner.get(id(h)), "fields": {f.name: f.value for f in h.fields}} for h in session.probes]
 
 
 def _app_json(app: AppContext) -> dict[str, object]:

@@ -1,4 +1,5 @@
-"""Chrome trace-event / Perfetto JSON for -T sessions: one complete ("X") event per traced call."""
+"""Chrome trace-event / Perfetto JSON for -T sessions: one complete ("X") event per traced call, one instant ("i")
+event per injected probe (-J)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,10 @@ def trace_events(sessions: Iterable[Session], funcs: Mapping[int, TracedFunc], o
             out.append({"name": "thread_name", "ph": "M", "pid": s.pid, "tid": s.tid, "args": {"name": s.comm}})
         for call in s.calls:
             out.extend(_events(call, s, funcs, offset_ns, s.end_ns))
+        for hit in s.probes:
+            out.append({"name": hit.spec, "cat": "probe", "ph": "i", "s": "t", "ts": (hit.ts + offset_ns) / 1000,
+                        "pid": s.pid, "tid": s.tid,
+                        "args": {"kind": hit.kind, "depth": hit.depth, **{f.name: f.value for f in hit.fields}}})
     return out
 
 

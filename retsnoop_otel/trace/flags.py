@@ -15,6 +15,7 @@ from types import MappingProxyType
 from typing import NamedTuple
 
 from retsnoop_otel.capture.errfilter import ErrorFilter
+from retsnoop_otel.capture.inject import InjectError, InjectSpec, parse_specs
 from retsnoop_otel.capture.records import MAX_ARG_DATA, MAX_FUNC_ARGS, ArgSizes
 from retsnoop_otel.capture.sampling import Sampling
 from retsnoop_otel.capture.sessions import DEFAULT_MAX_CALLS
@@ -216,6 +217,9 @@ def build_parser(prog: str = "retsnoop-otel trace") -> OneLineErrorParser:
                           "(frame-pointer unwinding)")
     out.add_argument("--no-app-context", dest="app_context", action="store_false",
                      help="do not read the application's OpenTelemetry thread context (OTEP 4947)")
+    out.add_argument("-J", "--inject-probe", action="append", default=[], metavar="SPEC",
+                     help="record a probe inside sessions: kprobe:FUNC[+OFF], kretprobe:FUNC, rawtp:NAME, "
+                          "tp:CATEGORY:NAME or @FILE (one per line); repeatable")
     out.add_argument("--trace-json", metavar="FILE", help="write -T sessions as Chrome trace-event JSON (Perfetto)")
     out.add_argument("-B", "--lbr", action="append", nargs="?", const="any_return", metavar="SPEC",
                      help="capture last branch records at the deepest failing function (any, any_call, "
@@ -338,6 +342,13 @@ def _names(parser: argparse.ArgumentParser, flag: str, values: Sequence[str]) ->
     return tuple(out)
 
 
+def _inject_specs(parser: argparse.ArgumentParser, values: Sequence[str]) -> tuple[InjectSpec, ...]:
+    try:
+        return parse_specs(values)
+    except InjectError as exc:
+        parser.error(str(exc))
+
+
 def otlp_requested(args: argparse.Namespace, environ: Mapping[str, str]) -> bool:
     return bool(args.otlp_endpoint or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
                 or environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
@@ -360,6 +371,7 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] = os.environ,
     except ValueError as exc:
         parser.error(str(exc))
     c = _c_values(parser, args.config)
+    inject = _inject_specs(parser, args.inject_probe)
     lbr_flags = 0
     if args.lbr is not None:
         from retsnoop_otel.kernel.lbr import LbrError, parse_specs
@@ -395,7 +407,7 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] = os.environ,
         cgroup=args.cgroup, min_duration_ns=args.longer, errors=errors,
         sampling=Sampling(success_probability=1.0) if success else Sampling(), lbr_branch_types=lbr_flags,
         capture_args=args.capture_args, app_context=args.app_context, user_stacks=args.user_stacks,
-        arg_sizes=ArgSizes(**_fields(c, C_ARG_SIZES)))
+        arg_sizes=ArgSizes(**_fields(c, C_ARG_SIZES)), inject=inject)
     level = c.get("stacks.symb-mode", args.symbolize)
     config = RuntimeConfig(
         probe_sets=(probe_set,),
