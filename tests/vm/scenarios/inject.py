@@ -1,0 +1,120 @@
+"""Guest side of injected probes (-J, issue 35): a tracepoint and a kprobe inside a traced function, seen in the
+session where they fired as text, --json, Perfetto and OTLP span events at a real receiver; a kprobe offset the
+kernel refuses is one message and exit 2 with nothing attached. Assertions: tests/vm/test_inject.py.
+
+The kprobe's offset is found on this kernel, not written down: the kprobe PMU accepts an offset only where an
+instruction starts (x86 decodes the function from its start), so the first offset past the ftrace call site it
+accepts is a real instruction boundary in the function's prologue (run on every call), and the first it refuses is
+the bad one. syscalls:sys_exit_bpf fires in the syscall's exit work, after __x64_sys_bpf returned, so sessions of
+syscall_exit_work (an entry function too) hold it; simfail names its thread (--comm) so that -n keeps only its own.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import time
+from pathlib import Path
+
+from retsnoop_otel.kernel import bpfsys
+from tests.vm.guest_batch import budget
+from tests.vm.scenarios.trace_modes import PY, _our_progs, _wait_file_lines
+
+FUNC = "array_map_alloc_check"
+CASE = "bpf-bad-map-max-entries-array"
+COMM = "injsimfail"
+EXIT_WORK = "syscall_exit_work"
+TP = "tp:syscalls:sys_exit_bpf"
+
+
+def _kprobe_offsets(func: str, upto: int = 48) -> tuple[list[int], list[int]]:
+    """(accepted, refused) offsets of a kprobe on `func`, asked of the kernel through the kprobe PMU."""
+    pmu = bpfsys.kprobe_pmu_type()
+    accepted, refused = [], []
+    for off in range(1, upto):
+        name = ctypes.create_string_buffer(func.encode())
+        attr = bpfsys.PerfEventAttr(type=pmu, config=0, sample_period=1, wakeup_events=1,
+                                    config1=ctypes.addressof(name), config2=off)
+        try:
+            fd = bpfsys.perf_event_open(attr, pid=-1, cpu=0)
+        except OSError:
+            refused.append(off)
+            continue
+        os.close(fd)
+        accepted.append(off)
+    return accepted, refused
+
+
+def _traceable(name: str) -> bool:
+    for root in ("/sys/kernel/tracing", "/sys/kernel/debug/tracing"):
+        try:
+            with open(f"{root}/available_filter_functions") as f:
+                return any(line.split()[0] == name for line in f if line.strip())
+        except OSError:
+            continue
+    return False
+
+
+def _run(ctx, flags: list[str], otlp_port: int | None = None, trace_json: str | None = None) -> dict:
+    cmd = [PY, "-m", "retsnoop_otel", "trace", "-e", "*_sys_bpf", "-e", EXIT_WORK, "-a", FUNC, "-n", COMM, "-v",
+           *flags]
+    if otlp_port is not None:
+        cmd += ["--otlp-endpoint", f"http://127.0.0.1:{otlp_port}"]
+    if trace_json is not None:
+        cmd += ["--trace-json", trace_json]
+    tracer = ctx.spawn(cmd)
+    result: dict = {"cmd": cmd}
+    try:
+        line = tracer.wait_for_line(r"Receiving data|retsnoop-otel: ", timeout=300)
+        result["started"] = "Receiving data" in line.group(0)
+        if result["started"]:
+            result["progs_while_attached"] = _our_progs(ctx)
+            rc, sout, serr = ctx.run([PY, "-m", "retsnoop_otel", "simfail", "--comm", COMM, CASE], 120)
+            result["simfail"] = {"rc": rc, "out": sout, "err": serr}
+            tracer.wait_for_line(r"sys_exit_bpf", timeout=180)
+            tracer.wait_output_settled(5, timeout=120)
+        else:
+            tracer.wait(120)
+    finally:
+        result["rc"] = tracer.terminate(timeout=240)
+        result["output"] = tracer.output()
+    time.sleep(1)
+    result["progs_after"] = _our_progs(ctx)
+    return result
+
+
+@budget(1500)
+def scenario_inject_probes(ctx) -> dict:
+    accepted, refused = _kprobe_offsets(FUNC)
+    out: dict = {"accepted": accepted, "refused": refused, "exit_work_traceable": _traceable(EXIT_WORK)}
+    good = next((o for o in accepted if o > 4), None)  # past endbr64 (4 bytes) or the ftrace call site
+    bad = next((o for o in refused if good is not None and o > good), None)
+    out["good"], out["bad"] = good, bad
+    if good is None or bad is None or not out["exit_work_traceable"]:
+        return out  # the test says which fact was missing
+    kprobe = f"kprobe:{FUNC}+0x{good:x}"
+    out["kprobe"] = kprobe
+
+    dry = ctx.run([PY, "-m", "retsnoop_otel", "trace", "--dry-run", "-e", "*_sys_bpf", "-a", FUNC, "-J", TP,
+                   "-J", kprobe], 300)
+    out["dry_run"] = {"rc": dry[0], "out": dry[1], "err": dry[2]}
+
+    otlp_file = Path(ctx.tmpdir) / "otlp.jsonl"
+    receiver = ctx.spawn([PY, "-m", "tests.otlp_receiver", "--port", "0", "--http-port", "0", "--out",
+                          str(otlp_file)])
+    port = int(receiver.wait_for_line(r"READY \d+ HTTP (\d+)", timeout=240).group(1))
+    trace_json = f"{ctx.tmpdir}/trace.json"
+    try:
+        out["text"] = _run(ctx, ["-J", TP, "-J", kprobe, "-T"], otlp_port=port, trace_json=trace_json)
+        out["otlp"] = _wait_file_lines(otlp_file, 1, timeout=120)
+    finally:
+        receiver.terminate(timeout=30)
+    try:
+        with open(trace_json) as fh:
+            out["trace_json"] = json.load(fh)
+    except (OSError, ValueError) as exc:
+        out["trace_json_error"] = str(exc)
+    out["json"] = _run(ctx, ["-J", TP, "-J", kprobe, "-T", "--json"])
+    out["refused"] = _run(ctx, ["-J", TP, "-J", f"kprobe:{FUNC}+0x{bad:x}", "-T"])
+    return out
