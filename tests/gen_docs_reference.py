@@ -27,7 +27,7 @@ RETSNOOP_FLAGS = frozenset({
     "-p", "--pid", "-P", "--no-pid", "-n", "--comm", "-N", "--no-comm", "-L", "--longer", "-S", "--success-stacks",
     "-T", "--trace", "-E", "-A", "--capture-args", "-k", "--kernel", "-s", "--symbolize", "-sn", "-B", "--lbr",
     "--lbr-max-count", "-C", "--config-help", "-F", "--fentries", "-K", "--kprobes", "-M", "--kprobes-multi",
-    "-v", "-V", "--version", "--dry-run", "-J", "--inject", "-R",
+    "-v", "-V", "--version", "--dry-run", "-J", "--inject-probe", "-R",
 })
 
 
