@@ -32,6 +32,7 @@ from retsnoop_otel.agent.yaml_nodes import (
     string,
 )
 from retsnoop_otel.capture.errfilter import ErrorFilter
+from retsnoop_otel.capture.inject import InjectError, InjectSpec, parse_specs
 from retsnoop_otel.capture.sampling import Sampling
 from retsnoop_otel.export.otlp_settings import OtlpConfig
 from retsnoop_otel.export.service_name import SERVICE_NAME_FROM
@@ -164,7 +165,7 @@ def _duration_range(ctx: Nodes, node: yaml.Node, key: str) -> DurationRange:
 
 _FILTER_KEYS = ("pids", "no_pids", "comms", "no_comms", "cgroup", "min_duration_ms", "allow_errors", "deny_errors")
 _SET_KEYS = ("name", "entry", "allow", "deny", "mode", "attach_mode", "filters", "sampling", "lbr", "capture_args",
-             "app_context", "user_stacks", "duration_range", "workload_label")
+             "app_context", "user_stacks", "duration_range", "workload_label", "inject")
 
 
 def _lbr(ctx: Nodes, node: yaml.Node, key: str, mode: str) -> int:
@@ -186,6 +187,17 @@ def _lbr(ctx: Nodes, node: yaml.Node, key: str, mode: str) -> int:
         return parse_specs([value])
     except LbrError as exc:
         raise ctx.fail(node, key, str(exc).replace("--lbr value", "branch type")) from None
+
+
+def _inject(ctx: Nodes, node: yaml.Node, key: str, mode: str) -> tuple[InjectSpec, ...]:
+    """-J's specs (retsnoop's forms, @FILE too); they travel with the call records, which mode metrics has not."""
+    try:
+        specs = parse_specs(_strs(ctx, node, key))
+    except InjectError as exc:
+        raise ctx.fail(node, key, str(exc).replace("-J ", "")) from None
+    if specs and mode == "metrics":
+        raise ctx.fail(node, key, "injected probes are recorded in reported sessions: use mode stack or calls")
+    return specs
 
 
 def _probe_set(ctx: Nodes, node: yaml.Node, key: str, name: str | None) -> ProbeSetConfig:
@@ -240,7 +252,9 @@ def _probe_set(ctx: Nodes, node: yaml.Node, key: str, name: str | None) -> Probe
         duration_range=_duration_range(ctx, m["duration_range"], f"{key}.duration_range")
         if "duration_range" in m else None,
         workload_label=choice(ctx, m["workload_label"], f"{key}.workload_label", WORKLOAD_LABELS)
-        if "workload_label" in m else None)
+        if "workload_label" in m else None,
+        inject=_inject(ctx, m["inject"], f"{key}.inject", ctx.value(m["mode"]) if "mode" in m else "stack")
+        if "inject" in m else ())
 
 
 def _probe_sets(ctx: Nodes, node: yaml.Node) -> tuple[ProbeSetConfig, ...]:

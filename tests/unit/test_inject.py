@@ -423,3 +423,15 @@ def test_probe_hits_render_pointer_fields_as_hex_and_strings_plainly() -> None:
     assert hit.text() == "p=0x10  s='a b'  n=-1"
     assert hit.text(addresses=False) == "s='a b'  n=-1"
     assert Call(0, 0, 0).probes == []
+
+
+def test_the_agent_config_takes_the_same_specs_per_probe_set() -> None:
+    from retsnoop_otel.agent.config_file import ConfigError, parse_config
+    base = "probe_sets:\n  - name: bpf\n    entry: ['*sys_bpf']\n"
+    cfg = parse_config(base + "    inject: ['tp:syscalls:sys_exit_bpf', 'kprobe:map_create+0x10']\n", "a.yaml")
+    (ps,) = cfg.runtime.probe_sets
+    assert ps.inject == (EXIT_BPF, InjectSpec("kprobe", "map_create", offset=0x10)) and ps.records_calls
+    with pytest.raises(ConfigError, match=r"probe_sets\[0\].inject.*unknown probe kind 'uprobe'"):
+        parse_config(base + "    inject: ['uprobe:x']\n", "a.yaml")
+    with pytest.raises(ConfigError, match="use mode stack or calls"):
+        parse_config(base + "    mode: metrics\n    inject: ['tp:syscalls:sys_exit_bpf']\n", "a.yaml")
