@@ -19,7 +19,7 @@ FUNC = "array_map_alloc_check"
 
 def _facts(vm_batch) -> dict:
     r = vm_batch["inject_probes"]
-    assert r["exit_work_traceable"], "syscall_exit_work is not traceable on this kernel: sys_exit_bpf has no session"
+    assert r["exit_entry"], f"no traceable function of the syscall exit work: sys_exit_bpf has no session ({r})"
     assert r["good"] and r["bad"], (r["accepted"], r["refused"])
     return r
 
@@ -58,8 +58,9 @@ def test_text_shows_each_probe_in_the_session_and_at_the_depth_it_fired(vm_batch
     # failing call's result by its field name
     exits = [s for s in sessions if "◎ tp:syscalls:sys_exit_bpf" in s]
     assert len(exits) == 1, run["output"][-4000:]
-    assert re.search(r"^→ syscall_exit_work\s*\n    ◎ tp:syscalls:sys_exit_bpf  __syscall_nr=321  ret=-22\s*\n"
-                     r"← syscall_exit_work", exits[0], re.M), exits[0]
+    entry = re.escape(r["exit_entry"])
+    assert re.search(rf"^→ {entry}\s*\n(    .*\n)*    ◎ tp:syscalls:sys_exit_bpf  __syscall_nr=321  ret=-22\s*\n"
+                     rf"(    .*\n)*← {entry}", exits[0], re.M), exits[0]
     assert "tp:syscalls:sys_exit_bpf" not in bpf[0]
 
 
@@ -73,7 +74,7 @@ def test_json_lists_the_probes_with_the_function_they_fired_in(vm_batch) -> None
     tp = [p for p in probes if p["kind"] == "tp"]
     assert len(kp) == 1 and len(tp) == 1, probes
     assert kp[0]["probe"] == r["kprobe"] and kp[0]["function"] == FUNC and kp[0]["depth"] == 2
-    assert tp[0] == {**tp[0], "probe": "tp:syscalls:sys_exit_bpf", "function": "syscall_exit_work", "depth": 1}
+    assert tp[0] == {**tp[0], "probe": "tp:syscalls:sys_exit_bpf", "function": r["exit_entry"], "depth": 1}
     assert tp[0]["fields"] == {"__syscall_nr": 321, "ret": -22}
     owner = next(o for o in objs if kp[0] in o.get("probes", []))
     assert owner["is_err"] and owner["chain"][0]["function"] == "__x64_sys_bpf"
@@ -94,7 +95,7 @@ def test_otlp_span_events_on_the_span_of_the_call_they_fired_in(vm_batch) -> Non
     root = next(s for s in spans if s["trace"] == span["trace"] and not s.get("parent"))
     assert root["name"] == "__x64_sys_bpf"
     span, event = tp[0]
-    assert span["name"] == "syscall_exit_work" and not span.get("parent")  # the root span: the entry call
+    assert span["name"] == r["exit_entry"] and not span.get("parent")  # the root span: the entry call
     assert attributes(event["attributes"]) == {"retsnoop.probe.kind": "tp", "__syscall_nr": 321, "ret": -22}
 
 

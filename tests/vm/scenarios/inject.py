@@ -6,7 +6,8 @@ The kprobe's offset is found on this kernel, not written down: the kprobe PMU ac
 instruction starts (x86 decodes the function from its start), so the first offset past the ftrace call site it
 accepts is a real instruction boundary in the function's prologue (run on every call), and the first it refuses is
 the bad one. syscalls:sys_exit_bpf fires in the syscall's exit work, after __x64_sys_bpf returned, so sessions of
-syscall_exit_work (an entry function too) hold it; simfail names its thread (--comm) so that -n keeps only its own.
+a function of the exit work (an entry function too, EXIT_WORK) hold it; simfail names its thread (--comm) so that
+-n keeps only its own.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from tests.vm.scenarios.trace_modes import PY, _our_progs, _wait_file_lines
 FUNC = "array_map_alloc_check"
 CASE = "bpf-bad-map-max-entries-array"
 COMM = "injsimfail"
-EXIT_WORK = "syscall_exit_work"
+# functions that run a syscall's exit work around its sys_exit tracepoint, by preference: the exit work itself (7.x),
+# the function that calls it (6.12, where it is inlined), the tracepoint's own iterator (every kernel)
+EXIT_WORK = ("syscall_exit_work", "syscall_exit_to_user_mode_prepare", "__traceiter_sys_exit")
 TP = "tp:syscalls:sys_exit_bpf"
 
 
@@ -46,18 +49,20 @@ def _kprobe_offsets(func: str, upto: int = 48) -> tuple[list[int], list[int]]:
     return accepted, refused
 
 
-def _traceable(name: str) -> bool:
+def _traceable(*words: str) -> list[str]:
+    """The traceable functions whose names hold one of `words`."""
     for root in ("/sys/kernel/tracing", "/sys/kernel/debug/tracing"):
         try:
             with open(f"{root}/available_filter_functions") as f:
-                return any(line.split()[0] == name for line in f if line.strip())
+                return sorted({name for line in f if (name := line.split(" ")[0].strip()) and
+                               any(w in name for w in words)})
         except OSError:
             continue
-    return False
+    return []
 
 
-def _run(ctx, flags: list[str], otlp_port: int | None = None, trace_json: str | None = None) -> dict:
-    cmd = [PY, "-m", "retsnoop_otel", "trace", "-e", "*_sys_bpf", "-e", EXIT_WORK, "-a", FUNC, "-n", COMM, "-v",
+def _run(ctx, exit_entry: str, flags: list[str], otlp_port: int | None = None, trace_json: str | None = None) -> dict:
+    cmd = [PY, "-m", "retsnoop_otel", "trace", "-e", "*_sys_bpf", "-e", exit_entry, "-a", FUNC, "-n", COMM, "-v",
            *flags]
     if otlp_port is not None:
         cmd += ["--otlp-endpoint", f"http://127.0.0.1:{otlp_port}"]
@@ -87,11 +92,13 @@ def _run(ctx, flags: list[str], otlp_port: int | None = None, trace_json: str | 
 @budget(1500)
 def scenario_inject_probes(ctx) -> dict:
     accepted, refused = _kprobe_offsets(FUNC)
-    out: dict = {"accepted": accepted, "refused": refused, "exit_work_traceable": _traceable(EXIT_WORK)}
+    near = _traceable("syscall_exit", "exit_to_user", "syscall_trace", "sys_exit")
+    exit_entry = next((f for f in EXIT_WORK if f in near), None)
+    out: dict = {"accepted": accepted, "refused": refused, "exit_entry": exit_entry, "near": near}
     good = next((o for o in accepted if o > 4), None)  # past endbr64 (4 bytes) or the ftrace call site
     bad = next((o for o in refused if good is not None and o > good), None)
     out["good"], out["bad"] = good, bad
-    if good is None or bad is None or not out["exit_work_traceable"]:
+    if good is None or bad is None or exit_entry is None:
         return out  # the test says which fact was missing
     kprobe = f"kprobe:{FUNC}+0x{good:x}"
     out["kprobe"] = kprobe
@@ -106,7 +113,7 @@ def scenario_inject_probes(ctx) -> dict:
     port = int(receiver.wait_for_line(r"READY \d+ HTTP (\d+)", timeout=240).group(1))
     trace_json = f"{ctx.tmpdir}/trace.json"
     try:
-        out["text"] = _run(ctx, ["-J", TP, "-J", kprobe, "-T"], otlp_port=port, trace_json=trace_json)
+        out["text"] = _run(ctx, exit_entry, ["-J", TP, "-J", kprobe, "-T"], otlp_port=port, trace_json=trace_json)
         out["otlp"] = _wait_file_lines(otlp_file, 1, timeout=120)
     finally:
         receiver.terminate(timeout=30)
@@ -115,6 +122,6 @@ def scenario_inject_probes(ctx) -> dict:
             out["trace_json"] = json.load(fh)
     except (OSError, ValueError) as exc:
         out["trace_json_error"] = str(exc)
-    out["json"] = _run(ctx, ["-J", TP, "-J", kprobe, "-T", "--json"])
-    out["refused"] = _run(ctx, ["-J", TP, "-J", f"kprobe:{FUNC}+0x{bad:x}", "-T"])
+    out["json"] = _run(ctx, exit_entry, ["-J", TP, "-J", kprobe, "-T", "--json"])
+    out["refused"] = _run(ctx, exit_entry, ["-J", TP, "-J", f"kprobe:{FUNC}+0x{bad:x}", "-T"])
     return out
