@@ -1,5 +1,6 @@
 """Injected probes (-J): spec parsing, tracefs format decoding, the record, session assembly, every output, and the
-attach module's checks against a kernel (faked: the real one is tests/vm/test_inject.py)."""
+attach module's checks against a kernel (faked: the real one is tests/vm/test_inject.py; this module is named
+apart from it, as pytest imports test modules by basename)."""
 
 from __future__ import annotations
 
