@@ -25,9 +25,10 @@ from tests.vm.scenarios.trace_modes import PY, _our_progs, _wait_file_lines
 FUNC = "array_map_alloc_check"
 CASE = "bpf-bad-map-max-entries-array"
 COMM = "injsimfail"
-# functions that run a syscall's exit work around its sys_exit tracepoint, by preference: the exit work itself (7.x),
-# the function that calls it (6.12, where it is inlined), the tracepoint's own iterator (every kernel)
-EXIT_WORK = ("syscall_exit_work", "syscall_exit_to_user_mode_prepare", "__traceiter_sys_exit")
+# functions that run a syscall's sys_exit tracepoint, by preference: the exit work itself, the helper that fires the
+# tracepoint (7.2: the exit work is not traceable there), the function around the inlined exit work (6.12). Not the
+# tracepoint's iterator (__traceiter_sys_exit): with one probe attached the kernel's static call bypasses it.
+EXIT_WORK = ("syscall_exit_work", "trace_syscall_exit", "syscall_exit_to_user_mode_prepare")
 TP = "tp:syscalls:sys_exit_bpf"
 
 
@@ -77,7 +78,7 @@ def _run(ctx, exit_entry: str, flags: list[str], otlp_port: int | None = None, t
             result["progs_while_attached"] = _our_progs(ctx)
             rc, sout, serr = ctx.run([PY, "-m", "retsnoop_otel", "simfail", "--comm", COMM, CASE], 120)
             result["simfail"] = {"rc": rc, "out": sout, "err": serr}
-            tracer.wait_for_line(r"sys_exit_bpf", timeout=180)
+            tracer.wait_for_line(r'◎ tp:syscalls:sys_exit_bpf|"probe": "tp:syscalls:sys_exit_bpf"', timeout=180)
             tracer.wait_output_settled(5, timeout=120)
         else:
             tracer.wait(120)
@@ -92,7 +93,7 @@ def _run(ctx, exit_entry: str, flags: list[str], otlp_port: int | None = None, t
 @budget(1500)
 def scenario_inject_probes(ctx) -> dict:
     accepted, refused = _kprobe_offsets(FUNC)
-    near = _traceable("syscall_exit", "exit_to_user", "syscall_trace", "sys_exit")
+    near = _traceable("syscall", "exit_to_user", "sys_exit")
     exit_entry = next((f for f in EXIT_WORK if f in near), None)
     out: dict = {"accepted": accepted, "refused": refused, "exit_entry": exit_entry, "near": near}
     good = next((o for o in accepted if o > 4), None)  # past endbr64 (4 bytes) or the ftrace call site
