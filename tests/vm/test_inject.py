@@ -114,7 +114,7 @@ def test_perfetto_has_an_instant_event_per_probe(vm_batch) -> None:
 
 def test_a_refused_offset_is_one_message_exit_2_and_nothing_attached(vm_batch) -> None:
     r = _facts(vm_batch)
-    run = r["refused"]
+    run = r["refused_run"]
     assert not run["started"] and run["rc"] == 2, run["output"][-3000:]
     line = f"kprobe:{FUNC}+0x{r['bad']:x}: the kernel refused offset 0x{r['bad']:x} (EILSEQ: not the start of an " \
            "instruction)"

@@ -124,5 +124,5 @@ def scenario_inject_probes(ctx) -> dict:
     except (OSError, ValueError) as exc:
         out["trace_json_error"] = str(exc)
     out["json"] = _run(ctx, exit_entry, ["-J", TP, "-J", kprobe, "-T", "--json"])
-    out["refused"] = _run(ctx, exit_entry, ["-J", TP, "-J", f"kprobe:{FUNC}+0x{bad:x}", "-T"])
+    out["refused_run"] = _run(ctx, exit_entry, ["-J", TP, "-J", f"kprobe:{FUNC}+0x{bad:x}", "-T"])
     return out
