@@ -112,6 +112,21 @@ def test_perfetto_has_an_instant_event_per_probe(vm_batch) -> None:
     assert next(e for e in events if e["args"]["kind"] == "tp")["args"]["ret"] == -22
 
 
+def test_kretprobe_and_raw_tracepoint_probes(vm_batch) -> None:
+    """The other two kinds: the kretprobe's return value, the raw tracepoint's arguments (regs, ret) in the exit
+    session of the failing bpf() call."""
+    r = _facts(vm_batch)
+    run = r["other_kinds"]
+    assert run["started"] and run["rc"] == 0 and run["progs_after"] == [], run["output"][-3000:]
+    objs = [json.loads(line) for line in run["output"].splitlines() if line.startswith("{")]
+    probes = [p for o in objs for p in o.get("probes", [])]
+    kret = [p for p in probes if p["kind"] == "kretprobe"]
+    assert len(kret) == 1 and kret[0]["probe"] == f"kretprobe:{FUNC}" and kret[0]["fields"] == {"ret": -22}, probes
+    raw = [p for p in probes if p["kind"] == "rawtp" and p["fields"].get("arg1") == -22 % (1 << 64)]
+    assert raw and raw[0]["probe"] == "rawtp:sys_exit" and raw[0]["function"] == r["exit_entry"], probes
+    assert set(raw[0]["fields"]) == {"arg0", "arg1"}  # sys_exit(struct pt_regs *regs, long ret)
+
+
 def test_a_refused_offset_is_one_message_exit_2_and_nothing_attached(vm_batch) -> None:
     r = _facts(vm_batch)
     run = r["refused_run"]

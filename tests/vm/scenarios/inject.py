@@ -62,7 +62,8 @@ def _traceable(*words: str) -> list[str]:
     return []
 
 
-def _run(ctx, exit_entry: str, flags: list[str], otlp_port: int | None = None, trace_json: str | None = None) -> dict:
+def _run(ctx, exit_entry: str, flags: list[str], otlp_port: int | None = None, trace_json: str | None = None,
+         wait_for: str = r'◎ tp:syscalls:sys_exit_bpf|"probe": "tp:syscalls:sys_exit_bpf"') -> dict:
     cmd = [PY, "-m", "retsnoop_otel", "trace", "-e", "*_sys_bpf", "-e", exit_entry, "-a", FUNC, "-n", COMM, "-v",
            *flags]
     if otlp_port is not None:
@@ -78,7 +79,7 @@ def _run(ctx, exit_entry: str, flags: list[str], otlp_port: int | None = None, t
             result["progs_while_attached"] = _our_progs(ctx)
             rc, sout, serr = ctx.run([PY, "-m", "retsnoop_otel", "simfail", "--comm", COMM, CASE], 120)
             result["simfail"] = {"rc": rc, "out": sout, "err": serr}
-            tracer.wait_for_line(r'◎ tp:syscalls:sys_exit_bpf|"probe": "tp:syscalls:sys_exit_bpf"', timeout=180)
+            tracer.wait_for_line(wait_for, timeout=180)
             tracer.wait_output_settled(5, timeout=120)
         else:
             tracer.wait(120)
@@ -124,5 +125,8 @@ def scenario_inject_probes(ctx) -> dict:
     except (OSError, ValueError) as exc:
         out["trace_json_error"] = str(exc)
     out["json"] = _run(ctx, exit_entry, ["-J", TP, "-J", kprobe, "-T", "--json"])
+    # the other two kinds, on their own: a kretprobe on the traced function, the raw tracepoint behind sys_exit_bpf
+    out["other_kinds"] = _run(ctx, exit_entry, ["-J", f"kretprobe:{FUNC}", "-J", "rawtp:sys_exit", "--json"],
+                              wait_for=r'"probe": "rawtp:sys_exit"')
     out["refused_run"] = _run(ctx, exit_entry, ["-J", TP, "-J", f"kprobe:{FUNC}+0x{bad:x}", "-T"])
     return out
