@@ -126,7 +126,7 @@ def scenario_inject_probes(ctx) -> dict:
         out["trace_json_error"] = str(exc)
     out["json"] = _run(ctx, exit_entry, ["-J", TP, "-J", kprobe, "-T", "--json"])
     # the other two kinds, on their own: a kretprobe on the traced function, the raw tracepoint behind sys_exit_bpf
-    out["other_kinds"] = _run(ctx, exit_entry, ["-J", f"kretprobe:{FUNC}", "-J", "rawtp:sys_exit", "--json"],
+    out["other_kinds"] = _run(ctx, exit_entry, ["-J", f"kretprobe:{FUNC}", "-J", "rawtp:sys_exit", "-T", "--json"],
                               wait_for=r'"probe": "rawtp:sys_exit"')
     out["refused_run"] = _run(ctx, exit_entry, ["-J", TP, "-J", f"kprobe:{FUNC}+0x{bad:x}", "-T"])
     return out
