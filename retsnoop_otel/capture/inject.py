@@ -174,6 +174,8 @@ class ProbeInfo(NamedTuple):
     fmt: TpFormat | None = None  # tp: its fields
     nargs: int = 0  # rawtp: its arguments (each a u64)
     arg_addresses: tuple[bool, ...] = ()  # rawtp: which arguments are pointers
+    ret_int32: bool = True  # kretprobe: the function returns a 32-bit int (or its type is unknown, read as one):
+    # the upper half of the register is not part of the value
 
     @property
     def payload_size(self) -> int:
@@ -250,7 +252,9 @@ def decode_payload(info: ProbeInfo, value: int, data: bytes) -> tuple[ProbeField
         return tuple(ProbeField(f"arg{i}", int.from_bytes(data[8 * i:8 * i + 8], "little"),
                                 i < len(addrs) and addrs[i]) for i in range(n))
     if kind == "kretprobe":
-        return (ProbeField("ret", value - (1 << 64) if value >= 1 << 63 else value),)
+        bits = 32 if info.ret_int32 else 64
+        value &= (1 << bits) - 1
+        return (ProbeField("ret", value - (1 << bits) if value >= 1 << (bits - 1) else value),)
     if kind == "kprobe":
         return (ProbeField("ip", value, True),)
     return ()

@@ -64,9 +64,10 @@ def rawtp_args(btf: Any, name: str) -> tuple[bool, ...] | None:
 
 
 def resolve(specs: Sequence[InjectSpec], tracefs: str | Path, by_name: Callable[[str], list[Any]],
-            btf: Callable[[], Any]) -> list[ProbeInfo]:
+            btf: Callable[[], Any], ret_kind: Callable[[str], Any] | None = None) -> list[ProbeInfo]:
     """ProbeInfo per spec (id = position), checked against this kernel: tracepoint formats under `tracefs`,
-    functions and their sizes by `by_name` (kallsyms' KSym list), raw tracepoints in the kernel BTF."""
+    functions and their sizes by `by_name` (kallsyms' KSym list), raw tracepoints in the kernel BTF, how a
+    kretprobe's value reads by `ret_kind` (capture.model.RetKind from BTF; unknown reads as a 32-bit int)."""
     out = []
     for i, spec in enumerate(specs):
         if spec.kind == "tp":
@@ -89,7 +90,8 @@ def resolve(specs: Sequence[InjectSpec], tracefs: str | Path, by_name: Callable[
         if spec.offset and size and spec.offset >= size:
             raise InjectError(f"-J {spec.text}: offset 0x{spec.offset:x} is past the end of {spec.name} ({size} "
                               f"bytes); give an offset inside the function")
-        out.append(ProbeInfo(i, spec))
+        kind = getattr(ret_kind(spec.name), "value", "unknown") if ret_kind and spec.kind == "kretprobe" else ""
+        out.append(ProbeInfo(i, spec, ret_int32=kind in ("int32", "unknown", "")))
     return out
 
 

@@ -124,7 +124,7 @@ def resolve_injected(cfg: ProbeSetConfig, env: KernelEnv, root: str = "/") -> li
     try:
         inject_attach.check_kernel(cfg.inject)
         return inject_attach.resolve(cfg.inject, find_tracefs(root), env.ksyms.by_name,  # type: ignore[attr-defined]
-                                     env.kernel_btf)
+                                     env.kernel_btf, env.ret_kind)
     except (inject_attach.InjectUnsupported, TracefsError) as exc:
         raise SetupError(str(exc), cfg.name) from None
     except InjectError as exc:

@@ -141,8 +141,12 @@ def test_kprobe_rawtp_and_kretprobe_payloads() -> None:
     kp = ProbeInfo(0, InjectSpec("kprobe", "map_create", offset=8))
     assert [(f.name, f.value, f.address) for f in decode_payload(kp, 0xFFFFFFFF81000108, b"")] == [
         ("ip", 0xFFFFFFFF81000108, True)]
-    kret = ProbeInfo(1, InjectSpec("kretprobe", "security_bpf"))
+    kret = ProbeInfo(1, InjectSpec("kretprobe", "security_bpf"))  # int: the register's upper half is not its value
     assert [(f.name, f.value) for f in decode_payload(kret, (1 << 64) - 1, b"")] == [("ret", -1)]
+    assert [(f.name, f.value) for f in decode_payload(kret, 0xFFFFFFEA, b"")] == [("ret", -22)]
+    kret64 = ProbeInfo(1, InjectSpec("kretprobe", "__x64_sys_bpf"), ret_int32=False)
+    assert [(f.name, f.value) for f in decode_payload(kret64, 0xFFFFFFEA, b"")] == [("ret", 0xFFFFFFEA)]
+    assert [(f.name, f.value) for f in decode_payload(kret64, (1 << 64) - 22, b"")] == [("ret", -22)]
     raw = ProbeInfo(2, InjectSpec("rawtp", "sys_exit"), nargs=2, arg_addresses=(True, False))
     fields = decode_payload(raw, 0, struct.pack("<QQ", 0xFFFFC90000ABC000, 321))
     assert [(f.name, f.value, f.address) for f in fields] == [("arg0", 0xFFFFC90000ABC000, True), ("arg1", 321, False)]
@@ -286,9 +290,13 @@ def _by_name(name: str) -> list[_Sym]:
 
 
 def test_resolve_checks_each_probe_against_the_kernel() -> None:
+    from retsnoop_otel.capture.model import RetKind
     specs = [EXIT_BPF, InjectSpec("kprobe", "map_create", offset=0x1c), InjectSpec("kretprobe", "map_create")]
     infos = inject_attach.resolve(specs, TRACEFS, _by_name, lambda: None)
     assert [(p.id, p.spec, p.payload_size) for p in infos] == [(0, specs[0], 24), (1, specs[1], 0), (2, specs[2], 0)]
+    assert infos[2].ret_int32  # no BTF: read as retsnoop reads an unknown type
+    signed = inject_attach.resolve(specs[2:], TRACEFS, _by_name, lambda: None, lambda _n: RetKind.SIGNED)
+    assert not signed[0].ret_int32
     with pytest.raises(InjectError, match="past the end of map_create .512 bytes.; give an offset inside"):
         inject_attach.resolve([InjectSpec("kprobe", "map_create", offset=0x200)], TRACEFS, _by_name, lambda: None)
     with pytest.raises(InjectError, match="no kernel function 'nosuch'"):
