@@ -26,7 +26,7 @@ from retsnoop_otel.capture.model import (
     TracedFunc,
     WorkloadCount,
 )
-from retsnoop_otel.kernel import bpfsys, clones, libbpf_progs, libbpf_ringbuf, multi_link, stats_maps
+from retsnoop_otel.kernel import bpfsys, clones, libbpf_progs, libbpf_ringbuf, multi_link, stats_maps, uprobes
 from retsnoop_otel.kernel import libbpf as lb
 from retsnoop_otel.kernel.libbpf_btf import Btf
 
@@ -49,8 +49,8 @@ TRAMPOLINE_MODES = ("fentry", "fsession", "fsession_multi")
 HELPER_GET_ATTACH_COOKIE = 174  # enum bpf_func_id: Linux 5.15
 EXEC_PROGRAM = "app_exec"  # bpf/appctx.bpf.h, on sched_process_exec: each exec, for the thread-context watcher
 # every name a program of ours has in the kernel: what a check for leftovers after detach looks for
-PROGRAM_NAMES = frozenset({*(n for names in _MODE_PROGRAMS.values() for n in names), *clones.TEMPLATES,
-                           EXEC_PROGRAM})
+PROGRAM_NAMES = frozenset({*(n for names in (*_MODE_PROGRAMS.values(), *uprobes.PROGRAMS.values()) for n in names),
+                           *clones.TEMPLATES, EXEC_PROGRAM})
 MAX_HELD_SESSIONS = 1024  # sessions whose per-call records the kernel holds at once (the rest stream)
 
 
@@ -86,6 +86,7 @@ class CaptureConfig(NamedTuple):
     capture_args: bool = False  # -A; needs emit_calls (arguments travel with the per-call records)
     exclude_self: bool = True  # our own bpf() calls (map reads at scrape time) are not the user's
     uprobe_binary: str = ""  # mode 'uprobe' only: the ELF file whose functions are traced
+    user_mode: str = "uprobe_session"  # how the functions with a binary (u:BINARY:GLOB) attach (kernel/uprobes.py)
     lbr_branch_types: int = 0  # --lbr: perf branch_sample_type of the LBR events; 0 = no LBR capture
     lbr_perf_events: bool = True  # open the per-CPU LBR perf events (tests on CPUs without LBR: False)
     arg_specs: Mapping[int, Sequence[int]] = MappingProxyType({})  # -A: function id -> arg_spec words
@@ -118,18 +119,19 @@ class Tracer:
     def __init__(self, funcs: Sequence[TracedFunc], config: CaptureConfig,
                  btf_func_id: Callable[[str], int | None] | None = None,
                  arg_specs: dict[int, list[int]] | None = None) -> None:
-        if config.mode not in MODES:
+        if config.mode not in MODES and config.mode:
             raise ValueError(f"unknown attach mode '{config.mode}' (expected one of {', '.join(MODES)})")
         if not funcs:
             raise ValueError("no functions to trace")
         self.funcs = list(funcs)
+        self._kfuncs = [f for f in self.funcs if f.binary is None]  # the user functions attach apart
         self.config = config
         self._btf_func_id = btf_func_id
         self._arg_specs = arg_specs or config.arg_specs
         self._links: list[lb.Link] = []
         self._exec_link: lb.Link | None = None  # the exec hook (app_context only), apart: _links holds pairs
         # the per-function clones of fentry and fsession mode (unused in the others)
-        self._fentry = clones.FentryPrograms(self.funcs, btf_func_id, config.mode if config.mode in clones.SETS
+        self._fentry = clones.FentryPrograms(self._kfuncs, btf_func_id, config.mode if config.mode in clones.SETS
                                              else "fentry")
         self._rb: libbpf_ringbuf.RingBuffer | None = None
         self._lbr_fds: list[int] = []
@@ -140,7 +142,7 @@ class Tracer:
         self._by_address = config.mode in _BY_ADDRESS or (
             config.mode == "kprobe" and not lb.probe_helper(lb.PROG_TYPE_KPROBE, HELPER_GET_ATTACH_COOKIE))
         self._name_count: dict[str, int] = {}
-        for f in self.funcs:
+        for f in self._kfuncs:
             self._name_count[f.name] = self._name_count.get(f.name, 0) + 1
 
     # ---- load ----------------------------------------------------------------------------
@@ -225,11 +227,13 @@ class Tracer:
         obj.map("call_bufs").set_max_entries(min(cfg.max_sessions, MAX_HELD_SESSIONS) if held else 1)
         obj.map("rate_tat").set_max_entries(n if cfg.success_interval_ns else 1)
         obj.map("rate_busy").set_max_entries(n if cfg.success_interval_ns else 1)
-        progs = _MODE_PROGRAMS[cfg.mode]
-        cloned = clones.SETS.get(cfg.mode, {})
-        if cloned and all(f.is_entry for f in self.funcs):
+        progs = _MODE_PROGRAMS[cfg.mode] if self._kfuncs or cfg.mode == "uprobe" else ()
+        cloned = clones.SETS.get(cfg.mode, {}) if self._kfuncs else {}
+        if cloned and all(f.is_entry for f in self._kfuncs):
             progs = cloned[True]  # no function runs the inner templates: not worth verifying them
-        for names in set(_MODE_PROGRAMS.values()):
+        if len(self._kfuncs) < len(self.funcs):
+            progs = (*progs, *uprobes.PROGRAMS[cfg.user_mode])
+        for names in {*_MODE_PROGRAMS.values(), *uprobes.PROGRAMS.values()}:
             for name in names:
                 obj.program(name).set_autoload(name in progs)
         for is_entry, names in cloned.items():  # verified against one function of their kind, then cloned
@@ -249,10 +253,10 @@ class Tracer:
         infos = obj.map("func_infos")
         for f in self.funcs:
             kind = RET_KIND_CODES[f.ret] << records.FUNC_RET_KIND_SHIFT
-            flags = (records.FUNC_IS_ENTRY if f.is_entry else 0) | kind
+            flags = (records.FUNC_IS_ENTRY if f.is_entry else 0) | (records.FUNC_IS_USER if f.binary else 0) | kind
             infos.update(struct.pack("<I", f.id), records.FUNC_INFO.pack(f.addr, flags, 0))
         if self._by_address:
-            multi_link.fill_ip_ids(obj.map("ip_ids"), self.funcs)
+            multi_link.fill_ip_ids(obj.map("ip_ids"), self._kfuncs)
         specs = obj.map("arg_specs")
         for fid, words in self._arg_specs.items():
             specs.update(struct.pack("<I", fid), records.ARG_SPEC.pack(*words))
@@ -281,15 +285,15 @@ class Tracer:
         t0 = time.monotonic()
         try:
             self._open_lbr_events()
-            if self.config.mode in _BY_ADDRESS:
+            if self.config.mode in _BY_ADDRESS and self._kfuncs:
                 self._attach_multi(report)
-            elif self.config.mode == "fsession_multi":
+            elif self.config.mode == "fsession_multi" and self._kfuncs:
                 self._attach_tracing_multi(report, on_error, strict)
             else:
                 t_verify = time.monotonic()
                 loaded = self._fentry.load(self._obj) if self.config.mode in clones.SETS else {}
                 report.verify_ms = (time.monotonic() - t_verify) * 1000 if loaded else 0.0
-                for f in self.funcs:
+                for f in self._kfuncs:
                     try:
                         self._attach_one(f, loaded.get(f.id))
                         report.attached.append(f)
@@ -299,6 +303,9 @@ class Tracer:
                         report.failed.append((f, str(exc)))
                         if on_error:
                             on_error(f, str(exc))
+            if user := [f for f in self.funcs if f.binary is not None]:
+                uprobes.attach(self._obj.program, self.config.user_mode, user, self._links)
+                report.attached.extend(user)
             if not report.attached:
                 reason = report.failed[0][1] if report.failed else "no functions"
                 raise lb.LibbpfError(f"could not attach any function ({reason.splitlines()[0]})",
@@ -357,19 +364,19 @@ class Tracer:
     def _attach_multi(self, report: AttachReport) -> None:
         assert self._obj is not None
         progs = [self._obj.program(name) for name in _MODE_PROGRAMS[self.config.mode]]
-        report.split_links = multi_link.attach(self.config.mode, progs, self.funcs, self._links, self.detach_links)
-        report.attached.extend(self.funcs)
+        report.split_links = multi_link.attach(self.config.mode, progs, self._kfuncs, self._links, self.detach_links)
+        report.attached.extend(self._kfuncs)
 
     def _attach_tracing_multi(self, report: AttachReport, on_error: Callable[[TracedFunc, str], None] | None,
                               strict: bool) -> None:
         """fsession.multi: the functions the kernel refuses are reported (or raised, if `strict`) like fentry's."""
         assert self._obj is not None
         prog = self._obj.program(_MODE_PROGRAMS["fsession_multi"][0])
-        refused = multi_link.attach_fsession(prog, self.funcs, self._btf_func_id, self._links)
+        refused = multi_link.attach_fsession(prog, self._kfuncs, self._btf_func_id, self._links)
         if refused and strict:
             raise refused[0][1]
         left_out = {f.id for f, _ in refused}
-        report.attached.extend(f for f in self.funcs if f.id not in left_out)
+        report.attached.extend(f for f in self._kfuncs if f.id not in left_out)
         report.failed.extend((f, str(exc)) for f, exc in refused)
         for f, why in report.failed if on_error else ():
             on_error(f, why)
@@ -439,9 +446,11 @@ class Tracer:
         """
         if self._obj is None:
             return []
-        if self.config.mode in clones.SETS:
-            return self._fentry.programs()
-        return [(name, self._obj.program(name).fd) for name in _MODE_PROGRAMS[self.config.mode]]
+        user = uprobes.PROGRAMS[self.config.user_mode] if len(self._kfuncs) < len(self.funcs) else ()
+        kernel = () if not self._kfuncs and self.config.mode != "uprobe" else _MODE_PROGRAMS[self.config.mode]
+        if self.config.mode in clones.SETS and self._kfuncs:
+            return self._fentry.programs() + [(name, self._obj.program(name).fd) for name in user]
+        return [(name, self._obj.program(name).fd) for name in dict.fromkeys((*kernel, *user))]
 
     def program_stats(self) -> list[ProgramStats]:
         """Run count and time of each program (clones summed) and the exec hook; read at scrape time, a syscall each"""
