@@ -153,7 +153,7 @@ def _layout(kstack: Sequence[int], func_ids: Sequence[int], funcs: Mapping[int, 
         func = funcs.get(func_id)
         if func is not None and func.binary is not None:  # user space: above every kernel frame, never in them
             slots.append((len(rows), i))
-            rows.append(_Row("", "", "", func.label,
+            rows.append(_Row(" ", "", "", func.label,
                              f"({func.source})" if func.source else ""))
             continue
         # A traced function missing from the stack sits below every kernel frame above the next

@@ -11,6 +11,7 @@ kernel's), neg, zero, null, ptr (NULL or an ERR_PTR), none.
 from __future__ import annotations
 
 import glob as _glob
+import json
 import os
 import shutil
 import subprocess
@@ -153,22 +154,25 @@ def read_elf_funcs(path: str) -> ElfFuncs:
 
 
 def source_lines(path: str, vaddrs: Sequence[int]) -> dict[int, str]:
-    """file:line of each address from the binary's DWARF (or its debug link), one llvm-symbolizer run."""
+    """file:line where each function is declared (DWARF's decl line, else its first line), from the binary's DWARF
+    or its debug link: one llvm-symbolizer run for all of a binary's functions."""
     tool = shutil.which("llvm-symbolizer") or next(iter(sorted(_glob.glob("/usr/bin/llvm-symbolizer-*"))), None)
     if not vaddrs or tool is None:
         return {}
     try:
-        out = subprocess.run([tool, f"--obj={path}", "--no-inlines", "--functions=none",
-                              *(f"0x{v:x}" for v in vaddrs)], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.TimeoutExpired):
+        out = subprocess.run([tool, f"--obj={path}", "--output-style=JSON", "--no-inlines",
+                              *(f"0x{v:x}" for v in vaddrs)], capture_output=True, text=True, timeout=120).stdout
+        answers = [json.loads(line) for line in out.splitlines() if line.strip()]
+    except (OSError, subprocess.TimeoutExpired, ValueError):
         return {}
-    lines = [line for line in out.splitlines() if line.strip()]
     found = {}
-    for vaddr, line in zip(vaddrs, lines, strict=False):
-        file, _, rest = line.rpartition(":")
-        file, _, num = file.rpartition(":") if rest.isdigit() and ":" in file else (file, "", rest)
-        if file and not file.startswith("??") and num.isdigit() and num != "0":
-            found[vaddr] = f"{file}:{num}"
+    rows = [a for batch in answers for a in (batch if isinstance(batch, list) else [batch])]
+    for vaddr, answer in zip(vaddrs, rows, strict=False):
+        sym = (answer.get("Symbol") or [{}])[0]
+        file = sym.get("StartFileName") or sym.get("FileName") or ""
+        line = sym.get("StartLine") or sym.get("Line") or 0
+        if file and line:
+            found[vaddr] = f"{file}:{line}"
     return found
 
 
