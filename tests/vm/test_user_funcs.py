@@ -38,8 +38,8 @@ def test_the_user_attach_mode_is_the_kernels_cheapest_and_said_in_dry_run(vm_bat
     out = r["dry_run"]["out"] + r["dry_run"]["err"]
     want = "uprobe.session" if vm_batch.at_least(6, 13) else "uprobe.multi"
     assert f"Would attach 3 user-space functions (1 entry) with {want}" in out, out
-    assert re.search(r"^    handle_request \[u:\S+/user_app\]  errors: errno  \(\S+user_app\.c:\d+\)$", out, re.M), out
-    assert re.search(r"^    find_handler \[u:\S+/user_app\]  errors: null", out, re.M), out
+    assert re.search(r"^    handle_request \[u:\S+/user_app\]\s+errors: errno  \(\S+user_app\.c:\d+\)$", out, re.M), out
+    assert re.search(r"^    find_handler \[u:\S+/user_app\]\s+errors: null", out, re.M), out
 
 
 def test_one_session_holds_the_application_function_the_syscall_and_the_kernel_chain(vm_batch) -> None:

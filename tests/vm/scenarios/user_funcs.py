@@ -34,7 +34,7 @@ def build(ctx, out: Path) -> str:
 
 def globs(app: str) -> list[str]:
     return ["-e", f"u:{app}:handle_request", "-a", f"u:{app}:parse_request", "-a", f"u:{app}:find_handler=null",
-            "-a", "*sys_bpf", "-a", "map_create", "-a", "array_map_alloc_check"]
+            "-a", "__x64_sys_bpf", "-a", "__sys_bpf", "-a", "map_create", "-a", "array_map_alloc_check"]
 
 
 def _progs(ctx) -> list[str]:
