@@ -231,11 +231,10 @@ class Tracer:
         cloned = clones.SETS.get(cfg.mode, {}) if self._kfuncs else {}
         if cloned and all(f.is_entry for f in self._kfuncs):
             progs = cloned[True]  # no function runs the inner templates: not worth verifying them
-        if len(self._kfuncs) < len(self.funcs):
-            progs = (*progs, *uprobes.PROGRAMS[cfg.user_mode])
+        user = uprobes.PROGRAMS[cfg.user_mode] if len(self._kfuncs) < len(self.funcs) else ()
         for names in {*_MODE_PROGRAMS.values(), *uprobes.PROGRAMS.values()}:
             for name in names:
-                obj.program(name).set_autoload(name in progs)
+                obj.program(name).set_autoload(name in progs or name in user)
         for is_entry, names in cloned.items():  # verified against one function of their kind, then cloned
             for name in set(names) & set(progs):
                 obj.program(name).set_attach_target(self._fentry.target(is_entry=is_entry))
