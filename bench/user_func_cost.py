@@ -225,10 +225,10 @@ def table(lines: Sequence[dict]) -> str:
     def num(v: float | None, fmt: str = ",.0f") -> str:
         return "-" if v is None else format(v, fmt)
 
-    out = [f"{'row':<28}{'workload':<9}{'nothing attached ns/call':>25}{'+wall ns/call':>14}{'BPF ns/run':>11}"
+    out = [f"{'row':<31}{'workload':<9}{'nothing attached ns/call':>25}{'+wall ns/call':>14}{'BPF ns/run':>11}"
            f"{'BPF ns/call':>12}{'runs/call':>10}{'sessions/call':>14}"]
     for x in lines:
-        out.append(f"{x['row']:<28}{x['workload']:<9}{num(x['base_ns'], ',.1f'):>25}{num(x['added_ns']):>14}"
+        out.append(f"{x['row']:<31}{x['workload']:<9}{num(x['base_ns'], ',.1f'):>25}{num(x['added_ns']):>14}"
                    f"{num(x['ns_per_run']):>11}{num(x['bpf_ns_per_call']):>12}{num(x['runs_per_call'], '.2f'):>10}"
                    f"{num(x['sessions_per_call'], '.3f'):>14}")
     return "\n".join(out)
@@ -273,7 +273,7 @@ def main() -> int:
                     "drained between them)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--kernel-modes", default="auto,fsession", help="kernel attach modes for the kernel rows "
-                    "(auto: what trace chooses here); modes this kernel lacks are said and skipped")
+                    "(auto: what trace chooses here; empty: none); modes this kernel lacks are said and skipped")
     ap.add_argument("--user-modes", default=",".join(uprobes.USER_MODES))
     ap.add_argument("--nostack", action="store_true", help="also each kernel mode without the kernel stack")
     ap.add_argument("--leaf-check", action="store_true", help="build uc_check as a leaf function whose first "
@@ -287,10 +287,11 @@ def main() -> int:
         user_auto, have, missing = user_modes(btf)
         notes = [f"user {m}: not measured: {why}" for m, why in missing.items()]
         rows = [Row("user", m, ("chain", "inner")) for m in args.user_modes.split(",") if m in have]
-        krows, knotes, ktables = kernel_rows(args.kernel_modes.split(","), args.nostack)
+        asked = [m for m in args.kernel_modes.split(",") if m]
+        krows, knotes, ktables = kernel_rows(asked, args.nostack) if asked else ([], [], None)
         rows += krows
         notes += knotes
-        if not krows:
+        if asked and not krows:
             notes.append("kernel rows: none on this kernel (it refuses kernel-function tracing); user rows only")
         for n in notes:
             print(n, flush=True)
