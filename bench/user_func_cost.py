@@ -2,8 +2,11 @@
 of the same depth, and in each user attach mode (uprobe.session, uprobe.multi, single uprobes) on the same functions.
 
     .venv/bin/python -m bench.user_func_cost --calls 20000 --rounds 5
-    flock /tmp/retsnoop-vm.lock tests/vm/run --kernel 7.2 -- python -m bench.user_func_cost --calls 2000 \
-        --rounds 3 --kernel-modes auto,kprobe_multi,fsession --nostack
+    .venv/bin/python -m bench.user_func_cost --calls 20000 --rounds 5 --leaf-check
+    flock /tmp/retsnoop-vm.lock tests/vm/run --kernel 7.2 -- python -m bench.user_func_cost --calls 5000 \
+        --rounds 5 --kernel-modes auto,kprobe_multi,kprobe,fsession,fsession_multi --nostack
+
+(Only one VM at a time on the development machine: hence the flock. The 7.2 run above takes about 3 minutes.)
 
 The workload is bench/user_chain.c, built with gcc into a temporary directory on every run, one binary for
 every row so that its loops are compiled alike:
