@@ -282,8 +282,11 @@ def main() -> int:
     ap.add_argument("--leaf-check", action="store_true", help="build uc_check as a leaf function whose first "
                     "instruction a uprobe single-steps instead of emulating")
     args = ap.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="user_func_cost-"))
-    exe = build(tmp, args.leaf_check)
+    with tempfile.TemporaryDirectory(prefix="user_func_cost-") as tmp:
+        return run(args, build(Path(tmp), args.leaf_check))
+
+
+def run(args: argparse.Namespace, exe: str) -> int:
     btf = Btf.load_vmlinux()
     try:
         ret_kinds = ReturnKinds(btf)
