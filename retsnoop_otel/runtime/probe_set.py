@@ -132,7 +132,7 @@ class ProbeSet:
                  workload_series: WorkloadSeriesFactory | None = None, counted: bool = True) -> None:
         self.cfg = cfg
         self.name = cfg.name
-        self.mode = found.mode
+        self.mode = found.mode or found.user_mode  # a set of user functions alone: its user attach mode
         self.discovery = found
         self.funcs = {f.id: f for f in found.funcs}
         self.symbolizer = env.symbolizer
