@@ -319,14 +319,6 @@ class BpfProgram:
         kind = "kretprobe.multi" if retprobe else "kprobe.multi"
         return Link(check_ptr(ptr, f"attach {kind} to {n} functions"))
 
-    def attach_uprobe(self, binary: str, func: str, retprobe: bool = False, cookie: int = 0,
-                      pid: int = -1) -> Link:
-        """Uprobes run the same kprobe-type programs: tests drive them where kernel probes are forbidden."""
-        opts = abi.UprobeOpts(ctypes.sizeof(abi.UprobeOpts), 0, cookie, retprobe, func.encode())
-        ptr = lib().lib.bpf_program__attach_uprobe_opts(self._ptr, pid, binary.encode(), 0, ctypes.byref(opts))
-        kind = "uretprobe" if retprobe else "uprobe"
-        return Link(check_ptr(ptr, f"attach {kind} to {binary}:{func}"))
-
     def attach_uprobe_at(self, binary: str, offset: int, retprobe: bool = False, cookie: int = 0) -> Link:
         """One uprobe at a file offset (a function found by the caller, so a local symbol works too)."""
         opts = abi.UprobeOpts(ctypes.sizeof(abi.UprobeOpts), 0, cookie, retprobe, None)

@@ -32,7 +32,7 @@ from retsnoop_otel.kernel.libbpf_btf import Btf
 
 PARALLEL_DETACH_MIN = 32
 DETACH_THREADS = 32
-MODES = ("fentry", "kprobe", "kprobe_multi", "kprobe_session", "fsession", "fsession_multi", "uprobe")
+MODES = ("fentry", "kprobe", "kprobe_multi", "kprobe_session", "fsession", "fsession_multi")
 _MODE_PROGRAMS = {  # (entry, exit) or, by address (multi_link.py), per group of functions
     "fentry": ("fentry_entry", "fexit_exit", "fentry_inner", "fexit_inner"),  # entry functions', the others'
     "kprobe": ("kprobe_entry", "kretprobe_exit"),
@@ -40,7 +40,6 @@ _MODE_PROGRAMS = {  # (entry, exit) or, by address (multi_link.py), per group of
     "kprobe_session": ("ksession", "ksession_inner"),
     "fsession": ("fsession_entry", "fsession_inner"),  # entry and exit in one, cloned per function as fentry's
     "fsession_multi": ("fsession_multi",),  # one program, one tracing_multi link for the whole set
-    "uprobe": ("kprobe_entry", "kretprobe_exit"),  # user-space functions: drives the logic in host tests
 }
 _BY_ADDRESS = ("kprobe_multi", "kprobe_session")  # the programs find the function id by address (map ip_ids)
 # the modes whose programs run in BPF trampolines: attached by BTF id (vmlinux functions, one instance per name),
@@ -67,7 +66,7 @@ def bpf_object_path() -> Path:
 class CaptureConfig(NamedTuple):
     """What the kernel side records and how it attaches; applied to the BPF object before load."""
 
-    mode: str
+    mode: str  # how the kernel functions attach ("" when there are none)
     emit_calls: bool = False
     capture_success: bool = False  # successful sessions are reported, as sampled by the three below
     success_threshold: int = 0  # probability sampling: kept when the 56-bit randomness >= this (0: all)
@@ -85,7 +84,6 @@ class CaptureConfig(NamedTuple):
     max_depth: int = 64  # traced-call nesting recorded per session (1..64)
     capture_args: bool = False  # -A; needs emit_calls (arguments travel with the per-call records)
     exclude_self: bool = True  # our own bpf() calls (map reads at scrape time) are not the user's
-    uprobe_binary: str = ""  # mode 'uprobe' only: the ELF file whose functions are traced
     user_mode: str = "uprobe_session"  # how the functions with a binary (u:BINARY:GLOB) attach (kernel/uprobes.py)
     lbr_branch_types: int = 0  # --lbr: perf branch_sample_type of the LBR events; 0 = no LBR capture
     lbr_perf_events: bool = True  # open the per-CPU LBR perf events (tests on CPUs without LBR: False)
@@ -227,7 +225,7 @@ class Tracer:
         obj.map("call_bufs").set_max_entries(min(cfg.max_sessions, MAX_HELD_SESSIONS) if held else 1)
         obj.map("rate_tat").set_max_entries(n if cfg.success_interval_ns else 1)
         obj.map("rate_busy").set_max_entries(n if cfg.success_interval_ns else 1)
-        progs = _MODE_PROGRAMS[cfg.mode] if self._kfuncs or cfg.mode == "uprobe" else ()
+        progs = _MODE_PROGRAMS.get(cfg.mode, ()) if self._kfuncs else ()
         cloned = clones.SETS.get(cfg.mode, {}) if self._kfuncs else {}
         if cloned and all(f.is_entry for f in self._kfuncs):
             progs = cloned[True]  # no function runs the inner templates: not worth verifying them
@@ -349,11 +347,6 @@ class Tracer:
             self._links.append(exit_.attach_kprobe(name, retprobe=True, cookie=cookie, offset=off))
             self._links.append(entry.attach_kprobe(name, cookie=cookie, offset=off))
             return
-        if self.config.mode == "uprobe":
-            binary = self.config.uprobe_binary
-            self._links.append(exit_.attach_uprobe(binary, f.name, retprobe=True, cookie=f.id))
-            self._links.append(entry.attach_uprobe(binary, f.name, cookie=f.id))
-            return
         clone = loaded if loaded is not None else self._fentry.load_one(self._obj, f)
         if isinstance(clone, BaseException):
             raise clone
@@ -446,7 +439,7 @@ class Tracer:
         if self._obj is None:
             return []
         user = uprobes.PROGRAMS[self.config.user_mode] if len(self._kfuncs) < len(self.funcs) else ()
-        kernel = () if not self._kfuncs and self.config.mode != "uprobe" else _MODE_PROGRAMS[self.config.mode]
+        kernel = _MODE_PROGRAMS.get(self.config.mode, ()) if self._kfuncs else ()
         if self.config.mode in clones.SETS and self._kfuncs:
             return self._fentry.programs() + [(name, self._obj.program(name).fd) for name in user]
         return [(name, self._obj.program(name).fd) for name in dict.fromkeys((*kernel, *user))]

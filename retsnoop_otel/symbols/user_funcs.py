@@ -153,6 +153,18 @@ def read_elf_funcs(path: str) -> ElfFuncs:
     return ElfFuncs(sorted(funcs), segs)
 
 
+def in_binary(funcs: Sequence[TracedFunc], binary: str) -> list[TracedFunc]:
+    """Functions named in a table built by hand (tests, benches) as the functions of `binary` uprobes attach to."""
+    elf = read_elf_funcs(binary)
+    by_name = {name: v for v, _size, name in elf.funcs}
+    out = []
+    for f in funcs:
+        if f.name not in by_name:
+            raise UserFuncError(f"{binary} has no function {f.name}")
+        out.append(f._replace(binary=binary, addr=by_name[f.name], offset=elf.file_offset(by_name[f.name]) or 0))
+    return out
+
+
 def source_lines(path: str, vaddrs: Sequence[int]) -> dict[int, str]:
     """file:line where each function is declared (DWARF's decl line, else its first line), from the binary's DWARF
     or its debug link: one llvm-symbolizer run for all of a binary's functions."""
