@@ -28,6 +28,7 @@ from typing import Any
 from bench.harness import BPF_STATS, ROOT, writer_location
 from retsnoop_otel.capture.model import RetKind, TracedFunc
 from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer
+from retsnoop_otel.symbols.user_funcs import in_binary
 
 VARIANTS = {"plain": (False, False), "context": (True, False), "context_ustack": (True, True)}
 
@@ -50,8 +51,8 @@ def one_run(simkern: str, writer: str, rounds: int, order: list[str], fail_every
         loc: Any = writer_location(proc.pid, 100)
         for name in order:
             ctx, stacks = VARIANTS[name]
-            t = Tracer(funcs, CaptureConfig(mode="uprobe", uprobe_binary=simkern, pids=[proc.pid], app_context=ctx,
-                                            user_stacks=stacks))
+            t = Tracer(in_binary(funcs, simkern), CaptureConfig(mode="", user_mode="uprobe", pids=[proc.pid],
+                                                                app_context=ctx, user_stacks=stacks))
             t.load()
             t.attach(strict=True)
             t.set_app_target(proc.pid, loc.tp_offset, loc.offset, loc.modid)

@@ -38,6 +38,7 @@ from retsnoop_otel.appctx.thread_ctx import TlsLocator
 from retsnoop_otel.capture.model import RetKind, TracedFunc
 from retsnoop_otel.kernel import tracer as tracer_module
 from retsnoop_otel.kernel.tracer import EXEC_PROGRAM, CaptureConfig, Tracer
+from retsnoop_otel.symbols.user_funcs import in_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
@@ -70,8 +71,8 @@ def build(tmp: Path) -> dict[str, str]:
             "ask_at_start": str(tmp / "ask_at_start.bpf.o")}
 
 
-def tracer(cfg: CaptureConfig, obj: str | None = None) -> Tracer:
-    t = Tracer(FUNCS, cfg)
+def tracer(cfg: CaptureConfig, binary: str, obj: str | None = None) -> Tracer:
+    t = Tracer(in_binary(FUNCS, binary), cfg)
     with mock.patch.object(tracer_module, "bpf_object_path", (lambda: Path(obj)) if obj else
                            tracer_module.bpf_object_path):
         t.load()
@@ -102,8 +103,8 @@ def at_exec(b: dict[str, str], execs: int, repeat: int) -> None:
     per_exec: dict[str, list[float]] = {name: [] for name in comms}
     for i in range(2 * repeat):
         order = list(comms) if i % 2 == 0 else list(reversed(comms))
-        hooks = {name: tracer(CaptureConfig(mode="uprobe", uprobe_binary=b["simkern"], app_context=True,
-                                            comms=[comms[name]])) for name in order}
+        hooks = {name: tracer(CaptureConfig(mode="", user_mode="uprobe", app_context=True,
+                                            comms=[comms[name]]), b["simkern"]) for name in order}
         try:
             spawn_true(execs)
             for name, t in hooks.items():
@@ -118,7 +119,7 @@ def at_exec(b: dict[str, str], execs: int, repeat: int) -> None:
     walls: dict[str, list[float]] = {"without the hook": [], "with the hook": []}
     for _ in range(repeat):
         walls["without the hook"].append(spawn_true(execs))
-        t = tracer(CaptureConfig(mode="uprobe", uprobe_binary=b["simkern"], app_context=True))
+        t = tracer(CaptureConfig(mode="", user_mode="uprobe", app_context=True), b["simkern"])
         try:
             walls["with the hook"].append(spawn_true(execs))
         finally:
@@ -142,8 +143,8 @@ def at_session_start(b: dict[str, str], sessions: int, repeat: int) -> None:
             loc: Any = writer_location(proc.pid, 200)
             order = list(objs) if i % 2 == 0 else list(reversed(objs))
             for name in order:
-                t = tracer(CaptureConfig(mode="uprobe", uprobe_binary=b["simkern"], pids=[proc.pid],
-                                         app_context=True), objs[name])
+                t = tracer(CaptureConfig(mode="", user_mode="uprobe", pids=[proc.pid],
+                                         app_context=True), b["simkern"], objs[name])
                 t.set_app_target(proc.pid, loc.tp_offset, loc.offset, loc.modid)
                 tracers[name] = t
             assert proc.stdin is not None

@@ -223,7 +223,7 @@ def _fill_maps(tracer: Tracer, w: Workload) -> None:
 @contextmanager
 def kernel_maps(w: Workload) -> Iterator[Tracer]:
     """The real BPF object loaded (not attached) for w.funcs, its stats maps holding w's numbers."""
-    tracer = Tracer(w.funcs, CaptureConfig(mode="uprobe", uprobe_binary="/bin/true"))
+    tracer = Tracer(w.funcs, CaptureConfig(mode=""))
     tracer.load()
     try:
         _fill_maps(tracer, w)

@@ -35,6 +35,7 @@ from retsnoop_otel.capture.model import RetKind, TracedFunc
 from retsnoop_otel.kernel import libbpf as lb
 from retsnoop_otel.kernel import tracer as tracer_module
 from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer
+from retsnoop_otel.symbols.user_funcs import in_binary
 
 FUNCS = [TracedFunc(0, "sk_syscall", 0, RetKind.SIGNED, True), TracedFunc(1, "sk_create", 0, RetKind.SIGNED, False),
          TracedFunc(2, "sk_check", 0, RetKind.INT32, False), TracedFunc(3, "sk_log", 0, RetKind.VOID, False)]
@@ -50,9 +51,9 @@ def build_simkern(tmp: Path) -> tuple[str, ctypes.CDLL]:
 
 def measure(path: str, lib: ctypes.CDLL, calls: int, obj: Path | None, **cfg: object) -> dict[str, float]:
     """ns per run of each program and BPF ns per call, for one build."""
-    config = CaptureConfig(mode="uprobe", uprobe_binary=path, pids=[os.getpid()], exclude_self=False,
+    config = CaptureConfig(mode="", user_mode="uprobe", pids=[os.getpid()], exclude_self=False,
                            **cfg)  # type: ignore[arg-type]
-    tracer = Tracer(FUNCS, config)
+    tracer = Tracer(in_binary(FUNCS, path), config)
     try:
         t0 = time.perf_counter()
         if obj is None:

@@ -161,3 +161,35 @@ int BPF_PROG(fsession_multi)
 	fsession_run(ctx, true);
 	return 0;
 }
+
+/* User-space functions (u:BINARY:GLOB): one session logic across the boundary, so an application function and the
+ * kernel calls under it nest in one session. Single uprobes run kprobe_entry/kretprobe_exit (their cookie is the
+ * id). uprobe.multi (Linux 6.6+) and uprobe.session (6.13+) read their cookie from the probed uprobe, in O(1),
+ * unlike kprobe.multi's. Every user function may start a session (outer): its entry is checked in func_infos. */
+SEC("?uprobe.multi")
+int umulti_entry(struct pt_regs *ctx)
+{
+	handle_entry(ctx, (__u32)bpf_get_attach_cookie(ctx), false, true);
+	return 0;
+}
+
+SEC("?uretprobe.multi")
+int umulti_exit(struct pt_regs *ctx)
+{
+	handle_exit(ctx, (__u32)bpf_get_attach_cookie(ctx), (__s64)PT_REGS_RC(ctx), true);
+	return 0;
+}
+
+/* uprobe.session: as kprobe.session, a non-zero return at entry skips the call's return probe, so calls outside a
+ * session cost no uretprobe (a return-address hijack and a second trap). */
+SEC("?uprobe.session")
+int usession(struct pt_regs *ctx)
+{
+	__u32 id = (__u32)bpf_get_attach_cookie(ctx);
+
+	if (session_is_return(ctx)) {
+		handle_exit(ctx, id, (__s64)PT_REGS_RC(ctx), true);
+		return 0;
+	}
+	return handle_entry(ctx, id, false, true) ? 0 : 1;
+}

@@ -4,8 +4,8 @@
  * per-function aggregates (calls, errors by errno, log2 latency histogram) for Prometheus.
  *
  * One set of logic behind thin programs per attach flavour (flavours.bpf.h): fentry/fexit,
- * kprobe/kretprobe (also attached as uprobes), kprobe.multi/kretprobe.multi, kprobe.session, fsession and
- * fsession.multi.
+ * kprobe/kretprobe (also attached as uprobes), kprobe.multi/kretprobe.multi, kprobe.session, fsession,
+ * fsession.multi, and for user-space functions uprobe.multi and uprobe.session.
  * bpf/retsnoop.h is the whole contract with user space.
  */
 
@@ -308,13 +308,15 @@ static __always_inline __u64 upto(__s32 n, __u64 max)
 	return v;
 }
 
-static __always_inline void take_chain(void *ctx, struct session *s, int d, __u32 key, __u32 func_id, __u64 now)
+/* `user`: the error is a user-space function's, whose probe context holds no kernel stack of the error */
+static __always_inline void take_chain(void *ctx, struct session *s, int d, __u32 key, __u32 func_id, __u64 now,
+				       bool user)
 {
 	/* the live stack [0..d] becomes the chain; levels above d fill in as they return */
 	bpf_probe_read_kernel(s->chain_ids, upto(d + 1, MAX_FSTACK_DEPTH) * sizeof(s->chain_ids[0]), s->func_ids);
 	s->chain_depth = d + 1;
 	s->chain_top = d + 1;
-	s->kstack_sz = kernel_stack ? bpf_get_stack(ctx, s->kstack, sizeof(s->kstack), 0) : 0;
+	s->kstack_sz = kernel_stack && !user ? bpf_get_stack(ctx, s->kstack, sizeof(s->kstack), 0) : 0;
 	if (use_lbr)
 		keep_lbr(key, func_id, d, now);
 }
@@ -465,7 +467,7 @@ static __always_inline void handle_exit(void *ctx, __s64 id, __s64 res, bool out
 			s->is_err = 0;	/* a fallible function succeeded: the error was handled */
 	} else if (failed || (wanted && !s->is_err && d + 1 > s->chain_depth)) {
 		/* a new error restarts the chain here; with -S, so does a deeper call chain */
-		take_chain(ctx, s, d, key, func_id, now);
+		take_chain(ctx, s, d, key, func_id, now, fi->flags & FUNC_IS_USER);
 		fill_level(s, d, res, lat);
 		if (failed)
 			s->is_err = 1;

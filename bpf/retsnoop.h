@@ -145,6 +145,7 @@ struct rec_func_args {
 
 /* func_info.flags */
 #define FUNC_IS_ENTRY 0x1
+#define FUNC_IS_USER 0x2	/* a user-space function (uprobe): no kernel stack at its error */
 #define FUNC_RET_KIND_SHIFT 8	/* bits 8..15: ret kind (retsnoop_otel.capture.model.RET_KIND_CODES) */
 
 enum ret_kind {
@@ -155,6 +156,10 @@ enum ret_kind {
 	RK_SIGNED = 4,
 	RK_POINTER = 5,
 	RK_UNKNOWN = 6,
+	/* user-space functions, by the rule the user gave (no BTF says their types) */
+	RK_NEG = 7,	/* any negative int */
+	RK_ZERO = 8,	/* int 0 */
+	RK_NULL = 9,	/* NULL pointer */
 };
 
 struct func_info {

@@ -44,6 +44,7 @@ from retsnoop_otel.metrics.buckets import DurationRange, RangeError, parse_durat
 from retsnoop_otel.runtime.config import (
     ATTACH_MODES,
     PROBE_MODES,
+    USER_ATTACH_MODES,
     WORKLOAD_LABELS,
     ConsoleConfig,
     ExporterConfig,
@@ -164,8 +165,8 @@ def _duration_range(ctx: Nodes, node: yaml.Node, key: str) -> DurationRange:
 
 
 _FILTER_KEYS = ("pids", "no_pids", "comms", "no_comms", "cgroup", "min_duration_ms", "allow_errors", "deny_errors")
-_SET_KEYS = ("name", "entry", "allow", "deny", "mode", "attach_mode", "filters", "sampling", "lbr", "capture_args",
-             "app_context", "user_stacks", "duration_range", "workload_label", "inject")
+_SET_KEYS = ("name", "entry", "allow", "deny", "mode", "attach_mode", "user_attach_mode", "filters", "sampling", "lbr",
+             "capture_args", "app_context", "user_stacks", "duration_range", "workload_label", "inject")
 
 
 def _lbr(ctx: Nodes, node: yaml.Node, key: str, mode: str) -> int:
@@ -235,6 +236,8 @@ def _probe_set(ctx: Nodes, node: yaml.Node, key: str, name: str | None) -> Probe
         mode=choice(ctx, m["mode"], f"{key}.mode", PROBE_MODES) if "mode" in m else "stack",
         attach_mode=choice(ctx, m["attach_mode"], f"{key}.attach_mode", ATTACH_MODES) if "attach_mode" in m
         else "auto",
+        user_attach_mode=choice(ctx, m["user_attach_mode"], f"{key}.user_attach_mode", USER_ATTACH_MODES)
+        if "user_attach_mode" in m else "auto",
         pids=_pids(ctx, f["pids"], f"{fk}.pids") if "pids" in f else (),
         no_pids=_pids(ctx, f["no_pids"], f"{fk}.no_pids") if "no_pids" in f else (),
         comms=_strs(ctx, f["comms"], f"{fk}.comms") if "comms" in f else (),

@@ -91,6 +91,7 @@ class _AgentHook(StartHook):
     def attached(self, runtime: Runtime, sets: list[ProbeSet]) -> None:
         for ps in sets:
             self.log.info("probe set attached", probe_set=ps.name, mode=ps.cfg.mode, attach_mode=ps.mode,
+                          **({"user_attach_mode": ps.discovery.user_mode} if ps.discovery.user_mode else {}),
                           functions=ps.attached, entry_functions=ps.discovery.entry_count,
                           failed=len(ps.attach_failures))
             for name, err in ps.attach_failures[:5]:
@@ -133,7 +134,9 @@ class _CheckHook(StartHook):
             self.report.append(f"probe set '{ps.name}': ERROR: {error.message if error else 'not resolved'}")
             self.failed += 1
             return
-        self.report.append(f"probe set '{ps.name}' (mode {ps.mode}, attach_mode {ps.attach_mode} -> {found.mode}, "
+        modes = [f"attach_mode {ps.attach_mode} -> {found.mode}"] if found.mode else []
+        modes += [f"user_attach_mode {ps.user_attach_mode} -> {found.user_mode}"] if found.user_mode else []
+        self.report.append(f"probe set '{ps.name}' (mode {ps.mode}, {', '.join(modes)}, "
                            f"{_sampling_text(ps, self.metrics)}):\n"
                            + "  " + format_dry_run(found).replace("\n", "\n  "))
 

@@ -28,6 +28,10 @@ class RetKind(enum.Enum):
     SIGNED = "signed"  # 64-bit signed (long, ssize_t, ...)
     POINTER = "pointer"  # NULL and ERR_PTR values are errors
     UNKNOWN = "unknown"  # no BTF: treated like INT32, as retsnoop does
+    # user-space functions: the error rule their user gave (ints read from the low 32 bits)
+    NEG = "neg"  # any negative int fails
+    ZERO = "zero"  # int 0 fails
+    NULL = "null"  # a NULL pointer fails
 
 
 # Numeric codes shared with bpf/retsnoop.h (func_info.ret_kind); keep in sync.
@@ -39,18 +43,22 @@ RET_KIND_CODES: dict[RetKind, int] = {
     RetKind.SIGNED: 4,
     RetKind.POINTER: 5,
     RetKind.UNKNOWN: 6,
+    RetKind.NEG: 7,
+    RetKind.ZERO: 8,
+    RetKind.NULL: 9,
 }
+_LOW32 = (RetKind.INT32, RetKind.UNKNOWN, RetKind.NEG, RetKind.ZERO)
 
 
 def signed_value(raw: int, kind: RetKind) -> int:
     """Interpret a raw 64-bit register value as the function's return type would."""
     raw &= (1 << 64) - 1
-    if kind in (RetKind.INT32, RetKind.UNKNOWN):
+    if kind in _LOW32:
         low = raw & 0xFFFFFFFF
         return low - (1 << 32) if low & 0x80000000 else low
     if kind is RetKind.BOOL:
         return raw & 0xFF
-    if kind in (RetKind.POINTER, RetKind.UNSIGNED):
+    if kind in (RetKind.POINTER, RetKind.UNSIGNED, RetKind.NULL):
         return raw
     return raw - (1 << 64) if raw & (1 << 63) else raw
 
@@ -62,6 +70,10 @@ def is_failure(raw: int, kind: RetKind) -> bool:
     value = signed_value(raw, kind)
     if kind is RetKind.POINTER:
         return value == 0 or value >= (1 << 64) - MAX_ERRNO
+    if kind is RetKind.NEG:
+        return value < 0
+    if kind in (RetKind.ZERO, RetKind.NULL):
+        return value == 0
     return -MAX_ERRNO <= value <= -1
 
 
@@ -70,10 +82,14 @@ def error_type(raw: int, kind: RetKind) -> str | None:
     if not is_failure(raw, kind):
         return None
     value = signed_value(raw, kind)
+    if kind is RetKind.NULL or (kind is RetKind.POINTER and value == 0):
+        return "NULL"
+    if kind is RetKind.ZERO:
+        return "0"
     if kind is RetKind.POINTER:
-        if value == 0:
-            return "NULL"
         value -= 1 << 64
+    if kind is RetKind.NEG and value < -MAX_ERRNO:
+        return str(value)
     return errno_name(-value) or f"E{-value}"
 
 
@@ -86,6 +102,8 @@ def format_result(raw: int | None, kind: RetKind) -> str:
     if kind is RetKind.BOOL:
         return "true" if raw & 0xFF else "false"
     value = signed_value(raw, kind)
+    if kind is RetKind.NULL:
+        return "NULL" if value == 0 else f"0x{value:x}"
     if kind is RetKind.POINTER:
         if value == 0:
             return "NULL"
@@ -103,7 +121,10 @@ def format_result(raw: int | None, kind: RetKind) -> str:
 
 
 class TracedFunc(NamedTuple):
-    """One attached kernel function instance; `id` is what the kernel records carry."""
+    """One attached function instance; `id` is what the kernel records carry.
+
+    A user-space function (`binary` set) has its ELF virtual address in `addr`, the file offset its uprobe
+    is attached at in `offset`, and "file:line" from DWARF in `source` when the binary has it."""
 
     id: int
     name: str
@@ -112,6 +133,14 @@ class TracedFunc(NamedTuple):
     is_entry: bool
     module: str | None = None
     size: int = 0
+    binary: str | None = None
+    offset: int = 0
+    source: str | None = None
+
+    @property
+    def label(self) -> str:
+        """The name people read: a user-space function's says its binary ('handle_request [app]')."""
+        return self.name if self.binary is None else f"{self.name} [{self.binary.rsplit('/', 1)[-1]}]"
 
 
 FuncTable = Mapping[int, TracedFunc] | Sequence[TracedFunc]

@@ -46,6 +46,7 @@ APP_TLS_NONE = 0x1
 APP_OK, APP_NO_RECORD, APP_INVALID, APP_FAULT = 0, 1, 2, 3
 
 FUNC_IS_ENTRY = 0x1
+FUNC_IS_USER = 0x2  # a user-space function: no kernel stack at its error
 FUNC_RET_KIND_SHIFT = 8
 
 SESSION_START = struct.Struct("<IIIIQ16s16s")

@@ -97,7 +97,12 @@ def limit_lengths(attrs: Attrs, limit: int | None) -> Attrs:
 def func_attrs(func: TracedFunc, locate: Locate | None = None) -> Attrs:
     """The attributes every span of `func` carries, whatever it returned (source location with DWARF)."""
     attrs: Attrs = {"code.function.name": func.name, "retsnoop.return_kind": func.ret.value}
-    if locate is not None and func.addr:
+    if func.binary is not None:  # a user-space function: its line was read from its binary at discovery
+        attrs["retsnoop.binary"] = func.binary
+        if func.source:
+            path, _, line = func.source.rpartition(":")
+            attrs["code.file.path"], attrs["code.line.number"] = path, int(line)
+    elif locate is not None and func.addr:
         where = locate(func.addr)
         if where is not None:
             attrs["code.file.path"], attrs["code.line.number"] = where

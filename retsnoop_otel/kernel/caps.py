@@ -1,4 +1,4 @@
-"""Effective capabilities of the current process, by name (from /proc/self/status).
+"""Effective capabilities of the current process, by name (from /proc/self/status), and its open-file limit.
 
 Tracing needs CAP_BPF + CAP_PERFMON (or CAP_SYS_ADMIN); naming what is held and what is missing
 turns an opaque EPERM into an actionable message.
@@ -7,6 +7,7 @@ turns an opaque EPERM into an actionable message.
 from __future__ import annotations
 
 import os
+import resource
 
 # Capability numbers (uapi linux/capability.h).
 CAP_NAMES: dict[int, str] = {
@@ -59,3 +60,18 @@ def effective_caps(root: str = "/") -> set[str]:
 def can_trace(caps: set[str]) -> bool:
     """Whether these capabilities allow loading tracing programs and perf events (kernel 5.8+ split)."""
     return "CAP_SYS_ADMIN" in caps or {"CAP_BPF", "CAP_PERFMON"} <= caps
+
+
+def raise_nofile_limit(need: int) -> None:
+    """kprobe mode holds up to four fds per function (perf event and link, entry and exit): a thousand
+    functions exceed the usual 1024/4096 limits. Root (CAP_SYS_RESOURCE) may raise the hard limit too."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft >= need:
+        return
+    roomy = hard == resource.RLIM_INFINITY or hard >= need
+    for limits in ((need, hard if roomy else need), (hard, hard)):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+            return
+        except (ValueError, OSError):
+            continue

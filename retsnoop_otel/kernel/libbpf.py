@@ -321,13 +321,29 @@ class BpfProgram:
         kind = "kretprobe.multi" if retprobe else "kprobe.multi"
         return Link(check_ptr(ptr, f"attach {kind} to {n} functions"))
 
-    def attach_uprobe(self, binary: str, func: str, retprobe: bool = False, cookie: int = 0,
-                      pid: int = -1) -> Link:
-        """Uprobes run the same kprobe-type programs: tests drive them where kernel probes are forbidden."""
-        opts = abi.UprobeOpts(ctypes.sizeof(abi.UprobeOpts), 0, cookie, retprobe, func.encode())
-        ptr = lib().lib.bpf_program__attach_uprobe_opts(self._ptr, pid, binary.encode(), 0, ctypes.byref(opts))
+    def attach_uprobe_at(self, binary: str, offset: int, retprobe: bool = False, cookie: int = 0) -> Link:
+        """One uprobe at a file offset (a function found by the caller, so a local symbol works too)."""
+        opts = abi.UprobeOpts(ctypes.sizeof(abi.UprobeOpts), 0, cookie, retprobe, None)
+        ptr = lib().lib.bpf_program__attach_uprobe_opts(self._ptr, -1, binary.encode(), offset, ctypes.byref(opts))
         kind = "uretprobe" if retprobe else "uprobe"
-        return Link(check_ptr(ptr, f"attach {kind} to {binary}:{func}"))
+        return Link(check_ptr(ptr, f"attach {kind} to {binary}+0x{offset:x}"))
+
+    def attach_uprobe_multi(self, binary: str, offsets: Sequence[int], cookies: Sequence[int],
+                            retprobe: bool = False, session: bool = False) -> Link:
+        """One uprobe_multi link for functions of one binary, by file offset, each with its cookie."""
+        n = len(offsets)
+        offs = (ctypes.c_ulong * n)(*offsets)
+        cks = (ctypes.c_uint64 * n)(*cookies)
+        opts = abi.UprobeMultiOpts()
+        opts.sz = ctypes.sizeof(abi.UprobeMultiOpts)
+        opts.offsets = ctypes.cast(offs, ctypes.POINTER(ctypes.c_ulong))
+        opts.cookies = ctypes.cast(cks, ctypes.POINTER(ctypes.c_uint64))
+        opts.cnt = n
+        opts.retprobe = retprobe
+        opts.session = session
+        ptr = lib().lib.bpf_program__attach_uprobe_multi(self._ptr, -1, binary.encode(), None, ctypes.byref(opts))
+        kind = "uprobe.session" if session else "uretprobe.multi" if retprobe else "uprobe.multi"
+        return Link(check_ptr(ptr, f"attach {kind} to {n} functions of {binary}"))
 
     def attach_raw_tracepoint(self, tracepoint: str) -> Link:
         """A raw_tp program to a kernel tracepoint (sched_process_exec): raw tracepoints need no tracing program

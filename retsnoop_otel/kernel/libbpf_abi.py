@@ -35,6 +35,13 @@ class UprobeOpts(ctypes.Structure):
                 ("retprobe", ctypes.c_bool), ("func_name", ctypes.c_char_p)]
 
 
+class UprobeMultiOpts(ctypes.Structure):
+    _fields_ = [("sz", ctypes.c_size_t), ("syms", ctypes.POINTER(ctypes.c_char_p)),
+                ("offsets", ctypes.POINTER(ctypes.c_ulong)), ("ref_ctr_offsets", ctypes.POINTER(ctypes.c_ulong)),
+                ("cookies", ctypes.POINTER(ctypes.c_uint64)), ("cnt", ctypes.c_size_t), ("retprobe", ctypes.c_bool),
+                ("session", ctypes.c_bool)]
+
+
 SAMPLE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
 
 
@@ -112,6 +119,9 @@ SIGNATURES: dict[str, tuple[object, list[object]]] = {
     "bpf_program__attach_uprobe_opts": (
         ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t,
                           ctypes.POINTER(UprobeOpts)]),
+    "bpf_program__attach_uprobe_multi": (
+        ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p,
+                          ctypes.POINTER(UprobeMultiOpts)]),
     "bpf_program__attach_raw_tracepoint": (ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p]),
     "bpf_program__attach_raw_tracepoint_opts": (ctypes.c_void_p,
                                                 [ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(CookieOpts)]),

@@ -113,6 +113,18 @@ class Btf:
             out.append((name.decode(), mtype, off, bits))
         return out
 
+    def enumerators(self, name: str) -> dict[str, int]:
+        """The enumerators of a (32-bit) enum by its name, e.g. the kernel's bpf_attach_type: {} when it has none."""
+        tid = self.find(name, BTF_KIND_ENUM)
+        if tid is None:
+            return {}
+        t = lb.lib().lib.btf__type_by_id(self._ptr, tid)
+        base = ctypes.addressof(t.contents) + ctypes.sizeof(abi.BtfTypeRecord)
+        out = {}
+        for name_off, val in (ctypes.c_uint32 * 2 * (t.contents.info & 0xFFFF)).from_address(base):
+            out[(lb.lib().lib.btf__name_by_offset(self._ptr, name_off) or b"").decode()] = val
+        return out
+
     def datasec_vars(self, section: str) -> dict[str, tuple[int, int]]:
         """Variables of a data section (.rodata, .bss) as name -> (offset, size)."""
         sec_id = self.find(section, BTF_KIND_DATASEC)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import os
-import resource
 import struct
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -27,13 +26,23 @@ from retsnoop_otel.capture.model import (
     TracedFunc,
     WorkloadCount,
 )
-from retsnoop_otel.kernel import bpfsys, clones, inject_attach, libbpf_progs, libbpf_ringbuf, multi_link, stats_maps
+from retsnoop_otel.kernel import (
+    bpfsys,
+    caps,
+    clones,
+    inject_attach,
+    libbpf_progs,
+    libbpf_ringbuf,
+    multi_link,
+    stats_maps,
+    uprobes,
+)
 from retsnoop_otel.kernel import libbpf as lb
 from retsnoop_otel.kernel.libbpf_btf import Btf
 
 PARALLEL_DETACH_MIN = 32
 DETACH_THREADS = 32
-MODES = ("fentry", "kprobe", "kprobe_multi", "kprobe_session", "fsession", "fsession_multi", "uprobe")
+MODES = ("fentry", "kprobe", "kprobe_multi", "kprobe_session", "fsession", "fsession_multi")
 _MODE_PROGRAMS = {  # (entry, exit) or, by address (multi_link.py), per group of functions
     "fentry": ("fentry_entry", "fexit_exit", "fentry_inner", "fexit_inner"),  # entry functions', the others'
     "kprobe": ("kprobe_entry", "kretprobe_exit"),
@@ -41,7 +50,6 @@ _MODE_PROGRAMS = {  # (entry, exit) or, by address (multi_link.py), per group of
     "kprobe_session": ("ksession", "ksession_inner"),
     "fsession": ("fsession_entry", "fsession_inner"),  # entry and exit in one, cloned per function as fentry's
     "fsession_multi": ("fsession_multi",),  # one program, one tracing_multi link for the whole set
-    "uprobe": ("kprobe_entry", "kretprobe_exit"),  # user-space functions: drives the logic in host tests
 }
 _BY_ADDRESS = ("kprobe_multi", "kprobe_session")  # the programs find the function id by address (map ip_ids)
 # the modes whose programs run in BPF trampolines: attached by BTF id (vmlinux functions, one instance per name),
@@ -50,8 +58,8 @@ TRAMPOLINE_MODES = ("fentry", "fsession", "fsession_multi")
 HELPER_GET_ATTACH_COOKIE = 174  # enum bpf_func_id: Linux 5.15
 EXEC_PROGRAM = "app_exec"  # bpf/appctx.bpf.h, on sched_process_exec: each exec, for the thread-context watcher
 # every name a program of ours has in the kernel: what a check for leftovers after detach looks for
-PROGRAM_NAMES = frozenset({*(n for names in _MODE_PROGRAMS.values() for n in names), *clones.TEMPLATES,
-                           EXEC_PROGRAM, *inject_attach.PROGRAMS.values()})
+PROGRAM_NAMES = frozenset({*(n for names in (*_MODE_PROGRAMS.values(), *uprobes.PROGRAMS.values()) for n in names),
+                           *clones.TEMPLATES, EXEC_PROGRAM, *inject_attach.PROGRAMS.values()})
 MAX_HELD_SESSIONS = 1024  # sessions whose per-call records the kernel holds at once (the rest stream)
 
 
@@ -68,7 +76,7 @@ def bpf_object_path() -> Path:
 class CaptureConfig(NamedTuple):
     """What the kernel side records and how it attaches; applied to the BPF object before load."""
 
-    mode: str
+    mode: str  # how the kernel functions attach ("" when there are none)
     emit_calls: bool = False
     capture_success: bool = False  # successful sessions are reported, as sampled by the three below
     success_threshold: int = 0  # probability sampling: kept when the 56-bit randomness >= this (0: all)
@@ -86,7 +94,7 @@ class CaptureConfig(NamedTuple):
     max_depth: int = 64  # traced-call nesting recorded per session (1..64)
     capture_args: bool = False  # -A; needs emit_calls (arguments travel with the per-call records)
     exclude_self: bool = True  # our own bpf() calls (map reads at scrape time) are not the user's
-    uprobe_binary: str = ""  # mode 'uprobe' only: the ELF file whose functions are traced
+    user_mode: str = "uprobe_session"  # how the functions with a binary (u:BINARY:GLOB) attach (kernel/uprobes.py)
     lbr_branch_types: int = 0  # --lbr: perf branch_sample_type of the LBR events; 0 = no LBR capture
     lbr_perf_events: bool = True  # open the per-CPU LBR perf events (tests on CPUs without LBR: False)
     arg_specs: Mapping[int, Sequence[int]] = MappingProxyType({})  # -A: function id -> arg_spec words
@@ -120,11 +128,12 @@ class Tracer:
     def __init__(self, funcs: Sequence[TracedFunc], config: CaptureConfig,
                  btf_func_id: Callable[[str], int | None] | None = None,
                  arg_specs: dict[int, list[int]] | None = None) -> None:
-        if config.mode not in MODES:
+        if config.mode not in MODES and config.mode:
             raise ValueError(f"unknown attach mode '{config.mode}' (expected one of {', '.join(MODES)})")
         if not funcs:
             raise ValueError("no functions to trace")
         self.funcs = list(funcs)
+        self._kfuncs = [f for f in self.funcs if f.binary is None]  # the user functions attach apart
         self.config = config
         self._btf_func_id = btf_func_id
         self._arg_specs = arg_specs or config.arg_specs
@@ -132,7 +141,7 @@ class Tracer:
         self._exec_link: lb.Link | None = None  # the exec hook (app_context only), apart: _links holds pairs
         self._inject_links: list[lb.Link] = []  # -J
         # the per-function clones of fentry and fsession mode (unused in the others)
-        self._fentry = clones.FentryPrograms(self.funcs, btf_func_id, config.mode if config.mode in clones.SETS
+        self._fentry = clones.FentryPrograms(self._kfuncs, btf_func_id, config.mode if config.mode in clones.SETS
                                              else "fentry")
         self._rb: libbpf_ringbuf.RingBuffer | None = None
         self._lbr_fds: list[int] = []
@@ -143,13 +152,13 @@ class Tracer:
         self._by_address = config.mode in _BY_ADDRESS or (
             config.mode == "kprobe" and not lb.probe_helper(lb.PROG_TYPE_KPROBE, HELPER_GET_ATTACH_COOKIE))
         self._name_count: dict[str, int] = {}
-        for f in self.funcs:
+        for f in self._kfuncs:
             self._name_count[f.name] = self._name_count.get(f.name, 0) + 1
 
     # ---- load ----------------------------------------------------------------------------
 
     def load(self) -> None:
-        _raise_nofile_limit(4 * len(self.funcs) + 1024)
+        caps.raise_nofile_limit(4 * len(self.funcs) + 1024)
         try:
             self._load_object()
         except lb.LibbpfError:
@@ -228,13 +237,14 @@ class Tracer:
         obj.map("call_bufs").set_max_entries(min(cfg.max_sessions, MAX_HELD_SESSIONS) if held else 1)
         obj.map("rate_tat").set_max_entries(n if cfg.success_interval_ns else 1)
         obj.map("rate_busy").set_max_entries(n if cfg.success_interval_ns else 1)
-        progs = _MODE_PROGRAMS[cfg.mode]
-        cloned = clones.SETS.get(cfg.mode, {})
-        if cloned and all(f.is_entry for f in self.funcs):
+        progs = _MODE_PROGRAMS.get(cfg.mode, ()) if self._kfuncs else ()
+        cloned = clones.SETS.get(cfg.mode, {}) if self._kfuncs else {}
+        if cloned and all(f.is_entry for f in self._kfuncs):
             progs = cloned[True]  # no function runs the inner templates: not worth verifying them
-        for names in set(_MODE_PROGRAMS.values()):
+        user = uprobes.PROGRAMS[cfg.user_mode] if len(self._kfuncs) < len(self.funcs) else ()
+        for names in {*_MODE_PROGRAMS.values(), *uprobes.PROGRAMS.values()}:
             for name in names:
-                obj.program(name).set_autoload(name in progs)
+                obj.program(name).set_autoload(name in progs or name in user)
         for is_entry, names in cloned.items():  # verified against one function of their kind, then cloned
             for name in set(names) & set(progs):
                 obj.program(name).set_attach_target(self._fentry.target(is_entry=is_entry))
@@ -254,10 +264,10 @@ class Tracer:
         infos = obj.map("func_infos")
         for f in self.funcs:
             kind = RET_KIND_CODES[f.ret] << records.FUNC_RET_KIND_SHIFT
-            flags = (records.FUNC_IS_ENTRY if f.is_entry else 0) | kind
+            flags = (records.FUNC_IS_ENTRY if f.is_entry else 0) | (records.FUNC_IS_USER if f.binary else 0) | kind
             infos.update(struct.pack("<I", f.id), records.FUNC_INFO.pack(f.addr, flags, 0))
         if self._by_address:
-            multi_link.fill_ip_ids(obj.map("ip_ids"), self.funcs)
+            multi_link.fill_ip_ids(obj.map("ip_ids"), self._kfuncs)
         specs = obj.map("arg_specs")
         for fid, words in self._arg_specs.items():
             specs.update(struct.pack("<I", fid), records.ARG_SPEC.pack(*words))
@@ -286,15 +296,15 @@ class Tracer:
         t0 = time.monotonic()
         try:
             self._open_lbr_events()
-            if self.config.mode in _BY_ADDRESS:
+            if self.config.mode in _BY_ADDRESS and self._kfuncs:
                 self._attach_multi(report)
-            elif self.config.mode == "fsession_multi":
+            elif self.config.mode == "fsession_multi" and self._kfuncs:
                 self._attach_tracing_multi(report, on_error, strict)
             else:
                 t_verify = time.monotonic()
                 loaded = self._fentry.load(self._obj) if self.config.mode in clones.SETS else {}
                 report.verify_ms = (time.monotonic() - t_verify) * 1000 if loaded else 0.0
-                for f in self.funcs:
+                for f in self._kfuncs:
                     try:
                         self._attach_one(f, loaded.get(f.id))
                         report.attached.append(f)
@@ -304,6 +314,9 @@ class Tracer:
                         report.failed.append((f, str(exc)))
                         if on_error:
                             on_error(f, str(exc))
+            if user := [f for f in self.funcs if f.binary is not None]:
+                uprobes.attach(self._obj.program, self.config.user_mode, user, self._links)
+                report.attached.extend(user)
             if not report.attached:
                 reason = report.failed[0][1] if report.failed else "no functions"
                 raise lb.LibbpfError(f"could not attach any function ({reason.splitlines()[0]})",
@@ -349,11 +362,6 @@ class Tracer:
             self._links.append(exit_.attach_kprobe(name, retprobe=True, cookie=cookie, offset=off))
             self._links.append(entry.attach_kprobe(name, cookie=cookie, offset=off))
             return
-        if self.config.mode == "uprobe":
-            binary = self.config.uprobe_binary
-            self._links.append(exit_.attach_uprobe(binary, f.name, retprobe=True, cookie=f.id))
-            self._links.append(entry.attach_uprobe(binary, f.name, cookie=f.id))
-            return
         clone = loaded if loaded is not None else self._fentry.load_one(self._obj, f)
         if isinstance(clone, BaseException):
             raise clone
@@ -363,19 +371,19 @@ class Tracer:
     def _attach_multi(self, report: AttachReport) -> None:
         assert self._obj is not None
         progs = [self._obj.program(name) for name in _MODE_PROGRAMS[self.config.mode]]
-        report.split_links = multi_link.attach(self.config.mode, progs, self.funcs, self._links, self.detach_links)
-        report.attached.extend(self.funcs)
+        report.split_links = multi_link.attach(self.config.mode, progs, self._kfuncs, self._links, self.detach_links)
+        report.attached.extend(self._kfuncs)
 
     def _attach_tracing_multi(self, report: AttachReport, on_error: Callable[[TracedFunc, str], None] | None,
                               strict: bool) -> None:
         """fsession.multi: the functions the kernel refuses are reported (or raised, if `strict`) like fentry's."""
         assert self._obj is not None
         prog = self._obj.program(_MODE_PROGRAMS["fsession_multi"][0])
-        refused = multi_link.attach_fsession(prog, self.funcs, self._btf_func_id, self._links)
+        refused = multi_link.attach_fsession(prog, self._kfuncs, self._btf_func_id, self._links)
         if refused and strict:
             raise refused[0][1]
         left_out = {f.id for f, _ in refused}
-        report.attached.extend(f for f in self.funcs if f.id not in left_out)
+        report.attached.extend(f for f in self._kfuncs if f.id not in left_out)
         report.failed.extend((f, str(exc)) for f, exc in refused)
         for f, why in report.failed if on_error else ():
             on_error(f, why)
@@ -445,9 +453,11 @@ class Tracer:
         """
         if self._obj is None:
             return []
-        if self.config.mode in clones.SETS:
-            return self._fentry.programs()
-        return [(name, self._obj.program(name).fd) for name in _MODE_PROGRAMS[self.config.mode]]
+        user = uprobes.PROGRAMS[self.config.user_mode] if len(self._kfuncs) < len(self.funcs) else ()
+        kernel = _MODE_PROGRAMS.get(self.config.mode, ()) if self._kfuncs else ()
+        if self.config.mode in clones.SETS and self._kfuncs:
+            return self._fentry.programs() + [(name, self._obj.program(name).fd) for name in user]
+        return [(name, self._obj.program(name).fd) for name in dict.fromkeys((*kernel, *user))]
 
     def program_stats(self) -> list[ProgramStats]:
         """Run count and time of each program (clones summed) and the exec hook; read at scrape time, a syscall each"""
@@ -505,18 +515,3 @@ def _ringbuf_size(size: int) -> int:
     page = 4096
     n = max(page, size)
     return 1 << (n - 1).bit_length()
-
-
-def _raise_nofile_limit(need: int) -> None:
-    """kprobe mode holds up to four fds per function (perf event and link, entry and exit): a thousand
-    functions exceed the usual 1024/4096 limits. Root (CAP_SYS_RESOURCE) may raise the hard limit too."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft >= need:
-        return
-    roomy = hard == resource.RLIM_INFINITY or hard >= need
-    for limits in ((need, hard if roomy else need), (hard, hard)):
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, limits)
-            return
-        except (ValueError, OSError):
-            continue

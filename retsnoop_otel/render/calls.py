@@ -48,7 +48,7 @@ def _rows(call: Call | ProbeHit, funcs: Mapping[int, TracedFunc], depth: int, fm
     if call.missing_before:
         yield f"{indent}‼ ... missing {call.missing_before} records ...", "", "", ""
     func = funcs.get(call.func_id)
-    name = func.name if func else f"<func #{call.func_id}>"
+    name = func.label if func else f"<func #{call.func_id}>"
     result = f"[{format_result(call.result, func.ret)}]" if func and call.end_ns is not None else ""
     duration = f"{call.duration_ns / 1000:.3f}us" if call.duration_ns is not None else ""
     args = fmt_args(call.func_id, call.args) if fmt_args and call.args else []

@@ -54,7 +54,8 @@ def session_json(session: Session, funcs: Mapping[int, TracedFunc], offset_ns: i
         f = funcs[e.func_id]
         chain.append({"function": f.name, "latency_ns": e.latency_ns,
                       "result": format_result(e.result if e.latency_ns is not None else None, f.ret),
-                      "error": error_type(e.result, f.ret) if e.latency_ns is not None else None})
+                      "error": error_type(e.result, f.ret) if e.latency_ns is not None else None,
+                      **({"binary": f.binary, "source": f.source} if f.binary is not None else {})})
     out: dict[str, Any] = {
         "tid": session.tid, "pid": session.pid, "comm": session.comm, "proc_comm": session.proc_comm,
         "start_ns": session.start_ns + offset_ns, "end_ns": session.end_ns + offset_ns,

@@ -82,7 +82,7 @@ def _match_chain(kframes: list[tuple[int, list[Frame], bool]], func_ids: Sequenc
     for func_id in func_ids:
         func = funcs.get(func_id)
         pos = None
-        if func is not None:
+        if func is not None and func.binary is None:  # a user function's address is not a kernel one
             pos = next((i for i in range(cursor, len(starts)) if starts[i] == func.addr), None)
         if pos is not None:
             cursor = pos + 1
@@ -150,6 +150,12 @@ def _layout(kstack: Sequence[int], func_ids: Sequence[int], funcs: Mapping[int, 
     cursor = 0
     for i, func_id in enumerate(func_ids):
         pos = positions[i]
+        func = funcs.get(func_id)
+        if func is not None and func.binary is not None:  # user space: above every kernel frame, never in them
+            slots.append((len(rows), i))
+            rows.append(_Row(" ", "", "", func.label,
+                             f"({func.source})" if func.source else ""))
+            continue
         # A traced function missing from the stack sits below every kernel frame above the next
         # traced function that is there (or below all of them): those frames print first.
         stop = pos if pos is not None else next((p for p in positions[i + 1:] if p is not None), len(kframes))
@@ -158,7 +164,6 @@ def _layout(kstack: Sequence[int], func_ids: Sequence[int], funcs: Mapping[int, 
         cursor = stop
         slots.append((len(rows), i))
         if pos is None:
-            func = funcs.get(func_id)
             lead = " " * _ADDR_WIDTH if fmt.emit_addrs else ""
             rows.append(_Row("!", "", "", lead + (func.name if func else f"<func #{func_id}>"),
                              _definition(func, symbolizer)))

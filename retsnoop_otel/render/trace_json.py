@@ -23,7 +23,12 @@ def _events(call: Call, session: Session, funcs: Mapping[int, TracedFunc], offse
         args["incomplete"] = True
     if call.missing_before:
         args["missing_records_before"] = call.missing_before
-    yield {"name": func.name if func else f"func#{call.func_id}", "cat": "kernel", "ph": "X",
+    if func is not None and func.binary is not None:
+        args["binary"] = func.binary
+        if func.source:
+            args["source"] = func.source
+    user = func is not None and func.binary is not None
+    yield {"name": func.name if func else f"func#{call.func_id}", "cat": "user" if user else "kernel", "ph": "X",
            "ts": (call.start_ns + offset_ns) / 1000, "dur": max(0, end - call.start_ns) / 1000,
            "pid": session.pid, "tid": session.tid, "args": args}
     for child in call.children:

@@ -26,6 +26,7 @@ from retsnoop_otel.workload.k8s_settings import KubernetesConfig
 PROBE_MODES = ("stack", "calls", "metrics")
 WORKLOAD_LABELS = ("namespace", "container")  # a probe set's metrics labelled by Kubernetes namespace or container
 ATTACH_MODES = ("auto", "fentry", "kprobe", "kprobe_multi", "kprobe_session", "fsession", "fsession_multi")
+USER_ATTACH_MODES = ("auto", "uprobe_session", "uprobe_multi", "uprobe")  # kernel/uprobes.py
 
 
 class ProbeSetConfig(NamedTuple):
@@ -41,6 +42,7 @@ class ProbeSetConfig(NamedTuple):
     deny: tuple[str, ...] = ()
     mode: str = "stack"
     attach_mode: str = "auto"
+    user_attach_mode: str = "auto"  # user-space functions (u:BINARY:GLOB): kernel/uprobes.py USER_MODES
     pids: tuple[int, ...] = ()
     no_pids: tuple[int, ...] = ()
     comms: tuple[str, ...] = ()

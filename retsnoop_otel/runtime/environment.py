@@ -23,6 +23,10 @@ def _nothing() -> None:
     return None
 
 
+def _no_uprobes(asked: str) -> str:
+    raise SetupError("user-space functions cannot be traced with this kernel environment")
+
+
 def name_it(name: str, message: str) -> str:
     """'-k /x: no such file' for flags, 'vmlinux: /x: no such file' for config keys."""
     return f"{name} {message}" if name.startswith("-") else f"{name}: {message}"
@@ -32,14 +36,16 @@ class KernelEnv:
     """Facts about the running kernel that discovery and symbolization need."""
 
     __slots__ = ("ksyms", "available", "ret_kind", "btf_func_id", "auto_mode", "check_mode", "symbolizer",
-                 "resolve_source_glob", "close", "lbr_missing", "btf", "vmlinux", "phases", "load_btf")
+                 "resolve_source_glob", "close", "lbr_missing", "btf", "vmlinux", "phases", "load_btf",
+                 "kernel_refusal", "user_mode")
 
     def __init__(self, ksyms: object, available: object, ret_kind: Callable[[str], RetKind],
                  btf_func_id: Callable[[str], int | None] | None, auto_mode: str, check_mode: Callable[[str], None],
                  symbolizer: object, resolve_source_glob: Callable[[str], set[str]] | None = None,
                  close: Callable[[], None] = _nothing, lbr_missing: str = "", btf: object | None = None,
                  vmlinux: str | None = None, phases: list[Phase] | None = None,
-                 load_btf: Callable[[], object] | None = None) -> None:
+                 load_btf: Callable[[], object] | None = None, kernel_refusal: str = "",
+                 user_mode: Callable[[str], str] | None = None) -> None:
         self.ksyms = ksyms  # symbols.kallsyms.Kallsyms
         self.available = available  # symbols.traceable.Traceable
         self.ret_kind = ret_kind
@@ -54,6 +60,9 @@ class KernelEnv:
         self.vmlinux = vmlinux  # the DWARF vmlinux in use
         self.phases = [] if phases is None else phases  # how long each read took (trace -v, agent start log)
         self.load_btf = load_btf  # loads `btf` on first use (only argument capture needs it)
+        # why kernel functions cannot be traced here ("" = they can): user-space functions still can
+        self.kernel_refusal = kernel_refusal
+        self.user_mode = user_mode or _no_uprobes  # the user attach mode asked -> the one to use; raises SetupError
 
     def kernel_btf(self) -> object | None:
         if self.btf is None and self.load_btf is not None:
@@ -111,9 +120,10 @@ def load_kernel_env(symbols: SymbolsConfig, vmlinux: str | None, lbr: tuple[str,
     from retsnoop_otel.kernel.lbr import lbr_missing
     from retsnoop_otel.kernel.libbpf_btf import Btf
     from retsnoop_otel.symbols.btf import ReturnKinds
-    from retsnoop_otel.symbols.kallsyms import KallsymsError
+    from retsnoop_otel.symbols.kallsyms import Kallsyms, KallsymsError
     from retsnoop_otel.symbols.kernel_facts import load_func_types, load_symbols
     from retsnoop_otel.symbols.symbolize import DwarfSymbolizer, KallsymsSymbolizer
+    from retsnoop_otel.symbols.traceable import Traceable
 
     phases: list[Phase] = []
     cache = KernelCache.at(symbols.cache_dir)
@@ -143,12 +153,16 @@ def load_kernel_env(symbols: SymbolsConfig, vmlinux: str | None, lbr: tuple[str,
     missing = lbr_missing(feats.lbr, feats.branch_snapshot)
     if lbr is not None and missing:
         raise lbr_refusal(lbr[0], missing, lbr[1])
-    check_mode("auto")
+    refusal = ""
+    try:
+        check_mode("auto")
+    except SetupError as exc:  # said when a probe set names a kernel function: user functions may still run
+        refusal = exc.message
     if types is None:
         raise SetupError(f"cannot read {os.path.join(root, 'sys/kernel/btf/vmlinux')}: run as root")
     t = time.monotonic()
     try:
-        ksyms, available, cached = load_symbols(cache, ident, root)
+        ksyms, available, cached = (Kallsyms([]), Traceable(()), False) if refusal else load_symbols(cache, ident, root)
     except (KallsymsError, tracefs.TracefsError) as exc:
         raise SetupError(str(exc)) from None
     phases.append(phase_since("symbols", t, f"{len(ksyms)} kallsyms functions, {len(available)} traceable"
@@ -173,8 +187,22 @@ def load_kernel_env(symbols: SymbolsConfig, vmlinux: str | None, lbr: tuple[str,
         except (lb.LibbpfError, lb.LibbpfUnavailable) as exc:
             raise SetupError(str(exc)) from None
 
+    def user_mode(asked: str) -> str:
+        from retsnoop_otel.kernel import uprobes
+        from retsnoop_otel.kernel.tracer import HELPER_GET_ATTACH_COOKIE
+        btf = load_btf()
+        try:
+            kinds = btf.enumerators("bpf_attach_type")  # type: ignore[attr-defined]
+            return uprobes.choose_user_mode(kinds, lb.probe_helper(lb.PROG_TYPE_KPROBE, HELPER_GET_ATTACH_COOKIE),
+                                            asked)
+        except uprobes.UprobeModeError as exc:
+            raise SetupError(str(exc)) from None
+        finally:
+            btf.free()  # type: ignore[attr-defined]
+
     return KernelEnv(ksyms=ksyms, available=available, ret_kind=types, btf_func_id=types.func_id,  # type: ignore
-                     auto_mode=features.choose_mode(feats), check_mode=check_mode, symbolizer=symbolizer,
+                     auto_mode="" if refusal else features.choose_mode(feats), check_mode=check_mode,
+                     symbolizer=symbolizer, kernel_refusal=refusal, user_mode=user_mode,
                      resolve_source_glob=resolve, close=close, load_btf=load_btf, vmlinux=vmlinux,
                      lbr_missing=missing, phases=phases)
 

@@ -73,23 +73,32 @@ METRICS_ONLY_NS = (1 << 64) - 1  # a minimum session duration nothing reaches
 
 def resolve(cfg: ProbeSetConfig, env: KernelEnv, names: InputNames = AGENT_NAMES) -> discovery.Discovery:
     """The functions a probe set would attach, in the attach mode it would use (nothing attached)."""
+    try:
+        user, kernel = discovery.user_and_kernel_globs((*cfg.entry, *cfg.allow))
+    except discovery.DiscoveryError as exc:
+        raise InputError(str(exc), cfg.name) from None
     mode = env.auto_mode if cfg.attach_mode == "auto" else cfg.attach_mode
     try:
-        env.check_mode(mode)
+        if kernel and env.kernel_refusal:
+            raise SetupError(env.kernel_refusal)
+        if kernel:
+            env.check_mode(mode)
+        user_mode = env.user_mode(cfg.user_attach_mode) if user else ""
     except SetupError as exc:
         raise SetupError(exc.message, cfg.name) from None
     if cfg.lbr_branch_types and env.lbr_missing:
         raise lbr_refusal(names.lbr, env.lbr_missing, cfg.name)
     try:
         return discovery.discover(cfg.entry, cfg.allow, cfg.deny, env.ksyms, env.available,  # type: ignore[arg-type]
-                                  env.ret_kind, mode, resolve_source_glob=env.resolve_source_glob)
+                                  env.ret_kind, mode or "kprobe", resolve_source_glob=env.resolve_source_glob,
+                                  user_mode=user_mode, pids=cfg.pids)
     except discovery.DiscoveryError as exc:
         raise InputError(str(exc), cfg.name) from None
 
 
 def capture_config(cfg: ProbeSetConfig, mode: str, limits: Limits, names: InputNames = AGENT_NAMES,
                    arg_specs: dict[int, list[int]] | None = None, root: str = "/",
-                   counted: bool = True, inject: Sequence[ProbeInfo] = ()) -> CaptureConfig:
+                   counted: bool = True, user_mode: str = "", inject: Sequence[ProbeInfo] = ()) -> CaptureConfig:
     """The one translation of a probe set into what the kernel side records.
 
     `counted`: something reads the per-function counts (MetricsConfig.read)."""
@@ -97,7 +106,8 @@ def capture_config(cfg: ProbeSetConfig, mode: str, limits: Limits, names: InputN
         cg, level = cgroup_target(cfg.cgroup, names.cgroup, root) if cfg.cgroup else (0, 0)
     except InputError as exc:
         raise exc.for_set(cfg.name) from None
-    common = {"mode": mode, "pids": cfg.pids, "no_pids": cfg.no_pids, "comms": cfg.comms, "no_comms": cfg.no_comms,
+    common = {"mode": mode, "user_mode": user_mode or "uprobe", "pids": cfg.pids,
+              "no_pids": cfg.no_pids, "comms": cfg.comms, "no_comms": cfg.no_comms,
               "cgroup_id": cg, "cgroup_level": level, "max_sessions": limits.max_sessions,
               "workload_stats": counted and cfg.workload_label is not None, "func_counts": counted}
     if cfg.mode == "metrics":
@@ -140,7 +150,7 @@ class ProbeSet:
                  workload_series: WorkloadSeriesFactory | None = None, counted: bool = True) -> None:
         self.cfg = cfg
         self.name = cfg.name
-        self.mode = found.mode
+        self.mode = found.mode or found.user_mode  # a set of user functions alone: its user attach mode
         self.discovery = found
         self.funcs = {f.id: f for f in found.funcs}
         self.symbolizer = env.symbolizer
@@ -154,7 +164,8 @@ class ProbeSet:
             arg_specs = {fid: spec_words(d) for fid, d in self.arg_descs.items()}
         self.btf = btf
         self.probes = resolve_injected(cfg, env)
-        capture = capture_config(cfg, found.mode, limits, names, arg_specs, counted=counted, inject=self.probes)
+        capture = capture_config(cfg, found.mode, limits, names, arg_specs, counted=counted, user_mode=found.user_mode,
+                                 inject=self.probes)
         self.tracer = tracer_factory(found.funcs, capture, env.btf_func_id)
         ks = kernel_sampling(cfg.sampling)
         self._success_threshold = ks.threshold if ks.by_probability else None  # what kept successes say

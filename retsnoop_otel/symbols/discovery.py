@@ -101,14 +101,15 @@ _MOD_GLOB = re.compile(r"^(\S+)\s+\[(\S+)\]$")
 class Discovery:
     """What would be attached (ids 0..n-1, entry functions first) and what was left out, and why."""
 
-    __slots__ = ("funcs", "skipped", "mode", "available_count")
+    __slots__ = ("funcs", "skipped", "mode", "available_count", "user_mode")
 
     def __init__(self, funcs: list[TracedFunc], skipped: list[tuple[str, str]], mode: str,
-                 available_count: int = 0) -> None:
+                 available_count: int = 0, user_mode: str = "") -> None:
         self.funcs = funcs
         self.skipped = skipped
-        self.mode = mode
+        self.mode = mode  # "" when no kernel function is traced
         self.available_count = available_count
+        self.user_mode = user_mode  # how user-space functions attach (kernel/uprobes.py), "" without them
 
     @property
     def entry_count(self) -> int:
@@ -231,15 +232,55 @@ def _builtin_deny(mode: str, blob: str) -> dict[str, str]:
 
 def discover(entry_globs: Sequence[str], allow_globs: Sequence[str], deny_globs: Sequence[str],
              kallsyms: Kallsyms, available: Traceable, ret_kind: Callable[[str], RetKind],
-             mode: str, resolve_source_glob: Callable[[str], set[str]] | None = None) -> Discovery:
-    """Resolve the user's globs into the function table the BPF side is loaded with."""
+             mode: str, resolve_source_glob: Callable[[str], set[str]] | None = None,
+             user_mode: str = "", pids: Sequence[int] = (), root: str = "/", user_lines: bool = True) -> Discovery:
+    """Resolve the user's globs into the function table the BPF side is loaded with: kernel functions first,
+    then user-space ones (`u:BINARY:GLOB`, attached in `user_mode`)."""
     if mode not in MODES:
         raise DiscoveryError(f"unknown attach mode '{mode}' (expected one of {', '.join(MODES)})")
-    entry_specs = [parse_glob(g) for g in expand_glob_args(entry_globs)]
-    allow_specs = [parse_glob(g) for g in expand_glob_args(allow_globs)]
-    deny_specs = [parse_glob(g) for g in expand_glob_args(deny_globs)]
-    if not entry_specs:
+    (user_e, entry), (user_a, allow), (user_d, deny) = (_split_user(expand_glob_args(g))
+                                                        for g in (entry_globs, allow_globs, deny_globs))
+    if not entry and not user_e:
         raise DiscoveryError("at least one entry glob is needed (-e GLOB)")
+    funcs: list[TracedFunc] = []
+    skipped: list[tuple[str, str]] = []
+    if entry or allow:
+        funcs, skipped = _discover_kernel(entry, allow, deny, kallsyms, available, ret_kind, mode,
+                                          resolve_source_glob, user_entries=bool(user_e))
+    if user_e or user_a:
+        from retsnoop_otel.symbols.user_funcs import UserFuncError, discover_user  # ELF reading: only when asked
+        try:
+            ufuncs, uskipped = discover_user(user_e, user_a, user_d, len(funcs), pids, root, user_lines)
+        except UserFuncError as exc:
+            raise DiscoveryError(str(exc)) from None
+        funcs += ufuncs
+        skipped = sorted(skipped + uskipped)
+    kernel = bool(entry or allow)
+    return Discovery(funcs=funcs, skipped=skipped, mode=mode if kernel else "",
+                     available_count=len(available) if kernel else 0, user_mode=user_mode if user_e or user_a else "")
+
+
+def user_and_kernel_globs(globs: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The user-function specs (u:BINARY:GLOB) and the kernel globs among these (after @file expansion)."""
+    return _split_user(expand_glob_args(globs))
+
+
+def is_user_spec(text: str) -> bool:
+    """A user-space function spec (symbols/user_funcs.py), not a kernel glob."""
+    return text.strip().startswith("u:")
+
+
+def _split_user(globs: list[str]) -> tuple[list[str], list[str]]:
+    return [g for g in globs if is_user_spec(g)], [g for g in globs if not is_user_spec(g)]
+
+
+def _discover_kernel(entry_globs: Sequence[str], allow_globs: Sequence[str], deny_globs: Sequence[str],
+                     kallsyms: Kallsyms, available: Traceable, ret_kind: Callable[[str], RetKind], mode: str,
+                     resolve_source_glob: Callable[[str], set[str]] | None,
+                     user_entries: bool) -> tuple[list[TracedFunc], list[tuple[str, str]]]:
+    entry_specs = [parse_glob(g) for g in entry_globs]
+    allow_specs = [parse_glob(g) for g in allow_globs]
+    deny_specs = [parse_glob(g) for g in deny_globs]
     sources: dict[str, set[str]] = {}
     for spec in (*entry_specs, *allow_specs, *deny_specs):
         if spec.source is not None and spec.source not in sources:
@@ -304,7 +345,7 @@ def discover(entry_globs: Sequence[str], allow_globs: Sequence[str], deny_globs:
     for spec, hits in entry_hits.items():
         if not hits:
             raise DiscoveryError(_entry_miss_message(spec, entry_skips[spec], skipped))
-    if not any(is_entry for _, is_entry in chosen):
+    if not user_entries and not any(is_entry for _, is_entry in chosen):
         raise DiscoveryError("no entry function left to attach: the source-path entry globs "
                              f"({', '.join(s.text for s in entry_specs if s.source)}) matched no traceable function")
 
@@ -312,7 +353,7 @@ def discover(entry_globs: Sequence[str], allow_globs: Sequence[str], deny_globs:
     syms.sort(key=lambda item: (not item[1], item[0].name, item[0].addr))
     funcs = [TracedFunc(id=i, name=sym.name, addr=sym.addr, ret=ret_kind(sym.name), is_entry=is_entry,
                         module=sym.module, size=sym.size) for i, (sym, is_entry) in enumerate(syms)]
-    return Discovery(funcs=funcs, skipped=sorted(skipped.items()), mode=mode, available_count=len(available))
+    return funcs, sorted(skipped.items())
 
 
 def _plain_match(spec: GlobSpec, name: str) -> bool:
@@ -350,17 +391,28 @@ def _entry_miss_message(spec: GlobSpec, labels: list[str], skipped: dict[str, st
 # ---- dry run ------------------------------------------------------------------------------------
 
 
+USER_MODE_NAMES = {"uprobe_session": "uprobe.session", "uprobe_multi": "uprobe.multi", "uprobe": "single uprobes"}
+
+
 def format_dry_run(discovery: Discovery, verbose: int = 0) -> str:
     """The --dry-run report: what would be attached, and why the rest was left out."""
     d = discovery
-    lines = [f"{d.available_count} functions are available for tracing; would attach {len(d.funcs)} "
-             f"({d.entry_count} entry) in {d.mode} mode, skipped {len(d.skipped)}."]
+    kernel = [f for f in d.funcs if f.binary is None]
+    user = [f for f in d.funcs if f.binary is not None]
+    lines = []
+    if d.mode:
+        lines.append(f"{d.available_count} functions are available for tracing; would attach {len(kernel)} "
+                     f"({sum(f.is_entry for f in kernel)} entry) in {d.mode} mode, skipped {len(d.skipped)}.")
+    if user:
+        lines.append(f"Would attach {len(user)} user-space functions ({sum(f.is_entry for f in user)} entry) with "
+                     f"{USER_MODE_NAMES.get(d.user_mode, d.user_mode)}"
+                     + ("." if d.mode else f", skipped {len(d.skipped)}."))
     for title, group in (("Entry functions:", [f for f in d.funcs if f.is_entry]),
                          ("Other functions:", [f for f in d.funcs if not f.is_entry])):
         if group:
             lines.append(title)
             width = max(len(_label(f)) for f in group)
-            lines.extend(f"    {_label(f):<{width}}  returns {f.ret.value}" for f in group)
+            lines.extend(f"    {_label(f):<{width}}  {_returns(f)}" for f in group)
     if d.skipped:
         lines.append("Skipped functions:")
         if verbose:
@@ -378,4 +430,14 @@ def format_dry_run(discovery: Discovery, verbose: int = 0) -> str:
 
 
 def _label(f: TracedFunc) -> str:
+    if f.binary is not None:
+        return f"{f.name} [u:{f.binary}]"
     return f.name if f.module is None else f"{f.name} [{f.module}]"
+
+
+def _returns(f: TracedFunc) -> str:
+    if f.binary is None:
+        return f"returns {f.ret.value}"
+    from retsnoop_otel.symbols.user_funcs import RULES
+    rule = next(name for name, kind in RULES.items() if kind is f.ret)
+    return f"errors: {rule}" + (f"  ({f.source})" if f.source else "")

@@ -52,7 +52,7 @@ class _Elf:
             src, sec = debug, debug.get_section_by_name(".symtab")
         if sec is None:
             src, sec = elf, elf.get_section_by_name(".dynsym")
-        self.syms = _functions(src, sec) if sec is not None else []  # (start, size, name)
+        self.syms = elf_functions(src, sec) if sec is not None else []  # (start, size, name)
         self.starts = [r[0] for r in self.syms]
 
     def vaddr(self, file_off: int) -> int | None:
@@ -78,7 +78,7 @@ class _Elf:
         return (name, vaddr - start) if vaddr < end else None
 
 
-def _functions(elf: ELFFile, sec) -> list[tuple[int, int, str]]:
+def elf_functions(elf: ELFFile, sec) -> list[tuple[int, int, str]]:
     """(address, size, name) of every defined function, one per address (global > weak > local).
 
     Reads the raw table: pyelftools' per-symbol objects cost ~10 us each, too slow for big binaries."""

@@ -37,6 +37,7 @@ from retsnoop_otel.inputs.numbers import (
 )
 from retsnoop_otel.render.formats import ArgsFormat, StackFormat
 from retsnoop_otel.runtime.config import (
+    USER_ATTACH_MODES,
     ConsoleConfig,
     ExporterConfig,
     InputNames,
@@ -185,7 +186,8 @@ def build_parser(prog: str = "retsnoop-otel trace") -> OneLineErrorParser:
     sel.add_argument("-c", "--case", action="append", default=[], choices=tuple(CASES), metavar="CASE",
                      help=f"retsnoop's preset globs of a subsystem, added to -e/-a/-d ({', '.join(CASES)})")
     sel.add_argument("-e", "--entry", action="append", default=[], metavar="GLOB",
-                     help="entry function glob ('func', 'func [module]', ':path/*.c' or @file); repeatable")
+                     help="entry function glob ('func', 'func [module]', ':path/*.c', @file, or a user-space "
+                     "function 'u:BINARY:GLOB[=RULE]', RULE errno|neg|zero|null|ptr|none); repeatable")
     sel.add_argument("-a", "--allow", action="append", default=[], metavar="GLOB",
                      help="other functions to record inside sessions; repeatable")
     sel.add_argument("-d", "--deny", action="append", default=[], metavar="GLOB",
@@ -203,6 +205,9 @@ def build_parser(prog: str = "retsnoop-otel trace") -> OneLineErrorParser:
                       help="attach with fsession: one trampoline program per function for entry and exit (Linux 7.0+)")
     mode.add_argument("--fsession-multi", dest="mode", action="store_const", const="fsession_multi",
                       help="attach with fsession.multi: one program in one link for every function (Linux 7.2+)")
+    sel.add_argument("--user-attach", choices=USER_ATTACH_MODES, default="auto", metavar="MODE",
+                     help="how user-space functions attach: uprobe_session (Linux 6.13+), uprobe_multi (6.6+), "
+                     "uprobe (single uprobes) or auto, the first of these the kernel has")
     out = p.add_argument_group("what to capture and show")
     out.add_argument("-S", "--success-stacks", action="store_true", help="report sessions without errors too")
     out.add_argument("-T", "--trace", dest="calls", action="store_true",
@@ -402,6 +407,7 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] = os.environ,
     probe_set = ProbeSetConfig(
         name=args.probe_set, entry=entry, allow=allow, deny=deny,
         mode="calls" if args.calls or otlp or args.trace_json else "stack", attach_mode=args.mode or "auto",
+        user_attach_mode=args.user_attach,
         pids=tuple(args.pid), no_pids=tuple(args.no_pid), comms=_names(parser, "-n", args.comm),
         no_comms=_names(parser, "-N", args.no_comm),
         cgroup=args.cgroup, min_duration_ns=args.longer, errors=errors,

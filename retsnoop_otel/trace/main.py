@@ -94,7 +94,11 @@ class _TraceHook(StartHook):
         ((cfg, disc),) = found
         env = runtime.env
         assert env is not None
-        self._say(f"Using attach mode {disc.mode}" + ("" if cfg.attach_mode != "auto" else " (auto-detected)"))
+        if disc.mode:
+            self._say(f"Using attach mode {disc.mode}" + ("" if cfg.attach_mode != "auto" else " (auto-detected)"))
+        if disc.user_mode:
+            self._say(f"Using user attach mode {disc.user_mode}"
+                      + ("" if cfg.user_attach_mode != "auto" else " (auto-detected)"))
         self._say(f"Using vmlinux {env.vmlinux} for DWARF" if env.vmlinux else
                   "No vmlinux with DWARF found: kallsyms names only")
         if cfg.capture_args:

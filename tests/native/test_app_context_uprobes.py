@@ -23,6 +23,7 @@ from retsnoop_otel.capture.records import AppExecRec, AppProbeRec
 from retsnoop_otel.capture.sessions import SessionAssembler
 from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer
 from retsnoop_otel.runtime.logs import EventLog
+from retsnoop_otel.symbols.user_funcs import in_binary
 
 HERE = Path(__file__).parent
 FUNCS = [TracedFunc(0, "sk_syscall", 0, RetKind.SIGNED, True), TracedFunc(1, "sk_check", 0, RetKind.INT32, False)]
@@ -60,8 +61,9 @@ class Run:
         self.sessions: list = []
         self.watcher = AppWatcher(AppSources.from_proc("/proc", user_stacks), time.monotonic, EventLog(level="error"),
                                   read_app=app_context)
-        self.tracer = Tracer(FUNCS, CaptureConfig(mode="uprobe", uprobe_binary=built["simkern"], pids=[self.pid],
-                                                  app_context=app_context, user_stacks=user_stacks))
+        self.tracer = Tracer(in_binary(FUNCS, built["simkern"]),
+                             CaptureConfig(mode="", user_mode="uprobe", pids=[self.pid], app_context=app_context,
+                                           user_stacks=user_stacks))
         self.tracer.load()
         self.tracer.attach(strict=True)
         self.watcher.set_targets([self.tracer])
@@ -206,7 +208,7 @@ def test_a_process_started_after_the_tracer_is_located_from_its_exec(built, vari
     The probe set's comm filter applies to the hook: other programs exec'd meanwhile are not reported."""
     name = os.path.basename(built[variant])
     watcher = AppWatcher(AppSources.from_proc("/proc", False), time.monotonic, EventLog(level="error"))
-    tracer = Tracer(FUNCS, CaptureConfig(mode="uprobe", uprobe_binary=built["simkern"], comms=[name],
+    tracer = Tracer(in_binary(FUNCS, built["simkern"]), CaptureConfig(mode="", user_mode="uprobe", comms=[name],
                                          app_context=True))
     sessions, execs, probes = [], [], []
     assembler = SessionAssembler()
@@ -273,7 +275,7 @@ def test_python_service_through_the_publisher(built):
     import sys
 
     watcher = AppWatcher(AppSources.from_proc("/proc", False), time.monotonic, EventLog(level="error"))
-    tracer = Tracer(FUNCS, CaptureConfig(mode="uprobe", uprobe_binary=built["simkern"], app_context=True))
+    tracer = Tracer(in_binary(FUNCS, built["simkern"]), CaptureConfig(mode="", user_mode="uprobe", app_context=True))
     sessions: list = []
     assembler = SessionAssembler()
 

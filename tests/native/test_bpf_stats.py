@@ -23,6 +23,7 @@ from retsnoop_otel.kernel.libbpf_progs import ProgInfo, prog_info
 from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer
 from retsnoop_otel.metrics.kernel_families import KernelCollector, read_bpf_stats_enabled
 from retsnoop_otel.metrics.runtime_families import RunCounters, RuntimeCollector
+from retsnoop_otel.symbols.user_funcs import in_binary
 from tests.fakes import FakeProbeSet, make_registry
 
 HERE = Path(__file__).parent
@@ -70,7 +71,8 @@ def test_prog_info_layout_matches_kernel_btf():
 
 def test_run_counts_and_time_of_the_attached_programs(simkern, bpf_stats_on):
     path, lib = simkern
-    tracer = Tracer(FUNCS, CaptureConfig(mode="uprobe", uprobe_binary=path, pids=[os.getpid()], exclude_self=False))
+    tracer = Tracer(in_binary(FUNCS, path),
+                    CaptureConfig(mode="", user_mode="uprobe", pids=[os.getpid()], exclude_self=False))
     try:
         tracer.load()
         tracer.attach(strict=True)

@@ -14,6 +14,7 @@ from retsnoop_otel.capture import records
 from retsnoop_otel.capture.sampling import ALWAYS, MAX_THRESHOLD, Sampling, kernel_sampling, threshold
 from retsnoop_otel.capture.sessions import SessionAssembler
 from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer
+from retsnoop_otel.symbols.user_funcs import in_binary
 from tests.native.simkern_funcs import simkern_funcs, walk
 
 LOW56 = (1 << 56) - 1
@@ -24,12 +25,12 @@ def _run(simkern: tuple[str, ctypes.CDLL], calls: list[tuple[str, int]], samplin
     """Sessions, record counts by type, and the kernel's counters, for the calls under one sampling."""
     path, lib = simkern
     ks = kernel_sampling(sampling or Sampling(1.0))
-    config = CaptureConfig(mode="uprobe", uprobe_binary=path, pids=[os.getpid()], exclude_self=False,
+    config = CaptureConfig(mode="", user_mode="uprobe", pids=[os.getpid()], exclude_self=False,
                            capture_success=ks.capture_success,
                            success_threshold=ks.threshold if threshold_ is None else threshold_,
                            success_interval_ns=ks.interval_ns, success_burst_ns=ks.burst_ns,
                            **cfg)  # type: ignore[arg-type]
-    tracer = Tracer(simkern_funcs(), config)
+    tracer = Tracer(in_binary(simkern_funcs(), path), config)
     sessions, kinds = [], Counter()
     assembler = SessionAssembler()
 

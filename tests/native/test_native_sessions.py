@@ -20,6 +20,7 @@ from retsnoop_otel.capture.model import RetKind, TracedFunc, format_result
 from retsnoop_otel.capture.sessions import SessionAssembler
 from retsnoop_otel.kernel import libbpf as lb
 from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer
+from retsnoop_otel.symbols.user_funcs import in_binary
 from tests.native.simkern_funcs import simkern_funcs, walk
 from tests.procs import remove_cgroups
 
@@ -31,9 +32,9 @@ def _capture(simkern: tuple[str, ctypes.CDLL], calls: list[tuple[str, int]],
     """Sessions of `calls` made here, or of what `drive` makes another process (`pids`) do."""
     path, lib = simkern
     funcs = simkern_funcs()
-    config = CaptureConfig(mode="uprobe", uprobe_binary=path, pids=pids or [os.getpid()], exclude_self=False,
+    config = CaptureConfig(mode="", user_mode="uprobe", pids=pids or [os.getpid()], exclude_self=False,
                            **cfg)  # type: ignore[arg-type]
-    tracer = Tracer(funcs, config)
+    tracer = Tracer(in_binary(funcs, path), config)
     sessions = []
     assembler = SessionAssembler()
     try:
@@ -170,7 +171,7 @@ def test_ring_buffer_overflow_is_counted(simkern):
 def test_pid_filter_excludes_other_processes(simkern):
     path, lib = simkern
     funcs = simkern_funcs()
-    tracer = Tracer(funcs, CaptureConfig(mode="uprobe", uprobe_binary=path, pids=[os.getpid() + 100000],
+    tracer = Tracer(in_binary(funcs, path), CaptureConfig(mode="", user_mode="uprobe", pids=[os.getpid() + 100000],
                                          exclude_self=False))
     try:
         tracer.load()
@@ -205,9 +206,9 @@ def test_exe_name_follows_an_exec_of_the_same_thread(simkern, tmp_path):
 
 def test_attach_failure_leaves_nothing_attached(simkern):
     path, _ = simkern
-    funcs = [TracedFunc(0, "sk_syscall", 0, RetKind.SIGNED, True),
-             TracedFunc(1, "no_such_function_xyz", 0, RetKind.INT32, False)]
-    tracer = Tracer(funcs, CaptureConfig(mode="uprobe", uprobe_binary=path))
+    funcs = [*in_binary([TracedFunc(0, "sk_syscall", 0, RetKind.SIGNED, True)], path),  # attached, then undone
+             TracedFunc(1, "past_the_file", 0, RetKind.INT32, False, binary=path, offset=1 << 30)]  # refused
+    tracer = Tracer(funcs, CaptureConfig(mode="", user_mode="uprobe"))
     tracer.load()
     with pytest.raises(lb.LibbpfError):
         tracer.attach(strict=True)
@@ -218,7 +219,7 @@ def test_attach_failure_leaves_nothing_attached(simkern):
 @contextlib.contextmanager
 def _attached(path: str, **cfg: object) -> Iterator[Tracer]:
     """This process's sessions of _funcs() captured (no reader unless the test opens one)."""
-    tracer = Tracer(simkern_funcs(), CaptureConfig(mode="uprobe", uprobe_binary=path, pids=[os.getpid()],
+    tracer = Tracer(in_binary(simkern_funcs(), path), CaptureConfig(mode="", user_mode="uprobe", pids=[os.getpid()],
                                             exclude_self=False, **cfg))  # type: ignore[arg-type]
     try:
         tracer.load()
@@ -276,7 +277,7 @@ def test_a_lagging_reader_costs_the_traced_thread_no_wakeup_per_record(simkern):
 
 def test_own_process_is_excluded_by_default(simkern):
     path, lib = simkern
-    tracer = Tracer(simkern_funcs(), CaptureConfig(mode="uprobe", uprobe_binary=path))
+    tracer = Tracer(in_binary(simkern_funcs(), path), CaptureConfig(mode="", user_mode="uprobe"))
     try:
         tracer.load()
         tracer.attach(strict=True)
@@ -368,7 +369,7 @@ def test_cgroup_filter_keeps_tasks_in_the_cgroup_and_below(simkern, tmp_path):
                 (where / "cgroup.procs").write_text(f"{p.pid}\n")
         cg_id, level = cgroup_target(str(parent))
         assert level >= 1
-        tracer = Tracer(simkern_funcs(), CaptureConfig(mode="uprobe", uprobe_binary=path, cgroup_id=cg_id,
+        tracer = Tracer(in_binary(simkern_funcs(), path), CaptureConfig(mode="", user_mode="uprobe", cgroup_id=cg_id,
                                                 cgroup_level=level))
         sessions, assembler = [], SessionAssembler()
         try:
@@ -393,8 +394,8 @@ def test_concurrent_sessions_on_many_threads_do_not_mix(simkern):
     import threading
     path, lib = simkern
     funcs = simkern_funcs()
-    tracer = Tracer(funcs, CaptureConfig(mode="uprobe", uprobe_binary=path, pids=[os.getpid()], exclude_self=False,
-                                         capture_success=True, emit_calls=True))
+    tracer = Tracer(in_binary(funcs, path), CaptureConfig(mode="", user_mode="uprobe", pids=[os.getpid()],
+                                                          exclude_self=False, capture_success=True, emit_calls=True))
     sessions, assembler = [], SessionAssembler()
     arg_of: dict[int, int] = {}
     barrier = threading.Barrier(8)
@@ -452,7 +453,7 @@ def test_workload_counts_per_cgroup_and_forgetting_a_gone_cgroup(simkern):
     script = ("import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); sys.stdin.readline(); "
               "[lib.sk_syscall(int(a)) for a in sys.argv[2:]]; print('done', flush=True)")
     funcs = simkern_funcs()
-    tracer = Tracer(funcs, CaptureConfig(mode="uprobe", uprobe_binary=path, workload_stats=True))
+    tracer = Tracer(in_binary(funcs, path), CaptureConfig(mode="", user_mode="uprobe", workload_stats=True))
     procs = []
     try:
         tracer.load()

@@ -1,0 +1,179 @@
+"""User-space functions on this host (issue 35): its kernel refuses kernel-function tracing but runs uprobes, so the
+command line traces tests/native/user_app.c's handle_request() tree here, in each user attach mode, as text, --json
+and OTLP spans at a real receiver; filters apply; bad specs get one line. The same tree with the syscall and the
+kernel chain under handle_request runs in the VM (tests/vm/test_user_funcs.py): kernel functions need kprobes or
+fentry, which this host lacks.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.otlp_json import spans as otlp_spans
+from tests.procs import Proc
+
+SRC = Path(__file__).resolve().parent / "user_app.c"
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory: pytest.TempPathFactory) -> str:
+    out = tmp_path_factory.mktemp("user_app") / "user_app"
+    subprocess.run(["gcc", "-O1", "-g", "-Wall", "-o", str(out), str(SRC)], check=True)
+    return str(out)
+
+
+def specs(app: str) -> list[str]:
+    return ["-e", f"u:{app}:handle_request", "-a", f"u:{app}:parse_request", "-a", f"u:{app}:find_handler=null"]
+
+
+def trace(args: list[str], run_app: list[str], settle: float = 1.0) -> tuple[str, int, list[str]]:
+    """(tracer output, its exit code, what the app printed): the app runs once the tracer is attached."""
+    tracer = Proc([sys.executable, "-m", "retsnoop_otel", "trace", *args])
+    try:
+        tracer.wait_for_line(r"Receiving data|retsnoop-otel: ", timeout=60)
+        printed = subprocess.run(run_app, capture_output=True, text=True, timeout=60, check=True).stdout.splitlines()
+        tracer.wait_output_settled(settle, timeout=30)
+    finally:
+        rc = tracer.terminate(timeout=30)
+    return tracer.output(), rc, printed
+
+
+def _table(out: str) -> list[str]:
+    m = re.findall(r"^→ handle_request \[user_app\]\n.*?^← handle_request \[user_app\]\s+\[-EINVAL\].*?$", out,
+                   re.M | re.S)
+    return m
+
+
+@pytest.mark.parametrize("mode", ["uprobe_session", "uprobe_multi", "uprobe"])
+def test_the_application_tree_in_each_user_attach_mode(app: str, mode: str) -> None:
+    out, rc, printed = trace([*specs(app), "--user-attach", mode, "-T", "-v"], [app, "2", "50"])
+    assert printed == ["request 1 -> -22", "request 2 -> -22"]
+    assert f"Using user attach mode {mode}" in out
+    tables = _table(out)
+    assert len(tables) == 2, out
+    for t in tables:
+        rows = t.splitlines()
+        assert re.fullmatch(r"    ↔ parse_request \[user_app\]\s+\[0\]\s+[\d.]+us", rows[1]), t
+        assert re.fullmatch(r"    ↔ find_handler \[user_app\]\s+\[0x[0-9a-f]+\]\s+[\d.]+us", rows[2]), t
+    assert rc == 0 and "Detaching... DONE" in out
+
+
+def test_json_and_the_stack_say_the_binary_and_the_source_line(app: str) -> None:
+    out, rc, _ = trace([*specs(app), "--json"], [app, "1"])
+    (session,) = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    (head,) = session["chain"]
+    assert head["function"] == "handle_request" and head["error"] == "EINVAL" and head["binary"] == app
+    line = int(head["source"].rsplit(":", 1)[1])
+    assert head["source"] == f"{SRC}:{line}" and "handle_request(int n)" in SRC.read_text().splitlines()[line - 1]
+    out, rc, _ = trace(specs(app), [app, "1"])
+    assert re.search(rf"^\s+\d+us \[-EINVAL\]  handle_request \[user_app\]  \({re.escape(str(SRC))}:{line}\)$",
+                     out, re.M), out
+
+
+def test_otlp_spans_nest_at_a_real_receiver(app: str, tmp_path: Path) -> None:
+    out_file = tmp_path / "otlp.jsonl"
+    receiver = Proc([sys.executable, "-m", "tests.otlp_receiver", "--port", "0", "--http-port", "0",
+                     "--out", str(out_file)])
+    try:
+        port = int(receiver.wait_for_line(r"READY \d+ HTTP (\d+)", timeout=60).group(1))
+        trace([*specs(app), "--otlp-endpoint", f"http://127.0.0.1:{port}"], [app, "1"])
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (out_file.exists() and out_file.read_text().strip()):
+            time.sleep(0.2)
+    finally:
+        receiver.terminate()
+    spans = otlp_spans([json.loads(x) for x in out_file.read_text().splitlines() if x.strip()])
+    (root,) = [s for s in spans if not s.get("parentSpanId")]
+    assert root["name"] == "handle_request" and root["attrs"]["error.type"] == "EINVAL"
+    assert root["status"]["code"] == "STATUS_CODE_ERROR" and root["attrs"]["retsnoop.binary"] == app
+    assert root["attrs"]["code.file.path"] == str(SRC) and root["attrs"]["retsnoop.return_kind"] == "int32"
+    kids = {s["name"]: s for s in spans if s.get("parentSpanId") == root["spanId"]}
+    assert set(kids) == {"parse_request", "find_handler"}
+    assert kids["find_handler"]["attrs"]["retsnoop.return_kind"] == "null"
+    assert "error.type" not in kids["find_handler"]["attrs"]
+    assert kids["parse_request"]["attrs"]["retsnoop.result"] == "0"
+
+
+def test_pid_and_comm_filters_apply_to_user_sessions(app: str, tmp_path: Path) -> None:
+    other = tmp_path / "other_app"
+    other.write_bytes(Path(app).read_bytes())
+    other.chmod(0o755)
+    both = ["sh", "-c", f"{app} 1 & {other} 1; wait"]
+    out, _, _ = trace([*specs(app), "-n", "user_app"], both)
+    assert len(re.findall(r"TID/PID \d+/\d+ \((\S+)/", out)) == 1 and "(user_app/user_app)" in out, out
+    out, _, _ = trace([*specs(app), "-N", "user_app"], both)
+    assert "TID/PID" not in out, out  # the copy is another binary: its functions are not attached at all
+
+
+@pytest.mark.parametrize(("spec", "says"), [
+    ("u:{app}:no_such_function", "Entry glob 'u:{app}:no_such_function' doesn't match any function of {app}"),
+    ("u:{app}:handle_request=sometimes", "unknown error rule 'sometimes'"),
+    ("u:/nonexistent/app:f", "'/nonexistent/app': no such file"),
+    ("u:libnothere.so.9:f", "'libnothere.so.9': not found in PATH or ld.so's search path"),
+])
+def test_bad_user_specs_get_one_line_and_exit_2(app: str, spec: str, says: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "retsnoop_otel", "trace", "-e", spec.format(app=app)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == "", proc
+    assert proc.stderr.count("\n") == 1 and says.format(app=app) in proc.stderr, proc.stderr
+
+
+def test_a_kernel_glob_beside_user_functions_says_why_this_host_cannot(app: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "retsnoop_otel", "trace", *specs(app), "-a", "*sys_bpf"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "kernel functions cannot be traced here" in proc.stderr
+
+
+def test_user_sessions_join_the_application_trace_that_called_them(tmp_path: Path) -> None:
+    """tests/native/ctx_writer.c publishes OTel thread context, then each thread's handle_request() (a local symbol)
+    calls libsimkern's sk_syscall(), which fails: the user session is a child of the thread's own span."""
+    here = Path(__file__).parent
+    cc = ["gcc", "-O1", "-g", "-Wall"]
+    subprocess.run([*cc, "-shared", "-fPIC", "-o", str(tmp_path / "libsimkern.so"), str(here / "simkern.c")],
+                   check=True)
+    writer = str(tmp_path / "writer_exe")
+    subprocess.run([*cc, "-rdynamic", "-o", writer, str(here / "ctx_writer.c"), "-lpthread", "-ldl"], check=True)
+    out_file = tmp_path / "otlp.jsonl"
+    receiver = Proc([sys.executable, "-m", "tests.otlp_receiver", "--port", "0", "--http-port", "0",
+                     "--out", str(out_file)])
+    try:
+        port = int(receiver.wait_for_line(r"READY \d+ HTTP (\d+)", timeout=60).group(1))
+        tracer = Proc([sys.executable, "-m", "retsnoop_otel", "trace", "-e", f"u:{writer}:handle_request",
+                       "-a", f"u:{tmp_path}/libsimkern.so:sk_*", "--otlp-endpoint", f"http://127.0.0.1:{port}"])
+        try:
+            tracer.wait_for_line(r"Receiving data", timeout=60)
+            app = Proc([writer, "valid", "2", "sim"], env={"SIMKERN": str(tmp_path / "libsimkern.so")}, stdin=True)
+            try:
+                app.wait_for_line(r"ready pid=", timeout=30)
+                time.sleep(1.5)  # the exec watch finds where it keeps its thread context (a check within 1 s)
+                for n in (1, 2):
+                    app.send("go")
+                    app.wait_for_line(rf"done {n}", timeout=30)
+            finally:
+                app.terminate(timeout=30)
+            tracer.wait_output_settled(1, timeout=30)
+        finally:
+            tracer.terminate(timeout=30)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and out_file.read_text().count('"handle_request"') < 4 if \
+                out_file.exists() else True:
+            time.sleep(0.2)
+    finally:
+        receiver.terminate()
+    rounds = re.findall(r"round (\d+) tid=(\d+) trace=([0-9a-f]{32}) span=([0-9a-f]{16}) ret=(-?\d+)", app.output())
+    assert len(rounds) == 4 and all(r[4] == "-22" for r in rounds), app.output()
+    spans = otlp_spans([json.loads(x) for x in out_file.read_text().splitlines() if x.strip()])
+    roots = [s for s in spans if s["name"] == "handle_request"]
+    got = sorted((s["attrs"]["thread.id"], s["trace"], s["parent"]) for s in roots)
+    assert got == sorted((int(tid), trace, span) for _, tid, trace, span, _ in rounds), got
+    for root in roots:  # the library's functions under it, in its trace
+        kids = [s["name"] for s in spans if s["parent"] == root["id"]]
+        assert kids == ["sk_syscall"] and root["attrs"]["error.type"] == "EINVAL", kids
