@@ -195,3 +195,12 @@ def test_no_module_of_the_tests_imports_a_test_module() -> None:
             if name.split(".")[0] == "tests" and name.rpartition(".")[2].startswith("test_"):
                 bad.append(f"{path.relative_to(ROOT)}: {name}")
     assert bad == []
+
+
+def test_no_two_test_modules_share_a_basename() -> None:
+    """pytest imports test modules by basename (rootdir-relative packages are not used): a second
+    test_x.py elsewhere stops the whole collection."""
+    seen: dict[str, list[str]] = {}
+    for path in (ROOT / "tests").rglob("test_*.py"):
+        seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert not {name: paths for name, paths in seen.items() if len(paths) > 1}
