@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sized
+from collections.abc import Callable, Sequence, Sized
 
 from retsnoop_otel.capture.model import RetKind
-from retsnoop_otel.runtime.config import SymbolsConfig
+from retsnoop_otel.runtime.config import ProbeSetConfig, SymbolsConfig
 from retsnoop_otel.runtime.errors import InputError, SetupError
 from retsnoop_otel.runtime.startup import Phase, phase_since
 from retsnoop_otel.workload.cgroupfs import cgroup2_mount
@@ -63,6 +63,12 @@ class KernelEnv:
         # why kernel functions cannot be traced here ("" = they can): user-space functions still can
         self.kernel_refusal = kernel_refusal
         self.user_mode = user_mode or _no_uprobes  # the user attach mode asked -> the one to use; raises SetupError
+
+    def refuse_kernel_only(self, sets: Sequence[ProbeSetConfig]) -> None:
+        """A kernel that refuses kernel tracing and no probe set of user functions: the host's one-line refusal."""
+        from retsnoop_otel.symbols.discovery import user_and_kernel_globs
+        if self.kernel_refusal and not any(user_and_kernel_globs((*ps.entry, *ps.allow))[0] for ps in sets):
+            raise SetupError(self.kernel_refusal)
 
     def kernel_btf(self) -> object | None:
         if self.btf is None and self.load_btf is not None:

@@ -224,6 +224,7 @@ class Runtime:
 
     def _discover(self, cfg: RuntimeConfig, env: KernelEnv, hook: StartHook) -> Resolved:
         """Every probe set's functions and attach mode; all resolve before anything is attached."""
+        env.refuse_kernel_only(cfg.probe_sets)
         out = []
         for ps in cfg.probe_sets:
             t0 = time.monotonic()

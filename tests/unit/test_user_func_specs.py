@@ -166,3 +166,19 @@ def test_a_user_function_heads_the_stack_above_the_kernel_frames() -> None:
         "                    entry_SYSCALL_64_after_hwframe+0x63",
         "    90us [-EINVAL]  __x64_sys_bpf+0x1a",
     ]
+
+
+def test_a_host_refusing_kernel_tracing_is_refused_in_one_line_unless_a_set_traces_user_functions() -> None:
+    from retsnoop_otel.runtime.config import ProbeSetConfig
+    from retsnoop_otel.runtime.environment import KernelEnv
+    from retsnoop_otel.runtime.errors import SetupError
+
+    env = KernelEnv(ksyms=None, available=None, ret_kind=lambda _n: RetKind.INT32, btf_func_id=None, auto_mode="",
+                    check_mode=lambda _m: None, symbolizer=None, kernel_refusal="this kernel refuses fentry")
+    kernel = ProbeSetConfig("k", entry=("*sys_bpf",))
+    user = ProbeSetConfig("u", entry=("u:/bin/app:handle_*",), allow=("*sys_bpf",))
+    with pytest.raises(SetupError, match="^this kernel refuses fentry$"):
+        env.refuse_kernel_only([kernel])
+    env.refuse_kernel_only([kernel, user])  # each set is then resolved, and refused, on its own
+    KernelEnv(ksyms=None, available=None, ret_kind=lambda _n: RetKind.INT32, btf_func_id=None, auto_mode="kprobe",
+              check_mode=lambda _m: None, symbolizer=None).refuse_kernel_only([kernel])
