@@ -1,5 +1,6 @@
 """Issue 35 points 1-2 on real kernels: an application's handle_request(), the bpf() syscall it makes and the
-kernel chain with the error, in one session, as text (-T and the stack), --json and OTLP spans at a real receiver.
+kernel chain with the error, in one session, as text (-T and the stack), --json and OTLP spans at a real receiver;
+the syscall's exit tracepoint (-J) inside that session, after the syscall returned.
 Attached with uprobe.session on the newest kernel, uprobe.multi on 6.12 (no uprobe.session before 6.13); 5.10 has
 no BPF cookies and refuses user functions in one line.
 
@@ -13,6 +14,7 @@ import re
 
 import pytest
 
+from tests.otlp_json import attributes
 from tests.otlp_json import spans as otlp_spans
 
 pytestmark = [pytest.mark.vm, pytest.mark.kernels("6.12", "newest")]
@@ -58,6 +60,9 @@ def test_one_session_holds_the_application_function_the_syscall_and_the_kernel_c
     names = [m.group(2) for m in re.finditer(r"^( *)[→↔] (\S+)", body, re.M)]
     assert names[-len(KERNEL_CHAIN):] == KERNEL_CHAIN, body
     assert re.search(r"^ {16}↔ array_map_alloc_check\s+\[-EINVAL\]", body, re.M), body
+    # the syscall's exit tracepoint fires after __x64_sys_bpf returned, still inside handle_request (-J)
+    assert re.search(r"^    ← __x64_sys_bpf\s+\[-EINVAL\].*\n    ◎ tp:syscalls:sys_exit_bpf  __syscall_nr=321  ret=-22",
+                     body, re.M), body
     # the stack (-E): the application function above the kernel's frames, with its source line
     stack = out[out.index("← handle_request"):]
     user_row = re.search(r"^\s+\d+us \[-EINVAL\]\s+handle_request \[user_app\]\s+\(\S*user_app\.c:\d+\)$", stack, re.M)
@@ -90,6 +95,8 @@ def test_the_tree_is_one_otlp_trace_across_the_boundary(vm_batch) -> None:
         assert node is root and chain[::-1] == KERNEL_CHAIN, chain
         siblings = sorted(s["name"] for s in trace.values() if s.get("parentSpanId") == root["spanId"])
         assert siblings == ["__x64_sys_bpf", "find_handler", "parse_request"], siblings
+        (event,) = [e for e in root.get("events", []) if e["name"] == "tp:syscalls:sys_exit_bpf"]
+        assert attributes(event["attributes"]) == {"retsnoop.probe.kind": "tp", "__syscall_nr": 321, "ret": -22}
 
 
 def test_json_sessions_hold_the_chain_from_the_application_function_down(vm_batch) -> None:

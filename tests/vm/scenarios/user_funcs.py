@@ -3,7 +3,8 @@
 tests/native/user_app.c's handle_request() checks its input in parse_request(), then makes a bpf() call the
 kernel refuses with EINVAL in array_map_alloc_check(), and returns -errno. Traced with handle_request as the entry
 (a uprobe) and the syscall's kernel functions as allowed ones:
-- run `calls`: -T -E text (the calls table and the stack) and OTLP spans at a real receiver over HTTP;
+- run `calls`: -T -E text (the calls table and the stack) and OTLP spans at a real receiver over HTTP, with the
+  syscall's exit tracepoint injected (-J): it fires after the syscall returned, inside handle_request's session;
 - run `json`: --json;
 - `dry_run`: the user attach mode the kernel gets, said in --dry-run (5.10: the refusal, no BPF cookies).
 Host-side assertions: tests/vm/test_user_funcs.py.
@@ -74,7 +75,8 @@ def scenario_user_funcs(ctx) -> dict:
     receiver = ctx.spawn([PY, "-m", "tests.otlp_receiver", "--port", "0", "--http-port", "0", "--out", str(out_file)])
     try:
         port = int(receiver.wait_for_line(r"READY \d+ HTTP (\d+)", timeout=300).group(1))
-        r["calls"] = _run(ctx, app, ["-T", "-E", "--otlp-endpoint", f"http://127.0.0.1:{port}"])
+        r["calls"] = _run(ctx, app, ["-T", "-E", "-J", "tp:syscalls:sys_exit_bpf",
+                                     "--otlp-endpoint", f"http://127.0.0.1:{port}"])
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and not (out_file.exists() and out_file.read_text().strip()):
             time.sleep(1)
