@@ -63,7 +63,7 @@ CAPABILITY_USES = {
                "retsnoop_otel/symbols/kallsyms.py", "missing CAP_SYSLOG"),
     "SYS_RESOURCE": ("RLIMIT_MEMLOCK above its hard limit on kernels older than 5.11 (libbpf raises it for the "
                      "maps), and RLIMIT_NOFILE's hard limit for kprobe mode (four fds per function)",
-                     "retsnoop_otel/kernel/tracer.py", "Root (CAP_SYS_RESOURCE) may raise the hard limit"),
+                     "retsnoop_otel/kernel/caps.py", "Root (CAP_SYS_RESOURCE) may raise the hard limit"),
 }
 # Needed only by what the shipped agent config turns on: test_process_reading_and_sys_ptrace_go_together.
 CONFIG_CAPABILITIES = {
