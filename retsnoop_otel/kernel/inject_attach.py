@@ -15,11 +15,19 @@ from typing import Any
 
 from retsnoop_otel.capture.inject import InjectError, InjectSpec, ProbeInfo, read_format
 from retsnoop_otel.kernel import libbpf as lb
+from retsnoop_otel.kernel.libbpf_btf import (
+    BTF_KIND_CONST,
+    BTF_KIND_FUNC_PROTO,
+    BTF_KIND_PTR,
+    BTF_KIND_RESTRICT,
+    BTF_KIND_TYPEDEF,
+    BTF_KIND_VOLATILE,
+)
+from retsnoop_otel.kernel.mode_probes import HELPER_GET_ATTACH_COOKIE
 
 PROGRAMS = {"kprobe": "inject_kprobe", "kretprobe": "inject_kretprobe", "tp": "inject_tp", "rawtp": "inject_rawtp"}
-HELPER_GET_ATTACH_COOKIE = 174  # enum bpf_func_id (Linux 5.15)
-_BTF_KIND_PTR, _BTF_KIND_TYPEDEF, _BTF_KIND_FUNC_PROTO = 2, 8, 13
 _MAX_RAWTP_ARGS = 12  # MAX_BPF_FUNC_ARGS
+_QUALIFIERS = (BTF_KIND_TYPEDEF, BTF_KIND_VOLATILE, BTF_KIND_CONST, BTF_KIND_RESTRICT)  # what a pointer may hide under
 
 
 class InjectUnsupported(RuntimeError):
@@ -46,20 +54,20 @@ def rawtp_args(btf: Any, name: str) -> tuple[bool, ...] | None:
     """Which of a raw tracepoint's arguments are pointers, from the kernel BTF's `btf_trace_NAME` typedef (a
     pointer to the probe's prototype, whose first parameter is the tracepoint's private data); None: no such
     tracepoint."""
-    tid = btf.find(f"btf_trace_{name}", _BTF_KIND_TYPEDEF)
+    tid = btf.find(f"btf_trace_{name}", BTF_KIND_TYPEDEF)
     if tid is None:
         return None
     t = btf.type_by_id(btf.type_by_id(tid).size_or_type)
-    if t.kind != _BTF_KIND_PTR:
+    if t.kind != BTF_KIND_PTR:
         return None
     proto = btf.type_by_id(t.size_or_type)
-    if proto.kind != _BTF_KIND_FUNC_PROTO:
+    if proto.kind != BTF_KIND_FUNC_PROTO:
         return None
     out = []
     for ptid in btf.param_types(proto.id)[1:_MAX_RAWTP_ARGS + 1]:
-        while ptid and btf.type_by_id(ptid).kind in (_BTF_KIND_TYPEDEF, 9, 10, 11):  # typedef/volatile/const/restrict
+        while ptid and btf.type_by_id(ptid).kind in _QUALIFIERS:
             ptid = btf.type_by_id(ptid).size_or_type
-        out.append(bool(ptid) and btf.type_by_id(ptid).kind == _BTF_KIND_PTR)
+        out.append(bool(ptid) and btf.type_by_id(ptid).kind == BTF_KIND_PTR)
     return tuple(out)
 
 

@@ -39,6 +39,7 @@ from retsnoop_otel.kernel import (
 )
 from retsnoop_otel.kernel import libbpf as lb
 from retsnoop_otel.kernel.libbpf_btf import Btf
+from retsnoop_otel.kernel.mode_probes import HELPER_GET_ATTACH_COOKIE
 
 PARALLEL_DETACH_MIN = 32
 DETACH_THREADS = 32
@@ -55,7 +56,6 @@ _BY_ADDRESS = ("kprobe_multi", "kprobe_session")  # the programs find the functi
 # the modes whose programs run in BPF trampolines: attached by BTF id (vmlinux functions, one instance per name),
 # and their stacks run through trampolines and our programs
 TRAMPOLINE_MODES = ("fentry", "fsession", "fsession_multi")
-HELPER_GET_ATTACH_COOKIE = 174  # enum bpf_func_id: Linux 5.15
 EXEC_PROGRAM = "app_exec"  # bpf/appctx.bpf.h, on sched_process_exec: each exec, for the thread-context watcher
 # every name a program of ours has in the kernel: what a check for leftovers after detach looks for
 PROGRAM_NAMES = frozenset({*(n for names in (*_MODE_PROGRAMS.values(), *uprobes.PROGRAMS.values()) for n in names),

@@ -195,7 +195,7 @@ def load_kernel_env(symbols: SymbolsConfig, vmlinux: str | None, lbr: tuple[str,
 
     def user_mode(asked: str) -> str:
         from retsnoop_otel.kernel import uprobes
-        from retsnoop_otel.kernel.tracer import HELPER_GET_ATTACH_COOKIE
+        from retsnoop_otel.kernel.mode_probes import HELPER_GET_ATTACH_COOKIE
         btf = load_btf()
         try:
             kinds = btf.enumerators("bpf_attach_type")  # type: ignore[attr-defined]
