@@ -183,3 +183,56 @@ int app_exec(void *ctx)
 	bpf_ringbuf_submit(r, rb_wakeup(sizeof(*r)));
 	return 0;
 }
+
+#define PR_SET_VMA 0x53564d41	/* prctl(PR_SET_VMA, PR_SET_VMA_ANON_NAME, addr, len, name) names a mapping */
+#define PR_SET_VMA_ANON_NAME 0
+#define OTEL_CTX_NAME_LEN 9	/* "OTEL_CTX" and its NUL */
+
+/* A process created its OTEP 4719 process context (a memfd named OTEL_CTX, or a mapping it names so): its
+ * publisher's library is loaded, and it may start a request within the next few milliseconds (a Python
+ * service sets up its SDK right after). User space checks it at once instead of at its next timed check
+ * (appctx/watch.py), and wakes up for it: it is rare and its answer is due before that first request.
+ * The name is read from the syscall's arguments at its entry (syscall tracepoints: args at offset 16). */
+static __always_inline int report_publish(void *name_ptr)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tgid = pid_tgid >> 32;
+	struct rec_app_probe *r;
+	char name[OTEL_CTX_NAME_LEN + 1] = {};	/* one more: a longer name is cut there, and not taken */
+
+	if (!read_app || !filters_allow(tgid, (__u32)pid_tgid))
+		return 0;
+	if (bpf_probe_read_user_str(name, sizeof(name), name_ptr) != OTEL_CTX_NAME_LEN)
+		return 0;
+#pragma unroll
+	for (int i = 0; i < OTEL_CTX_NAME_LEN; i++)	/* unrolled: no memcmp in BPF */
+		if (name[i] != "OTEL_CTX"[i])
+			return 0;
+	r = bpf_ringbuf_reserve(&rb, sizeof(*r), 0);
+	if (!r)
+		return 0;	/* its timed checks still find it */
+	r->type = REC_APP_PUBLISH;
+	r->tgid = tgid;
+	bpf_ringbuf_submit(r, RB_FORCE_WAKEUP);
+	return 0;
+}
+
+struct syscall_enter_args {
+	__u64 common;	/* struct trace_entry */
+	__s64 nr;
+	__u64 args[6];
+};
+
+SEC("?tracepoint/syscalls/sys_enter_memfd_create")
+int app_publish(struct syscall_enter_args *ctx)
+{
+	return report_publish((void *)ctx->args[0]);	/* memfd_create(name, flags) */
+}
+
+SEC("?tracepoint/syscalls/sys_enter_prctl")
+int app_publish_vma(struct syscall_enter_args *ctx)
+{
+	if (ctx->args[0] != PR_SET_VMA || ctx->args[1] != PR_SET_VMA_ANON_NAME)
+		return 0;
+	return report_publish((void *)ctx->args[4]);
+}

@@ -24,6 +24,7 @@ enum rec_type {
 	REC_FUNC_BATCH = 10,
 	REC_APP_EXEC = 11,
 	REC_INJECT_PROBE = 12,
+	REC_APP_PUBLISH = 13,
 };
 
 #define MAX_LBR_ENTRIES 32	/* the most any CPU's last-branch stack holds */
@@ -106,7 +107,8 @@ struct rec_session_ustack {
 };
 
 /* A session started in a process user space has not checked yet: check it, fill app_targets. The same
- * layout with type REC_APP_EXEC: a process exec'd (a new image, its libraries not loaded yet): watch it. */
+ * layout with type REC_APP_EXEC: a process exec'd (a new image, its libraries not loaded yet): watch it; and
+ * with type REC_APP_PUBLISH: a process created its OTEL_CTX process context (its publisher is loaded): check it now. */
 struct rec_app_probe {
 	__u32 type;
 	__u32 tgid;

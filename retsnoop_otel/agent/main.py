@@ -94,6 +94,9 @@ class _AgentHook(StartHook):
                           **({"user_attach_mode": ps.discovery.user_mode} if ps.discovery.user_mode else {}),
                           functions=ps.attached, entry_functions=ps.discovery.entry_count,
                           failed=len(ps.attach_failures))
+            if ps.report is not None and ps.report.hooks_missing:
+                self.log.warning("thread-context publish hooks not attached: processes started from now on are "
+                                 "found by timed checks only", probe_set=ps.name, hooks=ps.report.hooks_missing)
             for name, err in ps.attach_failures[:5]:
                 self.log.warning("function not attached", probe_set=ps.name, function=name,
                                  error=err.splitlines()[0])

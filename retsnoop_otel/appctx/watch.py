@@ -11,6 +11,11 @@ its process context (service.name, the attribute key map), has its mappings snap
   50 ms, doubling up to 1 s between checks, for 60 s (EXEC_*): its location is in the maps before its first
   failing request, once it published before that request by at least the current interval. Only a success
   is written to the maps; a process never found this way is handled as below when its sessions ask;
+- a process that creates its OTEL_CTX process context (REC_APP_PUBLISH, bpf/appctx.bpf.h app_publish): its
+  publisher is loaded by then, and a service may make its first request right after setting up its SDK,
+  within less than one interval: it is checked when the record is read (the kernel side wakes the loop for
+  it), and its watch starts again from EXEC_RECHECK_FIRST_S while its location settles. That leaves the
+  loop's reaction time (a poll and a check), not the interval, between publishing and the first request;
 - a process the kernel side knows nothing about when one of its reported sessions ends (born before an
   exec watch could see it, one whose exec record was lost, or after its watch): that session sends one
   probe record (REC_APP_PROBE) and stays unlinked; the answer lands before the next one.
@@ -31,6 +36,7 @@ from typing import Any, Protocol
 
 from retsnoop_otel.appctx.stacks import WAIT_S, HeldSessions, StackWorker
 from retsnoop_otel.capture.model import Session
+from retsnoop_otel.capture.records import AppExecRec, AppProbeRec, AppRecord
 
 SWEEP_S = 1.0
 RECHECK_FIRST_S = 0.5
@@ -43,6 +49,7 @@ EXEC_OUTCOMES = ("located", "not_located", "exited", "error", "skipped")
 CONTEXT_REFRESH_S = 5.0  # a publishing process's context (service.name, key map) is re-read at most this often
 MAX_CHECKS_PER_SERVICE = 64  # checks per poll-loop turn, so a burst of new processes cannot stall it
 BACKLOG_BUDGET_S = 0.01  # poll-loop time per turn spent on exec'd processes, then on those running at start
+PUBLISHED = "process published its process context"  # the debug line of a publish record
 OUTCOMES = ("linked", "ok", "no_record", "invalid", "fault", "unknown_process")
 
 
@@ -228,6 +235,42 @@ class AppWatcher:
         return [int(n) for n in names if n.isdigit() and int(n) != me]
 
     # ---- kernel side's questions ----------------------------------------------------------------
+
+    def heard(self, rec: AppRecord) -> None:
+        """A record of the kernel side's for the watcher (capture.records.APP_RECORDS)."""
+        if isinstance(rec, AppExecRec):
+            self.born(rec.tgid)
+        elif isinstance(rec, AppProbeRec):
+            self.asked(rec.tgid, answer=True)
+        else:
+            self.published(rec.tgid)
+
+    def published(self, tgid: int) -> None:
+        """A publish record: the process just created its process context, so its publisher's library is loaded.
+
+        Checked at once. A process watched from its exec is watched on from the first interval; one that was
+        found not to publish is asked about again; one already located has its process context re-read at
+        its next session (an update of the context creates a new one).
+        """
+        if not self.read_app:
+            return
+        now = self._now()
+        w = self._watched.get(tgid)
+        self.log.debug(PUBLISHED, pid=tgid, watched=w is not None)
+        if w is not None:
+            self._seq += 1
+            w.seq = self._seq  # its entry in the schedule is stale: _recheck pushes the next one
+            w.interval = EXEC_RECHECK_FIRST_S
+            self._recheck(tgid, w, now)
+            return
+        proc = self._known.get(tgid)
+        if proc is not None and proc.location is not None:
+            proc.context_read_at = float("-inf")
+            return
+        if proc is not None:
+            del self._known[tgid]  # its "does not publish" answer is stale
+        self._pending.pop(tgid, None)
+        self._check(tgid, now)
 
     def asked(self, tgid: int, answer: bool = False) -> None:
         """A probe record: a session started in a process the kernel side has no answer for.

@@ -29,6 +29,7 @@ REC_APP_PROBE = 9
 REC_FUNC_BATCH = 10
 REC_APP_EXEC = 11
 REC_INJECT_PROBE = 12
+REC_APP_PUBLISH = 13
 MAX_INJECT_DATA = 256
 CALL_BUF_RECS = 64
 SAMPLED_PROBABILITY = 0x1
@@ -73,7 +74,7 @@ APP_TLS = struct.Struct("<qQII")  # tp_offset, offset, modid, flags (map app_tar
 SESSION_APP_HEAD = struct.Struct("<IIQii16s8sBBH")  # type, tid, start_ts, status, err, then the record's head
 SESSION_APP_SIZE = SESSION_APP_HEAD.size + MAX_APP_ATTRS
 SESSION_USTACK = struct.Struct(f"<IIQi4x{MAX_USTACK_DEPTH}Q")
-APP_PROBE = struct.Struct("<II")  # also REC_APP_EXEC's
+APP_PROBE = struct.Struct("<II")  # also REC_APP_EXEC's and REC_APP_PUBLISH's
 INJECT_PROBE = struct.Struct(f"<IIQIHHQi4x{MAX_INJECT_DATA}s")  # struct rec_inject_probe
 
 
@@ -202,6 +203,16 @@ class AppExecRec(NamedTuple):
     tgid: int
 
 
+class AppPublishRec(NamedTuple):
+    """A process created its OTEL_CTX process context: its thread-context publisher is loaded."""
+
+    tgid: int
+
+
+APP_RECORDS = (AppProbeRec, AppExecRec, AppPublishRec)  # for the process watcher (appctx/watch.py), not sessions
+AppRecord = AppProbeRec | AppExecRec | AppPublishRec
+
+
 class InjectProbeRec(NamedTuple):
     """An injected probe (-J) fired inside the thread's session: in the per-call stream, with its own seq."""
 
@@ -215,7 +226,7 @@ class InjectProbeRec(NamedTuple):
 
 
 Record = (SessionStartRec | FuncTraceRec | SessionEndRec | FuncArgsRec | SessionLbrRec | SessionAppRec
-          | SessionUstackRec | AppProbeRec | AppExecRec | FuncBatchRec | InjectProbeRec)
+          | SessionUstackRec | AppProbeRec | AppExecRec | AppPublishRec | FuncBatchRec | InjectProbeRec)
 
 
 def decode_lbr_capture(data: bytes, offset: int = 0) -> tuple[int, int, int, int, tuple[tuple[int, int], ...]]:
@@ -265,6 +276,8 @@ def decode(data: bytes) -> Record:
         return AppProbeRec(APP_PROBE.unpack_from(data)[1])
     if rtype == REC_APP_EXEC:
         return AppExecRec(APP_PROBE.unpack_from(data)[1])
+    if rtype == REC_APP_PUBLISH:
+        return AppPublishRec(APP_PROBE.unpack_from(data)[1])
     if rtype == REC_INJECT_PROBE:
         _, tid, ts, seq, depth, probe_id, value, data_len, data = INJECT_PROBE.unpack_from(data)
         return InjectProbeRec(tid, ts, seq, depth, probe_id, value, data[:max(0, min(data_len, MAX_INJECT_DATA))])

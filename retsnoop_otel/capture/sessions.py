@@ -17,10 +17,9 @@ from retsnoop_otel.capture.model import (
     StackEntry,
 )
 from retsnoop_otel.capture.records import (
+    APP_RECORDS,
     MAX_APP_ATTRS,
     SAMPLED_PROBABILITY,
-    AppExecRec,
-    AppProbeRec,
     FuncArgsRec,
     FuncBatchRec,
     FuncTraceRec,
@@ -134,7 +133,7 @@ class SessionAssembler:
             while len(self._side) > 3 * self._max_open:
                 self._side.popitem(last=False)
             return None
-        if isinstance(rec, AppProbeRec | AppExecRec):
+        if isinstance(rec, APP_RECORDS):
             return None  # for the process watcher, not for sessions
         if isinstance(rec, FuncArgsRec):
             tree = self._open.get(rec.tid)

@@ -27,6 +27,7 @@ from retsnoop_otel.capture.model import (
     WorkloadCount,
 )
 from retsnoop_otel.kernel import (
+    app_hooks,
     bpfsys,
     caps,
     clones,
@@ -56,10 +57,9 @@ _BY_ADDRESS = ("kprobe_multi", "kprobe_session")  # the programs find the functi
 # the modes whose programs run in BPF trampolines: attached by BTF id (vmlinux functions, one instance per name),
 # and their stacks run through trampolines and our programs
 TRAMPOLINE_MODES = ("fentry", "fsession", "fsession_multi")
-EXEC_PROGRAM = "app_exec"  # bpf/appctx.bpf.h, on sched_process_exec: each exec, for the thread-context watcher
 # every name a program of ours has in the kernel: what a check for leftovers after detach looks for
 PROGRAM_NAMES = frozenset({*(n for names in (*_MODE_PROGRAMS.values(), *uprobes.PROGRAMS.values()) for n in names),
-                           *clones.TEMPLATES, EXEC_PROGRAM, *inject_attach.PROGRAMS.values()})
+                           *clones.TEMPLATES, *app_hooks.PROGRAMS, *inject_attach.PROGRAMS.values()})
 MAX_HELD_SESSIONS = 1024  # sessions whose per-call records the kernel holds at once (the rest stream)
 
 
@@ -111,7 +111,7 @@ class CaptureConfig(NamedTuple):
 
 
 class AttachReport:
-    __slots__ = ("attached", "failed", "attach_ms", "verify_ms", "split_links")
+    __slots__ = ("attached", "failed", "attach_ms", "verify_ms", "split_links", "hooks_missing")
 
     def __init__(self, attached: list[TracedFunc] | None = None, failed: list[tuple[TracedFunc, str]] | None = None,
                  attach_ms: float = 0.0, verify_ms: float = 0.0, split_links: int = 0) -> None:
@@ -120,6 +120,7 @@ class AttachReport:
         self.attach_ms = attach_ms
         self.verify_ms = verify_ms  # fentry: the part of attach_ms spent loading (verifying) each function's programs
         self.split_links = split_links  # kprobe.multi links split in two for want of kernel memory (6.7-6.11)
+        self.hooks_missing: list[str] = []  # thread-context publish hooks not attached (kernel/app_hooks.py)
 
 
 class Tracer:
@@ -138,7 +139,7 @@ class Tracer:
         self._btf_func_id = btf_func_id
         self._arg_specs = arg_specs or config.arg_specs
         self._links: list[lb.Link] = []
-        self._exec_link: lb.Link | None = None  # the exec hook (app_context only), apart: _links holds pairs
+        self._app_links: list[lb.Link] = []  # the watcher's hooks (app_context only), apart: _links holds pairs
         self._inject_links: list[lb.Link] = []  # -J
         # the per-function clones of fentry and fsession mode (unused in the others)
         self._fentry = clones.FentryPrograms(self._kfuncs, btf_func_id, config.mode if config.mode in clones.SETS
@@ -248,7 +249,7 @@ class Tracer:
         for is_entry, names in cloned.items():  # verified against one function of their kind, then cloned
             for name in set(names) & set(progs):
                 obj.program(name).set_attach_target(self._fentry.target(is_entry=is_entry))
-        obj.program(EXEC_PROGRAM).set_autoload(cfg.app_context)
+        app_hooks.configure(obj, cfg.app_context)
         inject_attach.configure(obj, cfg.inject)
         for name in progs if cfg.mode == "kprobe_session" else ():
             obj.program(name).set_expected_attach_type(bpfsys.ATTACH_TRACE_KPROBE_SESSION)
@@ -321,8 +322,8 @@ class Tracer:
                 reason = report.failed[0][1] if report.failed else "no functions"
                 raise lb.LibbpfError(f"could not attach any function ({reason.splitlines()[0]})",
                                      errno.EINVAL)
-            if self.config.app_context:  # processes exec'd from now on are reported (REC_APP_EXEC)
-                self._exec_link = self._obj.program(EXEC_PROGRAM).attach_raw_tracepoint("sched_process_exec")
+            if self.config.app_context:  # processes exec'd or publishing from now on are reported
+                report.hooks_missing = app_hooks.attach(self._obj, self._app_links)
             self._inject_links = inject_attach.attach(self._obj, self.config.inject)
         except BaseException:
             self.detach()
@@ -460,10 +461,10 @@ class Tracer:
         return [(name, self._obj.program(name).fd) for name in dict.fromkeys((*kernel, *user))]
 
     def program_stats(self) -> list[ProgramStats]:
-        """Run count and time of each program (clones summed) and the exec hook; read at scrape time, a syscall each"""
+        """Run count and time of each program (clones summed) and the watcher's hooks; read at scrape time"""
         progs = self.programs()
-        if self._exec_link is not None and self._obj is not None:
-            progs.append((EXEC_PROGRAM, self._obj.program(EXEC_PROGRAM).fd))
+        if self._obj is not None:
+            progs += app_hooks.programs(self._obj, self._app_links)
         return stats_maps.sum_program_stats(progs, libbpf_progs.prog_info)
 
     # ---- teardown ------------------------------------------------------------------------
@@ -486,9 +487,7 @@ class Tracer:
                 list(pool.map(lambda link: link.destroy(), group))
 
     def detach(self) -> None:
-        exec_link, self._exec_link = self._exec_link, None
-        if exec_link is not None:
-            exec_link.destroy()
+        self._app_links = app_hooks.detach(self._app_links)
         self._inject_links = inject_attach.detach(self._inject_links)
         self.detach_links()
         self._fentry.close()

@@ -21,7 +21,7 @@ from retsnoop_otel.capture.model import (
     TracedFunc,
     WorkloadCount,
 )
-from retsnoop_otel.capture.records import SAMPLED_PROBABILITY, AppExecRec, AppProbeRec, Record
+from retsnoop_otel.capture.records import APP_RECORDS, SAMPLED_PROBABILITY, AppRecord, Record
 from retsnoop_otel.capture.sampling import ALWAYS, kernel_sampling
 from retsnoop_otel.capture.sessions import SessionAssembler
 from retsnoop_otel.kernel.tracer import TRAMPOLINE_MODES, AttachReport, CaptureConfig
@@ -66,7 +66,7 @@ class TracerLike(Protocol):
 
 TracerFactory = Callable[[Sequence[TracedFunc], CaptureConfig, Callable[[str], int | None] | None], TracerLike]
 SessionCallback = Callable[["ProbeSet", Session], None]
-AppProbeCallback = Callable[[int, bool], None]  # (tgid, born): a session asked about it, or it exec'd
+AppProbeCallback = Callable[[AppRecord], None]  # a session asked about a process, it exec'd, or it published
 WorkloadSeriesFactory = Callable[[ProbeSetConfig], WorkloadSeries]  # for probe sets with a workload label
 METRICS_ONLY_NS = (1 << 64) - 1  # a minimum session duration nothing reaches
 
@@ -218,9 +218,9 @@ class ProbeSet:
         return self._assembler.evicted
 
     def _on_record(self, rec: Record) -> None:
-        if isinstance(rec, AppProbeRec | AppExecRec):
+        if isinstance(rec, APP_RECORDS):
             if self._on_app_probe is not None:
-                self._on_app_probe(rec.tgid, isinstance(rec, AppExecRec))
+                self._on_app_probe(rec)
             return
         session = self._assembler.feed(rec)
         if session is not None and self._bpf_names_due and session.kstack:

@@ -23,6 +23,7 @@ from typing import Any, TextIO
 
 from retsnoop_otel.appctx.watch import AppSources, AppWatcher, watches
 from retsnoop_otel.capture.model import CaptureStats, Session
+from retsnoop_otel.capture.records import AppRecord
 from retsnoop_otel.export.otlp_settings import OtlpSettings
 from retsnoop_otel.export.resource import Resource, build_resource
 from retsnoop_otel.runtime.config import ProbeSetConfig, RuntimeConfig, SymbolsConfig
@@ -266,11 +267,9 @@ class Runtime:
             self.app_watch.set_targets(ps.tracer for ps in sets if watches(ps.cfg))  # type: ignore[misc]
             self.app_watch.set_wait(self.config.limits.user_stack_wait_s)
 
-    def _app_probe(self, tgid: int, born: bool = False) -> None:
-        if self.app_watch is not None and born:
-            self.app_watch.born(tgid)  # exec'd: watched while its libraries load
-        elif self.app_watch is not None:
-            self.app_watch.asked(tgid, answer=True)
+    def _app_probe(self, rec: AppRecord) -> None:
+        if self.app_watch is not None:
+            self.app_watch.heard(rec)
 
     def _sinks(self, settings: RunSettings) -> Sinks:
         assert self.resource is not None

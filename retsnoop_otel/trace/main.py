@@ -119,5 +119,8 @@ class _TraceHook(StartHook):
             if ps.report is not None and ps.report.split_links:
                 self._say(f"The kernel ran out of memory for a multi-function link (the objpool bug of Linux "
                           f"6.7-6.11): split {ps.report.split_links} times into smaller links")
+            if ps.report is not None and ps.report.hooks_missing:
+                self._say(f"Thread context: no publish hook ({'; '.join(ps.report.hooks_missing)}): processes "
+                          "started from now on are found by timed checks only")
             if ps.report is not None:
                 self._say(f"Successfully attached {ps.attached} functions in {ps.report.attach_ms:.0f} ms.")

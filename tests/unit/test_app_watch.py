@@ -261,6 +261,48 @@ def test_a_location_not_settled_is_written_and_checked_again_until_glibc_placed_
     assert len(checks) == n  # settled: no more checks
 
 
+def test_a_publish_record_checks_a_watched_process_at_once_and_restarts_its_intervals(tmp_path):
+    """A service that loaded its publisher between two timed checks (1 s apart by then) and makes its first
+    request a few milliseconds later: its publish record has it checked when the record is read."""
+    from retsnoop_otel.appctx.watch import EXEC_RECHECK_FIRST_S
+    from retsnoop_otel.capture.records import AppPublishRec
+    counted = TlsLocation(5, 0, 16, "/lib/libotel_thread_ctx.so", "dtv", settled=False)
+    where = {35: counted}
+    w, maps, clock, loaded, checks = exec_watcher(tmp_path, [35], where=where)
+    w.born(35)
+    t0 = clock.t
+    run_until(w, clock, t0 + 3.2)
+    n = len(checks)
+    assert checks[-1][1] - checks[-2][1] == pytest.approx(1.0, abs=0.0101)  # 1 s apart by now
+    loaded.add(35)
+    w.heard(AppPublishRec(35))  # its memfd_create("OTEL_CTX"): read ahead of the next poll-loop turn
+    assert len(checks) == n + 1 and checks[-1] == (35, clock.t)
+    assert maps[0].entries == maps[1].entries == {35: (0, 16, 5, True)}
+    assert w.counters.exec_watches["located"] == 1
+    w.service()
+    assert len(checks) == n + 1  # its stale timed check is not run
+    run_until(w, clock, clock.t + 0.1)
+    assert len(checks) == n + 2 and checks[-1][1] - checks[-2][1] == pytest.approx(EXEC_RECHECK_FIRST_S, abs=0.0101)
+    where[35] = TlsLocation(5, 0, 16, "/lib/libotel_thread_ctx.so", "dtv")  # settled at its first span
+    run_until(w, clock, clock.t + 2.0)
+    assert w._watched == {} and len(checks) == n + 3 and w.counters.exec_watches["located"] == 1
+
+
+def test_a_publish_record_of_a_process_found_not_to_publish_asks_again_at_once(tmp_path):
+    from retsnoop_otel.capture.records import AppExecRec, AppProbeRec, AppPublishRec
+    w, maps, clock, located = watcher(tmp_path, alive={40, 41})
+    w.heard(AppProbeRec(40))  # its first session asked: not publishing yet
+    assert located == [40] and maps[0].entries == {40: (0, 0, 0, False)}
+    w.sources.locate = lambda pid: located.append(pid) or LOC
+    w.sources.read_context = lambda pid: CTX
+    w.heard(AppPublishRec(40))  # well before its back-off ends
+    assert located == [40, 40] and maps[0].entries == maps[1].entries == {40: (-8, 0, 0, True)}
+    w.heard(AppPublishRec(40))  # an update of its context (or another probe set's record): no check, a re-read
+    assert located == [40, 40] and w._known[40].context_read_at == float("-inf")
+    w.heard(AppExecRec(41))
+    assert 41 in w._watched
+
+
 def test_the_watch_is_bounded_and_then_the_process_is_handled_by_its_sessions(tmp_path):
     from retsnoop_otel.appctx.watch import EXEC_RECHECK_MAX_S, EXEC_WATCH_S
     w, maps, clock, _, checks = exec_watcher(tmp_path, [31])

@@ -132,7 +132,7 @@ def test_application_records_match_the_bpf_side():
     assert sizes["rec_session_ustack"] == records.SESSION_USTACK.size
     assert sizes["rec_app_probe"] == records.APP_PROBE.size and sizes["app_tls"] == records.APP_TLS.size
     assert {"REC_SESSION_APP", "MAX_APP_ATTRS", "APP_CTX_HEAD", "APP_TLS_NONE", "MAX_USTACK_DEPTH", "APP_FAULT",
-            "REC_APP_EXEC"} \
+            "REC_APP_EXEC", "REC_APP_PUBLISH"} \
         <= {k for k in vars(records) if k.isupper()}
 
 
@@ -159,3 +159,5 @@ def test_decode_user_stack_and_probe():
     assert decode(records.APP_PROBE.pack(records.REC_APP_PROBE, 4321)) == records.AppProbeRec(4321)
     exec_rec = decode(records.APP_PROBE.pack(records.REC_APP_EXEC, 4321))
     assert exec_rec == records.AppExecRec(4321) and type(exec_rec) is records.AppExecRec
+    pub = decode(records.APP_PROBE.pack(records.REC_APP_PUBLISH, 4321))
+    assert pub == records.AppPublishRec(4321) and type(pub) is records.AppPublishRec

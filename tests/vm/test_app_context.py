@@ -152,9 +152,9 @@ def test_outcomes_are_counted_without_a_log_storm_and_nothing_stays_attached(vm_
 
 
 def _bpf_seconds(metrics: str) -> dict[str, float]:
-    """BPF run time per probe set (entry and exit programs together, not the exec hook), from kernel bpf_stats."""
+    """BPF run time per probe set (entry and exit programs together, not the watcher's hooks), from kernel bpf_stats."""
     run_s: dict[str, float] = {}
-    for m in re.finditer(r'^retsnoop_bpf_program_run_seconds_total\{(?![^}]*program="app_exec")[^}]*'
+    for m in re.finditer(r'^retsnoop_bpf_program_run_seconds_total\{(?![^}]*program="app_(?:exec|publish\w*)")[^}]*'
                          r'probe_set="(\w+)"[^}]*\} (\S+)$', metrics, re.M):
         run_s[m[1]] = run_s.get(m[1], 0.0) + float(m[2])
     return run_s

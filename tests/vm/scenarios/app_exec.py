@@ -46,6 +46,7 @@ logging:
   level: debug
 """
 WATCHED = "exec'd process watched for thread context"
+PUBLISHED = "process published its process context"  # appctx/watch.py PUBLISHED
 
 
 def build(ctx, out: Path) -> dict[str, str]:
@@ -65,11 +66,11 @@ def build(ctx, out: Path) -> dict[str, str]:
     return {"writer": str(out / "writer_lib"), "bystander": str(out / "bystander")}
 
 
-def watches(agent_output: str) -> list[dict]:
-    """The agent's debug lines that end an exec watch (pid, outcome, checks, after_exec_s)."""
+def watches(agent_output: str, what: str = WATCHED) -> list[dict]:
+    """The agent's debug lines that end an exec watch (pid, outcome, checks, after_exec_s), or another kind."""
     out = []
     for line in agent_output.splitlines():
-        if WATCHED in line and line.startswith("{"):
+        if what in line and line.startswith("{"):
             try:
                 out.append(json.loads(line))
             except ValueError:
@@ -153,6 +154,7 @@ def scenario_app_exec(ctx) -> dict:
             if p is not None:
                 p.terminate(timeout=10)
     r["watches"] = watches(r["agent_output"])
+    r["published"] = watches(r["agent_output"], PUBLISHED)
     r["progs_after_stop"] = [p["name"] for p in ctx.bpf_prog_ids() if p["name"] in PROGRAM_NAMES]
     receiver.terminate(timeout=30)
     r["otlp"] = [json.loads(x) for x in out_file.read_text().splitlines() if x.strip()] if out_file.exists() else []
