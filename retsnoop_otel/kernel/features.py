@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
-from retsnoop_otel.kernel import bpfsys
+from retsnoop_otel.kernel import bpfsys, uprobes
 from retsnoop_otel.kernel import libbpf as lb
 from retsnoop_otel.kernel.caps import TRACING_CAPS, CapsError, can_trace, effective_caps
 from retsnoop_otel.kernel.kcache import KernelCache, KernelIdentity
@@ -61,6 +61,7 @@ class Features(NamedTuple):
     fsession: Feature
     fsession_multi: Feature
     session_kfunc: Feature
+    user_functions: Feature
     ringbuf: Feature
     func_ip: Feature
     bpf_cookie: Feature
@@ -84,6 +85,23 @@ class Features(NamedTuple):
 
 
 # ---- probes -------------------------------------------------------------------------------------
+
+
+def probe_user_functions(btf: Btf | None, cookies: Feature) -> Feature:
+    """The attach modes of user-space functions (u:BINARY:GLOB), from the same facts the tracer chooses by
+    (kernel/uprobes.py): the attach types the kernel's BTF names, and BPF cookies."""
+    name = "user_functions"
+    if cookies.errno in DENIED:
+        return _refused(name, cookies.errno, f"user-space functions cannot be probed: the kernel {DENIED_WHY}",
+                        DENIED_WHY)
+    if not cookies.available:
+        return Feature(name, False, "needs BPF cookies (Linux 5.15+) to tell user functions apart", cookies.errno
+                       or _errno.ENOTSUP, "has no BPF cookies for user-space functions (Linux 5.15+ needed)")
+    if btf is None:
+        return Feature(name, False, "needs kernel BTF to read the attach types it knows", _errno.ENOENT,
+                       "has no BTF to read its attach types from")
+    names = [uprobes.NAMES[m] for m in uprobes.user_modes(btf.enumerators("bpf_attach_type"))]
+    return Feature(name, True, ", ".join(names) + (f" (default {names[0]})" if len(names) > 1 else ""))
 
 
 def probe_btf(root: str) -> Feature:
@@ -226,7 +244,7 @@ def _side_by_side(probes: dict[str, Callable[[], Feature]]) -> dict[str, Feature
 # The probes whose answer is a fact of the kernel build (attach types and helpers it knows), unlike the
 # process's privileges, LBR, kallsyms visibility or tracefs, which are probed at every start.
 BUILD_FACTS = ("fentry", "kprobes", "kprobe_multi", "kprobe_session", "fsession", "fsession_multi", "session_kfunc",
-               "ringbuf", "func_ip", "bpf_cookie", "branch_snapshot")
+               "user_functions", "ringbuf", "func_ip", "bpf_cookie", "branch_snapshot")
 DENIED = (_errno.EPERM, _errno.EACCES)
 FORMAT_FEATURES = 1
 
@@ -284,12 +302,14 @@ def _probe_build_facts(root: str, targets: Btf | FuncIdLookup | None, config: di
                            "kprobe_session": lambda: probe_kprobe_session(targets),
                            "fsession": lambda: probe_fsession(targets),
                            "fsession_multi": lambda: probe_fsession_multi(targets)})
+    cookies = probe_helper("bpf_cookie", HELPER_GET_ATTACH_COOKIE, "bpf_get_attach_cookie", "Linux 5.15")
+    kernel_btf = targets if isinstance(targets, Btf) else btf()
     return {**modes,
-            "session_kfunc": probe_session_kfunc(targets if isinstance(targets, Btf) else btf()),
+            "session_kfunc": probe_session_kfunc(kernel_btf),
+            "user_functions": probe_user_functions(kernel_btf, cookies),
             "ringbuf": probe_ringbuf(),
             "func_ip": probe_helper("func_ip", HELPER_GET_FUNC_IP, "bpf_get_func_ip", "Linux 5.15"),
-            "bpf_cookie": probe_helper("bpf_cookie", HELPER_GET_ATTACH_COOKIE, "bpf_get_attach_cookie",
-                                       "Linux 5.15"),
+            "bpf_cookie": cookies,
             "branch_snapshot": probe_helper("branch_snapshot", HELPER_GET_BRANCH_SNAPSHOT,
                                             "bpf_get_branch_snapshot", "Linux 5.16")}
 
@@ -405,4 +425,7 @@ def format_features(features: Features) -> str:
         lines.append(f"Tracing: possible; default attach mode {mode}")
     except FeatureError as exc:
         lines.append(f"Tracing: not possible: {exc}")
+    user = features.user_functions
+    lines.append("User-space functions (u:BINARY:GLOB): " + (f"possible; {user.detail}" if user.available else
+                                                            f"not possible: this kernel {user.why}"))
     return "\n".join(lines)

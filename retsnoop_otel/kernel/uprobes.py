@@ -24,6 +24,15 @@ _SINCE = {"uprobe_session": ("BPF_TRACE_UPROBE_SESSION", "Linux 6.13"),
           "uprobe_multi": ("BPF_TRACE_UPROBE_MULTI", "Linux 6.6")}
 
 
+NAMES = {"uprobe_session": "uprobe.session", "uprobe_multi": "uprobe.multi", "uprobe": "single uprobes"}
+
+
+def user_modes(attach_types: Container[str]) -> list[str]:
+    """The user modes this kernel knows, cheapest first (cookies aside): `attach_types` are the names of its enum
+    bpf_attach_type (its BTF). Single uprobes are in every kernel."""
+    return [m for m in USER_MODES if m not in _SINCE or _SINCE[m][0] in attach_types]
+
+
 class UprobeModeError(Exception):
     """The kernel cannot attach user functions in the mode asked for (the message says why and what to do)."""
 
@@ -34,7 +43,7 @@ def choose_user_mode(attach_types: Container[str], cookies: bool, asked: str = "
         raise UprobeModeError("user-space functions (u:BINARY:GLOB) need BPF cookies, which this kernel lacks "
                               "(Linux 5.15+ has them): trace kernel functions only on this kernel")
     if asked == "auto":
-        return next((m for m in USER_MODES if m not in _SINCE or _SINCE[m][0] in attach_types), "uprobe")
+        return user_modes(attach_types)[0]
     if asked not in USER_MODES:
         raise UprobeModeError(f"unknown user attach mode '{asked}' (expected auto or one of {', '.join(USER_MODES)})")
     if asked in _SINCE and _SINCE[asked][0] not in attach_types:

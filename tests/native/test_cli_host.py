@@ -26,7 +26,7 @@ def test_features_reports_truthfully_without_traceback():
     assert "Traceback" not in proc.stderr + proc.stdout
     rows = {line.split()[0]: line for line in proc.stdout.splitlines()[1:] if line.startswith("  ")}
     for name in ("btf", "fentry", "kprobes", "kprobe_multi", "ringbuf", "func_ip", "bpf_cookie",
-                 "branch_snapshot", "lbr", "filter_functions", "kallsyms", "capabilities"):
+                 "branch_snapshot", "lbr", "filter_functions", "kallsyms", "capabilities", "user_functions"):
         assert name in rows, name
 
 
@@ -248,8 +248,12 @@ def test_without_privileges_every_probe_says_denied_not_missing() -> None:
     for name in ("ringbuf", "func_ip", "bpf_cookie", "branch_snapshot"):
         assert not feats[name]["available"] and feats[name]["errno"] == errno.EPERM, (name, feats[name])
         assert "denies BPF to this process" in feats[name]["detail"], feats[name]
-    text = subprocess.run(["unshare", "--user", sys.executable, "-m", "retsnoop_otel", "features"],
-                          capture_output=True, text=True, timeout=120).stdout.splitlines()[-1]
+    lines = subprocess.run(["unshare", "--user", sys.executable, "-m", "retsnoop_otel", "features"],
+                           capture_output=True, text=True, timeout=120).stdout.splitlines()
+    assert lines[-1].startswith("User-space functions (u:BINARY:GLOB): not possible: this kernel denies BPF to this "
+                                "process"), lines[-1]
+    assert feats["user_functions"]["errno"] == errno.EPERM, feats["user_functions"]
+    text = lines[-2]
     assert text == ("Tracing: not possible: this process needs CAP_BPF and CAP_PERFMON (or root) to trace: run it as "
                     "root, or in a container add those capabilities (--cap-add BPF --cap-add PERFMON; see the "
                     "Dockerfile)"), text

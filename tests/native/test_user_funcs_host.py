@@ -65,6 +65,16 @@ def test_the_application_tree_in_each_user_attach_mode(app: str, mode: str) -> N
     assert rc == 0 and "Detaching... DONE" in out
 
 
+def test_features_offers_the_user_modes_that_attach_here() -> None:
+    """The test above attaches in all three modes on this host's kernel (6.13+): `features` offers them all, with
+    uprobe.session, the mode auto chooses, first."""
+    out = subprocess.run([sys.executable, "-m", "retsnoop_otel", "features"], capture_output=True, text=True,
+                         timeout=120).stdout
+    row = next(line for line in out.splitlines() if line.split()[:1] == ["user_functions"])
+    assert row.split(None, 2)[1:] == ["yes", "uprobe.session, uprobe.multi, single uprobes (default uprobe.session)"]
+    assert "User-space functions (u:BINARY:GLOB): possible; uprobe.session" in out
+
+
 def test_json_and_the_stack_say_the_binary_and_the_source_line(app: str) -> None:
     out, rc, _ = trace([*specs(app), "--json"], [app, "1"])
     (session,) = [json.loads(line) for line in out.splitlines() if line.startswith("{")]

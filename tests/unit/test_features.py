@@ -19,8 +19,8 @@ from retsnoop_otel.kernel.kcache import KernelCache, KernelIdentity
 def _feats(**over: Feature) -> Features:
     """A kernel where everything works, with the given entries replaced."""
     names = ["btf", "fentry", "kprobes", "kprobe_multi", "kprobe_session", "fsession", "fsession_multi",
-             "session_kfunc", "ringbuf", "func_ip", "bpf_cookie", "branch_snapshot", "lbr", "filter_functions",
-             "kallsyms", "capabilities"]
+             "session_kfunc", "user_functions", "ringbuf", "func_ip", "bpf_cookie", "branch_snapshot", "lbr",
+             "filter_functions", "kallsyms", "capabilities"]
     entries = {n: over.get(n, Feature(n, True, f"{n} works")) for n in names}
     return Features(kernel_release="6.12.117+deb12-amd64", libbpf_version="1.1", **entries)
 
@@ -112,18 +112,24 @@ def test_format_features_lists_every_entry_and_the_verdict() -> None:
     text = features.format_features(HOST)
     lines = text.splitlines()
     assert lines[0] == "Kernel 6.12.117+deb12-amd64, libbpf 1.1 (built with the package)"
-    assert len(lines) == 2 + 16
+    assert len(lines) == 3 + 17
     fentry_line = next(x for x in lines if x.split()[0] == "fentry")
     assert fentry_line.split()[1] == "NO" and fentry_line.endswith("refused (EPERM): denied")
     assert next(x for x in lines if x.split()[0] == "btf").split()[1] == "yes"
-    assert lines[-1].startswith("Tracing: not possible: this kernel refuses fentry/fexit programs (EPERM)")
-    assert features.format_features(KERNEL_61).splitlines()[-1] == "Tracing: possible; default attach mode kprobe"
+    assert lines[-2].startswith("Tracing: not possible: this kernel refuses fentry/fexit programs (EPERM)")
+    assert features.format_features(KERNEL_61).splitlines()[-2] == "Tracing: possible; default attach mode kprobe"
+    assert lines[-1] == "User-space functions (u:BINARY:GLOB): possible; user_functions works"
+    no_cookies = Feature("user_functions", False, "needs BPF cookies", errno.ENOTSUP,
+                         "has no BPF cookies for user-space functions (Linux 5.15+ needed)")
+    assert features.format_features(_feats(user_functions=no_cookies)).splitlines()[-1] == (
+        "User-space functions (u:BINARY:GLOB): not possible: this kernel has no BPF cookies for user-space functions "
+        "(Linux 5.15+ needed)")
 
 
 def test_to_dict_is_json_ready() -> None:
     d = json.loads(json.dumps(HOST.to_dict()))
     assert d["kernel_release"] == "6.12.117+deb12-amd64" and d["libbpf_version"] == "1.1"
-    assert len(d["features"]) == 16
+    assert len(d["features"]) == 17
     assert d["features"]["fentry"] == {"available": False, "detail": "refused (EPERM): denied",
                                        "errno": errno.EPERM, "why": "refuses fentry/fexit programs (EPERM)"}
 
@@ -164,6 +170,31 @@ def test_session_kfunc_names_the_prototype_the_kernel_binds() -> None:
     unknown = mode_probes.probe_session_kfunc(_KfuncBtf((libbpf_btf.BTF_KIND_PTR, libbpf_btf.BTF_KIND_INT)))
     assert not unknown.available and "takes 2 parameter(s)" in unknown.detail and unknown.errno == errno.EINVAL
     assert not mode_probes.probe_session_kfunc(None).available
+
+
+class _EnumBtf:
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+
+    def enumerators(self, name: str) -> dict[str, int]:
+        assert name == "bpf_attach_type"
+        return {n: i for i, n in enumerate(self.names)}
+
+
+def test_user_functions_name_the_modes_the_tracer_chooses_from() -> None:
+    """The same facts as kernel/uprobes.choose_user_mode: the attach types the kernel's BTF names, and cookies."""
+    cookies = Feature("bpf_cookie", True, "allowed")
+    newest = features.probe_user_functions(_EnumBtf(("BPF_TRACE_UPROBE_MULTI", "BPF_TRACE_UPROBE_SESSION")), cookies)
+    assert newest.available and newest.detail == ("uprobe.session, uprobe.multi, single uprobes "
+                                                  "(default uprobe.session)")
+    k612 = features.probe_user_functions(_EnumBtf(("BPF_TRACE_UPROBE_MULTI",)), cookies)
+    assert k612.detail == "uprobe.multi, single uprobes (default uprobe.multi)"
+    k61 = features.probe_user_functions(_EnumBtf(("BPF_TRACE_KPROBE_MULTI",)), cookies)
+    assert k61.detail == "single uprobes"
+    no = Feature("bpf_cookie", False, "not allowed", errno.EINVAL, "has no bpf_get_attach_cookie() helper")
+    k510 = features.probe_user_functions(_EnumBtf(()), no)
+    assert not k510.available and k510.why == "has no BPF cookies for user-space functions (Linux 5.15+ needed)"
+    assert not features.probe_user_functions(None, cookies).available
 
 
 def test_kernel_config_from_boot_and_proc(tmp_path: Path) -> None:

@@ -110,6 +110,19 @@ def test_features_common(vm_batch) -> None:
                                                                "needed)"), session
     assert not feats["lbr"]["available"] and feats["lbr"]["errno"] in (errno.ENOENT, errno.EOPNOTSUPP)
     assert "Tracing: possible" in res["text"]
+    # user-space functions: what kernel/uprobes.py chooses from (the kernel's BTF attach types, and cookies)
+    user = feats["user_functions"]
+    if vm_batch.at_least(6, 13):
+        assert user["detail"] == "uprobe.session, uprobe.multi, single uprobes (default uprobe.session)", user
+    elif vm_batch.at_least(6, 6):
+        assert user["detail"] == "uprobe.multi, single uprobes (default uprobe.multi)", user
+    elif vm_batch.at_least(5, 15):
+        assert user["detail"] == "single uprobes", user
+    else:
+        assert not user["available"], user
+        assert user["why"] == "has no BPF cookies for user-space functions (Linux 5.15+ needed)", user
+    assert ("User-space functions (u:BINARY:GLOB): " + ("possible; " + user["detail"] if user["available"] else
+            "not possible: this kernel " + user["why"])) in res["text"].splitlines()
     assert res["progs_left"] == []
 
 
