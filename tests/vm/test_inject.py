@@ -45,7 +45,7 @@ def _sessions(text: str) -> list[str]:
 def test_text_shows_each_probe_in_the_session_and_at_the_depth_it_fired(vm_batch) -> None:
     r = _facts(vm_batch)
     run = r["text"]
-    assert run["started"] and run["rc"] == 0 and run["simfail"]["rc"] == 0, run["output"][-3000:]
+    assert run["started"] and run["rc"] == 0 and run["workload"]["rc"] == 0, run["output"][-3000:]
     assert run["progs_while_attached"] and run["progs_after"] == []
     sessions = _sessions(run["output"])
     bpf = [s for s in sessions if re.search(r"^→ __x64_sys_bpf", s, re.M)]

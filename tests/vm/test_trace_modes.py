@@ -126,7 +126,7 @@ def test_attach_modes(vm_batch, scenario) -> None:
         return
     assert r["started"], r["output"]
     assert "HOST-LIBBPF-LOADS" not in r["output"]  # trace_kprobe: the system's libbpf was hidden from the tracer
-    assert r["simfail_rc"] == 0
+    assert r["workload"]["rc"] == 0, r["workload"]
     assert re.search(r"^!\s+\d+us \[-EINVAL\]\s+array_map_alloc_check$", r["output"], re.M), r["output"]
     # -v says which attach mode was used and how long attaching took
     assert re.search(rf"^Using attach mode {MODES[scenario]}$", r["output"], re.M), r["output"][:3000]

@@ -47,8 +47,8 @@ def test_the_user_attach_mode_is_the_kernels_cheapest_and_said_in_dry_run(vm_bat
 def test_one_session_holds_the_application_function_the_syscall_and_the_kernel_chain(vm_batch) -> None:
     r = _attached(vm_batch)
     run = r["calls"]
-    assert run["started"] and run["app"]["rc"] == 0, run["output"][-3000:]
-    assert run["app"]["out"].count("-> -22") == 2, run["app"]
+    assert run["started"] and run["workload"]["rc"] == 0, run["output"][-3000:]
+    assert run["workload"]["out"].count("-> -22") == 2, run["workload"]
     out = run["output"]
     # the calls table: the application function holds the syscall and the kernel chain, in call order
     table = re.search(r"^→ handle_request \[user_app\]\n(.*?)^← handle_request \[user_app\]\s+\[-EINVAL\]",

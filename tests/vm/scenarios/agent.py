@@ -17,12 +17,11 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from retsnoop_otel.kernel.tracer import PROGRAM_NAMES
 from tests.otlp_json import spans as otlp_spans
 from tests.vm.guest_batch import budget
+from tests.vm.traced_run import our_progs
 
 PY = sys.executable
-OUR_PROGS = PROGRAM_NAMES  # every name our programs have in the kernel
 METRICS_PORT = 9471
 
 CONFIG = """
@@ -52,10 +51,6 @@ logging:
 {vmlinux}"""
 
 BROKEN = CONFIG.replace("    mode: stack\n", "    mode: stack\n    bogus_key: 1\n", 1)
-
-
-def _our_progs(ctx) -> list[str]:
-    return [p["name"] for p in ctx.bpf_prog_ids() if p["name"] in OUR_PROGS]
 
 
 def _get(url: str) -> tuple[int, str]:
@@ -90,7 +85,7 @@ def _wait_roots(path: Path, want: dict[tuple[str, str], int], timeout: float) ->
 def _wait_no_progs(ctx, timeout: float) -> list[str]:
     deadline = time.monotonic() + timeout
     while True:
-        left = _our_progs(ctx)
+        left = our_progs(ctx)
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(2)
@@ -125,7 +120,7 @@ def scenario_agent_two_probe_sets(ctx) -> dict:
     agent = ctx.spawn([PY, "-m", "retsnoop_otel", "agent", "--config", str(cfg_path)])
     try:
         agent.wait_for_line(r'"agent started"', timeout=400)
-        r["progs_while_attached"] = _our_progs(ctx)
+        r["progs_while_attached"] = our_progs(ctx)
         r["healthz"] = _get(f"http://127.0.0.1:{METRICS_PORT}/healthz")
         r["simfail1"], r["roots_after_simfail1"] = _simfail_mix(ctx, out_file)
         ctx.log(f"roots after simfail 1: {r['roots_after_simfail1']}")
@@ -144,7 +139,7 @@ def scenario_agent_two_probe_sets(ctx) -> dict:
         reqs = _wait_roots(out_file, {("__x64_sys_bpf", "EINVAL"): 2}, timeout=240)
         r["roots_after_reload"] = _roots(reqs)
         _, r["metrics_after_reload"] = _get(f"http://127.0.0.1:{METRICS_PORT}/metrics")
-        r["progs_after_reload"] = _our_progs(ctx)
+        r["progs_after_reload"] = our_progs(ctx)
     finally:
         t0 = time.monotonic()
         r["agent_rc"] = agent.terminate(timeout=300)
@@ -159,7 +154,7 @@ def scenario_agent_two_probe_sets(ctx) -> dict:
     agent2 = ctx.spawn([PY, "-m", "retsnoop_otel", "agent", "--config", str(cfg_path)])
     try:
         agent2.wait_for_line(r'"agent started"', timeout=400)
-        r["progs_before_sigkill"] = _our_progs(ctx)
+        r["progs_before_sigkill"] = our_progs(ctx)
     finally:
         r["sigkill_rc"] = agent2.kill()
     r["progs_after_sigkill"] = _wait_no_progs(ctx, 60)

@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 from tests.vm.guest_batch import budget
-from tests.vm.scenarios.agent import _get, _our_progs, _roots, _wait_no_progs, _wait_roots
+from tests.vm.scenarios.agent import _get, _roots, _wait_no_progs, _wait_roots
+from tests.vm.traced_run import our_progs
 
 PY = sys.executable
 METRICS_PORT = 9472
@@ -94,7 +95,7 @@ def scenario_agent_faults(ctx) -> dict:
     load = None
     try:
         agent.wait_for_line(r'"agent started"', timeout=400)
-        r["progs_while_attached"] = _our_progs(ctx)
+        r["progs_while_attached"] = our_progs(ctx)
         r["rss_start_kib"] = _rss_kib(agent.pid)
 
         # 1. receiver down

@@ -24,12 +24,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-from retsnoop_otel.kernel.tracer import PROGRAM_NAMES
 from tests.vm.guest_batch import budget
+from tests.vm.traced_run import our_progs
 
 PY = sys.executable  # comm "python": the comm filter below names it
 METRICS_PORT = 9481
-OUR_PROGS = PROGRAM_NAMES  # every name our programs have in the kernel
 BEFORE = {"two": ("exe", "valid", 2), "invalid": ("exe", "invalid", 1), "null": ("exe", "null", 1),
           "badptr": ("exe", "badptr", 1), "pagedout": ("exe", "pagedout", 1), "bigsize": ("lib", "bigsize", 1)}
 COST_ROUNDS = 200
@@ -132,10 +131,6 @@ def _wait_roots(path: Path, want: int, timeout: float, settle: float = 90) -> in
     return _kernel_roots(path)
 
 
-def _our_progs(ctx) -> list[str]:
-    return [p["name"] for p in ctx.bpf_prog_ids() if p["name"] in OUR_PROGS]
-
-
 @budget(1800)
 def scenario_app_context(ctx) -> dict:
     r: dict = {}
@@ -205,7 +200,7 @@ def scenario_app_context(ctx) -> dict:
         sysctl.write_text(stats_before)
         for w in [*before.values(), cost_writer]:
             w.terminate(timeout=10)
-    r["progs_after_stop"] = _our_progs(ctx)
+    r["progs_after_stop"] = our_progs(ctx)
     receiver.terminate(timeout=30)
     r["otlp"] = [json.loads(x) for x in out_file.read_text().splitlines() if x.strip()] if out_file.exists() else []
     r["cost_rounds"] = COST_ROUNDS

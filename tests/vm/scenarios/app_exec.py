@@ -21,8 +21,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from retsnoop_otel.kernel.tracer import PROGRAM_NAMES
 from tests.vm.guest_batch import budget
+from tests.vm.traced_run import our_progs
 
 PY = sys.executable  # comm "python": the filter names it
 METRICS_PORT = 9482
@@ -155,7 +155,7 @@ def scenario_app_exec(ctx) -> dict:
                 p.terminate(timeout=10)
     r["watches"] = watches(r["agent_output"])
     r["published"] = watches(r["agent_output"], PUBLISHED)
-    r["progs_after_stop"] = [p["name"] for p in ctx.bpf_prog_ids() if p["name"] in PROGRAM_NAMES]
+    r["progs_after_stop"] = our_progs(ctx)
     receiver.terminate(timeout=30)
     r["otlp"] = [json.loads(x) for x in out_file.read_text().splitlines() if x.strip()] if out_file.exists() else []
     r["exec_watch_metric"] = re.findall(r"^retsnoop_app_context_exec_watches_total\{.*$", r.get("metrics", ""), re.M)

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from bench.tls_certs import leaf, make_ca
 from tests.vm.guest_batch import budget
-from tests.vm.scenarios.filters import BPF_SET, PY, our_progs
+from tests.vm.scenarios.filters import BPF_SET, PY
+from tests.vm.traced_run import our_progs
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 
 from tests.vm.guest_batch import budget
-from tests.vm.scenarios.filters import our_progs
+from tests.vm.traced_run import our_progs
 
 PY = sys.executable
 NAME_SET = ["-a", "bpf_check", "-a", "check_*", "-a", "do_check*", "-a", "bpf_prog_alloc*", "-a", "btf_*"]

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import sys
 
-from retsnoop_otel.kernel.tracer import PROGRAM_NAMES
 from tests.vm.guest_batch import budget
+from tests.vm.traced_run import our_progs
 
 PY = sys.executable
 CASES = ("bpf-bad-map-val-size-percpu-array", "bpf-bad-map-max-entries-array")
@@ -34,8 +34,7 @@ def scenario_dwarf_stack(ctx) -> dict:
     finally:
         result["rc"] = tracer.terminate(timeout=900)
         result["output"] = tracer.output()
-    result["progs_after"] = [p.get("name") for p in ctx.bpf_prog_ids()
-                             if p.get("name") in PROGRAM_NAMES]
+    result["progs_after"] = our_progs(ctx)
     return result
 
 

@@ -16,23 +16,17 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from retsnoop_otel.kernel.tracer import PROGRAM_NAMES
 from tests.procs import remove_cgroups
 from tests.vm.guest_batch import budget
+from tests.vm.traced_run import our_progs
 
 PY = sys.executable
-OUR_PROGS = PROGRAM_NAMES  # every name our programs have in the kernel
 BPF_SET = ["-e", "*sys_bpf", "-a", "array_map_alloc_check"]
 EINVAL_CASE = "bpf-bad-map-max-entries-array"
 E2BIG_CASE = "bpf-bad-map-val-size-percpu-array"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 START_TIMEOUT_S = 400
 SETTLE_S = 5
-
-
-def our_progs(ctx) -> list[str]:
-    """Names of retsnoop-otel's BPF programs still loaded."""
-    return sorted(p["name"] for p in ctx.bpf_prog_ids() if p["name"] in OUR_PROGS)
 
 
 def start_tracer(ctx, args: Sequence[str]):

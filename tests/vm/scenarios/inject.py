@@ -15,12 +15,12 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import time
 from pathlib import Path
 
 from retsnoop_otel.kernel import bpfsys
 from tests.vm.guest_batch import budget
-from tests.vm.scenarios.trace_modes import PY, _our_progs, _wait_file_lines
+from tests.vm.scenarios.trace_modes import PY, _wait_file_lines
+from tests.vm.traced_run import traced_run
 
 FUNC = "array_map_alloc_check"
 CASE = "bpf-bad-map-max-entries-array"
@@ -70,25 +70,8 @@ def _run(ctx, exit_entry: str, flags: list[str], otlp_port: int | None = None, t
         cmd += ["--otlp-endpoint", f"http://127.0.0.1:{otlp_port}"]
     if trace_json is not None:
         cmd += ["--trace-json", trace_json]
-    tracer = ctx.spawn(cmd)
-    result: dict = {"cmd": cmd}
-    try:
-        line = tracer.wait_for_line(r"Receiving data|retsnoop-otel: ", timeout=300)
-        result["started"] = "Receiving data" in line.group(0)
-        if result["started"]:
-            result["progs_while_attached"] = _our_progs(ctx)
-            rc, sout, serr = ctx.run([PY, "-m", "retsnoop_otel", "simfail", "--comm", COMM, CASE], 120)
-            result["simfail"] = {"rc": rc, "out": sout, "err": serr}
-            tracer.wait_for_line(wait_for, timeout=180)
-            tracer.wait_output_settled(5, timeout=120)
-        else:
-            tracer.wait(120)
-    finally:
-        result["rc"] = tracer.terminate(timeout=240)
-        result["output"] = tracer.output()
-    time.sleep(1)
-    result["progs_after"] = _our_progs(ctx)
-    return result
+    return traced_run(ctx, cmd, [PY, "-m", "retsnoop_otel", "simfail", "--comm", COMM, CASE], wait_for,
+                      progs_while_attached=True)
 
 
 @budget(1500)

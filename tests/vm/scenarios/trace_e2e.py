@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 
-from tests.vm.scenarios.trace_modes import PY, _our_progs, _trace_mode
+from tests.vm.scenarios.trace_modes import PY, trace_mode
+from tests.vm.traced_run import our_progs
 
 
 def scenario_trace_dry_run(ctx) -> dict:
@@ -18,7 +19,7 @@ def scenario_trace_dry_run(ctx) -> dict:
     again (kallsyms, available_filter_functions and BTF come from the cache), and after loading a
     module (the symbols are read again; BTF, which belongs to the kernel build, still comes cached).
     The second run lists each module Python imports (-X importtime, on its standard error): a warm start's."""
-    before = _our_progs(ctx)
+    before = our_progs(ctx)
     cmd = [PY, "-m", "retsnoop_otel", "trace", "--dry-run", "-v", "-e", "*sys_bpf", "-a", "array_map_*",
            "-d", "array_map_free"]
     env = f"RETSNOOP_OTEL_CACHE={ctx.tmpdir}/cache"
@@ -38,7 +39,7 @@ def scenario_trace_dry_run(ctx) -> dict:
     runs.append({"step": "cases", "rc": rc, "out": out, "err": err})
     first = runs[0]
     return {"rc": first["rc"], "out": first["out"], "err": first["err"], "runs": runs, "progs_before": before,
-            "progs_after": _our_progs(ctx)}
+            "progs_after": our_progs(ctx)}
 
 
 def scenario_trace_calls_args(ctx) -> dict:
@@ -46,14 +47,14 @@ def scenario_trace_calls_args(ctx) -> dict:
     args.fmt-mode=multiline and stacks.emit-addrs (the stack under the table, -E, shows the addresses)."""
     out = {}
     trace_json = f"{ctx.tmpdir}/trace.json"
-    out.update(_trace_mode(ctx, "-v", "bpf-bad-map-max-entries-array",
+    out.update(trace_mode(ctx, "-v", "bpf-bad-map-max-entries-array",
                            ["-a", "map_create", "-T", "-A", "--trace-json", trace_json]))
     try:
         with open(trace_json) as fh:
             out["trace_json"] = json.load(fh)
     except OSError as exc:
         out["trace_json_error"] = str(exc)
-    out["multiline"] = _trace_mode(ctx, "-v", "bpf-bad-map-max-entries-array",
+    out["multiline"] = trace_mode(ctx, "-v", "bpf-bad-map-max-entries-array",
                                    ["-a", "map_create", "-T", "-A", "-E", "-C", "args.fmt-mode=multiline",
                                     "-C", "stacks.emit-addrs=true"])
     return out

@@ -7,7 +7,6 @@ kernel has captures the failing bpf() call, a mode it lacks is refused in one li
 from __future__ import annotations
 
 import json
-import re
 import signal
 import sys
 import time
@@ -15,15 +14,10 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from retsnoop_otel.kernel.tracer import PROGRAM_NAMES
 from tests.procs import without_system_libbpf
+from tests.vm.traced_run import our_progs, traced_run
 
 PY = sys.executable
-OUR_PROGS = PROGRAM_NAMES  # every name our programs have in the kernel
-
-
-def _our_progs(ctx) -> list[str]:
-    return [p.get("name", "") for p in ctx.bpf_prog_ids() if p.get("name", "") in OUR_PROGS]
 
 
 def _wait_file_lines(path: Path, want: int, timeout: float) -> list[dict]:
@@ -54,7 +48,7 @@ def scenario_trace_otlp_metrics(ctx) -> dict:
                         "--otlp-endpoint", f"http://127.0.0.1:{port}", "--web.listen-address", "127.0.0.1:9464", "-v"])
     try:
         tracer.wait_for_line(r"Receiving data", timeout=300)
-        result["progs_while_attached"] = _our_progs(ctx)
+        result["progs_while_attached"] = our_progs(ctx)
         rc, sout, serr = ctx.run([PY, "-m", "retsnoop_otel", "simfail", "bpf-bad-map-max-entries-array"], 120)
         result["simfail"] = {"rc": rc, "out": sout, "err": serr}
         tracer.wait_for_line(r"array_map_alloc_check", timeout=120)
@@ -68,59 +62,45 @@ def scenario_trace_otlp_metrics(ctx) -> dict:
         result["tracer_output"] = tracer.output()
         receiver.terminate(timeout=30)
     time.sleep(1)
-    result["progs_after"] = _our_progs(ctx)
+    result["progs_after"] = our_progs(ctx)
     return result
 
 
-def _trace_mode(ctx, mode_flag: str, case: str, extra: list[str] | None = None,
+def trace_mode(ctx, mode_flag: str, case: str, extra: list[str] | None = None,
                 stop: signal.Signals = signal.SIGTERM, wrap: Callable[[list[str]], list[str]] = list) -> dict:
-    tracer = ctx.spawn(wrap([PY, "-m", "retsnoop_otel", "trace", mode_flag, "-e", "*sys_bpf", "-a",
-                             "array_map_alloc_check", "-v", *(extra or [])]))
-    result: dict = {}
-    try:
-        line = tracer.wait_for_line(r"Receiving data|retsnoop-otel: ", timeout=300)
-        result["started"] = bool(re.search("Receiving data", line.group(0)))
-        if result["started"]:
-            rc, sout, serr = ctx.run([PY, "-m", "retsnoop_otel", "simfail", case], 120)
-            result["simfail_rc"] = rc
-            tracer.wait_for_line(r"array_map_alloc_check", timeout=120)
-            tracer.wait_output_settled(3, timeout=60)
-        else:  # refused: it exits on its own, with its own code (a signal now would race that exit)
-            tracer.wait(120)
-    finally:
-        result["rc"] = tracer.terminate(timeout=240, sig=stop)
-        result["output"] = tracer.output()
-    result["progs_after"] = _our_progs(ctx)
-    return result
+    cmd = wrap([PY, "-m", "retsnoop_otel", "trace", mode_flag, "-e", "*sys_bpf", "-a", "array_map_alloc_check", "-v",
+                *(extra or [])])
+    return traced_run(ctx, cmd, [PY, "-m", "retsnoop_otel", "simfail", case], r"array_map_alloc_check",
+                      settle_s=3, stop=stop, wait_timeout=120)
 
 
 def scenario_trace_fentry(ctx) -> dict:
     """With _printk too: variadic, so the kernel refuses fentry programs for it, and first by name among the
     other functions, so the templates are first verified against it."""
-    return _trace_mode(ctx, "-F", "bpf-bad-map-max-entries-array", extra=["-a", "_printk"])
+    return trace_mode(ctx, "-F", "bpf-bad-map-max-entries-array", extra=["-a", "_printk"])
 
 
 def scenario_trace_kprobe(ctx) -> dict:
     """Stopped with Ctrl-C; the system's libbpf hidden from the tracer (it loads the one built with the package)."""
-    return _trace_mode(ctx, "-K", "bpf-bad-map-max-entries-array", stop=signal.SIGINT, wrap=without_system_libbpf)
+    return trace_mode(ctx, "-K", "bpf-bad-map-max-entries-array", stop=signal.SIGINT, wrap=without_system_libbpf)
 
 
 def scenario_trace_kprobe_multi(ctx) -> dict:
-    return _trace_mode(ctx, "-M", "bpf-bad-map-max-entries-array")
+    return trace_mode(ctx, "-M", "bpf-bad-map-max-entries-array")
 
 
 def scenario_trace_kprobe_session(ctx) -> dict:
     """6.12: one program at entry and exit; 6.1 (no kprobe.session) refuses it in one line."""
-    return _trace_mode(ctx, "--kprobe-session", "bpf-bad-map-max-entries-array")
+    return trace_mode(ctx, "--kprobe-session", "bpf-bad-map-max-entries-array")
 
 
 def scenario_trace_fsession(ctx) -> dict:
     """7.x: one trampoline program per function for entry and exit; with _printk, which the kernel refuses (variadic)
     and which comes first among the others, as for fentry. Before 7.0: refused in one line."""
-    return _trace_mode(ctx, "--fsession", "bpf-bad-map-max-entries-array", extra=["-a", "_printk"])
+    return trace_mode(ctx, "--fsession", "bpf-bad-map-max-entries-array", extra=["-a", "_printk"])
 
 
 def scenario_trace_fsession_multi(ctx) -> dict:
     """7.2: one tracing_multi link for every function; the kernel refuses the link whole for _printk, which is then
     left out alone. Before 7.2: refused in one line."""
-    return _trace_mode(ctx, "--fsession-multi", "bpf-bad-map-max-entries-array", extra=["-a", "_printk"])
+    return trace_mode(ctx, "--fsession-multi", "bpf-bad-map-max-entries-array", extra=["-a", "_printk"])

@@ -17,8 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from retsnoop_otel.kernel.tracer import PROGRAM_NAMES
 from tests.vm.guest_batch import budget
+from tests.vm.traced_run import traced_run
 
 PY = sys.executable
 ROUNDS = 2
@@ -38,28 +38,10 @@ def globs(app: str) -> list[str]:
             "-a", "__x64_sys_bpf", "-a", "__sys_bpf", "-a", "map_create", "-a", "array_map_alloc_check"]
 
 
-def _progs(ctx) -> list[str]:
-    return [p.get("name", "") for p in ctx.bpf_prog_ids() if p.get("name", "") in PROGRAM_NAMES]
-
-
 def _run(ctx, app: str, extra: list[str]) -> dict:
-    tracer = ctx.spawn([PY, "-m", "retsnoop_otel", "trace", *globs(app), "-v", *extra])
-    r: dict = {}
-    try:
-        line = tracer.wait_for_line(r"Receiving data|retsnoop-otel: ", timeout=600)
-        r["started"] = "Receiving data" in line.group(0)
-        if r["started"]:
-            r["progs_while_attached"] = _progs(ctx)
-            rc, out, err = ctx.run([app, str(ROUNDS), "300"], timeout=300)
-            r["app"] = {"rc": rc, "out": out, "err": err}
-            tracer.wait_for_line(r"array_map_alloc_check", timeout=300)
-            tracer.wait_output_settled(5, timeout=120)
-    finally:
-        r["rc"] = tracer.terminate(timeout=300)
-        r["output"] = tracer.output()
-    time.sleep(1)
-    r["progs_after"] = _progs(ctx)
-    return r
+    return traced_run(ctx, [PY, "-m", "retsnoop_otel", "trace", *globs(app), "-v", *extra], [app, str(ROUNDS), "300"],
+                      r"array_map_alloc_check", start_timeout=600, wait_timeout=300, workload_timeout=300,
+                      progs_while_attached=True)
 
 
 @budget(1800)
