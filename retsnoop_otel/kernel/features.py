@@ -419,13 +419,13 @@ def format_features(features: Features) -> str:
     width = max(len(f.name) for f in features.entries())
     for f in features.entries():
         lines.append(f"  {f.name:<{width}}  {'yes' if f.available else 'NO ':<3}  {f.detail}")
+    user = features.user_functions  # before the verdict, which stays last: it says what to do
+    lines.append("User-space functions (u:BINARY:GLOB): " + (f"possible; {user.detail}" if user.available else
+                                                            f"not possible: this kernel {user.why}"))
     mode = choose_mode(features)
     try:
         require_tracing(features, "auto")
         lines.append(f"Tracing: possible; default attach mode {mode}")
     except FeatureError as exc:
         lines.append(f"Tracing: not possible: {exc}")
-    user = features.user_functions
-    lines.append("User-space functions (u:BINARY:GLOB): " + (f"possible; {user.detail}" if user.available else
-                                                            f"not possible: this kernel {user.why}"))
     return "\n".join(lines)

@@ -250,10 +250,10 @@ def test_without_privileges_every_probe_says_denied_not_missing() -> None:
         assert "denies BPF to this process" in feats[name]["detail"], feats[name]
     lines = subprocess.run(["unshare", "--user", sys.executable, "-m", "retsnoop_otel", "features"],
                            capture_output=True, text=True, timeout=120).stdout.splitlines()
-    assert lines[-1].startswith("User-space functions (u:BINARY:GLOB): not possible: this kernel denies BPF to this "
-                                "process"), lines[-1]
+    assert lines[-2].startswith("User-space functions (u:BINARY:GLOB): not possible: this kernel denies BPF to this "
+                                "process"), lines[-2]
     assert feats["user_functions"]["errno"] == errno.EPERM, feats["user_functions"]
-    text = lines[-2]
+    text = lines[-1]
     assert text == ("Tracing: not possible: this process needs CAP_BPF and CAP_PERFMON (or root) to trace: run it as "
                     "root, or in a container add those capabilities (--cap-add BPF --cap-add PERFMON; see the "
                     "Dockerfile)"), text

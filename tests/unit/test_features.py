@@ -116,12 +116,12 @@ def test_format_features_lists_every_entry_and_the_verdict() -> None:
     fentry_line = next(x for x in lines if x.split()[0] == "fentry")
     assert fentry_line.split()[1] == "NO" and fentry_line.endswith("refused (EPERM): denied")
     assert next(x for x in lines if x.split()[0] == "btf").split()[1] == "yes"
-    assert lines[-2].startswith("Tracing: not possible: this kernel refuses fentry/fexit programs (EPERM)")
-    assert features.format_features(KERNEL_61).splitlines()[-2] == "Tracing: possible; default attach mode kprobe"
-    assert lines[-1] == "User-space functions (u:BINARY:GLOB): possible; user_functions works"
+    assert lines[-1].startswith("Tracing: not possible: this kernel refuses fentry/fexit programs (EPERM)")
+    assert features.format_features(KERNEL_61).splitlines()[-1] == "Tracing: possible; default attach mode kprobe"
+    assert lines[-2] == "User-space functions (u:BINARY:GLOB): possible; user_functions works"
     no_cookies = Feature("user_functions", False, "needs BPF cookies", errno.ENOTSUP,
                          "has no BPF cookies for user-space functions (Linux 5.15+ needed)")
-    assert features.format_features(_feats(user_functions=no_cookies)).splitlines()[-1] == (
+    assert features.format_features(_feats(user_functions=no_cookies)).splitlines()[-2] == (
         "User-space functions (u:BINARY:GLOB): not possible: this kernel has no BPF cookies for user-space functions "
         "(Linux 5.15+ needed)")
 
