@@ -66,7 +66,7 @@ def main() -> None:
     for name, web, client, creds in (("plain HTTP", None, None, None), ("HTTPS", "tls.yml", ctx, None),
                                      ("HTTPS + basic auth (cached)", "auth.yml", ctx, auth)):
         watcher = WebWatcher(load_web_config(str(d / web))) if web else None
-        server = MetricsServer("127.0.0.1", 0, registry, lambda: (True, {}), web=watcher)
+        server = MetricsServer("127.0.0.1", 0, registry, lambda: (True, {}), web=watcher).start()
         try:
             times = [_scrape_ms(server.port, client, creds) for _ in range(args.runs)]
         finally:

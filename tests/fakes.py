@@ -156,6 +156,7 @@ class FakeTracer:
         self.pending: list = []
         self.on_record = None
         self.app_targets: dict[int, tuple] = {}
+        self.ready = False  # the kernel side's flag: entry functions start sessions
         if world.fail_attach_for & {f.name for f in self.funcs}:
             self.fail = True
         else:
@@ -164,17 +165,27 @@ class FakeTracer:
     def load(self) -> None:
         self.state = "loaded"
 
-    def attach(self, on_error=None, strict=False) -> AttachReport:
+    def attach(self, on_error=None, strict=False, ready=True) -> AttachReport:
         if self.fail:
             raise OSError("attach failed: EBUSY")
         self.state = "attached"
+        self.ready = ready
         return AttachReport(attached=list(self.funcs))
+
+    def set_ready(self, ready: bool) -> None:
+        assert self.state == "attached", f"set_ready when {self.state}"
+        self.ready = ready
+
+    def detach(self) -> None:
+        if self.state == "attached":
+            self.state = "detached"
+        self.ready = False
 
     def open_ring_buffer(self, on_record) -> None:
         self.on_record = on_record
 
     def poll(self, timeout_ms: int) -> int:
-        assert self.state == "attached", "poll after close"
+        assert self.state in ("attached", "detached"), "poll after close"
         pending, self.pending = self.pending, []
         for rec in pending:
             self.on_record(rec)

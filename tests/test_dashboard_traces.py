@@ -318,7 +318,7 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prom]:
     tmp = tmp_path_factory.mktemp("prometheus")
     store = _exemplar_store()
     with fake_agent_registry(store.for_histogram) as registry:
-        server = MetricsServer("127.0.0.1", 0, registry, lambda: (True, {}))
+        server = MetricsServer("127.0.0.1", 0, registry, lambda: (True, {})).start()
         cfg = yaml.safe_load(SCRAPE_CONFIG.read_text())
         cfg["global"].update(scrape_interval="1s", evaluation_interval="1s")
         cfg["rule_files"] = [str(ALERTS)]

@@ -47,6 +47,8 @@ def check_health(metrics: MetricsConfig, timeout_s: float = 5.0) -> Health:
         conn.request("GET", "/healthz")
         resp = conn.getresponse()
         body = resp.read(512).decode(errors="replace").strip()
+    except ConnectionRefusedError:  # the port is bound at start but answers only once every probe is attached
+        return Health(False, f"{url}: connection refused (the agent is not running, or still attaching its probes)")
     except (OSError, http.client.HTTPException) as exc:
         return Health(False, f"{url}: {exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}")
     finally:

@@ -286,11 +286,12 @@ class Tracer:
     # ---- attach --------------------------------------------------------------------------
 
     def attach(self, on_error: Callable[[TracedFunc, str], None] | None = None,
-               strict: bool = False) -> AttachReport:
+               strict: bool = False, ready: bool = True) -> AttachReport:
         """Attach exit probes before entry probes so no session starts without its exit probe.
 
         A function that cannot be attached is reported and skipped, unless `strict`; if nothing
-        could be attached at all, everything is detached and the error raised.
+        could be attached at all, everything is detached and the error raised. Sessions start once every
+        probe is attached, or (`ready` False) from set_ready(True) on.
         """
         assert self._obj is not None, "load() first"
         report = AttachReport()
@@ -328,7 +329,8 @@ class Tracer:
         except BaseException:
             self.detach()
             raise
-        self._set_ready()
+        if ready:
+            self.set_ready(True)
         report.attach_ms = (time.monotonic() - t0) * 1000
         return report
 
@@ -344,12 +346,13 @@ class Tracer:
                                      "(this CPU or hypervisor exposes no last branch records: turn LBR "
                                      "capture off)", exc.errno or errno.EOPNOTSUPP) from None
 
-    def _set_ready(self) -> None:
+    def set_ready(self, ready: bool) -> None:
+        """The kernel side's `ready`: whether entry functions start sessions (calls in progress go on)."""
         assert self._obj is not None
         bss = self._obj.map(".bss")
         off, size = Btf.of_object(self._obj).datasec_vars(".bss")["ready"]
         value = bytearray(bss.value_size)
-        value[off:off + size] = b"\x01"
+        value[off:off + size] = b"\x01" if ready else b"\x00"
         bss.update(struct.pack("<I", 0), bytes(value))
 
     def _attach_one(self, f: TracedFunc, loaded: clones.Clone | BaseException | None = None) -> None:

@@ -188,25 +188,49 @@ def _why(exc: Exception, host: str, setting: str) -> str:
     return f"{getattr(exc, 'strerror', None) or exc}; check {setting}"
 
 
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 class MetricsServer:
-    """Binds at once (a busy or privileged port fails before anything else starts), then serves from a daemon
-    thread until `close`. Port 0 picks a free port; `port` is the bound one."""
+    """Binds at once (a busy or privileged port fails before anything else starts) and answers only from
+    `start`, from a daemon thread until `close`: until then a connection is refused, so nobody reads
+    "up" or "healthy" before the run is (the agent starts it once its probes are attached). Port 0 picks a
+    free port; `port` is the bound one."""
 
     def __init__(self, host: str, port: int, registry: CollectorRegistry, health: HealthFn, *,
                  setting: str = "metrics.listen", web: WebWatcher | None = None) -> None:
         try:
-            self._server = (_Server6 if ":" in host else _Server)((host, port), _Handler)
+            # bound but not listening: the kernel refuses connections to it (RST) until start()
+            self._server = (_Server6 if ":" in host else _Server)((host, port), _Handler, bind_and_activate=False)
+            try:
+                self._server.server_bind()
+            except BaseException:
+                self._server.server_close()
+                raise
         except (OSError, OverflowError, ValueError) as exc:
-            listen = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-            raise ListenError(f"cannot listen on {listen}: {_why(exc, host, setting)}") from None
+            raise ListenError(f"cannot listen on {_address(host, port)}: {_why(exc, host, setting)}") from None
         self._server.web = web
         self._server.set_app(_App(registry, health, self._server))
         self.host = host
         self.port: int = self._server.server_address[1]
+        self._setting = setting
         self._lock = threading.Lock()
         self._closed = False
-        self._thread = threading.Thread(target=self._server.serve_forever, name="metrics-http", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> MetricsServer:
+        """Listen and answer from now on."""
+        with self._lock:
+            if self._thread is None and not self._closed:
+                try:  # another process that bound the port meanwhile (SO_REUSEADDR) and listened first
+                    self._server.server_activate()
+                except OSError as exc:
+                    raise ListenError(f"cannot listen on {_address(self.host, self.port)}: "
+                                      f"{_why(exc, self.host, self._setting)}") from None
+                self._thread = threading.Thread(target=self._server.serve_forever, name="metrics-http", daemon=True)
+                self._thread.start()
+        return self
 
     @property
     def scheme(self) -> str:
@@ -222,6 +246,9 @@ class MetricsServer:
             if self._closed:
                 return
             self._closed = True
-        self._server.shutdown()
+            thread = self._thread
+        if thread is not None:  # shutdown() waits for serve_forever, which never ran without start()
+            self._server.shutdown()
         self._server.server_close()
-        self._thread.join()
+        if thread is not None:
+            thread.join()

@@ -45,15 +45,40 @@ class RuntimeMetrics:
             registry.register(collector)
         return registry
 
-    def serve(self, settings: RunSettings) -> Any:
-        """The /metrics and /healthz server (metrics.server.MetricsServer), bound now; None without a port."""
+    def bind(self, settings: RunSettings) -> Any:
+        """The /metrics and /healthz server (metrics.server.MetricsServer), bound now and answering from
+        `answer` on; None without a port."""
         cfg = settings.config
         if cfg.metrics.port is None:
             return None
         from retsnoop_otel.metrics.server import ListenError, MetricsServer
         try:
-            return MetricsServer(cfg.metrics.host, cfg.metrics.port, self.registry(), self._rt.health,
+            return MetricsServer(cfg.metrics.host, cfg.metrics.port, self.registry(), self.health,
                                  setting=cfg.names.listen, web=self.web(settings))
+        except ListenError as exc:
+            raise SetupError(str(exc)) from None
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """/healthz: the server answers only once the run is attached (answer), so this is about staying so."""
+        rt = self._rt
+        age = rt.deps.monotonic() - rt.last_poll
+        status = "reloading" if rt.reloading else ("ok" if age < rt.config.metrics.stall_after_s else "stalled")
+        sets = list(rt.probe_sets)
+        return status != "stalled", {
+            "status": status,
+            "probe_sets": [{"name": ps.name, "mode": ps.cfg.mode, "attach_mode": ps.mode,
+                            "attached_functions": ps.attached} for ps in sets],
+            "attached_functions": sum(ps.attached for ps in sets),
+            "last_poll_age_s": round(age, 3),
+            "reloads": dict(rt.reloads),
+        }
+
+    @staticmethod
+    def answer(server: Any) -> None:
+        """The bound server answers from now on: the run counts every call its probe sets trace."""
+        from retsnoop_otel.metrics.server import ListenError
+        try:
+            server.start()
         except ListenError as exc:
             raise SetupError(str(exc)) from None
 

@@ -7,6 +7,7 @@ without a kernel in tests.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
@@ -26,6 +27,7 @@ from retsnoop_otel.capture.sampling import ALWAYS, kernel_sampling
 from retsnoop_otel.capture.sessions import SessionAssembler
 from retsnoop_otel.kernel.tracer import TRAMPOLINE_MODES, AttachReport, CaptureConfig
 from retsnoop_otel.metrics.workload_series import LABEL_NAMES, WorkloadSeries, WorkloadTotal
+from retsnoop_otel.runtime import carry
 from retsnoop_otel.runtime.config import AGENT_NAMES, InputNames, Limits, ProbeSetConfig
 from retsnoop_otel.runtime.environment import KernelEnv, cgroup_target, lbr_refusal
 from retsnoop_otel.runtime.errors import InputError, RunRefused, SetupError
@@ -38,7 +40,11 @@ class TracerLike(Protocol):
     def load(self) -> None: ...
 
     def attach(self, on_error: Callable[[TracedFunc, str], None] | None = None,
-               strict: bool = False) -> AttachReport: ...
+               strict: bool = False, ready: bool = True) -> AttachReport: ...
+
+    def set_ready(self, ready: bool) -> None: ...
+
+    def detach(self) -> None: ...
 
     def open_ring_buffer(self, on_record: Callable[[Record], None]) -> None: ...
 
@@ -178,9 +184,15 @@ class ProbeSet:
         self.attach_failures: list[tuple[str, str]] = []
         self.load_s = 0.0  # BPF object open, verification and map setup
         self.kept = 0
-        self.sampled_out = 0
-        self.filtered_out = 0
+        self._sampled_out = 0
+        self._filtered_out = 0
         self._started = False
+        # counts of the set this one replaced at a reload (carry.py): read live until it is closed
+        self._stats_lock = threading.Lock()  # a scrape's reads against close() freeing the maps
+        self._prev: ProbeSet | None = None
+        self._next: ProbeSet | None = None  # the set that replaced this one
+        self._carried: carry.Totals | None = None
+        self._final: carry.Totals | None = None  # everything it counted, once closed
         self._bpf_names_due = False  # fentry: [bpf] kallsyms not read since attach
         self._workloads = workload_series(cfg) if workload_series is not None and cfg.workload_label else None
 
@@ -188,13 +200,14 @@ class ProbeSet:
     def attached(self) -> int:
         return len(self.report.attached) if self.report is not None else 0
 
-    def start(self) -> AttachReport:
-        """Load, attach (exits before entries), open the ring buffer; on any failure nothing stays attached."""
+    def start(self, ready: bool = True) -> AttachReport:
+        """Load, attach (exits before entries), open the ring buffer; on any failure nothing stays attached.
+        `ready`: sessions start at once (else at set_ready, when a reload hands over from the set it replaces)."""
         try:
             t0 = time.monotonic()
             self.tracer.load()
             self.load_s = time.monotonic() - t0
-            report = self.tracer.attach(on_error=lambda f, e: self.attach_failures.append((f.name, e)))
+            report = self.tracer.attach(on_error=lambda f, e: self.attach_failures.append((f.name, e)), ready=ready)
             self.tracer.open_ring_buffer(self._on_record)
             # fexit stacks run through trampolines and our programs, named by a fresh kallsyms read: taken
             # before the first stack is shown rather than here, where it was most of a small set's start
@@ -211,11 +224,6 @@ class ProbeSet:
         self.report = report
         self._started = True
         return report
-
-    @property
-    def evicted(self) -> int:
-        """Open sessions the assembler had to drop (more threads in sessions than limits.max_sessions)."""
-        return self._assembler.evicted
 
     def _on_record(self, rec: Record) -> None:
         if isinstance(rec, APP_RECORDS):
@@ -240,10 +248,10 @@ class ProbeSet:
             if self.cfg.errors.accepts(session, self.funcs):
                 session.sampling_threshold = ALWAYS
                 return True
-            self.filtered_out += 1
+            self._filtered_out += 1
             return False
         if not session.kernel_sampling:  # not kept by the kernel's sampler (none sends such sessions)
-            self.sampled_out += 1
+            self._sampled_out += 1
             return False
         by_probability = bool(session.kernel_sampling & SAMPLED_PROBABILITY)
         session.sampling_threshold = self._success_threshold if by_probability else None
@@ -252,15 +260,80 @@ class ProbeSet:
     def poll(self, timeout_ms: int) -> int:
         return self.tracer.poll(timeout_ms) if self._started else 0
 
-    # the kernel's aggregates, read at scrape time (metrics.kernel_families.ProbeSetSource)
+    def set_ready(self, ready: bool) -> None:
+        """Whether calls of its entry functions start sessions (attached probes see the calls either way)."""
+        self.tracer.set_ready(ready)
+
+    def carry_from(self, prev: ProbeSet) -> None:
+        """Count on from `prev`, the set of the same name this one replaces at a reload: its counts are read
+        live until it is closed, then its final ones are kept (and the set let go)."""
+        self._prev, prev._next = prev, self
+
+    def _settle(self, final: carry.Totals) -> None:
+        with self._stats_lock:
+            self._carried, self._prev = final, None
+
+    def _carry(self) -> carry.Totals | None:
+        return self._prev.totals() if self._prev is not None else self._carried
+
+    def totals(self) -> carry.Totals:
+        """Everything it counted, carried counts included, by function name."""
+        with self._stats_lock:
+            return self._final if self._final is not None else self._totals_now()
+
+    def _totals_now(self) -> carry.Totals:
+        return carry.totals(self.funcs, self.tracer.func_stats(), self.tracer.session_stats(),
+                            self._own_workload_totals(), self.tracer.capture_stats(), self.tracer.program_stats(),
+                            self._sampled_out, self._filtered_out, self._assembler.evicted, self._carry())
+
+    # the kernel's aggregates, read at scrape time (metrics.kernel_families.ProbeSetSource); a closed set
+    # (one a scrape listed before it was closed) answers its final counts
     def func_stats(self) -> list[FuncStats]:
-        return self.tracer.func_stats()
+        with self._stats_lock:
+            if self._final is not None:
+                return carry.func_stats([], self.funcs, self._final)
+            return carry.func_stats(self.tracer.func_stats(), self.funcs, self._carry())
 
     def session_stats(self) -> list[SessionStats]:
-        return self.tracer.session_stats()
+        with self._stats_lock:
+            if self._final is not None:
+                return carry.session_stats([], self.funcs, self._final)
+            return carry.session_stats(self.tracer.session_stats(), self.funcs, self._carry())
 
     def capture_stats(self) -> CaptureStats:
-        return self.tracer.capture_stats()
+        with self._stats_lock:
+            if self._final is not None:
+                return self._final.capture
+            return carry.capture_stats(self.tracer.capture_stats(), self._carry())
+
+    def program_stats(self) -> list[ProgramStats]:
+        with self._stats_lock:
+            if self._final is not None:
+                return list(self._final.programs.values())
+            return carry.program_stats(self.tracer.program_stats(), self._carry())
+
+    def _user_counts(self) -> tuple[int, int, int]:
+        """(sampled out, filtered out, evicted) in user space, carried ones included."""
+        if self._final is not None:
+            return self._final.sampled_out, self._final.filtered_out, self._final.evicted
+        c = self._carry()
+        own = (self._sampled_out, self._filtered_out, self._assembler.evicted)
+        return own if c is None else (own[0] + c.sampled_out, own[1] + c.filtered_out, own[2] + c.evicted)
+
+    @property
+    def sampled_out(self) -> int:
+        """Successes not exported that the kernel sent (its own drops are in capture_stats)."""
+        return self._user_counts()[0]
+
+    @property
+    def filtered_out(self) -> int:
+        """Failing sessions the error filter kept from export."""
+        return self._user_counts()[1]
+
+    @property
+    def evicted(self) -> int:
+        """Open sessions the assembler had to drop (more threads in sessions than limits.max_sessions)."""
+        return self._user_counts()[2]
 
     @property
     def workload_label(self) -> str | None:
@@ -270,6 +343,12 @@ class ProbeSet:
 
     def workload_totals(self) -> list[WorkloadTotal]:
         """Counts per workload label value; the kernel's entries of cgroups that are gone are dropped here."""
+        with self._stats_lock:
+            if self._final is not None:
+                return carry.workload_totals([], self.funcs, self._final)
+            return carry.workload_totals(self._own_workload_totals(), self.funcs, self._carry())
+
+    def _own_workload_totals(self) -> list[WorkloadTotal]:
         if self._workloads is None:
             return []
         totals, gone = self._workloads.fold(self.tracer.workload_counts())
@@ -277,12 +356,22 @@ class ProbeSet:
             self.tracer.forget_cgroups(gone)
         return totals
 
-    def program_stats(self) -> list[ProgramStats]:
-        return self.tracer.program_stats()
+    def detach(self) -> None:
+        """Every probe detached; the ring buffer and the counts stay readable until close()."""
+        self.tracer.detach()
 
     def close(self) -> None:
-        self._started = False
-        self.tracer.close()
+        """Detach, keep the final counts (a successor carries them on), free the BPF object."""
+        started, self._started = self._started, False
+        self.tracer.detach()
+        with self._stats_lock:
+            if started:
+                self._final = self._totals_now()
+                self._prev = self._carried = None
+            self.tracer.close()
+        successor, self._next = self._next, None
+        if successor is not None and self._final is not None:
+            successor._settle(self._final)
 
 
 def start_probe_sets(found: Sequence[tuple[ProbeSetConfig, discovery.Discovery]], env: KernelEnv, limits: Limits,
@@ -290,20 +379,34 @@ def start_probe_sets(found: Sequence[tuple[ProbeSetConfig, discovery.Discovery]]
                      names: InputNames = AGENT_NAMES,
                      on_app_probe: AppProbeCallback | None = None,
                      workload_series: WorkloadSeriesFactory | None = None,
-                     counted: bool = True) -> list[ProbeSet]:
-    """Attach every resolved set, or (on the first failure) detach the ones already attached and raise."""
+                     counted: bool = True, ready: bool = True) -> list[ProbeSet]:
+    """Attach every resolved set, or (on the first failure) detach the ones already attached and raise.
+    `ready`: as for ProbeSet.start."""
     started: list[ProbeSet] = []
     try:
         for cfg, disc in found:
             ps = ProbeSet(cfg, disc, limits, env, tracer_factory, on_session, names, on_app_probe=on_app_probe,
                           workload_series=workload_series, counted=counted)
-            ps.start()
+            ps.start(ready)
             started.append(ps)
     except BaseException:
         for ps in reversed(started):
             ps.close()
         raise
     return started
+
+
+def hand_over(old_sets: Sequence[ProbeSet], new_sets: Sequence[ProbeSet]) -> None:
+    """A reload's switch: from here on the new sets start the sessions and the old ones none (those in progress
+    end there), so a call is neither lost nor counted twice; a set of the same name counts on from its
+    predecessor."""
+    for ps in old_sets:
+        ps.set_ready(False)
+    old = {ps.name: ps for ps in old_sets}
+    for ps in new_sets:
+        ps.set_ready(True)
+        if ps.name in old:
+            ps.carry_from(old[ps.name])
 
 
 def real_tracer_factory(funcs: Sequence[TracedFunc], cfg: CaptureConfig,

@@ -13,7 +13,6 @@ clock comes in through RuntimeDeps, so the lifecycle runs in unit tests without 
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
 import threading
@@ -35,9 +34,17 @@ from retsnoop_otel.runtime.environment import (
     load_kernel_env,
 )
 from retsnoop_otel.runtime.errors import RunRefused
+from retsnoop_otel.runtime.heap import freeze_heap, refreeze_heap
 from retsnoop_otel.runtime.logs import EventLog
 from retsnoop_otel.runtime.metrics_view import RuntimeMetrics
-from retsnoop_otel.runtime.probe_set import ProbeSet, TracerFactory, real_tracer_factory, resolve, start_probe_sets
+from retsnoop_otel.runtime.probe_set import (
+    ProbeSet,
+    TracerFactory,
+    hand_over,
+    real_tracer_factory,
+    resolve,
+    start_probe_sets,
+)
 from retsnoop_otel.runtime.requests import Requests
 from retsnoop_otel.runtime.settings import RunSettings, run_settings
 from retsnoop_otel.runtime.sinks import Sinks
@@ -96,23 +103,6 @@ class RuntimeDeps:
         self.app_sources = app_sources  # (proc root, user stacks, lines)
         # (root, clock, pod watch settings or None, log) -> the workload resolver; the watch starts with it
         self.make_workloads = make_workloads
-
-
-def _freeze_heap() -> None:
-    """The kernel tables (kallsyms, traceable functions, BTF index: about a million objects) live as long
-    as the run: moved out of the collector's reach, they no longer make its full passes pause capture for
-    seconds under emulation. The command line turns the collector off while it starts (cli.py)."""
-    gc.freeze()
-    gc.enable()
-
-
-def _refreeze_heap() -> None:
-    """After a reload the previous config's tables are garbage, but frozen objects are never collected:
-    the cycles among them (probe sets and their callbacks) kept all of it alive, about 45 MB per SIGHUP
-    at 10,000 functions (bench/agent_scale.py). One full pass frees them, then the new tables freeze."""
-    gc.unfreeze()
-    gc.collect()
-    _freeze_heap()
 
 
 class StartHook:
@@ -188,6 +178,8 @@ class Runtime:
             with self.lock:
                 self.probe_sets = sets
             self._app_targets(sets)
+            if self.server is not None:  # "up" and "healthy" only now: every call from here on is counted
+                self.metrics.answer(self.server)
             self.metrics_push = self.metrics.push(settings)
         except BaseException:
             self.shutdown(0.0)
@@ -195,7 +187,7 @@ class Runtime:
         hook.attached(self, sets)
         self.last_poll = self.deps.monotonic()
         self._next_housekeeping = self.last_poll + HOUSEKEEPING_S
-        _freeze_heap()
+        freeze_heap()
         return True
 
     def _open(self, settings: RunSettings) -> None:
@@ -204,7 +196,7 @@ class Runtime:
             self.log.info("OTLP export turned off by the environment", variables=settings.switched_off)
         self._offset_ns = self.deps.boot_to_wall_offset()
         self.resource = self.deps.make_resource()
-        self.server = self.metrics.serve(settings)
+        self.server = self.metrics.bind(settings)
         self.sinks = self._sinks(settings)
         self.workloads = self._workloads(settings)
 
@@ -242,10 +234,11 @@ class Runtime:
             out.append((ps, found))
         return out
 
-    def _attach(self, found: Resolved, env: KernelEnv, cfg: RuntimeConfig) -> list[ProbeSet]:
+    def _attach(self, found: Resolved, env: KernelEnv, cfg: RuntimeConfig, ready: bool = True) -> list[ProbeSet]:
+        """`ready` False: attached, but no session starts before their set_ready (a reload's handover)."""
         self._watch_apps(cfg)
         sets = start_probe_sets(found, env, cfg.limits, self.deps.tracer_factory, self._on_session, cfg.names,
-                                self._app_probe, self.metrics.workload_series, cfg.metrics.read)
+                                self._app_probe, self.metrics.workload_series, cfg.metrics.read, ready=ready)
         self.phases.extend(attach_phases(sets))
         return sets
 
@@ -359,7 +352,7 @@ class Runtime:
         """Apply a new config; on any error keep what runs now. Returns success."""
         if not self._swap_config(cfg, hook or StartHook()):
             return False
-        _refreeze_heap()  # here, once the swap's locals no longer hold the previous config's objects
+        refreeze_heap()  # here, once the swap's locals no longer hold the previous config's objects
         self.last_poll = self.deps.monotonic()
         return True
 
@@ -380,13 +373,15 @@ class Runtime:
             cfg = settings.config
             if (cfg.metrics.host, cfg.metrics.port, cfg.names.listen) != (
                     old.metrics.host, old.metrics.port, old.names.listen):
-                new_server = self.metrics.serve(settings)
+                new_server = self.metrics.bind(settings)
+                if new_server is not None:  # the running sets count on meanwhile: this run is ready
+                    self.metrics.answer(new_server)
             else:
                 web = self.metrics.web(settings)  # read again even when unchanged: SIGHUP is how users ask for that
             if (cfg.exporter, cfg.limits) != (old.exporter, old.limits):
                 new_sinks = self._sinks(settings)
             env, env_key = self._kernel(settings)
-            new_sets = self._attach(self._discover(cfg, env, hook), env, cfg)
+            new_sets = self._attach(self._discover(cfg, env, hook), env, cfg, ready=False)
         except Exception as exc:  # noqa: BLE001 - whatever fails, the running config stays
             for part in (new_server, env if env is not self.env else None):
                 if part is not None:
@@ -398,6 +393,7 @@ class Runtime:
             return False
         with self.lock:  # the new sets are attached: swap them in; scrapes see the new sets from here on
             old_sets, self.probe_sets = self.probe_sets, new_sets
+            hand_over(old_sets, new_sets)
             old_env = self.env if self.env is not env else None
             self.env, self.env_key = env, env_key
             old_sinks = old_server = None
@@ -436,18 +432,20 @@ class Runtime:
         return True
 
     def _drain_and_close(self, ps: ProbeSet) -> None:
+        """Detached first, then drained: every session that ended before its probes went is read and sent."""
         t0, drained = time.monotonic(), 0
+        ps.detach()
+        t1 = time.monotonic()
         try:
-            drained = ps.poll(0)  # sessions already in the ring buffer still go out
+            drained = ps.poll(0)
             self._emit_due(wait=True)  # and those waiting for their user stacks' symbols, within the bound
             if self.sinks is not None:
                 self.sinks.flush()
-        except Exception as exc:  # noqa: BLE001 - detaching matters more than the last records
-            self.log.warning("could not drain probe set before detaching", probe_set=ps.name, error=str(exc))
-        t1 = time.monotonic()
+        except Exception as exc:  # noqa: BLE001 - freeing the object matters more than the last records
+            self.log.warning("could not drain probe set after detaching", probe_set=ps.name, error=str(exc))
         ps.close()
-        self.stop_phases += [Phase("drain", t1 - t0, f"{drained} records of {ps.name}"),
-                             phase_since("detach", t1, ps.name)]
+        self.stop_phases += [Phase("detach", t1 - t0, ps.name),
+                             phase_since("drain", t1, f"{drained} records of {ps.name}")]
 
     def shutdown(self, flush_s: float) -> None:
         """Detach everything, flush the exporters within `flush_s`, stop listening. Idempotent."""
@@ -483,19 +481,6 @@ class Runtime:
             self.workloads = None
 
     # ---- observability ---------------------------------------------------------------------------
-
-    def health(self) -> tuple[bool, dict[str, Any]]:
-        age = self.deps.monotonic() - self.last_poll
-        status = "reloading" if self.reloading else ("ok" if age < self.config.metrics.stall_after_s else "stalled")
-        sets = list(self.probe_sets)
-        return status != "stalled", {
-            "status": status,
-            "probe_sets": [{"name": ps.name, "mode": ps.cfg.mode, "attach_mode": ps.mode,
-                            "attached_functions": ps.attached} for ps in sets],
-            "attached_functions": sum(ps.attached for ps in sets),
-            "last_poll_age_s": round(age, 3),
-            "reloads": dict(self.reloads),
-        }
 
     def _housekeeping(self) -> None:
         """Re-measure the clock offset (NTP steps) and log losses that grew since the last summary."""

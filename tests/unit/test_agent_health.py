@@ -21,7 +21,7 @@ from tests.fakes import WEB_TLS, WEB_USERS
 def _serve(healthy: bool, web_file: Path | None = None) -> MetricsServer:
     watcher = WebWatcher(load_web_config(str(web_file)), lambda _w: None) if web_file else None
     state = (True, {"status": "ok"}) if healthy else (False, {"status": "stalled"})
-    return MetricsServer("127.0.0.1", 0, CollectorRegistry(), lambda: state, web=watcher)
+    return MetricsServer("127.0.0.1", 0, CollectorRegistry(), lambda: state, web=watcher).start()
 
 
 def _config(tmp_path: Path, port: int, web_file: Path | None = None, host: str = "0.0.0.0") -> Path:
@@ -51,7 +51,7 @@ def test_plain_http_healthy_then_stalled_then_gone(tmp_path: Path) -> None:
     finally:
         stalled.close()
     code, _, err = _run(_config(tmp_path, stalled.port))  # closed: nothing listens there any more
-    assert code == 1 and "refused" in err.lower(), err
+    assert code == 1 and "connection refused (the agent is not running, or still attaching its probes)" in err, err
 
 
 @pytest.mark.parametrize("auth", [False, True], ids=["tls", "tls+basic_auth"])
@@ -79,7 +79,7 @@ def test_unreadable_config_or_web_config_is_exit_2(tmp_path: Path) -> None:
 def test_ipv6_wildcard_asks_the_ipv6_loopback(tmp_path: Path) -> None:
     if not socket.has_ipv6:
         pytest.fail("this host has no IPv6: the test needs ::1")
-    server = MetricsServer("::1", 0, CollectorRegistry(), lambda: (True, {"status": "ok"}))
+    server = MetricsServer("::1", 0, CollectorRegistry(), lambda: (True, {"status": "ok"})).start()
     try:
         code, out, err = _run(_config(tmp_path, server.port, host="[::]"))
         assert code == 0 and out.startswith(f"http://[::1]:{server.port}/healthz"), err

@@ -168,7 +168,8 @@ def test_good_reload_attaches_new_then_detaches_old(setup) -> None:
         th = threading.Thread(target=try_lock)
         th.start()
         th.join()
-        order.append("close-old")
+        # handed over: the new sets start sessions, the old ones none (no call counted or exported twice)
+        order.append(f"close-old ready={t.ready} new ready={[n.ready for n in world.live() if n not in old]}")
         t.state = "closed"
 
     for t in old:
@@ -178,13 +179,15 @@ def test_good_reload_attaches_new_then_detaches_old(setup) -> None:
     def factory(funcs, c, b):
         t = real_factory(funcs, c, b)
         orig = t.attach
-        t.attach = lambda on_error=None, strict=False: (order.append("attach-new"), orig())[1]  # type: ignore
+        t.attach = lambda on_error=None, strict=False, ready=True: (  # type: ignore
+            order.append(f"attach-new ready={ready}"), orig(ready=ready))[1]
         return t
 
     agent.deps.tracer_factory = factory
     cfg.write_text(AGENT_CONFIG.format(prob=0.5).replace("bpf_errors", "errors2"))
     assert agent.reload() is True
-    assert order == ["attach-new", "attach-new", "close-old", "close-old"]
+    assert order == ["attach-new ready=False", "attach-new ready=False",
+                     "close-old ready=False new ready=[True, True]", "close-old ready=False new ready=[True, True]"]
     assert scrape_could_lock == [True, True]
     assert [ps.name for ps in agent.runtime.probe_sets] == ["errors2", "prog_load"]
     assert agent.runtime.reloads == {"success": 1, "failure": 0}
@@ -194,7 +197,7 @@ def test_good_reload_attaches_new_then_detaches_old(setup) -> None:
 
 
 def test_reload_frees_the_previous_configs_tables(setup) -> None:
-    """The start freezes the heap (runtime._freeze_heap): a reload must still free what it replaced."""
+    """The start freezes the heap (runtime/heap.py): a reload must still free what it replaced."""
     import gc
     import weakref
     world, agent, cfg, _ = setup
@@ -572,3 +575,70 @@ def test_per_function_counts_are_kept_only_where_metrics_read_them(served: bool,
         assert t.cfg.workload_stats is False
     finally:
         runtime.shutdown(0.5)
+
+
+def test_metrics_and_health_answer_only_once_every_probe_set_is_attached(setup) -> None:
+    """Issue 49: /metrics answered while the kernel tables were still being read, and the calls a user made on
+    seeing it were never counted. The port is bound at start (a busy one still fails first) but refuses
+    connections until the probes are attached and start sessions."""
+    import socket
+    world, agent, cfg, _log = setup
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg.write_text(cfg.read_text().replace('listen: "127.0.0.1:0"', f'listen: "127.0.0.1:{port}"'))
+    seen: list[str] = []
+    real_factory = world.factory
+
+    def factory(funcs, c, b):
+        t = real_factory(funcs, c, b)
+        orig = t.attach
+
+        def attach(on_error=None, strict=False, ready=True):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=10).close()
+                seen.append("answered")
+            except ConnectionRefusedError:
+                seen.append("refused")
+            return orig(ready=ready)
+        t.attach = attach  # type: ignore[method-assign]
+        return t
+
+    agent.deps.tracer_factory = factory
+    agent.start()
+    assert seen == ["refused", "refused"]
+    assert all(t.ready for t in world.live())
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as resp:
+        assert json.loads(resp.read())["attached_functions"] > 0
+
+
+def test_a_reload_carries_each_probe_sets_counts_on(setup) -> None:
+    """A set that a reload replaces hands its counts to the set of the same name: counters never go down, and
+    what it counted after the last scrape is not lost; a set the new config drops takes its series along."""
+    world, agent, cfg, _log = setup
+    agent.start()
+    def calls() -> dict[str, list[tuple[str, int]]]:
+        return {ps.name: sorted((ps.funcs[s.func_id].name, s.calls) for s in ps.func_stats())
+                for ps in agent.runtime.probe_sets}
+
+    before = calls()
+    assert before["bpf_errors"] == [("__sys_bpf", 3), ("__x64_sys_bpf", 3), ("array_map_alloc_check", 3)]
+    cfg.write_text(AGENT_CONFIG.format(prob=0.5).replace("allow: [array_map_alloc_check]", "allow: [vfs_read]"))
+    assert agent.reload() is True
+    after = {name: dict(_sum(v)) for name, v in calls().items()}
+    # each fake tracer counts 3 calls per function: the old set's 3 go on under the same names
+    assert after["bpf_errors"] == {"__x64_sys_bpf": 6, "__sys_bpf": 6, "vfs_read": 3}
+    assert after["prog_load"] == {name: 6 for name in dict(_sum(before["prog_load"]))}
+    ps = agent.runtime.probe_sets[0]
+    assert ps._prev is None and ps._carried is not None  # the old set is closed and let go
+    assert ps.capture_stats() == ps.totals().capture
+    # a second reload carries the carried counts on too
+    assert agent.reload() is True
+    assert dict(_sum(calls()["bpf_errors"]))["__x64_sys_bpf"] == 9
+
+
+def _sum(pairs):
+    out: dict = {}
+    for name, n in pairs:
+        out[name] = out.get(name, 0) + n
+    return out.items()

@@ -47,7 +47,7 @@ def _registry(collector: Any, auto_describe: bool = False) -> CollectorRegistry:
 @contextmanager
 def serve(collector: Any = None, health: HealthFn = lambda: (True, {"status": "ok"}),
           host: str = "127.0.0.1") -> Iterator[MetricsServer]:
-    server = MetricsServer(host, 0, _registry(collector or _Static()), health)
+    server = MetricsServer(host, 0, _registry(collector or _Static()), health).start()
     try:
         yield server
     finally:
@@ -90,7 +90,7 @@ def test_gzip_when_client_accepts_it() -> None:
 def test_name_filter_is_prometheus_clients() -> None:
     # prometheus_client filters by the names a collector registered under: without describe(), only
     # auto_describe=True records them (with auto_describe=False the filtered answer is empty).
-    server = MetricsServer("127.0.0.1", 0, _registry(_Static(), auto_describe=True), lambda: (True, {}))
+    server = MetricsServer("127.0.0.1", 0, _registry(_Static(), auto_describe=True), lambda: (True, {})).start()
     try:
         _, _, body = fetch(server, "GET", "/metrics?name[]=retsnoop_demo_b")
     finally:
@@ -164,7 +164,7 @@ def test_stalled_or_malformed_clients_leave_stderr_quiet(monkeypatch: pytest.Mon
 
 
 def test_port_zero_picks_a_free_port_and_close_is_idempotent() -> None:
-    server = MetricsServer("127.0.0.1", 0, _registry(_Static()), lambda: (True, {}))
+    server = MetricsServer("127.0.0.1", 0, _registry(_Static()), lambda: (True, {})).start()
     assert server.host == "127.0.0.1" and server.port > 0
     assert fetch(server, "GET", "/metrics")[0] == 200
     server.close()
@@ -183,6 +183,39 @@ def test_ipv6_loopback() -> None:
         pytest.skip("this machine has no ::1 (binding it gives EADDRNOTAVAIL): environment, not code")
     with serve(host="::1") as server:
         assert fetch(server, "GET", "/healthz")[0] == 200
+
+
+def test_a_bound_server_refuses_connections_until_started() -> None:
+    """Bound at once (a busy port fails early), answering only from start(): nobody reads "up" before the run
+    counts the calls it traces (issue 49)."""
+    server = MetricsServer("127.0.0.1", 0, _registry(_Static()), lambda: (True, {}))
+    try:
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", server.port), timeout=10).close()
+        assert server.start() is server
+        assert fetch(server, "GET", "/metrics")[0] == 200
+    finally:
+        server.close()
+
+
+def test_a_server_never_started_closes_at_once() -> None:
+    server = MetricsServer("127.0.0.1", 0, _registry(_Static()), lambda: (True, {}))
+    server.close()  # shutdown() would wait forever for a serve loop that never ran
+    server.close()
+
+
+def test_a_port_taken_between_bind_and_start_is_named() -> None:
+    """Two processes may bind one port before either listens (SO_REUSEADDR): the second to start is told."""
+    first = MetricsServer("127.0.0.1", 0, _registry(_Static()), lambda: (True, {}))
+    try:
+        second = MetricsServer("127.0.0.1", first.port, _registry(_Static()), lambda: (True, {}), setting="--x")
+        first.start()
+        with pytest.raises(ListenError, match=rf"cannot listen on 127.0.0.1:{first.port}: the address is already "
+                                              r"in use .* pick another port with --x"):
+            second.start()
+        second.close()
+    finally:
+        first.close()
 
 
 @pytest.mark.parametrize("setting", ["metrics.listen", "--metrics-port"])

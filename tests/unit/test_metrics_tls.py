@@ -64,7 +64,7 @@ def serve(pki: Pki, text: str, warnings: list[str] | None = None) -> Iterator[Me
     registry = CollectorRegistry()
     registry.register(_Gauge())
     watcher = WebWatcher(load_web_config(str(path)), (warnings if warnings is not None else []).append)
-    server = MetricsServer("127.0.0.1", 0, registry, lambda: (True, {"status": "ok"}), web=watcher)
+    server = MetricsServer("127.0.0.1", 0, registry, lambda: (True, {"status": "ok"}), web=watcher).start()
     try:
         yield server
     finally:
