@@ -11,8 +11,10 @@
 #     -v /sys/kernel/btf:/sys/kernel/btf:ro \
 #     -v /sys/kernel/tracing:/sys/kernel/tracing:ro -v /sys/kernel/debug:/sys/kernel/debug:ro \
 #     -v /boot:/boot:ro -v /usr/lib/debug:/usr/lib/debug:ro \
-#     -v "$PWD/agent.yaml:/etc/retsnoop-otel/agent.yaml:ro" \
+#     -e OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318 \
 #     -p 9464:9464 retsnoop-otel
+#   (the baked-in config/agent.yaml sets no endpoint: the environment's is used, else http://localhost:4318;
+#    -v "$PWD/agent.yaml:/etc/retsnoop-otel/agent.yaml:ro" replaces the config)
 #
 # Privileges, and why each one is needed:
 #   CAP_BPF            load the BPF programs and create their maps

@@ -7,21 +7,28 @@ STAMP := $(VENV)/.installed
 LOW_VENV := .venv-lowest
 LOW_STAMP := $(LOW_VENV)/.installed
 # podman, mmdebstrap, runc: tests/test_image.py builds and runs the container image; qemu-system-arm,
-# qemu-user-static, binfmt-support, arch-test, gcc-aarch64-linux-gnu: the aarch64 wheel and the arm64 VM
+# qemu-user-static, binfmt-support, arch-test, gcc-aarch64-linux-gnu: the aarch64 wheel and the arm64 VM;
+# prometheus, prometheus-alertmanager: the real backends of the alert tests (Jaeger is built from Go, below)
 APT_PACKAGES := clang llvm libelf-dev zlib1g-dev curl bpftool qemu-system-x86 kmod busybox-static prometheus \
-	podman mmdebstrap runc time qemu-system-arm qemu-user-static binfmt-support arch-test gcc-aarch64-linux-gnu
+	prometheus-alertmanager podman mmdebstrap runc time qemu-system-arm qemu-user-static binfmt-support arch-test \
+	gcc-aarch64-linux-gnu
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 PYTEST_ARGS ?= -ra
 
 .NOTPARALLEL:
-.PHONY: setup apt bpf wheel docs kernels test unit vmtest lowest lint demo clean distclean
+.PHONY: setup apt bpf jaeger wheel docs kernels test unit vmtest lowest lint demo clean distclean
 
 ## setup: Debian packages (only missing ones), .venv with the project and its dev and service extras,
-## BPF objects
+## BPF objects, and Jaeger (the trace backend of the demo and the tests, built with Go and cached)
 setup:
 	@$(MAKE) --no-print-directory apt
 	@$(MAKE) --no-print-directory $(STAMP)
 	@$(MAKE) --no-print-directory bpf
+	@$(MAKE) --no-print-directory jaeger
+
+## jaeger: Jaeger v2 pinned at v1.75.0 (tests/peers/jaeger/go.mod), built into the cache outside the repo
+jaeger:
+	@tests/peers/build-jaeger >/dev/null
 
 apt:
 	@missing=$$(for p in $(APT_PACKAGES); do \

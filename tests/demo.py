@@ -2,15 +2,16 @@
 
     python -m tests.demo          (from the repo root; `make demo` runs it in a 6.12 VM via tests/vm/run)
 
-Starts a local OTLP receiver (tests/otlp_receiver.py, a real OTLP/HTTP and OTLP/gRPC server), runs
-`retsnoop-otel trace` with OTLP export (OTLP/HTTP, the default protocol) and the metrics endpoint (its output
-is echoed live), makes the kernel fail with `simfail`, then with a small Python service instrumented with the
-OpenTelemetry SDK (tests/otel_service.py, publishing its thread context through retsnoop_otel.publisher and
-exporting its own spans to the same receiver over gRPC), then shows what each sink got: the retsnoop-style
-stacks, the Prometheus series for the failing function and the traces as span trees, the service's request
-span with the kernel chain nested under it; last, that no BPF program of ours stays loaded. Exit code 0 only
-when the tracer exited 0, all of that was seen and nothing stayed attached; otherwise 1, with a one-line
-reason on stderr. Meant to run as root on a kernel that allows tracing (inside the VM);
+Starts Jaeger v2 with the shipped Collector pipeline (config/collector.yaml: OTLP in, tail sampling that keeps
+every trace with an error, the in-memory store; tests/peers/jaeger.py), runs `retsnoop-otel trace` exporting
+OTLP/HTTP to it with the metrics endpoint on (its output is echoed live), makes the kernel fail with `simfail`,
+then with a small Python service instrumented with the OpenTelemetry SDK (tests/otel_service.py, publishing its
+thread context through retsnoop_otel.publisher and exporting its own spans to the same Jaeger over gRPC), then
+shows what each sink got: the retsnoop-style stacks, the Prometheus series for the failing function, and the
+traces as Jaeger holds them, found through its query API by service and by the tag error.type=EINVAL: a kernel
+trace, and the service's request with the kernel chain nested under it; last, that no BPF program of ours stays
+loaded. Exit code 0 only when the tracer exited 0, all of that was seen and nothing stayed attached; otherwise 1,
+with a one-line reason on stderr. Meant to run as root on a kernel that allows tracing (inside the VM);
 tests/vm/scenarios/demo.py runs it the same way.
 """
 
@@ -19,16 +20,17 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
 from pathlib import Path
 
 from retsnoop_otel.kernel.tracer import PROGRAM_NAMES
+from tests.otlp_json import PYTHON_EXE
+from tests.peers.jaeger import VERSION as JAEGER_VERSION
+from tests.peers.jaeger import Jaeger, Span, spans_of, tree_lines
 from tests.procs import Proc
 
 PY = sys.executable
@@ -43,7 +45,8 @@ CALLS_RX = rf'^retsnoop_function_calls_total\{{[^}}]*function="{FUNC}"'
 ERRORS_RX = rf'^retsnoop_function_errors_total\{{[^}}]*function="{FUNC}"'
 SLOW = 300.0  # seconds: guest Python under TCG is ~30x slower than the host
 SERVICE = [PY, "-m", "tests.otel_service", "--requests", "4", "--interval", "3"]
-SERVICE_ENV = {"OTEL_PYTHON_CONTEXT": "retsnoop_thread_ctx", "OTEL_SERVICE_NAME": "users-service",
+SERVICE_NAME = "users-service"
+SERVICE_ENV = {"OTEL_PYTHON_CONTEXT": "retsnoop_thread_ctx", "OTEL_SERVICE_NAME": SERVICE_NAME,
                "RETSNOOP_OTEL_THREAD_ATTRIBUTES": "user.id"}
 
 _out = threading.Lock()  # the tracer's echo (reader thread) and our own lines: whole lines, never mixed
@@ -69,50 +72,16 @@ def run_shown(args: list[str], timeout: float = SLOW) -> int:
     return proc.terminate(timeout=30)  # reaps it and waits for its last lines to be echoed
 
 
-def span_tree(requests: list[dict]) -> list[str]:
-    """Spans of OTLP JSON requests as an indented tree: name, duration, status code, error.type."""
-    spans = []
-    for req in requests:
-        for rs in req.get("resourceSpans", []):
-            for ss in rs.get("scopeSpans", []):
-                spans.extend(ss.get("spans", []))
-    by_parent: dict[str, list[dict]] = {}
-    for s in spans:
-        by_parent.setdefault(s.get("parentSpanId", ""), []).append(s)
-    lines: list[str] = []
-    ids = {s.get("spanId", "") for s in spans}
-    roots = [p for p in by_parent if p not in ids]  # "" and the parents outside these requests
-
-    def walk(parent: str, depth: int) -> None:
-        for s in sorted(by_parent.get(parent, []), key=lambda x: int(x.get("startTimeUnixNano", 0))):
-            attrs = {a["key"]: next(iter(a["value"].values()), "") for a in s.get("attributes", [])}
-            dur_us = (int(s.get("endTimeUnixNano", 0)) - int(s.get("startTimeUnixNano", 0))) / 1000
-            status = s.get("status", {}).get("code", "")
-            err = attrs.get("error.type", "")
-            lines.append(f"{'    ' * depth + s['name']:<42} {dur_us:10.3f}us  {status} {err}".rstrip())
-            walk(s.get("spanId", ""), depth + 1)
-
-    for root in roots:
-        walk(root, 0)
-    return lines
+def nested_under_service(spans: list[Span]) -> int:
+    """The service's `load_user` spans with the kernel chain (its entry function's span) as a child."""
+    kernel_parents = {s.parent_id for s in spans if s.name == "__x64_sys_bpf"}
+    return sum(1 for s in spans if s.name == "load_user" and s.span_id in kernel_parents)
 
 
-def nested_under_service(tree: list[str]) -> int:
-    """Kernel chains (the entry function's span) printed right under the service's `load_user` span."""
-    return sum(1 for above, line in zip(tree, tree[1:], strict=False)
-               if above.split()[0] == "load_user" and line.split()[0] == "__x64_sys_bpf"
-               and len(line) - len(line.lstrip()) > len(above) - len(above.lstrip()))
-
-
-def service_requests(tree: list[str]) -> int:
-    """The service's `load_user` spans received (one per request)."""
-    return sum(1 for line in tree if line.split()[0] == "load_user")
-
-
-def failed_func_spans(tree: list[str]) -> int:
-    """How many spans of FUNC (not roots) ended with an error status and an error.type."""
-    return sum(1 for line in tree
-               if line.startswith(" ") and line.split()[0] == FUNC and re.search(r"ERROR \S+$", line))
+def failed_func_spans(spans: list[Span]) -> int:
+    """FUNC's spans (not roots) that ended with an error and an error.type."""
+    return sum(1 for s in spans if s.name == FUNC and s.parent_id and s.tags.get("error") is True
+               and s.tags.get("error.type"))
 
 
 def series_lines(metrics: str) -> list[str]:
@@ -134,13 +103,6 @@ def scrape(timeout: float) -> list[str]:
         if (re.search(CALLS_RX, text, re.M) and re.search(ERRORS_RX, text, re.M)) or time.monotonic() > deadline:
             return lines
         time.sleep(1)
-
-
-def read_requests(path: Path) -> list[dict]:
-    try:
-        return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    except (OSError, ValueError):
-        return []
 
 
 def our_progs_left(timeout: float = 10) -> list[str] | None:
@@ -167,26 +129,40 @@ def first_line(exc: BaseException) -> str:
     return line if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {line}"
 
 
+def show_found(jaeger: Jaeger, service: str, title: str) -> list[Span]:
+    """Find the failing traces of `service` through Jaeger's API as its UI does, print the first one's tree as
+    Jaeger returns it and where a user opens it; returns every span found."""
+    tags = {"error.type": "EINVAL"}
+    found = jaeger.wait_find(service, tags, 1, 120)
+    say(f"== Jaeger: {title}, found by service {service} and tag error.type=EINVAL:")
+    say("   GET", jaeger.search_url(service, tags))
+    say(f"   {len(found)} traces; {'the largest, ' if found else ''}as Jaeger holds it (span, duration, service, "
+        "error.type):")
+    if found:
+        shown = max(found, key=lambda t: len(t.get("spans", [])))
+        for line in tree_lines(spans_of(shown)):
+            say("  ", line)
+        say(f"   open in Jaeger's UI: {jaeger.query}/trace/{shown['traceID']}")
+    return [span for trace in found for span in spans_of(trace)]
+
+
 def main() -> int:
     failures: list[str] = []
     say("== retsnoop-otel demo: kernel", os.uname().release)
     run_shown([PY, "-m", "retsnoop_otel", "features"])
-    tmp = Path(tempfile.mkdtemp(prefix="retsnoop-otel-demo-"))
-    out_file = tmp / "otlp.jsonl"
-    receiver = Proc([PY, "-m", "tests.otlp_receiver", "--port", "0", "--http-port", "0", "--out", str(out_file)],
-                    CHILD_ENV, str(ROOT))
     tracer: Proc | None = None
     tracer_rc: int | None = None
     stacks = 0
     series: list[str] = []
-    tree: list[str] = []
+    jaeger: Jaeger | None = None
     try:
         try:
-            ready = receiver.wait_for_line(r"READY (\d+) HTTP (\d+)", SLOW)
-            port, http_port = int(ready.group(1)), int(ready.group(2))
-            say(f"== OTLP receiver listening on 127.0.0.1:{http_port} (OTLP/HTTP) and 127.0.0.1:{port} (OTLP/gRPC)")
+            jaeger = Jaeger(decision_wait="5s")
+            say(f"== Jaeger {JAEGER_VERSION} with the Collector pipeline of config/collector.yaml (OTLP in, tail "
+                f"sampling keeps every trace with an error): OTLP/HTTP {jaeger.otlp_http}, OTLP/gRPC "
+                f"{jaeger.otlp_grpc}, query API {jaeger.query}")
             cmd = [PY, "-m", "retsnoop_otel", "trace", "-e", "*sys_bpf", "-a", FUNC,
-                   "--otlp-endpoint", f"http://127.0.0.1:{http_port}", "--metrics-port", str(METRICS_PORT)]
+                   "--otlp-endpoint", jaeger.otlp_http, "--metrics-port", str(METRICS_PORT)]
             say("== $", " ".join(cmd[2:]).replace("retsnoop_otel", "retsnoop-otel"))
             tracer = Proc(cmd, CHILD_ENV, str(ROOT), echo=emit)
             tracer.wait_for_line(r"Receiving data", SLOW)
@@ -202,8 +178,8 @@ def main() -> int:
                     failures.append(f"no stack of {FUNC} for {case} ({first_line(exc)})")
                 tracer.wait_output_settled(3, 60)  # symbolizing under TCG takes a while
             say("== $ OTEL_PYTHON_CONTEXT=retsnoop_thread_ctx python -m tests.otel_service "
-                f"--endpoint 127.0.0.1:{port} (a service with OTel SDK spans, its requests fail in the kernel)")
-            service = Proc([*SERVICE, "--endpoint", f"127.0.0.1:{port}"], {**CHILD_ENV, **SERVICE_ENV}, str(ROOT),
+                f"--endpoint {jaeger.otlp_grpc} (a service with OTel SDK spans, its requests fail in the kernel)")
+            service = Proc([*SERVICE, "--endpoint", jaeger.otlp_grpc], {**CHILD_ENV, **SERVICE_ENV}, str(ROOT),
                            echo=emit)
             service.popen.wait(3 * SLOW)
             if (rc := service.terminate(timeout=30)) != 0:
@@ -220,26 +196,20 @@ def main() -> int:
             failures.append(first_line(exc))
         finally:
             if tracer is not None:
-                tracer_rc = tracer.terminate(timeout=SLOW)
-        deadline = time.monotonic() + 60  # the tracer flushes its last spans when it stops
-        while tracer is not None and time.monotonic() < deadline and receiver.returncode is None:
-            tree = span_tree(read_requests(out_file))
-            if failed_func_spans(tree) >= len(CASES) + 4 and nested_under_service(tree):
-                break
-            time.sleep(0.5)
+                tracer_rc = tracer.terminate(timeout=SLOW)  # flushes its last spans
+        if tracer is not None and jaeger is not None:
+            kernel = show_found(jaeger, PYTHON_EXE, "the kernel traces of simfail")
+            if not failed_func_spans(kernel):  # the first case's; the second fails with E2BIG
+                failures.append(f"no failing {FUNC} span of simfail found in Jaeger")
+            app = show_found(jaeger, SERVICE_NAME, "the service's requests, with the kernel chain under them")
+            if not (nested := nested_under_service(app)):
+                failures.append("no kernel chain nested under the service's load_user span in Jaeger")
+            else:
+                say(f"== {nested} of the service's {sum(1 for s in app if s.name == 'load_user')} requests hold "
+                    "their kernel chain under their load_user span, in one trace")
     finally:
-        receiver.terminate(timeout=30)
-    say("== traces received by the OTLP receiver (span tree, duration, status, error.type):")
-    for line in tree:
-        say("  ", line)
-    if tracer is not None and (got := failed_func_spans(tree)) < len(CASES):
-        failures.append(f"{got} of {len(CASES)} failing {FUNC} spans received")
-    if tracer is not None and not (nested := nested_under_service(tree)):
-        failures.append("no kernel chain nested under the service's load_user span")
-    elif tracer is not None:
-        say(f"== {nested} of the service's requests have their kernel chain under their load_user span"
-            + ("; a process born after the tracer is looked at when its first reported session ends, so that "
-               "session stays a trace of its own" if service_requests(tree) > nested else ""))
+        if jaeger is not None:
+            jaeger.stop()
     if tracer is not None and tracer_rc != 0:
         failures.insert(0, f"tracer exited {tracer_rc}")
     ours = our_progs_left()
@@ -249,7 +219,6 @@ def main() -> int:
         failures.append("bpftool -j prog list failed")
     elif ours:
         failures.append(f"BPF programs left loaded: {', '.join(ours)}")
-    shutil.rmtree(tmp, ignore_errors=True)
     if failures:
         print(f"demo: FAILED: {'; '.join(failures)}", file=sys.stderr, flush=True)
         return 1

@@ -4,11 +4,12 @@
 
 Each request is a SERVER span `GET /users/{id}` (attribute http.route) with a child span `load_user`, in which
 the service makes a system call the kernel refuses: bpf(BPF_MAP_CREATE) of an array map with max_entries 0
-(-EINVAL; `--call sim` calls sk_syscall of libsimkern.so instead, for uprobe tests on the host). With the
-retsnoop-otel publisher selected (OTEL_PYTHON_CONTEXT), the thread's OTel context is published while the
-call runs (with `user.id` when RETSNOOP_OTEL_THREAD_ATTRIBUTES=user.id), so retsnoop-otel nests the
-kernel's spans under `load_user`. The service exports its own spans
-to the same OTLP receiver. One JSON line per request says which ids the kernel should have seen.
+(-EINVAL, which `load_user` records as its error.type and status, as instrumented services do; `--call sim`
+calls sk_syscall of libsimkern.so instead, for uprobe tests on the host). With the retsnoop-otel publisher
+selected (OTEL_PYTHON_CONTEXT), the thread's OTel context is published while the call runs (with `user.id` when
+RETSNOOP_OTEL_THREAD_ATTRIBUTES=user.id), so retsnoop-otel nests the kernel's spans under `load_user`. The
+service exports its own spans to the same OTLP endpoint (a collector, Jaeger). One JSON line per request says
+which ids the kernel should have seen.
 The demo (tests/demo.py) and the VM scenario app_context run it.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import errno
 import json
 import os
 import sys
@@ -45,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.trace import SpanKind
+    from opentelemetry.trace import SpanKind, Status, StatusCode
 
     provider = TracerProvider(resource=Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME",
                                                                                        "users-service")}))
@@ -59,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
                                           attributes={"http.route": ROUTE, "http.request.method": "GET"}):
             with tracer.start_as_current_span("load_user", attributes={"user.id": str(1000 + i)}) as span:
                 ret = failing_call(args.call)
+                if ret < 0:  # as instrumented services do: the failing request's span says so
+                    span.set_attribute("error.type", errno.errorcode.get(-ret, str(-ret)))
+                    span.set_status(Status(StatusCode.ERROR))
                 ctx = span.get_span_context()
                 print(json.dumps({"request": i, "tid": ctypes.CDLL(None).gettid(), "trace_id": f"{ctx.trace_id:032x}",
                                   "span_id": f"{ctx.span_id:016x}", "ret": ret}), flush=True)

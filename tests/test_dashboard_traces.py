@@ -180,7 +180,7 @@ def test_provisioning_links_exemplars_to_the_trace_datasources() -> None:
 # URL and the JSON inside it, so a service name with " or \ would still break the link: none has them)
 SAMPLE = {"tempo": "tempo-uid", "jaeger": "jaeger-uid", "__org": "1", "__from": "1700000000000",
           "__to": "1700003600000", "service": "checkout api & co/v2?x=1#y", "function": "array_map_alloc_check",
-          "entry_function": "__x64_sys_bpf", "error_type": "EINVAL"}
+          "entry_function": "__x64_sys_bpf", "error_type": "EINVAL", "instance": "node-a.example.com|node-b"}
 
 
 def render_link(url: str, fields: str) -> tuple[dict, list[str]]:
@@ -194,10 +194,12 @@ def render_link(url: str, fields: str) -> tuple[dict, list[str]]:
             name = name.removeprefix(fields + ".")
             used.append(name)
         value = SAMPLE[name]
-        assert fmt in (None, "percentencode"), fmt
+        assert fmt in (None, "percentencode", "pipe"), fmt
         if fmt is None:  # only values that need no encoding may go in raw
             assert re.fullmatch(r"[\w-]+", value), (name, "needs :percentencode")
-        return urllib.parse.quote(value, safe="") if fmt else value
+        if fmt == "pipe":  # host names joined by |, unescaped: nothing a JSON string or a URL must escape
+            assert re.fullmatch(r"[\w.|-]+", value), (name, value)
+        return urllib.parse.quote(value, safe="") if fmt == "percentencode" else value
 
     parts = urllib.parse.urlsplit(_TOKEN.sub(repl, url))
     assert parts.path == "/explore" and not parts.netloc, url
@@ -249,6 +251,8 @@ def test_panels_split_by_function_or_errno_link_to_tempo_and_jaeger() -> None:
         assert traceql["queryType"] == "traceql" and traceql["limit"] > 0
         for attr in re.findall(r"\bspan\.([\w.]+)", traceql["query"]):
             assert attr in documented, attr
+        # only the hosts chosen on the dashboard (host.name is the instance label: config/prometheus-scrape.yml)
+        assert f'resource.host.name =~ "{SAMPLE["instance"]}"' in traceql["query"], traceql["query"]
         # Jaeger: a search of the chosen service, operation = span name, tags in logfmt
         jaeger = panes["jaeger"]
         assert jaeger["queryType"] == "search" and jaeger["service"] == SAMPLE["service"]

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from tests import demo
+from tests.peers.jaeger import spans_of, tree_lines
 from tests.procs import Proc
 from tests.vm.scenarios import demo as demo_scenario
 
@@ -74,21 +75,30 @@ def test_proc_skip_output(tmp_path: Path) -> None:
         proc.terminate(timeout=10)
 
 
-def test_demo_span_tree_and_series() -> None:
-    def span(name: str, sid: str, parent: str, start: int, code: str = "", err: str = "") -> dict:
-        attrs = [{"key": "error.type", "value": {"stringValue": err}}] if err else []
-        return {"name": name, "spanId": sid, "parentSpanId": parent, "startTimeUnixNano": str(start),
-                "endTimeUnixNano": str(start + 5000), "status": {"code": code} if code else {}, "attributes": attrs}
+def test_demo_reads_jaegers_span_tree_and_the_series() -> None:
+    """The demo's helpers over a trace as Jaeger's query API returns it (legacy JSON, recorded shape)."""
+    def span(name: str, sid: str, parent: str, start: int, proc: str, err: str = "") -> dict:
+        tags = [{"key": "error.type", "type": "string", "value": err}, {"key": "error", "type": "bool", "value": True}]
+        return {"traceID": "t1", "spanID": sid, "operationName": name, "startTime": start, "duration": 5,
+                "references": [{"refType": "CHILD_OF", "traceID": "t1", "spanID": parent}] if parent else [],
+                "tags": tags if err else [], "logs": [], "processID": proc}
 
-    req = {"resourceSpans": [{"scopeSpans": [{"spans": [
-        span("array_map_alloc_check", "b", "a", 2000, "STATUS_CODE_ERROR", "EINVAL"),
-        span("__x64_sys_bpf", "a", "", 1000, "STATUS_CODE_ERROR", "EINVAL"),
-    ]}]}]}
-    tree = demo.span_tree([req])
-    assert [line.split() for line in tree] == [["__x64_sys_bpf", "5.000us", "STATUS_CODE_ERROR", "EINVAL"],
-                                               ["array_map_alloc_check", "5.000us", "STATUS_CODE_ERROR", "EINVAL"]]
-    assert tree[1].startswith("    array_map_alloc_check")
-    assert demo.failed_func_spans(tree) == 1
+    trace = {"traceID": "t1", "spans": [
+        span("array_map_alloc_check", "c", "b", 1002, "p2", "EINVAL"),
+        span("GET /users/{id}", "r", "", 1000, "p1"),
+        span("load_user", "a", "r", 1001, "p1", "EINVAL"),
+        span("__x64_sys_bpf", "b", "a", 1001, "p2", "EINVAL"),
+    ], "processes": {"p1": {"serviceName": "users-service", "tags": []},
+                     "p2": {"serviceName": "users-service",
+                            "tags": [{"key": "telemetry.sdk.name", "type": "string", "value": "retsnoop-otel"}]}}}
+    spans = spans_of(trace)
+    assert [line.split() for line in tree_lines(spans)] == [
+        ["GET", "/users/{id}", "5us", "users-service"], ["load_user", "5us", "users-service", "EINVAL"],
+        ["__x64_sys_bpf", "5us", "users-service", "EINVAL"],
+        ["array_map_alloc_check", "5us", "users-service", "EINVAL"]]
+    assert tree_lines(spans)[3].startswith(" " * 12 + "array_map_alloc_check")
+    assert demo.failed_func_spans(spans) == 1 and demo.nested_under_service(spans) == 1
+    assert spans[3].resource == {"telemetry.sdk.name": "retsnoop-otel"}
     metrics = ('# HELP retsnoop_function_calls_total Calls\n'
                'retsnoop_function_calls_total{function="array_map_alloc_check",probe_set="default"} 2.0\n'
                'retsnoop_function_calls_total{function="map_create",probe_set="default"} 2.0\n'

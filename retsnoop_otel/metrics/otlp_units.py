@@ -36,6 +36,7 @@ OTLP_UNITS: Mapping[str, str] = MappingProxyType({
     "retsnoop_spans_exported": "{span}",
     "retsnoop_spans_dropped": "{span}",
     "retsnoop_export_errors": "{request}",  # failed export requests
+    "retsnoop_traces": "{trace}",
     "retsnoop_session_errors": "{session}",
     "retsnoop_config_reloads": "{reload}",
     "retsnoop_app_context_sessions": "{session}",

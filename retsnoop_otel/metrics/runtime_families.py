@@ -34,6 +34,7 @@ class RunCounters:
     user_stacks_unsymbolized: Mapping[str, int] | None = None  # reason -> sessions; None: no user stacks taken
     app_exec_watches: Mapping[str, int] = field(default_factory=dict)  # outcome -> processes watched from exec
     k8s: Any = None  # workload.k8s_watch.WatchCounters while the pod metadata watch is on
+    traces: Mapping[tuple[str, str, str], int] = field(default_factory=dict)  # (probe set, service, status) -> n
 
 
 class RuntimeCollector(Collector):
@@ -50,6 +51,13 @@ class RuntimeCollector(Collector):
             dropped.add_metric([cause], n)
         yield dropped
         yield CounterMetricFamily("retsnoop_export_errors", "Failed export requests", value=c.export_errors)
+        traces = CounterMetricFamily("retsnoop_traces", "Traces handed to the exporters, by probe set, the "
+                                     "service.name of their spans and their status (error, ok); a probe set's "
+                                     "services beyond metrics.max_workloads count as other",
+                                     labels=["probe_set", "service", "status"])
+        for (probe_set, service, status), n in sorted(c.traces.items()):
+            traces.add_metric([probe_set, service, status], n)
+        yield traces
         yield CounterMetricFamily("retsnoop_session_errors", "Sessions that could not be turned into spans",
                                   value=c.session_errors)
         reloads = CounterMetricFamily("retsnoop_config_reloads", "Config reloads (SIGHUP) by result",

@@ -152,6 +152,7 @@ class RuntimeMetrics:
             "app_exec_watches": dict(app.exec_watches)}
         return RunCounters(t.spans_exported, dict(t.spans_dropped), t.export_errors, self._rt.session_errors,
                            dict(self._rt.reloads), k8s=k8s, **app_fields,
+                           traces=sinks.traces.snapshot() if sinks is not None else {},
                            user_stacks_unsymbolized=dict(stacks) if stacks is not None else None)
 
     def workload_series(self, ps: ProbeSetConfig) -> WorkloadSeries:

@@ -19,6 +19,7 @@ from retsnoop_otel.export.otlp_settings import OtlpSettings
 from retsnoop_otel.export.processor_env import DEFAULT_QUEUE_SPANS
 from retsnoop_otel.export.resource import Resource
 from retsnoop_otel.export.span_limits import SpanLimits
+from retsnoop_otel.metrics.trace_counts import TraceCounts
 from retsnoop_otel.render.formats import ArgsFormat
 from retsnoop_otel.runtime.config import ExporterConfig, Limits
 from retsnoop_otel.runtime.environment import name_it
@@ -81,6 +82,7 @@ class Sinks:
         self.exporters: list[Any] = []  # export.otlp_sink.OtlpTraceSink
         self.span_limit_dropped = 0
         self.exemplars: Any = None  # metrics.exemplars.ExemplarStore once there is an exporter
+        self.traces = TraceCounts(settings.config.metrics.max_workloads)  # by probe set, service and status
         self._per_set: weakref.WeakKeyDictionary[Any, _SetOutputs] = weakref.WeakKeyDictionary()
         self._envelopes: Any = None  # export.span_encoder.WorkloadEnvelopes: one resource per workload, all sets
         self._final: ExportTotals | None = None  # counters at close, when the exporters are gone
@@ -128,9 +130,18 @@ class Sinks:
         trace = out.encoder.encode(session, offset_ns)
         self.span_limit_dropped += trace.spans_dropped + session.calls_cut  # both: the per-trace span limit
         accepted = [sink.submit(trace) for sink in self.exporters]
+        if any(accepted):
+            self.traces.add(ps.name, self._service(session), session.is_err)
         if any(accepted) and self.exemplars is not None and session.entry_func_id is not None:  # of a trace that exists
             self.exemplars.record(ps.name, lookup_func(ps.funcs, session.entry_func_id).name,
                                   session.end_ns - session.start_ns, trace.trace_id, session.end_ns + offset_ns)
+
+    def _service(self, session: Session) -> str:
+        """The service.name the session's spans carry (export/service_name.py)."""
+        if self.cfg.service_name_from == "workload":
+            from retsnoop_otel.export.service_name import session_service
+            return session_service(session)
+        return str(self._resource.attributes.get("service.name", ""))
 
     def _text(self, ps: Any, out: _SetOutputs, session: Session, offset_ns: int) -> str:
         from retsnoop_otel.render.console import session_json, session_text

@@ -5,9 +5,10 @@
  *
  *   map_fail [--wait-port PORT | --wait-file PATH TEXT] KIND COUNT [KIND COUNT]
  *
- * KIND htab: a HASH map with key_size 0 (fails in htab_map_alloc_check); array: an ARRAY map with max_entries 0
- * (fails in array_map_alloc_check). It first waits until 127.0.0.1:PORT accepts a connection or PATH holds TEXT,
- * then makes the first COUNT calls itself; a second KIND COUNT is made by a child it forks and execs (a process
+ * KIND htab: a HASH map with key_size 0 (EINVAL in htab_map_alloc_check); array: an ARRAY map with max_entries 0
+ * (EINVAL in array_map_alloc_check); percpu: a PERCPU_ARRAY of 1 MiB values (E2BIG in array_map_alloc_check).
+ * It first waits until 127.0.0.1:PORT accepts a connection or PATH holds TEXT, then makes the first COUNT calls
+ * itself; a second KIND COUNT is made by a child it forks and execs (a process
  * born after the tracer was ready). Each call prints "call KIND RESULT ERRNO PID". */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -71,6 +72,11 @@ static void fail_maps(const char *kind, int count)
 		attr.key_size = 0;
 		attr.value_size = 8;
 		attr.max_entries = 16;
+	} else if (strcmp(kind, "percpu") == 0) {	/* E2BIG in array_map_alloc_check: values over 32 KiB */
+		attr.map_type = BPF_MAP_TYPE_PERCPU_ARRAY;
+		attr.key_size = 4;
+		attr.value_size = 1 << 20;
+		attr.max_entries = 1024;
 	} else {
 		attr.map_type = BPF_MAP_TYPE_ARRAY;
 		attr.key_size = 4;

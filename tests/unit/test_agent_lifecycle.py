@@ -642,3 +642,30 @@ def _sum(pairs):
     for name, n in pairs:
         out[name] = out.get(name, 0) + n
     return out.items()
+
+
+def test_exported_traces_are_counted_by_the_service_their_spans_carry(setup) -> None:
+    """retsnoop_traces_total: the service a trace backend holds a probe set's traces under (the alert rules' trace
+    links read it), by status; bounded by metrics.max_workloads per probe set."""
+    world, agent, _cfg, _log = setup
+    agent.start()
+    errs, loads = by_set(world, "__x64_sys_bpf"), by_set(world, "bpf_prog_load")
+    errs.pending = error_session(errs)
+    loads.pending = success_calls_session(loads)
+    agent.runtime.poll_once()
+    wait_exported(world, 5)
+    port = agent.runtime.server.port
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    assert 'retsnoop_traces_total{probe_set="bpf_errors",service="python",status="error"} 1.0' in text
+    assert 'retsnoop_traces_total{probe_set="prog_load",service="python",status="ok"} 1.0' in text
+
+
+def test_trace_counts_keep_a_probe_sets_services_within_the_bound() -> None:
+    from retsnoop_otel.metrics.trace_counts import TraceCounts
+    counts = TraceCounts(max_services=2)
+    for service in ("a", "b", "c", "a", "d"):
+        counts.add("set", service, error=True)
+    counts.add("other_set", "c", error=False)
+    assert counts.snapshot() == {("set", "a", "error"): 2, ("set", "b", "error"): 1, ("set", "other", "error"): 2,
+                                 ("other_set", "c", "ok"): 1}

@@ -122,7 +122,8 @@ def _runtime(tmp_path: Path):
     runtime.metrics.counters = lambda: RunCounters(3, {"queue_full": 1}, 1, 1, {"success": 1, "failure": 0},
                                            {"linked": 1}, 2, 1, 0, user_stacks_unsymbolized={"timeout": 1},
                                            app_exec_watches={"located": 1},
-                                           k8s=WatchCounters(True, {"forbidden": 1}, lists=1, events=2, pods=3))
+                                           k8s=WatchCounters(True, {"forbidden": 1}, lists=1, events=2, pods=3),
+                                           traces={("bpf", "app", "error"): 2})
     return runtime
 
 

@@ -81,6 +81,8 @@ retsnoop_spans_dropped_total{{cause="queue_full"}} 5.0
 # HELP retsnoop_export_errors_total Failed export requests
 # TYPE retsnoop_export_errors_total counter
 retsnoop_export_errors_total 1.0
+# HELP retsnoop_traces_total Traces handed to the exporters, by probe set, the service.name of their spans and their status (error, ok); a probe set's services beyond metrics.max_workloads count as other
+# TYPE retsnoop_traces_total counter
 # HELP retsnoop_session_errors_total Sessions that could not be turned into spans
 # TYPE retsnoop_session_errors_total counter
 retsnoop_session_errors_total 0.0

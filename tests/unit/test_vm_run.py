@@ -16,6 +16,11 @@ import pytest
 RUN = Path(__file__).resolve().parents[1] / "vm" / "run"
 
 
+
+def _args(**given: object) -> argparse.Namespace:
+    """tests/vm/run's parsed arguments: no network forwards or hostname unless given."""
+    return argparse.Namespace(**{"hostname": None, "forward_to_host": [], "forward_from_host": [], **given})
+
 def _load():
     loader = importlib.machinery.SourceFileLoader("vm_run", str(RUN))
     spec = importlib.util.spec_from_loader("vm_run", loader)
@@ -31,7 +36,7 @@ def vm_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     boots = tmp_path / "boots"
     plan = tmp_path / "plan"  # one word per boot: die | ok | crash
 
-    def fake_vng(vmlinuz: Path, guest, rwdir: Path, cpus: int) -> list[str]:
+    def fake_vng(vmlinuz: Path, guest, rwdir: Path, cpus: int, *network) -> list[str]:
         return ["sh", "-c", f"""
             n=$(( $(cat {boots} 2>/dev/null || echo 0) + 1 )); echo $n > {boots}
             what=$(sed -n "${{n}}p" {plan})
@@ -46,7 +51,7 @@ def vm_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     monkeypatch.setattr(module, "fetch_kernel", lambda series, dbg: (tmp_path / "vmlinuz-6.12.0", "6.12.0"))
     monkeypatch.setattr(module, "ensure_host_modules", lambda kdir, release: None)
     monkeypatch.setattr(module, "precompile", lambda: None)
-    args = argparse.Namespace(kernel="6.12", dbg=False, cpus=2, timeout=60.0, rwdir=None, command=["true"])
+    args = _args(kernel="6.12", dbg=False, cpus=2, timeout=60.0, rwdir=None, command=["true"])
 
     def run(*outcomes: str) -> tuple[int, int]:
         plan.write_text("\n".join(outcomes) + "\n")
@@ -81,7 +86,7 @@ def test_the_guest_binds_the_repo_python_and_cache_from_the_cached_export(tmp_pa
     trees = module.cached_trees()
     assert trees[0] == module.REPO
     assert any((t / "bin").is_dir() and t != module.REPO for t in trees)  # the venv's base Python
-    args = argparse.Namespace(kernel="6.12", command=["true"])
+    args = _args(kernel="6.12", command=["true"])
     script = module.guest_script(args, module.Guest("amd64", module.REPO, tmp_path / "rw"), tmp_path / "rw", None)
     assert f"cache=loose {module.CACHED_TAG} {module.CACHED_MOUNT}" in script
     assert f"mount --bind {module.CACHED_MOUNT}{module.REPO} {module.REPO}" in script
@@ -94,7 +99,7 @@ def test_the_guest_binds_the_repo_python_and_cache_from_the_cached_export(tmp_pa
 def test_a_read_write_folder_inside_a_cached_tree_keeps_that_tree_uncached(tmp_path: Path) -> None:
     """The bind would hide the read-write mount under it (the guest could not write its results)."""
     module = _load()
-    args = argparse.Namespace(kernel="6.12", command=["true"])
+    args = _args(kernel="6.12", command=["true"])
     rw = module.REPO / "build" / "rw"
     script = module.guest_script(args, module.Guest("amd64", module.REPO, rw), rw, None)
     assert f"mount --bind {module.CACHED_MOUNT}{module.REPO} " not in script
@@ -106,7 +111,7 @@ def test_an_arm64_guest_boots_its_own_root_and_sees_host_paths_where_they_are_mo
     module = _load()
     guest = module.Guest("arm64", Path("/mnt/repo"), Path("/mnt/rw"), tmp_path / "root")
     host_rw = tmp_path / "rw"
-    args = argparse.Namespace(kernel="7.2-arm64", command=["python", "-m", "tests.vm.guest_batch", "--out",
+    args = _args(kernel="7.2-arm64", command=["python", "-m", "tests.vm.guest_batch", "--out",
                                                           str(host_rw / "results")])
     script = module.guest_script(args, guest, host_rw, None)
     assert "python -m tests.vm.guest_batch --out /mnt/rw/results" in script, script

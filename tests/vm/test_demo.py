@@ -64,18 +64,25 @@ def test_demo_prints_the_prometheus_series(demo) -> None:
                                r'error_type="EINVAL"[^}]*\} [0-9.e+]+', line) for line in series), series
 
 
-def test_demo_prints_the_span_tree(demo) -> None:
-    tree = _section(demo["output"], "traces received by the OTLP receiver")
-    roots = [i for i, line in enumerate(tree) if re.match(r"^ {3}\S", line)]
-    assert roots, tree
-    found = False
-    for n, i in enumerate(roots):
-        if tree[i].split()[0] != "__x64_sys_bpf":
-            continue
-        below = tree[i + 1:roots[n + 1] if n + 1 < len(roots) else len(tree)]
-        found |= any(line.split()[0] == "array_map_alloc_check" and re.search(r"ERROR EINVAL$", line)
-                     and line.startswith("       ") for line in below)
-    assert found, "\n".join(tree)
+def test_demo_starts_jaeger_with_the_collector_pipeline(demo) -> None:
+    out = demo["output"]
+    assert re.search(r"^== Jaeger v1\.75\.0 with the Collector pipeline of config/collector\.yaml .* OTLP/HTTP "
+                     r"http://127\.0\.0\.1:\d+, OTLP/gRPC 127\.0\.0\.1:\d+, query API http://127\.0\.0\.1:\d+$",
+                     out, re.M), out[:3000]
+    assert re.search(r"^== \$ retsnoop-otel trace .* --otlp-endpoint http://127\.0\.0\.1:\d+ ", out, re.M)
+
+
+def test_demo_finds_the_kernel_trace_in_jaeger(demo) -> None:
+    """Found through Jaeger's query API by service and error.type, printed as Jaeger holds it, with the URL."""
+    section = _section(demo["output"], "Jaeger: the kernel traces of simfail")
+    assert re.fullmatch(r"   GET http://127\.0\.0\.1:\d+/api/traces\?service=python3\.\d+&lookback=1h&limit=100&"
+                        r"tags=%7B%22error\.type%22%3A%22EINVAL%22%7D", section[0]), section
+    assert re.fullmatch(r"   [1-9] traces; the largest, as Jaeger holds it .*", section[1]), section
+    tree = section[2:-1]
+    assert re.match(r"^   __x64_sys_bpf\s+\d+us\s+python3\.\d+\s+EINVAL$", tree[0]), tree
+    assert any(re.match(r"^ {7,}array_map_alloc_check\s+\d+us\s+python3\.\d+\s+(EINVAL|E2BIG)$", line)
+               for line in tree), tree
+    assert re.fullmatch(r"   open in Jaeger's UI: http://127\.0\.0\.1:\d+/trace/[0-9a-f]{32}", section[-1]), section
 
 
 def test_demo_leaves_no_bpf_program(demo) -> None:
@@ -83,12 +90,14 @@ def test_demo_leaves_no_bpf_program(demo) -> None:
 
 
 def test_demo_shows_the_kernel_chain_inside_the_services_trace(demo) -> None:
-    """The service's request span, its load_user span, and under it the kernel's chain, as received."""
-    tree = _section(demo["output"], "traces received by the OTLP receiver")
+    """The service's request span, its load_user span, and under it the kernel's chain, as Jaeger holds them."""
+    tree = _section(demo["output"], "Jaeger: the service's requests")[2:-1]
     chain = [r"GET /users/\{id\}", "load_user", "__x64_sys_bpf", "__sys_bpf", "array_map_alloc_check"]
     found = any(all(re.match(rf"^ {{3}}{' ' * 4 * d}{name}(?!\S)", tree[i + d]) for d, name in enumerate(chain))
                 for i in range(len(tree) - len(chain) + 1))
     assert found, "\n".join(tree)
+    assert re.search(r"^== [1-4] of the service's [1-4] requests hold their kernel chain under their load_user span, "
+                     r"in one trace$", demo["output"], re.M), demo["output"][-4000:]
     # the tracer's own text names the application's ids in the session header
     assert re.search(r"TID/PID \d+/\d+ \(python/python\) trace_id=[0-9a-f]{32} span_id=[0-9a-f]{16}:$",
                      demo["output"], re.M), demo["output"][-4000:]
