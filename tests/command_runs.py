@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 COMMAND = Path(sys.executable).with_name("retsnoop-otel")  # the console script pip installed into the venv
+# the package of this checkout: an editable install made from another checkout (a git worktree's) would run that one
+REPO = Path(__file__).resolve().parents[1]
 # GNU time forks the command from its own small process and reports the command's peak RSS: the wait4() of
 # this (large) pytest process would also count what fork() copied of it before the exec (302 MB in make test).
 PEAK_MEMORY = ("/usr/bin/time", "-f", "%M", "-o")
@@ -34,7 +36,9 @@ class Case:
     argv: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
     files: dict[str, object] = field(default_factory=dict)
-    expect: str = "refused"  # "refused": exit 2; "valid": reaches this host's kernel refusal; "either"
+    # "refused": exit 2; "valid": reaches this host's kernel refusal; "warned": that too, after a warning about an
+    # OTEL_* variable it ignores; "either"
+    expect: str = "refused"
     secret: str = ""  # a value that must never be echoed
     why: str = ""
 
@@ -94,6 +98,7 @@ def run_case(case: Case, tmp: Path, timeout_s: float) -> Outcome:
     for name, content in case.files.items():
         _place(tmp, name, content)
     env = {k: os.environ[k] for k in KEPT_ENV if k in os.environ}
+    env["PYTHONPATH"] = str(REPO)
     env.update({k: expand(v, tmp) for k, v in case.env.items()})
     out_path, err_path, rss_path = tmp / ".stdout", tmp / ".stderr", tmp / ".maxrss"
     t0 = time.monotonic()

@@ -4,9 +4,10 @@ Every run is `retsnoop-otel ...` as a subprocess (tests/command_runs.py), two at
 its own: it holds no capability over the kernel, whatever the host allows. So an input is either refused as
 bad input (exit 2, before any host fact is read) or valid, and then it ends in the refusal of kernel tracing
 (exit 1, that one line: no privileges, or a kernel without kprobes and fentry): whatever reaches that check has
-passed validation, and nothing is ever attached. Every run must also end within TIMEOUT_S, stay under
-MAX_RSS_MB, write one line of at most MAX_LINE characters to stderr and nothing to stdout, never a traceback,
-never a secret it was given.
+passed validation, and nothing is ever attached. An OTEL_* variable is not the tool's own input: a value it cannot
+use is one warning line before that (each variable at most once, naming it) and ignored ("warned" in the corpus).
+Every run must also end within TIMEOUT_S, stay under MAX_RSS_MB, write one line (besides those warnings) of at most
+MAX_LINE characters to stderr and nothing to stdout, never a traceback, never a secret it was given.
 
 The corpus (tests/fixtures/fuzz_corpus.jsonl) holds the reproducers of every class found so far; hypothesis
 adds generated cases around a valid base (each mutation of a flag, a variable or a config key), deterministic
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -37,6 +39,7 @@ TRACING_REFUSED = ("needs root or the CAP_BPF and CAP_PERFMON capabilities", "ke
 # exit 1 for valid input: besides tracing, what the host may refuse (no LBR here, a port another process holds)
 HOST_REFUSALS = (*TRACING_REFUSED, "--lbr needs last branch records", "the address is already in use")
 PAIRS = int(os.environ.get("FUZZ_EXAMPLES", "75"))
+WARNING = re.compile(r"retsnoop-otel(?: agent)?: warning: (OTEL_[A-Z_]+)[=:]")
 FUZZ = settings(max_examples=PAIRS, deadline=None, derandomize=not os.environ.get("FUZZ_RANDOM"),
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large], database=None)
 
@@ -47,7 +50,15 @@ def problems(case: Case, out: Outcome) -> list[str]:
         return [f"no exit within {TIMEOUT_S:g} s (killed)"]
     found = []
     text = out.stdout + out.stderr
-    lines = out.stderr.splitlines()
+    warned = [(m.group(1), line) for line in out.stderr.splitlines() if (m := WARNING.match(line))]
+    lines = [line for line in out.stderr.splitlines() if not WARNING.match(line)]
+    names = [var for var, _ in warned]
+    if len(set(names)) != len(names):
+        found.append(f"a variable warned about twice: {names}")
+    if any(var not in case.env for var in names):
+        found.append(f"a warning about a variable not set: {names}")
+    if any(len(line) > MAX_LINE for _, line in warned):
+        found.append(f"a warning longer than {MAX_LINE} characters")
     if "Traceback" in text:
         found.append("a traceback")
     if out.max_rss_mb > MAX_RSS_MB:
@@ -63,8 +74,12 @@ def problems(case: Case, out: Outcome) -> list[str]:
     host = out.code == 1 and len(lines) == 1 and any(r in lines[0] for r in HOST_REFUSALS)
     if case.expect == "refused" and out.code != 2:
         found.append(f"exit {out.code}, not 2 (bad input)")
-    elif case.expect == "valid" and not (host and any(r in lines[0] for r in TRACING_REFUSED)):
+    elif case.expect in ("valid", "warned") and not (host and any(r in lines[0] for r in TRACING_REFUSED)):
         found.append(f"exit {out.code}: did not reach this host's kernel refusal")
+    if case.expect == "valid" and warned:
+        found.append(f"warned about valid input: {warned[0][1][:200]!r}")
+    elif case.expect == "warned" and not warned:
+        found.append("no warning about the variable it cannot use")
     elif case.expect == "either" and not (out.code == 2 or host):
         found.append(f"exit {out.code}: neither refused as input (2) nor at the kernel check (1)")
     return found
@@ -93,7 +108,7 @@ def load_corpus() -> list[Case]:
 
 def test_corpus() -> None:
     cases = load_corpus()
-    assert len(cases) >= 100 and {c.expect for c in cases} == {"refused", "valid"}
+    assert len(cases) >= 100 and {c.expect for c in cases} == {"refused", "valid", "warned"}
     bad = run_all(cases)
     assert not bad, f"{len(bad)} of {len(cases)} corpus cases misbehaved:\n" + "\n".join(bad)
 
@@ -125,7 +140,8 @@ ENV_VARS = ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
             "OTEL_BSP_MAX_QUEUE_SIZE", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "OTEL_METRIC_EXPORT_INTERVAL",
             "OTEL_METRIC_EXPORT_TIMEOUT", "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE",
             "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION", "OTEL_ATTRIBUTE_COUNT_LIMIT",
-            "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT"]
+            "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "OTEL_SPAN_EVENT_COUNT_LIMIT", "OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT",
+            "OTEL_LOG_LEVEL", "OTEL_METRICS_EXEMPLAR_FILTER", "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG"]
 FILES = st.one_of(st.text(max_size=40), st.binary(max_size=40).map(lambda b: {"hex": b.hex()}),
                   st.sampled_from([{"kind": k} for k in ("fifo", "dir", "devzero", "devnull")]))
 
@@ -231,6 +247,9 @@ def test_a_run_that_misbehaves_is_reported(value: str) -> None:
     """The checker itself: a valid-expected bad input and a refused-expected valid one are both findings."""
     assert run_all([Case((*TRACE_BASE, "--otlp-endpoint", value), expect="valid")])
     assert run_all([Case(TRACE_BASE, expect="refused")])
+    assert run_all([Case(TRACE_BASE, expect="warned")])  # no variable it cannot use: no warning
+    assert run_all([Case((*TRACE_BASE, "--otlp-endpoint", "http://c:4318"), {"OTEL_BSP_MAX_QUEUE_SIZE": "x"},
+                         expect="valid")])  # a warning is no valid run
 
 
 def test_peak_memory_is_the_commands_not_this_process() -> None:

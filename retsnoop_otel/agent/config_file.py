@@ -69,7 +69,7 @@ __all__ = ["AgentConfig", "ConfigError", "LoggingConfig", "load_config", "parse_
 
 class LoggingConfig(NamedTuple):
     format: str = "text"
-    level: str = "info"
+    level: str | None = None  # None: not in the file; OTEL_LOG_LEVEL, else info (agent/main.py)
 
 
 class AgentConfig(NamedTuple):
@@ -378,7 +378,7 @@ def _logging(ctx: Nodes, node: yaml.Node) -> LoggingConfig:
     m = mapping(ctx, node, "logging", ("format", "level"))
     return LoggingConfig(
         format=choice(ctx, m["format"], "logging.format", LOG_FORMATS) if "format" in m else "text",
-        level=choice(ctx, m["level"], "logging.level", LOG_LEVELS) if "level" in m else "info")
+        level=choice(ctx, m["level"], "logging.level", LOG_LEVELS) if "level" in m else None)
 
 
 _TOP_KEYS = ("probe_sets", "exporter", "metrics", "limits", "logging", "vmlinux", "kubernetes")

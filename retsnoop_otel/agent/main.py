@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from retsnoop_otel import __version__
-from retsnoop_otel.agent.config_file import AgentConfig, ConfigError, load_config
+from retsnoop_otel.agent.config_file import AgentConfig, ConfigError, LoggingConfig, load_config
+from retsnoop_otel.export.otel_env import log_level
 from retsnoop_otel.runtime.config import MetricsConfig, ProbeSetConfig
 from retsnoop_otel.runtime.errors import EXIT_HOST, EXIT_INPUT, RunRefused, exit_code_epilog
 from retsnoop_otel.runtime.help_format import HelpFormatter, OneLineParser
@@ -41,7 +42,7 @@ class Agent:
     def start(self) -> None:
         """Load the config and attach everything; on failure nothing is left attached or listening."""
         cfg = load_config(self.config_path, "--config file")
-        self.log.configure(cfg.logging.format, cfg.logging.level)
+        self.log.configure(cfg.logging.format, self._level(cfg.logging))
         runtime = Runtime(cfg.runtime, self.deps, self.log)
         try:
             runtime.start(_AgentHook(self.log))
@@ -53,6 +54,10 @@ class Agent:
             phases.append(phase_since("ready", self.started.main_t0, "main to attached"))
         self.log.info("agent started", config=self.config_path, listen=cfg.runtime.metrics.listen,
                       probe_sets=len(runtime.probe_sets), version=__version__, **phase_fields(phases))
+
+    def _level(self, logging: LoggingConfig) -> str:
+        """logging.level, else OTEL_LOG_LEVEL (the run's settings warn about a value it cannot be), else info."""
+        return logging.level or log_level(self.deps.environ) or "info"
 
     def request_stop(self) -> None:
         self.requests.stop = True
@@ -76,7 +81,7 @@ class Agent:
             return False
         if not self.runtime.reload(cfg.runtime, _AgentHook(self.log)):
             return False
-        self.log.configure(cfg.logging.format, cfg.logging.level)
+        self.log.configure(cfg.logging.format, self._level(cfg.logging))
         self.log.info("config reloaded", config=self.config_path, probe_sets=len(self.runtime.probe_sets),
                       **phase_fields(self.runtime.phases))
         return True
@@ -127,10 +132,16 @@ class _CheckHook(StartHook):
     outputs = False  # neither /metrics nor the outputs: a running agent may hold them
     each_set = True
 
-    def __init__(self, metrics: MetricsConfig) -> None:
+    def __init__(self, metrics: MetricsConfig, err: TextIO) -> None:
         self.metrics = metrics
+        self.err = err
         self.report: list[str] = []
         self.failed = 0
+
+    def warned(self, runtime: Runtime, messages: tuple[str, ...]) -> None:
+        """The OTEL_* values ignored, on stderr at once: said even when a later check fails."""
+        for message in messages:
+            print(f"retsnoop-otel agent: warning: {message}", file=self.err, flush=True)
 
     def discovered(self, ps: ProbeSetConfig, found: Discovery | None, error: RunRefused | None) -> None:
         if found is None:
@@ -147,15 +158,15 @@ class _CheckHook(StartHook):
         return False
 
 
-def check(path: str, out: TextIO, deps: RuntimeDeps | None = None) -> int:
+def check(path: str, out: TextIO, deps: RuntimeDeps | None = None, err: TextIO | None = None) -> int:
     """`agent --check`: validate, then resolve every probe set's globs against this kernel (no attach).
 
     "configuration is valid" is the last line, printed only after every check passed: the config, the files and
     endpoints it names, this host's kernel and each probe set's functions. A failed check ends the run with its
     error alone (raised: exit 2 for bad input, 1 for this host) or, for probe sets whose globs match nothing
-    here, their ERROR lines and exit 1."""
+    here, their ERROR lines and exit 1. The OTEL_* values ignored are warned about on `err` (stderr)."""
     cfg = load_config(path, "--check file")
-    hook = _CheckHook(cfg.runtime.metrics)
+    hook = _CheckHook(cfg.runtime.metrics, sys.stderr if err is None else err)
     try:
         Runtime(cfg.runtime, deps or RuntimeDeps()).start(hook)
     except RunRefused as exc:
@@ -190,7 +201,7 @@ def main(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr,
         return code
     if args.check:
         try:
-            return check(args.check, out)
+            return check(args.check, out, err=err)
         except ConfigError as exc:
             print(f"retsnoop-otel agent: {exc}", file=err)
             return EXIT_INPUT.code

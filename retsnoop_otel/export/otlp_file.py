@@ -1,11 +1,12 @@
-"""OTLP/JSON lines in a file: each request as one line, the Collector's file exporter format."""
+"""OTLP/JSON lines in a file: each request as one line, the Collector's file exporter format. Also the console
+exporter of OTEL_TRACES_EXPORTER=console: the same lines on the command's stdout."""
 
 from __future__ import annotations
 
 import base64
 import json
 import threading
-from typing import Any
+from typing import Any, TextIO
 
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import DecodeError
@@ -24,13 +25,19 @@ def _hex_ids(obj: Any) -> Any:
 
 
 class OtlpJsonFileSender:
-    """Appends each request as one OTLP/JSON line (the collector's file format: integer enums, hex ids)."""
+    """Appends each request as one OTLP/JSON line (the collector's file format: integer enums, hex ids).
 
-    def __init__(self, path: str, signal: str = "traces") -> None:
+    With `stream` (stdout), the lines go there, under the name `path`; the stream is flushed after each line and
+    left open at shutdown."""
+
+    def __init__(self, path: str, signal: str = "traces", stream: TextIO | None = None) -> None:
         self.path = path
         self._request_cls = signal_messages(signal)[1]
         self._lock = threading.Lock()
-        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the sender's life
+        self._owned = stream is None
+        self._closed = False
+        # kept open for the sender's life
+        self._file = open(path, "a", encoding="utf-8") if stream is None else stream  # noqa: SIM115
 
     def send(self, body: bytes, items: int) -> SendResult:
         try:
@@ -40,7 +47,7 @@ class OtlpJsonFileSender:
         doc = _hex_ids(MessageToDict(request, use_integers_for_enums=True))
         line = json.dumps(doc, separators=(",", ":")) + "\n"
         with self._lock:
-            if self._file.closed:
+            if self._closed or self._file.closed:
                 return SendResult(False, error="sender is shut down")
             try:
                 self._file.write(line)
@@ -51,6 +58,9 @@ class OtlpJsonFileSender:
 
     def shutdown(self) -> None:
         with self._lock:
+            self._closed = True
+            if not self._owned:
+                return
             try:
                 self._file.close()
             except OSError:

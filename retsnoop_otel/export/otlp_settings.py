@@ -2,9 +2,12 @@
 
 Each setting comes from the user's configuration, else the per-signal variable
 (OTEL_EXPORTER_OTLP_TRACES_X / _METRICS_X), else the generic one (OTEL_EXPORTER_OTLP_X), else the
-default. An empty variable counts as unset (sdk-environment-variables.md). Bad values raise
-OtlpConfigError at start-up, one line naming the config key or variable, rather than the spec's
-"warn and ignore": a typo in an exporter setting should not silently send telemetry elsewhere.
+default. An empty variable counts as unset (sdk-environment-variables.md). A bad value of a config key
+or flag raises OtlpConfigError at start-up, one line naming it (exit 2). A bad value of a variable is,
+as the specification says, warned about and ignored: the variable counts as unset and the setting is
+resolved again from the next source (the generic variable after the per-signal one, then the default);
+the warning, one line naming the variable (never a header's value or an endpoint's secrets), is
+collected in otel_env.EnvWarnings for the runtime to say at start.
 Only the standard library is used, so nothing here depends on the OpenTelemetry SDK.
 """
 
@@ -17,6 +20,7 @@ from collections.abc import Mapping
 from typing import NamedTuple
 from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 
+from retsnoop_otel.export.otel_env import IGNORED, OTLP_PROTOCOL, EnvWarnings, otlp_var, warnings_or_new
 from retsnoop_otel.inputs.files import ErrorFactory, shown
 from retsnoop_otel.inputs.tls_files import check_ca_bundle, check_key_pair
 
@@ -61,10 +65,16 @@ class OtlpSettings(NamedTuple):
     certificate: str | None
     client_key: str | None
     client_certificate: str | None
+    endpoint_from: str = "default"  # where the endpoint came from: "config", "signal", "generic" or "default"
 
 
 class OtlpConfigError(ValueError):
-    """One line naming the bad setting (config key or environment variable) and how to fix it."""
+    """One line naming the bad setting (config key or environment variable) and how to fix it. `variable`: the
+    environment variable the bad value came from (then it is warned about and ignored), None for a config key."""
+
+    def __init__(self, message: str, variable: str | None = None) -> None:
+        super().__init__(message)
+        self.variable = variable
 
 
 class _Value(NamedTuple):
@@ -78,6 +88,7 @@ class _Value(NamedTuple):
 class _Lookup:
     def __init__(self, cfg: OtlpConfig, signal: str, environ: Mapping[str, str], names: Mapping[str, str]) -> None:
         self.cfg, self.signal, self.environ, self.names = cfg, signal, environ, names
+        self.ignored: set[str] = set()  # variables whose values were refused: unset from here on
 
     def name(self, field: str) -> str:
         return self.names.get(field, field)
@@ -86,17 +97,20 @@ class _Lookup:
         value = getattr(self.cfg, field)
         if value is not None and value != ():
             return _Value(value, self.name(field), "config")
-        for source, key in (("signal", f"OTEL_EXPORTER_OTLP_{self.signal.upper()}_{var}"),
-                            ("generic", f"OTEL_EXPORTER_OTLP_{var}")):
+        for source, key in (("signal", otlp_var(var, self.signal)), ("generic", otlp_var(var))):
             raw = self.environ.get(key, "").strip()
-            if raw:
+            if raw and key not in self.ignored:
                 return _Value(raw, key, source)
         return _Value(None, self.name(field), "default")
 
 
+def _variable(v: _Value) -> str | None:
+    return v.name if v.source in ("signal", "generic") else None
+
+
 def _error(v: _Value, problem: str, fix: str, show: bool = True) -> OtlpConfigError:
     """`show=False` for headers: their values can hold API keys, which must not reach logs."""
-    return OtlpConfigError(f"{v.name}{f'={shown(v.value)}' if show else ''}: {problem}; {fix}")
+    return OtlpConfigError(f"{v.name}{f'={shown(v.value)}' if show else ''}: {problem}; {fix}", _variable(v))
 
 
 def _choice(v: _Value, allowed: tuple[str, ...]) -> str:
@@ -192,7 +206,7 @@ def _http_url(look: _Lookup, by_default: bool) -> tuple[str, bool]:
         which = "http/protobuf, the default" if by_default else "http/protobuf"
         raise _error(_hide_secrets(v), "not an http:// or https:// URL (a host:port without a scheme is for "
                      f"OTLP/gRPC, and the protocol is {which})", "write it like http://collector:4318, or set "
-                     f"{look.name('protocol')}=grpc (or OTEL_EXPORTER_OTLP_PROTOCOL=grpc) for gRPC")
+                     f"{look.name('protocol')}=grpc (or {OTLP_PROTOCOL}=grpc) for gRPC")
     parts = _split_url(v, text, "http://collector:4318")
     suffix = f"v1/{look.signal}"
     base = v.source in ("generic", "default") or (
@@ -217,7 +231,7 @@ def _grpc_target(look: _Lookup) -> tuple[str, str, bool]:
         tls = not insecure
     if parts.path not in ("", "/") or parts.query or parts.fragment:
         raise _error(_hide_secrets(v), "gRPC endpoints take no path", f"drop the path, or set "
-                     f"{look.name('protocol')}=http/protobuf (or OTEL_EXPORTER_OTLP_PROTOCOL) for an OTLP/HTTP URL")
+                     f"{look.name('protocol')}=http/protobuf (or {OTLP_PROTOCOL}) for an OTLP/HTTP URL")
     host = parts.hostname or ""
     host = f"[{host}]" if ":" in host else host
     target = f"{host}:{parts.port or GRPC_DEFAULT_PORT}"
@@ -299,20 +313,36 @@ def _timeout(look: _Lookup) -> float:
 
 
 def _file_error(v: _Value) -> ErrorFactory:
-    return lambda msg: OtlpConfigError(f"{v.name}: {msg}")  # the path leads the message: not shown twice
+    # the path leads the message: not shown twice
+    return lambda msg: OtlpConfigError(f"{v.name}: {msg}", _variable(v))
 
 
 def resolve_settings(cfg: OtlpConfig, signal: str, environ: Mapping[str, str] = os.environ,
-                     names: Mapping[str, str] | None = None) -> OtlpSettings:
+                     names: Mapping[str, str] | None = None, warnings: EnvWarnings | None = None) -> OtlpSettings:
     """Settings for `signal` from cfg, then the environment, then the defaults.
 
     `names` maps an OtlpConfig field to how the user wrote it (--otlp-endpoint, exporter.otlp.endpoint) so errors
     point at the right place. For gRPC, a certificate or client certificate with an http:// endpoint is accepted
     but ignored: http:// means plaintext (spec: the scheme wins over every other TLS setting).
+
+    A variable whose value cannot work goes to `warnings` and counts as unset: the settings are resolved again
+    without it, each variable at most once. A config value that cannot work raises OtlpConfigError.
     """
     if signal not in SIGNALS:
         raise ValueError(f"signal must be one of {SIGNALS}, not {signal!r}")
     look = _Lookup(cfg, signal, environ, names or {})
+    warnings = warnings_or_new(warnings)
+    while True:
+        try:
+            return _resolve(look)
+        except OtlpConfigError as exc:
+            if exc.variable is None or exc.variable in look.ignored:
+                raise
+            look.ignored.add(exc.variable)
+            warnings.add(exc.variable, f"{exc}; {IGNORED}")
+
+
+def _resolve(look: _Lookup) -> OtlpSettings:
     protocol, by_default = _protocol(look)
     if protocol == "grpc":
         url, target, tls = _grpc_target(look)
@@ -325,19 +355,20 @@ def resolve_settings(cfg: OtlpConfig, signal: str, environ: Mapping[str, str] = 
     if (key.value is None) != (cert.value is None):
         given, missing = (key, "client_certificate") if cert.value is None else (cert, "client_key")
         raise _error(given, f"mTLS needs both a client key and a client certificate, but {missing} is not set",
-                     f"also set {look.name(missing)} (or OTEL_EXPORTER_OTLP_{missing.upper()}), or remove {given.name}")
+                     f"also set {look.name(missing)} (or {otlp_var(missing.upper())}), or remove {given.name}")
     if certificate.value is not None:
         check_ca_bundle(str(certificate.value), _file_error(certificate))
     if cert.value is not None:
         check_key_pair(str(cert.value), str(key.value), _file_error(cert), _file_error(key))
     return OtlpSettings(
-        signal=signal, protocol=protocol, url=url, target=target, tls=tls,
+        signal=look.signal, protocol=protocol, url=url, target=target, tls=tls,
         headers=_headers(look, grpc=protocol == "grpc"),
         compression="none" if compression.value is None else _choice(compression, COMPRESSIONS),
         timeout_s=_timeout(look),
         certificate=None if certificate.value is None else str(certificate.value),
         client_key=None if key.value is None else str(key.value),
-        client_certificate=None if cert.value is None else str(cert.value))
+        client_certificate=None if cert.value is None else str(cert.value),
+        endpoint_from=look.get("endpoint", "ENDPOINT").source)
 
 
 def describe(settings: OtlpSettings) -> str:
@@ -351,32 +382,3 @@ def describe(settings: OtlpSettings) -> str:
         where = f"{parts.scheme}://{host}{'' if parts.port is None else f':{parts.port}'}{parts.path}"
     extra = "" if settings.compression == "none" else f", {settings.compression}"
     return f"{settings.protocol} {where} ({'TLS' if settings.tls else 'plaintext'}{extra})"
-
-
-VALUE_LENGTH_VARS = ("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT")  # first set wins
-COUNT_VARS = ("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "OTEL_ATTRIBUTE_COUNT_LIMIT")
-
-
-def _limit(environ: Mapping[str, str], names: tuple[str, ...], what: str) -> int | None:
-    """The span-specific variable, else the general one; an empty variable counts as unset. A value that is not
-    a non-negative integer is an error (OtlpConfigError), not ignored."""
-    for var in names:
-        text = environ.get(var, "").strip()
-        if not text:
-            continue
-        if not text.isdigit() or len(text) > 10:
-            raise OtlpConfigError(f"{var}={shown(text)}: {what}")
-        return int(text)
-    return None
-
-
-def attribute_value_limit(environ: Mapping[str, str] = os.environ) -> int | None:
-    """The longest string an attribute value may hold (None: no limit, the specification's default)."""
-    return _limit(environ, VALUE_LENGTH_VARS, "not a length; write a number of characters such as 4096 (0 or more), "
-                                              "or unset it for no limit")
-
-
-def attribute_count_limit(environ: Mapping[str, str] = os.environ) -> int | None:
-    """The most attributes a span may hold (None: unset, the specification's 128, above what any span here has)."""
-    return _limit(environ, COUNT_VARS, "not a count; write a number of attributes such as 128 (0 or more), or "
-                                       "unset it for the default of 128")

@@ -6,7 +6,8 @@ Deployments set them for every OTel-instrumented process on a host; this tool re
 the variable (the agent's `limits.export_queue_spans`, `metrics.otlp_interval`), and with no schedule delay set
 a session's spans leave as soon as it ends, not after the SDKs' 5 s (failures are rare and wanted at once; a
 burst still goes out in batches, gathered while the previous request is in flight). A value that is not a
-number of the right kind is refused (OtlpConfigError), as every other input is.
+number of the right kind is, as the specification says, warned about (otel_env.EnvWarnings) and ignored: the
+default applies.
 """
 
 from __future__ import annotations
@@ -15,8 +16,19 @@ import math
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from retsnoop_otel.export.otlp_settings import OtlpConfigError
-from retsnoop_otel.inputs.files import shown
+from retsnoop_otel.export.otel_env import (
+    BSP_EXPORT_TIMEOUT,
+    BSP_MAX_EXPORT_BATCH_SIZE,
+    BSP_MAX_QUEUE_SIZE,
+    BSP_SCHEDULE_DELAY,
+    METRIC_EXPORT_INTERVAL,
+    METRIC_EXPORT_TIMEOUT,
+    METRICS_DEFAULT_HISTOGRAM_AGGREGATION,
+    METRICS_TEMPORALITY_PREFERENCE,
+    EnvWarnings,
+    value,
+    warnings_or_new,
+)
 
 DEFAULT_QUEUE_SPANS = 65536  # ours; the SDKs' 2048 counts spans of services, not kernel call chains
 DEFAULT_BATCH_SPANS = 512  # the SDKs' default too
@@ -41,47 +53,57 @@ class ReaderSettings(NamedTuple):
     exponential: bool = False  # OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION=base2_exponential_...
 
 
-def _number(environ: Mapping[str, str], var: str, what: str, example: int, zero: bool = False) -> int | None:
-    """A whole number >= 1 (>= 0 with `zero`) from `var`; None when unset or empty."""
-    text = environ.get(var, "").strip()
+def _number(environ: Mapping[str, str], var: str, what: str, example: int, warnings: EnvWarnings | None,
+            zero: bool = False) -> int | None:
+    """A whole number >= 1 (>= 0 with `zero`) from `var`; None when unset, empty, or no such number (warned)."""
+    text = value(environ, var)
     if not text:
         return None
     if not text.isdigit() or len(text) > 12 or (int(text) == 0 and not zero):
         least = 0 if zero else 1
-        raise OtlpConfigError(f"{var}={shown(text)}: not {what}; write a whole number of at least {least}, such as "
-                              f"{example}, or unset it for the default")
+        warnings_or_new(warnings).ignore(var, f"not {what}; write a whole number of at least {least}, such as "
+                                              f"{example}, or unset it for the default", text)
+        return None
     return int(text)
 
 
-def _millis(environ: Mapping[str, str], var: str, example: int, zero: bool = False) -> float | None:
-    n = _number(environ, var, "a time in milliseconds", example, zero)
+def _millis(environ: Mapping[str, str], var: str, example: int, warnings: EnvWarnings | None,
+            zero: bool = False) -> float | None:
+    n = _number(environ, var, "a time in milliseconds", example, warnings, zero)
     return None if n is None else n / 1000.0
 
 
-def batch_settings(environ: Mapping[str, str]) -> BatchSettings:
-    queue = _number(environ, "OTEL_BSP_MAX_QUEUE_SIZE", "a number of spans", 65536)
-    batch = _number(environ, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "a number of spans", 512)
+def batch_settings(environ: Mapping[str, str], warnings: EnvWarnings | None = None) -> BatchSettings:
+    queue = _number(environ, BSP_MAX_QUEUE_SIZE, "a number of spans", 65536, warnings)
+    batch = _number(environ, BSP_MAX_EXPORT_BATCH_SIZE, "a number of spans", 512, warnings)
     if batch is not None and queue is not None and batch > queue:
-        raise OtlpConfigError(f"OTEL_BSP_MAX_EXPORT_BATCH_SIZE={batch} is larger than OTEL_BSP_MAX_QUEUE_SIZE={queue}; "
-                              "a batch is taken from the queue: make it at most the queue's size")
-    return BatchSettings(_millis(environ, "OTEL_BSP_SCHEDULE_DELAY", 5000, zero=True) or 0.0,
-                         _millis(environ, "OTEL_BSP_EXPORT_TIMEOUT", 30000), queue,
-                         DEFAULT_BATCH_SPANS if batch is None else batch)
+        warnings_or_new(warnings).ignore(BSP_MAX_EXPORT_BATCH_SIZE, f"larger than {BSP_MAX_QUEUE_SIZE}={queue}; a "
+                                         "batch is taken from the queue: make it at most the queue's size", str(batch))
+        batch = None
+    if batch is None:
+        batch = DEFAULT_BATCH_SPANS if queue is None else min(DEFAULT_BATCH_SPANS, queue)
+    return BatchSettings(_millis(environ, BSP_SCHEDULE_DELAY, 5000, warnings, zero=True) or 0.0,
+                         _millis(environ, BSP_EXPORT_TIMEOUT, 30000, warnings), queue, batch)
 
 
-def reader_settings(environ: Mapping[str, str]) -> ReaderSettings:
-    var = "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE"
-    temporality = environ.get(var, "").strip()
-    if temporality and temporality.lower() not in TEMPORALITIES:
-        raise OtlpConfigError(f"{var}={shown(temporality)}: not a temporality; write {', '.join(TEMPORALITIES)}")
-    var = "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION"
-    aggregation = environ.get(var, "").strip()
-    if aggregation and aggregation.lower() not in HISTOGRAM_AGGREGATIONS:
-        raise OtlpConfigError(f"{var}={shown(aggregation)}: not a histogram aggregation; write "
-                              f"{' or '.join(HISTOGRAM_AGGREGATIONS)}")
-    return ReaderSettings(_millis(environ, "OTEL_METRIC_EXPORT_INTERVAL", 60000),
-                          _millis(environ, "OTEL_METRIC_EXPORT_TIMEOUT", 30000), temporality.lower() or "cumulative",
-                          aggregation.lower() == HISTOGRAM_AGGREGATIONS[1])
+def _choice(environ: Mapping[str, str], var: str, allowed: tuple[str, ...], what: str,
+            warnings: EnvWarnings | None) -> str:
+    """The variable's value in lower case, "" when unset or not one of `allowed` (warned)."""
+    text = value(environ, var)
+    if text and text.lower() not in allowed:
+        words = f"{', '.join(allowed[:-1])} or {allowed[-1]}"
+        warnings_or_new(warnings).ignore(var, f"not {what}; write {words}", text)
+        return ""
+    return text.lower()
+
+
+def reader_settings(environ: Mapping[str, str], warnings: EnvWarnings | None = None) -> ReaderSettings:
+    temporality = _choice(environ, METRICS_TEMPORALITY_PREFERENCE, TEMPORALITIES, "a temporality", warnings)
+    aggregation = _choice(environ, METRICS_DEFAULT_HISTOGRAM_AGGREGATION, HISTOGRAM_AGGREGATIONS,
+                          "a histogram aggregation", warnings)
+    return ReaderSettings(_millis(environ, METRIC_EXPORT_INTERVAL, 60000, warnings),
+                          _millis(environ, METRIC_EXPORT_TIMEOUT, 30000, warnings), temporality or "cumulative",
+                          aggregation == HISTOGRAM_AGGREGATIONS[1])
 
 
 def bounded(timeout_s: float, bound_s: float | None) -> float:

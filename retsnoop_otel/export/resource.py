@@ -18,6 +18,7 @@ from urllib.parse import unquote
 
 from retsnoop_otel import __version__
 from retsnoop_otel.capture.model import Workload
+from retsnoop_otel.export.otel_env import RESOURCE_ATTRIBUTES, SERVICE_NAME
 from retsnoop_otel.export.semconv import SCHEMA_URL
 from retsnoop_otel.inputs.files import shown
 
@@ -86,8 +87,8 @@ _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
 
 def resource_attributes_problem(text: str) -> str | None:
-    """Why OTEL_RESOURCE_ATTRIBUTES cannot be read, or None. The specification discards a malformed list with a
-    warning; it is refused here instead (exit 2, like a bad endpoint): attributes that silently go missing
+    """Why OTEL_RESOURCE_ATTRIBUTES cannot be read, or None. As the specification says, a malformed list is
+    discarded as a whole, with a warning (runtime/settings.py says it at start): attributes taken in part could
     put a host's telemetry under the wrong service or environment."""
     for n, item in enumerate(text.split(","), 1):
         if not item.strip():
@@ -106,7 +107,7 @@ def resource_attributes_problem(text: str) -> str | None:
 
 def parse_resource_attributes(text: str) -> dict[str, str]:
     """OTEL_RESOURCE_ATTRIBUTES: `key=value` pairs separated by commas, values percent-encoded (W3C Baggage).
-    Checked first (resource_attributes_problem); a malformed list that got here is discarded as a whole."""
+    A malformed list (resource_attributes_problem) is discarded as a whole."""
     if resource_attributes_problem(text) is not None:
         return {}
     out: dict[str, str] = {}
@@ -133,9 +134,9 @@ def build_resource(root: str | Path = "/", service_name: str = DEFAULT_SERVICE_N
         "telemetry.sdk.version": __version__,
         **host_attributes(root, environ),
     }
-    attrs.update(parse_resource_attributes(environ.get("OTEL_RESOURCE_ATTRIBUTES", "")))
-    if environ.get("OTEL_SERVICE_NAME", "").strip():
-        attrs["service.name"] = environ["OTEL_SERVICE_NAME"].strip()
+    attrs.update(parse_resource_attributes(environ.get(RESOURCE_ATTRIBUTES, "")))
+    if environ.get(SERVICE_NAME, "").strip():
+        attrs["service.name"] = environ[SERVICE_NAME].strip()
     return Resource(attrs, SCHEMA_URL)
 
 

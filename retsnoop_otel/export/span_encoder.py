@@ -19,7 +19,6 @@ from typing import Any
 
 from retsnoop_otel.capture.errnos import MAX_ERRNO
 from retsnoop_otel.capture.model import Call, FuncTable, RetKind, Session, Workload, lookup_func
-from retsnoop_otel.export.attribute_count import cap_attributes
 from retsnoop_otel.export.probe_events import probe_events
 from retsnoop_otel.export.protowire import I32, I64, LEN, VARINT, key_values, len_field, tag, varint
 from retsnoop_otel.export.resource import with_workload
@@ -49,6 +48,7 @@ from retsnoop_otel.export.span_attributes import (
     split_root,
     unknown_root,
 )
+from retsnoop_otel.export.span_caps import cap_span
 
 # Entries kept per encoder cache; results like byte counts vary a lot, so the caches are bounded.
 _CACHE_LIMIT = 4096  # about 2.5 MB per encoder when all caches are full
@@ -178,11 +178,14 @@ class SpanEncoder:
                  max_spans: int = DEFAULT_MAX_SPANS, rng: random.Random | None = None,
                  format_args: FormatArgs | None = None, locate: Locate | None = None,
                  workloads: WorkloadEnvelopes | None = None, value_limit: int | None = None,
-                 count_limit: int | None = None, service_per_session: bool = False) -> None:
+                 count_limit: int | None = None, service_per_session: bool = False, event_limit: int | None = None,
+                 event_attribute_limit: int | None = None) -> None:
         self.funcs = funcs
         self.service_per_session = service_per_session  # the session's own service.name (service_name.py)
         self.value_limit = value_limit  # OTEL_(SPAN_)ATTRIBUTE_VALUE_LENGTH_LIMIT: on stacks, LBR, arguments
-        self.count_limit = count_limit  # OTEL_(SPAN_)ATTRIBUTE_COUNT_LIMIT, when set (attribute_count.py)
+        self.count_limit = count_limit  # OTEL_(SPAN_)ATTRIBUTE_COUNT_LIMIT, when set (span_caps.py)
+        self.event_limit = event_limit  # OTEL_SPAN_EVENT_COUNT_LIMIT, when set (span_caps.py)
+        self.event_attribute_limit = event_attribute_limit  # OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT (probe_events.py)
         self.workloads = workloads  # a resource per workload; None: every session under `envelope`
         self.locate = locate  # DWARF: code.file.path / code.line.number, looked up once per function
         self.format_args = format_args  # -A: `name=value` strings, exported as retsnoop.args
@@ -292,10 +295,11 @@ class SpanEncoder:
         if session.probes:  # -J: those of the entry call itself and any outside a recorded call
             root_call = session.calls[0] if session.calls and top is not session.calls else None
             body += probe_events([h for h in session.probes if not h.in_call or (root_call is not None
-                                  and any(h is p for p in root_call.probes))], offset_ns, self.export_addresses)
+                                  and any(h is p for p in root_call.probes))], offset_ns, self.export_addresses,
+                                 self.event_attribute_limit)
         spans[0] = _SPANS_TAG + varint(len(body)) + body
-        if self.count_limit is not None:
-            spans = [cap_attributes(span, self.count_limit) for span in spans]
+        if self.count_limit is not None or self.event_limit is not None:
+            spans = [cap_span(span, self.count_limit, self.event_limit) for span in spans]
         service = session_service(session) if self.service_per_session else None
         envelope = self.workloads.of(session.workload, service) if self.workloads is not None else self.envelope
         return EncodedTrace(envelope, spans, dropped, trace_id)
@@ -324,7 +328,7 @@ class SpanEncoder:
             if call.missing_before or (call.args and format_args is not None) or call is lbr_at or call.probes:
                 extra = key_values(9, limit_lengths(call_attrs(call, format_args, lbr_at, lbr), self.value_limit))
                 if call.probes:  # -J: the probes that fired with this call innermost
-                    extra += probe_events(call.probes, offset, self.export_addresses)
+                    extra += probe_events(call.probes, offset, self.export_addresses, self.event_attribute_limit)
                 append(b"".join((_SPANS_TAG, varint(size + grow + len(extra)), trace_field, ids_times, const, extra)))
             elif grow:
                 append(b"".join((_SPANS_TAG, varint(size + grow), trace_field, ids_times, const)))

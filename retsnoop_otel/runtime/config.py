@@ -85,6 +85,13 @@ class ExporterConfig(NamedTuple):
     trace_json: str | None = None  # Chrome trace events of call sessions (Perfetto)
     export_addresses: bool = False  # raw kernel addresses in exported data (they reveal KASLR)
     service_name_from: str = "workload"  # export/service_name.py: the session's service, or "agent": ours
+    otlp_console: bool = False  # OTEL_TRACES_EXPORTER=console: each export request as an OTLP/JSON line on stdout
+    otlp_needs_endpoint: bool = False  # trace: OTLP only to an endpoint given (flag or variable), never the default
+
+    @property
+    def spans(self) -> bool:
+        """Whether sessions are encoded as OTLP spans: for an OTLP exporter, the OTLP-JSON file or the console."""
+        return self.otlp is not None or self.file is not None or self.otlp_console
 
 
 class MetricsConfig(NamedTuple):

@@ -20,8 +20,8 @@ class ExitCode(NamedTuple):
 EXIT_OK = ExitCode(0, "done", "done; Ctrl-C or SIGTERM after start-up detaches, flushes and ends here too")
 EXIT_HOST = ExitCode(1, "this host cannot do it", "this host cannot do it now: privileges, a missing kernel feature, "
                      "no LBR, a busy or privileged port, an agent that is not healthy (`agent --health`)")
-EXIT_INPUT = ExitCode(2, "bad input", "bad input: a flag, an environment variable, a config file or a file it names; "
-                      "nothing was loaded into the kernel")
+EXIT_INPUT = ExitCode(2, "bad input", "bad input: a flag, a config file, a file it names or a variable of its own "
+                      "(an `OTEL_*` variable is warned about and ignored instead); nothing was loaded into the kernel")
 EXIT_INTERRUPTED = ExitCode(130, "Ctrl-C during start-up", "Ctrl-C during the start-up of `trace` (what was already "
                             "attached goes with the process)")
 EXIT_PIPE = ExitCode(141, "the output's reader went away",

@@ -1,14 +1,15 @@
 """The one capture runtime behind `trace` and `agent`: inputs, kernel environment, probe sets, poll loop, sinks.
 
 `start` is the one driver of the phases, in the order that keeps a refused run from leaving anything
-behind: settings (pure: globs, cgroups, vmlinux, OTLP and OTEL_* settings, web config; settings.py),
-outputs (binds /metrics, opens files and exporters), kernel (privileges, then the kernel's facts),
-discovery (per probe set, nothing attached), attach. A command says what it needs between them
-through a StartHook (trace's -v lines and --dry-run, agent --check's report, the agent's log) instead
-of sequencing the phases itself. `reload` runs the same phases for a new config, building the changed
-parts beside the running ones and swapping them in once attached, so a bad new config leaves the old
-one running. Everything that touches the kernel, the network or the
-clock comes in through RuntimeDeps, so the lifecycle runs in unit tests without a kernel.
+behind: settings (pure: globs, cgroups, vmlinux, OTLP and OTEL_* settings, web config; settings.py;
+the OTEL_* values it ignores go to the hook's warned() at once), outputs (binds /metrics, opens files
+and exporters), kernel (privileges, then the kernel's facts), discovery (per probe set, nothing
+attached), attach. A command says what it needs between them through a StartHook (trace's -v lines
+and --dry-run, agent --check's report, the agent's log) instead of sequencing the phases itself.
+`reload` runs the same phases for a new config, building the changed parts beside the running ones
+and swapping them in once attached, so a bad new config leaves the old one running. Everything that
+touches the kernel, the network or the clock comes in through RuntimeDeps, so the lifecycle runs in
+unit tests without a kernel.
 """
 
 from __future__ import annotations
@@ -112,6 +113,11 @@ class StartHook:
     outputs = True  # bind /metrics and open the outputs (agent --check needs neither)
     each_set = False  # a probe set whose functions cannot be resolved goes to discovered(); the rest go on
 
+    def warned(self, runtime: Runtime, messages: tuple[str, ...]) -> None:
+        """The OTEL_* values ignored (RunSettings.warnings), right after the settings: one log line each."""
+        for message in messages:
+            runtime.log.warning(message)
+
     def discovered(self, ps: ProbeSetConfig, found: discovery.Discovery | None, error: RunRefused | None) -> None:
         """A probe set's functions and attach mode, or (with each_set) why it has none here."""
 
@@ -164,6 +170,7 @@ class Runtime:
         self.phases = []
         settings = self.settings()
         self.config = settings.config
+        hook.warned(self, settings.warnings)
         try:
             if hook.outputs:
                 self._open(settings)
@@ -371,6 +378,7 @@ class Runtime:
         try:
             settings = self.settings(cfg)
             cfg = settings.config
+            hook.warned(self, settings.warnings)
             if (cfg.metrics.host, cfg.metrics.port, cfg.names.listen) != (
                     old.metrics.host, old.metrics.port, old.names.listen):
                 new_server = self.metrics.bind(settings)

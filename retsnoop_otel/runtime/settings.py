@@ -4,6 +4,8 @@ Every part of the run reads its settings from here (the sinks, the metrics push,
 server, the pod watch), so each OTLP endpoint, each OTEL_* variable and the web config file is
 read and checked in one place, before anything is bound, opened or loaded into the kernel; a start
 and a reload resolve the same way. Nothing here binds, opens for writing or touches the kernel.
+A config key or flag that cannot work is an InputError (exit 2); an OTEL_* variable that cannot is
+one of RunSettings.warnings and counts as unset (export/otel_env.py), which the runtime says at start.
 """
 
 from __future__ import annotations
@@ -12,17 +14,17 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-from retsnoop_otel.export.otlp_settings import (
-    OtlpConfig,
-    OtlpConfigError,
-    OtlpSettings,
-    attribute_count_limit,
-    attribute_value_limit,
-    resolve_settings,
+from retsnoop_otel.export.otel_env import (
+    RESOURCE_ATTRIBUTES,
+    EnvWarnings,
+    exemplars_on,
+    log_level,
+    samplers_not_used,
 )
+from retsnoop_otel.export.otlp_settings import OtlpConfig, OtlpConfigError, OtlpSettings, resolve_settings
 from retsnoop_otel.export.processor_env import BatchSettings, ReaderSettings, batch_settings, bounded, reader_settings
 from retsnoop_otel.export.resource import resource_attributes_problem
-from retsnoop_otel.inputs.files import shown
+from retsnoop_otel.export.span_limits import SpanLimits, span_limits
 from retsnoop_otel.runtime.config import RuntimeConfig, SymbolsConfig
 from retsnoop_otel.runtime.environment import cgroup_target
 from retsnoop_otel.runtime.errors import InputError
@@ -32,50 +34,36 @@ from retsnoop_otel.workload.k8s_settings import KubeConfigError, KubeSettings, r
 
 
 class RunSettings(NamedTuple):
-    config: RuntimeConfig  # with the exports OTEL_SDK_DISABLED / OTEL_*_EXPORTER=none turn off removed
+    config: RuntimeConfig  # with the exports OTEL_SDK_DISABLED / OTEL_*_EXPORTER turn off removed (or added)
     vmlinux: str | None  # the DWARF vmlinux found for config.symbols
     traces: OtlpSettings | None  # exporter.otlp resolved; its timeout bounded by OTEL_BSP_EXPORT_TIMEOUT
     metrics: OtlpSettings | None  # metrics.otlp resolved; its timeout bounded by OTEL_METRIC_EXPORT_TIMEOUT
     batch: BatchSettings  # OTEL_BSP_*
     reader: ReaderSettings  # OTEL_METRIC_EXPORT_*, temporality and histogram aggregation
-    attr_limits: tuple[int | None, int | None]  # OTEL_(SPAN_)ATTRIBUTE_VALUE_LENGTH_LIMIT, _COUNT_LIMIT
+    span_limits: SpanLimits  # OTEL_(SPAN_)ATTRIBUTE_*_LIMIT, OTEL_SPAN_EVENT_COUNT_LIMIT, OTEL_EVENT_ATTRIBUTE_...
     web: Any  # metrics.web_config.WebConfig loaded with its certificates; None without a web config
     kube: KubeSettings | None  # the pod watch's settings; None when it is off
     switched_off: str = ""  # the variables that turned an export off, for the log
+    warnings: tuple[str, ...] = ()  # the OTEL_* values ignored, one line per variable (otel_env.EnvWarnings)
+    exemplars: bool = True  # OTEL_METRICS_EXEMPLAR_FILTER is not always_off
 
 
 def otlp_settings(cfg: OtlpConfig, signal: str, names: Mapping[str, str],
-                  environ: Mapping[str, str] = os.environ) -> OtlpSettings:
+                  environ: Mapping[str, str] = os.environ, warnings: EnvWarnings | None = None) -> OtlpSettings:
     """The one endpoint check: config, then OTEL_EXPORTER_OTLP_* variables, as the specification orders them."""
     try:
-        return resolve_settings(cfg, signal, environ, names)
+        return resolve_settings(cfg, signal, environ, names, warnings)
     except OtlpConfigError as exc:
         raise InputError(str(exc)) from None
 
 
-def attribute_limits(environ: Mapping[str, str]) -> tuple[int | None, int | None]:
-    """OTEL_(SPAN_)ATTRIBUTE_VALUE_LENGTH_LIMIT and OTEL_(SPAN_)ATTRIBUTE_COUNT_LIMIT, or the input error they are."""
-    try:
-        return attribute_value_limit(environ), attribute_count_limit(environ)
-    except OtlpConfigError as exc:
-        raise InputError(str(exc)) from None
-
-
-def processor_env(environ: Mapping[str, str]) -> tuple[BatchSettings, ReaderSettings]:
-    """OTEL_BSP_* and OTEL_METRIC_EXPORT_*, or the input error they are."""
-    try:
-        return batch_settings(environ), reader_settings(environ)
-    except OtlpConfigError as exc:
-        raise InputError(str(exc)) from None
-
-
-def check_resource_attributes(environ: Mapping[str, str]) -> None:
-    """OTEL_RESOURCE_ATTRIBUTES that cannot be read is an input error (export.resource says why)."""
-    attrs = environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
+def check_resource_attributes(environ: Mapping[str, str], warnings: EnvWarnings) -> None:
+    """OTEL_RESOURCE_ATTRIBUTES that cannot be read is discarded (export.resource), with a warning."""
+    attrs = environ.get(RESOURCE_ATTRIBUTES, "")
     problem = resource_attributes_problem(attrs)
     if problem:
-        raise InputError(f"OTEL_RESOURCE_ATTRIBUTES={shown(attrs)}: {problem}; write it like key1=value1,key2=value2 "
-                         "with each value percent-encoded")
+        warnings.ignore(RESOURCE_ATTRIBUTES, f"{problem}; write it like key1=value1,key2=value2 with each value "
+                        "percent-encoded", attrs)
 
 
 def _check_probe_sets(cfg: RuntimeConfig, root: str) -> None:
@@ -107,28 +95,37 @@ def _web(cfg: RuntimeConfig) -> Any:
 
 
 def run_settings(cfg: RuntimeConfig, environ: Mapping[str, str], root: str,
-                     find_vmlinux: Callable[[SymbolsConfig, str], str | None]) -> RunSettings:
-    """Raises InputError (exit 2) for the first input that cannot work, naming it as the user wrote it."""
-    switches = read_switches(environ)
+                 find_vmlinux: Callable[[SymbolsConfig, str], str | None]) -> RunSettings:
+    """Raises InputError (exit 2) for the first input that cannot work, naming it as the user wrote it; the
+    OTEL_* values that cannot work are in the result's warnings, each variable once, and count as unset."""
+    warnings = EnvWarnings()
+    switches = read_switches(environ, warnings)
     cfg = apply_switches(cfg, switches)
+    log_level(environ, warnings)  # the agent's default log level (agent/main.py): warned about here, with the rest
     _check_probe_sets(cfg, root)
-    exports_traces = cfg.exporter.otlp is not None or bool(cfg.exporter.file)
+    exports_traces = cfg.exporter.spans
     exports = exports_traces or cfg.metrics.otlp is not None
-    batch, reader = processor_env(environ if exports else {})
+    batch, reader = (batch_settings(environ, warnings), reader_settings(environ, warnings)) if exports \
+        else (BatchSettings(), ReaderSettings())
     traces = metrics = None
     if cfg.exporter.otlp is not None:
-        traces = otlp_settings(cfg.exporter.otlp, "traces", cfg.names.otlp, environ)
+        traces = otlp_settings(cfg.exporter.otlp, "traces", cfg.names.otlp, environ, warnings)
         traces = traces._replace(timeout_s=bounded(traces.timeout_s, batch.export_timeout_s))
+        if cfg.exporter.otlp_needs_endpoint and traces.endpoint_from == "default":  # its variables were ignored
+            traces, cfg = None, cfg._replace(exporter=cfg.exporter._replace(otlp=None))
     if cfg.metrics.otlp is not None:
-        metrics = otlp_settings(cfg.metrics.otlp, "metrics", cfg.names.metrics_otlp, environ)
+        metrics = otlp_settings(cfg.metrics.otlp, "metrics", cfg.names.metrics_otlp, environ, warnings)
         metrics = metrics._replace(timeout_s=bounded(metrics.timeout_s, reader.timeout_s))
-    limits = attribute_limits(environ) if exports_traces else (None, None)
+    limits = span_limits(environ, warnings) if exports_traces else SpanLimits()
+    exemplars = exemplars_on(environ, warnings) if exports_traces else True
+    if exports_traces:
+        samplers_not_used(environ, warnings)
     if exports:
-        check_resource_attributes(environ)
+        check_resource_attributes(environ, warnings)
     web = _web(cfg)
     try:
         kube = resolve_kubernetes(cfg.kubernetes, environ, root=root)
     except KubeConfigError as exc:
         raise InputError(str(exc)) from None
     return RunSettings(cfg, find_vmlinux(cfg.symbols, cfg.names.vmlinux), traces, metrics, batch, reader, limits,
-                       web, kube, switches.why)
+                       web, kube, switches.why, warnings.messages, exemplars)

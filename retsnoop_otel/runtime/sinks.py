@@ -1,9 +1,10 @@
-"""Where kept sessions go, for both commands: console text or JSON, Chrome trace JSON, OTLP exporters.
+"""Where kept sessions go, for both commands: console text or JSON, Chrome trace JSON, OTLP exporters (to a
+collector, to an OTLP-JSON file, or as OTLP/JSON lines on the console with OTEL_TRACES_EXPORTER=console).
 
 Built before anything is loaded into the kernel, so that building them is the check of their
 inputs: an OTLP setting that cannot work, or a file that cannot be written, stops the run with one
 line. OTLP exporters sit behind bounded queues (the network never blocks capture); a trace handed
-to an exporter also leaves its id as a metrics exemplar.
+to an exporter also leaves its id as a metrics exemplar (unless OTEL_METRICS_EXEMPLAR_FILTER=always_off).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from retsnoop_otel.capture.model import Session, lookup_func
 from retsnoop_otel.export.otlp_settings import OtlpSettings
 from retsnoop_otel.export.processor_env import DEFAULT_QUEUE_SPANS
 from retsnoop_otel.export.resource import Resource
+from retsnoop_otel.export.span_limits import SpanLimits
 from retsnoop_otel.metrics.trace_counts import TraceCounts
 from retsnoop_otel.render.formats import ArgsFormat
 from retsnoop_otel.runtime.config import ExporterConfig, Limits
@@ -40,8 +42,7 @@ class ExportTotals:
 class _SetOutputs:
     """Per probe set: its span encoder and argument formatters (a reload builds new probe sets)."""
 
-    def __init__(self, ps: Any, cfg: ExporterConfig, limits: Limits, envelopes: Any,
-                 attr_limits: tuple[int | None, int | None]) -> None:
+    def __init__(self, ps: Any, cfg: ExporterConfig, limits: Limits, envelopes: Any, span_limits: SpanLimits) -> None:
         from functools import partial
 
         from retsnoop_otel.symbols.symbolize import definition
@@ -55,13 +56,15 @@ class _SetOutputs:
             # exported data leaves the host: pointers inside arguments would reveal the KASLR offset
             self.export_args = ArgFormatter(ps.btf, ps.arg_descs, show_pointers=cfg.export_addresses).format
         self.encoder = None
-        if not cfg.otlp and not cfg.file:
+        if not cfg.spans:
             return
         from retsnoop_otel.export.span_encoder import SpanEncoder
         self.encoder = SpanEncoder(ps.funcs, envelopes.base, symbolize=ps.symbolizer.describe,
                                    locate=partial(definition, ps.symbolizer), export_addresses=cfg.export_addresses,
                                    max_spans=limits.max_spans_per_trace, format_args=self.export_args,
-                                   workloads=envelopes, value_limit=attr_limits[0], count_limit=attr_limits[1],
+                                   workloads=envelopes, value_limit=span_limits.value_length,
+                                   count_limit=span_limits.attributes, event_limit=span_limits.events,
+                                   event_attribute_limit=span_limits.event_attributes,
                                    service_per_session=cfg.service_name_from == "workload")
 
 
@@ -84,13 +87,13 @@ class Sinks:
         self._envelopes: Any = None  # export.span_encoder.WorkloadEnvelopes: one resource per workload, all sets
         self._final: ExportTotals | None = None  # counters at close, when the exporters are gone
         self.trace_json = None
-        self._attr_limits = settings.attr_limits
+        self._span_limits = settings.span_limits
         try:
-            if cfg.otlp is not None or cfg.file is not None:  # grpc and protobuf load only when they are needed
+            if cfg.spans:  # grpc and protobuf load only when they are needed
                 from retsnoop_otel.export.otlp_sink import OtlpTraceSink
                 from retsnoop_otel.export.span_encoder import WorkloadEnvelopes
                 from retsnoop_otel.metrics.exemplars import ExemplarStore
-                self.exemplars = ExemplarStore()
+                self.exemplars = ExemplarStore() if settings.exemplars else None
                 self._envelopes = WorkloadEnvelopes(resource.attributes, resource.schema_url)
             batch = settings.batch
             queue = dict(max_queue_spans=limits.export_queue_spans or batch.max_queue_spans or DEFAULT_QUEUE_SPANS,
@@ -100,6 +103,9 @@ class Sinks:
             if cfg.file is not None:
                 from retsnoop_otel.export.otlp_file import OtlpJsonFileSender
                 self.exporters.append(OtlpTraceSink(_open(cfg.file, names.file, OtlpJsonFileSender), **queue))
+            if cfg.otlp_console:
+                from retsnoop_otel.export.otlp_file import OtlpJsonFileSender
+                self.exporters.append(OtlpTraceSink(OtlpJsonFileSender("<stdout>", stream=console), **queue))
             if cfg.trace_json is not None:
                 from retsnoop_otel.render.trace_json import TraceJsonWriter
                 self.trace_json = _open(cfg.trace_json, names.trace_json, TraceJsonWriter)
@@ -110,7 +116,7 @@ class Sinks:
     def _outputs(self, ps: Any) -> _SetOutputs:
         out = self._per_set.get(ps)
         if out is None:
-            out = self._per_set[ps] = _SetOutputs(ps, self.cfg, self.limits, self._envelopes, self._attr_limits)
+            out = self._per_set[ps] = _SetOutputs(ps, self.cfg, self.limits, self._envelopes, self._span_limits)
         return out
 
     def emit(self, ps: Any, session: Session, offset_ns: int) -> None:
@@ -126,7 +132,7 @@ class Sinks:
         accepted = [sink.submit(trace) for sink in self.exporters]
         if any(accepted):
             self.traces.add(ps.name, self._service(session), session.is_err)
-        if any(accepted) and session.entry_func_id is not None:  # an exemplar must lead to a trace that exists
+        if any(accepted) and self.exemplars is not None and session.entry_func_id is not None:  # of a trace that exists
             self.exemplars.record(ps.name, lookup_func(ps.funcs, session.entry_func_id).name,
                                   session.end_ns - session.start_ns, trace.trace_id, session.end_ns + offset_ns)
 

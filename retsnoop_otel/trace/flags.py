@@ -19,6 +19,7 @@ from retsnoop_otel.capture.inject import InjectError, InjectSpec, parse_specs
 from retsnoop_otel.capture.records import MAX_ARG_DATA, MAX_FUNC_ARGS, ArgSizes
 from retsnoop_otel.capture.sampling import Sampling
 from retsnoop_otel.capture.sessions import DEFAULT_MAX_CALLS
+from retsnoop_otel.export.otel_env import OTLP_ENDPOINT, OTLP_TRACES_ENDPOINT, TRACES_EXPORTER
 from retsnoop_otel.export.otlp_settings import OtlpConfig
 from retsnoop_otel.export.service_name import SERVICE_NAME_FROM
 from retsnoop_otel.inputs.addresses import parse_listen
@@ -49,6 +50,7 @@ from retsnoop_otel.runtime.config import (
 )
 from retsnoop_otel.runtime.errors import exit_code_epilog
 from retsnoop_otel.runtime.help_format import HelpFormatter, OneLineParser
+from retsnoop_otel.runtime.sdk_env import TRACE_EXPORTERS, exporters
 from retsnoop_otel.trace.cases import CASES, with_cases
 
 TRACE_NAMES = InputNames(
@@ -355,8 +357,12 @@ def _inject_specs(parser: argparse.ArgumentParser, values: Sequence[str]) -> tup
 
 
 def otlp_requested(args: argparse.Namespace, environ: Mapping[str, str]) -> bool:
-    return bool(args.otlp_endpoint or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-                or environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+    """Whether sessions become spans: an OTLP endpoint given (flag or variable; an endpoint variable that turns
+    out unusable is ignored by the run's settings, and no export is left), or OTEL_TRACES_EXPORTER naming console
+    (which exporters are used, and the warnings for what it names wrongly, are runtime/sdk_env.py's)."""
+    return bool(args.otlp_endpoint or environ.get(OTLP_ENDPOINT, "").strip()
+                or environ.get(OTLP_TRACES_ENDPOINT, "").strip()) \
+        or (bool(environ.get(TRACES_EXPORTER)) and "console" in exporters(environ, TRACES_EXPORTER, TRACE_EXPORTERS))
 
 
 def parse(argv: Sequence[str], environ: Mapping[str, str] = os.environ,
@@ -419,6 +425,7 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] = os.environ,
         probe_sets=(probe_set,),
         exporter=ExporterConfig(
             otlp=OtlpConfig(endpoint=args.otlp_endpoint, protocol=args.otlp_protocol) if otlp else None,
+            otlp_needs_endpoint=True,
             console=ConsoleConfig(format="json" if args.json else "text", view="calls" if args.calls else "stack",
                                   call_stack=args.call_stack, lbr_max_count=lbr_max or 0,
                                   stacks=StackFormat(**_fields(c, C_STACKS)),

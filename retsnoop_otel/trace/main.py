@@ -2,7 +2,8 @@
 
 The runtime's phases report through a StartHook so that retsnoop's lines come between them: -v says
 the attach mode and what was found, "Receiving data..." once attached, "Detaching... DONE" at the end with
-the kernel's loss counters. Exit codes: runtime/errors.py (EXIT_CODES).
+the kernel's loss counters. An OTEL_* variable whose value is ignored gets one "retsnoop-otel: warning:" line on
+stderr at start. Exit codes: runtime/errors.py (EXIT_CODES).
 """
 
 from __future__ import annotations
@@ -88,6 +89,11 @@ class _TraceHook(StartHook):
     def _say(self, msg: str) -> None:
         if self.request.verbose:
             print(msg, file=self.err, flush=True)
+
+    def warned(self, runtime: Runtime, messages: tuple[str, ...]) -> None:
+        """The OTEL_* values ignored, whatever -v says: the run's log only prints errors."""
+        for message in messages:
+            print(f"retsnoop-otel: warning: {message}", file=self.err, flush=True)
 
     def go_on(self, runtime: Runtime, found: Resolved) -> bool:
         from retsnoop_otel.symbols.discovery import format_dry_run

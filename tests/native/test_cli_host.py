@@ -129,10 +129,10 @@ BAD_INPUT = {
     # host:port is gRPC's form; OTLP/HTTP, the default protocol, needs a URL
     "endpoint_scheme_less": ([*TRACE, "--otlp-endpoint", "collector:4317"], {}, 2,
                              "write it like http://collector:4318, or set --otlp-protocol=grpc"),
-    "endpoint_scheme_less_env": ([*TRACE], {"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4317"}, 2,
-                                 "OTEL_EXPORTER_OTLP_ENDPOINT='collector:4317': not an http:// or https:// URL"),
-    "endpoint_env": ([*TRACE], {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317", "OTEL_EXPORTER_OTLP_TIMEOUT": "soon"},
-                     2, "OTEL_EXPORTER_OTLP_TIMEOUT"),
+    # a flag still refuses what a variable would only be warned about for
+    "endpoint_flag_beside_variables": ([*TRACE, "--otlp-endpoint", "collector:4318"],
+                                       {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"},
+                                       2, "--otlp-endpoint='collector:4318': not an http:// or https:// URL"),
     "metrics_port_busy": ([*TRACE, "--metrics-addr", "127.0.0.1", "--metrics-port", "{busy}"], {}, 1,
                           "already in use"),
     "trace_json_unwritable": ([*TRACE, "--trace-json", "/proc/version/t.json"], {}, 2, "--trace-json /proc/version"),
@@ -201,6 +201,35 @@ def test_bad_input_is_one_line_and_nothing_is_loaded(case: str, tmp_path) -> Non
     assert proc.returncode == code, proc.stderr
     assert len(lines) == 1 and phrase in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout and "Receiving data" not in proc.stdout
+    assert _our_programs() == before == []
+
+
+# an OTEL_* variable the run cannot use -> (its environment, how its one warning starts)
+WARNED = {
+    "endpoint_scheme_less": ({"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4317"},
+                             "OTEL_EXPORTER_OTLP_ENDPOINT='collector:4317': not an http:// or https:// URL"),
+    "timeout": ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317", "OTEL_EXPORTER_OTLP_TIMEOUT": "soon"},
+                "OTEL_EXPORTER_OTLP_TIMEOUT='soon': not a positive number"),
+    "sdk_disabled": ({"OTEL_SDK_DISABLED": "maybe"}, "OTEL_SDK_DISABLED='maybe': not a boolean"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WARNED))
+def test_a_bad_variable_is_one_warning_and_the_run_goes_on(case: str) -> None:
+    """Not the tool's own input: one warning line naming the variable, then the run goes on, here to this host's
+    refusal of kernel tracing (a bad flag would have ended it with exit 2 before)."""
+    import os
+    fentry, kprobes = _host_can_trace()
+    if fentry or kprobes:
+        pytest.skip("this host can trace kernel functions: the run would not end at the refusal")
+    env, phrase = WARNED[case]
+    before = _our_programs()
+    proc = subprocess.run([sys.executable, "-m", "retsnoop_otel", *TRACE], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **env})
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 1 and len(lines) == 2, proc.stderr
+    assert lines[0].startswith(f"retsnoop-otel: warning: {phrase}") and lines[0].endswith("; ignored, as if unset")
+    assert "fentry" in lines[1] and "kprobes" in lines[1], lines[1]
     assert _our_programs() == before == []
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.otlp_json import attributes
 from tests.otlp_json import spans as otlp_spans
 from tests.procs import Proc
 
@@ -33,11 +34,12 @@ def specs(app: str) -> list[str]:
     return ["-e", f"u:{app}:handle_request", "-a", f"u:{app}:parse_request", "-a", f"u:{app}:find_handler=null"]
 
 
-def trace(args: list[str], run_app: list[str], settle: float = 1.0) -> tuple[str, int, list[str]]:
+def trace(args: list[str], run_app: list[str], settle: float = 1.0,
+          env: dict[str, str] | None = None) -> tuple[str, int, list[str]]:
     """(tracer output, its exit code, what the app printed): the app runs once the tracer is attached."""
-    tracer = Proc([sys.executable, "-m", "retsnoop_otel", "trace", *args])
+    tracer = Proc([sys.executable, "-m", "retsnoop_otel", "trace", *args], env=env)
     try:
-        tracer.wait_for_line(r"Receiving data|retsnoop-otel: ", timeout=60)
+        tracer.wait_for_line(r"Receiving data|retsnoop-otel: (?!warning: )", timeout=60)
         printed = subprocess.run(run_app, capture_output=True, text=True, timeout=60, check=True).stdout.splitlines()
         tracer.wait_output_settled(settle, timeout=30)
     finally:
@@ -109,6 +111,70 @@ def test_otlp_spans_nest_at_a_real_receiver(app: str, tmp_path: Path) -> None:
     assert kids["find_handler"]["attrs"]["retsnoop.return_kind"] == "null"
     assert "error.type" not in kids["find_handler"]["attrs"]
     assert kids["parse_request"]["attrs"]["retsnoop.result"] == "0"
+
+
+def _console_spans(out: str) -> list[dict]:
+    """The spans of the OTLP/JSON lines OTEL_TRACES_EXPORTER=console printed (the Collector's file format: hex
+    ids, integer enums), each with its `attrs`."""
+    head = '{"resourceSpans"'  # at the start of a line, or after "Detaching... " when sent at the end
+    docs = [json.loads(line[line.index(head):]) for line in out.splitlines() if head in line]
+    return [{**s, "attrs": attributes(s.get("attributes", []))} for d in docs for rs in d["resourceSpans"]
+            for ss in rs["scopeSpans"] for s in ss["spans"]]
+
+
+def _receiver(tmp_path: Path) -> tuple[Proc, int, Path]:
+    out_file = tmp_path / "otlp.jsonl"
+    receiver = Proc([sys.executable, "-m", "tests.otlp_receiver", "--port", "0", "--http-port", "0",
+                     "--out", str(out_file)])
+    return receiver, int(receiver.wait_for_line(r"READY \d+ HTTP (\d+)", timeout=60).group(1)), out_file
+
+
+def test_the_console_exporter_prints_the_spans_as_otlp_json_lines(app: str, tmp_path: Path) -> None:
+    """OTEL_TRACES_EXPORTER=console: each export request as one OTLP/JSON line on stdout, the same nested spans
+    as at a receiver; console alone replaces the OTLP export (the endpoint variable's receiver gets nothing)."""
+    receiver, port, out_file = _receiver(tmp_path)
+    try:
+        out, rc, _ = trace(specs(app), [app, "1"], env={"OTEL_TRACES_EXPORTER": "console",
+                                                        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}"})
+        time.sleep(1)
+    finally:
+        receiver.terminate()
+    assert rc == 0 and "warning" not in out, out
+    spans = _console_spans(out)
+    (root,) = [s for s in spans if not s.get("parentSpanId")]
+    assert root["name"] == "handle_request" and root["attrs"]["error.type"] == "EINVAL"
+    assert root["status"]["code"] == 2 and len(root["traceId"]) == 32 and len(root["spanId"]) == 16  # hex ids
+    kids = {s["name"] for s in spans if s.get("parentSpanId") == root["spanId"]}
+    assert kids == {"parse_request", "find_handler"}
+    assert re.search(r"handle_request \[user_app\]", out)  # the trace command's own output stays
+    assert not (out_file.exists() and out_file.read_text().strip())  # nothing sent over OTLP
+
+
+def test_bad_variables_are_warned_about_once_and_the_next_source_applies(app: str, tmp_path: Path) -> None:
+    """otlp,console plus an exporter this tool has not; a per-signal endpoint that is no URL falls back to the
+    generic one; a sampler is not used: one warning each, then the spans go to the receiver and the console."""
+    receiver, port, out_file = _receiver(tmp_path)
+    env = {"OTEL_TRACES_EXPORTER": "otlp,console,zipkin", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://[::1",
+           "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}", "OTEL_TRACES_SAMPLER": "parentbased_always_on"}
+    try:
+        out, rc, _ = trace(specs(app), [app, "1"], env=env)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (out_file.exists() and out_file.read_text().strip()):
+            time.sleep(0.2)
+    finally:
+        receiver.terminate()
+    assert rc == 0, out
+    warnings = [line for line in out.splitlines() if line.startswith("retsnoop-otel: warning: ")]
+    assert [w.split(": ")[2].split("=")[0] for w in warnings] == [
+        "OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_TRACES_SAMPLER"], warnings
+    assert warnings[0].endswith("'zipkin' is not an exporter this tool has (otlp, console, none); left out, "
+                                "otlp,console used"), warnings[0]
+    assert warnings[1].endswith("not a valid URL (Invalid IPv6 URL); write it like http://collector:4318 (IPv6: "
+                                "http://[::1]:4317); ignored, as if unset"), warnings[1]
+    sent = otlp_spans([json.loads(x) for x in out_file.read_text().splitlines() if x.strip()])
+    printed = _console_spans(out)
+    assert sorted(s["name"] for s in sent) == sorted(s["name"] for s in printed) == [
+        "find_handler", "handle_request", "parse_request"]
 
 
 def test_pid_and_comm_filters_apply_to_user_sessions(app: str, tmp_path: Path) -> None:

@@ -3,7 +3,8 @@
 Run as subprocesses in a user namespace of their own (no capability over the kernel, whatever the host allows:
 nothing is ever attached) with a 20 s timeout: a FIFO or /dev/zero given as a file used to block in open() or read
 until the memory ran out. Valid input ends in the refusal of tracing (exit 1: no capability, or a kernel that
-cannot trace); bad input has to exit 2 before that.
+cannot trace); bad input has to exit 2 before that. An OTEL_* variable is not the tool's own input: a bad value is
+one warning line, then ignored, and the run goes on to that refusal.
 """
 
 from __future__ import annotations
@@ -40,6 +41,21 @@ def _refused(proc: subprocess.CompletedProcess[str], *names: str) -> str:
     for name in names:
         assert name in lines[0], (name, lines[0])
     return lines[0]
+
+
+def _warned(proc: subprocess.CompletedProcess[str], *names: str) -> str:
+    """One warning line that holds every one of `names`, then the refusal of tracing (exit 1): nothing else, no
+    traceback; returns the warning."""
+    out = proc.stdout + proc.stderr
+    assert "Traceback" not in out, out
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 1 and len(lines) == 2, (proc.returncode, out)
+    warning, refusal = lines
+    assert warning.startswith("retsnoop-otel: warning: ") and warning.endswith("; ignored, as if unset"), warning
+    assert "needs root or the CAP_BPF" in refusal or "cannot be traced here" in refusal, refusal
+    for name in names:
+        assert name in warning, (name, warning)
+    return warning
 
 
 def _config(tmp_path: Path, body: str) -> Path:
@@ -110,8 +126,8 @@ def test_agent_web_config_dev_zero(tmp_path: Path):
     _refused(_run("agent", "--check", str(path)), "metrics.web_config_file", "character device")
 
 
-def test_trace_otlp_certificate_fifo(fifo: Path):
-    _refused(_run("trace", "-e", "*sys_bpf", "--otlp-endpoint", "https://collector:4317",
+def test_trace_otlp_certificate_variable_fifo_is_warned_about(fifo: Path):
+    _warned(_run("trace", "-e", "*sys_bpf", "--otlp-endpoint", "https://collector:4317",
                   env={"OTEL_EXPORTER_OTLP_CERTIFICATE": str(fifo)}), "OTEL_EXPORTER_OTLP_CERTIFICATE", "FIFO")
 
 
@@ -131,9 +147,23 @@ def test_trace_otlp_endpoint_unclosed_bracket():
     assert "SECRET" not in line and "user" not in line
 
 
-def test_trace_otlp_endpoint_env_unclosed_bracket():
-    _refused(_run("trace", "-e", "*sys_bpf", env={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://[::1"}),
+def test_trace_otlp_endpoint_variable_unclosed_bracket_is_warned_about():
+    _warned(_run("trace", "-e", "*sys_bpf", env={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://[::1"}),
              "OTEL_EXPORTER_OTLP_ENDPOINT", "not a valid URL")
+
+
+def test_agent_check_warns_about_a_variable_and_still_refuses_a_bad_key(tmp_path: Path):
+    """agent --check says the OTEL_* values it ignores on stderr, then goes on (here: to the refusal of tracing);
+    its own keys are still refused (exit 2), whatever the variables say."""
+    path = _config(tmp_path, MINIMAL + "exporter:\n  otlp:\n    endpoint: http://collector:4318\n")
+    proc = _run("agent", "--check", str(path), env={"OTEL_TRACES_EXPORTER": "zipkin"})
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 1 and len(lines) == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0] == ("retsnoop-otel agent: warning: OTEL_TRACES_EXPORTER='zipkin': 'zipkin' is not an exporter "
+                        "this tool has (otlp, console, none); ignored, as if unset"), lines[0]
+    bad = _config(tmp_path, MINIMAL + "exporter:\n  otlp:\n    endpoint: 'http://[::1'\n")
+    _refused(_run("agent", "--check", str(bad), env={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}),
+             "agent.yaml:7: exporter.otlp.endpoint", "not a valid URL")
 
 
 def test_agent_otlp_endpoint_unclosed_bracket(tmp_path: Path):
@@ -297,10 +327,11 @@ def test_agent_web_config_plain_password_not_echoed(tmp_path: Path):
     ("ok=1,Authorization: Bearer SEC=RET", "header #2 (its name starts 'authorization')",  # gRPC: lower case
      ["--otlp-protocol", "grpc"]),
 ])
-def test_trace_otlp_header_named_by_key_never_by_value(value: str, named: str, protocol: list[str]):
-    line = _refused(_run("trace", "-e", "*sys_bpf", "--otlp-endpoint", "http://c:4318", *protocol,
-                         env={"OTEL_EXPORTER_OTLP_HEADERS": value}), "OTEL_EXPORTER_OTLP_HEADERS", named)
-    assert "SEC" not in line and "Bearer" not in line
+def test_trace_otlp_header_variable_warned_about_by_key_never_by_value(value: str, named: str, protocol: list[str]):
+    proc = _run("trace", "-e", "*sys_bpf", "--otlp-endpoint", "http://c:4318", *protocol,
+                env={"OTEL_EXPORTER_OTLP_HEADERS": value})
+    _warned(proc, "OTEL_EXPORTER_OTLP_HEADERS", named)
+    assert "SEC" not in proc.stderr and "Bearer" not in proc.stderr
 
 
 # ---- YAML aliases: what a config expands to is bounded ----

@@ -278,6 +278,41 @@ def test_otlp_span_events_go_on_the_innermost_open_call() -> None:
     assert {a.key: a.value.int_value for a in kp.attributes}["ip"] == 0xFFFFFFFF8100011C - (1 << 64)
 
 
+def _three_on_the_root():
+    """The assembled session with its tracepoint fired three times in the entry call."""
+    s = _assembled()
+    tp = s.probes[1]
+    s.calls[0].probes[:] = [tp, tp, tp]
+    s.probes[:] = [s.probes[0], tp, tp, tp]
+    return s
+
+
+@pytest.mark.parametrize("limit", [0, 1, 2, 3])
+def test_the_span_event_count_limit_keeps_the_first_events_and_counts_the_rest(limit: int) -> None:
+    """OTEL_SPAN_EVENT_COUNT_LIMIT: a span keeps its first `limit` events and says how many it lost in
+    dropped_events_count (OTLP Span field 12); its attributes and the other spans are untouched."""
+    full = _spans(_three_on_the_root())
+    cut = _spans(_three_on_the_root(), event_limit=limit)
+    assert len(full["__x64_sys_bpf"].events) == 3
+    for name, span in cut.items():
+        events = list(full[name].events)
+        assert list(span.events) == events[:limit], name
+        assert span.dropped_events_count == max(0, len(events) - limit), name
+        assert list(span.attributes) == list(full[name].attributes) and span.dropped_attributes_count == 0
+    assert cut["__x64_sys_bpf"].dropped_events_count == 3 - limit
+
+
+def test_the_event_attribute_count_limit_keeps_the_first_attributes_of_each_event() -> None:
+    """OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT: the probe's kind first, then its fields, counted in the event's own
+    dropped_attributes_count."""
+    (tp,) = _spans(_assembled(), event_attribute_limit=2)["__x64_sys_bpf"].events
+    assert [a.key for a in tp.attributes] == [PROBE_KIND, "__syscall_nr"] and tp.dropped_attributes_count == 1
+    (kp,) = _spans(_assembled(), event_attribute_limit=2)["map_create"].events  # one attribute: nothing to cut
+    assert [a.key for a in kp.attributes] == [PROBE_KIND] and kp.dropped_attributes_count == 0
+    (tp,) = _spans(_assembled(), event_attribute_limit=3)["__x64_sys_bpf"].events  # room for all three
+    assert len(tp.attributes) == 3 and tp.dropped_attributes_count == 0
+
+
 # ---- the attach module against a faked kernel ------------------------------------------------------
 
 class _Sym:

@@ -8,7 +8,7 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from retsnoop_otel.export.metrics_push import OtlpMetricsPusher
-from retsnoop_otel.export.otlp_settings import OtlpConfigError
+from retsnoop_otel.export.otel_env import EnvWarnings
 from retsnoop_otel.export.processor_env import reader_settings
 from retsnoop_otel.export.sending import SendResult
 
@@ -93,9 +93,11 @@ def test_lowmemory_turns_only_the_histograms_and_cumulative_nothing() -> None:
 def test_the_preference_is_read_as_the_sdks_read_it() -> None:
     assert reader_settings({}).temporality == "cumulative"
     assert reader_settings({"OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE": " Delta "}).temporality == "delta"
-    with pytest.raises(OtlpConfigError, match="PREFERENCE='deltas': not a temporality; write cumulative, delta, "
-                                              "lowmemory"):
-        reader_settings({"OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE": "deltas"})
+    warnings = EnvWarnings()  # not a temporality: warned about, and the default applies
+    assert reader_settings({"OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE": "deltas"}, warnings).temporality == \
+        "cumulative"
+    assert warnings.messages == ("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE='deltas': not a temporality; write "
+                                 "cumulative, delta or lowmemory; ignored, as if unset",)
 
 
 def test_delta_exponential_histograms_line_up_buckets_whose_offset_moved() -> None:

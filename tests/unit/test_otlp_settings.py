@@ -1,14 +1,17 @@
 """OTLP exporter settings: precedence, endpoints, headers, compression, timeout, TLS files and error messages,
-as protocol/exporter.md and sdk-environment-variables.md define them (explicit environ dicts, no os.environ)."""
+as protocol/exporter.md and sdk-environment-variables.md define them (explicit environ dicts, no os.environ). A bad
+config value is an error; a bad variable is warned about once and ignored (the next source applies)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from bench.tls_certs import make_pki
+from retsnoop_otel.export.otel_env import EnvWarnings
 from retsnoop_otel.export.otlp_settings import OtlpConfig, OtlpConfigError, describe, resolve_settings
 
 CLI = {"endpoint": "--otlp-endpoint", "protocol": "--otlp-protocol", "headers": "--otlp-header",
@@ -31,6 +34,21 @@ def error(cfg: OtlpConfig | None = None, env: dict[str, str] | None = None, sign
         resolve(cfg, env, signal, names)
     text = str(info.value)
     assert "\n" not in text and text.strip() == text, text  # one line, for logs and the CLI
+    assert info.value.variable is None, text  # only a config value is an error
+    return text
+
+
+def warned(cfg: OtlpConfig | None = None, env: dict[str, str] | None = None, signal: str = "traces",
+           names: dict[str, str] | None = None) -> str:
+    """The one warning a bad variable gets: one line, naming the variable first, saying it is ignored; and the
+    settings are those of the same run without that variable (the next source applies)."""
+    cfg, env, warnings = cfg or OtlpConfig(), env or {}, EnvWarnings()
+    got = resolve_settings(cfg, signal, env, names, warnings)
+    (text,) = warnings.messages
+    assert "\n" not in text and text.strip() == text and text.endswith("; ignored, as if unset"), text
+    var = re.match(r"OTEL_[A-Z_]+", text)
+    assert var is not None and var.group() in env, text
+    assert got == resolve_settings(cfg, signal, {k: v for k, v in env.items() if k != var.group()}, names)
     return text
 
 
@@ -102,7 +120,7 @@ def test_grpc_is_one_setting_away(how):
 def test_scheme_less_endpoint_with_http_protobuf_says_add_http_or_use_grpc(cfg, env, setting, which):
     """host:port without a scheme is gRPC's form (the specification lets only gRPC endpoints omit it): with
     OTLP/HTTP, whether by default or chosen, it is refused, naming both fixes."""
-    text = error(cfg, env, names=CLI)
+    text = (warned if cfg.endpoint is None else error)(cfg, env, names=CLI)
     assert text.startswith(f"{setting}: not an http:// or https:// URL (a host:port without a scheme is for "
                            "OTLP/gRPC"), text
     assert which in text and "write it like http://collector:4318" in text, text
@@ -168,12 +186,59 @@ def test_empty_variables_count_as_unset():
     assert resolve(OtlpConfig(), {"OTEL_EXPORTER_OTLP_PROTOCOL": " "}).protocol == "http/protobuf"  # the default
 
 
+# ---- a variable that cannot work: warned about once, ignored, the next source applies ----
+
+def test_a_bad_signal_endpoint_falls_back_to_the_generic_one_with_one_warning():
+    env = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://user:SECRET@[::1/x?key=SECRET",
+           "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}
+    warnings = EnvWarnings()
+    s = resolve_settings(OtlpConfig(), "traces", env, None, warnings)
+    assert (s.url, s.endpoint_from) == ("http://collector:4318/v1/traces", "generic")  # a base URL, as always
+    assert warnings.messages == (
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT='http://***@[::1/x?***': not a valid URL (Invalid IPv6 URL); write it "
+        "like http://collector:4318 (IPv6: http://[::1]:4317); ignored, as if unset",)
+    # without the generic one, the specification's default
+    s = resolve_settings(OtlpConfig(), "traces", {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "ftp://c"}, None, warnings)
+    assert (s.url, s.endpoint_from) == ("http://localhost:4318/v1/traces", "default")
+
+
+def test_a_bad_generic_variable_is_warned_about_once_for_both_signals():
+    env = {"OTEL_EXPORTER_OTLP_TIMEOUT": "soon", "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT": "2000"}
+    warnings = EnvWarnings()
+    traces = resolve_settings(OtlpConfig(), "traces", env, None, warnings)
+    metrics = resolve_settings(OtlpConfig(), "metrics", env, None, warnings)
+    assert (traces.timeout_s, metrics.timeout_s) == (10.0, 2.0)
+    assert warnings.messages == ("OTEL_EXPORTER_OTLP_TIMEOUT='soon': not a positive number; write a timeout > 0 in "
+                                 "milliseconds, such as 10000; ignored, as if unset",)
+
+
+def test_several_bad_variables_each_get_their_warning_and_the_rest_applies():
+    env = {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json", "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "zstd",
+           "OTEL_EXPORTER_OTLP_COMPRESSION": "gzip", "OTEL_EXPORTER_OTLP_HEADERS": "api-key=SECRET,broken",
+           "OTEL_EXPORTER_OTLP_ENDPOINT": "https://c.example:4318"}
+    warnings = EnvWarnings()
+    s = resolve_settings(OtlpConfig(), "traces", env, None, warnings)
+    assert (s.protocol, s.url, s.compression, s.headers) == ("http/protobuf", "https://c.example:4318/v1/traces",
+                                                             "gzip", ())
+    assert [m.split("=")[0].split(":")[0] for m in warnings.messages] == [
+        "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION"]
+    assert "SECRET" not in " ".join(warnings.messages)
+
+
+def test_a_bad_config_value_stays_an_error_whatever_the_environment_says():
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318", "OTEL_EXPORTER_OTLP_TIMEOUT": "soon"}
+    with pytest.raises(OtlpConfigError) as info:
+        resolve_settings(OtlpConfig(endpoint="ftp://c"), "traces", env, CLI, EnvWarnings())
+    assert str(info.value).startswith("--otlp-endpoint='ftp://c': not an http:// or https:// URL")
+    assert info.value.variable is None
+
+
 # ---- protocol ----
 
 def test_protocol_values_and_errors():
     assert resolve(OtlpConfig(), {"OTEL_EXPORTER_OTLP_PROTOCOL": "HTTP/Protobuf"}).protocol == "http/protobuf"
     assert resolve(OtlpConfig(), {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "GRPC"}).protocol == "grpc"
-    text = error(OtlpConfig(), {"OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "http/json"}, signal="metrics")
+    text = warned(OtlpConfig(), {"OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "http/json"}, signal="metrics")
     assert text.startswith("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL=") and "not supported" in text
     assert "http/protobuf" in text and "grpc" in text
     text = error(OtlpConfig(protocol="thrift"), names=CLI)
@@ -230,7 +295,7 @@ def test_http_tls_from_scheme_and_describe_hides_secrets():
 def test_http_endpoint_errors_name_the_setting(endpoint, problem):
     text = error(OtlpConfig(protocol="http/protobuf", endpoint=endpoint), names=YAML)
     assert text.startswith(f"exporter.otlp.endpoint={endpoint!r}:") and problem in text
-    text = error(HTTP, {"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": endpoint}, signal="metrics")
+    text = warned(HTTP, {"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": endpoint}, signal="metrics")
     assert text.startswith("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT=") and problem in text
 
 
@@ -259,7 +324,7 @@ def test_grpc_insecure_from_environment():
     assert resolve(OtlpConfig(), {**env, "OTEL_EXPORTER_OTLP_TRACES_INSECURE": "False",
                                   "OTEL_EXPORTER_OTLP_INSECURE": "true"}).tls is True
     assert resolve(OtlpConfig(), {**env, "OTEL_EXPORTER_OTLP_TRACES_INSECURE": "true"}, signal="metrics").tls is True
-    text = error(OtlpConfig(), {**env, "OTEL_EXPORTER_OTLP_TRACES_INSECURE": "yes"})
+    text = warned(OtlpConfig(), {**env, "OTEL_EXPORTER_OTLP_TRACES_INSECURE": "yes"})
     assert text.startswith("OTEL_EXPORTER_OTLP_TRACES_INSECURE='yes'") and "true or false" in text
 
 
@@ -267,7 +332,7 @@ def test_grpc_endpoint_with_a_path_points_at_otlp_http():
     text = error(GRPC._replace(endpoint="http://c:4317/v1/traces"), names=CLI)
     assert text.startswith("--otlp-endpoint='http://c:4317/v1/traces'") and "take no path" in text
     assert "--otlp-protocol=http/protobuf" in text and "drop the path" in text
-    text = error(OtlpConfig(), {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "c:4317/v1/traces",
+    text = warned(OtlpConfig(), {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "c:4317/v1/traces",
                                 "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"}, names=YAML)
     assert text.startswith("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=") and "exporter.otlp.protocol=http/protobuf" in text
 
@@ -275,7 +340,7 @@ def test_grpc_endpoint_with_a_path_points_at_otlp_http():
 def test_endpoint_errors_hide_passwords_and_query_strings():
     text = error(GRPC._replace(endpoint="http://user:SECRET@c:4317/v1/traces?key=SECRET"))
     assert text.startswith("endpoint='http://***@c:4317/v1/traces?***'") and "SECRET" not in text
-    text = error(HTTP, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:0/?api_key=SECRET"})
+    text = warned(HTTP, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:0/?api_key=SECRET"})
     assert "port 0" in text and "SECRET" not in text
 
 
@@ -312,7 +377,7 @@ def test_headers_parsing_decoding_and_case():
     ("http/protobuf", "k=SECRET%0D%0Aevil: 1", "header 'k' has a control character in its value"),
 ])
 def test_header_errors_name_the_variable_and_hide_values(protocol, value, problem):
-    text = error(OtlpConfig(protocol=protocol), {"OTEL_EXPORTER_OTLP_TRACES_HEADERS": value})
+    text = warned(OtlpConfig(protocol=protocol), {"OTEL_EXPORTER_OTLP_TRACES_HEADERS": value})
     assert text.startswith("OTEL_EXPORTER_OTLP_TRACES_HEADERS:") and problem in text
     assert "SECRET" not in text and "Bearer" not in text
 
@@ -334,7 +399,7 @@ def test_compression_values(value, expected):
 
 
 def test_compression_errors():
-    text = error(OtlpConfig(), {"OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "zstd"})
+    text = warned(OtlpConfig(), {"OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "zstd"})
     assert text.startswith("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION='zstd'") and "gzip, deflate, none" in text
     assert error(OtlpConfig(compression="br"), names=CLI).startswith("--otlp-compression='br'")
 
@@ -347,7 +412,7 @@ def test_timeout_units():
 
 @pytest.mark.parametrize("value", ["abc", "0", "-5", "nan", "inf", "10s"])
 def test_timeout_variable_errors(value):
-    text = error(OtlpConfig(), {"OTEL_EXPORTER_OTLP_METRICS_TIMEOUT": value}, signal="metrics")
+    text = warned(OtlpConfig(), {"OTEL_EXPORTER_OTLP_METRICS_TIMEOUT": value}, signal="metrics")
     assert text.startswith(f"OTEL_EXPORTER_OTLP_METRICS_TIMEOUT={value!r}") and "milliseconds" in text
 
 
@@ -363,9 +428,14 @@ def test_missing_certificate_files_name_the_setting_and_path(tmp_path):
     missing = str(tmp_path / "nope.pem")
     text = error(OtlpConfig(certificate=missing), names=CLI)
     assert text.startswith(f"--otlp-certificate: {missing}: cannot read")
-    text = error(OtlpConfig(), {"OTEL_EXPORTER_OTLP_CLIENT_KEY": missing,
-                                "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE": missing})
-    assert text.startswith("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE: ") and missing in text
+    warnings = EnvWarnings()  # the certificate cannot be read: ignored; then the key alone is no pair: ignored too
+    s = resolve_settings(OtlpConfig(), "traces", {"OTEL_EXPORTER_OTLP_CLIENT_KEY": missing,
+                                                  "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE": missing}, None, warnings)
+    cert, key = warnings.messages
+    assert cert.startswith(f"OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE: {missing}: cannot read") and \
+        cert.endswith("; ignored, as if unset"), cert
+    assert key.startswith("OTEL_EXPORTER_OTLP_CLIENT_KEY=") and "client_certificate is not set" in key, key
+    assert (s.client_key, s.client_certificate) == (None, None)
     text = error(OtlpConfig(client_certificate=str(tmp_path), client_key=str(tmp_path)), names=YAML)  # directories
     assert text.startswith("exporter.otlp.client_certificate: ") and "a directory, not a regular file" in text
 
@@ -391,7 +461,7 @@ def test_certificate_files_are_parsed_not_only_read(tmp_path, pems):
     text = error(OtlpConfig(certificate=str(broken)), names=CLI)
     assert text.startswith(f"--otlp-certificate: {broken}: a certificate in the file does not parse"), text
     der = _der(pems["ca.pem"], tmp_path / "ca.der", "x509")
-    text = error(OtlpConfig(), {"OTEL_EXPORTER_OTLP_CERTIFICATE": der})
+    text = warned(OtlpConfig(), {"OTEL_EXPORTER_OTLP_CERTIFICATE": der})
     assert text.startswith(f"OTEL_EXPORTER_OTLP_CERTIFICATE: {der}: a DER certificate, PEM is expected; convert it "
                            "with openssl x509 -inform der"), text
 
@@ -415,7 +485,7 @@ def test_client_key_is_the_certificates_own_unencrypted_pem_key(tmp_path, pems):
 def test_client_key_and_certificate_go_together(pems):
     text = error(OtlpConfig(client_key=pems["key.pem"]), names=CLI)
     assert text.startswith("--otlp-client-key=") and "--otlp-client-certificate" in text
-    text = error(OtlpConfig(), {"OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE": pems["cert.pem"]}, signal="metrics")
+    text = warned(OtlpConfig(), {"OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE": pems["cert.pem"]}, signal="metrics")
     assert text.startswith("OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE=") and "client_key" in text
     s = resolve(OtlpConfig(client_key=pems["key.pem"]), {"OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE": pems["cert.pem"]})
     assert (s.client_key, s.client_certificate) == (pems["key.pem"], pems["cert.pem"])
@@ -446,7 +516,7 @@ def test_unparseable_endpoints_are_config_errors(endpoint, problem, cfg):
     text = error(cfg._replace(endpoint=endpoint), names=CLI)
     assert text.startswith("--otlp-endpoint=") and problem in text and "write it like" in text, text
     assert "SECRET" not in text and "\n" not in text and len(text) < 300, text
-    text = error(OtlpConfig(), {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint})
+    text = warned(OtlpConfig(), {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint})
     assert text.startswith("OTEL_EXPORTER_OTLP_ENDPOINT=") and problem in text, text
 
 

@@ -1,5 +1,5 @@
-"""OTEL_BSP_* and OTEL_METRIC_EXPORT_*: read as the SDKs read them, refused when they are no number, applied
-to the exporters, and a config key given explicitly wins."""
+"""OTEL_BSP_* and OTEL_METRIC_EXPORT_*: read as the SDKs read them, warned about once and ignored when they are no
+number, applied to the exporters, and a config key given explicitly wins."""
 
 from __future__ import annotations
 
@@ -12,17 +12,17 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
 
 from retsnoop_otel.agent.main import Agent
-from retsnoop_otel.export.otlp_settings import OtlpConfigError
+from retsnoop_otel.export.otel_env import EnvWarnings
 from retsnoop_otel.export.processor_env import BatchSettings, ReaderSettings, batch_settings, bounded, reader_settings
-from retsnoop_otel.runtime.errors import InputError
 from retsnoop_otel.runtime.logs import EventLog
-from tests.fakes import AGENT_CONFIG, World
+from tests.fakes import AGENT_CONFIG, World, log_events
 
 DELTA = AggregationTemporality.AGGREGATION_TEMPORALITY_DELTA
 
 
 def test_read_in_milliseconds_and_spans() -> None:
     assert batch_settings({}) == BatchSettings(0.0, None, None, 512)
+    assert batch_settings({"OTEL_BSP_MAX_QUEUE_SIZE": "100"}) == BatchSettings(0.0, None, 100, 100)  # at most the queue
     env = {"OTEL_BSP_SCHEDULE_DELAY": "250", "OTEL_BSP_EXPORT_TIMEOUT": " 1500 ", "OTEL_BSP_MAX_QUEUE_SIZE": "4096",
            "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "64", "OTEL_METRIC_EXPORT_INTERVAL": "15000",
            "OTEL_METRIC_EXPORT_TIMEOUT": "2000"}
@@ -35,23 +35,35 @@ def test_read_in_milliseconds_and_spans() -> None:
 
 @pytest.mark.parametrize(("env", "message"), [
     ({"OTEL_BSP_SCHEDULE_DELAY": "5s"}, "OTEL_BSP_SCHEDULE_DELAY='5s': not a time in milliseconds; write a whole "
-                                        "number of at least 0, such as 5000"),
+                                        "number of at least 0, such as 5000, or unset it for the default; ignored, as "
+                                        "if unset"),
     ({"OTEL_BSP_EXPORT_TIMEOUT": "0"}, "OTEL_BSP_EXPORT_TIMEOUT='0': not a time in milliseconds; write a whole "
                                        "number of at least 1"),
     ({"OTEL_BSP_MAX_QUEUE_SIZE": "-1"}, "OTEL_BSP_MAX_QUEUE_SIZE='-1': not a number of spans"),
     ({"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "1e3"}, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE='1e3': not a number of spans"),
     ({"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "600", "OTEL_BSP_MAX_QUEUE_SIZE": "512"},
-     "OTEL_BSP_MAX_EXPORT_BATCH_SIZE=600 is larger than OTEL_BSP_MAX_QUEUE_SIZE=512"),
+     "OTEL_BSP_MAX_EXPORT_BATCH_SIZE='600': larger than OTEL_BSP_MAX_QUEUE_SIZE=512; a batch is taken from the "
+     "queue"),
     ({"OTEL_METRIC_EXPORT_INTERVAL": "1.5"}, "OTEL_METRIC_EXPORT_INTERVAL='1.5': not a time in milliseconds"),
     ({"OTEL_METRIC_EXPORT_TIMEOUT": "9" * 20}, "OTEL_METRIC_EXPORT_TIMEOUT='" + "9" * 20),
     ({"OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION": "exponential"},
      "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION='exponential': not a histogram aggregation; write "
      "explicit_bucket_histogram or base2_exponential_bucket_histogram"),
+    ({"OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE": "sometimes"},
+     "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE='sometimes': not a temporality; write cumulative, delta "
+     "or lowmemory"),
 ])
-def test_values_that_are_no_number_are_refused(env: dict[str, str], message: str) -> None:
-    with pytest.raises(OtlpConfigError) as info:
-        batch_settings(env), reader_settings(env)
-    assert str(info.value).startswith(message), str(info.value)
+def test_values_that_are_no_number_are_warned_about_and_ignored(env: dict[str, str], message: str) -> None:
+    """One warning naming the variable; the settings are the defaults', as if it were unset (a batch larger
+    than the queue: the queue's size)."""
+    warnings = EnvWarnings()
+    batch, reader = batch_settings(env, warnings), reader_settings(env, warnings)
+    (text,) = warnings.messages
+    assert text.startswith(message) and text.endswith("; ignored, as if unset"), text
+    var = text.split("=")[0]
+    rest = {k: v for k, v in env.items() if k != var}
+    assert (batch, reader) == (batch_settings(rest), reader_settings(rest))
+    assert batch.max_batch_spans <= (batch.max_queue_spans or 65536)  # a batch is at most the queue's size
 
 
 def _agent(tmp_path: Path, world: World, env: dict[str, str], extra: str = "", metrics: str = "") -> Agent:
@@ -73,11 +85,20 @@ def _agent(tmp_path: Path, world: World, env: dict[str, str], extra: str = "", m
     return Agent(str(path), deps, EventLog(io.StringIO()))
 
 
-def test_the_agent_refuses_them_at_start(tmp_path: Path, world: World) -> None:
-    agent = _agent(tmp_path, world, {"OTEL_BSP_MAX_QUEUE_SIZE": "lots"})
-    with pytest.raises(InputError, match="OTEL_BSP_MAX_QUEUE_SIZE='lots': not a number of spans"):
-        agent.start()
-    assert world.tracers == []  # refused before anything was loaded
+def test_the_agent_warns_about_them_at_start_and_uses_the_defaults(tmp_path: Path, world: World) -> None:
+    agent = _agent(tmp_path, world, {"OTEL_BSP_MAX_QUEUE_SIZE": "lots", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "100"})
+    log = agent.log._stream  # noqa: SLF001
+    agent.start()
+    try:
+        (sink,) = agent.runtime.sinks.exporters
+        assert (sink._max_queue, sink._max_batch) == (65536, 100)  # noqa: SLF001
+        assert world.tracers  # attached
+    finally:
+        agent.runtime.shutdown(1.0)
+    warned = [e for e in log_events(log) if e["level"] == "warning"]
+    assert [e["msg"] for e in warned] == ["OTEL_BSP_MAX_QUEUE_SIZE='lots': not a number of spans; write a whole number "
+                                          "of at least 1, such as 65536, or unset it for the default; ignored, as if "
+                                          "unset"]
 
 
 @pytest.mark.parametrize(("extra", "queue"), [("", 1000), ("limits:\n  export_queue_spans: 300\n", 300)])

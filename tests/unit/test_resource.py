@@ -47,7 +47,17 @@ def test_parsing_matches_the_sdk_detector(text, monkeypatch):
     ("a=1,broken,b=2", "entry 2 'broken' is not key=value"), ("=x", "entry 1 '=x' is not key=value"),
     ("a=%zz", "entry 1 ('a'): a '%' that starts no %XX escape in its value"),
     ("a=%C3", "entry 1 ('a'): its %XX escapes are not UTF-8")])
-def test_malformed_list_is_named_and_discarded_as_a_whole(text, problem):
-    """The runtime refuses it at start (exit 2); a list that got past that is still never used in part."""
+def test_malformed_list_is_named_and_discarded_as_a_whole(text, problem, tmp_path):
+    """As the specification says: a malformed list is discarded, never used in part, with one warning that names
+    the variable, shows its value and says it is ignored (the run goes on)."""
+    from retsnoop_otel.export.otel_env import EnvWarnings
+    from retsnoop_otel.runtime.settings import check_resource_attributes
     assert resource_attributes_problem(text) == problem
     assert parse_resource_attributes(text) == {}
+    env = {"OTEL_RESOURCE_ATTRIBUTES": text}
+    attrs = build_resource(root=tmp_path, environ=env).attributes
+    assert "a" not in attrs and "b" not in attrs and attrs["service.name"] == "retsnoop-otel"
+    warnings = EnvWarnings()
+    check_resource_attributes(env, warnings)
+    assert warnings.messages == (f"OTEL_RESOURCE_ATTRIBUTES={text!r}: {problem}; write it like key1=value1,key2=value2 "
+                                 "with each value percent-encoded; ignored, as if unset",)

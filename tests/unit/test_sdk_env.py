@@ -1,4 +1,5 @@
-"""OTEL_SDK_DISABLED, OTEL_TRACES_EXPORTER and OTEL_METRICS_EXPORTER: read once, applied to the run's config."""
+"""OTEL_SDK_DISABLED, OTEL_TRACES_EXPORTER and OTEL_METRICS_EXPORTER: read once, applied to the run's config; a
+value that is none of theirs is warned about once and ignored."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from retsnoop_otel.agent.main import Agent
+from retsnoop_otel.export.otel_env import EnvWarnings
 from retsnoop_otel.export.otlp_settings import OtlpConfig
 from retsnoop_otel.runtime.config import ExporterConfig, MetricsConfig, RuntimeConfig
-from retsnoop_otel.runtime.errors import InputError
 from retsnoop_otel.runtime.logs import EventLog
 from retsnoop_otel.runtime.sdk_env import SdkSwitches, apply_switches, read_switches
 from tests.fakes import AGENT_CONFIG, World, by_set, error_session, log_events
@@ -20,32 +21,55 @@ from tests.fakes import AGENT_CONFIG, World, by_set, error_session, log_events
     ({}, SdkSwitches(True, True, "")),
     ({"OTEL_SDK_DISABLED": "false", "OTEL_TRACES_EXPORTER": "otlp", "OTEL_METRICS_EXPORTER": "prometheus,otlp"},
      SdkSwitches(True, True, "")),
-    ({"OTEL_SDK_DISABLED": "TRUE"}, SdkSwitches(False, False, "OTEL_SDK_DISABLED=true")),
-    ({"OTEL_TRACES_EXPORTER": " none "}, SdkSwitches(False, True, "OTEL_TRACES_EXPORTER=none")),
+    ({"OTEL_SDK_DISABLED": "TRUE"}, SdkSwitches(False, False, "OTEL_SDK_DISABLED=true", file=False)),
+    ({"OTEL_TRACES_EXPORTER": " none "}, SdkSwitches(False, True, "OTEL_TRACES_EXPORTER=none", file=False)),
     ({"OTEL_METRICS_EXPORTER": "none", "OTEL_SDK_DISABLED": ""},
      SdkSwitches(True, False, "OTEL_METRICS_EXPORTER=none")),
+    ({"OTEL_TRACES_EXPORTER": "Console"}, SdkSwitches(False, True, "OTEL_TRACES_EXPORTER=console", console=True)),
+    ({"OTEL_TRACES_EXPORTER": "otlp, console"}, SdkSwitches(True, True, "", console=True)),
+    ({"OTEL_SDK_DISABLED": "true", "OTEL_TRACES_EXPORTER": "console"},
+     SdkSwitches(False, False, "OTEL_SDK_DISABLED=true", file=False)),
 ])
 def test_switches(env: dict[str, str], want: SdkSwitches) -> None:
-    assert read_switches(env) == want
+    warnings = EnvWarnings()
+    assert read_switches(env, warnings) == want
+    assert warnings.messages == ()
 
 
-@pytest.mark.parametrize(("env", "message"), [
-    ({"OTEL_SDK_DISABLED": "yes"}, "OTEL_SDK_DISABLED='yes': not a boolean; write true or false"),
-    ({"OTEL_TRACES_EXPORTER": "zipkin"}, "OTEL_TRACES_EXPORTER='zipkin': 'zipkin' is not an exporter this tool has"),
-    ({"OTEL_METRICS_EXPORTER": "none,otlp"}, "OTEL_METRICS_EXPORTER='none,otlp': 'none' together with other"),
+@pytest.mark.parametrize(("env", "want", "message"), [
+    ({"OTEL_SDK_DISABLED": "yes"}, SdkSwitches(),
+     "OTEL_SDK_DISABLED='yes': not a boolean; write true or false; ignored, as if unset"),
+    ({"OTEL_TRACES_EXPORTER": "zipkin"}, SdkSwitches(),
+     "OTEL_TRACES_EXPORTER='zipkin': 'zipkin' is not an exporter this tool has (otlp, console, none); ignored, "
+     "as if unset"),
+    ({"OTEL_TRACES_EXPORTER": "jaeger,console,zipkin"}, SdkSwitches(False, True, "OTEL_TRACES_EXPORTER=console",
+                                                                    console=True),
+     "OTEL_TRACES_EXPORTER='jaeger,console,zipkin': 'jaeger', 'zipkin' are not exporters this tool has (otlp, console, "
+     "none); left out, console used"),
+    ({"OTEL_METRICS_EXPORTER": "none,otlp"}, SdkSwitches(),
+     "OTEL_METRICS_EXPORTER='none,otlp': 'none' together with other exporters; give none alone; ignored, as if unset"),
+    ({"OTEL_METRICS_EXPORTER": "logging"}, SdkSwitches(),
+     "OTEL_METRICS_EXPORTER='logging': 'logging' is not an exporter this tool has (otlp, prometheus, "
+     "none); ignored, as if unset"),
 ])
-def test_values_that_are_not_switches_are_refused(env: dict[str, str], message: str) -> None:
-    with pytest.raises(InputError) as info:
-        read_switches(env)
-    assert str(info.value).startswith(message), str(info.value)
+def test_values_that_are_not_switches_are_warned_about_and_ignored(env: dict[str, str], want: SdkSwitches,
+                                                                   message: str) -> None:
+    warnings = EnvWarnings()
+    assert read_switches(env, warnings) == want
+    assert warnings.messages == (message,)
 
 
 def test_applied_to_the_config() -> None:
     cfg = RuntimeConfig(probe_sets=(), exporter=ExporterConfig(otlp=OtlpConfig(), file="/tmp/x.jsonl"),
                         metrics=MetricsConfig(otlp=OtlpConfig()))
-    off = apply_switches(cfg, SdkSwitches(False, False, "x"))
-    assert (off.exporter.otlp, off.exporter.file, off.metrics.otlp) == (None, None, None)
+    off = apply_switches(cfg, SdkSwitches(False, False, "x", file=False))
+    assert (off.exporter.otlp, off.exporter.file, off.metrics.otlp, off.exporter.spans) == (None, None, None, False)
     assert apply_switches(cfg, SdkSwitches(True, True, "")) == cfg
+    console = apply_switches(cfg, SdkSwitches(False, True, "x", console=True))  # console alone: no OTLP export
+    assert (console.exporter.otlp, console.exporter.file, console.exporter.otlp_console) == (None, "/tmp/x.jsonl",
+                                                                                             True)
+    both = apply_switches(cfg, SdkSwitches(True, True, "", console=True))
+    assert both.exporter == cfg.exporter._replace(otlp_console=True)
 
 
 @pytest.mark.parametrize("disabled", [False, True])

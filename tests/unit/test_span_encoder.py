@@ -1,6 +1,7 @@
 """The production span encoder must write exactly what the SDK-object oracle + the SDK's encoder give, ids aside."""
 
 import random
+import re
 
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -286,15 +287,23 @@ def test_attribute_value_length_limit_cuts_stacks_and_arguments_and_says_so():
     ({"OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "4096", "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT": "100"}, 100),
     ({"OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT": " ", "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "0"}, 0)])
 def test_attribute_value_limit_variables(env, want):
-    from retsnoop_otel.export.otlp_settings import attribute_value_limit
+    from retsnoop_otel.export.span_limits import attribute_value_limit
     assert attribute_value_limit(env) == want
 
 
 @pytest.mark.parametrize("value", ["-1", "abc", "1e3", "99999999999"])
-def test_attribute_value_limit_that_is_no_length_is_refused(value):
-    from retsnoop_otel.export.otlp_settings import OtlpConfigError, attribute_value_limit
-    with pytest.raises(OtlpConfigError, match="^OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT='.*': not a length; write"):
-        attribute_value_limit({"OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": value})
+def test_attribute_value_limit_that_is_no_length_is_warned_about_and_ignored(value):
+    """The span-specific variable, when it is no length, falls back to the general one, and that to no limit."""
+    from retsnoop_otel.export.otel_env import EnvWarnings
+    from retsnoop_otel.export.span_limits import attribute_value_limit
+    warnings = EnvWarnings()
+    assert attribute_value_limit({"OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT": value,
+                                  "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "300"}, warnings) == 300
+    assert attribute_value_limit({"OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": value}, warnings) is None
+    (text, other) = warnings.messages
+    assert re.fullmatch(r"OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT='.*': not a length; write a number of characters "
+                        r"such as 4096 \(0 or more\), or unset it for no limit; ignored, as if unset", text), text
+    assert other.startswith(f"OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT={value!r}: not a length"), other
 
 
 def _parsed_spans(encoded) -> list:
@@ -332,11 +341,29 @@ def test_attribute_count_limit_above_what_a_span_holds_changes_nothing():
     ({"OTEL_ATTRIBUTE_COUNT_LIMIT": "64", "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT": "8"}, 8),
     ({"OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT": "", "OTEL_ATTRIBUTE_COUNT_LIMIT": "0"}, 0)])
 def test_attribute_count_limit_variables(env, want):
-    from retsnoop_otel.export.otlp_settings import attribute_count_limit
+    from retsnoop_otel.export.span_limits import attribute_count_limit
     assert attribute_count_limit(env) == want
 
 
-def test_attribute_count_limit_that_is_no_count_is_refused():
-    from retsnoop_otel.export.otlp_settings import OtlpConfigError, attribute_count_limit
-    with pytest.raises(OtlpConfigError, match="^OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT='ten': not a count; write"):
-        attribute_count_limit({"OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT": "ten"})
+def test_attribute_count_limit_that_is_no_count_is_warned_about_and_ignored():
+    from retsnoop_otel.export.otel_env import EnvWarnings
+    from retsnoop_otel.export.span_limits import attribute_count_limit
+    warnings = EnvWarnings()
+    assert attribute_count_limit({"OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT": "ten"}, warnings) is None
+    assert warnings.messages == ("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT='ten': not a count; write a number of attributes "
+                                 "such as 128 (0 or more), or unset it for the default of 128; ignored, as if unset",)
+
+
+def test_span_limits_read_every_count():
+    """OTEL_SPAN_EVENT_COUNT_LIMIT and OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT (the general attribute count limit applies
+    to events too); a bad one is warned about once, whichever limits read it."""
+    from retsnoop_otel.export.otel_env import EnvWarnings
+    from retsnoop_otel.export.span_limits import SpanLimits, span_limits
+    assert span_limits({}) == SpanLimits()
+    env = {"OTEL_SPAN_EVENT_COUNT_LIMIT": "4", "OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT": "2",
+           "OTEL_ATTRIBUTE_COUNT_LIMIT": "9"}
+    assert span_limits(env) == SpanLimits(None, 9, 4, 2)
+    warnings = EnvWarnings()
+    assert span_limits({"OTEL_ATTRIBUTE_COUNT_LIMIT": "many", "OTEL_SPAN_EVENT_COUNT_LIMIT": "-3"},
+                       warnings) == SpanLimits()
+    assert [m.split("=")[0] for m in warnings.messages] == ["OTEL_ATTRIBUTE_COUNT_LIMIT", "OTEL_SPAN_EVENT_COUNT_LIMIT"]
