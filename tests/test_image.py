@@ -89,3 +89,45 @@ def test_oci_labels(image: dict[str, str]) -> None:
     assert labels["org.opencontainers.image.version"] == "0.1.0"
     assert labels["org.opencontainers.image.source"] == "file://" + str(Path(ci.REPO))
     assert labels["org.opencontainers.image.licenses"].startswith("BSD-2-Clause AND GPL-2.0-only")
+
+
+AGENT_OF_LIBC = """
+probe_sets:
+  - name: libc
+    entry: ["u:/usr/lib/x86_64-linux-gnu/libc.so.6:getpid"]
+    filters:
+      comms: [python]          # the test's calls, not the agent's own
+    sampling:
+      success_probability: 1.0
+exporter:
+  otlp: {}                     # as the shipped config: no endpoint, the environment names it
+metrics:
+  listen: "127.0.0.1:0"
+"""
+# the agent in the background, the calls once it is attached, then SIGTERM (it flushes its spans at exit)
+IN_CONTAINER = ("retsnoop-otel agent --config /cfg/agent.yaml 2>/tmp/agent.log & agent=$!; "
+                "for i in $(seq 600); do grep -q 'agent started' /tmp/agent.log && break; "
+                "kill -0 $agent 2>/dev/null || break; sleep 0.5; done; "
+                "python -c 'import os; [os.getpid() for _ in range(3)]'; "
+                "kill -TERM $agent; wait $agent; echo agent exited $?; cat /tmp/agent.log")
+
+
+def test_the_environment_alone_names_the_collector(image: dict[str, str], tmp_path: Path) -> None:
+    """Issue 43: `-e OTEL_EXPORTER_OTLP_ENDPOINT` is all a container needs to send its spans to a collector (here a
+    real Jaeger on the host): no config names one. Traced here with uprobes on libc's getpid (this host allows
+    them; kernel functions it does not)."""
+    from tests.peers.jaeger import Jaeger, spans_of
+    jaeger = Jaeger(decision_wait="1s", sample_percent=100)
+    try:
+        (tmp_path / "agent.yaml").write_text(AGENT_OF_LIBC)
+        res = ci.run(image, "-c", IN_CONTAINER, entrypoint="sh",
+                     options=("--privileged", "--network", "host", "-v", f"{tmp_path}:/cfg:ro",
+                              "-e", f"OTEL_EXPORTER_OTLP_ENDPOINT={jaeger.otlp_http}"))
+        assert "agent exited 0" in res.stdout, res.stdout + res.stderr
+        services = jaeger.wait_services(60)
+        assert len(services) == 1 and services[0].startswith("python"), (services, res.stdout)
+        spans = [s for t in jaeger.find(services[0]) for s in spans_of(t)]
+        assert len(spans) >= 3 and {s.name for s in spans} == {"getpid"}, spans
+        assert all(s.tags["retsnoop.binary"] == "/usr/lib/x86_64-linux-gnu/libc.so.6" for s in spans)
+    finally:
+        jaeger.stop()

@@ -142,10 +142,10 @@ def read_elf_funcs(path: str) -> ElfFuncs:
         with open(path, "rb") as f:
             elf = ELFFile(f)
             sec = elf.get_section_by_name(".symtab") or elf.get_section_by_name(".dynsym")
-            funcs = elf_functions(elf, sec) if sec is not None else []
+            funcs = elf_functions(elf, sec, aliases=True) if sec is not None else []
             if sec is not None and sec.name == ".symtab" and (dyn := elf.get_section_by_name(".dynsym")):
-                known = {v for v, _s, _n in funcs}
-                funcs += [row for row in elf_functions(elf, dyn) if row[0] not in known]
+                known = {(v, n) for v, _s, n in funcs}
+                funcs += [row for row in elf_functions(elf, dyn, aliases=True) if (row[0], row[2]) not in known]
             segs = [(s["p_vaddr"], s["p_memsz"], s["p_offset"]) for s in elf.iter_segments()
                     if s["p_type"] == "PT_LOAD" and s["p_flags"] & 1]
     except (OSError, ELFError) as exc:

@@ -78,8 +78,10 @@ class _Elf:
         return (name, vaddr - start) if vaddr < end else None
 
 
-def elf_functions(elf: ELFFile, sec) -> list[tuple[int, int, str]]:
-    """(address, size, name) of every defined function, one per address (global > weak > local).
+def elf_functions(elf: ELFFile, sec, aliases: bool = False) -> list[tuple[int, int, str]]:
+    """(address, size, name) of every defined function, one per address (global > weak > local), or with
+    `aliases` every name of it, that one first (libc's getpid is a weak alias of the global __getpid: a user
+    names the function by either).
 
     Reads the raw table: pyelftools' per-symbol objects cost ~10 us each, too slow for big binaries."""
     is64 = elf.elfclass == 64
@@ -99,7 +101,7 @@ def elf_functions(elf: ELFFile, sec) -> list[tuple[int, int, str]]:
     rows.sort()
     out: list[tuple[int, int, str]] = []
     for value, _rank, _under, text, size in rows:
-        if not out or out[-1][0] != value:
+        if not out or out[-1][0] != value or (aliases and out[-1][2] != text):
             out.append((value, size, text))
     return out
 

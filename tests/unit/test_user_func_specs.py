@@ -182,3 +182,20 @@ def test_a_host_refusing_kernel_tracing_is_refused_in_one_line_unless_a_set_trac
     env.refuse_kernel_only([kernel, user])  # each set is then resolved, and refused, on its own
     KernelEnv(ksyms=None, available=None, ret_kind=lambda _n: RetKind.INT32, btf_func_id=None, auto_mode="kprobe",
               check_mode=lambda _m: None, symbolizer=None).refuse_kernel_only([kernel])
+
+
+def test_a_weak_alias_names_its_function_and_an_address_is_traced_once(tmp_path: Path) -> None:
+    """libc's getpid is a weak alias of its global __getpid: `u:libc.so.6:getpid` must find it, as bpftrace's
+    uprobe:libc:getpid does; a glob matching both names still makes one function (one uprobe) of the address."""
+    import subprocess
+
+    from retsnoop_otel.symbols.user_funcs import discover_user
+    src = tmp_path / "alias.c"
+    src.write_text("int impl(int x) { return x + 1; }\n"
+                   "int alias(int x) __attribute__((weak, alias(\"impl\")));\n")
+    lib = tmp_path / "libalias.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(lib), str(src)], check=True)
+    funcs, _ = discover_user([f"u:{lib}:alias"], [], [], 1, lines=False)
+    assert [(f.name, f.is_entry) for f in funcs] == [("alias", True)]
+    both, _ = discover_user([f"u:{lib}:impl", f"u:{lib}:alias"], [], [], 1, lines=False)
+    assert [f.name for f in both] == ["impl"] and both[0].addr == funcs[0].addr  # the first name given, once
