@@ -114,13 +114,31 @@ def alert_rules() -> list[dict]:
     return [r for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]]
 
 
+DOC_PAGES = ("README.md", "docs/**/*.md", "dashboards/RUNBOOK.md")
+# a query in a code span: functions around a retsnoop_ family with a label matcher, a window or a call; not the
+# notation `family{label}` or `{label=...}` that names a label without a value
+_DOC_QUERY = re.compile(r"`((?:[a-z_]+\()*retsnoop_[a-z_]+(?:\{[^{}`]*\}|\[[^`]*)[^`]*|[a-z_]+\(retsnoop_[^`]*)`")
+_NOTATION = re.compile(r"\{\w+\}|=\.\.\.")
+
+
+def docs_expressions() -> list[tuple[str, str]]:
+    """The PromQL queries the documentation shows (code spans), to be run like the dashboards' own."""
+    out = []
+    for pattern in DOC_PAGES:
+        for page in sorted(REPO.glob(pattern)):
+            for m in _DOC_QUERY.finditer(page.read_text()):
+                if not _NOTATION.search(m.group(1)):
+                    out.append((f"{page.relative_to(REPO)}: query", m.group(1)))
+    return out
+
+
 def all_expressions() -> list[tuple[str, str]]:
-    """Every PromQL expression of the dashboards and alert rules, ready to evaluate."""
+    """Every PromQL expression of the dashboards, the alert rules and the documentation, ready to evaluate."""
     out = []
     for name, dash in load_dashboards().items():
         out += dashboard_expressions(name, dash)
     out += [(f"alerts.yml: {r['alert']}", r["expr"].strip()) for r in alert_rules()]
-    return out
+    return out + docs_expressions()
 
 
 def metric_names(expr: str) -> set[str]:
@@ -193,7 +211,7 @@ def fake_agent_registry(exemplars: Callable[[str, str], Mapping[int, Any]] | Non
         runtime = Runtime(RuntimeConfig(probe_sets=(ProbeSetConfig("bpf", ("f",)),)), RuntimeDeps(root=root))
         runtime.probe_sets = [probe_set]  # type: ignore[list-item]
         runtime.metrics.counters = lambda: RunCounters(  # type: ignore[method-assign]
-            3 + next(reads), {"queue_full": 1, "export_failed": next(reads)}, next(reads), 0,
+            3 + next(reads), {"queue_full": 1, "export_failed": next(reads), "rejected": next(reads)}, next(reads), 0,
             {"success": 1, "failure": 0}, k8s=WatchCounters(current=True))  # the pod watch is on
         if exemplars is not None:
             runtime.metrics.exemplars = exemplars  # type: ignore[method-assign]

@@ -38,6 +38,7 @@ from tests.dashboard_files import (
     SCOPE_VARIABLES,
     SCRAPE_CONFIG,
     TRACE_DATASOURCES,
+    docs_expressions,
     fake_agent_registry,
     iter_panels,
     load_dashboards,
@@ -381,6 +382,19 @@ def test_every_panel_shows_data_with_the_defaults_even_without_cluster_and_names
                     if not prom.query(e):
                         empty.append(f"{name}: {panel['title']} {t['refId']} ({variant}): {e}")
     assert not empty, "\n".join(empty)
+
+
+def test_the_queries_the_docs_show_return_data(prom: Prom) -> None:
+    """Each query a page of the documentation shows, run by a real Prometheus against the agent's real /metrics:
+    it parses, and it returns series (a wrong label value, such as result="failed" where the agent says
+    failure, returns nothing). absent() answers nothing while an agent is scraped."""
+    queries = docs_expressions()
+    assert len(queries) >= 5
+    empty = [f"{where}: {expr}" for where, expr in queries
+             if not expr.startswith("absent(") and not prom.query(expr)]
+    assert not empty, "\n".join(empty)
+    absent = [expr for _, expr in queries if expr.startswith("absent(")]
+    assert absent and all(prom.query(expr) == [] for expr in absent)
 
 
 def test_exemplars_reach_the_latency_panels_with_the_trace_id(prom: Prom) -> None:
