@@ -116,9 +116,9 @@ def alert_rules() -> list[dict]:
 
 DOC_PAGES = ("README.md", "docs/**/*.md", "dashboards/RUNBOOK.md")
 # a query in a code span: functions around a retsnoop_ family with a label matcher, a window or a call; not the
-# notation `family{label}` or `{label=...}` that names a label without a value
+# notation `family{label}`, `family{a, b}` or `{label=...}` that names labels without values
 _DOC_QUERY = re.compile(r"`((?:[a-z_]+\()*retsnoop_[a-z_]+(?:\{[^{}`]*\}|\[[^`]*)[^`]*|[a-z_]+\(retsnoop_[^`]*)`")
-_NOTATION = re.compile(r"\{\w+\}|=\.\.\.")
+_NOTATION = re.compile(r"\{\w+(?:,\s*\w+)*\}|=\.\.\.")
 
 
 def docs_expressions() -> list[tuple[str, str]]:

@@ -44,7 +44,8 @@ STACK_RX = rf"\[-E[A-Z0-9]+\]\s+{FUNC}\b"  # the failing frame of a session's st
 CALLS_RX = rf'^retsnoop_function_calls_total\{{[^}}]*function="{FUNC}"'
 ERRORS_RX = rf'^retsnoop_function_errors_total\{{[^}}]*function="{FUNC}"'
 SLOW = 300.0  # seconds: guest Python under TCG is ~30x slower than the host
-SERVICE = [PY, "-m", "tests.otel_service", "--requests", "4", "--interval", "3"]
+SERVICE_REQUESTS = 4
+SERVICE = [PY, "-m", "tests.otel_service", "--requests", str(SERVICE_REQUESTS), "--interval", "3"]
 SERVICE_NAME = "users-service"
 SERVICE_ENV = {"OTEL_PYTHON_CONTEXT": "retsnoop_thread_ctx", "OTEL_SERVICE_NAME": SERVICE_NAME,
                "RETSNOOP_OTEL_THREAD_ATTRIBUTES": "user.id"}
@@ -129,11 +130,12 @@ def first_line(exc: BaseException) -> str:
     return line if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {line}"
 
 
-def show_found(jaeger: Jaeger, service: str, title: str) -> list[Span]:
-    """Find the failing traces of `service` through Jaeger's API as its UI does, print the first one's tree as
-    Jaeger returns it and where a user opens it; returns every span found."""
+def show_found(jaeger: Jaeger, service: str, title: str, want: int = 1) -> list[Span]:
+    """Find the failing traces of `service` through Jaeger's API as its UI does (waiting for `want` of them: each
+    reaches the store once the tail sampler decided), print the largest one's tree as Jaeger returns it and where
+    a user opens it; returns every span found."""
     tags = {"error.type": "EINVAL"}
-    found = jaeger.wait_find(service, tags, 1, 120)
+    found = jaeger.wait_find(service, tags, want, 120)
     say(f"== Jaeger: {title}, found by service {service} and tag error.type=EINVAL:")
     say("   GET", jaeger.search_url(service, tags))
     say(f"   {len(found)} traces; {'the largest, ' if found else ''}as Jaeger holds it (span, duration, service, "
@@ -201,7 +203,8 @@ def main() -> int:
             kernel = show_found(jaeger, PYTHON_EXE, "the kernel traces of simfail")
             if not failed_func_spans(kernel):  # the first case's; the second fails with E2BIG
                 failures.append(f"no failing {FUNC} span of simfail found in Jaeger")
-            app = show_found(jaeger, SERVICE_NAME, "the service's requests, with the kernel chain under them")
+            app = show_found(jaeger, SERVICE_NAME, "the service's requests, with the kernel chain under them",
+                             want=SERVICE_REQUESTS)
             if not (nested := nested_under_service(app)):
                 failures.append("no kernel chain nested under the service's load_user span in Jaeger")
             else:

@@ -116,11 +116,13 @@ class Context:
         self.cwd = str(Path(__file__).resolve().parents[2])
         self._procs: list[Proc] = []
 
-    def run(self, cmd: Command, timeout: float = 120) -> tuple[int, str, str]:
-        """Run to completion; returns (rc, stdout, stderr). Raises TimeoutError after killing it."""
+    def run(self, cmd: Command, timeout: float = 120, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+        """Run to completion; returns (rc, stdout, stderr). Raises TimeoutError after killing it. `env` entries are
+        added to the guest environment."""
         try:
             res = subprocess.run(cmd, shell=isinstance(cmd, str), stdin=subprocess.DEVNULL, capture_output=True,
-                                 text=True, errors="replace", timeout=timeout, cwd=self.cwd)
+                                 text=True, errors="replace", timeout=timeout, cwd=self.cwd,
+                                 env={**os.environ, **env} if env else None)
         except subprocess.TimeoutExpired as e:
             out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
             raise TimeoutError(f"{cmd!r} did not finish within {timeout:g} s; stdout so far:\n{out[-2000:]}") from None
