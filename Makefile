@@ -131,11 +131,23 @@ kernels: setup
 	@# index the 6.1 DWARF once on the host (cached by build-id): ':path' globs then start fast in the guest
 	$(PY) -m retsnoop_otel.symbols.dwarf index "$$(tests/vm/fetch-kernel 6.1 --dbg)"/usr/lib/debug/boot/vmlinux-*
 
-## test: lint, then every test: unit, native (uprobes on the host) and VM scenarios on 5.10, 6.1, 6.12 and the newest,
-## then the host tests again with the lowest allowed library versions
+## test: lint, then every test: the VM scenarios on 5.10, 6.1, 6.12, the newest and arm64 in the foreground and, beside
+## them, the host tests (unit, native uprobes, artifacts), then those again with the lowest allowed library versions.
+## The emulated guests keep about one of two cores busy: the host tests fill the other (their output follows the VM
+## tests'; in $(TEST_LOGS) while they run).
+TEST_LOGS := build/test-logs
 test: setup kernels lint wheel
-	$(PY) -m pytest $(PYTEST_ARGS)
-	@$(MAKE) --no-print-directory lowest
+	@mkdir -p $(TEST_LOGS); rm -f $(TEST_LOGS)/*; \
+	( $(PY) -m pytest -m 'not vm' -p no:cacheprovider $(PYTEST_ARGS) >$(TEST_LOGS)/host.log 2>&1; echo $$? >$(TEST_LOGS)/host.rc; \
+	  $(MAKE) --no-print-directory lowest PYTEST_ARGS='-p no:cacheprovider $(PYTEST_ARGS)' >$(TEST_LOGS)/lowest.log 2>&1; \
+	  echo $$? >$(TEST_LOGS)/lowest.rc ) & \
+	echo "host tests running beside the VM tests: $(TEST_LOGS)/host.log, then $(TEST_LOGS)/lowest.log"; \
+	$(PY) -m pytest -m vm $(PYTEST_ARGS); vm=$$?; wait; \
+	echo "=== host tests ($(TEST_LOGS)/host.log)"; cat $(TEST_LOGS)/host.log; \
+	echo "=== host tests, lowest library versions ($(TEST_LOGS)/lowest.log)"; cat $(TEST_LOGS)/lowest.log; \
+	host=$$(cat $(TEST_LOGS)/host.rc); lowest=$$(cat $(TEST_LOGS)/lowest.rc); \
+	echo "make test: VM tests exit $$vm, host tests exit $$host, lowest versions exit $$lowest"; \
+	[ $$vm = 0 ] && [ $$host = 0 ] && [ $$lowest = 0 ]
 
 ## lowest: the host tests in a venv holding the lowest versions pyproject.toml allows (OTel, protobuf, grpcio,
 ## prometheus-client, PyYAML, pyelftools, bcrypt); the artifacts (image, wheel) are built once, by `make test`

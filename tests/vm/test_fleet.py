@@ -37,16 +37,31 @@ JOB = "retsnoop-otel"
 FUNC = "array_map_alloc_check"
 NODES = {"node-a": ("6.12", "spike", 0.01), "node-b": (HOST_KERNELS[-1], "steady", 0.05)}  # kernel, role, EINVAL/s
 BOOT_S = 1500.0  # two emulated guests on two cores: boot, guest Python, the agent's start
-ALERT_S = 900.0  # KernelErrorSpike holds for 5 minutes before it fires
+ALERT_S = 900.0  # KernelErrorSpike holds (SPIKE_HOLD) before it fires
+# The shipped rule holds a spike for 5 minutes; here for 1. How long Prometheus holds a rule is its own behaviour (the
+# rule's tests in dashboards/alerts_test.yml run the shipped hold), and 4 minutes of two emulated guests is a tenth
+# of the time `make test` may take.
+SPIKE_HOLD = ("        for: 5m\n", "        for: 1m\n")
 
 
-def _prometheus_config(targets: dict[str, int], alertmanager: int) -> dict:
+def _rules(work: Path) -> Path:
+    """The shipped rules, KernelErrorSpike held for a minute instead of five (SPIKE_HOLD)."""
+    text = ALERTS.read_text()
+    start = text.index("- alert: KernelErrorSpike")
+    hold = text.index(SPIKE_HOLD[0], start)
+    assert hold < text.index("- alert:", start + 1), "KernelErrorSpike's hold is not for: 5m"
+    out = work / "alerts.yml"
+    out.write_text(text[:hold] + SPIKE_HOLD[1] + text[hold + len(SPIKE_HOLD[0]):])
+    return out
+
+
+def _prometheus_config(targets: dict[str, int], alertmanager: int, rules: Path) -> dict:
     """The shipped scrape job and rules, every 5 s, at both nodes. Both nodes reach the host on its loopback, so
     their address does not name them: each target group names its node, and one more relabeling makes that
     the instance (in a fleet, the shipped relabeling takes it from the node's address)."""
     cfg = yaml.safe_load(SCRAPE_CONFIG.read_text())
     cfg["global"].update(scrape_interval="5s", evaluation_interval="5s")
-    cfg["rule_files"] = [str(ALERTS)]
+    cfg["rule_files"] = [str(rules)]
     cfg["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{alertmanager}"]}]}]}
     job = next(j for j in cfg["scrape_configs"] if j["job_name"] == JOB)
     job.update(scrape_interval="5s", scrape_timeout="5s",
@@ -100,7 +115,7 @@ def fleet():
         started.append(am)
         backfill(_history(), work / "tsdb")
         ports = {node: free_port() for node in NODES}
-        prom = Prometheus(_prometheus_config(ports, am.port), work, work / "tsdb")
+        prom = Prometheus(_prometheus_config(ports, am.port, _rules(work)), work, work / "tsdb")
         started.append(prom)
         for node, (series, role, _) in NODES.items():
             rws[node].mkdir()
