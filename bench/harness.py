@@ -37,6 +37,7 @@ from retsnoop_otel.capture.model import Call, RetKind, Session, StackEntry, Trac
 from retsnoop_otel.kernel import features, libbpf_progs, tracefs
 from retsnoop_otel.kernel import libbpf as lb
 from retsnoop_otel.kernel import libbpf_btf as lbtf
+from retsnoop_otel.kernel.attach_modes import TRAMPOLINE as TRAMPOLINE_MODES
 from retsnoop_otel.symbols import discovery
 from retsnoop_otel.symbols.btf import ReturnKinds
 from retsnoop_otel.symbols.kallsyms import Kallsyms
@@ -182,8 +183,6 @@ SETS = {
     # ~10,000 functions of subsystems the VM leaves idle (bench/agent_scale.py's choice on 6.12)
     "10000": (["*sys_bpf"], list(AGENT_SCALE_GLOBS)),
 }
-# the modes whose programs run in BPF trampolines, attached by BTF id (fsession*: where tracer.MODES has them)
-TRAMPOLINE_MODES = ("fentry", "fsession", "fsession_multi")
 
 
 @dataclass

@@ -63,9 +63,10 @@ from bench import harness
 from retsnoop_otel.kernel import bpfsys, features, libbpf_progs
 from retsnoop_otel.kernel import libbpf as lb
 from retsnoop_otel.kernel import tracer as tracer_module
+from retsnoop_otel.kernel.attach_modes import NAMES as tracer_modes_
+from retsnoop_otel.kernel.attach_modes import TRAMPOLINE as TRAMPOLINE_MODES
 from retsnoop_otel.kernel.libbpf_btf import Btf
-from retsnoop_otel.kernel.tracer import MODES as tracer_modes_
-from retsnoop_otel.kernel.tracer import TRAMPOLINE_MODES, CaptureConfig, Tracer
+from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer
 from retsnoop_otel.symbols import discovery
 from retsnoop_otel.symbols.btf import ReturnKinds
 from retsnoop_otel.symbols.kallsyms import Kallsyms

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
-from retsnoop_otel.kernel import bpfsys, uprobes
+from retsnoop_otel.kernel import attach_modes, bpfsys, uprobes
 from retsnoop_otel.kernel import libbpf as lb
 from retsnoop_otel.kernel.caps import TRACING_CAPS, CapsError, can_trace, effective_caps
 from retsnoop_otel.kernel.kcache import KernelCache, KernelIdentity
@@ -40,10 +40,7 @@ HELPER_GET_BRANCH_SNAPSHOT = 176
 
 VM_HINT = ("run retsnoop-otel on a kernel that allows them, for example in a VM "
            "(tests/vm/run -- retsnoop-otel trace ...)")
-MODE_FLAGS = {"fentry": "-F (fentry/fexit)", "kprobe": "-K (kprobes)", "kprobe_multi": "-M (kprobe_multi)",
-              "kprobe_session": "--kprobe-session (kprobe.session)", "fsession": "--fsession (fsession)",
-              "fsession_multi": "--fsession-multi (fsession.multi)"}
-MODES = ("auto", "fentry", "kprobe", "kprobe_multi", "kprobe_session", "fsession", "fsession_multi")
+MODES = ("auto", *attach_modes.NAMES)
 
 
 class FeatureError(RuntimeError):
@@ -362,14 +359,8 @@ def detect(root: str = "/", func_id: FuncIdLookup | None = None, thorough: bool 
 
 # ---- using the result ---------------------------------------------------------------------------
 
-_MODE_FEATURE: dict[str, Callable[[Features], Feature]] = {
-    "fentry": lambda f: f.fentry,
-    "kprobe": lambda f: f.kprobes,
-    "kprobe_multi": lambda f: f.kprobe_multi,
-    "kprobe_session": lambda f: f.kprobe_session,
-    "fsession": lambda f: f.fsession,
-    "fsession_multi": lambda f: f.fsession_multi,
-}
+def _mode_feature(features: Features, mode: str) -> Feature:
+    return getattr(features, attach_modes.BY_NAME[mode].feature)
 
 
 # Measured in the VM (bench/probe_cost.py, README "Attach modes"): kprobe.session and kprobe.multi attach
@@ -383,7 +374,7 @@ USABLE_ORDER = ("kprobe_session", "kprobe_multi", "fsession_multi", "fsession", 
 def choose_mode(features: Features) -> str:
     """The first usable mode of DEFAULT_MODE_ORDER; 'auto' when none works (require_tracing explains)."""
     for mode in DEFAULT_MODE_ORDER:
-        if _MODE_FEATURE[mode](features).available:
+        if _mode_feature(features, mode).available:
             return mode
     return "auto"
 
@@ -400,16 +391,17 @@ def require_tracing(features: Features, mode: str) -> None:
                         (features.ringbuf, "to stream captured calls")):
         if not prereq.available:
             raise FeatureError(f"this kernel {prereq.why}, which retsnoop-otel needs {use}: {VM_HINT}")
-    usable = [m for m in USABLE_ORDER if _MODE_FEATURE[m](features).available]
+    usable = [m for m in USABLE_ORDER if _mode_feature(features, m).available]
     if not usable:
         raise FeatureError(f"this kernel {features.fentry.why} and {features.kprobes.why}, so kernel "
                            f"functions cannot be traced here: {VM_HINT}")
     if mode == "auto":
         return
-    feat = _MODE_FEATURE[mode](features)
+    feat = _mode_feature(features, mode)
     if not feat.available:
-        instead = " or ".join(MODE_FLAGS[m] for m in usable)
-        raise FeatureError(f"this kernel {feat.why}, so {MODE_FLAGS[mode]} cannot be used here: use {instead} "
+        instead = " or ".join(attach_modes.BY_NAME[m].shown for m in usable)
+        shown = attach_modes.BY_NAME[mode].shown
+        raise FeatureError(f"this kernel {feat.why}, so {shown} cannot be used here: use {instead} "
                            "instead, or leave the mode out to pick one automatically")
 
 

@@ -28,6 +28,7 @@ from retsnoop_otel.capture.model import (
 )
 from retsnoop_otel.kernel import (
     app_hooks,
+    attach_modes,
     bpfsys,
     caps,
     clones,
@@ -44,19 +45,7 @@ from retsnoop_otel.kernel.mode_probes import HELPER_GET_ATTACH_COOKIE
 
 PARALLEL_DETACH_MIN = 32
 DETACH_THREADS = 32
-MODES = ("fentry", "kprobe", "kprobe_multi", "kprobe_session", "fsession", "fsession_multi")
-_MODE_PROGRAMS = {  # (entry, exit) or, by address (multi_link.py), per group of functions
-    "fentry": ("fentry_entry", "fexit_exit", "fentry_inner", "fexit_inner"),  # entry functions', the others'
-    "kprobe": ("kprobe_entry", "kretprobe_exit"),
-    "kprobe_multi": ("kmulti_entry", "kmulti_exit", "kmulti_inner"),
-    "kprobe_session": ("ksession", "ksession_inner"),
-    "fsession": ("fsession_entry", "fsession_inner"),  # entry and exit in one, cloned per function as fentry's
-    "fsession_multi": ("fsession_multi",),  # one program, one tracing_multi link for the whole set
-}
-_BY_ADDRESS = ("kprobe_multi", "kprobe_session")  # the programs find the function id by address (map ip_ids)
-# the modes whose programs run in BPF trampolines: attached by BTF id (vmlinux functions, one instance per name),
-# and their stacks run through trampolines and our programs
-TRAMPOLINE_MODES = ("fentry", "fsession", "fsession_multi")
+_MODE_PROGRAMS = {m.name: m.programs for m in attach_modes.MODES}
 # every name a program of ours has in the kernel: what a check for leftovers after detach looks for
 PROGRAM_NAMES = frozenset({*(n for names in (*_MODE_PROGRAMS.values(), *uprobes.PROGRAMS.values()) for n in names),
                            *clones.TEMPLATES, *app_hooks.PROGRAMS, *inject_attach.PROGRAMS.values()})
@@ -129,8 +118,8 @@ class Tracer:
     def __init__(self, funcs: Sequence[TracedFunc], config: CaptureConfig,
                  btf_func_id: Callable[[str], int | None] | None = None,
                  arg_specs: dict[int, list[int]] | None = None) -> None:
-        if config.mode not in MODES and config.mode:
-            raise ValueError(f"unknown attach mode '{config.mode}' (expected one of {', '.join(MODES)})")
+        if config.mode not in attach_modes.BY_NAME and config.mode:
+            raise ValueError(f"unknown attach mode '{config.mode}' (expected one of {', '.join(attach_modes.NAMES)})")
         if not funcs:
             raise ValueError("no functions to trace")
         self.funcs = list(funcs)
@@ -150,7 +139,7 @@ class Tracer:
         self._ncpus = lb.num_possible_cpus()
         # kprobes carry the function id as their BPF cookie, on kernels that have cookies (5.15+); before that the
         # programs find it by address (flavours.bpf.h asks the kernel's BTF the same question)
-        self._by_address = config.mode in _BY_ADDRESS or (
+        self._by_address = config.mode in attach_modes.BY_ADDRESS or (
             config.mode == "kprobe" and not lb.probe_helper(lb.PROG_TYPE_KPROBE, HELPER_GET_ATTACH_COOKIE))
         self._name_count: dict[str, int] = {}
         for f in self._kfuncs:
@@ -298,7 +287,7 @@ class Tracer:
         t0 = time.monotonic()
         try:
             self._open_lbr_events()
-            if self.config.mode in _BY_ADDRESS and self._kfuncs:
+            if self.config.mode in attach_modes.BY_ADDRESS and self._kfuncs:
                 self._attach_multi(report)
             elif self.config.mode == "fsession_multi" and self._kfuncs:
                 self._attach_tracing_multi(report, on_error, strict)

@@ -19,13 +19,14 @@ from retsnoop_otel.capture.inject import InjectSpec
 from retsnoop_otel.capture.records import ArgSizes
 from retsnoop_otel.capture.sampling import Sampling
 from retsnoop_otel.export.otlp_settings import OtlpConfig
+from retsnoop_otel.kernel import attach_modes
 from retsnoop_otel.metrics.buckets import DurationRange
 from retsnoop_otel.render.formats import ArgsFormat, StackFormat
 from retsnoop_otel.workload.k8s_settings import KubernetesConfig
 
 PROBE_MODES = ("stack", "calls", "metrics")
 WORKLOAD_LABELS = ("namespace", "container")  # a probe set's metrics labelled by Kubernetes namespace or container
-ATTACH_MODES = ("auto", "fentry", "kprobe", "kprobe_multi", "kprobe_session", "fsession", "fsession_multi")
+ATTACH_MODES = ("auto", *attach_modes.NAMES)
 USER_ATTACH_MODES = ("auto", "uprobe_session", "uprobe_multi", "uprobe")  # kernel/uprobes.py
 
 

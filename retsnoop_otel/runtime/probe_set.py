@@ -25,7 +25,8 @@ from retsnoop_otel.capture.model import (
 from retsnoop_otel.capture.records import APP_RECORDS, SAMPLED_PROBABILITY, AppRecord, Record
 from retsnoop_otel.capture.sampling import ALWAYS, kernel_sampling
 from retsnoop_otel.capture.sessions import SessionAssembler
-from retsnoop_otel.kernel.tracer import TRAMPOLINE_MODES, AttachReport, CaptureConfig
+from retsnoop_otel.kernel.attach_modes import TRAMPOLINE
+from retsnoop_otel.kernel.tracer import AttachReport, CaptureConfig
 from retsnoop_otel.metrics.workload_series import LABEL_NAMES, WorkloadSeries, WorkloadTotal
 from retsnoop_otel.runtime import carry
 from retsnoop_otel.runtime.config import AGENT_NAMES, InputNames, Limits, ProbeSetConfig
@@ -211,7 +212,7 @@ class ProbeSet:
             self.tracer.open_ring_buffer(self._on_record)
             # fexit stacks run through trampolines and our programs, named by a fresh kallsyms read: taken
             # before the first stack is shown rather than here, where it was most of a small set's start
-            self._bpf_names_due = self.mode in TRAMPOLINE_MODES and hasattr(self._ksyms, "refresh_bpf_symbols")
+            self._bpf_names_due = self.mode in TRAMPOLINE and hasattr(self._ksyms, "refresh_bpf_symbols")
         except BaseException as exc:
             self.tracer.close()
             if isinstance(exc, RunRefused):

@@ -14,12 +14,11 @@ from typing import NamedTuple
 
 from retsnoop_otel.capture.model import RetKind, TracedFunc
 from retsnoop_otel.inputs.files import MAX_GLOB_FILE_BYTES, read_text, shown
-from retsnoop_otel.kernel.tracer import TRAMPOLINE_MODES
+from retsnoop_otel.kernel.attach_modes import BY_NAME, NAMES, TRAMPOLINE
 from retsnoop_otel.symbols.globs import glob_to_regex, lines_matching, name_blob
 from retsnoop_otel.symbols.kallsyms import Kallsyms
 from retsnoop_otel.symbols.traceable import Traceable
 
-MODES = ("fentry", "kprobe", "kprobe_multi", "kprobe_session", "fsession", "fsession_multi")
 NOT_AVAILABLE = "not in available_filter_functions"
 AMBIGUOUS = "ambiguous instances"
 
@@ -236,8 +235,8 @@ def discover(entry_globs: Sequence[str], allow_globs: Sequence[str], deny_globs:
              user_mode: str = "", pids: Sequence[int] = (), root: str = "/", user_lines: bool = True) -> Discovery:
     """Resolve the user's globs into the function table the BPF side is loaded with: kernel functions first,
     then user-space ones (`u:BINARY:GLOB`, attached in `user_mode`)."""
-    if mode not in MODES:
-        raise DiscoveryError(f"unknown attach mode '{mode}' (expected one of {', '.join(MODES)})")
+    if mode not in BY_NAME:
+        raise DiscoveryError(f"unknown attach mode '{mode}' (expected one of {', '.join(NAMES)})")
     (user_e, entry), (user_a, allow), (user_d, deny) = (_split_user(expand_glob_args(g))
                                                         for g in (entry_globs, allow_globs, deny_globs))
     if not entry and not user_e:
@@ -371,10 +370,10 @@ def _reject_reason(name: str, modules: list[str | None], builtin: str | None, li
     if not listed:
         return NOT_AVAILABLE
     if ksym_count > 1 or listed != ksym_count:
-        if mode in TRAMPOLINE_MODES:  # attached by name (BTF id): the kernel picks one instance
+        if mode in TRAMPOLINE:  # attached by name (BTF id): the kernel picks one instance
             return (f"{AMBIGUOUS} ({ksym_count} in kallsyms, {listed} in available_filter_functions;"
                     " use -K to attach each by address)")
-    if mode in TRAMPOLINE_MODES and any(modules):
+    if mode in TRAMPOLINE and any(modules):
         return f"module function: {mode} mode attaches vmlinux functions only (use -K)"
     return None
 

@@ -36,6 +36,7 @@ from retsnoop_otel.inputs.numbers import (
     parse_int,
     parse_size,
 )
+from retsnoop_otel.kernel import attach_modes
 from retsnoop_otel.render.formats import ArgsFormat, StackFormat
 from retsnoop_otel.runtime.config import (
     USER_ATTACH_MODES,
@@ -195,18 +196,8 @@ def build_parser(prog: str = "retsnoop-otel trace") -> OneLineErrorParser:
     sel.add_argument("-d", "--deny", action="append", default=[], metavar="GLOB",
                      help="functions never to trace (wins over -e and -a); repeatable")
     mode = sel.add_mutually_exclusive_group()
-    mode.add_argument("-F", "--fentries", dest="mode", action="store_const", const="fentry",
-                      help="attach with fentry/fexit")
-    mode.add_argument("-K", "--kprobes", dest="mode", action="store_const", const="kprobe",
-                      help="attach with kprobe/kretprobe")
-    mode.add_argument("-M", "--kprobes-multi", dest="mode", action="store_const", const="kprobe_multi",
-                      help="attach with kprobe.multi/kretprobe.multi")
-    mode.add_argument("--kprobe-session", dest="mode", action="store_const", const="kprobe_session",
-                      help="attach with kprobe.session: one program at entry and exit (Linux 6.10+)")
-    mode.add_argument("--fsession", dest="mode", action="store_const", const="fsession",
-                      help="attach with fsession: one trampoline program per function for entry and exit (Linux 7.0+)")
-    mode.add_argument("--fsession-multi", dest="mode", action="store_const", const="fsession_multi",
-                      help="attach with fsession.multi: one program in one link for every function (Linux 7.2+)")
+    for m in attach_modes.MODES:
+        mode.add_argument(*m.flags, dest="mode", action="store_const", const=m.name, help=m.help)
     sel.add_argument("--user-attach", choices=USER_ATTACH_MODES, default="auto", metavar="MODE",
                      help="how user-space functions attach: uprobe_session (Linux 6.13+), uprobe_multi (6.6+), "
                      "uprobe (single uprobes) or auto, the first of these the kernel has")

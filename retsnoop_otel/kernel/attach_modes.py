@@ -1,0 +1,40 @@
+"""The kernel attach modes: one record each, read by the flags, the config, discovery, the feature checks and the
+tracer. Data only (no libbpf), so every layer may import it; a new mode is a record here plus its BPF flavour."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class AttachMode(NamedTuple):
+    name: str  # the config's attach_mode and CaptureConfig.mode
+    flags: tuple[str, ...]  # trace's flags choosing it
+    help: str  # their help line
+    shown: str  # how a refusal names it: the flag and the kernel's name for the attach type
+    feature: str  # the Features field that says whether this kernel has it
+    programs: tuple[str, ...]  # the BPF programs: (entry, exit, ...) or per group of functions
+    by_address: bool = False  # the programs find the function id by address (map ip_ids): kprobe.multi links
+    trampoline: bool = False  # BPF trampolines: attached by BTF id (one instance per name), stacks run through them
+
+
+MODES: tuple[AttachMode, ...] = (
+    AttachMode("fentry", ("-F", "--fentries"), "attach with fentry/fexit", "-F (fentry/fexit)", "fentry",
+               ("fentry_entry", "fexit_exit", "fentry_inner", "fexit_inner"), trampoline=True),
+    AttachMode("kprobe", ("-K", "--kprobes"), "attach with kprobe/kretprobe", "-K (kprobes)", "kprobes",
+               ("kprobe_entry", "kretprobe_exit")),
+    AttachMode("kprobe_multi", ("-M", "--kprobes-multi"), "attach with kprobe.multi/kretprobe.multi",
+               "-M (kprobe_multi)", "kprobe_multi", ("kmulti_entry", "kmulti_exit", "kmulti_inner"), by_address=True),
+    AttachMode("kprobe_session", ("--kprobe-session",),
+               "attach with kprobe.session: one program at entry and exit (Linux 6.10+)",
+               "--kprobe-session (kprobe.session)", "kprobe_session", ("ksession", "ksession_inner"), by_address=True),
+    AttachMode("fsession", ("--fsession",),
+               "attach with fsession: one trampoline program per function for entry and exit (Linux 7.0+)",
+               "--fsession (fsession)", "fsession", ("fsession_entry", "fsession_inner"), trampoline=True),
+    AttachMode("fsession_multi", ("--fsession-multi",),
+               "attach with fsession.multi: one program in one link for every function (Linux 7.2+)",
+               "--fsession-multi (fsession.multi)", "fsession_multi", ("fsession_multi",), trampoline=True),
+)
+BY_NAME: dict[str, AttachMode] = {m.name: m for m in MODES}
+NAMES: tuple[str, ...] = tuple(BY_NAME)
+TRAMPOLINE: frozenset[str] = frozenset(m.name for m in MODES if m.trampoline)
+BY_ADDRESS: frozenset[str] = frozenset(m.name for m in MODES if m.by_address)
