@@ -34,7 +34,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from retsnoop_otel.capture.model import Call, RetKind, Session, StackEntry, TracedFunc
-from retsnoop_otel.kernel import features, libbpf_progs, tracefs
+from retsnoop_otel.kernel import attach_modes, features, libbpf_progs, tracefs
 from retsnoop_otel.kernel import libbpf as lb
 from retsnoop_otel.kernel import libbpf_btf as lbtf
 from retsnoop_otel.kernel.attach_modes import TRAMPOLINE as TRAMPOLINE_MODES
@@ -378,7 +378,7 @@ def traced_workload(root: Path, tracer: str, workload: list[str], calls: int) ->
 
 # ---- the tools: ours, bpftrace, upstream retsnoop ----------------------------------------------
 
-FLAGS = {"kprobe": "-K", "kprobe_multi": "-M", "kprobe_session": "--kprobe-session", "fentry": "-F"}
+FLAGS = {m.name: m.flags[0] for m in attach_modes.MODES}
 READY_OURS = re.compile(r"^Receiving data")
 READY_BT = re.compile(r"^READY$")
 ATTACHING_BT = re.compile(r"^Attaching (\d+) probes")

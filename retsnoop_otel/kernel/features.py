@@ -363,17 +363,11 @@ def _mode_feature(features: Features, mode: str) -> Feature:
     return getattr(features, attach_modes.BY_NAME[mode].feature)
 
 
-# Measured in the VM (bench/probe_cost.py, README "Attach modes"): kprobe.session and kprobe.multi attach
-# and detach a set in one call; kprobe.session also costs least per traced call (one program, and no
-# exit probe at all for calls outside a session). Single kprobes attach 3x faster than per-function
-# fentry clones (each clone is verified) and never fire inside our own BPF programs.
-DEFAULT_MODE_ORDER = ("kprobe_session", "kprobe_multi", "kprobe", "fentry")
-USABLE_ORDER = ("kprobe_session", "kprobe_multi", "fsession_multi", "fsession", "fentry", "kprobe")  # as offered
 
 
 def choose_mode(features: Features) -> str:
-    """The first usable mode of DEFAULT_MODE_ORDER; 'auto' when none works (require_tracing explains)."""
-    for mode in DEFAULT_MODE_ORDER:
+    """The first usable mode of attach_modes.AUTO_ORDER; 'auto' when none works (require_tracing explains)."""
+    for mode in attach_modes.AUTO_ORDER:
         if _mode_feature(features, mode).available:
             return mode
     return "auto"
@@ -391,7 +385,7 @@ def require_tracing(features: Features, mode: str) -> None:
                         (features.ringbuf, "to stream captured calls")):
         if not prereq.available:
             raise FeatureError(f"this kernel {prereq.why}, which retsnoop-otel needs {use}: {VM_HINT}")
-    usable = [m for m in USABLE_ORDER if _mode_feature(features, m).available]
+    usable = [m for m in attach_modes.OFFER_ORDER if _mode_feature(features, m).available]
     if not usable:
         raise FeatureError(f"this kernel {features.fentry.why} and {features.kprobes.why}, so kernel "
                            f"functions cannot be traced here: {VM_HINT}")
