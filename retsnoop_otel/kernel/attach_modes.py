@@ -1,9 +1,26 @@
 """The kernel attach modes: one record each, read by the flags, the config, discovery, the feature checks and the
-tracer. Data only (no libbpf), so every layer may import it; a new mode is a record here plus its BPF flavour."""
+tracer; a new mode is a record here, its probe (kernel/mode_probes.py) and its BPF flavour. Importing it loads no
+libbpf (its probes run only when the feature checks call them)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
+
+from retsnoop_otel.kernel.libbpf_btf import Btf
+from retsnoop_otel.kernel.mode_probes import (
+    Feature,
+    FuncIdLookup,
+    probe_fentry,
+    probe_fsession,
+    probe_fsession_multi,
+    probe_kprobe_multi,
+    probe_kprobe_session,
+    probe_kprobes,
+)
+
+# (root of /sys and /proc, the probe's target function lookup, the kernel's config) -> whether the kernel has it
+Probe = Callable[[str, "Btf | FuncIdLookup | None", dict[str, str]], Feature]
 
 
 class AttachMode(NamedTuple):
@@ -15,24 +32,30 @@ class AttachMode(NamedTuple):
     programs: tuple[str, ...]  # the BPF programs: (entry, exit, ...) or per group of functions
     by_address: bool = False  # the programs find the function id by address (map ip_ids): kprobe.multi links
     trampoline: bool = False  # BPF trampolines: attached by BTF id (one instance per name), stacks run through them
+    probe: Probe | None = None  # a fact of the kernel build: cached per boot (features.ProbeCache)
 
 
 MODES: tuple[AttachMode, ...] = (
     AttachMode("fentry", ("-F", "--fentries"), "attach with fentry/fexit", "-F (fentry/fexit)", "fentry",
-               ("fentry_entry", "fexit_exit", "fentry_inner", "fexit_inner"), trampoline=True),
+               ("fentry_entry", "fexit_exit", "fentry_inner", "fexit_inner"), trampoline=True,
+               probe=lambda root, btf, config: probe_fentry(btf)),
     AttachMode("kprobe", ("-K", "--kprobes"), "attach with kprobe/kretprobe", "-K (kprobes)", "kprobes",
-               ("kprobe_entry", "kretprobe_exit")),
+               ("kprobe_entry", "kretprobe_exit"), probe=probe_kprobes),
     AttachMode("kprobe_multi", ("-M", "--kprobes-multi"), "attach with kprobe.multi/kretprobe.multi",
-               "-M (kprobe_multi)", "kprobe_multi", ("kmulti_entry", "kmulti_exit", "kmulti_inner"), by_address=True),
+               "-M (kprobe_multi)", "kprobe_multi", ("kmulti_entry", "kmulti_exit", "kmulti_inner"), by_address=True,
+               probe=lambda root, btf, config: probe_kprobe_multi(btf)),
     AttachMode("kprobe_session", ("--kprobe-session",),
                "attach with kprobe.session: one program at entry and exit (Linux 6.10+)",
-               "--kprobe-session (kprobe.session)", "kprobe_session", ("ksession", "ksession_inner"), by_address=True),
+               "--kprobe-session (kprobe.session)", "kprobe_session", ("ksession", "ksession_inner"), by_address=True,
+               probe=lambda root, btf, config: probe_kprobe_session(btf)),
     AttachMode("fsession", ("--fsession",),
                "attach with fsession: one trampoline program per function for entry and exit (Linux 7.0+)",
-               "--fsession (fsession)", "fsession", ("fsession_entry", "fsession_inner"), trampoline=True),
+               "--fsession (fsession)", "fsession", ("fsession_entry", "fsession_inner"), trampoline=True,
+               probe=lambda root, btf, config: probe_fsession(btf)),
     AttachMode("fsession_multi", ("--fsession-multi",),
                "attach with fsession.multi: one program in one link for every function (Linux 7.2+)",
-               "--fsession-multi (fsession.multi)", "fsession_multi", ("fsession_multi",), trampoline=True),
+               "--fsession-multi (fsession.multi)", "fsession_multi", ("fsession_multi",), trampoline=True,
+               probe=lambda root, btf, config: probe_fsession_multi(btf)),
 )
 # Measured in the VM (bench/probe_cost.py, README "Attach modes"): kprobe.session and kprobe.multi attach
 # and detach a set in one call; kprobe.session also costs least per traced call (one program, and no

@@ -12,6 +12,7 @@ import errno as _errno
 import os
 import threading
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import NamedTuple
 
 from retsnoop_otel.kernel import attach_modes, bpfsys, uprobes
@@ -240,8 +241,8 @@ def _side_by_side(probes: dict[str, Callable[[], Feature]]) -> dict[str, Feature
 
 # The probes whose answer is a fact of the kernel build (attach types and helpers it knows), unlike the
 # process's privileges, LBR, kallsyms visibility or tracefs, which are probed at every start.
-BUILD_FACTS = ("fentry", "kprobes", "kprobe_multi", "kprobe_session", "fsession", "fsession_multi", "session_kfunc",
-               "user_functions", "ringbuf", "func_ip", "bpf_cookie", "branch_snapshot")
+BUILD_FACTS = (*(m.feature for m in attach_modes.MODES), "session_kfunc", "user_functions", "ringbuf", "func_ip",
+               "bpf_cookie", "branch_snapshot")
 DENIED = (_errno.EPERM, _errno.EACCES)
 FORMAT_FEATURES = 1
 
@@ -293,12 +294,7 @@ def _read_text(path: str) -> str:
 def _probe_build_facts(root: str, targets: Btf | FuncIdLookup | None, config: dict[str, str],
                        btf: Callable[[], Btf | None]) -> dict[str, Feature]:
     """`btf`: the kernel's BTF, for the one fact a name -> id lookup cannot answer (a kfunc's prototype)."""
-    modes = _side_by_side({"fentry": lambda: probe_fentry(targets),
-                           "kprobes": lambda: probe_kprobes(root, targets, config),
-                           "kprobe_multi": lambda: probe_kprobe_multi(targets),
-                           "kprobe_session": lambda: probe_kprobe_session(targets),
-                           "fsession": lambda: probe_fsession(targets),
-                           "fsession_multi": lambda: probe_fsession_multi(targets)})
+    modes = _side_by_side({m.feature: partial(m.probe, root, targets, config) for m in attach_modes.MODES if m.probe})
     cookies = probe_helper("bpf_cookie", HELPER_GET_ATTACH_COOKIE, "bpf_get_attach_cookie", "Linux 5.15")
     kernel_btf = targets if isinstance(targets, Btf) else btf()
     return {**modes,
