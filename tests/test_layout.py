@@ -207,12 +207,12 @@ def test_no_two_test_modules_share_a_basename() -> None:
 
 
 def test_the_attach_modes_are_listed_only_in_their_registry() -> None:
-    """A new attach mode is a record in kernel/attach_modes.py (issue 44): no other module of the package or the
-    package spells out the list of modes (three or more mode names in one tuple, list or dict literal). The benches'
+    """A new attach mode is a record in kernel/attach_modes.py (issue 44): no other module of the package spells out
+    the list of modes, kernel or user (three or more names in one tuple, list, set or dict literal). The benches'
     maps to a peer's nearest mode are theirs."""
     import ast
 
-    from retsnoop_otel.kernel.attach_modes import NAMES
+    from retsnoop_otel.kernel.attach_modes import NAMES, USER_NAMES
     listed = []
     for path in PKG.rglob("*.py"):
         if path == PKG / "kernel" / "attach_modes.py":
@@ -220,7 +220,8 @@ def test_the_attach_modes_are_listed_only_in_their_registry() -> None:
         for node in ast.walk(ast.parse(path.read_text())):
             items = node.keys if isinstance(node, ast.Dict) else getattr(node, "elts", None) \
                 if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else None
-            names = {i.value for i in items or () if isinstance(i, ast.Constant) and i.value in NAMES}
-            if len(names) >= 3:
-                listed.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+            for modes in (NAMES, USER_NAMES):
+                names = {i.value for i in items or () if isinstance(i, ast.Constant) and i.value in modes}
+                if len(names) >= min(3, len(modes)):
+                    listed.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not listed, listed

@@ -67,3 +67,21 @@ BY_NAME: dict[str, AttachMode] = {m.name: m for m in MODES}
 NAMES: tuple[str, ...] = tuple(BY_NAME)
 TRAMPOLINE: frozenset[str] = frozenset(m.name for m in MODES if m.trampoline)
 BY_ADDRESS: frozenset[str] = frozenset(m.name for m in MODES if m.by_address)
+
+
+class UserAttachMode(NamedTuple):
+    """How user-space functions (u:BINARY:GLOB) attach; all need BPF cookies (the address differs per process)."""
+
+    name: str  # --user-attach and the config's user_attach_mode
+    shown: str  # the kernel's name for it
+    programs: tuple[str, ...]  # bpf/flavours.bpf.h: (entry, exit) or one for both
+    since: tuple[str, str] | None  # (its enum bpf_attach_type name, the first Linux with it); None: every kernel
+
+
+USER_MODES: tuple[UserAttachMode, ...] = (  # cheapest first: auto takes the first the kernel has
+    UserAttachMode("uprobe_session", "uprobe.session", ("usession",), ("BPF_TRACE_UPROBE_SESSION", "Linux 6.13")),
+    UserAttachMode("uprobe_multi", "uprobe.multi", ("umulti_entry", "umulti_exit"),
+                   ("BPF_TRACE_UPROBE_MULTI", "Linux 6.6")),
+    UserAttachMode("uprobe", "single uprobes", ("kprobe_entry", "kretprobe_exit"), None),
+)
+USER_NAMES: tuple[str, ...] = tuple(m.name for m in USER_MODES)

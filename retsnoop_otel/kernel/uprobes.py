@@ -12,19 +12,13 @@ import errno
 from collections.abc import Callable, Container, Sequence
 
 from retsnoop_otel.capture.model import TracedFunc
+from retsnoop_otel.kernel import attach_modes
 from retsnoop_otel.kernel import libbpf as lb
 
-USER_MODES = ("uprobe_session", "uprobe_multi", "uprobe")
-PROGRAMS: dict[str, tuple[str, ...]] = {  # bpf/flavours.bpf.h; (entry, exit) or one for both
-    "uprobe_session": ("usession",),
-    "uprobe_multi": ("umulti_entry", "umulti_exit"),
-    "uprobe": ("kprobe_entry", "kretprobe_exit"),
-}
-_SINCE = {"uprobe_session": ("BPF_TRACE_UPROBE_SESSION", "Linux 6.13"),
-          "uprobe_multi": ("BPF_TRACE_UPROBE_MULTI", "Linux 6.6")}
-
-
-NAMES = {"uprobe_session": "uprobe.session", "uprobe_multi": "uprobe.multi", "uprobe": "single uprobes"}
+USER_MODES = attach_modes.USER_NAMES
+PROGRAMS: dict[str, tuple[str, ...]] = {m.name: m.programs for m in attach_modes.USER_MODES}
+_SINCE = {m.name: m.since for m in attach_modes.USER_MODES if m.since}
+NAMES = {m.name: m.shown for m in attach_modes.USER_MODES}
 
 
 def user_modes(attach_types: Container[str]) -> list[str]:

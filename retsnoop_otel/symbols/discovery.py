@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from retsnoop_otel.capture.model import RetKind, TracedFunc
 from retsnoop_otel.inputs.files import MAX_GLOB_FILE_BYTES, read_text, shown
-from retsnoop_otel.kernel.attach_modes import BY_NAME, NAMES, TRAMPOLINE
+from retsnoop_otel.kernel.attach_modes import BY_NAME, NAMES, TRAMPOLINE, USER_MODES
 from retsnoop_otel.symbols.globs import glob_to_regex, lines_matching, name_blob
 from retsnoop_otel.symbols.kallsyms import Kallsyms
 from retsnoop_otel.symbols.traceable import Traceable
@@ -390,7 +390,7 @@ def _entry_miss_message(spec: GlobSpec, labels: list[str], skipped: dict[str, st
 # ---- dry run ------------------------------------------------------------------------------------
 
 
-USER_MODE_NAMES = {"uprobe_session": "uprobe.session", "uprobe_multi": "uprobe.multi", "uprobe": "single uprobes"}
+USER_MODE_NAMES = {m.name: m.shown for m in USER_MODES}
 
 
 def format_dry_run(discovery: Discovery, verbose: int = 0) -> str:
