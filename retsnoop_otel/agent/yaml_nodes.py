@@ -7,7 +7,6 @@ Unknown keys are errors (a typo would otherwise silently fall back to a default)
 
 from __future__ import annotations
 
-import difflib
 import math
 from collections.abc import Callable
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 import yaml
 
 from retsnoop_otel.inputs.files import plain, shown
+from retsnoop_otel.inputs.keys import unknown_key
 from retsnoop_otel.inputs.numbers import IntRange, NumberError, parse_size
 
 
@@ -103,9 +103,7 @@ def mapping(ctx: Nodes, node: yaml.Node, key: str, known: tuple[str, ...]) -> di
         if not isinstance(name, str):
             raise ctx.fail(knode, where, f"keys must be strings, got {got(ctx, knode)}")
         if name not in known:
-            close = difflib.get_close_matches(name, known, n=1)
-            hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(known)}"
-            raise ctx.fail(knode, where, f"unknown key; {hint}")
+            raise ctx.fail(knode, where, unknown_key(name, known))
         if name in out:
             raise ctx.fail(knode, where, "duplicate key (the first one would be silently overridden)")
         out[name] = vnode

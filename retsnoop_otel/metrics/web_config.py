@@ -11,7 +11,6 @@ loaded by web_tls, with errors at the line of their key.
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 import ssl
@@ -23,6 +22,7 @@ from typing import Any
 import yaml
 
 from retsnoop_otel.inputs.files import shown
+from retsnoop_otel.inputs.keys import unknown_key
 
 # Go crypto/tls names (tls.CipherSuites(), the ones the toolkit accepts) -> OpenSSL names
 TLS12_CIPHERS = MappingProxyType({
@@ -140,9 +140,7 @@ class _Reader:
             if known is not None and name not in known:
                 if name in _NOT_DONE:
                     raise self.fail(knode, where, _NOT_DONE[name])
-                close = difflib.get_close_matches(name, known, n=1)
-                hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(known)}"
-                raise self.fail(knode, where, f"unknown key; {hint}")
+                raise self.fail(knode, where, unknown_key(name, known))
             if name in out:
                 raise self.fail(knode, where, "duplicate key")
             out[name] = vnode
