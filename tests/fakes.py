@@ -68,6 +68,16 @@ def vfs_func_stats():
     ]
 
 
+class Clock:
+    """A monotonic clock the test moves by hand (clock.t += seconds)."""
+
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
 @dataclass
 class FakeProbeSet:
     """A probe set as the collector sees it (runtime.probe_set.ProbeSet has the same face)."""

@@ -14,7 +14,7 @@ from retsnoop_otel.appctx.thread_ctx import TlsLocation
 from retsnoop_otel.appctx.watch import RECHECK_FIRST_S, SWEEP_S, AppSources, AppWatcher
 from retsnoop_otel.capture.model import AppContext, UserFrame
 from retsnoop_otel.runtime.logs import EventLog
-from tests.fakes import tree_session
+from tests.fakes import Clock, tree_session
 
 
 class FakeMap:
@@ -28,14 +28,6 @@ class FakeMap:
     def forget_app_target(self, tgid):
         self.entries.pop(tgid, None)
         self.forgotten.append(tgid)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 LOC = TlsLocation(0, -8, 0, "/srv/app", "executable")
@@ -55,7 +47,7 @@ def watcher(tmp_path, publishing=(), alive=(), symbolizer=None, errors=None):
 
     sources = AppSources(locate, lambda pid: CTX if pid in publishing else None,
                          lambda data, keys: {keys[0]: data.decode()}, symbolizer)
-    clock = Clock()
+    clock = Clock(100.0)
     w = AppWatcher(sources, clock, EventLog(level="error"), str(tmp_path), start_worker=False)
     maps = [FakeMap(), FakeMap()]
     w.set_targets(maps)
@@ -174,12 +166,13 @@ def test_the_config_decides_whether_and_what_the_watcher_reads(tmp_path):
 
     log = EventLog(level="error")
     # a metrics-only set reports no session: nothing to watch
-    assert AppWatcher.for_config([ps(True, True, "metrics"), ps()], str(tmp_path), True, sources, Clock(), log) is None
+    clock = Clock(100.0)
+    assert AppWatcher.for_config([ps(True, True, "metrics"), ps()], str(tmp_path), True, sources, clock, log) is None
     assert made == []
     w = AppWatcher.for_config([ps(user_stacks=True), ps(app_context=True, mode="metrics")], str(tmp_path), False,
-                              sources, Clock(), log)
+                              sources, Clock(100.0), log)
     assert w is not None and not w.read_app and made == [(str(tmp_path), True, False)]
-    w = AppWatcher.for_config([ps(app_context=True)], str(tmp_path), True, sources, Clock(), log)
+    w = AppWatcher.for_config([ps(app_context=True)], str(tmp_path), True, sources, Clock(100.0), log)
     assert w is not None and w.read_app and made[-1] == (str(tmp_path), False, True)
 
 
@@ -191,7 +184,7 @@ def exec_watcher(tmp_path, pids, cost=0.0, where=None):
     `where`: pid -> the location its checks find (default LOC)."""
     for pid in pids:
         (tmp_path / str(pid)).mkdir()
-    clock = Clock()
+    clock = Clock(100.0)
     loaded: set[int] = set()
     checks: list[tuple[int, float]] = []
 

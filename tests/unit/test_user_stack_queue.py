@@ -16,15 +16,7 @@ from retsnoop_otel.appctx.watch import AppSources
 from retsnoop_otel.capture import records
 from retsnoop_otel.capture.model import UserFrame
 from retsnoop_otel.runtime.logs import EventLog
-from tests.fakes import AGENT_CONFIG, World, by_set, error_session, tree_session
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
+from tests.fakes import AGENT_CONFIG, Clock, World, by_set, error_session, tree_session
 
 
 class SlowSymbolizer:

@@ -12,21 +12,13 @@ from retsnoop_otel.capture.model import NO_WORKLOAD, Workload
 from retsnoop_otel.workload.cgroupfs import cgroup2_mount, has_cgroup_v1
 from retsnoop_otel.workload.pods import ContainerMeta, PodCache, PodMeta
 from retsnoop_otel.workload.resolver import WorkloadResolver
-from tests.fakes import APP, CID, CID2, POD, PODMAN, UID, cgroup_id, fake_host, fake_process
+from tests.fakes import APP, CID, CID2, POD, PODMAN, UID, Clock, cgroup_id, fake_host, fake_process
 
 HYBRID_MOUNTINFO = """31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
 35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
 40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,name=systemd
 41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
 """
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def test_cgroup2_mount_from_mountinfo(tmp_path: Path) -> None:

@@ -5,16 +5,9 @@ from __future__ import annotations
 from retsnoop_otel.capture.model import Workload, WorkloadCount
 from retsnoop_otel.metrics.series import OTHER
 from retsnoop_otel.metrics.workload_series import UNKNOWN, WorkloadSeries, label_value
+from tests.fakes import Clock
 
 CID = "3f4b1c2d" * 8
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def series(labels: dict[int, str | None], alive: set[int], clock: Clock, max_values: int = 0) -> WorkloadSeries:
