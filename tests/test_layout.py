@@ -225,3 +225,15 @@ def test_the_attach_modes_are_listed_only_in_their_registry() -> None:
                 if len(names) >= min(3, len(modes)):
                     listed.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not listed, listed
+
+
+def test_no_test_module_defines_a_fake_that_tests_fakes_has() -> None:
+    """Shared fakes live in tests/fakes.py (issue 44): a test module uses them, it does not define its own copy."""
+    import ast
+
+    def classes(path: Path) -> set[str]:
+        return {n.name for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ClassDef)}
+
+    shared = classes(ROOT / "tests" / "fakes.py")
+    copies = {str(p.relative_to(ROOT)): sorted(classes(p) & shared) for p in (ROOT / "tests").rglob("test_*.py")}
+    assert not {p: c for p, c in copies.items() if c}
