@@ -272,7 +272,7 @@ class World:
         return RuntimeDeps(load_env=load_env, kernel_state=lambda: self.kernel_state,
                            find_vmlinux=lambda _symbols, _name: None, check_privileges=lambda: None,
                            tracer_factory=self.factory, make_sender=self.sender,
-                           boot_to_wall_offset=lambda: 1_000_000_000_000, make_resource=lambda: Resource({}),
+                           boot_to_wall_offset=lambda: 1_000_000_000_000, make_resource=lambda environ: Resource({}),
                            console=console or io.StringIO(), environ={}, app_sources=self.app_sources)
 
     def app_sources(self, _proc_root, _user_stacks, _lines) -> AppSources:

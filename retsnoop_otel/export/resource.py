@@ -118,8 +118,8 @@ def parse_resource_attributes(text: str) -> dict[str, str]:
     return out
 
 
-def build_resource(root: str | Path = "/", service_name: str = DEFAULT_SERVICE_NAME,
-                   instance_id: str | None = None, environ: Mapping[str, str] = os.environ) -> Resource:
+def build_resource(environ: Mapping[str, str] = os.environ, root: str | Path = "/",
+                   service_name: str = DEFAULT_SERVICE_NAME, instance_id: str | None = None) -> Resource:
     """Resource for one run: a new service.instance.id each time unless one is given.
 
     Its schema URL names the semantic-conventions version of the detected attributes; attributes a

@@ -84,7 +84,7 @@ class RuntimeDeps:
                  tracer_factory: TracerFactory = real_tracer_factory,
                  make_sender: Callable[[OtlpSettings], Any] = _build_sender,
                  boot_to_wall_offset: Callable[[], int] = _boot_to_wall_offset,
-                 make_resource: Callable[[], Resource] = build_resource, console: TextIO | None = None,
+                 make_resource: Callable[[Mapping[str, str]], Resource] = build_resource, console: TextIO | None = None,
                  monotonic: Callable[[], float] = time.monotonic, environ: Mapping[str, str] | None = None,
                  root: str = "/", app_sources: Callable[[str, bool, bool], AppSources] = AppSources.from_proc,
                  make_workloads: Callable[[str, Callable[[], float], KubeSettings | None, Any], WorkloadResolver]
@@ -202,7 +202,7 @@ class Runtime:
         if settings.switched_off:
             self.log.info("OTLP export turned off by the environment", variables=settings.switched_off)
         self._offset_ns = self.deps.boot_to_wall_offset()
-        self.resource = self.deps.make_resource()
+        self.resource = self.deps.make_resource(self.deps.environ)
         self.server = self.metrics.bind(settings)
         self.sinks = self._sinks(settings)
         self.workloads = self._workloads(settings)

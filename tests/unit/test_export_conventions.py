@@ -176,13 +176,15 @@ def test_dashboards_and_alerts_query_only_translated_names(tmp_path: Path) -> No
 def test_the_runtime_pushes_units_and_schema_url_with_the_metrics_protocol_variable(tmp_path: Path,
                                                                                     world: World) -> None:
     """metrics.otlp without a protocol: OTEL_EXPORTER_OTLP_METRICS_PROTOCOL decides, the generic one does not;
-    the request carries the families' units and the resource's schema URL."""
+    the request carries the families' units and the resource's schema URL, and OTEL_RESOURCE_ATTRIBUTES is read
+    from the runtime's environment like every other variable."""
     from retsnoop_otel.agent.main import Agent
     from retsnoop_otel.runtime.logs import EventLog
     from tests.fakes import AGENT_CONFIG
 
     deps = world.deps()
-    deps.environ = {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "http/protobuf"}
+    deps.environ = {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "http/protobuf",
+                    "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment.name=staging"}
     deps.make_resource = build_resource
     cfg = tmp_path / "agent.yaml"
     cfg.write_text(AGENT_CONFIG.format(prob=1.0).replace(
@@ -198,6 +200,8 @@ def test_the_runtime_pushes_units_and_schema_url_with_the_metrics_protocol_varia
     assert (settings.protocol, settings.url) == ("http/protobuf", "http://127.0.0.1:4318/v1/metrics")
     (rm,) = ExportMetricsServiceRequest.FromString(body).resource_metrics
     assert rm.schema_url == SCHEMA_URL
+    resource = {a.key: a.value.string_value for a in rm.resource.attributes}
+    assert resource["deployment.environment.name"] == "staging"  # the injected environment, not the process's
     units = {m.name: m.unit for m in rm.scope_metrics[0].metrics}
     assert units["retsnoop_function_calls"] == "{call}" and units["retsnoop_agent_up"] == "{agent}"
     assert units["retsnoop_function_duration_seconds"] == "s" and units["process_resident_memory_bytes"] == "By"
