@@ -237,3 +237,20 @@ def test_no_test_module_defines_a_fake_that_tests_fakes_has() -> None:
     shared = classes(ROOT / "tests" / "fakes.py")
     copies = {str(p.relative_to(ROOT)): sorted(classes(p) & shared) for p in (ROOT / "tests").rglob("test_*.py")}
     assert not {p: c for p, c in copies.items() if c}
+
+
+def test_every_otel_variable_name_is_a_constant_of_one_module() -> None:
+    """OTEL_* names are spelled in export/otel_env.py only (issue 44), and read from the environment each reader is
+    given. The publisher is the exception: it runs inside the user's application and imports nothing of the tool."""
+    import ast
+    import re
+
+    spelled = []
+    for path in PKG.rglob("*.py"):
+        if path == PKG / "export" / "otel_env.py" or (PKG / "publisher") in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                    re.fullmatch(r"OTEL_[A-Z0-9_]+", node.value):
+                spelled.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value}")
+    assert not spelled, spelled
