@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 MAX_CONFIG_BYTES = 4 << 20  # the agent's --config / --check file and the web config file
 MAX_GLOB_FILE_BYTES = 4 << 20  # -e/-a/-d @FILE and allow: '@FILE'
@@ -109,3 +109,16 @@ def read_text(path: str | os.PathLike[str], name: str, cap: int, error: ErrorFac
     except UnicodeDecodeError as exc:
         raise error(f"{shown(os.fspath(path), quote=False)}: not a text file ({exc.reason} at byte {exc.start}); "
                     f"{f'the {name}' if name else 'it'} must be UTF-8") from None
+
+
+def expand_at_files(values: Iterable[str], name: str, cap: int, error: ErrorFactory) -> list[str]:
+    """Values in order, each '@file' replaced by its lines (blank lines and '#' comments skipped), as retsnoop reads
+    its glob and name files."""
+    out: list[str] = []
+    for value in values:
+        if not value.startswith("@"):
+            out.append(value)
+            continue
+        lines = read_text(value[1:], name, cap, error).splitlines()
+        out.extend(s for s in (line.strip() for line in lines) if s and not s.startswith("#"))
+    return out

@@ -13,7 +13,7 @@ from collections.abc import Callable, Container, Iterable, Sequence
 from typing import NamedTuple
 
 from retsnoop_otel.capture.model import RetKind, TracedFunc
-from retsnoop_otel.inputs.files import MAX_GLOB_FILE_BYTES, read_text, shown
+from retsnoop_otel.inputs.files import MAX_GLOB_FILE_BYTES, expand_at_files, shown
 from retsnoop_otel.kernel.attach_modes import BY_NAME, NAMES, TRAMPOLINE, USER_MODES
 from retsnoop_otel.symbols.globs import glob_to_regex, lines_matching, name_blob
 from retsnoop_otel.symbols.kallsyms import Kallsyms
@@ -141,14 +141,7 @@ def parse_glob(text: str) -> GlobSpec:
 
 def expand_glob_args(values: Iterable[str]) -> list[str]:
     """Flags in order, with each '@file' replaced by its lines (blank lines and '#' comments skipped)."""
-    out: list[str] = []
-    for value in values:
-        if not value.startswith("@"):
-            out.append(value)
-            continue
-        lines = read_text(value[1:], "@FILE glob file", MAX_GLOB_FILE_BYTES, DiscoveryError).splitlines()
-        out.extend(s for s in (line.strip() for line in lines) if s and not s.startswith("#"))
-    return out
+    return expand_at_files(values, "@FILE glob file", MAX_GLOB_FILE_BYTES, DiscoveryError)
 
 
 class _GlobSet:

@@ -23,7 +23,7 @@ from retsnoop_otel.export.otel_env import OTLP_ENDPOINT, OTLP_TRACES_ENDPOINT, T
 from retsnoop_otel.export.otlp_settings import OtlpConfig
 from retsnoop_otel.export.service_name import SERVICE_NAME_FROM
 from retsnoop_otel.inputs.addresses import parse_listen
-from retsnoop_otel.inputs.files import MAX_GLOB_FILE_BYTES, read_text, shown
+from retsnoop_otel.inputs.files import MAX_GLOB_FILE_BYTES, expand_at_files, shown
 from retsnoop_otel.inputs.numbers import (
     COUNT,
     MAP_ENTRIES,
@@ -327,17 +327,10 @@ def _fields(c: Mapping[str, object], keys: Mapping[str, str]) -> dict[str, objec
 def _names(parser: argparse.ArgumentParser, flag: str, values: Sequence[str]) -> tuple[str, ...]:
     """-n/-N values in order, each '@file' replaced by its lines (blank lines and '#' comments skipped), as
     retsnoop reads them."""
-    out: list[str] = []
-    for value in values:
-        if not value.startswith("@"):
-            out.append(value)
-            continue
-        try:
-            text = read_text(value[1:], f"{flag} @FILE", MAX_GLOB_FILE_BYTES, ValueError)
-        except ValueError as exc:
-            parser.error(f"{flag} {exc}")
-        out.extend(s for s in (line.strip() for line in text.splitlines()) if s and not s.startswith("#"))
-    return tuple(out)
+    try:
+        return tuple(expand_at_files(values, f"{flag} @FILE", MAX_GLOB_FILE_BYTES, ValueError))
+    except ValueError as exc:
+        parser.error(f"{flag} {exc}")
 
 
 def _inject_specs(parser: argparse.ArgumentParser, values: Sequence[str]) -> tuple[InjectSpec, ...]:
