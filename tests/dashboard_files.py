@@ -176,7 +176,8 @@ def fake_agent_registry(exemplars: Callable[[str, str], Mapping[int, Any]] | Non
     from retsnoop_otel.capture.model import CaptureStats, FuncStats, ProgramStats, RetKind, SessionStats, TracedFunc
     from retsnoop_otel.metrics.runtime_families import RunCounters
     from retsnoop_otel.runtime.config import ProbeSetConfig, RuntimeConfig
-    from retsnoop_otel.runtime.runtime import Runtime, RuntimeDeps
+    from retsnoop_otel.runtime.deps import RuntimeDeps
+    from retsnoop_otel.runtime.runtime import Runtime
     from retsnoop_otel.workload.k8s_watch import WatchCounters
     from tests.fakes import FakeProbeSet
 

@@ -41,9 +41,9 @@ from retsnoop_otel.kernel.tracer import AttachReport
 from retsnoop_otel.metrics.kernel_families import KernelCollector
 from retsnoop_otel.metrics.runtime_families import RunCounters, RuntimeCollector
 from retsnoop_otel.runtime.config import ProbeSetConfig
+from retsnoop_otel.runtime.deps import RuntimeDeps
 from retsnoop_otel.runtime.environment import KernelEnv
 from retsnoop_otel.runtime.errors import SetupError
-from retsnoop_otel.runtime.runtime import RuntimeDeps
 from retsnoop_otel.runtime.startup import Phase
 from retsnoop_otel.symbols.kallsyms import Kallsyms
 from retsnoop_otel.symbols.symbolize import KallsymsSymbolizer

@@ -254,3 +254,8 @@ def test_every_otel_variable_name_is_a_constant_of_one_module() -> None:
                     re.fullmatch(r"OTEL_[A-Z0-9_]+", node.value):
                 spelled.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value}")
     assert not spelled, spelled
+
+
+def test_the_runtime_hub_stays_small() -> None:
+    """runtime.py sequences the steps; what each step builds lives in its own module (issue 44)."""
+    assert len((PKG / "runtime" / "runtime.py").read_text().splitlines()) <= 350

@@ -17,13 +17,15 @@ from retsnoop_otel import __version__
 from retsnoop_otel.agent.config_file import AgentConfig, ConfigError, LoggingConfig, load_config
 from retsnoop_otel.export.otel_env import log_level
 from retsnoop_otel.runtime.config import MetricsConfig, ProbeSetConfig
+from retsnoop_otel.runtime.deps import RuntimeDeps
 from retsnoop_otel.runtime.errors import EXIT_HOST, EXIT_INPUT, RunRefused, exit_code_epilog
 from retsnoop_otel.runtime.help_format import HelpFormatter, OneLineParser
+from retsnoop_otel.runtime.hooks import Resolved, StartHook
 from retsnoop_otel.runtime.log_bridge import bridge_library_logs
 from retsnoop_otel.runtime.logs import EventLog
 from retsnoop_otel.runtime.probe_set import ProbeSet
 from retsnoop_otel.runtime.requests import Requests
-from retsnoop_otel.runtime.runtime import Resolved, Runtime, RuntimeDeps, StartHook
+from retsnoop_otel.runtime.runtime import Runtime
 from retsnoop_otel.runtime.startup import Phase, StartClock, phase_fields, phase_since
 from retsnoop_otel.symbols.discovery import Discovery, format_dry_run
 

@@ -9,7 +9,7 @@ path uses dataclasses: its import (with inspect, ast, dis and tokenize) was 0.5 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from retsnoop_otel.capture.errnos import MAX_ERRNO, errno_name
@@ -372,6 +372,11 @@ class CaptureStats(NamedTuple):
     sessions_reported: int = 0
     workload_dropped: int = 0  # counts not kept per workload (the kernel's per-cgroup map was full)
     sampled_out: int = 0  # successful sessions the sampler dropped in the kernel
+
+    @classmethod
+    def summed(cls, stats: Iterable[CaptureStats]) -> CaptureStats:
+        """Several probe sets' counters as the run's."""
+        return cls(*(sum(column) for column in zip(cls(), *stats, strict=True)))
 
 
 class ProgramStats(NamedTuple):

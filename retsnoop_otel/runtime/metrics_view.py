@@ -116,7 +116,7 @@ class RuntimeMetrics:
         return read_bpf_stats_enabled(self._rt.deps.root)
 
     def exemplars(self, probe_set: str, entry_function: str) -> dict:
-        sinks = self._rt.sinks
+        sinks = self._rt.route.sinks
         if sinks is None or sinks.exemplars is None:
             return {}
         return sinks.exemplars.for_histogram(probe_set, entry_function)
@@ -140,17 +140,17 @@ class RuntimeMetrics:
     def counters(self) -> Any:
         """A metrics.runtime_families.RunCounters snapshot, taken at scrape time."""
         from retsnoop_otel.metrics.runtime_families import RunCounters
-        sinks = self._rt.sinks
+        sinks = self._rt.route.sinks
         t = sinks.totals() if sinks is not None else ExportTotals()
-        watch = self._rt.app_watch
+        watch = self._rt.route.app_watch
         app = watch.counters if watch is not None and watch.read_app else None
         stacks = watch.unsymbolized if watch is not None else None
-        k8s = self._rt.workloads.counters() if self._rt.workloads is not None else None
+        k8s = self._rt.route.workloads.counters() if self._rt.route.workloads is not None else None
         app_fields: dict[str, Any] = {} if app is None else {
             "app_sessions": dict(app.sessions), "app_processes_checked": app.processes_checked,
             "app_processes_publishing": app.processes_publishing, "app_check_errors": app.check_errors,
             "app_exec_watches": dict(app.exec_watches)}
-        return RunCounters(t.spans_exported, dict(t.spans_dropped), t.export_errors, self._rt.session_errors,
+        return RunCounters(t.spans_exported, dict(t.spans_dropped), t.export_errors, self._rt.route.errors,
                            dict(self._rt.reloads), k8s=k8s, **app_fields,
                            traces=sinks.traces.snapshot() if sinks is not None else {},
                            user_stacks_unsymbolized=dict(stacks) if stacks is not None else None)
@@ -160,13 +160,13 @@ class RuntimeMetrics:
         kind = ps.workload_label or "container"
 
         def label_of(cgroup_id: int) -> str | None:
-            workloads = self._rt.workloads
+            workloads = self._rt.route.workloads
             if workloads is None or not workloads.knows_cgroup(cgroup_id):
                 return None  # not found in cgroupfs yet: pending (then `unknown`)
             return label_value(workloads.of_cgroup(cgroup_id), kind)
 
         def alive(cgroup_id: int) -> bool:
-            workloads = self._rt.workloads
+            workloads = self._rt.route.workloads
             return workloads is None or workloads.cgroup_alive(cgroup_id)
 
         return WorkloadSeries(label_of, alive, self._rt.deps.monotonic, self._rt.config.metrics.max_workloads)

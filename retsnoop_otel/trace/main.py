@@ -14,11 +14,13 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from retsnoop_otel import __version__
+from retsnoop_otel.runtime.deps import RuntimeDeps
 from retsnoop_otel.runtime.errors import RunRefused
+from retsnoop_otel.runtime.hooks import Resolved, StartHook
 from retsnoop_otel.runtime.logs import EventLog
 from retsnoop_otel.runtime.probe_set import ProbeSet
 from retsnoop_otel.runtime.requests import Requests
-from retsnoop_otel.runtime.runtime import Resolved, Runtime, RuntimeDeps, StartHook
+from retsnoop_otel.runtime.runtime import Runtime
 from retsnoop_otel.runtime.startup import Phase, StartClock, format_phases, phase_since
 from retsnoop_otel.trace.flags import TraceRequest, capped_arg_sizes, parse
 

@@ -165,7 +165,8 @@ metrics:
 
 
 def test_per_probe_set_range_with_a_metrics_wide_default() -> None:
-    from retsnoop_otel.runtime.runtime import Runtime, RuntimeDeps
+    from retsnoop_otel.runtime.deps import RuntimeDeps
+    from retsnoop_otel.runtime.runtime import Runtime
     cfg = parse_config(BASE.format(a="{min: 1us, max: 10s}", m="{max: 1s}"), "agent.yaml")
     assert cfg.runtime.probe_sets[0].duration_range == US_TO_10S and cfg.runtime.probe_sets[1].duration_range is None
     assert cfg.runtime.metrics.duration_range == DurationRange(max_ns=1_000_000_000)

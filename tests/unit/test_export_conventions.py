@@ -103,7 +103,8 @@ FUNCS = {0: TracedFunc(0, "__x64_sys_bpf", 0, RetKind.INT32, True),
 def _runtime(tmp_path: Path):
     """A runtime whose collectors all have samples: probe set stats, BPF statistics on, thread context read."""
     from retsnoop_otel.runtime.config import ProbeSetConfig, RuntimeConfig
-    from retsnoop_otel.runtime.runtime import Runtime, RuntimeDeps
+    from retsnoop_otel.runtime.deps import RuntimeDeps
+    from retsnoop_otel.runtime.runtime import Runtime
     from tests.fakes import FakeProbeSet
 
     class ProbeSet(FakeProbeSet):

@@ -255,7 +255,7 @@ def test_the_event_limits_reach_the_encoder(tmp_path: Path, world: World) -> Non
     agent.start()
     try:
         errs = by_set(world, "__x64_sys_bpf")
-        encoder = agent.runtime.sinks._outputs(agent.runtime.probe_sets[0]).encoder  # noqa: SLF001
+        encoder = agent.runtime.route.sinks._outputs(agent.runtime.probe_sets[0]).encoder  # noqa: SLF001
         assert errs is not None and (encoder.event_limit, encoder.event_attribute_limit) == (3, 2)
     finally:
         agent.runtime.shutdown(0.5)

@@ -10,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 from retsnoop_otel.agent.main import Agent, check
+from retsnoop_otel.runtime.errors import SetupError
 from retsnoop_otel.runtime.logs import EventLog
 from retsnoop_otel.trace.main import run_trace
 from tests.fakes import AGENT_CONFIG, World, log_events
@@ -83,11 +84,34 @@ def test_reload_runs_the_kernel_and_attach_steps_again_and_logs_what_it_attached
         assert calls == {"find_vmlinux": 1, "check_privileges": 1, "load_env": 1, "make_resource": 1,
                          "tracer_factory": 2}
         assert agent.reload() is True
-        # settings again, the kernel tables kept (same kernel), both sets attached anew; outputs not reopened
-        assert calls == {"find_vmlinux": 2, "check_privileges": 1, "load_env": 1, "make_resource": 1,
+        # the start's steps again, privileges included; the kernel tables kept (same kernel), both sets attached
+        # anew; outputs not reopened
+        assert calls == {"find_vmlinux": 2, "check_privileges": 2, "load_env": 1, "make_resource": 1,
                          "tracer_factory": 4}
         attached = [e["probe_set"] for e in log_events(logbuf) if e["msg"] == "probe set attached"]
         assert attached == ["bpf_errors", "prog_load"] * 2
+    finally:
+        agent.runtime.shutdown(0.5)
+
+
+def test_a_reload_without_the_privileges_to_attach_keeps_the_running_sets(tmp_path: Path) -> None:
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(AGENT_CONFIG.format(prob=1.0))
+    world, logbuf = World(), io.StringIO()
+    deps = world.deps()
+    agent = Agent(str(cfg), deps, EventLog(logbuf))
+    agent.start()
+    try:
+        running = list(agent.runtime.probe_sets)
+
+        def refused() -> None:
+            raise SetupError("tracing kernel functions needs root or the CAP_BPF and CAP_PERFMON capabilities")
+        deps.check_privileges = refused
+        assert agent.reload() is False
+        assert agent.runtime.probe_sets == running and agent.runtime.reloads == {"success": 0, "failure": 1}
+        assert len(world.tracers) == 2  # nothing attached for the refused config
+        (failed,) = [e for e in log_events(logbuf) if e["msg"].startswith("config reload failed")]
+        assert "CAP_BPF" in failed["error"]
     finally:
         agent.runtime.shutdown(0.5)
 

@@ -90,7 +90,7 @@ def test_the_agent_warns_about_them_at_start_and_uses_the_defaults(tmp_path: Pat
     log = agent.log._stream  # noqa: SLF001
     agent.start()
     try:
-        (sink,) = agent.runtime.sinks.exporters
+        (sink,) = agent.runtime.route.sinks.exporters
         assert (sink._max_queue, sink._max_batch) == (65536, 100)  # noqa: SLF001
         assert world.tracers  # attached
     finally:
@@ -109,7 +109,7 @@ def test_the_trace_exporter_takes_them_and_the_config_key_wins(tmp_path: Path, e
     agent = _agent(tmp_path, world, env, extra)
     agent.start()
     try:
-        (sink,) = agent.runtime.sinks.exporters
+        (sink,) = agent.runtime.route.sinks.exporters
         assert (sink._max_queue, sink._max_batch, sink._delay) == (queue, 100, 0.05)  # noqa: SLF001
         assert [s.timeout_s for s in world.made if s.signal == "traces"] == [0.7]
     finally:

@@ -87,7 +87,7 @@ def test_sdk_disabled_agent_exports_nothing_and_says_why(tmp_path: Path, disable
         errs = by_set(world, "__x64_sys_bpf")
         errs.pending = error_session(errs)
         agent.runtime.poll_once()
-        assert agent.runtime.sinks is not None and bool(agent.runtime.sinks.exporters) is not disabled
+        assert agent.runtime.route.sinks is not None and bool(agent.runtime.route.sinks.exporters) is not disabled
     finally:
         agent.runtime.shutdown(2.0)
     assert bool(world.exported) is not disabled

@@ -251,10 +251,10 @@ def test_the_runtime_exports_in_order_without_waiting_on_a_slow_stack(tmp_path: 
         clock.t += 10
         errs.pending = with_stack(9)
         rt.poll_once()
-        assert len(rt.app_watch.stacks) == 2 and world.exported == []  # both held, none sent
+        assert len(rt.route.app_watch.stacks) == 2 and world.exported == []  # both held, none sent
         clock.t += 20
         rt.poll_once()  # the first one's bound: it goes, the worker still busy with its stack
-        assert len(rt.app_watch.stacks) == 1
+        assert len(rt.route.app_watch.stacks) == 1
         text = generate_latest(rt.metrics.registry()).decode()
         gate.set()
     finally:
