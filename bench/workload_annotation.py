@@ -1,9 +1,9 @@
 """What workload identity adds to a kept session on the capture loop, against encoding the same session.
 
 The runtime's session routing (runtime/routing.py, `SessionRouter.session`) asks the resolver for the
-session's workload and executable name before the session is encoded. Once a process and its cgroup were seen, both answers are dictionary look-ups; this
-measures that cached path next to `SpanEncoder.encode` of the same sessions (with the per-workload
-envelopes), on one thread, in one run:
+session's workload and executable name before the session is encoded. Once a process and its cgroup were
+seen, both answers are dictionary look-ups; this measures that cached path next to `SpanEncoder.encode` of
+the same sessions (with the per-workload envelopes), on one thread, in one run:
   annotate  WorkloadResolver.of_session + exe_name over a fixture /proc and cgroupfs tree (20 containers
             in kubepods layouts, 200 processes), every answer cached by a first pass
   encode    the production encoder, for stack-mode sessions (the error chain: 3 spans) and call-mode sessions

@@ -63,6 +63,7 @@ MODES: tuple[AttachMode, ...] = (
 # fentry clones (each clone is verified) and never fire inside our own BPF programs.
 AUTO_ORDER = ("kprobe_session", "kprobe_multi", "kprobe", "fentry")  # what "auto" tries, first usable wins
 OFFER_ORDER = ("kprobe_session", "kprobe_multi", "fsession_multi", "fsession", "fentry", "kprobe")  # a refusal's
+BASIC = ("fentry", "kprobe")  # every kernel since 5.5 has one of them: when none works, their refusals say why
 BY_NAME: dict[str, AttachMode] = {m.name: m for m in MODES}
 NAMES: tuple[str, ...] = tuple(BY_NAME)
 TRAMPOLINE: frozenset[str] = frozenset(m.name for m in MODES if m.trampoline)

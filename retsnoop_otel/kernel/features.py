@@ -11,7 +11,7 @@ from __future__ import annotations
 import errno as _errno
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 from typing import NamedTuple
 
@@ -52,12 +52,7 @@ class Features(NamedTuple):
     kernel_release: str
     libbpf_version: str
     btf: Feature
-    fentry: Feature
-    kprobes: Feature
-    kprobe_multi: Feature
-    kprobe_session: Feature
-    fsession: Feature
-    fsession_multi: Feature
+    modes: Mapping[str, Feature]  # each attach mode's (by its feature name), in the order of attach_modes.MODES
     session_kfunc: Feature
     user_functions: Feature
     ringbuf: Feature
@@ -70,11 +65,17 @@ class Features(NamedTuple):
     capabilities: Feature
     machine: str = ""  # uname -m: the BPF object and libbpf are built for one architecture (x86_64, aarch64)
 
+    def mode(self, name: str) -> Feature:
+        """Whether attach mode `name` (attach_modes.NAMES) works here."""
+        return self.modes[attach_modes.BY_NAME[name].feature]
+
     def entries(self) -> Iterator[Feature]:
         for name in self._fields:
             value = getattr(self, name)
             if isinstance(value, Feature):
                 yield value
+            elif name == "modes":
+                yield from value.values()
 
     def to_dict(self) -> dict:
         return {"kernel_release": self.kernel_release, "machine": self.machine, "libbpf_version": self.libbpf_version,
@@ -345,6 +346,7 @@ def detect(root: str = "/", func_id: FuncIdLookup | None = None, thorough: bool 
         machine=os.uname().machine,
         libbpf_version=f"{major}.{minor}",
         btf=btf_feature,
+        modes={m.feature: facts.pop(m.feature) for m in attach_modes.MODES},
         **facts,
         lbr=probe_lbr(),
         filter_functions=probe_filter_functions(root, count=thorough),
@@ -355,16 +357,10 @@ def detect(root: str = "/", func_id: FuncIdLookup | None = None, thorough: bool 
 
 # ---- using the result ---------------------------------------------------------------------------
 
-def _mode_feature(features: Features, mode: str) -> Feature:
-    return getattr(features, attach_modes.BY_NAME[mode].feature)
-
-
-
-
 def choose_mode(features: Features) -> str:
     """The first usable mode of attach_modes.AUTO_ORDER; 'auto' when none works (require_tracing explains)."""
     for mode in attach_modes.AUTO_ORDER:
-        if _mode_feature(features, mode).available:
+        if features.mode(mode).available:
             return mode
     return "auto"
 
@@ -381,13 +377,13 @@ def require_tracing(features: Features, mode: str) -> None:
                         (features.ringbuf, "to stream captured calls")):
         if not prereq.available:
             raise FeatureError(f"this kernel {prereq.why}, which retsnoop-otel needs {use}: {VM_HINT}")
-    usable = [m for m in attach_modes.OFFER_ORDER if _mode_feature(features, m).available]
+    usable = [m for m in attach_modes.OFFER_ORDER if features.mode(m).available]
     if not usable:
-        raise FeatureError(f"this kernel {features.fentry.why} and {features.kprobes.why}, so kernel "
+        raise FeatureError(f"this kernel {' and '.join(features.mode(m).why for m in attach_modes.BASIC)}, so kernel "
                            f"functions cannot be traced here: {VM_HINT}")
     if mode == "auto":
         return
-    feat = _mode_feature(features, mode)
+    feat = features.mode(mode)
     if not feat.available:
         instead = " or ".join(attach_modes.BY_NAME[m].shown for m in usable)
         shown = attach_modes.BY_NAME[mode].shown

@@ -18,11 +18,12 @@ from retsnoop_otel.kernel.kcache import KernelCache, KernelIdentity
 
 def _feats(**over: Feature) -> Features:
     """A kernel where everything works, with the given entries replaced."""
-    names = ["btf", "fentry", "kprobes", "kprobe_multi", "kprobe_session", "fsession", "fsession_multi",
-             "session_kfunc", "user_functions", "ringbuf", "func_ip", "bpf_cookie", "branch_snapshot", "lbr",
+    modes = ["fentry", "kprobes", "kprobe_multi", "kprobe_session", "fsession", "fsession_multi"]
+    names = ["btf", "session_kfunc", "user_functions", "ringbuf", "func_ip", "bpf_cookie", "branch_snapshot", "lbr",
              "filter_functions", "kallsyms", "capabilities"]
     entries = {n: over.get(n, Feature(n, True, f"{n} works")) for n in names}
-    return Features(kernel_release="6.12.117+deb12-amd64", libbpf_version="1.1", **entries)
+    return Features(kernel_release="6.12.117+deb12-amd64", libbpf_version="1.1",
+                    modes={n: over.get(n, Feature(n, True, f"{n} works")) for n in modes}, **entries)
 
 
 FENTRY_EPERM = Feature("fentry", False, "refused (EPERM): denied", errno.EPERM,
@@ -327,7 +328,7 @@ def test_build_facts_are_probed_once_per_boot_and_lockdown(tmp_path: Path, monke
     assert len(calls) == 1 and not first.hit
     again = features.ProbeCache.for_boot(cache, _ident(), str(root))
     b = features.detect(str(root), cache=again)
-    assert len(calls) == 1 and again.hit and a == b and b.kprobe_session == NO_KSESSION
+    assert len(calls) == 1 and again.hit and a == b and b.mode("kprobe_session") == NO_KSESSION
     # another boot, or root raising the lockdown level: probed again
     features.detect(str(root), cache=features.ProbeCache.for_boot(cache, _ident("b2"), str(root)))
     assert len(calls) == 2

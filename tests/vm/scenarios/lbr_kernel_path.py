@@ -30,9 +30,7 @@ def scenario_lbr_kernel_path(ctx) -> dict:
     from retsnoop_otel.symbols.traceable import Traceable
 
     feats = features.detect()
-    modes = [m for m, feat in (("fentry", feats.fentry), ("kprobe", feats.kprobes),
-                               ("kprobe_multi", feats.kprobe_multi), ("kprobe_session", feats.kprobe_session))
-             if feat.available]
+    modes = [m for m in ("fentry", "kprobe", "kprobe_multi", "kprobe_session") if feats.mode(m).available]
     ksyms = Kallsyms.load()
     available = Traceable.load()
     btf = lb.Btf.load_vmlinux()
