@@ -1,4 +1,5 @@
-"""tests/vm/run boots again when the guest died before the command started, and only then.
+"""tests/vm/run boots again when the guest died before the command started, and only then; the VM fixtures
+(tests/vm/conftest.py) boot once more after a guest kernel crash, and only then.
 
 A fake `vng` stands in for virtme-ng: it plays a guest that dies while booting (no out.log, no exit code),
 one that runs the command (out.log, then rc), or one that dies while the command runs.
@@ -124,9 +125,19 @@ def test_an_arm64_guest_boots_its_own_root_and_sees_host_paths_where_they_are_mo
     assert "--qemu-opts=-cpu max,pauth-impdef=on" in vng
 
 
-def _fake_boots(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, crash_text: str):
-    """VmBatches whose boots are scripted: the first writes one scenario's result and dies with `crash_text`,
-    a second one writes the rest."""
+OOPS = ("[ 1602.131234] Oops: int3: 0000 [#1] SMP NOPTI\n"
+        "[ 1602.133702] CPU: 1 UID: 0 PID: 411 Comm: kworker/u8:4 Not tainted 7.2.13+deb14-amd64 #1 PREEMPT(lazy)\n"
+        "[ 1602.135403] RIP: 0010:__schedule+0x2a7/0x1070\n"
+        "[ 1602.137884] ---[ end trace 0000000000000000 ]---\n"
+        "[ 1602.138695] Kernel panic - not syncing: Fatal exception in interrupt\n")
+QUIET = "[    9.0] virtme-ng-init: starting script (console fallback)\n"
+
+
+def _boots(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *plan: tuple[dict[str, str], str | None]):
+    """VmBatches whose boots are scripted, one (statuses the boot ends with, console or None) per boot: a boot
+    writes those scenarios' results, prints their [batch] lines and, with a console, starts the next scenario it
+    was given and stops without an exit code (that console in tests/vm/run's output and in console.log); with
+    the statuses None, it stops before the batch started."""
     import json
     from types import SimpleNamespace
 
@@ -135,18 +146,37 @@ def _fake_boots(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, crash_text: str
 
     scenarios = [SimpleNamespace(name=n, module=f"tests.vm.scenarios.{n}", budget_s=10) for n in ("a", "b", "c")]
     monkeypatch.setattr(guest_batch, "discover", lambda: scenarios)
-    monkeypatch.setattr(vm_conftest.tempfile, "mkdtemp", lambda prefix: str(tmp_path))
+    monkeypatch.setattr(vm_conftest.tempfile, "mkdtemp", lambda prefix: str(tmp_path / "rw"))
+    monkeypatch.setattr(vm_conftest, "CRASH_LOG", tmp_path / "test-logs" / "guest-crashes.txt")
+    (tmp_path / "rw").mkdir()
     boots: list[list[str]] = []
 
     def boot_once(self, series, wanted, rwdir, results):
+        statuses, console = plan[len(boots)]
         boots.append([s.name for s in wanted])
-        results.mkdir(exist_ok=True)
         (rwdir / "batch.log").write_text("")
-        done = {s.name: {"status": "ok"} for s in (wanted[:1] if len(boots) == 1 else wanted)}
-        for name in done:
-            (results / f"{name}.json").write_text(json.dumps({"n": name}))
-        (results / guest_batch.SUMMARY_FILE).write_text(json.dumps({"release": "7.2.13", "scenarios": done}))
-        return (3, crash_text) if len(boots) == 1 else (0, "")
+        (rwdir / "console.log").unlink(missing_ok=True)
+        out = "tests/vm/run: booting 7.2.13+deb14-amd64 (TCG), timeout 100 s\n"
+        if statuses is None:
+            (rwdir / "console.log").write_text(console)
+            return 125, (out + "tests/vm/run: VM stopped after 9 s before the command started (boot failure?) "
+                         f"without an exit code; last console lines:\n{console}")
+        for name, status in statuses.items():
+            results.mkdir(exist_ok=True)
+            (results / f"{name}.json").write_text(json.dumps({"n": name} if status == "ok" else {"error": "boom"}))
+            summary = json.loads((results / guest_batch.SUMMARY_FILE).read_text()) \
+                if (results / guest_batch.SUMMARY_FILE).exists() and name != next(iter(statuses)) else {}
+            summary = {"release": "7.2.13+deb14-amd64",
+                       "scenarios": {**summary.get("scenarios", {}), name: {"status": status, "seconds": 1.0}}}
+            (results / guest_batch.SUMMARY_FILE).write_text(json.dumps(summary))
+            out += f"[batch] {name}: start (budget 10 s)\n[batch] {name}: {status} in 1.0 s\n"
+        if console is None:
+            return 0, out + "tests/vm/run: command exited 0; VM ran 30 s\n"
+        if len(statuses) < len(wanted):
+            out += f"[batch] {wanted[len(statuses)].name}: start (budget 10 s)\n"
+        (rwdir / "console.log").write_text(console)
+        return 125, (out + "tests/vm/run: VM stopped after 30 s while running the command without an exit code; "
+                     f"last console lines:\n{console}")
 
     monkeypatch.setattr(vm_conftest.VmBatches, "_boot_once", boot_once)
     batches = vm_conftest.VmBatches(None, {"7.2": {"a", "b", "c"}}, parallel=False)
@@ -154,15 +184,93 @@ def _fake_boots(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, crash_text: str
     return batches, boots
 
 
-def test_a_guest_killed_by_a_code_patching_int3_runs_the_scenarios_left_in_a_new_boot(monkeypatch, tmp_path):
-    batches, boots = _fake_boots(monkeypatch, tmp_path, "[   83.262144] Oops: int3: 0000 [#1] SMP NOPTI\n")
+def test_a_guest_kernel_crash_runs_the_crashed_scenario_and_those_after_it_in_a_fresh_boot(monkeypatch, tmp_path):
+    batches, boots = _boots(monkeypatch, tmp_path, ({"a": "ok"}, OOPS), ({"b": "ok", "c": "ok"}, None))
     batch = batches._boot("7.2")
     assert boots == [["a", "b", "c"], ["b", "c"]]
     assert {k: v["status"] for k, v in batch.statuses.items()} == {"a": "ok", "b": "ok", "c": "ok"}
-    assert "booted again after a TCG code-patching crash" in batch.log and "Oops: int3" in batch.log
+    assert batch["b"] == {"n": "b"} and batch.crash is None
+    assert "booted again after the guest kernel crashed during scenario 'b'" in batch.log
+    # still reported: the terminal summary's line and build/test-logs/guest-crashes.txt; the crashed boot's logs kept
+    (line,) = batches.crashes
+    assert line == ("kernel 7.2 (7.2.13+deb14-amd64): guest kernel crashed during scenario 'b': Oops: int3: 0000 [#1] "
+                    "SMP NOPTI (RIP __schedule+0x2a7/0x1070, in kworker/u8:4); recovered: a fresh boot ran the "
+                    "scenarios left")
+    log = (tmp_path / "test-logs" / "guest-crashes.txt").read_text()
+    assert line in log and "    [ 1602.138695] Kernel panic - not syncing: Fatal exception in interrupt" in log
+    assert (tmp_path / "rw" / "batch-crashed.log").exists() and (tmp_path / "rw" / "console-crashed.log").exists()
 
 
-def test_any_other_guest_death_is_not_retried(monkeypatch, tmp_path):
-    batches, boots = _fake_boots(monkeypatch, tmp_path, "Kernel panic - not syncing: Fatal exception\n")
+def test_a_failed_scenario_is_never_run_again(monkeypatch, tmp_path):
+    batches, boots = _boots(monkeypatch, tmp_path, ({"a": "error"}, OOPS), ({"b": "ok", "c": "ok"}, None))
     batch = batches._boot("7.2")
-    assert boots == [["a", "b", "c"]] and set(batch.statuses) == {"a"}  # b and c: no result, reported missing
+    assert boots == [["a", "b", "c"], ["b", "c"]]
+    with pytest.raises(AssertionError, match="scenario 'a' on 7.2.13\\+deb14-amd64: error"):
+        batch["a"]
+
+
+def test_a_guest_that_stopped_without_a_crash_is_not_booted_again(monkeypatch, tmp_path):
+    batches, boots = _boots(monkeypatch, tmp_path, ({"a": "ok"}, QUIET))
+    batch = batches._boot("7.2")
+    assert boots == [["a", "b", "c"]] and set(batch.statuses) == {"a"} and batch.crash is None
+    with pytest.raises(AssertionError, match="scenario 'b' has no result on 7.2 .*tests/vm/run exit 125"):
+        batch["b"]
+    assert not batches.crashes and not (tmp_path / "test-logs").exists()
+
+
+def test_a_second_crash_fails_the_crashed_scenario_naming_the_crash_and_the_rest_as_not_run(monkeypatch, tmp_path):
+    batches, boots = _boots(monkeypatch, tmp_path, ({"a": "ok"}, OOPS), ({}, OOPS.replace("kworker/u8:4", "python")))
+    batch = batches._boot("7.2")
+    assert boots == [["a", "b", "c"], ["b", "c"]]  # no third boot
+    assert batch["a"] == {"n": "a"}
+    with pytest.raises(AssertionError) as crashed:
+        batch["b"]
+    msg = str(crashed.value)
+    assert msg.startswith("the guest kernel crashed during scenario 'b' on 7.2 (7.2.13+deb14-amd64): Oops: int3: 0000 "
+                          "[#1] SMP NOPTI (RIP __schedule+0x2a7/0x1070, in python)\n(a first boot had crashed during "
+                          "scenario 'b': Oops: int3: 0000 [#1] SMP NOPTI (RIP __schedule+0x2a7/0x1070, in "
+                          "kworker/u8:4); this was the fresh boot after it)\n[ 1602.131234] Oops: int3")
+    assert "Kernel panic - not syncing: Fatal exception in interrupt\n(tests/vm/run exit 125; logs in" in msg
+    with pytest.raises(AssertionError, match="^scenario 'c' on 7.2 \\(7.2.13\\+deb14-amd64\\) not run: the guest "
+                                             "kernel crashed during scenario 'b': Oops: int3"):
+        batch.raw("c")
+    assert [line.rsplit("; ", 1)[1] for line in batches.crashes] == ["the fresh boot crashed too (below)",
+                                                                     "NOT recovered (no further boot)"]
+
+
+def test_a_crash_before_the_batch_started_boots_again_too(monkeypatch, tmp_path):
+    """tests/vm/run boots again by itself once; when that one dies too, the kernel gets its one fresh boot here."""
+    batches, boots = _boots(monkeypatch, tmp_path, (None, OOPS), ({"a": "ok", "b": "ok", "c": "ok"}, None))
+    batch = batches._boot("7.2")
+    assert boots == [["a", "b", "c"], ["a", "b", "c"]] and batch.crash is None and batch["c"] == {"n": "c"}
+    assert "crashed before any scenario started: Oops: int3" in batches.crashes[0]
+
+
+def test_crashes_before_any_scenario_in_both_boots_name_the_crash(monkeypatch, tmp_path):
+    batches, boots = _boots(monkeypatch, tmp_path, (None, OOPS), (None, OOPS))
+    with pytest.raises(RuntimeError, match="produced no results: the guest kernel crashed before any scenario "
+                                           "started: Oops: int3.*; in the fresh boot after it, it crashed again "
+                                           "before any scenario started: Oops: int3.*\n\\[ 1602.131234\\] Oops"):
+        batches._boot("7.2")
+    assert boots == [["a", "b", "c"], ["a", "b", "c"]]
+
+
+def test_a_crash_tests_vm_run_booted_again_after_is_recorded(monkeypatch, tmp_path):
+    """A guest that died booting and came up at tests/vm/run's second attempt: nothing to run again, but listed."""
+    batches, boots = _boots(monkeypatch, tmp_path, ({"a": "ok", "b": "ok", "c": "ok"}, None))
+    from tests.vm import conftest as vm_conftest
+
+    first = vm_conftest.VmBatches._boot_once
+
+    def died_first(self, series, wanted, rwdir, results):
+        rc, out = first(self, series, wanted, rwdir, results)
+        return rc, ("tests/vm/run: booting 7.2.13+deb14-amd64 (TCG), timeout 100 s\ntests/vm/run: VM stopped after 9 s "
+                    f"before the command started (boot failure?) without an exit code; last console lines:\n{OOPS}"
+                    f"tests/vm/run: the guest died while booting, before the command started: booting once more\n{out}")
+
+    monkeypatch.setattr(vm_conftest.VmBatches, "_boot_once", died_first)
+    batch = batches._boot("7.2")
+    assert boots == [["a", "b", "c"]] and batch.crash is None
+    (line,) = batches.crashes
+    assert "crashed before any scenario started: Oops: int3" in line
+    assert line.endswith("; tests/vm/run booted again by itself")

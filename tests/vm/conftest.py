@@ -14,7 +14,14 @@ function's name without `scenario_`). Looking up a scenario that raised, overran
 ran fails the test with the guest traceback; `raw(name)` returns the stored dict unchecked.
 
 If the VM does not boot or the batch produces no summary, every test using that kernel fails (as a
-setup error) with the tail of the VM output: VM tests never skip. Tests that use these fixtures get
+setup error) with the tail of the VM output: VM tests never skip.
+
+When the guest kernel crashes (an Oops or panic in the console, tests/vm/guest_crash.py; under TCG the emulator's
+live code patching has been seen to do it), the kernel boots once more for the crashed scenario and those that
+had not run; their results take the missing ones' place, and the crash is still reported: a line in the
+terminal summary and in build/test-logs/guest-crashes.txt. If it crashes again, the crashed scenario's test
+fails naming the crash and its console lines, and the tests of the scenarios after it say they did not run
+because of it. A scenario that merely failed never runs again. Tests that use these fixtures get
 the `vm` marker automatically; deselect them only with -m 'not vm'.
 """
 
@@ -27,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -39,7 +47,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from tests.conftest import HOST_KERNELS, VM_KERNELS  # noqa: E402
-from tests.vm import guest_batch  # noqa: E402 - needs the repo root on sys.path
+from tests.vm import guest_batch, guest_crash  # noqa: E402 - needs the repo root on sys.path
+from tests.vm.guest_crash import GuestCrash  # noqa: E402
 
 OLDEST, NEWEST = HOST_KERNELS[0], HOST_KERNELS[-1]
 ARM64 = next(k for k in VM_KERNELS if k.endswith("-arm64"))
@@ -53,7 +62,7 @@ STASH = pytest.StashKey["VmBatches"]()
 WANTED = pytest.StashKey[dict]()  # series -> the scenario modules its collected tests read
 KERNELS_ORDER = list(VM_KERNELS).index
 PARALLEL_SLOWDOWN = 2.0  # budgets are for a guest alone with two CPUs
-TCG_PATCHING_CRASH = "Oops: int3"  # the console's line when a vCPU ran a code-patching breakpoint (see _boot)
+CRASH_LOG = REPO / "build" / "test-logs" / "guest-crashes.txt"  # the run's guest kernel crashes (make test clears it)
 
 
 def _tail(text: str, n: int = LOG_TAIL) -> str:
@@ -63,12 +72,15 @@ def _tail(text: str, n: int = LOG_TAIL) -> str:
 class VmBatch(Mapping):
     """The results of one kernel's batch, read from the JSON files the guest wrote."""
 
-    def __init__(self, series: str, results_dir: Path, log: str, run_rc: int, seconds: float) -> None:
+    def __init__(self, series: str, results_dir: Path, log: str, run_rc: int, seconds: float,
+                 crash: GuestCrash | None = None, crashes: tuple[GuestCrash, ...] = ()) -> None:
         self.series = series
         self.results_dir = results_dir
         self.log = log
         self.run_rc = run_rc
         self.seconds = seconds
+        self.crash = crash  # the crash that left scenarios without a result (after the fresh boot, if any)
+        self.crashes = crashes  # every crash of this kernel's boots, the one above included
         self.summary = json.loads((results_dir / guest_batch.SUMMARY_FILE).read_text())
         self.release: str = self.summary.get("release", "")
         self.statuses: dict[str, dict] = self.summary.get("scenarios", {})
@@ -84,9 +96,25 @@ class VmBatch(Mapping):
         """The stored dict of a scenario, including {"error": ...} ones."""
         key = name.removeprefix(guest_batch.SCENARIO_PREFIX)
         if key not in self.results:
+            if self.crash is not None:
+                raise AssertionError(self.crash_message(key))
             raise AssertionError(f"scenario {key!r} has no result on {self.series} ({self.release}); "
                                  f"tests/vm/run exit {self.run_rc}; batch output tail:\n{_tail(self.log)}")
         return self.results[key]
+
+    def crash_message(self, key: str) -> str:
+        """Why `key` has no result when the guest kernel crashed: it crashed in it, or the crash came first."""
+        crash = self.crash
+        assert crash is not None
+        where = f"{self.series} ({crash.release or self.release})"
+        earlier = [c for c in self.crashes if c is not crash]
+        before = "".join(f"\n(a first boot had crashed {c.during}: {c.headline}; this was the fresh boot after it)"
+                         for c in earlier)
+        if crash.scenario == key:
+            return (f"the guest kernel crashed during scenario {key!r} on {where}: {crash.headline}{before}\n"
+                    f"{crash.excerpt}\n(tests/vm/run exit {self.run_rc}; logs in {self.results_dir.parent})")
+        return (f"scenario {key!r} on {where} not run: the guest kernel crashed {crash.during}: "
+                f"{crash.headline}{before}")
 
     def __getitem__(self, name: str) -> dict:
         key = name.removeprefix(guest_batch.SCENARIO_PREFIX)
@@ -120,6 +148,7 @@ class VmBatches:
         self._threads: dict[str, threading.Thread] = {}
         self._lines: queue.Queue[str] = queue.Queue()
         self._procs: list[subprocess.Popen] = []
+        self.crashes: list[str] = []  # one line per guest kernel crash, for the terminal summary
 
     def get(self, series: str) -> VmBatch:
         for s in ([*self.wanted, series] if self.parallel else [series]):
@@ -175,27 +204,65 @@ class VmBatches:
         rwdir = Path(tempfile.mkdtemp(prefix=f"retsnoop-otel-vm-{series}-"))
         results = rwdir / "results"
         start = time.monotonic()
+        order = [s.name for s in scenarios]
         rc, text = self._boot_once(series, scenarios, rwdir, results)
         done = _summary(results)
-        left = [s for s in scenarios if done.get(s.name, {}).get("status") not in ("ok", "error", "timeout")]
-        if left and TCG_PATCHING_CRASH in text:
-            # Under TCG a vCPU has been seen to run a code-patching int3 after the kernel finished the patch
-            # (Oops: int3 in unrelated kernel text, once in dozens of boots): an emulator fault, not the tool's.
-            # The scenarios without a result run once more, in a new boot; the crash stays in the log.
-            self._say(f"[vm {series}] the guest kernel died on a code-patching int3 (a TCG fault): booting again "
-                      f"for the {len(left)} scenarios without a result")
-            (rwdir / "batch.log").rename(rwdir / "batch-crashed.log")
-            rc, more = self._boot_once(series, left, rwdir, results)
-            text = f"{text}\n[vm {series}] booted again after a TCG code-patching crash\n{more}"
-            _write_summary(results, {**done, **_summary(results)})
+        crash, again = guest_crash.assess(order, done, text, _read(rwdir / "console.log"))
+        self._record_boot_retries(series, text, rwdir)
+        crashes: list[GuestCrash] = []
+        if crash is not None:
+            # One fresh boot for the crashed scenario and those after it; the crashed boot's logs are kept.
+            crashes.append(crash)
+            self._say(f"[vm {series}] the guest kernel crashed {crash.during}: {crash.headline}; booting again "
+                      f"for the {len(again)} scenarios without a result")
+            for log in ("batch", "console"):
+                if (rwdir / f"{log}.log").exists():
+                    (rwdir / f"{log}.log").rename(rwdir / f"{log}-crashed.log")
+            rc, more = self._boot_once(series, [s for s in scenarios if s.name in again], rwdir, results)
+            text = f"{text}\n[vm {series}] booted again after the guest kernel crashed {crash.during}\n{more}"
+            done = {**done, **_summary(results)}
+            if done:
+                _write_summary(results, done)
+            crash, _ = guest_crash.assess(order, done, more, _read(rwdir / "console.log"))
+            self._record_boot_retries(series, more, rwdir)
+            left = guest_crash.unfinished(order, done)
+            self._record(series, crashes[0], rwdir, "recovered: a fresh boot ran the scenarios left" if not left
+                         else "the fresh boot crashed too (below)" if crash is not None
+                         else f"the fresh boot left {len(left)} scenarios without a result")
+            if crash is not None:
+                crashes.append(crash)
+                self._say(f"[vm {series}] the guest kernel crashed again, {crash.during}: {crash.headline}; "
+                          f"no further boot")
+                self._record(series, crash, rwdir, "NOT recovered (no further boot)")
         seconds = time.monotonic() - start
         if not (results / guest_batch.SUMMARY_FILE).exists():
-            raise RuntimeError(f"VM batch on kernel {series} produced no results (tests/vm/run exit {rc}, "
+            why = "; in the fresh boot after it, it crashed again ".join(
+                f"{'the guest kernel crashed ' if c is crashes[0] else ''}{c.during}: {c.headline}" for c in crashes)
+            if crash is not None:
+                why += f"\n{crash.excerpt}\n"
+            raise RuntimeError(f"VM batch on kernel {series} produced no results: {why}(tests/vm/run exit {rc}, "
                                f"{seconds:.0f} s; kept {rwdir}). Output tail:\n{_tail(text)}")
-        batch = VmBatch(series, results, text, rc, seconds)
-        if rc == 0 and all(s["status"] == "ok" for s in batch.statuses.values()):
+        batch = VmBatch(series, results, text, rc, seconds, crash, tuple(crashes))
+        if rc == 0 and not crashes and all(s["status"] == "ok" for s in batch.statuses.values()):
             shutil.rmtree(rwdir, ignore_errors=True)  # otherwise kept for a look at batch.log/console.log
         return batch
+
+    def _record(self, series: str, crash: GuestCrash, rwdir: Path, outcome: str) -> None:
+        """A crash for the terminal summary and build/test-logs/guest-crashes.txt."""
+        line = f"kernel {series} ({crash.release}): guest kernel crashed {crash.during}: {crash.headline}; {outcome}"
+        self.crashes.append(line)
+        try:
+            CRASH_LOG.parent.mkdir(parents=True, exist_ok=True)
+            with open(CRASH_LOG, "a") as f:
+                stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                f.write(f"{stamp} {line} (logs in {rwdir})\n{textwrap.indent(crash.excerpt, '    ')}\n\n")
+        except OSError as e:
+            self._say(f"[vm {series}] could not write {CRASH_LOG}: {e}")
+
+    def _record_boot_retries(self, series: str, output: str, rwdir: Path) -> None:
+        """Crashes tests/vm/run booted again after by itself (the guest died before the command started)."""
+        for crash in guest_crash.boot_crashes(output):
+            self._record(series, crash, rwdir, "tests/vm/run booted again by itself")
 
     def _boot_once(self, series: str, scenarios: list, rwdir: Path, results: Path) -> tuple[int, str]:
         """One boot running `scenarios`: tests/vm/run's exit code and its output."""
@@ -224,6 +291,13 @@ class VmBatches:
                 if line.startswith(("[batch]", "tests/vm/run:", "[vm]")):
                     self._say(f"[vm {series}] {line.rstrip()}")
         return proc.returncode, "".join(lines)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
 
 
 def _summary(results: Path) -> dict[str, dict]:
@@ -305,6 +379,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
         parts = ", ".join(f"{n} {s['status']} {s['seconds']:.0f}s" for n, s in outcome.statuses.items())
         terminalreporter.write_line(f"kernel {series} ({outcome.release}): boot + batch {outcome.seconds:.0f} s; "
                                     f"{parts}{kept}")
+    for line in batches.crashes:
+        terminalreporter.write_line(line, yellow=True, bold=True)
+    if batches.crashes:
+        terminalreporter.write_line(f"(guest kernel crashes, with their console lines: {CRASH_LOG})")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
