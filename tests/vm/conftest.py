@@ -62,6 +62,7 @@ STASH = pytest.StashKey["VmBatches"]()
 WANTED = pytest.StashKey[dict]()  # series -> the scenario modules its collected tests read
 KERNELS_ORDER = list(VM_KERNELS).index
 PARALLEL_SLOWDOWN = 2.0  # budgets are for a guest alone with two CPUs
+CRASH_DRILL = "RETSNOOP_OTEL_VM_CRASH_DRILL"  # =1: tests/vm/test_crash_drill.py runs (it panics a 6.1 guest)
 CRASH_LOG = REPO / "build" / "test-logs" / "guest-crashes.txt"  # the run's guest kernel crashes (make test clears it)
 
 
@@ -342,14 +343,17 @@ def _scenario_module(item: pytest.Item) -> str:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark VM-fixture users `vm` (before -m filtering) and drop kernels not in --vm-kernels."""
+    """Mark VM-fixture users `vm` (before -m filtering) and drop kernels not in --vm-kernels, and the crash drill
+    unless asked for (its scenario panics the guest)."""
     chosen = {k.strip() for k in config.getoption("--vm-kernels").split(",")}
+    drill = os.environ.get(CRASH_DRILL) == "1"
     keep, drop = [], []
     for item in items:
         kernels = _item_kernels(item)
         if kernels:
             item.add_marker(pytest.mark.vm)
-        (drop if kernels - chosen else keep).append(item)
+        crash_drill = item.get_closest_marker("crash_drill") is not None and not drill
+        (drop if kernels - chosen or crash_drill else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

@@ -168,6 +168,7 @@ def test_context_run_timeout_and_env(tmp_path: Path) -> None:
 # 7.2-user_funcs.out: tests/vm/run's output of a real 7.2 boot under TCG (scenario output left out): the first attempt
 # died while booting (Oops: int3 in sched_clock_cpu) and tests/vm/run booted again; the second ran the batch until an
 # Oops: int3 in __schedule, at the start of user_funcs. 7.2-user_funcs.console: the end of that attempt's console.log.
+# 6.1-sysrq.*: the same from tests/vm/test_crash_drill.py's first boot (a panic on purpose, in crash_drill).
 OUT_72 = (CRASHES / "7.2-user_funcs.out").read_text()
 CONSOLE_72 = (CRASHES / "7.2-user_funcs.console").read_bytes().decode()  # CRLF kept
 ORDER_72 = [line.split()[1].rstrip(":") for line in guest_crash.last_boot(OUT_72).splitlines()
@@ -240,6 +241,23 @@ def test_only_a_crash_boots_again_and_only_for_the_scenarios_without_an_outcome(
     assert guest_crash.assess(order, statuses, quiet) == (None, [])
     # a crash in a batch that finished every scenario leaves nothing to run
     assert guest_crash.assess(ORDER_72, {n: {"status": "ok"} for n in ORDER_72}, OUT_72, CONSOLE_72) == (None, [])
+
+
+def test_a_panic_without_an_oops() -> None:
+    """6.1.0-56-amd64 panicked by `echo c > /proc/sysrq-trigger` (recorded by tests/vm/test_crash_drill.py): no Oops
+    and no kernel RIP (the one in the dump is user space's, 0033:), the panic line leads."""
+    out = (CRASHES / "6.1-sysrq.out").read_text()
+    console = (CRASHES / "6.1-sysrq.console").read_bytes().decode()
+    for crash in (guest_crash.detect(out), guest_crash.detect(out, console)):
+        assert crash is not None
+        assert (crash.line, crash.scenario, crash.release) == ("Kernel panic - not syncing: sysrq triggered crash",
+                                                               "crash_drill", "6.1.0-56-amd64")
+        assert crash.headline == "Kernel panic - not syncing: sysrq triggered crash (in python)"
+        assert " sysrq_handle_crash+0x16/0x20" in crash.excerpt
+        assert len(crash.excerpt.splitlines()) == guest_crash.MAX_EXCERPT
+    assert guest_crash.assess(["crash_drill_before", "crash_drill", "crash_drill_after"],
+                              {"crash_drill_before": {"status": "ok"}}, out, console)[1] == ["crash_drill",
+                                                                                            "crash_drill_after"]
 
 
 @pytest.mark.parametrize(("console", "line"), [
