@@ -15,6 +15,9 @@ A crash is a kernel console line that starts (after its timestamp) with "Oops:",
 is a die() header of an x86 kernel older than 6.9 (no "Oops:" prefix then: "int3: 0000 [#1] SMP NOPTI").
 Lockup reports ("BUG: soft lockup", "BUG: workqueue lockup") are watchdog warnings after which the kernel goes
 on, not crashes.
+
+A crash of an attempt whose batch had not started a scenario yet ("[batch] NAME: start") happened while the guest
+booted or the batch got ready: nothing of ours had run in that kernel (GuestCrash.before_scenarios).
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ _COMM = re.compile(r"\bComm: (\S+)")
 @dataclass(frozen=True)
 class GuestCrash:
     """A guest kernel crash: its first console line (without the timestamp), where it hit, the console excerpt,
-    and the scenario that was running (None: before any scenario started, e.g. while booting)."""
+    the scenario that was running (None: none was), and when none was, the last one that attempt finished (None:
+    the attempt had started none, e.g. it crashed while booting)."""
 
     line: str
     excerpt: str
@@ -51,6 +55,7 @@ class GuestCrash:
     release: str = ""
     rip: str = ""
     comm: str = ""
+    after: str | None = None
 
     @property
     def headline(self) -> str:
@@ -60,8 +65,17 @@ class GuestCrash:
         return f"{self.line} ({where})" if where else self.line
 
     @property
+    def before_scenarios(self) -> bool:
+        """The crashed attempt had not started a scenario: our code cannot have caused it."""
+        return self.scenario is None and self.after is None
+
+    @property
     def during(self) -> str:
-        return f"during scenario {self.scenario!r}" if self.scenario else "before any scenario started"
+        if self.scenario:
+            return f"during scenario {self.scenario!r}"
+        if self.after:
+            return f"after scenario {self.after!r}, before the next one started"
+        return "before any scenario started"
 
 
 def message(line: str) -> str:
@@ -95,17 +109,27 @@ def console_tail(output: str) -> str:
     return "" if at < 0 else boot[at + len(CONSOLE_TAIL):].lstrip("\n")
 
 
-def running_scenario(output: str) -> str | None:
-    """The scenario the last attempt started and did not finish, from the batch's '[batch]' lines."""
+def _progress(output: str) -> tuple[str | None, str | None]:
+    """From the last attempt's '[batch]' lines: (the scenario it started and did not finish, the last it finished)."""
     started: list[str] = []
-    finished: set[str] = set()
+    finished: list[str] = []
     for line in last_boot(output).splitlines():
         if m := _BATCH_START.match(line):
             started.append(m.group(1))
         elif m := _BATCH_END.match(line):
-            finished.add(m.group(1))
+            finished.append(m.group(1))
     unfinished = [n for n in started if n not in finished]
-    return unfinished[-1] if unfinished else None
+    return (unfinished[-1] if unfinished else None), (finished[-1] if finished else None)
+
+
+def running_scenario(output: str) -> str | None:
+    """The scenario the last attempt started and did not finish, from the batch's '[batch]' lines."""
+    return _progress(output)[0]
+
+
+def attempts(output: str) -> int:
+    """How many times tests/vm/run booted the guest in this output (its 'booting' lines)."""
+    return sum(1 for line in output.splitlines() if line.startswith(BOOTING))
 
 
 def find_crash(console: str) -> GuestCrash | None:
@@ -140,7 +164,9 @@ def detect(output: str, console: str = "") -> GuestCrash | None:
         crash = find_crash(console_tail(output))
     if crash is None:
         return None
-    return GuestCrash(crash.line, crash.excerpt, running_scenario(output), release_of(output), crash.rip, crash.comm)
+    running, finished = _progress(output)
+    return GuestCrash(crash.line, crash.excerpt, running, release_of(output), crash.rip, crash.comm,
+                      None if running else finished)
 
 
 def unfinished(order: Iterable[str], statuses: Mapping[str, Mapping]) -> list[str]:

@@ -294,3 +294,20 @@ def test_crash_words_in_the_batch_output_are_not_a_crash() -> None:
     assert crash is not None and crash.scenario == "b"
     before = _vm_output("[batch] 2 scenarios, discovered in 7.0 s\n", "[    5.0] Oops: int3: 0000 [#1] SMP NOPTI\n")
     assert guest_crash.detect(before).scenario is None
+
+
+def test_a_crash_before_the_first_scenario_is_told_from_one_between_scenarios() -> None:
+    """Only a crash before the attempt's batch started a scenario is one nothing of ours can have caused
+    (tests/vm/conftest.py boots again after it without using up the fresh boot a scenario crash gets)."""
+    oops = "[    5.0] Oops: int3: 0000 [#1] SMP NOPTI\n"
+    for batch in ("", "[batch] 2 scenarios, discovered in 7.0 s\n"):  # booting; the batch getting ready
+        crash = guest_crash.detect(_vm_output(batch, oops))
+        assert crash.before_scenarios and (crash.scenario, crash.after) == (None, None)
+        assert crash.during == "before any scenario started"
+    between = guest_crash.detect(_vm_output("[batch] a: start (budget 60 s)\n[batch] a: ok in 3.0 s\n", oops))
+    assert not between.before_scenarios and (between.scenario, between.after) == (None, "a")
+    assert between.during == "after scenario 'a', before the next one started"
+    during = guest_crash.detect(_vm_output("[batch] a: start (budget 60 s)\n", oops))
+    assert not during.before_scenarios and (during.scenario, during.after) == ("a", None)
+    (boot,) = guest_crash.boot_crashes(OUT_72)  # tests/vm/run's first attempt of the recorded run
+    assert boot.before_scenarios and guest_crash.attempts(OUT_72) == 2
