@@ -38,6 +38,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "vm: runs inside a real-kernel VM (tests/vm/run), one boot per kernel")
     config.addinivalue_line("markers", "kernels(*series): the kernels whose boots run a VM test that uses "
                             "`vm_batch` ('oldest', 'newest' or a series; default: the newest only)")
+    config.addinivalue_line("markers", "crash_drill: panics the guest kernel on purpose; deselected unless "
+                            "RETSNOOP_OTEL_VM_CRASH_DRILL=1")
     chosen = [k.strip() for k in config.getoption("--vm-kernels").split(",") if k.strip()]
     bad = [k for k in chosen if k not in VM_KERNELS]
     if bad or not chosen:

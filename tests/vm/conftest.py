@@ -14,8 +14,19 @@ function's name without `scenario_`). Looking up a scenario that raised, overran
 ran fails the test with the guest traceback; `raw(name)` returns the stored dict unchecked.
 
 If the VM does not boot or the batch produces no summary, every test using that kernel fails (as a
-setup error) with the tail of the VM output: VM tests never skip. Tests that use these fixtures get
-the `vm` marker automatically; deselect them only with -m 'not vm'.
+setup error) with the tail of the VM output: VM tests never skip.
+
+When the guest kernel crashes (an Oops or panic in the console, tests/vm/guest_crash.py; under TCG the emulator's
+live code patching has been seen to do it), the kernel boots once more for the crashed scenario and those that
+had not run; their results take the missing ones' place, and the crash is still reported: a line in the
+terminal summary and in build/test-logs/guest-crashes.txt. If it crashes again during a scenario, the crashed
+scenario's test fails naming the crash and its console lines, and the tests of the scenarios after it say they
+did not run because of it. A crash before that boot's batch started a scenario (while booting: nothing of ours
+had run in that kernel) does not use up that one fresh boot: it boots again, as tests/vm/run does by itself for a
+guest that died before the command started. Either way a kernel's batch gets at most MAX_BOOTS boots in all,
+tests/vm/run's own included; a crash when they are spent is final like a second crash in a scenario. A scenario
+that merely failed never runs again. Tests that use these fixtures get the `vm` marker automatically; deselect
+them only with -m 'not vm'.
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -39,7 +51,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from tests.conftest import HOST_KERNELS, VM_KERNELS  # noqa: E402
-from tests.vm import guest_batch  # noqa: E402 - needs the repo root on sys.path
+from tests.vm import guest_batch, guest_crash  # noqa: E402 - needs the repo root on sys.path
+from tests.vm.guest_crash import GuestCrash  # noqa: E402
 
 OLDEST, NEWEST = HOST_KERNELS[0], HOST_KERNELS[-1]
 ARM64 = next(k for k in VM_KERNELS if k.endswith("-arm64"))
@@ -53,7 +66,12 @@ STASH = pytest.StashKey["VmBatches"]()
 WANTED = pytest.StashKey[dict]()  # series -> the scenario modules its collected tests read
 KERNELS_ORDER = list(VM_KERNELS).index
 PARALLEL_SLOWDOWN = 2.0  # budgets are for a guest alone with two CPUs
-TCG_PATCHING_CRASH = "Oops: int3"  # the console's line when a vCPU ran a code-patching breakpoint (see _boot)
+CRASH_DRILL = "RETSNOOP_OTEL_VM_CRASH_DRILL"  # =1: tests/vm/test_crash_drill.py runs (it panics a 6.1 guest)
+CRASH_LOG = REPO / "build" / "test-logs" / "guest-crashes.txt"  # the run's guest kernel crashes (make test clears it)
+# Boots of one kernel's batch in all, counting each of tests/vm/run's own (its "booting" lines; it is told how many
+# it may make): one recorded 7.2 run crashed three times while booting and once in a scenario, which five covers.
+MAX_BOOTS = 5
+RUN_BOOT_ATTEMPTS = 2  # tests/vm/run's own boots per call when the guest dies before the command started
 
 
 def _tail(text: str, n: int = LOG_TAIL) -> str:
@@ -63,12 +81,18 @@ def _tail(text: str, n: int = LOG_TAIL) -> str:
 class VmBatch(Mapping):
     """The results of one kernel's batch, read from the JSON files the guest wrote."""
 
-    def __init__(self, series: str, results_dir: Path, log: str, run_rc: int, seconds: float) -> None:
+    def __init__(self, series: str, results_dir: Path, log: str, run_rc: int, seconds: float,
+                 crash: GuestCrash | None = None, crashes: tuple[GuestCrash, ...] = (), boots: int = 1,
+                 stopped: str = "") -> None:
         self.series = series
         self.results_dir = results_dir
         self.log = log
         self.run_rc = run_rc
         self.seconds = seconds
+        self.crash = crash  # the crash that left scenarios without a result (after the fresh boots, if any)
+        self.crashes = crashes  # every crash of this kernel's boots in order, tests/vm/run's own too; `crash` last
+        self.boots = boots  # how many times the guest booted, tests/vm/run's own boots included
+        self.stopped = stopped  # why no boot followed `crash` when MAX_BOOTS was why, else ''
         self.summary = json.loads((results_dir / guest_batch.SUMMARY_FILE).read_text())
         self.release: str = self.summary.get("release", "")
         self.statuses: dict[str, dict] = self.summary.get("scenarios", {})
@@ -84,9 +108,30 @@ class VmBatch(Mapping):
         """The stored dict of a scenario, including {"error": ...} ones."""
         key = name.removeprefix(guest_batch.SCENARIO_PREFIX)
         if key not in self.results:
+            if self.crash is not None:
+                raise AssertionError(self.crash_message(key))
             raise AssertionError(f"scenario {key!r} has no result on {self.series} ({self.release}); "
                                  f"tests/vm/run exit {self.run_rc}; batch output tail:\n{_tail(self.log)}")
         return self.results[key]
+
+    def crash_message(self, key: str) -> str:
+        """Why `key` has no result when the guest kernel crashed: it crashed in it, or the crash came first."""
+        crash = self.crash
+        assert crash is not None
+        where = f"{self.series} ({crash.release or self.release})"
+        earlier = [c for c in self.crashes if c is not crash]
+        if len(earlier) == 1:
+            first = earlier[0]
+            before = f"\n(a first boot had crashed {first.during}: {first.headline}; this was the fresh boot after it)"
+        else:
+            before = "".join(f"\n(an earlier boot had crashed {c.during}: {c.headline})" for c in earlier)
+        if self.stopped:
+            before += f"\n(no further boot: {self.stopped})"
+        if crash.scenario == key:
+            return (f"the guest kernel crashed during scenario {key!r} on {where}: {crash.headline}{before}\n"
+                    f"{crash.excerpt}\n(tests/vm/run exit {self.run_rc}; logs in {self.results_dir.parent})")
+        return (f"scenario {key!r} on {where} not run: the guest kernel crashed {crash.during}: "
+                f"{crash.headline}{before}")
 
     def __getitem__(self, name: str) -> dict:
         key = name.removeprefix(guest_batch.SCENARIO_PREFIX)
@@ -120,6 +165,7 @@ class VmBatches:
         self._threads: dict[str, threading.Thread] = {}
         self._lines: queue.Queue[str] = queue.Queue()
         self._procs: list[subprocess.Popen] = []
+        self.crashes: list[str] = []  # one line per guest kernel crash, for the terminal summary
 
     def get(self, series: str) -> VmBatch:
         for s in ([*self.wanted, series] if self.parallel else [series]):
@@ -175,35 +221,103 @@ class VmBatches:
         rwdir = Path(tempfile.mkdtemp(prefix=f"retsnoop-otel-vm-{series}-"))
         results = rwdir / "results"
         start = time.monotonic()
-        rc, text = self._boot_once(series, scenarios, rwdir, results)
-        done = _summary(results)
-        left = [s for s in scenarios if done.get(s.name, {}).get("status") not in ("ok", "error", "timeout")]
-        if left and TCG_PATCHING_CRASH in text:
-            # Under TCG a vCPU has been seen to run a code-patching int3 after the kernel finished the patch
-            # (Oops: int3 in unrelated kernel text, once in dozens of boots): an emulator fault, not the tool's.
-            # The scenarios without a result run once more, in a new boot; the crash stays in the log.
-            self._say(f"[vm {series}] the guest kernel died on a code-patching int3 (a TCG fault): booting again "
-                      f"for the {len(left)} scenarios without a result")
-            (rwdir / "batch.log").rename(rwdir / "batch-crashed.log")
-            rc, more = self._boot_once(series, left, rwdir, results)
-            text = f"{text}\n[vm {series}] booted again after a TCG code-patching crash\n{more}"
-            _write_summary(results, {**done, **_summary(results)})
+        order = [s.name for s in scenarios]
+        rc, text, crash, crashes, boots, stopped = self._boots(series, scenarios, order, rwdir, results)
         seconds = time.monotonic() - start
         if not (results / guest_batch.SUMMARY_FILE).exists():
-            raise RuntimeError(f"VM batch on kernel {series} produced no results (tests/vm/run exit {rc}, "
-                               f"{seconds:.0f} s; kept {rwdir}). Output tail:\n{_tail(text)}")
-        batch = VmBatch(series, results, text, rc, seconds)
-        if rc == 0 and all(s["status"] == "ok" for s in batch.statuses.values()):
+            why = ""
+            if crashes:  # all of them, in order; the excerpt of the last, when it is what stopped the batch
+                why = "the guest kernel crashed " + "; in the boot after it, again ".join(
+                    f"{c.during}: {c.headline}" for c in crashes)
+                if crash is not None:
+                    why += f"; no further boot: {stopped or 'a crash during a scenario gets one fresh boot'}\n" \
+                           f"{crash.excerpt}\n"
+                else:
+                    why += " "
+            raise RuntimeError(f"VM batch on kernel {series} produced no results: {why}(tests/vm/run exit {rc}, "
+                               f"{boots} boots, {seconds:.0f} s; kept {rwdir}). Output tail:\n{_tail(text)}")
+        batch = VmBatch(series, results, text, rc, seconds, crash, tuple(crashes), boots, stopped)
+        if rc == 0 and not crashes and all(s["status"] == "ok" for s in batch.statuses.values()):
             shutil.rmtree(rwdir, ignore_errors=True)  # otherwise kept for a look at batch.log/console.log
         return batch
 
-    def _boot_once(self, series: str, scenarios: list, rwdir: Path, results: Path) -> tuple[int, str]:
-        """One boot running `scenarios`: tests/vm/run's exit code and its output."""
+    def _boots(self, series: str, scenarios: list, order: list[str], rwdir: Path, results: Path
+               ) -> tuple[int, str, GuestCrash | None, list[GuestCrash], int, str]:
+        """Boot until the batch has run, booting again after a guest kernel crash for the scenarios it left.
+
+        A crash in a boot whose batch had started a scenario earns one fresh boot in all; one before the batch
+        started any (guest_crash.GuestCrash.before_scenarios: the guest crashed while booting, nothing of ours had
+        run in it) does not count against that, like those tests/vm/run boots again after by itself. At most
+        MAX_BOOTS boots in all, tests/vm/run's own included (it is told how many it may still make).
+
+        Returns tests/vm/run's last exit code, the output of every boot, the crash that left scenarios without a
+        result (None: none did), every crash in order, the number of boots, and '' or why MAX_BOOTS stopped it."""
+        pending, text, done = scenarios, "", {}
+        crashes: list[GuestCrash] = []
+        boots = scenario_crashes = crashed_calls = 0
+        last: GuestCrash | None = None  # the previous boot's crash: recorded once the boot after it is over
+        while True:
+            rc, out = self._boot_once(series, pending, rwdir, results, min(RUN_BOOT_ATTEMPTS, MAX_BOOTS - boots))
+            boots += max(1, guest_crash.attempts(out))
+            text = out if last is None else \
+                f"{text}\n[vm {series}] booted again after the guest kernel crashed {last.during}\n{out}"
+            done = {**done, **_summary(results)}
+            if done and last is not None:
+                _write_summary(results, done)
+            crash, again = guest_crash.assess(order, done, out, _read(rwdir / "console.log"))
+            if last is not None:
+                left = guest_crash.unfinished(order, done)
+                self._record(series, last, rwdir, "recovered: a fresh boot ran the scenarios left" if not left
+                             else "the fresh boot crashed too (below)" if crash is not None
+                             else f"the fresh boot left {len(left)} scenarios without a result")
+            for retried in guest_crash.boot_crashes(out):
+                crashes.append(retried)
+                self._record(series, retried, rwdir, "tests/vm/run booted again by itself")
+            if crash is None:
+                return rc, text, None, crashes, boots, ""
+            crashes.append(crash)
+            if not crash.before_scenarios:
+                scenario_crashes += 1
+            if scenario_crashes > 1 or boots >= MAX_BOOTS:
+                stopped = "" if scenario_crashes > 1 else f"{boots} boots, the most one kernel's batch gets"
+                because = f": {stopped}" if stopped else ""
+                self._say(f"[vm {series}] the guest kernel crashed {'again, ' if len(crashes) > 1 else ''}"
+                          f"{crash.during}: {crash.headline}; no further boot{because}")
+                self._record(series, crash, rwdir, f"NOT recovered (no further boot{because})")
+                return rc, text, crash, crashes, boots, stopped
+            # A fresh boot for the crashed scenario and those after it; the crashed boot's logs are kept.
+            why = ("a crash before any scenario does not use up the fresh boot a scenario crash gets"
+                   if crash.before_scenarios else "the one fresh boot a crash during a scenario gets")
+            self._say(f"[vm {series}] the guest kernel crashed {crash.during}: {crash.headline}; booting again "
+                      f"for the {len(again)} scenarios without a result ({why}; {boots} of at most {MAX_BOOTS} "
+                      f"boots so far)")
+            crashed_calls += 1
+            for log in ("batch", "console"):  # batch-crashed.log, then batch-crashed-2.log...
+                if (rwdir / f"{log}.log").exists():
+                    suffix = "" if crashed_calls == 1 else f"-{crashed_calls}"
+                    (rwdir / f"{log}.log").rename(rwdir / f"{log}-crashed{suffix}.log")
+            pending, last = [s for s in scenarios if s.name in again], crash
+
+    def _record(self, series: str, crash: GuestCrash, rwdir: Path, outcome: str) -> None:
+        """A crash for the terminal summary and build/test-logs/guest-crashes.txt."""
+        line = f"kernel {series} ({crash.release}): guest kernel crashed {crash.during}: {crash.headline}; {outcome}"
+        self.crashes.append(line)
+        try:
+            CRASH_LOG.parent.mkdir(parents=True, exist_ok=True)
+            with open(CRASH_LOG, "a") as f:
+                stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                f.write(f"{stamp} {line} (logs in {rwdir})\n{textwrap.indent(crash.excerpt, '    ')}\n\n")
+        except OSError as e:
+            self._say(f"[vm {series}] could not write {CRASH_LOG}: {e}")
+
+    def _boot_once(self, series: str, scenarios: list, rwdir: Path, results: Path, attempts: int) -> tuple[int, str]:
+        """One call of tests/vm/run running `scenarios`, which boots at most `attempts` times (again only when the
+        guest died before the command started): its exit code and its output."""
         timeout = BOOT_MARGIN_S + sum(s.budget_s for s in scenarios)
         if self.parallel:
             timeout *= PARALLEL_SLOWDOWN
         cmd = [str(REPO / "tests" / "vm" / "run"), "--kernel", series, "--timeout", f"{timeout:.0f}",
-               "--rwdir", str(rwdir), "--cpus", "1" if self.parallel else "2"]
+               "--rwdir", str(rwdir), "--cpus", "1" if self.parallel else "2", "--boot-attempts", str(attempts)]
         if series in DBG_KERNELS:
             cmd.append("--dbg")
         cmd += ["--", "python", "-m", "tests.vm.guest_batch", "--out", str(results),
@@ -224,6 +338,13 @@ class VmBatches:
                 if line.startswith(("[batch]", "tests/vm/run:", "[vm]")):
                     self._say(f"[vm {series}] {line.rstrip()}")
         return proc.returncode, "".join(lines)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
 
 
 def _summary(results: Path) -> dict[str, dict]:
@@ -268,14 +389,17 @@ def _scenario_module(item: pytest.Item) -> str:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark VM-fixture users `vm` (before -m filtering) and drop kernels not in --vm-kernels."""
+    """Mark VM-fixture users `vm` (before -m filtering) and drop kernels not in --vm-kernels, and the crash drill
+    unless asked for (its scenario panics the guest)."""
     chosen = {k.strip() for k in config.getoption("--vm-kernels").split(",")}
+    drill = os.environ.get(CRASH_DRILL) == "1"
     keep, drop = [], []
     for item in items:
         kernels = _item_kernels(item)
         if kernels:
             item.add_marker(pytest.mark.vm)
-        (drop if kernels - chosen else keep).append(item)
+        crash_drill = item.get_closest_marker("crash_drill") is not None and not drill
+        (drop if kernels - chosen or crash_drill else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
@@ -303,8 +427,13 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
             continue
         kept = f"; files kept in {outcome.results_dir.parent}" if outcome.results_dir.exists() else ""
         parts = ", ".join(f"{n} {s['status']} {s['seconds']:.0f}s" for n, s in outcome.statuses.items())
-        terminalreporter.write_line(f"kernel {series} ({outcome.release}): boot + batch {outcome.seconds:.0f} s; "
-                                    f"{parts}{kept}")
+        boots = f" ({outcome.boots} boots)" if outcome.boots > 1 else ""
+        terminalreporter.write_line(f"kernel {series} ({outcome.release}): boot + batch {outcome.seconds:.0f} s"
+                                    f"{boots}; {parts}{kept}")
+    for line in batches.crashes:
+        terminalreporter.write_line(line, yellow=True, bold=True)
+    if batches.crashes:
+        terminalreporter.write_line(f"(guest kernel crashes, with their console lines: {CRASH_LOG})")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

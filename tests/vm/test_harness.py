@@ -1,4 +1,5 @@
-"""The guest batch runner and its Context, exercised natively on the host (no VM, a few seconds)."""
+"""The guest batch runner and its Context, exercised natively on the host (no VM, a few seconds); and the
+host side's reading of a guest kernel crash (tests/vm/guest_crash.py) from recorded consoles."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.vm import guest_batch
+from tests.vm import guest_batch, guest_crash
 from tests.vm.guest_batch import Context, Proc, discover, run_batch
+
+CRASHES = Path(__file__).resolve().parents[1] / "fixtures" / "guest_crash"
 
 FAKE_A = """
 from tests.vm.guest_batch import budget
@@ -159,3 +162,152 @@ def test_context_run_timeout_and_env(tmp_path: Path) -> None:
     assert Context("t", str(tmp_path), env={}).vmlinux is None
     with pytest.raises(TimeoutError, match="did not finish within 0.5 s"):
         ctx.run("echo partial; sleep 30", timeout=0.5)
+
+
+# --- guest kernel crashes -------------------------------------------------------------------------------------------
+# 7.2-user_funcs.out: tests/vm/run's output of a real 7.2 boot under TCG (scenario output left out): the first attempt
+# died while booting (Oops: int3 in sched_clock_cpu) and tests/vm/run booted again; the second ran the batch until an
+# Oops: int3 in __schedule, at the start of user_funcs. 7.2-user_funcs.console: the end of that attempt's console.log.
+# 6.1-sysrq.*: the same from tests/vm/test_crash_drill.py's first boot (a panic on purpose, in crash_drill).
+OUT_72 = (CRASHES / "7.2-user_funcs.out").read_text()
+CONSOLE_72 = (CRASHES / "7.2-user_funcs.console").read_bytes().decode()  # CRLF kept
+ORDER_72 = [line.split()[1].rstrip(":") for line in guest_crash.last_boot(OUT_72).splitlines()
+            if line.startswith("[batch]") and line.endswith("s)")]  # the scenarios the attempt started, in order
+
+
+def _vm_output(batch: str, console: str | None, release: str = "6.1.0-56-amd64") -> str:
+    """A tests/vm/run output: one attempt, the batch's lines, then an exit code or (console given) a VM that
+    stopped without one and its console tail."""
+    end = "tests/vm/run: command exited 0; VM ran 30 s\n" if console is None else \
+        f"tests/vm/run: VM stopped after 30 s while running the command without an exit code; last console lines:\n" \
+        f"{console}"
+    return f"tests/vm/run: booting {release} (TCG), timeout 1000 s\n[vm] {release} x86_64, 2 CPUs, up 9 s\n{batch}{end}"
+
+
+def test_a_crash_is_found_in_the_console_tail_with_the_scenario_it_hit() -> None:
+    crash = guest_crash.detect(OUT_72)
+    assert crash is not None
+    assert (crash.line, crash.scenario, crash.release) == ("Oops: int3: 0000 [#1] SMP NOPTI", "user_funcs",
+                                                           "7.2.13+deb14-amd64")
+    assert (crash.rip, crash.comm) == ("__schedule+0x2a7/0x1070", "kworker/u8:4")
+    assert crash.headline == "Oops: int3: 0000 [#1] SMP NOPTI (RIP __schedule+0x2a7/0x1070, in kworker/u8:4)"
+    assert crash.during == "during scenario 'user_funcs'"
+    lines = crash.excerpt.splitlines()
+    # from the Oops to the end of its report, then (the register dump printed again left out) the panic
+    assert lines[0] == "[ 1602.131234] Oops: int3: 0000 [#1] SMP NOPTI"
+    assert lines[-3:] == ["[ 1602.137884] ---[ end trace 0000000000000000 ]---", "[...]",
+                          "[ 1602.138695] Kernel panic - not syncing: Fatal exception in interrupt"]
+    assert " schedule+0x27/0xa0" in crash.excerpt and "virtme" not in crash.excerpt
+
+
+def test_the_whole_console_is_read_when_there_is_one() -> None:
+    """console.log (CRLF line ends, as QEMU's serial port writes them) holds what the 60-line tail may cut off."""
+    assert "\r\n" in CONSOLE_72
+    crash = guest_crash.detect(OUT_72, CONSOLE_72)
+    assert crash == guest_crash.detect(OUT_72)
+    assert "\r" not in crash.excerpt
+    # the tail of a report longer than 60 lines has lost its first line: the console file still has it
+    cut = OUT_72[:OUT_72.index("[ 1602.131234] Oops")] + OUT_72[OUT_72.index("[ 1602.133702]"):]
+    assert guest_crash.detect(cut).line == "Kernel panic - not syncing: Fatal exception in interrupt"
+    assert guest_crash.detect(cut, CONSOLE_72).line == "Oops: int3: 0000 [#1] SMP NOPTI"
+
+
+def test_a_crash_before_the_last_attempt_is_over() -> None:
+    """The first attempt's boot crash is tests/vm/run's business (it booted again): it is listed as such and never
+    taken for the crash of the last attempt."""
+    (boot,) = guest_crash.boot_crashes(OUT_72)
+    assert (boot.line, boot.scenario, boot.rip, boot.comm) == ("Oops: int3: 0000 [#2] SMP NOPTI", None,
+                                                               "sched_clock_cpu+0x9/0x230", "swapper/0")
+    assert boot.during == "before any scenario started"
+    last = guest_crash.last_boot(OUT_72)
+    assert "Oops: int3: 0000 [#2]" not in last and guest_crash.running_scenario(last) == "user_funcs"
+    ran = OUT_72[:OUT_72.rindex("[batch] user_funcs: start")] + "[batch] done in 1600.0 s; not ok: none\n" \
+        "tests/vm/run: command exited 0; VM ran 1613 s\n"
+    assert guest_crash.detect(ran) is None and len(guest_crash.boot_crashes(ran)) == 1
+
+
+def test_only_a_crash_boots_again_and_only_for_the_scenarios_without_an_outcome() -> None:
+    statuses = {n: {"status": "ok"} for n in ORDER_72}
+    statuses["agent_faults"] = {"status": "error"}  # failed: has its outcome, never runs again
+    statuses["agent_ready"] = {"status": "timeout"}
+    order = [*ORDER_72, "user_stack_wait", "wheel_install"]
+    assert order.index("user_funcs") == len(ORDER_72) - 1
+    del statuses["user_funcs"]
+    crash, again = guest_crash.assess(order, statuses, OUT_72)
+    assert crash is not None and crash.scenario == "user_funcs"
+    assert again == ["user_funcs", "user_stack_wait", "wheel_install"]
+    # the same scenarios left without a crash in the console (the VM timed out, QEMU was killed): no new boot
+    quiet = OUT_72[:OUT_72.index("[ 1602.131234]")]
+    assert guest_crash.assess(order, statuses, quiet) == (None, [])
+    # a crash in a batch that finished every scenario leaves nothing to run
+    assert guest_crash.assess(ORDER_72, {n: {"status": "ok"} for n in ORDER_72}, OUT_72, CONSOLE_72) == (None, [])
+
+
+def test_a_panic_without_an_oops() -> None:
+    """6.1.0-56-amd64 panicked by `echo c > /proc/sysrq-trigger` (recorded by tests/vm/test_crash_drill.py): no Oops
+    and no kernel RIP (the one in the dump is user space's, 0033:), the panic line leads."""
+    out = (CRASHES / "6.1-sysrq.out").read_text()
+    console = (CRASHES / "6.1-sysrq.console").read_bytes().decode()
+    for crash in (guest_crash.detect(out), guest_crash.detect(out, console)):
+        assert crash is not None
+        assert (crash.line, crash.scenario, crash.release) == ("Kernel panic - not syncing: sysrq triggered crash",
+                                                               "crash_drill", "6.1.0-56-amd64")
+        assert crash.headline == "Kernel panic - not syncing: sysrq triggered crash (in python)"
+        assert " sysrq_handle_crash+0x16/0x20" in crash.excerpt
+        assert len(crash.excerpt.splitlines()) == guest_crash.MAX_EXCERPT
+    assert guest_crash.assess(["crash_drill_before", "crash_drill", "crash_drill_after"],
+                              {"crash_drill_before": {"status": "ok"}}, out, console)[1] == ["crash_drill",
+                                                                                            "crash_drill_after"]
+
+
+@pytest.mark.parametrize(("console", "line"), [
+    ("[   12.5] BUG: kernel NULL pointer dereference, address: 0000000000000008\n"
+     "[   12.6] #PF: supervisor read access\n[   12.7] Oops: 0000 [#1] PREEMPT SMP NOPTI\n",
+     "BUG: kernel NULL pointer dereference, address: 0000000000000008"),
+    ("[   40.0] int3: 0000 [#1] SMP NOPTI\n[   40.0] RIP: 0010:__schedule+0x2a7/0x1070\n",  # before 6.9: no "Oops:"
+     "int3: 0000 [#1] SMP NOPTI"),
+    ("[    3.0] general protection fault, probably for non-canonical address 0xdead000000000122: 0000 [#1] SMP\n",
+     "general protection fault, probably for non-canonical address 0xdead000000000122: 0000 [#1] SMP"),
+    ("[    3.0] kernel BUG at mm/slub.c:435!\n", "kernel BUG at mm/slub.c:435!"),
+    ("[   21.0] Unable to handle kernel NULL pointer dereference at virtual address 0000000000000008\n"
+     "[   21.0] Internal error: Oops: 0000000096000004 [#1] PREEMPT SMP\n",  # arm64
+     "Unable to handle kernel NULL pointer dereference at virtual address 0000000000000008"),
+    ("[   70.0] BUG: soft lockup - CPU#1 stuck for 23s! [python:301]\n[   90.0] BUG: workqueue lockup - pool cpus=0\n",
+     None),  # watchdog reports: the kernel goes on
+    ("[    9.0] virtme-ng-init: starting script\n", None),
+])
+def test_crash_lines(console: str, line: str | None) -> None:
+    crash = guest_crash.detect(_vm_output("[batch] smoke: start (budget 300 s)\n", console))
+    assert (crash.line if crash else None) == line
+    if crash:
+        assert crash.scenario == "smoke" and crash.release == "6.1.0-56-amd64"
+        assert crash.excerpt.splitlines()[0].endswith(line)
+
+
+def test_crash_words_in_the_batch_output_are_not_a_crash() -> None:
+    """Only the console counts: a scenario printing 'BUG:' or 'Kernel panic' is not the kernel crashing."""
+    batch = "[batch] a: start (budget 60 s)\nBUG: the scenario's own words\nKernel panic - not syncing: quoted\n"
+    assert guest_crash.detect(_vm_output(batch, "[    9.0] virtme-ng-init: starting script\n")) is None
+    assert guest_crash.detect(_vm_output(batch, None)) is None
+    done = batch + "[batch] a: ok in 3.0 s\n[batch] b: start (budget 60 s)\n"
+    crash = guest_crash.detect(_vm_output(done, "[   50.0] Kernel panic - not syncing: Fatal exception\n"))
+    assert crash is not None and crash.scenario == "b"
+    before = _vm_output("[batch] 2 scenarios, discovered in 7.0 s\n", "[    5.0] Oops: int3: 0000 [#1] SMP NOPTI\n")
+    assert guest_crash.detect(before).scenario is None
+
+
+def test_a_crash_before_the_first_scenario_is_told_from_one_between_scenarios() -> None:
+    """Only a crash before the attempt's batch started a scenario is one nothing of ours can have caused
+    (tests/vm/conftest.py boots again after it without using up the fresh boot a scenario crash gets)."""
+    oops = "[    5.0] Oops: int3: 0000 [#1] SMP NOPTI\n"
+    for batch in ("", "[batch] 2 scenarios, discovered in 7.0 s\n"):  # booting; the batch getting ready
+        crash = guest_crash.detect(_vm_output(batch, oops))
+        assert crash.before_scenarios and (crash.scenario, crash.after) == (None, None)
+        assert crash.during == "before any scenario started"
+    between = guest_crash.detect(_vm_output("[batch] a: start (budget 60 s)\n[batch] a: ok in 3.0 s\n", oops))
+    assert not between.before_scenarios and (between.scenario, between.after) == (None, "a")
+    assert between.during == "after scenario 'a', before the next one started"
+    during = guest_crash.detect(_vm_output("[batch] a: start (budget 60 s)\n", oops))
+    assert not during.before_scenarios and (during.scenario, during.after) == ("a", None)
+    (boot,) = guest_crash.boot_crashes(OUT_72)  # tests/vm/run's first attempt of the recorded run
+    assert boot.before_scenarios and guest_crash.attempts(OUT_72) == 2
