@@ -38,7 +38,8 @@ from retsnoop_otel.appctx.thread_ctx import TlsLocator
 from retsnoop_otel.capture.model import RetKind, TracedFunc
 from retsnoop_otel.kernel import tracer as tracer_module
 from retsnoop_otel.kernel.app_hooks import EXEC_PROGRAM
-from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer
+from retsnoop_otel.kernel.capture_config import CaptureConfig
+from retsnoop_otel.kernel.tracer import Tracer
 from retsnoop_otel.symbols.user_funcs import in_binary
 
 ROOT = Path(__file__).resolve().parent.parent
