@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from bench.oracle_spans import request_to_span_views
 from retsnoop_otel.appctx.process_context import thread_attributes
-from retsnoop_otel.appctx.watch import AppSources
+from retsnoop_otel.appctx.process_readers import AppSources
 from retsnoop_otel.capture import records
 from retsnoop_otel.capture.model import (
     AppContext,

@@ -21,7 +21,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
-from retsnoop_otel.appctx.watch import AppSources, AppWatcher, watches
+from retsnoop_otel.appctx.process_readers import AppSources
+from retsnoop_otel.appctx.watch import AppWatcher, watches
 from retsnoop_otel.capture.model import CaptureStats, Session
 from retsnoop_otel.capture.records import AppRecord
 from retsnoop_otel.export.otlp_settings import OtlpSettings

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from retsnoop_otel.appctx.watch import SWEEP_S, AppSources, AppWatcher
+from retsnoop_otel.appctx.process_readers import AppSources
+from retsnoop_otel.appctx.watch import SWEEP_S, AppWatcher
 from retsnoop_otel.capture import records
 from retsnoop_otel.capture.model import RetKind, TracedFunc
 from retsnoop_otel.capture.records import AppExecRec, AppProbeRec
