@@ -171,18 +171,30 @@ def imported_modules(path: Path) -> Iterator[str]:
             yield from (f"{node.module}.{alias.name}" for alias in node.names)
 
 
+# Test support that benches use too (the SDK-object span oracle, the openssl test certificates). It lives in tests/
+# and imports nothing of tests/ or bench/, so a bench that imports it is tied to nothing else of the tests.
+SHARED_TEST_SUPPORT = {"tests.oracle_spans", "tests.tls_certs"}
+
+
 def test_bench_is_a_package_whose_benches_share_one_module() -> None:
-    """Each bench runs as `python -m bench.NAME`: none edits sys.path, none imports from tests/ (the tests may
-    import bench, not the reverse), and none imports another bench: what several use is in bench.harness."""
-    libraries = {"bench.harness", "bench.kprofile", "bench.oracle_spans", "bench.start_path", "bench.tls_certs"}
+    """Each bench runs as `python -m bench.NAME`: none edits sys.path, none imports another bench (what several use
+    is in bench.harness), and of tests/ only SHARED_TEST_SUPPORT (the tests may import bench, not the reverse)."""
+    libraries = {"bench.harness", "bench.kprofile", "bench.start_path"}
     bad = []
     for path in sorted((ROOT / "bench").glob("*.py")):
         if "sys.path" in path.read_text():
             bad.append(f"{path.name}: sys.path")
         for name in imported_modules(path):
-            if name.split(".")[0] == "tests" or name.count(".") == 1 and name.startswith("bench.") and (
+            shared = name in SHARED_TEST_SUPPORT or name.rpartition(".")[0] in SHARED_TEST_SUPPORT
+            if name.split(".")[0] == "tests" and not shared or name.count(".") == 1 and name.startswith("bench.") and (
                     (ROOT / "bench" / f"{name.split('.')[1]}.py").exists() and name not in libraries):
                 bad.append(f"{path.name}: {name}")
+    assert bad == []
+
+
+def test_the_test_support_benches_use_imports_neither_tests_nor_bench() -> None:
+    bad = [f"{name}: {m}" for name in sorted(SHARED_TEST_SUPPORT)
+           for m in imported_modules(ROOT / f"{name.replace('.', '/')}.py") if m.split(".")[0] in ("tests", "bench")]
     assert bad == []
 
 
