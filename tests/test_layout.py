@@ -1,6 +1,7 @@
 """The package's shape: no import cycle between modules or sub-packages, the layers import downwards only,
-no module much over 500 lines, and no private name of an OpenTelemetry package anywhere in the product. Also the
-shape of bench/ (one package, run with `python -m bench.NAME`) and that no test module imports another.
+no module over 450 lines (nor a BPF source much over 500), and no private name of an OpenTelemetry package anywhere
+in the product. Also the shape of bench/ (one package, run with `python -m bench.NAME`) and that no test module
+imports another.
 
 Imports are read from the source (every import statement, also those inside functions and under
 TYPE_CHECKING), so a cycle hidden behind a lazy import fails here too.
@@ -14,7 +15,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "retsnoop_otel"
-MAX_LINES = 500
+MAX_LINES = 450  # a module of the package (issue 44)
+MAX_BPF_LINES = 500  # a source of bpf/, give or take 5%
+# Modules still over MAX_LINES while their split is under way (issue 44 point 4: runtime.py's reload steps and
+# session routing). The test fails once one fits, so that it leaves this set too.
+NOT_SPLIT_YET = {"retsnoop_otel/runtime/runtime.py"}
 # Sub-packages from the bottom up: each may import only those before it (and the top-level __init__).
 LAYERS = ("inputs", "publisher", "capture", "kernel", "symbols", "appctx", "workload", "render", "export", "metrics",
           "runtime", "trace", "agent")
@@ -134,9 +139,15 @@ def test_every_module_sits_in_a_layer() -> None:
     assert {m for m in modules() if layer(m) is None} == TOP_LEVEL
 
 
-def test_no_module_is_much_over_500_lines() -> None:
-    long = {str(p.relative_to(ROOT)): n for p in [*PKG.rglob("*.py"), *(ROOT / "bpf").glob("*.[ch]")]
-            if (n := len(p.read_text().splitlines())) > MAX_LINES * 1.05}
+def test_no_module_of_the_package_is_over_450_lines() -> None:
+    long = {str(p.relative_to(ROOT)): n for p in PKG.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert set(long) == NOT_SPLIT_YET, long
+
+
+def test_no_bpf_source_is_much_over_500_lines() -> None:
+    long = {str(p.relative_to(ROOT)): n for p in (ROOT / "bpf").glob("*.[ch]")
+            if (n := len(p.read_text().splitlines())) > MAX_BPF_LINES * 1.05}
     assert long == {}
 
 
