@@ -27,7 +27,8 @@ from typing import Any
 
 from bench.harness import BPF_STATS, ROOT, writer_location
 from retsnoop_otel.capture.model import RetKind, TracedFunc
-from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer
+from retsnoop_otel.kernel.capture_config import CaptureConfig
+from retsnoop_otel.kernel.tracer import Tracer
 from retsnoop_otel.symbols.user_funcs import in_binary
 
 VARIANTS = {"plain": (False, False), "context": (True, False), "context_ustack": (True, True)}

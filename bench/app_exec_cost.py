@@ -14,7 +14,7 @@ B. At the first session's start: every session start looks its process up in app
    BPF ns per session of the entry and exit programs.
 User space, either way: one check (appctx.thread_ctx.TlsLocator.locate) of a process that does not publish, with
 warm caches, for a small C program and for a Python interpreter; after an exec the watcher checks a process that
-never publishes as often as the EXEC_* schedule of appctx/watch.py says.
+never publishes as often as the EXEC_* schedule of appctx/exec_watch.py says.
 With kernel.bpf_stats_enabled on (restored afterwards). Nothing is imported from tests/.
 """
 
@@ -33,12 +33,13 @@ from typing import Any
 from unittest import mock
 
 from bench.harness import writer_location
-from retsnoop_otel.appctx import watch
+from retsnoop_otel.appctx import exec_watch
 from retsnoop_otel.appctx.thread_ctx import TlsLocator
 from retsnoop_otel.capture.model import RetKind, TracedFunc
 from retsnoop_otel.kernel import tracer as tracer_module
 from retsnoop_otel.kernel.app_hooks import EXEC_PROGRAM
-from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer
+from retsnoop_otel.kernel.capture_config import CaptureConfig
+from retsnoop_otel.kernel.tracer import Tracer
 from retsnoop_otel.symbols.user_funcs import in_binary
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -176,11 +177,11 @@ def at_session_start(b: dict[str, str], sessions: int, repeat: int) -> None:
 
 def checks() -> None:
     print("User space: one check of a process that does not publish (warm caches), and the watch after an exec")
-    n, t, interval = 1, 0.0, watch.EXEC_RECHECK_FIRST_S
-    while t + interval <= watch.EXEC_WATCH_S:
-        t, interval, n = t + interval, min(interval * 2, watch.EXEC_RECHECK_MAX_S), n + 1
-    print(f"  the schedule: checked at once, then {watch.EXEC_RECHECK_FIRST_S * 1e3:.0f} ms doubling to "
-          f"{watch.EXEC_RECHECK_MAX_S:.0f} s apart, for {watch.EXEC_WATCH_S:.0f} s: {n} checks at most")
+    n, t, interval = 1, 0.0, exec_watch.EXEC_RECHECK_FIRST_S
+    while t + interval <= exec_watch.EXEC_WATCH_S:
+        t, interval, n = t + interval, min(interval * 2, exec_watch.EXEC_RECHECK_MAX_S), n + 1
+    print(f"  the schedule: checked at once, then {exec_watch.EXEC_RECHECK_FIRST_S * 1e3:.0f} ms doubling to "
+          f"{exec_watch.EXEC_RECHECK_MAX_S:.0f} s apart, for {exec_watch.EXEC_WATCH_S:.0f} s: {n} checks at most")
     for what, cmd in (("C program (sleep)", ["sleep", "60"]),
                       ("Python interpreter", [sys.executable, "-c", "import json, ssl, asyncio, time; "
                                               "print(flush=True); time.sleep(60)"])):
@@ -202,7 +203,7 @@ def checks() -> None:
             with open(f"/proc/{proc.pid}/maps") as f:
                 lines = len(f.readlines())
             print(f"  {what:20s} ({lines} mappings): {one * 1e3:.3f} ms per check; a watch that never finds it: "
-                  f"{n} checks in {watch.EXEC_WATCH_S:.0f} s, {n * one * 1e3:.1f} ms")
+                  f"{n} checks in {exec_watch.EXEC_WATCH_S:.0f} s, {n * one * 1e3:.1f} ms")
         finally:
             proc.kill()
             proc.wait()

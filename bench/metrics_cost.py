@@ -79,7 +79,8 @@ from retsnoop_otel.capture.model import (
     SessionStats,
     TracedFunc,
 )
-from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer
+from retsnoop_otel.kernel.capture_config import CaptureConfig
+from retsnoop_otel.kernel.tracer import Tracer
 from retsnoop_otel.metrics.exemplars import ExemplarStore
 from retsnoop_otel.metrics.kernel_families import KernelCollector
 

@@ -24,10 +24,10 @@ import bcrypt
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 
-from bench.tls_certs import make_pki
 from retsnoop_otel.metrics.basic_auth import BasicAuth
 from retsnoop_otel.metrics.server import MetricsServer
 from retsnoop_otel.metrics.web_tls import WebWatcher, load_web_config
+from tests.tls_certs import make_pki
 
 
 class _Families:

@@ -34,7 +34,8 @@ from bench.harness import BPF_STATS, ROOT, prog_info_btf, prog_stats
 from retsnoop_otel.capture.model import RetKind, TracedFunc
 from retsnoop_otel.kernel import libbpf as lb
 from retsnoop_otel.kernel import tracer as tracer_module
-from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer
+from retsnoop_otel.kernel.capture_config import CaptureConfig
+from retsnoop_otel.kernel.tracer import Tracer
 from retsnoop_otel.symbols.user_funcs import in_binary
 
 FUNCS = [TracedFunc(0, "sk_syscall", 0, RetKind.SIGNED, True), TracedFunc(1, "sk_create", 0, RetKind.SIGNED, False),

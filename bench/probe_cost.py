@@ -65,8 +65,9 @@ from retsnoop_otel.kernel import libbpf as lb
 from retsnoop_otel.kernel import tracer as tracer_module
 from retsnoop_otel.kernel.attach_modes import NAMES as tracer_modes_
 from retsnoop_otel.kernel.attach_modes import TRAMPOLINE as TRAMPOLINE_MODES
+from retsnoop_otel.kernel.capture_config import CaptureConfig
 from retsnoop_otel.kernel.libbpf_btf import Btf
-from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer
+from retsnoop_otel.kernel.tracer import Tracer
 from retsnoop_otel.symbols import discovery
 from retsnoop_otel.symbols.btf import ReturnKinds
 from retsnoop_otel.symbols.kallsyms import Kallsyms

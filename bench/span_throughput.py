@@ -2,7 +2,7 @@
 
 Three paths over the same sessions, measured in one run:
   stock     Tracer.start_span/end with explicit times and attributes, then the SDK's OTLP encoder
-  readable  ReadableSpan objects built directly (the test oracle, bench/oracle_spans.py), then the SDK's encoder
+  readable  ReadableSpan objects built directly (the test oracle, tests/oracle_spans.py), then the SDK's encoder
   fast      export.span_encoder.SpanEncoder (protobuf wire format, cached constant parts), requests of <= 512
             spans: the production path (the senders send these bytes as they are)
 plus `fast-cold`, which starts every pass with empty caches (a lower bound for never-seen results).
@@ -26,11 +26,11 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.trace import SpanKind
 
 from bench.harness import OFFSET, make_funcs, make_session
-from bench.oracle_spans import result_attrs, sdk_resource, sdk_status, session_to_spans
 from retsnoop_otel.capture.model import Call, Session, TracedFunc
 from retsnoop_otel.export.resource import build_resource
 from retsnoop_otel.export.span_attributes import SCOPE_NAME, SCOPE_VERSION, session_attrs
 from retsnoop_otel.export.span_encoder import SpanEncoder, build_request, make_envelope
+from tests.oracle_spans import result_attrs, sdk_resource, sdk_status, session_to_spans
 
 BATCH = 512  # spans per export request, the sink's default
 class _Collect(SpanProcessor):

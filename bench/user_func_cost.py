@@ -53,9 +53,10 @@ from bench import harness
 from retsnoop_otel.capture.model import TracedFunc
 from retsnoop_otel.kernel import features, uprobes
 from retsnoop_otel.kernel import libbpf as lb
+from retsnoop_otel.kernel.capture_config import CaptureConfig
 from retsnoop_otel.kernel.libbpf_btf import Btf
 from retsnoop_otel.kernel.mode_probes import HELPER_GET_ATTACH_COOKIE
-from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer
+from retsnoop_otel.kernel.tracer import Tracer
 from retsnoop_otel.symbols import discovery
 from retsnoop_otel.symbols.btf import ReturnKinds
 from retsnoop_otel.symbols.kallsyms import Kallsyms

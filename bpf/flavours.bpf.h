@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0-only
 /* The programs the kernel runs, one thin wrapper per attach flavour around handle_entry() and
- * handle_exit(). Part of retsnoop.bpf.c (included last). kernel/tracer.py loads the pair of one flavour.
+ * handle_exit(). Part of retsnoop.bpf.c (included last). kernel/capture_config.py has the pair of one
+ * flavour loaded, kernel/tracer.py attaches it.
  *
  * How each finds the traced function's id: fentry, fsession and kprobe read their BPF cookie (a field of the
  * run context). kprobe.multi and kprobe.session look the function's address up in ip_ids instead
@@ -154,7 +155,7 @@ int BPF_PROG(fsession_inner)
 /* fsession.multi (Linux 7.2+, BPF_TRACE_FSESSION_MULTI): the same program loaded once without a target function
  * and linked to the whole set by one tracing_multi link, each function's id its cookie in that link. Arguments
  * and the return value only through helpers (it is verified against no function's prototype), which is how ours
- * read them anyway. A section libbpf 1.7 does not know: kernel/tracer.py sets its type and attach type. */
+ * read them anyway. A section libbpf 1.7 does not know: kernel/capture_config.py sets its type and attach type. */
 SEC("?fsession.multi")
 int BPF_PROG(fsession_multi)
 {

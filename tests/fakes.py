@@ -19,9 +19,8 @@ from types import SimpleNamespace
 import bcrypt
 from prometheus_client import CollectorRegistry
 
-from bench.oracle_spans import request_to_span_views
 from retsnoop_otel.appctx.process_context import thread_attributes
-from retsnoop_otel.appctx.watch import AppSources
+from retsnoop_otel.appctx.process_readers import AppSources
 from retsnoop_otel.capture import records
 from retsnoop_otel.capture.model import (
     AppContext,
@@ -48,6 +47,7 @@ from retsnoop_otel.runtime.startup import Phase
 from retsnoop_otel.symbols.kallsyms import Kallsyms
 from retsnoop_otel.symbols.symbolize import KallsymsSymbolizer
 from retsnoop_otel.symbols.traceable import Traceable
+from tests.oracle_spans import request_to_span_views
 
 # ---- probe sets as the metric collectors see them ------------------------------------------------
 
@@ -459,7 +459,7 @@ def fake_process(root: Path, pid: int, cgroup: str, exe: str | None, start: int 
         (d / "exe").symlink_to(exe)
 
 
-# ---- the metrics port's web config (with bench/tls_certs.py's certificates) ----------------------
+# ---- the metrics port's web config (with tests/tls_certs.py's certificates) ----------------------
 
 BCRYPT_COST = 4  # the cheapest bcrypt cost: the tests check behaviour, not bcrypt's speed
 PASSWORD_HASH = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(BCRYPT_COST)).decode()

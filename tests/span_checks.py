@@ -1,4 +1,4 @@
-"""The production span encoder against the test oracle (bench/oracle_spans.py, encoded by the SDK), ids aside."""
+"""The production span encoder against the test oracle (tests/oracle_spans.py, encoded by the SDK), ids aside."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import random
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from bench.oracle_spans import sdk_request, session_to_spans
 from retsnoop_otel.export.resource import build_resource
 from retsnoop_otel.export.span_encoder import SpanEncoder, build_request, make_envelope
 from tests.fakes import OFFSET, TREE_FUNCS
+from tests.oracle_spans import sdk_request, session_to_spans
 
 RESOURCE = build_resource(instance_id="test")
 ENVELOPE = make_envelope(RESOURCE.attributes, RESOURCE.schema_url)

@@ -95,7 +95,7 @@ def user_app() -> None:
 @pytest.fixture(scope="module")
 def web_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The web-tls guide's refused web config: its key_file is not the key of its certificate."""
-    from bench.tls_certs import make_ca
+    from tests.tls_certs import make_ca
     d = tmp_path_factory.mktemp("tls")
     make_ca(d, "server")
     make_ca(d, "other")  # another key pair: its key does not match server.crt

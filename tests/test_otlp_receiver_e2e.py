@@ -1,7 +1,7 @@
 """OTLP export over real sockets: encoder -> OtlpTraceSink -> sender -> tests/otlp_receiver.py (gRPC and HTTP).
 No protocol given is OTLP/HTTP (the specification's default), which the cases with protocol None exercise.
 
-The production path and the SDK-object oracle (bench/oracle_spans.py, encoded by the SDK) both go
+The production path and the SDK-object oracle (tests/oracle_spans.py, encoded by the SDK) both go
 through the same sender, and the receiver must see the same trace from either.
 """
 
@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from bench.oracle_spans import sdk_request, session_to_spans
 from retsnoop_otel.capture.model import Call, RetKind, Session, StackEntry, TracedFunc
 from retsnoop_otel.capture.sampling import ALWAYS, threshold
 from retsnoop_otel.export.otlp_settings import OtlpConfig
@@ -30,6 +29,7 @@ from retsnoop_otel.export.span_encoder import EncodedTrace, SpanEncoder, Workloa
 from retsnoop_otel.runtime.config import AGENT_NAMES
 from retsnoop_otel.runtime.settings import otlp_settings
 from tests.fakes import EINVAL, OFFSET
+from tests.oracle_spans import sdk_request, session_to_spans
 from tests.otlp_receiver import load_spans, start_receiver
 
 REPO = Path(__file__).resolve().parent.parent

@@ -8,9 +8,9 @@ its process context (service.name, the attribute key map), has its mappings snap
 - a process born later, from its exec: the kernel side reports every exec the probe set's filters let
   through (REC_APP_EXEC, bpf/appctx.bpf.h app_exec). Just exec'd, the process has not loaded its libraries
   (nor a runtime its OTel SDK and publisher), so it is checked when the record is read, then again after
-  50 ms, doubling up to 1 s between checks, for 60 s (EXEC_*): its location is in the maps before its first
-  failing request, once it published before that request by at least the current interval. Only a success
-  is written to the maps; a process never found this way is handled as below when its sessions ask;
+  50 ms, doubling up to 1 s between checks, for 60 s (appctx/exec_watch.py): its location is in the maps before
+  its first failing request, once it published before that request by at least the current interval. Only a
+  success is written to the maps; a process never found this way is handled as below when its sessions ask;
 - a process that creates its OTEL_CTX process context (REC_APP_PUBLISH, bpf/appctx.bpf.h app_publish): its
   publisher is loaded by then, and a service may make its first request right after setting up its SDK,
   within less than one interval: it is checked when the record is read (the kernel side wakes the loop for
@@ -29,11 +29,12 @@ record's own valid byte and ids are read from the new process's memory.
 
 from __future__ import annotations
 
-import heapq
 import os
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
+from retsnoop_otel.appctx.exec_watch import EXEC_OUTCOMES, ExecWatches, Watch
+from retsnoop_otel.appctx.process_readers import AppSources, SourcesFactory
 from retsnoop_otel.appctx.stacks import WAIT_S, HeldSessions, StackWorker
 from retsnoop_otel.capture.model import Session
 from retsnoop_otel.capture.records import AppExecRec, AppProbeRec, AppRecord
@@ -41,11 +42,6 @@ from retsnoop_otel.capture.records import AppExecRec, AppProbeRec, AppRecord
 SWEEP_S = 1.0
 RECHECK_FIRST_S = 0.5
 RECHECK_MAX_S = 60.0
-EXEC_RECHECK_FIRST_S = 0.05  # a process just exec'd: checked when its exec is read, again after this, doubling
-EXEC_RECHECK_MAX_S = 1.0  # up to this between checks (a check: 0.1 ms for a small C program, 0.4 ms for Python)
-EXEC_WATCH_S = 60.0  # for this long after its exec, unless found (or exited) earlier
-MAX_EXEC_WATCHED = 4096  # processes watched at once; an exec beyond is found by its first session instead
-EXEC_OUTCOMES = ("located", "not_located", "exited", "error", "skipped")
 CONTEXT_REFRESH_S = 5.0  # a publishing process's context (service.name, key map) is re-read at most this often
 MAX_CHECKS_PER_SERVICE = 64  # checks per poll-loop turn, so a burst of new processes cannot stall it
 BACKLOG_BUDGET_S = 0.01  # poll-loop time per turn spent on exec'd processes, then on those running at start
@@ -98,20 +94,6 @@ class _Process:
         self.in_kernel = in_kernel  # an answer is in the kernel maps (False while waiting for a recheck probe)
 
 
-class _Watch:
-    """A process watched from its exec: when it is checked next, and how long after that the one after."""
-
-    __slots__ = ("born_at", "due", "interval", "seq", "checks", "located")
-
-    def __init__(self, born_at: float, seq: int) -> None:
-        self.born_at = born_at
-        self.due = born_at  # the first check: as soon as the exec is read
-        self.interval = EXEC_RECHECK_FIRST_S
-        self.seq = seq  # its live entry in the schedule (older entries of a re-exec'd pid are skipped)
-        self.checks = 0
-        self.located = False  # counted and logged as located; checked on only until its location settles
-
-
 class AppCounters:
     """For retsnoop_app_context_* self-metrics: what the watcher did and what the sessions held."""
 
@@ -125,49 +107,6 @@ class AppCounters:
         self.sessions = dict.fromkeys(OUTCOMES, 0) if sessions is None else sessions
         # how the watches of exec'd processes ended (EXEC_OUTCOMES)
         self.exec_watches = dict.fromkeys(EXEC_OUTCOMES, 0) if exec_watches is None else exec_watches
-
-
-class AppSources:
-    """The readers of process state (thread_ctx, process_context, and symbols.user_symbols for user stacks)."""
-
-    __slots__ = ("locate", "read_context", "thread_attributes", "user_symbolizer")
-
-    def __init__(self, locate: Callable[[int], Any], read_context: Callable[[int], Any],
-                 thread_attributes: Callable[[bytes, Any], dict[str, str]], user_symbolizer: Any = None) -> None:
-        self.locate = locate  # pid -> TlsLocation | None; raises on an unreadable or exited process
-        self.read_context = read_context  # pid -> ProcessContext | None
-        self.thread_attributes = thread_attributes  # (attrs-data, key map) -> attributes
-        self.user_symbolizer = user_symbolizer  # UserSymbolizer when user stacks are on
-
-    @classmethod
-    def from_proc(cls, proc_root: str, user_stacks: bool, lines: bool = True) -> AppSources:
-        """The readers of `proc_root`. thread_ctx and process_context are imported at the first
-        call that needs them: a run whose sessions come from no publishing process may never call them."""
-        locator: Any = None  # thread_ctx.TlsLocator, built at the first locate (it caches per ELF file)
-
-        def locate(pid: int) -> Any:
-            nonlocal locator
-            if locator is None:
-                from retsnoop_otel.appctx.thread_ctx import TlsLocator
-                locator = TlsLocator(proc_root)
-            return locator.locate(pid)
-
-        def read_context(pid: int) -> Any:
-            from retsnoop_otel.appctx.process_context import read_process_context
-            return read_process_context(pid, proc_root)
-
-        def thread_attributes(attrs_data: bytes, key_map: Any) -> dict[str, str]:
-            from retsnoop_otel.appctx.process_context import thread_attributes as attributes
-            return attributes(attrs_data, key_map)
-
-        symbolizer = None
-        if user_stacks:
-            from retsnoop_otel.symbols.user_symbols import UserSymbolizer
-            symbolizer = UserSymbolizer(proc_root, lines=lines)
-        return cls(locate, read_context, thread_attributes, symbolizer)
-
-
-SourcesFactory = Callable[[str, bool, bool], AppSources]  # (proc root, user stacks, source lines)
 
 
 class AppWatcher:
@@ -195,9 +134,7 @@ class AppWatcher:
         self._known: dict[int, _Process] = {}
         self._pending: dict[int, None] = {}  # probes (insertion-ordered set): answered first
         self._backlog: list[int] = []  # processes running at start, checked with what budget is left
-        self._watched: dict[int, _Watch] = {}  # exec'd processes not located yet, within EXEC_WATCH_S
-        self._schedule: list[tuple[float, int, int]] = []  # heap of (due, seq, tgid) of the watched processes
-        self._seq = 0
+        self.execs = ExecWatches()  # exec'd processes not located yet, within EXEC_WATCH_S
         self._next_sweep = 0.0
         self._errors_logged = 0
 
@@ -255,12 +192,10 @@ class AppWatcher:
         if not self.read_app:
             return
         now = self._now()
-        w = self._watched.get(tgid)
+        w = self.execs.watched.get(tgid)
         self.log.debug(PUBLISHED, pid=tgid, watched=w is not None)
         if w is not None:
-            self._seq += 1
-            w.seq = self._seq  # its entry in the schedule is stale: _recheck pushes the next one
-            w.interval = EXEC_RECHECK_FIRST_S
+            self.execs.restart(w)
             self._recheck(tgid, w, now)
             return
         proc = self._known.get(tgid)
@@ -290,17 +225,15 @@ class AppWatcher:
         """
         if not self.read_app:
             return
-        w = self._watched.get(tgid)
+        w = self.execs.watched.get(tgid)
         if w is not None and not w.checks:
             return  # another probe set's record of the same exec
-        if w is None and len(self._watched) >= MAX_EXEC_WATCHED:
+        if w is None and self.execs.full():
             self.counters.exec_watches["skipped"] += 1
             return
         if self._known.pop(tgid, None) is not None:
             self._forget(tgid)  # the hook withdrew it from its own probe set's maps, not from the others'
-        self._seq += 1
-        w = self._watched[tgid] = _Watch(self._now(), self._seq)
-        heapq.heappush(self._schedule, (w.due, w.seq, tgid))
+        self.execs.start(tgid, self._now())
 
     def _answer(self, now: float, budget: int) -> int:
         while self._pending and budget:
@@ -317,12 +250,9 @@ class AppWatcher:
         now = self._now()
         budget = self._answer(now, MAX_CHECKS_PER_SERVICE)
         until = self._now() + BACKLOG_BUDGET_S
-        while self._schedule and budget and self._schedule[0][0] <= now and self._now() < until:
-            _, seq, tgid = heapq.heappop(self._schedule)
-            w = self._watched.get(tgid)
-            if w is not None and w.seq == seq:  # else the entry of an earlier exec of the pid
-                self._recheck(tgid, w, now)
-                budget -= 1
+        while budget and self._now() < until and (due := self.execs.pop_due(now)) is not None:
+            self._recheck(*due, now)
+            budget -= 1
         while self._backlog and budget and self._now() < until:
             tgid = self._backlog.pop()
             if tgid not in self._known:
@@ -332,7 +262,7 @@ class AppWatcher:
             self._next_sweep = now + SWEEP_S
             self._sweep(now)
 
-    def _recheck(self, tgid: int, w: _Watch, now: float) -> None:
+    def _recheck(self, tgid: int, w: Watch, now: float) -> None:
         """One check of a process watched from its exec. Only a location is written to the maps: until then the
         process has no answer there, and its first reported session (if it comes first) asks as any would."""
         proc = self._known.get(tgid)
@@ -368,20 +298,16 @@ class AppWatcher:
             self._push(proc, self._targets)
             self._count_watch(tgid, w, now, "located")
         if location is None or not location.settled:
-            w.due = now + w.interval
-            w.interval = min(w.interval * 2, EXEC_RECHECK_MAX_S)
-            if w.due - w.born_at <= EXEC_WATCH_S:
-                heapq.heappush(self._schedule, (w.due, w.seq, tgid))
-            else:  # its sessions ask, as those of any process
+            if not self.execs.schedule_next(tgid, w, now):  # watched long enough: its sessions ask, as any do
                 self._end_watch(tgid, w, now, "not_located" if location is None else "located")
             return
         self._end_watch(tgid, w, now, "located")
 
-    def _end_watch(self, tgid: int, w: _Watch, now: float, outcome: str) -> None:
-        del self._watched[tgid]
+    def _end_watch(self, tgid: int, w: Watch, now: float, outcome: str) -> None:
+        self.execs.end(tgid)
         self._count_watch(tgid, w, now, outcome)
 
-    def _count_watch(self, tgid: int, w: _Watch, now: float, outcome: str) -> None:
+    def _count_watch(self, tgid: int, w: Watch, now: float, outcome: str) -> None:
         if w.located:
             return  # said once, when its (not yet settled) location was first written
         w.located = outcome == "located"

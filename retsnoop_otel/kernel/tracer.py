@@ -1,4 +1,5 @@
-"""One tracing run in the kernel: configure and load the BPF object, attach, poll, read maps, detach.
+"""One tracing run in the kernel: load the BPF object (configured by kernel/capture_config.py), attach, poll, read
+maps, detach.
 
 Callers get plain data (capture.model and capture.records types), not libbpf handles, so the layers
 above run on fake tracers in tests. Attach failures detach whatever was already attached before raising.
@@ -10,15 +11,11 @@ import errno
 import os
 import struct
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import MappingProxyType
-from typing import NamedTuple
 
 from retsnoop_otel.capture import records
-from retsnoop_otel.capture.inject import ProbeInfo
 from retsnoop_otel.capture.model import (
-    RET_KIND_CODES,
     CaptureStats,
     FuncStats,
     ProgramStats,
@@ -31,6 +28,7 @@ from retsnoop_otel.kernel import (
     attach_modes,
     bpfsys,
     caps,
+    capture_config,
     clones,
     inject_attach,
     libbpf_progs,
@@ -40,16 +38,15 @@ from retsnoop_otel.kernel import (
     uprobes,
 )
 from retsnoop_otel.kernel import libbpf as lb
+from retsnoop_otel.kernel.capture_config import MODE_PROGRAMS, CaptureConfig
 from retsnoop_otel.kernel.libbpf_btf import Btf
 from retsnoop_otel.kernel.mode_probes import HELPER_GET_ATTACH_COOKIE
 
 PARALLEL_DETACH_MIN = 32
 DETACH_THREADS = 32
-_MODE_PROGRAMS = {m.name: m.programs for m in attach_modes.MODES}
 # every name a program of ours has in the kernel: what a check for leftovers after detach looks for
-PROGRAM_NAMES = frozenset({*(n for names in (*_MODE_PROGRAMS.values(), *uprobes.PROGRAMS.values()) for n in names),
+PROGRAM_NAMES = frozenset({*(n for names in (*MODE_PROGRAMS.values(), *uprobes.PROGRAMS.values()) for n in names),
                            *clones.TEMPLATES, *app_hooks.PROGRAMS, *inject_attach.PROGRAMS.values()})
-MAX_HELD_SESSIONS = 1024  # sessions whose per-call records the kernel holds at once (the rest stream)
 
 
 def bpf_object_path() -> Path:
@@ -60,43 +57,6 @@ def bpf_object_path() -> Path:
             f"{path} is missing: the package was installed without its BPF object; reinstall with "
             "`pip install .` on a machine with clang and libbpf-dev")
     return path
-
-
-class CaptureConfig(NamedTuple):
-    """What the kernel side records and how it attaches; applied to the BPF object before load."""
-
-    mode: str  # how the kernel functions attach ("" when there are none)
-    emit_calls: bool = False
-    capture_success: bool = False  # successful sessions are reported, as sampled by the three below
-    success_threshold: int = 0  # probability sampling: kept when the 56-bit randomness >= this (0: all)
-    success_interval_ns: int = 0  # rate sampling: ns between kept successes per entry function (0: off)
-    success_burst_ns: int = 0  # rate sampling: burst tolerance, (burst - 1) x interval
-    min_duration_ns: int = 0
-    pids: Sequence[int] = ()
-    no_pids: Sequence[int] = ()
-    comms: Sequence[str] = ()
-    no_comms: Sequence[str] = ()
-    cgroup_id: int = 0  # --cgroup: only tasks in this cgroup v2 or below it
-    cgroup_level: int = 0  # depth of that cgroup below the root cgroup
-    ringbuf_size: int = 8 << 20
-    max_sessions: int = 4096
-    max_depth: int = 64  # traced-call nesting recorded per session (1..64)
-    capture_args: bool = False  # -A; needs emit_calls (arguments travel with the per-call records)
-    exclude_self: bool = True  # our own bpf() calls (map reads at scrape time) are not the user's
-    user_mode: str = "uprobe_session"  # how the functions with a binary (u:BINARY:GLOB) attach (kernel/uprobes.py)
-    lbr_branch_types: int = 0  # --lbr: perf branch_sample_type of the LBR events; 0 = no LBR capture
-    lbr_perf_events: bool = True  # open the per-CPU LBR perf events (tests on CPUs without LBR: False)
-    arg_specs: Mapping[int, Sequence[int]] = MappingProxyType({})  # -A: function id -> arg_spec words
-    app_context: bool = False  # read the application's OTel thread context when a session starts
-    user_stacks: bool = False  # take the user stack when a session starts
-    # the kernel stack at the error: off where no session is reported (mode metrics), as it is the
-    # most expensive step of a failing call (with fentry it grows with the attached functions)
-    kernel_stack: bool = True
-    max_app_processes: int = 16384  # processes whose thread-context location the kernel side keeps
-    func_counts: bool = True  # count calls, errors and latency per function and session (read by metrics only)
-    workload_stats: bool = False  # also count calls, errors and sessions per cgroup v2 (metrics workload label)
-    max_workload_counts: int = 16384  # (cgroup, function, outcome) counts the kernel side keeps
-    inject: Sequence[ProbeInfo] = ()  # -J injected probes (kernel/inject_attach.py); need emit_calls
 
 
 class AttachReport:
@@ -161,116 +121,12 @@ class Tracer:
         obj = lb.BpfObject.open_file(str(bpf_object_path()))
         self._obj = obj
         try:
-            self._configure(obj)
+            capture_config.configure(obj, self.config, self.funcs, self._fentry, self._by_address, self._ncpus)
             obj.load()
-            self._fill_maps(obj)
+            capture_config.fill_maps(obj, self.config, self.funcs, self._by_address, self._arg_specs)
         except BaseException:
             self.close()
             raise
-
-    def _configure(self, obj: lb.BpfObject) -> None:
-        cfg = self.config
-        rodata = obj.map(".rodata")
-        data = bytearray(rodata.initial_value())
-        layout = Btf.of_object(obj).datasec_vars(".rodata")
-        no_pids = self._no_pids()
-        allow_pids = [p for p in cfg.pids if p not in set(no_pids)]
-        allow_comms = [c for c in cfg.comms if c not in set(cfg.no_comms)]
-        values = {
-            "emit_calls": struct.pack("<?", cfg.emit_calls),
-            "capture_success": struct.pack("<?", cfg.capture_success),
-            "min_duration_ns": struct.pack("<Q", cfg.min_duration_ns),
-            "tgid_allow_cnt": struct.pack("<I", len(allow_pids)),
-            "comm_allow_cnt": struct.pack("<I", len(allow_comms)),
-            "has_tgid_filter": struct.pack("<?", bool(cfg.pids or no_pids)),
-            "has_comm_filter": struct.pack("<?", bool(cfg.comms or cfg.no_comms)),
-            "cgroup_id_filter": struct.pack("<Q", cfg.cgroup_id),
-            "cgroup_level": struct.pack("<I", cfg.cgroup_level),
-            "capture_args": struct.pack("<?", cfg.capture_args and cfg.emit_calls),
-            "max_depth": struct.pack("<I", min(max(cfg.max_depth, 1), records.MAX_FSTACK_DEPTH)),
-            "use_lbr": struct.pack("<?", bool(cfg.lbr_branch_types)),
-            "read_app": struct.pack("<?", cfg.app_context),
-            "user_stacks": struct.pack("<?", cfg.user_stacks),
-            "kernel_stack": struct.pack("<?", cfg.kernel_stack),
-            "func_counts": struct.pack("<?", cfg.func_counts),
-            "workload_stats": struct.pack("<?", cfg.workload_stats),
-            "rb_bytes": struct.pack("<Q", _ringbuf_size(cfg.ringbuf_size)),
-            "success_threshold": struct.pack("<Q", cfg.success_threshold),
-            "success_interval_ns": struct.pack("<Q", cfg.success_interval_ns),
-            "success_burst_ns": struct.pack("<Q", cfg.success_burst_ns),
-        }
-        if missing := [name for name in values if name not in layout]:
-            raise lb.LibbpfError(f"{bpf_object_path()} was built from older sources (no {', '.join(missing)}): "
-                                 "rebuild it with `make bpf`", errno.ENOEXEC)
-        for name, raw in values.items():
-            off, size = layout[name]
-            data[off:off + size] = raw
-        rodata.set_initial_value(bytes(data))
-        n = len(self.funcs)
-        obj.map("func_infos").set_max_entries(n)
-        obj.map("func_stats").set_max_entries(n if cfg.func_counts else 1)
-        obj.map("entry_stats").set_max_entries(n if cfg.func_counts else 1)
-        if not cfg.func_counts:
-            obj.map("err_stats").set_max_entries(1)
-        obj.map("arg_specs").set_max_entries(n)
-        obj.map("rb").set_max_entries(_ringbuf_size(cfg.ringbuf_size))
-        obj.map("sessions").set_max_entries(cfg.max_sessions)
-        # without --lbr the LBR maps keep one entry each: no memory for a feature that is off
-        obj.map("lbr_snaps").set_max_entries(self._ncpus if cfg.lbr_branch_types else 1)
-        obj.map("session_lbrs").set_max_entries(cfg.max_sessions if cfg.lbr_branch_types else 1)
-        watch = cfg.app_context or cfg.user_stacks
-        obj.map("app_targets").set_max_entries(cfg.max_app_processes if watch else 1)
-        obj.map("app_asked").set_max_entries(cfg.max_app_processes if watch else 1)
-        obj.map("wl_stats").set_max_entries(cfg.max_workload_counts if cfg.workload_stats else 1)
-        obj.map("ip_ids").set_max_entries(n if self._by_address else 1)
-        held = cfg.emit_calls and not cfg.capture_args  # -A records are too large to hold: they stream
-        obj.map("call_bufs").set_max_entries(min(cfg.max_sessions, MAX_HELD_SESSIONS) if held else 1)
-        obj.map("rate_tat").set_max_entries(n if cfg.success_interval_ns else 1)
-        obj.map("rate_busy").set_max_entries(n if cfg.success_interval_ns else 1)
-        progs = _MODE_PROGRAMS.get(cfg.mode, ()) if self._kfuncs else ()
-        cloned = clones.SETS.get(cfg.mode, {}) if self._kfuncs else {}
-        if cloned and all(f.is_entry for f in self._kfuncs):
-            progs = cloned[True]  # no function runs the inner templates: not worth verifying them
-        user = uprobes.PROGRAMS[cfg.user_mode] if len(self._kfuncs) < len(self.funcs) else ()
-        for names in {*_MODE_PROGRAMS.values(), *uprobes.PROGRAMS.values()}:
-            for name in names:
-                obj.program(name).set_autoload(name in progs or name in user)
-        for is_entry, names in cloned.items():  # verified against one function of their kind, then cloned
-            for name in set(names) & set(progs):
-                obj.program(name).set_attach_target(self._fentry.target(is_entry=is_entry))
-        app_hooks.configure(obj, cfg.app_context)
-        inject_attach.configure(obj, cfg.inject)
-        for name in progs if cfg.mode == "kprobe_session" else ():
-            obj.program(name).set_expected_attach_type(bpfsys.ATTACH_TRACE_KPROBE_SESSION)
-        for name in progs if cfg.mode == "fsession_multi" else ():  # loaded without a target function
-            obj.program(name).set_type(lb.PROG_TYPE_TRACING)
-            obj.program(name).set_expected_attach_type(bpfsys.ATTACH_TRACE_FSESSION_MULTI)
-
-    def _no_pids(self) -> list[int]:
-        return [*self.config.no_pids, *([os.getpid()] if self.config.exclude_self else [])]
-
-    def _fill_maps(self, obj: lb.BpfObject) -> None:
-        inject_attach.fill(obj, self.config.inject)
-        infos = obj.map("func_infos")
-        for f in self.funcs:
-            kind = RET_KIND_CODES[f.ret] << records.FUNC_RET_KIND_SHIFT
-            flags = (records.FUNC_IS_ENTRY if f.is_entry else 0) | (records.FUNC_IS_USER if f.binary else 0) | kind
-            infos.update(struct.pack("<I", f.id), records.FUNC_INFO.pack(f.addr, flags, 0))
-        if self._by_address:
-            multi_link.fill_ip_ids(obj.map("ip_ids"), self._kfuncs)
-        specs = obj.map("arg_specs")
-        for fid, words in self._arg_specs.items():
-            specs.update(struct.pack("<I", fid), records.ARG_SPEC.pack(*words))
-        pids = obj.map("tgid_filter")
-        for pid in self.config.pids:
-            pids.update(struct.pack("<I", pid), bytes([1]))
-        for pid in self._no_pids():
-            pids.update(struct.pack("<I", pid), bytes([2]))  # deny entries written last: they win
-        comms = obj.map("comm_filter")
-        for comm in self.config.comms:
-            comms.update(_comm_key(comm), bytes([1]))
-        for comm in self.config.no_comms:
-            comms.update(_comm_key(comm), bytes([2]))
 
     # ---- attach --------------------------------------------------------------------------
 
@@ -346,7 +202,7 @@ class Tracer:
 
     def _attach_one(self, f: TracedFunc, loaded: clones.Clone | BaseException | None = None) -> None:
         assert self._obj is not None
-        entry_name, exit_name = _MODE_PROGRAMS[self.config.mode][:2]
+        entry_name, exit_name = MODE_PROGRAMS[self.config.mode][:2]
         entry, exit_ = self._obj.program(entry_name), self._obj.program(exit_name)
         if self.config.mode == "kprobe":
             # a name with several instances (static functions, clones) is attached per instance address
@@ -363,7 +219,7 @@ class Tracer:
 
     def _attach_multi(self, report: AttachReport) -> None:
         assert self._obj is not None
-        progs = [self._obj.program(name) for name in _MODE_PROGRAMS[self.config.mode]]
+        progs = [self._obj.program(name) for name in MODE_PROGRAMS[self.config.mode]]
         report.split_links = multi_link.attach(self.config.mode, progs, self._kfuncs, self._links, self.detach_links)
         report.attached.extend(self._kfuncs)
 
@@ -371,7 +227,7 @@ class Tracer:
                               strict: bool) -> None:
         """fsession.multi: the functions the kernel refuses are reported (or raised, if `strict`) like fentry's."""
         assert self._obj is not None
-        prog = self._obj.program(_MODE_PROGRAMS["fsession_multi"][0])
+        prog = self._obj.program(MODE_PROGRAMS["fsession_multi"][0])
         refused = multi_link.attach_fsession(prog, self._kfuncs, self._btf_func_id, self._links)
         if refused and strict:
             raise refused[0][1]
@@ -447,7 +303,7 @@ class Tracer:
         if self._obj is None:
             return []
         user = uprobes.PROGRAMS[self.config.user_mode] if len(self._kfuncs) < len(self.funcs) else ()
-        kernel = _MODE_PROGRAMS.get(self.config.mode, ()) if self._kfuncs else ()
+        kernel = MODE_PROGRAMS.get(self.config.mode, ()) if self._kfuncs else ()
         if self.config.mode in clones.SETS and self._kfuncs:
             return self._fentry.programs() + [(name, self._obj.program(name).fd) for name in user]
         return [(name, self._obj.program(name).fd) for name in dict.fromkeys((*kernel, *user))]
@@ -496,13 +352,3 @@ class Tracer:
             self._obj.close()
             self._obj = None
 
-
-def _comm_key(comm: str) -> bytes:
-    return comm.encode()[:15].ljust(16, b"\0")
-
-
-def _ringbuf_size(size: int) -> int:
-    """Ring buffers must be a power-of-two number of pages."""
-    page = 4096
-    n = max(page, size)
-    return 1 << (n - 1).bit_length()

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
-from retsnoop_otel.appctx.watch import AppSources
+from retsnoop_otel.appctx.process_readers import AppSources
 from retsnoop_otel.export.otlp_settings import OtlpSettings
 from retsnoop_otel.export.resource import Resource, build_resource
 from retsnoop_otel.runtime.config import SymbolsConfig

@@ -26,7 +26,8 @@ from retsnoop_otel.capture.records import APP_RECORDS, SAMPLED_PROBABILITY, AppR
 from retsnoop_otel.capture.sampling import ALWAYS, kernel_sampling
 from retsnoop_otel.capture.sessions import SessionAssembler
 from retsnoop_otel.kernel.attach_modes import TRAMPOLINE
-from retsnoop_otel.kernel.tracer import AttachReport, CaptureConfig
+from retsnoop_otel.kernel.capture_config import CaptureConfig
+from retsnoop_otel.kernel.tracer import AttachReport
 from retsnoop_otel.metrics.workload_series import LABEL_NAMES, WorkloadSeries, WorkloadTotal
 from retsnoop_otel.runtime import carry
 from retsnoop_otel.runtime.config import AGENT_NAMES, InputNames, Limits, ProbeSetConfig

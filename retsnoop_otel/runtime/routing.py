@@ -8,7 +8,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from retsnoop_otel.appctx.watch import AppSources, AppWatcher, watches
+from retsnoop_otel.appctx.process_readers import AppSources
+from retsnoop_otel.appctx.watch import AppWatcher, watches
 from retsnoop_otel.capture.model import Session
 from retsnoop_otel.capture.records import AppRecord
 from retsnoop_otel.runtime.config import RuntimeConfig

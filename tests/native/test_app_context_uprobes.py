@@ -16,12 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from retsnoop_otel.appctx.watch import SWEEP_S, AppSources, AppWatcher
+from retsnoop_otel.appctx.process_readers import AppSources
+from retsnoop_otel.appctx.watch import SWEEP_S, AppWatcher
 from retsnoop_otel.capture import records
 from retsnoop_otel.capture.model import RetKind, TracedFunc
 from retsnoop_otel.capture.records import AppExecRec, AppProbeRec
 from retsnoop_otel.capture.sessions import SessionAssembler
-from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer
+from retsnoop_otel.kernel.capture_config import CaptureConfig
+from retsnoop_otel.kernel.tracer import Tracer
 from retsnoop_otel.runtime.logs import EventLog
 from retsnoop_otel.symbols.user_funcs import in_binary
 

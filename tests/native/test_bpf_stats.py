@@ -18,9 +18,10 @@ from prometheus_client.utils import floatToGoString
 
 from retsnoop_otel.capture.model import RetKind, TracedFunc
 from retsnoop_otel.kernel import libbpf as lb
+from retsnoop_otel.kernel.capture_config import CaptureConfig
 from retsnoop_otel.kernel.libbpf_btf import BTF_KIND_STRUCT, Btf
 from retsnoop_otel.kernel.libbpf_progs import ProgInfo, prog_info
-from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer
+from retsnoop_otel.kernel.tracer import Tracer
 from retsnoop_otel.metrics.kernel_families import KernelCollector, read_bpf_stats_enabled
 from retsnoop_otel.metrics.runtime_families import RunCounters, RuntimeCollector
 from retsnoop_otel.symbols.user_funcs import in_binary

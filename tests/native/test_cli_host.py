@@ -162,7 +162,7 @@ BAD_INPUT = {
 
 def _web_files(d: Path) -> dict[str, Path]:
     """Bad web config files: a key of another certificate, a typo, a password where its hash belongs."""
-    from bench.tls_certs import leaf
+    from tests.tls_certs import leaf
     subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
                     "-days", "2", "-keyout", "ca.key", "-out", "ca.crt", "-subj", "/CN=ca"], cwd=d, check=True,
                    capture_output=True)

@@ -13,7 +13,8 @@ from collections import Counter
 from retsnoop_otel.capture import records
 from retsnoop_otel.capture.sampling import ALWAYS, MAX_THRESHOLD, Sampling, kernel_sampling, threshold
 from retsnoop_otel.capture.sessions import SessionAssembler
-from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer
+from retsnoop_otel.kernel.capture_config import CaptureConfig
+from retsnoop_otel.kernel.tracer import Tracer
 from retsnoop_otel.symbols.user_funcs import in_binary
 from tests.native.simkern_funcs import simkern_funcs, walk
 

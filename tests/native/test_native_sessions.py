@@ -19,7 +19,8 @@ import pytest
 from retsnoop_otel.capture.model import RetKind, TracedFunc, format_result
 from retsnoop_otel.capture.sessions import SessionAssembler
 from retsnoop_otel.kernel import libbpf as lb
-from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer
+from retsnoop_otel.kernel.capture_config import CaptureConfig
+from retsnoop_otel.kernel.tracer import Tracer
 from retsnoop_otel.symbols.user_funcs import in_binary
 from tests.native.simkern_funcs import simkern_funcs, walk
 from tests.procs import remove_cgroups

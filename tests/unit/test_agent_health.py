@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from bench.tls_certs import make_pki
 from retsnoop_otel.agent import health
 from retsnoop_otel.agent.main import main as agent_main
 from retsnoop_otel.metrics.server import MetricsServer
 from retsnoop_otel.metrics.web_tls import WebWatcher, load_web_config
 from tests.fakes import WEB_TLS, WEB_USERS
+from tests.tls_certs import make_pki
 
 
 def _serve(healthy: bool, web_file: Path | None = None) -> MetricsServer:

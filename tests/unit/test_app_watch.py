@@ -10,8 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from retsnoop_otel.appctx.process_readers import AppSources
 from retsnoop_otel.appctx.thread_ctx import TlsLocation
-from retsnoop_otel.appctx.watch import RECHECK_FIRST_S, SWEEP_S, AppSources, AppWatcher
+from retsnoop_otel.appctx.watch import RECHECK_FIRST_S, SWEEP_S, AppWatcher
 from retsnoop_otel.capture.model import AppContext, UserFrame
 from retsnoop_otel.runtime.logs import EventLog
 from tests.fakes import Clock, tree_session
@@ -145,7 +146,7 @@ def test_processes_running_at_start_are_checked_after_the_probes(tmp_path, monke
 def test_the_proc_readers_import_their_modules_at_their_first_call() -> None:
     """appctx.process_context and appctx.thread_ctx (0.24 s of an emulated start) load only once a process is
     read: a run whose sessions come from no publishing process never imports them."""
-    code = ("import os, sys\nfrom retsnoop_otel.appctx.watch import AppSources\n"
+    code = ("import os, sys\nfrom retsnoop_otel.appctx.process_readers import AppSources\n"
             "mods = ('retsnoop_otel.appctx.process_context', 'retsnoop_otel.appctx.thread_ctx')\n"
             "sources = AppSources.from_proc('/proc', False)\nprint([m in sys.modules for m in mods])\n"
             "print(sources.read_context(os.getpid()), [m in sys.modules for m in mods])\n"
@@ -211,7 +212,7 @@ def run_until(w, clock, end, step=0.01):
 
 
 def test_an_exec_is_checked_at_once_then_50ms_doubling_until_its_library_loads(tmp_path):
-    from retsnoop_otel.appctx.watch import EXEC_RECHECK_FIRST_S
+    from retsnoop_otel.appctx.exec_watch import EXEC_RECHECK_FIRST_S
     w, maps, clock, loaded, checks = exec_watcher(tmp_path, [30])
     w.born(30)
     t0 = clock.t
@@ -257,7 +258,7 @@ def test_a_location_not_settled_is_written_and_checked_again_until_glibc_placed_
 def test_a_publish_record_checks_a_watched_process_at_once_and_restarts_its_intervals(tmp_path):
     """A service that loaded its publisher between two timed checks (1 s apart by then) and makes its first
     request a few milliseconds later: its publish record has it checked when the record is read."""
-    from retsnoop_otel.appctx.watch import EXEC_RECHECK_FIRST_S
+    from retsnoop_otel.appctx.exec_watch import EXEC_RECHECK_FIRST_S
     from retsnoop_otel.capture.records import AppPublishRec
     counted = TlsLocation(5, 0, 16, "/lib/libotel_thread_ctx.so", "dtv", settled=False)
     where = {35: counted}
@@ -278,7 +279,7 @@ def test_a_publish_record_checks_a_watched_process_at_once_and_restarts_its_inte
     assert len(checks) == n + 2 and checks[-1][1] - checks[-2][1] == pytest.approx(EXEC_RECHECK_FIRST_S, abs=0.0101)
     where[35] = TlsLocation(5, 0, 16, "/lib/libotel_thread_ctx.so", "dtv")  # settled at its first span
     run_until(w, clock, clock.t + 2.0)
-    assert w._watched == {} and len(checks) == n + 3 and w.counters.exec_watches["located"] == 1
+    assert w.execs.watched == {} and len(checks) == n + 3 and w.counters.exec_watches["located"] == 1
 
 
 def test_a_publish_record_of_a_process_found_not_to_publish_asks_again_at_once(tmp_path):
@@ -293,11 +294,11 @@ def test_a_publish_record_of_a_process_found_not_to_publish_asks_again_at_once(t
     w.heard(AppPublishRec(40))  # an update of its context (or another probe set's record): no check, a re-read
     assert located == [40, 40] and w._known[40].context_read_at == float("-inf")
     w.heard(AppExecRec(41))
-    assert 41 in w._watched
+    assert 41 in w.execs.watched
 
 
 def test_the_watch_is_bounded_and_then_the_process_is_handled_by_its_sessions(tmp_path):
-    from retsnoop_otel.appctx.watch import EXEC_RECHECK_MAX_S, EXEC_WATCH_S
+    from retsnoop_otel.appctx.exec_watch import EXEC_RECHECK_MAX_S, EXEC_WATCH_S
     w, maps, clock, _, checks = exec_watcher(tmp_path, [31])
     w.born(31)
     t0 = clock.t
@@ -328,7 +329,7 @@ def test_a_process_that_exits_while_watched_is_dropped_without_an_error(tmp_path
     (tmp_path / "33").rmdir()
     run_until(w, clock, clock.t + 1)
     assert len(checks) == 2 and w.counters.exec_watches["exited"] == 1 and w.counters.check_errors == 0
-    assert maps[0].entries == {} and w._watched == {} and w._known == {}
+    assert maps[0].entries == {} and w.execs.watched == {} and w._known == {}
 
 
 def test_a_new_image_withdraws_the_old_answer_from_every_probe_set(tmp_path):
@@ -343,7 +344,7 @@ def test_a_new_image_withdraws_the_old_answer_from_every_probe_set(tmp_path):
     w.born(34)
     assert maps[0].entries == {} and maps[1].forgotten == [34]
     run_until(w, clock, clock.t + 0.2)
-    assert maps[0].entries == {} and 34 in w._watched  # the new image is watched, nothing claimed for it yet
+    assert maps[0].entries == {} and 34 in w.execs.watched  # the new image is watched, nothing claimed for it yet
 
 
 def test_exec_checks_come_after_the_probes_and_within_the_per_turn_bounds(tmp_path, monkeypatch):
@@ -371,12 +372,12 @@ def test_exec_checks_stop_once_the_turns_time_budget_is_spent(tmp_path):
 
 
 def test_too_many_execs_at_once_are_left_to_their_sessions(tmp_path, monkeypatch):
-    from retsnoop_otel.appctx import watch as app_watch
-    monkeypatch.setattr(app_watch, "MAX_EXEC_WATCHED", 2)
+    from retsnoop_otel.appctx import exec_watch
+    monkeypatch.setattr(exec_watch, "MAX_EXEC_WATCHED", 2)
     w, _, _, _, _ = exec_watcher(tmp_path, [60, 61, 62])
     for pid in (60, 61, 62):
         w.born(pid)
-    assert sorted(w._watched) == [60, 61] and w.counters.exec_watches["skipped"] == 1
+    assert sorted(w.execs.watched) == [60, 61] and w.counters.exec_watches["skipped"] == 1
 
 
 def test_no_exec_watch_where_thread_context_is_not_read(tmp_path):
@@ -384,4 +385,4 @@ def test_no_exec_watch_where_thread_context_is_not_read(tmp_path):
     w.read_app = False
     w.born(70)
     w.service()
-    assert checks == [] and w._watched == {}
+    assert checks == [] and w.execs.watched == {}

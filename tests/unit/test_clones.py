@@ -47,6 +47,7 @@ def test_entry_functions_get_the_session_pair_and_the_others_the_inner_pair(monk
     template pair was verified against runs that pair itself: no clone of it is verified again."""
     from retsnoop_otel.capture.model import RetKind, TracedFunc
     from retsnoop_otel.kernel import libbpf_progs, tracer
+    from retsnoop_otel.kernel.capture_config import CaptureConfig
 
     loaded: list[tuple[str, int, str]] = []
 
@@ -69,7 +70,7 @@ def test_entry_functions_get_the_session_pair_and_the_others_the_inner_pair(monk
              TracedFunc(3, "__x64_sys_bpf", 0, RetKind.INT32, True),
              TracedFunc(4, "array_map_alloc", 0, RetKind.INT32, False)]
     btf_ids = {"__sys_bpf": 7, "map_create": 8, "__x64_sys_bpf": 9, "array_map_alloc": 10}
-    t = tracer.Tracer(funcs, tracer.CaptureConfig(mode="fentry"), btf_func_id=btf_ids.get)
+    t = tracer.Tracer(funcs, CaptureConfig(mode="fentry"), btf_func_id=btf_ids.get)
     assert t._fentry.targets == {True: funcs[1], False: funcs[2]}  # the first of each kind with BTF
     assert (t._fentry.target(is_entry=True), t._fentry.target(is_entry=False)) == ("__sys_bpf", "map_create")
     t._obj = Obj()  # type: ignore[assignment]
@@ -109,6 +110,7 @@ def test_fsession_clones_one_program_per_function_from_its_kind_of_template(monk
     the template of the function's kind, under names the leftover checks know."""
     from retsnoop_otel.capture.model import RetKind, TracedFunc
     from retsnoop_otel.kernel import bpfsys, libbpf_progs, tracer
+    from retsnoop_otel.kernel.capture_config import CaptureConfig
 
     loaded: list[tuple[str, int, int, str]] = []
 
@@ -128,7 +130,7 @@ def test_fsession_clones_one_program_per_function_from_its_kind_of_template(monk
     monkeypatch.setattr(lb, "num_possible_cpus", lambda: 1)
     funcs = [TracedFunc(1, "__sys_bpf", 0, RetKind.INT32, True), TracedFunc(2, "map_create", 0, RetKind.INT32, False),
              TracedFunc(3, "array_map_alloc", 0, RetKind.INT32, False)]
-    t = tracer.Tracer(funcs, tracer.CaptureConfig(mode="fsession"),
+    t = tracer.Tracer(funcs, CaptureConfig(mode="fsession"),
                       btf_func_id={"__sys_bpf": 7, "map_create": 8, "array_map_alloc": 9}.get)
     t._obj = Obj()  # type: ignore[assignment]
     out = t._fentry.load(t._obj)

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from bench.tls_certs import make_ca
 from retsnoop_otel.agent.config_file import AgentConfig, ConfigError, load_config, parse_config
 from retsnoop_otel.inputs.addresses import parse_listen
 from retsnoop_otel.runtime.config import Limits, MetricsConfig, RuntimeConfig
 from retsnoop_otel.runtime.deps import RuntimeDeps
 from retsnoop_otel.runtime.errors import InputError
 from retsnoop_otel.runtime.runtime import Runtime
+from tests.tls_certs import make_ca
 
 REPO = Path(__file__).resolve().parents[2]
 

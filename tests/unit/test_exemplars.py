@@ -11,12 +11,12 @@ from prometheus_client import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from bench.oracle_spans import request_to_spans
 from retsnoop_otel.capture.model import RetKind, Session, SessionStats, StackEntry, TracedFunc
 from retsnoop_otel.export.span_encoder import SpanEncoder, build_request, make_envelope
 from retsnoop_otel.metrics.exemplars import ExemplarStore, log2_bucket
 from retsnoop_otel.metrics.kernel_families import KernelCollector
 from tests.fakes import FakeProbeSet, make_registry
+from tests.oracle_spans import request_to_spans
 
 FUNCS = {0: TracedFunc(0, "__x64_sys_bpf", 0, RetKind.SIGNED, True),
          1: TracedFunc(1, "array_map_alloc_check", 0, RetKind.INT32, False)}

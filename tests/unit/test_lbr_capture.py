@@ -7,7 +7,6 @@ import io
 
 import pytest
 
-from bench.oracle_spans import request_to_span_views
 from retsnoop_otel.capture import records
 from retsnoop_otel.capture.model import Branch, LbrCapture, RetKind, StackEntry, TracedFunc
 from retsnoop_otel.capture.records import SessionLbrRec
@@ -18,6 +17,7 @@ from retsnoop_otel.render.console import session_text
 from retsnoop_otel.render.lbr import render_session_lbr
 from retsnoop_otel.trace.flags import parse
 from tests.fakes import AMAC, AMAC_SIZE, LBR_RECORDS, OFFSET, TREE_FUNCS, symbolize, tree_session
+from tests.oracle_spans import request_to_span_views
 from tests.span_checks import assert_same, decode, encoded, encoder_for
 
 

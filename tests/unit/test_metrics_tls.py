@@ -1,5 +1,5 @@
 """/metrics and /healthz over TLS and basic auth: the real server on loopback, real TLS clients (ssl,
-http.client), certificates made by openssl for the test (bench/tls_certs.py)."""
+http.client), certificates made by openssl for the test (tests/tls_certs.py)."""
 
 from __future__ import annotations
 
@@ -23,13 +23,13 @@ from prometheus_client.core import GaugeMetricFamily
 
 import retsnoop_otel.metrics.basic_auth as basic_auth_module
 import retsnoop_otel.metrics.server as server_module
-from bench.tls_certs import CLIENT_URI, Pki, leaf, make_pki
 from retsnoop_otel.agent.main import Agent
 from retsnoop_otel.metrics.server import MetricsServer
 from retsnoop_otel.metrics.web_tls import WebWatcher, load_web_config
 from retsnoop_otel.runtime.errors import InputError
 from retsnoop_otel.runtime.logs import EventLog
 from tests.fakes import AGENT_CONFIG, BCRYPT_COST, PASSWORD_HASH, WEB_TLS, WEB_USERS, World, log_events
+from tests.tls_certs import CLIENT_URI, Pki, leaf, make_pki
 
 MTLS = WEB_TLS + "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.crt\n"
 

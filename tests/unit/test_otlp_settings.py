@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.tls_certs import make_pki
 from retsnoop_otel.export.otel_env import EnvWarnings
 from retsnoop_otel.export.otlp_settings import OtlpConfig, OtlpConfigError, describe, resolve_settings
+from tests.tls_certs import make_pki
 
 CLI = {"endpoint": "--otlp-endpoint", "protocol": "--otlp-protocol", "headers": "--otlp-header",
        "compression": "--otlp-compression", "timeout_s": "--otlp-timeout", "insecure": "--otlp-insecure",

@@ -8,10 +8,10 @@ times, statuses, attributes and what must never leak (raw kernel addresses).
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from bench.oracle_spans import request_to_spans
 from retsnoop_otel import __version__
 from retsnoop_otel.capture.model import Call, StackEntry
 from tests.fakes import EINVAL, KPTR, OFFSET, dwarf_locate, tree_session
+from tests.oracle_spans import request_to_spans
 from tests.span_checks import encoded
 
 ERROR, UNSET = 2, 0

@@ -7,7 +7,6 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from bench import harness  # the benchmarks' realistic session generator
-from bench.oracle_spans import request_to_spans, sdk_request, session_to_spans
 from retsnoop_otel.capture.model import (
     ArgValue,
     Call,
@@ -22,6 +21,7 @@ from retsnoop_otel.export import span_encoder
 from retsnoop_otel.export.resource import Resource, build_resource
 from retsnoop_otel.export.span_encoder import SpanEncoder, build_request
 from tests.fakes import APP_SPAN, APP_TRACE, EINVAL, KPTR, OFFSET, TREE_FUNCS, app_session, symbolize, tree_session
+from tests.oracle_spans import request_to_spans, sdk_request, session_to_spans
 from tests.span_checks import ENVELOPE, RESOURCE, assert_same, decode, encoder_for, strip_ids
 
 

@@ -7,8 +7,9 @@ import errno
 import pytest
 
 from retsnoop_otel.capture.model import RetKind, TracedFunc
+from retsnoop_otel.kernel import capture_config, clones
 from retsnoop_otel.kernel import libbpf as lb
-from retsnoop_otel.kernel import tracer
+from retsnoop_otel.kernel.libbpf_btf import Btf
 
 
 def test_an_object_without_a_setting_this_code_writes_says_to_rebuild_it(monkeypatch) -> None:
@@ -17,6 +18,8 @@ def test_an_object_without_a_setting_this_code_writes_says_to_rebuild_it(monkeyp
             return bytes(64)
 
     class Obj:
+        path = "/pkg/bpf/retsnoop.bpf.o"
+
         def map(self, name: str) -> Rodata:
             assert name == ".rodata"
             return Rodata()
@@ -25,10 +28,11 @@ def test_an_object_without_a_setting_this_code_writes_says_to_rebuild_it(monkeyp
         def datasec_vars(self, _sec: str) -> dict[str, tuple[int, int]]:
             return {"emit_calls": (0, 1)}  # an old object: none of the later settings
 
-    monkeypatch.setattr(lb, "num_possible_cpus", lambda: 1)
-    monkeypatch.setattr(tracer.Btf, "of_object", staticmethod(lambda _obj: Layout()))
-    t = tracer.Tracer([TracedFunc(1, "f", 0, RetKind.INT32, True)], tracer.CaptureConfig(mode="kprobe"))
+    monkeypatch.setattr(Btf, "of_object", staticmethod(lambda _obj: Layout()))
+    funcs = [TracedFunc(1, "f", 0, RetKind.INT32, True)]
     with pytest.raises(lb.LibbpfError) as exc:
-        t._configure(Obj())  # type: ignore[arg-type]
+        capture_config.configure(Obj(), capture_config.CaptureConfig(mode="kprobe"), funcs,  # type: ignore[arg-type]
+                                 clones.FentryPrograms(funcs, None), by_address=False, ncpus=1)
     assert exc.value.errno == errno.ENOEXEC
+    assert "/pkg/bpf/retsnoop.bpf.o was built from older sources" in str(exc.value)
     assert "func_counts" in str(exc.value) and "make bpf" in str(exc.value)

@@ -11,8 +11,8 @@ from pathlib import Path
 from prometheus_client import generate_latest
 
 from retsnoop_otel.agent.main import Agent
+from retsnoop_otel.appctx.process_readers import AppSources
 from retsnoop_otel.appctx.stacks import HeldSessions, StackWorker
-from retsnoop_otel.appctx.watch import AppSources
 from retsnoop_otel.capture import records
 from retsnoop_otel.capture.model import UserFrame
 from retsnoop_otel.runtime.logs import EventLog

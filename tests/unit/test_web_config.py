@@ -20,9 +20,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.tls_certs import Pki, make_pki
 from retsnoop_otel.metrics.web_config import TLS12_CIPHERS, TLS13_CIPHERS, WebConfigError, parse_web_config
 from retsnoop_otel.metrics.web_tls import load_web_config
+from tests.tls_certs import Pki, make_pki
 
 HASH = bcrypt.hashpw(b"secret", bcrypt.gensalt(4)).decode()
 TLS = "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from bench.tls_certs import make_ca
 from retsnoop_otel.agent.config_file import ConfigError, parse_config
 from retsnoop_otel.agent.main import Agent
 from retsnoop_otel.capture.records import SessionEndRec
@@ -31,6 +30,7 @@ from tests.fakes import (
     fake_process,
     wait_exported,
 )
+from tests.tls_certs import make_ca
 
 BASE = "probe_sets:\n  - name: a\n    entry: [f]\nexporter:\n  console: true\n"
 

@@ -13,7 +13,7 @@ import socket
 import time
 from pathlib import Path
 
-from bench.tls_certs import leaf, make_ca
+from tests.tls_certs import leaf, make_ca
 from tests.vm.guest_batch import budget
 from tests.vm.scenarios.filters import BPF_SET, PY
 from tests.vm.traced_run import our_progs

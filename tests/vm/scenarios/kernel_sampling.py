@@ -28,7 +28,7 @@ def scenario_kernel_sampling(ctx) -> dict:
     from retsnoop_otel.capture.sampling import MAX_THRESHOLD
     from retsnoop_otel.kernel import features
     from retsnoop_otel.kernel import libbpf_btf as lb
-    from retsnoop_otel.kernel.tracer import CaptureConfig
+    from retsnoop_otel.kernel.capture_config import CaptureConfig
     from retsnoop_otel.symbols import discovery
     from retsnoop_otel.symbols.btf import ReturnKinds
     from retsnoop_otel.symbols.kallsyms import Kallsyms

@@ -21,7 +21,8 @@ PY = sys.executable
 def scenario_lbr_kernel_path(ctx) -> dict:
     from retsnoop_otel.kernel import bpfsys, features
     from retsnoop_otel.kernel import libbpf_btf as lb
-    from retsnoop_otel.kernel.tracer import CaptureConfig, Tracer
+    from retsnoop_otel.kernel.capture_config import CaptureConfig
+    from retsnoop_otel.kernel.tracer import Tracer
     from retsnoop_otel.render.lbr import render_session_lbr
     from retsnoop_otel.symbols import discovery
     from retsnoop_otel.symbols.btf import ReturnKinds

@@ -29,8 +29,8 @@ from pathlib import Path
 import bcrypt
 import yaml
 
-from bench.tls_certs import leaf, make_ca
 from tests.dashboard_files import ALERTS, SCRAPE_CONFIG, all_expressions
+from tests.tls_certs import leaf, make_ca
 from tests.vm.guest_batch import budget
 
 PY = sys.executable

@@ -3,8 +3,8 @@
 The production path (retsnoop_otel.export.span_encoder) writes OTLP bytes by hand for speed; this
 builds the same spans the slow, obvious way (ReadableSpan objects from span_attributes, then the
 SDK's own encoder) so tests can compare the two request by request. Only the random ids differ.
-It lives in bench/ because bench/span_throughput.py measures it too: the tests import bench, never
-the other way round.
+bench/span_throughput.py measures it too (its `readable` path): it imports nothing of tests/ or bench/, so
+the bench may import it without tying itself to the tests.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 One CA signs a server certificate (SANs localhost and 127.0.0.1) and a client certificate (SANs
 DNS:scraper and a SPIFFE URI); a second CA signs a client certificate the first CA does not vouch for.
 EC P-256 keys: fast to make, also in the VM under emulation. Used by the tests and by
-bench/metrics_tls_cost.py, so it lives in bench/: the tests import bench, never the other way round.
+bench/metrics_tls_cost.py: it imports nothing of tests/ or bench/, so the bench may import it without tying
+itself to the tests.
 """
 
 from __future__ import annotations
