@@ -72,6 +72,8 @@ def read_bytes(path: str | os.PathLike[str], name: str, cap: int, error: ErrorFa
     def refuse(kind: str) -> Exception:
         return error(f"{where}: {the}{kind}, not a regular file")
 
+    if "\x00" in str(os.fspath(path)):  # a YAML string can hold one ("\0"); os.stat() would raise ValueError
+        raise error(f"{shown(os.fspath(path))}: not a file name (it holds a NUL character)")
     try:
         st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):
