@@ -105,18 +105,27 @@ def _key_lines(ctx: Nodes, node: yaml.Node, prefix: str = "") -> dict[str, int]:
 
 
 def _globs(ctx: Nodes, node: yaml.Node, key: str) -> tuple[str, ...]:
-    def one(n: yaml.Node, k: str) -> str:
+    """The globs in order, each '@file' replaced by its lines: a glob file is read and checked here, once per load
+    of the config however many keys name it, and nothing after this reads it again (the runtime gets the globs as
+    values; a reload loads the config, and so its glob files, anew)."""
+    def one(n: yaml.Node, k: str) -> tuple[str, ...]:
         text = scalar(ctx, n, k, (str,), "a glob string")
+        if ("globs", text) in ctx.files:
+            return ctx.files["globs", text]
         try:
-            for g in expand_glob_args([text]):  # '@file' globs: the file must exist and parse too
+            globs = tuple(expand_glob_args([text]))  # '@file' globs: the file must exist and parse too
+            for g in globs:
                 parse_glob(g)
         except DiscoveryError as exc:
             raise ctx.fail(n, k, f"{exc}") from None
-        return text
+        if text.startswith("@"):
+            ctx.files["globs", text] = globs
+        return globs
 
     if isinstance(node, yaml.ScalarNode) and kind(node) not in ("string", "null"):
         raise ctx.fail(node, key, f"expected a list of globs, got {got(ctx, node)}")
-    return items(ctx, node, key, one, "a list of globs")
+    parts = items(ctx, node, key, one, "a list of globs")
+    return parts[0] if len(parts) == 1 else tuple(g for globs in parts for g in globs)
 
 
 def _pids(ctx: Nodes, node: yaml.Node, key: str) -> tuple[int, ...]:

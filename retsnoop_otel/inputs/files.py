@@ -113,14 +113,19 @@ def read_text(path: str | os.PathLike[str], name: str, cap: int, error: ErrorFac
                     f"{f'the {name}' if name else 'it'} must be UTF-8") from None
 
 
-def expand_at_files(values: Iterable[str], name: str, cap: int, error: ErrorFactory) -> list[str]:
+def expand_at_files(values: Iterable[str], name: str, cap: int, error: ErrorFactory,
+                    read: dict[str, list[str]] | None = None) -> list[str]:
     """Values in order, each '@file' replaced by its lines (blank lines and '#' comments skipped), as retsnoop reads
-    its glob and name files."""
+    its glob and name files. `read`: the files one input (a command line, a config) already read, by '@file', shared
+    by the calls that expand it, so that a file it names twice is read once."""
     out: list[str] = []
+    seen: dict[str, list[str]] = {} if read is None else read
     for value in values:
         if not value.startswith("@"):
             out.append(value)
             continue
-        lines = read_text(value[1:], name, cap, error).splitlines()
-        out.extend(s for s in (line.strip() for line in lines) if s and not s.startswith("#"))
+        if value not in seen:
+            lines = read_text(value[1:], name, cap, error).splitlines()
+            seen[value] = [s for s in (line.strip() for line in lines) if s and not s.startswith("#")]
+        out.extend(seen[value])
     return out

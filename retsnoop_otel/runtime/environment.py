@@ -66,8 +66,8 @@ class KernelEnv:
 
     def refuse_kernel_only(self, sets: Sequence[ProbeSetConfig]) -> None:
         """A kernel that refuses kernel tracing and no probe set of user functions: the host's one-line refusal."""
-        from retsnoop_otel.symbols.discovery import user_and_kernel_globs
-        if self.kernel_refusal and not any(user_and_kernel_globs((*ps.entry, *ps.allow))[0] for ps in sets):
+        from retsnoop_otel.symbols.discovery import is_user_spec  # globs as values: no '@file' is read here
+        if self.kernel_refusal and not any(is_user_spec(g) for ps in sets for g in (*ps.entry, *ps.allow)):
             raise SetupError(self.kernel_refusal)
 
     def kernel_btf(self) -> object | None:

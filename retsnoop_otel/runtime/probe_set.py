@@ -80,10 +80,7 @@ METRICS_ONLY_NS = (1 << 64) - 1  # a minimum session duration nothing reaches
 
 def resolve(cfg: ProbeSetConfig, env: KernelEnv, names: InputNames = AGENT_NAMES) -> discovery.Discovery:
     """The functions a probe set would attach, in the attach mode it would use (nothing attached)."""
-    try:
-        user, kernel = discovery.user_and_kernel_globs((*cfg.entry, *cfg.allow))
-    except discovery.DiscoveryError as exc:
-        raise InputError(str(exc), cfg.name) from None
+    user, kernel = discovery.user_and_kernel_globs((*cfg.entry, *cfg.allow))  # values: '@file' read at input
     mode = env.auto_mode if cfg.attach_mode == "auto" else cfg.attach_mode
     try:
         if kernel and env.kernel_refusal:
