@@ -32,7 +32,7 @@ from retsnoop_otel.agent.yaml_nodes import (
     string,
 )
 from retsnoop_otel.capture.errfilter import ErrorFilter
-from retsnoop_otel.capture.inject import InjectError, InjectSpec, parse_specs
+from retsnoop_otel.capture.inject import InjectError, InjectSpec, parse_specs, read_spec_file
 from retsnoop_otel.capture.sampling import Sampling
 from retsnoop_otel.export.otlp_settings import OtlpConfig
 from retsnoop_otel.export.service_name import SERVICE_NAME_FROM
@@ -201,8 +201,13 @@ def _lbr(ctx: Nodes, node: yaml.Node, key: str, mode: str) -> int:
 
 def _inject(ctx: Nodes, node: yaml.Node, key: str, mode: str) -> tuple[InjectSpec, ...]:
     """-J's specs (retsnoop's forms, @FILE too); they travel with the call records, which mode metrics has not."""
+    def read(path: str) -> str:  # a spec file: read once per load of the config, however many sets name it
+        if ("specs", path) not in ctx.files:
+            ctx.files["specs", path] = read_spec_file(path)
+        return ctx.files["specs", path]
+
     try:
-        specs = parse_specs(_strs(ctx, node, key))
+        specs = parse_specs(_strs(ctx, node, key), read)
     except InjectError as exc:
         raise ctx.fail(node, key, str(exc).replace("-J ", "")) from None
     if specs and mode == "metrics":

@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable, Container, Iterable, Sequence
 from typing import NamedTuple
 
+from retsnoop_otel.capture.inject import ProbeInfo
 from retsnoop_otel.capture.model import RetKind, TracedFunc
 from retsnoop_otel.inputs.files import MAX_GLOB_FILE_BYTES, expand_at_files, shown
 from retsnoop_otel.kernel.attach_modes import BY_NAME, NAMES, TRAMPOLINE, USER_MODES
@@ -101,15 +102,17 @@ _MOD_GLOB = re.compile(r"^(\S+)\s+\[(\S+)\]$")
 class Discovery:
     """What would be attached (ids 0..n-1, entry functions first) and what was left out, and why."""
 
-    __slots__ = ("funcs", "skipped", "mode", "available_count", "user_mode")
+    __slots__ = ("funcs", "skipped", "mode", "available_count", "user_mode", "probes")
 
     def __init__(self, funcs: list[TracedFunc], skipped: list[tuple[str, str]], mode: str,
-                 available_count: int = 0, user_mode: str = "") -> None:
+                 available_count: int = 0, user_mode: str = "", probes: Sequence[ProbeInfo] = ()) -> None:
         self.funcs = funcs
         self.skipped = skipped
         self.mode = mode  # "" when no kernel function is traced
         self.available_count = available_count
         self.user_mode = user_mode  # how user-space functions attach (kernel/uprobes.py), "" without them
+        # the injected probes (-J) resolved against this kernel (runtime/probe_set.py resolve), once per start
+        self.probes = probes
 
     @property
     def entry_count(self) -> int:
