@@ -32,7 +32,7 @@ from retsnoop_otel.agent.yaml_nodes import (
     string,
 )
 from retsnoop_otel.capture.errfilter import ErrorFilter
-from retsnoop_otel.capture.inject import InjectError, InjectSpec, parse_specs
+from retsnoop_otel.capture.inject import InjectError, InjectSpec, parse_specs, read_spec_file
 from retsnoop_otel.capture.sampling import Sampling
 from retsnoop_otel.export.otlp_settings import OtlpConfig
 from retsnoop_otel.export.service_name import SERVICE_NAME_FROM
@@ -105,18 +105,27 @@ def _key_lines(ctx: Nodes, node: yaml.Node, prefix: str = "") -> dict[str, int]:
 
 
 def _globs(ctx: Nodes, node: yaml.Node, key: str) -> tuple[str, ...]:
-    def one(n: yaml.Node, k: str) -> str:
+    """The globs in order, each '@file' replaced by its lines: a glob file is read and checked here, once per load
+    of the config however many keys name it, and nothing after this reads it again (the runtime gets the globs as
+    values; a reload loads the config, and so its glob files, anew)."""
+    def one(n: yaml.Node, k: str) -> tuple[str, ...]:
         text = scalar(ctx, n, k, (str,), "a glob string")
+        if ("globs", text) in ctx.files:
+            return ctx.files["globs", text]
         try:
-            for g in expand_glob_args([text]):  # '@file' globs: the file must exist and parse too
+            globs = tuple(expand_glob_args([text]))  # '@file' globs: the file must exist and parse too
+            for g in globs:
                 parse_glob(g)
         except DiscoveryError as exc:
             raise ctx.fail(n, k, f"{exc}") from None
-        return text
+        if text.startswith("@"):
+            ctx.files["globs", text] = globs
+        return globs
 
     if isinstance(node, yaml.ScalarNode) and kind(node) not in ("string", "null"):
         raise ctx.fail(node, key, f"expected a list of globs, got {got(ctx, node)}")
-    return items(ctx, node, key, one, "a list of globs")
+    parts = items(ctx, node, key, one, "a list of globs")
+    return parts[0] if len(parts) == 1 else tuple(g for globs in parts for g in globs)
 
 
 def _pids(ctx: Nodes, node: yaml.Node, key: str) -> tuple[int, ...]:
@@ -192,8 +201,13 @@ def _lbr(ctx: Nodes, node: yaml.Node, key: str, mode: str) -> int:
 
 def _inject(ctx: Nodes, node: yaml.Node, key: str, mode: str) -> tuple[InjectSpec, ...]:
     """-J's specs (retsnoop's forms, @FILE too); they travel with the call records, which mode metrics has not."""
+    def read(path: str) -> str:  # a spec file: read once per load of the config, however many sets name it
+        if ("specs", path) not in ctx.files:
+            ctx.files["specs", path] = read_spec_file(path)
+        return ctx.files["specs", path]
+
     try:
-        specs = parse_specs(_strs(ctx, node, key))
+        specs = parse_specs(_strs(ctx, node, key), read)
     except InjectError as exc:
         raise ctx.fail(node, key, str(exc).replace("-J ", "")) from None
     if specs and mode == "metrics":

@@ -32,6 +32,9 @@ class Nodes:
     def __init__(self, filename: str) -> None:
         self.filename = plain(filename)  # it leads every message: one line whatever the file is called
         self._loader = yaml.SafeLoader("")
+        # what each '@FILE' the config names held, by its reader (agent/config_file.py): each file is read once per
+        # load of the config, however many keys name it
+        self.files: dict[tuple[str, str], Any] = {}
 
     def fail(self, node: yaml.Node, key: str, msg: str) -> ConfigError:
         return ConfigError(f"{self.filename}:{node.start_mark.line + 1}: {plain(key) or 'the top level'}: {msg}")

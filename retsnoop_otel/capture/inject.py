@@ -63,7 +63,8 @@ def parse_spec(text: str) -> InjectSpec:
     return InjectSpec(kind, m.group(1), offset=offset)
 
 
-def _read_spec_file(path: str) -> str:
+def read_spec_file(path: str) -> str:
+    """The text of a -J @FILE (at most MAX_SPEC_FILE_BYTES)."""
     try:
         with open(path, "rb") as f:
             data = f.read(MAX_SPEC_FILE_BYTES + 1)
@@ -74,14 +75,17 @@ def _read_spec_file(path: str) -> str:
     return data.decode("utf-8", "replace")
 
 
-def parse_specs(values: Iterable[str], read: Callable[[str], str] = _read_spec_file) -> tuple[InjectSpec, ...]:
-    """The -J values in order, each @FILE replaced by its specs (blank lines and # comments skipped); the same
-    probe given twice is attached once."""
+def parse_specs(values: Iterable[str], read: Callable[[str], str] = read_spec_file) -> tuple[InjectSpec, ...]:
+    """The -J values in order, each @FILE replaced by its specs (blank lines and # comments skipped), each file read
+    once; the same probe given twice is attached once."""
     out: list[InjectSpec] = []
+    texts: dict[str, str] = {}
     for value in values:
         lines = [value]
         if value.startswith("@"):
-            lines = [s for s in (ln.split("#", 1)[0].strip() for ln in read(value[1:]).splitlines()) if s]
+            if value not in texts:
+                texts[value] = read(value[1:])
+            lines = [s for s in (ln.split("#", 1)[0].strip() for ln in texts[value].splitlines()) if s]
         for line in lines:
             spec = parse_spec(line)
             if spec not in out:

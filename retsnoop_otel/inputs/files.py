@@ -72,6 +72,8 @@ def read_bytes(path: str | os.PathLike[str], name: str, cap: int, error: ErrorFa
     def refuse(kind: str) -> Exception:
         return error(f"{where}: {the}{kind}, not a regular file")
 
+    if "\x00" in str(os.fspath(path)):  # a YAML string can hold one ("\0"); os.stat() would raise ValueError
+        raise error(f"{shown(os.fspath(path))}: not a file name (it holds a NUL character)")
     try:
         st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):
@@ -111,14 +113,19 @@ def read_text(path: str | os.PathLike[str], name: str, cap: int, error: ErrorFac
                     f"{f'the {name}' if name else 'it'} must be UTF-8") from None
 
 
-def expand_at_files(values: Iterable[str], name: str, cap: int, error: ErrorFactory) -> list[str]:
+def expand_at_files(values: Iterable[str], name: str, cap: int, error: ErrorFactory,
+                    read: dict[str, list[str]] | None = None) -> list[str]:
     """Values in order, each '@file' replaced by its lines (blank lines and '#' comments skipped), as retsnoop reads
-    its glob and name files."""
+    its glob and name files. `read`: the files one input (a command line, a config) already read, by '@file', shared
+    by the calls that expand it, so that a file it names twice is read once."""
     out: list[str] = []
+    seen: dict[str, list[str]] = {} if read is None else read
     for value in values:
         if not value.startswith("@"):
             out.append(value)
             continue
-        lines = read_text(value[1:], name, cap, error).splitlines()
-        out.extend(s for s in (line.strip() for line in lines) if s and not s.startswith("#"))
+        if value not in seen:
+            lines = read_text(value[1:], name, cap, error).splitlines()
+            seen[value] = [s for s in (line.strip() for line in lines) if s and not s.startswith("#")]
+        out.extend(seen[value])
     return out

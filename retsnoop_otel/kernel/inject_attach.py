@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from retsnoop_otel.capture.inject import InjectError, InjectSpec, ProbeInfo, read_format
+from retsnoop_otel.capture.inject import InjectError, InjectSpec, ProbeInfo, TpFormat, read_format
 from retsnoop_otel.kernel import libbpf as lb
 from retsnoop_otel.kernel.libbpf_btf import (
     BTF_KIND_CONST,
@@ -72,14 +72,20 @@ def rawtp_args(btf: Any, name: str) -> tuple[bool, ...] | None:
 
 
 def resolve(specs: Sequence[InjectSpec], tracefs: str | Path, by_name: Callable[[str], list[Any]],
-            btf: Callable[[], Any], ret_kind: Callable[[str], Any] | None = None) -> list[ProbeInfo]:
+            btf: Callable[[], Any], ret_kind: Callable[[str], Any] | None = None,
+            formats: dict[tuple[str, str], TpFormat] | None = None) -> list[ProbeInfo]:
     """ProbeInfo per spec (id = position), checked against this kernel: tracepoint formats under `tracefs`,
     functions and their sizes by `by_name` (kallsyms' KSym list), raw tracepoints in the kernel BTF, how a
-    kretprobe's value reads by `ret_kind` (capture.model.RetKind from BTF; unknown reads as a 32-bit int)."""
+    kretprobe's value reads by `ret_kind` (capture.model.RetKind from BTF; unknown reads as a 32-bit int).
+    `formats`: the tracepoint formats already read from this kernel, by (category, name); those read here are added."""
     out = []
+    known: dict[tuple[str, str], TpFormat] = {} if formats is None else formats
     for i, spec in enumerate(specs):
         if spec.kind == "tp":
-            out.append(ProbeInfo(i, spec, fmt=read_format(tracefs, spec.category, spec.name)))
+            key = (spec.category, spec.name)
+            if key not in known:
+                known[key] = read_format(tracefs, spec.category, spec.name)
+            out.append(ProbeInfo(i, spec, fmt=known[key]))
             continue
         if spec.kind == "rawtp":
             kernel_btf = btf()

@@ -38,7 +38,7 @@ class ProbeSetConfig(NamedTuple):
     """
 
     name: str
-    entry: tuple[str, ...]
+    entry: tuple[str, ...]  # globs as values: each '@file' was replaced by its lines where the input was parsed
     allow: tuple[str, ...] = ()
     deny: tuple[str, ...] = ()
     mode: str = "stack"

@@ -11,12 +11,16 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence, Sized
+from typing import TYPE_CHECKING
 
 from retsnoop_otel.capture.model import RetKind
 from retsnoop_otel.runtime.config import ProbeSetConfig, SymbolsConfig
 from retsnoop_otel.runtime.errors import InputError, SetupError
 from retsnoop_otel.runtime.startup import Phase, phase_since
 from retsnoop_otel.workload.cgroupfs import cgroup2_mount
+
+if TYPE_CHECKING:
+    from retsnoop_otel.capture.inject import TpFormat
 
 
 def _nothing() -> None:
@@ -37,7 +41,7 @@ class KernelEnv:
 
     __slots__ = ("ksyms", "available", "ret_kind", "btf_func_id", "auto_mode", "check_mode", "symbolizer",
                  "resolve_source_glob", "close", "lbr_missing", "btf", "vmlinux", "phases", "load_btf",
-                 "kernel_refusal", "user_mode")
+                 "kernel_refusal", "user_mode", "tp_formats")
 
     def __init__(self, ksyms: object, available: object, ret_kind: Callable[[str], RetKind],
                  btf_func_id: Callable[[str], int | None] | None, auto_mode: str, check_mode: Callable[[str], None],
@@ -63,11 +67,14 @@ class KernelEnv:
         # why kernel functions cannot be traced here ("" = they can): user-space functions still can
         self.kernel_refusal = kernel_refusal
         self.user_mode = user_mode or _no_uprobes  # the user attach mode asked -> the one to use; raises SetupError
+        # tracepoint formats (capture.inject.TpFormat) by (category, name), read from tracefs once for this kernel
+        # by the injected probes that name them (runtime/probe_set.py resolve_injected)
+        self.tp_formats: dict[tuple[str, str], TpFormat] = {}
 
     def refuse_kernel_only(self, sets: Sequence[ProbeSetConfig]) -> None:
         """A kernel that refuses kernel tracing and no probe set of user functions: the host's one-line refusal."""
-        from retsnoop_otel.symbols.discovery import user_and_kernel_globs
-        if self.kernel_refusal and not any(user_and_kernel_globs((*ps.entry, *ps.allow))[0] for ps in sets):
+        from retsnoop_otel.symbols.discovery import is_user_spec  # globs as values: no '@file' is read here
+        if self.kernel_refusal and not any(is_user_spec(g) for ps in sets for g in (*ps.entry, *ps.allow)):
             raise SetupError(self.kernel_refusal)
 
     def kernel_btf(self) -> object | None:

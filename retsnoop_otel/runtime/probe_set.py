@@ -80,11 +80,9 @@ METRICS_ONLY_NS = (1 << 64) - 1  # a minimum session duration nothing reaches
 
 
 def resolve(cfg: ProbeSetConfig, env: KernelEnv, names: InputNames = AGENT_NAMES) -> discovery.Discovery:
-    """The functions a probe set would attach, in the attach mode it would use (nothing attached)."""
-    try:
-        user, kernel = discovery.user_and_kernel_globs((*cfg.entry, *cfg.allow))
-    except discovery.DiscoveryError as exc:
-        raise InputError(str(exc), cfg.name) from None
+    """The functions a probe set would attach, in the attach mode it would use, and its injected probes checked
+    against this kernel (nothing attached): the one resolution of a start, which the attach uses as it is."""
+    user, kernel = discovery.user_and_kernel_globs((*cfg.entry, *cfg.allow))  # values: '@file' read at input
     mode = env.auto_mode if cfg.attach_mode == "auto" else cfg.attach_mode
     try:
         if kernel and env.kernel_refusal:
@@ -97,11 +95,13 @@ def resolve(cfg: ProbeSetConfig, env: KernelEnv, names: InputNames = AGENT_NAMES
     if cfg.lbr_branch_types and env.lbr_missing:
         raise lbr_refusal(names.lbr, env.lbr_missing, cfg.name)
     try:
-        return discovery.discover(cfg.entry, cfg.allow, cfg.deny, env.ksyms, env.available,  # type: ignore[arg-type]
-                                  env.ret_kind, mode or "kprobe", resolve_source_glob=env.resolve_source_glob,
-                                  user_mode=user_mode, pids=cfg.pids)
+        found = discovery.discover(cfg.entry, cfg.allow, cfg.deny, env.ksyms, env.available,  # type: ignore[arg-type]
+                                   env.ret_kind, mode or "kprobe", resolve_source_glob=env.resolve_source_glob,
+                                   user_mode=user_mode, pids=cfg.pids)
     except discovery.DiscoveryError as exc:
         raise InputError(str(exc), cfg.name) from None
+    found.probes = resolve_injected(cfg, env)
+    return found
 
 
 def capture_config(cfg: ProbeSetConfig, mode: str, limits: Limits, names: InputNames = AGENT_NAMES,
@@ -142,7 +142,7 @@ def resolve_injected(cfg: ProbeSetConfig, env: KernelEnv, root: str = "/") -> li
     try:
         inject_attach.check_kernel(cfg.inject)
         return inject_attach.resolve(cfg.inject, find_tracefs(root), env.ksyms.by_name,  # type: ignore[attr-defined]
-                                     env.kernel_btf, env.ret_kind)
+                                     env.kernel_btf, env.ret_kind, env.tp_formats)
     except (inject_attach.InjectUnsupported, TracefsError) as exc:
         raise SetupError(str(exc), cfg.name) from None
     except InjectError as exc:
@@ -171,7 +171,7 @@ class ProbeSet:
             self.arg_descs = {f.id: d for f in found.funcs if (d := describe_args(btf, f.name, cfg.arg_sizes))}  # type: ignore[arg-type]
             arg_specs = {fid: spec_words(d) for fid, d in self.arg_descs.items()}
         self.btf = btf
-        self.probes = resolve_injected(cfg, env)
+        self.probes = list(found.probes)  # resolved with its functions (resolve), not again here
         capture = capture_config(cfg, found.mode, limits, names, arg_specs, counted=counted, user_mode=found.user_mode,
                                  inject=self.probes)
         self.tracer = tracer_factory(found.funcs, capture, env.btf_func_id)

@@ -69,7 +69,7 @@ def check_resource_attributes(environ: Mapping[str, str], warnings: EnvWarnings)
 def _check_probe_sets(cfg: RuntimeConfig, root: str) -> None:
     for ps in cfg.probe_sets:
         try:
-            for glob in discovery.expand_glob_args([*ps.entry, *ps.allow, *ps.deny]):
+            for glob in (*ps.entry, *ps.allow, *ps.deny):  # '@file' globs: expanded by the input layer
                 discovery.parse_glob(glob)
         except discovery.DiscoveryError as exc:
             raise InputError(str(exc), ps.name) from None

@@ -2,7 +2,8 @@
 
 Glob forms follow retsnoop: `*` and `?` wildcards (globs.py), `'func_glob [mod_glob]'` for module
 functions, `:path/glob.c` for every function defined in matching source files (resolved from DWARF
-by an injected callable), and `@file` for one glob per line. Deny always wins; entry globs are also
+by an injected callable), and `@file` for one glob per line (expanded by the input layer with
+expand_glob_args(); discover() takes the globs as values). Deny always wins; entry globs are also
 allow globs; a plain entry glob that ends up attaching nothing is an error, as in retsnoop.
 """
 
@@ -12,6 +13,7 @@ import re
 from collections.abc import Callable, Container, Iterable, Sequence
 from typing import NamedTuple
 
+from retsnoop_otel.capture.inject import ProbeInfo
 from retsnoop_otel.capture.model import RetKind, TracedFunc
 from retsnoop_otel.inputs.files import MAX_GLOB_FILE_BYTES, expand_at_files, shown
 from retsnoop_otel.kernel.attach_modes import BY_NAME, NAMES, TRAMPOLINE, USER_MODES
@@ -100,15 +102,17 @@ _MOD_GLOB = re.compile(r"^(\S+)\s+\[(\S+)\]$")
 class Discovery:
     """What would be attached (ids 0..n-1, entry functions first) and what was left out, and why."""
 
-    __slots__ = ("funcs", "skipped", "mode", "available_count", "user_mode")
+    __slots__ = ("funcs", "skipped", "mode", "available_count", "user_mode", "probes")
 
     def __init__(self, funcs: list[TracedFunc], skipped: list[tuple[str, str]], mode: str,
-                 available_count: int = 0, user_mode: str = "") -> None:
+                 available_count: int = 0, user_mode: str = "", probes: Sequence[ProbeInfo] = ()) -> None:
         self.funcs = funcs
         self.skipped = skipped
         self.mode = mode  # "" when no kernel function is traced
         self.available_count = available_count
         self.user_mode = user_mode  # how user-space functions attach (kernel/uprobes.py), "" without them
+        # the injected probes (-J) resolved against this kernel (runtime/probe_set.py resolve), once per start
+        self.probes = probes
 
     @property
     def entry_count(self) -> int:
@@ -139,9 +143,11 @@ def parse_glob(text: str) -> GlobSpec:
     return GlobSpec(glob, func=glob)
 
 
-def expand_glob_args(values: Iterable[str]) -> list[str]:
-    """Flags in order, with each '@file' replaced by its lines (blank lines and '#' comments skipped)."""
-    return expand_at_files(values, "@FILE glob file", MAX_GLOB_FILE_BYTES, DiscoveryError)
+def expand_glob_args(values: Iterable[str], read: dict[str, list[str]] | None = None) -> list[str]:
+    """Flags in order, with each '@file' replaced by its lines (blank lines and '#' comments skipped). The input
+    layer calls this (trace/flags.py, agent/config_file.py): from there on globs are values, and nothing reads a
+    glob file again. `read`: as for inputs.files.expand_at_files."""
+    return expand_at_files(values, "@FILE glob file", MAX_GLOB_FILE_BYTES, DiscoveryError, read)
 
 
 class _GlobSet:
@@ -230,8 +236,7 @@ def discover(entry_globs: Sequence[str], allow_globs: Sequence[str], deny_globs:
     then user-space ones (`u:BINARY:GLOB`, attached in `user_mode`)."""
     if mode not in BY_NAME:
         raise DiscoveryError(f"unknown attach mode '{mode}' (expected one of {', '.join(NAMES)})")
-    (user_e, entry), (user_a, allow), (user_d, deny) = (_split_user(expand_glob_args(g))
-                                                        for g in (entry_globs, allow_globs, deny_globs))
+    (user_e, entry), (user_a, allow), (user_d, deny) = (_split_user(g) for g in (entry_globs, allow_globs, deny_globs))
     if not entry and not user_e:
         raise DiscoveryError("at least one entry glob is needed (-e GLOB)")
     funcs: list[TracedFunc] = []
@@ -253,8 +258,9 @@ def discover(entry_globs: Sequence[str], allow_globs: Sequence[str], deny_globs:
 
 
 def user_and_kernel_globs(globs: Sequence[str]) -> tuple[list[str], list[str]]:
-    """The user-function specs (u:BINARY:GLOB) and the kernel globs among these (after @file expansion)."""
-    return _split_user(expand_glob_args(globs))
+    """The user-function specs (u:BINARY:GLOB) and the kernel globs among these (globs as the input layer expanded
+    them: no '@file' is read here)."""
+    return _split_user(globs)
 
 
 def is_user_spec(text: str) -> bool:
@@ -262,7 +268,7 @@ def is_user_spec(text: str) -> bool:
     return text.strip().startswith("u:")
 
 
-def _split_user(globs: list[str]) -> tuple[list[str], list[str]]:
+def _split_user(globs: Sequence[str]) -> tuple[list[str], list[str]]:
     return [g for g in globs if is_user_spec(g)], [g for g in globs if not is_user_spec(g)]
 
 

@@ -49,9 +49,10 @@ from retsnoop_otel.runtime.config import (
     RuntimeConfig,
     SymbolsConfig,
 )
-from retsnoop_otel.runtime.errors import exit_code_epilog
+from retsnoop_otel.runtime.errors import EXIT_INPUT, exit_code_epilog
 from retsnoop_otel.runtime.help_format import HelpFormatter, OneLineParser
 from retsnoop_otel.runtime.sdk_env import TRACE_EXPORTERS, exporters
+from retsnoop_otel.symbols.discovery import DiscoveryError, expand_glob_args
 from retsnoop_otel.trace.cases import CASES, with_cases
 
 TRACE_NAMES = InputNames(
@@ -324,13 +325,24 @@ def _fields(c: Mapping[str, object], keys: Mapping[str, str]) -> dict[str, objec
     return {field: c[key] for key, field in keys.items() if key in c}
 
 
-def _names(parser: argparse.ArgumentParser, flag: str, values: Sequence[str]) -> tuple[str, ...]:
+def _names(parser: argparse.ArgumentParser, flag: str, values: Sequence[str],
+           read: dict[str, list[str]]) -> tuple[str, ...]:
     """-n/-N values in order, each '@file' replaced by its lines (blank lines and '#' comments skipped), as
     retsnoop reads them."""
     try:
-        return tuple(expand_at_files(values, f"{flag} @FILE", MAX_GLOB_FILE_BYTES, ValueError))
+        return tuple(expand_at_files(values, f"{flag} @FILE", MAX_GLOB_FILE_BYTES, ValueError, read))
     except ValueError as exc:
         parser.error(f"{flag} {exc}")
+
+
+def _globs(parser: argparse.ArgumentParser, values: Sequence[str], read: dict[str, list[str]]) -> tuple[str, ...]:
+    """-e/-a/-d values in order, each '@file' replaced by its globs: read here, once, and by nothing after (the
+    runtime gets the globs as values). A glob file that cannot be read ends the run as the runtime's refusals do
+    (one `retsnoop-otel:` line, trace/main.py; exit 2); the globs themselves are checked with the run's settings."""
+    try:
+        return tuple(expand_glob_args(values, read))
+    except DiscoveryError as exc:
+        parser.exit(EXIT_INPUT.code, f"retsnoop-otel: {exc}\n")
 
 
 def _inject_specs(parser: argparse.ArgumentParser, values: Sequence[str]) -> tuple[InjectSpec, ...]:
@@ -394,12 +406,14 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] = os.environ,
         parser.error("--probe-set needs a name of 1 to 64 characters")
     otlp = otlp_requested(args, environ)
     success = args.success_stacks or (args.calls and not args.allow_errors)
+    read: dict[str, list[str]] = {}  # every '@file' of the command line (-n/-N/-e/-a/-d) read once
+    comms, no_comms = _names(parser, "-n", args.comm, read), _names(parser, "-N", args.no_comm, read)
+    entry, allow, deny = (_globs(parser, globs, read) for globs in (entry, allow, deny))
     probe_set = ProbeSetConfig(
         name=args.probe_set, entry=entry, allow=allow, deny=deny,
         mode="calls" if args.calls or otlp or args.trace_json else "stack", attach_mode=args.mode or "auto",
         user_attach_mode=args.user_attach,
-        pids=tuple(args.pid), no_pids=tuple(args.no_pid), comms=_names(parser, "-n", args.comm),
-        no_comms=_names(parser, "-N", args.no_comm),
+        pids=tuple(args.pid), no_pids=tuple(args.no_pid), comms=comms, no_comms=no_comms,
         cgroup=args.cgroup, min_duration_ns=args.longer, errors=errors,
         sampling=Sampling(success_probability=1.0) if success else Sampling(), lbr_branch_types=lbr_flags,
         capture_args=args.capture_args, app_context=args.app_context, user_stacks=args.user_stacks,

@@ -113,9 +113,7 @@ class _TraceHook(StartHook):
             for line in capped_arg_sizes(cfg.arg_sizes):
                 self._say(line)
         if self.request.dry_run or self.request.verbose:
-            from retsnoop_otel.kernel.inject_attach import dry_run_lines
-            from retsnoop_otel.runtime.probe_set import resolve_injected
-            resolve_injected(cfg, env)  # a probe this kernel lacks is refused here too (InputError)
+            from retsnoop_otel.kernel.inject_attach import dry_run_lines  # its probes: resolved with its functions
             text = "\n".join([format_dry_run(disc, self.request.verbose), *dry_run_lines(cfg.inject)])
             print(text, file=self.out if self.request.dry_run else self.err, flush=True)
         return not self.request.dry_run

@@ -275,8 +275,21 @@ def test_source_globs(ksyms, available) -> None:
 def test_glob_file_and_repeated_flags(ksyms, available, tmp_path: Path) -> None:
     f = tmp_path / "allow.txt"
     f.write_text("# verifier side\nbpf_prog_load\n")
-    d = run(ksyms, available, ["__x64_sys_bpf"], [f"@{f}", "bpf_ksym_add"])
+    d = run(ksyms, available, ["__x64_sys_bpf"], expand_glob_args([f"@{f}", "bpf_ksym_add"]))
     assert names(d) == ["__x64_sys_bpf", "bpf_ksym_add", "bpf_prog_load"]
+
+
+def test_a_file_named_twice_in_one_input_is_read_once(tmp_path: Path, monkeypatch) -> None:
+    from retsnoop_otel.inputs import files
+    f = tmp_path / "globs.txt"
+    f.write_text("bpf_prog_load\n")
+    reads = []
+    real = files.read_text
+    monkeypatch.setattr(files, "read_text", lambda path, *a: reads.append(path) or real(path, *a))
+    read: dict[str, list[str]] = {}
+    assert expand_glob_args([f"@{f}", "x"], read) + expand_glob_args([f"@{f}"], read) == ["bpf_prog_load", "x",
+                                                                                          "bpf_prog_load"]
+    assert reads == [str(f)]
 
 
 def test_bad_mode(ksyms, available) -> None:

@@ -85,6 +85,12 @@ def test_missing_file_says_why(tmp_path):
         read_text(tmp_path / "nope", "config file", MAX_CONFIG_BYTES)
 
 
+def test_a_nul_in_the_path_is_refused_not_raised():
+    """os.stat() raises ValueError for it; a YAML string can hold one ("@\\0" as a glob file)."""
+    with pytest.raises(InputError, match=r"^'a\\x00b': not a file name \(it holds a NUL character\)$"):
+        read_text("a\x00b", "glob file", MAX_GLOB_FILE_BYTES)
+
+
 def test_over_the_cap_refused_with_the_cap(tmp_path):
     f = tmp_path / "big"
     f.write_bytes(b"x" * (MAX_PEM_BYTES + 1))

@@ -19,7 +19,7 @@ from retsnoop_otel.capture.model import (
 )
 from retsnoop_otel.kernel.uprobes import UprobeModeError, choose_user_mode
 from retsnoop_otel.render.stack import render_stack
-from retsnoop_otel.symbols.discovery import Discovery, format_dry_run, user_and_kernel_globs
+from retsnoop_otel.symbols.discovery import Discovery, expand_glob_args, format_dry_run, user_and_kernel_globs
 from retsnoop_otel.symbols.kallsyms import Kallsyms
 from retsnoop_otel.symbols.symbolize import KallsymsSymbolizer
 from retsnoop_otel.symbols.user_funcs import RULES, UserFuncError, UserSpec, parse_user_spec, resolve_binary
@@ -53,7 +53,7 @@ def test_bad_user_specs_say_the_form(text: str, says: str) -> None:
 def test_user_specs_are_told_from_kernel_globs_after_glob_files(tmp_path: Path) -> None:
     listed = tmp_path / "globs"
     listed.write_text("# app functions\nu:/bin/app:handle_*\n__x64_sys_bpf\n")
-    assert user_and_kernel_globs(["*sys_bpf", f"@{listed}", "u:libc.so.6:open"]) == (
+    assert user_and_kernel_globs(expand_glob_args(["*sys_bpf", f"@{listed}", "u:libc.so.6:open"])) == (
         ["u:/bin/app:handle_*", "u:libc.so.6:open"], ["*sys_bpf", "__x64_sys_bpf"])
 
 
