@@ -27,6 +27,11 @@ def test_generated_pages_are_current(name: str) -> None:
     assert (DOCS / name).read_text() == gen.PAGES[name](), f"docs/{name} is stale: python -m tests.gen_docs_reference"
 
 
+@pytest.mark.parametrize("name", sorted(gen.FILES))
+def test_generated_files_are_current(name: str) -> None:
+    assert (REPO / name).read_text() == gen.FILES[name](), f"{name} is stale: python -m tests.gen_docs_reference"
+
+
 def test_every_trace_flag_has_its_row() -> None:
     from retsnoop_otel.trace.flags import build_parser
     page = _page("trace-flags.md")

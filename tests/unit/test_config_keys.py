@@ -1,9 +1,13 @@
 """The agent file's keys are declared once (agent/config_keys.py: Key, Section): the reader, the defaults (the
-targets' field defaults) and the trace flags named come from there."""
+targets' field defaults), the trace flags named, the reference table and the JSON Schema all come from there."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
+import yaml
 
 from retsnoop_otel.agent.config_file import TOP, LoggingConfig, parse_config
 from retsnoop_otel.agent.config_keys import walk
@@ -67,3 +71,52 @@ def test_unknown_keys_name_the_declared_ones(section: str) -> None:
         parse_config(f"probe_sets: [{{name: a, entry: [f]}}]\n{section}: {{zzz: 1}}\n")
     assert str(exc.value).endswith(f"{section}.zzz: unknown key; known keys: {', '.join(keys)}")
 
+
+# ---- the JSON Schema ------------------------------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED = ("agent.yaml", "agent-minimal.yaml", "agent-file.yaml")
+
+
+def _validator() -> Any:
+    jsonschema = pytest.importorskip("jsonschema")
+    from retsnoop_otel.agent.config_schema import schema
+    jsonschema.Draft202012Validator.check_schema(schema())
+    return jsonschema.Draft202012Validator(schema())
+
+
+def test_the_shipped_schema_is_the_declarations() -> None:
+    from retsnoop_otel.agent.config_schema import schema_text
+    assert (REPO / "config" / "agent.schema.json").read_text() == schema_text(), \
+        "config/agent.schema.json is stale: python -m tests.gen_docs_reference"
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_the_shipped_configs_validate(name: str) -> None:
+    text = (REPO / "config" / name).read_text()
+    assert [e.message for e in _validator().iter_errors(yaml.safe_load(text))] == []
+    parse_config(text, name)  # and the parser takes them
+
+
+def test_the_daemonsets_config_validates() -> None:
+    docs = list(yaml.safe_load_all((REPO / "config" / "k8s" / "base" / "daemonset.yaml").read_text()))
+    text = next(d for d in docs if d and d.get("kind") == "ConfigMap")["data"]["agent.yaml"]
+    assert [e.message for e in _validator().iter_errors(yaml.safe_load(text))] == []
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("probe_sets: [{name: a, entry: f, mode: trace}]", "'trace' is not one of"),
+    ("probe_sets: [{name: a, entry: f}]\nmetrics: {max_workloads: 0}", "less than the minimum"),
+    ("probe_sets: [{name: a, entry: f}]\nlimits: {user_stack_wait_s: 61}", "greater than the maximum"),
+    ("probe_sets: [{name: a, entry: f}]\nlogging: {colour: true}", "'colour' was unexpected"),
+    ("probe_sets: [{name: a}]", "'entry' is a required property"),
+    ("probe_sets: {a: {name: a, entry: f}}", "'name' was unexpected"),
+    ("probe_sets: []", "should be non-empty"),
+    ("exporter: {}", "'probe_sets' is a required property"),
+    ("probe_sets: [{name: a, entry: f, capture_args: 1}]", "is not of type 'boolean'"),
+])
+def test_the_schema_refuses_what_the_parser_refuses(text: str, problem: str) -> None:
+    messages = [e.message for e in _validator().iter_errors(yaml.safe_load(text))]
+    assert any(problem in m for m in messages), messages
+    with pytest.raises(ConfigError):
+        parse_config(text)
