@@ -1,5 +1,10 @@
 """The agent's YAML configuration: the capture runtime's config, read so that every error names
 file, line and key (see yaml_nodes), plus the agent's own logging settings.
+
+Every key is declared once below (a Key of its Section, agent/config_keys.py): its reader, range or choices,
+doc line and trace flag; its default is its target's field default (runtime/config.py). The reference table of
+docs/reference/config.md and config/agent.schema.json are made from these declarations. A new key: its Key
+here, the field it sets, its consumer and its test (then `python -m tests.gen_docs_reference`).
 """
 
 from __future__ import annotations
@@ -9,38 +14,44 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import yaml
 
-from retsnoop_otel.agent.config_kubernetes import parse_kubernetes
-from retsnoop_otel.agent.yaml_nodes import (
-    ConfigError,
-    Nodes,
-    boolean,
-    choice,
-    expansion_bounded,
-    got,
-    integer,
-    items,
-    kind,
-    mapping,
-    number,
-    opt_string,
-    scalar,
-    size,
-    string,
+from retsnoop_otel.agent.config_keys import (
+    BOOL,
+    OPT_STR,
+    STR,
+    STRS,
+    Key,
+    Kind,
+    Section,
+    choices,
+    integer_in,
+    into,
+    nested,
+    num,
+    read_section,
+    size_in,
 )
+from retsnoop_otel.agent.config_kubernetes import KUBERNETES, parse_kubernetes
+from retsnoop_otel.agent.config_values import (
+    DURATION_RANGE_KIND,
+    INJECT,
+    LBR,
+    LISTEN,
+    PIDS,
+    SAMPLING_KIND,
+    otlp_kind,
+    otlp_section,
+)
+from retsnoop_otel.agent.yaml_nodes import ConfigError, Nodes, expansion_bounded, got, items, kind, scalar
 from retsnoop_otel.capture.errfilter import ErrorFilter
-from retsnoop_otel.capture.inject import InjectError, InjectSpec, parse_specs, read_spec_file
-from retsnoop_otel.capture.sampling import Sampling
-from retsnoop_otel.export.otlp_settings import OtlpConfig
 from retsnoop_otel.export.service_name import SERVICE_NAME_FROM
-from retsnoop_otel.inputs.addresses import parse_listen
 from retsnoop_otel.inputs.files import MAX_CONFIG_BYTES, read_text
-from retsnoop_otel.inputs.numbers import COUNT, MAP_ENTRIES, PID, RINGBUF_BYTES
+from retsnoop_otel.inputs.numbers import COUNT, MAP_ENTRIES, RINGBUF_BYTES
+from retsnoop_otel.kernel import attach_modes
 from retsnoop_otel.kernel.kcache import AGENT_CACHE_DIR
-from retsnoop_otel.metrics.buckets import DurationRange, RangeError, parse_duration_ns
 from retsnoop_otel.runtime.config import (
     ATTACH_MODES,
     PROBE_MODES,
@@ -55,10 +66,7 @@ from retsnoop_otel.runtime.config import (
     SymbolsConfig,
 )
 from retsnoop_otel.symbols.discovery import DiscoveryError, expand_glob_args, parse_glob
-from retsnoop_otel.workload.k8s_settings import KubernetesConfig
 
-PROTOCOLS = ("grpc", "http/protobuf")
-COMPRESSIONS = ("gzip", "deflate", "none")
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -128,153 +136,81 @@ def _globs(ctx: Nodes, node: yaml.Node, key: str) -> tuple[str, ...]:
     return parts[0] if len(parts) == 1 else tuple(g for globs in parts for g in globs)
 
 
-def _pids(ctx: Nodes, node: yaml.Node, key: str) -> tuple[int, ...]:
-    if isinstance(node, yaml.ScalarNode) and kind(node) == "int":
-        return (integer(ctx, node, key, PID),)
-    return items(ctx, node, key, lambda n, k: integer(ctx, n, k, PID), "a list of process ids")
+# ---- the keys: each declared once (config_keys), its default the field default of its target ---------------
 
 
-def _strs(ctx: Nodes, node: yaml.Node, key: str) -> tuple[str, ...]:
-    return items(ctx, node, key, lambda n, k: string(ctx, n, k), "a list of strings")
+def _valid_name(name: str) -> str | None:
+    return None if _NAME.match(name) else (f"'{name}' is not a valid name: use 1-64 letters, digits, '_', '-' "
+                                           "or '.'")
 
 
-def _sampling(ctx: Nodes, node: yaml.Node, key: str) -> Sampling:
-    m = mapping(ctx, node, key, ("errors", "success_probability", "success_rate_per_s"))
-    if "errors" in m and number(ctx, m["errors"], f"{key}.errors", 0, 1) != 1.0:
-        raise ctx.fail(m["errors"], f"{key}.errors", "error sessions are always kept: use 1.0 or leave it out")
-    if "success_probability" in m and "success_rate_per_s" in m:
-        raise ctx.fail(m["success_rate_per_s"], f"{key}.success_rate_per_s",
-                       "give either success_probability or success_rate_per_s, not both")
-    prob = number(ctx, m["success_probability"], f"{key}.success_probability", 0, 1) \
-        if "success_probability" in m else 0.0
-    rate = number(ctx, m["success_rate_per_s"], f"{key}.success_rate_per_s", 0) \
-        if "success_rate_per_s" in m else None
-    return Sampling(prob, rate or None)
+GLOBS = Kind(lambda ctx, node, key, _m: _globs(ctx, node, key), "list of globs (@FILE too)", STRS.schema)
+
+FILTERS = Section("filters", ProbeSetConfig, (
+    Key("pids", PIDS, "only these processes", flag="-p"),
+    Key("no_pids", PIDS, "never these processes", flag="-P"),
+    Key("comms", STRS, "only threads of these names", flag="-n"),
+    Key("no_comms", STRS, "never threads of these names", flag="-N"),
+    Key("cgroup", OPT_STR, "only tasks in this cgroup (v2 path) and below", flag="--cgroup"),
+    Key("min_duration_ms", num(0, _MAX_MS, " (ms)"), "report only sessions at least this long",
+        field="min_duration_ns", flag="-L", convert=lambda ms: int(ms * 1_000_000)),
+    Key("allow_errors", STRS, "report only sessions failing with these errors (errno names, NULL, any)", flag="-x"),
+    Key("deny_errors", STRS, "never report sessions failing with these (wins over allow_errors)", flag="-X"),
+))
 
 
-def _duration_range(ctx: Nodes, node: yaml.Node, key: str) -> DurationRange:
-    """`{min: 1us, max: 10s}`: the histogram bucket range (either end may be left at the kernel's)."""
-    m = mapping(ctx, node, key, ("min", "max"))
-    if not m:
-        raise ctx.fail(node, key, "give min, max or both, for example {min: 1us, max: 10s}")
-    ns: dict[str, int] = {}
-    for end, vnode in m.items():
-        text = ctx.value(vnode) if isinstance(vnode, yaml.ScalarNode) else None
-        try:
-            if not isinstance(text, str):
-                raise RangeError(f"expected a duration with a unit such as 1us, 250ms or 10s, got {got(ctx, vnode)}")
-            ns[f"{end}_ns"] = parse_duration_ns(text)
-        except RangeError as exc:
-            raise ctx.fail(vnode, f"{key}.{end}", str(exc)) from None
+def _filters(ctx: Nodes, node: yaml.Node, key: str, _m: Mapping[str, yaml.Node]) -> dict[str, Any]:
+    values, f = read_section(ctx, node, key, FILTERS)
     try:
-        return DurationRange(**ns)
-    except RangeError as exc:  # "min ..." / "max ...": the line of that end
-        end = str(exc).split(" ", 1)[0]
-        raise ctx.fail(m.get(end, node), f"{key}.{end}" if end in m else key, str(exc)) from None
-
-
-_FILTER_KEYS = ("pids", "no_pids", "comms", "no_comms", "cgroup", "min_duration_ms", "allow_errors", "deny_errors")
-_SET_KEYS = ("name", "entry", "allow", "deny", "mode", "attach_mode", "user_attach_mode", "filters", "sampling", "lbr",
-             "capture_args", "app_context", "user_stacks", "duration_range", "workload_label", "inject")
-
-
-def _lbr(ctx: Nodes, node: yaml.Node, key: str, mode: str) -> int:
-    """`lbr: true` (any_return), or the --lbr specs as a string ('any_return', 'any,cond', '0x20')."""
-    from retsnoop_otel.kernel.lbr import LbrError, parse_specs
-    if not isinstance(node, yaml.ScalarNode):
-        raise ctx.fail(node, key, f"expected true, false or branch types such as 'any_return', got {got(ctx, node)}")
-    value = ctx.value(node)
-    if value is False or value is None:
-        return 0
-    if mode == "metrics":
-        raise ctx.fail(node, key, "branch records travel with reported sessions: use mode stack or calls, "
-                       "or drop 'lbr'")
-    if value is True:
-        return parse_specs([])
-    if not isinstance(value, str):
-        raise ctx.fail(node, key, f"expected true, false or branch types such as 'any_return', got {got(ctx, node)}")
-    try:
-        return parse_specs([value])
-    except LbrError as exc:
-        raise ctx.fail(node, key, str(exc).replace("--lbr value", "branch type")) from None
-
-
-def _inject(ctx: Nodes, node: yaml.Node, key: str, mode: str) -> tuple[InjectSpec, ...]:
-    """-J's specs (retsnoop's forms, @FILE too); they travel with the call records, which mode metrics has not."""
-    def read(path: str) -> str:  # a spec file: read once per load of the config, however many sets name it
-        if ("specs", path) not in ctx.files:
-            ctx.files["specs", path] = read_spec_file(path)
-        return ctx.files["specs", path]
-
-    try:
-        specs = parse_specs(_strs(ctx, node, key), read)
-    except InjectError as exc:
-        raise ctx.fail(node, key, str(exc).replace("-J ", "")) from None
-    if specs and mode == "metrics":
-        raise ctx.fail(node, key, "injected probes are recorded in reported sessions: use mode stack or calls")
-    return specs
-
-
-def _probe_set(ctx: Nodes, node: yaml.Node, key: str, name: str | None) -> ProbeSetConfig:
-    m = mapping(ctx, node, key, _SET_KEYS if name is None else _SET_KEYS[1:])
-    if name is None:
-        if "name" not in m:
-            raise ctx.fail(node, key, "missing 'name' (each probe set needs a unique name, used as the "
-                           "probe_set metric label)")
-        name = string(ctx, m["name"], f"{key}.name")
-        name_node = m["name"]
-    else:
-        name_node = node
-    if not _NAME.match(name):
-        raise ctx.fail(name_node, f"{key}.name", f"'{name}' is not a valid name: use 1-64 letters, digits, '_', "
-                       "'-' or '.'")
-    if "entry" not in m:
-        raise ctx.fail(node, key, "missing 'entry': a list of entry function globs (for example ['*sys_bpf'])")
-    entry = _globs(ctx, m["entry"], f"{key}.entry")
-    if not entry:
-        raise ctx.fail(m["entry"], f"{key}.entry", "needs at least one entry function glob")
-    f = mapping(ctx, m["filters"], f"{key}.filters", _FILTER_KEYS) if "filters" in m else {}
-    fk = f"{key}.filters"
-    try:
-        errors = ErrorFilter.parse(_strs(ctx, f["allow_errors"], f"{fk}.allow_errors") if "allow_errors" in f else (),
-                                   _strs(ctx, f["deny_errors"], f"{fk}.deny_errors") if "deny_errors" in f else ())
+        values["errors"] = ErrorFilter.parse(values.pop("allow_errors", ()), values.pop("deny_errors", ()))
     except ValueError as exc:
         bad = f.get("allow_errors") or f["deny_errors"]
         msg = str(exc).split(": ", 1)[-1]
-        raise ctx.fail(bad, f"{fk}.allow_errors" if bad is f.get("allow_errors") else f"{fk}.deny_errors",
+        raise ctx.fail(bad, f"{key}.allow_errors" if bad is f.get("allow_errors") else f"{key}.deny_errors",
                        f"{msg} (use errno names such as EINVAL, -ENOMEM, NULL or any)") from None
-    return ProbeSetConfig(
-        name=name, entry=entry,
-        allow=_globs(ctx, m["allow"], f"{key}.allow") if "allow" in m else (),
-        deny=_globs(ctx, m["deny"], f"{key}.deny") if "deny" in m else (),
-        mode=choice(ctx, m["mode"], f"{key}.mode", PROBE_MODES) if "mode" in m else "stack",
-        attach_mode=choice(ctx, m["attach_mode"], f"{key}.attach_mode", ATTACH_MODES) if "attach_mode" in m
-        else "auto",
-        user_attach_mode=choice(ctx, m["user_attach_mode"], f"{key}.user_attach_mode", USER_ATTACH_MODES)
-        if "user_attach_mode" in m else "auto",
-        pids=_pids(ctx, f["pids"], f"{fk}.pids") if "pids" in f else (),
-        no_pids=_pids(ctx, f["no_pids"], f"{fk}.no_pids") if "no_pids" in f else (),
-        comms=_strs(ctx, f["comms"], f"{fk}.comms") if "comms" in f else (),
-        no_comms=_strs(ctx, f["no_comms"], f"{fk}.no_comms") if "no_comms" in f else (),
-        cgroup=opt_string(ctx, f.get("cgroup"), f"{fk}.cgroup"),
-        min_duration_ns=int(number(ctx, f["min_duration_ms"], f"{fk}.min_duration_ms", 0, _MAX_MS) * 1_000_000)
-        if "min_duration_ms" in f else 0,
-        errors=errors,
-        sampling=_sampling(ctx, m["sampling"], f"{key}.sampling") if "sampling" in m else Sampling(),
-        lbr_branch_types=_lbr(ctx, m["lbr"], f"{key}.lbr", ctx.value(m["mode"]) if "mode" in m else "stack")
-        if "lbr" in m else 0,
-        capture_args=boolean(ctx, m["capture_args"], f"{key}.capture_args") if "capture_args" in m else False,
-        app_context=boolean(ctx, m["app_context"], f"{key}.app_context") if "app_context" in m else True,
-        user_stacks=boolean(ctx, m["user_stacks"], f"{key}.user_stacks") if "user_stacks" in m else False,
-        duration_range=_duration_range(ctx, m["duration_range"], f"{key}.duration_range")
-        if "duration_range" in m else None,
-        workload_label=choice(ctx, m["workload_label"], f"{key}.workload_label", WORKLOAD_LABELS)
-        if "workload_label" in m else None,
-        inject=_inject(ctx, m["inject"], f"{key}.inject", ctx.value(m["mode"]) if "mode" in m else "stack")
-        if "inject" in m else ())
+    return values
 
 
-def _probe_sets(ctx: Nodes, node: yaml.Node) -> tuple[ProbeSetConfig, ...]:
+PROBE_SET = Section("probe_sets[]", ProbeSetConfig, (
+    Key("name", STR, "unique name, the probe_set label of its metrics", flag="--probe-set", check=_valid_name,
+        required="missing 'name' (each probe set needs a unique name, used as the probe_set metric label)"),
+    Key("entry", GLOBS, "entry function globs: a session starts at each call", flag="-e",
+        check=lambda globs: None if globs else "needs at least one entry function glob",
+        required="missing 'entry': a list of entry function globs (for example ['*sys_bpf'])"),
+    Key("allow", GLOBS, "other functions recorded inside sessions", flag="-a"),
+    Key("deny", GLOBS, "functions never traced (wins over entry and allow)", flag="-d"),
+    Key("mode", choices(PROBE_MODES), "stack: the error chain; calls: every traced call; metrics: counts only",
+        flag="-T"),
+    Key("attach_mode", choices(ATTACH_MODES), "how kernel functions attach (auto: the best the kernel has)",
+        flag=", ".join(m.flags[0] for m in attach_modes.MODES)),
+    Key("user_attach_mode", choices(USER_ATTACH_MODES), "how user-space functions (u:BINARY:GLOB) attach",
+        flag="--user-attach"),
+    Key("filters", nested(FILTERS, _filters), "which sessions are reported", field="*"),
+    Key("sampling", SAMPLING_KIND, "successful sessions kept besides the failing ones (none by default)"),
+    Key("lbr", LBR, "CPUs with LBR: branch records at the deepest failing return (true: any_return)",
+        field="lbr_branch_types", flag="-B", default=lambda: ProbeSetConfig._field_defaults["lbr_branch_types"] != 0),
+    Key("capture_args", BOOL, "argument values (BTF-typed) with each call; kernel memory can hold secrets",
+        flag="-A"),
+    Key("app_context", BOOL, "join the application's trace when its thread publishes OTel thread context",
+        flag="--no-app-context"),
+    Key("user_stacks", BOOL, "the user-space stack of the thread that entered the entry function", flag="-U"),
+    Key("duration_range", DURATION_RANGE_KIND, "histogram buckets of this set (unset: metrics.duration_range)"),
+    Key("workload_label", choices(WORKLOAD_LABELS), "calls, errors and sessions also per namespace or container"),
+    Key("inject", INJECT, "probes recorded inside sessions, as span events (retsnoop's -J forms, @FILE)",
+        flag="-J"),
+))
+
+
+def _probe_set(ctx: Nodes, node: yaml.Node, key: str, name: str | None) -> ProbeSetConfig:
+    if name is not None:  # probe_sets as a mapping: the name is the key
+        bad = _valid_name(name)
+        if bad:
+            raise ctx.fail(node, f"{key}.name", bad)
+    values, _ = read_section(ctx, node, key, PROBE_SET, None if name is None else PROBE_SET.names[1:])
+    return ProbeSetConfig(**({"name": name} if name is not None else {}), **values)
+
+
+def _probe_sets(ctx: Nodes, node: yaml.Node, _key: str, _m: Mapping[str, yaml.Node]) -> tuple[ProbeSetConfig, ...]:
     if isinstance(node, yaml.SequenceNode):
         sets = [_probe_set(ctx, n, f"probe_sets[{i}]", None) for i, n in enumerate(node.value)]
     elif isinstance(node, yaml.MappingNode):
@@ -297,105 +233,75 @@ def _probe_sets(ctx: Nodes, node: yaml.Node) -> tuple[ProbeSetConfig, ...]:
     return tuple(sets)
 
 
-_OTLP_KEYS = ("endpoint", "protocol", "headers", "compression", "timeout", "insecure", "certificate", "client_key",
-              "client_certificate")
+EXPORTER = Section("exporter", ExporterConfig, (
+    Key("otlp", otlp_kind(otlp_section("exporter.otlp", "--otlp-endpoint", "--otlp-protocol")),
+        "OTLP export (null: none; left out: none when file or console is given)"),
+    Key("file", OPT_STR, "OTLP JSON lines to this file, one export request per line",
+        check=lambda path: None if path is None or os.path.isdir(os.path.dirname(os.path.abspath(path)))
+        else f"the directory of {path} does not exist"),
+    Key("console", BOOL, "retsnoop's text output on stdout, as `trace` prints it",
+        convert=lambda on: ConsoleConfig(prefix=True) if on else None,
+        default=lambda: ExporterConfig().console is not None),
+    Key("export_addresses", BOOL, "raw kernel addresses in exported data (they reveal the KASLR offset)",
+        flag="--export-addresses"),
+    Key("service_name_from", choices(SERVICE_NAME_FROM), "service.name of a session's spans: its workload's, or "
+        "the agent's", flag="--service-name-from"),
+))
 
 
-def _otlp(ctx: Nodes, node: yaml.Node, key: str) -> OtlpConfig:
-    m = mapping(ctx, node, key, _OTLP_KEYS)
-    headers: list[tuple[str, str]] = []
-    if "headers" in m:
-        hm = _mapping_any(ctx, m["headers"], f"{key}.headers")
-        headers = [(k, str(scalar(ctx, v, f"{key}.headers.{k}", (str, int, float), "a string")))
-                   for k, v in hm.items()]
-    # resolved with the environment by the runtime (runtime/settings.py); AgentConfig.where() locates its errors
-    return OtlpConfig(
-        endpoint=opt_string(ctx, m.get("endpoint"), f"{key}.endpoint"),
-        protocol=choice(ctx, m["protocol"], f"{key}.protocol", PROTOCOLS) if "protocol" in m else None,
-        headers=tuple(headers),
-        compression=choice(ctx, m["compression"], f"{key}.compression", COMPRESSIONS) if "compression" in m else None,
-        timeout_s=number(ctx, m["timeout"], f"{key}.timeout", 0.001) if "timeout" in m else None,
-        insecure=boolean(ctx, m["insecure"], f"{key}.insecure") if "insecure" in m else None,
-        certificate=opt_string(ctx, m.get("certificate"), f"{key}.certificate"),
-        client_key=opt_string(ctx, m.get("client_key"), f"{key}.client_key"),
-        client_certificate=opt_string(ctx, m.get("client_certificate"), f"{key}.client_certificate"))
+def _exporter(ctx: Nodes, node: yaml.Node, key: str, _m: Mapping[str, yaml.Node]) -> ExporterConfig:
+    values, m = read_section(ctx, node, key, EXPORTER)
+    if "otlp" not in m and ("file" in m or "console" in m):
+        values["otlp"] = None  # another exporter given: no OTLP unless asked for
+    return ExporterConfig(**values)
 
 
-def _mapping_any(ctx: Nodes, node: yaml.Node, key: str) -> dict[str, yaml.Node]:
-    if not isinstance(node, yaml.MappingNode):
-        raise ctx.fail(node, key, f"expected a mapping, got {got(ctx, node)}")
-    return {str(ctx.value(k)): v for k, v in node.value}
+METRICS = Section("metrics", MetricsConfig, (
+    Key("listen", LISTEN, "address of /metrics and /healthz", field=("host", "port"),
+        default=lambda: MetricsConfig().listen, flag="--web.listen-address"),
+    Key("stall_after_s", num(1, unit=" (s)"), "/healthz answers 503 when capture has not polled for this long"),
+    Key("otlp", otlp_kind(otlp_section("metrics.otlp")), "also push the metrics over OTLP"),
+    Key("otlp_interval", num(1, unit=" (s)"), "seconds between pushes (unset: OTEL_METRIC_EXPORT_INTERVAL, else 60)",
+        field="otlp_interval_s"),
+    Key("max_error_types", integer_in(COUNT), "errno labels per function (0: every error type its own)"),
+    Key("functions", GLOBS, "functions with series of their own (default: every traced function)"),
+    Key("duration_range", DURATION_RANGE_KIND, "histogram buckets of probe sets without their own (unset: all)"),
+    Key("max_workloads", integer_in(COUNT), "workload label values with series of their own, per probe set"),
+    Key("web_config_file", OPT_STR, "TLS and basic auth for /metrics and /healthz (exporter-toolkit format)",
+        flag="--web.config.file", convert=lambda path: path or None),  # read by the runtime, at start
+))
 
+LIMITS = Section("limits", Limits, (
+    Key("max_spans_per_trace", integer_in(COUNT), "exported spans per session (deeper calls are counted)",
+        # calls beyond the span limit would not be exported: do not keep them
+        field=("max_spans_per_trace", "max_calls_per_session"), convert=lambda n: (n, n)),
+    Key("export_queue_spans", integer_in(COUNT), "spans waiting for export (unset: OTEL_BSP_MAX_QUEUE_SIZE, "
+        "else 65536)"),
+    Key("ringbuf_size", size_in(RINGBUF_BYTES), "ring buffer per probe set", flag="-C bpf.ringbuf-size"),
+    Key("max_sessions", integer_in(MAP_ENTRIES), "threads with a kernel session entry, per probe set",
+        flag="-C bpf.sessions-size"),
+    Key("user_stack_wait_s", num(0, 60, " (s)"), "how long a session waits for its user stack's symbols"),
+))
 
-def _exporter(ctx: Nodes, node: yaml.Node) -> ExporterConfig:
-    m = mapping(ctx, node, "exporter", ("otlp", "file", "console", "export_addresses", "service_name_from"))
-    otlp = None
-    if "otlp" in m:
-        otlp = None if kind(m["otlp"]) == "null" else _otlp(ctx, m["otlp"], "exporter.otlp")
-    elif "file" not in m and "console" not in m:
-        otlp = OtlpConfig()
-    path = opt_string(ctx, m.get("file"), "exporter.file")
-    if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-        raise ctx.fail(m["file"], "exporter.file", f"the directory of {path} does not exist")
-    console = boolean(ctx, m["console"], "exporter.console") if "console" in m else False
-    service = choice(ctx, m["service_name_from"], "exporter.service_name_from", SERVICE_NAME_FROM) \
-        if "service_name_from" in m else "workload"
-    return ExporterConfig(otlp=otlp, file=path, console=ConsoleConfig(prefix=True) if console else None,
-                          export_addresses=boolean(ctx, m["export_addresses"], "exporter.export_addresses")
-                          if "export_addresses" in m else False, service_name_from=service)
+LOGGING = Section("logging", LoggingConfig, (
+    Key("format", choices(LOG_FORMATS), "the log's lines"),
+    Key("level", choices(LOG_LEVELS), "unset: OTEL_LOG_LEVEL, else info"),
+))
 
-
-def _metrics(ctx: Nodes, node: yaml.Node) -> MetricsConfig:
-    m = mapping(ctx, node, "metrics", ("listen", "stall_after_s", "otlp", "otlp_interval", "max_error_types",
-                                        "functions", "duration_range", "max_workloads", "web_config_file"))
-    host, port = MetricsConfig().host, MetricsConfig().port
-    if "listen" in m:
-        try:
-            host, port = parse_listen(string(ctx, m["listen"], "metrics.listen"))
-        except ValueError as exc:
-            raise ctx.fail(m["listen"], "metrics.listen", str(exc)) from None
-    stall = number(ctx, m["stall_after_s"], "metrics.stall_after_s", 1) if "stall_after_s" in m else 30.0
-    otlp = None
-    if "otlp" in m and kind(m["otlp"]) != "null":
-        otlp = _otlp(ctx, m["otlp"], "metrics.otlp")
-    interval = number(ctx, m["otlp_interval"], "metrics.otlp_interval", 1) if "otlp_interval" in m else None
-    max_errs = integer(ctx, m["max_error_types"], "metrics.max_error_types", COUNT) if "max_error_types" in m else 0
-    funcs = _globs(ctx, m["functions"], "metrics.functions") if "functions" in m else ()
-    buckets = _duration_range(ctx, m["duration_range"], "metrics.duration_range") if "duration_range" in m else None
-    workloads = integer(ctx, m["max_workloads"], "metrics.max_workloads", COUNT) if "max_workloads" in m \
-        else MetricsConfig().max_workloads
-    web = opt_string(ctx, m.get("web_config_file"), "metrics.web_config_file")  # read by the runtime, at start
-    return MetricsConfig(host, port, stall, otlp, interval, max_errs, funcs, buckets, workloads,
-                         web_config_file=web or None)
-
-
-def _limits(ctx: Nodes, node: yaml.Node) -> Limits:
-    m = mapping(ctx, node, "limits", ("max_spans_per_trace", "export_queue_spans", "ringbuf_size", "max_sessions",
-                                       "user_stack_wait_s"))
-    d = Limits()
-    spans = integer(ctx, m["max_spans_per_trace"], "limits.max_spans_per_trace", COUNT) if "max_spans_per_trace" in m \
-        else d.max_spans_per_trace
-    return Limits(
-        max_spans_per_trace=spans,
-        max_calls_per_session=spans,  # calls beyond the span limit would not be exported: do not keep them
-        export_queue_spans=integer(ctx, m["export_queue_spans"], "limits.export_queue_spans", COUNT)
-        if "export_queue_spans" in m else d.export_queue_spans,
-        ringbuf_size=size(ctx, m["ringbuf_size"], "limits.ringbuf_size", RINGBUF_BYTES)
-        if "ringbuf_size" in m else d.ringbuf_size,
-        max_sessions=integer(ctx, m["max_sessions"], "limits.max_sessions", MAP_ENTRIES)
-        if "max_sessions" in m else d.max_sessions,
-        user_stack_wait_s=number(ctx, m["user_stack_wait_s"], "limits.user_stack_wait_s", 0, 60)
-        if "user_stack_wait_s" in m else d.user_stack_wait_s)
-
-
-def _logging(ctx: Nodes, node: yaml.Node) -> LoggingConfig:
-    m = mapping(ctx, node, "logging", ("format", "level"))
-    return LoggingConfig(
-        format=choice(ctx, m["format"], "logging.format", LOG_FORMATS) if "format" in m else "text",
-        level=choice(ctx, m["level"], "logging.level", LOG_LEVELS) if "level" in m else None)
-
-
-_TOP_KEYS = ("probe_sets", "exporter", "metrics", "limits", "logging", "vmlinux", "kubernetes")
+TOP = Section("", None, (
+    Key("probe_sets", Kind(_probe_sets, "list or mapping of probe sets", {"type": ["array", "object"]}, PROBE_SET),
+        "what is traced: named sets of functions", required="missing: the config needs at least one probe set"),
+    Key("exporter", nested(EXPORTER, _exporter), "where sessions go"),
+    Key("metrics", into(METRICS), "the Prometheus endpoint and the OTLP metrics push"),
+    Key("limits", into(LIMITS), "memory and export bounds"),
+    Key("logging", into(LOGGING), "the agent's own log"),
+    Key("vmlinux", OPT_STR, "DWARF for source globs and file:line frames (auto: the standard places)", flag="-k",
+        check=lambda path: None if path in (None, "auto") or os.path.isfile(path) else (
+            f"{path}: no such file (give a vmlinux with DWARF, 'auto' to search the standard places, or leave it "
+            "out)")),
+    Key("kubernetes", nested(KUBERNETES, lambda ctx, node, _key, _m: parse_kubernetes(ctx, node)),
+        "pod names from the API server (a DaemonSet's metadata watch)"),
+))
 
 
 def parse_config(text: str, filename: str = "<config>") -> AgentConfig:
@@ -413,27 +319,16 @@ def parse_config(text: str, filename: str = "<config>") -> AgentConfig:
     if root is None:
         raise ConfigError(f"{ctx.filename}:1: the file is empty; it needs at least a 'probe_sets:' section")
     expansion_bounded(ctx, root)
-    m = mapping(ctx, root, "", _TOP_KEYS)
-    if "probe_sets" not in m:
-        raise ctx.fail(root, "probe_sets", "missing: the config needs at least one probe set")
-    vmlinux = opt_string(ctx, m.get("vmlinux"), "vmlinux")
-    if vmlinux not in (None, "auto") and not os.path.isfile(vmlinux):
-        raise ctx.fail(m["vmlinux"], "vmlinux", f"{vmlinux}: no such file (give a vmlinux with DWARF, 'auto' to "
-                       "search the standard places, or leave it out)")
-    probe_sets = _probe_sets(ctx, m["probe_sets"])
-    exporter = _exporter(ctx, m["exporter"]) if "exporter" in m else ExporterConfig()
+    values, m = read_section(ctx, root, "", TOP)
+    exporter = values.get("exporter", ExporterConfig())
     if exporter.otlp is None and exporter.file is None and exporter.console is None and any(
-            ps.mode != "metrics" for ps in probe_sets):
+            ps.mode != "metrics" for ps in values["probe_sets"]):
         raise ctx.fail(m["exporter"], "exporter", "no exporter left for the probe sets that make traces: set otlp, "
                        "file or console: true, or give every probe set mode: metrics")
-    runtime = RuntimeConfig(
-        probe_sets=probe_sets, exporter=exporter,
-        metrics=_metrics(ctx, m["metrics"]) if "metrics" in m else MetricsConfig(),
-        limits=_limits(ctx, m["limits"]) if "limits" in m else Limits(),
-        symbols=SymbolsConfig(vmlinux=vmlinux, cache_dir=AGENT_CACHE_DIR),
-        kubernetes=parse_kubernetes(ctx, m["kubernetes"]) if "kubernetes" in m else KubernetesConfig())
-    return AgentConfig(runtime, path=filename, logging=_logging(ctx, m["logging"]) if "logging" in m
-                       else LoggingConfig(), lines=MappingProxyType(_key_lines(ctx, root)))
+    runtime = RuntimeConfig(**{k: v for k, v in values.items() if k in RuntimeConfig._fields},
+                            symbols=SymbolsConfig(vmlinux=values.get("vmlinux"), cache_dir=AGENT_CACHE_DIR))
+    return AgentConfig(runtime, path=filename, logging=values.get("logging", LoggingConfig()),
+                       lines=MappingProxyType(_key_lines(ctx, root)))
 
 
 def load_config(path: str | Path, name: str = "config file") -> AgentConfig:

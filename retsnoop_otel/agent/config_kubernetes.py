@@ -17,23 +17,25 @@ from __future__ import annotations
 
 import yaml
 
-from retsnoop_otel.agent.yaml_nodes import ConfigError, Nodes, boolean, mapping, number, string
+from retsnoop_otel.agent.config_keys import BOOL, STR, Key, Section, num, read_section
+from retsnoop_otel.agent.yaml_nodes import ConfigError, Nodes
 from retsnoop_otel.workload.k8s_settings import KubeConfigError, KubernetesConfig, check_form
 
-KEYS = ("metadata", "node_name", "api_server", "token_file", "ca_file", "keep_deleted")
+KUBERNETES = Section("kubernetes", KubernetesConfig, (
+    Key("metadata", BOOL, "pod, namespace, container, owner and image names from a watch of this node's pods"),
+    Key("node_name", STR, "this node's name (unset: $K8S_NODE_NAME)"),
+    Key("api_server", STR, "the API server's URL (unset: the pod's service variables)"),
+    Key("token_file", STR, "the service account's token, re-read before each request"),
+    Key("ca_file", STR, "the CA that verifies the API server"),
+    Key("keep_deleted", num(0, unit=" (s)"), "seconds a deleted pod's names stay, for its last sessions",
+        field="keep_deleted_s"),
+))
+KEYS = KUBERNETES.names
 
 
 def parse_kubernetes(ctx: Nodes, node: yaml.Node) -> KubernetesConfig:
-    m = mapping(ctx, node, "kubernetes", KEYS)
-    d = KubernetesConfig()
-    cfg = KubernetesConfig(
-        metadata=boolean(ctx, m["metadata"], "kubernetes.metadata") if "metadata" in m else False,
-        node_name=string(ctx, m["node_name"], "kubernetes.node_name") if "node_name" in m else None,
-        api_server=string(ctx, m["api_server"], "kubernetes.api_server") if "api_server" in m else None,
-        token_file=string(ctx, m["token_file"], "kubernetes.token_file") if "token_file" in m else d.token_file,
-        ca_file=string(ctx, m["ca_file"], "kubernetes.ca_file") if "ca_file" in m else d.ca_file,
-        keep_deleted_s=number(ctx, m["keep_deleted"], "kubernetes.keep_deleted", 0) if "keep_deleted" in m
-        else d.keep_deleted_s)
+    values, m = read_section(ctx, node, "kubernetes", KUBERNETES)
+    cfg = KubernetesConfig(**values)
     try:
         check_form(cfg)
     except KubeConfigError as exc:
