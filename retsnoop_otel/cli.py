@@ -13,8 +13,8 @@ import sys
 import time
 from collections.abc import Sequence
 
-from retsnoop_otel.runtime.errors import EXIT_INPUT, EXIT_INTERRUPTED, EXIT_PIPE, exit_code_epilog
-from retsnoop_otel.runtime.help_format import HelpFormatter, OneLineParser
+from retsnoop_otel.command.errors import EXIT_INPUT, EXIT_INTERRUPTED, EXIT_PIPE, exit_code_epilog
+from retsnoop_otel.command.help_format import HelpFormatter, OneLineParser
 
 SUBCOMMANDS = ("trace", "features", "simfail", "agent")
 

@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass, field
 from typing import TextIO
 
 from retsnoop_otel.capture.errnos import errno_name
+from retsnoop_otel.command.help_format import HelpFormatter, OneLineParser
 from retsnoop_otel.kernel import bpfsys
-from retsnoop_otel.runtime.help_format import HelpFormatter, OneLineParser
 
 MAP_NAME = b"simfail_map"
 BASELINE = dict(map_type=bpfsys.MAP_ARRAY, key_size=4, value_size=4, max_entries=1, map_flags=0)

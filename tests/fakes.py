@@ -34,6 +34,7 @@ from retsnoop_otel.capture.model import (
     TracedFunc,
 )
 from retsnoop_otel.capture.records import FuncTraceRec, SessionEndRec, SessionStartRec
+from retsnoop_otel.command.errors import SetupError
 from retsnoop_otel.export.resource import Resource
 from retsnoop_otel.export.sending import SendResult
 from retsnoop_otel.kernel.tracer import AttachReport
@@ -42,7 +43,6 @@ from retsnoop_otel.metrics.runtime_families import RunCounters, RuntimeCollector
 from retsnoop_otel.runtime.config import ProbeSetConfig
 from retsnoop_otel.runtime.deps import RuntimeDeps
 from retsnoop_otel.runtime.environment import KernelEnv
-from retsnoop_otel.runtime.errors import SetupError
 from retsnoop_otel.runtime.startup import Phase
 from retsnoop_otel.symbols.kallsyms import Kallsyms
 from retsnoop_otel.symbols.symbolize import KallsymsSymbolizer

@@ -5,7 +5,7 @@
 - docs/reference/config.md: the agent's configuration keys, as config/agent.yaml documents them (the shipped,
   commented example, checked by `agent --check` in the tests), then the table of every key made from the keys'
   declarations (agent/config_keys.py), which also make config/agent.schema.json;
-- the exit-code table of docs/reference/exit-codes.md (runtime/errors.py);
+- the exit-code table of docs/reference/exit-codes.md (command/errors.py);
 - docs/reference/metric-list.md: every metric family, its type and help, read from retsnoop_otel/metrics.
 
 tests/test_docs.py fails when a page differs from what this writes, or when a flag, config key, metric,
@@ -122,10 +122,10 @@ def config_page() -> str:
 
 
 def exit_codes_page() -> str:
-    from retsnoop_otel.runtime.errors import exit_code_table
+    from retsnoop_otel.command.errors import exit_code_table
     return ("# Exit codes\n\n"
             "What `retsnoop-otel` returns, for scripts and systemd (`RestartPreventExitStatus`):\n\n"
-            "<!-- exit-codes: generated from retsnoop_otel/runtime/errors.py -->\n"
+            "<!-- exit-codes: generated from retsnoop_otel/command/errors.py -->\n"
             + exit_code_table() + "\n<!-- /exit-codes -->\n")
 
 

@@ -18,8 +18,9 @@ PKG = ROOT / "retsnoop_otel"
 MAX_LINES = 450  # a module of the package (issue 44)
 MAX_BPF_LINES = 500  # a source of bpf/, give or take 5%
 # Sub-packages from the bottom up: each may import only those before it (and the top-level __init__).
-LAYERS = ("inputs", "publisher", "capture", "kernel", "symbols", "appctx", "workload", "render", "export", "metrics",
-          "runtime", "trace", "agent")
+# command/ holds what every command shares (exit codes, refusals, event log, --help layout) and knows no tracing.
+LAYERS = ("command", "inputs", "publisher", "capture", "kernel", "symbols", "appctx", "workload", "render", "export",
+          "metrics", "runtime", "trace", "agent")
 TOP_LEVEL = {"retsnoop_otel", "retsnoop_otel.__main__", "retsnoop_otel.cli", "retsnoop_otel.simfail"}
 
 

@@ -12,10 +12,10 @@ import ssl
 from typing import NamedTuple
 
 from retsnoop_otel.agent.config_file import ConfigError, load_config
+from retsnoop_otel.command.errors import EXIT_HOST, EXIT_INPUT, EXIT_OK
 from retsnoop_otel.metrics.web_config import WebConfigError
 from retsnoop_otel.metrics.web_tls import load_web_config
 from retsnoop_otel.runtime.config import MetricsConfig
-from retsnoop_otel.runtime.errors import EXIT_HOST, EXIT_INPUT, EXIT_OK
 
 LOOPBACK = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}
 

@@ -15,14 +15,14 @@ from typing import TextIO
 
 from retsnoop_otel import __version__
 from retsnoop_otel.agent.config_file import AgentConfig, ConfigError, LoggingConfig, load_config
+from retsnoop_otel.command.errors import EXIT_HOST, EXIT_INPUT, RunRefused, exit_code_epilog
+from retsnoop_otel.command.help_format import HelpFormatter, OneLineParser
+from retsnoop_otel.command.log_bridge import bridge_library_logs
+from retsnoop_otel.command.logs import EventLog
 from retsnoop_otel.export.otel_env import log_level
 from retsnoop_otel.runtime.config import MetricsConfig, ProbeSetConfig
 from retsnoop_otel.runtime.deps import RuntimeDeps
-from retsnoop_otel.runtime.errors import EXIT_HOST, EXIT_INPUT, RunRefused, exit_code_epilog
-from retsnoop_otel.runtime.help_format import HelpFormatter, OneLineParser
 from retsnoop_otel.runtime.hooks import Resolved, StartHook
-from retsnoop_otel.runtime.log_bridge import bridge_library_logs
-from retsnoop_otel.runtime.logs import EventLog
 from retsnoop_otel.runtime.probe_set import ProbeSet
 from retsnoop_otel.runtime.requests import Requests
 from retsnoop_otel.runtime.runtime import Runtime

@@ -50,7 +50,7 @@ OUTCOMES = ("linked", "ok", "no_record", "invalid", "fault", "unknown_process")
 
 
 class Log(Protocol):
-    """The run's event log (runtime.logs.EventLog)."""
+    """The run's event log (command.logs.EventLog)."""
 
     def debug(self, msg: str, **fields: Any) -> None: ...
 

@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence, Sized
 from typing import TYPE_CHECKING
 
 from retsnoop_otel.capture.model import RetKind
+from retsnoop_otel.command.errors import InputError, SetupError
 from retsnoop_otel.runtime.config import ProbeSetConfig, SymbolsConfig
-from retsnoop_otel.runtime.errors import InputError, SetupError
 from retsnoop_otel.runtime.startup import Phase, phase_since
 from retsnoop_otel.workload.cgroupfs import cgroup2_mount
 

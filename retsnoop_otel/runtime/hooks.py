@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from retsnoop_otel.command.errors import RunRefused
+from retsnoop_otel.command.logs import EventLog
 from retsnoop_otel.runtime.config import ProbeSetConfig, RuntimeConfig
 from retsnoop_otel.runtime.environment import KernelEnv
-from retsnoop_otel.runtime.errors import RunRefused
-from retsnoop_otel.runtime.logs import EventLog
 from retsnoop_otel.runtime.probe_set import ProbeSet
 from retsnoop_otel.symbols import discovery
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from retsnoop_otel.command.errors import SetupError
 from retsnoop_otel.metrics.series import SeriesBounds, SeriesLimiter
 from retsnoop_otel.metrics.workload_series import WorkloadSeries, label_value
 from retsnoop_otel.runtime.config import ProbeSetConfig
-from retsnoop_otel.runtime.errors import SetupError
 from retsnoop_otel.runtime.settings import RunSettings
 from retsnoop_otel.runtime.sinks import ExportTotals
 

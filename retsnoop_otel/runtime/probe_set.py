@@ -25,6 +25,7 @@ from retsnoop_otel.capture.model import (
 from retsnoop_otel.capture.records import APP_RECORDS, SAMPLED_PROBABILITY, AppRecord, Record
 from retsnoop_otel.capture.sampling import ALWAYS, kernel_sampling
 from retsnoop_otel.capture.sessions import SessionAssembler
+from retsnoop_otel.command.errors import InputError, RunRefused, SetupError
 from retsnoop_otel.kernel.attach_modes import TRAMPOLINE
 from retsnoop_otel.kernel.capture_config import CaptureConfig
 from retsnoop_otel.kernel.tracer import AttachReport
@@ -32,7 +33,6 @@ from retsnoop_otel.metrics.workload_series import LABEL_NAMES, WorkloadSeries, W
 from retsnoop_otel.runtime import carry
 from retsnoop_otel.runtime.config import AGENT_NAMES, InputNames, Limits, ProbeSetConfig
 from retsnoop_otel.runtime.environment import KernelEnv, cgroup_target, lbr_refusal
-from retsnoop_otel.runtime.errors import InputError, RunRefused, SetupError
 from retsnoop_otel.symbols import discovery
 
 

@@ -12,8 +12,8 @@ from retsnoop_otel.appctx.process_readers import AppSources
 from retsnoop_otel.appctx.watch import AppWatcher, watches
 from retsnoop_otel.capture.model import Session
 from retsnoop_otel.capture.records import AppRecord
+from retsnoop_otel.command.logs import EventLog
 from retsnoop_otel.runtime.config import RuntimeConfig
-from retsnoop_otel.runtime.logs import EventLog
 from retsnoop_otel.runtime.sinks import Sinks
 from retsnoop_otel.runtime.startup import Phase, phase_since
 from retsnoop_otel.workload.resolver import WorkloadResolver

@@ -19,15 +19,15 @@ from typing import Any
 
 from retsnoop_otel.appctx.watch import watches
 from retsnoop_otel.capture.model import CaptureStats
+from retsnoop_otel.command.errors import RunRefused
+from retsnoop_otel.command.logs import EventLog
 from retsnoop_otel.export.resource import Resource
 from retsnoop_otel.runtime.build import Build
 from retsnoop_otel.runtime.config import RuntimeConfig
 from retsnoop_otel.runtime.deps import RuntimeDeps
 from retsnoop_otel.runtime.environment import KernelEnv
-from retsnoop_otel.runtime.errors import RunRefused
 from retsnoop_otel.runtime.heap import freeze_heap, refreeze_heap
 from retsnoop_otel.runtime.hooks import Resolved, StartHook
-from retsnoop_otel.runtime.logs import EventLog
 from retsnoop_otel.runtime.losses import LossSummary, losses
 from retsnoop_otel.runtime.metrics_view import RuntimeMetrics
 from retsnoop_otel.runtime.probe_set import ProbeSet, hand_over, resolve, start_probe_sets

@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
+from retsnoop_otel.command.errors import InputError
 from retsnoop_otel.export.otel_env import (
     RESOURCE_ATTRIBUTES,
     EnvWarnings,
@@ -27,7 +28,6 @@ from retsnoop_otel.export.resource import resource_attributes_problem
 from retsnoop_otel.export.span_limits import SpanLimits, span_limits
 from retsnoop_otel.runtime.config import RuntimeConfig, SymbolsConfig
 from retsnoop_otel.runtime.environment import cgroup_target
-from retsnoop_otel.runtime.errors import InputError
 from retsnoop_otel.runtime.sdk_env import apply_switches, read_switches
 from retsnoop_otel.symbols import discovery
 from retsnoop_otel.workload.k8s_settings import KubeConfigError, KubeSettings, resolve_kubernetes

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from retsnoop_otel.capture.model import Session, lookup_func
+from retsnoop_otel.command.errors import InputError
 from retsnoop_otel.export.otlp_settings import OtlpSettings
 from retsnoop_otel.export.processor_env import DEFAULT_QUEUE_SPANS
 from retsnoop_otel.export.resource import Resource
@@ -23,7 +24,6 @@ from retsnoop_otel.metrics.trace_counts import TraceCounts
 from retsnoop_otel.render.formats import ArgsFormat
 from retsnoop_otel.runtime.config import ExporterConfig, Limits
 from retsnoop_otel.runtime.environment import name_it
-from retsnoop_otel.runtime.errors import InputError
 from retsnoop_otel.runtime.settings import RunSettings
 
 SenderFactory = Callable[[OtlpSettings], Any]  # -> export.senders.Sender

@@ -19,6 +19,8 @@ from retsnoop_otel.capture.inject import InjectError, InjectSpec, parse_specs
 from retsnoop_otel.capture.records import MAX_ARG_DATA, MAX_FUNC_ARGS, ArgSizes
 from retsnoop_otel.capture.sampling import Sampling
 from retsnoop_otel.capture.sessions import DEFAULT_MAX_CALLS
+from retsnoop_otel.command.errors import EXIT_INPUT, exit_code_epilog
+from retsnoop_otel.command.help_format import HelpFormatter, OneLineParser
 from retsnoop_otel.export.otel_env import OTLP_ENDPOINT, OTLP_TRACES_ENDPOINT, TRACES_EXPORTER
 from retsnoop_otel.export.otlp_settings import OtlpConfig
 from retsnoop_otel.export.service_name import SERVICE_NAME_FROM
@@ -49,8 +51,6 @@ from retsnoop_otel.runtime.config import (
     RuntimeConfig,
     SymbolsConfig,
 )
-from retsnoop_otel.runtime.errors import EXIT_INPUT, exit_code_epilog
-from retsnoop_otel.runtime.help_format import HelpFormatter, OneLineParser
 from retsnoop_otel.runtime.sdk_env import TRACE_EXPORTERS, exporters
 from retsnoop_otel.symbols.discovery import DiscoveryError, expand_glob_args
 from retsnoop_otel.trace.cases import CASES, with_cases

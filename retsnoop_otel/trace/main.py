@@ -3,7 +3,7 @@
 The runtime's phases report through a StartHook so that retsnoop's lines come between them: -v says
 the attach mode and what was found, "Receiving data..." once attached, "Detaching... DONE" at the end with
 the kernel's loss counters. An OTEL_* variable whose value is ignored gets one "retsnoop-otel: warning:" line on
-stderr at start. Exit codes: runtime/errors.py (EXIT_CODES).
+stderr at start. Exit codes: command/errors.py (EXIT_CODES).
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from retsnoop_otel import __version__
+from retsnoop_otel.command.errors import RunRefused
+from retsnoop_otel.command.logs import EventLog
 from retsnoop_otel.runtime.deps import RuntimeDeps
-from retsnoop_otel.runtime.errors import RunRefused
 from retsnoop_otel.runtime.hooks import Resolved, StartHook
-from retsnoop_otel.runtime.logs import EventLog
 from retsnoop_otel.runtime.probe_set import ProbeSet
 from retsnoop_otel.runtime.requests import Requests
 from retsnoop_otel.runtime.runtime import Runtime

@@ -22,9 +22,9 @@ from retsnoop_otel.capture import records
 from retsnoop_otel.capture.model import RetKind, TracedFunc
 from retsnoop_otel.capture.records import AppExecRec, AppProbeRec
 from retsnoop_otel.capture.sessions import SessionAssembler
+from retsnoop_otel.command.logs import EventLog
 from retsnoop_otel.kernel.capture_config import CaptureConfig
 from retsnoop_otel.kernel.tracer import Tracer
-from retsnoop_otel.runtime.logs import EventLog
 from retsnoop_otel.symbols.user_funcs import in_binary
 
 HERE = Path(__file__).parent

@@ -24,8 +24,8 @@ import pytest
 from retsnoop_otel.agent.main import Agent, check, main
 from retsnoop_otel.capture import records
 from retsnoop_otel.capture.model import SessionStats
-from retsnoop_otel.runtime.errors import SetupError
-from retsnoop_otel.runtime.logs import EventLog
+from retsnoop_otel.command.errors import SetupError
+from retsnoop_otel.command.logs import EventLog
 from tests.fakes import (
     AGENT_CONFIG,
     FakeTracer,
@@ -487,8 +487,8 @@ def test_lbr_probe_set_refused_where_the_cpu_has_no_lbr() -> None:
 
 
 def test_cgroup_target_id_and_level(tmp_path: Path) -> None:
+    from retsnoop_otel.command.errors import InputError
     from retsnoop_otel.runtime.environment import cgroup_target
-    from retsnoop_otel.runtime.errors import InputError
     (tmp_path / "proc").mkdir()
     (tmp_path / "proc" / "mounts").write_text("cgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\n")
     leaf = tmp_path / "sys/fs/cgroup/unified/system.slice/foo.service"
@@ -504,7 +504,7 @@ def test_cgroup_target_id_and_level(tmp_path: Path) -> None:
 def test_library_warnings_follow_the_log_format_and_are_rate_limited() -> None:
     import logging
 
-    from retsnoop_otel.runtime.log_bridge import LibraryLogBridge
+    from retsnoop_otel.command.log_bridge import LibraryLogBridge
     out = io.StringIO()
     now = {"t": 100.0}
     log = EventLog(out, fmt="json")

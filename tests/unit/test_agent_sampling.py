@@ -11,11 +11,11 @@ from retsnoop_otel.agent.config_file import parse_config
 from retsnoop_otel.capture.errfilter import ErrorFilter
 from retsnoop_otel.capture.model import RetKind, Session, StackEntry, TracedFunc
 from retsnoop_otel.capture.sampling import ALWAYS, KernelSampling, Sampling, kernel_sampling, threshold
+from retsnoop_otel.command.logs import EventLog
 from retsnoop_otel.export.otlp_settings import OtlpConfig
 from retsnoop_otel.export.senders import build_sender
 from retsnoop_otel.export.span_encoder import SpanEncoder, build_request, make_envelope
 from retsnoop_otel.runtime.config import AGENT_NAMES
-from retsnoop_otel.runtime.logs import EventLog
 from retsnoop_otel.runtime.probe_set import capture_config
 from retsnoop_otel.runtime.settings import otlp_settings
 from tests.fakes import World, probe_set_config

@@ -14,7 +14,7 @@ from retsnoop_otel.appctx.process_readers import AppSources
 from retsnoop_otel.appctx.thread_ctx import TlsLocation
 from retsnoop_otel.appctx.watch import RECHECK_FIRST_S, SWEEP_S, AppWatcher
 from retsnoop_otel.capture.model import AppContext, UserFrame
-from retsnoop_otel.runtime.logs import EventLog
+from retsnoop_otel.command.logs import EventLog
 from tests.fakes import Clock, tree_session
 
 

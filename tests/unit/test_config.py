@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from retsnoop_otel.agent.config_file import AgentConfig, ConfigError, load_config, parse_config
+from retsnoop_otel.command.errors import InputError
 from retsnoop_otel.inputs.addresses import parse_listen
 from retsnoop_otel.runtime.config import Limits, MetricsConfig, RuntimeConfig
 from retsnoop_otel.runtime.deps import RuntimeDeps
-from retsnoop_otel.runtime.errors import InputError
 from retsnoop_otel.runtime.runtime import Runtime
 from tests.tls_certs import make_ca
 

@@ -1,4 +1,4 @@
-"""The exit codes live in one place (runtime/errors.py): the documentation's table and --help are rendered from it."""
+"""The exit codes live in one place (command/errors.py): the documentation's table and --help are rendered from it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from retsnoop_otel import cli
-from retsnoop_otel.runtime.errors import (
+from retsnoop_otel.command.errors import (
     EXIT_CODES,
     EXIT_HOST,
     EXIT_INPUT,
@@ -25,7 +25,7 @@ PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "exit-codes.
 def test_documented_table_is_the_rendered_one() -> None:
     block = re.search(r"<!-- exit-codes:[^\n]*-->\n(.*?)\n<!-- /exit-codes -->", PAGE.read_text(), re.S)
     assert block is not None, "docs/reference/exit-codes.md lost its exit-codes block"
-    assert block.group(1) == exit_code_table(), "the documented exit codes differ from runtime/errors.py: run " \
+    assert block.group(1) == exit_code_table(), "the documented exit codes differ from command/errors.py: run " \
         "python -m tests.gen_docs_reference"
 
 

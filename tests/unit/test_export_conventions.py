@@ -180,7 +180,7 @@ def test_the_runtime_pushes_units_and_schema_url_with_the_metrics_protocol_varia
     the request carries the families' units and the resource's schema URL, and OTEL_RESOURCE_ATTRIBUTES is read
     from the runtime's environment like every other variable."""
     from retsnoop_otel.agent.main import Agent
-    from retsnoop_otel.runtime.logs import EventLog
+    from retsnoop_otel.command.logs import EventLog
     from tests.fakes import AGENT_CONFIG
 
     deps = world.deps()

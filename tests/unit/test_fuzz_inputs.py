@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from retsnoop_otel.agent.config_file import ConfigError, parse_config
+from retsnoop_otel.command.errors import RunRefused
 from retsnoop_otel.runtime.deps import RuntimeDeps
-from retsnoop_otel.runtime.errors import RunRefused
 from retsnoop_otel.runtime.runtime import Runtime
 from retsnoop_otel.trace.flags import build_parser, parse
 

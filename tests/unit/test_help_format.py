@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from retsnoop_otel.runtime.help_format import HelpFormatter, terminal_columns
+from retsnoop_otel.command.help_format import HelpFormatter, terminal_columns
 from retsnoop_otel.trace.flags import build_parser
 
 

@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
+from retsnoop_otel.command.errors import InputError
 from retsnoop_otel.inputs import files
 from retsnoop_otel.inputs.files import MAX_CONFIG_BYTES, MAX_GLOB_FILE_BYTES, MAX_PEM_BYTES, shown
-from retsnoop_otel.runtime.errors import InputError
 
 
 def read_bytes(path, name: str, cap: int, error=InputError) -> bytes:  # noqa: ANN001 - a str or a Path

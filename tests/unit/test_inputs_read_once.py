@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from retsnoop_otel.agent.main import Agent
+from retsnoop_otel.command.logs import EventLog
 from retsnoop_otel.kernel import inject_attach, tracefs
-from retsnoop_otel.runtime.logs import EventLog
 from retsnoop_otel.runtime.requests import Requests
 from retsnoop_otel.trace.main import run_trace
 from tests.fakes import World

@@ -24,10 +24,10 @@ from prometheus_client.core import GaugeMetricFamily
 import retsnoop_otel.metrics.basic_auth as basic_auth_module
 import retsnoop_otel.metrics.server as server_module
 from retsnoop_otel.agent.main import Agent
+from retsnoop_otel.command.errors import InputError
+from retsnoop_otel.command.logs import EventLog
 from retsnoop_otel.metrics.server import MetricsServer
 from retsnoop_otel.metrics.web_tls import WebWatcher, load_web_config
-from retsnoop_otel.runtime.errors import InputError
-from retsnoop_otel.runtime.logs import EventLog
 from tests.fakes import AGENT_CONFIG, BCRYPT_COST, PASSWORD_HASH, WEB_TLS, WEB_USERS, World, log_events
 from tests.tls_certs import CLIENT_URI, Pki, leaf, make_pki
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from retsnoop_otel.agent.main import Agent, check
+from retsnoop_otel.command.errors import InputError
+from retsnoop_otel.command.logs import EventLog
 from retsnoop_otel.export import otel_env
 from retsnoop_otel.export.otel_env import EnvWarnings, exemplars_on, log_level
-from retsnoop_otel.runtime.errors import InputError
-from retsnoop_otel.runtime.logs import EventLog
 from retsnoop_otel.runtime.settings import run_settings
 from retsnoop_otel.trace.flags import parse
 from retsnoop_otel.trace.main import run_trace

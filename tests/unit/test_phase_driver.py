@@ -10,8 +10,8 @@ from collections import Counter
 from pathlib import Path
 
 from retsnoop_otel.agent.main import Agent, check
-from retsnoop_otel.runtime.errors import SetupError
-from retsnoop_otel.runtime.logs import EventLog
+from retsnoop_otel.command.errors import SetupError
+from retsnoop_otel.command.logs import EventLog
 from retsnoop_otel.trace.main import run_trace
 from tests.fakes import AGENT_CONFIG, World, log_events
 

@@ -12,9 +12,9 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
 
 from retsnoop_otel.agent.main import Agent
+from retsnoop_otel.command.logs import EventLog
 from retsnoop_otel.export.otel_env import EnvWarnings
 from retsnoop_otel.export.processor_env import BatchSettings, ReaderSettings, batch_settings, bounded, reader_settings
-from retsnoop_otel.runtime.logs import EventLog
 from tests.fakes import AGENT_CONFIG, World, log_events
 
 DELTA = AggregationTemporality.AGGREGATION_TEMPORALITY_DELTA

@@ -145,7 +145,7 @@ def test_linked_application_context_gets_a_trace_of_its_own_with_the_threshold()
 def test_agent_exports_error_and_sampled_sessions_with_their_thresholds(tmp_path: Path, world: World) -> None:
     """Through the agent: an error session and a success kept at probability 1 both say th:0."""
     from retsnoop_otel.agent.main import Agent
-    from retsnoop_otel.runtime.logs import EventLog
+    from retsnoop_otel.command.logs import EventLog
     from tests.fakes import AGENT_CONFIG, by_set, error_session, success_calls_session, wait_exported
 
     cfg = tmp_path / "agent.yaml"

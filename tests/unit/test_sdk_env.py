@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from retsnoop_otel.agent.main import Agent
+from retsnoop_otel.command.logs import EventLog
 from retsnoop_otel.export.otel_env import EnvWarnings
 from retsnoop_otel.export.otlp_settings import OtlpConfig
 from retsnoop_otel.runtime.config import ExporterConfig, MetricsConfig, RuntimeConfig
-from retsnoop_otel.runtime.logs import EventLog
 from retsnoop_otel.runtime.sdk_env import SdkSwitches, apply_switches, read_switches
 from tests.fakes import AGENT_CONFIG, World, by_set, error_session, log_events
 

@@ -169,9 +169,9 @@ def test_a_user_function_heads_the_stack_above_the_kernel_frames() -> None:
 
 
 def test_a_host_refusing_kernel_tracing_is_refused_in_one_line_unless_a_set_traces_user_functions() -> None:
+    from retsnoop_otel.command.errors import SetupError
     from retsnoop_otel.runtime.config import ProbeSetConfig
     from retsnoop_otel.runtime.environment import KernelEnv
-    from retsnoop_otel.runtime.errors import SetupError
 
     env = KernelEnv(ksyms=None, available=None, ret_kind=lambda _n: RetKind.INT32, btf_func_id=None, auto_mode="",
                     check_mode=lambda _m: None, symbolizer=None, kernel_refusal="this kernel refuses fentry")

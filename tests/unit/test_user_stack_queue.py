@@ -15,7 +15,7 @@ from retsnoop_otel.appctx.process_readers import AppSources
 from retsnoop_otel.appctx.stacks import HeldSessions, StackWorker
 from retsnoop_otel.capture import records
 from retsnoop_otel.capture.model import UserFrame
-from retsnoop_otel.runtime.logs import EventLog
+from retsnoop_otel.command.logs import EventLog
 from tests.fakes import AGENT_CONFIG, Clock, World, by_set, error_session, tree_session
 
 

@@ -13,7 +13,7 @@ import pytest
 from retsnoop_otel.agent.config_file import ConfigError, parse_config
 from retsnoop_otel.agent.main import Agent
 from retsnoop_otel.capture.records import SessionEndRec
-from retsnoop_otel.runtime.logs import EventLog
+from retsnoop_otel.command.logs import EventLog
 from retsnoop_otel.workload.k8s_settings import KubernetesConfig
 from retsnoop_otel.workload.pods import ContainerMeta, PodCache, PodMeta
 from retsnoop_otel.workload.resolver import WorkloadResolver
@@ -128,7 +128,7 @@ def test_kubernetes_section_errors(section: str, want: str) -> None:
 def test_the_environment_is_checked_when_the_agent_starts(tmp_path: Path, extra: str, env: dict, want: str,
                                                           world: World) -> None:
     """The shipped file parses anywhere; `agent --check` and the start say what the watch lacks, as one line."""
-    from retsnoop_otel.runtime.errors import InputError
+    from retsnoop_otel.command.errors import InputError
     from retsnoop_otel.runtime.runtime import Runtime
     token, ca = kube_files(tmp_path)
     files = f"  ca_file: {ca}\n" + ("" if "token_file" in extra else f"  token_file: {token}\n")
@@ -229,7 +229,7 @@ def test_metrics_workload_label_through_the_runtime(tmp_path: Path, world: World
 
 
 def test_namespace_label_needs_the_metadata_watch(tmp_path: Path) -> None:
-    from retsnoop_otel.runtime.errors import InputError
+    from retsnoop_otel.command.errors import InputError
     from retsnoop_otel.runtime.runtime import Runtime
     cfg = parse_config(WL_CONFIG.replace("workload_label: container", "workload_label: namespace"))
     with pytest.raises(InputError) as err:

@@ -13,7 +13,7 @@ import re
 import sys
 from typing import NoReturn
 
-from retsnoop_otel.runtime.errors import EXIT_INPUT
+from retsnoop_otel.command.errors import EXIT_INPUT
 
 _LONG_WORD = re.compile(r"\S{81,}")
 

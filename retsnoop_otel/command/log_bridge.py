@@ -8,7 +8,7 @@ import threading
 import time
 from typing import Any
 
-from retsnoop_otel.runtime.logs import EventLog
+from retsnoop_otel.command.logs import EventLog
 
 
 class LibraryLogBridge(logging.Handler):
