@@ -14,7 +14,6 @@ from retsnoop_otel.export.sending import (
     SendResult,
     one_line,
     partial_success,
-    read_file,
     signal_messages,
 )
 
@@ -31,8 +30,8 @@ class GrpcSender(Retrying):
         method, _, response_cls, self._field = signal_messages(settings.signal)
         options = [("grpc.max_send_message_length", MAX_MESSAGE), ("grpc.primary_user_agent", USER_AGENT)]
         if settings.tls:
-            credentials = grpc.ssl_channel_credentials(read_file(settings.certificate), read_file(settings.client_key),
-                                                       read_file(settings.client_certificate))
+            pair = settings.client_pair  # the bytes read and checked at start (otlp_settings), not the files again
+            credentials = grpc.ssl_channel_credentials(settings.ca_data, pair and pair.key, pair and pair.cert)
             self._channel = grpc.secure_channel(settings.target, credentials, options)
         else:
             self._channel = grpc.insecure_channel(settings.target, options)

@@ -23,6 +23,7 @@ from retsnoop_otel.export.sending import (
     partial_success,
     signal_messages,
 )
+from retsnoop_otel.inputs.tls_files import load_key_pair
 
 GRPC_PORT_HINT = ("the server answered in HTTP/2, as an OTLP/gRPC receiver does (port 4317?): send OTLP/HTTP to "
                   "its OTLP/HTTP port (4318), or set the protocol to grpc")
@@ -50,9 +51,11 @@ class HttpSender(Retrying):
         self._context: ssl.SSLContext | None = None
         if self._https:
             try:
-                self._context = ssl.create_default_context(cafile=settings.certificate)
-                if settings.client_certificate:
-                    self._context.load_cert_chain(settings.client_certificate, settings.client_key)
+                # the bytes read and checked at start (otlp_settings), not the files again
+                ca = settings.ca_data
+                self._context = ssl.create_default_context(cadata=None if ca is None else ca.decode("latin-1"))
+                if settings.client_pair:
+                    load_key_pair(self._context, settings.client_pair)
             except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
                 raise OtlpConfigError(f"{describe(settings)}: cannot load the TLS certificate or key ({exc}); "
                                       "give PEM files for certificate, client_key and client_certificate") from None

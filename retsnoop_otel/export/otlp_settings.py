@@ -14,7 +14,6 @@ Only the standard library is used, so nothing here depends on the OpenTelemetry 
 from __future__ import annotations
 
 import math
-import os
 import re
 from collections.abc import Mapping
 from typing import NamedTuple
@@ -22,7 +21,7 @@ from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 
 from retsnoop_otel.export.otel_env import IGNORED, OTLP_PROTOCOL, EnvWarnings, otlp_var, warnings_or_new
 from retsnoop_otel.inputs.files import ErrorFactory, shown
-from retsnoop_otel.inputs.tls_files import check_ca_bundle, check_key_pair
+from retsnoop_otel.inputs.tls_files import KeyPair, TlsReads
 
 SIGNALS = ("traces", "metrics")
 PROTOCOLS = ("grpc", "http/protobuf")
@@ -66,6 +65,8 @@ class OtlpSettings(NamedTuple):
     client_key: str | None
     client_certificate: str | None
     endpoint_from: str = "default"  # where the endpoint came from: "config", "signal", "generic" or "default"
+    ca_data: bytes | None = None  # the certificate file's bytes, read and checked once at start
+    client_pair: KeyPair | None = None  # the client certificate's and key's bytes, read and checked once at start
 
 
 class OtlpConfigError(ValueError):
@@ -86,8 +87,9 @@ class _Value(NamedTuple):
 
 
 class _Lookup:
-    def __init__(self, cfg: OtlpConfig, signal: str, environ: Mapping[str, str], names: Mapping[str, str]) -> None:
-        self.cfg, self.signal, self.environ, self.names = cfg, signal, environ, names
+    def __init__(self, cfg: OtlpConfig, signal: str, environ: Mapping[str, str], names: Mapping[str, str],
+                 reads: TlsReads) -> None:
+        self.cfg, self.signal, self.environ, self.names, self.reads = cfg, signal, environ, names, reads
         self.ignored: set[str] = set()  # variables whose values were refused: unset from here on
 
     def name(self, field: str) -> str:
@@ -317,8 +319,9 @@ def _file_error(v: _Value) -> ErrorFactory:
     return lambda msg: OtlpConfigError(f"{v.name}: {msg}", _variable(v))
 
 
-def resolve_settings(cfg: OtlpConfig, signal: str, environ: Mapping[str, str] = os.environ,
-                     names: Mapping[str, str] | None = None, warnings: EnvWarnings | None = None) -> OtlpSettings:
+def resolve_settings(cfg: OtlpConfig, signal: str, environ: Mapping[str, str],
+                     names: Mapping[str, str] | None = None, warnings: EnvWarnings | None = None,
+                     tls_reads: TlsReads | None = None) -> OtlpSettings:
     """Settings for `signal` from cfg, then the environment, then the defaults.
 
     `names` maps an OtlpConfig field to how the user wrote it (--otlp-endpoint, exporter.otlp.endpoint) so errors
@@ -327,10 +330,12 @@ def resolve_settings(cfg: OtlpConfig, signal: str, environ: Mapping[str, str] = 
 
     A variable whose value cannot work goes to `warnings` and counts as unset: the settings are resolved again
     without it, each variable at most once. A config value that cannot work raises OtlpConfigError.
+    The certificate files are read once (`tls_reads`, shared by the signals of one start); the senders use
+    their bytes.
     """
     if signal not in SIGNALS:
         raise ValueError(f"signal must be one of {SIGNALS}, not {signal!r}")
-    look = _Lookup(cfg, signal, environ, names or {})
+    look = _Lookup(cfg, signal, environ, names or {}, tls_reads or TlsReads())
     warnings = warnings_or_new(warnings)
     while True:
         try:
@@ -356,10 +361,10 @@ def _resolve(look: _Lookup) -> OtlpSettings:
         given, missing = (key, "client_certificate") if cert.value is None else (cert, "client_key")
         raise _error(given, f"mTLS needs both a client key and a client certificate, but {missing} is not set",
                      f"also set {look.name(missing)} (or {otlp_var(missing.upper())}), or remove {given.name}")
-    if certificate.value is not None:
-        check_ca_bundle(str(certificate.value), _file_error(certificate))
-    if cert.value is not None:
-        check_key_pair(str(cert.value), str(key.value), _file_error(cert), _file_error(key))
+    ca_data = None if certificate.value is None else look.reads.ca_bundle(str(certificate.value),
+                                                                            _file_error(certificate))
+    pair = None if cert.value is None else look.reads.key_pair(str(cert.value), str(key.value), _file_error(cert),
+                                                                _file_error(key))
     return OtlpSettings(
         signal=look.signal, protocol=protocol, url=url, target=target, tls=tls,
         headers=_headers(look, grpc=protocol == "grpc"),
@@ -368,7 +373,7 @@ def _resolve(look: _Lookup) -> OtlpSettings:
         certificate=None if certificate.value is None else str(certificate.value),
         client_key=None if key.value is None else str(key.value),
         client_certificate=None if cert.value is None else str(cert.value),
-        endpoint_from=look.get("endpoint", "ENDPOINT").source)
+        endpoint_from=look.get("endpoint", "ENDPOINT").source, ca_data=ca_data, client_pair=pair)
 
 
 def describe(settings: OtlpSettings) -> str:

@@ -10,7 +10,6 @@ from typing import Any, Protocol
 
 from retsnoop_otel import __version__
 from retsnoop_otel.export.otlp_settings import OtlpSettings
-from retsnoop_otel.inputs.files import MAX_PEM_BYTES, read_bytes
 
 USER_AGENT = f"retsnoop-otel/{__version__}"
 MAX_MESSAGE = 64 << 20
@@ -49,13 +48,6 @@ def one_line(text: str, limit: int = 300) -> str:
 def partial_success(response: Any, field: str) -> SendResult:
     ps = response.partial_success
     return SendResult(True, rejected=getattr(ps, field), error=one_line(ps.error_message) or None)
-
-
-def read_file(path: str | None) -> bytes | None:
-    if path is None:
-        return None
-    # checked at start (otlp_settings); bounded all the same, and failing here as the open() it replaced did
-    return read_bytes(path, "PEM file", MAX_PEM_BYTES, OSError)
 
 
 class Retrying:

@@ -5,11 +5,18 @@ certificate would otherwise pass start-up and fail at the first TLS handshake, m
 line of the exporter. OpenSSL (the `ssl` module) parses them, so what is accepted here is what the TLS stacks
 that use them later accept. Every refusal is one line raised as the caller's error type. `ssl` is imported
 only when a file is given: `trace` without TLS starts without it (tests/unit/test_startup.py).
+
+The bytes read and checked here are what the TLS contexts and channels are built from: no file is read twice in
+one start (tests/unit/test_start_reads.py). OpenSSL loads a certificate chain from a path only, so the checked
+bytes reach it through a memfd (never a temporary file on disk, where a key could be left behind).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, NamedTuple
 
 from retsnoop_otel.inputs.files import MAX_PEM_BYTES, ErrorFactory, read_bytes
 
@@ -18,6 +25,13 @@ if TYPE_CHECKING:
 
 _PEM_CERT = b"-----BEGIN CERTIFICATE-----"
 _PEM_KEY = b"PRIVATE KEY-----"
+
+
+class KeyPair(NamedTuple):
+    """A certificate (chain) and its private key, as read and checked at start: the bytes a context loads."""
+
+    cert: bytes
+    key: bytes
 
 
 class _Encrypted(Exception):
@@ -47,29 +61,50 @@ def _pem_certificates(path: str, error: ErrorFactory, what: str) -> bytes:
     return data
 
 
-def load_ca_bundle(ctx: ssl.SSLContext, path: str, error: ErrorFactory) -> None:
-    """A CA bundle into `ctx`: at least one certificate, and every one of them parses."""
+@contextmanager
+def _memory_path(data: bytes) -> Iterator[str]:
+    """A path that OpenSSL can open, holding `data` in memory only (a memfd, closed on leaving)."""
+    fd = os.memfd_create("retsnoop-otel-pem", os.MFD_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        yield f"/proc/self/fd/{fd}"
+    finally:
+        os.close(fd)
+
+
+def read_ca_bundle(path: str, error: ErrorFactory, ctx: ssl.SSLContext | None = None) -> bytes:
+    """A CA bundle's bytes: at least one certificate, and every one of them parses. Loaded into `ctx` if given (a
+    throw-away client context checks them otherwise)."""
     import ssl
     data = _pem_certificates(path, error, "CA certificate")
     try:
-        ctx.load_verify_locations(cadata=data.decode("latin-1"))
+        load_ca_data(ctx or ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT), data)
     except ssl.SSLError:  # OpenSSL's reason ("no start line", "bad base64 decode") says less than this
         raise error(f"{path}: a certificate in the file does not parse (a broken BEGIN/END block or base64)") from None
+    return data
 
 
-def load_key_pair(ctx: ssl.SSLContext, cert_path: str, key_path: str, cert_error: ErrorFactory,
-                  key_error: ErrorFactory) -> None:
-    """A certificate (chain) and its private key into `ctx`: both parse, the key is not encrypted and it is the
-    certificate's key."""
+def load_ca_data(ctx: ssl.SSLContext, data: bytes) -> None:
+    """CA certificates already read (read_ca_bundle) into `ctx`."""
+    ctx.load_verify_locations(cadata=data.decode("latin-1"))
+
+
+def read_key_pair(cert_path: str, key_path: str, cert_error: ErrorFactory, key_error: ErrorFactory,
+                  ctx: ssl.SSLContext | None = None) -> KeyPair:
+    """A certificate (chain) and its private key: both parse, the key is not encrypted and it is the certificate's
+    key. Loaded into `ctx` if given (a throw-away client context checks them otherwise)."""
     import ssl
-    _pem_certificates(cert_path, cert_error, "certificate")
+    cert = _pem_certificates(cert_path, cert_error, "certificate")
     key = read_bytes(key_path, "private key", MAX_PEM_BYTES, key_error)
     if _PEM_KEY not in key:
         raise key_error(f"{key_path}: no PEM private key in the file (a file that holds -----BEGIN ... PRIVATE "
                         f"KEY-----; a DER key converts with openssl pkey -inform der -in {key_path} -out "
                         f"{key_path}.pem)")
+    pair = KeyPair(cert, key)
     try:
-        ctx.load_cert_chain(cert_path, key_path, password=_no_password)
+        load_key_pair(ctx or ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT), pair)
     except _Encrypted:
         raise key_error(f"{key_path}: the key is encrypted; give it unencrypted (openssl pkey -in KEY -out "
                         "KEY.plain), readable by this user only") from None
@@ -77,15 +112,31 @@ def load_key_pair(ctx: ssl.SSLContext, cert_path: str, key_path: str, cert_error
         if exc.reason in ("KEY_VALUES_MISMATCH", "NO_CERTIFICATE_ASSIGNED"):  # the latter: a key of another type
             raise key_error(f"{key_path} does not match the certificate in {cert_path}") from None
         raise cert_error(f"{cert_path} with {key_path}: cannot load them: {exc.reason or exc}") from None
+    return pair
 
 
-def check_key_pair(cert_path: str, key_path: str, cert_error: ErrorFactory, key_error: ErrorFactory) -> None:
-    """A client certificate and its key, checked as a TLS client will load them."""
-    import ssl
-    load_key_pair(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT), cert_path, key_path, cert_error, key_error)
+def load_key_pair(ctx: ssl.SSLContext, pair: KeyPair) -> None:
+    """A key pair already read (read_key_pair) into `ctx`, from memory."""
+    with _memory_path(pair.cert) as cert, _memory_path(pair.key) as key:
+        ctx.load_cert_chain(cert, key, password=_no_password)
 
 
-def check_ca_bundle(path: str, error: ErrorFactory) -> None:
-    """A CA bundle, checked as a TLS client will load it."""
-    import ssl
-    load_ca_bundle(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT), path, error)
+class TlsReads:
+    """The certificates and keys of one start, each read and checked once however many settings name them (the
+    traces' and the metrics' OTLP exporters share OTEL_EXPORTER_OTLP_CERTIFICATE)."""
+
+    def __init__(self) -> None:
+        self._done: dict[tuple[str, ...], bytes | KeyPair] = {}
+
+    def ca_bundle(self, path: str, error: ErrorFactory) -> bytes:
+        data = self._done.get(("ca", path))
+        if not isinstance(data, bytes):
+            data = self._done[("ca", path)] = read_ca_bundle(path, error)
+        return data
+
+    def key_pair(self, cert_path: str, key_path: str, cert_error: ErrorFactory, key_error: ErrorFactory) -> KeyPair:
+        pair = self._done.get(("pair", cert_path, key_path))
+        if not isinstance(pair, KeyPair):
+            pair = self._done[("pair", cert_path, key_path)] = read_key_pair(cert_path, key_path, cert_error,
+                                                                             key_error)
+        return pair

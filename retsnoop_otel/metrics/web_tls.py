@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from retsnoop_otel.inputs.files import MAX_CONFIG_BYTES, read_text
-from retsnoop_otel.inputs.tls_files import load_ca_bundle, load_key_pair
+from retsnoop_otel.inputs.tls_files import read_ca_bundle, read_key_pair
 from retsnoop_otel.metrics.web_config import Locate, TlsSettings, WebConfig, WebConfigError, parse_web_config
 
 _VERIFY = {"NoClientCert": ssl.CERT_NONE, "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
@@ -29,10 +29,10 @@ def build_context(tls: TlsSettings, at: Locate) -> ssl.SSLContext:
     """The server context of the settings; each refusal names the key whose file or value is wrong."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version, ctx.maximum_version = tls.min_version, tls.max_version
-    load_key_pair(ctx, tls.cert_file, tls.key_file, lambda msg: at(f"{_K}.cert_file", msg),
-                  lambda msg: at(f"{_K}.key_file", msg))
+    read_key_pair(tls.cert_file, tls.key_file, lambda msg: at(f"{_K}.cert_file", msg),
+                  lambda msg: at(f"{_K}.key_file", msg), ctx)  # each file read once, checked as it is loaded
     if tls.client_ca_file:
-        load_ca_bundle(ctx, tls.client_ca_file, lambda msg: at(f"{_K}.client_ca_file", msg))
+        read_ca_bundle(tls.client_ca_file, lambda msg: at(f"{_K}.client_ca_file", msg), ctx)
     ctx.verify_mode = _VERIFY[tls.client_auth]
     if tls.ciphers:
         try:

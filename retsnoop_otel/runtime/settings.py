@@ -10,7 +10,6 @@ one of RunSettings.warnings and counts as unset (export/otel_env.py), which the 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -26,6 +25,7 @@ from retsnoop_otel.export.otlp_settings import OtlpConfig, OtlpConfigError, Otlp
 from retsnoop_otel.export.processor_env import BatchSettings, ReaderSettings, batch_settings, bounded, reader_settings
 from retsnoop_otel.export.resource import resource_attributes_problem
 from retsnoop_otel.export.span_limits import SpanLimits, span_limits
+from retsnoop_otel.inputs.tls_files import TlsReads
 from retsnoop_otel.runtime.config import RuntimeConfig, SymbolsConfig
 from retsnoop_otel.runtime.environment import cgroup_target
 from retsnoop_otel.runtime.sdk_env import apply_switches, read_switches
@@ -48,11 +48,11 @@ class RunSettings(NamedTuple):
     exemplars: bool = True  # OTEL_METRICS_EXEMPLAR_FILTER is not always_off
 
 
-def otlp_settings(cfg: OtlpConfig, signal: str, names: Mapping[str, str],
-                  environ: Mapping[str, str] = os.environ, warnings: EnvWarnings | None = None) -> OtlpSettings:
+def otlp_settings(cfg: OtlpConfig, signal: str, names: Mapping[str, str], environ: Mapping[str, str],
+                  warnings: EnvWarnings | None = None, tls_reads: TlsReads | None = None) -> OtlpSettings:
     """The one endpoint check: config, then OTEL_EXPORTER_OTLP_* variables, as the specification orders them."""
     try:
-        return resolve_settings(cfg, signal, environ, names, warnings)
+        return resolve_settings(cfg, signal, environ, names, warnings, tls_reads)
     except OtlpConfigError as exc:
         raise InputError(str(exc)) from None
 
@@ -108,13 +108,14 @@ def run_settings(cfg: RuntimeConfig, environ: Mapping[str, str], root: str,
     batch, reader = (batch_settings(environ, warnings), reader_settings(environ, warnings)) if exports \
         else (BatchSettings(), ReaderSettings())
     traces = metrics = None
+    tls_reads = TlsReads()  # a certificate both exporters name is read once
     if cfg.exporter.otlp is not None:
-        traces = otlp_settings(cfg.exporter.otlp, "traces", cfg.names.otlp, environ, warnings)
+        traces = otlp_settings(cfg.exporter.otlp, "traces", cfg.names.otlp, environ, warnings, tls_reads)
         traces = traces._replace(timeout_s=bounded(traces.timeout_s, batch.export_timeout_s))
         if cfg.exporter.otlp_needs_endpoint and traces.endpoint_from == "default":  # its variables were ignored
             traces, cfg = None, cfg._replace(exporter=cfg.exporter._replace(otlp=None))
     if cfg.metrics.otlp is not None:
-        metrics = otlp_settings(cfg.metrics.otlp, "metrics", cfg.names.metrics_otlp, environ, warnings)
+        metrics = otlp_settings(cfg.metrics.otlp, "metrics", cfg.names.metrics_otlp, environ, warnings, tls_reads)
         metrics = metrics._replace(timeout_s=bounded(metrics.timeout_s, reader.timeout_s))
     limits = span_limits(environ, warnings) if exports_traces else SpanLimits()
     exemplars = exemplars_on(environ, warnings) if exports_traces else True

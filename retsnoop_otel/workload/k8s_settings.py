@@ -17,7 +17,7 @@ from typing import NamedTuple
 from urllib.parse import SplitResult, urlsplit
 
 from retsnoop_otel.inputs.files import MAX_PEM_BYTES, ErrorFactory, read_bytes, shown
-from retsnoop_otel.inputs.tls_files import check_ca_bundle
+from retsnoop_otel.inputs.tls_files import read_ca_bundle
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 NODE_ENV = "K8S_NODE_NAME"
@@ -98,11 +98,11 @@ def resolve_kubernetes(cfg: KubernetesConfig, environ: Mapping[str, str], prefix
     token = _readable(cfg.token_file, root, prefix + "token_file",
                       "mount the service-account token (automountServiceAccountToken: true)")
     ca = _readable(cfg.ca_file, root, prefix + "ca_file", "mount the service-account token volume, which holds "
-                   "ca.crt, or give the cluster CA", check_ca_bundle) if url.scheme == "https" else None
+                   "ca.crt, or give the cluster CA", read_ca_bundle) if url.scheme == "https" else None
     return KubeSettings(node, server.rstrip("/"), token, ca, cfg.keep_deleted_s)
 
 
-def _readable(path: str, root: str, key: str, fix: str, check: Callable[[str, ErrorFactory], None] | None = None
+def _readable(path: str, root: str, key: str, fix: str, check: Callable[[str, ErrorFactory], object] | None = None
               ) -> str:
     """The path under `root`, read (and parsed by `check`, for the CA) now rather than at the first request."""
     full = os.path.join(root, path.lstrip("/")) if os.path.isabs(path) else path
