@@ -74,13 +74,13 @@ def _memory_path(data: bytes) -> Iterator[str]:
         os.close(fd)
 
 
-def read_ca_bundle(path: str, error: ErrorFactory, ctx: ssl.SSLContext | None = None) -> bytes:
-    """A CA bundle's bytes: at least one certificate, and every one of them parses. Loaded into `ctx` if given (a
-    throw-away client context checks them otherwise)."""
+def read_ca_bundle(path: str, error: ErrorFactory) -> bytes:
+    """A CA bundle's bytes: at least one certificate, and every one of them parses (loaded into a throw-away
+    client context)."""
     import ssl
     data = _pem_certificates(path, error, "CA certificate")
     try:
-        load_ca_data(ctx or ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT), data)
+        load_ca_data(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT), data)
     except ssl.SSLError:  # OpenSSL's reason ("no start line", "bad base64 decode") says less than this
         raise error(f"{path}: a certificate in the file does not parse (a broken BEGIN/END block or base64)") from None
     return data
@@ -91,10 +91,9 @@ def load_ca_data(ctx: ssl.SSLContext, data: bytes) -> None:
     ctx.load_verify_locations(cadata=data.decode("latin-1"))
 
 
-def read_key_pair(cert_path: str, key_path: str, cert_error: ErrorFactory, key_error: ErrorFactory,
-                  ctx: ssl.SSLContext | None = None) -> KeyPair:
+def read_key_pair(cert_path: str, key_path: str, cert_error: ErrorFactory, key_error: ErrorFactory) -> KeyPair:
     """A certificate (chain) and its private key: both parse, the key is not encrypted and it is the certificate's
-    key. Loaded into `ctx` if given (a throw-away client context checks them otherwise)."""
+    key (loaded into a throw-away client context)."""
     import ssl
     cert = _pem_certificates(cert_path, cert_error, "certificate")
     key = read_bytes(key_path, "private key", MAX_PEM_BYTES, key_error)
@@ -104,7 +103,7 @@ def read_key_pair(cert_path: str, key_path: str, cert_error: ErrorFactory, key_e
                         f"{key_path}.pem)")
     pair = KeyPair(cert, key)
     try:
-        load_key_pair(ctx or ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT), pair)
+        load_key_pair(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT), pair)
     except _Encrypted:
         raise key_error(f"{key_path}: the key is encrypted; give it unencrypted (openssl pkey -in KEY -out "
                         "KEY.plain), readable by this user only") from None

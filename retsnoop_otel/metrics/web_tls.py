@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from retsnoop_otel.inputs.files import MAX_CONFIG_BYTES, read_text
-from retsnoop_otel.inputs.tls_files import read_ca_bundle, read_key_pair
+from retsnoop_otel.inputs.tls_files import TlsReads, load_ca_data, load_key_pair
 from retsnoop_otel.metrics.web_config import Locate, TlsSettings, WebConfig, WebConfigError, parse_web_config
 
 _VERIFY = {"NoClientCert": ssl.CERT_NONE, "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
@@ -25,14 +25,15 @@ _VERIFY = {"NoClientCert": ssl.CERT_NONE, "VerifyClientCertIfGiven": ssl.CERT_OP
 _K = "tls_server_config"
 
 
-def build_context(tls: TlsSettings, at: Locate) -> ssl.SSLContext:
-    """The server context of the settings; each refusal names the key whose file or value is wrong."""
+def build_context(tls: TlsSettings, at: Locate, reads: TlsReads) -> ssl.SSLContext:
+    """The server context of the settings; each refusal names the key whose file or value is wrong. The files come
+    from `reads`: checked there, read once in a start (an OTLP exporter may name the same CA)."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version, ctx.maximum_version = tls.min_version, tls.max_version
-    read_key_pair(tls.cert_file, tls.key_file, lambda msg: at(f"{_K}.cert_file", msg),
-                  lambda msg: at(f"{_K}.key_file", msg), ctx)  # each file read once, checked as it is loaded
+    load_key_pair(ctx, reads.key_pair(tls.cert_file, tls.key_file, lambda msg: at(f"{_K}.cert_file", msg),
+                                      lambda msg: at(f"{_K}.key_file", msg)))
     if tls.client_ca_file:
-        read_ca_bundle(tls.client_ca_file, lambda msg: at(f"{_K}.client_ca_file", msg), ctx)
+        load_ca_data(ctx, reads.ca_bundle(tls.client_ca_file, lambda msg: at(f"{_K}.client_ca_file", msg)))
     ctx.verify_mode = _VERIFY[tls.client_auth]
     if tls.ciphers:
         try:
@@ -65,14 +66,15 @@ def san_allowed(peercert: dict[str, Any] | None, allowed: tuple[str, ...]) -> bo
     return any(_same(kind, value, wanted) for kind, value in sans for wanted in allowed)
 
 
-def load_web_config(path: str) -> WebConfig:
-    """Read, check and load a web config file, its certificates included."""
+def load_web_config(path: str, reads: TlsReads | None = None) -> WebConfig:
+    """Read, check and load a web config file, its certificates included (through the start's `reads`, if given;
+    a reload after a change of the files reads them anew)."""
     text = read_text(path, "web config file", MAX_CONFIG_BYTES, WebConfigError)
     cfg, at = parse_web_config(text, path)
     if cfg.tls is None:
         return cfg
     return WebConfig(path=cfg.path, tls=cfg.tls, headers=cfg.headers, users=cfg.users, http2=cfg.http2,
-                     context=build_context(cfg.tls, at), files=cfg.files)
+                     context=build_context(cfg.tls, at, reads or TlsReads()), files=cfg.files)
 
 
 def _signature(paths: tuple[str, ...]) -> tuple:

@@ -83,13 +83,13 @@ def _check_probe_sets(cfg: RuntimeConfig, root: str) -> None:
                 raise exc.for_set(ps.name) from None
 
 
-def _web(cfg: RuntimeConfig) -> Any:
+def _web(cfg: RuntimeConfig, tls_reads: TlsReads) -> Any:
     if cfg.metrics.port is None or not cfg.metrics.web_config_file:
         return None
     from retsnoop_otel.metrics.web_config import WebConfigError
     from retsnoop_otel.metrics.web_tls import load_web_config
     try:
-        return load_web_config(cfg.metrics.web_config_file)
+        return load_web_config(cfg.metrics.web_config_file, tls_reads)
     except WebConfigError as exc:
         raise InputError(f"{cfg.names.web_config}: {exc}") from None
 
@@ -108,7 +108,7 @@ def run_settings(cfg: RuntimeConfig, environ: Mapping[str, str], root: str,
     batch, reader = (batch_settings(environ, warnings), reader_settings(environ, warnings)) if exports \
         else (BatchSettings(), ReaderSettings())
     traces = metrics = None
-    tls_reads = TlsReads()  # a certificate both exporters name is read once
+    tls_reads = TlsReads()  # a certificate that both exporters (or one and the web config) name is read once
     if cfg.exporter.otlp is not None:
         traces = otlp_settings(cfg.exporter.otlp, "traces", cfg.names.otlp, environ, warnings, tls_reads)
         traces = traces._replace(timeout_s=bounded(traces.timeout_s, batch.export_timeout_s))
@@ -123,7 +123,7 @@ def run_settings(cfg: RuntimeConfig, environ: Mapping[str, str], root: str,
         samplers_not_used(environ, warnings)
     if exports:
         check_resource_attributes(environ, warnings)
-    web = _web(cfg)
+    web = _web(cfg, tls_reads)
     try:
         kube = resolve_kubernetes(cfg.kubernetes, environ, root=root)
     except KubeConfigError as exc:
