@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     sessions = [make_session(rng, funcs, args.calls) for _ in range(args.sessions)]
     spans = len(sessions) * (args.calls + 1)
     names = {a: f"kfunc+0x{a & 0xFFF:x}" for s in sessions for a in s.kstack}
-    resource = build_resource(instance_id="bench")
+    resource = build_resource({}, instance_id="bench")
     symbolize = names.__getitem__
 
     print(f"{len(sessions)} sessions x {args.calls + 1} spans, batches of {BATCH} spans, one thread, "

@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             resolver.exe_name(pid, comm)
 
         annotate_ns = best_ns(annotate, picks, args.repeat)
-        resource = build_resource(instance_id="bench")
+        resource = build_resource({}, instance_id="bench")
         envelopes = WorkloadEnvelopes(resource.attributes, resource.schema_url)
         enc = SpanEncoder(funcs, envelopes.base, workloads=envelopes, symbolize=lambda a: f"sym+0x{a & 0xff:x}")
         rows = []

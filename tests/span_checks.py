@@ -11,7 +11,7 @@ from retsnoop_otel.export.span_encoder import SpanEncoder, build_request, make_e
 from tests.fakes import OFFSET, TREE_FUNCS
 from tests.oracle_spans import sdk_request, session_to_spans
 
-RESOURCE = build_resource(instance_id="test")
+RESOURCE = build_resource({}, instance_id="test")
 ENVELOPE = make_envelope(RESOURCE.attributes, RESOURCE.schema_url)
 
 

@@ -280,3 +280,38 @@ def test_every_otel_variable_name_is_a_constant_of_one_module() -> None:
 def test_the_runtime_hub_stays_small() -> None:
     """runtime.py sequences the steps; what each step builds lives in its own module (issue 44)."""
     assert len((PKG / "runtime" / "runtime.py").read_text().splitlines()) <= 350
+
+
+# The modules that may read the process's environment themselves; every other one takes the run's (RuntimeDeps.environ,
+# injected by the tests), so that each OTEL_* variable is read from one mapping. publisher/ runs inside the user's
+# applications, not in a run of this tool, and reads their environment.
+ENVIRON_READERS = {
+    "retsnoop_otel.runtime.deps": "the injected environment's default: the process's own, for the commands",
+    "retsnoop_otel.command.help_format": "COLUMNS, the terminal's width, in the formatter argparse builds itself",
+    "retsnoop_otel.symbols.dwarf": "the cache directory of its own command, python -m retsnoop_otel.symbols.dwarf",
+}
+_ENVIRON_NAMES = {"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"}
+
+
+def _reads_environ(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Attribute) and node.attr in _ENVIRON_NAMES and \
+                isinstance(node.value, ast.Name) and node.value.id == "os":
+            return True
+        if isinstance(node, ast.ImportFrom) and node.module == "os" and \
+                any(alias.name in _ENVIRON_NAMES for alias in node.names):
+            return True
+    return False
+
+
+def test_only_a_short_list_of_modules_reads_the_process_environment() -> None:
+    readers = {m for m, p in modules().items() if layer(m) != "publisher" and _reads_environ(p)}
+    assert readers == set(ENVIRON_READERS)
+
+
+def test_the_environment_check_sees_each_way_of_reading_it(tmp_path: Path) -> None:
+    for text in ("import os\nos.environ.get('X')\n", "import os\nos.getenv('X')\n", "from os import environ\n"):
+        (tmp_path / "m.py").write_text(text)
+        assert _reads_environ(tmp_path / "m.py"), text
+    (tmp_path / "m.py").write_text("def f(environ):\n    return environ.get('X')\n")
+    assert not _reads_environ(tmp_path / "m.py")

@@ -138,7 +138,7 @@ def test_export_to_subprocess_receiver(receiver_proc, protocol, path, monkeypatc
     proc, grpc_port, http_port, out = receiver_proc
     port = grpc_port if protocol == "grpc" else http_port
     sink = make_sink(port, protocol)
-    assert sink.submit(one_session(path, build_resource()))
+    assert sink.submit(one_session(path, build_resource({})))
     assert sink.flush(15)
     sink.shutdown(5)
     assert sink.stats().spans_exported == 3 and sink.stats().export_errors == 0
@@ -155,7 +155,7 @@ def test_sessions_arrive_under_their_own_service(receiver_proc, monkeypatch, ser
         monkeypatch.delenv(var, raising=False)
     proc, _grpc_port, http_port, out = receiver_proc
     sink = make_sink(http_port, None)  # the default protocol: OTLP/HTTP
-    resource = build_resource()
+    resource = build_resource({})
     sess = session()
     sess.exe_name = "simfail"
     enc = SpanEncoder(FUNCS, make_envelope(resource.attributes, resource.schema_url),
@@ -179,7 +179,7 @@ def test_fast_path_batches_and_standard_settings(receiver_proc, protocol, monkey
     proc, grpc_port, http_port, out = receiver_proc
     port = grpc_port if protocol == "grpc" else http_port
     sink = make_sink(port, protocol, {"OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "gzip"}, max_batch_spans=12)
-    enc = encoder(build_resource())
+    enc = encoder(build_resource({}))
     for _ in range(10):
         assert sink.submit(enc.encode(session(), OFFSET))
     assert sink.flush(15)
@@ -201,7 +201,7 @@ def test_in_process_receiver_and_export_failure(monkeypatch):
     try:
         sink = make_sink(receiver.port, "grpc")
         for path in ("sdk", "fast"):
-            sink.submit(one_session(path, build_resource()))
+            sink.submit(one_session(path, build_resource({})))
         assert sink.flush(15)
         sink.shutdown(5)
         spans = receiver.wait_for_spans(6)
@@ -213,7 +213,7 @@ def test_in_process_receiver_and_export_failure(monkeypatch):
     # nothing listens any more: the export fails, is counted, and the caller never blocks
     sink = make_sink(dead_port, "grpc", timeout_s=1)
     t0 = time.perf_counter()
-    sink.submit(one_session("fast", build_resource()))
+    sink.submit(one_session("fast", build_resource({})))
     assert time.perf_counter() - t0 < 0.1
     assert sink.flush(15)
     sink.shutdown(2)
@@ -228,7 +228,7 @@ def test_sampled_success_carries_its_threshold_and_randomness(protocol):
     receiver = start_receiver(http_port=0)
     try:
         sink = make_sink(receiver.port if protocol == "grpc" else receiver.http_port, protocol)
-        resource = build_resource()
+        resource = build_resource({})
         sink.submit(encoder(resource).encode(sampled_success(), OFFSET))
         request = sdk_request(session_to_spans(sampled_success(), FUNCS, OFFSET, resource))
         sdk_spans = request.resource_spans[0].scope_spans[0].spans

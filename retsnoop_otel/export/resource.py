@@ -43,7 +43,7 @@ def read_machine_id(root: str | Path = "/") -> str | None:
     return None
 
 
-def host_attributes(root: str | Path = "/", environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+def host_attributes(root: str | Path, environ: Mapping[str, str]) -> dict[str, str]:
     """Host and OS attributes of the machine whose kernel is traced.
 
     In a pod, gethostname() is the pod's name: the node's name (K8S_NODE_NAME) is the host's, and it is
@@ -118,9 +118,10 @@ def parse_resource_attributes(text: str) -> dict[str, str]:
     return out
 
 
-def build_resource(environ: Mapping[str, str] = os.environ, root: str | Path = "/",
+def build_resource(environ: Mapping[str, str], root: str | Path = "/",
                    service_name: str = DEFAULT_SERVICE_NAME, instance_id: str | None = None) -> Resource:
-    """Resource for one run: a new service.instance.id each time unless one is given.
+    """Resource for one run: a new service.instance.id each time unless one is given. `environ`: the run's
+    (RuntimeDeps), for OTEL_RESOURCE_ATTRIBUTES, OTEL_SERVICE_NAME and K8S_NODE_NAME.
 
     Its schema URL names the semantic-conventions version of the detected attributes; attributes a
     deployment adds through OTEL_RESOURCE_ATTRIBUTES are taken as written.

@@ -25,14 +25,15 @@ FORMAT = 2  # 2: kallsyms and traceable functions as flat columns (symbols/kalls
 AGENT_CACHE_DIR = "/var/cache/retsnoop-otel"
 
 
-def cache_base(configured: str | None = None, environ: Mapping[str, str] | None = None) -> Path:
-    """RETSNOOP_OTEL_CACHE, else the configured directory (the agent's /var/cache), else the XDG cache."""
-    env = os.environ if environ is None else environ
-    if env.get("RETSNOOP_OTEL_CACHE"):
-        return Path(env["RETSNOOP_OTEL_CACHE"])
+def cache_base(configured: str | None, environ: Mapping[str, str]) -> Path:
+    """RETSNOOP_OTEL_CACHE, else the configured directory (the agent's /var/cache), else the XDG cache. `environ`:
+    the run's (runtime/settings.py resolves the directory once, into SymbolsConfig.cache_dir)."""
+    if environ.get("RETSNOOP_OTEL_CACHE"):
+        return Path(environ["RETSNOOP_OTEL_CACHE"])
     if configured:
         return Path(configured)
-    return Path(env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "retsnoop-otel")
+    home = environ.get("HOME") or os.path.expanduser("~")  # no HOME: the user's home from the password database
+    return Path(environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache"), "retsnoop-otel")
 
 
 class KernelIdentity(NamedTuple):
@@ -87,8 +88,9 @@ class KernelCache:
         self.directory = directory
 
     @classmethod
-    def at(cls, configured: str | None = None, environ: Mapping[str, str] | None = None) -> KernelCache:
-        return cls(cache_base(configured, environ) / "kernel")
+    def at(cls, base: str | Path) -> KernelCache:
+        """The kernel facts' directory under the run's cache directory (cache_base)."""
+        return cls(Path(base) / "kernel")
 
     def _path(self, name: str) -> Path | None:
         return None if self.directory is None else self.directory / f"{name}.marshal"

@@ -131,7 +131,8 @@ class SymbolsConfig(NamedTuple):
     vmlinux: str | None = None  # None: kallsyms names only; "auto": the standard places; else a path
     source_lines: bool = True  # file:line from DWARF in stacks (when a vmlinux is found)
     inlines: bool = True  # inlined frames too
-    cache_dir: str | None = None  # kernel facts cache (kernel/kcache.py); None: the user's XDG cache
+    cache_dir: str | None = None  # kernel facts cache (kernel/kcache.py); None: the user's XDG cache, resolved
+    # with RETSNOOP_OTEL_CACHE from the run's environment by runtime/settings.py
 
 
 def _names(prefix: str) -> Mapping[str, str]:

@@ -139,6 +139,7 @@ def load_kernel_env(symbols: SymbolsConfig, vmlinux: str | None, lbr: tuple[str,
     from retsnoop_otel.symbols.traceable import Traceable
 
     phases: list[Phase] = []
+    assert symbols.cache_dir is not None, "resolved with the run's environment (runtime/settings.py)"
     cache = KernelCache.at(symbols.cache_dir)
     t = time.monotonic()
     ident = kernel_identity(root)

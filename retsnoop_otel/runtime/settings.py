@@ -26,6 +26,7 @@ from retsnoop_otel.export.processor_env import BatchSettings, ReaderSettings, ba
 from retsnoop_otel.export.resource import resource_attributes_problem
 from retsnoop_otel.export.span_limits import SpanLimits, span_limits
 from retsnoop_otel.inputs.tls_files import TlsReads
+from retsnoop_otel.kernel.kcache import cache_base
 from retsnoop_otel.runtime.config import RuntimeConfig, SymbolsConfig
 from retsnoop_otel.runtime.environment import cgroup_target
 from retsnoop_otel.runtime.sdk_env import apply_switches, read_switches
@@ -101,6 +102,7 @@ def run_settings(cfg: RuntimeConfig, environ: Mapping[str, str], root: str,
     warnings = EnvWarnings()
     switches = read_switches(environ, warnings)
     cfg = apply_switches(cfg, switches)
+    cfg = cfg._replace(symbols=cfg.symbols._replace(cache_dir=str(cache_base(cfg.symbols.cache_dir, environ))))
     log_level(environ, warnings)  # the agent's default log level (agent/main.py): warned about here, with the rest
     _check_probe_sets(cfg, root)
     exports_traces = cfg.exporter.spans

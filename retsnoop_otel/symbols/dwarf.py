@@ -37,8 +37,9 @@ def tree_path(path: str) -> str:
     return m.group(1) if m else path
 
 
-def cache_dir(configured: str | None = None) -> Path:
-    return cache_base(configured) / "dwarf"
+def cache_dir(base: str | Path) -> Path:
+    """The source indexes' directory under the run's cache directory (kcache.cache_base)."""
+    return Path(base) / "dwarf"
 
 
 # ---- source path index --------------------------------------------------------------------------
@@ -60,8 +61,8 @@ class SourceIndex:
         return out
 
     @classmethod
-    def load_or_build(cls, vmlinux: str, cache: str | None = None) -> SourceIndex:
-        """`cache`: the configured cache directory (the agent's /var/cache), as for the kernel facts."""
+    def load_or_build(cls, vmlinux: str, cache: str | Path) -> SourceIndex:
+        """`cache`: the run's cache directory (kcache.cache_base), as for the kernel facts."""
         build_id = elf_build_id(vmlinux) or "unknown"
         path = cache_dir(cache) / f"{build_id}.units.json"
         if path.is_file():
@@ -222,12 +223,13 @@ def kaslr_offset(vmlinux: str, runtime_stext: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m retsnoop_otel.symbols.dwarf index VMLINUX`: pre-build the source index (done on the host)."""
+    import os
     import sys
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2 or args[0] != "index":
         print("usage: python -m retsnoop_otel.symbols.dwarf index VMLINUX", file=sys.stderr)
         return 2
-    index = SourceIndex.load_or_build(args[1])
+    index = SourceIndex.load_or_build(args[1], cache_base(None, os.environ))  # a command of its own
     print(f"{args[1]}: build-id {index.build_id}, {len(index.units)} compile units, "
           f"{sum(len(v) for v in index.units.values())} functions")
     return 0

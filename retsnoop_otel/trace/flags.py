@@ -8,7 +8,6 @@ and exit code 2, before anything else runs.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
@@ -361,9 +360,10 @@ def otlp_requested(args: argparse.Namespace, environ: Mapping[str, str]) -> bool
         or (bool(environ.get(TRACES_EXPORTER)) and "console" in exporters(environ, TRACES_EXPORTER, TRACE_EXPORTERS))
 
 
-def parse(argv: Sequence[str], environ: Mapping[str, str] = os.environ,
+def parse(argv: Sequence[str], environ: Mapping[str, str],
           parser: argparse.ArgumentParser | None = None) -> TraceRequest:
-    """The request of a command line; bad flags exit(2) with one line on stderr."""
+    """The request of a command line; bad flags exit(2) with one line on stderr. `environ`: the run's (RuntimeDeps),
+    for the OTEL_* variables that ask for an export."""
     parser = parser or build_parser()
     args = parser.parse_args(list(argv))
     if args.version:

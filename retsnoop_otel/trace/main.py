@@ -44,11 +44,11 @@ def run_trace(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.s
     started = started or StartClock(time.monotonic(), None)
     imports = phase_since("imports", started.main_t0, "the trace command's modules")
     t0 = time.monotonic()
-    request = parse(argv)
+    deps = deps or RuntimeDeps(console=out)
+    request = parse(argv, deps.environ)
     flags = phase_since("flags", t0, "command line")
     if request.version:
         return _version(request, out)
-    deps = deps or RuntimeDeps(console=out)
     runtime = Runtime(request.config, deps, EventLog(err, level="debug" if request.verbose >= 2 else "error"))
     try:
         attached = runtime.start(_TraceHook(request, out, err))

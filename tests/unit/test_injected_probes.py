@@ -84,7 +84,7 @@ def test_spec_files_take_one_spec_a_line_with_comments(tmp_path: Path) -> None:
 
 
 def test_trace_flags_carry_the_probes_and_turn_the_call_records_on(tmp_path: Path) -> None:
-    req = parse(["-e", "*_sys_bpf", "-J", "tp:syscalls:sys_exit_bpf", "-J", "kprobe:map_create+4"])
+    req = parse(["-e", "*_sys_bpf", "-J", "tp:syscalls:sys_exit_bpf", "-J", "kprobe:map_create+4"], environ={})
     (ps,) = req.config.probe_sets
     assert ps.inject == (EXIT_BPF, InjectSpec("kprobe", "map_create", offset=4))
     assert ps.mode == "stack" and ps.records_calls  # the probes travel in the per-call stream
@@ -93,7 +93,7 @@ def test_trace_flags_carry_the_probes_and_turn_the_call_records_on(tmp_path: Pat
 
 def test_a_bad_flag_value_exits_2_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
-        parse(["-e", "*_sys_bpf", "-J", "tracepoint:syscalls:sys_exit_bpf"])
+        parse(["-e", "*_sys_bpf", "-J", "tracepoint:syscalls:sys_exit_bpf"], environ={})
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "unknown probe kind 'tracepoint'" in err and "tp:CATEGORY:NAME" in err and err.count("\n") == 1

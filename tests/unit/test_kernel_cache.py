@@ -49,7 +49,7 @@ def test_cache_directory_precedence(tmp_path: Path) -> None:
     assert cache_base("/var/cache/x", {"RETSNOOP_OTEL_CACHE": "/env"}) == Path("/env")
     assert cache_base(kcache.AGENT_CACHE_DIR, {}) == Path("/var/cache/retsnoop-otel")
     assert cache_base(None, {"XDG_CACHE_HOME": "/xdg"}) == Path("/xdg/retsnoop-otel")
-    assert KernelCache.at(None, {"RETSNOOP_OTEL_CACHE": str(tmp_path)}).directory == tmp_path / "kernel"
+    assert KernelCache.at(cache_base(None, {"RETSNOOP_OTEL_CACHE": str(tmp_path)})).directory == tmp_path / "kernel"
 
 
 def test_identity_reads_build_boot_and_modules(tmp_path: Path) -> None:

@@ -149,7 +149,7 @@ def test_trace_text_puts_lbr_between_header_and_stack(lbr_sym):
     s = tree_session(calls=[], chain=[StackEntry(0, E2BIG, 8_000), StackEntry(1, E2BIG, 100)], kstack=[],
                      lbr=LbrCapture(1, 1, 500, tuple(LBR_RECORDS)))
     for argv, after in ((["-e", "*sys_bpf", "--lbr"], "stack"), (["-e", "*sys_bpf", "--lbr", "-T", "-E"], "table")):
-        console = parse(argv).config.exporter.console
+        console = parse(argv, environ={}).config.exporter.console
         text = session_text(s, funcs, lbr_sym, 0, calls_view=console.view == "calls", call_stack=console.call_stack)
         out = io.StringIO(text)
         lines = out.getvalue().splitlines()

@@ -107,7 +107,7 @@ def test_resource_attribute_types_match_sdk():
 
 
 def test_request_groups_envelopes_and_split_keeps_order():
-    other = build_resource(instance_id="other")
+    other = build_resource({}, instance_id="other")
     a = encoder_for().encode(tree_session(), OFFSET)
     b = encoder_for(resource=other).encode(tree_session(), OFFSET)
     c = encoder_for().encode(tree_session(), OFFSET)
