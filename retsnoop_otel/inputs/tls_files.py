@@ -33,6 +33,9 @@ class KeyPair(NamedTuple):
     cert: bytes
     key: bytes
 
+    def __repr__(self) -> str:  # the settings that hold it may be printed: never the key
+        return f"KeyPair(cert=<{len(self.cert)} bytes>, key=<{len(self.key)} bytes, not shown>)"
+
 
 class _Encrypted(Exception):
     pass

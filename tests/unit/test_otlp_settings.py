@@ -530,3 +530,14 @@ def test_endpoint_userinfo_never_echoed():
 def test_a_long_endpoint_is_echoed_cut():
     text = error(OtlpConfig(endpoint="ftp://" + "x" * 100000), names=CLI)
     assert "(100006 characters)" in text and len(text) < 300
+
+
+def test_the_settings_hold_the_checked_bytes_and_never_show_the_key(tmp_path):
+    """The senders are built from the bytes read at start (not the files again); a printed setting hides the key."""
+    pki = make_pki(tmp_path)
+    s = resolve_settings(OtlpConfig(endpoint="https://localhost:4317", certificate=str(pki.ca),
+                                    client_certificate=str(pki.client_cert), client_key=str(pki.client_key)),
+                         "traces", {})
+    assert s.ca_data == pki.ca.read_bytes()
+    assert s.client_pair == (pki.client_cert.read_bytes(), pki.client_key.read_bytes())
+    assert "PRIVATE KEY" not in repr(s) and "not shown" in repr(s)
