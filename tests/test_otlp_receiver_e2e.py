@@ -175,11 +175,10 @@ def test_fast_path_batches_and_standard_settings(receiver_proc, protocol, monkey
     proxies = [v for v in os.environ if v.lower().endswith("_proxy")]
     for var in ("OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES", *proxies):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("OTEL_SERVICE_NAME", "fast-path")
     proc, grpc_port, http_port, out = receiver_proc
     port = grpc_port if protocol == "grpc" else http_port
     sink = make_sink(port, protocol, {"OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "gzip"}, max_batch_spans=12)
-    enc = encoder(build_resource({}))
+    enc = encoder(build_resource({"OTEL_SERVICE_NAME": "fast-path"}))  # the run's environment, as RuntimeDeps has it
     for _ in range(10):
         assert sink.submit(enc.encode(session(), OFFSET))
     assert sink.flush(15)
