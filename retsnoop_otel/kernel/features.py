@@ -21,20 +21,14 @@ from retsnoop_otel.kernel.caps import TRACING_CAPS, CapsError, can_trace, effect
 from retsnoop_otel.kernel.kcache import KernelCache, KernelIdentity
 from retsnoop_otel.kernel.kconfig import kernel_config
 from retsnoop_otel.kernel.libbpf_btf import Btf
-from retsnoop_otel.kernel.mode_probes import (  # noqa: F401 - PROBE_TARGETS and the probes are used as features.X
+from retsnoop_otel.kernel.mode_probes import (  # noqa: F401 - PROBE_TARGETS is used as features.PROBE_TARGETS
     HELPER_GET_ATTACH_COOKIE,
     PROBE_TARGETS,
     Feature,
     FuncIdLookup,
-    _refused,
-    probe_fentry,
-    probe_fsession,
-    probe_fsession_multi,
-    probe_kprobe_multi,
-    probe_kprobe_session,
-    probe_kprobes,
     probe_session_kfunc,
 )
+from retsnoop_otel.kernel.mode_probes import refused as _refused
 
 HELPER_GET_FUNC_IP = 173
 HELPER_GET_BRANCH_SNAPSHOT = 176
