@@ -32,9 +32,15 @@ MODES: tuple[AttachMode, ...] = _kernel_modes()
 # and offer_rank place it.
 AUTO_ORDER: tuple[str, ...] = tuple(m.name for m in sorted((m for m in MODES if m.auto_rank is not None),
                                                            key=lambda m: m.auto_rank or 0))  # first usable wins
-OFFER_ORDER: tuple[str, ...] = tuple(m.name for m in sorted(MODES, key=lambda m: m.offer_rank))  # a refusal's
+OFFER_ORDER: tuple[str, ...] = tuple(m.name for m in sorted((m for m in MODES if m.offer_rank is not None),
+                                                            key=lambda m: m.offer_rank or 0))  # a refusal's
 BASIC: tuple[str, ...] = tuple(m.name for m in MODES if m.basic)  # when none works, their refusals say why
 BY_NAME: dict[str, AttachMode] = {m.name: m for m in MODES}
+# the Features fields the modes read, each with the first mode that reads it (whose probe finds out): modes may share
+# one, a kernel capability used in different ways
+FEATURES: dict[str, AttachMode] = {}
+for _mode in MODES:
+    FEATURES.setdefault(_mode.feature, _mode)
 NAMES: tuple[str, ...] = tuple(BY_NAME)
 PROGRAMS: dict[str, tuple[str, ...]] = {m.name: m.programs for m in MODES}
 TRAMPOLINE: frozenset[str] = frozenset(m.name for m in MODES if m.trampoline)

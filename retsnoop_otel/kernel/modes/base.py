@@ -50,11 +50,11 @@ class AttachMode:
     flags: tuple[str, ...]  # trace's flags choosing it
     help: str  # their help line
     shown: str  # how a refusal names it: the flag and the kernel's name for the attach type
-    feature: str  # the Features field that says whether this kernel has it
+    feature: str  # the Features field that says whether this kernel has it (modes attaching alike may share one)
     programs: tuple[str, ...]  # the BPF programs (bpf/flavours.bpf.h): (entry, exit, ...) or per group
     position: int  # where it is listed (flags, features, config reference)
     auto_rank: int | None = None  # its place in what "auto" tries, first usable wins; None: never chosen by auto
-    offer_rank: int = 99  # its place among the modes a refusal offers instead
+    offer_rank: int | None = 99  # its place among the modes a refusal offers instead; None: never offered
     basic: bool = False  # every kernel since 5.5 has this one or another basic one: their refusals say why none works
     by_address: bool = False  # the programs find the function id by address (map ip_ids): kprobe.multi links
     trampoline: bool = False  # BPF trampolines: attached by BTF id (one instance per name), stacks run through them
