@@ -227,17 +227,23 @@ def test_no_two_test_modules_share_a_basename() -> None:
     assert not {name: paths for name, paths in seen.items() if len(paths) > 1}
 
 
-def test_the_attach_modes_are_listed_only_in_their_registry() -> None:
-    """A new attach mode is a record in kernel/attach_modes.py (issue 44): no other module of the package spells out
-    the list of modes, kernel or user (three or more names in one tuple, list, set or dict literal). The benches'
-    maps to a peer's nearest mode are theirs."""
-    import ast
+MODES_HOME = (PKG / "kernel" / "modes", PKG / "kernel" / "attach_modes.py")
 
+
+def _outside_the_modes() -> Iterator[Path]:
+    """The package's modules but the kernel modes' (kernel/modes/) and their registry."""
+    for path in sorted(PKG.rglob("*.py")):
+        if not any(path == home or home in path.parents for home in MODES_HOME):
+            yield path
+
+
+def test_the_attach_modes_are_listed_only_in_their_registry() -> None:
+    """A new kernel attach mode is a module of kernel/modes/, a user mode a record of kernel/uprobes.py (issue 44): no
+    module outside kernel/modes/ and the registry spells out the list of modes, kernel or user (three or more names
+    in one tuple, list, set or dict literal). The benches' maps to a peer's nearest mode are theirs."""
     from retsnoop_otel.kernel.attach_modes import NAMES, USER_NAMES
     listed = []
-    for path in PKG.rglob("*.py"):
-        if path == PKG / "kernel" / "attach_modes.py":
-            continue
+    for path in _outside_the_modes():
         for node in ast.walk(ast.parse(path.read_text())):
             items = node.keys if isinstance(node, ast.Dict) else getattr(node, "elts", None) \
                 if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else None
@@ -246,6 +252,56 @@ def test_the_attach_modes_are_listed_only_in_their_registry() -> None:
                 if len(names) >= min(3, len(modes)):
                     listed.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not listed, listed
+
+
+# Mode names that are also the name of something else in a module: -J's injected probe kinds (kprobe:FUNC).
+OTHER_MEANINGS = {"capture/inject.py": {"kprobe"}, "kernel/inject_attach.py": {"kprobe"}}
+
+
+def mode_branches(tree: ast.AST, names: frozenset[str]) -> Iterator[tuple[int, str]]:
+    """(line, name) where code decides by a mode's name: a comparison with it (==, !=, in, not in, also in a
+    literal tuple, list or set compared with), a dict keyed by it, an index by it, or a match case on it."""
+    def named(node: ast.AST | None) -> Iterator[str]:
+        if isinstance(node, ast.Constant) and node.value in names:
+            yield node.value
+        elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            for elt in node.elts:
+                yield from named(elt)
+
+    for node in ast.walk(tree):
+        found: list[ast.AST | None] = []
+        if isinstance(node, ast.Compare):
+            found = [node.left, *node.comparators]
+        elif isinstance(node, ast.Dict):
+            found = list(node.keys)
+        elif isinstance(node, ast.Subscript):
+            found = [node.slice]
+        elif isinstance(node, ast.MatchValue):
+            found = [node.value]
+        for part in found:
+            yield from ((node.lineno, name) for name in named(part))
+
+
+def test_mode_branch_finder() -> None:
+    code = ("if mode == 'kprobe': pass\nx = m in ('a', 'fentry')\nT = {'kprobe': 1}\ny = P['fentry']\n"
+            "match mode:\n    case 'fentry': pass\nz = 'kprobe' if r else 'kretprobe'\nf(mode='fentry')\n")
+    found = list(mode_branches(ast.parse(code), frozenset({"kprobe", "fentry"})))
+    assert found == [(1, "kprobe"), (2, "fentry"), (3, "kprobe"), (4, "fentry"), (6, "fentry")]
+
+
+def test_no_module_decides_by_an_attach_modes_name() -> None:
+    """What a mode does differently is in its module (issue 44): outside kernel/modes/ and the registry no code
+    compares with a mode's name, keys a table by it or looks something up by it; it asks the mode's object
+    (attach_modes.BY_NAME, uprobes.BY_NAME) instead. The words that mean something else in a module are listed in
+    OTHER_MEANINGS."""
+    from retsnoop_otel.kernel.attach_modes import NAMES, USER_NAMES
+    names = frozenset((*NAMES, *USER_NAMES))
+    found = []
+    for path in _outside_the_modes():
+        other = OTHER_MEANINGS.get(str(path.relative_to(PKG)), set())
+        found += [f"{path.relative_to(ROOT)}:{line}: {name}" for line, name in mode_branches(
+            ast.parse(path.read_text()), names) if name not in other]
+    assert not found, found
 
 
 def test_no_test_module_defines_a_fake_that_tests_fakes_has() -> None:

@@ -15,11 +15,11 @@ from typing import NamedTuple
 from retsnoop_otel.capture import records
 from retsnoop_otel.capture.inject import ProbeInfo
 from retsnoop_otel.capture.model import RET_KIND_CODES, TracedFunc
-from retsnoop_otel.kernel import app_hooks, attach_modes, bpfsys, clones, inject_attach, multi_link, uprobes
+from retsnoop_otel.kernel import app_hooks, attach_modes, clones, inject_attach, multi_link, uprobes
 from retsnoop_otel.kernel import libbpf as lb
 from retsnoop_otel.kernel.libbpf_btf import Btf
 
-MODE_PROGRAMS = {m.name: m.programs for m in attach_modes.MODES}
+MODE_PROGRAMS = attach_modes.PROGRAMS
 MAX_HELD_SESSIONS = 1024  # sessions whose per-call records the kernel holds at once (the rest stream)
 
 
@@ -121,24 +121,16 @@ def configure(obj: lb.BpfObject, cfg: CaptureConfig, funcs: Sequence[TracedFunc]
     obj.map("call_bufs").set_max_entries(min(cfg.max_sessions, MAX_HELD_SESSIONS) if held else 1)
     obj.map("rate_tat").set_max_entries(n if cfg.success_interval_ns else 1)
     obj.map("rate_busy").set_max_entries(n if cfg.success_interval_ns else 1)
-    progs = MODE_PROGRAMS.get(cfg.mode, ()) if kfuncs else ()
-    cloned = clones.SETS.get(cfg.mode, {}) if kfuncs else {}
-    if cloned and all(f.is_entry for f in kfuncs):
-        progs = cloned[True]  # no function runs the inner templates: not worth verifying them
+    mode = attach_modes.BY_NAME.get(cfg.mode) if kfuncs else None  # None: no kernel functions
+    progs = mode.autoload(kfuncs) if mode else ()
     user = uprobes.PROGRAMS[cfg.user_mode] if len(kfuncs) < len(funcs) else ()
     for names in {*MODE_PROGRAMS.values(), *uprobes.PROGRAMS.values()}:
         for name in names:
             obj.program(name).set_autoload(name in progs or name in user)
-    for is_entry, names in cloned.items():  # verified against one function of their kind, then cloned
-        for name in set(names) & set(progs):
-            obj.program(name).set_attach_target(fentry.target(is_entry=is_entry))
+    if mode:
+        mode.prepare(obj, progs, fentry)
     app_hooks.configure(obj, cfg.app_context)
     inject_attach.configure(obj, cfg.inject)
-    for name in progs if cfg.mode == "kprobe_session" else ():
-        obj.program(name).set_expected_attach_type(bpfsys.ATTACH_TRACE_KPROBE_SESSION)
-    for name in progs if cfg.mode == "fsession_multi" else ():  # loaded without a target function
-        obj.program(name).set_type(lb.PROG_TYPE_TRACING)
-        obj.program(name).set_expected_attach_type(bpfsys.ATTACH_TRACE_FSESSION_MULTI)
 
 
 def fill_maps(obj: lb.BpfObject, cfg: CaptureConfig, funcs: Sequence[TracedFunc], by_address: bool,

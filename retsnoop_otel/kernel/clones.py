@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import TypeVar
 
 from retsnoop_otel.capture.model import TracedFunc
@@ -27,10 +28,6 @@ _TEMPLATES = {"fexit_exit": ("rs_fexit", libbpf_progs.ATTACH_TRACE_FEXIT),
               "fsession_inner": ("rs_fsession_in", bpfsys.ATTACH_TRACE_FSESSION)}
 TAGS = {template: tag for template, (tag, _) in _TEMPLATES.items()}
 TEMPLATES = {tag: template for template, tag in TAGS.items()}
-# mode -> is_entry -> the templates cloned for a function, exit first: entry functions run the first set, the
-# others the smaller "inner" one (bpf/flavours.bpf.h)
-SETS = {"fentry": {True: ("fexit_exit", "fentry_entry"), False: ("fexit_inner", "fentry_inner")},
-        "fsession": {True: ("fsession_entry",), False: ("fsession_inner",)}}
 Clone = list[tuple[int, int, str]]  # (program fd, attach type, program name), exit first
 T = TypeVar("T")
 
@@ -79,8 +76,8 @@ def load_all(funcs: Sequence[T], load: Callable[[T], Clone], threads: int = CLON
 
 
 class FentryPrograms:
-    """The programs fentry mode runs: a pair per traced function, cloned from the object's templates (fsession
-    mode: one program per function, the same way).
+    """The programs a cloning mode runs (kernel/modes/cloned.py): per traced function, the templates of its set
+    (`sets`: is_entry -> template names, exit first) cloned; fentry mode's set is a pair, fsession's one program.
 
     Each template set is verified at object load against a traced function of its kind, which then runs
     the templates themselves (a clone for it would be the same program verified again: 3-30 ms of an
@@ -88,10 +85,10 @@ class FentryPrograms:
     """
 
     def __init__(self, funcs: Sequence[TracedFunc], btf_func_id: Callable[[str], int | None] | None,
-                 mode: str = "fentry") -> None:
+                 sets: Mapping[bool, Sequence[str]] = MappingProxyType({}), mode: str = "") -> None:
         self._funcs, self._btf_func_id = funcs, btf_func_id
-        self.mode = mode
-        self._sets = SETS[mode]
+        self.mode = mode  # the mode's name, in refusals
+        self._sets = sets
         self.targets = self._first_of_each_kind()  # is_entry -> the function its templates are verified against
         self.template_fds: list[tuple[str, int]] = []  # (template name, fd), attached as they are
         self.clone_fds: list[tuple[str, int]] = []  # (template name, fd)
@@ -116,7 +113,7 @@ class FentryPrograms:
         f = self.targets.get(is_entry) or next(iter(self.targets.values()), None)
         if f is not None:
             return f.name
-        from retsnoop_otel.kernel.features import PROBE_TARGETS  # functions fentry always takes
+        from retsnoop_otel.kernel.mode_probes import PROBE_TARGETS  # functions fentry always takes
         known = (n for n in PROBE_TARGETS if self._btf_func_id is not None and self._btf_func_id(n) is not None)
         return next(known, self._funcs[0].name)
 

@@ -21,20 +21,14 @@ from retsnoop_otel.kernel.caps import TRACING_CAPS, CapsError, can_trace, effect
 from retsnoop_otel.kernel.kcache import KernelCache, KernelIdentity
 from retsnoop_otel.kernel.kconfig import kernel_config
 from retsnoop_otel.kernel.libbpf_btf import Btf
-from retsnoop_otel.kernel.mode_probes import (  # noqa: F401 - PROBE_TARGETS and the probes are used as features.X
+from retsnoop_otel.kernel.mode_probes import (  # noqa: F401 - PROBE_TARGETS is used as features.PROBE_TARGETS
     HELPER_GET_ATTACH_COOKIE,
     PROBE_TARGETS,
     Feature,
     FuncIdLookup,
-    _refused,
-    probe_fentry,
-    probe_fsession,
-    probe_fsession_multi,
-    probe_kprobe_multi,
-    probe_kprobe_session,
-    probe_kprobes,
     probe_session_kfunc,
 )
+from retsnoop_otel.kernel.mode_probes import refused as _refused
 
 HELPER_GET_FUNC_IP = 173
 HELPER_GET_BRANCH_SNAPSHOT = 176
@@ -52,7 +46,7 @@ class Features(NamedTuple):
     kernel_release: str
     libbpf_version: str
     btf: Feature
-    modes: Mapping[str, Feature]  # each attach mode's (by its feature name), in the order of attach_modes.MODES
+    modes: Mapping[str, Feature]  # by feature name (attach_modes.FEATURES, in the order of attach_modes.MODES)
     session_kfunc: Feature
     user_functions: Feature
     ringbuf: Feature
@@ -242,7 +236,7 @@ def _side_by_side(probes: dict[str, Callable[[], Feature]]) -> dict[str, Feature
 
 # The probes whose answer is a fact of the kernel build (attach types and helpers it knows), unlike the
 # process's privileges, LBR, kallsyms visibility or tracefs, which are probed at every start.
-BUILD_FACTS = (*(m.feature for m in attach_modes.MODES), "session_kfunc", "user_functions", "ringbuf", "func_ip",
+BUILD_FACTS = (*attach_modes.FEATURES, "session_kfunc", "user_functions", "ringbuf", "func_ip",
                "bpf_cookie", "branch_snapshot")
 DENIED = (_errno.EPERM, _errno.EACCES)
 FORMAT_FEATURES = 1
@@ -295,7 +289,8 @@ def _read_text(path: str) -> str:
 def _probe_build_facts(root: str, targets: Btf | FuncIdLookup | None, config: dict[str, str],
                        btf: Callable[[], Btf | None]) -> dict[str, Feature]:
     """`btf`: the kernel's BTF, for the one fact a name -> id lookup cannot answer (a kfunc's prototype)."""
-    modes = _side_by_side({m.feature: partial(m.probe, root, targets, config) for m in attach_modes.MODES if m.probe})
+    # a feature several modes share (the same kernel capability, attached differently) is probed once
+    modes = _side_by_side({f: partial(m.probe, root, targets, config) for f, m in attach_modes.FEATURES.items()})
     cookies = probe_helper("bpf_cookie", HELPER_GET_ATTACH_COOKIE, "bpf_get_attach_cookie", "Linux 5.15")
     kernel_btf = targets if isinstance(targets, Btf) else btf()
     return {**modes,
@@ -346,7 +341,7 @@ def detect(root: str = "/", func_id: FuncIdLookup | None = None, thorough: bool 
         machine=os.uname().machine,
         libbpf_version=f"{major}.{minor}",
         btf=btf_feature,
-        modes={m.feature: facts.pop(m.feature) for m in attach_modes.MODES},
+        modes={f: facts.pop(f) for f in attach_modes.FEATURES},
         **facts,
         lbr=probe_lbr(),
         filter_functions=probe_filter_functions(root, count=thorough),

@@ -1,6 +1,8 @@
-"""The attach modes' probes: each loads a tiny program of its mode, links it to a harmless function and undoes
-both, so that a mode is offered only where the kernel really runs it; a refusal says what is missing and since
-which Linux release. Part of features.py's report (features.detect() runs them side by side).
+"""What the attach modes' probes share (each mode's own probe is in its module, kernel/modes/): the harmless
+functions they attach to, the Feature they return, and the probes of two modes alike (the fprobe-based links, the
+fsession kinds). A probe loads a tiny program of its mode, links it to a harmless function and undoes both, so that
+a mode is offered only where the kernel really runs it; a refusal says what is missing and since which Linux
+release. Part of features.py's report (features.detect() runs them side by side).
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from typing import NamedTuple
 
 from retsnoop_otel.capture.errnos import errno_name
 from retsnoop_otel.kernel import bpfsys
-from retsnoop_otel.kernel.kconfig import config_off
 from retsnoop_otel.kernel.libbpf_btf import BTF_KIND_FUNC, BTF_KIND_PTR, Btf
 
 # Functions that are safe to attach to for a moment: the first is only ever called by
@@ -34,19 +35,19 @@ class Feature(NamedTuple):
     why: str = ""
 
 
-def _ename(err: int) -> str:
+def ename(err: int) -> str:
     return errno_name(err) or f"errno {err}"
 
 
-def _refused(name: str, err: int, meaning: str, what: str) -> Feature:
+def refused(name: str, err: int, meaning: str, what: str) -> Feature:
     """An unavailable feature whose probe the kernel answered with `err`."""
-    return Feature(name, False, f"refused ({_ename(err)}): {meaning}", err, f"{what} ({_ename(err)})")
+    return Feature(name, False, f"refused ({ename(err)}): {meaning}", err, f"{what} ({ename(err)})")
 
 
 FuncIdLookup = Callable[[str], "int | None"]
 
 
-def _target_func(btf: Btf | FuncIdLookup | None) -> tuple[str, int]:
+def target_func(btf: Btf | FuncIdLookup | None) -> tuple[str, int]:
     """First PROBE_TARGETS function present in kernel BTF, with its BTF id (0 without BTF).
 
     `btf` is libbpf's kernel BTF, or a name -> BTF id lookup (symbols.btf_index, faster to search)."""
@@ -85,13 +86,13 @@ def probe_session_kfunc(btf: Btf | None) -> Feature:
     return Feature(name, True, f"{proto} bound (the {since} prototype)")
 
 
-def _close(*fds: int) -> None:
+def close_fds(*fds: int) -> None:
     for fd in fds:
         if fd >= 0:
             os.close(fd)
 
 
-def _fexit_as_traced() -> bytes:
+def fexit_as_traced() -> bytes:
     """A fexit program that does what ours need of the kernel: the return value and the link's cookie."""
     b = bpfsys
     return b''.join((b.mov64_reg(6, 1),
@@ -101,82 +102,11 @@ def _fexit_as_traced() -> bytes:
                      b.RETURN_ZERO))
 
 
-def probe_fentry(btf: Btf | FuncIdLookup | None) -> Feature:
-    """Load and attach a fentry program (BPF trampoline) on a harmless function, then a fexit program that reads
-    the return value and its link's cookie (fentry mode needs both: Linux 5.19+); detach."""
-    name = "fentry"
-    func, tid = _target_func(btf)
-    if not tid:
-        return Feature(name, False, "needs kernel BTF to name the attach target", _errno.ENOENT,
-                       "has no BTF for fentry/fexit programs")
-    prog = link = -1
-    cookies = False
-    try:
-        prog = bpfsys.prog_load(bpfsys.PROG_TRACING, bpfsys.RETURN_ZERO,
-                                expected_attach_type=bpfsys.ATTACH_TRACE_FENTRY, attach_btf_id=tid,
-                                name=b"rs_probe_fentry")
-        link = bpfsys.link_create(prog, bpfsys.ATTACH_TRACE_FENTRY)
-        _close(link, prog)
-        prog = link = -1
-        cookies = True
-        prog = bpfsys.prog_load(bpfsys.PROG_TRACING, _fexit_as_traced(),
-                                expected_attach_type=bpfsys.ATTACH_TRACE_FEXIT, attach_btf_id=tid,
-                                name=b"rs_probe_fexit")
-        link = bpfsys.link_create(prog, bpfsys.ATTACH_TRACE_FEXIT, cookie=1)
-    except OSError as exc:
-        err = exc.errno or _errno.EINVAL
-        stage = "loading" if prog < 0 else "attaching"
-        if err == _errno.EINVAL and (cookies or prog >= 0):  # 5.10 loads fentry but links it only through
-            # BPF_RAW_TRACEPOINT_OPEN, without cookies
-            return Feature(name, False, f"refused ({_ename(err)}): fentry programs load, but {stage} fentry/fexit "
-                           "links with BPF cookies and bpf_get_func_ret() fails (Linux 5.19+ needed)", err,
-                           "has no BPF cookies for fentry/fexit (Linux 5.19+ needed)")
-        if err in (_errno.EPERM, _errno.EACCES):
-            meaning = (f"the kernel denies {stage} BPF tracing programs to this process (kernel lockdown, "
-                       "an LSM policy, or missing CAP_BPF/CAP_PERFMON)")
-        elif err in (ENOTSUPP, _errno.EOPNOTSUPP):
-            meaning = f"no BPF trampoline support for {func} on this kernel/architecture ({stage})"
-        else:
-            meaning = f"{stage} a fentry program on {func} failed: {os.strerror(err)}"
-        return _refused(name, err, meaning, "refuses fentry/fexit programs")
-    finally:
-        _close(link, prog)
-    return Feature(name, True, f"fentry and fexit programs (with cookies) loaded and attached to {func}")
-
-
-def probe_kprobes(root: str, btf: Btf | FuncIdLookup | None, config: dict[str, str]) -> Feature:
-    """Register a kprobe through the kprobe PMU and attach a program to it, then remove both."""
-    name = "kprobes"
-    try:
-        pmu = bpfsys.kprobe_pmu_type(root)
-    except (OSError, ValueError):
-        if config_off(config, "CONFIG_KPROBES"):
-            return Feature(name, False, "kprobes are not configured (CONFIG_KPROBES is off)", _errno.ENOENT,
-                           "has no kprobes (CONFIG_KPROBES is off)")
-        return Feature(name, False, "no kprobe PMU (/sys/bus/event_source/devices/kprobe is missing): kernel "
-                       "without CONFIG_KPROBE_EVENTS or older than 4.17", _errno.ENOENT,
-                       "has no kprobe PMU (CONFIG_KPROBES or CONFIG_KPROBE_EVENTS is off)")
-    func, _ = _target_func(btf)
-    prog = event = -1
-    try:
-        prog = bpfsys.prog_load(bpfsys.PROG_KPROBE, bpfsys.RETURN_ZERO, name=b"rs_probe_kprobe")
-        event = bpfsys.perf_kprobe_open(func, pmu)
-        bpfsys.perf_set_bpf(event, prog)
-    except OSError as exc:
-        err = exc.errno or _errno.EINVAL
-        stage = "loading a kprobe program" if prog < 0 else f"creating a kprobe on {func}" if event < 0 \
-            else f"attaching a program to a kprobe on {func}"
-        return _refused(name, err, f"{stage} failed: {os.strerror(err)}", "refuses kprobes")
-    finally:
-        _close(event, prog)
-    return Feature(name, True, f"kprobe PMU type {pmu}; kprobe created on {func} and a program attached")
-
-
-def _probe_fprobe_link(name: str, what: str, attach_type: int, prog_name: bytes, btf: Btf | FuncIdLookup | None,
+def probe_fprobe_link(name: str, what: str, attach_type: int, prog_name: bytes, btf: Btf | FuncIdLookup | None,
                        too_old: tuple[str, str], called: str) -> Feature:
     """Load a kprobe program for `attach_type` and link it to one function (both fprobe-based links);
     `called` names the mode in the one-line refusals ("this kernel has no ...")."""
-    func, _ = _target_func(btf)
+    func, _ = target_func(btf)
     prog = link = -1
     try:
         prog = bpfsys.prog_load(bpfsys.PROG_KPROBE, bpfsys.RETURN_ZERO, expected_attach_type=attach_type,
@@ -186,44 +116,29 @@ def _probe_fprobe_link(name: str, what: str, attach_type: int, prog_name: bytes,
         err = exc.errno or _errno.EINVAL
         if err == _errno.EINVAL:
             # older kernels reject the program or the link: the version says it all
-            return Feature(name, False, f"refused ({_ename(err)}): {too_old[0]}", err, too_old[1])
+            return Feature(name, False, f"refused ({ename(err)}): {too_old[0]}", err, too_old[1])
         if err == _errno.EOPNOTSUPP:
             return Feature(name, False, "not supported (EOPNOTSUPP): the kernel was built without CONFIG_FPROBE",
                            err, f"has no {called} (CONFIG_FPROBE is off)")
         stage = f"loading a {what} program" if prog < 0 else f"attaching {what} to {func}"
-        return _refused(name, err, f"{stage} failed: {os.strerror(err)}", f"refuses {called} links")
+        return refused(name, err, f"{stage} failed: {os.strerror(err)}", f"refuses {called} links")
     finally:
-        _close(link, prog)
+        close_fds(link, prog)
     return Feature(name, True, f"{what} link attached to {func}")
 
 
-def probe_kprobe_multi(btf: Btf | FuncIdLookup | None) -> Feature:
-    """Attach a kprobe.multi program (BPF_LINK_CREATE, BPF_TRACE_KPROBE_MULTI) to one function."""
-    return _probe_fprobe_link("kprobe_multi", "kprobe.multi", bpfsys.ATTACH_TRACE_KPROBE_MULTI, b"rs_probe_kmulti",
-                              btf, ("the kernel does not know kprobe.multi programs (Linux 5.18+ needed)",
-                                    "has no kprobe_multi (Linux 5.18+ needed)"), "kprobe_multi")
-
-
-def probe_kprobe_session(btf: Btf | FuncIdLookup | None) -> Feature:
-    """Attach a kprobe.session program (BPF_TRACE_KPROBE_SESSION, Linux 6.10+) to one function."""
-    return _probe_fprobe_link("kprobe_session", "kprobe.session", bpfsys.ATTACH_TRACE_KPROBE_SESSION,
-                              b"rs_probe_ksess", btf,
-                              ("the kernel does not know kprobe.session links (Linux 6.10+ needed)",
-                               "has no kprobe.session (Linux 6.10+ needed)"), "kprobe.session")
-
-
-def _probe_fsession_kind(name: str, called: str, since: str, btf: Btf | FuncIdLookup | None, multi: bool) -> Feature:
+def probe_fsession_kind(name: str, called: str, since: str, btf: Btf | FuncIdLookup | None, multi: bool) -> Feature:
     """Load a program that does what ours need of the kernel (the return value and the link's cookie) as fsession,
     or as fsession.multi (loaded without a target, then linked to the function by its BTF id in a tracing_multi
     link), link it with a cookie, and undo both; `called` names the mode in the one-line refusals."""
-    func, tid = _target_func(btf)
+    func, tid = target_func(btf)
     if not tid:
         return Feature(name, False, "needs kernel BTF to name the attach target", _errno.ENOENT,
                        f"has no BTF for {called} programs")
     attach_type = bpfsys.ATTACH_TRACE_FSESSION_MULTI if multi else bpfsys.ATTACH_TRACE_FSESSION
     prog = link = -1
     try:
-        prog = bpfsys.prog_load(bpfsys.PROG_TRACING, _fexit_as_traced(), expected_attach_type=attach_type,
+        prog = bpfsys.prog_load(bpfsys.PROG_TRACING, fexit_as_traced(), expected_attach_type=attach_type,
                                 attach_btf_id=0 if multi else tid,
                                 name=b"rs_probe_fsmult" if multi else b"rs_probe_fsess")
         link = bpfsys.link_create_tracing_multi(prog, [tid], [1]) if multi else \
@@ -241,17 +156,7 @@ def _probe_fsession_kind(name: str, called: str, since: str, btf: Btf | FuncIdLo
                        "an LSM policy, or missing CAP_BPF/CAP_PERFMON)")
         else:
             meaning = f"{stage} a {called} program for {func} failed: {os.strerror(err)}"
-        return _refused(name, err, meaning, f"refuses {called} programs")
+        return refused(name, err, meaning, f"refuses {called} programs")
     finally:
-        _close(link, prog)
+        close_fds(link, prog)
     return Feature(name, True, f"{called} program (return value and cookie) loaded and linked to {func}")
-
-
-def probe_fsession(btf: Btf | FuncIdLookup | None) -> Feature:
-    """BPF_TRACE_FSESSION (Linux 7.0+): one trampoline program for a function's entry and exit."""
-    return _probe_fsession_kind("fsession", "fsession", "Linux 7.0", btf, multi=False)
-
-
-def probe_fsession_multi(btf: Btf | FuncIdLookup | None) -> Feature:
-    """BPF_TRACE_FSESSION_MULTI through a tracing_multi link (Linux 7.2+): one link for a whole function set."""
-    return _probe_fsession_kind("fsession_multi", "fsession.multi", "Linux 7.2", btf, multi=True)

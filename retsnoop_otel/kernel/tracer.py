@@ -33,14 +33,15 @@ from retsnoop_otel.kernel import (
     inject_attach,
     libbpf_progs,
     libbpf_ringbuf,
-    multi_link,
     stats_maps,
     uprobes,
 )
 from retsnoop_otel.kernel import libbpf as lb
 from retsnoop_otel.kernel.capture_config import MODE_PROGRAMS, CaptureConfig
 from retsnoop_otel.kernel.libbpf_btf import Btf
-from retsnoop_otel.kernel.mode_probes import HELPER_GET_ATTACH_COOKIE
+from retsnoop_otel.kernel.modes.base import AttachReport, Job
+
+__all__ = ["AttachReport", "Tracer", "bpf_object_path"]
 
 PARALLEL_DETACH_MIN = 32
 DETACH_THREADS = 32
@@ -57,19 +58,6 @@ def bpf_object_path() -> Path:
             f"{path} is missing: the package was installed without its BPF object; reinstall with "
             "`pip install .` on a machine with clang and libbpf-dev")
     return path
-
-
-class AttachReport:
-    __slots__ = ("attached", "failed", "attach_ms", "verify_ms", "split_links", "hooks_missing")
-
-    def __init__(self, attached: list[TracedFunc] | None = None, failed: list[tuple[TracedFunc, str]] | None = None,
-                 attach_ms: float = 0.0, verify_ms: float = 0.0, split_links: int = 0) -> None:
-        self.attached: list[TracedFunc] = [] if attached is None else attached
-        self.failed: list[tuple[TracedFunc, str]] = [] if failed is None else failed
-        self.attach_ms = attach_ms
-        self.verify_ms = verify_ms  # fentry: the part of attach_ms spent loading (verifying) each function's programs
-        self.split_links = split_links  # kprobe.multi links split in two for want of kernel memory (6.7-6.11)
-        self.hooks_missing: list[str] = []  # thread-context publish hooks not attached (kernel/app_hooks.py)
 
 
 class Tracer:
@@ -90,20 +78,16 @@ class Tracer:
         self._links: list[lb.Link] = []
         self._app_links: list[lb.Link] = []  # the watcher's hooks (app_context only), apart: _links holds pairs
         self._inject_links: list[lb.Link] = []  # -J
-        # the per-function clones of fentry and fsession mode (unused in the others)
-        self._fentry = clones.FentryPrograms(self._kfuncs, btf_func_id, config.mode if config.mode in clones.SETS
-                                             else "fentry")
+        self._mode = attach_modes.BY_NAME.get(config.mode)  # None: no kernel functions
+        # the per-function clones of the cloning modes (kernel/modes/cloned.py; unused in the others)
+        self._fentry = clones.FentryPrograms(self._kfuncs, btf_func_id, self._mode.clone_sets if self._mode else {},
+                                             config.mode)
         self._rb: libbpf_ringbuf.RingBuffer | None = None
         self._lbr_fds: list[int] = []
         self._obj: lb.BpfObject | None = None
         self._ncpus = lb.num_possible_cpus()
-        # kprobes carry the function id as their BPF cookie, on kernels that have cookies (5.15+); before that the
-        # programs find it by address (flavours.bpf.h asks the kernel's BTF the same question)
-        self._by_address = config.mode in attach_modes.BY_ADDRESS or (
-            config.mode == "kprobe" and not lb.probe_helper(lb.PROG_TYPE_KPROBE, HELPER_GET_ATTACH_COOKIE))
-        self._name_count: dict[str, int] = {}
-        for f in self._kfuncs:
-            self._name_count[f.name] = self._name_count.get(f.name, 0) + 1
+        # whether the programs find the function id by address (map ip_ids) rather than by BPF cookie
+        self._by_address = bool(self._mode and self._mode.uses_addresses())
 
     # ---- load ----------------------------------------------------------------------------
 
@@ -112,7 +96,7 @@ class Tracer:
         try:
             self._load_object()
         except lb.LibbpfError:
-            if self.config.mode not in clones.SETS or not self._fentry.targets:
+            if not (self._mode and self._mode.clone_sets and self._fentry.targets):
                 raise
             self._fentry.verify_against_harmless()  # a traced function the kernel refuses: it fails alone
             self._load_object()
@@ -143,24 +127,10 @@ class Tracer:
         t0 = time.monotonic()
         try:
             self._open_lbr_events()
-            if self.config.mode in attach_modes.BY_ADDRESS and self._kfuncs:
-                self._attach_multi(report)
-            elif self.config.mode == "fsession_multi" and self._kfuncs:
-                self._attach_tracing_multi(report, on_error, strict)
-            else:
-                t_verify = time.monotonic()
-                loaded = self._fentry.load(self._obj) if self.config.mode in clones.SETS else {}
-                report.verify_ms = (time.monotonic() - t_verify) * 1000 if loaded else 0.0
-                for f in self._kfuncs:
-                    try:
-                        self._attach_one(f, loaded.get(f.id))
-                        report.attached.append(f)
-                    except lb.LibbpfError as exc:
-                        if strict:
-                            raise
-                        report.failed.append((f, str(exc)))
-                        if on_error:
-                            on_error(f, str(exc))
+            if self._kfuncs:
+                assert self._mode is not None
+                self._mode.attach(Job(self._obj, self._kfuncs, self._links, self._fentry, self._btf_func_id,
+                                      self._by_address, self.detach_links), report, on_error, strict)
             if user := [f for f in self.funcs if f.binary is not None]:
                 uprobes.attach(self._obj.program, self.config.user_mode, user, self._links)
                 report.attached.extend(user)
@@ -199,43 +169,6 @@ class Tracer:
         value = bytearray(bss.value_size)
         value[off:off + size] = b"\x01" if ready else b"\x00"
         bss.update(struct.pack("<I", 0), bytes(value))
-
-    def _attach_one(self, f: TracedFunc, loaded: clones.Clone | BaseException | None = None) -> None:
-        assert self._obj is not None
-        entry_name, exit_name = MODE_PROGRAMS[self.config.mode][:2]
-        entry, exit_ = self._obj.program(entry_name), self._obj.program(exit_name)
-        if self.config.mode == "kprobe":
-            # a name with several instances (static functions, clones) is attached per instance address
-            name, off = (None, f.addr) if self._name_count.get(f.name, 0) > 1 and f.addr else (f.name, 0)
-            cookie = 0 if self._by_address else f.id
-            self._links.append(exit_.attach_kprobe(name, retprobe=True, cookie=cookie, offset=off))
-            self._links.append(entry.attach_kprobe(name, cookie=cookie, offset=off))
-            return
-        clone = loaded if loaded is not None else self._fentry.load_one(self._obj, f)
-        if isinstance(clone, BaseException):
-            raise clone
-        for fd, attach_type, tag in clone:
-            self._links.append(libbpf_progs.link_create(fd, attach_type, cookie=f.id, what=f"{tag} to {f.name}"))
-
-    def _attach_multi(self, report: AttachReport) -> None:
-        assert self._obj is not None
-        progs = [self._obj.program(name) for name in MODE_PROGRAMS[self.config.mode]]
-        report.split_links = multi_link.attach(self.config.mode, progs, self._kfuncs, self._links, self.detach_links)
-        report.attached.extend(self._kfuncs)
-
-    def _attach_tracing_multi(self, report: AttachReport, on_error: Callable[[TracedFunc, str], None] | None,
-                              strict: bool) -> None:
-        """fsession.multi: the functions the kernel refuses are reported (or raised, if `strict`) like fentry's."""
-        assert self._obj is not None
-        prog = self._obj.program(MODE_PROGRAMS["fsession_multi"][0])
-        refused = multi_link.attach_fsession(prog, self._kfuncs, self._btf_func_id, self._links)
-        if refused and strict:
-            raise refused[0][1]
-        left_out = {f.id for f, _ in refused}
-        report.attached.extend(f for f in self._kfuncs if f.id not in left_out)
-        report.failed.extend((f, str(exc)) for f, exc in refused)
-        for f, why in report.failed if on_error else ():
-            on_error(f, why)
 
     # ---- capture -------------------------------------------------------------------------
 
@@ -296,17 +229,16 @@ class Tracer:
     def programs(self) -> list[tuple[str, int]]:
         """(name, fd) of the programs that run when a traced function is hit.
 
-        fentry and fsession mode run per-function clones (named after their template), and the templates
-        themselves for the functions they were verified against. The other modes run the object's entry and
-        exit programs.
+        The cloning modes run per-function clones (named after their template), and the templates themselves
+        for the functions they were verified against; the other modes the object's programs. Single uprobes
+        share kprobe mode's programs: listed once.
         """
         if self._obj is None:
             return []
         user = uprobes.PROGRAMS[self.config.user_mode] if len(self._kfuncs) < len(self.funcs) else ()
-        kernel = MODE_PROGRAMS.get(self.config.mode, ()) if self._kfuncs else ()
-        if self.config.mode in clones.SETS and self._kfuncs:
-            return self._fentry.programs() + [(name, self._obj.program(name).fd) for name in user]
-        return [(name, self._obj.program(name).fd) for name in dict.fromkeys((*kernel, *user))]
+        kernel = self._mode.running(self._obj, self._fentry) if self._mode and self._kfuncs else []
+        named = {name for name, _ in kernel}
+        return kernel + [(name, self._obj.program(name).fd) for name in dict.fromkeys(user) if name not in named]
 
     def program_stats(self) -> list[ProgramStats]:
         """Run count and time of each program (clones summed) and the watcher's hooks; read at scrape time"""

@@ -10,15 +10,55 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Callable, Container, Sequence
+from typing import NamedTuple
 
 from retsnoop_otel.capture.model import TracedFunc
-from retsnoop_otel.kernel import attach_modes
 from retsnoop_otel.kernel import libbpf as lb
 
-USER_MODES = attach_modes.USER_NAMES
-PROGRAMS: dict[str, tuple[str, ...]] = {m.name: m.programs for m in attach_modes.USER_MODES}
-_SINCE = {m.name: m.since for m in attach_modes.USER_MODES if m.since}
-NAMES = {m.name: m.shown for m in attach_modes.USER_MODES}
+# links one binary's functions: (the mode's programs, the binary, its functions, where the links go), exits first
+Linker = Callable[[Sequence[lb.BpfProgram], str, Sequence[TracedFunc], list[lb.Link]], None]
+
+
+def _link_session(progs: Sequence[lb.BpfProgram], binary: str, group: Sequence[TracedFunc],
+                  links: list[lb.Link]) -> None:
+    links.append(progs[0].attach_uprobe_multi(binary, [f.offset for f in group], [f.id for f in group], session=True))
+
+
+def _link_multi(progs: Sequence[lb.BpfProgram], binary: str, group: Sequence[TracedFunc], links: list[lb.Link]) -> None:
+    offsets, cookies = [f.offset for f in group], [f.id for f in group]
+    links.append(progs[1].attach_uprobe_multi(binary, offsets, cookies, retprobe=True))
+    links.append(progs[0].attach_uprobe_multi(binary, offsets, cookies))
+
+
+def _link_single(progs: Sequence[lb.BpfProgram], binary: str, group: Sequence[TracedFunc],
+                 links: list[lb.Link]) -> None:
+    for f in group:
+        links.append(progs[1].attach_uprobe_at(binary, f.offset, retprobe=True, cookie=f.id))
+        links.append(progs[0].attach_uprobe_at(binary, f.offset, cookie=f.id))
+
+
+class UserAttachMode(NamedTuple):
+    """How user-space functions (u:BINARY:GLOB) attach; all need BPF cookies (the address differs per process)."""
+
+    name: str  # --user-attach and the config's user_attach_mode
+    shown: str  # the kernel's name for it
+    programs: tuple[str, ...]  # bpf/flavours.bpf.h: (entry, exit) or one for both
+    since: tuple[str, str] | None  # (its enum bpf_attach_type name, the first Linux with it); None: every kernel
+    link: Linker  # how it links one binary's functions
+
+
+RECORDS: tuple[UserAttachMode, ...] = (  # cheapest first: auto takes the first the kernel has
+    UserAttachMode("uprobe_session", "uprobe.session", ("usession",), ("BPF_TRACE_UPROBE_SESSION", "Linux 6.13"),
+                   _link_session),
+    UserAttachMode("uprobe_multi", "uprobe.multi", ("umulti_entry", "umulti_exit"),
+                   ("BPF_TRACE_UPROBE_MULTI", "Linux 6.6"), _link_multi),
+    UserAttachMode("uprobe", "single uprobes", ("kprobe_entry", "kretprobe_exit"), None, _link_single),
+)
+BY_NAME = {m.name: m for m in RECORDS}
+USER_MODES: tuple[str, ...] = tuple(BY_NAME)
+PROGRAMS: dict[str, tuple[str, ...]] = {m.name: m.programs for m in RECORDS}
+_SINCE = {m.name: m.since for m in RECORDS if m.since}
+NAMES = {m.name: m.shown for m in RECORDS}
 
 
 def user_modes(attach_types: Container[str]) -> list[str]:
@@ -50,23 +90,15 @@ def attach(program: Callable[[str], lb.BpfProgram], mode: str, funcs: Sequence[T
            links: list[lb.Link]) -> None:
     """Exit probes before entry probes, one link per binary in the multi modes; a refusal raises (the caller
     detaches what was attached)."""
-    progs = [program(name) for name in PROGRAMS[mode]]
+    how = BY_NAME[mode]
+    progs = [program(name) for name in how.programs]
     by_binary: dict[str, list[TracedFunc]] = {}
     for f in funcs:
         assert f.binary is not None
         by_binary.setdefault(f.binary, []).append(f)
     for binary, group in by_binary.items():
-        offsets, cookies = [f.offset for f in group], [f.id for f in group]
         try:
-            if mode == "uprobe_session":
-                links.append(progs[0].attach_uprobe_multi(binary, offsets, cookies, session=True))
-            elif mode == "uprobe_multi":
-                links.append(progs[1].attach_uprobe_multi(binary, offsets, cookies, retprobe=True))
-                links.append(progs[0].attach_uprobe_multi(binary, offsets, cookies))
-            else:
-                for f in group:
-                    links.append(progs[1].attach_uprobe_at(binary, f.offset, retprobe=True, cookie=f.id))
-                    links.append(progs[0].attach_uprobe_at(binary, f.offset, cookie=f.id))
+            how.link(progs, binary, group, links)
         except lb.LibbpfError as exc:
             names = ", ".join(f.name for f in group[:3]) + (", ..." if len(group) > 3 else "")
             raise lb.LibbpfError(f"{exc.what} (user functions {names})", exc.errno or errno.EINVAL, exc.log) from None

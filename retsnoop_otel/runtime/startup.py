@@ -11,6 +11,8 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
+from retsnoop_otel.kernel import attach_modes
+
 
 class Phase(NamedTuple):
     name: str
@@ -57,7 +59,8 @@ def attach_phases(sets: Sequence[Any]) -> list[Phase]:
         out.append(Phase("load", ps.load_s, f"BPF object{name}"))
         if ps.report is not None:
             verify = ps.report.verify_ms
-            what = "a program pair" if ps.mode == "fentry" else "a program"  # fsession: entry and exit in one
+            mode = attach_modes.BY_NAME.get(ps.mode)
+            what = mode.verified if mode else "a program"  # what its clones are: a pair for fentry
             clones = f", {verify / 1000:.1f} s of it verifying {what} per function" if verify else ""
             out.append(Phase("attach", ps.report.attach_ms / 1000,
                              f"{ps.attached} functions, {ps.mode}{clones}{name}"))

@@ -14,6 +14,7 @@ import pytest
 from retsnoop_otel.kernel import caps, features, kconfig, libbpf_btf, mode_probes
 from retsnoop_otel.kernel.features import Feature, FeatureError, Features
 from retsnoop_otel.kernel.kcache import KernelCache, KernelIdentity
+from retsnoop_otel.kernel.modes import kprobe as kprobe_mode
 
 
 def _feats(**over: Feature) -> Features:
@@ -210,9 +211,9 @@ def test_kernel_config_from_boot_and_proc(tmp_path: Path) -> None:
 
 
 def test_kprobes_without_pmu_explained_from_config(tmp_path: Path) -> None:
-    f = features.probe_kprobes(str(tmp_path), None, {"CONFIG_KPROBES": "n"})
+    f = kprobe_mode.probe_kprobes(str(tmp_path), None, {"CONFIG_KPROBES": "n"})
     assert not f.available and f.why == "has no kprobes (CONFIG_KPROBES is off)"
-    f = features.probe_kprobes(str(tmp_path), None, {})
+    f = kprobe_mode.probe_kprobes(str(tmp_path), None, {})
     assert not f.available and "no kprobe PMU" in f.detail
 
 

@@ -5,13 +5,15 @@ fsession.multi's one tracing_multi link is halved the same way around the functi
 from __future__ import annotations
 
 import errno
+from types import SimpleNamespace
 
 import pytest
 
 from retsnoop_otel.capture.model import RetKind, TracedFunc
 from retsnoop_otel.kernel import libbpf as lb
 from retsnoop_otel.kernel import libbpf_btf as lbtf
-from retsnoop_otel.kernel import multi_link
+from retsnoop_otel.kernel.modes import fsession_multi, kprobe_multi
+from retsnoop_otel.kernel.modes.base import AttachReport, Job
 
 
 class FakeProgram:
@@ -33,12 +35,21 @@ def _funcs(n: int) -> list[TracedFunc]:
     return [TracedFunc(i, f"f{i}", 0x1000 + i, RetKind.INT32, i == 0) for i in range(n)]
 
 
+def _attach_kprobe_multi(progs: list[FakeProgram], funcs: list[TracedFunc], links: list[lb.Link]) -> int:
+    """kprobe_multi mode's attach on an object of these programs; returns the splits made."""
+    obj = SimpleNamespace(program={p.name: p for p in progs}.__getitem__)
+    report = AttachReport()
+    kprobe_multi.MODE.attach(Job(obj, funcs, links, None, None, True, links.clear),  # type: ignore[arg-type]
+                             report, None, False)
+    return report.split_links
+
+
 def test_a_link_the_kernel_has_no_memory_for_is_split_until_each_part_fits() -> None:
     funcs = _funcs(10)
     progs = [FakeProgram("kmulti_exit", fits=3), FakeProgram("kmulti_inner", fits=100),
              FakeProgram("kmulti_entry", fits=100)]
     links: list[lb.Link] = []
-    splits = multi_link.attach("kprobe_multi", progs, funcs, links, detach=links.clear)
+    splits = _attach_kprobe_multi(progs, funcs, links)
     exits = progs[0].linked
     assert [a for part in exits for a in part] == [f.addr for f in funcs]  # each exit once, in order
     assert max(len(part) for part in exits) <= 3 and splits == len(exits) - 1
@@ -51,7 +62,7 @@ def test_other_errors_are_not_split() -> None:
              FakeProgram("kmulti_entry", fits=100)]
     links: list[lb.Link] = []
     with pytest.raises(lb.LibbpfError) as exc:
-        multi_link.attach("kprobe_multi", progs, _funcs(10), links, detach=links.clear)
+        _attach_kprobe_multi(progs, _funcs(10), links)
     assert exc.value.errno == errno.EINVAL
     assert progs[0].linked == []  # by address, then by name: both refused whole
 
@@ -94,10 +105,10 @@ def test_fsession_multi_links_the_set_once_with_each_id_as_its_cookie(monkeypatc
     class Prog:
         fd = 5
 
-    monkeypatch.setattr(multi_link.bpfsys, "link_create_tracing_multi", link_create)
+    monkeypatch.setattr(fsession_multi.bpfsys, "link_create_tracing_multi", link_create)
     links: list[lb.Link] = []
     fake = FakeBtf(variadic={105})
-    refused = multi_link.attach_fsession(Prog(), _funcs(10), btf.get, links, load_btf=lambda: fake)  # type: ignore
+    refused = fsession_multi.attach_set(Prog(), _funcs(10), btf.get, links, load_btf=lambda: fake)  # type: ignore
     assert calls[0] == ([100 + i for i in range(10) if i != 7], [i for i in range(10) if i != 7])
     assert fake.freed and not any(105 in ids for ids, _ in calls[1:])  # f5 was not offered again
     assert sorted(f.name for f, _ in refused) == ["f4", "f5", "f7"]
@@ -132,9 +143,9 @@ def test_fsession_multi_errors_of_the_whole_request_are_not_halved(monkeypatch: 
     class Prog:
         fd = 5
 
-    monkeypatch.setattr(multi_link.bpfsys, "link_create_tracing_multi", link_create)
+    monkeypatch.setattr(fsession_multi.bpfsys, "link_create_tracing_multi", link_create)
     with pytest.raises(lb.LibbpfError) as exc:
-        multi_link.attach_fsession(Prog(), _funcs(10), {f"f{i}": i + 1 for i in range(10)}.get, [])  # type: ignore
+        fsession_multi.attach_set(Prog(), _funcs(10), {f"f{i}": i + 1 for i in range(10)}.get, [])  # type: ignore
     assert exc.value.errno == errno.EPERM
 
 
