@@ -43,6 +43,7 @@ from retsnoop_otel.runtime.config import RuntimeConfig
 from retsnoop_otel.runtime.deps import RuntimeDeps
 from retsnoop_otel.runtime.hooks import Resolved, StartHook
 from retsnoop_otel.runtime.hooks import Runtime as HookRuntime
+from retsnoop_otel.runtime.probe_set import tracer_factory
 from retsnoop_otel.runtime.runtime import Runtime
 from retsnoop_otel.symbols.btf import ReturnKinds
 
@@ -257,12 +258,12 @@ def our_functions(entry: Sequence[str], allow: Sequence[str], mode: str) -> list
 
 
 @contextmanager
-def started(argv: Sequence[str], deps: RuntimeDeps | None = None) -> Iterator[Runtime]:
-    """`retsnoop-otel trace ARGV` started in this process (sessions printed to /dev/null unless `deps` says
-    otherwise), shut down on leaving: its probe sets, and their tracers, are `runtime.probe_sets`. `deps` is
-    the runtime's own injection point (e.g. RuntimeDeps(tracer_factory=tracer_factory(OBJECT)))."""
+def started(argv: Sequence[str], object_path: Path | None = None) -> Iterator[Runtime]:
+    """`retsnoop-otel trace ARGV` started in this process, its sessions printed to /dev/null, shut down on leaving:
+    its probe sets, and their tracers, are `runtime.probe_sets`. `object_path`: another build of retsnoop.bpf.c,
+    passed through the runtime's own injection point (RuntimeDeps.tracer_factory)."""
     with open(os.devnull, "w") as devnull:
-        runtime = Runtime(trace_config(argv), deps or RuntimeDeps(console=devnull))
+        runtime = Runtime(trace_config(argv), RuntimeDeps(console=devnull, tracer_factory=tracer_factory(object_path)))
         if not runtime.start():
             raise RuntimeError("the runtime stopped before attaching")
         try:
