@@ -39,11 +39,12 @@ from retsnoop_otel.kernel import attach_modes, features, libbpf_progs, tracefs
 from retsnoop_otel.kernel import libbpf as lb
 from retsnoop_otel.kernel import libbpf_btf as lbtf
 from retsnoop_otel.kernel.attach_modes import TRAMPOLINE as TRAMPOLINE_MODES
+from retsnoop_otel.kernel.capture_config import CaptureConfig
 from retsnoop_otel.runtime.config import RuntimeConfig
 from retsnoop_otel.runtime.deps import RuntimeDeps
 from retsnoop_otel.runtime.hooks import Resolved, StartHook
 from retsnoop_otel.runtime.hooks import Runtime as HookRuntime
-from retsnoop_otel.runtime.probe_set import tracer_factory
+from retsnoop_otel.runtime.probe_set import TracerLike, tracer_factory
 from retsnoop_otel.runtime.runtime import Runtime
 from retsnoop_otel.symbols.btf import ReturnKinds
 
@@ -258,12 +259,20 @@ def our_functions(entry: Sequence[str], allow: Sequence[str], mode: str) -> list
 
 
 @contextmanager
-def started(argv: Sequence[str], object_path: Path | None = None) -> Iterator[Runtime]:
+def started(argv: Sequence[str], object_path: Path | None = None,
+            capture: Callable[[CaptureConfig], CaptureConfig] | None = None) -> Iterator[Runtime]:
     """`retsnoop-otel trace ARGV` started in this process, its sessions printed to /dev/null, shut down on leaving:
-    its probe sets, and their tracers, are `runtime.probe_sets`. `object_path`: another build of retsnoop.bpf.c,
-    passed through the runtime's own injection point (RuntimeDeps.tracer_factory)."""
+    its probe sets, and their tracers, are `runtime.probe_sets`. Through the runtime's own injection point
+    (RuntimeDeps.tracer_factory): `object_path`, another build of retsnoop.bpf.c; `capture`, a change to what the
+    kernel side records that no flag asks for (a bench taking the per-call cost apart: no kernel stack, ...)."""
+    make = tracer_factory(object_path)
+
+    def factory(funcs: Sequence[TracedFunc], cfg: CaptureConfig, btf_func_id: Callable[[str], int | None] | None
+                ) -> TracerLike:
+        return make(funcs, capture(cfg) if capture is not None else cfg, btf_func_id)
+
     with open(os.devnull, "w") as devnull:
-        runtime = Runtime(trace_config(argv), RuntimeDeps(console=devnull, tracer_factory=tracer_factory(object_path)))
+        runtime = Runtime(trace_config(argv), RuntimeDeps(console=devnull, tracer_factory=factory))
         if not runtime.start():
             raise RuntimeError("the runtime stopped before attaching")
         try:
