@@ -28,11 +28,16 @@ import threading
 import time
 from pathlib import Path
 
-from bench.harness import BPF_STATS, ROOT, build_workload, prog_stats, run_workload, set_stats
-from retsnoop_otel.capture.model import RetKind
-from retsnoop_otel.symbols import discovery
-from retsnoop_otel.symbols.kallsyms import Kallsyms
-from retsnoop_otel.symbols.traceable import Traceable
+from bench.harness import (
+    BPF_STATS,
+    ROOT,
+    build_workload,
+    discovered,
+    prog_stats,
+    run_workload,
+    set_stats,
+    trace_argv,
+)
 
 CONFIG = """\
 probe_sets:
@@ -65,11 +70,10 @@ COLD_PREFIXES = (
 
 
 def pick_globs(target: int, mode: str = "kprobe_multi") -> tuple[list[str], int]:
-    """Cold-subsystem globs, largest first, until discovery would attach at least `target` functions."""
-    ksyms = Kallsyms.load(stable=True)
-    available = Traceable.load()
+    """Cold-subsystem globs, largest first, until discovery would attach at least `target` functions (the
+    product's own discovery: `trace --dry-run` on all the candidates, bench/harness.py discovered)."""
     cands = [f"{p}*" for p in COLD_PREFIXES]
-    disc = discovery.discover(["*sys_bpf"], cands, [], ksyms, available, lambda _n: RetKind.UNKNOWN, mode)
+    disc, _btf_id = discovered(trace_argv(["*sys_bpf"], cands, mode=mode))
     per_glob: dict[str, int] = {}
     for f in disc.funcs:
         if not f.is_entry:

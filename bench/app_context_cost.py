@@ -2,17 +2,18 @@
 
     .venv/bin/python -m bench.app_context_cost [--rounds 20000] [--repeat 3]      (root; any kernel with uprobes)
 
-Three BPF objects, loaded side by side, trace the same user function (sk_syscall of tests/native/simkern.c,
-through uprobes: on the development host kernel functions cannot be traced) in the same writer process
-(tests/native/ctx_writer.c, TLS in the executable, a valid sampled record): `plain` does not read the
-context, `context` does, `context_ustack` also takes the user stack. Two workloads: every session fails
-(every one is reported, so every one pays for the read), and one session in 20 fails (the others are
-neither reported nor read: the read happens at the end of reported sessions only). With kernel.bpf_stats_enabled on (and
-restored afterwards), each object's programs report their run count and run time; the figure is BPF
-nanoseconds per session (run time of the entry and exit programs / sessions), and the ratios put the
-three side by side: every session passes through all three objects, so they see the same calls, caches
-and CPU. The order of attachment is rotated between repeats. The VM scenario app_context measures the
-same on kernel functions (under TCG emulation: its ratios, not its nanoseconds, carry over).
+Three BPF objects, loaded side by side, trace the same user function (sk_syscall of tests/native/simkern.c, through
+uprobes: on the development host kernel functions cannot be traced) in the same writer process
+(tests/native/ctx_writer.c, TLS in the executable, a valid sampled record): `plain` does not read the context
+(`trace --no-app-context`), `context` does (`trace`'s default), `context_ustack` also takes the user stack (`trace
+-U`); each is attached by `trace`'s own start in this process (bench/harness.py started). Two workloads: every
+session fails (every one is reported, so every one pays for the read), and one session in 20 fails (the others are
+neither reported nor read: the read happens at the end of reported sessions only). With kernel.bpf_stats_enabled on
+(and restored afterwards), each object's programs report their run count and run time; the figure is BPF nanoseconds
+per session (run time of the entry and exit programs / sessions), and the ratios put the three side by side: every
+session passes through all three objects, so they see the same calls, caches and CPU. The order of attachment is
+rotated between repeats. The VM scenario app_context measures the same on kernel functions (under TCG emulation: its
+ratios, not its nanoseconds, carry over).
 """
 
 from __future__ import annotations
@@ -22,14 +23,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from bench.harness import BPF_STATS, ROOT, writer_location
-from retsnoop_otel.capture.model import RetKind, TracedFunc
-from retsnoop_otel.kernel.capture_config import CaptureConfig
-from retsnoop_otel.kernel.tracer import Tracer
-from retsnoop_otel.symbols.user_funcs import in_binary
+from bench.harness import BPF_STATS, ROOT, drain, started, trace_argv, writer_location
 
 VARIANTS = {"plain": (False, False), "context": (True, False), "context_ustack": (True, True)}
 
@@ -43,41 +41,40 @@ def build(tmp: Path) -> tuple[str, str]:
     return str(tmp / "libsimkern.so"), str(tmp / "writer")
 
 
+def trace_flags(simkern: str, pid: int, variant: str) -> list[str]:
+    """`retsnoop-otel trace` on sk_syscall (entry) and sk_check of simkern in the writer, as `variant` says."""
+    ctx, stacks = VARIANTS[variant]
+    return [*trace_argv([f"u:{simkern}:sk_syscall"], [f"u:{simkern}:sk_check"]), "--user-attach", "uprobe",
+            "-p", str(pid), *([] if ctx else ["--no-app-context"]), *(["-U"] if stacks else [])]
+
+
 def one_run(simkern: str, writer: str, rounds: int, order: list[str], fail_every: int) -> dict[str, float]:
-    funcs = [TracedFunc(0, "sk_syscall", 0, RetKind.SIGNED, True), TracedFunc(1, "sk_check", 0, RetKind.INT32, False)]
+    """Each variant attached by `trace`'s own start (bench/harness.py started), in `order`."""
     proc = subprocess.Popen([writer, "valid", "1", "sim"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                             env={"SIMKERN": simkern, "SIM_FAIL_EVERY": str(fail_every)}, text=True)
-    tracers: dict[str, Tracer] = {}
     try:
-        loc: Any = writer_location(proc.pid, 100)
-        for name in order:
-            ctx, stacks = VARIANTS[name]
-            t = Tracer(in_binary(funcs, simkern), CaptureConfig(mode="", user_mode="uprobe", pids=[proc.pid],
-                                                                app_context=ctx, user_stacks=stacks))
-            t.load()
-            t.attach(strict=True)
-            t.set_app_target(proc.pid, loc.tp_offset, loc.offset, loc.modid)
-            t.open_ring_buffer(lambda _rec: None)
-            tracers[name] = t
-        assert proc.stdin is not None
-        for _ in range(rounds):
-            proc.stdin.write("go\n")
-        proc.stdin.close()
-        proc.wait(600)
-        out = {}
-        for name, t in tracers.items():
-            while t.poll(10):
-                pass
-            run_ns = sum(p.run_time_ns for p in t.program_stats())
-            started = t.capture_stats().sessions_started  # reported or not (the ring buffer may overflow)
-            assert started == rounds, (name, started)
-            out[name] = run_ns / started
-        return out
+        with ExitStack() as stack:
+            loc: Any = writer_location(proc.pid, 100)
+            runtimes = {name: stack.enter_context(started(trace_flags(simkern, proc.pid, name))) for name in order}
+            tracers = {name: rt.probe_sets[0].tracer for name, rt in runtimes.items()}
+            for t in tracers.values():  # as the runtime's watcher does once it finds the writer: at once here
+                t.set_app_target(proc.pid, loc.tp_offset, loc.offset, loc.modid)
+            assert proc.stdin is not None
+            for _ in range(rounds):
+                proc.stdin.write("go\n")
+            proc.stdin.close()
+            proc.wait(600)
+            out = {}
+            for name, t in tracers.items():
+                drain(runtimes[name])
+                run_ns = sum(p.run_time_ns for p in t.program_stats())
+                begun = t.capture_stats().sessions_started  # reported or not (the ring buffer may overflow)
+                assert begun == rounds, (name, begun)
+                out[name] = run_ns / begun
+            return out
     finally:
         if proc.poll() is None:
             proc.kill()
-        for t in tracers.values():
-            t.close()
 
 
 def main() -> int:

@@ -15,7 +15,9 @@ B. At the first session's start: every session start looks its process up in app
 User space, either way: one check (appctx.thread_ctx.TlsLocator.locate) of a process that does not publish, with
 warm caches, for a small C program and for a Python interpreter; after an exec the watcher checks a process that
 never publishes as often as the EXEC_* schedule of appctx/exec_watch.py says.
-With kernel.bpf_stats_enabled on (restored afterwards). Nothing is imported from tests/.
+Every object is loaded and attached by `retsnoop-otel trace`'s own start, in this process (bench/harness.py started;
+B's object goes in through the runtime's RuntimeDeps.tracer_factory). With kernel.bpf_stats_enabled on (restored
+afterwards). Nothing is imported from tests/.
 """
 
 from __future__ import annotations
@@ -28,23 +30,20 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
-from bench.harness import writer_location
+from bench.harness import drain, started, trace_argv, writer_location
 from retsnoop_otel.appctx import exec_watch
 from retsnoop_otel.appctx.thread_ctx import TlsLocator
-from retsnoop_otel.capture.model import RetKind, TracedFunc
-from retsnoop_otel.kernel import tracer as tracer_module
 from retsnoop_otel.kernel.app_hooks import EXEC_PROGRAM
-from retsnoop_otel.kernel.capture_config import CaptureConfig
-from retsnoop_otel.kernel.tracer import Tracer
-from retsnoop_otel.symbols.user_funcs import in_binary
+from retsnoop_otel.runtime.probe_set import TracerLike
+from retsnoop_otel.runtime.runtime import Runtime
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
-FUNCS = [TracedFunc(0, "sk_syscall", 0, RetKind.SIGNED, True), TracedFunc(1, "sk_check", 0, RetKind.INT32, False)]
+FUNCS = ("sk_syscall", "sk_check")  # the entry, and a function it calls
 # where B asks: right after start_session() knows the thread's process
 ANCHOR = "\ts->tgid = tgid;\n"
 ASK_AT_START = ANCHOR + "\tif (read_app && !bpf_map_lookup_elem(&app_targets, &tgid))\n\t\task_about(tgid);\n"
@@ -73,17 +72,14 @@ def build(tmp: Path) -> dict[str, str]:
             "ask_at_start": str(tmp / "ask_at_start.bpf.o")}
 
 
-def tracer(cfg: CaptureConfig, binary: str, obj: str | None = None) -> Tracer:
-    t = Tracer(in_binary(FUNCS, binary), cfg)
-    with mock.patch.object(tracer_module, "bpf_object_path", (lambda: Path(obj)) if obj else
-                           tracer_module.bpf_object_path):
-        t.load()
-    t.attach(strict=True)
-    t.open_ring_buffer(lambda _rec: None)
-    return t
+def traced(binary: str, flags: list[str], obj: str | None = None) -> AbstractContextManager[Runtime]:
+    """`retsnoop-otel trace` on sk_syscall (entry) and sk_check of `binary`, started in this process
+    (bench/harness.py started) with the shipped BPF object or `obj`, passed through RuntimeDeps."""
+    argv = [*trace_argv([f"u:{binary}:{FUNCS[0]}"], [f"u:{binary}:{FUNCS[1]}"]), "--user-attach", "uprobe", *flags]
+    return started(argv, Path(obj) if obj else None)
 
 
-def run_stats(t: Tracer, names: set[str]) -> tuple[int, int]:
+def run_stats(t: TracerLike, names: set[str]) -> tuple[int, int]:
     """(runs, ns) of the named programs of one object."""
     stats = [p for p in t.program_stats() if p.name in names]
     return sum(p.run_cnt for p in stats), sum(p.run_time_ns for p in stats)
@@ -105,27 +101,20 @@ def at_exec(b: dict[str, str], execs: int, repeat: int) -> None:
     per_exec: dict[str, list[float]] = {name: [] for name in comms}
     for i in range(2 * repeat):
         order = list(comms) if i % 2 == 0 else list(reversed(comms))
-        hooks = {name: tracer(CaptureConfig(mode="", user_mode="uprobe", app_context=True,
-                                            comms=[comms[name]]), b["simkern"]) for name in order}
-        try:
+        with ExitStack() as stack:
+            hooks = {name: stack.enter_context(traced(b["simkern"], ["-n", comms[name]])) for name in order}
             spawn_true(execs)
-            for name, t in hooks.items():
-                c, ns = run_stats(t, {EXEC_PROGRAM})
+            for name, rt in hooks.items():
+                c, ns = run_stats(rt.probe_sets[0].tracer, {EXEC_PROGRAM})
                 per_exec[name].append(ns / max(1, c))
-        finally:
-            for t in hooks.values():
-                t.close()
     for name, runs in per_exec.items():
         print(f"  BPF ns per exec, {name:32s} {statistics.mean(runs):7.0f}   (runs: "
               + ", ".join(f"{x:.0f}" for x in runs) + ")")
     walls: dict[str, list[float]] = {"without the hook": [], "with the hook": []}
     for _ in range(repeat):
         walls["without the hook"].append(spawn_true(execs))
-        t = tracer(CaptureConfig(mode="", user_mode="uprobe", app_context=True), b["simkern"])
-        try:
+        with traced(b["simkern"], []):
             walls["with the hook"].append(spawn_true(execs))
-        finally:
-            t.close()
     for name, runs in walls.items():
         print(f"  wall us per spawn+wait of /bin/true, {name:17s} {statistics.median(runs) * 1e6:7.0f}   (runs: "
               + ", ".join(f"{x * 1e6:.0f}" for x in runs) + ")")
@@ -140,31 +129,28 @@ def at_session_start(b: dict[str, str], sessions: int, repeat: int) -> None:
     for i in range(2 * repeat):
         proc = subprocess.Popen([b["writer"], "valid", "1", "sim"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                 env={"SIMKERN": b["simkern"], "SIM_FAIL_EVERY": "20"}, text=True)
-        tracers: dict[str, Tracer] = {}
         try:
-            loc: Any = writer_location(proc.pid, 200)
-            order = list(objs) if i % 2 == 0 else list(reversed(objs))
-            for name in order:
-                t = tracer(CaptureConfig(mode="", user_mode="uprobe", pids=[proc.pid],
-                                         app_context=True), b["simkern"], objs[name])
-                t.set_app_target(proc.pid, loc.tp_offset, loc.offset, loc.modid)
-                tracers[name] = t
-            assert proc.stdin is not None
-            for _ in range(sessions):
-                proc.stdin.write("go\n")
-            proc.stdin.close()
-            proc.wait(600)
-            for name, t in tracers.items():
-                while t.poll(10):
-                    pass
-                started = t.capture_stats().sessions_started
-                assert started == sessions, (name, started)
-                per_session[name].append(run_stats(t, entry_exit)[1] / started)
+            with ExitStack() as stack:
+                loc: Any = writer_location(proc.pid, 200)
+                order = list(objs) if i % 2 == 0 else list(reversed(objs))
+                runtimes = {name: stack.enter_context(traced(b["simkern"], ["-p", str(proc.pid)], objs[name]))
+                            for name in order}
+                for rt in runtimes.values():  # as the runtime's watcher does once it finds the writer: at once here
+                    rt.probe_sets[0].tracer.set_app_target(proc.pid, loc.tp_offset, loc.offset, loc.modid)
+                assert proc.stdin is not None
+                for _ in range(sessions):
+                    proc.stdin.write("go\n")
+                proc.stdin.close()
+                proc.wait(600)
+                for name, rt in runtimes.items():
+                    drain(rt)
+                    t = rt.probe_sets[0].tracer
+                    begun = t.capture_stats().sessions_started
+                    assert begun == sessions, (name, begun)
+                    per_session[name].append(run_stats(t, entry_exit)[1] / begun)
         finally:
             if proc.poll() is None:
                 proc.kill()
-            for t in tracers.values():
-                t.close()
     mean = {name: statistics.mean(runs) for name, runs in per_session.items()}
     for name, runs in per_session.items():
         print(f"  BPF ns per session, {name:18s} {mean[name]:7.0f}   (runs: "

@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -38,10 +39,14 @@ from retsnoop_otel.kernel import attach_modes, features, libbpf_progs, tracefs
 from retsnoop_otel.kernel import libbpf as lb
 from retsnoop_otel.kernel import libbpf_btf as lbtf
 from retsnoop_otel.kernel.attach_modes import TRAMPOLINE as TRAMPOLINE_MODES
-from retsnoop_otel.symbols import discovery
+from retsnoop_otel.kernel.capture_config import CaptureConfig
+from retsnoop_otel.runtime.config import RuntimeConfig
+from retsnoop_otel.runtime.deps import RuntimeDeps
+from retsnoop_otel.runtime.hooks import Resolved, StartHook
+from retsnoop_otel.runtime.hooks import Runtime as HookRuntime
+from retsnoop_otel.runtime.probe_set import TracerLike, tracer_factory
+from retsnoop_otel.runtime.runtime import Runtime
 from retsnoop_otel.symbols.btf import ReturnKinds
-from retsnoop_otel.symbols.kallsyms import Kallsyms
-from retsnoop_otel.symbols.traceable import Traceable
 
 ROOT = Path(__file__).resolve().parent.parent
 BPF_STATS = Path("/proc/sys/kernel/bpf_stats_enabled")  # kernel.bpf_stats_enabled: run_time_ns and run_cnt
@@ -187,8 +192,8 @@ SETS = {
 
 @dataclass
 class KernelFacts:
-    ksyms: Kallsyms
-    available: list[tuple[str, str | None]]
+    """What the peers' programs are written from (bpftrace's kretfunc reads retval by type); the functions
+    themselves come from the product's own steps (discovered)."""
     ret_kinds: ReturnKinds
     feats: features.Features
     btf: lbtf.Btf
@@ -196,17 +201,91 @@ class KernelFacts:
     @classmethod
     def load(cls) -> KernelFacts:
         btf = lbtf.Btf.load_vmlinux()
-        return cls(Kallsyms.load(), Traceable.load(), ReturnKinds(btf), features.detect(),
-                   btf)
+        return cls(ReturnKinds(btf), features.detect(), btf)
 
     def int_ret(self, name: str) -> bool:
         return int_retval(self.btf, self.ret_kinds, name)
 
 
-def our_functions(facts: KernelFacts, entry: Sequence[str], allow: Sequence[str], mode: str) -> list[str]:
+# ---- the product's start, in this process --------------------------------------------------------
+# A bench that measures the tool runs what users run: `trace`'s flags parsed by its own parser, then the
+# runtime's steps (settings, outputs, privileges, kernel, discovery, attach). What it reads afterwards (the
+# probe sets, their tracers' BPF statistics) comes from the started runtime, not from a pipeline of its own.
+
+
+def trace_argv(entry: Sequence[str], allow: Sequence[str] = (), deny: Sequence[str] = (), mode: str = "") -> list[str]:
+    """`retsnoop-otel trace` flags for these globs, in attach mode `mode` ("": the command's own choice)."""
+    globs = ([x for g in entry for x in ("-e", g)] + [x for g in allow for x in ("-a", g)]
+             + [x for g in deny for x in ("-d", g)])
+    return [*globs, *([our_flag(mode)] if mode else [])]
+
+
+def trace_config(argv: Sequence[str]) -> RuntimeConfig:
+    """The run's config exactly as `retsnoop-otel trace ARGV` builds it."""
+    from retsnoop_otel.trace.flags import parse
+    return parse(list(argv)).config
+
+
+class _DryRun(StartHook):
+    """Stops the start where `trace --dry-run` does, keeping what discovery found."""
+
+    outputs = False
+
+    def __init__(self) -> None:
+        self.found: Resolved = []
+        self.btf_func_id: Callable[[str], int | None] | None = None
+
+    def go_on(self, runtime: HookRuntime, found: Resolved) -> bool:
+        self.found = found
+        self.btf_func_id = runtime.env.btf_func_id if runtime.env is not None else None
+        return False
+
+
+def discovered(argv: Sequence[str]) -> tuple[Any, Callable[[str], int | None] | None]:
+    """What `retsnoop-otel trace ARGV --dry-run` finds (one probe set: the runtime's symbols.discovery.Discovery),
+    and the kernel's BTF ids by name."""
+    hook = _DryRun()
+    with open(os.devnull, "w") as devnull:
+        Runtime(trace_config(argv), RuntimeDeps(console=devnull)).start(hook)
+    ((_cfg, found),) = hook.found
+    return found, hook.btf_func_id
+
+
+def our_functions(entry: Sequence[str], allow: Sequence[str], mode: str) -> list[str]:
     """The names we attach; in the trampoline modes only those with BTF (ours skips the others at attach too)."""
-    disc = discovery.discover(entry, allow, [], facts.ksyms, facts.available, facts.ret_kinds, mode)
-    return sorted({f.name for f in disc.funcs if mode not in TRAMPOLINE_MODES or facts.ret_kinds.func_id(f.name)})
+    found, btf_id = discovered(trace_argv(entry, allow, mode=mode))
+    trampoline = mode in TRAMPOLINE_MODES
+    return sorted({f.name for f in found.funcs if not trampoline or btf_id is not None and btf_id(f.name)})
+
+
+@contextmanager
+def started(argv: Sequence[str], object_path: Path | None = None,
+            capture: Callable[[CaptureConfig], CaptureConfig] | None = None) -> Iterator[Runtime]:
+    """`retsnoop-otel trace ARGV` started in this process, its sessions printed to /dev/null, shut down on leaving:
+    its probe sets, and their tracers, are `runtime.probe_sets`. Through the runtime's own injection point
+    (RuntimeDeps.tracer_factory): `object_path`, another build of retsnoop.bpf.c; `capture`, a change to what the
+    kernel side records that no flag asks for (a bench taking the per-call cost apart: no kernel stack, ...)."""
+    make = tracer_factory(object_path)
+
+    def factory(funcs: Sequence[TracedFunc], cfg: CaptureConfig, btf_func_id: Callable[[str], int | None] | None
+                ) -> TracerLike:
+        return make(funcs, capture(cfg) if capture is not None else cfg, btf_func_id)
+
+    with open(os.devnull, "w") as devnull:
+        runtime = Runtime(trace_config(argv), RuntimeDeps(console=devnull, tracer_factory=factory))
+        if not runtime.start():
+            raise RuntimeError("the runtime stopped before attaching")
+        try:
+            yield runtime
+        finally:
+            runtime.shutdown(0.0)
+
+
+def drain(runtime: Runtime) -> None:
+    """Read every record waiting in the probe sets' ring buffers, as the capture loop does."""
+    while sum(ps.poll(0) for ps in runtime.probe_sets) > 0:
+        pass
+    runtime.route.service()
 
 
 CHECKED_KINDS = (RetKind.INT32, RetKind.SIGNED, RetKind.UNKNOWN)  # kretfunc: retval an int of its own width
@@ -512,11 +591,11 @@ def peer_run_key(tool: str, mode: str, same: SameSet) -> tuple:
     return tool, NEAREST[mode], () if globs else tuple(same.names), deny
 
 
-def same_names(facts: KernelFacts, set_name: str, mode: str, deny: Sequence[str], rs_bin: Path | None,
+def same_names(set_name: str, mode: str, deny: Sequence[str], rs_bin: Path | None,
                rs_sets: dict[tuple[str, str], set[str]]) -> SameSet:
     """The set's names for every tool in this mode of ours (rs_sets: retsnoop's dry runs so far, by set and mode)."""
     entry, allow = SETS[set_name]
-    mine = [n for n in our_functions(facts, entry, allow, mode) if not any(fnmatch(n, g) for g in deny)]
+    mine = [n for n in our_functions(entry, allow, mode) if not any(fnmatch(n, g) for g in deny)]
     theirs = None
     if rs_bin is not None:
         key = (set_name, NEAREST[mode])
@@ -530,10 +609,12 @@ def same_names(facts: KernelFacts, set_name: str, mode: str, deny: Sequence[str]
     return SameSet.of(mine, theirs, deny)
 
 
-# ours with another build of retsnoop.bpf.c (--base-object): argv[1] is the object, the rest the command line
-BASE_LAUNCH = ("import sys; from pathlib import Path; from retsnoop_otel.kernel import tracer; "
-               "obj = Path(sys.argv.pop(1)); tracer.bpf_object_path = lambda: obj; "
-               "from retsnoop_otel.cli import main; sys.exit(main(sys.argv[1:]))")
+# ours with another build of retsnoop.bpf.c (--base-object): argv[1] is the object, the rest the command line, run
+# by the command's own main() with the object passed through the runtime's injection point (RuntimeDeps)
+BASE_LAUNCH = ("import sys; from pathlib import Path; from retsnoop_otel.cli import main; "
+               "from retsnoop_otel.runtime.deps import RuntimeDeps; "
+               "from retsnoop_otel.runtime.probe_set import tracer_factory; obj = Path(sys.argv.pop(1)); "
+               "sys.exit(main(sys.argv[1:], deps=RuntimeDeps(tracer_factory=tracer_factory(obj))))")
 
 
 def our_flag(mode: str) -> str:
@@ -554,11 +635,9 @@ def start_command(tool: str, mode: str, entry: Sequence[str], allow: Sequence[st
     if tool == RETSNOOP:
         assert retsnoop is not None, "--retsnoop-bin"
         return retsnoop_command(retsnoop, mode, entry, allow, deny)
-    globs = ([x for g in entry for x in ("-e", g)] + [x for g in allow for x in ("-a", g)]
-             + [x for g in deny for x in ("-d", g)])
     by_object = tool == "ours-base" and base_object is not None and not base_object.is_dir()
     launch = ["-c", BASE_LAUNCH, str(base_object)] if by_object else ["-m", "retsnoop_otel"]
-    return [sys.executable, *launch, "trace", "-v", our_flag(mode), *globs]
+    return [sys.executable, *launch, "trace", "-v", our_flag(mode), *trace_argv(entry, allow, deny)]
 
 
 def warm_up(tmp: Path) -> dict[str, dict[str, int]]:

@@ -72,7 +72,7 @@ def main() -> int:
     funcs = [f for f in HELPERS if f in available]
     facts = KernelFacts.load()
     entry, allow = SETS[args.sets]
-    names = our_functions(facts, entry, allow, args.mode)
+    names = our_functions(entry, allow, args.mode)
     size_kb = (root / "buffer_size_kb").read_text().split()[0]
     (root / "buffer_size_kb").write_text("16384")
     try:

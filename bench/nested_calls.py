@@ -59,7 +59,7 @@ def main() -> int:
     root = tracefs.find_tracefs()
     facts = KernelFacts.load()
     entry, allow = SETS[args.sets]
-    names = our_functions(facts, entry, allow, args.mode)
+    names = our_functions(entry, allow, args.mode)
     size_kb = (root / "buffer_size_kb").read_text().split()[0]
     (root / "buffer_size_kb").write_text("16384")
     (root / "set_ftrace_filter").write_text("\n".join(names) + "\n")

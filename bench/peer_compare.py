@@ -552,7 +552,7 @@ def main() -> int:
                     except features.FeatureError as exc:
                         print(json.dumps({"mode": mode, "set": set_name, "skipped": str(exc)}), flush=True)
                         continue
-                    same = same_names(facts, set_name, mode, deny, rs_bin, rs_sets)
+                    same = same_names(set_name, mode, deny, rs_bin, rs_sets)
                     print(json.dumps({"set": set_name, "mode": mode, "functions": len(same.names),
                                       "ours_only": same.ours_deny[len(deny):],
                                       "retsnoop_only": same.retsnoop_deny[len(deny):]}), flush=True)

@@ -27,6 +27,10 @@ Variants (bench/probe_variants.bpf.c, built into bench/build/ on first use; need
   bare     neither stack nor record: the per-thread session bookkeeping alone, the plain peer's work
   full_app   full, with the application-context lookup that trace and agent do by default
   full_live  full_app, with the ring buffer read and decoded while the workload runs (another thread)
+The function sets are the product's own discovery (`trace --dry-run`, bench/harness.py discovered). The programs are
+attached below the product, by kernel/tracer.Tracer or libbpf directly: the variants are programs the product does
+not have, and ours run here in configurations no flag asks for (our own process traced, since the workload runs in
+it; no stack; no record), on an exact cut of the set (tests/test_layout.py allows this bench that, and says why).
 Modes: kprobe, kprobe_multi, kprobe_session (one program for entry and exit; 6.10+), fentry, fsession (7.0+) and
 fsession_multi (7.2+) (these three: full variants only).
 
@@ -57,21 +61,16 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from unittest import mock
 
 from bench import harness
 from retsnoop_otel.kernel import bpfsys, features, libbpf_progs
 from retsnoop_otel.kernel import libbpf as lb
-from retsnoop_otel.kernel import tracer as tracer_module
 from retsnoop_otel.kernel.attach_modes import NAMES as tracer_modes_
 from retsnoop_otel.kernel.attach_modes import TRAMPOLINE as TRAMPOLINE_MODES
 from retsnoop_otel.kernel.capture_config import CaptureConfig
 from retsnoop_otel.kernel.libbpf_btf import Btf
 from retsnoop_otel.kernel.tracer import Tracer
-from retsnoop_otel.symbols import discovery
 from retsnoop_otel.symbols.btf import ReturnKinds
-from retsnoop_otel.symbols.kallsyms import Kallsyms
-from retsnoop_otel.symbols.traceable import Traceable
 
 HERE = Path(__file__).resolve().parent
 VARIANTS_SRC = HERE / "probe_variants.bpf.c"
@@ -126,13 +125,15 @@ SETS = {"bpf": (["*sys_bpf"], ["*bpf*"]), "peer": harness.SETS["1000"],
 SET_DISCOVERY = {"wide": "fentry"}  # the mode a set is discovered in, whatever mode attaches it
 
 
-def pick(size: int, mode: str, ksyms, available, ret_kinds, set_name: str = "bpf") -> list:
+def pick(size: int, mode: str, set_name: str = "bpf") -> list:
+    """The set's first `size` functions (its entries first) as `trace --dry-run` finds them (bench/harness.py
+    discovered: the product's own discovery)."""
     entry, allow = SETS[set_name]
-    disc = discovery.discover(entry, allow, [], ksyms, available, ret_kinds, SET_DISCOVERY.get(set_name, mode))
+    disc, btf_id = harness.discovered(harness.trace_argv(entry, allow, mode=SET_DISCOVERY.get(set_name, mode)))
     entries = [f for f in disc.funcs if f.is_entry]
     # the peer set is what trace attaches: functions without BTF too, outside the trampoline modes
     btf_optional = set_name == "peer" and mode not in TRAMPOLINE_MODES
-    others = [f for f in disc.funcs if not f.is_entry and (btf_optional or ret_kinds.func_id(f.name))]
+    others = [f for f in disc.funcs if not f.is_entry and (btf_optional or btf_id is not None and btf_id(f.name))]
     others = others[: max(0, size - len(entries))]
     return [f._replace(id=i) for i, f in enumerate(entries + others)]
 
@@ -207,12 +208,9 @@ class FullRun:
                             kernel_stack=variant not in ("nostack", "bare"),
                             min_duration_ns=2**63 if variant in ("norecord", "bare") else 0,
                             func_counts=variant in ("counted", "nostack"))
-        self.tracer = Tracer(funcs, cfg, btf_func_id=btf_func_id)
-        if obj is None:
-            self.tracer.load()
-        else:  # another build of retsnoop.bpf.c (--base-object), side by side with this one
-            with mock.patch.object(tracer_module, "bpf_object_path", lambda: obj):
-                self.tracer.load()
+        # obj: another build of retsnoop.bpf.c (--base-object), side by side with this one
+        self.tracer = Tracer(funcs, cfg, btf_func_id=btf_func_id, object_path=obj)
+        self.tracer.load()
         t0 = time.monotonic()
         self.tracer.attach()
         self.attach_s = time.monotonic() - t0
@@ -442,8 +440,6 @@ def main() -> int:
     if args.external and ok:
         ap.error("--external runs failing calls only (bench/peer_compare.py's workload)")
     feats = features.detect()
-    ksyms = Kallsyms.load()
-    available = Traceable.load()
     btf = Btf.load_vmlinux()
     ret_kinds = ReturnKinds(btf)
     old = harness.BPF_STATS.read_text().strip()
@@ -451,7 +447,7 @@ def main() -> int:
     rows = []
     if args.fentry_nested:
         try:
-            fentry_nested(pick(args.fentry_nested, "fentry", ksyms, available, ret_kinds), ret_kinds.func_id,
+            fentry_nested(pick(args.fentry_nested, "fentry"), ret_kinds.func_id,
                           args.calls, ok)
         finally:
             harness.BPF_STATS.write_text(old)
@@ -476,7 +472,7 @@ def main() -> int:
                 except features.FeatureError:
                     rows.append({"mode": mode, "size": size, "note": "not supported by this kernel"})
                     continue
-                funcs = pick(size, mode, ksyms, available, ret_kinds, args.set)
+                funcs = pick(size, mode, args.set)
                 if args.together:
                     rows += together(mode, funcs, ret_kinds.func_id, specs, args.calls, work, args.repeat)
                     continue

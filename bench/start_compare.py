@@ -39,7 +39,6 @@ from bench.harness import (
     RETSNOOP_FLAGS,
     ROOT,
     SETS,
-    KernelFacts,
     Lines,
     bpftrace_program,
     enabled_count,
@@ -165,7 +164,6 @@ def main() -> int:
         except ValueError as exc:
             print(f"bench.start_compare: {exc}", file=sys.stderr)
             return 2
-    facts = KernelFacts.load()
     entry, allow = (list(x) for x in SETS[args.set])
     tools = ["ours", *(["ours-base"] if args.base else []), *peers]
     results: dict[tuple[str, str], list[dict[str, float]]] = {}
@@ -178,7 +176,7 @@ def main() -> int:
                            env=dict(os.environ, PYTHONPATH=str(args.base), RETSNOOP_OTEL_CACHE=str(tmp / "cache-base")))
         modes = args.modes.split(",")
         rs_sets: dict[tuple[str, str], set[str]] = {}
-        same = {m: same_names(facts, args.set, m, deny, rs_bin, rs_sets) for m in modes}
+        same = {m: same_names(args.set, m, deny, rs_bin, rs_sets) for m in modes}
         for m, s in same.items():
             print(f"{m}: {len(s.names)} functions for every tool; only ours would take {s.ours_deny[len(deny):]}, "
                   f"only retsnoop {s.retsnoop_deny[len(deny):]} (each denied to the tool that would)", flush=True)

@@ -100,7 +100,7 @@ def run_mode(mode: str, set_name: str, peer_tool: str, orders: list[str], rounds
              workload: list[str], tmp: Path, facts: KernelFacts, timeout: float,
              deny: Sequence[str] = ()) -> list[Round]:
     entry, allow = SETS[set_name]
-    names = [n for n in our_functions(facts, entry, allow, mode) if not any(fnmatch(n, g) for g in deny)]
+    names = [n for n in our_functions(entry, allow, mode) if not any(fnmatch(n, g) for g in deny)]
     out: list[Round] = []
     for order in orders:
         tools = ["ours", peer_tool] if order == "ours-first" else [peer_tool, "ours"]

@@ -19,13 +19,14 @@ every row so that its loops are compiled alike:
 Each process runs --batch calls at most, timing its own loop; the ring buffer is drained between processes,
 outside the measured windows, as a reader on another CPU would.
 
-The rows run the product's own code: the user functions found by symbols/user_funcs.discover_user, the kernel ones
-by symbols/discovery.discover, attached by kernel/tracer.Tracer as `trace` runs it without served metrics (the
-session record, the kernel stack at the error for kernel functions; user functions have none). User functions:
-every user mode this kernel has (kernel/uprobes.choose_user_mode), on both workloads. Kernel functions
+The rows run what users run: `retsnoop-otel trace` on the chain (`u:EXE:NAME` specs, or the kernel names), its flags
+parsed by its parser and started by the runtime's steps in this process (bench/harness.py started), without served
+metrics (the session record, the kernel stack at the error for kernel functions; user functions have none).
+User functions: every user mode this kernel has (kernel/uprobes.choose_user_mode), on both workloads. Kernel functions
 (--kernel-modes, `auto` being what `trace` would choose): the syscall workload; kernels that refuse kernel-function
 tracing (this development host: no kprobes, fentry refused) get the user rows only, and the script says why.
---nostack adds each kernel mode again without the kernel stack (what a user session does not take either).
+--nostack adds each kernel mode again without the kernel stack (what a user session does not take either; no flag
+asks for that: the runtime's tracer factory takes it out).
 
 Per workload call, medians over --rounds (every round measures nothing-attached first, then every row, the rows'
 order reversed every other round): the wall time added to the workload's own loop against nothing attached in the
@@ -46,22 +47,19 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import NamedTuple
 
 from bench import harness
-from retsnoop_otel.capture.model import TracedFunc
 from retsnoop_otel.kernel import features, uprobes
 from retsnoop_otel.kernel import libbpf as lb
 from retsnoop_otel.kernel.capture_config import CaptureConfig
 from retsnoop_otel.kernel.libbpf_btf import Btf
 from retsnoop_otel.kernel.mode_probes import HELPER_GET_ATTACH_COOKIE
-from retsnoop_otel.kernel.tracer import Tracer
-from retsnoop_otel.symbols import discovery
-from retsnoop_otel.symbols.btf import ReturnKinds
-from retsnoop_otel.symbols.kallsyms import Kallsyms
-from retsnoop_otel.symbols.traceable import Traceable
-from retsnoop_otel.symbols.user_funcs import discover_user
+from retsnoop_otel.runtime.errors import RunRefused
+from retsnoop_otel.runtime.probe_set import TracerLike
+from retsnoop_otel.runtime.runtime import Runtime
 
 SRC = Path(__file__).resolve().parent / "user_chain.c"
 USER_CHAIN = ("uc_outer", "uc_mid", "uc_inner", "uc_check")  # the entry first
@@ -99,22 +97,6 @@ def run_workload(exe: str, workload: str, calls: int) -> float:
     return float(out.strip().splitlines()[-1])
 
 
-def user_funcs(exe: str) -> list[TracedFunc]:
-    funcs, skipped = discover_user([f"u:{exe}:{USER_CHAIN[0]}"], [f"u:{exe}:{n}" for n in USER_CHAIN[1:]], [], 0,
-                                   lines=False)
-    if sorted(f.name for f in funcs) != sorted(USER_CHAIN):
-        raise RuntimeError(f"user functions found: {[f.name for f in funcs]}, left out: {skipped}")
-    return funcs
-
-
-def kernel_funcs(ksyms: Kallsyms, available: Traceable, ret_kinds: ReturnKinds, mode: str) -> list[TracedFunc]:
-    disc = discovery.discover([KERNEL_CHAIN[0]], list(KERNEL_CHAIN[1:]), [], ksyms, available, ret_kinds, mode)
-    if sorted(f.name for f in disc.funcs) != sorted(KERNEL_CHAIN):
-        raise RuntimeError(f"kernel functions found in {mode}: {[f.name for f in disc.funcs]}, "
-                           f"left out: {disc.skipped[:8]}")
-    return disc.funcs
-
-
 def user_modes(btf: Btf) -> tuple[str, list[str], dict[str, str]]:
     """The user mode `trace` would choose, those this kernel has, and why the others are missing."""
     kinds = btf.enumerators("bpf_attach_type")
@@ -128,15 +110,16 @@ def user_modes(btf: Btf) -> tuple[str, list[str], dict[str, str]]:
     return (uprobes.choose_user_mode(kinds, cookies) if have else ""), have, missing
 
 
-def program_totals(tracer: Tracer) -> tuple[int, int]:
+def program_totals(tracer: TracerLike) -> tuple[int, int]:
     """run_time_ns and run_cnt of all our programs (fentry and fsession: their clones summed)."""
     stats = tracer.program_stats()
     return sum(p.run_time_ns for p in stats), sum(p.run_cnt for p in stats)
 
 
-def measure(exe: str, workload: str, calls: int, batch: int, tracer: Tracer | None = None) -> dict:
+def measure(exe: str, workload: str, calls: int, batch: int, runtime: Runtime | None = None) -> dict:
     """One row's figures on one workload: its own ns per call, and with a tracer its programs' time and runs."""
     wall = ns = runs = 0.0
+    tracer = runtime.probe_sets[0].tracer if runtime is not None else None
     started = tracer.capture_stats() if tracer else None
     done = 0
     while done < calls:
@@ -150,8 +133,7 @@ def measure(exe: str, workload: str, calls: int, batch: int, tracer: Tracer | No
             after = program_totals(tracer)
             ns += after[0] - before[0] - (before[0] - first[0])
             runs += after[1] - before[1] - (before[1] - first[1])
-            while tracer.poll(0) > 0:  # outside the measured window
-                pass
+            harness.drain(runtime)  # type: ignore[arg-type] # outside the measured window
         done += n
     out = {"workload": workload, "calls": calls, "wall_ns_per_call": round(wall / calls, 1)}
     if tracer is not None and started is not None:
@@ -163,21 +145,33 @@ def measure(exe: str, workload: str, calls: int, batch: int, tracer: Tracer | No
     return out
 
 
-def attach(row: Row, funcs: list[TracedFunc], btf_func_id) -> Tracer:
-    """The row's functions attached as `trace` attaches them (no metrics served: no per-function counts)."""
+def trace_flags(row: Row, exe: str) -> list[str]:
+    """`retsnoop-otel trace` on the row's chain, in the row's attach mode (no metrics served: no per-function
+    counts, as `trace` runs by default)."""
     if row.side == "user":
-        cfg = CaptureConfig(mode="", user_mode=row.mode, func_counts=False)
-    else:
-        cfg = CaptureConfig(mode=row.mode, func_counts=False, kernel_stack=row.kernel_stack)
-    tracer = Tracer(funcs, cfg, btf_func_id=btf_func_id)
-    try:
-        tracer.load()
-        tracer.attach(strict=True)
-        tracer.open_ring_buffer(lambda _rec: None)
-    except BaseException:
-        tracer.close()
-        raise
-    return tracer
+        chain = [f"u:{exe}:{n}" for n in USER_CHAIN]
+        return [*harness.trace_argv(chain[:1], chain[1:]), "--user-attach", row.mode]
+    return harness.trace_argv(KERNEL_CHAIN[:1], KERNEL_CHAIN[1:], mode=row.mode)
+
+
+def no_kernel_stack(cfg: CaptureConfig) -> CaptureConfig:
+    return cfg._replace(kernel_stack=False)
+
+
+def attached(row: Row, exe: str) -> AbstractContextManager[Runtime]:
+    """The row's functions attached by `trace`'s own start (bench/harness.py started); a nostack row with the
+    kernel stack taken out through the runtime's tracer factory (no flag asks for that)."""
+    return harness.started(trace_flags(row, exe), capture=None if row.kernel_stack else no_kernel_stack)
+
+
+def check_funcs(row: Row, runtime: Runtime) -> TracerLike:
+    """The one probe set's tracer, once its functions are the chain and nothing else."""
+    (ps,) = runtime.probe_sets
+    want = USER_CHAIN if row.side == "user" else KERNEL_CHAIN
+    if sorted(f.name for f in ps.funcs.values()) != sorted(want):
+        raise RuntimeError(f"{row.label}: functions found: {sorted(f.name for f in ps.funcs.values())}, "
+                           f"left out: {ps.discovery.skipped[:8]}")
+    return ps.tracer
 
 
 # ---- the report: medians over rounds and the ratios between rows ----------------------------------
@@ -250,8 +244,8 @@ def ratio_lines(ratios: Sequence[dict]) -> str:
 
 # ---- main ---------------------------------------------------------------------------------------
 
-def kernel_rows(asked: Sequence[str], nostack: bool) -> tuple[list[Row], list[str], object]:
-    """The kernel rows this kernel runs, notes on those it does not, and its tables (None without kernel rows)."""
+def kernel_rows(asked: Sequence[str], nostack: bool) -> tuple[list[Row], list[str]]:
+    """The kernel rows this kernel runs, and notes on those it does not."""
     feats = features.detect()
     auto = features.choose_mode(feats)
     notes: list[str] = []
@@ -266,9 +260,7 @@ def kernel_rows(asked: Sequence[str], nostack: bool) -> tuple[list[Row], list[st
         rows.append(Row("kernel", mode, ("syscall",)))
         if nostack:
             rows.append(Row("kernel", mode, ("syscall",), kernel_stack=False))
-    if not rows:
-        return [], notes, None
-    return rows, notes, (Kallsyms.load(), Traceable.load())
+    return rows, notes
 
 
 def main() -> int:
@@ -291,20 +283,17 @@ def main() -> int:
 def run(args: argparse.Namespace, exe: str) -> int:
     btf = Btf.load_vmlinux()
     try:
-        ret_kinds = ReturnKinds(btf)
         user_auto, have, missing = user_modes(btf)
         notes = [f"user {m}: not measured: {why}" for m, why in missing.items()]
         rows = [Row("user", m, ("chain", "inner")) for m in args.user_modes.split(",") if m in have]
         asked = [m for m in args.kernel_modes.split(",") if m]
-        krows, knotes, ktables = kernel_rows(asked, args.nostack) if asked else ([], [], None)
+        krows, knotes = kernel_rows(asked, args.nostack) if asked else ([], [])
         rows += krows
         notes += knotes
         if asked and not krows:
             notes.append("kernel rows: none on this kernel (it refuses kernel-function tracing); user rows only")
         for n in notes:
             print(n, flush=True)
-        ufuncs = user_funcs(exe)
-        kfuncs = {r.mode: kernel_funcs(*ktables, ret_kinds, r.mode) for r in krows} if ktables else {}
         workloads = [w for w in WORKLOADS if any(w in r.workloads for r in rows)]
         results: list[dict] = []
         with harness.bpf_stats_enabled():
@@ -315,19 +304,15 @@ def run(args: argparse.Namespace, exe: str) -> int:
                     results.append({"round": rnd, "row": "none", **measure(exe, w, args.calls, args.batch)})
                     print(json.dumps(results[-1]), flush=True)
                 for row in rows if rnd % 2 else rows[::-1]:
-                    funcs = ufuncs if row.side == "user" else kfuncs[row.mode]
                     try:
-                        tracer = attach(row, funcs, ret_kinds.func_id)
-                    except (OSError, lb.LibbpfError) as exc:
+                        with attached(row, exe) as runtime:
+                            check_funcs(row, runtime)
+                            for w in row.workloads:
+                                results.append({"round": rnd, "row": row.label,
+                                                **measure(exe, w, args.calls, args.batch, runtime)})
+                                print(json.dumps(results[-1]), flush=True)
+                    except (OSError, lb.LibbpfError, RunRefused) as exc:
                         print(json.dumps({"round": rnd, "row": row.label, "error": str(exc)[:300]}), flush=True)
-                        continue
-                    try:
-                        for w in row.workloads:
-                            results.append({"round": rnd, "row": row.label, **measure(exe, w, args.calls, args.batch,
-                                                                                      tracer)})
-                            print(json.dumps(results[-1]), flush=True)
-                    finally:
-                        tracer.close()
     finally:
         btf.free()
     lines = summarize(results)

@@ -12,9 +12,13 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from retsnoop_otel.command.errors import EXIT_INPUT, EXIT_INTERRUPTED, EXIT_PIPE, exit_code_epilog
 from retsnoop_otel.command.help_format import HelpFormatter, OneLineParser
+
+if TYPE_CHECKING:
+    from retsnoop_otel.runtime.deps import RuntimeDeps
 
 SUBCOMMANDS = ("trace", "features", "simfail", "agent")
 
@@ -73,7 +77,9 @@ def process_age_s(root: str = "/") -> float | None:
         return None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, deps: RuntimeDeps | None = None) -> int:
+    """`deps`: trace's way out to the kernel (runtime/deps.py); None, as users run it, except where a bench passes
+    another BPF object (bench/harness.py BASE_LAUNCH)."""
     main_t0, python_s = time.monotonic(), process_age_s()  # before any import of ours: Python's own start
     args = list(sys.argv[1:] if argv is None else argv)
     # retsnoop users type flags directly: treat `retsnoop-otel -e ...` as `retsnoop-otel trace -e ...`
@@ -91,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if cmd == "trace":
             from retsnoop_otel.runtime.startup import StartClock
             from retsnoop_otel.trace.main import run_trace
-            return run_trace(rest, started=StartClock(main_t0, python_s))
+            return run_trace(rest, deps=deps, started=StartClock(main_t0, python_s))
         if cmd == "features":
             return features_main(rest)
         if cmd == "simfail":

@@ -207,6 +207,51 @@ def test_the_test_support_benches_use_imports_neither_tests_nor_bench() -> None:
     assert bad == []
 
 
+# What a bench that measures the tool must not rebuild (issue 44 point 5): the pipeline below the runtime. Such a bench
+# goes through the product's entry points instead, the command (`python -m retsnoop_otel trace|agent`) or the runtime
+# started in process (bench/harness.py: discovered, started), so that it measures the start users run.
+BELOW_RUNTIME = {"retsnoop_otel.kernel.tracer", "retsnoop_otel.symbols.discovery", "retsnoop_otel.symbols.user_funcs"}
+PIPELINE_CALLS = {"Tracer", "discover", "discover_user", "in_binary"}
+PIPELINE_IN_CODE_TEXT = ("Tracer(", "discovery.discover(", "kernel import tracer", "kernel.tracer import",
+                         "symbols import discovery", "symbols.discovery import")  # code run as `python -c TEXT`
+# The benches that may, and why. Each must still do it (a stale entry fails too).
+BELOW_RUNTIME_BENCHES = {
+    # compares BPF programs the product does not have (bench/probe_variants.bpf.c) with ours, in configurations no
+    # flag asks for (its own process traced: the workload runs in it; no stack; no record), on an exact cut of the
+    # function set; that set itself comes from the product's discovery (harness.discovered)
+    "probe_cost.py",
+    # --kernel-maps: the BPF object loaded for synthetic functions, nothing attached, its maps filled from user space:
+    # a unit measurement of the scrape's map reads (the agent's own cost per call is measured on the agent command)
+    "metrics_cost.py",
+    # the kernel tables' readers and discovery timed as units over files (--root: a copy of a guest's), nothing
+    # attached; the start's own phases are measured on the command (bench/start_compare.py)
+    "kernel_tables_cost.py",
+}
+
+
+def pipeline_uses(path: Path) -> list[str]:
+    """Where a bench builds the pipeline below the runtime itself: imports, calls, and code it runs as text."""
+    found = [f"import {m}" for m in imported_modules(path) if m in BELOW_RUNTIME]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call):
+            fn = node.func
+            name = fn.id if isinstance(fn, ast.Name) else fn.attr if isinstance(fn, ast.Attribute) else ""
+            if name in PIPELINE_CALLS:
+                found.append(f"line {node.lineno}: {name}()")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            found += [f"line {node.lineno}: {t!r} in code text" for t in PIPELINE_IN_CODE_TEXT if t in node.value]
+    return found
+
+
+def test_benches_measure_through_the_products_entry_points() -> None:
+    """No bench constructs kernel.tracer.Tracer or runs symbols discovery itself, except BELOW_RUNTIME_BENCHES: when
+    the runtime changes (a phase, the privilege check, the mode choice), a bench wiring its own pipeline would
+    measure a start no user runs."""
+    uses = {path.name: pipeline_uses(path) for path in sorted((ROOT / "bench").glob("*.py"))}
+    assert {name: u for name, u in uses.items() if u and name not in BELOW_RUNTIME_BENCHES} == {}
+    assert sorted(name for name in BELOW_RUNTIME_BENCHES if not uses.get(name)) == []
+
+
 def test_no_module_of_the_tests_imports_a_test_module() -> None:
     """What several test modules share (fakes, oracle checks, dashboard readers) is in helper modules such as
     tests/fakes.py, never in a test module: importing one would tie its tests to the importer's."""

@@ -65,7 +65,7 @@ class Tracer:
 
     def __init__(self, funcs: Sequence[TracedFunc], config: CaptureConfig,
                  btf_func_id: Callable[[str], int | None] | None = None,
-                 arg_specs: dict[int, list[int]] | None = None) -> None:
+                 arg_specs: dict[int, list[int]] | None = None, object_path: Path | None = None) -> None:
         if config.mode not in attach_modes.BY_NAME and config.mode:
             raise ValueError(f"unknown attach mode '{config.mode}' (expected one of {', '.join(attach_modes.NAMES)})")
         if not funcs:
@@ -73,6 +73,7 @@ class Tracer:
         self.funcs = list(funcs)
         self._kfuncs = [f for f in self.funcs if f.binary is None]  # the user functions attach apart
         self.config = config
+        self._object_path = object_path  # another build of retsnoop.bpf.c (benches compare builds); None: ours
         self._btf_func_id = btf_func_id
         self._arg_specs = arg_specs or config.arg_specs
         self._links: list[lb.Link] = []
@@ -102,7 +103,7 @@ class Tracer:
             self._load_object()
 
     def _load_object(self) -> None:
-        obj = lb.BpfObject.open_file(str(bpf_object_path()))
+        obj = lb.BpfObject.open_file(str(self._object_path or bpf_object_path()))
         self._obj = obj
         try:
             capture_config.configure(obj, self.config, self.funcs, self._fentry, self._by_address, self._ncpus)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Protocol
 
 from retsnoop_otel.capture.inject import InjectError, ProbeInfo
@@ -411,8 +412,14 @@ def hand_over(old_sets: Sequence[ProbeSet], new_sets: Sequence[ProbeSet]) -> Non
             ps.carry_from(old[ps.name])
 
 
-def real_tracer_factory(funcs: Sequence[TracedFunc], cfg: CaptureConfig,
-                        btf_func_id: Callable[[str], int | None] | None) -> TracerLike:
-    from retsnoop_otel.kernel.tracer import Tracer
-    return Tracer(funcs, cfg, btf_func_id=btf_func_id)
+def tracer_factory(object_path: Path | None = None) -> TracerFactory:
+    """kernel/tracer.py's Tracer, loading the package's BPF object or `object_path`: another build of
+    retsnoop.bpf.c, which a bench passes through RuntimeDeps to measure it in the product's own start."""
+    def make(funcs: Sequence[TracedFunc], cfg: CaptureConfig,
+             btf_func_id: Callable[[str], int | None] | None) -> TracerLike:
+        from retsnoop_otel.kernel.tracer import Tracer
+        return Tracer(funcs, cfg, btf_func_id=btf_func_id, object_path=object_path)
+    return make
 
+
+real_tracer_factory = tracer_factory()
