@@ -52,12 +52,12 @@ from pathlib import Path
 from typing import NamedTuple
 
 from bench import harness
+from retsnoop_otel.command.errors import RunRefused
 from retsnoop_otel.kernel import features, uprobes
 from retsnoop_otel.kernel import libbpf as lb
 from retsnoop_otel.kernel.capture_config import CaptureConfig
 from retsnoop_otel.kernel.libbpf_btf import Btf
 from retsnoop_otel.kernel.mode_probes import HELPER_GET_ATTACH_COOKIE
-from retsnoop_otel.runtime.errors import RunRefused
 from retsnoop_otel.runtime.probe_set import TracerLike
 from retsnoop_otel.runtime.runtime import Runtime
 
