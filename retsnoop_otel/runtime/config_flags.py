@@ -20,7 +20,7 @@ class KeyType:
     A bad value is argparse's one error line: `argument -p/--pid: must be an integer between ...`."""
 
     def __init__(self, key: Key, flag: Flag) -> None:
-        self.key, self.read = key, flag.parse or key.kind.parse or str
+        self.key, self.read, self.checked = key, flag.parse or key.kind.parse or str, flag.checked
         self.__name__ = key.name  # argparse names the value by its type's name
 
     def __call__(self, text: str) -> Any:
@@ -28,7 +28,7 @@ class KeyType:
             value = self.read(text)
         except (NumberError, ValueError) as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
-        bad = self.key.check(value) if self.key.check else None
+        bad = self.key.check(value) if self.key.check and self.checked else None
         if bad:
             raise argparse.ArgumentTypeError(bad)
         return self.key.convert(value) if self.key.convert else value
@@ -102,13 +102,11 @@ def field_values(args: argparse.Namespace, *sections: Section) -> dict[str, Any]
         for key in section.keys:
             if len(key.fields) != 1 or key.fields[0] not in fields:
                 continue
+            field_default = section.target._field_defaults.get(key.fields[0])
             for flag in flags_of(key):
-                field_default = section.target._field_defaults.get(key.fields[0])
-                if not hasattr(args, flag.dest) or (flag.action in SWITCHES[:2] and not isinstance(field_default,
-                                                                                                 bool)):
-                    continue
-                value = getattr(args, flag.dest)
-                if flag.action == "append" and value is None:  # not given, where the flag's default is None
+                value = getattr(args, flag.dest, None)  # None: not given (a None default) or not this parser's
+                if value is None or (flag.action in ("store_true", "store_false")
+                                     and not isinstance(field_default, bool)):  # a switch meaning more (-T, -S)
                     continue
                 out[key.fields[0]] = tuple(value) if flag.action == "append" else value
     return out

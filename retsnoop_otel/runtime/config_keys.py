@@ -63,6 +63,7 @@ class Flag(NamedTuple):
     default: Any = FIELD  # FIELD: the field's default ([] for append)
     parse: Callable[[str], Any] | None = None  # a flag-only reading of the text (None: the kind's parse)
     group: str = "settings of the agent file"  # trace --help's group, when trace/flags.py does not place it
+    checked: bool = True  # False: the runtime checks the value, naming the flag (trace's -k)
 
     @property
     def shown(self) -> str:

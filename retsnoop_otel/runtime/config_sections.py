@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from retsnoop_otel.capture.errfilter import ErrorFilter
 from retsnoop_otel.export.service_name import SERVICE_NAME_FROM
-from retsnoop_otel.inputs.numbers import COUNT, MAP_ENTRIES, RINGBUF_BYTES
+from retsnoop_otel.inputs.numbers import COUNT, MAP_ENTRIES, RINGBUF_BYTES, parse_float
 from retsnoop_otel.kernel import attach_modes
 from retsnoop_otel.runtime.config import (
     ATTACH_MODES,
@@ -66,6 +66,11 @@ _NAMES = "repeatable; @FILE: its lines"
 _LBR_TYPES = ("-B alone: any_return; or any, any_call, any_return, cond, call, ind_call, ind_jump, call_stack, "
               "abort_tx, in_tx, no_tx, or a number; needs a CPU exposing LBR")
 _MAX_MS = float((1 << 63) // 1_000_000)  # milliseconds whose nanoseconds fit the kernel's 64-bit durations
+
+
+def _positive_ms(text: str) -> float:
+    """-L as retsnoop reads it: above 0 (the file's 0 is no filter, the key's default)."""
+    return parse_float(text, 0, _MAX_MS, "milliseconds")
 
 
 class LoggingConfig(NamedTuple):
@@ -122,7 +127,7 @@ FILTERS = Section("filters", ProbeSetConfig, (
         flag=Flag(("--cgroup",), "cgroup", metavar="PATH")),
     Key("min_duration_ms", num(0, _MAX_MS, " (ms)"),
         "report only sessions whose entry function ran at least this many ms",
-        field="min_duration_ns", flag=Flag(("-L", "--longer"), "longer", metavar="MS"),
+        field="min_duration_ns", flag=Flag(("-L", "--longer"), "longer", metavar="MS", parse=_positive_ms),
         convert=lambda ms: int(ms * 1_000_000)),
     Key("allow_errors", STRS, "report only sessions failing with these errors (errno names, NULL, any)",
         flag=Flag(("-x", "--allow-errors"), "allow_errors", "append", "repeatable", "ERR")),
@@ -286,7 +291,7 @@ TOP = Section("", None, (
     Key("limits", into(LIMITS), "memory and export bounds"),
     Key("logging", into(LOGGING), "the agent's own log"),
     Key("vmlinux", OPT_STR, "DWARF for source globs and file:line frames (auto: the standard places)",
-        flag=Flag(("-k", "--kernel"), "kernel", metavar="VMLINUX"),
+        flag=Flag(("-k", "--kernel"), "kernel", metavar="VMLINUX", checked=False),
         check=lambda path: None if path in (None, "auto") or os.path.isfile(path) else (
             f"{path}: no such file (give a vmlinux with DWARF, 'auto' to search the standard places, or leave it "
             "out)")),

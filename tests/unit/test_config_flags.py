@@ -72,6 +72,7 @@ def test_the_c_keys_of_config_keys_come_from_them() -> None:
     (["-C", "bpf.ringbuf-size=3G"], "limits: {ringbuf_size: 3G}"),
     (["-p", "0"], "probe_sets: [{name: a, entry: f, filters: {pids: [0]}}]"),
     (["-L", "-1"], "probe_sets: [{name: a, entry: f, filters: {min_duration_ms: -1}}]"),
+    (["-L", "nan"], "probe_sets: [{name: a, entry: f, filters: {min_duration_ms: .nan}}]"),
     (["--probe-set", "a b"], "probe_sets: [{name: 'a b', entry: f}]"),
     (["--user-attach", "uretprobe"], "probe_sets: [{name: a, entry: f, user_attach_mode: uretprobe}]"),
     (["--web.listen-address", "9464"], "metrics: {listen: '9464'}"),
