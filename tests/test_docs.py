@@ -41,8 +41,8 @@ def test_every_trace_flag_has_its_row() -> None:
 
 def test_every_config_key_is_in_the_configuration_reference() -> None:
     """The shipped example, the page's body, shows every declared key (set, or commented out at its default)."""
-    from retsnoop_otel.agent.config_file import TOP
-    from retsnoop_otel.agent.config_keys import walk
+    from retsnoop_otel.runtime.config_keys import walk
+    from retsnoop_otel.runtime.config_sections import TOP
     keys = {key.name for _, _, key in walk(TOP)}
     example = (REPO / "config" / "agent.yaml").read_text()
     assert len(keys) > 40 and not sorted(k for k in keys if not re.search(rf"\b{k}:", example))

@@ -282,7 +282,7 @@ def test_service_account_token_only_with_the_metadata_watch(core, pod, agent) ->
     users = set(_agent_uses_the_api())
     assert "retsnoop_otel/workload/k8s_watch.py" in users and users <= {
         "retsnoop_otel/workload/k8s_watch.py", "retsnoop_otel/workload/k8s_settings.py",
-        "retsnoop_otel/agent/config_kubernetes.py"}, users
+        "retsnoop_otel/runtime/config_kubernetes.py"}, users
     cfg = parse_config(core["ConfigMap"]["data"]["agent.yaml"], "daemonset.yaml:agent.yaml")
     assert pod["automountServiceAccountToken"] is cfg.runtime.kubernetes.metadata is True
     assert sa["automountServiceAccountToken"] is False, "only this pod gets the token, not every pod of the account"

@@ -1,83 +1,27 @@
 """The agent's YAML configuration: the capture runtime's config, read so that every error names
 file, line and key (see yaml_nodes), plus the agent's own logging settings.
 
-Every key is declared once below (a Key of its Section, agent/config_keys.py): its reader, range or choices,
-doc line and trace flag; its default is its target's field default (runtime/config.py). The reference table of
-docs/reference/config.md and config/agent.schema.json are made from these declarations. A new key: its Key
-here, the field it sets, its consumer and its test (then `python -m tests.gen_docs_reference`).
+Every key is declared once, in runtime/config_sections.py (a Key of its Section): its reader, range or choices,
+doc line and trace flag; its default is its target's field default (runtime/config.py). This reads a file by
+those declarations.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-import yaml
-
-from retsnoop_otel.agent.config_keys import (
-    BOOL,
-    OPT_STR,
-    STR,
-    STRS,
-    Key,
-    Kind,
-    Section,
-    choices,
-    integer_in,
-    into,
-    nested,
-    num,
-    read_section,
-    size_in,
-)
-from retsnoop_otel.agent.config_kubernetes import KUBERNETES, parse_kubernetes
-from retsnoop_otel.agent.config_values import (
-    DURATION_RANGE_KIND,
-    INJECT,
-    LBR,
-    LISTEN,
-    PIDS,
-    SAMPLING_KIND,
-    otlp_kind,
-    otlp_section,
-)
-from retsnoop_otel.agent.yaml_nodes import ConfigError, Nodes, expansion_bounded, got, items, kind, scalar
-from retsnoop_otel.capture.errfilter import ErrorFilter
-from retsnoop_otel.export.service_name import SERVICE_NAME_FROM
 from retsnoop_otel.inputs.files import MAX_CONFIG_BYTES, read_text
-from retsnoop_otel.inputs.numbers import COUNT, MAP_ENTRIES, RINGBUF_BYTES
-from retsnoop_otel.kernel import attach_modes
 from retsnoop_otel.kernel.kcache import AGENT_CACHE_DIR
-from retsnoop_otel.runtime.config import (
-    ATTACH_MODES,
-    PROBE_MODES,
-    USER_ATTACH_MODES,
-    WORKLOAD_LABELS,
-    ConsoleConfig,
-    ExporterConfig,
-    Limits,
-    MetricsConfig,
-    ProbeSetConfig,
-    RuntimeConfig,
-    SymbolsConfig,
-)
-from retsnoop_otel.symbols.discovery import DiscoveryError, expand_glob_args, parse_glob
-
-LOG_FORMATS = ("text", "json")
-LOG_LEVELS = ("debug", "info", "warning", "error")
-_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-_MAX_MS = float((1 << 63) // 1_000_000)  # milliseconds whose nanoseconds fit the kernel's 64-bit durations
+from retsnoop_otel.runtime.config import ExporterConfig, RuntimeConfig, SymbolsConfig
+from retsnoop_otel.runtime.config_keys import read_section
+from retsnoop_otel.runtime.config_sections import TOP, LoggingConfig
+from retsnoop_otel.runtime.yaml_nodes import ConfigError, Nodes, expansion_bounded, yaml
 
 __all__ = ["AgentConfig", "ConfigError", "LoggingConfig", "load_config", "parse_config"]
-
-
-class LoggingConfig(NamedTuple):
-    format: str = "text"
-    level: str | None = None  # None: not in the file; OTEL_LOG_LEVEL, else info (agent/main.py)
 
 
 class AgentConfig(NamedTuple):
@@ -107,201 +51,6 @@ def _key_lines(ctx: Nodes, node: yaml.Node, prefix: str = "") -> dict[str, int]:
             out[name] = k.start_mark.line + 1
             out.update(_key_lines(ctx, v, f"{name}."))
     return out
-
-
-# ---- sections ------------------------------------------------------------------------------------
-
-
-def _globs(ctx: Nodes, node: yaml.Node, key: str) -> tuple[str, ...]:
-    """The globs in order, each '@file' replaced by its lines: a glob file is read and checked here, once per load
-    of the config however many keys name it, and nothing after this reads it again (the runtime gets the globs as
-    values; a reload loads the config, and so its glob files, anew)."""
-    def one(n: yaml.Node, k: str) -> tuple[str, ...]:
-        text = scalar(ctx, n, k, (str,), "a glob string")
-        if ("globs", text) in ctx.files:
-            return ctx.files["globs", text]
-        try:
-            globs = tuple(expand_glob_args([text]))  # '@file' globs: the file must exist and parse too
-            for g in globs:
-                parse_glob(g)
-        except DiscoveryError as exc:
-            raise ctx.fail(n, k, f"{exc}") from None
-        if text.startswith("@"):
-            ctx.files["globs", text] = globs
-        return globs
-
-    if isinstance(node, yaml.ScalarNode) and kind(node) not in ("string", "null"):
-        raise ctx.fail(node, key, f"expected a list of globs, got {got(ctx, node)}")
-    parts = items(ctx, node, key, one, "a list of globs")
-    return parts[0] if len(parts) == 1 else tuple(g for globs in parts for g in globs)
-
-
-# ---- the keys: each declared once (config_keys), its default the field default of its target ---------------
-
-
-def _valid_name(name: str) -> str | None:
-    return None if _NAME.match(name) else (f"'{name}' is not a valid name: use 1-64 letters, digits, '_', '-' "
-                                           "or '.'")
-
-
-GLOBS = Kind(lambda ctx, node, key, _m: _globs(ctx, node, key), "list of globs (@FILE too)", STRS.schema)
-
-FILTERS = Section("filters", ProbeSetConfig, (
-    Key("pids", PIDS, "only these processes", flag="-p"),
-    Key("no_pids", PIDS, "never these processes", flag="-P"),
-    Key("comms", STRS, "only threads of these names", flag="-n"),
-    Key("no_comms", STRS, "never threads of these names", flag="-N"),
-    Key("cgroup", OPT_STR, "only tasks in this cgroup (v2 path) and below", flag="--cgroup"),
-    Key("min_duration_ms", num(0, _MAX_MS, " (ms)"), "report only sessions at least this long",
-        field="min_duration_ns", flag="-L", convert=lambda ms: int(ms * 1_000_000)),
-    Key("allow_errors", STRS, "report only sessions failing with these errors (errno names, NULL, any)", flag="-x"),
-    Key("deny_errors", STRS, "never report sessions failing with these (wins over allow_errors)", flag="-X"),
-))
-
-
-def _filters(ctx: Nodes, node: yaml.Node, key: str, _m: Mapping[str, yaml.Node]) -> dict[str, Any]:
-    values, f = read_section(ctx, node, key, FILTERS)
-    try:
-        values["errors"] = ErrorFilter.parse(values.pop("allow_errors", ()), values.pop("deny_errors", ()))
-    except ValueError as exc:
-        bad = f.get("allow_errors") or f["deny_errors"]
-        msg = str(exc).split(": ", 1)[-1]
-        raise ctx.fail(bad, f"{key}.allow_errors" if bad is f.get("allow_errors") else f"{key}.deny_errors",
-                       f"{msg} (use errno names such as EINVAL, -ENOMEM, NULL or any)") from None
-    return values
-
-
-PROBE_SET = Section("probe_sets[]", ProbeSetConfig, (
-    Key("name", STR, "unique name, the probe_set label of its metrics", flag="--probe-set", check=_valid_name,
-        required="missing 'name' (each probe set needs a unique name, used as the probe_set metric label)"),
-    Key("entry", GLOBS, "entry function globs: a session starts at each call", flag="-e",
-        check=lambda globs: None if globs else "needs at least one entry function glob",
-        required="missing 'entry': a list of entry function globs (for example ['*sys_bpf'])"),
-    Key("allow", GLOBS, "other functions recorded inside sessions", flag="-a"),
-    Key("deny", GLOBS, "functions never traced (wins over entry and allow)", flag="-d"),
-    Key("mode", choices(PROBE_MODES), "stack: the error chain; calls: every traced call; metrics: counts only",
-        flag="-T"),
-    Key("attach_mode", choices(ATTACH_MODES), "how kernel functions attach (auto: the best the kernel has)",
-        flag=", ".join(m.flags[0] for m in attach_modes.MODES)),
-    Key("user_attach_mode", choices(USER_ATTACH_MODES), "how user-space functions (u:BINARY:GLOB) attach",
-        flag="--user-attach"),
-    Key("filters", nested(FILTERS, _filters), "which sessions are reported", field="*"),
-    Key("sampling", SAMPLING_KIND, "successful sessions kept besides the failing ones (none by default)"),
-    Key("lbr", LBR, "CPUs with LBR: branch records at the deepest failing return (true: any_return)",
-        field="lbr_branch_types", flag="-B", default=lambda: ProbeSetConfig._field_defaults["lbr_branch_types"] != 0),
-    Key("capture_args", BOOL, "argument values (BTF-typed) with each call; kernel memory can hold secrets",
-        flag="-A"),
-    Key("app_context", BOOL, "join the application's trace when its thread publishes OTel thread context",
-        flag="--no-app-context"),
-    Key("user_stacks", BOOL, "the user-space stack of the thread that entered the entry function", flag="-U"),
-    Key("duration_range", DURATION_RANGE_KIND, "histogram buckets of this set (unset: metrics.duration_range)"),
-    Key("workload_label", choices(WORKLOAD_LABELS), "calls, errors and sessions also per namespace or container"),
-    Key("inject", INJECT, "probes recorded inside sessions, as span events (retsnoop's -J forms, @FILE)",
-        flag="-J"),
-))
-
-
-def _probe_set(ctx: Nodes, node: yaml.Node, key: str, name: str | None) -> ProbeSetConfig:
-    if name is not None:  # probe_sets as a mapping: the name is the key
-        bad = _valid_name(name)
-        if bad:
-            raise ctx.fail(node, f"{key}.name", bad)
-    values, _ = read_section(ctx, node, key, PROBE_SET, None if name is None else PROBE_SET.names[1:])
-    return ProbeSetConfig(**({"name": name} if name is not None else {}), **values)
-
-
-def _probe_sets(ctx: Nodes, node: yaml.Node, _key: str, _m: Mapping[str, yaml.Node]) -> tuple[ProbeSetConfig, ...]:
-    if isinstance(node, yaml.SequenceNode):
-        sets = [_probe_set(ctx, n, f"probe_sets[{i}]", None) for i, n in enumerate(node.value)]
-    elif isinstance(node, yaml.MappingNode):
-        sets = []
-        for knode, vnode in node.value:
-            name = ctx.value(knode)
-            if not isinstance(name, str):
-                raise ctx.fail(knode, "probe_sets", f"probe set names must be strings, got {got(ctx, knode)}")
-            sets.append(_probe_set(ctx, vnode, f"probe_sets.{name}", name))
-    else:
-        raise ctx.fail(node, "probe_sets", f"expected a list (or mapping) of probe sets, got {got(ctx, node)}")
-    if not sets:
-        raise ctx.fail(node, "probe_sets", "needs at least one probe set")
-    seen: set[str] = set()
-    for i, ps in enumerate(sets):
-        if ps.name in seen:
-            item = node.value[i] if isinstance(node, yaml.SequenceNode) else node.value[i][0]
-            raise ctx.fail(item, "probe_sets", f"probe set name '{ps.name}' is used twice; names must be unique")
-        seen.add(ps.name)
-    return tuple(sets)
-
-
-EXPORTER = Section("exporter", ExporterConfig, (
-    Key("otlp", otlp_kind(otlp_section("exporter.otlp", "--otlp-endpoint", "--otlp-protocol")),
-        "OTLP export (null: none; left out: none when file or console is given)"),
-    Key("file", OPT_STR, "OTLP JSON lines to this file, one export request per line",
-        check=lambda path: None if path is None or os.path.isdir(os.path.dirname(os.path.abspath(path)))
-        else f"the directory of {path} does not exist"),
-    Key("console", BOOL, "retsnoop's text output on stdout, as `trace` prints it",
-        convert=lambda on: ConsoleConfig(prefix=True) if on else None,
-        default=lambda: ExporterConfig().console is not None),
-    Key("export_addresses", BOOL, "raw kernel addresses in exported data (they reveal the KASLR offset)",
-        flag="--export-addresses"),
-    Key("service_name_from", choices(SERVICE_NAME_FROM), "service.name of a session's spans: its workload's, or "
-        "the agent's", flag="--service-name-from"),
-))
-
-
-def _exporter(ctx: Nodes, node: yaml.Node, key: str, _m: Mapping[str, yaml.Node]) -> ExporterConfig:
-    values, m = read_section(ctx, node, key, EXPORTER)
-    if "otlp" not in m and ("file" in m or "console" in m):
-        values["otlp"] = None  # another exporter given: no OTLP unless asked for
-    return ExporterConfig(**values)
-
-
-METRICS = Section("metrics", MetricsConfig, (
-    Key("listen", LISTEN, "address of /metrics and /healthz", field=("host", "port"),
-        default=lambda: MetricsConfig().listen, flag="--web.listen-address"),
-    Key("stall_after_s", num(1, unit=" (s)"), "/healthz answers 503 when capture has not polled for this long"),
-    Key("otlp", otlp_kind(otlp_section("metrics.otlp")), "also push the metrics over OTLP"),
-    Key("otlp_interval", num(1, unit=" (s)"), "seconds between pushes (unset: OTEL_METRIC_EXPORT_INTERVAL, else 60)",
-        field="otlp_interval_s"),
-    Key("max_error_types", integer_in(COUNT), "errno labels per function (0: every error type its own)"),
-    Key("functions", GLOBS, "functions with series of their own (default: every traced function)"),
-    Key("duration_range", DURATION_RANGE_KIND, "histogram buckets of probe sets without their own (unset: all)"),
-    Key("max_workloads", integer_in(COUNT), "workload label values with series of their own, per probe set"),
-    Key("web_config_file", OPT_STR, "TLS and basic auth for /metrics and /healthz (exporter-toolkit format)",
-        flag="--web.config.file", convert=lambda path: path or None),  # read by the runtime, at start
-))
-
-LIMITS = Section("limits", Limits, (
-    Key("max_spans_per_trace", integer_in(COUNT), "exported spans per session (deeper calls are counted)",
-        # calls beyond the span limit would not be exported: do not keep them
-        field=("max_spans_per_trace", "max_calls_per_session"), convert=lambda n: (n, n)),
-    Key("export_queue_spans", integer_in(COUNT), "spans waiting for export (unset: OTEL_BSP_MAX_QUEUE_SIZE, "
-        "else 65536)"),
-    Key("ringbuf_size", size_in(RINGBUF_BYTES), "ring buffer per probe set", flag="-C bpf.ringbuf-size"),
-    Key("max_sessions", integer_in(MAP_ENTRIES), "threads with a kernel session entry, per probe set",
-        flag="-C bpf.sessions-size"),
-    Key("user_stack_wait_s", num(0, 60, " (s)"), "how long a session waits for its user stack's symbols"),
-))
-
-LOGGING = Section("logging", LoggingConfig, (
-    Key("format", choices(LOG_FORMATS), "the log's lines"),
-    Key("level", choices(LOG_LEVELS), "unset: OTEL_LOG_LEVEL, else info"),
-))
-
-TOP = Section("", None, (
-    Key("probe_sets", Kind(_probe_sets, "list or mapping of probe sets", {"type": ["array", "object"]}, PROBE_SET),
-        "what is traced: named sets of functions", required="missing: the config needs at least one probe set"),
-    Key("exporter", nested(EXPORTER, _exporter), "where sessions go"),
-    Key("metrics", into(METRICS), "the Prometheus endpoint and the OTLP metrics push"),
-    Key("limits", into(LIMITS), "memory and export bounds"),
-    Key("logging", into(LOGGING), "the agent's own log"),
-    Key("vmlinux", OPT_STR, "DWARF for source globs and file:line frames (auto: the standard places)", flag="-k",
-        check=lambda path: None if path in (None, "auto") or os.path.isfile(path) else (
-            f"{path}: no such file (give a vmlinux with DWARF, 'auto' to search the standard places, or leave it "
-            "out)")),
-    Key("kubernetes", nested(KUBERNETES, lambda ctx, node, _key, _m: parse_kubernetes(ctx, node)),
-        "pod names from the API server (a DaemonSet's metadata watch)"),
-))
 
 
 def parse_config(text: str, filename: str = "<config>") -> AgentConfig:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from retsnoop_otel.agent.config_file import TOP
-from retsnoop_otel.agent.config_keys import Key, Section
+from retsnoop_otel.runtime.config_keys import Key, Section
+from retsnoop_otel.runtime.config_sections import TOP
 
 
 def _json(value: Any) -> Any:

@@ -22,25 +22,16 @@ from retsnoop_otel.command.errors import EXIT_INPUT, exit_code_epilog
 from retsnoop_otel.command.help_format import HelpFormatter, OneLineParser
 from retsnoop_otel.export.otel_env import OTLP_ENDPOINT, OTLP_TRACES_ENDPOINT, TRACES_EXPORTER
 from retsnoop_otel.export.otlp_settings import OtlpConfig
-from retsnoop_otel.export.service_name import SERVICE_NAME_FROM
-from retsnoop_otel.inputs.addresses import parse_listen
 from retsnoop_otel.inputs.files import MAX_GLOB_FILE_BYTES, expand_at_files, shown
 from retsnoop_otel.inputs.numbers import (
     COUNT,
-    MAP_ENTRIES,
-    PID,
-    RINGBUF_BYTES,
     U32_MAX,
     IntRange,
     NumberError,
-    parse_float,
     parse_int,
-    parse_size,
 )
-from retsnoop_otel.kernel import attach_modes
 from retsnoop_otel.render.formats import ArgsFormat, StackFormat
 from retsnoop_otel.runtime.config import (
-    USER_ATTACH_MODES,
     ConsoleConfig,
     ExporterConfig,
     InputNames,
@@ -50,22 +41,38 @@ from retsnoop_otel.runtime.config import (
     RuntimeConfig,
     SymbolsConfig,
 )
+from retsnoop_otel.runtime.config_flags import (
+    KeyType,
+    add_key_flags,
+    add_other_key_flags,
+    c_help,
+    c_keys,
+    field_values,
+)
+from retsnoop_otel.runtime.config_keys import Section
+from retsnoop_otel.runtime.config_sections import EXPORTER, FILTERS, LIMITS, METRICS, PROBE_SET, TOP
+from retsnoop_otel.runtime.config_values import SAMPLING
 from retsnoop_otel.runtime.sdk_env import TRACE_EXPORTERS, exporters
 from retsnoop_otel.symbols.discovery import DiscoveryError, expand_glob_args
 from retsnoop_otel.trace.cases import CASES, with_cases
 
+OTLP = EXPORTER.key("otlp").kind.section  # exporter.otlp's keys
+assert OTLP is not None
+KEY_SECTIONS = (TOP, PROBE_SET, FILTERS, SAMPLING, EXPORTER, OTLP, METRICS)  # the sections with trace flags
 TRACE_NAMES = InputNames(
     otlp=MappingProxyType({"endpoint": "--otlp-endpoint", "protocol": "--otlp-protocol"}),
     listen="--metrics-port", trace_json="--trace-json", vmlinux="-k", cgroup="--cgroup", lbr="--lbr",
     attach_mode="-F/-K/-M/--kprobe-session", web_config="--web.config.file")
-C_RANGES = {"bpf.ringbuf-size": RINGBUF_BYTES, "bpf.sessions-size": MAP_ENTRIES, "calls.max-per-session": COUNT,
+# -C keys that are config keys too (limits.ringbuf_size, limits.max_sessions): read, ranged and described by the
+# key's declaration; the others are retsnoop's alone
+C_FROM_KEYS = c_keys(LIMITS)
+C_RANGES = {"calls.max-per-session": COUNT,
             "fmt.lbr-max-count": IntRange(0, U32_MAX, "a count"),
             # retsnoop's ranges; above MAX_ARG_DATA the capture is capped (describe_args)
             "args.max-total-args-size": IntRange(1, 65536, "bytes"),
             "args.max-sized-arg-size": IntRange(1, 16384, "bytes"),
             "args.max-str-arg-size": IntRange(1, 16384, "bytes"),
             "args.fmt-max-arg-width": IntRange(0, 250, "characters, 0: no limit")}
-C_SIZES = ("bpf.ringbuf-size",)  # bytes: 8M as in the agent's limits.ringbuf_size
 SYMB_MODES = {"none": 0, "n": 0, "linenum": 1, "l": 1, "inlines": 2, "i": 2}  # retsnoop's names and letters
 C_BOOLS = ("stacks.unfiltered", "stacks.emit-addrs", "stacks.dec-offs", "args.capture-raw-ptrs")
 BOOL_WORDS = {"true": True, "y": True, "1": True, "false": False, "n": False, "0": False}  # retsnoop's
@@ -73,7 +80,7 @@ FMT_MODES = {"compact": "compact", "c": "compact", "multiline": "multiline", "m"
              "verbose": "verbose", "v": "verbose"}
 C_ENUMS = {"stacks.symb-mode": SYMB_MODES, "args.fmt-mode": FMT_MODES}
 C_ENUM_WORDS = {"stacks.symb-mode": "none, linenum or inlines", "args.fmt-mode": "compact, multiline or verbose"}
-C_KEYS = (*C_RANGES, *C_BOOLS, *C_ENUMS)
+C_KEYS = (*C_FROM_KEYS, *C_RANGES, *C_BOOLS, *C_ENUMS)
 # the keys that set a config record's fields (the record's defaults are retsnoop's)
 C_ARG_SIZES = {"args.max-total-args-size": "total", "args.max-sized-arg-size": "sized",
                "args.max-str-arg-size": "string"}
@@ -81,8 +88,7 @@ C_STACKS = {"stacks.unfiltered": "unfiltered", "stacks.emit-addrs": "emit_addrs"
 C_ARGS_FORMAT = {"args.fmt-mode": "mode", "args.fmt-max-arg-width": "max_width", "args.capture-raw-ptrs": "raw_ptrs"}
 _CAPPED = f"captured up to {MAX_ARG_DATA} bytes per argument here: larger values are accepted and capped"
 C_HELP = {
-    "bpf.ringbuf-size": "ring buffer size per probe set in bytes, K/M/G suffixes (default 8M)",
-    "bpf.sessions-size": "threads the kernel keeps a session entry for (default 4096)",
+    **{name: c_help(*declared) for name, declared in C_FROM_KEYS.items()},
     "calls.max-per-session": f"calls kept per session for -T (default {DEFAULT_MAX_CALLS}; the rest are counted)",
     "fmt.lbr-max-count": "show at most N LBR records (as --lbr-max-count)",
     "stacks.symb-mode": "none, linenum or inlines (as -sn, -s, -ss)",
@@ -129,16 +135,6 @@ class _Symbolize(argparse.Action):
         setattr(namespace, self.dest, S_LEVELS[values])
 
 
-_MAX_MS = float((1 << 63) // 1_000_000)  # milliseconds whose nanoseconds fit the kernel's 64-bit durations
-
-
-def _positive_ms(text: str) -> int:
-    try:
-        return int(parse_float(text, 0, _MAX_MS, "milliseconds") * 1_000_000)
-    except NumberError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def _int_flag(rng: IntRange):  # type: ignore[no-untyped-def]
     def read(text: str) -> int:
         try:
@@ -149,7 +145,6 @@ def _int_flag(rng: IntRange):  # type: ignore[no-untyped-def]
     return read
 
 
-_pid = _int_flag(PID)
 _port = _int_flag(IntRange(1, 65535, "a TCP port"))
 
 
@@ -178,6 +173,12 @@ class OneLineErrorParser(OneLineParser):
 
 
 
+def _from_keys(group: argparse._ArgumentGroup, section: Section, *names: str) -> None:
+    """The flags of these config keys, made from their declarations (runtime/config_flags.py)."""
+    for name in names:
+        add_key_flags(group, section, name)
+
+
 def build_parser(prog: str = "retsnoop-otel trace") -> OneLineErrorParser:
     p = OneLineErrorParser(
         prog=prog, formatter_class=HelpFormatter,
@@ -188,81 +189,35 @@ def build_parser(prog: str = "retsnoop-otel trace") -> OneLineErrorParser:
     sel = p.add_argument_group("function selection")
     sel.add_argument("-c", "--case", action="append", default=[], choices=tuple(CASES), metavar="CASE",
                      help=f"retsnoop's preset globs of a subsystem, added to -e/-a/-d ({', '.join(CASES)})")
-    sel.add_argument("-e", "--entry", action="append", default=[], metavar="GLOB",
-                     help="entry function glob ('func', 'func [module]', ':path/*.c', @file, or a user-space "
-                     "function 'u:BINARY:GLOB[=RULE]', RULE errno|neg|zero|null|ptr|none); repeatable")
-    sel.add_argument("-a", "--allow", action="append", default=[], metavar="GLOB",
-                     help="other functions to record inside sessions; repeatable")
-    sel.add_argument("-d", "--deny", action="append", default=[], metavar="GLOB",
-                     help="functions never to trace (wins over -e and -a); repeatable")
-    mode = sel.add_mutually_exclusive_group()
-    for m in attach_modes.MODES:
-        mode.add_argument(*m.flags, dest="mode", action="store_const", const=m.name, help=m.help)
-    sel.add_argument("--user-attach", choices=USER_ATTACH_MODES, default="auto", metavar="MODE",
-                     help="how user-space functions attach: uprobe_session (Linux 6.13+), uprobe_multi (6.6+), "
-                     "uprobe (single uprobes) or auto, the first of these the kernel has")
+    _from_keys(sel, PROBE_SET, "entry", "allow", "deny", "attach_mode", "user_attach_mode")
     out = p.add_argument_group("what to capture and show")
-    out.add_argument("-S", "--success-stacks", action="store_true", help="report sessions without errors too")
-    out.add_argument("-T", "--trace", dest="calls", action="store_true",
-                     help="record and print every traced call (function call trace)")
+    _from_keys(out, SAMPLING, "success_probability")
+    _from_keys(out, PROBE_SET, "mode")
     out.add_argument("-E", "--call-stack", action="store_true",
                      help="print the call stack too when -T is given")
     out.add_argument("--json", action="store_true", help="print one JSON object per session")
-    out.add_argument("-A", "--capture-args", action="store_true",
-                     help="capture function arguments (BTF-typed; off by default: kernel memory can hold secrets)")
-    out.add_argument("-U", "--user-stacks", action="store_true",
-                     help="capture the user-space stack of the thread that entered the entry function "
-                          "(frame-pointer unwinding)")
-    out.add_argument("--no-app-context", dest="app_context", action="store_false",
-                     help="do not read the application's OpenTelemetry thread context (OTEP 4947)")
-    out.add_argument("-J", "--inject-probe", action="append", default=[], metavar="SPEC",
-                     help="record a probe inside sessions: kprobe:FUNC[+OFF], kretprobe:FUNC, rawtp:NAME, "
-                          "tp:CATEGORY:NAME or @FILE (one per line); repeatable")
+    _from_keys(out, PROBE_SET, "capture_args", "user_stacks", "app_context", "inject")
     out.add_argument("--trace-json", metavar="FILE", help="write -T sessions as Chrome trace-event JSON (Perfetto)")
-    out.add_argument("-B", "--lbr", action="append", nargs="?", const="any_return", metavar="SPEC",
-                     help="capture last branch records at the deepest failing function (any, any_call, "
-                          "any_return (default), cond, call, ind_call, ind_jump, call_stack, abort_tx, in_tx, "
-                          "no_tx, or a number); needs a CPU exposing LBR")
+    _from_keys(out, PROBE_SET, "lbr")
     out.add_argument("--lbr-max-count", type=_int_flag(IntRange(0, U32_MAX, "a count")), default=None, metavar="N",
                      help="show at most N LBR records")
-    out.add_argument("-k", "--kernel", metavar="VMLINUX", help="vmlinux with DWARF for source lines")
+    _from_keys(out, TOP, "vmlinux")
     out.add_argument("-s", "--symbolize", action=_Symbolize, nargs="?", default=None, metavar="LEVEL",
                      help="-s: source lines; -ss or -s inlines: also inlined functions (default when DWARF is "
                           "found); -sn or -s none: no DWARF symbolization")
     flt = p.add_argument_group("filters")
-    flt.add_argument("-x", "--allow-errors", action="append", default=[], metavar="ERR",
-                     help="report only sessions with these errors (EINVAL, -ENOMEM, NULL, any)")
-    flt.add_argument("-X", "--deny-errors", action="append", default=[], metavar="ERR",
-                     help="never report sessions with these errors (wins over -x)")
-    flt.add_argument("-p", "--pid", action="append", default=[], type=_pid, help="only this process id")
-    flt.add_argument("-P", "--no-pid", action="append", default=[], type=_pid, help="not this process id")
-    flt.add_argument("-n", "--comm", action="append", default=[], help="only threads with this name (or @file)")
-    flt.add_argument("-N", "--no-comm", action="append", default=[], help="not threads with this name (or @file)")
-    flt.add_argument("-L", "--longer", type=_positive_ms, default=0, metavar="MS",
-                     help="only sessions whose entry function ran at least MS milliseconds")
-    flt.add_argument("--cgroup", metavar="PATH", help="only tasks in this cgroup (v2 path) or below it")
+    _from_keys(flt, FILTERS, "allow_errors", "deny_errors", "pids", "no_pids", "comms", "no_comms", "min_duration_ms",
+               "cgroup")
     exp = p.add_argument_group("export")
-    exp.add_argument("--otlp-endpoint", metavar="URL",
-                     help="export sessions as OTLP traces to this URL, such as http://collector:4318 "
-                          "(default: OTEL_EXPORTER_OTLP_* variables)")
-    exp.add_argument("--otlp-protocol", choices=("grpc", "http/protobuf"),
-                     help="OTLP protocol (default: OTEL_EXPORTER_OTLP_PROTOCOL, else http/protobuf, a collector's port "
-                          "4318; grpc is its port 4317)")
-    exp.add_argument("--export-addresses", action="store_true",
-                     help="include raw kernel addresses in exported data (they reveal the KASLR offset)")
-    exp.add_argument("--service-name-from", choices=SERVICE_NAME_FROM, default="workload",
-                     help="service.name of exported sessions: the traced process's own service (its OTel process "
-                          "context, its pod's service annotation, app.kubernetes.io/name or owning workload, "
-                          "container name, else executable; default) or agent: retsnoop-otel's")
-    exp.add_argument("--web.listen-address", dest="web_listen_address", metavar="[HOST]:PORT",
-                     help="serve Prometheus metrics there (exporter-toolkit's flag; :9464 is every address)")
+    _from_keys(exp, OTLP, "endpoint", "protocol")
+    _from_keys(exp, EXPORTER, "export_addresses", "service_name_from")
+    _from_keys(exp, METRICS, "listen")
     exp.add_argument("--metrics-port", type=_port, metavar="PORT", help="serve Prometheus metrics on PORT")
     exp.add_argument("--metrics-addr", default=None, metavar="ADDR",
                      help="metrics listen address (with --metrics-port; default 0.0.0.0)")
-    exp.add_argument("--web.config.file", dest="web_config_file", metavar="FILE",
-                     help="TLS and basic auth for the metrics port: node_exporter's web config file "
-                          "(exporter-toolkit format)")
-    exp.add_argument("--probe-set", default="default", help="probe set label on metrics")
+    _from_keys(exp, METRICS, "web_config_file")
+    _from_keys(exp, PROBE_SET, "name")
+    add_other_key_flags(p, KEY_SECTIONS)
     misc = p.add_argument_group("misc")
     misc.add_argument("--dry-run", action="store_true", help="discover functions, attach nothing")
     misc.add_argument("-C", "--config", action="append", default=[], metavar="KEY=VALUE",
@@ -303,11 +258,13 @@ def _c_values(parser: argparse.ArgumentParser, items: Sequence[str]) -> dict[str
             out[key] = names[word.lower()]
             continue
         try:
-            number = parse_size(value, C_RANGES[key]) if key in C_SIZES else parse_int(value, C_RANGES[key],
-                                                                                         prefixes=True)
-        except NumberError as exc:
+            if key in C_FROM_KEYS:
+                _section, declared, flag = C_FROM_KEYS[key]
+                out[key] = KeyType(declared, flag)(value)
+                continue
+            out[key] = parse_int(value, C_RANGES[key], prefixes=True)
+        except (NumberError, argparse.ArgumentTypeError) as exc:
             parser.error(f"-C {key}: {exc}")
-        out[key] = number
     return out
 
 
@@ -394,43 +351,35 @@ def parse(argv: Sequence[str], environ: Mapping[str, str],
         if args.metrics_port is not None or args.metrics_addr is not None:
             parser.error("--web.listen-address names the metrics address and port: give it or --metrics-port/"
                          "--metrics-addr, not both")
-        try:
-            host, port = parse_listen(args.web_listen_address)
-        except ValueError as exc:
-            parser.error(f"--web.listen-address: {exc}")
+        host, port = args.web_listen_address  # read as metrics.listen is
     elif args.metrics_addr is not None and args.metrics_port is None:
         parser.error("--metrics-addr needs --metrics-port (or give --web.listen-address HOST:PORT)")
     if args.web_config_file and port is None:
         parser.error("--web.config.file secures the metrics port: give --web.listen-address (or --metrics-port) too")
-    if not args.probe_set or len(args.probe_set) > 64:
-        parser.error("--probe-set needs a name of 1 to 64 characters")
     otlp = otlp_requested(args, environ)
     success = args.success_stacks or (args.calls and not args.allow_errors)
     read: dict[str, list[str]] = {}  # every '@file' of the command line (-n/-N/-e/-a/-d) read once
     comms, no_comms = _names(parser, "-n", args.comm, read), _names(parser, "-N", args.no_comm, read)
     entry, allow, deny = (_globs(parser, globs, read) for globs in (entry, allow, deny))
-    probe_set = ProbeSetConfig(
-        name=args.probe_set, entry=entry, allow=allow, deny=deny,
-        mode="calls" if args.calls or otlp or args.trace_json else "stack", attach_mode=args.mode or "auto",
-        user_attach_mode=args.user_attach,
-        pids=tuple(args.pid), no_pids=tuple(args.no_pid), comms=comms, no_comms=no_comms,
-        cgroup=args.cgroup, min_duration_ns=args.longer, errors=errors,
-        sampling=Sampling(success_probability=1.0) if success else Sampling(), lbr_branch_types=lbr_flags,
-        capture_args=args.capture_args, app_context=args.app_context, user_stacks=args.user_stacks,
-        arg_sizes=ArgSizes(**_fields(c, C_ARG_SIZES)), inject=inject)
+    read_here = dict(entry=entry, allow=allow, deny=deny, comms=comms, no_comms=no_comms, errors=errors,
+                     mode="calls" if args.calls or otlp or args.trace_json else "stack", lbr_branch_types=lbr_flags,
+                     inject=inject, sampling=Sampling(success_probability=1.0) if success else Sampling(),
+                     arg_sizes=ArgSizes(**_fields(c, C_ARG_SIZES)))
+    # the keys' flags as given (--probe-set, the attach modes, -p/-P, --cgroup, -L, -A, -U...), then what is read here
+    probe_set = ProbeSetConfig(**{**field_values(args, PROBE_SET, FILTERS), **read_here})
     level = c.get("stacks.symb-mode", args.symbolize)
     config = RuntimeConfig(
         probe_sets=(probe_set,),
         exporter=ExporterConfig(
+            **field_values(args, EXPORTER),
             otlp=OtlpConfig(endpoint=args.otlp_endpoint, protocol=args.otlp_protocol) if otlp else None,
             otlp_needs_endpoint=True,
             console=ConsoleConfig(format="json" if args.json else "text", view="calls" if args.calls else "stack",
                                   call_stack=args.call_stack, lbr_max_count=lbr_max or 0,
                                   stacks=StackFormat(**_fields(c, C_STACKS)),
                                   args=ArgsFormat(**_fields(c, C_ARGS_FORMAT))),
-            trace_json=args.trace_json, export_addresses=args.export_addresses,
-            service_name_from=args.service_name_from),
-        metrics=MetricsConfig(host=host, port=port, web_config_file=args.web_config_file),
+            trace_json=args.trace_json),
+        metrics=MetricsConfig(**field_values(args, METRICS), host=host, port=port),
         limits=Limits(max_calls_per_session=c.get("calls.max-per-session", DEFAULT_MAX_CALLS),
                       ringbuf_size=c.get("bpf.ringbuf-size", Limits().ringbuf_size),
                       max_sessions=c.get("bpf.sessions-size", Limits().max_sessions)),

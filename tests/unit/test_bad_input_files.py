@@ -363,7 +363,7 @@ def test_agent_config_one_glob_list_aliased_into_many_probe_sets(tmp_path: Path)
 
 def test_recursive_alias_refused():
     from retsnoop_otel.agent.config_file import parse_config
-    from retsnoop_otel.agent.yaml_nodes import ConfigError
+    from retsnoop_otel.runtime.yaml_nodes import ConfigError
     with pytest.raises(ConfigError, match="expands to more than 100,000"):
         parse_config("probe_sets: &x [*x]\n", "agent.yaml")
 

@@ -1,5 +1,6 @@
-"""The agent file's keys are declared once (agent/config_keys.py: Key, Section): the reader, the defaults (the
-targets' field defaults), the trace flags named, the reference table and the JSON Schema all come from there."""
+"""The agent file's keys are declared once (runtime/config_keys.py: Key, Section): the reader, the defaults (the
+targets' field defaults), the trace flags (tests/unit/test_config_flags.py), the reference table and the JSON
+Schema all come from there."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from typing import Any
 import pytest
 import yaml
 
-from retsnoop_otel.agent.config_file import TOP, LoggingConfig, parse_config
-from retsnoop_otel.agent.config_keys import walk
-from retsnoop_otel.agent.yaml_nodes import ConfigError
+from retsnoop_otel.agent.config_file import LoggingConfig, parse_config
 from retsnoop_otel.runtime.config import ExporterConfig, Limits, MetricsConfig, ProbeSetConfig
+from retsnoop_otel.runtime.config_keys import walk
+from retsnoop_otel.runtime.config_sections import TOP
+from retsnoop_otel.runtime.yaml_nodes import ConfigError
 from retsnoop_otel.workload.k8s_settings import KubernetesConfig
 
 # keys whose value the section's reader uses without a field of its own
@@ -32,14 +34,6 @@ def test_every_key_sets_a_field_of_its_target() -> None:
             continue
         wrong += [f"{name}: {f}" for f in key.fields if f not in section.target._fields]
     assert wrong == []
-
-
-def test_every_flag_named_is_one_of_trace() -> None:
-    from retsnoop_otel.trace.flags import C_HELP, build_parser
-    flags = {o for a in build_parser()._actions for o in a.option_strings}
-    named = {f for _, _, key in walk(TOP) if key.flag for f in key.flag.split(", ")}
-    assert len(named) > 20
-    assert sorted(f for f in named if f not in flags and f.removeprefix("-C ") not in C_HELP) == []
 
 
 def test_keys_left_out_are_the_targets_defaults() -> None:

@@ -9,13 +9,26 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
-
-import yaml
+from typing import TYPE_CHECKING, Any
 
 from retsnoop_otel.inputs.files import plain, shown
 from retsnoop_otel.inputs.keys import unknown_key
 from retsnoop_otel.inputs.numbers import IntRange, NumberError, parse_size
+
+
+class _PyYaml:
+    """PyYAML, imported at its first use: `trace` builds its flags from the keys declared with these readers and
+    reads no YAML (the import is 40 ms of its start, tests/unit/test_startup.py)."""
+
+    def __getattr__(self, name: str) -> Any:
+        import yaml as module
+        return getattr(module, name)
+
+
+if TYPE_CHECKING:
+    import yaml
+else:
+    yaml = _PyYaml()
 
 
 class ConfigError(ValueError):
@@ -32,8 +45,8 @@ class Nodes:
     def __init__(self, filename: str) -> None:
         self.filename = plain(filename)  # it leads every message: one line whatever the file is called
         self._loader = yaml.SafeLoader("")
-        # what each '@FILE' the config names held, by its reader (agent/config_file.py): each file is read once per
-        # load of the config, however many keys name it
+        # what each '@FILE' the config names held, by its reader (runtime/config_sections.py): each file is read
+        # once per load of the config, however many keys name it
         self.files: dict[tuple[str, str], Any] = {}
 
     def fail(self, node: yaml.Node, key: str, msg: str) -> ConfigError:

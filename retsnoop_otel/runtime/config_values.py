@@ -7,12 +7,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import yaml
-
-from retsnoop_otel.agent.config_keys import (
+from retsnoop_otel.capture.inject import InjectError, InjectSpec, parse_specs, read_spec_file
+from retsnoop_otel.capture.sampling import Sampling
+from retsnoop_otel.export.otlp_settings import COMPRESSIONS, PROTOCOLS, OtlpConfig
+from retsnoop_otel.inputs.addresses import parse_listen
+from retsnoop_otel.inputs.numbers import PID, parse_int
+from retsnoop_otel.metrics.buckets import DurationRange, RangeError, format_ns, parse_duration_ns
+from retsnoop_otel.runtime.config import ProbeSetConfig
+from retsnoop_otel.runtime.config_keys import (
     BOOL,
     OPT_STR,
     STRS,
+    Flag,
     Key,
     Kind,
     Section,
@@ -22,14 +28,7 @@ from retsnoop_otel.agent.config_keys import (
     read_section,
     simple,
 )
-from retsnoop_otel.agent.yaml_nodes import Nodes, got, integer, items, kind, scalar, string
-from retsnoop_otel.capture.inject import InjectError, InjectSpec, parse_specs, read_spec_file
-from retsnoop_otel.capture.sampling import Sampling
-from retsnoop_otel.export.otlp_settings import COMPRESSIONS, PROTOCOLS, OtlpConfig
-from retsnoop_otel.inputs.addresses import parse_listen
-from retsnoop_otel.inputs.numbers import PID
-from retsnoop_otel.metrics.buckets import DurationRange, RangeError, format_ns, parse_duration_ns
-from retsnoop_otel.runtime.config import ProbeSetConfig
+from retsnoop_otel.runtime.yaml_nodes import Nodes, got, integer, items, kind, scalar, string, yaml
 
 
 def _pids(ctx: Nodes, node: yaml.Node, key: str) -> tuple[int, ...]:
@@ -40,7 +39,8 @@ def _pids(ctx: Nodes, node: yaml.Node, key: str) -> tuple[int, ...]:
 
 PIDS = simple(_pids, f"list of process ids, {PID.lo} to {PID.hi}",
               {"type": ["array", "integer", "null"], "items": {"type": "integer", "minimum": PID.lo,
-                                                              "maximum": PID.hi}})
+                                                              "maximum": PID.hi}},
+              parse=lambda text: parse_int(text, PID))
 
 
 def _mode(ctx: Nodes, m: Mapping[str, yaml.Node]) -> str:
@@ -98,7 +98,7 @@ def _listen(ctx: Nodes, node: yaml.Node, key: str) -> tuple[str, int | None]:
         raise ctx.fail(node, key, str(exc)) from None
 
 
-LISTEN = simple(_listen, "[host]:port", {"type": "string"})
+LISTEN = simple(_listen, "[host]:port", {"type": "string"}, parse=parse_listen)
 
 
 # ---- sampling -------------------------------------------------------------------------------------------------
@@ -106,7 +106,9 @@ LISTEN = simple(_listen, "[host]:port", {"type": "string"})
 SAMPLING = Section("sampling", Sampling, (
     Key("errors", num(0, 1), "error sessions are always kept (1.0 is the only value)", default=lambda: 1.0,
         check=lambda v: None if v == 1.0 else "error sessions are always kept: use 1.0 or leave it out"),
-    Key("success_probability", num(0, 1), "share of successful sessions kept (as tracestate ot=th:...)", flag="-S"),
+    Key("success_probability", num(0, 1), "share of successful sessions kept (as tracestate ot=th:...)",
+        flag=Flag(("-S", "--success-stacks"), "success_stacks", "store_true", "-S: all (retsnoop's: report sessions "
+                  "without errors too)", default=False)),
     Key("success_rate_per_s", num(0), "or at most this many successful sessions a second, per entry function"),
 ))
 
@@ -172,12 +174,13 @@ def _headers(ctx: Nodes, node: yaml.Node, key: str) -> tuple[tuple[str, str], ..
                  for k, v in node.value)
 
 
-def otlp_section(name: str, endpoint_flag: str = "", protocol_flag: str = "") -> Section:
+def otlp_section(name: str, endpoint_flag: Flag | None = None, protocol_flag: Flag | None = None) -> Section:
     """One OTLP destination; what is left out comes from the environment (runtime/settings.py), then the
     specification's defaults."""
     return Section(name, OtlpConfig, (
         Key("endpoint", OPT_STR, "base URL (the signal's path is appended)", flag=endpoint_flag),
-        Key("protocol", choices(PROTOCOLS), "http/protobuf by default", flag=protocol_flag),
+        Key("protocol", choices(PROTOCOLS), "unset: the OTEL_EXPORTER_OTLP_*PROTOCOL variables, else http/protobuf "
+            "(a collector's port 4318; grpc is its port 4317)", flag=protocol_flag),
         Key("headers", simple(_headers, "mapping", {"type": "object", "additionalProperties": {
             "type": ["string", "number"]}}), "headers of each export request",
             default=lambda: dict(OtlpConfig().headers)),

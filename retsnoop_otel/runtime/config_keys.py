@@ -1,20 +1,23 @@
 """How the agent file's keys are declared: each key once, as a Key of its Section, with how its value is read
-(a Kind: reader, type in words, JSON Schema), one doc line and the `trace` flag that sets the same value.
+(a Kind: reader, type in words, JSON Schema, the same range for a flag's text), one doc line and the `trace`
+flag that sets the same value (a Flag).
 
 The default is the target NamedTuple's field default (runtime/config.py and the like): a key left out of the
 file is left out of the constructor call, so no default is written twice. read_section() reads a section by
-its declarations; the reference table (docs/reference/config.md) and the JSON Schema (config/agent.schema.json,
-agent/config_schema.py) are made from the same declarations.
+its declarations; the reference table (docs/reference/config.md), the JSON Schema (config/agent.schema.json,
+agent/config_schema.py) and `trace`'s flags (runtime/config_flags.py) are made from the same declarations.
+Here, below trace/ and agent/, so that both build on them; PyYAML is imported only when a file is read.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
-import yaml
-
-from retsnoop_otel.agent.yaml_nodes import (
+from retsnoop_otel.inputs.files import shown
+from retsnoop_otel.inputs.numbers import IntRange, NumberError, parse_int, parse_size
+from retsnoop_otel.runtime.yaml_nodes import (
     Nodes,
     boolean,
     choice,
@@ -25,10 +28,10 @@ from retsnoop_otel.agent.yaml_nodes import (
     opt_string,
     size,
     string,
+    yaml,
 )
-from retsnoop_otel.inputs.numbers import IntRange
 
-Reader = Callable[[Nodes, yaml.Node, str, Mapping[str, yaml.Node]], Any]  # node, dotted key, the section's nodes
+Reader = Callable[[Nodes, "yaml.Node", str, Mapping[str, "yaml.Node"]], Any]  # node, dotted key, the section's nodes
 
 
 class Kind(NamedTuple):
@@ -38,6 +41,34 @@ class Kind(NamedTuple):
     what: str
     schema: Mapping[str, Any]
     section: Section | None = None  # a mapping of declared keys (documented and schema'd key by key)
+    parse: Callable[[str], Any] | None = None  # a flag's text as this value, same range (raises NumberError)
+    choices: tuple[str, ...] | None = None  # the names it takes (a flag gets argparse's choices)
+
+
+FIELD = object()  # Flag.default: the field's default, as the file's
+
+
+class Flag(NamedTuple):
+    """The `trace` flag that sets a key's value. Its type (the kind's parse, then the key's convert), range,
+    default (the field's), metavar and help (the key's doc line) come from the key (runtime/config_flags.py):
+    this says only what the flag does otherwise (a switch for one value, repeats, a default of its own)."""
+
+    names: tuple[str, ...]  # retsnoop's spellings first; ("-C", "KEY"): a -C KEY=VALUE key
+    dest: str  # where trace/flags.py reads it
+    action: str = "store"  # append: repeatable; store_true/store_false/store_const: a switch
+    note: str = ""  # what the flag does beyond the doc line, appended to its help
+    metavar: str | None = None
+    nargs: str | None = None
+    const: Any = None
+    default: Any = FIELD  # FIELD: the field's default ([] for append)
+    parse: Callable[[str], Any] | None = None  # a flag-only reading of the text (None: the kind's parse)
+    group: str = "settings of the agent file"  # trace --help's group, when trace/flags.py does not place it
+    checked: bool = True  # False: the runtime checks the value, naming the flag (trace's -k)
+
+    @property
+    def shown(self) -> str:
+        """As the reference table names it."""
+        return " ".join(self.names) if self.names[0] == "-C" else self.names[0]
 
 
 class Key(NamedTuple):
@@ -45,7 +76,7 @@ class Key(NamedTuple):
     kind: Kind
     doc: str  # one line
     field: str | tuple[str, ...] = ""  # the target's field(s) it sets ("": its name; a tuple: one value each)
-    flag: str = ""  # trace's flag(s) for the same value ("-C key" for its -C keys)
+    flag: Flag | tuple[Flag, ...] | None = None  # trace's flag for the same value (switches: one per value)
     convert: Callable[[Any], Any] | None = None  # the value as read -> the field's value
     check: Callable[[Any], str | None] | None = None  # a problem with the value read, said for its line
     required: str = ""  # the message when it is missing (then the key is required)
@@ -104,11 +135,12 @@ def read_section(ctx: Nodes, node: yaml.Node, prefix: str, section: Section,
 # ---- kinds ------------------------------------------------------------------------------------------------
 
 
-def simple(read: Callable[[Nodes, yaml.Node, str], Any], what: str, schema: Mapping[str, Any]) -> Kind:
-    return Kind(lambda ctx, node, key, _m: read(ctx, node, key), what, schema)
+def simple(read: Callable[[Nodes, yaml.Node, str], Any], what: str, schema: Mapping[str, Any],
+           parse: Callable[[str], Any] | None = str, choices: tuple[str, ...] | None = None) -> Kind:
+    return Kind(lambda ctx, node, key, _m: read(ctx, node, key), what, schema, parse=parse, choices=choices)
 
 
-BOOL = simple(boolean, "bool", {"type": "boolean"})
+BOOL = simple(boolean, "bool", {"type": "boolean"}, parse=None)
 STR = simple(string, "string", {"type": "string"})
 OPT_STR = simple(opt_string, "string", {"type": ["string", "null"]})
 STRS = simple(lambda ctx, node, key: items(ctx, node, key, lambda n, k: string(ctx, n, k), "a list of strings"),
@@ -116,25 +148,44 @@ STRS = simple(lambda ctx, node, key: items(ctx, node, key, lambda n, k: string(c
 
 
 def choices(names: tuple[str, ...]) -> Kind:
-    return simple(lambda ctx, node, key: choice(ctx, node, key, names), " \\| ".join(names), {"enum": list(names)})
+    return simple(lambda ctx, node, key: choice(ctx, node, key, names), " \\| ".join(names), {"enum": list(names)},
+                  choices=names)
 
 
-def num(lo: float, hi: float | None = None, unit: str = "") -> Kind:
+def number_text(text: str, lo: float, hi: float | None, word: str) -> float:
+    """A flag's number within [lo, hi], as the file's `number` reads it (NaN and infinity refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise NumberError(f"expected a number of {word}, got {shown(text)}") from None
+    if not math.isfinite(value) or value < lo or (hi is not None and value > hi):
+        bound = f"from {lo:g} to {hi:.15g}" if hi is not None else f"of at least {lo:g}"
+        raise NumberError(f"expected a number of {word} {bound}, got {shown(text)}")
+    return value
+
+
+def num(lo: float, hi: float | None = None, unit: str = "", word: str = "") -> Kind:
+    """`unit`: the docs' " (s)"; `word`: how a flag's error names it ("seconds", the unit's word by default)."""
     bounds = f"{lo:g} to {hi:g}" if hi is not None else f"at least {lo:g}"
     schema: dict[str, Any] = {"type": "number", "minimum": lo}
     if hi is not None:
         schema["maximum"] = hi
-    return simple(lambda ctx, node, key: number(ctx, node, key, lo, hi), f"number{unit}, {bounds}", schema)
+    word = word or {" (s)": "seconds", " (ms)": "milliseconds"}.get(unit, "a number")
+    return simple(lambda ctx, node, key: number(ctx, node, key, lo, hi), f"number{unit}, {bounds}", schema,
+                  parse=lambda text: number_text(text, lo, hi, word))
 
 
-def integer_in(rng: IntRange) -> Kind:
+def integer_in(rng: IntRange, prefixes: bool = True) -> Kind:
+    """`prefixes`: a flag takes 0x/0o/0b too (retsnoop's -C values do)."""
     return simple(lambda ctx, node, key: integer(ctx, node, key, rng), f"integer, {rng.lo} to {rng.hi}",
-                  {"type": "integer", "minimum": rng.lo, "maximum": rng.hi})
+                  {"type": "integer", "minimum": rng.lo, "maximum": rng.hi},
+                  parse=lambda text: parse_int(text, rng, prefixes=prefixes))
 
 
 def size_in(rng: IntRange) -> Kind:
     return simple(lambda ctx, node, key: size(ctx, node, key, rng), f"bytes (K/M/G suffixes), {rng.lo} to {rng.hi}",
-                  {"anyOf": [{"type": "integer", "minimum": rng.lo, "maximum": rng.hi}, {"type": "string"}]})
+                  {"anyOf": [{"type": "integer", "minimum": rng.lo, "maximum": rng.hi}, {"type": "string"}]},
+                  parse=lambda text: parse_size(text, rng))
 
 
 def nested(section: Section, read: Reader, what: str = "mapping", null: bool = False) -> Kind:
@@ -177,6 +228,7 @@ def table_rows(section: Section, prefix: str = "") -> list[str]:
     for name, sect, key in walk(section, prefix):
         default = "required" if key.required else _shown(sect.default(key))
         cells = (f"`{name}`", key.kind.what, f"`{default}`" if default else "",
-                 ", ".join(f"`{f}`" for f in key.flag.split(", ")) if key.flag else "", key.doc)
+                 ", ".join(f"`{f.shown}`" for f in ((key.flag,) if isinstance(key.flag, Flag) else key.flag))
+                 if key.flag else "", key.doc)
         rows.append("| " + " | ".join(c.replace("|", "\\|") if i != 1 else c for i, c in enumerate(cells)) + " |")
     return rows

@@ -15,10 +15,8 @@ loaded, so that the shipped file parses on any machine.
 
 from __future__ import annotations
 
-import yaml
-
-from retsnoop_otel.agent.config_keys import BOOL, STR, Key, Section, num, read_section
-from retsnoop_otel.agent.yaml_nodes import ConfigError, Nodes
+from retsnoop_otel.runtime.config_keys import BOOL, STR, Key, Section, num, read_section
+from retsnoop_otel.runtime.yaml_nodes import ConfigError, Nodes, yaml
 from retsnoop_otel.workload.k8s_settings import KubeConfigError, KubernetesConfig, check_form
 
 KUBERNETES = Section("kubernetes", KubernetesConfig, (
