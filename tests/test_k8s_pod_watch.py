@@ -80,7 +80,7 @@ def server(certs: dict[str, str], token: Path) -> Iterator[FakeApiServer]:
 
 def watch_of(api: FakeApiServer, certs: dict[str, str], token: Path, log: Log,
              cache: PodCache | None = None) -> PodWatch:
-    settings = KubeSettings("node-a", f"https://127.0.0.1:{api.port}", str(token), certs["ca.pem"])
+    settings = KubeSettings("node-a", f"https://127.0.0.1:{api.port}", str(token), Path(certs["ca.pem"]).read_bytes())
     return PodWatch(settings, cache or PodCache(time.monotonic), log, backoff_first_s=0.05, backoff_max_s=0.2)
 
 
@@ -245,7 +245,7 @@ def test_tls_is_checked_against_the_ca_file(server: FakeApiServer, certs, token:
     (tmp_path / "other").mkdir()
     other_ca = make_test_ca(tmp_path / "other")["ca.pem"]
     log = Log()
-    settings = KubeSettings("node-a", f"https://127.0.0.1:{server.port}", str(token), other_ca)
+    settings = KubeSettings("node-a", f"https://127.0.0.1:{server.port}", str(token), Path(other_ca).read_bytes())
     watch = PodWatch(settings, PodCache(time.monotonic), log, backoff_first_s=0.05, backoff_max_s=0.2).start()
     try:
         wait_for(lambda: watch.counters().errors.get("unreachable", 0) >= 2)
@@ -286,7 +286,7 @@ def test_an_ipv6_api_server(certs, token: Path, monkeypatch: pytest.MonkeyPatch)
     api = FakeApiServer({token.read_text().strip()}).start(cert=str(d / "server6.pem"), key=str(d / "server6.key"))
     api.lists.append(Answer(body=fixture("pods_list.json")))
     try:
-        settings = KubeSettings("node-a", f"https://[::1]:{api.port}", str(token), certs["ca.pem"])
+        settings = KubeSettings("node-a", f"https://[::1]:{api.port}", str(token), Path(certs["ca.pem"]).read_bytes())
         watch = PodWatch(settings, PodCache(time.monotonic), Log(), backoff_first_s=0.05, backoff_max_s=0.2).start()
         try:
             lst, w = api.wait_requests(2)[:2]

@@ -12,11 +12,11 @@ error naming the setting.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import NamedTuple
 from urllib.parse import SplitResult, urlsplit
 
-from retsnoop_otel.inputs.files import MAX_PEM_BYTES, ErrorFactory, read_bytes, shown
+from retsnoop_otel.inputs.files import MAX_PEM_BYTES, read_bytes, shown
 from retsnoop_otel.inputs.tls_files import read_ca_bundle
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -39,7 +39,7 @@ class KubeSettings(NamedTuple):
     node_name: str
     api_server: str
     token_file: str
-    ca_file: str | None  # None for an http:// API server (tests only)
+    ca_data: bytes | None  # the cluster CA as read at the start (once, like client-go); None for http:// (tests)
     keep_deleted_s: float = 300.0
     watch_timeout_s: int = WATCH_TIMEOUT_S
 
@@ -97,20 +97,28 @@ def resolve_kubernetes(cfg: KubernetesConfig, environ: Mapping[str, str], prefix
     url = _server_url(server, prefix + "api_server")
     token = _readable(cfg.token_file, root, prefix + "token_file",
                       "mount the service-account token (automountServiceAccountToken: true)")
-    ca = _readable(cfg.ca_file, root, prefix + "ca_file", "mount the service-account token volume, which holds "
-                   "ca.crt, or give the cluster CA", read_ca_bundle) if url.scheme == "https" else None
+    ca = _ca_bundle(_under(cfg.ca_file, root), prefix + "ca_file") if url.scheme == "https" else None
     return KubeSettings(node, server.rstrip("/"), token, ca, cfg.keep_deleted_s)
 
 
-def _readable(path: str, root: str, key: str, fix: str, check: Callable[[str, ErrorFactory], object] | None = None
-              ) -> str:
-    """The path under `root`, read (and parsed by `check`, for the CA) now rather than at the first request."""
-    full = os.path.join(root, path.lstrip("/")) if os.path.isabs(path) else path
+def _ca_bundle(path: str, key: str) -> bytes:
+    """The cluster CA's bytes, checked: the watch's connections are verified with them, never reading the file again."""
+    def error(msg: str) -> Exception:
+        return KubeConfigError(key, f"{msg}; mount the service-account token volume, which holds ca.crt, or give the "
+                               "cluster CA")
+    return read_ca_bundle(path, error)
+
+
+def _under(path: str, root: str) -> str:
+    return os.path.join(root, path.lstrip("/")) if os.path.isabs(path) else path
+
+
+def _readable(path: str, root: str, key: str, fix: str) -> str:
+    """The token's path under `root`, read now rather than at the first request (the watch reads it again at each
+    request: the kubelet rotates it)."""
+    full = _under(path, root)
 
     def error(msg: str) -> Exception:
         return KubeConfigError(key, f"{msg}; {fix}")
-    if check is None:
-        read_bytes(full, "", MAX_PEM_BYTES, error)
-    else:
-        check(full, error)
+    read_bytes(full, "", MAX_PEM_BYTES, error)
     return full

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import quote, urlsplit
 
+from retsnoop_otel.inputs.tls_files import load_ca_data
 from retsnoop_otel.workload.k8s_settings import KubeSettings
 from retsnoop_otel.workload.pods import PodCache, pod_meta
 
@@ -270,7 +271,8 @@ def _connection(settings: KubeSettings) -> http.client.HTTPConnection:
     host = url.hostname or ""  # an IPv6 literal without its brackets; http.client adds them to the Host header
     if url.scheme != "https":
         return http.client.HTTPConnection(host, url.port, timeout=CONNECT_TIMEOUT_S)
-    tls = ssl.create_default_context(cafile=settings.ca_file)
+    tls = ssl.create_default_context()
+    load_ca_data(tls, settings.ca_data or b"")
     return http.client.HTTPSConnection(host, url.port, timeout=CONNECT_TIMEOUT_S, context=tls)
 
 

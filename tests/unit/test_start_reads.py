@@ -169,3 +169,18 @@ def test_the_count_sees_opens_by_openssl(inputs: Path) -> None:
         ssl.create_default_context(cafile=d / "ca.crt")
         (d / "ca.crt").read_bytes()
     assert opens == {"server.crt": 1, "server.key": 1, "ca.crt": 2}
+
+
+def test_the_cluster_ca_is_read_once_for_every_connection_of_the_pod_watch(tmp_path: Path, pki: Pki) -> None:
+    """The CA is checked at the start and its bytes verify each (re)connection of the watch, as client-go does: the
+    file is not opened again per connection."""
+    from retsnoop_otel.workload import k8s_watch
+    from retsnoop_otel.workload.k8s_settings import KubernetesConfig, resolve_kubernetes
+    token = tmp_path / "token"
+    token.write_text("t")
+    cfg = KubernetesConfig(True, "node-a", "https://127.0.0.1:6443", str(token), str(pki.ca))
+    with counting_opens([pki.ca]) as opens:
+        settings = resolve_kubernetes(cfg, {})
+        for _ in range(3):
+            k8s_watch._connection(settings).close()
+    assert opens[pki.ca.name] == 1

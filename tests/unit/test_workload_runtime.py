@@ -95,8 +95,8 @@ def test_kubernetes_section_in_cluster_defaults(tmp_path: Path) -> None:
     assert parse_config(BASE, "agent.yaml").runtime.kubernetes == KubernetesConfig()  # off by default
     from retsnoop_otel.workload.k8s_settings import resolve_kubernetes
     s = resolve_kubernetes(cfg.runtime.kubernetes, env)
-    assert (s.node_name, s.api_server, s.token_file, s.ca_file) == ("node-a", "https://10.96.0.1:443", str(token),
-                                                                     str(ca))
+    assert (s.node_name, s.api_server, s.token_file, s.ca_data) == ("node-a", "https://10.96.0.1:443", str(token),
+                                                                     ca.read_bytes())  # read once, here
     v6 = resolve_kubernetes(cfg.runtime.kubernetes, {**env, "KUBERNETES_SERVICE_HOST": "fd00:10:96::1"})
     assert v6.api_server == "https://[fd00:10:96::1]:443"
 
