@@ -21,6 +21,7 @@ class KeyType:
 
     def __init__(self, key: Key, flag: Flag) -> None:
         self.key, self.read, self.checked = key, flag.parse or key.kind.parse or str, flag.checked
+        self.item = flag.action == "append"  # each occurrence is one item of the key's list
         self.__name__ = key.name  # argparse names the value by its type's name
 
     def __call__(self, text: str) -> Any:
@@ -28,7 +29,7 @@ class KeyType:
             value = self.read(text)
         except (NumberError, ValueError) as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
-        bad = self.key.check(value) if self.key.check and self.checked else None
+        bad = self.key.check([value] if self.item else value) if self.key.check and self.checked else None
         if bad:
             raise argparse.ArgumentTypeError(bad)
         return self.key.convert(value) if self.key.convert else value

@@ -138,6 +138,8 @@ BAD_INPUT = {
     "trace_json_unwritable": ([*TRACE, "--trace-json", "/proc/version/t.json"], {}, 2, "--trace-json /proc/version"),
     "vmlinux_missing": ([*TRACE, "-k", "/no/such/vmlinux"], {}, 2, "-k /no/such/vmlinux: no such file"),
     "glob": (["trace", "-e", "*sys_bpf", "-a", "array_map_* [bpf"], {}, 2, "bad glob 'array_map_* [bpf'"),
+    # an empty -e is a bad glob like any other, not a missing -e (a list key's check sees the flag's one item)
+    "empty_glob": (["trace", "-e", ""], {}, 2, "bad glob ''"),
     "cgroup": ([*TRACE, "--cgroup", "/sys/fs/cgroup/no/such/group"], {}, 2, "--cgroup /sys/fs/cgroup/no/such/group"),
     "agent_config": (["agent", "--config", "{bad_config}"], {}, 2, "agent.yaml:3: probe_sets[0].entry"),
     "agent_check": (["agent", "--check", "{bad_config}"], {}, 2, "agent.yaml:3: probe_sets[0].entry"),
