@@ -288,3 +288,16 @@ def test_renders_match_the_kubernetes_schemas(template, version) -> None:
     for doc in (d for docs in renders for d in docs):
         if doc["kind"] not in MONITORING_KINDS:  # custom resources: no schema here
             kv.validate(doc, version, strict=True)
+
+
+@pytest.mark.parametrize("values, error", [
+    ({"podMonitr": {"enabled": True}}, "additional properties 'podMonitr' not allowed"),
+    ({"exporter": {"protocol": "http/json"}}, "/exporter/protocol"),  # the agent refuses http/json
+    ({"priorityClass": {"value": 2_000_000_000}}, "/priorityClass/value"),  # a system class's range
+])
+def test_values_schema_refuses_mistakes(helm, tmp_path, values, error) -> None:
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    res = subprocess.run([helm, "template", RELEASE, str(CHART), "-f", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0 and error in res.stderr, res.stderr
