@@ -16,19 +16,25 @@ SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 PYTEST_ARGS ?= -ra
 
 .NOTPARALLEL:
-.PHONY: setup apt bpf jaeger wheel docs kernels test unit vmtest lowest lint demo clean distclean
+.PHONY: setup apt bpf jaeger helm wheel docs kernels test unit vmtest lowest lint demo clean distclean
 
 ## setup: Debian packages (only missing ones), .venv with the project and its dev and service extras,
-## BPF objects, and Jaeger (the trace backend of the demo and the tests, built with Go and cached)
+## BPF objects, Jaeger (the trace backend of the demo and the tests) and helm (lint and render of the chart in
+## tests/test_helm_chart.py), both built with Go and cached
 setup:
 	@$(MAKE) --no-print-directory apt
 	@$(MAKE) --no-print-directory $(STAMP)
 	@$(MAKE) --no-print-directory bpf
 	@$(MAKE) --no-print-directory jaeger
+	@$(MAKE) --no-print-directory helm
 
 ## jaeger: Jaeger v2 pinned at v1.75.0 (tests/peers/jaeger/go.mod), built into the cache outside the repo
 jaeger:
 	@tests/peers/build-jaeger >/dev/null
+
+## helm: Helm pinned at v4.3.2 (helm.sh/helm/v4 from the Go module proxy), built into the cache outside the repo
+helm:
+	@tests/peers/build-helm >/dev/null
 
 apt:
 	@missing=$$(for p in $(APT_PACKAGES); do \

@@ -1,5 +1,7 @@
 """Write config/k8s/monitoring/prometheusrule.yaml, the Prometheus Operator form of dashboards/alerts.yml, and
-config/k8s/monitoring/grafana-dashboards.yaml, the dashboards as a ConfigMap for Grafana's dashboard sidecar.
+config/k8s/monitoring/grafana-dashboards.yaml, the dashboards as a ConfigMap for Grafana's dashboard sidecar; and
+copy alerts.yml and the dashboards into the Helm chart's files/ (config/helm/retsnoop-otel/files/: a chart reads
+only files inside it), from which its PrometheusRule and dashboard ConfigMap are rendered.
 
     .venv/bin/python tests/gen_k8s_monitoring.py           # rewrite it after editing the alert rules
     .venv/bin/python tests/gen_k8s_monitoring.py --check   # exit 1 when it is out of date
@@ -12,6 +14,7 @@ what this writes.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -89,7 +92,22 @@ def render_dashboards(paths: list[Path] = DASHBOARDS) -> str:
     return out
 
 
-OUTPUTS = ((OUTPUT, render), (DASHBOARDS_OUTPUT, render_dashboards))
+CHART_FILES = REPO / "config" / "helm" / "retsnoop-otel" / "files"
+
+
+def _copy(source: Path) -> Callable[[], str]:
+    return lambda: source.read_text()
+
+
+OUTPUTS = ((OUTPUT, render), (DASHBOARDS_OUTPUT, render_dashboards), (CHART_FILES / "alerts.yml", _copy(ALERTS)),
+           *((CHART_FILES / "dashboards" / p.name, _copy(p)) for p in DASHBOARDS))
+
+
+def chart_files_stale() -> list[Path]:
+    """The chart's copies that differ from their sources, and files there that no source has."""
+    stale = [out for out, make in OUTPUTS[2:] if not out.exists() or out.read_text() != make()]
+    known = {out for out, _ in OUTPUTS[2:]}
+    return stale + sorted(p for p in CHART_FILES.rglob("*") if p.is_file() and p not in known)
 
 
 def main(argv: list[str]) -> int:
@@ -103,6 +121,7 @@ def main(argv: list[str]) -> int:
         print(__doc__.strip(), file=sys.stderr)
         return 2
     for out, make in OUTPUTS:
+        out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(make())
     return 0
 

@@ -507,6 +507,23 @@ def _key(doc: dict) -> tuple[str, str]:
     return doc["kind"], doc["metadata"]["name"]
 
 
+def _without_added_labels(doc: dict) -> dict:
+    """The object without the recommended labels kustomization.yaml adds (the files carry the name on a few)."""
+    added = {f"app.kubernetes.io/{k}" for k in ("name", "instance", "version", "component", "part-of",
+                                                "managed-by")}
+    doc = yaml.safe_load(yaml.safe_dump(doc))
+    parts = [doc["metadata"]]
+    if doc["kind"] == "DaemonSet":
+        parts.append(doc["spec"]["template"]["metadata"])
+    for meta in parts:
+        labels = {k: v for k, v in meta.get("labels", {}).items() if k not in added}
+        if labels:
+            meta["labels"] = labels
+        else:
+            meta.pop("labels", None)
+    return doc
+
+
 def test_base_renders_the_daemonset_with_the_image_it_names(kustomize) -> None:
     import kubernetes_validate as kv
 
@@ -516,7 +533,9 @@ def test_base_renders_the_daemonset_with_the_image_it_names(kustomize) -> None:
     (c,) = rendered[("DaemonSet", "retsnoop-otel")]["spec"]["template"]["spec"]["containers"]
     assert c["image"] == IMAGE
     c["image"] = "retsnoop-otel"
-    assert rendered == source  # nothing but the image changes
+    rendered = {k: _without_added_labels(d) for k, d in rendered.items()}
+    source = {k: _without_added_labels(d) for k, d in source.items()}
+    assert rendered == source  # nothing but the image and the recommended labels change
     for doc in kustomize("base"):
         kv.validate(doc, OLDEST_KUBERNETES, strict=True)
 
@@ -524,12 +543,13 @@ def test_base_renders_the_daemonset_with_the_image_it_names(kustomize) -> None:
 def test_monitoring_overlay_adds_the_operator_objects_and_the_dashboards(kustomize) -> None:
     base = {_key(d) for d in kustomize("base")}
     overlay = {_key(d): d for d in kustomize("monitoring")}
-    added = {k: overlay[k] for k in set(overlay) - base}
+    added = {k: _without_added_labels(overlay[k]) for k in set(overlay) - base}
     files = [PODMONITOR, PROMETHEUS_RULE, DASHBOARDS_OUTPUT]
-    assert added == {_key(d): d for f in files for d in load_docs(f)}
+    assert added == {_key(d): _without_added_labels(d) for f in files for d in load_docs(f)}
 
 
 def test_the_image_is_named_in_one_place() -> None:
     named = [str(p.relative_to(REPO)) for p in sorted((REPO / "config").rglob("*")) if p.is_file()
              and "ghcr.io/retsnoop-otel" in p.read_text(errors="replace")]
-    assert named == ["config/k8s/base/kustomization.yaml"], named
+    # the chart's values and the base, kept alike by tests/test_helm_chart.py
+    assert named == ["config/helm/retsnoop-otel/values.yaml", "config/k8s/base/kustomization.yaml"], named

@@ -1,10 +1,10 @@
 """`retsnoop-otel agent`: the capture runtime driven by a YAML file, for as long as the host runs.
 
 One capture loop polls every probe set's ring buffer; each kept session becomes one trace handed
-to bounded export queues (the network never blocks capture). SIGHUP reloads the file: the new
-probe sets are attached before the old ones are detached, and a bad new file (or one that does
-not attach) leaves the old ones running. SIGTERM/SIGINT detach everything, flush the exporters
-within a deadline and exit 0.
+to bounded export queues (the network never blocks capture). SIGHUP reloads the file, and so does a
+change of it (config_watch.py: a ConfigMap update too): the new probe sets are attached before the
+old ones are detached, and a bad new file (or one that does not attach) leaves the old ones running.
+SIGTERM/SIGINT detach everything, flush the exporters within a deadline and exit 0.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import TextIO
 
 from retsnoop_otel import __version__
 from retsnoop_otel.agent.config_file import AgentConfig, ConfigError, LoggingConfig, load_config
+from retsnoop_otel.agent.config_watch import ConfigWatch
 from retsnoop_otel.command.errors import EXIT_HOST, EXIT_INPUT, RunRefused, exit_code_epilog
 from retsnoop_otel.command.help_format import HelpFormatter, OneLineParser
 from retsnoop_otel.command.log_bridge import bridge_library_logs
@@ -32,7 +33,7 @@ from retsnoop_otel.symbols.discovery import Discovery, format_dry_run
 
 class Agent:
     def __init__(self, config_path: str, deps: RuntimeDeps | None = None, log: EventLog | None = None,
-                 started: StartClock | None = None, before: Sequence[Phase] = ()) -> None:
+                 started: StartClock | None = None, before: Sequence[Phase] = (), watch: bool = False) -> None:
         self.config_path = config_path
         self.started = started  # when main() began (cli.py): the start log says where the time went
         self.before = list(before)  # Python's start and the imports, measured by main()
@@ -40,9 +41,22 @@ class Agent:
         self.log = log or EventLog()
         self.runtime: Runtime | None = None
         self.requests = Requests()
+        self.watch_file = watch
+        self.watch: ConfigWatch | None = None
 
     def start(self) -> None:
-        """Load the config and attach everything; on failure nothing is left attached or listening."""
+        """Load the config and attach everything; on failure nothing is left attached or listening. With `watch`,
+        the file is watched from before it is read: a change during the start reloads once the run begins."""
+        if self.watch_file:
+            self.watch = ConfigWatch(self.config_path, lambda: self.requests.ask_reload("file change"), self.log)
+            self.watch.start()
+        try:
+            self._start()
+        except BaseException:
+            self.stop_watch()
+            raise
+
+    def _start(self) -> None:
         cfg = load_config(self.config_path, "--config file")
         self.log.configure(cfg.logging.format, self._level(cfg.logging))
         runtime = Runtime(cfg.runtime, self.deps, self.log)
@@ -55,7 +69,8 @@ class Agent:
         if self.started is not None:
             phases.append(phase_since("ready", self.started.main_t0, "main to attached"))
         self.log.info("agent started", config=self.config_path, listen=cfg.runtime.metrics.listen,
-                      probe_sets=len(runtime.probe_sets), version=__version__, **phase_fields(phases))
+                      probe_sets=len(runtime.probe_sets), version=__version__, watch=self.watch is not None,
+                      **phase_fields(phases))
 
     def _level(self, logging: LoggingConfig) -> str:
         """logging.level, else OTEL_LOG_LEVEL (the run's settings warn about a value it cannot be), else info."""
@@ -70,22 +85,32 @@ class Agent:
     def run(self) -> int:
         """The capture loop; returns when a stop was requested (after shutdown)."""
         assert self.runtime is not None, "start() first"
-        self.runtime.run(self.requests, reload=self.reload)
+        try:
+            self.runtime.run(self.requests, reload=self.reload)
+        finally:
+            self.stop_watch()
         return 0
+
+    def stop_watch(self) -> None:
+        if self.watch is not None:
+            watch, self.watch = self.watch, None
+            watch.stop()
 
     def reload(self) -> bool:
         """Apply the config file again; on any error keep what runs now. Returns success."""
         assert self.runtime is not None
+        trigger, self.requests.reload_cause = self.requests.reload_cause or "request", ""
+        self.log.info("reloading config", trigger=trigger, config=self.config_path)
         try:
             cfg = load_config(self.config_path, "--config file")
         except ConfigError as exc:
-            self.runtime.reload_failed(str(exc), config=self.config_path)
+            self.runtime.reload_failed(str(exc), config=self.config_path, trigger=trigger)
             return False
         if not self.runtime.reload(cfg.runtime, _AgentHook(self.log)):
             return False
         self.log.configure(cfg.logging.format, self._level(cfg.logging))
         self.log.info("config reloaded", config=self.config_path, probe_sets=len(self.runtime.probe_sets),
-                      **phase_fields(self.runtime.phases))
+                      trigger=trigger, **phase_fields(self.runtime.phases))
         return True
 
 
@@ -193,6 +218,8 @@ def main(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr,
     p.add_argument("--health", action="store_true", help="ask the agent running with --config FILE for its "
                    "/healthz, where and as the config serves it (TLS, basic auth); exit 0 when healthy (a container's "
                    "health check)")
+    p.add_argument("--no-watch-config", dest="watch_config", action="store_false", help="do not reload when the "
+                   "--config file changes (a ConfigMap update included); SIGHUP still reloads")
     args = p.parse_args(argv)
     if args.health:
         if not args.config:
@@ -214,7 +241,7 @@ def main(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr,
         p.error("--config FILE is required (or --check FILE)")
     log = EventLog(err)
     bridge_library_logs(log)  # grpc's and the exporters' own warnings follow the configured log format too
-    agent = Agent(args.config, log=log, started=started, before=before)
+    agent = Agent(args.config, log=log, started=started, before=before, watch=args.watch_config)
     agent.requests.install(reload=True)
     try:
         agent.start()

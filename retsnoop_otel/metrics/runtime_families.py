@@ -60,8 +60,8 @@ class RuntimeCollector(Collector):
         yield traces
         yield CounterMetricFamily("retsnoop_session_errors", "Sessions that could not be turned into spans",
                                   value=c.session_errors)
-        reloads = CounterMetricFamily("retsnoop_config_reloads", "Config reloads (SIGHUP) by result",
-                                      labels=["result"])
+        reloads = CounterMetricFamily("retsnoop_config_reloads",
+                                      "Config reloads (SIGHUP or a change of the file) by result", labels=["result"])
         for result in ("success", "failure"):
             reloads.add_metric([result], c.reloads.get(result, 0))
         yield reloads

@@ -10,11 +10,17 @@ import signal
 
 
 class Requests:
-    __slots__ = ("stop", "reload")
+    __slots__ = ("stop", "reload", "reload_cause")
 
     def __init__(self) -> None:
         self.stop = False
         self.reload = False
+        self.reload_cause = ""  # what asked for the pending reload, for its log line: "SIGHUP", "file change"
+
+    def ask_reload(self, cause: str) -> None:
+        """From a signal handler or another thread (the agent's config watch): the cause first, then the flag."""
+        self.reload_cause = cause
+        self.reload = True
 
     def install(self, reload: bool) -> Requests:
         """SIGTERM and SIGINT ask for a stop; with `reload`, SIGHUP for a reload."""
@@ -28,4 +34,4 @@ class Requests:
         self.stop = True
 
     def _reload(self, _sig: int, _frame: object) -> None:
-        self.reload = True
+        self.ask_reload("SIGHUP")

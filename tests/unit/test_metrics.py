@@ -86,7 +86,7 @@ retsnoop_export_errors_total 1.0
 # HELP retsnoop_session_errors_total Sessions that could not be turned into spans
 # TYPE retsnoop_session_errors_total counter
 retsnoop_session_errors_total 0.0
-# HELP retsnoop_config_reloads_total Config reloads (SIGHUP) by result
+# HELP retsnoop_config_reloads_total Config reloads (SIGHUP or a change of the file) by result
 # TYPE retsnoop_config_reloads_total counter
 retsnoop_config_reloads_total{{result="success"}} 0.0
 retsnoop_config_reloads_total{{result="failure"}} 0.0
