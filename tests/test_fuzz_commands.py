@@ -3,8 +3,9 @@
 Every run is `retsnoop-otel ...` as a subprocess (tests/command_runs.py), two at a time, in a user namespace of
 its own: it holds no capability over the kernel, whatever the host allows. So an input is either refused as
 bad input (exit 2, before any host fact is read) or valid, and then it ends in the refusal of kernel tracing
-(exit 1, that one line: no privileges, or a kernel without kprobes and fentry): whatever reaches that check has
-passed validation, and nothing is ever attached. An OTEL_* variable is not the tool's own input: a value it cannot
+(exit 1, that one line: no privileges, or a kernel without kprobes and fentry; `agent --check` skips it instead,
+says so on stdout and exits 0): whatever reaches that check has passed validation, and nothing is ever attached.
+An OTEL_* variable is not the tool's own input: a value it cannot
 use is one warning line before that (each variable at most once, naming it) and ignored ("warned" in the corpus).
 Every run must also end within TIMEOUT_S, stay under MAX_RSS_MB, write one line (besides those warnings) of at most
 MAX_LINE characters to stderr and nothing to stdout, never a traceback, never a secret it was given.
@@ -65,16 +66,20 @@ def problems(case: Case, out: Outcome) -> list[str]:
         found.append(f"{out.max_rss_mb:.0f} MB of memory")
     if case.secret and case.secret in text:
         found.append("echoed the secret")
-    if out.stdout.strip():
+    checked = "--check" in case.argv and out.code == 0  # agent --check: the kernel's checks skipped, exit 0
+    if checked:
+        if not (lines == [] and "kernel checks skipped (" in out.stdout and "configuration is valid" in out.stdout):
+            found.append(f"--check passed without saying what it skipped: {out.stdout[-300:]!r}")
+    elif out.stdout.strip():
         found.append(f"wrote to stdout: {out.stdout[:200]!r}")
-    if len(lines) != 1:
+    elif len(lines) != 1:
         found.append(f"{len(lines)} lines on stderr")
     elif len(lines[0]) > MAX_LINE:
         found.append(f"a {len(lines[0])}-character line")
-    host = out.code == 1 and len(lines) == 1 and any(r in lines[0] for r in HOST_REFUSALS)
+    host = checked or (out.code == 1 and len(lines) == 1 and any(r in lines[0] for r in HOST_REFUSALS))
     if case.expect == "refused" and out.code != 2:
         found.append(f"exit {out.code}, not 2 (bad input)")
-    elif case.expect in ("valid", "warned") and not (host and any(r in lines[0] for r in TRACING_REFUSED)):
+    elif case.expect in ("valid", "warned") and not (checked or (host and any(r in lines[0] for r in TRACING_REFUSED))):
         found.append(f"exit {out.code}: did not reach this host's kernel refusal")
     if case.expect == "valid" and warned:
         found.append(f"warned about valid input: {warned[0][1][:200]!r}")

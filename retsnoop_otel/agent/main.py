@@ -14,21 +14,20 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from retsnoop_otel import __version__
-from retsnoop_otel.agent.config_file import AgentConfig, ConfigError, LoggingConfig, load_config
+from retsnoop_otel.agent.check import check, located
+from retsnoop_otel.agent.config_file import ConfigError, LoggingConfig, load_config
 from retsnoop_otel.agent.config_watch import ConfigWatch
-from retsnoop_otel.command.errors import EXIT_HOST, EXIT_INPUT, RunRefused, exit_code_epilog
+from retsnoop_otel.command.errors import EXIT_INPUT, RunRefused, exit_code_epilog
 from retsnoop_otel.command.help_format import HelpFormatter, OneLineParser
 from retsnoop_otel.command.log_bridge import bridge_library_logs
 from retsnoop_otel.command.logs import EventLog
 from retsnoop_otel.export.otel_env import log_level
-from retsnoop_otel.runtime.config import MetricsConfig, ProbeSetConfig
 from retsnoop_otel.runtime.deps import RuntimeDeps
-from retsnoop_otel.runtime.hooks import Resolved, StartHook
+from retsnoop_otel.runtime.hooks import StartHook
 from retsnoop_otel.runtime.probe_set import ProbeSet
 from retsnoop_otel.runtime.requests import Requests
 from retsnoop_otel.runtime.runtime import Runtime
 from retsnoop_otel.runtime.startup import Phase, StartClock, phase_fields, phase_since
-from retsnoop_otel.symbols.discovery import Discovery, format_dry_run
 
 
 class Agent:
@@ -63,7 +62,7 @@ class Agent:
         try:
             runtime.start(_AgentHook(self.log))
         except RunRefused as exc:
-            raise _located(exc, cfg) from None
+            raise located(exc, cfg) from None
         self.runtime = runtime
         phases = [*self.before, *runtime.phases]
         if self.started is not None:
@@ -134,77 +133,6 @@ class _AgentHook(StartHook):
                                  error=err.splitlines()[0])
 
 
-def _located(exc: RunRefused, cfg: AgentConfig) -> RunRefused:
-    """The runtime's error with the file and line of the key it names."""
-    return exc if exc.probe_set else type(exc)(cfg.where(exc.message))
-
-
-def _sampling_text(ps: object, metrics: MetricsConfig) -> str:
-    """What --check says of sampling (with the tracestate the spans carry) and of the histogram buckets."""
-    from retsnoop_otel.capture.sampling import threshold, trace_state
-    s = ps.sampling  # type: ignore[attr-defined]
-    rng = ps.duration_range or metrics.duration_range  # type: ignore[attr-defined]
-    buckets = f", duration buckets {rng.describe()}" if rng is not None else ""
-    if not s.captures_success:
-        return f"success sessions: none{buckets}"
-    if s.success_rate_per_s:
-        return f"success sessions: {s.success_rate_per_s:g}/s per entry function (no sampling threshold){buckets}"
-    return (f"success sessions: probability {s.success_probability:g} "
-            f"({trace_state(threshold(s.success_probability))}){buckets}")
-
-
-class _CheckHook(StartHook):
-    """--check: every probe set resolved against this kernel, one report per set, and nothing attached."""
-
-    outputs = False  # neither /metrics nor the outputs: a running agent may hold them
-    each_set = True
-
-    def __init__(self, metrics: MetricsConfig, err: TextIO) -> None:
-        self.metrics = metrics
-        self.err = err
-        self.report: list[str] = []
-        self.failed = 0
-
-    def warned(self, runtime: Runtime, messages: tuple[str, ...]) -> None:
-        """The OTEL_* values ignored, on stderr at once: said even when a later check fails."""
-        for message in messages:
-            print(f"retsnoop-otel agent: warning: {message}", file=self.err, flush=True)
-
-    def discovered(self, ps: ProbeSetConfig, found: Discovery | None, error: RunRefused | None) -> None:
-        if found is None:
-            self.report.append(f"probe set '{ps.name}': ERROR: {error.message if error else 'not resolved'}")
-            self.failed += 1
-            return
-        modes = [f"attach_mode {ps.attach_mode} -> {found.mode}"] if found.mode else []
-        modes += [f"user_attach_mode {ps.user_attach_mode} -> {found.user_mode}"] if found.user_mode else []
-        self.report.append(f"probe set '{ps.name}' (mode {ps.mode}, {', '.join(modes)}, "
-                           f"{_sampling_text(ps, self.metrics)}):\n"
-                           + "  " + format_dry_run(found).replace("\n", "\n  "))
-
-    def go_on(self, runtime: Runtime, found: Resolved) -> bool:
-        return False
-
-
-def check(path: str, out: TextIO, deps: RuntimeDeps | None = None, err: TextIO | None = None) -> int:
-    """`agent --check`: validate, then resolve every probe set's globs against this kernel (no attach).
-
-    "configuration is valid" is the last line, printed only after every check passed: the config, the files and
-    endpoints it names, this host's kernel and each probe set's functions. A failed check ends the run with its
-    error alone (raised: exit 2 for bad input, 1 for this host) or, for probe sets whose globs match nothing
-    here, their ERROR lines and exit 1. The OTEL_* values ignored are warned about on `err` (stderr)."""
-    cfg = load_config(path, "--check file")
-    hook = _CheckHook(cfg.runtime.metrics, sys.stderr if err is None else err)
-    try:
-        Runtime(cfg.runtime, deps or RuntimeDeps()).start(hook)
-    except RunRefused as exc:
-        raise _located(exc, cfg) from None
-    print("\n\n".join(hook.report), file=out)
-    if hook.failed:
-        return EXIT_HOST.code
-    print(f"\n{path}: configuration is valid ({len(cfg.runtime.probe_sets)} probe sets)", file=out)
-    return 0
-
-
 def main(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr,
          started: StartClock | None = None) -> int:
     before = [*started.before_main(), phase_since("imports", started.main_t0, "the agent's modules")] if started else []
@@ -213,8 +141,11 @@ def main(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr,
                                             "sessions as OTLP traces, metrics on /metrics.",
                                 epilog=exit_code_epilog())
     p.add_argument("--config", metavar="FILE", help="YAML config (see config/agent.yaml)")
-    p.add_argument("--check", metavar="FILE", help="validate FILE and resolve its globs against the running "
-                   "kernel without attaching; exit 0 when every probe set would attach")
+    p.add_argument("--check", metavar="FILE", help="validate FILE as the run would, without attaching: settings, "
+                   "outputs (files opened, /metrics bound, then released), and on a host that can trace the globs "
+                   "against this kernel (skipped and said otherwise); the run's exit code")
+    p.add_argument("--no-kernel", action="store_true", help="with --check: skip the checks that need this host's "
+                   "kernel (privileges, kernel, globs) even where it can trace, as in CI")
     p.add_argument("--health", action="store_true", help="ask the agent running with --config FILE for its "
                    "/healthz, where and as the config serves it (TLS, basic auth); exit 0 when healthy (a container's "
                    "health check)")
@@ -230,13 +161,15 @@ def main(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr,
         return code
     if args.check:
         try:
-            return check(args.check, out, err=err)
+            return check(args.check, out, err=err, no_kernel=args.no_kernel)
         except ConfigError as exc:
             print(f"retsnoop-otel agent: {exc}", file=err)
             return EXIT_INPUT.code
         except RunRefused as exc:
             print(f"retsnoop-otel agent: {exc}", file=err)
             return exc.exit_code
+    if args.no_kernel:
+        p.error("--no-kernel goes with --check FILE")
     if not args.config:
         p.error("--config FILE is required (or --check FILE)")
     log = EventLog(err)

@@ -26,7 +26,7 @@ class Runtime(Protocol):
 class StartHook:
     """This one says nothing and goes through every step: the agent's run."""
 
-    outputs = True  # bind /metrics and open the outputs (agent --check needs neither)
+    outputs = True  # bind /metrics and open the outputs to keep (False: agent --check opens and releases them)
     each_set = False  # a probe set whose functions cannot be resolved goes to discovered(); the rest go on
 
     def warned(self, runtime: Runtime, messages: tuple[str, ...]) -> None:

@@ -14,7 +14,7 @@ from retsnoop_otel.metrics.series import SeriesBounds, SeriesLimiter
 from retsnoop_otel.metrics.workload_series import WorkloadSeries, label_value
 from retsnoop_otel.runtime.config import ProbeSetConfig
 from retsnoop_otel.runtime.settings import RunSettings
-from retsnoop_otel.runtime.sinks import ExportTotals
+from retsnoop_otel.runtime.sinks import ExportTotals, check_outputs
 
 
 class RuntimeMetrics:
@@ -57,6 +57,20 @@ class RuntimeMetrics:
                                  setting=cfg.names.listen, web=self.web(settings))
         except ListenError as exc:
             raise SetupError(str(exc)) from None
+
+    def check(self, settings: RunSettings) -> None:
+        """agent --check's outputs step: /metrics bound (with its web config) and released at once, the output
+        files opened the way the run opens them; nothing listens or is written afterwards. An address in use
+        passes: the agent this file is checked for may be the one holding it (a reload keeps its listener)."""
+        try:
+            server = self.bind(settings)
+        except SetupError as exc:
+            if "already in use" not in exc.message:
+                raise
+            server = None
+        if server is not None:
+            server.close()
+        check_outputs(settings)
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         """/healthz: the server answers only once the run is attached (answer), so this is about staying so."""

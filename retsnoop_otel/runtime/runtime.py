@@ -1,12 +1,11 @@
 """The one capture runtime behind `trace` and `agent`: inputs, kernel environment, probe sets, poll loop, sinks.
 
-`_steps` is the one sequence of the start's steps, in the order that keeps a refused run from leaving anything
-behind: settings (pure; settings.py; the OTEL_* values it ignores go to the hook's warned() at once), outputs
-(binds /metrics, opens files and exporters), privileges, kernel, discovery (per probe set, nothing attached),
-attach. `start` keeps what they made (build.py); `reload` runs them for a new config, building the changed
-outputs and the probe sets beside the running ones and swapping them in once attached, so a bad new config
-leaves the old one running. Commands act between the steps through a StartHook (hooks.py); the kernel, the
-network and the clock come in through RuntimeDeps (deps.py); ended sessions go out through routing.py.
+`_steps` is the one sequence of the start's steps (agent --check's too), in the order that keeps a refused run from
+leaving anything behind: settings (pure; settings.py; the OTEL_* values it ignores go to the hook's warned()), outputs
+(binds /metrics, opens files and exporters), privileges, kernel, discovery (per probe set, nothing attached), attach.
+`start` keeps what they made (build.py); `reload` runs them for a new config, building the changed outputs and the
+probe sets beside the running ones and swapping them in once attached, so a bad new config leaves the old one running.
+Commands act between the steps through a StartHook (hooks.py); the kernel, the network, the clock: RuntimeDeps.
 """
 
 from __future__ import annotations
@@ -81,6 +80,8 @@ class Runtime:
         hook.warned(self, b.settings.warnings)
         if hook.outputs:
             self._outputs(b, running)
+        else:  # agent --check: the same outputs, opened and released at once
+            self.metrics.check(b.settings)
         self.phases.append(phase_since("inputs", t0, "flags or config, outputs"))
         self.deps.check_privileges()
         b.env, b.env_key = self._kernel(b.settings)

@@ -202,8 +202,44 @@ class Sinks:
 
 
 def _open(path: str, name: str, opener: Callable[[str], Any]) -> Any:
-    """A file output opened now: an unwritable path is the user's input error, said before any attach."""
+    """A file output opened now: an unwritable path is the user's input error, said before any attach. Its kind is
+    checked first: a FIFO would block the open (and the signals with it), a device such as /dev/full loses every
+    span without a word."""
+    refused = _kind_refused(path)
+    if refused:
+        raise InputError(name_it(name, f"{path}: {refused}; give a regular file (or /dev/null)"))
     try:
         return opener(path)
     except OSError as exc:
         raise InputError(name_it(name, f"{path}: {exc.strerror or exc}; give a writable file")) from None
+
+
+def _kind_refused(path: str) -> str:
+    """Why an existing output path is no file the run can append to ("" when it is one, or does not exist yet)."""
+    import os
+    import stat
+    if path == "":
+        return "an empty path"
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return ""  # created by the open, or refused there with the system's reason
+    if stat.S_ISREG(mode) or os.path.realpath(path) == "/dev/null":
+        return ""
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+    return "is " + next((what for test, what in kinds if test(mode)), "not a regular file")
+
+
+def check_outputs(settings: RunSettings) -> None:
+    """agent --check: each output file opened (created) the way the run opens it, nothing written; a file that
+    the check created is removed again, so that a check leaves the host as it found it."""
+    import os
+    cfg, names = settings.config.exporter, settings.config.names
+    for path, name in ((cfg.file, names.file), (cfg.trace_json, names.trace_json)):
+        if path is None:
+            continue
+        existed = os.path.lexists(path)
+        _open(path, name, lambda p: open(p, "a", encoding="utf-8")).close()  # noqa: SIM115
+        if not existed:
+            os.unlink(path)

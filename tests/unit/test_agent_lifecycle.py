@@ -405,10 +405,10 @@ def test_check_prints_what_each_probe_set_would_attach(tmp_path: Path) -> None:
     assert "would attach 3 (2 entry) in kprobe mode" in text
     assert "success sessions: probability 1" in text
     cfg.write_text(AGENT_CONFIG.format(prob=1.0).replace("[bpf_prog_load]", "[nope_*]"))
-    out = io.StringIO()
-    assert check(str(cfg), out, World().deps()) == 1
-    assert "probe set 'prog_load': ERROR" in out.getvalue() and "nope_*" in out.getvalue()
-    assert "configuration is valid" not in out.getvalue()
+    out, err = io.StringIO(), io.StringIO()
+    assert check(str(cfg), out, World().deps(), err=err) == 2  # the run's exit code and stream for bad input
+    assert err.getvalue().startswith("retsnoop-otel agent: probe set 'prog_load': ") and "nope_*" in err.getvalue()
+    assert out.getvalue() == ""
 
 
 def test_main_reports_config_and_setup_errors(tmp_path: Path) -> None:
