@@ -24,7 +24,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from elftools.elf.elffile import ELFFile
@@ -78,10 +78,10 @@ class _Elf:
         return (name, vaddr - start) if vaddr < end else None
 
 
-def elf_functions(elf: ELFFile, sec, aliases: bool = False) -> list[tuple[int, int, str]]:
-    """(address, size, name) of every defined function, one per address (global > weak > local), or with
-    `aliases` every name of it, that one first (libc's getpid is a weak alias of the global __getpid: a user
-    names the function by either).
+def function_symbols(elf: ELFFile, sec) -> Iterator[tuple[int, int, int, int, str]]:
+    """(index in the table, address, size, binding, name as stored) of every defined function of a symbol table.
+    A .symtab name may carry a version (`memcpy@GLIBC_2.2.5`, `f@@V2`); a .dynsym one never does (.gnu.version
+    says it). Bindings: 0 local, 1 global, 2 weak.
 
     Reads the raw table: pyelftools' per-symbol objects cost ~10 us each, too slow for big binaries."""
     is64 = elf.elfclass == 64
@@ -90,18 +90,24 @@ def elf_functions(elf: ELFFile, sec, aliases: bool = False) -> list[tuple[int, i
     data = sec.data()
     strtab = elf.get_section(sec["sh_link"]).data()
     mask = ~1 if elf["e_machine"] == "EM_ARM" else ~0  # Thumb functions have bit 0 set
-    rows = []
-    for ent in struct.iter_unpack(fmt, data[:len(data) - len(data) % esize]):
+    for i, ent in enumerate(struct.iter_unpack(fmt, data[:len(data) - len(data) % esize])):
         name, info, _o, shndx, value, size = ent if is64 else (ent[0], ent[3], ent[4], ent[5], ent[1], ent[2])
         if info & 0xF not in _FUNC_TYPES or shndx == 0 or value == 0 or name == 0:
             continue
-        text = strtab[name:strtab.find(b"\0", name)].decode(errors="replace").split("@", 1)[0]  # f@@GLIBC_2.34
-        rank = {1: 0, 2: 1}.get(info >> 4, 2)
-        rows.append((value & mask, rank, text.startswith("_"), text, size))
+        yield i, value & mask, size, info >> 4, strtab[name:strtab.find(b"\0", name)].decode(errors="replace")
+
+
+def elf_functions(elf: ELFFile, sec) -> list[tuple[int, int, str]]:
+    """(address, size, name) of every defined function, one name per address: global > weak > local, then a
+    name without a leading '_' (a stack frame shows one name; uprobes' specs match every name, user_funcs.py)."""
+    rows = []
+    for _i, value, size, bind, text in function_symbols(elf, sec):
+        text = text.split("@", 1)[0]  # f@@GLIBC_2.34
+        rows.append((value, {1: 0, 2: 1}.get(bind, 2), text.startswith("_"), text, size))
     rows.sort()
     out: list[tuple[int, int, str]] = []
     for value, _rank, _under, text, size in rows:
-        if not out or out[-1][0] != value or (aliases and out[-1][2] != text):
+        if not out or out[-1][0] != value:
             out.append((value, size, text))
     return out
 

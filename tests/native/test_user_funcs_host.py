@@ -8,6 +8,7 @@ fentry, which this host lacks.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -199,6 +200,75 @@ def test_bad_user_specs_get_one_line_and_exit_2(app: str, spec: str, says: str) 
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stdout == "", proc
     assert proc.stderr.count("\n") == 1 and says.format(app=app) in proc.stderr, proc.stderr
+
+
+def test_a_binary_that_is_no_regular_file_says_what_it_is_in_one_line_and_exit_2(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "loop").symlink_to("loop")
+    for path, why in ((str(tmp_path), "is a directory"), (str(tmp_path / "fifo"), "not a regular file (a FIFO)"),
+                      ("/dev/null", "not a regular file (a character device)"),
+                      (str(tmp_path / "loop"), "too many levels of symbolic links")):
+        proc = subprocess.run([sys.executable, "-m", "retsnoop_otel", "trace", "-e", f"u:{path}:f"],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and proc.stdout == "", proc
+        assert proc.stderr == f"retsnoop-otel: '{path}': {why} (give the path of an executable or shared library)\n"
+
+
+def _mapped_libc() -> str:
+    """This machine's libc.so.6, as this process mapped it (/lib/x86_64-linux-gnu/libc.so.6 on Debian's x86-64)."""
+    with open("/proc/self/maps") as f:
+        return next(os.path.realpath(p) for line in f if os.path.basename(p := line.split()[-1]) == "libc.so.6")
+
+
+def _dynsym(path: str) -> dict[str, int]:
+    """readelf's .dynsym: name as it prints it (with @VERSION or @@VERSION) -> address, for the functions."""
+    out = subprocess.run(["readelf", "--dyn-syms", "-W", path], capture_output=True, text=True, check=True).stdout
+    rows = [line.split() for line in out.splitlines()]
+    return {r[7]: int(r[1], 16) for r in rows if len(r) >= 8 and r[3] in ("FUNC", "IFUNC") and r[6] != "UND"}
+
+
+def test_libc_libc_so_and_libc_so_6_are_this_machines_libc(tmp_path: Path) -> None:
+    """Debian's libc.so (beside libc.so.6, in the same directory) is a GNU ld script: `libc` and `libc.so` mean the
+    SONAME'd libc.so.6, as ld.so's cache says, not that text file."""
+    from retsnoop_otel.symbols.user_funcs import resolve_binary
+    libc = _mapped_libc()
+    assert [resolve_binary(name) for name in ("libc", "libc.so", "libc.so.6")] == [libc] * 3
+    proc = subprocess.run([sys.executable, "-m", "retsnoop_otel", "trace", "-e", "u:libc.so:getpid", "--dry-run"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and f"    getpid [u:{libc}]  errors: errno" in proc.stdout, proc
+    # the cache is read as ldconfig prints it
+    from retsnoop_otel.symbols.user_funcs import _ld_cache
+    ldconfig = next(p for p in ("/sbin/ldconfig", "/usr/sbin/ldconfig") if os.path.exists(p))
+    printed = subprocess.run([ldconfig, "-p"], capture_output=True, text=True, check=True).stdout.splitlines()[1:]
+    assert {(n, p) for n, p, _h in _ld_cache("/")} == \
+        {(line.split()[0], line.split(" => ")[1]) for line in printed if " => " in line}
+
+
+def test_libc_weak_and_versioned_aliases_name_one_function(tmp_path: Path) -> None:
+    """glibc's getpid is a weak alias of its global __getpid (one address, two names, each versioned in .dynsym:
+    getpid@@GLIBC_2.2.5); realpath@@GLIBC_2.3 is what `realpath` binds to now, realpath@GLIBC_2.2.5 the old one kept
+    for programs linked before 2.3. A glob matches any name of an address; the address is attached once."""
+    from retsnoop_otel.symbols.user_funcs import UserFuncError, discover_user
+    libc = _mapped_libc()
+    syms = _dynsym(libc)
+
+    def found(*globs: str, deny: tuple[str, ...] = ()) -> list[tuple[str, int]]:
+        funcs, _ = discover_user([f"u:libc.so.6:{g}" for g in globs], [], [f"u:libc.so.6:{d}" for d in deny], 1,
+                                 lines=False)
+        assert {f.binary for f in funcs} == {libc}
+        return [(f.name, f.addr) for f in funcs]
+
+    getpid = syms["__getpid@@GLIBC_2.2.5"]
+    assert syms["getpid@@GLIBC_2.2.5"] == getpid
+    assert found("getpid") == [("getpid", getpid)] and found("__getpid") == [("__getpid", getpid)]
+    assert found("getpid@@GLIBC_2.2.5") == [("getpid@@GLIBC_2.2.5", getpid)]
+    assert found("*getpid") == [("getpid", getpid)]  # two names, one function, named without the underscores
+    assert found("getpid", "__getpid", "getpid@*") == [("getpid", getpid)]  # the first name given, once
+    with pytest.raises(UserFuncError, match="^every user entry function was denied: u:libc.so.6:getpid$"):
+        found("getpid", deny=("__getpid",))  # a deny matches any name of the address too
+    assert found("realpath") == [("realpath", syms["realpath@@GLIBC_2.3"])]
+    assert found("realpath@GLIBC_2.2.5") == [("realpath@GLIBC_2.2.5", syms["realpath@GLIBC_2.2.5"])]
+    assert syms["realpath@GLIBC_2.2.5"] != syms["realpath@@GLIBC_2.3"]
 
 
 def test_a_kernel_glob_beside_user_functions_says_why_this_host_cannot(app: str) -> None:
