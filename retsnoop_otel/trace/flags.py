@@ -61,8 +61,8 @@ assert OTLP is not None
 KEY_SECTIONS = (TOP, PROBE_SET, FILTERS, SAMPLING, EXPORTER, OTLP, METRICS)  # the sections with trace flags
 TRACE_NAMES = InputNames(
     otlp=MappingProxyType({"endpoint": "--otlp-endpoint", "protocol": "--otlp-protocol"}),
-    listen="--metrics-port", trace_json="--trace-json", vmlinux="-k", cgroup="--cgroup", lbr="--lbr",
-    attach_mode="-F/-K/-M/--kprobe-session", web_config="--web.config.file")
+    listen="--metrics-port", listen_host="--metrics-addr", trace_json="--trace-json", vmlinux="-k", cgroup="--cgroup",
+    lbr="--lbr", attach_mode="-F/-K/-M/--kprobe-session", web_config="--web.config.file")
 # -C keys that are config keys too (limits.ringbuf_size, limits.max_sessions): read, ranged and described by the
 # key's declaration; the others are retsnoop's alone
 C_FROM_KEYS = c_keys(LIMITS)
@@ -146,6 +146,23 @@ def _int_flag(rng: IntRange):  # type: ignore[no-untyped-def]
 
 
 _port = _int_flag(IntRange(1, 65535, "a TCP port"))
+MAX_HOST_CHARS = 253  # a DNS name's limit (RFC 1035)
+
+
+def _listen_host(text: str) -> str:
+    """--metrics-addr: a host name or an IP address (an IPv6 one with or without its brackets); what the name
+    resolves to is the bind's to say. Refused here: what can never be one."""
+    host = text.strip()
+    if host.startswith("[") and host.endswith("]") and ":" in host:
+        host = host[1:-1]
+    if not host or any(c in "[]/@" or c.isspace() or not c.isprintable() for c in host) \
+            or len(host) > MAX_HOST_CHARS:
+        raise argparse.ArgumentTypeError(f"{shown(text)} is not a host name or IP address (for example 127.0.0.1, "
+                                         "::1 or [::1], at most 253 characters)")
+    return host
+
+
+_listen_host.__name__ = "address"
 
 
 class OneLineErrorParser(OneLineParser):
@@ -213,7 +230,7 @@ def build_parser(prog: str = "retsnoop-otel trace") -> OneLineErrorParser:
     _from_keys(exp, EXPORTER, "export_addresses", "service_name_from")
     _from_keys(exp, METRICS, "listen")
     exp.add_argument("--metrics-port", type=_port, metavar="PORT", help="serve Prometheus metrics on PORT")
-    exp.add_argument("--metrics-addr", default=None, metavar="ADDR",
+    exp.add_argument("--metrics-addr", type=_listen_host, default=None, metavar="ADDR",
                      help="metrics listen address (with --metrics-port; default 0.0.0.0)")
     _from_keys(exp, METRICS, "web_config_file")
     _from_keys(exp, PROBE_SET, "name")
@@ -385,5 +402,6 @@ def parse(argv: Sequence[str], environ: Mapping[str, str],
                       max_sessions=c.get("bpf.sessions-size", Limits().max_sessions)),
         symbols=SymbolsConfig(vmlinux=args.kernel or ("auto" if level != 0 else None), source_lines=level != 0,
                               inlines=level is None or level >= 2),
-        names=TRACE_NAMES)
+        names=TRACE_NAMES._replace(listen_host="--web.listen-address", listen="--web.listen-address")
+        if args.web_listen_address is not None else TRACE_NAMES)
     return TraceRequest(config, dry_run=args.dry_run, verbose=args.verbose)

@@ -401,3 +401,68 @@ def test_a_signal_stops_the_check_of_a_large_input(tmp_path: Path, sig: signal.S
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=TIMEOUT_S)
     assert proc.returncode == code and "Traceback" not in err, (proc.returncode, err)
+
+
+# ---- values that can never work, refused at input with one bounded line naming the flag or key (issue 47.4) ----
+
+LONG = "a" * 100_000  # a value echoed whole made a 100 kB line (an argument holds at most 128 kB)
+
+
+@pytest.mark.parametrize(("flags", "names"), [
+    (["-x", ""], ["-x/--allow-errors", "an empty error name"]),
+    (["-X", ""], ["-X/--deny-errors", "an empty error name"]),
+    (["-X", "EINVAL,"], ["-X/--deny-errors", "an empty error name"]),
+    (["--cgroup", ""], ["--cgroup", "an empty path"]),
+    (["-k", ""], ["-k/--kernel", "an empty path"]),
+    (["-n", ""], ["-n/--comm", "an empty thread name"]),
+    (["-N", " "], ["-N/--no-comm", "an empty thread name"]),
+    (["--probe-set", "abc\n"], ["--probe-set", r"'abc\n' is not a valid name"]),
+    (["--probe-set", 'a"b'], ["--probe-set", "'a\"b' is not a valid name"]),
+    (["--probe-set", LONG], ["--probe-set", "(100000 characters) is not a valid name"]),
+    (["--metrics-port", "9464", "--metrics-addr", "[::1"], ["--metrics-addr", "'[::1' is not a host name"]),
+    (["--metrics-port", "9464", "--metrics-addr", LONG], ["--metrics-addr", "(100000 characters)"]),
+    (["--cgroup", "/sys/fs/cgroup/" + LONG], ["--cgroup /sys/fs/cgroup/aaa", "(100015 characters) is not in"]),
+])
+def test_trace_value_that_can_never_work(flags: list[str], names: list[str]):
+    line = _refused(_run("trace", "-e", "*sys_bpf", *flags), *names)
+    assert len(line) < 400 and line.count("characters)") <= 1 + line.count("253 characters)"), line
+
+
+def test_trace_long_values_have_their_length_said_once():
+    """A value cut by the message (shown()) is not cut again by the one-line parser: one length note."""
+    for flags in (["-C", "bpf.ringbuf-size=" + LONG], ["--web.listen-address", LONG]):
+        line = _refused(_run("trace", "-e", "*sys_bpf", *flags), flags[0], "(100000 characters)")
+        assert line.count("characters)") == 1 and len(line) < 400, line
+
+
+@pytest.mark.parametrize(("flags", "named"), [
+    (["--metrics-port", "9464", "--metrics-addr", "nosuchhost.invalid"], "in --metrics-addr"),
+    (["--web.listen-address", "nosuchhost.invalid:9464"], "in --web.listen-address"),
+])
+def test_trace_listen_address_not_of_this_machine_names_the_address_flag(flags: list[str], named: str):
+    proc = _run("trace", "-e", "*sys_bpf", *flags)
+    assert proc.returncode == 1 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert "nosuchhost.invalid is not an address of this machine" in proc.stderr and named in proc.stderr
+    assert "--metrics-port" not in proc.stderr
+
+
+@pytest.mark.parametrize(("body", "names"), [
+    ("    filters:\n      cgroup: ''\n", ["agent.yaml:6: probe_sets[0].filters.cgroup", "an empty path"]),
+    ("    filters:\n      comms: ['']\n", ["agent.yaml:6: probe_sets[0].filters.comms", "an empty thread name"]),
+    ("    filters:\n      allow_errors: ['']\n", ["probe_sets[0].filters.allow_errors", "an empty error name"]),
+    ("vmlinux: ''\n", ["agent.yaml:5: vmlinux", "an empty path"]),
+    (f"    filters:\n      cgroup: /sys/fs/cgroup/{LONG}\n", ["probe set 'errs': filters.cgroup",
+                                                              "(100015 characters) is not in the cgroup"]),
+])
+def test_agent_value_that_can_never_work(tmp_path: Path, body: str, names: list[str]):
+    line = _refused(_run("agent", "--check", str(_config(tmp_path, MINIMAL + body))), *names)
+    assert len(line) < 400, line
+
+
+@pytest.mark.parametrize(("name", "shown"), [('"abc\\n"', r"'abc\n'"), ("'a\"b'", "'a\"b'"),
+                                            (LONG, "(100000 characters)")])
+def test_agent_probe_set_name_that_can_never_work(tmp_path: Path, name: str, shown: str):
+    path = _config(tmp_path, f"probe_sets:\n  - name: {name}\n    entry: ['*sys_bpf']\n    mode: metrics\n")
+    line = _refused(_run("agent", "--check", str(path)), "agent.yaml:2: probe_sets[0].name", shown,
+                    "is not a valid name")
+    assert len(line) < 400, line
