@@ -66,6 +66,7 @@ _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # fullmatch: '$' would let a traili
 _NAMES = "repeatable; @FILE: its lines"
 _LBR_TYPES = ("-B alone: any_return; or any, any_call, any_return, cond, call, ind_call, ind_jump, call_stack, "
               "abort_tx, in_tx, no_tx, or a number; needs a CPU exposing LBR")
+_DAY_S = 86400.0  # the longest stall or push interval that means anything (1e30 was taken)
 _MAX_MS = float((1 << 63) // 1_000_000)  # milliseconds whose nanoseconds fit the kernel's 64-bit durations
 
 
@@ -293,9 +294,9 @@ METRICS = Section("metrics", MetricsConfig, (
         default=lambda: MetricsConfig().listen, flag=Flag(("--web.listen-address",), "web_listen_address",
         note="trace: /metrics there (exporter-toolkit's flag; :9464 is every address)", metavar="[HOST]:PORT",
         default=None)),
-    Key("stall_after_s", num(1, unit=" (s)"), "/healthz answers 503 when capture has not polled for this long"),
+    Key("stall_after_s", num(1, _DAY_S, " (s)"), "/healthz answers 503 when capture has not polled for this long"),
     Key("otlp", otlp_kind(otlp_section("metrics.otlp")), "also push the metrics over OTLP"),
-    Key("otlp_interval", num(1, unit=" (s)"), "seconds between pushes (unset: OTEL_METRIC_EXPORT_INTERVAL, else 60)",
+    Key("otlp_interval", num(1, _DAY_S, " (s)"), "seconds between pushes (unset: OTEL_METRIC_EXPORT_INTERVAL, else 60)",
         field="otlp_interval_s"),
     Key("max_error_types", integer_in(COUNT), "errno labels per function (0: every error type its own)"),
     Key("functions", GLOBS, "functions with series of their own (default: every traced function)"),

@@ -211,7 +211,7 @@ def build_parser(prog: str = "retsnoop-otel trace") -> OneLineErrorParser:
     _from_keys(out, SAMPLING, "success_probability")
     _from_keys(out, PROBE_SET, "mode")
     out.add_argument("-E", "--call-stack", action="store_true",
-                     help="print the call stack too when -T is given")
+                     help="print the call stack under -T's call trace (needs -T)")
     out.add_argument("--json", action="store_true", help="print one JSON object per session")
     _from_keys(out, PROBE_SET, "capture_args", "user_stacks", "app_context", "inject")
     out.add_argument("--trace-json", metavar="FILE", help="write -T sessions as Chrome trace-event JSON (Perfetto)")
@@ -345,6 +345,11 @@ def parse(argv: Sequence[str], environ: Mapping[str, str],
     entry, allow, deny = with_cases(args.case, args.entry, args.allow, args.deny)
     if not entry:
         parser.error("at least one entry glob is needed: -e GLOB (for example -e '*sys_bpf'), or -c CASE")
+    # -E adds the stack under -T's call trace (without -T the stack is all that is printed: -E alone would change
+    # nothing); --trace-json writes -T's call traces. Neither is taken to mean -T, which changes what is printed.
+    for given, flag in ((args.call_stack, "-E/--call-stack"), (args.trace_json is not None, "--trace-json")):
+        if given and not args.calls:
+            parser.error(f"{flag} needs -T (the call trace): give -T too, or drop {flag.split('/')[0]}")
     if args.success_stacks and args.allow_errors:
         parser.error("-S (success sessions) conflicts with -x (only sessions with given errors)")
     try:

@@ -466,3 +466,86 @@ def test_agent_probe_set_name_that_can_never_work(tmp_path: Path, name: str, sho
     line = _refused(_run("agent", "--check", str(path)), "agent.yaml:2: probe_sets[0].name", shown,
                     "is not a valid name")
     assert len(line) < 400, line
+
+
+@pytest.mark.parametrize(("flags", "names"), [
+    (["-J", "kprobe:foo+99999999999999999999"], ["-J 'kprobe:foo+99999999999999999999'", "past any kernel function",
+                                                 "at most 0xfffff"]),
+    (["-J", "kprobe:foo+0x100000"], ["-J", "past any kernel function"]),
+    (["-J", "kprobe:foo+" + "9" * 5000], ["-J", "(5000 characters)", "past any kernel function"]),
+    (["-E"], ["-E/--call-stack needs -T"]),
+    (["--trace-json", "/tmp/t.json"], ["--trace-json needs -T"]),
+])
+def test_trace_flag_that_can_never_work(flags: list[str], names: list[str]):
+    line = _refused(_run("trace", "-e", "*sys_bpf", *flags), *names)
+    assert len(line) < 400, line
+
+
+def test_trace_call_stack_and_trace_json_with_t_pass_validation(tmp_path: Path):
+    proc = _run("trace", "-e", "*sys_bpf", "-T", "-E", "--trace-json", str(tmp_path / "t.json"))
+    assert proc.returncode == 1 and "kernel" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("delay", ["nan", "inf", "1e300", "-1"])
+def test_simfail_delay_that_can_never_work(delay: str):
+    _refused(_run("simfail", "--delay-ms", delay, "-a"), "--delay-ms", f"got '{delay}'", "from 0 to 3600000")
+
+
+@pytest.mark.parametrize(("body", "names"), [
+    ("exporter:\n  otlp:\n    endpoint: http://c:4318\n    timeout: 1.0e+30\n",
+     ["agent.yaml:8: exporter.otlp.timeout", "between 0.001 and 3600"]),
+    ("metrics:\n  stall_after_s: 1.0e+30\n", ["agent.yaml:6: metrics.stall_after_s", "between 1 and 86400"]),
+    ("exporter:\n  otlp:\n    endpoint: http://c:4318\n    headers:\n      x-key: \"SEC\\r\\nRET\"\n",
+     ["exporter.otlp.headers", "header 'x-key' has a control character in its value (not shown)"]),
+    ("exporter:\n  otlp:\n    endpoint: http://c:4318\n    headers:\n      x-key: 0x5EC\n",
+     ["agent.yaml:9: exporter.otlp.headers.x-key", "expected a string", "(not shown"]),
+])
+def test_agent_otlp_value_that_can_never_work(tmp_path: Path, body: str, names: list[str]):
+    line = _refused(_run("agent", "--check", str(_config(tmp_path, MINIMAL + body))), *names)
+    assert "SEC" not in line and "5EC" not in line, line
+
+
+@pytest.mark.parametrize(("env", "names"), [
+    ({"OTEL_EXPORTER_OTLP_TIMEOUT": "1e30"}, ["OTEL_EXPORTER_OTLP_TIMEOUT='1e30'", "longer than an hour"]),
+    ({"OTEL_EXPORTER_OTLP_HEADERS": "x-key=S3CR%zzT"}, ["OTEL_EXPORTER_OTLP_HEADERS:", "header 'x-key'",
+                                                        "bad percent-escape"]),
+    ({"OTEL_EXPORTER_OTLP_HEADERS": "ok=1,x-key=S3CR%ffT"}, ["header 'x-key'", "bad percent-escape"]),
+    ({"OTEL_EXPORTER_OTLP_COMPRESSION": "deflate"}, ["OTEL_EXPORTER_OTLP_COMPRESSION='deflate'", "use gzip or none"]),
+    ({"OTEL_RESOURCE_ATTRIBUTES": "secret=S3CRPW,T0KEN"}, ["OTEL_RESOURCE_ATTRIBUTES:", "entry 2 has no '='"]),
+])
+def test_otel_variable_that_can_never_work_is_warned_about(env: dict[str, str], names: list[str]):
+    warning = _warned(_run("trace", "-e", "*sys_bpf", "--otlp-endpoint", "http://c:4318", env=env), *names)
+    assert "S3CR" not in warning and "T0KEN" not in warning, warning
+
+
+@pytest.mark.parametrize(("web", "names"), [
+    ("http_server_config:\n  headers:\n    Strict-Transport-Security: \"max-age=1\\r\\nSet-Cookie: x\"\n",
+     ["web.yml:3: http_server_config.headers.Strict-Transport-Security", "a control character"]),
+    ("basic_auth_users:\n  '': $2y$10$" + "a" * 53 + "\n", ["web.yml:2: basic_auth_users", "the user name ''",
+                                                            "cannot log in"]),
+    ("basic_auth_users:\n  'al:ice': $2y$10$" + "a" * 53 + "\n", ["the user name 'al:ice'", "cannot log in"]),
+])
+def test_web_config_value_that_can_never_work(tmp_path: Path, web: str, names: list[str]):
+    path = tmp_path / "web.yml"
+    path.write_text(web)
+    line = _refused(_run("trace", "-e", "*sys_bpf", "--metrics-port", "9464", "--web.config.file", str(path)),
+                    "--web.config.file", *names)
+    assert "Set-Cookie" not in line, line
+
+
+@pytest.mark.parametrize(("where", "names"), [
+    ("{tmp}/file", ["RETSNOOP_OTEL_CACHE=", "it is a file, not a directory"]),
+    ("{tmp}/file/below", ["/file is a file, not a directory"]),
+    ("/dev/null", ["RETSNOOP_OTEL_CACHE='/dev/null'", "it is a character device, not a directory"]),
+    ("/no-such-top-level-dir-47/cache", ["would be made as a new top-level directory /no-such-top-level-dir-47"]),
+])
+def test_cache_variable_that_can_never_work(tmp_path: Path, where: str, names: list[str]):
+    (tmp_path / "file").write_text("")
+    env = {"RETSNOOP_OTEL_CACHE": where.format(tmp=tmp_path)}
+    _refused(_run("trace", "-e", "*sys_bpf", env=env), *names)
+    assert not Path("/no-such-top-level-dir-47").exists()
+
+
+def test_cache_variable_of_a_new_directory_passes_validation(tmp_path: Path):
+    proc = _run("trace", "-e", "*sys_bpf", env={"RETSNOOP_OTEL_CACHE": str(tmp_path / "new" / "cache")})
+    assert proc.returncode == 1 and "kernel" in proc.stderr, proc.stderr
