@@ -93,8 +93,9 @@ INJECT = Kind(_inject, "list of probe specs", STRS.schema)
 
 
 def _listen(ctx: Nodes, node: yaml.Node, key: str) -> tuple[str, int | None]:
+    text = string(ctx, node, key)  # its ConfigError (a ValueError) already names the line and key: not wrapped again
     try:
-        return parse_listen(string(ctx, node, key))
+        return parse_listen(text)
     except ValueError as exc:
         raise ctx.fail(node, key, str(exc)) from None
 

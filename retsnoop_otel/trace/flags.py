@@ -22,6 +22,7 @@ from retsnoop_otel.command.errors import EXIT_INPUT, exit_code_epilog
 from retsnoop_otel.command.help_format import HelpFormatter, OneLineParser
 from retsnoop_otel.export.otel_env import OTLP_ENDPOINT, OTLP_TRACES_ENDPOINT, TRACES_EXPORTER
 from retsnoop_otel.export.otlp_settings import OtlpConfig
+from retsnoop_otel.inputs.addresses import MAX_HOST_CHARS
 from retsnoop_otel.inputs.files import MAX_GLOB_FILE_BYTES, expand_at_files, shown
 from retsnoop_otel.inputs.numbers import (
     COUNT,
@@ -146,7 +147,6 @@ def _int_flag(rng: IntRange):  # type: ignore[no-untyped-def]
 
 
 _port = _int_flag(IntRange(1, 65535, "a TCP port"))
-MAX_HOST_CHARS = 253  # a DNS name's limit (RFC 1035)
 
 
 def _listen_host(text: str) -> str:
