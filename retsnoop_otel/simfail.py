@@ -22,6 +22,7 @@ from typing import TextIO
 
 from retsnoop_otel.capture.errnos import errno_name
 from retsnoop_otel.command.help_format import HelpFormatter, OneLineParser
+from retsnoop_otel.inputs.files import shown
 from retsnoop_otel.kernel import bpfsys
 
 MAP_NAME = b"simfail_map"
@@ -273,6 +274,25 @@ def format_list() -> str:
     return "\n".join(lines)
 
 
+MAX_DELAY_MS = 3_600_000.0  # an hour between repetitions
+
+
+def _delay_ms(text: str) -> float:
+    """--delay-ms: a finite number of milliseconds, 0 to an hour (NaN passed the `< 0` check, and time.sleep()
+    refuses it with a traceback; 1e300 would sleep for ever)."""
+    import argparse
+
+    from retsnoop_otel.inputs.numbers import NumberError
+    from retsnoop_otel.runtime.config_keys import number_text
+    try:
+        return number_text(text, 0, MAX_DELAY_MS, "milliseconds")
+    except NumberError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+_delay_ms.__name__ = "milliseconds"
+
+
 def main(argv: list[str]) -> int:
     p = OneLineParser(prog="retsnoop-otel simfail", formatter_class=HelpFormatter,
                                 description="Make the kernel fail (or succeed) in known ways: a workload "
@@ -281,7 +301,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("-l", "--list", action="store_true", help="list the cases and exit")
     p.add_argument("-a", "--all", action="store_true", help="run every case")
     p.add_argument("-r", "--repeat", type=int, default=1, metavar="N", help="run each case N times")
-    p.add_argument("--delay-ms", type=float, default=0.0, metavar="MS", help="pause between repetitions")
+    p.add_argument("--delay-ms", type=_delay_ms, default=0.0, metavar="MS", help="pause between repetitions")
     p.add_argument("--json", action="store_true", help="print one JSON object per run")
     p.add_argument("-v", "--verbose", action="store_true", help="print every repetition")
     p.add_argument("--comm", metavar="NAME", help="set this thread's name (comm) first, for -n/-N tests")
@@ -307,7 +327,7 @@ def main(argv: list[str]) -> int:
         return 2
     if args.comm is not None and not 0 < len(args.comm.encode()) < TASK_COMM_LEN:
         print(f"retsnoop-otel simfail: --comm needs 1 to {TASK_COMM_LEN - 1} bytes (the kernel's comm length), "
-              f"got '{args.comm}'", file=sys.stderr)
+              f"got {shown(args.comm)}", file=sys.stderr)
         return 2
     if args.comm is not None:
         set_thread_name(args.comm)

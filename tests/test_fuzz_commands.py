@@ -236,6 +236,8 @@ def valid_trace_cases(draw: st.DrawFn) -> Case:
                           unique=True))
     if ("-S",) in flags and {("-x", "EINVAL"), ("-X", "ENOENT")} & set(flags):
         flags.remove(("-S",))  # success sessions and error filters exclude each other (as in retsnoop)
+    if ("-E",) in flags and ("-T",) not in flags:
+        flags.append(("-T",))  # -E adds the stack to -T's call trace: alone it is refused
     mode = draw(st.sampled_from([(), ("-K",), ("-F",), ("-M",), ("--kprobe-session",)]))
     return Case((*TRACE_BASE, *mode, *(t for f in flags for t in f)), {}, {}, expect="valid")
 

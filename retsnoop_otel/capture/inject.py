@@ -13,10 +13,15 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+from retsnoop_otel.inputs.files import shown
+
 KINDS = ("kprobe", "kretprobe", "rawtp", "tp")
 MAX_PROBES = 64  # probe ids are u16 in the record; a handful is what anyone injects
 MAX_INJECT_DATA = 256  # bytes of payload a record carries (bpf/retsnoop.h)
 MAX_SPEC_FILE_BYTES = 1 << 20
+# kprobe:FUNC+OFF: the kernel takes an unsigned long and refuses an offset past the function; no kernel function
+# is near 1 MiB long, and a larger number (20 digits did) is a typo that would wrap in the attach call's size_t
+MAX_KPROBE_OFFSET = (1 << 20) - 1
 SPEC_FORMS = "kprobe:FUNC[+OFF], kretprobe:FUNC, rawtp:NAME or tp:CATEGORY:NAME (or @FILE, one spec per line)"
 _NAME = r"[A-Za-z_][A-Za-z0-9_.]*"
 _SPEC = {
@@ -51,15 +56,19 @@ def parse_spec(text: str) -> InjectSpec:
     """One spec; InjectError naming what is wrong with it."""
     kind, sep, rest = text.strip().partition(":")
     if not sep or kind not in KINDS:
-        raise InjectError(f"-J {text!r}: unknown probe kind {kind!r}; write {SPEC_FORMS}")
+        raise InjectError(f"-J {shown(text)}: unknown probe kind {shown(kind, 40)}; write {SPEC_FORMS}")
     m = _SPEC[kind].fullmatch(rest)
     if m is None:
         form = {"kprobe": "kprobe:FUNC[+OFF] (OFF in decimal or 0x hex)", "kretprobe": "kretprobe:FUNC",
                 "rawtp": "rawtp:NAME", "tp": "tp:CATEGORY:NAME"}[kind]
-        raise InjectError(f"-J {text!r}: not a {kind} probe; write {form}")
+        raise InjectError(f"-J {shown(text)}: not a {kind} probe; write {form}")
     if kind == "tp":
         return InjectSpec(kind, m.group(2), category=m.group(1))
-    offset = int(m.group(2), 0) if kind == "kprobe" and m.group(2) else 0
+    digits = m.group(2) if kind == "kprobe" and m.group(2) else "0"
+    offset = int(digits, 0) if len(digits) <= 10 else MAX_KPROBE_OFFSET + 1  # not int(): 5000 digits raise
+    if offset > MAX_KPROBE_OFFSET:
+        raise InjectError(f"-J {shown(text)}: offset {shown(digits, 24)} is past any kernel function; give bytes "
+                          f"into the function, at most 0x{MAX_KPROBE_OFFSET:x}")
     return InjectSpec(kind, m.group(1), offset=offset)
 
 

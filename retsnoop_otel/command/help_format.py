@@ -15,7 +15,8 @@ from typing import NoReturn
 
 from retsnoop_otel.command.errors import EXIT_INPUT
 
-_LONG_WORD = re.compile(r"\S{81,}")
+# a word of more than 80 characters not cut already (inputs.files.shown's: its length said after it)
+_LONG_WORD = re.compile(r"(?<!\S)\S{81,}(?!\S)(?! \(\d+ characters\))")
 
 
 def terminal_columns() -> int:

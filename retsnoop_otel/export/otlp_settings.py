@@ -25,9 +25,11 @@ from retsnoop_otel.inputs.tls_files import KeyPair, TlsReads
 
 SIGNALS = ("traces", "metrics")
 PROTOCOLS = ("grpc", "http/protobuf")
-COMPRESSIONS = ("gzip", "deflate", "none")
+COMPRESSIONS = ("gzip", "deflate", "none")  # the config's: deflate is this tool's own addition
+ENV_COMPRESSIONS = ("gzip", "none")  # what OTEL_EXPORTER_OTLP_*COMPRESSION takes (protocol/exporter.md)
 DEFAULT_PROTOCOL = "http/protobuf"  # the specification's default (protocol/exporter.md, "Specify Protocol")
 DEFAULT_TIMEOUT_S = 10.0
+MAX_TIMEOUT_S = 3600.0  # an export request: an hour is past any use (1e30 overflowed the sockets' timeouts)
 DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
 DEFAULT_HTTP_BASE = "http://localhost:4318/"
 GRPC_DEFAULT_PORT = 4317
@@ -120,6 +122,17 @@ def _choice(v: _Value, allowed: tuple[str, ...]) -> str:
     if text not in allowed:
         raise _error(v, "unknown value", f"use one of: {', '.join(allowed)}")
     return text
+
+
+def _compression(v: _Value) -> str:
+    """The config's gzip, deflate or none; a variable's gzip or none, as the specification lists them (deflate there
+    is warned about and ignored, as every value the specification does not list)."""
+    if v.source == "config":
+        return _choice(v, COMPRESSIONS)
+    if str(v.value).strip().lower() == "deflate":
+        raise _error(v, "not a compression of the OTLP exporter variables", "use gzip or none (deflate is "
+                     "exporter.otlp.compression's, in the agent's config)")
+    return _choice(v, ENV_COMPRESSIONS)
 
 
 def _protocol(look: _Lookup) -> tuple[str, bool]:
@@ -255,6 +268,20 @@ def _header_name(n: int, key: str) -> str:
     return f"header {shown(key, 40)}" if key else f"header #{n}"
 
 
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+
+def _unescaped(text: str) -> str | None:
+    """A percent-encoded part of a header (W3C Baggage's encoding, as the variable's is), None when it cannot be
+    decoded: a '%' without two hex digits, or bytes that are not UTF-8 (unquote() would keep or replace them)."""
+    if _BAD_ESCAPE.search(text):
+        return None
+    try:
+        return unquote(text, errors="strict")
+    except UnicodeDecodeError:
+        return None
+
+
 def _headers(look: _Lookup, grpc: bool) -> tuple[tuple[str, str], ...]:
     """Pairs from config, or parsed from key1=value1,key2=value2 (percent-decoded). Errors name the header by its
     key and never show a value: a header may hold an API key."""
@@ -276,7 +303,12 @@ def _headers(look: _Lookup, grpc: bool) -> tuple[tuple[str, str], ...]:
                 what = _header_name(n, named) if named else f"header #{n} (not shown: it may hold a secret)"
                 raise _error(v, f"{what} has no '='", "write key1=value1,key2=value2"
                              + (f" ({named}=value, not '{named}: value')" if named else ""), False)
-            pairs.append((n, unquote(key).strip(), unquote(val).strip()))
+            name, value = _unescaped(key), _unescaped(val)
+            if name is None or value is None:
+                named = _header_name(n, name.strip()) if name is not None else f"header #{n}"
+                raise _error(v, f"{named} has a bad percent-escape in its {'value (not shown)' if name else 'name'}",
+                             "write %XX with two hex digits of UTF-8 bytes, such as %20 for a space", False)
+            pairs.append((n, name.strip(), value.strip()))
     out: dict[str, str] = {}
     for n, key, val in pairs:
         key = key.lower() if grpc else key  # gRPC metadata keys are lower case
@@ -311,6 +343,9 @@ def _timeout(look: _Lookup) -> float:
         unit = "milliseconds, such as 10000"
     if not (math.isfinite(seconds) and seconds > 0):
         raise _error(v, "not a positive number", f"write a timeout > 0 in {unit}")
+    if seconds > MAX_TIMEOUT_S:
+        most = f"{MAX_TIMEOUT_S:g} seconds" if v.source == "config" else f"{MAX_TIMEOUT_S * 1000:.0f} milliseconds"
+        raise _error(v, "longer than an hour", f"write a timeout of at most {most}, such as {unit.split()[-1]}")
     return float(seconds)
 
 
@@ -368,7 +403,7 @@ def _resolve(look: _Lookup) -> OtlpSettings:
     return OtlpSettings(
         signal=look.signal, protocol=protocol, url=url, target=target, tls=tls,
         headers=_headers(look, grpc=protocol == "grpc"),
-        compression="none" if compression.value is None else _choice(compression, COMPRESSIONS),
+        compression="none" if compression.value is None else _compression(compression),
         timeout_s=_timeout(look),
         certificate=None if certificate.value is None else str(certificate.value),
         client_key=None if key.value is None else str(key.value),

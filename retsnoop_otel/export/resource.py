@@ -94,14 +94,18 @@ def resource_attributes_problem(text: str) -> str | None:
         if not item.strip():
             continue
         key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            return f"entry {n} {shown(item.strip())} is not key=value"
+        # named by its key, cut, never by its value (a value may hold a secret, and an entry without '=' may be
+        # the part of a value after a comma)
+        if not sep:
+            return f"entry {n} has no '=' (not shown: it may be part of a value)"
+        if not key.strip():
+            return f"entry {n} has an empty key"
         if _BAD_ESCAPE.search(value):
-            return f"entry {n} ({shown(key.strip())}): a '%' that starts no %XX escape in its value"
+            return f"entry {n} ({shown(key.strip(), 40)}): a '%' that starts no %XX escape in its value"
         try:
             unquote(value, errors="strict")
         except UnicodeDecodeError:
-            return f"entry {n} ({shown(key.strip())}): its %XX escapes are not UTF-8"
+            return f"entry {n} ({shown(key.strip(), 40)}): its %XX escapes are not UTF-8"
     return None
 
 

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
+from retsnoop_otel.inputs.files import shown
 from retsnoop_otel.kernel.build_id import parse_notes_build_id
 
 FORMAT = 2  # 2: kallsyms and traceable functions as flat columns (symbols/kallsyms.py)
@@ -28,12 +29,45 @@ AGENT_CACHE_DIR = "/var/cache/retsnoop-otel"
 def cache_base(configured: str | None, environ: Mapping[str, str]) -> Path:
     """RETSNOOP_OTEL_CACHE, else the configured directory (the agent's /var/cache), else the XDG cache. `environ`:
     the run's (runtime/settings.py resolves the directory once, into SymbolsConfig.cache_dir)."""
-    if environ.get("RETSNOOP_OTEL_CACHE"):
-        return Path(environ["RETSNOOP_OTEL_CACHE"])
+    if environ.get(CACHE_VARIABLE):
+        return Path(environ[CACHE_VARIABLE])
     if configured:
         return Path(configured)
     home = environ.get("HOME") or os.path.expanduser("~")  # no HOME: the user's home from the password database
     return Path(environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache"), "retsnoop-otel")
+
+
+CACHE_VARIABLE = "RETSNOOP_OTEL_CACHE"
+_KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISREG, "a file"))
+
+
+def cache_dir_problem(path: str) -> str | None:
+    """What makes RETSNOOP_OTEL_CACHE unusable as the cache's directory, None when it is one or can be made:
+    a file or a device (/dev/null) in its place, or a path whose nearest existing directory is / (the cache would
+    create a new top-level directory, a typo such as /vat/cache more likely than a wish)."""
+    full = os.path.abspath(path)
+    probe = full
+    while True:
+        try:
+            st = os.stat(probe)
+            break
+        except (FileNotFoundError, NotADirectoryError):
+            parent = os.path.dirname(probe)
+            if parent == probe:
+                return None  # nothing exists, not even /: nothing to say here
+            probe = parent
+        except OSError:
+            return None  # no permission to look: the cache, an accelerator only, reads that as a miss
+    if not stat.S_ISDIR(st.st_mode):
+        what = next((name for test, name in _KINDS if test(st.st_mode)), "not a directory")
+        where = "it is" if probe == full else f"{shown(probe, quote=False)} is"
+        return f"{where} {what}, not a directory"
+    if probe != full and probe == os.path.dirname(probe):  # the first missing part would be made under /
+        top = full.split(os.sep)[1]
+        return (f"it does not exist, and would be made as a new top-level directory /{shown(top, 40, False)}; "
+                "give an existing directory, or one under an existing directory other than /")
+    return None
 
 
 class KernelIdentity(NamedTuple):

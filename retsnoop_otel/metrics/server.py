@@ -24,6 +24,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import make_wsgi_app
 
+from retsnoop_otel.inputs.files import plain
 from retsnoop_otel.metrics.basic_auth import REALM, BasicAuth
 from retsnoop_otel.metrics.web_config import WebConfig
 from retsnoop_otel.metrics.web_tls import WebWatcher, san_allowed
@@ -173,13 +174,14 @@ class _App:
         return status, [(k, v) for k, v in headers if k.lower() != "content-length"], b"".join(chunks)
 
 
-def _why(exc: Exception, host: str, setting: str) -> str:
+def _why(exc: Exception, host: str, setting: str, host_setting: str) -> str:
+    """`setting` names the port (and the address, when one flag or key says both); `host_setting` the address."""
     if isinstance(exc, OverflowError):
         return f"the port must be 0-65535; fix {setting}"
     code = getattr(exc, "errno", None)
     if isinstance(exc, (ValueError, socket.gaierror)) or code == errno.EADDRNOTAVAIL:
-        return (f"{host} is not an address of this machine: use one of its addresses, 0.0.0.0 (all IPv4) "
-                f"or :: (all IPv6) in {setting}")
+        return (f"{plain(host)} is not an address of this machine: use one of its addresses, 0.0.0.0 (all IPv4) "
+                f"or :: (all IPv6) in {host_setting}")
     if code == errno.EADDRINUSE:
         return (f"the address is already in use (another agent or exporter?): pick another port with {setting} "
                 "or stop the other process")
@@ -189,7 +191,8 @@ def _why(exc: Exception, host: str, setting: str) -> str:
 
 
 def _address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    """HOST:PORT, [V6]:PORT, as a message shows it (cut, escaped)."""
+    return f"[{plain(host)}]:{port}" if ":" in host and not host.startswith("[") else f"{plain(host)}:{port}"
 
 
 class MetricsServer:
@@ -199,7 +202,7 @@ class MetricsServer:
     free port; `port` is the bound one."""
 
     def __init__(self, host: str, port: int, registry: CollectorRegistry, health: HealthFn, *,
-                 setting: str = "metrics.listen", web: WebWatcher | None = None) -> None:
+                 setting: str = "metrics.listen", host_setting: str = "", web: WebWatcher | None = None) -> None:
         try:
             # bound but not listening: the kernel refuses connections to it (RST) until start()
             self._server = (_Server6 if ":" in host else _Server)((host, port), _Handler, bind_and_activate=False)
@@ -209,12 +212,13 @@ class MetricsServer:
                 self._server.server_close()
                 raise
         except (OSError, OverflowError, ValueError) as exc:
-            raise ListenError(f"cannot listen on {_address(host, port)}: {_why(exc, host, setting)}") from None
+            raise ListenError(f"cannot listen on {_address(host, port)}: "
+                              f"{_why(exc, host, setting, host_setting or setting)}") from None
         self._server.web = web
         self._server.set_app(_App(registry, health, self._server))
         self.host = host
         self.port: int = self._server.server_address[1]
-        self._setting = setting
+        self._setting, self._host_setting = setting, host_setting or setting
         self._lock = threading.Lock()
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -227,7 +231,7 @@ class MetricsServer:
                     self._server.server_activate()
                 except OSError as exc:
                     raise ListenError(f"cannot listen on {_address(self.host, self.port)}: "
-                                      f"{_why(exc, self.host, self._setting)}") from None
+                                      f"{_why(exc, self.host, self._setting, self._host_setting)}") from None
                 self._thread = threading.Thread(target=self._server.serve_forever, name="metrics-http", daemon=True)
                 self._thread.start()
         return self

@@ -278,7 +278,10 @@ def _http(r: _Reader, node: yaml.Node) -> tuple[bool, tuple[tuple[str, str], ...
         key = f"{k}.headers.{name}"
         if name not in HEADERS:
             raise r.at(key, f"this header cannot be set; the toolkit allows {', '.join(HEADERS)}")
-        value = r.string(vnode, key, (str, int, float, bool))
+        value = r.string(vnode, key, (str, int, float, bool))  # a number as written, as Go's YAML reads it
+        if any(ord(c) < 32 or ord(c) == 127 for c in value):  # CR/LF would add headers of its own to each answer
+            raise r.fail(vnode, key, "a control character (such as a line break) in the value; write it on one "
+                         "line, without control characters")
         allowed = HEADERS[name]
         if allowed is not None and value not in allowed:
             raise r.fail(vnode, key, f"'{value}' is not allowed; expected one of {', '.join(allowed)}")
@@ -291,6 +294,10 @@ def _users(r: _Reader, node: yaml.Node) -> Mapping[str, str]:
     users = {}
     for name, vnode in r.mapping(node, "basic_auth_users", None).items():
         key = f"basic_auth_users.{name}"
+        if not name.strip() or any(ord(c) < 32 or ord(c) == 127 or c == ":" for c in name):
+            # Basic credentials are user:password: such a user can never log in
+            raise r.fail(vnode, "basic_auth_users", f"the user name {shown(name, 40)} cannot log in: give a name "
+                         "that is not empty, without ':' or control characters")
         value = r.value(vnode) if isinstance(vnode, yaml.ScalarNode) else None
         text = value if isinstance(value, str) else ""
         m = _BCRYPT.fullmatch(text)

@@ -147,6 +147,7 @@ class InputNames(NamedTuple):
     otlp: Mapping[str, str] = _names("exporter.otlp.")
     metrics_otlp: Mapping[str, str] = _names("metrics.otlp.")
     listen: str = "metrics.listen"
+    listen_host: str = "metrics.listen"  # what names the address alone (trace: --metrics-addr)
     web_config: str = "metrics.web_config_file"
     trace_json: str = "exporter.trace_json"
     file: str = "exporter.file"

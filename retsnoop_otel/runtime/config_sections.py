@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from retsnoop_otel.capture.errfilter import ErrorFilter
 from retsnoop_otel.export.service_name import SERVICE_NAME_FROM
+from retsnoop_otel.inputs.files import shown
 from retsnoop_otel.inputs.numbers import COUNT, MAP_ENTRIES, RINGBUF_BYTES, parse_float
 from retsnoop_otel.kernel import attach_modes
 from retsnoop_otel.runtime.config import (
@@ -61,10 +62,11 @@ from retsnoop_otel.symbols.discovery import DiscoveryError, expand_glob_args, pa
 
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
-_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # fullmatch: '$' would let a trailing newline through
 _NAMES = "repeatable; @FILE: its lines"
 _LBR_TYPES = ("-B alone: any_return; or any, any_call, any_return, cond, call, ind_call, ind_jump, call_stack, "
               "abort_tx, in_tx, no_tx, or a number; needs a CPU exposing LBR")
+_DAY_S = 86400.0  # the longest stall or push interval that means anything (1e30 was taken)
 _MAX_MS = float((1 << 63) // 1_000_000)  # milliseconds whose nanoseconds fit the kernel's 64-bit durations
 
 
@@ -110,8 +112,44 @@ def _globs(ctx: Nodes, node: yaml.Node, key: str) -> tuple[str, ...]:
 
 
 def _valid_name(name: str) -> str | None:
-    return None if _NAME.match(name) else (f"'{name}' is not a valid name: use 1-64 letters, digits, '_', '-' "
-                                           "or '.'")
+    return None if _NAME.fullmatch(name) else (f"{shown(name)} is not a valid name: use 1-64 letters, digits, "
+                                               "'_', '-' or '.'")
+
+
+def _no_empty(what: str, example: str) -> Callable[[Any], str | None]:
+    """A key's check that refuses an empty string (a one-item list of one too, as a repeated flag's item is
+    checked): empty, it would match nothing or silently mean the default."""
+    def check(value: Any) -> str | None:
+        values = value if isinstance(value, (tuple, list)) else (value,)
+        return f"an empty {what}: give {example}" if any(isinstance(v, str) and not v.strip() for v in values) \
+            else None
+    return check
+
+
+def _errors_check(values: Any) -> str | None:
+    """-x/-X and allow_errors/deny_errors: no empty name, nor an empty part of a comma-separated list."""
+    if any(not part.strip() for v in values for part in v.split(",")):
+        return "an empty error name: use errno names such as EINVAL, -ENOMEM, NULL or any"
+    return None
+
+
+def _vmlinux_check(path: str | None) -> str | None:
+    if path in (None, "auto"):
+        return None
+    if not path.strip():
+        return ("an empty path: give a vmlinux with DWARF, 'auto' to search the standard places, or leave it "
+                "out")
+    if os.path.isfile(path):
+        return None
+    return (f"{shown(path, quote=False)}: no such file (give a vmlinux with DWARF, 'auto' to search the standard "
+            "places, or leave it out)")
+
+
+def _vmlinux_text(text: str) -> str:
+    """-k's text: checked for what it is (not empty) here, for where it points by the runtime (naming -k)."""
+    if not text.strip():
+        raise ValueError(_vmlinux_check(text))
+    return text
 
 
 GLOBS = Kind(lambda ctx, node, key, _m: _globs(ctx, node, key), "list of globs (@FILE too)", STRS.schema)
@@ -120,19 +158,23 @@ FILTERS = Section("filters", ProbeSetConfig, (
     Key("pids", PIDS, "only these processes", flag=Flag(("-p", "--pid"), "pid", "append", "repeatable", "PID")),
     Key("no_pids", PIDS, "never these processes",
         flag=Flag(("-P", "--no-pid"), "no_pid", "append", "repeatable", "PID")),
-    Key("comms", STRS, "only threads of these names", flag=Flag(("-n", "--comm"), "comm", "append", _NAMES, "COMM")),
+    Key("comms", STRS, "only threads of these names", flag=Flag(("-n", "--comm"), "comm", "append", _NAMES, "COMM"),
+        check=_no_empty("thread name", "a process or thread name such as bash")),
     Key("no_comms", STRS, "never threads of these names",
-        flag=Flag(("-N", "--no-comm"), "no_comm", "append", _NAMES, "COMM")),
+        flag=Flag(("-N", "--no-comm"), "no_comm", "append", _NAMES, "COMM"),
+        check=_no_empty("thread name", "a process or thread name such as sshd")),
     Key("cgroup", OPT_STR, "only tasks in this cgroup (v2 path) and below",
-        flag=Flag(("--cgroup",), "cgroup", metavar="PATH")),
+        flag=Flag(("--cgroup",), "cgroup", metavar="PATH"),
+        check=_no_empty("path", "a cgroup v2 path such as /sys/fs/cgroup/system.slice/foo.service, or leave it "
+                        "out")),
     Key("min_duration_ms", num(0, _MAX_MS, " (ms)"),
         "report only sessions whose entry function ran at least this many ms",
         field="min_duration_ns", flag=Flag(("-L", "--longer"), "longer", metavar="MS", parse=_positive_ms),
         convert=lambda ms: int(ms * 1_000_000)),
     Key("allow_errors", STRS, "report only sessions failing with these errors (errno names, NULL, any)",
-        flag=Flag(("-x", "--allow-errors"), "allow_errors", "append", "repeatable", "ERR")),
+        flag=Flag(("-x", "--allow-errors"), "allow_errors", "append", "repeatable", "ERR"), check=_errors_check),
     Key("deny_errors", STRS, "never report sessions failing with these (wins over allow_errors)",
-        flag=Flag(("-X", "--deny-errors"), "deny_errors", "append", "repeatable", "ERR")),
+        flag=Flag(("-X", "--deny-errors"), "deny_errors", "append", "repeatable", "ERR"), check=_errors_check),
 ))
 
 
@@ -252,9 +294,9 @@ METRICS = Section("metrics", MetricsConfig, (
         default=lambda: MetricsConfig().listen, flag=Flag(("--web.listen-address",), "web_listen_address",
         note="trace: /metrics there (exporter-toolkit's flag; :9464 is every address)", metavar="[HOST]:PORT",
         default=None)),
-    Key("stall_after_s", num(1, unit=" (s)"), "/healthz answers 503 when capture has not polled for this long"),
+    Key("stall_after_s", num(1, _DAY_S, " (s)"), "/healthz answers 503 when capture has not polled for this long"),
     Key("otlp", otlp_kind(otlp_section("metrics.otlp")), "also push the metrics over OTLP"),
-    Key("otlp_interval", num(1, unit=" (s)"), "seconds between pushes (unset: OTEL_METRIC_EXPORT_INTERVAL, else 60)",
+    Key("otlp_interval", num(1, _DAY_S, " (s)"), "seconds between pushes (unset: OTEL_METRIC_EXPORT_INTERVAL, else 60)",
         field="otlp_interval_s"),
     Key("max_error_types", integer_in(COUNT), "errno labels per function (0: every error type its own)"),
     Key("functions", GLOBS, "functions with series of their own (default: every traced function)"),
@@ -291,10 +333,8 @@ TOP = Section("", None, (
     Key("limits", into(LIMITS), "memory and export bounds"),
     Key("logging", into(LOGGING), "the agent's own log"),
     Key("vmlinux", OPT_STR, "DWARF for source globs and file:line frames (auto: the standard places)",
-        flag=Flag(("-k", "--kernel"), "kernel", metavar="VMLINUX", checked=False),
-        check=lambda path: None if path in (None, "auto") or os.path.isfile(path) else (
-            f"{path}: no such file (give a vmlinux with DWARF, 'auto' to search the standard places, or leave it "
-            "out)")),
+        flag=Flag(("-k", "--kernel"), "kernel", metavar="VMLINUX", checked=False, parse=_vmlinux_text),
+        check=_vmlinux_check),
     Key("kubernetes", nested(KUBERNETES, lambda ctx, node, _key, _m: parse_kubernetes(ctx, node)),
         "pod names from the API server (a DaemonSet's metadata watch)"),
 ))

@@ -9,8 +9,9 @@ from collections.abc import Mapping
 
 from retsnoop_otel.capture.inject import InjectError, InjectSpec, parse_specs, read_spec_file
 from retsnoop_otel.capture.sampling import Sampling
-from retsnoop_otel.export.otlp_settings import COMPRESSIONS, PROTOCOLS, OtlpConfig
+from retsnoop_otel.export.otlp_settings import COMPRESSIONS, MAX_TIMEOUT_S, PROTOCOLS, OtlpConfig
 from retsnoop_otel.inputs.addresses import parse_listen
+from retsnoop_otel.inputs.files import plain
 from retsnoop_otel.inputs.numbers import PID, parse_int
 from retsnoop_otel.metrics.buckets import DurationRange, RangeError, format_ns, parse_duration_ns
 from retsnoop_otel.runtime.config import ProbeSetConfig
@@ -28,7 +29,7 @@ from retsnoop_otel.runtime.config_keys import (
     read_section,
     simple,
 )
-from retsnoop_otel.runtime.yaml_nodes import Nodes, got, integer, items, kind, scalar, string, yaml
+from retsnoop_otel.runtime.yaml_nodes import Nodes, got, integer, items, kind, string, yaml
 
 
 def _pids(ctx: Nodes, node: yaml.Node, key: str) -> tuple[int, ...]:
@@ -92,8 +93,9 @@ INJECT = Kind(_inject, "list of probe specs", STRS.schema)
 
 
 def _listen(ctx: Nodes, node: yaml.Node, key: str) -> tuple[str, int | None]:
+    text = string(ctx, node, key)  # its ConfigError (a ValueError) already names the line and key: not wrapped again
     try:
-        return parse_listen(string(ctx, node, key))
+        return parse_listen(text)
     except ValueError as exc:
         raise ctx.fail(node, key, str(exc)) from None
 
@@ -170,8 +172,15 @@ DURATION_RANGE_KIND = nested(DURATION_RANGE, _duration_range)
 def _headers(ctx: Nodes, node: yaml.Node, key: str) -> tuple[tuple[str, str], ...]:
     if not isinstance(node, yaml.MappingNode):
         raise ctx.fail(node, key, f"expected a mapping, got {got(ctx, node)}")
-    return tuple((str(ctx.value(k)), str(scalar(ctx, v, f"{key}.{ctx.value(k)}", (str, int, float), "a string")))
-                 for k, v in node.value)
+    out = []
+    for k, v in node.value:
+        name = str(ctx.value(k))
+        value = ctx.value(v) if isinstance(v, yaml.ScalarNode) else None
+        if not isinstance(value, str):  # YAML reads 0x1F as 31 and 1.50 as 1.5: not what was written
+            raise ctx.fail(v, f"{key}.{plain(name, 40)}", f"expected a string (quote a number: '42'), got "
+                           f"{kind(v)} (not shown: a header may hold a secret)")
+        out.append((name, value))
+    return tuple(out)
 
 
 def otlp_section(name: str, endpoint_flag: Flag | None = None, protocol_flag: Flag | None = None) -> Section:
@@ -182,10 +191,11 @@ def otlp_section(name: str, endpoint_flag: Flag | None = None, protocol_flag: Fl
         Key("protocol", choices(PROTOCOLS), "unset: the OTEL_EXPORTER_OTLP_*PROTOCOL variables, else http/protobuf "
             "(a collector's port 4318; grpc is its port 4317)", flag=protocol_flag),
         Key("headers", simple(_headers, "mapping", {"type": "object", "additionalProperties": {
-            "type": ["string", "number"]}}), "headers of each export request",
+            "type": "string"}}), "headers of each export request",
             default=lambda: dict(OtlpConfig().headers)),
         Key("compression", choices(COMPRESSIONS), "none by default"),
-        Key("timeout", num(0.001, unit=" (s)"), "seconds per export request (10 by default)", field="timeout_s"),
+        Key("timeout", num(0.001, MAX_TIMEOUT_S, " (s)"), "seconds per export request (10 by default)",
+            field="timeout_s"),
         Key("insecure", BOOL, "gRPC only: plaintext to a scheme-less host:port"),
         Key("certificate", OPT_STR, "CA bundle (PEM) that verifies the server"),
         Key("client_key", OPT_STR, "mTLS: the client's key (PEM)"),

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from retsnoop_otel.capture.model import RetKind
 from retsnoop_otel.command.errors import InputError, SetupError
+from retsnoop_otel.inputs.files import plain
 from retsnoop_otel.runtime.config import ProbeSetConfig, SymbolsConfig
 from retsnoop_otel.runtime.startup import Phase, phase_since
 from retsnoop_otel.workload.cgroupfs import cgroup2_mount
@@ -229,14 +230,18 @@ def cgroup_target(path: str, name: str = "cgroup", root: str = "/") -> tuple[int
     mount = cgroup2_mount(root)
     hint = f"give a cgroup v2 path such as {mount}/system.slice/foo.service"
     under = path.startswith(mount + "/") or path == mount
+    shown_path = plain(path)  # cut and escaped: a message is one line of bounded length
     if path.startswith("/sys/fs/cgroup") and not under:
-        raise InputError(name_it(name, f"{path} is not in the cgroup v2 hierarchy (mounted at {mount}); {hint}"))
+        raise InputError(name_it(name, f"{shown_path} is not in the cgroup v2 hierarchy (mounted at {mount}); "
+                                       f"{hint}"))
     rel = (path.removeprefix(mount) if under else path).strip("/")
     full = os.path.join(root, mount.lstrip("/"), rel)
     try:
         st = os.stat(full)
-    except OSError as exc:
-        raise InputError(name_it(name, f"{path}: {exc.strerror} ({full}); {hint}")) from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL character in the path
+        why = exc.strerror if isinstance(exc, OSError) else "not a path (it holds a NUL character)"
+        where = "" if plain(full) == shown_path else f" ({plain(full)})"
+        raise InputError(name_it(name, f"{shown_path}: {why}{where}; {hint}")) from None
     if not os.path.isdir(full):
-        raise InputError(name_it(name, f"{path}: not a directory ({full}); {hint}"))
+        raise InputError(name_it(name, f"{shown_path}: not a directory ({plain(full)}); {hint}"))
     return st.st_ino, len([p for p in rel.split("/") if p])

@@ -54,7 +54,7 @@ class RuntimeMetrics:
         from retsnoop_otel.metrics.server import ListenError, MetricsServer
         try:
             return MetricsServer(cfg.metrics.host, cfg.metrics.port, self.registry(), self.health,
-                                 setting=cfg.names.listen, web=self.web(settings))
+                                 setting=cfg.names.listen, host_setting=cfg.names.listen_host, web=self.web(settings))
         except ListenError as exc:
             raise SetupError(str(exc)) from None
 

@@ -25,8 +25,9 @@ from retsnoop_otel.export.otlp_settings import OtlpConfig, OtlpConfigError, Otlp
 from retsnoop_otel.export.processor_env import BatchSettings, ReaderSettings, batch_settings, bounded, reader_settings
 from retsnoop_otel.export.resource import resource_attributes_problem
 from retsnoop_otel.export.span_limits import SpanLimits, span_limits
+from retsnoop_otel.inputs.files import shown
 from retsnoop_otel.inputs.tls_files import TlsReads
-from retsnoop_otel.kernel.kcache import cache_base
+from retsnoop_otel.kernel.kcache import CACHE_VARIABLE, cache_base, cache_dir_problem
 from retsnoop_otel.runtime.config import RuntimeConfig, SymbolsConfig
 from retsnoop_otel.runtime.environment import cgroup_target
 from retsnoop_otel.runtime.sdk_env import apply_switches, read_switches
@@ -64,7 +65,7 @@ def check_resource_attributes(environ: Mapping[str, str], warnings: EnvWarnings)
     problem = resource_attributes_problem(attrs)
     if problem:
         warnings.ignore(RESOURCE_ATTRIBUTES, f"{problem}; write it like key1=value1,key2=value2 with each value "
-                        "percent-encoded", attrs)
+                        "percent-encoded")  # the value not shown: its values may hold secrets
 
 
 def _check_probe_sets(cfg: RuntimeConfig, root: str) -> None:
@@ -102,6 +103,11 @@ def run_settings(cfg: RuntimeConfig, environ: Mapping[str, str], root: str,
     warnings = EnvWarnings()
     switches = read_switches(environ, warnings)
     cfg = apply_switches(cfg, switches)
+    cache_dir = environ.get(CACHE_VARIABLE, "")
+    problem = cache_dir_problem(cache_dir) if cache_dir else None
+    if problem:  # this tool's own variable (not an OTEL_* one): refused, as a flag would be
+        raise InputError(f"{CACHE_VARIABLE}={shown(cache_dir)}: {problem} (it names the cache's directory; unset "
+                         "it for the default)")
     cfg = cfg._replace(symbols=cfg.symbols._replace(cache_dir=str(cache_base(cfg.symbols.cache_dir, environ))))
     log_level(environ, warnings)  # the agent's default log level (agent/main.py): warned about here, with the rest
     _check_probe_sets(cfg, root)

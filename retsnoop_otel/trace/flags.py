@@ -22,6 +22,7 @@ from retsnoop_otel.command.errors import EXIT_INPUT, exit_code_epilog
 from retsnoop_otel.command.help_format import HelpFormatter, OneLineParser
 from retsnoop_otel.export.otel_env import OTLP_ENDPOINT, OTLP_TRACES_ENDPOINT, TRACES_EXPORTER
 from retsnoop_otel.export.otlp_settings import OtlpConfig
+from retsnoop_otel.inputs.addresses import MAX_HOST_CHARS
 from retsnoop_otel.inputs.files import MAX_GLOB_FILE_BYTES, expand_at_files, shown
 from retsnoop_otel.inputs.numbers import (
     COUNT,
@@ -61,8 +62,8 @@ assert OTLP is not None
 KEY_SECTIONS = (TOP, PROBE_SET, FILTERS, SAMPLING, EXPORTER, OTLP, METRICS)  # the sections with trace flags
 TRACE_NAMES = InputNames(
     otlp=MappingProxyType({"endpoint": "--otlp-endpoint", "protocol": "--otlp-protocol"}),
-    listen="--metrics-port", trace_json="--trace-json", vmlinux="-k", cgroup="--cgroup", lbr="--lbr",
-    attach_mode="-F/-K/-M/--kprobe-session", web_config="--web.config.file")
+    listen="--metrics-port", listen_host="--metrics-addr", trace_json="--trace-json", vmlinux="-k", cgroup="--cgroup",
+    lbr="--lbr", attach_mode="-F/-K/-M/--kprobe-session", web_config="--web.config.file")
 # -C keys that are config keys too (limits.ringbuf_size, limits.max_sessions): read, ranged and described by the
 # key's declaration; the others are retsnoop's alone
 C_FROM_KEYS = c_keys(LIMITS)
@@ -148,6 +149,22 @@ def _int_flag(rng: IntRange):  # type: ignore[no-untyped-def]
 _port = _int_flag(IntRange(1, 65535, "a TCP port"))
 
 
+def _listen_host(text: str) -> str:
+    """--metrics-addr: a host name or an IP address (an IPv6 one with or without its brackets); what the name
+    resolves to is the bind's to say. Refused here: what can never be one."""
+    host = text.strip()
+    if host.startswith("[") and host.endswith("]") and ":" in host:
+        host = host[1:-1]
+    if not host or any(c in "[]/@" or c.isspace() or not c.isprintable() for c in host) \
+            or len(host) > MAX_HOST_CHARS:
+        raise argparse.ArgumentTypeError(f"{shown(text)} is not a host name or IP address (for example 127.0.0.1, "
+                                         "::1 or [::1], at most 253 characters)")
+    return host
+
+
+_listen_host.__name__ = "address"
+
+
 class OneLineErrorParser(OneLineParser):
     """Bad flags get one line on stderr (OneLineParser).
 
@@ -194,7 +211,7 @@ def build_parser(prog: str = "retsnoop-otel trace") -> OneLineErrorParser:
     _from_keys(out, SAMPLING, "success_probability")
     _from_keys(out, PROBE_SET, "mode")
     out.add_argument("-E", "--call-stack", action="store_true",
-                     help="print the call stack too when -T is given")
+                     help="print the call stack under -T's call trace (needs -T)")
     out.add_argument("--json", action="store_true", help="print one JSON object per session")
     _from_keys(out, PROBE_SET, "capture_args", "user_stacks", "app_context", "inject")
     out.add_argument("--trace-json", metavar="FILE", help="write -T sessions as Chrome trace-event JSON (Perfetto)")
@@ -213,7 +230,7 @@ def build_parser(prog: str = "retsnoop-otel trace") -> OneLineErrorParser:
     _from_keys(exp, EXPORTER, "export_addresses", "service_name_from")
     _from_keys(exp, METRICS, "listen")
     exp.add_argument("--metrics-port", type=_port, metavar="PORT", help="serve Prometheus metrics on PORT")
-    exp.add_argument("--metrics-addr", default=None, metavar="ADDR",
+    exp.add_argument("--metrics-addr", type=_listen_host, default=None, metavar="ADDR",
                      help="metrics listen address (with --metrics-port; default 0.0.0.0)")
     _from_keys(exp, METRICS, "web_config_file")
     _from_keys(exp, PROBE_SET, "name")
@@ -328,6 +345,11 @@ def parse(argv: Sequence[str], environ: Mapping[str, str],
     entry, allow, deny = with_cases(args.case, args.entry, args.allow, args.deny)
     if not entry:
         parser.error("at least one entry glob is needed: -e GLOB (for example -e '*sys_bpf'), or -c CASE")
+    # -E adds the stack under -T's call trace (without -T the stack is all that is printed: -E alone would change
+    # nothing); --trace-json writes -T's call traces. Neither is taken to mean -T, which changes what is printed.
+    for given, flag in ((args.call_stack, "-E/--call-stack"), (args.trace_json is not None, "--trace-json")):
+        if given and not args.calls:
+            parser.error(f"{flag} needs -T (the call trace): give -T too, or drop {flag.split('/')[0]}")
     if args.success_stacks and args.allow_errors:
         parser.error("-S (success sessions) conflicts with -x (only sessions with given errors)")
     try:
@@ -385,5 +407,6 @@ def parse(argv: Sequence[str], environ: Mapping[str, str],
                       max_sessions=c.get("bpf.sessions-size", Limits().max_sessions)),
         symbols=SymbolsConfig(vmlinux=args.kernel or ("auto" if level != 0 else None), source_lines=level != 0,
                               inlines=level is None or level >= 2),
-        names=TRACE_NAMES)
+        names=TRACE_NAMES._replace(listen_host="--web.listen-address", listen="--web.listen-address")
+        if args.web_listen_address is not None else TRACE_NAMES)
     return TraceRequest(config, dry_run=args.dry_run, verbose=args.verbose)

@@ -135,7 +135,8 @@ BAD_INPUT = {
                                        2, "--otlp-endpoint='collector:4318': not an http:// or https:// URL"),
     "metrics_port_busy": ([*TRACE, "--metrics-addr", "127.0.0.1", "--metrics-port", "{busy}"], {}, 1,
                           "already in use"),
-    "trace_json_unwritable": ([*TRACE, "--trace-json", "/proc/version/t.json"], {}, 2, "--trace-json /proc/version"),
+    "trace_json_unwritable": ([*TRACE, "-T", "--trace-json", "/proc/version/t.json"], {}, 2,
+                              "--trace-json /proc/version"),
     "vmlinux_missing": ([*TRACE, "-k", "/no/such/vmlinux"], {}, 2, "-k /no/such/vmlinux: no such file"),
     "glob": (["trace", "-e", "*sys_bpf", "-a", "array_map_* [bpf"], {}, 2, "bad glob 'array_map_* [bpf'"),
     # an empty -e is a bad glob like any other, not a missing -e (a list key's check sees the flag's one item)

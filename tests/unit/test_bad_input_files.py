@@ -401,3 +401,154 @@ def test_a_signal_stops_the_check_of_a_large_input(tmp_path: Path, sig: signal.S
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=TIMEOUT_S)
     assert proc.returncode == code and "Traceback" not in err, (proc.returncode, err)
+
+
+# ---- values that can never work, refused at input with one bounded line naming the flag or key (issue 47.4) ----
+
+LONG = "a" * 100_000  # a value echoed whole made a 100 kB line (an argument holds at most 128 kB)
+
+
+@pytest.mark.parametrize(("flags", "names"), [
+    (["-x", ""], ["-x/--allow-errors", "an empty error name"]),
+    (["-X", ""], ["-X/--deny-errors", "an empty error name"]),
+    (["-X", "EINVAL,"], ["-X/--deny-errors", "an empty error name"]),
+    (["--cgroup", ""], ["--cgroup", "an empty path"]),
+    (["-k", ""], ["-k/--kernel", "an empty path"]),
+    (["-n", ""], ["-n/--comm", "an empty thread name"]),
+    (["-N", " "], ["-N/--no-comm", "an empty thread name"]),
+    (["--probe-set", "abc\n"], ["--probe-set", r"'abc\n' is not a valid name"]),
+    (["--probe-set", 'a"b'], ["--probe-set", "'a\"b' is not a valid name"]),
+    (["--probe-set", LONG], ["--probe-set", "(100000 characters) is not a valid name"]),
+    (["--metrics-port", "9464", "--metrics-addr", "[::1"], ["--metrics-addr", "'[::1' is not a host name"]),
+    (["--metrics-port", "9464", "--metrics-addr", LONG], ["--metrics-addr", "(100000 characters)"]),
+    (["--cgroup", "/sys/fs/cgroup/" + LONG], ["--cgroup /sys/fs/cgroup/aaa", "(100015 characters) is not in"]),
+])
+def test_trace_value_that_can_never_work(flags: list[str], names: list[str]):
+    line = _refused(_run("trace", "-e", "*sys_bpf", *flags), *names)
+    assert len(line) < 400 and line.count("characters)") <= 1 + line.count("253 characters)"), line
+
+
+def test_trace_long_values_have_their_length_said_once():
+    """A value cut by the message (shown()) is not cut again by the one-line parser: one length note."""
+    for flags in (["-C", "bpf.ringbuf-size=" + LONG], ["--web.listen-address", LONG]):
+        line = _refused(_run("trace", "-e", "*sys_bpf", *flags), flags[0], "(100000 characters)")
+        assert line.count("characters)") == 1 and len(line) < 400, line
+
+
+@pytest.mark.parametrize(("flags", "named"), [
+    (["--metrics-port", "9464", "--metrics-addr", "nosuchhost.invalid"], "in --metrics-addr"),
+    (["--web.listen-address", "nosuchhost.invalid:9464"], "in --web.listen-address"),
+])
+def test_trace_listen_address_not_of_this_machine_names_the_address_flag(flags: list[str], named: str):
+    proc = _run("trace", "-e", "*sys_bpf", *flags)
+    assert proc.returncode == 1 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert "nosuchhost.invalid is not an address of this machine" in proc.stderr and named in proc.stderr
+    assert "--metrics-port" not in proc.stderr
+
+
+@pytest.mark.parametrize(("body", "names"), [
+    ("    filters:\n      cgroup: ''\n", ["agent.yaml:6: probe_sets[0].filters.cgroup", "an empty path"]),
+    ("    filters:\n      comms: ['']\n", ["agent.yaml:6: probe_sets[0].filters.comms", "an empty thread name"]),
+    ("    filters:\n      allow_errors: ['']\n", ["probe_sets[0].filters.allow_errors", "an empty error name"]),
+    ("vmlinux: ''\n", ["agent.yaml:5: vmlinux", "an empty path"]),
+    ("metrics:\n  listen: 9464\n", ["agent.yaml:6: metrics.listen: expected a string, got int 9464"]),
+    (f"metrics:\n  listen: '{'h' * 300}:9464'\n", ["agent.yaml:6: metrics.listen", "(305 characters)",
+                                                   "more than a host name can have (253)"]),
+    (f"    filters:\n      cgroup: /sys/fs/cgroup/{LONG}\n", ["probe set 'errs': filters.cgroup",
+                                                              "(100015 characters) is not in the cgroup"]),
+])
+def test_agent_value_that_can_never_work(tmp_path: Path, body: str, names: list[str]):
+    line = _refused(_run("agent", "--check", str(_config(tmp_path, MINIMAL + body))), *names)
+    assert len(line) < 400 and line.count("agent.yaml:") <= 1, line  # one prefix at most
+
+
+@pytest.mark.parametrize(("name", "shown"), [('"abc\\n"', r"'abc\n'"), ("'a\"b'", "'a\"b'"),
+                                            (LONG, "(100000 characters)")])
+def test_agent_probe_set_name_that_can_never_work(tmp_path: Path, name: str, shown: str):
+    path = _config(tmp_path, f"probe_sets:\n  - name: {name}\n    entry: ['*sys_bpf']\n    mode: metrics\n")
+    line = _refused(_run("agent", "--check", str(path)), "agent.yaml:2: probe_sets[0].name", shown,
+                    "is not a valid name")
+    assert len(line) < 400, line
+
+
+@pytest.mark.parametrize(("flags", "names"), [
+    (["-J", "kprobe:foo+99999999999999999999"], ["-J 'kprobe:foo+99999999999999999999'", "past any kernel function",
+                                                 "at most 0xfffff"]),
+    (["-J", "kprobe:foo+0x100000"], ["-J", "past any kernel function"]),
+    (["-J", "kprobe:foo+" + "9" * 5000], ["-J", "(5000 characters)", "past any kernel function"]),
+    (["-E"], ["-E/--call-stack needs -T"]),
+    (["--trace-json", "/tmp/t.json"], ["--trace-json needs -T"]),
+])
+def test_trace_flag_that_can_never_work(flags: list[str], names: list[str]):
+    line = _refused(_run("trace", "-e", "*sys_bpf", *flags), *names)
+    assert len(line) < 400, line
+
+
+def test_trace_call_stack_and_trace_json_with_t_pass_validation(tmp_path: Path):
+    proc = _run("trace", "-e", "*sys_bpf", "-T", "-E", "--trace-json", str(tmp_path / "t.json"))
+    assert proc.returncode == 1 and "kernel" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("delay", ["nan", "inf", "1e300", "-1"])
+def test_simfail_delay_that_can_never_work(delay: str):
+    _refused(_run("simfail", "--delay-ms", delay, "-a"), "--delay-ms", f"got '{delay}'", "from 0 to 3600000")
+
+
+@pytest.mark.parametrize(("body", "names"), [
+    ("exporter:\n  otlp:\n    endpoint: http://c:4318\n    timeout: 1.0e+30\n",
+     ["agent.yaml:8: exporter.otlp.timeout", "between 0.001 and 3600"]),
+    ("metrics:\n  stall_after_s: 1.0e+30\n", ["agent.yaml:6: metrics.stall_after_s", "between 1 and 86400"]),
+    ("exporter:\n  otlp:\n    endpoint: http://c:4318\n    headers:\n      x-key: \"SEC\\r\\nRET\"\n",
+     ["exporter.otlp.headers", "header 'x-key' has a control character in its value (not shown)"]),
+    ("exporter:\n  otlp:\n    endpoint: http://c:4318\n    headers:\n      x-key: 0x5EC\n",
+     ["agent.yaml:9: exporter.otlp.headers.x-key", "expected a string", "(not shown"]),
+])
+def test_agent_otlp_value_that_can_never_work(tmp_path: Path, body: str, names: list[str]):
+    line = _refused(_run("agent", "--check", str(_config(tmp_path, MINIMAL + body))), *names)
+    assert "SEC" not in line and "5EC" not in line, line
+
+
+@pytest.mark.parametrize(("env", "names"), [
+    ({"OTEL_EXPORTER_OTLP_TIMEOUT": "1e30"}, ["OTEL_EXPORTER_OTLP_TIMEOUT='1e30'", "longer than an hour"]),
+    ({"OTEL_EXPORTER_OTLP_HEADERS": "x-key=S3CR%zzT"}, ["OTEL_EXPORTER_OTLP_HEADERS:", "header 'x-key'",
+                                                        "bad percent-escape"]),
+    ({"OTEL_EXPORTER_OTLP_HEADERS": "ok=1,x-key=S3CR%ffT"}, ["header 'x-key'", "bad percent-escape"]),
+    ({"OTEL_EXPORTER_OTLP_COMPRESSION": "deflate"}, ["OTEL_EXPORTER_OTLP_COMPRESSION='deflate'", "use gzip or none"]),
+    ({"OTEL_RESOURCE_ATTRIBUTES": "secret=S3CRPW,T0KEN"}, ["OTEL_RESOURCE_ATTRIBUTES:", "entry 2 has no '='"]),
+])
+def test_otel_variable_that_can_never_work_is_warned_about(env: dict[str, str], names: list[str]):
+    warning = _warned(_run("trace", "-e", "*sys_bpf", "--otlp-endpoint", "http://c:4318", env=env), *names)
+    assert "S3CR" not in warning and "T0KEN" not in warning, warning
+
+
+@pytest.mark.parametrize(("web", "names"), [
+    ("http_server_config:\n  headers:\n    Strict-Transport-Security: \"max-age=1\\r\\nSet-Cookie: x\"\n",
+     ["web.yml:3: http_server_config.headers.Strict-Transport-Security", "a control character"]),
+    ("basic_auth_users:\n  '': $2y$10$" + "a" * 53 + "\n", ["web.yml:2: basic_auth_users", "the user name ''",
+                                                            "cannot log in"]),
+    ("basic_auth_users:\n  'al:ice': $2y$10$" + "a" * 53 + "\n", ["the user name 'al:ice'", "cannot log in"]),
+])
+def test_web_config_value_that_can_never_work(tmp_path: Path, web: str, names: list[str]):
+    path = tmp_path / "web.yml"
+    path.write_text(web)
+    line = _refused(_run("trace", "-e", "*sys_bpf", "--metrics-port", "9464", "--web.config.file", str(path)),
+                    "--web.config.file", *names)
+    assert "Set-Cookie" not in line, line
+
+
+@pytest.mark.parametrize(("where", "names"), [
+    ("{tmp}/file", ["RETSNOOP_OTEL_CACHE=", "it is a file, not a directory"]),
+    ("{tmp}/file/below", ["/file is a file, not a directory"]),
+    ("/dev/null", ["RETSNOOP_OTEL_CACHE='/dev/null'", "it is a character device, not a directory"]),
+    ("/no-such-top-level-dir-47/cache", ["would be made as a new top-level directory /no-such-top-level-dir-47"]),
+])
+def test_cache_variable_that_can_never_work(tmp_path: Path, where: str, names: list[str]):
+    (tmp_path / "file").write_text("")
+    env = {"RETSNOOP_OTEL_CACHE": where.format(tmp=tmp_path)}
+    _refused(_run("trace", "-e", "*sys_bpf", env=env), *names)
+    assert not Path("/no-such-top-level-dir-47").exists()
+
+
+def test_cache_variable_of_a_new_directory_passes_validation(tmp_path: Path):
+    proc = _run("trace", "-e", "*sys_bpf", env={"RETSNOOP_OTEL_CACHE": str(tmp_path / "new" / "cache")})
+    assert proc.returncode == 1 and "kernel" in proc.stderr, proc.stderr

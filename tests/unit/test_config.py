@@ -219,8 +219,24 @@ def test_metrics_otlp_section() -> None:
     msg = settings_err(BASE + "metrics:\n  otlp:\n    endpoint: 'ftp://collector:4317'\n")
     assert msg.startswith("agent.yaml:6: metrics.otlp.endpoint") and "ftp://collector:4317" in msg, msg
     assert err(BASE + "metrics:\n  otlp_interval: 0\n") == (
-        "agent.yaml:5: metrics.otlp_interval: must be at least 1, got 0")
+        "agent.yaml:5: metrics.otlp_interval: must be between 1 and 86400, got 0")
     assert err(BASE + "metrics:\n  otlp: {bogus: 1}\n").startswith("agent.yaml:5: metrics.otlp.bogus: unknown key")
+
+
+@pytest.mark.parametrize(("body", "want"), [
+    ("metrics:\n  stall_after_s: 1.0e+30\n",
+     "agent.yaml:5: metrics.stall_after_s: must be between 1 and 86400, got 1e+30"),
+    ("metrics:\n  otlp_interval: 1.0e+30\n", "agent.yaml:5: metrics.otlp_interval: must be between 1 and 86400"),
+    ("exporter:\n  otlp:\n    endpoint: http://c:4318\n    timeout: 1.0e+30\n",
+     "agent.yaml:7: exporter.otlp.timeout: must be between 0.001 and 3600, got 1e+30"),
+    ("exporter:\n  otlp:\n    endpoint: http://c:4318\n    headers: {x-tenant: 0x1F}\n",
+     "agent.yaml:7: exporter.otlp.headers.x-tenant: expected a string (quote a number: '42'), got int (not shown"),
+])
+def test_values_past_any_use_refused(body: str, want: str) -> None:
+    """A timeout or a stall of 1e30 s, a header YAML would rewrite (0x1F as 31): refused with the key's line."""
+    msg = err(BASE + body)
+    assert msg.startswith(want), msg
+    assert "0x1F" not in msg and "31" not in msg
 
 
 def test_lbr_key_takes_the_trace_flag_specs() -> None:

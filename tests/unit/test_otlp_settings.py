@@ -138,6 +138,7 @@ def test_scheme_less_endpoint_error_names_the_config_keys_and_hides_secrets():
 @pytest.mark.parametrize("field,var,config_value,signal_value,generic_value,attr,expected", [
     ("protocol", "PROTOCOL", "grpc", "http/protobuf", "grpc", "protocol", ("grpc", "http/protobuf", "grpc")),
     ("compression", "COMPRESSION", "deflate", "gzip", "none", "compression", ("deflate", "gzip", "none")),
+    ("compression", "COMPRESSION", "gzip", "none", "gzip", "compression", ("gzip", "none", "gzip")),
     ("timeout_s", "TIMEOUT", 2.5, "1500", "3000", "timeout_s", (2.5, 1.5, 3.0)),
     ("insecure", "INSECURE", False, "true", "false", "tls", (True, False, True)),
 ])
@@ -391,17 +392,35 @@ def test_config_header_errors_name_the_config_key():
 
 # ---- compression and timeout ----
 
-@pytest.mark.parametrize("value,expected", [("gzip", "gzip"), ("GZIP", "gzip"), ("none", "none"),
-                                            ("deflate", "deflate")])
+@pytest.mark.parametrize("value,expected", [("gzip", "gzip"), ("GZIP", "gzip"), ("none", "none")])
 def test_compression_values(value, expected):
     assert resolve(OtlpConfig(), {"OTEL_EXPORTER_OTLP_COMPRESSION": value}).compression == expected
     assert resolve(OtlpConfig(compression=value)).compression == expected
 
 
+def test_deflate_is_the_configs_not_the_variables():
+    """The specification's variables take gzip or none: deflate there is warned about and ignored (the generic
+    variable, then the default, apply); the config key keeps it (the senders have it)."""
+    assert resolve(OtlpConfig(compression="deflate")).compression == "deflate"
+    text = warned(OtlpConfig(), {"OTEL_EXPORTER_OTLP_COMPRESSION": "deflate"})
+    assert text.startswith("OTEL_EXPORTER_OTLP_COMPRESSION='deflate': not a compression of the OTLP exporter "
+                           "variables; use gzip or none"), text
+    env = {"OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "deflate", "OTEL_EXPORTER_OTLP_COMPRESSION": "gzip"}
+    assert resolve(OtlpConfig(), env).compression == "gzip"
+
+
 def test_compression_errors():
     text = warned(OtlpConfig(), {"OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "zstd"})
-    assert text.startswith("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION='zstd'") and "gzip, deflate, none" in text
+    assert text.startswith("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION='zstd'") and "gzip, none" in text
     assert error(OtlpConfig(compression="br"), names=CLI).startswith("--otlp-compression='br'")
+
+
+def test_timeout_over_an_hour():
+    text = warned(OtlpConfig(), {"OTEL_EXPORTER_OTLP_TIMEOUT": "1e30"})
+    assert text.startswith("OTEL_EXPORTER_OTLP_TIMEOUT='1e30': longer than an hour; write a timeout of at most "
+                           "3600000 milliseconds"), text
+    assert resolve(OtlpConfig(), {"OTEL_EXPORTER_OTLP_TIMEOUT": "3600000"}).timeout_s == 3600.0
+    assert "='3601': longer than an hour; write a timeout of at most 3600 seconds" in error(OtlpConfig(timeout_s=3601))
 
 
 def test_timeout_units():

@@ -43,13 +43,25 @@ def test_parsing_matches_the_sdk_detector(text, monkeypatch):
     assert parse_resource_attributes(text) == dict(OTELResourceDetector().detect().attributes)
 
 
+def test_malformed_list_warning_shows_no_value():
+    """Issue 47.4: 'secret=SECRETPW,bad' printed every value; an entry without '=' may be a value's tail."""
+    from retsnoop_otel.export.otel_env import EnvWarnings
+    from retsnoop_otel.runtime.settings import check_resource_attributes
+    warnings = EnvWarnings()
+    check_resource_attributes({"OTEL_RESOURCE_ATTRIBUTES": "secret=SECRETPW,bad,token=PW%zz"}, warnings)
+    (text,) = warnings.messages
+    assert text.startswith("OTEL_RESOURCE_ATTRIBUTES: entry 2 has no '='") and "SECRET" not in text, text
+    assert "bad" not in text and "PW" not in text, text
+
+
 @pytest.mark.parametrize("text,problem", [
-    ("a=1,broken,b=2", "entry 2 'broken' is not key=value"), ("=x", "entry 1 '=x' is not key=value"),
+    ("a=1,broken,b=2", "entry 2 has no '=' (not shown: it may be part of a value)"),
+    ("=x", "entry 1 has an empty key"),
     ("a=%zz", "entry 1 ('a'): a '%' that starts no %XX escape in its value"),
     ("a=%C3", "entry 1 ('a'): its %XX escapes are not UTF-8")])
 def test_malformed_list_is_named_and_discarded_as_a_whole(text, problem, tmp_path):
     """As the specification says: a malformed list is discarded, never used in part, with one warning that names
-    the variable, shows its value and says it is ignored (the run goes on)."""
+    the variable, the bad entry by its number and key (never a value) and says it is ignored (the run goes on)."""
     from retsnoop_otel.export.otel_env import EnvWarnings
     from retsnoop_otel.runtime.settings import check_resource_attributes
     assert resource_attributes_problem(text) == problem
@@ -59,5 +71,5 @@ def test_malformed_list_is_named_and_discarded_as_a_whole(text, problem, tmp_pat
     assert "a" not in attrs and "b" not in attrs and attrs["service.name"] == "retsnoop-otel"
     warnings = EnvWarnings()
     check_resource_attributes(env, warnings)
-    assert warnings.messages == (f"OTEL_RESOURCE_ATTRIBUTES={text!r}: {problem}; write it like key1=value1,key2=value2 "
+    assert warnings.messages == (f"OTEL_RESOURCE_ATTRIBUTES: {problem}; write it like key1=value1,key2=value2 "
                                  "with each value percent-encoded; ignored, as if unset",)
