@@ -2,7 +2,9 @@
 with a CA made at test time, a bearer token file, and recorded list and watch responses (tests/fixtures/k8s).
 
 No cluster is reachable from the test machine; what is checked is the protocol as the API server speaks
-it: the node-scoped list, the watch from its resourceVersion with bookmarks, ADDED/MODIFIED/DELETED,
+it: the node-scoped list (resourceVersion=0: served from the API server's watch cache, as client-go's reflector
+lists; after a 410, without resourceVersion: the most recent state), the watch from its resourceVersion with
+bookmarks, ADDED/MODIFIED/DELETED,
 410 Gone (as a watch event and as a status) leading to a new list, 401/403 and a server that goes away
 (one warning, back-off, the cache kept, recovery without a new list), token rotation, TLS checked against
 the given CA, and an API server at an IPv6 address (https://[::1]:port).
@@ -79,8 +81,9 @@ def server(certs: dict[str, str], token: Path) -> Iterator[FakeApiServer]:
 
 
 def watch_of(api: FakeApiServer, certs: dict[str, str], token: Path, log: Log,
-             cache: PodCache | None = None) -> PodWatch:
-    settings = KubeSettings("node-a", f"https://127.0.0.1:{api.port}", str(token), Path(certs["ca.pem"]).read_bytes())
+             cache: PodCache | None = None, well_known_labels: bool = False) -> PodWatch:
+    settings = KubeSettings("node-a", f"https://127.0.0.1:{api.port}", str(token), Path(certs["ca.pem"]).read_bytes(),
+                            well_known_labels=well_known_labels)
     return PodWatch(settings, cache or PodCache(time.monotonic), log, backoff_first_s=0.05, backoff_max_s=0.2)
 
 
@@ -103,13 +106,13 @@ def test_list_then_watch_fills_the_cache(server: FakeApiServer, certs, token: Pa
             "c0ffee1d": ContainerMeta("debugger-h7k2p", "containerd", "docker.io/library/busybox", ("1.37",))}
         # ownerReferences: the ReplicaSet, and its Deployment by the pod-template-hash label
         assert checkout.owners == (("replicaset", "checkout-7d4b9c8f6"), ("deployment", "checkout"))
-        assert (checkout.annotated_service, checkout.app_name) == ("", "")
+        assert (checkout.annotated_service, checkout.app_name, checkout.app_instance) == ("", "", "")
         pending = cache.get(PENDING)
         assert pending.containers == {}  # no container id before the container is created
         assert pending.owners == (("job", "report-29919600"), ("cronjob", "report"))  # the Job's name: a schedule
         web = cache.get(WEB)  # ADDED without, MODIFIED with an id
         assert web.containers == {WEB_ID: ContainerMeta("web", "containerd", "registry.example/shop/web", ("2.0.1",))}
-        assert web.app_name == "storefront" and web.owners[-1] == ("deployment", "web")
+        assert web.app_name == "" and web.owners[-1] == ("deployment", "web")  # labels: not without the opt-in
         gone = cache.get(COREDNS)  # DELETED, but kept for the sessions still on their way
         assert gone is not None and gone.name == "coredns-76f75df574-9bz6m" and cache.deleted == 1
         assert gone.annotated_service == "cluster-dns"
@@ -117,7 +120,8 @@ def test_list_then_watch_fills_the_cache(server: FakeApiServer, certs, token: Pa
     finally:
         watch.close()
     lst, w1, w2, w3 = third[:4]
-    assert lst["kind"] == "list" and lst["query"] == {"fieldSelector": "spec.nodeName=node-a"}
+    # the list is served from the watch cache (resourceVersion=0), not read from etcd
+    assert lst["kind"] == "list" and lst["query"] == {"fieldSelector": "spec.nodeName=node-a", "resourceVersion": "0"}
     assert lst["authorization"] == "Bearer " + token.read_text().strip()
     assert (w1["kind"], w1["query"]["resourceVersion"], w1["query"]["allowWatchBookmarks"].lower()) == \
         ("watch", "1000", "true")  # older clients write True: the API server parses both
@@ -127,6 +131,24 @@ def test_list_then_watch_fills_the_cache(server: FakeApiServer, certs, token: Pa
     c = watch.counters()
     assert c.current and c.lists == 1 and c.errors == {} and c.events == 3 and c.pods == 3
     assert log.lines == []
+
+
+def test_well_known_labels_are_read_from_lists_and_events_when_opted_in(server: FakeApiServer, certs,
+                                                                          token: Path) -> None:
+    """kubernetes.well_known_labels: true reaches the watch: app.kubernetes.io/* of listed pods and of pods that
+    watch events bring."""
+    listed = fixture("pods_list.json")
+    listed["items"][0]["metadata"]["labels"]["app.kubernetes.io/instance"] = "checkout-prod"
+    server.lists.append(Answer(body=listed))
+    server.watches.append(Answer(events=fixture_events("watch_events.jsonl"), hold=True))
+    watch = watch_of(server, certs, token, Log(), well_known_labels=True).start()
+    try:
+        web = wait_for(lambda: watch.cache.get(WEB))
+        checkout = watch.cache.get(CHECKOUT)
+    finally:
+        watch.close()
+    assert web.app_name == "storefront"  # from the ADDED event's labels
+    assert checkout is not None and (checkout.app_instance, checkout.app_name) == ("checkout-prod", "")
 
 
 @pytest.mark.parametrize("gone", ["event", "status"])
@@ -145,6 +167,9 @@ def test_410_gone_lists_again(server: FakeApiServer, certs, token: Path, gone: s
     try:
         reqs = server.wait_requests(4)
         assert [r["kind"] for r in reqs[:4]] == ["list", "watch", "list", "watch"]
+        assert reqs[0]["query"]["resourceVersion"] == "0"  # the first list: from the watch cache
+        # after the 410, the most recent state (no resourceVersion): a cached list may be as old as the expired one
+        assert reqs[2]["query"] == {"fieldSelector": "spec.nodeName=node-a"}
         assert reqs[3]["query"]["resourceVersion"] == "1523"
         wait_for(lambda: watch.counters().lists == 2)
         assert watch.cache.get(COREDNS) is not None and watch.cache.deleted == 2  # missing from the new list
@@ -165,8 +190,9 @@ def test_refusal_degrades_with_one_warning(server: FakeApiServer, certs, token: 
     log = Log()
     watch = watch_of(server, certs, token, log).start()
     try:
-        server.wait_requests(5)  # retried, with back-off
+        reqs = server.wait_requests(5)  # retried, with back-off
         wait_for(lambda: watch.counters().errors.get(reason, 0) >= 4)
+        assert {r["query"].get("resourceVersion") for r in reqs} == {"0"}  # every first list from the watch cache
     finally:
         watch.close()
     c = watch.counters()
@@ -295,7 +321,7 @@ def test_an_ipv6_api_server(certs, token: Path, monkeypatch: pytest.MonkeyPatch)
             watch.close()
     finally:
         api.stop()
-    assert lst["query"] == {"fieldSelector": "spec.nodeName=node-a"}
+    assert lst["query"] == {"fieldSelector": "spec.nodeName=node-a", "resourceVersion": "0"}
     assert w["kind"] == "watch" and w["query"]["resourceVersion"] == "1000"
     assert watch.cache.get(CHECKOUT) is not None and watch.counters().errors == {}
 

@@ -30,7 +30,7 @@ record's own valid byte and ids are read from the new process's memory.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from retsnoop_otel.appctx.exec_watch import EXEC_OUTCOMES, ExecWatches, Watch
@@ -412,9 +412,10 @@ class AppWatcher:
                 ctx = proc.context
                 if ctx is not None:
                     attrs = self.sources.thread_attributes(app.attrs, ctx.key_map) if app.attrs else {}
-                    name = ctx.attributes.get("service.name")
                     session.app = app._replace(attributes=tuple(attrs.items()),
-                                               service_name=name if isinstance(name, str) else "")
+                                               service_name=_text(ctx.attributes, "service.name"),
+                                               service_namespace=_text(ctx.attributes, "service.namespace"),
+                                               service_instance_id=_text(ctx.attributes, "service.instance.id"))
         return session
 
     def hold(self, item: Any, session: Session) -> None:
@@ -438,3 +439,9 @@ class AppWatcher:
     def close(self) -> None:
         if self.stacks.worker is not None:
             self.stacks.worker.close()
+
+
+def _text(attributes: Mapping[str, Any], key: str) -> str:
+    """A string attribute of the process context ("" when absent or of another type)."""
+    value = attributes.get(key)
+    return value if isinstance(value, str) else ""

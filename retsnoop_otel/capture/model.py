@@ -228,6 +228,8 @@ class AppContext(NamedTuple):
     # filled in user space from the process context (OTEP 4719), while the process is known:
     attributes: tuple[tuple[str, str], ...] = ()  # the record's attributes, keys named by the key map
     service_name: str = ""  # the application's service.name
+    service_namespace: str = ""  # its service.namespace, when its process context has one
+    service_instance_id: str = ""  # its service.instance.id, when its process context has one
 
     @property
     def sampled(self) -> bool:
@@ -273,10 +275,13 @@ class Workload(NamedTuple):
     container_name: str = ""
     # what the pod says of itself (workload/pod_fields.py), for the resource and the session's service.name
     annotated_service: str = ""  # pod annotation resource.opentelemetry.io/service.name
-    app_name: str = ""  # pod label app.kubernetes.io/name
+    app_name: str = ""  # pod label app.kubernetes.io/name (read only with kubernetes.well_known_labels)
     owners: tuple[tuple[str, str], ...] = ()  # (kind, name) from the pod's controller up: replicaset, deployment
     image_name: str = ""  # container.image.name: the reference without tag and digest
     image_tags: tuple[str, ...] = ()  # container.image.tags
+    app_instance: str = ""  # pod label app.kubernetes.io/instance (read only with kubernetes.well_known_labels)
+    annotated_namespace: str = ""  # pod annotation resource.opentelemetry.io/service.namespace
+    annotated_instance: str = ""  # pod annotation resource.opentelemetry.io/service.instance.id
 
     def __bool__(self) -> bool:
         return bool(self.container_id or self.pod_uid)

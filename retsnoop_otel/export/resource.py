@@ -145,6 +145,19 @@ def build_resource(environ: Mapping[str, str], root: str | Path = "/",
     return Resource(attrs, SCHEMA_URL)
 
 
+CLUSTER_NAME = "k8s.cluster.name"
+
+
+def with_cluster_name(resource: Resource, name: str | None) -> Resource:
+    """The resource with `kubernetes.cluster_name` as its k8s.cluster.name (on every workload's resource too, which
+    is built on the agent's). The API server has no name for its cluster, so nothing detects one: unset (None),
+    the resource keeps what OTEL_RESOURCE_ATTRIBUTES says, if anything; set, the key beats the variable, as the
+    config's keys beat the OTEL_* variables elsewhere (export/otlp_settings.py)."""
+    if not name:
+        return resource
+    return Resource({**resource.attributes, CLUSTER_NAME: name}, resource.schema_url)
+
+
 # a pod's owner kinds (Workload.owners, workload/pod_fields.py) -> their semantic-conventions attribute
 OWNER_ATTRIBUTES = {"replicaset": "k8s.replicaset.name", "deployment": "k8s.deployment.name",
                     "daemonset": "k8s.daemonset.name", "statefulset": "k8s.statefulset.name",

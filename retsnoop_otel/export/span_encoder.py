@@ -22,7 +22,7 @@ from retsnoop_otel.capture.model import Call, FuncTable, RetKind, Session, Workl
 from retsnoop_otel.export.probe_events import probe_events
 from retsnoop_otel.export.protowire import I32, I64, LEN, VARINT, key_values, len_field, tag, varint
 from retsnoop_otel.export.resource import with_workload
-from retsnoop_otel.export.service_name import session_service
+from retsnoop_otel.export.service_name import Identity, session_identity
 from retsnoop_otel.export.span_attributes import (
     DEFAULT_MAX_SPANS,
     SCOPE_NAME,
@@ -140,23 +140,41 @@ class WorkloadEnvelopes:
         self.schema_url = resource_schema_url
         self.base = make_envelope(self.resource, resource_schema_url)
         self.max_entries = max(1, max_entries)
-        self._cache: dict[tuple[Workload | None, str | None], Envelope] = {}
+        self._cache: dict[tuple[Workload | None, Identity | None], Envelope] = {}
+        self._by_session: dict[tuple, Envelope] = {}  # of_session's: what decides a session's identity -> envelope
 
-    def of(self, workload: Workload | None, service: str | None = None) -> Envelope:
-        """The envelope of a workload's spans; with `service`, under that service.name (service_name.py), without
-        the tracer's own service.version."""
-        if not workload and service is None:
+    def of(self, workload: Workload | None, identity: Identity | None = None) -> Envelope:
+        """The envelope of a workload's spans; with `identity` (service_name.session_identity), under that
+        service: its service.name, service.namespace and service.instance.id replace the tracer's (the tracer's
+        service.version and service.namespace go; its service.instance.id stays when the identity has none)."""
+        if not workload and identity is None:
             return self.base
-        key = (workload or None, service)
+        key = (workload or None, identity)
         env = self._cache.get(key)
         if env is None:
             if len(self._cache) >= self.max_entries:
                 self._cache.clear()
             attrs = with_workload(self.resource, workload)
-            if service is not None:
+            if identity is not None:
                 attrs.pop("service.version", None)
-                attrs["service.name"] = service
+                attrs.pop("service.namespace", None)
+                attrs.update(identity)
             env = self._cache[key] = make_envelope(attrs, self.schema_url)
+        return env
+
+    def of_session(self, session: Session) -> Envelope:
+        """The envelope under the session's own service (service_name.session_identity), cached by what decides
+        that identity (its workload, its application's published one, its executable), so that a session costs a
+        look-up rather than the derivation."""
+        app = session.app
+        key = (session.workload or None, session.exe_name or session.proc_comm, app.service_name,
+               app.service_namespace, app.service_instance_id) if app is not None else \
+            (session.workload or None, session.exe_name or session.proc_comm)
+        env = self._by_session.get(key)
+        if env is None:
+            if len(self._by_session) >= self.max_entries:
+                self._by_session.clear()
+            env = self._by_session[key] = self.of(session.workload, session_identity(session))
         return env
 
 
@@ -181,7 +199,7 @@ class SpanEncoder:
                  count_limit: int | None = None, service_per_session: bool = False, event_limit: int | None = None,
                  event_attribute_limit: int | None = None) -> None:
         self.funcs = funcs
-        self.service_per_session = service_per_session  # the session's own service.name (service_name.py)
+        self.service_per_session = service_per_session  # the session's own service identity (service_name.py)
         self.value_limit = value_limit  # OTEL_(SPAN_)ATTRIBUTE_VALUE_LENGTH_LIMIT: on stacks, LBR, arguments
         self.count_limit = count_limit  # OTEL_(SPAN_)ATTRIBUTE_COUNT_LIMIT, when set (span_caps.py)
         self.event_limit = event_limit  # OTEL_SPAN_EVENT_COUNT_LIMIT, when set (span_caps.py)
@@ -300,8 +318,12 @@ class SpanEncoder:
         spans[0] = _SPANS_TAG + varint(len(body)) + body
         if self.count_limit is not None or self.event_limit is not None:
             spans = [cap_span(span, self.count_limit, self.event_limit) for span in spans]
-        service = session_service(session) if self.service_per_session else None
-        envelope = self.workloads.of(session.workload, service) if self.workloads is not None else self.envelope
+        if self.workloads is None:
+            envelope = self.envelope
+        elif self.service_per_session:
+            envelope = self.workloads.of_session(session)
+        else:
+            envelope = self.workloads.of(session.workload)
         return EncodedTrace(envelope, spans, dropped, trace_id)
 
     def _calls(self, spans: list[bytes], trace_field: bytes, top: list[Call], root_id: int, root_end: int,

@@ -7,6 +7,8 @@
       token_file: ...           # default: the service account's (re-read before each request)
       ca_file: ...              # default: the service account's ca.crt
       keep_deleted: 300         # seconds a deleted pod's names stay, for its last sessions
+      well_known_labels: false  # true: app.kubernetes.io/instance and /name labels name a pod's service too
+      cluster_name: prod-eu-1   # k8s.cluster.name on every resource (default: OTEL_RESOURCE_ATTRIBUTES' if any)
 
 Checked with file:line like the rest of the file; what only the environment tells (a node name, an API
 server, a mounted token) is checked when the agent starts and by `agent --check`, before anything is
@@ -27,6 +29,12 @@ KUBERNETES = Section("kubernetes", KubernetesConfig, (
     Key("ca_file", STR, "the CA that verifies the API server"),
     Key("keep_deleted", num(0, unit=" (s)"), "seconds a deleted pod's names stay, for its last sessions",
         field="keep_deleted_s"),
+    Key("well_known_labels", BOOL, "a pod's app.kubernetes.io/instance, then app.kubernetes.io/name label names its "
+        "service before its owners do (off: annotations and owners only)"),
+    Key("cluster_name", STR, "k8s.cluster.name of the agent's and every workload's resource (unset: "
+        "OTEL_RESOURCE_ATTRIBUTES' k8s.cluster.name, if any)",
+        check=lambda name: None if name.strip() and name == name.strip() else
+        "expected the cluster's name, without surrounding spaces (leave the key out for none)"),
 ))
 KEYS = KUBERNETES.names
 

@@ -10,11 +10,17 @@ import os
 from typing import Any
 
 from retsnoop_otel.command.errors import SetupError
+from retsnoop_otel.export.resource import with_cluster_name
 from retsnoop_otel.metrics.series import SeriesBounds, SeriesLimiter
 from retsnoop_otel.metrics.workload_series import WorkloadSeries, label_value
-from retsnoop_otel.runtime.config import ProbeSetConfig
+from retsnoop_otel.runtime.config import ProbeSetConfig, RuntimeConfig
 from retsnoop_otel.runtime.settings import RunSettings
 from retsnoop_otel.runtime.sinks import ExportTotals, check_outputs
+
+
+def push_key(cfg: RuntimeConfig) -> tuple:
+    """What the OTLP metrics push is built from: a reload whose config differs here starts a new one."""
+    return cfg.metrics.otlp, cfg.metrics.otlp_interval_s, cfg.kubernetes.cluster_name
 
 
 class RuntimeMetrics:
@@ -120,10 +126,10 @@ class RuntimeMetrics:
                 return [family for c in collectors for family in c.collect()]
 
         assert self._rt.resource is not None
-        return OtlpMetricsPusher(collect, self._rt.deps.make_sender(settings.metrics), self._rt.resource.attributes,
-                                 interval, units=OTLP_UNITS,
-                                 schema_url=self._rt.resource.schema_url, temporality=reader.temporality,
-                                 exponential=reader.exponential).start()
+        resource = with_cluster_name(self._rt.resource, settings.config.kubernetes.cluster_name)  # as the spans'
+        return OtlpMetricsPusher(collect, self._rt.deps.make_sender(settings.metrics), resource.attributes,
+                                 interval, units=OTLP_UNITS, schema_url=resource.schema_url,
+                                 temporality=reader.temporality, exponential=reader.exponential).start()
 
     def stats_enabled(self) -> bool:
         from retsnoop_otel.metrics.kernel_families import read_bpf_stats_enabled

@@ -28,12 +28,12 @@ from retsnoop_otel.runtime.environment import KernelEnv
 from retsnoop_otel.runtime.heap import freeze_heap, refreeze_heap
 from retsnoop_otel.runtime.hooks import Resolved, StartHook
 from retsnoop_otel.runtime.losses import LossSummary, losses
-from retsnoop_otel.runtime.metrics_view import RuntimeMetrics
+from retsnoop_otel.runtime.metrics_view import RuntimeMetrics, push_key
 from retsnoop_otel.runtime.probe_set import ProbeSet, hand_over, resolve, start_probe_sets
 from retsnoop_otel.runtime.requests import Requests
 from retsnoop_otel.runtime.routing import SessionRouter
 from retsnoop_otel.runtime.settings import RunSettings, run_settings
-from retsnoop_otel.runtime.sinks import Sinks
+from retsnoop_otel.runtime.sinks import Sinks, sinks_key
 from retsnoop_otel.runtime.startup import Phase, attach_phases, phase_since
 
 POLL_MS = 100
@@ -111,10 +111,10 @@ class Runtime:
                 self.metrics.answer(b.server)
         else:
             b.web = self.metrics.web(s)  # read again even when unchanged: SIGHUP is how users ask for that
-        if running is None or (cfg.exporter, cfg.limits) != (running.exporter, running.limits):
+        if running is None or sinks_key(cfg) != sinks_key(running):
             assert self.resource is not None
             b.sinks = Sinks(s, self.resource, self.deps.console, self.deps.make_sender)
-        if running is None or cfg.kubernetes != running.kubernetes:  # nothing here waits for the network
+        if running is None or cfg.kubernetes.watched != running.kubernetes.watched:  # waits for nothing on the network
             b.workloads = self.deps.make_workloads(self.deps.root, self.deps.monotonic, s.kube, self.log)
 
     def _kernel(self, settings: RunSettings) -> tuple[KernelEnv, tuple | None]:
@@ -258,7 +258,7 @@ class Runtime:
                 part.close()
         if old_sinks is not None:
             old_sinks.close(SHUTDOWN_FLUSH_S)
-        if (cfg.metrics.otlp, cfg.metrics.otlp_interval_s) != (old.metrics.otlp, old.metrics.otlp_interval_s):
+        if push_key(cfg) != push_key(old):
             if self.metrics_push is not None:
                 self.metrics_push.stop(final_push=True)
             self.metrics_push = None

@@ -18,15 +18,20 @@ from retsnoop_otel.capture.model import Session, lookup_func
 from retsnoop_otel.command.errors import InputError
 from retsnoop_otel.export.otlp_settings import OtlpSettings
 from retsnoop_otel.export.processor_env import DEFAULT_QUEUE_SPANS
-from retsnoop_otel.export.resource import Resource
+from retsnoop_otel.export.resource import Resource, with_cluster_name
 from retsnoop_otel.export.span_limits import SpanLimits
 from retsnoop_otel.metrics.trace_counts import TraceCounts
 from retsnoop_otel.render.formats import ArgsFormat
-from retsnoop_otel.runtime.config import ExporterConfig, Limits
+from retsnoop_otel.runtime.config import ExporterConfig, Limits, RuntimeConfig
 from retsnoop_otel.runtime.environment import name_it
 from retsnoop_otel.runtime.settings import RunSettings
 
 SenderFactory = Callable[[OtlpSettings], Any]  # -> export.senders.Sender
+
+
+def sinks_key(cfg: RuntimeConfig) -> tuple:
+    """What the sinks are built from: a reload whose config differs here builds new ones."""
+    return cfg.exporter, cfg.limits, cfg.kubernetes.cluster_name
 
 
 class ExportTotals:
@@ -77,7 +82,8 @@ class Sinks:
         names = settings.config.names
         self.cfg = cfg
         self.limits = limits = settings.config.limits
-        self._resource = resource
+        # the run's resource (one service.instance.id per run) with this config's k8s.cluster.name
+        self._resource = resource = with_cluster_name(resource, settings.config.kubernetes.cluster_name)
         self._console = console if cfg.console is not None else None
         self.exporters: list[Any] = []  # export.otlp_sink.OtlpTraceSink
         self.span_limit_dropped = 0

@@ -31,6 +31,13 @@ class KubernetesConfig(NamedTuple):
     token_file: str = f"{SA_DIR}/token"
     ca_file: str = f"{SA_DIR}/ca.crt"
     keep_deleted_s: float = 300.0  # a deleted pod's names stay this long for its last sessions
+    well_known_labels: bool = False  # the app.kubernetes.io/instance and /name labels name a pod's service too
+    cluster_name: str | None = None  # k8s.cluster.name of every resource (None: OTEL_RESOURCE_ATTRIBUTES' if any)
+
+    @property
+    def watched(self) -> KubernetesConfig:
+        """What the pod watch is made from: a reload that changes only the cluster's name keeps the watch."""
+        return self._replace(cluster_name=None)
 
 
 class KubeSettings(NamedTuple):
@@ -42,6 +49,7 @@ class KubeSettings(NamedTuple):
     ca_data: bytes | None  # the cluster CA as read at the start (once, like client-go); None for http:// (tests)
     keep_deleted_s: float = 300.0
     watch_timeout_s: int = WATCH_TIMEOUT_S
+    well_known_labels: bool = False  # pods' app.kubernetes.io/instance and /name labels are read (pods.pod_meta)
 
 
 class KubeConfigError(ValueError):
@@ -63,6 +71,9 @@ def check_form(cfg: KubernetesConfig, prefix: str = "kubernetes.") -> None:
     """What the settings say by themselves (the config file's check); the environment is checked at start."""
     if cfg.api_server is not None:
         _server_url(cfg.api_server, prefix + "api_server")
+    if cfg.well_known_labels and not cfg.metadata:
+        raise KubeConfigError(prefix + "well_known_labels", "a pod's labels come from the pod metadata watch: turn it "
+                              "on with kubernetes.metadata: true, or leave this key out")
 
 
 def _server_url(server: str, key: str) -> SplitResult:
@@ -98,7 +109,8 @@ def resolve_kubernetes(cfg: KubernetesConfig, environ: Mapping[str, str], prefix
     token = _readable(cfg.token_file, root, prefix + "token_file",
                       "mount the service-account token (automountServiceAccountToken: true)")
     ca = _ca_bundle(_under(cfg.ca_file, root), prefix + "ca_file") if url.scheme == "https" else None
-    return KubeSettings(node, server.rstrip("/"), token, ca, cfg.keep_deleted_s)
+    return KubeSettings(node, server.rstrip("/"), token, ca, cfg.keep_deleted_s,
+                        well_known_labels=cfg.well_known_labels)
 
 
 def _ca_bundle(path: str, key: str) -> bytes:

@@ -8,7 +8,12 @@ is read line by line as it arrives. A client library would add ~150 MB to the im
 The protocol, as the API server defines it: list (resourceVersion of the list), then watch from that
 version; ADDED/MODIFIED/DELETED move the cache and the version, BOOKMARK moves the version only; a
 watch the server ends is resumed from the last version; `410 Gone` (the version is too old) lists
-again. The token is re-read from its file before every request (bound service-account tokens rotate).
+again. The first list asks for `resourceVersion=0` ("any version"), which the API server answers from its
+watch cache instead of a quorum read of etcd, as client-go's reflector does: a DaemonSet's agents all
+starting at once then cost the API server memory reads, not one etcd range read each. The list after a 410
+leaves resourceVersion out (the most recent state, read from etcd): a cached list could be older than what
+the watch had already delivered, and be too old to watch from again. The token is re-read from its file
+before every request (bound service-account tokens rotate).
 When the API server cannot be reached or refuses (RBAC), the pods known so far stay, sessions keep
 container.id and k8s.pod.uid, one warning goes to the log (and one line when it works again), and the
 watch retries with a back-off doubling from 1 s to 60 s. Self-metrics: `retsnoop_k8s_metadata_current`
@@ -106,6 +111,7 @@ class PodWatch:
         self.backoff_first_s = backoff_first_s
         self.backoff_max_s = backoff_max_s
         self.resource_version: str | None = None
+        self._consistent_list = False  # after a 410: the next list is read from etcd, not from the watch cache
         self._current = False
         self._failing = False
         self._errors: dict[str, int] = {}
@@ -163,6 +169,7 @@ class PodWatch:
         self._errors[reason] = self._errors.get(reason, 0) + 1
         if reason == "gone":
             self.resource_version = None
+            self._consistent_list = True
             return
         self._current = False
         if not self._failing:
@@ -215,13 +222,18 @@ class PodWatch:
             conn.close()
 
     def _list(self) -> None:
-        with self._get({"fieldSelector": self._selector()}, LIST_READ_TIMEOUT_S) as resp:
+        query = {"fieldSelector": self._selector()}
+        if not self._consistent_list:
+            query["resourceVersion"] = "0"  # from the watch cache (module docstring)
+        with self._get(query, LIST_READ_TIMEOUT_S) as resp:
             body = json.loads(resp.read())
         if not isinstance(body, dict) or not isinstance(body.get("items"), list):
             raise _BadResponse("the pod list has no items")
-        pods = [p for p in map(pod_meta, body["items"]) if p is not None]
+        labels = self.settings.well_known_labels
+        pods = [p for p in (pod_meta(item, labels) for item in body["items"]) if p is not None]
         self.cache.replace(pods)
         self.resource_version = str((body.get("metadata") or {}).get("resourceVersion") or "") or None
+        self._consistent_list = False
         self._lists += 1
         self._ok()
         if self.resource_version is None:
@@ -251,7 +263,7 @@ class PodWatch:
             raise _BadResponse(f"watch error {obj.get('code')}: {obj.get('message', '')}")
         version = (obj.get("metadata") or {}).get("resourceVersion")
         if kind in ("ADDED", "MODIFIED", "DELETED"):
-            pod = pod_meta(obj)
+            pod = pod_meta(obj, self.settings.well_known_labels)
             if pod is not None:
                 (self.cache.delete if kind == "DELETED" else self.cache.upsert)(pod)
             self._events += 1

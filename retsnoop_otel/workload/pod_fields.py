@@ -14,8 +14,10 @@ Read from the pod alone, so the agent's RBAC stays `pods: get, list, watch`:
   `[registry[:port]/]path[:tag][@digest]`: the name is everything before the tag and the digest, the tag
   is what follows the last `:` after the last `/` (a registry's port is not a tag); no tag and no digest
   means `latest`, as the runtime pulls it; a digest alone is no tag.
-- the service (export/service_name.py): the `resource.opentelemetry.io/service.name` annotation and the
-  `app.kubernetes.io/name` label (OpenTelemetry's Kubernetes conventions, and Kubernetes' well-known label).
+- the service (export/service_name.py): the `resource.opentelemetry.io/service.name`, `service.namespace` and
+  `service.instance.id` annotations (OpenTelemetry's Kubernetes conventions), and, only when the agent is told to
+  use them (`kubernetes.well_known_labels`), the `app.kubernetes.io/instance` and `app.kubernetes.io/name` labels
+  (Kubernetes' well-known labels, which the conventions use behind the same kind of opt-in).
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ from datetime import datetime
 from typing import Any
 
 SERVICE_ANNOTATION = "resource.opentelemetry.io/service.name"
+NAMESPACE_ANNOTATION = "resource.opentelemetry.io/service.namespace"
+INSTANCE_ANNOTATION = "resource.opentelemetry.io/service.instance.id"
+APP_INSTANCE_LABEL = "app.kubernetes.io/instance"
 APP_NAME_LABEL = "app.kubernetes.io/name"
 TEMPLATE_HASH_LABEL = "pod-template-hash"
 # (API group, kind) of a pod's controller -> the kind's word in k8s.<kind>.name

@@ -1,5 +1,6 @@
 """The pods of this node as the API server describes them: uid -> name, namespace, owners, the service its
-annotation or label names, container id -> name and image (pod_fields.py reads those).
+annotations (and, when opted in, its well-known labels) name, container id -> name and image (pod_fields.py
+reads those).
 
 Filled by the pod watch (k8s_watch.py) from list and watch responses (plain JSON, as the API server
 sends them), read by the resolver on the capture loop: readers only look up dictionaries that the
@@ -36,11 +37,16 @@ class PodMeta(NamedTuple):
     containers: Mapping[str, ContainerMeta] = MappingProxyType({})  # container id -> its name, runtime, image
     owners: tuple[tuple[str, str], ...] = ()  # (kind, name) from the controller up (pod_fields.owners)
     annotated_service: str = ""  # resource.opentelemetry.io/service.name
-    app_name: str = ""  # app.kubernetes.io/name
+    app_name: str = ""  # app.kubernetes.io/name, read only with well_known_labels
+    app_instance: str = ""  # app.kubernetes.io/instance, read only with well_known_labels
+    annotated_namespace: str = ""  # resource.opentelemetry.io/service.namespace
+    annotated_instance: str = ""  # resource.opentelemetry.io/service.instance.id
 
 
-def pod_meta(obj: Mapping[str, Any]) -> PodMeta | None:
-    """A Pod object (JSON) -> what sessions need of it; None without a uid."""
+def pod_meta(obj: Mapping[str, Any], well_known_labels: bool = False) -> PodMeta | None:
+    """A Pod object (JSON) -> what sessions need of it; None without a uid. `well_known_labels`
+    (kubernetes.well_known_labels): read the app.kubernetes.io/instance and /name labels too; off, they are left
+    "" and the service is named by annotations and owners only (export/service_name.py)."""
     meta = obj.get("metadata") or {}
     uid = meta.get("uid")
     if not isinstance(uid, str) or not uid:
@@ -55,8 +61,16 @@ def pod_meta(obj: Mapping[str, Any]) -> PodMeta | None:
                 name = str(cs.get("name") or "")
                 image_name, image_tags = pf.split_image(images.get(name) or str(cs.get("image") or ""))
                 containers[cid] = ContainerMeta(name, runtime, image_name, image_tags)
+
+    def annotation(key: str) -> str:
+        return pf.label(meta, key, "annotations")
+
+    def label(key: str) -> str:
+        return pf.label(meta, key) if well_known_labels else ""
+
     return PodMeta(uid, str(meta.get("name") or ""), str(meta.get("namespace") or ""), containers, pf.owners(meta),
-                   pf.label(meta, pf.SERVICE_ANNOTATION, "annotations"), pf.label(meta, pf.APP_NAME_LABEL))
+                   annotation(pf.SERVICE_ANNOTATION), label(pf.APP_NAME_LABEL), label(pf.APP_INSTANCE_LABEL),
+                   annotation(pf.NAMESPACE_ANNOTATION), annotation(pf.INSTANCE_ANNOTATION))
 
 
 class PodCache:

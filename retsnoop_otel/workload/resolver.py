@@ -27,7 +27,7 @@ from retsnoop_otel.capture.model import NO_WORKLOAD, Workload
 from retsnoop_otel.workload.cgroup_path import ContainerRef, parse_cgroup_path
 from retsnoop_otel.workload.cgroupfs import CgroupIndex, cgroup2_mount, has_cgroup_v1
 from retsnoop_otel.workload.k8s_settings import KubeSettings
-from retsnoop_otel.workload.pods import PodCache
+from retsnoop_otel.workload.pods import PodCache, PodMeta
 from retsnoop_otel.workload.procfs import container_of, exe_name, read_proc_cgroup, start_time, v2_path
 
 MAX_CGROUPS = 16384  # cached workloads per cgroup id
@@ -142,15 +142,7 @@ class WorkloadResolver:
     def _workload(self, ref: ContainerRef) -> Workload:
         if not ref:
             return NO_WORKLOAD
-        pod = self.pods.get(ref.pod_uid) if self.pods is not None and ref.pod_uid else None
-        if pod is None:
-            return Workload(ref.container_id, ref.runtime, ref.pod_uid)
-        c = pod.containers.get(ref.container_id) if ref.container_id else None
-        if c is None:  # not started when the watch last heard, or a pod-level cgroup (conmon): the pod's own
-            return Workload(ref.container_id, ref.runtime, ref.pod_uid, pod.name, pod.namespace,
-                            annotated_service=pod.annotated_service, app_name=pod.app_name, owners=pod.owners)
-        return Workload(ref.container_id, ref.runtime or c.runtime, ref.pod_uid, pod.name, pod.namespace, c.name,
-                        pod.annotated_service, pod.app_name, pod.owners, c.image_name, c.image_tags)
+        return pod_workload(ref, self.pods.get(ref.pod_uid) if self.pods is not None and ref.pod_uid else None)
 
     # ---- processes ----------------------------------------------------------------------------------------
 
@@ -190,6 +182,20 @@ class WorkloadResolver:
     def close(self) -> None:
         if self.watch is not None:
             self.watch.close()
+
+
+def pod_workload(ref: ContainerRef, pod: PodMeta | None) -> Workload:
+    """What a cgroup path says, completed by its pod as the watch knows it (None: not known)."""
+    if pod is None:
+        return Workload(ref.container_id, ref.runtime, ref.pod_uid)
+    said = dict(annotated_service=pod.annotated_service, app_name=pod.app_name, owners=pod.owners,
+                app_instance=pod.app_instance, annotated_namespace=pod.annotated_namespace,
+                annotated_instance=pod.annotated_instance)
+    c = pod.containers.get(ref.container_id) if ref.container_id else None
+    if c is None:  # not started when the watch last heard, or a pod-level cgroup (conmon): the pod's own
+        return Workload(ref.container_id, ref.runtime, ref.pod_uid, pod.name, pod.namespace, **said)
+    return Workload(ref.container_id, ref.runtime or c.runtime, ref.pod_uid, pod.name, pod.namespace, c.name,
+                    image_name=c.image_name, image_tags=c.image_tags, **said)
 
 
 def build_resolver(root: str, monotonic: Callable[[], float], kube: KubeSettings | None, log: Any) -> WorkloadResolver:

@@ -32,7 +32,10 @@ class FakeMap:
 
 
 LOC = TlsLocation(0, -8, 0, "/srv/app", "executable")
-CTX = SimpleNamespace(attributes={"service.name": "shop"}, key_map=("http.route",))
+CTX = SimpleNamespace(attributes={"service.name": "shop", "service.namespace": "retail",
+                                  "service.instance.id": "627cc493-f310-47de-96bd-71410b7dec09",
+                                  "service.version": 3},  # not a string: not read as one
+                      key_map=("http.route",))
 
 
 def watcher(tmp_path, publishing=(), alive=(), symbolizer=None, errors=None):
@@ -112,6 +115,8 @@ def test_sessions_are_annotated_and_counted(tmp_path):
     app = AppContext("ok", 0xAB, 0xCD, 1, b"/users")
     s = w.annotate(tree_session(app=app, ustack=(0x401010,)))
     assert s.app.attributes == (("http.route", "/users"),) and s.app.service_name == "shop"
+    # the rest of the application's identity, for its service.namespace and service.instance.id on our spans
+    assert (s.app.service_namespace, s.app.service_instance_id) == ("retail", "627cc493-f310-47de-96bd-71410b7dec09")
     assert s.user_frames == ()  # symbolized off the loop, once held (tests/unit/test_user_stack_queue.py)
     w.annotate(tree_session(app=AppContext("ok", 0xAB, 0xCD, 0)))
     w.annotate(tree_session(app=AppContext("fault", error=14)))

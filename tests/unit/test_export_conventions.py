@@ -236,11 +236,12 @@ def _exported_attribute_names() -> set[str]:
     """Standard names of the resources (the agent's, on a Kubernetes node, and a workload's) and of spans of every
     kind (call tree, chain, application context)."""
     from retsnoop_otel.capture.model import Workload
+    from retsnoop_otel.export.resource import with_cluster_name
     from retsnoop_otel.export.span_encoder import SpanEncoder, WorkloadEnvelopes, build_request
     from tests.fakes import TREE_FUNCS as CONTENT_FUNCS
     from tests.fakes import tree_session
 
-    resource = build_resource(environ={"K8S_NODE_NAME": "node-a"})
+    resource = with_cluster_name(build_resource(environ={"K8S_NODE_NAME": "node-a"}), "prod")  # cluster_name key
     names = set(resource.attributes)
     app = AppContext("ok", trace_id=1, span_id=2, trace_flags=1, service_name="shop")
     workload = Workload("3a8f1c4b" * 8, "containerd", "6f1b6c5e-2a4d-4a8e-9c3b-0f2e1d4c5b6a", "checkout-0", "shop",
@@ -254,7 +255,9 @@ def _exported_attribute_names() -> set[str]:
     envelopes = WorkloadEnvelopes(resource.attributes, resource.schema_url)
     enc = SpanEncoder(CONTENT_FUNCS, envelopes.base, symbolize=lambda a: "sym+0x1",
                       locate=lambda _a: ("kernel/bpf/syscall.c", 10), workloads=envelopes)
-    request = ExportTraceServiceRequest.FromString(build_request([enc.encode(s, 0) for s in sessions]))
+    own = SpanEncoder(CONTENT_FUNCS, envelopes.base, workloads=envelopes, service_per_session=True)  # the default
+    request = ExportTraceServiceRequest.FromString(build_request([enc.encode(s, 0) for s in sessions] +
+                                                                 [own.encode(s, 0) for s in sessions]))
     for rs in request.resource_spans:
         names |= {kv.key for kv in rs.resource.attributes}
         for ss in rs.scope_spans:
@@ -275,7 +278,8 @@ def test_schema_url_names_a_version_whose_attributes_we_use_as_current() -> None
     used = _exported_attribute_names()
     assert {"code.function.name", "code.file.path", "code.line.number", "error.type", "thread.id",
             "process.pid", "service.name", "host.name", "container.id", "container.runtime.name", "k8s.pod.uid",
-            "k8s.pod.name", "k8s.namespace.name", "k8s.container.name", "k8s.node.name"} <= used
+            "k8s.pod.name", "k8s.namespace.name", "k8s.container.name", "k8s.node.name", "k8s.cluster.name",
+            "service.namespace", "service.instance.id"} <= used
     for name in sorted(used):
         assert name in stable or name in incubating, f"{name}: not a semantic-convention attribute"
         doc = incubating.get(name, "")

@@ -88,13 +88,17 @@ def test_images_come_from_the_spec_then_the_status() -> None:
         # the runtime reports another tag of the same image: the spec's is what was asked for
         {"name": "app", "image": "shop/app:latest", "containerID": cid},
         {"name": "side", "image": f"docker.io/shop/side@{DIGEST}", "containerID": "cri-o://" + "cd" * 32}]}
-    pod = pod_meta({"metadata": {"uid": "u", "name": "p", "namespace": "n",
-                                 "labels": {"app.kubernetes.io/name": "shop"},
-                                 "annotations": {"resource.opentelemetry.io/service.name": " checkout "}},
-                    "spec": spec, "status": status})
-    assert pod is not None and pod.app_name == "shop" and pod.annotated_service == "checkout"
+    obj = {"metadata": {"uid": "u", "name": "p", "namespace": "n",
+                        "labels": {"app.kubernetes.io/name": "shop", "app.kubernetes.io/instance": "shop-eu"},
+                        "annotations": {"resource.opentelemetry.io/service.name": " checkout "}},
+           "spec": spec, "status": status}
+    pod = pod_meta(obj)
+    assert pod is not None and pod.annotated_service == "checkout"
+    assert (pod.app_name, pod.app_instance) == ("", "")  # the well-known labels: only with kubernetes.well_known_labels
+    labelled = pod_meta(obj, well_known_labels=True)
+    assert labelled is not None and (labelled.app_name, labelled.app_instance) == ("shop", "shop-eu")
     assert pod.containers == {"ab" * 32: ContainerMeta("app", "containerd", "shop/app", ("1",)),
                               "cd" * 32: ContainerMeta("side", "cri-o", "docker.io/shop/side", ())}
     assert pod.owners == ()
-    odd = pod_meta({"metadata": {"uid": "u", "labels": ["not", "a", "map"], "annotations": None}})
+    odd = pod_meta({"metadata": {"uid": "u", "labels": ["not", "a", "map"], "annotations": None}}, True)
     assert odd is not None and (odd.app_name, odd.annotated_service, odd.owners) == ("", "", ())

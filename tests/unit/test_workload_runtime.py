@@ -99,6 +99,14 @@ def test_kubernetes_section_in_cluster_defaults(tmp_path: Path) -> None:
                                                                      ca.read_bytes())  # read once, here
     v6 = resolve_kubernetes(cfg.runtime.kubernetes, {**env, "KUBERNETES_SERVICE_HOST": "fd00:10:96::1"})
     assert v6.api_server == "https://[fd00:10:96::1]:443"
+    assert not s.well_known_labels and cfg.runtime.kubernetes.cluster_name is None  # off, unset by default
+    opted = parse_config(BASE + f"kubernetes:\n  metadata: true\n  token_file: {token}\n  ca_file: {ca}\n"
+                         "  well_known_labels: true\n  cluster_name: prod-eu-1\n", "agent.yaml").runtime.kubernetes
+    assert (opted.well_known_labels, opted.cluster_name) == (True, "prod-eu-1")
+    assert resolve_kubernetes(opted, env).well_known_labels  # on to the watch (pods.pod_meta)
+    # a cluster's name needs no watch: it names the agent's own resource too
+    assert parse_config(BASE + "kubernetes:\n  cluster_name: c\n", "agent.yaml").runtime.kubernetes == \
+        KubernetesConfig(cluster_name="c")
 
 
 @pytest.mark.parametrize("section,want", [
@@ -108,6 +116,11 @@ def test_kubernetes_section_in_cluster_defaults(tmp_path: Path) -> None:
     ("  metdata: true\n", "agent.yaml:7: kubernetes.metdata: unknown key; did you mean 'metadata'?"),
     ("  metadata: true\n  keep_deleted: -1\n", "agent.yaml:8: kubernetes.keep_deleted:"),
     ("  - metadata\n", "agent.yaml:7: kubernetes: expected a mapping"),
+    ("  well_known_labels: true\n", "agent.yaml:7: kubernetes.well_known_labels: a pod's labels come from the pod "
+     "metadata watch: turn it on with kubernetes.metadata: true"),
+    ("  cluster_name: ''\n", "agent.yaml:7: kubernetes.cluster_name: expected the cluster's name"),
+    ("  cluster_name: ' prod'\n", "agent.yaml:7: kubernetes.cluster_name: expected the cluster's name"),
+    ("  cluster_name: 5\n", "agent.yaml:7: kubernetes.cluster_name: expected a string"),
 ])
 def test_kubernetes_section_errors(section: str, want: str) -> None:
     with pytest.raises(ConfigError) as err:
@@ -235,3 +248,70 @@ def test_namespace_label_needs_the_metadata_watch(tmp_path: Path) -> None:
     with pytest.raises(InputError) as err:
         Runtime(cfg.runtime, World().deps()).settings()
     assert "kubernetes.metadata: true" in str(err.value) and "counted" in str(err.value)
+
+
+def test_cluster_name_and_workload_identity_through_the_runtime(tmp_path: Path, world: World) -> None:
+    """kubernetes.cluster_name beats OTEL_RESOURCE_ATTRIBUTES' k8s.cluster.name on the agent's and every workload's
+    resource; a reload that changes only the name changes the spans' resource, keeps the run's service.instance.id
+    and does not restart the pod watch. A container's spans have its service.namespace and
+    <namespace>.<pod>.<container> instance id; a host process's keep the agent's id."""
+    from retsnoop_otel.export.resource import build_resource
+    root = fake_host(tmp_path / "root")
+    fake_process(root, 4321, f"0::/{APP}\n", "/usr/local/bin/checkout-server", comm="python")
+    pods = PodCache(lambda: 0.0)
+    pods.upsert(PodMeta(UID, "checkout-7d4b9c8f6-x2x9k", "shop", {CID: ContainerMeta("app", "containerd")}))
+    watches = []
+
+    def make_workloads(root_dir, clock, kube, log):
+        watches.append(kube)
+        return WorkloadResolver(str(root), clock, pods)
+
+    deps = world.deps()
+    deps.make_workloads = make_workloads
+    deps.make_resource = build_resource
+    deps.environ = {"OTEL_RESOURCE_ATTRIBUTES": "k8s.cluster.name=from-env"}
+    base = AGENT_CONFIG.format(prob=1.0).replace(  # and the OTLP metrics push: one last push as each one stops
+        'metrics:\n  listen: "127.0.0.1:0"\n', 'metrics:\n  listen: "127.0.0.1:0"\n'
+        '  otlp: {endpoint: "http://127.0.0.1:4318"}\n  otlp_interval: 3600\n')
+    assert "otlp_interval" in base
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(base + "kubernetes:\n  cluster_name: prod-eu-1\n")
+    agent = Agent(str(cfg), deps, EventLog(io.StringIO()))
+    agent.start()
+
+    def sessions() -> dict[int, dict]:
+        """A host session (tid 9) and one in the container (4321): their root spans' resources."""
+        t = by_set(world, "__x64_sys_bpf")
+        world.exported.clear()
+        t.pending += error_session(t, tid=9) + [
+            r._replace(tgid=4321, cgroup_id=cgroup_id(root, APP)) if isinstance(r, SessionEndRec)
+            else r._replace(tgid=4321) for r in error_session(t, tid=4321)]
+        agent.runtime.poll_once()
+        spans = wait_exported(world, 4)
+        return {s.attributes["thread.id"]: s.resource for s in spans if s.parent is None}
+
+    try:
+        agent_id = agent.runtime.resource.attributes["service.instance.id"]
+        first = sessions()
+        cfg.write_text(base)  # the key left out: the environment's name
+        assert agent.reload() is True
+        second = sessions()
+        cfg.write_text(base + "kubernetes:\n  cluster_name: prod-eu-2\n")
+        assert agent.reload() is True
+        third = sessions()
+        assert agent.runtime.resource.attributes["service.instance.id"] == agent_id  # one id per run
+    finally:
+        agent.runtime.shutdown(1.0)
+    assert [{tid: r["k8s.cluster.name"] for tid, r in run.items()} for run in (first, second, third)] == [
+        {9: "prod-eu-1", 4321: "prod-eu-1"}, {9: "from-env", 4321: "from-env"}, {9: "prod-eu-2", 4321: "prod-eu-2"}]
+    assert len(watches) == 1  # a cluster's name is no reason for a new watch
+    # the pushed metrics' resource follows: a new push per name (each stopped one pushed a last time)
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+    pushed = [ExportMetricsServiceRequest.FromString(body) for s, body in world.requests if s.signal == "metrics"]
+    assert [{a.key: a.value.string_value for a in r.resource_metrics[0].resource.attributes}["k8s.cluster.name"]
+            for r in pushed] == ["prod-eu-1", "from-env", "prod-eu-2"]
+    app, host = first[4321], first[9]
+    assert {k: v for k, v in app.items() if k.startswith("service.")} == {
+        "service.name": "checkout-7d4b9c8f6-x2x9k",  # a bare pod (no owner here): its name
+        "service.namespace": "shop", "service.instance.id": "shop.checkout-7d4b9c8f6-x2x9k.app"}
+    assert host["service.instance.id"] == agent_id and "service.namespace" not in host

@@ -38,10 +38,16 @@ WANT = {  # layout -> the workload part of its resource (every other key is the 
     "podman_rootless": {"container.id": w.ROOTLESS_ID, "container.runtime.name": "podman"},
     "v1_named_docker": {"container.id": w.V1_ID, "container.runtime.name": "docker"},
 }
-# service.name (export/service_name.py): the pod's annotation (coredns), its app.kubernetes.io/name label (web),
-# its owning Deployment (checkout, its conmon scope too); outside Kubernetes, the executable's name
+# service.name (export/service_name.py): the pod's annotation (coredns), its owning Deployment (checkout, its
+# conmon scope too; web, whose app.kubernetes.io/name label is not read without kubernetes.well_known_labels);
+# outside Kubernetes, the executable's name
 SERVICE = {"containerd_systemd": "checkout", "crio_systemd_guaranteed": "cluster-dns",
-           "containerd_cgroupfs": "storefront", "crio_conmon": "checkout"}
+           "containerd_cgroupfs": "web", "crio_conmon": "checkout"}
+# service.namespace and service.instance.id (<namespace>.<pod>.<container>) of a container the watch names; the
+# conmon scope (a pod-level cgroup, no container name) and the containers outside Kubernetes keep the agent's id
+IDENTITY = {"containerd_systemd": ("shop", "shop.checkout-7d4b9c8f6-x2x9k.app"),
+            "crio_systemd_guaranteed": ("kube-system", "kube-system.coredns-76f75df574-9bz6m.coredns"),
+            "containerd_cgroupfs": ("shop", "shop.web-5c9d8b7f4-k8l2m.web"), "crio_conmon": ("shop", None)}
 AGENT_KEYS = {"service.name", "service.instance.id", "host.name", "k8s.node.name", "os.type", "telemetry.sdk.name"}
 
 
@@ -64,6 +70,7 @@ def test_each_container_has_its_own_resource(vm_batch) -> None:
     for root in r["roots"]:
         by_pid.setdefault(root["pid"], []).append(root)
     resources = {}
+    agent_ids = set()
     for name, want in WANT.items():
         roots = [x for x in by_pid.get(r["runs"][name]["pid"], []) if x["error"] == "EINVAL"]
         assert len(roots) == 1, (name, by_pid.get(r["runs"][name]["pid"]))
@@ -74,9 +81,17 @@ def test_each_container_has_its_own_resource(vm_batch) -> None:
         assert root["resource"]["host.name"] == root["resource"]["k8s.node.name"] == "node-a"  # K8S_NODE_NAME
         assert root["exe"].startswith("python"), root  # /proc/PID/exe (python3.11), not the kernel's comm
         assert root["resource"]["service.name"] == SERVICE.get(name, root["exe"]), name
+        namespace, instance = IDENTITY.get(name, (None, None))
+        assert root["resource"].get("service.namespace") == namespace, name
+        if instance is not None:
+            assert root["resource"]["service.instance.id"] == instance, name
+        else:
+            agent_ids.add(root["resource"]["service.instance.id"])
         resources[name] = tuple(sorted((k, repr(v)) for k, v in root["resource"].items()))  # tags: a list
     # one ResourceSpans per workload: the resources differ (container.id, or the pod for the conmon scope)
     assert len(set(resources.values())) == len(WANT)
+    (agent_id,) = agent_ids  # the agent's one id of the run, a random UUID
+    assert len(agent_id) == 36 and agent_id.count("-") == 4
 
 
 def test_pod_watch_was_current_and_quiet(vm_batch) -> None:
