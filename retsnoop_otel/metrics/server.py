@@ -4,8 +4,10 @@ One server, so both commands answer scrapes, probes and bind errors the same way
 prometheus_client's own WSGI app (OpenMetrics negotiation, gzip, `name[]` filter), so the
 exposition format stays theirs; around it we add `/healthz`, HEAD, 405/404, a one-line 500 when a
 collector fails, quiet logs, and bind errors that say what to change. With a web config (web_config.py),
-every path is served over TLS and behind basic auth alike, as exporter-toolkit does: the TLS handshake runs
-in the connection's own worker thread, never in the accepting one, within HANDSHAKE_TIMEOUT_S.
+every path is served over TLS and behind basic auth alike, as exporter-toolkit does: the TLS handshake and the
+password check run in the connection's own worker thread, never in the accepting one, the handshake within
+HANDSHAKE_TIMEOUT_S; when every password check slot is taken a login that needs one gets a 503 at once
+(basic_auth.py).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import make_wsgi_app
 
 from retsnoop_otel.inputs.files import plain
-from retsnoop_otel.metrics.basic_auth import REALM, BasicAuth
+from retsnoop_otel.metrics.basic_auth import REALM, BasicAuth, Verdict
 from retsnoop_otel.metrics.web_config import WebConfig
 from retsnoop_otel.metrics.web_tls import WebWatcher, san_allowed
 
@@ -137,9 +139,14 @@ class _App:
         method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")
         web = self._server.web.current() if self._server.web is not None else None
         extra = list(web.headers) if web is not None else []
-        if web is not None and web.users and not self._auth.allowed(environ.get("HTTP_AUTHORIZATION"), web.users):
+        verdict = self._auth.check(environ.get("HTTP_AUTHORIZATION"), web.users) \
+            if web is not None and web.users else Verdict.ALLOWED
+        if verdict is Verdict.REFUSED:
             status, headers, body = _text("401 Unauthorized", "401 Unauthorized: this endpoint needs basic auth",
                                           ("WWW-Authenticate", f'Basic realm="{REALM}", charset="UTF-8"'))
+        elif verdict is Verdict.BUSY:
+            status, headers, body = _text("503 Service Unavailable", "503 Service Unavailable: too many password "
+                                          "checks at once; retry later", ("Retry-After", "1"))
         elif method not in ("GET", "HEAD"):
             status, headers, body = _text("405 Method Not Allowed", f"{method} is not allowed: use GET or HEAD",
                                           ("Allow", "GET, HEAD"))

@@ -54,6 +54,11 @@ HEADERS: Mapping[str, tuple[str, ...] | None] = MappingProxyType({
     "Strict-Transport-Security": None, "X-Content-Type-Options": ("nosniff",),
     "X-Frame-Options": ("deny", "sameorigin"), "X-XSS-Protection": None, "Content-Security-Policy": None})
 _BCRYPT = re.compile(r"\$2[abxy]\$(\d\d)\$[./A-Za-z0-9]{53}")
+# The highest bcrypt cost accepted. Each login with a wrong password or an unknown user runs one full check
+# (2^cost rounds: about 1 s of one core at 14, twice that per step above; cost 31 over a day). 14 leaves room above
+# the 10-12 that exporter-toolkit's users write (htpasswd -nBC 10) while keeping a check within a scrape timeout
+# even on a slow core; the check cap and the 503 of basic_auth.py bound how many run at once.
+MAX_BCRYPT_COST = 14
 
 _TOP = ("tls_server_config", "http_server_config", "basic_auth_users")
 _TLS = ("cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version",
@@ -313,8 +318,13 @@ def _users(r: _Reader, node: yaml.Node) -> Mapping[str, str]:
                 why = (f"{user} is {what} that is not a bcrypt hash (not shown: it may be a password); expected "
                        "$2y$10$ and 53 characters of ./A-Za-z0-9")
             raise r.fail(vnode, key, f"{why}; make one with: htpasswd -nBC 10 \"\" | tr -d ':\\n'")
-        if not 4 <= int(m.group(1)) <= 31:
-            raise r.fail(vnode, key, f"bcrypt cost {int(m.group(1))} is outside 4..31")
+        cost = int(m.group(1))
+        if not 4 <= cost <= MAX_BCRYPT_COST:
+            why = ("4 is bcrypt's least" if cost < 4 else
+                   f"each login with a wrong password or an unknown user runs one check of 2^{cost} rounds, and "
+                   f"2^{MAX_BCRYPT_COST} already takes about a second of CPU")
+            raise r.fail(vnode, key, f"bcrypt cost {cost} is outside 4..{MAX_BCRYPT_COST} ({why}); make one with: "
+                         "htpasswd -nBC 10 \"\" | tr -d ':\\n'")
         users[name] = text
     return MappingProxyType(users)
 

@@ -324,6 +324,28 @@ def test_agent_web_config_plain_password_not_echoed(tmp_path: Path):
     assert "SECRET" not in line and "12345" not in line
 
 
+# ---- a bcrypt cost whose check would pin a CPU for days (issue 47 point 3) ----
+
+COST_31 = "basic_auth_users:\n  alice: '$2y$31$" + "a" * 53 + "'\n"
+COST_31_SAYS = "basic_auth_users.alice: bcrypt cost 31 is outside 4..14 (each login with a wrong password"
+
+
+def test_trace_web_config_bcrypt_cost_above_the_cap(tmp_path: Path):
+    web = tmp_path / "web-hash.yml"
+    web.write_text(COST_31)
+    line = _refused(_run("trace", "-e", "*sys_bpf", "--metrics-port", "9464", "--metrics-addr", "127.0.0.1",
+                         "--web.config.file", str(web)), f"--web.config.file: {web}:2: {COST_31_SAYS}")
+    assert "htpasswd -nBC 10" in line
+
+
+def test_agent_web_config_bcrypt_cost_above_the_cap(tmp_path: Path):
+    web = tmp_path / "web-hash.yml"
+    web.write_text(COST_31)
+    path = _config(tmp_path, MINIMAL + f"metrics:\n  web_config_file: {web}\n")
+    _check_failed(_run("agent", "--check", str(path)), 2, f"{web}:2: {COST_31_SAYS}")
+    _refused(_run("agent", "--config", str(path)), f"{web}:2: {COST_31_SAYS}")
+
+
 @pytest.mark.parametrize(("value", "named", "protocol"), [
     ("Authorization: Bearer SECRET", "header 'Authorization' has no '='", []),
     ("x-api-key=SEC%0ARET", "header 'x-api-key' has a control character", []),

@@ -8,6 +8,7 @@ import http.client
 import io
 import json
 import os
+import queue
 import shutil
 import socket
 import ssl
@@ -27,6 +28,7 @@ from retsnoop_otel.agent.main import Agent
 from retsnoop_otel.command.errors import InputError
 from retsnoop_otel.command.logs import EventLog
 from retsnoop_otel.metrics.server import MetricsServer
+from retsnoop_otel.metrics.web_config import MAX_BCRYPT_COST
 from retsnoop_otel.metrics.web_tls import WebWatcher, load_web_config
 from tests.fakes import AGENT_CONFIG, BCRYPT_COST, PASSWORD_HASH, WEB_TLS, WEB_USERS, World, log_events
 from tests.tls_certs import CLIENT_URI, Pki, leaf, make_pki
@@ -79,12 +81,12 @@ def client_context(pki: Pki, cert: Path | None = None, key: Path | None = None) 
 
 
 def get(server: MetricsServer, ctx: ssl.SSLContext | None, path: str = "/metrics", method: str = "GET",
-        auth: str | None = None, host: str = "localhost") -> tuple[int, dict[str, str], bytes]:
+        auth: str | None = None, host: str = "localhost", timeout: float = 10) -> tuple[int, dict[str, str], bytes]:
     conn: http.client.HTTPConnection
     if ctx is None:
-        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=timeout)
     else:
-        conn = http.client.HTTPSConnection(host, server.port, context=ctx, timeout=10)
+        conn = http.client.HTTPSConnection(host, server.port, context=ctx, timeout=timeout)
     headers = {"Authorization": "Basic " + base64.b64encode(auth.encode()).decode()} if auth else {}
     try:
         conn.request(method, path, headers=headers)
@@ -341,8 +343,18 @@ def test_agent_with_a_bad_web_config_attaches_nothing(pki: Pki, tmp_path: Path, 
     assert world.tracers == [] and agent.runtime is None
 
 
-def test_concurrent_scrapes_share_one_bcrypt_check_at_a_time(pki: Pki) -> None:
-    """Many scrapers at once: all served, none refused while another one's check runs."""
+def test_concurrent_scrapes_with_the_same_credentials_share_one_check(
+        pki: Pki, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many scrapers at once with the same credentials: all served, by one bcrypt check (the others wait for its
+    answer rather than taking a check slot or a 503)."""
+    calls: list[bytes] = []
+    real = bcrypt.checkpw
+
+    def counting(password: bytes, hashed: bytes) -> bool:
+        calls.append(password)
+        return real(password, hashed)
+
+    monkeypatch.setattr(basic_auth_module.bcrypt, "checkpw", counting)
     with serve(pki, WEB_TLS + WEB_USERS) as server:
         results: list[int] = []
         threads = [threading.Thread(target=lambda: results.append(get(server, client_context(pki),
@@ -351,4 +363,132 @@ def test_concurrent_scrapes_share_one_bcrypt_check_at_a_time(pki: Pki) -> None:
             t.start()
         for t in threads:
             t.join(30)
-        assert results == [200] * 8
+        assert results == [200] * 8 and calls == [b"s3cret"]
+
+
+# ---- what a login may cost: the bcrypt cost cap, checks off the accepting thread, the check cap (issue 47) ------
+
+COST_31 = "$2y$31$" + PASSWORD_HASH[7:]  # well-formed: a check of it would run for over a day
+
+
+class _HeldChecks:
+    """bcrypt.checkpw for passwords starting with 'slow': held until released (each one announced when it starts);
+    others are real. `waiting` counts logins waiting for another login's running check."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.started: queue.Queue[bytes] = queue.Queue()
+        self.release = threading.Event()
+        self.calls: list[bytes] = []
+        self.waiting: queue.Queue[None] = queue.Queue()
+        real, held = bcrypt.checkpw, self
+
+        def checkpw(password: bytes, hashed: bytes) -> bool:
+            self.calls.append(password)
+            if not password.startswith(b"slow"):
+                return real(password, hashed)
+            self.started.put(password)
+            assert self.release.wait(60), "never released"
+            return False
+
+        class Event(threading.Event):
+            def wait(self, timeout: float | None = None) -> bool:
+                held.waiting.put(None)
+                return super().wait(timeout)
+
+        class Check(basic_auth_module._Check):
+            def __init__(self) -> None:
+                super().__init__()
+                self.done = Event()
+
+        monkeypatch.setattr(basic_auth_module.bcrypt, "checkpw", checkpw)
+        monkeypatch.setattr(basic_auth_module, "_Check", Check)
+
+
+def _in_thread(results: dict[str, int], name: str, server: MetricsServer, auth: str) -> threading.Thread:
+    t = threading.Thread(target=lambda: results.__setitem__(name, get(server, None, auth=auth, timeout=90)[0]),
+                         daemon=True)  # held until released: a generous timeout, not a measure
+    t.start()
+    return t
+
+
+def test_a_slow_password_check_blocks_no_other_client_and_the_check_cap_answers_503(
+        pki: Pki, monkeypatch: pytest.MonkeyPatch) -> None:
+    held = _HeldChecks(monkeypatch)
+    bob = bcrypt.hashpw(b"pw", bcrypt.gensalt(BCRYPT_COST)).decode()
+    with serve(pki, WEB_USERS + f"  bob: '{bob}'\n") as server:
+        results: dict[str, int] = {}
+        threads = [_in_thread(results, "unknown user", server, "mallory:slow-0")]  # the decoy's check, held
+        assert held.started.get(timeout=30) == b"slow-0"
+        # meanwhile another client logs in (a check of its own), probes, and scrapes with its verified login
+        assert get(server, None, "/healthz", auth="alice:s3cret")[0] == 200
+        assert get(server, None, auth="alice:s3cret")[0] == 200
+        assert get(server, None)[0] == 401
+        # every check slot taken: a login that needs a check is answered 503 at once, not queued
+        for i in range(1, basic_auth_module.MAX_CHECKS):
+            threads.append(_in_thread(results, f"held {i}", server, f"alice:slow-{i}"))
+            assert held.started.get(timeout=30) == f"slow-{i}".encode()
+        status, headers, body = get(server, None, auth="bob:pw")
+        assert status == 503 and headers["retry-after"] == "1" and body.startswith(b"503 Service Unavailable")
+        assert get(server, None, "/healthz", auth="alice:s3cret")[0] == 200  # a verified login needs no check
+        # the same credentials as a running check wait for its answer (no second check, no 503)
+        threads.append(_in_thread(results, "unknown user again", server, "mallory:slow-0"))
+        held.waiting.get(timeout=30)
+        held.release.set()
+        for t in threads:
+            t.join(30)
+        assert results == {"unknown user": 401, "unknown user again": 401,
+                           **{f"held {i}": 401 for i in range(1, basic_auth_module.MAX_CHECKS)}}
+        assert held.calls.count(b"slow-0") == 1
+        assert get(server, None, auth="bob:pw")[0] == 200  # the slots are free again
+
+
+def test_unknown_users_are_checked_at_the_configured_cost_never_above_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decoy of an unknown user costs what the configured hashes cost; a hash above the cap that reaches the
+    checker without the web config (which refuses it) is refused without a check."""
+    calls: list[bytes] = []
+    monkeypatch.setattr(basic_auth_module.bcrypt, "checkpw", lambda p, h: calls.append(h) or False)
+    auth = basic_auth_module.BasicAuth()
+    header = "Basic " + base64.b64encode(b"mallory:x").decode()
+    cost12 = PASSWORD_HASH.replace(f"${BCRYPT_COST:02d}$", "$12$", 1)
+    assert auth.check(header, {"alice": cost12}) is basic_auth_module.Verdict.REFUSED
+    assert basic_auth_module.hash_cost(calls[-1].decode()) == 12
+    assert auth.check(header, {"alice": COST_31}) is basic_auth_module.Verdict.REFUSED
+    assert basic_auth_module.hash_cost(calls[-1].decode()) == MAX_BCRYPT_COST  # the decoy: at the cap
+    calls.clear()
+    alice = "Basic " + base64.b64encode(b"alice:s3cret").decode()
+    assert auth.check(alice, {"alice": COST_31}) is basic_auth_module.Verdict.REFUSED and calls == []
+
+
+def test_a_cost_above_the_cap_is_refused_at_start_and_at_reload(pki: Pki, tmp_path: Path, world: World) -> None:
+    """The agent on a real port: a web config with a cost-31 hash is one line at start (nothing attached, nothing
+    listening); written over a running agent's, the reload fails and the previous users keep being served."""
+    agent, logbuf, web = _agent(tmp_path, pki, f"basic_auth_users:\n  alice: '{COST_31}'\n")
+    agent.deps = world.deps()
+    with pytest.raises(InputError) as exc:
+        agent.start()
+    said = (f"{web}:2: basic_auth_users.alice: bcrypt cost 31 is outside 4..14 (each login with a wrong password or "
+            f"an unknown user runs one check of 2^31 rounds, and 2^14 already takes about a second of CPU); make one "
+            f"with: htpasswd -nBC 10 \"\" | tr -d ':\\n'")
+    assert str(exc.value) == f"agent.yaml:14: metrics.web_config_file: {said}"
+    assert world.tracers == [] and agent.runtime is None
+    agent, logbuf, web = _agent(tmp_path, pki, WEB_USERS)
+    agent.start()
+    try:
+        server = agent.runtime.server
+        assert get(server, None, auth="alice:s3cret")[0] == 200
+        web.write_text(f"basic_auth_users:\n  alice: '{COST_31}'\n")
+        assert agent.reload() is False and agent.runtime.server is server
+        failed = [e for e in log_events(logbuf) if e["msg"].startswith("config reload failed")]
+        assert failed[0]["error"] == f"metrics.web_config_file: {said}"
+        assert get(server, None, auth="alice:s3cret")[0] == 200 and get(server, None, auth="mallory:x")[0] == 401
+    finally:
+        agent.runtime.shutdown(0.5)
+
+
+def test_a_cost_above_the_cap_written_under_a_running_server_keeps_the_previous_users(pki: Pki) -> None:
+    warnings: list[str] = []
+    with serve(pki, WEB_USERS, warnings) as server:
+        (pki.dir / "web.yml").write_text(f"basic_auth_users:\n  alice: '{COST_31}'\n  mallory: '{COST_31}'\n")
+        assert get(server, None, auth="alice:s3cret")[0] == 200 and get(server, None, auth="mallory:x")[0] == 401
+        assert len(warnings) == 1 and "\n" not in warnings[0]
+        assert warnings[0].startswith(f"{pki.dir / 'web.yml'}:2: basic_auth_users.alice: bcrypt cost 31 is outside")
