@@ -94,12 +94,14 @@ def user_app() -> None:
 
 @pytest.fixture(scope="module")
 def web_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The web-tls guide's refused web config: its key_file is not the key of its certificate."""
+    """The web-tls guide's refused web configs: a key_file that is not the key of its certificate, a bcrypt cost
+    past the bound."""
     from tests.tls_certs import make_ca
     d = tmp_path_factory.mktemp("tls")
     make_ca(d, "server")
     make_ca(d, "other")  # another key pair: its key does not match server.crt
     (d / "web.yml").write_text("tls_server_config:\n  cert_file: server.crt\n  key_file: other.key\n")
+    (d / "web-hash.yml").write_text("basic_auth_users:\n  alice: $2b$31$" + "N" * 53 + "\n")  # cost 31
     return d
 
 
