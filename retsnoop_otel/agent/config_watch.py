@@ -96,7 +96,8 @@ class ConfigWatch:
         self.log = log or EventLog(level="error")
         self.poll_s, self.settle_s = poll_s, settle_s
         self.seen = look(path)  # taken before the agent loads the file: a change during its start is not missed
-        self.loaded = self.seen.digest  # the bytes of the last reload asked for (or of the start)
+        self.loaded = self.seen.digest  # the bytes of the last reload asked for or made (or of the start)
+        self._lock = threading.Lock()  # `loaded`: compared and set by this thread, set by reloading()
         self.inotify: _Inotify | None = None
         if use_inotify:
             try:
@@ -124,6 +125,12 @@ class ConfigWatch:
             os.close(fd)
         if self.inotify is not None:
             self.inotify.close()
+
+    def reloading(self) -> None:
+        """A reload (SIGHUP's too) is about to read the file: its bytes count as loaded, so the change that a
+        SIGHUP already applied (or refused) is not reloaded a second time when the watch sees it."""
+        with self._lock:
+            self.loaded = look(self.path).digest
 
     @property
     def running(self) -> bool:
@@ -169,6 +176,7 @@ class ConfigWatch:
                 missing = True
                 continue
             missing = False
-            if now.digest != self.loaded:
-                self.loaded = now.digest
-                self.post()
+            with self._lock:
+                if now.digest != self.loaded:
+                    self.loaded = now.digest
+                    self.post()

@@ -100,6 +100,8 @@ class Agent:
         assert self.runtime is not None
         trigger, self.requests.reload_cause = self.requests.reload_cause or "request", ""
         self.log.info("reloading config", trigger=trigger, config=self.config_path)
+        if self.watch is not None:
+            self.watch.reloading()
         try:
             cfg = load_config(self.config_path, "--config file")
         except ConfigError as exc:

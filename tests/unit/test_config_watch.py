@@ -97,6 +97,16 @@ def test_unrelated_files_and_the_same_bytes_post_nothing(watch) -> None:
     assert posts.quiet(1.0) == 0
 
 
+def test_a_change_a_sighup_reload_already_read_posts_nothing(watch) -> None:
+    """The file rewritten and SIGHUP sent at once (the agent's reload reads it first): one reload, not two."""
+    mount, posts, w = watch
+    configmap(mount, "probe_sets: broken [\n", 1)
+    w.reloading()  # what Agent.reload does before it reads the file
+    assert posts.quiet(1.0) == 0
+    configmap(mount, "probe_sets: fixed\n", 2)  # a later change is a change again
+    assert posts.wait_for(1) == 1 and posts.quiet() == 1
+
+
 def test_a_removed_then_restored_file_posts_once_it_is_back(watch) -> None:
     mount, posts, _w = watch
     (mount / "agent.yaml").unlink()
