@@ -127,7 +127,7 @@ VALID_FLAGS = [("-a", "bpf_check"), ("-d", "map_create"), ("-x", "EINVAL"), ("-X
                ("--otlp-protocol", "http/protobuf"), ("--export-addresses",), ("-C", "bpf.ringbuf-size=1M"),
                ("--probe-set", "mine"), ("-v",), ("-sn",), ("--no-app-context",)]
 SKIPPED = {"-h", "--help", "-V", "--version", "--dry-run", "--config-help"}  # they end before the kernel check, exit 0
-FLAGS = sorted({o for a in build_parser()._actions for o in a.option_strings} - SKIPPED)  # noqa: SLF001
+FLAGS = sorted({o for d in build_parser().declared for o in d.action.option_strings} - SKIPPED)
 WORDS = ["*sys_bpf", "array_map_*", ":kernel/bpf/*.c", "f [mod]", "f [mod", "[", "", "-ENOMEM", "EINVAL", "any",
          "0", "-1", "65536", "99999999999999999999", "1e400", "nan", "inf", "-inf", "http://127.0.0.1:4317",
          "ftp://x", "http://[::1", "http://:0", "localhost:4317", "grpc", "http/json", "bpf.ringbuf-size=8M",
