@@ -249,6 +249,22 @@ def test_valid_flags_reach_the_kernel_check(pair: list[Case]) -> None:
     assert not bad, "\n".join(bad)
 
 
+def test_long_command_lines() -> None:
+    """Issue 47.3: command lines far longer than anyone types (a script's generated -a list, a loop gone wrong)
+    are read in time linear in their words: valid ones reach the kernel check, one bad word at the end is one line
+    naming its flag, within the hang detector's TIMEOUT_S (argparse alone took 12 s for 10,000 `-a x`)."""
+    many = tuple(w for i in range(20000) for w in ("-a", f"f{i}"))
+    cases = [
+        Case((*TRACE_BASE, *many), expect="valid", why="20,000 -a"),
+        Case((*TRACE_BASE, *("-v",) * 20000), expect="valid", why="20,000 -v"),
+        Case((*TRACE_BASE, *many, "-p", "nope"), why="20,000 -a, then a bad pid"),
+        Case((*TRACE_BASE, "-F", *many, "-K"), why="two attach modes 40,000 words apart"),
+        Case((*TRACE_BASE, *("-x", "-EINVAL") * 10000), expect="valid", why="10,000 -x -EINVAL (getopt's values)"),
+    ]
+    bad = run_all(cases)
+    assert not bad, "\n".join(bad)
+
+
 @pytest.mark.parametrize("value", ["http://[::1", "ftp://user:pw@x:1"])
 def test_a_run_that_misbehaves_is_reported(value: str) -> None:
     """The checker itself: a valid-expected bad input and a refused-expected valid one are both findings."""
