@@ -223,7 +223,7 @@ def trace_argv(entry: Sequence[str], allow: Sequence[str] = (), deny: Sequence[s
 def trace_config(argv: Sequence[str]) -> RuntimeConfig:
     """The run's config exactly as `retsnoop-otel trace ARGV` builds it."""
     from retsnoop_otel.trace.flags import parse
-    return parse(list(argv)).config
+    return parse(list(argv), os.environ).config
 
 
 class _DryRun(StartHook):

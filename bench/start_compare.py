@@ -83,6 +83,7 @@ def start_once(tool: str, mode: str, entry: list[str], allow: list[str], names: 
             out["after_python"] = out["start"] - out.get("python", 0.0)
     finally:
         # bpftrace ignores a SIGINT that comes right after its BEGIN output: ask again every 5 s
+        t_stop = time.monotonic()
         for _ in range(24):
             proc.send_signal(signal.SIGINT if tool == "bpftrace" else signal.SIGTERM)
             try:
@@ -95,6 +96,7 @@ def start_once(tool: str, mode: str, entry: list[str], allow: list[str], names: 
                   + " | ".join(lines.tail()), flush=True)
             proc.kill()
             proc.wait()
+        out["stop"] = time.monotonic() - t_stop  # the first stop signal to the exit
         lines.join()
         for _ in range(120):  # the next start must not pay for this one's teardown
             if enabled_count() <= 0:
@@ -119,19 +121,20 @@ def start_table(results: dict[tuple[str, str], list[dict[str, float]]], modes: l
         return "-" if v is None else f"{v:.2f}"
 
     out = ["| mode | tool | start | start after Python's own | imports | other phases | ratio to bpftrace "
-           "| ratio to retsnoop (Python's start included) |", "|---" * 8 + "|"]
+           "| ratio to retsnoop (Python's start included) | stop (signal to exit) |", "|---" * 9 + "|"]
     for mode in modes:
         bt, rs = med(mode, "bpftrace", "start"), med(mode, RETSNOOP, "start")
         for tool in tools:
             start = med(mode, tool, "start")
             if tool in ("bpftrace", RETSNOOP):
                 flag = RETSNOOP_FLAGS[NEAREST[mode]] if tool == RETSNOOP else NEAREST[mode]
-                out.append(f"| {mode} | {tool} ({flag}) | {num(start)} | - | - | - | - | - |")
+                out.append(f"| {mode} | {tool} ({flag}) | {num(start)} | - | - | - | - | - "
+                           f"| {num(med(mode, tool, 'stop'))} |")
                 continue
             after, imports = med(mode, tool, "after_python"), med(mode, tool, "imports")
             other = None if after is None else after - (imports or 0.0)
             out.append(f"| {mode} | {tool} | {num(start)} | {num(after)} | {num(imports)} | {num(other)} "
-                       f"| {ratio(after, bt)} | {ratio(start, rs)} |")
+                       f"| {ratio(after, bt)} | {ratio(start, rs)} | {num(med(mode, tool, 'stop'))} |")
     return "\n".join(out)
 
 
@@ -142,13 +145,13 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--cpu", type=int, default=0, help="run everything on this CPU (-1: anywhere)")
     ap.add_argument("--base", type=Path, help="another checkout of ours (its Python code and BPF object)")
-    ap.add_argument("--peers", default="bpftrace", help="bpftrace, retsnoop or both (retsnoop: --retsnoop-bin)")
+    ap.add_argument("--peers", default="bpftrace", help="bpftrace, retsnoop, both or none (retsnoop: --retsnoop-bin)")
     ap.add_argument("--retsnoop-bin", type=Path, help=f"the retsnoop binary (default: ${RETSNOOP_ENV})")
     ap.add_argument("--deny", default="", metavar="GLOB[,GLOB]", help="leave these functions out for every tool")
     ap.add_argument("--cold", action="store_true", help="every start of ours with an empty kernel cache, as the "
                     "first start after a boot or a kernel update")
     args = ap.parse_args()
-    peers = args.peers.split(",")
+    peers = [p for p in args.peers.split(",") if p not in ("", "none")]  # none: ours (and --base) only
     if unknown := [p for p in peers if p not in ("bpftrace", RETSNOOP)]:
         ap.error(f"unknown peer {', '.join(unknown)}: choose from bpftrace, {RETSNOOP}")
     deny = [g for g in args.deny.split(",") if g]
