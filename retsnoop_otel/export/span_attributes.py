@@ -45,6 +45,7 @@ RECORDS_LOST = "retsnoop.records_lost_before"
 UNKNOWN_ROOT_NAME = "unknown"
 APP_PREFIX = "retsnoop.app."  # the application's thread-context attributes, under their own names
 USER_STACK = "retsnoop.user_stacktrace"
+ERROR_ORIGIN = "retsnoop.error.origin"  # root span of a failing session: the deepest function of its error chain
 ATTRIBUTES_CUT = "retsnoop.attributes_cut"  # names of the attributes whose values the length limit cut
 
 Attrs = dict[str, Any]
