@@ -203,14 +203,17 @@ class KernelCollector(Collector):
     def __init__(self, probe_sets: Callable[[], Sequence[ProbeSetSource]], *,
                  stats_enabled: Callable[[], bool] = read_bpf_stats_enabled,
                  exemplars: Callable[[str, str], Mapping[int, Exemplar]] | None = None,
+                 origin_exemplars: Callable[[str], Mapping[tuple[str, str, str], Exemplar]] | None = None,
                  limiter: Callable[[str], SeriesLimiter | None] | None = None,
                  duration_range: Callable[[str], DurationRange | None] | None = None) -> None:
         """`exemplars(probe_set, entry_function)`: kernel slot -> exemplar of the session duration histogram;
+        `origin_exemplars(probe_set)`: (entry, origin, error type) -> exemplar of the origin counter;
         `limiter(probe_set)`: keeps the function and error_type label sets within configured bounds;
         `duration_range(probe_set)`: the bucket range of its histograms (None: every kernel slot)."""
         self._probe_sets = probe_sets
         self._stats_enabled = stats_enabled
         self._exemplars = exemplars
+        self._origin_exemplars = origin_exemplars
         self._limiter = limiter
         self._range = duration_range
 
@@ -297,8 +300,9 @@ class KernelCollector(Collector):
         for ps in sets:
             limiter = self._limiter(ps.name) if self._limiter is not None else None
             merged = merge_origins(ps.origin_counts(), ps.funcs, limiter.function if limiter is not None else None)
-            for (entry, origin, err), n in sorted(merged.items()):
-                family.add_metric([ps.name, entry, origin, err], n)
+            exemplars = self._origin_exemplars(ps.name) if self._origin_exemplars is not None and merged else {}
+            for key, n in sorted(merged.items()):
+                family.add_metric([ps.name, *key], n, exemplar=exemplars.get(key))
         return family
 
     def _programs(self, sets: Sequence[ProbeSetSource], enabled: bool) -> Iterator[Metric]:
