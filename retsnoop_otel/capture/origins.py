@@ -8,9 +8,10 @@ module gives user space the same answer for the sessions it receives (root span,
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
-from retsnoop_otel.capture.model import FuncTable, Session, StackEntry, error_type, lookup_func
+from retsnoop_otel.capture.model import FuncTable, OriginCount, Session, StackEntry, error_type, lookup_func
 
 
 class Origin(NamedTuple):
@@ -35,3 +36,15 @@ def error_origin(session: Session, funcs: FuncTable) -> Origin | None:
         return None
     func = lookup_func(funcs, entry.func_id)
     return Origin(entry.func_id, func.label, error_type(entry.result, func.ret) or "unknown")
+
+
+def merge_origins(counts: Iterable[OriginCount], funcs: FuncTable, label: Callable[[str], str] | None
+                  ) -> dict[tuple[str, str, str], int]:
+    """(entry, origin, error type) -> failing sessions, by function name: same-named functions (and those
+    `label` folds, metrics.functions) are summed."""
+    out: dict[tuple[str, str, str], int] = {}
+    for c in counts:
+        origin = lookup_func(funcs, c.origin_func_id).name
+        key = (lookup_func(funcs, c.entry_func_id).name, label(origin) if label is not None else origin, c.error)
+        out[key] = out.get(key, 0) + c.count
+    return out

@@ -19,6 +19,7 @@ from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
 from retsnoop_otel.capture.model import CaptureStats, FuncStats, OriginCount, ProgramStats, SessionStats, TracedFunc
+from retsnoop_otel.capture.origins import merge_origins
 from retsnoop_otel.metrics.buckets import FIRST_EXP, LAST_EXP, DurationRange, merge, slot_buckets
 from retsnoop_otel.metrics.series import SeriesLimiter
 from retsnoop_otel.metrics.workload_series import WorkloadTotal
@@ -183,17 +184,6 @@ def _merge_workload(totals: Iterable[WorkloadTotal], funcs: FuncTable, label: Ca
         if t.error is not None:
             errors[t.error] = errors.get(t.error, 0) + t.count
         out[(name, t.value)] = (n + t.count, errors)
-    return out
-
-
-def merge_origins(counts: Iterable[OriginCount], funcs: FuncTable, label: Callable[[str], str] | None
-                  ) -> dict[tuple[str, str, str], int]:
-    """(entry, origin, error_type) -> failing sessions; same-named functions and those the limiter folds are summed."""
-    out: dict[tuple[str, str, str], int] = {}
-    for c in counts:
-        origin = func_label(funcs, c.origin_func_id)
-        key = (func_label(funcs, c.entry_func_id), label(origin) if label is not None else origin, c.error)
-        out[key] = out.get(key, 0) + c.count
     return out
 
 
