@@ -48,3 +48,15 @@ def test_every_attach_mode_of_the_kernel_counts_origins(vm_batch) -> None:
     want = [["__x64_sys_bpf", "array_map_alloc_check", "EINVAL", 3], ["__x64_sys_bpf", "map_lookup_elem", "EBADF", 2]]
     bad = {m: r.get("error") or r["kernel"] for m, r in modes.items() if r.get("error") or r["kernel"] != want}
     assert not bad, bad
+
+
+def test_trace_prints_the_kernels_origin_table_at_stop(vm_batch) -> None:
+    """-x EINVAL keeps the EBADF sessions out of the output; the table still counts them (the kernel's counts)."""
+    r = vm_batch["trace_origin_table"]
+    assert r["workload"][:2] == [0, "{'ok': 5, 'create_failed': 3, 'lookup_failed': 2}"], r["workload"]
+    assert r["tracer"]["rc"] == 0 and r["tracer"]["progs_after"] == [], r["tail"]
+    assert r["session_origins"] == [{"function": "array_map_alloc_check", "error": "EINVAL"}] * 3, r["tail"]
+    assert r["table"] == [{"origins": [
+        {"count": 3, "error": "EINVAL", "origin": "array_map_alloc_check", "entry": "__x64_sys_bpf", "share": 0.6},
+        {"count": 2, "error": "EBADF", "origin": "map_lookup_elem", "entry": "__x64_sys_bpf", "share": 0.4},
+    ]}], r["tail"]
