@@ -19,14 +19,12 @@ from typing import Any
 
 from retsnoop_otel.capture.errnos import MAX_ERRNO
 from retsnoop_otel.capture.model import Call, FuncTable, RetKind, Session, Workload, lookup_func
-from retsnoop_otel.capture.origins import error_origin
 from retsnoop_otel.export.probe_events import probe_events
 from retsnoop_otel.export.protowire import I32, I64, LEN, VARINT, key_values, len_field, tag, varint
 from retsnoop_otel.export.resource import with_workload
 from retsnoop_otel.export.service_name import Identity, session_identity
 from retsnoop_otel.export.span_attributes import (
     DEFAULT_MAX_SPANS,
-    ERROR_ORIGIN,
     SCOPE_NAME,
     SCOPE_SCHEMA_URL,
     SCOPE_VERSION,
@@ -44,6 +42,7 @@ from retsnoop_otel.export.span_attributes import (
     lbr_attrs,
     lbr_call,
     limit_lengths,
+    origin_attrs,
     return_attrs,
     sampling_state,
     session_attrs,
@@ -299,8 +298,7 @@ class SpanEncoder:
         else:
             const = self._constant(entry_id, root_raw)[1]
         extra: Attrs = session_attrs(session, self.symbolize, self.export_addresses)
-        if (origin := error_origin(session, self.funcs)) is not None:
-            extra[ERROR_ORIGIN] = origin.name
+        extra.update(origin_attrs(session, self.funcs))
         if lbr_root:
             extra.update(lbr)
         if dropped:
