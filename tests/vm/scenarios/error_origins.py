@@ -1,8 +1,8 @@
 """Guest side of error origins counted in the kernel (issue 46 point 1); host asserts: tests/vm/test_error_origins.py.
 
-A workload makes bpf() fail in two places at known counts (BPF_MAP_CREATE of an array with max_entries 0 fails
-in array_map_alloc_check, of a map type the kernel does not have in map_create itself) among many successes,
-sampled at 1%.
+A workload makes bpf() fail in two places at known counts (BPF_MAP_CREATE with max_entries 0 fails in
+array_map_alloc_check for an array, in htab_map_alloc_check for a hash map: map-type callbacks, traceable on every
+kernel) among many successes, sampled at 1%.
 The kernel's origin map must count exactly the failing calls made, by origin, and agree with the origins user
 space finds in the error chains of the sessions it received; the collector must serve them. Then, in every other
 attach mode the kernel has, a smaller run: the verifier accepts the counting in each mode's programs.
@@ -22,24 +22,24 @@ WORKLOAD = """
 import ctypes, os, sys
 libc = ctypes.CDLL(None, use_errno=True)
 libc.prctl(15, b"origins_wl", 0, 0, 0)  # PR_SET_NAME: the tracer follows this comm only
-ok, bad_entries, bad_type = (int(a) for a in sys.argv[1:4])
+ok, bad_array, bad_hash = (int(a) for a in sys.argv[1:4])
 def create(entries, map_type=2):
     attr = (ctypes.c_uint32 * 30)(map_type, 4, 4, entries)  # BPF_MAP_TYPE_ARRAY, key 4, value 4
     return libc.syscall(321, 0, attr, ctypes.sizeof(attr))
-out = {"ok": 0, "entries_failed": 0, "type_failed": 0}
+out = {"ok": 0, "array_failed": 0, "hash_failed": 0}
 for _ in range(ok):
     fd = create(1)
     if fd >= 0:
         out["ok"] += 1
         os.close(fd)
-for _ in range(bad_entries):
-    out["entries_failed"] += create(0) < 0
-for _ in range(bad_type):
-    out["type_failed"] += create(1, 0x7fff) < 0  # no such map type
+for _ in range(bad_array):
+    out["array_failed"] += create(0) < 0
+for _ in range(bad_hash):
+    out["hash_failed"] += create(0, 1) < 0  # BPF_MAP_TYPE_HASH
 print(out)
 """
 ENTRY = ["__x64_sys_bpf"]
-ALLOW = ["map_create", "array_map_alloc_check"]
+ALLOW = ["map_create", "array_map_alloc_check", "htab_map_alloc_check"]  # map_create: inlined on 5.10
 
 
 def scenario_error_origins(ctx) -> dict:
@@ -173,7 +173,8 @@ def scenario_trace_origin_table(ctx) -> dict:
     tracer, attach_s = start_tracer(ctx, args)
     result: dict = {"attach_s": attach_s}
     try:
-        rc, stdout, err = ctx.run([PY, "-c", WORKLOAD, "5", "3", "2"], 300)
+        # no successes: on 5.10 (memlock accounting) the tracer's own maps can leave the user none to create more
+        rc, stdout, err = ctx.run([PY, "-c", WORKLOAD, "0", "3", "2"], 300)
         result["workload"] = [rc, stdout.strip(), err[-500:]]
         tracer.wait_output_settled(SETTLE_S, timeout=120)
     finally:
