@@ -9,7 +9,8 @@ import pytest
 
 pytestmark = [pytest.mark.vm, pytest.mark.kernels("oldest", "6.12", "newest")]
 
-SERIES = [["__x64_sys_bpf", "array_map_alloc_check", "EINVAL", 7], ["__x64_sys_bpf", "htab_map_alloc_check", "EINVAL", 5]]
+SERIES = [["__x64_sys_bpf", "array_map_alloc_check", "EINVAL", 7],
+          ["__x64_sys_bpf", "htab_map_alloc_check", "EINVAL", 5]]
 LOSSES = ("dropped_sessions", "incomplete_sessions", "dropped_records", "origins_dropped")
 
 
@@ -46,7 +47,8 @@ def test_every_attach_mode_of_the_kernel_counts_origins(vm_batch) -> None:
     default mode, which the tests above ran)."""
     modes = vm_batch["error_origins"]["modes"]
     assert modes or vm_batch.series == "5.10", "no other attach mode on this kernel"
-    want = [["__x64_sys_bpf", "array_map_alloc_check", "EINVAL", 3], ["__x64_sys_bpf", "htab_map_alloc_check", "EINVAL", 2]]
+    want = [["__x64_sys_bpf", "array_map_alloc_check", "EINVAL", 3],
+            ["__x64_sys_bpf", "htab_map_alloc_check", "EINVAL", 2]]
     bad = {m: r.get("error") or r["kernel"] for m, r in modes.items() if r.get("error") or r["kernel"] != want}
     assert not bad, bad
 
