@@ -60,6 +60,7 @@ struct session {
 	__s32 chain_top;
 	__s32 kstack_sz;
 	__u32 cpu;		/* where it started */
+	__u32 origin_err;	/* errno_of() the error chain's deepest function returned (stats.bpf.h) */
 	__u8 is_err;
 	__u8 defunct;		/* its start record was lost: nothing more of it is sent */
 	__u8 want_success;	/* reported if it succeeds (sampling.bpf.h) */
@@ -352,6 +353,8 @@ static __always_inline void end_session(void *ctx, struct session *s, __u32 key,
 		count_into(es, lat, s->is_err);
 	if (workload_stats)
 		count_workload(s->cgroup_id, entry_id | WL_SESSION, s->is_err);
+	if (s->is_err)
+		count_origin(s, entry_id);
 	if (s->defunct || !(s->is_err || capture_success) || lat < min_duration_ns)
 		goto out;
 	if (!s->is_err) {
@@ -469,8 +472,10 @@ static __always_inline void handle_exit(void *ctx, __s64 id, __s64 res, bool out
 		/* a new error restarts the chain here; with -S, so does a deeper call chain */
 		take_chain(ctx, s, d, key, func_id, now, fi->flags & FUNC_IS_USER);
 		fill_level(s, d, res, lat);
-		if (failed)
+		if (failed) {
 			s->is_err = 1;
+			s->origin_err = err;	/* the chain's deepest level: where the error started */
+		}
 	}
 	if (emit_calls && !s->defunct)
 		emit_trace(s, key, REC_FUNC_EXIT, tid, now, d, func_id, lat, res);
@@ -488,7 +493,8 @@ _Static_assert(sizeof(struct rec_func_trace) == 40, "rec_func_trace layout");
 _Static_assert(sizeof(struct rec_session_end) == 1832, "rec_session_end layout");
 _Static_assert(sizeof(struct rec_func_batch) == 2584, "rec_func_batch layout");
 _Static_assert(sizeof(struct func_stats) == 344, "func_stats layout");
-_Static_assert(sizeof(struct capture_stats) == 56, "capture_stats layout");
+_Static_assert(sizeof(struct capture_stats) == 64, "capture_stats layout");
+_Static_assert(sizeof(struct origin_key) == 16, "origin_key layout");
 _Static_assert(sizeof(struct wl_key) == 16, "wl_key layout");
 _Static_assert(sizeof(struct func_info) == 16, "func_info layout");
 _Static_assert(sizeof(struct rec_func_args) == 1616, "rec_func_args layout");

@@ -265,6 +265,17 @@ struct capture_stats {
 	__u64 sessions_reported;
 	__u64 workload_dropped;		/* counts not kept per workload: wl_stats full */
 	__u64 sampled_out;		/* successful sessions the sampler dropped (in the kernel) */
+	__u64 origins_dropped;		/* failing sessions left out of origin_stats (the map was full) */
+};
+
+/* Failing sessions by where their error started (map origin_stats): the entry function, the deepest
+ * function of the error chain (the stack view's '!' row, rec_session_end.chain_ids[chain_depth - 1]) and
+ * the error that function returned. Counted at every failing session's end, reported or not. */
+struct origin_key {
+	__u32 entry_id;
+	__u32 origin_id;
+	__u32 err;		/* as err_key.err: positive errno, 0 = NULL pointer */
+	__u32 pad;
 };
 
 /* An injected probe (-J) fired inside a session: in the per-call record stream (streamed, never held), with a seq

@@ -32,6 +32,15 @@ struct {
 	__type(value, __u64);
 } wl_stats SEC(".maps");
 
+/* Failing sessions by entry function, error origin and error (struct origin_key), counted for every failing
+ * session whatever is reported: the only work it adds is at the end of a failing session. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 4096);	/* resized by user space (max_origin_counts) */
+	__type(key, struct origin_key);
+	__type(value, __u64);
+} origin_stats SEC(".maps");
+
 /* floor(log2(v)) without branches: each step's test is arithmetic ((t + 2^k - 1) >> k is 1 exactly when
  * 0 < t < 2^k), so the verifier follows one path through it. A binary search with an `if` per step
  * gave it 64 paths per call: the exit program took 6,666 verified instructions instead of 1,287, and
@@ -110,4 +119,33 @@ static __always_inline void count_call(__u32 func_id, __u64 lat, bool failed, __
 		(*cnt)++;
 	else
 		bpf_map_update_elem(&err_stats, &ek, &one, BPF_NOEXIST);
+}
+
+/* The session failed: its error chain's deepest level is where the error started. A chain deeper than
+ * MAX_FSTACK_DEPTH (or max_depth) keeps its deepest recorded level, as the stack view does. */
+static __always_inline void count_origin(struct session *s, __u32 entry_id)
+{
+	struct origin_key k = { .entry_id = entry_id, .err = s->origin_err };
+	struct capture_stats *cs;
+	__u64 one = 1, *cnt;
+	int d = s->chain_depth - 1;
+
+	if (d < 0)
+		return;
+	k.origin_id = s->chain_ids[lvl(d)];
+	cnt = bpf_map_lookup_elem(&origin_stats, &k);
+	if (cnt) {
+		(*cnt)++;
+		return;
+	}
+	if (!bpf_map_update_elem(&origin_stats, &k, &one, BPF_NOEXIST))
+		return;
+	cnt = bpf_map_lookup_elem(&origin_stats, &k);	/* another CPU added the key first */
+	if (cnt) {
+		(*cnt)++;
+		return;
+	}
+	cs = cstats();
+	if (cs)
+		cs->origins_dropped++;
 }

@@ -173,7 +173,15 @@ def _exposed_names(registry) -> set[str]:
 def fake_agent_registry(exemplars: Callable[[str, str], Mapping[int, Any]] | None = None) -> Iterator[Any]:
     """The runtime's /metrics registry (what both commands serve), fed with fake stats whose counters grow
     at every read (a scrape sees rates above zero); `exemplars` as RuntimeMetrics.exemplars gives them."""
-    from retsnoop_otel.capture.model import CaptureStats, FuncStats, ProgramStats, RetKind, SessionStats, TracedFunc
+    from retsnoop_otel.capture.model import (
+        CaptureStats,
+        FuncStats,
+        OriginCount,
+        ProgramStats,
+        RetKind,
+        SessionStats,
+        TracedFunc,
+    )
     from retsnoop_otel.metrics.runtime_families import RunCounters
     from retsnoop_otel.runtime.config import ProbeSetConfig, RuntimeConfig
     from retsnoop_otel.runtime.deps import RuntimeDeps
@@ -184,6 +192,7 @@ def fake_agent_registry(exemplars: Callable[[str, str], Mapping[int, Any]] | Non
     funcs = {0: TracedFunc(0, "__x64_sys_bpf", 0, RetKind.INT32, True),
              1: TracedFunc(1, "array_map_alloc_check", 0, RetKind.INT32, False)}
     reads = itertools.count(1)
+    origin_reads = itertools.count(1)
 
     class ProbeSet(FakeProbeSet):
         def program_stats(self):
@@ -201,6 +210,9 @@ def fake_agent_registry(exemplars: Callable[[str, str], Mapping[int, Any]] | Non
         def capture_stats(self):
             n = next(reads)
             return CaptureStats(n, n, n, 2 * n, 2 * n)
+
+        def origin_counts(self):
+            return [OriginCount(0, 1, "EINVAL", next(origin_reads))]
 
     probe_set = ProbeSet(name="bpf", funcs=funcs, mode="fentry", attached=2, sampled_out=1, filtered_out=1)
     with tempfile.TemporaryDirectory() as root:  # the run families have samples only while bpf_stats is on

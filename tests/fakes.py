@@ -95,6 +95,7 @@ class FakeProbeSet:
         dropped_sessions=2, incomplete_sessions=1, dropped_records=7, sessions_started=20, sessions_reported=18))
     workload_label: str | None = None
     workloads: list = field(default_factory=list)  # metrics.workload_series.WorkloadTotal
+    origins: list = field(default_factory=list)  # capture.model.OriginCount
 
     def func_stats(self):
         return self.stats()
@@ -107,6 +108,9 @@ class FakeProbeSet:
 
     def capture_stats(self):
         return self.capture
+
+    def origin_counts(self):
+        return self.origins
 
     def program_stats(self):
         return []
@@ -211,6 +215,9 @@ class FakeTracer:
 
     def capture_stats(self):
         return CaptureStats()
+
+    def origin_counts(self):
+        return []
 
     def program_stats(self):
         return []

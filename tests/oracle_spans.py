@@ -41,6 +41,7 @@ from retsnoop_otel.export.span_attributes import (
     func_attrs,
     lbr_attrs,
     lbr_call,
+    origin_attrs,
     return_attrs,
     sampling_state,
     session_attrs,
@@ -123,7 +124,7 @@ def session_to_spans(session: Session, funcs: FuncTable, offset_ns: int, resourc
     else:
         attrs, status = result(session.entry_func_id, root_raw)
         name = lookup_func(funcs, session.entry_func_id).name
-    attrs = {**attrs, **session_attrs(session, symbolize, export_addresses)}
+    attrs = {**attrs, **session_attrs(session, symbolize, export_addresses), **origin_attrs(session, funcs)}
     lbr = lbr_attrs(session, funcs, symbolize, export_addresses)
     lbr_at = lbr_call(session) if session.calls else None
     if lbr and session.lbr is not None and session.lbr.depth == 0:

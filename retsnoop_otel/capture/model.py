@@ -377,11 +377,22 @@ class CaptureStats(NamedTuple):
     sessions_reported: int = 0
     workload_dropped: int = 0  # counts not kept per workload (the kernel's per-cgroup map was full)
     sampled_out: int = 0  # successful sessions the sampler dropped in the kernel
+    origins_dropped: int = 0  # failing sessions left out of the origin counts (the kernel's map was full)
 
     @classmethod
     def summed(cls, stats: Iterable[CaptureStats]) -> CaptureStats:
         """Several probe sets' counters as the run's."""
         return cls(*(sum(column) for column in zip(cls(), *stats, strict=True)))
+
+
+class OriginCount(NamedTuple):
+    """Failing sessions of one entry function whose error started in `origin_func_id` with `error`, counted in
+    the kernel (every failing session, reported or not), summed over CPUs."""
+
+    entry_func_id: int
+    origin_func_id: int
+    error: str  # error.type of what the origin returned ('EINVAL', 'NULL')
+    count: int
 
 
 class ProgramStats(NamedTuple):

@@ -33,6 +33,7 @@ from retsnoop_otel.capture.model import (
     lookup_func,
     signed_value,
 )
+from retsnoop_otel.capture.origins import error_origin
 from retsnoop_otel.capture.sampling import trace_state
 from retsnoop_otel.export.semconv import SCHEMA_URL
 
@@ -45,6 +46,7 @@ RECORDS_LOST = "retsnoop.records_lost_before"
 UNKNOWN_ROOT_NAME = "unknown"
 APP_PREFIX = "retsnoop.app."  # the application's thread-context attributes, under their own names
 USER_STACK = "retsnoop.user_stacktrace"
+ERROR_ORIGIN = "retsnoop.error.origin"  # root span of a failing session: the deepest function of its error chain
 ATTRIBUTES_CUT = "retsnoop.attributes_cut"  # names of the attributes whose values the length limit cut
 
 Attrs = dict[str, Any]
@@ -192,6 +194,13 @@ def session_attrs(session: Session, symbolize: Callable[[int], str] | None, expo
     elif session.ustack_error:
         attrs["retsnoop.user_stack_error"] = errno_name(session.ustack_error) or f"E{session.ustack_error}"
     return attrs
+
+
+def origin_attrs(session: Session, funcs: FuncTable) -> Attrs:
+    """The root span's retsnoop.error.origin: where a failing session's error started (the kernel counts it by the
+    same rule in retsnoop_error_origins_total, so a trace and the series of its origin share the name)."""
+    origin = error_origin(session, funcs)
+    return {} if origin is None else {ERROR_ORIGIN: lookup_func(funcs, origin.func_id).name}
 
 
 def app_attrs(app: AppContext | None) -> Attrs:

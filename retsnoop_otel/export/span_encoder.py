@@ -42,6 +42,7 @@ from retsnoop_otel.export.span_attributes import (
     lbr_attrs,
     lbr_call,
     limit_lengths,
+    origin_attrs,
     return_attrs,
     sampling_state,
     session_attrs,
@@ -297,6 +298,7 @@ class SpanEncoder:
         else:
             const = self._constant(entry_id, root_raw)[1]
         extra: Attrs = session_attrs(session, self.symbolize, self.export_addresses)
+        extra.update(origin_attrs(session, self.funcs))
         if lbr_root:
             extra.update(lbr)
         if dropped:

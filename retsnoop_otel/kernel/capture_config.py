@@ -57,6 +57,7 @@ class CaptureConfig(NamedTuple):
     func_counts: bool = True  # count calls, errors and latency per function and session (read by metrics only)
     workload_stats: bool = False  # also count calls, errors and sessions per cgroup v2 (metrics workload label)
     max_workload_counts: int = 16384  # (cgroup, function, outcome) counts the kernel side keeps
+    max_origin_counts: int = 4096  # (entry, error origin, error) counts the kernel side keeps
     inject: Sequence[ProbeInfo] = ()  # -J injected probes (kernel/inject_attach.py); need emit_calls
 
 
@@ -115,6 +116,7 @@ def configure(obj: lb.BpfObject, cfg: CaptureConfig, funcs: Sequence[TracedFunc]
     watch = cfg.app_context or cfg.user_stacks
     obj.map("app_targets").set_max_entries(cfg.max_app_processes if watch else 1)
     obj.map("app_asked").set_max_entries(cfg.max_app_processes if watch else 1)
+    obj.map("origin_stats").set_max_entries(max(cfg.max_origin_counts, 1))
     obj.map("wl_stats").set_max_entries(cfg.max_workload_counts if cfg.workload_stats else 1)
     obj.map("ip_ids").set_max_entries(n if by_address else 1)
     held = cfg.emit_calls and not cfg.capture_args  # -A records are too large to hold: they stream

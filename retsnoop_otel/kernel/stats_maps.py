@@ -14,6 +14,7 @@ from retsnoop_otel.capture import records
 from retsnoop_otel.capture.model import (
     CaptureStats,
     FuncStats,
+    OriginCount,
     ProgramStats,
     SessionStats,
     TracedFunc,
@@ -80,6 +81,21 @@ def workload_counts(wl_map: StatsMap, funcs: Sequence[TracedFunc], ncpus: int) -
         else:
             error = None
         out.append(WorkloadCount(cgroup_id, fid, session, error, _percpu_sum(raw, ncpus)))
+    return out
+
+
+def origin_counts(origin_map: StatsMap, funcs: Sequence[TracedFunc], ncpus: int) -> list[OriginCount]:
+    """Failing sessions by (entry, origin, error) from map origin_stats; keys of another table are skipped."""
+    out = []
+    for key in list(origin_map.keys()):
+        raw = origin_map.lookup(key, 8 * ncpus)
+        if raw is None:
+            continue
+        entry_id, origin_id, err = records.ORIGIN_KEY.unpack(key)
+        name = error_name(funcs, origin_id, err)
+        if name is None or not 0 <= entry_id < len(funcs):
+            continue
+        out.append(OriginCount(entry_id, origin_id, name, _percpu_sum(raw, ncpus)))
     return out
 
 

@@ -18,6 +18,7 @@ from retsnoop_otel.capture import records
 from retsnoop_otel.capture.model import (
     CaptureStats,
     FuncStats,
+    OriginCount,
     ProgramStats,
     SessionStats,
     TracedFunc,
@@ -223,6 +224,10 @@ class Tracer:
         if not self.config.func_counts:
             return []
         return stats_maps.session_stats(self._map("entry_stats"), self.funcs, self._ncpus)
+
+    def origin_counts(self) -> list[OriginCount]:
+        """Failing sessions by entry function, error origin and error (every one, reported or not)."""
+        return stats_maps.origin_counts(self._map("origin_stats"), self.funcs, self._ncpus)
 
     def capture_stats(self) -> CaptureStats:
         return stats_maps.capture_stats(self._map("cap_stats"), self._ncpus)

@@ -33,6 +33,7 @@ class ExemplarStore:
         self._buckets = buckets
         self._lock = threading.Lock()
         self._items: OrderedDict[tuple[str, str, int], Exemplar] = OrderedDict()
+        self._origins: OrderedDict[tuple[str, str, str, str], Exemplar] = OrderedDict()
 
     def record(self, probe_set: str, entry_function: str, duration_ns: int, trace_id: int, end_ns: int) -> None:
         """`end_ns`: wall-clock end of the trace's root span, the exemplar's timestamp."""
@@ -44,6 +45,22 @@ class ExemplarStore:
             self._items.move_to_end(key)
             if len(self._items) > self._max:
                 self._items.popitem(last=False)
+
+    def record_origin(self, probe_set: str, entry_function: str, origin: str, error: str, trace_id: int,
+                      end_ns: int) -> None:
+        """The latest exported trace of a failing session with this error origin (retsnoop_error_origins_total)."""
+        key = (probe_set, entry_function, origin, error)
+        ex = Exemplar({"trace_id": f"{trace_id:032x}"}, 1.0, Timestamp(end_ns // 1_000_000_000, end_ns % 1_000_000_000))
+        with self._lock:
+            self._origins[key] = ex
+            self._origins.move_to_end(key)
+            if len(self._origins) > self._max:
+                self._origins.popitem(last=False)
+
+    def for_origins(self, probe_set: str) -> dict[tuple[str, str, str], Exemplar]:
+        """(entry function, origin, error type) -> exemplar, for one probe set's origin series."""
+        with self._lock:
+            return {k[1:]: ex for k, ex in self._origins.items() if k[0] == probe_set}
 
     def for_histogram(self, probe_set: str, entry_function: str) -> dict[int, Exemplar]:
         """Bucket index -> exemplar for one entry function's duration histogram."""

@@ -18,7 +18,8 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
-from retsnoop_otel.capture.model import CaptureStats, FuncStats, ProgramStats, SessionStats, TracedFunc
+from retsnoop_otel.capture.model import CaptureStats, FuncStats, OriginCount, ProgramStats, SessionStats, TracedFunc
+from retsnoop_otel.capture.origins import merge_origins
 from retsnoop_otel.metrics.buckets import FIRST_EXP, LAST_EXP, DurationRange, merge, slot_buckets
 from retsnoop_otel.metrics.series import SeriesLimiter
 from retsnoop_otel.metrics.workload_series import WorkloadTotal
@@ -45,6 +46,8 @@ class ProbeSetSource(Protocol):
     def session_stats(self) -> Iterable[SessionStats]: ...
 
     def capture_stats(self) -> CaptureStats: ...
+
+    def origin_counts(self) -> Iterable[OriginCount]: ...
 
     def program_stats(self) -> Iterable[ProgramStats]: ...
 
@@ -190,14 +193,17 @@ class KernelCollector(Collector):
     def __init__(self, probe_sets: Callable[[], Sequence[ProbeSetSource]], *,
                  stats_enabled: Callable[[], bool] = read_bpf_stats_enabled,
                  exemplars: Callable[[str, str], Mapping[int, Exemplar]] | None = None,
+                 origin_exemplars: Callable[[str], Mapping[tuple[str, str, str], Exemplar]] | None = None,
                  limiter: Callable[[str], SeriesLimiter | None] | None = None,
                  duration_range: Callable[[str], DurationRange | None] | None = None) -> None:
         """`exemplars(probe_set, entry_function)`: kernel slot -> exemplar of the session duration histogram;
+        `origin_exemplars(probe_set)`: (entry, origin, error type) -> exemplar of the origin counter;
         `limiter(probe_set)`: keeps the function and error_type label sets within configured bounds;
         `duration_range(probe_set)`: the bucket range of its histograms (None: every kernel slot)."""
         self._probe_sets = probe_sets
         self._stats_enabled = stats_enabled
         self._exemplars = exemplars
+        self._origin_exemplars = origin_exemplars
         self._limiter = limiter
         self._range = duration_range
 
@@ -212,6 +218,7 @@ class KernelCollector(Collector):
         workload_labels = sorted({ps.workload_label for ps in sets if ps.workload_label})
         yield from self._functions(sets, totals, workload_labels)
         yield from self._sessions(sets, totals, workload_labels)
+        yield self._origins(sets)
         yield from self._programs(sets, stats_on)
         yield from self._capture(sets)
 
@@ -273,6 +280,21 @@ class KernelCollector(Collector):
         yield outcomes
         yield durations
 
+    def _origins(self, sets: Sequence[ProbeSetSource]) -> Metric:
+        """Failing sessions by where their error started, counted in the kernel for every one of them: the
+        question of an error spike is which function started it, not which ones passed it up."""
+        family = CounterMetricFamily("retsnoop_error_origins", "Failing entry-function sessions by the function "
+                                     "their error started in (the deepest function of the error chain, the "
+                                     "stack view's '!' row) and the error it returned; every failing session, "
+                                     "sampled, exported or not", labels=["probe_set", "entry", "origin", "error_type"])
+        for ps in sets:
+            limiter = self._limiter(ps.name) if self._limiter is not None else None
+            merged = merge_origins(ps.origin_counts(), ps.funcs, limiter.function if limiter is not None else None)
+            exemplars = self._origin_exemplars(ps.name) if self._origin_exemplars is not None and merged else {}
+            for key, n in sorted(merged.items()):
+                family.add_metric([ps.name, *key], n, exemplar=exemplars.get(key))
+        return family
+
     def _programs(self, sets: Sequence[ProbeSetSource], enabled: bool) -> Iterator[Metric]:
         """BPF program cost. While statistics are off the kernel's counters stand still, so the run families
         carry no samples then: a flat series would read as "costs nothing" rather than "not measured"."""
@@ -298,7 +320,9 @@ class KernelCollector(Collector):
                  ("retsnoop_sessions_started", "Entry-function sessions started", "sessions_started"),
                  ("retsnoop_sessions_reported", "Sessions sent to user space", "sessions_reported"),
                  ("retsnoop_workload_counts_dropped", "Calls and sessions left out of the per-workload counts "
-                  "(the kernel's per-cgroup map was full)", "workload_dropped"))
+                  "(the kernel's per-cgroup map was full)", "workload_dropped"),
+                 ("retsnoop_error_origins_dropped", "Failing sessions left out of retsnoop_error_origins_total "
+                  "(the kernel's origin map was full)", "origins_dropped"))
         families = [CounterMetricFamily(name, doc, labels=["probe_set"]) for name, doc, _ in specs]
         attached = GaugeMetricFamily("retsnoop_attached_functions", "Kernel functions attached, by probe set "
                                      "and attach mode", labels=["probe_set", "mode"])

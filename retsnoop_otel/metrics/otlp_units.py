@@ -29,6 +29,8 @@ OTLP_UNITS: Mapping[str, str] = MappingProxyType({
     "retsnoop_sessions_started": "{session}",
     "retsnoop_sessions_reported": "{session}",
     "retsnoop_workload_counts_dropped": "{call}",  # calls, and sessions (entry calls)
+    "retsnoop_error_origins": "{session}",  # failing sessions
+    "retsnoop_error_origins_dropped": "{session}",
     "retsnoop_attached_functions": "{function}",
     "retsnoop_sessions_not_exported": "{session}",
     "retsnoop_sessions_evicted": "{session}",

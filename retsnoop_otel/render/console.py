@@ -11,6 +11,7 @@ from typing import Any
 
 from retsnoop_otel.capture.errnos import errno_name
 from retsnoop_otel.capture.model import AppContext, Session, TracedFunc, UserFrame, error_type, format_result
+from retsnoop_otel.capture.origins import error_origin
 from retsnoop_otel.render.calls import ArgsFormatter, render_calls, render_chain_args
 from retsnoop_otel.render.formats import PLAIN_STACKS, StackFormat
 from retsnoop_otel.render.lbr import render_session_lbr
@@ -60,6 +61,8 @@ def session_json(session: Session, funcs: Mapping[int, TracedFunc], offset_ns: i
         "tid": session.tid, "pid": session.pid, "comm": session.comm, "proc_comm": session.proc_comm,
         "start_ns": session.start_ns + offset_ns, "end_ns": session.end_ns + offset_ns,
         "is_err": session.is_err, "chain": chain, "dropped_records": session.dropped_records}
+    if (origin := error_origin(session, funcs)) is not None:  # where the error started: the chain's '!' end
+        out["origin"] = {"function": origin.name, "error": origin.error}
     if session.probes:
         out["probes"] = probes_json(session, funcs, offset_ns)
     if session.lbr is not None:

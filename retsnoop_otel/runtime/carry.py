@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
-from retsnoop_otel.capture.model import CaptureStats, FuncStats, FuncTable, ProgramStats, SessionStats
+from retsnoop_otel.capture.model import CaptureStats, FuncStats, FuncTable, OriginCount, ProgramStats, SessionStats
 from retsnoop_otel.metrics.workload_series import WorkloadTotal
 
 WorkloadKey = tuple[str, str, bool, "str | None"]  # (label value, function name, session, error)
+OriginKey = tuple[str, str, str]  # (entry function name, origin function name, error type)
 
 
 class Totals(NamedTuple):
@@ -29,6 +30,7 @@ class Totals(NamedTuple):
     sampled_out: int
     filtered_out: int
     evicted: int
+    origins: dict[OriginKey, int]
 
 
 def _name(funcs: FuncTable, func_id: int) -> str | None:
@@ -65,9 +67,10 @@ def _add_sessions(a: SessionStats, b: SessionStats) -> SessionStats:
 
 def totals(funcs: FuncTable, func_stats: Iterable[FuncStats], session_stats: Iterable[SessionStats],
            workloads: Iterable[WorkloadTotal], capture: CaptureStats, programs: Iterable[ProgramStats],
-           sampled_out: int, filtered_out: int, evicted: int, carried: Totals | None) -> Totals:
+           sampled_out: int, filtered_out: int, evicted: int, carried: Totals | None,
+           origins: Iterable[OriginCount] = ()) -> Totals:
     """A set's own counts (by its ids) keyed by name, plus what was carried into it."""
-    t = carried or Totals({}, {}, {}, CaptureStats(), {}, 0, 0, 0)
+    t = carried or Totals({}, {}, {}, CaptureStats(), {}, 0, 0, 0, {})
     by_func = dict(t.funcs)
     for s in func_stats:
         if (name := _name(funcs, s.func_id)) is not None:
@@ -83,13 +86,18 @@ def totals(funcs: FuncTable, func_stats: Iterable[FuncStats], session_stats: Ite
         if (name := _name(funcs, w.func_id)) is not None:
             key = (w.value, name, w.session, w.error)
             by_workload[key] = by_workload.get(key, 0) + w.count
+    by_origin = dict(t.origins)
+    for o in origins:
+        entry, origin = _name(funcs, o.entry_func_id), _name(funcs, o.origin_func_id)
+        if entry is not None and origin is not None:
+            by_origin[(entry, origin, o.error)] = by_origin.get((entry, origin, o.error), 0) + o.count
     by_prog = dict(t.programs)
     for p in programs:
         old = by_prog.get(p.name)
         by_prog[p.name] = p if old is None else ProgramStats(p.name, old.run_cnt + p.run_cnt,
                                                              old.run_time_ns + p.run_time_ns)
     return Totals(by_func, by_entry, by_workload, CaptureStats(*map(sum, zip(t.capture, capture, strict=True))),
-                  by_prog, t.sampled_out + sampled_out, t.filtered_out + filtered_out, t.evicted + evicted)
+                  by_prog, t.sampled_out + sampled_out, t.filtered_out + filtered_out, t.evicted + evicted, by_origin)
 
 
 def func_stats(own: list[FuncStats], funcs: FuncTable, carried: Totals | None) -> list[FuncStats]:
@@ -113,6 +121,15 @@ def workload_totals(own: list[WorkloadTotal], funcs: FuncTable, carried: Totals 
     ids = _first_ids(funcs)
     return own + [WorkloadTotal(value, ids[name], session, error, n)
                   for (value, name, session, error), n in carried.workloads.items() if name in ids]
+
+
+def origin_counts(own: list[OriginCount], funcs: FuncTable, carried: Totals | None) -> list[OriginCount]:
+    """A successor's origin counts: its own, and its predecessor's whose entry and origin it still traces."""
+    if carried is None:
+        return own
+    ids = _first_ids(funcs)
+    return own + [OriginCount(ids[entry], ids[origin], err, n) for (entry, origin, err), n in carried.origins.items()
+                  if entry in ids and origin in ids]
 
 
 def program_stats(own: list[ProgramStats], carried: Totals | None) -> list[ProgramStats]:

@@ -38,7 +38,8 @@ class RuntimeMetrics:
         from retsnoop_otel.metrics.kernel_families import KernelCollector
         from retsnoop_otel.metrics.runtime_families import RuntimeCollector
         return [KernelCollector(lambda: list(self._rt.probe_sets), stats_enabled=self.stats_enabled,
-                                exemplars=self.exemplars, limiter=self.series_limiter,
+                                exemplars=self.exemplars, origin_exemplars=self.origin_exemplars,
+                                limiter=self.series_limiter,
                                 duration_range=self.duration_range),
                 RuntimeCollector(self.counters, stats_enabled=self.stats_enabled),
                 ProcessCollector(proc=os.path.join(self._rt.deps.root, "proc"), registry=None)]
@@ -140,6 +141,12 @@ class RuntimeMetrics:
         if sinks is None or sinks.exemplars is None:
             return {}
         return sinks.exemplars.for_histogram(probe_set, entry_function)
+
+    def origin_exemplars(self, probe_set: str) -> dict:
+        sinks = self._rt.route.sinks
+        if sinks is None or sinks.exemplars is None:
+            return {}
+        return sinks.exemplars.for_origins(probe_set)
 
     def series_limiter(self, probe_set: str) -> SeriesLimiter | None:
         """The label bounds of metrics, kept across scrapes (a new one when the bounds change on reload)."""

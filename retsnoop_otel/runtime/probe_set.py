@@ -17,6 +17,7 @@ from retsnoop_otel.capture.inject import InjectError, ProbeInfo
 from retsnoop_otel.capture.model import (
     CaptureStats,
     FuncStats,
+    OriginCount,
     ProgramStats,
     Session,
     SessionStats,
@@ -58,6 +59,8 @@ class TracerLike(Protocol):
     def session_stats(self) -> list[SessionStats]: ...
 
     def capture_stats(self) -> CaptureStats: ...
+
+    def origin_counts(self) -> list[OriginCount]: ...
 
     def program_stats(self) -> list[ProgramStats]: ...
 
@@ -287,7 +290,8 @@ class ProbeSet:
     def _totals_now(self) -> carry.Totals:
         return carry.totals(self.funcs, self.tracer.func_stats(), self.tracer.session_stats(),
                             self._own_workload_totals(), self.tracer.capture_stats(), self.tracer.program_stats(),
-                            self._sampled_out, self._filtered_out, self._assembler.evicted, self._carry())
+                            self._sampled_out, self._filtered_out, self._assembler.evicted, self._carry(),
+                            self.tracer.origin_counts())
 
     # the kernel's aggregates, read at scrape time (metrics.kernel_families.ProbeSetSource); a closed set
     # (one a scrape listed before it was closed) answers its final counts
@@ -308,6 +312,13 @@ class ProbeSet:
             if self._final is not None:
                 return self._final.capture
             return carry.capture_stats(self.tracer.capture_stats(), self._carry())
+
+    def origin_counts(self) -> list[OriginCount]:
+        """Failing sessions by entry, error origin and error, counted in the kernel (carried ones included)."""
+        with self._stats_lock:
+            if self._final is not None:
+                return carry.origin_counts([], self.funcs, self._final)
+            return carry.origin_counts(self.tracer.origin_counts(), self.funcs, self._carry())
 
     def program_stats(self) -> list[ProgramStats]:
         with self._stats_lock:

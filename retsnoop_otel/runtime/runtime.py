@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from retsnoop_otel.appctx.watch import watches
-from retsnoop_otel.capture.model import CaptureStats
+from retsnoop_otel.capture.model import CaptureStats, FuncTable, OriginCount
 from retsnoop_otel.command.errors import RunRefused
 from retsnoop_otel.command.logs import EventLog
 from retsnoop_otel.export.resource import Resource
@@ -49,6 +49,7 @@ class Runtime:
         self.env: KernelEnv | None = None
         self.env_key: tuple | None = None  # what self.env was loaded for (None: load again at a reload)
         self.probe_sets: list[ProbeSet] = []
+        self.origins_at_stop: list[tuple[FuncTable, list[OriginCount]]] = []  # run(): the sets' origin counts
         self.route = SessionRouter(self.log)  # the sinks, the workload resolver and the application watcher
         self.server: Any = None  # metrics.server.MetricsServer while /metrics is served
         self.metrics_push: Any = None  # export.metrics_push.OtlpMetricsPusher when metrics.otlp is set
@@ -294,10 +295,13 @@ class Runtime:
                 self.poll_once()
         finally:
             detaching()
+            sets = list(self.probe_sets)
             try:
                 stats = CaptureStats.summed(ps.capture_stats() for ps in self.probe_sets)  # before detaching
             finally:
                 self.shutdown(SHUTDOWN_FLUSH_S)
+        # closed sets answer their final counts, read after their probes went: every session that ended counts
+        self.origins_at_stop = [(ps.funcs, ps.origin_counts()) for ps in sets]
         return stats
 
     def _drain_and_close(self, ps: ProbeSet) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from retsnoop_otel.capture.model import Session, lookup_func
+from retsnoop_otel.capture.origins import error_origin
 from retsnoop_otel.command.errors import InputError
 from retsnoop_otel.export.otlp_settings import OtlpSettings
 from retsnoop_otel.export.processor_env import DEFAULT_QUEUE_SPANS
@@ -139,8 +140,12 @@ class Sinks:
         if any(accepted):
             self.traces.add(ps.name, self._service(session), session.is_err)
         if any(accepted) and self.exemplars is not None and session.entry_func_id is not None:  # of a trace that exists
-            self.exemplars.record(ps.name, lookup_func(ps.funcs, session.entry_func_id).name,
-                                  session.end_ns - session.start_ns, trace.trace_id, session.end_ns + offset_ns)
+            entry = lookup_func(ps.funcs, session.entry_func_id).name
+            self.exemplars.record(ps.name, entry, session.end_ns - session.start_ns, trace.trace_id,
+                                  session.end_ns + offset_ns)
+            if (origin := error_origin(session, ps.funcs)) is not None:
+                self.exemplars.record_origin(ps.name, entry, lookup_func(ps.funcs, origin.func_id).name, origin.error,
+                                             trace.trace_id, session.end_ns + offset_ns)
 
     def _service(self, session: Session) -> str:
         """The service.name the session's spans carry (export/service_name.py)."""

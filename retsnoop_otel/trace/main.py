@@ -77,9 +77,25 @@ def run_trace(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.s
         print(f"DROPPED SESSIONS: {stats.dropped_sessions}, INCOMPLETE SESSIONS: {stats.incomplete_sessions}, "
               f"LOST RECORDS: {stats.dropped_records}. ", end="", file=out)
     print(f"DONE in {(time.monotonic() - t0) * 1000:.0f} ms.", file=out, flush=True)
+    _print_origins(runtime, request, out)
     if request.verbose:
         print("\n".join(format_phases(runtime.stop_phases)), file=err, flush=True)
     return 0
+
+
+def _print_origins(runtime: Runtime, request: TraceRequest, out: TextIO) -> None:
+    """Where the run's errors started (every failing session the kernel counted), as a table or one JSON line."""
+    from retsnoop_otel.render.origin_table import origin_rows, origin_table, origins_json
+
+    rows = origin_rows(runtime.origins_at_stop)
+    if not rows:
+        return
+    console = request.config.exporter.console
+    if console is not None and console.format == "json":
+        import json
+        print(json.dumps(origins_json(rows)), file=out, flush=True)
+    else:
+        print("\n" + origin_table(rows), end="", file=out, flush=True)
 
 
 class _TraceHook(StartHook):

@@ -23,7 +23,7 @@ import pytest
 
 from retsnoop_otel.agent.main import Agent, check, main
 from retsnoop_otel.capture import records
-from retsnoop_otel.capture.model import SessionStats
+from retsnoop_otel.capture.model import OriginCount, SessionStats
 from retsnoop_otel.command.errors import SetupError
 from retsnoop_otel.command.logs import EventLog
 from tests.fakes import (
@@ -330,6 +330,22 @@ def test_session_histogram_bucket_links_to_the_exported_trace(setup) -> None:
     assert text.count(" # {") == 1
     with urllib.request.urlopen(f"http://127.0.0.1:{agent.runtime.server.port}/metrics", timeout=5) as resp:
         assert " # {" not in resp.read().decode()  # Prometheus text format has no exemplars
+
+
+def test_origin_series_links_to_an_exported_trace_of_that_origin(setup) -> None:
+    """Issue 46: the kernel's origin count carries the trace id of the latest exported failing session that
+    started in that function, so the series of a spike leads to a trace of it."""
+    world, agent, _cfg, _log = setup
+    agent.start()
+    errs = by_set(world, "__x64_sys_bpf")
+    errs.origin_counts = lambda: [OriginCount(errs.fid("__x64_sys_bpf"), errs.fid("array_map_alloc_check"), "EINVAL",
+                                              3)]
+    errs.pending = error_session(errs)
+    agent.runtime.poll_once()
+    trace_id = wait_exported(world, 2)[0].context.trace_id
+    text = _openmetrics(agent.runtime.server.port)
+    assert ('retsnoop_error_origins_total{entry="__x64_sys_bpf",error_type="EINVAL",origin="array_map_alloc_check",'
+            f'probe_set="bpf_errors"}} 3.0 # {{trace_id="{trace_id:032x}"}} 1.0 1000.000005100\n') in text
 
 
 def test_no_exemplar_for_a_trace_the_exporter_did_not_accept(tmp_path: Path, world: World) -> None:

@@ -30,6 +30,7 @@ from retsnoop_otel.capture.model import (
     AppContext,
     CaptureStats,
     FuncStats,
+    OriginCount,
     ProgramStats,
     RetKind,
     SessionStats,
@@ -112,7 +113,8 @@ def _runtime(tmp_path: Path):
             return [ProgramStats("kprobe_entry", 4, 4000)]
 
     ps = ProbeSet(name="bpf", funcs=FUNCS, stats=lambda: [FuncStats(0, 2, {"EINVAL": 1}, (0, 1, 1), 12)],
-                  sessions=[SessionStats(0, 2, 1, (0, 1, 1), 12)], capture=CaptureStats(1, 1, 1, 2, 2))
+                  sessions=[SessionStats(0, 2, 1, (0, 1, 1), 12)], capture=CaptureStats(1, 1, 1, 2, 2),
+                  origins=[OriginCount(0, 1, "EINVAL", 1)])
     sysctl = tmp_path / "proc/sys/kernel/bpf_stats_enabled"
     sysctl.parent.mkdir(parents=True)
     sysctl.write_text("1\n")

@@ -39,6 +39,8 @@ retsnoop_function_duration_seconds_sum{{function="may_open",probe_set="vfs"}} 4.
 # TYPE retsnoop_sessions_total counter
 # HELP retsnoop_session_duration_seconds Duration of entry-function sessions
 # TYPE retsnoop_session_duration_seconds histogram
+# HELP retsnoop_error_origins_total Failing entry-function sessions by the function their error started in (the deepest function of the error chain, the stack view's '!' row) and the error it returned; every failing session, sampled, exported or not
+# TYPE retsnoop_error_origins_total counter
 # HELP retsnoop_bpf_program_runs_total Runs of retsnoop's BPF programs (kernel bpf_stats; only while kernel.bpf_stats_enabled=1)
 # TYPE retsnoop_bpf_program_runs_total counter
 # HELP retsnoop_bpf_program_run_seconds_total Time spent in retsnoop's BPF programs (kernel bpf_stats; only while kernel.bpf_stats_enabled=1)
@@ -61,6 +63,9 @@ retsnoop_sessions_reported_total{{probe_set="vfs"}} 18.0
 # HELP retsnoop_workload_counts_dropped_total Calls and sessions left out of the per-workload counts (the kernel's per-cgroup map was full)
 # TYPE retsnoop_workload_counts_dropped_total counter
 retsnoop_workload_counts_dropped_total{{probe_set="vfs"}} 0.0
+# HELP retsnoop_error_origins_dropped_total Failing sessions left out of retsnoop_error_origins_total (the kernel's origin map was full)
+# TYPE retsnoop_error_origins_dropped_total counter
+retsnoop_error_origins_dropped_total{{probe_set="vfs"}} 0.0
 # HELP retsnoop_attached_functions Kernel functions attached, by probe set and attach mode
 # TYPE retsnoop_attached_functions gauge
 retsnoop_attached_functions{{mode="kprobe_multi",probe_set="vfs"}} 3.0

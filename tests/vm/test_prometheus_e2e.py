@@ -55,6 +55,16 @@ def test_einval_count_of_array_map_alloc_check(vm_batch) -> None:
     assert labels["probe_set"] == "bpf_errors" and labels["instance"] == "127.0.0.1"
 
 
+def test_the_origin_series_counts_each_failing_call_once(vm_batch) -> None:
+    """Issue 46: one series where the error started (retsnoop_function_errors_total counts the passing-up callers
+    too), with every simfail run's failing bpf() call in it."""
+    r = vm_batch["prometheus_e2e"]
+    (labels, value), = _samples(r["origins"])
+    assert value == len(r["simfail"]), r["metrics_text"]
+    assert (labels["entry"], labels["origin"], labels["error_type"], labels["probe_set"]) == \
+        ("__x64_sys_bpf", "array_map_alloc_check", "EINVAL", "bpf_errors"), labels
+
+
 def test_duration_histogram_is_not_empty(vm_batch) -> None:
     r = vm_batch["prometheus_e2e"]
     (_, count), = _samples(r["duration_count"])

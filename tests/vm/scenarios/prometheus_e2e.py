@@ -39,6 +39,7 @@ PROM_ADDR = "127.0.0.1:9090"
 SIMFAIL_RUNS = 3
 EINVAL_QUERY = 'retsnoop_function_errors_total{function="array_map_alloc_check",error_type="EINVAL"}'
 UP_QUERY = 'up{job="retsnoop-otel"}'
+ORIGIN_QUERY = 'retsnoop_error_origins_total{origin="array_map_alloc_check"}'  # issue 46: where the errors started
 COUNT_QUERY = 'sum(retsnoop_function_duration_seconds_count{function="array_map_alloc_check"})'
 SCRAPER, PASSWORD = "prometheus", "scrape-s3cret"
 
@@ -187,6 +188,8 @@ def scenario_prometheus_e2e(ctx) -> dict:
                                  timeout=180)
         ctx.log(f"EINVAL series: {r['einval']}")
         r["duration_count"] = query_fresh(COUNT_QUERY)
+        r["origins"] = wait_until(lambda: scalar_sum(query(ORIGIN_QUERY)) >= SIMFAIL_RUNS and query(ORIGIN_QUERY),
+                                  timeout=180) or query(ORIGIN_QUERY)
         def up_now() -> dict | None:
             """`up` as the server stores it (relabeled), once a scrape made it in time."""
             res = query(UP_QUERY)
