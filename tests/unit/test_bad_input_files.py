@@ -362,12 +362,10 @@ def test_trace_otlp_header_variable_warned_about_by_key_never_by_value(value: st
 
 # ---- YAML aliases: what a config expands to is bounded ----
 
-def _timed_refusal(path: Path, *names: str) -> float:
-    t0 = time.monotonic()
-    proc = _run("agent", "--check", str(path))
-    elapsed = time.monotonic() - t0
-    _refused(proc, *names)
-    return elapsed
+def _refused_in_time(path: Path, *names: str) -> None:
+    """Refused before the hang detector (_run's TIMEOUT_S) fires: an expansion that were not bounded would take
+    hours (10^10 globs), so the outcome tells, not the seconds a loaded machine takes."""
+    _refused(_run("agent", "--check", str(path)), *names)
 
 
 def test_agent_config_billion_laughs(tmp_path: Path):
@@ -375,7 +373,7 @@ def test_agent_config_billion_laughs(tmp_path: Path):
     lines = ["probe_sets:", "  - name: errs", "    entry: &a0 ['*sys_bpf']", "    mode: metrics", "    allow:"]
     lines += [f"      - &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 11)]
     path = _config(tmp_path, "\n".join(lines) + "\n")
-    assert _timed_refusal(path, "agent.yaml", "expands to more than 100,000 YAML nodes") < 2
+    _refused_in_time(path, "agent.yaml", "expands to more than 100,000 YAML nodes")
 
 
 def test_agent_config_one_glob_list_aliased_into_many_probe_sets(tmp_path: Path):
@@ -384,7 +382,7 @@ def test_agent_config_one_glob_list_aliased_into_many_probe_sets(tmp_path: Path)
     body = (f"probe_sets:\n  - &s {{name: errs, entry: ['*sys_bpf'], allow: [{globs}], mode: metrics}}\n"
             + "  - *s\n" * 2000)
     path = _config(tmp_path, body)
-    assert _timed_refusal(path, "expands to more than 100,000 YAML nodes") < 5  # composing 160 kB: ~1 s
+    _refused_in_time(path, "expands to more than 100,000 YAML nodes")  # composing 160 kB: ~1 s
 
 
 def test_recursive_alias_refused():
