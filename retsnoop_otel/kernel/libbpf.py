@@ -93,17 +93,31 @@ class _Libbpf:
         self._vsnprintf = libc.vsnprintf
         self._vsnprintf.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_void_p]
         self.log: deque[str] = deque(maxlen=64)
+        self.interrupt: BaseException | None = None  # a signal's exception raised inside the print hook
         self._lock = threading.Lock()
         self._print_cb = abi.PRINT_FN(self._on_print)  # kept alive for the life of the process
         self.lib.libbpf_set_print(self._print_cb)
 
     def _on_print(self, level: int, fmt: bytes, args: int) -> int:
-        if level > _LIBBPF_INFO:  # debug chatter (relocations, ...) would bury the reason in errors
-            return 0
-        buf = ctypes.create_string_buffer(256 * 1024)  # verifier logs arrive as one message
-        self._vsnprintf(buf, len(buf), fmt, args)
-        self.log.append(buf.value.decode(errors="replace").rstrip("\n"))
+        """libbpf's print hook: a ctypes callback, where an exception cannot propagate (Python prints "Exception
+        ignored" and the call goes on). A signal's exception raised in here (Ctrl-C during a slow load) is kept
+        and raised once the libbpf call returns (check_rc, check_ptr, reraise_interrupt)."""
+        try:
+            if level > _LIBBPF_INFO:  # debug chatter (relocations, ...) would bury the reason in errors
+                return 0
+            buf = ctypes.create_string_buffer(256 * 1024)  # verifier logs arrive as one message
+            self._vsnprintf(buf, len(buf), fmt, args)
+            self.log.append(buf.value.decode(errors="replace").rstrip("\n"))
+        except BaseException as exc:  # noqa: BLE001 - KeyboardInterrupt, a start's SignalStop: raised after the call
+            if self.interrupt is None:
+                self.interrupt = exc
         return 0
+
+    def reraise_interrupt(self) -> None:
+        """The signal's exception kept by the print hook, raised now on the main thread (signals only run there)."""
+        if self.interrupt is not None and threading.current_thread() is threading.main_thread():
+            exc, self.interrupt = self.interrupt, None
+            raise exc
 
     def take_log(self) -> list[str]:
         with self._lock:
@@ -147,13 +161,21 @@ def fail(what: str, err: int | None = None) -> LibbpfError:
     return LibbpfError(what, abs(err), lib().take_log())
 
 
+def _reraise_interrupt() -> None:
+    """After a libbpf call: the Ctrl-C its print hook caught, if any (nothing to do before libbpf is loaded)."""
+    if _LIB is not None:
+        _LIB.reraise_interrupt()
+
+
 def check_ptr(ptr: int | None, what: str) -> int:
+    _reraise_interrupt()
     if not ptr:
         raise fail(what)
     return ptr
 
 
 def check_rc(rc: int, what: str) -> int:
+    _reraise_interrupt()
     if rc < 0:
         raise fail(what, -rc)
     return rc
