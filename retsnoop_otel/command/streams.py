@@ -15,9 +15,11 @@ A pipe's reader that left is also seen without a write: each flush of a pipe ask
 
 Signals while a command starts (StartSignals): Ctrl-C raises KeyboardInterrupt (exit 130), SIGTERM and SIGHUP raise
 SignalStop (128 + the signal's number); the start undoes what it attached on any exception (Runtime.start). Only
-the first one raises: the undoing is not interrupted by a second. Once a trace is receiving, runtime/requests.py
-turns them into a stop request instead (detach, flush, exit 0). A signal that arrives while a write is blocked (a
-reader that stopped reading) abandons that write (interrupt_write): the output is given up, the stop goes on.
+the first one raises: the undoing is not interrupted by a second. The agent's start is interrupted by Ctrl-C only
+(SIGTERM and SIGHUP are kept as its stop and reload requests, for when the start is done). Once a trace is
+receiving, runtime/requests.py turns them into a stop request instead (detach, flush, exit 0). A signal that
+arrives while a write is blocked (a reader that stopped reading) abandons that write (interrupt_write): the
+output is given up, the stop goes on.
 """
 
 from __future__ import annotations
@@ -219,10 +221,13 @@ def exit_of(exc: BaseException) -> int | None:
 
 class StartSignals:
     """Ctrl-C, SIGTERM and SIGHUP during a start: the first one raises (KeyboardInterrupt, SignalStop), later ones
-    are ignored while the start undoes itself. Installed by `trace` before its first step."""
+    are ignored while the start undoes itself. Installed by `trace` before its first step. `passive`: the signals
+    that call a function instead of raising (the agent: SIGTERM asks for a stop, SIGHUP for a reload, once the start
+    is done), so that only Ctrl-C interrupts its start."""
 
-    def __init__(self) -> None:
+    def __init__(self, passive: dict[int, Callable[[], object]] | None = None) -> None:
         self.fired: int | None = None
+        self.passive = passive or {}
 
     def install(self) -> StartSignals:
         for sig in STOP_SIGNALS:
@@ -230,6 +235,9 @@ class StartSignals:
         return self
 
     def _handle(self, signum: int, _frame: object) -> None:
+        if signum in self.passive:
+            self.passive[signum]()
+            return
         if self.fired is not None:
             return
         self.fired = signum
