@@ -26,8 +26,8 @@ EXIT_INPUT = ExitCode(2, "bad input", "bad input: a flag, a config file, a file 
                       "(an `OTEL_*` variable is warned about and ignored instead); nothing was loaded into the kernel")
 EXIT_HANGUP = ExitCode(129, "SIGHUP during start-up", "SIGHUP during the start-up of `trace`: what was already "
                        "attached is detached first (the agent reloads its config on SIGHUP instead)")
-EXIT_INTERRUPTED = ExitCode(130, "Ctrl-C during start-up", "Ctrl-C (SIGINT) during the start-up of `trace`, a slow "
-                            "BPF load or attach included: what was already attached is detached first")
+EXIT_INTERRUPTED = ExitCode(130, "Ctrl-C during start-up", "Ctrl-C (SIGINT) during the start-up of `trace` or the "
+                            "agent, a slow BPF load or attach included: what was already attached is detached first")
 EXIT_PIPE = ExitCode(141, "the output's reader went away",
                      "the reader of the output went away (a `head` that read enough): said nowhere, after detaching")
 EXIT_TERMINATED = ExitCode(143, "SIGTERM during start-up", "SIGTERM during the start-up of `trace`: what was "
