@@ -273,3 +273,23 @@ def test_stop_signal_frees_a_write_blocked_on_a_reader_that_stopped_reading(hand
         sender.join()
         out.close()
         os.close(r)
+
+
+def test_ctrl_c_during_clone_loads_drops_the_loads_not_begun() -> None:
+    """A Ctrl-C during fentry's clone loads ends them at once: the queued loads are not waited for (minutes under
+    emulation at thousands of functions, during which the command would not end)."""
+    import time
+    from types import SimpleNamespace
+
+    from retsnoop_otel.kernel.clones import load_all
+    started: list[int] = []
+
+    def load(f: SimpleNamespace) -> object:
+        started.append(f.id)
+        if f.id == 0:
+            raise KeyboardInterrupt
+        time.sleep(0.01)
+        return object()
+    with pytest.raises(KeyboardInterrupt):
+        load_all([SimpleNamespace(id=i) for i in range(2000)], load, threads=2, cpus=2)  # type: ignore[arg-type]
+    assert len(started) < 1000, len(started)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = pytest.mark.vm
+pytestmark = [pytest.mark.vm, pytest.mark.kernels("6.12")]
 
 NOISE = ("Traceback", "Exception ignored", "BrokenPipeError", "OSError")
 
