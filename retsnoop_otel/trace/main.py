@@ -83,7 +83,12 @@ def run_trace(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.s
         print("Detaching... ", end="", file=out, flush=True)
         t0 = time.monotonic()
 
-    stats = runtime.run(requests, detaching=detaching)
+    try:
+        stats = runtime.run(requests, detaching=detaching)
+    except RunRefused as exc:  # a file output failed during the run (runtime/sinks.py): detached and flushed by now
+        print(file=out, flush=True)  # the end of "Detaching... "
+        print(f"retsnoop-otel: {exc.message}", file=err, flush=True)
+        return exc.exit_code
     if stats.dropped_sessions or stats.incomplete_sessions or stats.dropped_records:
         print(f"DROPPED SESSIONS: {stats.dropped_sessions}, INCOMPLETE SESSIONS: {stats.incomplete_sessions}, "
               f"LOST RECORDS: {stats.dropped_records}. ", end="", file=out)

@@ -24,7 +24,7 @@ from retsnoop_otel.kernel import libbpf as lb
 from retsnoop_otel.runtime.requests import Requests
 from retsnoop_otel.runtime.runtime import Runtime
 from retsnoop_otel.trace.main import run_trace
-from tests.fakes import World, error_session
+from tests.fakes import World, error_session, success_calls_session
 
 TRACE = ["-e", "*sys_bpf", "-a", "array_map_alloc_check"]
 MAX_POLLS = 5000  # a run that a failed output did not stop fails the test here instead of hanging it
@@ -65,13 +65,13 @@ def bounded_runs(monkeypatch) -> None:
     monkeypatch.setattr(Runtime, "poll_once", counted)
 
 
-def sessions_world(world: World) -> World:
-    """Every tracer made delivers one failing session at its first poll (a session for the console to print)."""
+def sessions_world(world: World, session=error_session) -> World:
+    """Every tracer made delivers one session at its first poll (a session for the outputs to write)."""
     make = world.factory
 
     def factory(funcs, cfg, btf_func_id):
         t = make(funcs, cfg, btf_func_id)
-        t.pending = error_session(t)
+        t.pending = session(t)
         return t
     world.factory = factory  # type: ignore[method-assign]
     return world
@@ -293,3 +293,24 @@ def test_ctrl_c_during_clone_loads_drops_the_loads_not_begun() -> None:
     with pytest.raises(KeyboardInterrupt):
         load_all([SimpleNamespace(id=i) for i in range(2000)], load, threads=2, cpus=2)  # type: ignore[arg-type]
     assert len(started) < 1000, len(started)
+
+
+def test_trace_json_on_a_full_disk_stops_the_run_with_one_line(world, handlers, bounded_runs, monkeypatch,
+                                                                tmp_path) -> None:
+    """--trace-json whose writes fail (a full disk) ends the trace like a full stdout: detached, one line, exit 1;
+    no traceback from the writer's flush in the poll loop or its close at shutdown."""
+    from retsnoop_otel.render.trace_json import TraceJsonWriter
+    made = TraceJsonWriter.__init__
+
+    def on_full_disk(self: TraceJsonWriter, path: str) -> None:
+        made(self, path)
+        self._fh.close()  # noqa: SLF001
+        self._fh = FailingText(errno.ENOSPC)  # noqa: SLF001 - every later write fails
+    monkeypatch.setattr(TraceJsonWriter, "__init__", on_full_disk)
+    sessions_world(world, success_calls_session)
+    argv = ["-e", "bpf_prog_load", "-a", "bpf_prog_alloc", "-a", "bpf_check", "-S", "-T"]
+    code, err = run_guarded(world, io.StringIO(), [*argv, "--trace-json", str(tmp_path / "t.json")])
+    assert code == EXIT_HOST.code
+    assert err.splitlines() == [f"retsnoop-otel: --trace-json {tmp_path / 't.json'}: No space left on device; the "
+                                "file output stopped there"]
+    assert world.tracers and world.live() == []
