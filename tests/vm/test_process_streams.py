@@ -40,6 +40,8 @@ def test_full_stdout_is_one_line_exit_1_and_detached(vm_batch) -> None:
 
 def test_ctrl_c_during_a_large_attach_is_130_and_detached(vm_batch) -> None:
     r = vm_batch["streams_sigint_attach"]
+    print(f"sigint_attach: {r['functions']} functions, {r['progs_at_signal']} programs loaded at the signal, "
+          f"exit {r['rc']} after {r['exit_s']:.1f} s")
     assert r["functions"] >= 1000, r
     assert not r["received"], "the signal came after the start: the scenario did not test the start"
     assert r["rc"] == 130, r["output"][-3000:]
