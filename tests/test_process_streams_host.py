@@ -1,6 +1,6 @@
 """Issue 47 point 2's reproducers that need no kernel, through the installed command as a user runs it: what the
 one line says and the exit code. The fuzz (tests/test_fuzz_commands.py) runs the same classes wholesale; the VM
-test (tests/vm/test_process_streams.py) the ones that trace.
+test (tests/vm/test_output_signals.py) the ones that trace.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 - `sigint_attach`: Ctrl-C while about 1,700 functions load and attach: exit 130, nothing left attached;
 - `sighup_running`: SIGHUP on a trace that captured a session: detach, flush ("DONE"), exit 0;
 - `agent_sighup`: the agent still reloads on SIGHUP, then stops on SIGTERM with nothing left attached.
-Host-side assertions: tests/vm/test_process_streams.py.
+Host-side assertions: tests/vm/test_output_signals.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Issue 47 point 2 on a real kernel: a closed or full stdout and stop signals end `trace` as Unix tools end, with
 nothing left attached, no traceback; SIGHUP still reloads the agent.
 
-Guest side: tests/vm/scenarios/process_streams.py. The host-side checks that need no kernel:
+Guest side: tests/vm/scenarios/output_signals.py. The host-side checks that need no kernel:
 tests/test_process_streams_host.py and tests/unit/test_process_streams.py.
 """
 
