@@ -17,8 +17,8 @@ class ExitCode(NamedTuple):
 
 
 # Every exit code of every command, in one place: the README's table and `--help` are rendered from it.
-EXIT_OK = ExitCode(0, "done", "done; Ctrl-C, SIGTERM or (`trace`) SIGHUP after start-up detaches, flushes and ends "
-                   "here too")
+EXIT_OK = ExitCode(0, "done", "done; Ctrl-C, SIGTERM or (`trace`, unless started under `nohup`) SIGHUP after "
+                   "start-up detaches, flushes and ends here too")
 EXIT_HOST = ExitCode(1, "this host cannot do it", "this host cannot do it now: privileges, a missing kernel feature, "
                      "no LBR, a busy or privileged port, an agent that is not healthy (`agent --health`); or stdout "
                      "failed (a full disk, `>/dev/full`: one line on stderr, after detaching)")

@@ -230,8 +230,10 @@ class StartSignals:
         self.passive = passive or {}
 
     def install(self) -> StartSignals:
+        """SIGHUP stays ignored when it was ignored at exec (`nohup retsnoop-otel trace ...`)."""
         for sig in STOP_SIGNALS:
-            signal.signal(sig, self._handle)
+            if not (sig == signal.SIGHUP and not self.passive and signal.getsignal(sig) == signal.SIG_IGN):
+                signal.signal(sig, self._handle)
         return self
 
     def _handle(self, signum: int, _frame: object) -> None:

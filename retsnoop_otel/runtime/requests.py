@@ -28,10 +28,13 @@ class Requests:
 
     def install(self, reload: bool) -> Requests:
         """SIGTERM and SIGINT ask for a stop; SIGHUP for a reload with `reload` (the agent), else for a stop too
-        (`trace`: a closed terminal detaches and flushes, as SIGTERM does)."""
+        (`trace`: a closed terminal detaches and flushes, as SIGTERM does; ignored under nohup, as it was at exec)."""
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
-        signal.signal(signal.SIGHUP, self._reload if reload else self._stop)
+        if reload:
+            signal.signal(signal.SIGHUP, self._reload)
+        elif signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:  # under nohup it stays ignored
+            signal.signal(signal.SIGHUP, self._stop)
         return self
 
     def ask_stop(self) -> None:

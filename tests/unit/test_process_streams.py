@@ -314,3 +314,13 @@ def test_trace_json_on_a_full_disk_stops_the_run_with_one_line(world, handlers, 
     assert err.splitlines() == [f"retsnoop-otel: --trace-json {tmp_path / 't.json'}: No space left on device; the "
                                 "file output stopped there"]
     assert world.tracers and world.live() == []
+
+
+def test_sighup_ignored_at_exec_stays_ignored_in_trace(handlers) -> None:
+    """`nohup retsnoop-otel trace ...`: neither the start nor the run takes SIGHUP over."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    st.StartSignals().install()
+    assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+    Requests().install(reload=False)
+    assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+    assert signal.getsignal(signal.SIGINT) != signal.SIG_IGN
