@@ -22,7 +22,7 @@ from retsnoop_otel.command.errors import EXIT_INPUT, RunRefused, exit_code_epilo
 from retsnoop_otel.command.help_format import HelpFormatter, OneLineParser
 from retsnoop_otel.command.log_bridge import bridge_library_logs
 from retsnoop_otel.command.logs import EventLog
-from retsnoop_otel.command.streams import StartSignals
+from retsnoop_otel.command.streams import StartSignals, raise_deferred
 from retsnoop_otel.export.otel_env import log_level
 from retsnoop_otel.runtime.deps import RuntimeDeps
 from retsnoop_otel.runtime.hooks import StartHook
@@ -184,6 +184,7 @@ def main(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr,
                   signal.SIGHUP: lambda: agent.requests.ask_reload("SIGHUP")}).install()
     try:
         agent.start()
+        raise_deferred()  # a Ctrl-C that landed in a C callback during the start
         agent.requests.install(reload=True)
     except ConfigError as exc:
         log.error("invalid config", error=str(exc))

@@ -31,6 +31,7 @@ import stat
 import sys
 import threading
 from collections.abc import Callable
+from types import CodeType, FrameType
 from typing import Any, TextIO
 
 from retsnoop_otel.command.errors import EXIT_HOST, EXIT_INTERRUPTED, EXIT_PIPE
@@ -219,14 +220,36 @@ def exit_of(exc: BaseException) -> int | None:
     return None
 
 
+_CALLBACKS: set[CodeType] = set()  # the code of Python functions that C calls back (ctypes callbacks)
+_installed: list[StartSignals] = []  # the process's start signals (the last installed)
+
+
+def callback_code(code: CodeType) -> None:
+    """Declare a ctypes callback: a start signal that lands in it is not raised there (ctypes would print
+    "Exception ignored" and go on, the signal lost) but deferred to raise_deferred(), after the C call returns."""
+    _CALLBACKS.add(code)
+
+
+def raise_deferred() -> None:
+    """The start signal that came inside a C callback, raised now (on the main thread; nothing otherwise). Called
+    after each libbpf call and once a start is done, so that no start signal is lost."""
+    if not _installed or threading.current_thread() is not threading.main_thread():
+        return
+    s = _installed[-1]
+    if s.deferred:
+        s.deferred = False
+        raise s.exception()
+
+
 class StartSignals:
     """Ctrl-C, SIGTERM and SIGHUP during a start: the first one raises (KeyboardInterrupt, SignalStop), later ones
     are ignored while the start undoes itself. Installed by `trace` before its first step. `passive`: the signals
     that call a function instead of raising (the agent: SIGTERM asks for a stop, SIGHUP for a reload, once the start
-    is done), so that only Ctrl-C interrupts its start."""
+    is done), so that only Ctrl-C interrupts its start. One that lands in a C callback is deferred (callback_code)."""
 
     def __init__(self, passive: dict[int, Callable[[], object]] | None = None) -> None:
         self.fired: int | None = None
+        self.deferred = False
         self.passive = passive or {}
 
     def install(self) -> StartSignals:
@@ -234,15 +257,21 @@ class StartSignals:
         for sig in STOP_SIGNALS:
             if not (sig == signal.SIGHUP and not self.passive and signal.getsignal(sig) == signal.SIG_IGN):
                 signal.signal(sig, self._handle)
+        _installed[:] = [self]
         return self
 
-    def _handle(self, signum: int, _frame: object) -> None:
+    def exception(self) -> BaseException:
+        assert self.fired is not None
+        return KeyboardInterrupt() if self.fired == signal.SIGINT else SignalStop(self.fired)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
         if signum in self.passive:
             self.passive[signum]()
             return
         if self.fired is not None:
             return
         self.fired = signum
-        if signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        raise SignalStop(signum)
+        if frame is not None and frame.f_code in _CALLBACKS:
+            self.deferred = True
+            return
+        raise self.exception()

@@ -19,6 +19,7 @@ import threading
 from collections import deque
 from collections.abc import Iterator, Sequence
 
+from retsnoop_otel.command.streams import callback_code, raise_deferred
 from retsnoop_otel.kernel import libbpf_abi as abi
 
 MIN_VERSION = (1, 7)
@@ -126,6 +127,8 @@ class _Libbpf:
         return lines
 
 
+callback_code(_Libbpf._on_print.__code__)  # a start signal is raised after the libbpf call, not in the hook
+
 # One per process: libbpf_set_print() installs a single process-wide hook, so the log it captures
 # cannot belong to anything smaller than the process.
 _LIB: _Libbpf | None = None
@@ -162,7 +165,8 @@ def fail(what: str, err: int | None = None) -> LibbpfError:
 
 
 def _reraise_interrupt() -> None:
-    """After a libbpf call: the Ctrl-C its print hook caught, if any (nothing to do before libbpf is loaded)."""
+    """After a libbpf call: the start signal that landed in its print hook, if any (command/streams.py)."""
+    raise_deferred()
     if _LIB is not None:
         _LIB.reraise_interrupt()
 

@@ -18,6 +18,7 @@ from typing import TextIO
 from retsnoop_otel import __version__
 from retsnoop_otel.command.errors import RunRefused
 from retsnoop_otel.command.logs import EventLog
+from retsnoop_otel.command.streams import raise_deferred
 from retsnoop_otel.runtime.deps import RuntimeDeps
 from retsnoop_otel.runtime.hooks import Resolved, StartHook
 from retsnoop_otel.runtime.probe_set import ProbeSet
@@ -69,6 +70,7 @@ def run_trace(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.s
             rest = Phase("other", max(0.0, end.seconds - sum(p.seconds for p in steps)),
                          "between the phases above: privilege check, kernel identity, output")
             print("\n".join(format_phases([*started.before_main(), *steps, rest, end])), file=err, flush=True)
+        raise_deferred()  # a start signal that landed in a C callback: the start ends here as it would have
         if not attached:
             return 0
         requests.install(reload=False)

@@ -324,3 +324,32 @@ def test_sighup_ignored_at_exec_stays_ignored_in_trace(handlers) -> None:
     Requests().install(reload=False)
     assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
     assert signal.getsignal(signal.SIGINT) != signal.SIG_IGN
+
+
+def test_a_start_signal_landing_in_libbpfs_print_hook_is_deferred_to_after_the_call(handlers, monkeypatch) -> None:
+    """The handler runs at the callback's first instruction, before any try of it could catch: it must not raise
+    there (ctypes would print "Exception ignored" and the signal would be lost, as a 6.12 guest showed)."""
+    from types import SimpleNamespace
+    s = st.StartSignals().install()
+    s._handle(signal.SIGINT, SimpleNamespace(f_code=lb._Libbpf._on_print.__code__))  # noqa: SLF001
+    assert s.fired == signal.SIGINT and s.deferred
+    monkeypatch.setattr(lb, "_LIB", None)
+    with pytest.raises(KeyboardInterrupt):
+        lb.check_rc(0, "load BPF object")  # the next libbpf call's check raises it
+    assert not s.deferred
+
+
+def test_a_deferred_start_signal_ends_the_trace_after_its_start(world, handlers) -> None:
+    """Whatever call was running when the signal was deferred, the start ends in 130 with nothing attached."""
+    def factory(funcs, cfg, btf_func_id):
+        t = World.factory(world, funcs, cfg, btf_func_id)
+
+        def load() -> None:
+            signals = st._installed[-1]  # noqa: SLF001 - cli.main's, as the handler leaves it for a callback
+            signals.fired, signals.deferred = signal.SIGINT, True
+            t.state = "loaded"
+        t.load = load  # type: ignore[method-assign]
+        return t
+    world.factory = factory  # type: ignore[method-assign]
+    assert cli.main(["trace", *TRACE], deps=world.deps()) == EXIT_INTERRUPTED.code
+    assert world.tracers and world.live() == []
