@@ -42,7 +42,7 @@ def test_ctrl_c_during_a_large_attach_is_130_and_detached(vm_batch) -> None:
     r = vm_batch["streams_sigint_attach"]
     print(f"sigint_attach: {r['functions']} functions found, attached before the signal: {r['attached']}, "
           f"exit {r['rc']} after {r['exit_s']:.1f} s")
-    assert r["functions"] >= 1000 or not r["attached"], r  # the list may be cut short by the signal
+    assert r["functions"] >= 1000, r
     assert not r["received"], "the signal came after the start: the scenario did not test the start"
     assert r["rc"] == 130, r["output"][-3000:]
     assert quiet(r["output"]), r["output"][-3000:]
