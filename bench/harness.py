@@ -622,9 +622,9 @@ def our_flag(mode: str) -> str:
     if mode in FLAGS:
         return FLAGS[mode]
     from retsnoop_otel.trace.flags import build_parser
-    for action in build_parser()._actions:
-        if action.dest == "mode" and action.const == mode:
-            return action.option_strings[-1]
+    for d in build_parser().declared:
+        if d.action.dest == "attach_mode" and d.action.const == mode:
+            return d.action.option_strings[-1]
     raise ValueError(f"retsnoop-otel trace has no flag for attach mode {mode}")
 
 

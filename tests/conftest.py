@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import settings
 
 from tests.vm.kernel_pins import load_series
@@ -50,3 +54,19 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     from tests.container_image import SUMMARY
     if (line := config.stash.get(SUMMARY, None)) is not None:
         terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def kustomize() -> Callable[[str], list[dict]]:
+    """`kustomize build` of a folder under config/k8s, with Debian's kustomize (tests/fetch-kustomize): the
+    manifests' and the Helm chart's tests compare against the same renders."""
+    repo = Path(__file__).resolve().parent.parent
+    tool = subprocess.run([str(repo / "tests" / "fetch-kustomize")], capture_output=True, text=True, timeout=300)
+    assert tool.returncode == 0, tool.stderr
+
+    def build(folder: str) -> list[dict]:
+        res = subprocess.run([tool.stdout.strip(), "build", str(repo / "config" / "k8s" / folder)],
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        return [d for d in yaml.safe_load_all(res.stdout) if d]
+    return build

@@ -35,7 +35,7 @@ def test_generated_files_are_current(name: str) -> None:
 def test_every_trace_flag_has_its_row() -> None:
     from retsnoop_otel.trace.flags import build_parser
     page = _page("trace-flags.md")
-    flags = {o for a in build_parser()._actions for o in a.option_strings if o not in ("-h", "--help")}
+    flags = {o for a in build_parser().declared for o in a.action.option_strings if o not in ("-h", "--help")}
     assert flags and not [f for f in flags if f"`{f}" not in page]
 
 

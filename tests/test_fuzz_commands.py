@@ -152,7 +152,7 @@ VALID_FLAGS = [("-a", "bpf_check"), ("-d", "map_create"), ("-x", "EINVAL"), ("-X
                ("--otlp-protocol", "http/protobuf"), ("--export-addresses",), ("-C", "bpf.ringbuf-size=1M"),
                ("--probe-set", "mine"), ("-v",), ("-sn",), ("--no-app-context",)]
 SKIPPED = {"-h", "--help", "-V", "--version", "--dry-run", "--config-help"}  # they end before the kernel check, exit 0
-FLAGS = sorted({o for a in build_parser()._actions for o in a.option_strings} - SKIPPED)  # noqa: SLF001
+FLAGS = sorted({o for d in build_parser().declared for o in d.action.option_strings} - SKIPPED)
 WORDS = ["*sys_bpf", "array_map_*", ":kernel/bpf/*.c", "f [mod]", "f [mod", "[", "", "-ENOMEM", "EINVAL", "any",
          "0", "-1", "65536", "99999999999999999999", "1e400", "nan", "inf", "-inf", "http://127.0.0.1:4317",
          "ftp://x", "http://[::1", "http://:0", "localhost:4317", "grpc", "http/json", "bpf.ringbuf-size=8M",
@@ -271,6 +271,22 @@ def valid_trace_cases(draw: st.DrawFn) -> Case:
 @given(st.lists(valid_trace_cases(), min_size=2, max_size=2))
 def test_valid_flags_reach_the_kernel_check(pair: list[Case]) -> None:
     bad = run_all(pair)
+    assert not bad, "\n".join(bad)
+
+
+def test_long_command_lines() -> None:
+    """Issue 47.3: command lines far longer than anyone types (a script's generated -a list, a loop gone wrong)
+    are read in time linear in their words: valid ones reach the kernel check, one bad word at the end is one line
+    naming its flag, within the hang detector's TIMEOUT_S (argparse alone took 12 s for 10,000 `-a x`)."""
+    many = tuple(w for i in range(20000) for w in ("-a", f"f{i}"))
+    cases = [
+        Case((*TRACE_BASE, *many), expect="valid", why="20,000 -a"),
+        Case((*TRACE_BASE, *("-v",) * 20000), expect="valid", why="20,000 -v"),
+        Case((*TRACE_BASE, *many, "-p", "nope"), why="20,000 -a, then a bad pid"),
+        Case((*TRACE_BASE, "-F", *many, "-K"), why="two attach modes 40,000 words apart"),
+        Case((*TRACE_BASE, *("-x", "-EINVAL") * 10000), expect="valid", why="10,000 -x -EINVAL (getopt's values)"),
+    ]
+    bad = run_all(cases)
     assert not bad, "\n".join(bad)
 
 

@@ -65,19 +65,6 @@ def template(helm, tmp_path_factory) -> Callable[..., list[dict]]:
     return render
 
 
-@pytest.fixture(scope="module")
-def kustomize() -> Callable[[str], list[dict]]:
-    tool = subprocess.run([str(REPO / "tests" / "fetch-kustomize")], capture_output=True, text=True, timeout=300)
-    assert tool.returncode == 0, tool.stderr
-
-    def build(folder: str) -> list[dict]:
-        res = subprocess.run([tool.stdout.strip(), "build", str(REPO / "config" / "k8s" / folder)],
-                             capture_output=True, text=True, timeout=120)
-        assert res.returncode == 0, res.stderr
-        return _docs(res.stdout)
-    return build
-
-
 def _unmanaged(doc: dict) -> dict:
     """The object without app.kubernetes.io/managed-by (Helm vs kustomize), anywhere it is set."""
     def strip(node):

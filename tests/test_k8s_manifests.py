@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import textwrap
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -103,20 +101,6 @@ BASELINE_CAPABILITIES = {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSET
 
 def load_docs(path: Path) -> list[dict]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
-
-
-@pytest.fixture(scope="module")
-def kustomize() -> Callable[[str], list[dict]]:
-    """`kustomize build` of a folder under config/k8s, with Debian's kustomize (tests/fetch-kustomize)."""
-    tool = subprocess.run([str(REPO / "tests" / "fetch-kustomize")], capture_output=True, text=True, timeout=300)
-    assert tool.returncode == 0, tool.stderr
-
-    def build(folder: str) -> list[dict]:
-        res = subprocess.run([tool.stdout.strip(), "build", str(REPO / "config" / "k8s" / folder)],
-                             capture_output=True, text=True, timeout=120)
-        assert res.returncode == 0, res.stderr
-        return [d for d in yaml.safe_load_all(res.stdout) if d]
-    return build
 
 
 @pytest.fixture(scope="module")

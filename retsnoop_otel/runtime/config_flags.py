@@ -9,6 +9,7 @@ import argparse
 from collections.abc import Iterator
 from typing import Any
 
+from retsnoop_otel.command.flag_parser import FlagParser
 from retsnoop_otel.inputs.numbers import NumberError
 from retsnoop_otel.runtime.config_keys import FIELD, Flag, Key, Section
 
@@ -80,18 +81,15 @@ def add_key_flags(group: Any, section: Section, name: str) -> None:
         where.add_argument(*flag.names, **keyword_args(section, key, flag))
 
 
-def add_other_key_flags(parser: argparse.ArgumentParser, sections: tuple[Section, ...]) -> None:
+def add_other_key_flags(parser: FlagParser, sections: tuple[Section, ...]) -> None:
     """The declared flags not placed yet, each in its help group (Flag.group, made when new): a new key's flag
     needs no line in trace/flags.py."""
-    placed = {o for a in parser._actions for o in a.option_strings}
-    groups = {g.title: g for g in parser._action_groups}  # argparse keeps its groups only here
+    placed = {o for d in parser.declared for o in d.action.option_strings}
     for section in sections:
         for key in section.keys:
             flags = [f for f in flags_of(key) if f.names[0] != "-C" and f.names[0] not in placed]
             if flags:
-                group = groups.get(flags[0].group) or parser.add_argument_group(flags[0].group)
-                groups[flags[0].group] = group
-                add_key_flags(group, section, key.name)
+                add_key_flags(parser.flag_group(flags[0].group), section, key.name)
 
 
 def field_values(args: argparse.Namespace, *sections: Section) -> dict[str, Any]:

@@ -8,7 +8,6 @@ and exit code 2, before anything else runs.
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import NamedTuple
@@ -19,7 +18,8 @@ from retsnoop_otel.capture.records import MAX_ARG_DATA, MAX_FUNC_ARGS, ArgSizes
 from retsnoop_otel.capture.sampling import Sampling
 from retsnoop_otel.capture.sessions import DEFAULT_MAX_CALLS
 from retsnoop_otel.command.errors import EXIT_INPUT, exit_code_epilog
-from retsnoop_otel.command.help_format import HelpFormatter, OneLineParser
+from retsnoop_otel.command.flag_parser import FlagGroup, FlagParser
+from retsnoop_otel.command.help_format import HelpFormatter
 from retsnoop_otel.export.otel_env import OTLP_ENDPOINT, OTLP_TRACES_ENDPOINT, TRACES_EXPORTER
 from retsnoop_otel.export.otlp_settings import OtlpConfig
 from retsnoop_otel.inputs.addresses import MAX_HOST_CHARS
@@ -165,49 +165,24 @@ def _listen_host(text: str) -> str:
 _listen_host.__name__ = "address"
 
 
-class OneLineErrorParser(OneLineParser):
-    """Bad flags get one line on stderr (OneLineParser).
-
-    Like getopt (and so retsnoop), a flag that takes a value takes the next word even when it starts
-    with '-': `-x -ENOMEM` works, where argparse alone would call it a missing value.
-    """
-
-    def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def]
-        words = list(sys.argv[1:] if args is None else args)
-        takes_value = {opt for a in self._actions if a.nargs is None and a.option_strings
-                       for opt in a.option_strings}
-        joined: list[str] = []
-        i = 0
-        while i < len(words):
-            # not '--': argparse drops it from a value, leaving a list where a string was expected
-            if words[i] in takes_value and i + 1 < len(words) and words[i + 1].startswith("-") and words[i + 1] != "--":
-                joined.append(f"{words[i]}={words[i + 1]}")
-                i += 2
-                continue
-            joined.append(words[i])
-            i += 1
-        return super().parse_known_args(joined, namespace)
-
-
-
-def _from_keys(group: argparse._ArgumentGroup, section: Section, *names: str) -> None:
+def _from_keys(group: FlagGroup, section: Section, *names: str) -> None:
     """The flags of these config keys, made from their declarations (runtime/config_flags.py)."""
     for name in names:
         add_key_flags(group, section, name)
 
 
-def build_parser(prog: str = "retsnoop-otel trace") -> OneLineErrorParser:
-    p = OneLineErrorParser(
+def build_parser(prog: str = "retsnoop-otel trace") -> FlagParser:
+    p = FlagParser(
         prog=prog, formatter_class=HelpFormatter,
         description="Trace kernel functions the way retsnoop does: sessions start at entry functions "
                     "(-e) and record the allowed functions (-a) they call; failing sessions print the "
                     "deepest error call chain. Optionally export sessions as OpenTelemetry traces and "
                     "serve Prometheus metrics.", epilog=exit_code_epilog())
-    sel = p.add_argument_group("function selection")
+    sel = p.flag_group("function selection")
     sel.add_argument("-c", "--case", action="append", default=[], choices=tuple(CASES), metavar="CASE",
                      help=f"retsnoop's preset globs of a subsystem, added to -e/-a/-d ({', '.join(CASES)})")
     _from_keys(sel, PROBE_SET, "entry", "allow", "deny", "attach_mode", "user_attach_mode")
-    out = p.add_argument_group("what to capture and show")
+    out = p.flag_group("what to capture and show")
     _from_keys(out, SAMPLING, "success_probability")
     _from_keys(out, PROBE_SET, "mode")
     out.add_argument("-E", "--call-stack", action="store_true",
@@ -222,10 +197,10 @@ def build_parser(prog: str = "retsnoop-otel trace") -> OneLineErrorParser:
     out.add_argument("-s", "--symbolize", action=_Symbolize, nargs="?", default=None, metavar="LEVEL",
                      help="-s: source lines; -ss or -s inlines: also inlined functions (default when DWARF is "
                           "found); -sn or -s none: no DWARF symbolization")
-    flt = p.add_argument_group("filters")
+    flt = p.flag_group("filters")
     _from_keys(flt, FILTERS, "allow_errors", "deny_errors", "pids", "no_pids", "comms", "no_comms", "min_duration_ms",
                "cgroup")
-    exp = p.add_argument_group("export")
+    exp = p.flag_group("export")
     _from_keys(exp, OTLP, "endpoint", "protocol")
     _from_keys(exp, EXPORTER, "export_addresses", "service_name_from")
     _from_keys(exp, METRICS, "listen")
@@ -235,7 +210,7 @@ def build_parser(prog: str = "retsnoop-otel trace") -> OneLineErrorParser:
     _from_keys(exp, METRICS, "web_config_file")
     _from_keys(exp, PROBE_SET, "name")
     add_other_key_flags(p, KEY_SECTIONS)
-    misc = p.add_argument_group("misc")
+    misc = p.flag_group("misc")
     misc.add_argument("--dry-run", action="store_true", help="discover functions, attach nothing")
     misc.add_argument("-C", "--config", action="append", default=[], metavar="KEY=VALUE",
                       help="extra configuration, as retsnoop's (--config-help lists the keys)")

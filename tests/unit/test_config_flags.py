@@ -9,6 +9,7 @@ import argparse
 import pytest
 
 from retsnoop_otel.agent.config_file import ConfigError, parse_config
+from retsnoop_otel.command.flag_parser import FlagParser
 from retsnoop_otel.runtime.config_flags import KeyType, c_help, declared, default_of, help_of
 from retsnoop_otel.runtime.config_keys import Section, walk
 from retsnoop_otel.runtime.config_sections import TOP
@@ -25,7 +26,7 @@ def _sections() -> list[Section]:
 
 
 def _actions() -> dict[tuple[str, ...], argparse.Action]:
-    return {tuple(a.option_strings): a for a in build_parser()._actions}
+    return {tuple(d.action.option_strings): d.action for d in build_parser().declared}
 
 
 def test_every_declared_flag_is_the_parsers_with_the_keys_default_help_and_range() -> None:
@@ -111,9 +112,9 @@ def test_a_new_keys_flag_needs_no_line_in_trace_flags() -> None:
         depth: int = 3
 
     section = Section("s", Target, (Key("depth", integer_in(COUNT), "how deep", flag=Flag(("--depth",), "depth")),))
-    parser = argparse.ArgumentParser()
+    parser = FlagParser()
     add_other_key_flags(parser, (section,))
-    assert "settings of the agent file" in [g.title for g in parser._action_groups]
+    assert "settings of the agent file" in parser.groups
     assert Target(**field_values(parser.parse_args([]), section)) == Target()
     assert Target(**field_values(parser.parse_args(["--depth", "0x10"]), section)) == Target(16)
     with pytest.raises(SystemExit):

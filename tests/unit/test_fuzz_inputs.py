@@ -21,7 +21,7 @@ from retsnoop_otel.runtime.deps import RuntimeDeps
 from retsnoop_otel.runtime.runtime import Runtime
 from retsnoop_otel.trace.flags import build_parser, parse
 
-FLAGS = sorted({opt for action in build_parser()._actions for opt in action.option_strings})  # noqa: SLF001
+FLAGS = sorted({opt for d in build_parser().declared for opt in d.action.option_strings})
 VALUES = st.one_of(
     st.sampled_from(["*sys_bpf", "array_map_*", ":kernel/bpf/*.c", "f [mod]", "[", "", "-ENOMEM", "EINVAL", "any",
                      "0", "-1", "65536", "9464", "http://127.0.0.1:4317", "ftp://x", "http://:0", "localhost:4317",

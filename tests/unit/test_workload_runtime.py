@@ -35,19 +35,26 @@ from tests.tls_certs import make_ca
 BASE = "probe_sets:\n  - name: a\n    entry: [f]\nexporter:\n  console: true\n"
 
 
-def test_sessions_carry_their_workload_to_the_exported_resource(tmp_path: Path, world: World) -> None:
+def _checkout_pod_world(tmp_path: Path, world: World) -> tuple[Path, object, list]:
+    """A host with one process (pid 4321) in the checkout pod's container, the pod in the watch's cache, and the
+    agent's deps resolving workloads from them; the list collects the kube settings each resolver was made with."""
     root = fake_host(tmp_path / "root")
     fake_process(root, 4321, f"0::/{APP}\n", "/usr/local/bin/checkout-server", comm="python")
     pods = PodCache(lambda: 0.0)
     pods.upsert(PodMeta(UID, "checkout-7d4b9c8f6-x2x9k", "shop", {CID: ContainerMeta("app", "containerd")}))
-    seen = []
+    made: list = []
 
     def make_workloads(root_dir, clock, kube, log):
-        seen.append(kube)
+        made.append(kube)
         return WorkloadResolver(str(root), clock, pods)
 
     deps = world.deps()
     deps.make_workloads = make_workloads
+    return root, deps, made
+
+
+def test_sessions_carry_their_workload_to_the_exported_resource(tmp_path: Path, world: World) -> None:
+    root, deps, seen = _checkout_pod_world(tmp_path, world)
     cfg = tmp_path / "agent.yaml"
     cfg.write_text(AGENT_CONFIG.format(prob=1.0))
     agent = Agent(str(cfg), deps, EventLog(io.StringIO()))
@@ -256,18 +263,7 @@ def test_cluster_name_and_workload_identity_through_the_runtime(tmp_path: Path, 
     and does not restart the pod watch. A container's spans have its service.namespace and
     <namespace>.<pod>.<container> instance id; a host process's keep the agent's id."""
     from retsnoop_otel.export.resource import build_resource
-    root = fake_host(tmp_path / "root")
-    fake_process(root, 4321, f"0::/{APP}\n", "/usr/local/bin/checkout-server", comm="python")
-    pods = PodCache(lambda: 0.0)
-    pods.upsert(PodMeta(UID, "checkout-7d4b9c8f6-x2x9k", "shop", {CID: ContainerMeta("app", "containerd")}))
-    watches = []
-
-    def make_workloads(root_dir, clock, kube, log):
-        watches.append(kube)
-        return WorkloadResolver(str(root), clock, pods)
-
-    deps = world.deps()
-    deps.make_workloads = make_workloads
+    root, deps, watches = _checkout_pod_world(tmp_path, world)
     deps.make_resource = build_resource
     deps.environ = {"OTEL_RESOURCE_ATTRIBUTES": "k8s.cluster.name=from-env"}
     base = AGENT_CONFIG.format(prob=1.0).replace(  # and the OTLP metrics push: one last push as each one stops
