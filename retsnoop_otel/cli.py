@@ -14,8 +14,9 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
-from retsnoop_otel.command.errors import EXIT_INPUT, EXIT_INTERRUPTED, EXIT_PIPE, exit_code_epilog
+from retsnoop_otel.command.errors import EXIT_INPUT, EXIT_INTERRUPTED, exit_code_epilog
 from retsnoop_otel.command.help_format import HelpFormatter, OneLineParser
+from retsnoop_otel.command.streams import SignalStop, StartSignals, Streams, exit_of
 
 if TYPE_CHECKING:
     from retsnoop_otel.runtime.deps import RuntimeDeps
@@ -85,32 +86,58 @@ def main(argv: Sequence[str] | None = None, deps: RuntimeDeps | None = None) -> 
     # retsnoop users type flags directly: treat `retsnoop-otel -e ...` as `retsnoop-otel trace -e ...`
     if args and args[0].startswith("-") and args[0] not in ("-h", "--help"):
         args = ["trace", *args]
-    if not args or args[0] not in SUBCOMMANDS:
+    cmd, rest = (args[0], args[1:]) if args else ("", [])
+    if cmd == "trace":  # before its imports: Ctrl-C, SIGTERM and SIGHUP end a start the same way from here on
+        StartSignals().install()
+    streams = Streams(sys.stdout, sys.stderr).install()
+    system_exit = False
+    try:
+        try:
+            code = _run(cmd, rest, deps, main_t0, python_s, streams)
+        except SystemExit as exc:  # argparse: --help, --version, a bad flag
+            system_exit, code = True, _system_exit_code(exc, streams)
+        except (KeyboardInterrupt, SignalStop) as exc:
+            code = exit_of(exc) or EXIT_INTERRUPTED.code
+        code = streams.exit_code(code)
+    finally:
+        streams.finish()
+    if system_exit:
+        raise SystemExit(code)
+    return code
+
+
+def _run(cmd: str, rest: list[str], deps: RuntimeDeps | None, main_t0: float, python_s: float | None,
+         streams: Streams) -> int:
+    """One command, writing to the guarded streams (command/streams.py decides how a failed one ends it)."""
+    if cmd not in SUBCOMMANDS:
         parser = build_parser()
-        parser.parse_args(args)  # prints help / errors for unknown commands
+        parser.parse_args([cmd, *rest] if cmd else [])  # prints help / errors for unknown commands
         parser.print_help()
         return EXIT_INPUT.code
-    cmd, rest = args[0], args[1:]
-    try:
-        if cmd in ("trace", "agent"):
-            gc.disable()  # start-up builds large tables that all live on: no collection passes (runtime.py)
-        if cmd == "trace":
-            from retsnoop_otel.runtime.startup import StartClock
-            from retsnoop_otel.trace.main import run_trace
-            return run_trace(rest, deps=deps, started=StartClock(main_t0, python_s))
-        if cmd == "features":
-            return features_main(rest)
-        if cmd == "simfail":
-            from retsnoop_otel import simfail
-            return simfail.main(rest)
-        from retsnoop_otel.agent import main as agent_cmd
+    if cmd in ("trace", "agent"):
+        gc.disable()  # start-up builds large tables that all live on: no collection passes (runtime.py)
+    if cmd == "trace":
         from retsnoop_otel.runtime.startup import StartClock
-        return agent_cmd.main(rest, started=StartClock(main_t0, python_s))
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED.code
-    except BrokenPipeError:  # the reader went away (`... | head`): what it did not read is not an error of ours
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_PIPE.code
+        from retsnoop_otel.trace.main import run_trace
+        return run_trace(rest, out=streams.out, err=streams.err, deps=deps,  # type: ignore[arg-type]
+                         started=StartClock(main_t0, python_s))
+    if cmd == "features":
+        return features_main(rest)
+    if cmd == "simfail":
+        from retsnoop_otel import simfail
+        return simfail.main(rest)
+    from retsnoop_otel.agent import main as agent_cmd
+    from retsnoop_otel.runtime.startup import StartClock
+    return agent_cmd.main(rest, out=streams.out, err=streams.err,  # type: ignore[arg-type]
+                          started=StartClock(main_t0, python_s))
+
+
+def _system_exit_code(exc: SystemExit, streams: Streams) -> int:
+    """sys.exit()'s argument as the exit code the interpreter would make of it (a message: said on stderr, 1)."""
+    if exc.code is None or isinstance(exc.code, int):
+        return exc.code or 0
+    print(exc.code, file=streams.err)
+    return 1
 
 
 def run() -> NoReturn:

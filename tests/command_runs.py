@@ -41,9 +41,15 @@ class Case:
     expect: str = "refused"
     secret: str = ""  # a value that must never be echoed
     why: str = ""
+    # where stdout and stderr go: "" a file the outcome reads, "full" /dev/full, "closed" a pipe whose reader left
+    stdout: str = ""
+    stderr: str = ""
 
     def show(self) -> str:
-        return f"argv={list(self.argv)!r} env={self.env!r} files={ {k: _short(v) for k, v in self.files.items()} }"
+        streams = "".join(f" {name}={kind}" for name, kind in (("stdout", self.stdout), ("stderr", self.stderr))
+                          if kind)
+        return (f"argv={list(self.argv)!r} env={self.env!r} files={ {k: _short(v) for k, v in self.files.items()} }"
+                + streams)
 
 
 def _short(v: object) -> str:
@@ -104,8 +110,14 @@ def run_case(case: Case, tmp: Path, timeout_s: float) -> Outcome:
     t0 = time.monotonic()
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         argv = [*PEAK_MEMORY, str(rss_path), *UNPRIVILEGED, str(COMMAND), *(expand(a, tmp) for a in case.argv)]
-        proc = subprocess.Popen(argv, env=env, cwd=tmp, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                process_group=0)  # a timeout kills what it started too
+        targets = [_target(case.stdout, out.fileno()), _target(case.stderr, err.fileno())]
+        try:
+            proc = subprocess.Popen(argv, env=env, cwd=tmp, stdin=subprocess.DEVNULL, stdout=targets[0],
+                                    stderr=targets[1], process_group=0)  # a timeout kills what it started too
+        finally:
+            for fd, own in zip(targets, (out.fileno(), err.fileno()), strict=True):
+                if fd != own:
+                    os.close(fd)
     try:
         code: int | None = proc.wait(timeout_s)
     except subprocess.TimeoutExpired:
@@ -114,6 +126,19 @@ def run_case(case: Case, tmp: Path, timeout_s: float) -> Outcome:
         code = None
     seconds = time.monotonic() - t0
     return Outcome(code, _text(out_path), _text(err_path), seconds, _peak_mb(rss_path))
+
+
+def _target(kind: str, own: int) -> int:
+    """The descriptor a stream of the command gets: its file (`own`), /dev/full, or a pipe already read to its end
+    and closed by its reader (a `head` that left). The caller closes what is not `own` once the command has it."""
+    if kind == "full":
+        return os.open("/dev/full", os.O_WRONLY)
+    if kind == "closed":
+        r, w = os.pipe()
+        os.close(r)
+        return w
+    assert kind == "", kind
+    return own
 
 
 def _peak_mb(path: Path) -> float:

@@ -45,10 +45,35 @@ FUZZ = settings(max_examples=PAIRS, deadline=None, derandomize=not os.environ.ge
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large], database=None)
 
 
+OUTPUT_FAILED = "retsnoop-otel: cannot write to stdout: "  # the one line of a stdout that is full (expect "full")
+EXPECTED_CODE = {"refused": 2, "pipe": 141, "full": 1}
+
+
+def output_problems(case: Case, out: Outcome) -> list[str]:
+    """A run whose stdout's reader left ("pipe": 141, nothing said) or whose stdout is full ("full": exit 1, one
+    line): no traceback, the code; with stderr itself full, only the code can be seen."""
+    found = []
+    want = EXPECTED_CODE.get(case.expect, 1)
+    if out.code != want:
+        found.append(f"exit {out.code}, not {want}")
+    if "Traceback" in out.stderr or "Exception ignored" in out.stderr:
+        found.append("a traceback")
+    if case.stderr == "full":
+        return found
+    lines = [line for line in out.stderr.splitlines() if not WARNING.match(line)]
+    if case.expect == "pipe" and lines:
+        found.append(f"said something about a reader that left: {lines[:2]!r}")
+    if case.expect == "full" and not (len(lines) == 1 and lines[0].startswith(OUTPUT_FAILED)):
+        found.append(f"not one line on the full stdout: {lines[:3]!r}")
+    return found
+
+
 def problems(case: Case, out: Outcome) -> list[str]:
     """What is wrong with one run; [] when it behaved."""
     if out.code is None:
         return [f"no exit within {TIMEOUT_S:g} s (killed)"]
+    if case.expect in ("pipe", "full") or case.stderr == "full":
+        return output_problems(case, out)
     found = []
     text = out.stdout + out.stderr
     warned = [(m.group(1), line) for line in out.stderr.splitlines() if (m := WARNING.match(line))]
@@ -107,13 +132,13 @@ def load_corpus() -> list[Case]:
     for line in CORPUS.read_text().splitlines():
         d = json.loads(line)
         cases.append(Case(tuple(d["argv"]), d.get("env", {}), d.get("files", {}), d.get("expect", "refused"),
-                          d.get("secret", ""), d["why"]))
+                          d.get("secret", ""), d["why"], d.get("stdout", ""), d.get("stderr", "")))
     return cases
 
 
 def test_corpus() -> None:
     cases = load_corpus()
-    assert len(cases) >= 100 and {c.expect for c in cases} == {"refused", "valid", "warned"}
+    assert len(cases) >= 100 and {c.expect for c in cases} == {"refused", "valid", "warned", "pipe", "full"}
     bad = run_all(cases)
     assert not bad, f"{len(bad)} of {len(cases)} corpus cases misbehaved:\n" + "\n".join(bad)
 
@@ -265,9 +290,43 @@ def test_long_command_lines() -> None:
     assert not bad, "\n".join(bad)
 
 
+# ---- outputs: every command that writes to stdout, with its reader gone or its disk full, stderr too ----
+
+VALID_CHECK = {"a.yaml": "probe_sets:\n  - name: errs\n    entry: ['*sys_bpf']\n    mode: metrics\n"}
+WRITERS = [(("features",), {}), (("features", "--json"), {}), (("--help",), {}), (("trace", "--help"), {}),
+           (("agent", "--help"), {}), (("simfail", "--help"), {}), (("trace", "-V"), {}),
+           (("trace", "--config-help"), {}), (("agent", "--check", "{tmp}/a.yaml", "--no-kernel"), VALID_CHECK)]
+
+
+def output_cases() -> list[Case]:
+    """Each stdout writer with stdout closed (141) or full (1), and stderr full as well; bad input (a FIFO for
+    -J, --trace-json and exporter.file among it) with stdout closed or full and stderr full stays 2."""
+    cases = []
+    for argv, files in WRITERS:
+        for stdout, expect in (("closed", "pipe"), ("full", "full")):
+            for stderr in ("", "full"):
+                cases.append(Case(argv, {}, files, expect, why=f"{' '.join(argv)} with stdout {stdout}",
+                                  stdout=stdout, stderr=stderr))
+    refused = [c for c in load_corpus() if c.expect == "refused" and not c.stdout and not c.stderr][::8]
+    for c in refused:
+        for stdout, stderr in (("closed", "full"), ("full", "full"), ("", "full")):
+            cases.append(Case(c.argv, c.env, c.files, "refused", why=f"{c.why}, stdout {stdout or 'file'}, stderr full",
+                              stdout=stdout, stderr=stderr))
+    return cases
+
+
+def test_outputs_closed_or_full() -> None:
+    cases = output_cases()
+    bad = run_all(cases)
+    assert not bad, f"{len(bad)} of {len(cases)} output cases misbehaved:\n" + "\n".join(bad)
+
+
 @pytest.mark.parametrize("value", ["http://[::1", "ftp://user:pw@x:1"])
 def test_a_run_that_misbehaves_is_reported(value: str) -> None:
-    """The checker itself: a valid-expected bad input and a refused-expected valid one are both findings."""
+    """The checker itself: a valid-expected bad input and a refused-expected valid one are both findings; so are a
+    stdout writer whose closed pipe is said to be full, and one expected to fail that writes to a file."""
+    assert run_all([Case(("features",), expect="full", stdout="closed")])
+    assert run_all([Case(("features",), expect="pipe")])
     assert run_all([Case((*TRACE_BASE, "--otlp-endpoint", value), expect="valid")])
     assert run_all([Case(TRACE_BASE, expect="refused")])
     assert run_all([Case(TRACE_BASE, expect="warned")])  # no variable it cannot use: no warning

@@ -9,6 +9,7 @@ SIGTERM/SIGINT detach everything, flush the exporters within a deadline and exit
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Sequence
 from typing import TextIO
@@ -21,6 +22,7 @@ from retsnoop_otel.command.errors import EXIT_INPUT, RunRefused, exit_code_epilo
 from retsnoop_otel.command.help_format import HelpFormatter, OneLineParser
 from retsnoop_otel.command.log_bridge import bridge_library_logs
 from retsnoop_otel.command.logs import EventLog
+from retsnoop_otel.command.streams import StartSignals, raise_deferred
 from retsnoop_otel.export.otel_env import log_level
 from retsnoop_otel.runtime.deps import RuntimeDeps
 from retsnoop_otel.runtime.hooks import StartHook
@@ -63,7 +65,7 @@ class Agent:
             runtime.start(_AgentHook(self.log))
         except RunRefused as exc:
             raise located(exc, cfg) from None
-        self.runtime = runtime
+        self.runtime = runtime  # from here a Ctrl-C is the caller's to undo (main), with self.runtime set
         phases = [*self.before, *runtime.phases]
         if self.started is not None:
             phases.append(phase_since("ready", self.started.main_t0, "main to attached"))
@@ -177,13 +179,22 @@ def main(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr,
     log = EventLog(err)
     bridge_library_logs(log)  # grpc's and the exporters' own warnings follow the configured log format too
     agent = Agent(args.config, log=log, started=started, before=before, watch=args.watch_config)
-    agent.requests.install(reload=True)
+    # Ctrl-C interrupts the start (130, what was attached detached); SIGTERM and SIGHUP wait for its end
+    StartSignals({signal.SIGTERM: agent.requests.ask_stop,
+                  signal.SIGHUP: lambda: agent.requests.ask_reload("SIGHUP")}).install()
     try:
         agent.start()
+        raise_deferred()  # a Ctrl-C that landed in a C callback during the start
+        agent.requests.install(reload=True)
     except ConfigError as exc:
         log.error("invalid config", error=str(exc))
         return EXIT_INPUT.code
     except RunRefused as exc:
         log.error("cannot start", error=str(exc))
         return exc.exit_code
+    except BaseException:  # Ctrl-C after the runtime started, before the run's handlers: detached here
+        if agent.runtime is not None:
+            agent.runtime.shutdown(0.0)
+        agent.stop_watch()
+        raise
     return agent.run()

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from retsnoop_otel.inputs.files import shown
+from retsnoop_otel.inputs.files import read_text, shown
 
 KINDS = ("kprobe", "kretprobe", "rawtp", "tp")
 MAX_PROBES = 64  # probe ids are u16 in the record; a handful is what anyone injects
@@ -73,15 +73,9 @@ def parse_spec(text: str) -> InjectSpec:
 
 
 def read_spec_file(path: str) -> str:
-    """The text of a -J @FILE (at most MAX_SPEC_FILE_BYTES)."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_SPEC_FILE_BYTES + 1)
-    except OSError as exc:
-        raise InjectError(f"-J @{path}: cannot read it ({exc.strerror or exc}); give a file of specs") from None
-    if len(data) > MAX_SPEC_FILE_BYTES:
-        raise InjectError(f"-J @{path}: larger than {MAX_SPEC_FILE_BYTES} bytes; give a file of specs")
-    return data.decode("utf-8", "replace")
+    """The text of a -J @FILE (at most MAX_SPEC_FILE_BYTES, UTF-8): a regular file, refused by kind otherwise
+    before anything could block (a FIFO) or read without end (/dev/zero), by inputs/files.py."""
+    return read_text(path, "spec file", MAX_SPEC_FILE_BYTES, lambda msg: InjectError(f"-J @{msg}"))
 
 
 def parse_specs(values: Iterable[str], read: Callable[[str], str] = read_spec_file) -> tuple[InjectSpec, ...]:

@@ -19,6 +19,7 @@ import threading
 from collections import deque
 from collections.abc import Iterator, Sequence
 
+from retsnoop_otel.command.streams import callback_code, raise_deferred
 from retsnoop_otel.kernel import libbpf_abi as abi
 
 MIN_VERSION = (1, 7)
@@ -93,17 +94,31 @@ class _Libbpf:
         self._vsnprintf = libc.vsnprintf
         self._vsnprintf.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_void_p]
         self.log: deque[str] = deque(maxlen=64)
+        self.interrupt: BaseException | None = None  # a signal's exception raised inside the print hook
         self._lock = threading.Lock()
         self._print_cb = abi.PRINT_FN(self._on_print)  # kept alive for the life of the process
         self.lib.libbpf_set_print(self._print_cb)
 
     def _on_print(self, level: int, fmt: bytes, args: int) -> int:
-        if level > _LIBBPF_INFO:  # debug chatter (relocations, ...) would bury the reason in errors
-            return 0
-        buf = ctypes.create_string_buffer(256 * 1024)  # verifier logs arrive as one message
-        self._vsnprintf(buf, len(buf), fmt, args)
-        self.log.append(buf.value.decode(errors="replace").rstrip("\n"))
+        """libbpf's print hook: a ctypes callback, where an exception cannot propagate (Python prints "Exception
+        ignored" and the call goes on). A signal's exception raised in here (Ctrl-C during a slow load) is kept
+        and raised once the libbpf call returns (check_rc, check_ptr, reraise_interrupt)."""
+        try:
+            if level > _LIBBPF_INFO:  # debug chatter (relocations, ...) would bury the reason in errors
+                return 0
+            buf = ctypes.create_string_buffer(256 * 1024)  # verifier logs arrive as one message
+            self._vsnprintf(buf, len(buf), fmt, args)
+            self.log.append(buf.value.decode(errors="replace").rstrip("\n"))
+        except BaseException as exc:  # noqa: BLE001 - KeyboardInterrupt, a start's SignalStop: raised after the call
+            if self.interrupt is None:
+                self.interrupt = exc
         return 0
+
+    def reraise_interrupt(self) -> None:
+        """The signal's exception kept by the print hook, raised now on the main thread (signals only run there)."""
+        if self.interrupt is not None and threading.current_thread() is threading.main_thread():
+            exc, self.interrupt = self.interrupt, None
+            raise exc
 
     def take_log(self) -> list[str]:
         with self._lock:
@@ -111,6 +126,8 @@ class _Libbpf:
             self.log.clear()
         return lines
 
+
+callback_code(_Libbpf._on_print.__code__)  # a start signal is raised after the libbpf call, not in the hook
 
 # One per process: libbpf_set_print() installs a single process-wide hook, so the log it captures
 # cannot belong to anything smaller than the process.
@@ -147,13 +164,22 @@ def fail(what: str, err: int | None = None) -> LibbpfError:
     return LibbpfError(what, abs(err), lib().take_log())
 
 
+def _reraise_interrupt() -> None:
+    """After a libbpf call: the start signal that landed in its print hook, if any (command/streams.py)."""
+    raise_deferred()
+    if _LIB is not None:
+        _LIB.reraise_interrupt()
+
+
 def check_ptr(ptr: int | None, what: str) -> int:
+    _reraise_interrupt()
     if not ptr:
         raise fail(what)
     return ptr
 
 
 def check_rc(rc: int, what: str) -> int:
+    _reraise_interrupt()
     if rc < 0:
         raise fail(what, -rc)
     return rc

@@ -56,7 +56,9 @@ class TraceJsonWriter:
     """Appends -T sessions to one JSON document that stays valid after every flush.
 
     The closing brackets are written after the last event and overwritten by the next flush, so a
-    long run costs O(events) in total and the file can be opened in Perfetto at any moment.
+    long run costs O(events) in total and the file can be opened in Perfetto at any moment. A write that fails (a
+    full disk) is kept in `error` and ends the writing, never raised where the write happened: the run decides
+    what it means (runtime/sinks.py: the trace stops and says it in one line).
     """
 
     _HEAD = '{"displayTimeUnit":"ns","traceEvents":[\n'
@@ -64,6 +66,7 @@ class TraceJsonWriter:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self.error: OSError | None = None
         self.written = 0
         self._pending: list[dict[str, Any]] = []
         self._named: set[tuple[int, int, str]] = set()
@@ -86,9 +89,17 @@ class TraceJsonWriter:
         return bool(self._pending)
 
     def flush(self) -> None:
-        fh = self._fh
-        if fh.closed:
+        if self._fh.closed or self.error is not None:
+            self._pending.clear()
             return
+        try:
+            self._write_pending()
+        except OSError as exc:
+            self.error = exc
+            self._pending.clear()
+
+    def _write_pending(self) -> None:
+        fh = self._fh
         fh.seek(self._body_end)
         fh.truncate()
         for ev in self._pending:
@@ -102,4 +113,7 @@ class TraceJsonWriter:
     def close(self) -> None:
         if not self._fh.closed:
             self.flush()
-            self._fh.close()
+            try:
+                self._fh.close()
+            except OSError as exc:  # its buffer's last write failed
+                self.error = self.error or exc

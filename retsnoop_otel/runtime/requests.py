@@ -1,12 +1,16 @@
 """What signals ask of the capture loop (stop, reload), kept as flags that the loop acts on between polls.
 
 A handler only sets a flag: detaching, flushing and reloading run on the loop's own thread, never inside a
-signal handler, for `trace` and the agent alike.
+signal handler, for `trace` and the agent alike. A stop signal that arrives while the loop is blocked writing to an
+output whose reader stopped reading gives that output up (command/streams.py interrupt_write), so the stop is
+never held up by a reader.
 """
 
 from __future__ import annotations
 
 import signal
+
+from retsnoop_otel.command.streams import interrupt_write
 
 
 class Requests:
@@ -23,15 +27,23 @@ class Requests:
         self.reload = True
 
     def install(self, reload: bool) -> Requests:
-        """SIGTERM and SIGINT ask for a stop; with `reload`, SIGHUP for a reload."""
+        """SIGTERM and SIGINT ask for a stop; SIGHUP for a reload with `reload` (the agent), else for a stop too
+        (`trace`: a closed terminal detaches and flushes, as SIGTERM does; ignored under nohup, as it was at exec)."""
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
         if reload:
             signal.signal(signal.SIGHUP, self._reload)
+        elif signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:  # under nohup it stays ignored
+            signal.signal(signal.SIGHUP, self._stop)
         return self
+
+    def ask_stop(self) -> None:
+        """From a signal handler or a failed output (command/streams.py): the loop stops after this poll."""
+        self.stop = True
 
     def _stop(self, _sig: int, _frame: object) -> None:
         self.stop = True
+        interrupt_write()
 
     def _reload(self, _sig: int, _frame: object) -> None:
         self.ask_reload("SIGHUP")

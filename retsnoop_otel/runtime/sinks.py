@@ -16,7 +16,7 @@ from typing import Any, TextIO
 
 from retsnoop_otel.capture.model import Session, lookup_func
 from retsnoop_otel.capture.origins import error_origin
-from retsnoop_otel.command.errors import InputError
+from retsnoop_otel.command.errors import InputError, SetupError
 from retsnoop_otel.export.otlp_settings import OtlpSettings
 from retsnoop_otel.export.processor_env import DEFAULT_QUEUE_SPANS
 from retsnoop_otel.export.resource import Resource, with_cluster_name
@@ -80,7 +80,7 @@ class Sinks:
     def __init__(self, settings: RunSettings, resource: Resource, console: TextIO,
                  make_sender: SenderFactory) -> None:
         cfg = settings.config.exporter
-        names = settings.config.names
+        self._names = names = settings.config.names
         self.cfg = cfg
         self.limits = limits = settings.config.limits
         # the run's resource (one service.instance.id per run) with this config's k8s.cluster.name
@@ -197,6 +197,14 @@ class Sinks:
             self._console.flush()
         if self.trace_json is not None and self.trace_json.pending:
             self.trace_json.flush()
+        self.check_files()
+
+    def check_files(self) -> None:
+        """A file output that failed (a full disk) ends the run like a failed stdout, with one line naming it."""
+        if self.trace_json is not None and self.trace_json.error is not None:
+            exc = self.trace_json.error
+            raise SetupError(f"{self._names.trace_json} {self.trace_json.path}: {exc.strerror or exc}; the file "
+                             "output stopped there")
 
     def close(self, timeout: float) -> None:
         """Flush within `timeout` in total (shared by the exporters), then stop them."""

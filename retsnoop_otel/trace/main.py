@@ -3,7 +3,9 @@
 The runtime's phases report through a StartHook so that retsnoop's lines come between them: -v says
 the attach mode and what was found, "Receiving data..." once attached, "Detaching... DONE" at the end with
 the kernel's loss counters. An OTEL_* variable whose value is ignored gets one "retsnoop-otel: warning:" line on
-stderr at start. Exit codes: command/errors.py (EXIT_CODES).
+stderr at start. Exit codes: command/errors.py (EXIT_CODES). A failed stdout (its reader gone, a full disk) stops
+the run as a signal does, before attaching when it fails during the start; command/streams.py then picks the exit
+code. SIGHUP stops a running trace as SIGTERM does (detach, flush, exit 0).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import TextIO
 from retsnoop_otel import __version__
 from retsnoop_otel.command.errors import RunRefused
 from retsnoop_otel.command.logs import EventLog
+from retsnoop_otel.command.streams import raise_deferred
 from retsnoop_otel.runtime.deps import RuntimeDeps
 from retsnoop_otel.runtime.hooks import Resolved, StartHook
 from retsnoop_otel.runtime.probe_set import ProbeSet
@@ -50,20 +53,30 @@ def run_trace(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.s
     if request.version:
         return _version(request, out)
     runtime = Runtime(request.config, deps, EventLog(err, level="debug" if request.verbose >= 2 else "error"))
-    try:
-        attached = runtime.start(_TraceHook(request, out, err))
-    except RunRefused as exc:  # nothing is left attached, listening or open (Runtime.start)
-        print(f"retsnoop-otel: {exc.message}", file=err)
-        return exc.exit_code
-    if request.verbose:
-        end = phase_since("ready", started.main_t0, 'main to "Receiving data...", Python\'s own start excluded') \
-            if attached else phase_since("dry-run", started.main_t0, "main to the list of functions")
-        steps = [imports, flags, *runtime.phases]
-        rest = Phase("other", max(0.0, end.seconds - sum(p.seconds for p in steps)),
-                     "between the phases above: privilege check, kernel identity, output")
-        print("\n".join(format_phases([*started.before_main(), *steps, rest, end])), file=err, flush=True)
-    if not attached:
-        return 0
+    requests = Requests()
+    on_failure = getattr(out, "on_failure", None)  # a guarded stdout (command/streams.py): its failure stops the run
+    if on_failure is not None:
+        on_failure(requests.ask_stop)
+    try:  # until the run's own handlers are in, a start signal (cli.py) unwinds: detached here, then the exit
+        try:
+            attached = runtime.start(_TraceHook(request, out, err, requests))
+        except RunRefused as exc:  # nothing is left attached, listening or open (Runtime.start)
+            print(f"retsnoop-otel: {exc.message}", file=err)
+            return exc.exit_code
+        if request.verbose:
+            end = phase_since("ready", started.main_t0, 'main to "Receiving data...", Python\'s own start excluded') \
+                if attached else phase_since("dry-run", started.main_t0, "main to the list of functions")
+            steps = [imports, flags, *runtime.phases]
+            rest = Phase("other", max(0.0, end.seconds - sum(p.seconds for p in steps)),
+                         "between the phases above: privilege check, kernel identity, output")
+            print("\n".join(format_phases([*started.before_main(), *steps, rest, end])), file=err, flush=True)
+        raise_deferred()  # a start signal that landed in a C callback: the start ends here as it would have
+        if not attached:
+            return 0
+        requests.install(reload=False)
+    except BaseException:
+        runtime.shutdown(0.0)
+        raise
     print("Receiving data...", file=out, flush=True)
     t0 = time.monotonic()
 
@@ -72,7 +85,12 @@ def run_trace(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.s
         print("Detaching... ", end="", file=out, flush=True)
         t0 = time.monotonic()
 
-    stats = runtime.run(Requests().install(reload=False), detaching=detaching)
+    try:
+        stats = runtime.run(requests, detaching=detaching)
+    except RunRefused as exc:  # a file output failed during the run (runtime/sinks.py): detached and flushed by now
+        print(file=out, flush=True)  # the end of "Detaching... "
+        print(f"retsnoop-otel: {exc.message}", file=err, flush=True)
+        return exc.exit_code
     if stats.dropped_sessions or stats.incomplete_sessions or stats.dropped_records:
         print(f"DROPPED SESSIONS: {stats.dropped_sessions}, INCOMPLETE SESSIONS: {stats.incomplete_sessions}, "
               f"LOST RECORDS: {stats.dropped_records}. ", end="", file=out)
@@ -101,8 +119,9 @@ def _print_origins(runtime: Runtime, request: TraceRequest, out: TextIO) -> None
 class _TraceHook(StartHook):
     """retsnoop's -v lines between the phases, and --dry-run's list of functions in place of attaching."""
 
-    def __init__(self, request: TraceRequest, out: TextIO, err: TextIO) -> None:
+    def __init__(self, request: TraceRequest, out: TextIO, err: TextIO, requests: Requests | None = None) -> None:
         self.request, self.out, self.err = request, out, err
+        self.requests = requests or Requests()
 
     def _say(self, msg: str) -> None:
         if self.request.verbose:
@@ -132,7 +151,7 @@ class _TraceHook(StartHook):
             from retsnoop_otel.kernel.inject_attach import dry_run_lines  # its probes: resolved with its functions
             text = "\n".join([format_dry_run(disc, self.request.verbose), *dry_run_lines(cfg.inject)])
             print(text, file=self.out if self.request.dry_run else self.err, flush=True)
-        return not self.request.dry_run
+        return not self.request.dry_run and not self.requests.stop  # stdout failed meanwhile: attach nothing
 
     def attached(self, runtime: Runtime, sets: list[ProbeSet]) -> None:
         for ps in sets:

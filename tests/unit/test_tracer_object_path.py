@@ -49,7 +49,8 @@ def test_the_trace_command_runs_with_the_deps_it_is_given(monkeypatch: pytest.Mo
     from retsnoop_otel.trace import main as trace_main
     seen = []
     monkeypatch.setattr(cli.gc, "disable", lambda: None)  # as the command does: not in the tests' process
-    monkeypatch.setattr(trace_main, "run_trace", lambda argv, deps=None, started=None: seen.append((argv, deps)) or 0)
+    monkeypatch.setattr(trace_main, "run_trace",
+                        lambda argv, deps=None, started=None, **_streams: seen.append((argv, deps)) or 0)
     deps = RuntimeDeps(tracer_factory=tracer_factory(Path("/tmp/base.bpf.o")))
     assert cli.main(["trace", "-e", "map_create"], deps=deps) == 0
     assert seen == [(["-e", "map_create"], deps)]
