@@ -1,5 +1,7 @@
 """`python -m retsnoop_otel`."""
 
-from retsnoop_otel.cli import run
+import sys
 
-run()
+from retsnoop_otel.cli import main
+
+sys.exit(main())

@@ -12,7 +12,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 from retsnoop_otel.command.errors import EXIT_INPUT, EXIT_INTERRUPTED, exit_code_epilog
 from retsnoop_otel.command.help_format import HelpFormatter, OneLineParser
@@ -140,28 +140,5 @@ def _system_exit_code(exc: SystemExit, streams: Streams) -> int:
     return 1
 
 
-def run() -> NoReturn:
-    """The installed command: main(), then out of the process at once. After a `trace` or `agent` stop has
-    detached, drained and flushed, Python's own teardown (finalizing every module and object the run loaded)
-    was most of the time from SIGTERM to exit under emulation (issue 48). What that teardown would still do for
-    us is done first: wait for threads that are not daemons, as the interpreter does, and flush the logging
-    handlers and the standard streams."""
-    code = main()
-    threading = sys.modules.get("threading")  # not imported: no thread was started
-    if threading is not None:
-        for thread in threading.enumerate():
-            if thread is not threading.current_thread() and not thread.daemon:
-                thread.join()
-    logging = sys.modules.get("logging")
-    if logging is not None:
-        logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # closed, or the reader went away: main's exit code already says so
-            pass
-    os._exit(code)
-
-
 if __name__ == "__main__":
-    run()
+    sys.exit(main())
