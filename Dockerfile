@@ -5,6 +5,9 @@
 #    docker build --secret id=pip-ca,src=/etc/ssl/certs/ca-certificates.crt -t retsnoop-otel .)
 #   (file:line for kernel and user frames needs llvm-symbolizer, which takes LLVM along (+180 MB):
 #    docker build --build-arg SYMBOLIZER=llvm ...)
+#   (arm64, from the aarch64 wheel that `make wheel` cross-builds into dist/aarch64, on any host:
+#    docker build --platform linux/arm64 --build-arg WHEEL=prebuilt --build-context wheels=dist/aarch64 ...;
+#    both architectures as one manifest list: docs/guides/kubernetes.md)
 #   docker run --rm --pid=host \
 #     --cap-drop=ALL --cap-add=BPF --cap-add=PERFMON --cap-add=SYS_RESOURCE --cap-add=SYSLOG \
 #     --ulimit memlock=-1 \
@@ -39,8 +42,8 @@ ARG DEBIAN_IMAGE=debian:bookworm-slim
 # The arm64 image is built under emulation (qemu-user) on an x86-64 host, where compiling libbpf and the BPF
 # objects with clang takes many times longer than natively; `make wheel` already cross-builds the same sdist for
 # aarch64 (dist/aarch64: the wheel, and deps/ with its dependencies as wheels), so that image installs those and
-# compiles nothing. DIR holds one retsnoop_otel-*.whl and deps/. The default (WHEEL=source) builds from this tree.
-#   podman build --platform linux/arm64 --build-arg WHEEL=prebuilt --build-context wheels=dist/aarch64 ...
+# compiles nothing. DIR holds one retsnoop_otel-*.whl and deps/ (its dependencies as wheels: no index is asked).
+# The default (WHEEL=source) builds from this tree, as the x86-64 image does.
 FROM scratch AS wheels
 
 # ---- build: our libbpf, the CO-RE BPF objects and the publisher library, in a wheel; then the virtualenv ----------
