@@ -2,7 +2,8 @@
 registered with binfmt_misc), and run the same way: what an arm64 node pulling the multi-arch image gets.
 
 Its build stage installs the aarch64 wheel that `make wheel` cross-builds (dist/aarch64, with its dependencies as
-wheels; WHEEL=prebuilt and the build context `wheels`), so nothing is compiled under emulation (tests/container_image.py).
+wheels; WHEEL=prebuilt and the build context `wheels`), so nothing is compiled under emulation
+(tests/container_image.py).
 Under qemu-user the programs are aarch64 code while the kernel is this host's: uname -m says aarch64, and the BPF
 syscalls are passed to the host kernel, so `features` answers as the x86-64 image does without privileges.
 """
