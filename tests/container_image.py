@@ -90,10 +90,11 @@ def build(env: dict[str, str], tag: str = IMAGE, *extra: str, base: str = BASE) 
            "--build-arg", f"SOURCE_URL=file://{REPO}", *secret, *extra, "-t", tag, str(REPO), timeout=2400)
 
 
-def build_arm64(env: dict[str, str], wheels: Path = AARCH64_WHEELS) -> None:
-    """The arm64 image of the same Dockerfile, under emulation: the cross-built wheel installed, nothing compiled."""
+def build_arm64(env: dict[str, str], *extra: str) -> None:
+    """The arm64 image of the same Dockerfile, under emulation: the wheel `make wheel` cross-builds installed,
+    nothing compiled."""
     build(env, IMAGE_ARM64, "--platform", "linux/arm64", "--build-arg", "WHEEL=prebuilt",
-          "--build-context", f"wheels={wheels}", base=BASE_ARM64)
+          "--build-context", f"wheels={AARCH64_WHEELS}", *extra, base=BASE_ARM64)
 
 
 def summarize(config: pytest.Config, line: str) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import tarfile
 import time
 from pathlib import Path
 
@@ -95,3 +96,32 @@ def test_features_under_emulation_without_privileges(image: dict[str, str]) -> N
     assert not report["features"]["ringbuf"]["available"] and report["features"]["ringbuf"]["errno"] == 1  # EPERM
     text = ci.run(image, "features", entrypoint="retsnoop-otel", tag=ci.IMAGE_ARM64).stdout.splitlines()[-1]
     assert "--cap-add BPF --cap-add PERFMON" in text, text
+
+
+MANIFEST_LIST = "localhost/retsnoop-otel:test-multiarch"
+
+
+def test_both_images_push_as_one_manifest_list(image: dict[str, str], tmp_path: Path) -> None:
+    """The Kubernetes guide's recipe: `podman build --manifest` of each architecture, then `podman manifest push
+    --all`, here to an OCI archive instead of a registry: one list, an amd64 and an arm64 image, each of its own
+    architecture. The x86-64 image's layers are those tests/test_image.py built (cached)."""
+    ci.podman(image, "manifest", "rm", MANIFEST_LIST, check=False)  # one left by an interrupted run
+    ci.ensure_base(image, "amd64")
+    try:
+        ci.build(image, ci.IMAGE, "--platform", "linux/amd64", "--manifest", MANIFEST_LIST)
+        ci.build_arm64(image, "--manifest", MANIFEST_LIST)
+        archive = tmp_path / "multiarch.tar"
+        ci.podman(image, "manifest", "push", "--all", MANIFEST_LIST, f"oci-archive:{archive}")
+    finally:
+        ci.podman(image, "manifest", "rm", MANIFEST_LIST, check=False)
+    with tarfile.open(archive) as tar:
+        def blob(digest: str) -> dict:
+            algo, _, hexdigest = digest.partition(":")
+            return json.load(tar.extractfile(f"blobs/{algo}/{hexdigest}"))
+        (top,) = json.load(tar.extractfile("index.json"))["manifests"]
+        entries = blob(top["digest"])["manifests"]
+        platforms = {(e["platform"]["os"], e["platform"]["architecture"]): e for e in entries}
+        assert sorted(platforms) == [("linux", "amd64"), ("linux", "arm64")], platforms
+        for (_, arch), entry in platforms.items():
+            config = blob(blob(entry["digest"])["config"]["digest"])
+            assert config["architecture"] == arch, (arch, config["architecture"])
