@@ -58,10 +58,13 @@ RUN case "$WHEEL" in source|prebuilt) ;; *) echo "WHEEL=$WHEEL: use WHEEL=source
     && apt-get install -y --no-install-recommends ca-certificates python3 python3-venv \
        $(if [ "$WHEEL" = source ]; then echo clang curl gcc libc6-dev libelf-dev llvm make zlib1g-dev; fi) \
     && rm -rf /var/lib/apt/lists/*
+# copied, not bind-mounted: buildah's layer cache ignores what a RUN's bind mount holds, and would keep a venv
+# made from an older wheel
+COPY --from=wheels . /prebuilt/
 WORKDIR /src
 COPY . .
 # hadolint ignore=DL3042
-RUN --mount=type=secret,id=pip-ca --mount=type=bind,from=wheels,target=/prebuilt \
+RUN --mount=type=secret,id=pip-ca \
     if [ -s /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
     && python3 -m venv /opt/retsnoop-otel \
     && if [ "$WHEEL" = source ]; then \
