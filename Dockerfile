@@ -5,6 +5,9 @@
 #    docker build --secret id=pip-ca,src=/etc/ssl/certs/ca-certificates.crt -t retsnoop-otel .)
 #   (file:line for kernel and user frames needs llvm-symbolizer, which takes LLVM along (+180 MB):
 #    docker build --build-arg SYMBOLIZER=llvm ...)
+#   (arm64, from the aarch64 wheel that `make wheel` cross-builds into dist/aarch64, on any host:
+#    docker build --platform linux/arm64 --build-arg WHEEL=prebuilt --build-context wheels=dist/aarch64 ...;
+#    both architectures as one manifest list: docs/guides/kubernetes.md)
 #   docker run --rm --pid=host \
 #     --cap-drop=ALL --cap-add=BPF --cap-add=PERFMON --cap-add=SYS_RESOURCE --cap-add=SYSLOG \
 #     --ulimit memlock=-1 \
@@ -35,23 +38,45 @@
 
 ARG DEBIAN_IMAGE=debian:bookworm-slim
 
+# ---- wheels: empty unless the build gives it, as `--build-context wheels=DIR`, with WHEEL=prebuilt ----------------
+# The arm64 image is built under emulation (qemu-user) on an x86-64 host, where compiling libbpf and the BPF
+# objects with clang takes many times longer than natively; `make wheel` already cross-builds the same sdist for
+# aarch64 (dist/aarch64: the wheel, and deps/ with its dependencies as wheels), so that image installs those and
+# compiles nothing. DIR holds one retsnoop_otel-*.whl and deps/ (its dependencies as wheels: no index is asked).
+# The default (WHEEL=source) builds from this tree, as the x86-64 image does.
+FROM scratch AS wheels
+
 # ---- build: our libbpf, the CO-RE BPF objects and the publisher library, in a wheel; then the virtualenv ----------
 FROM ${DEBIAN_IMAGE} AS build
+# source: compile the wheel here; prebuilt: install the wheels of the build context `wheels` (above)
+ARG WHEEL=source
 # Debian package versions are not pinned: a stable release only receives security fixes, which a
-# rebuild should pick up.
-# hadolint ignore=DL3008
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends ca-certificates clang curl gcc libc6-dev libelf-dev llvm make \
-       python3 python3-venv zlib1g-dev \
+# rebuild should pick up. A prebuilt wheel needs no compiler.
+# hadolint ignore=DL3008,SC2046
+RUN case "$WHEEL" in source|prebuilt) ;; *) echo "WHEEL=$WHEEL: use WHEEL=source or WHEEL=prebuilt" >&2; exit 2;; esac \
+    && apt-get update \
+    && apt-get install -y --no-install-recommends ca-certificates python3 python3-venv \
+       $(if [ "$WHEEL" = source ]; then echo clang curl gcc libc6-dev libelf-dev llvm make zlib1g-dev; fi) \
     && rm -rf /var/lib/apt/lists/*
+# copied, not bind-mounted: buildah's layer cache ignores what a RUN's bind mount holds, and would keep a venv
+# made from an older wheel
+COPY --from=wheels . /prebuilt/
 WORKDIR /src
 COPY . .
 # hadolint ignore=DL3042
 RUN --mount=type=secret,id=pip-ca \
     if [ -s /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
     && python3 -m venv /opt/retsnoop-otel \
-    && /opt/retsnoop-otel/bin/pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
-    && /opt/retsnoop-otel/bin/pip install --no-cache-dir /wheels/retsnoop_otel-*.whl \
+    && if [ "$WHEEL" = source ]; then \
+         /opt/retsnoop-otel/bin/pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
+         && /opt/retsnoop-otel/bin/pip install --no-cache-dir /wheels/retsnoop_otel-*.whl; \
+       elif ls /prebuilt/retsnoop_otel-*.whl >/dev/null 2>&1; then \
+         /opt/retsnoop-otel/bin/pip install --no-cache-dir --no-index --find-links /prebuilt/deps \
+           /prebuilt/retsnoop_otel-*.whl; \
+       else \
+         echo "WHEEL=prebuilt: no retsnoop_otel-*.whl in the build context wheels: pass --build-context wheels=dist/aarch64 (make wheel)" >&2; \
+         exit 2; \
+       fi \
     && /opt/retsnoop-otel/bin/pip uninstall -y -q setuptools pip \
     && /opt/retsnoop-otel/bin/retsnoop-otel --version
 
@@ -73,8 +98,8 @@ RUN apt-get update \
        $(if [ "$SYMBOLIZER" = llvm ]; then echo llvm; fi) \
     && apt-get clean && rm -rf /var/lib/apt/lists/*
 COPY --from=build /opt/retsnoop-otel /opt/retsnoop-otel
-COPY --from=build /src/LICENSE /usr/share/doc/retsnoop-otel/LICENSE
-COPY --from=build /src/bpf/LICENSE /usr/share/doc/retsnoop-otel/LICENSE.bpf
+COPY LICENSE /usr/share/doc/retsnoop-otel/LICENSE
+COPY bpf/LICENSE /usr/share/doc/retsnoop-otel/LICENSE.bpf
 COPY config/agent.yaml /etc/retsnoop-otel/agent.yaml
 ENV PATH=/opt/retsnoop-otel/bin:$PATH \
     PYTHONUNBUFFERED=1 \

@@ -16,13 +16,14 @@ SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 PYTEST_ARGS ?= -ra
 
 .NOTPARALLEL:
-.PHONY: setup apt bpf jaeger helm wheel docs kernels test unit vmtest lowest lint demo clean distclean
+.PHONY: setup apt binfmt bpf jaeger helm wheel docs kernels test unit vmtest lowest lint demo clean distclean
 
-## setup: Debian packages (only missing ones), .venv with the project and its dev and service extras,
-## BPF objects, Jaeger (the trace backend of the demo and the tests) and helm (lint and render of the chart in
-## tests/test_helm_chart.py), both built with Go and cached
+## setup: Debian packages (only missing ones), qemu-aarch64 in binfmt_misc (the arm64 image and root), .venv with
+## the project and its dev and service extras, BPF objects, Jaeger (the trace backend of the demo and the tests) and
+## helm (lint and render of the chart in tests/test_helm_chart.py), both built with Go and cached
 setup:
 	@$(MAKE) --no-print-directory apt
+	@$(MAKE) --no-print-directory binfmt
 	@$(MAKE) --no-print-directory $(STAMP)
 	@$(MAKE) --no-print-directory bpf
 	@$(MAKE) --no-print-directory jaeger
@@ -44,6 +45,11 @@ apt:
 	  echo "installing Debian packages:" $$missing; \
 	  $(SUDO) apt-get update && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y $$missing; \
 	fi
+
+# arm64 programs through qemu-user-static, registered with binfmt_misc with the F flag (its interpreter then works in
+# containers: the arm64 image's RUN steps; and in mmdebstrap's arm64 roots); idempotent
+binfmt:
+	@$(SUDO) tests/binfmt-arm64
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)

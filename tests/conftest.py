@@ -52,7 +52,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
     from tests.container_image import SUMMARY
-    if (line := config.stash.get(SUMMARY, None)) is not None:
+    for line in config.stash.get(SUMMARY, []):
         terminalreporter.write_line(line)
 
 

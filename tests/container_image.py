@@ -1,11 +1,14 @@
 """Build and run the Dockerfile's image with podman (daemonless), on a machine that reaches no registry.
 
 The base image is made from Debian's archive: `mmdebstrap --variant=minbase bookworm` (cached outside the repo) is
-imported as localhost/debian:bookworm-slim and given to the Dockerfile as DEBIAN_IMAGE. podman runs with runc
-(crun refuses a host with hybrid cgroups) and explicit default ulimits (podman's own are refused with EPERM by
-such hosts), set in a containers.conf passed through CONTAINERS_CONF. pip in the build stage verifies TLS with
-this machine's CA bundle, given as the build secret `pip-ca` (the Dockerfile's way for users behind a re-signing
-proxy).
+imported as localhost/debian:bookworm-slim and given to the Dockerfile as DEBIAN_IMAGE; the arm64 one alike
+(`--arch=arm64`, through qemu-user-static registered with binfmt_misc: tests/binfmt-arm64) as
+localhost/debian-arm64:bookworm-slim. The arm64 image is built from the same Dockerfile under emulation, installing
+the aarch64 wheel that `make wheel` cross-builds (dist/aarch64) instead of compiling (WHEEL=prebuilt).
+podman runs with runc (crun refuses a host with hybrid cgroups) and explicit default ulimits (podman's own are
+refused with EPERM by such hosts), set in a containers.conf passed through CONTAINERS_CONF. pip in the build stage
+verifies TLS with this machine's CA bundle, given as the build secret `pip-ca` (the Dockerfile's way for users
+behind a re-signing proxy).
 """
 
 from __future__ import annotations
@@ -20,7 +23,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 BASE = "localhost/debian:bookworm-slim"
 IMAGE = "localhost/retsnoop-otel:test"
-SUMMARY = pytest.StashKey[str]()  # the image's size, printed at the end of the run (tests/conftest.py)
+BASE_ARM64 = "localhost/debian-arm64:bookworm-slim"
+IMAGE_ARM64 = "localhost/retsnoop-otel:test-arm64"
+AARCH64_WHEELS = REPO / "dist" / "aarch64"  # `make wheel`: the cross-built wheel, and deps/ with its dependencies
+SUMMARY = pytest.StashKey[list[str]]()  # the images' sizes, printed at the end of the run (tests/conftest.py)
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 CONTAINERS_CONF = """[containers]
 default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]
@@ -53,30 +59,47 @@ def missing_tools() -> list[str]:
     return [t for t in ("podman", "mmdebstrap", "runc") if shutil.which(t) is None]
 
 
-def ensure_base(env: dict[str, str]) -> None:
-    """localhost/debian:bookworm-slim from Debian's archive, made once per machine (about 30 s)."""
-    if podman(env, "image", "exists", BASE, check=False).returncode == 0:
-        return
+def ensure_base(env: dict[str, str], arch: str = "amd64") -> str:
+    """The Debian base of this architecture (amd64, arm64), made once per machine (about 30 s; arm64 under
+    emulation, about 4 minutes); its name."""
+    base = BASE if arch == "amd64" else BASE_ARM64
+    if podman(env, "image", "exists", base, check=False).returncode == 0:
+        return base
+    if arch != "amd64":
+        subprocess.run([str(REPO / "tests" / "binfmt-arm64")], check=True, timeout=120)  # mmdebstrap's scripts
     cache = cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
-    tar = cache / "bookworm-minbase.tar"
+    tar = cache / ("bookworm-minbase.tar" if arch == "amd64" else f"bookworm-minbase-{arch}.tar")
     if not tar.is_file():
         shutil.rmtree(tar, ignore_errors=True)  # a directory left by an older version of this code
         part = tar.with_suffix(".part")
         shutil.rmtree(part, ignore_errors=True)
         part.unlink(missing_ok=True)
         # --format: mmdebstrap picks the format from the name otherwise, and '.part' made a directory
-        subprocess.run(["mmdebstrap", "--quiet", "--variant=minbase", "--format=tar", "bookworm", str(part)],
-                       check=True, timeout=900, capture_output=True)
+        subprocess.run(["mmdebstrap", "--quiet", "--variant=minbase", f"--arch={arch}", "--format=tar", "bookworm",
+                        str(part)], check=True, timeout=1800, capture_output=True)
         part.rename(tar)
-    podman(env, "import", str(tar), BASE)
+    podman(env, "import", "--arch", arch, str(tar), base)
+    return base
 
 
-def build(env: dict[str, str], tag: str = IMAGE, *extra: str) -> None:
+def build(env: dict[str, str], tag: str = IMAGE, *extra: str, base: str = BASE) -> None:
     secret = ["--secret", f"id=pip-ca,src={CA_BUNDLE}"] if CA_BUNDLE.exists() else []
     # docker format: OCI image configs have no HEALTHCHECK (buildah drops it), docker's (what `docker build` makes) do
-    podman(env, "build", "--format", "docker", "--build-arg", f"DEBIAN_IMAGE={BASE}",
+    podman(env, "build", "--format", "docker", "--build-arg", f"DEBIAN_IMAGE={base}",
            "--build-arg", f"SOURCE_URL=file://{REPO}", *secret, *extra, "-t", tag, str(REPO), timeout=2400)
+
+
+def build_arm64(env: dict[str, str], *extra: str) -> None:
+    """The arm64 image of the same Dockerfile, under emulation: the wheel `make wheel` cross-builds installed,
+    nothing compiled."""
+    build(env, IMAGE_ARM64, "--platform", "linux/arm64", "--build-arg", "WHEEL=prebuilt",
+          "--build-context", f"wheels={AARCH64_WHEELS}", *extra, base=BASE_ARM64)
+
+
+def summarize(config: pytest.Config, line: str) -> None:
+    """A line printed at the end of the run (tests/conftest.py)."""
+    config.stash.setdefault(SUMMARY, []).append(line)
 
 
 def run(env: dict[str, str], *args: str, entrypoint: str | None = None, options: tuple[str, ...] = (),

@@ -22,6 +22,7 @@ import yaml
 
 from retsnoop_otel.agent.config_file import parse_config
 from tests.gen_k8s_monitoring import chart_files_stale
+from tests.node_scheduling import IMAGE_ARCHITECTURES, node, schedules_on
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "config" / "helm" / "retsnoop-otel"
@@ -211,9 +212,10 @@ def test_probe_sets_sampling_and_config_values_pass_the_agents_parser(template) 
 
 
 def test_scheduling_and_resources_values(template) -> None:
-    """Helm merges maps with the defaults: a default key goes with null (nodeSelector's arch here)."""
+    """Helm merges maps with the defaults: a default key goes with null (nodeSelector's os here); a list of the
+    user's (nodeSelectorTerms) replaces the default's."""
     values = {"tolerations": [{"key": "dedicated", "operator": "Equal", "value": "infra", "effect": "NoSchedule"}],
-              "nodeSelector": {"kubernetes.io/arch": None, "tracing": "on"},
+              "nodeSelector": {"kubernetes.io/os": None, "tracing": "on"},
               "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
                   {"matchExpressions": [{"key": "tracing", "operator": "In", "values": ["on"]}]}]}}},
               "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
@@ -223,10 +225,24 @@ def test_scheduling_and_resources_values(template) -> None:
     (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
     pod = ds["spec"]["template"]["spec"]
     assert pod["tolerations"] == values["tolerations"]
-    assert pod["nodeSelector"] == {"kubernetes.io/os": "linux", "tracing": "on"}
+    assert pod["nodeSelector"] == {"tracing": "on"}
     assert pod["affinity"] == values["affinity"] and pod["priorityClassName"] == "my-class"
     assert _container(docs)["resources"] == {"requests": {"cpu": "100m", "memory": "256Mi"},
                                              "limits": {"cpu": "1", "memory": "1Gi"}}
+
+
+def test_default_schedules_on_both_image_architectures(template) -> None:
+    """amd64 and arm64 nodes get the agent (the image is built for both), others not; a nodeSelector of the user's is
+    added to the default os one and keeps the architectures."""
+    for values in ({}, {"nodeSelector": {"tracing": "on"}}):
+        (ds,) = [d for d in template(values) if d["kind"] == "DaemonSet"]
+        pod = ds["spec"]["template"]["spec"]
+        extra = values.get("nodeSelector", {})
+        for arch in IMAGE_ARCHITECTURES:
+            assert schedules_on(pod, node(arch, **extra)), (arch, values)
+        assert not schedules_on(pod, node("s390x", **extra)), values
+        if extra:
+            assert not schedules_on(pod, node("arm64")), "the user's nodeSelector applies"
 
 
 def test_image_values(template) -> None:

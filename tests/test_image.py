@@ -27,8 +27,8 @@ def image(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config)
     ci.build(env)
     size = int(ci.podman(env, "image", "inspect", ci.IMAGE, "--format", "{{.Size}}").stdout)
     base = int(ci.podman(env, "image", "inspect", ci.BASE, "--format", "{{.Size}}").stdout)
-    pytestconfig.stash[ci.SUMMARY] = (f"image {ci.IMAGE}: {size / 1e6:.0f} MB, of which {(size - base) / 1e6:.0f} MB "
-                                    f"over its Debian base ({base / 1e6:.0f} MB, mmdebstrap minbase)")
+    ci.summarize(pytestconfig, f"image {ci.IMAGE}: {size / 1e6:.0f} MB, of which {(size - base) / 1e6:.0f} MB "
+                 f"over its Debian base ({base / 1e6:.0f} MB, mmdebstrap minbase)")
     return env
 
 

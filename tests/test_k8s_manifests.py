@@ -40,6 +40,7 @@ from tests.gen_k8s_monitoring import (
     rule_groups,
 )
 from tests.gen_k8s_monitoring import OUTPUT as PROMETHEUS_RULE
+from tests.node_scheduling import IMAGE_ARCHITECTURES, node, schedules_on
 
 REPO = Path(__file__).resolve().parents[1]
 DAEMONSET = REPO / "config" / "k8s" / "base" / "daemonset.yaml"
@@ -167,6 +168,15 @@ def test_namespaced_objects_live_in_the_agents_namespace(core) -> None:
 
 
 # ---- policy --------------------------------------------------------------------------------------
+
+
+def test_schedules_on_both_image_architectures_only(pod) -> None:
+    """The image is built for amd64 and arm64 (one manifest list): nodes of either get the agent; a node of another
+    architecture, for which no image exists, does not (it would sit in ImagePullBackOff); nor does a Windows node."""
+    for arch in IMAGE_ARCHITECTURES:
+        assert schedules_on(pod, node(arch)), arch
+    assert not schedules_on(pod, node("s390x")) and not schedules_on(pod, node("ppc64le"))
+    assert not schedules_on(pod, {"kubernetes.io/os": "windows", "kubernetes.io/arch": "amd64"})
 
 
 def test_own_priority_class_not_a_system_one(core, pod) -> None:

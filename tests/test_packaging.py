@@ -75,8 +75,10 @@ def test_dockerfile_is_multi_stage_with_pinned_tags(docker) -> None:
     args = {k: v for k, v in (a.split("=", 1) for i, a in docker if i == "ARG" and "=" in a)}
     froms = [a for i, a in docker if i == "FROM"]
     assert len(froms) >= 2
-    assert re.search(r"\bAS build\b", froms[0], re.I), "the first stage is the builder"
-    for arg in froms:
+    # the first stage is the empty default of the build context `wheels` (prebuilt wheels, the arm64 image)
+    assert froms[0].split() == ["scratch", "AS", "wheels"], froms[0]
+    assert re.search(r"\bAS build\b", froms[1], re.I), "the builder follows"
+    for arg in froms[1:]:
         image = resolve_image(arg, args)
         assert "$" not in image, f"unresolved image {arg}"
         name, _, tag = image.partition(":")
@@ -95,8 +97,12 @@ def test_dockerfile_apt_hygiene(docker) -> None:
 
 def test_dockerfile_builds_bpf_then_ships_a_slim_runtime(docker) -> None:
     """What tests/test_image.py cannot see in the built image: which stage installs what."""
-    build, runtime = stages(docker)[0], stages(docker)[-1]
-    build_pkgs = " ".join(a for i, a in build if i == "RUN" and "apt-get" in a).split()
+    build, runtime = stages(docker)[1], stages(docker)[-1]
+    build_run = " ".join(a for i, a in build if i == "RUN" and "apt-get" in a)
+    build_pkgs = build_run.replace(";", " ").split()
+    # a prebuilt wheel (WHEEL=prebuilt: the arm64 image, built under emulation) takes no compiler
+    assert not {"clang", "gcc", "make", "llvm"} & set(build_run.partition("$(if")[0].split())
+    assert '"$WHEEL" = source ]; then echo clang' in build_run.partition("$(if")[2]
     runtime_run = " ".join(a for i, a in runtime if i == "RUN" and "apt-get" in a)
     always, _, optional = runtime_run.partition("$(if")
     runtime_pkgs = always.split()
@@ -157,8 +163,11 @@ def test_daemonset_structure(manifests) -> None:
     assert selector and selector.items() <= labels.items(), "the selector must match the pod labels"
     pod = spec["template"]["spec"]
     assert pod["hostPID"] is True
-    # the image and its BPF object are x86-64 builds: nodes of another architecture must not get the pod
-    assert pod["nodeSelector"] == {"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
+    # the image is built for amd64 and arm64 (tests/test_image_arm64.py): nodes of either get the pod, others not
+    assert pod["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    arch = {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64", "arm64"]}
+    assert pod["affinity"] == {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [arch]}]}}}
     (c,) = pod["containers"]
     assert c["name"] and c["image"] == "retsnoop-otel"  # its registry and tag: the kustomize base (test_k8s_manifests)
     sc = c["securityContext"]

@@ -22,29 +22,17 @@ from pathlib import Path
 
 import pytest
 
+from tests.machine_code import SHARED_LIBRARY, check_machine_code
+
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.artifacts
-EM_X86_64, EM_AARCH64 = 62, 183
-# what the BPF object's BTF names only when built for that architecture (vmlinux_min.h's register layouts)
-BPF_ARCH_MARK = {"x86_64": b"orig_ax", "aarch64": b"user_pt_regs"}
-
-
-def _elf_machine(data: bytes) -> int:
-    assert data[:4] == b"\x7fELF" and data[5] == 1, "a little-endian ELF file"
-    return int.from_bytes(data[18:20], "little")
 
 
 def _check_machine_code(wheel: Path, machine: str) -> None:
     """Every shared library in the wheel is machine code for `machine`, and the BPF object was built for it."""
-    em = {"x86_64": EM_X86_64, "aarch64": EM_AARCH64}[machine]
     with zipfile.ZipFile(wheel) as z:
-        libs = [n for n in z.namelist() if re.search(r"\.so(\.\d+)*$", n)]
-        assert len(libs) >= 4, libs  # libbpf, publisher, kernel tables, libelf (auditwheel)
-        for name in libs:
-            assert _elf_machine(z.read(name)) == em, (name, machine)
-        bpf = z.read("retsnoop_otel/bpf/retsnoop.bpf.o")
-    others = [mark for m, mark in BPF_ARCH_MARK.items() if m != machine]
-    assert BPF_ARCH_MARK[machine] in bpf and not any(mark in bpf for mark in others), machine
+        files = {n: z.read(n) for n in z.namelist() if SHARED_LIBRARY.search(n)}
+        check_machine_code(files, z.read("retsnoop_otel/bpf/retsnoop.bpf.o"), machine)
 
 
 def _run(*cmd: str | Path, cwd: Path = REPO, env: dict[str, str] | None = None,
