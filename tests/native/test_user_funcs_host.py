@@ -80,7 +80,9 @@ def test_features_offers_the_user_modes_that_attach_here() -> None:
 
 def test_json_and_the_stack_say_the_binary_and_the_source_line(app: str) -> None:
     out, rc, _ = trace([*specs(app), "--json"], [app, "1"])
-    (session,) = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    objs = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    (session,) = [o for o in objs if "origins" not in o]  # then the origin table at stop
+    assert [o["origins"][0]["origin"] for o in objs if "origins" in o] == ["handle_request"], objs
     (head,) = session["chain"]
     assert head["function"] == "handle_request" and head["error"] == "EINVAL" and head["binary"] == app
     line = int(head["source"].rsplit(":", 1)[1])

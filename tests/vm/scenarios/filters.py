@@ -48,8 +48,9 @@ def stop_tracer(ctx, tracer) -> dict:
 
 
 def json_sessions(output: str) -> list[dict]:
-    """The --json session objects among the tracer's output lines."""
-    return [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+    """The --json session objects among the tracer's output lines (not the origin table printed at stop)."""
+    objs = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+    return [o for o in objs if "origins" not in o]
 
 
 def spawn_simfail(ctx, cases: Sequence[str], comm: str | None = None, wait: bool = False):
