@@ -17,6 +17,7 @@ from retsnoop_otel.capture.inject import InjectError, ProbeInfo
 from retsnoop_otel.capture.model import (
     CaptureStats,
     FuncStats,
+    FuncTable,
     OriginCount,
     ProgramStats,
     Session,
@@ -434,3 +435,16 @@ def tracer_factory(object_path: Path | None = None) -> TracerFactory:
 
 
 real_tracer_factory = tracer_factory()
+
+
+SetOrigins = list[tuple[FuncTable, list[OriginCount]]]  # each probe set's functions and its error origins
+
+
+def stop_counts(sets: Sequence[ProbeSet], close: Callable[[], object]) -> tuple[CaptureStats, SetOrigins]:
+    """At a stop: the kernel's loss counters, read before `close` detaches the sets, then each set's error origins,
+    read after their probes went, so that every session that ended before then counts."""
+    try:
+        stats = CaptureStats.summed(ps.capture_stats() for ps in sets)
+    finally:
+        close()
+    return stats, [(ps.funcs, ps.origin_counts()) for ps in sets]

@@ -29,7 +29,7 @@ from retsnoop_otel.runtime.heap import freeze_heap, refreeze_heap
 from retsnoop_otel.runtime.hooks import Resolved, StartHook
 from retsnoop_otel.runtime.losses import LossSummary, losses
 from retsnoop_otel.runtime.metrics_view import RuntimeMetrics, push_key
-from retsnoop_otel.runtime.probe_set import ProbeSet, hand_over, resolve, start_probe_sets
+from retsnoop_otel.runtime.probe_set import ProbeSet, hand_over, resolve, start_probe_sets, stop_counts
 from retsnoop_otel.runtime.requests import Requests
 from retsnoop_otel.runtime.routing import SessionRouter
 from retsnoop_otel.runtime.settings import RunSettings, run_settings
@@ -295,13 +295,7 @@ class Runtime:
                 self.poll_once()
         finally:
             detaching()
-            sets = list(self.probe_sets)
-            try:
-                stats = CaptureStats.summed(ps.capture_stats() for ps in self.probe_sets)  # before detaching
-            finally:
-                self.shutdown(SHUTDOWN_FLUSH_S)
-        # closed sets answer their final counts, read after their probes went: every session that ended counts
-        self.origins_at_stop = [(ps.funcs, ps.origin_counts()) for ps in sets]
+            stats, self.origins_at_stop = stop_counts(list(self.probe_sets), lambda: self.shutdown(SHUTDOWN_FLUSH_S))
         return stats
 
     def _drain_and_close(self, ps: ProbeSet) -> None:

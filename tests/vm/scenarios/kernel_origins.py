@@ -1,4 +1,4 @@
-"""Guest side of error origins counted in the kernel (issue 46 point 1); host asserts: tests/vm/test_error_origins.py.
+"""Guest side of error origins counted in the kernel (issue 46 point 1); host asserts: tests/vm/test_kernel_origins.py.
 
 A workload makes bpf() fail in two places at known counts (BPF_MAP_CREATE with max_entries 0 fails in
 array_map_alloc_check for an array, in htab_map_alloc_check for a hash map: map-type callbacks, traceable on every

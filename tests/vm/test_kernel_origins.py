@@ -1,6 +1,6 @@
 """Issue 46 point 1 on real kernels: failing sessions counted by error origin in the kernel, exactly.
 
-Guest side: tests/vm/scenarios/error_origins.py. bpf() fails 7 times in array_map_alloc_check (BPF_MAP_CREATE,
+Guest side: tests/vm/scenarios/kernel_origins.py. bpf() fails 7 times in array_map_alloc_check (BPF_MAP_CREATE,
 max_entries 0 of an array) and 5 times in htab_map_alloc_check (of a hash map), among 300 successes sampled at 1%."""
 
 from __future__ import annotations
