@@ -25,6 +25,7 @@ from retsnoop_otel.metrics.series import SeriesLimiter
 from retsnoop_otel.metrics.workload_series import WorkloadTotal
 
 FuncTable = Mapping[int, TracedFunc] | Sequence[TracedFunc]
+ORIGIN_LABELS = ("probe_set", "entry", "origin", "error_type")  # retsnoop_error_origins_total
 
 
 class ProbeSetSource(Protocol):
@@ -286,13 +287,14 @@ class KernelCollector(Collector):
         family = CounterMetricFamily("retsnoop_error_origins", "Failing entry-function sessions by the function "
                                      "their error started in (the deepest function of the error chain, the "
                                      "stack view's '!' row) and the error it returned; every failing session, "
-                                     "sampled, exported or not", labels=["probe_set", "entry", "origin", "error_type"])
+                                     "sampled, exported or not", labels=ORIGIN_LABELS)
         for ps in sets:
             limiter = self._limiter(ps.name) if self._limiter is not None else None
             merged = merge_origins(ps.origin_counts(), ps.funcs, limiter.function if limiter is not None else None)
             exemplars = self._origin_exemplars(ps.name) if self._origin_exemplars is not None and merged else {}
-            for key, n in sorted(merged.items()):
-                family.add_metric([ps.name, *key], n, exemplar=exemplars.get(key))
+            for key, n in sorted(merged.items()):  # add_sample: 0.20's add_metric (our lowest) takes no exemplar
+                labels = dict(zip(ORIGIN_LABELS, (ps.name, *key), strict=True))
+                family.add_sample("retsnoop_error_origins_total", labels, n, exemplar=exemplars.get(key))
         return family
 
     def _programs(self, sets: Sequence[ProbeSetSource], enabled: bool) -> Iterator[Metric]:
