@@ -179,9 +179,9 @@ def scenario_trace_origin_table(ctx) -> dict:
         tracer.wait_output_settled(SETTLE_S, timeout=120)
     finally:
         result["tracer"] = stop_tracer(ctx, tracer)
-    objs = json_sessions(result["tracer"]["output"])
-    result["session_origins"] = [o["origin"] for o in objs if "origin" in o]
-    result["table"] = [o for o in objs if "origins" in o]
+    objs = [json.loads(line) for line in result["tracer"]["output"].splitlines() if line.startswith("{")]
+    result["session_origins"] = [o["origin"] for o in json_sessions(result["tracer"]["output"]) if "origin" in o]
+    result["table"] = [o for o in objs if "origins" in o]  # the table object, which json_sessions leaves out
     result["tail"] = result["tracer"]["output"][-1500:]
     json.dumps(result)  # the batch stores it as JSON
     return result
