@@ -7,7 +7,7 @@ drive them with dict-backed fakes and recorded bytes.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Protocol
 
 from retsnoop_otel.capture import records
@@ -63,12 +63,17 @@ def func_stats(stats_map: StatsMap, err_map: StatsMap, funcs: Sequence[TracedFun
     return out
 
 
+def _counters(counter_map: StatsMap, ncpus: int) -> Iterator[tuple[bytes, int]]:
+    """(key, total over the CPUs) of a per-CPU map of u64 counters; a key deleted while read is skipped."""
+    for key in list(counter_map.keys()):
+        raw = counter_map.lookup(key, 8 * ncpus)
+        if raw is not None:
+            yield key, _percpu_sum(raw, ncpus)
+
+
 def workload_counts(wl_map: StatsMap, funcs: Sequence[TracedFunc], ncpus: int) -> list[WorkloadCount]:
     out = []
-    for key in list(wl_map.keys()):
-        raw = wl_map.lookup(key, 8 * ncpus)
-        if raw is None:
-            continue
+    for key, total in _counters(wl_map, ncpus):
         cgroup_id, fid, outcome = records.WL_KEY.unpack(key)
         session = bool(fid & records.WL_SESSION)
         fid &= ~records.WL_SESSION
@@ -80,22 +85,19 @@ def workload_counts(wl_map: StatsMap, funcs: Sequence[TracedFunc], ncpus: int) -
                 continue
         else:
             error = None
-        out.append(WorkloadCount(cgroup_id, fid, session, error, _percpu_sum(raw, ncpus)))
+        out.append(WorkloadCount(cgroup_id, fid, session, error, total))
     return out
 
 
 def origin_counts(origin_map: StatsMap, funcs: Sequence[TracedFunc], ncpus: int) -> list[OriginCount]:
     """Failing sessions by (entry, origin, error) from map origin_stats; keys of another table are skipped."""
     out = []
-    for key in list(origin_map.keys()):
-        raw = origin_map.lookup(key, 8 * ncpus)
-        if raw is None:
-            continue
+    for key, total in _counters(origin_map, ncpus):
         entry_id, origin_id, err = records.ORIGIN_KEY.unpack(key)
         name = error_name(funcs, origin_id, err)
         if name is None or not 0 <= entry_id < len(funcs):
             continue
-        out.append(OriginCount(entry_id, origin_id, name, _percpu_sum(raw, ncpus)))
+        out.append(OriginCount(entry_id, origin_id, name, total))
     return out
 
 

@@ -315,14 +315,19 @@ def _session_histogram(t: FakeTracer) -> None:
     t.session_stats = lambda: [SessionStats(t.fid("__x64_sys_bpf"), 1, 1, tuple(buckets), 5000)]
 
 
+def _export_error_session(world, agent, errs) -> int:
+    """The trace id of one failing session of `errs`, exported by one poll (the exemplars' target)."""
+    errs.pending = error_session(errs)
+    agent.runtime.poll_once()
+    return wait_exported(world, 2)[0].context.trace_id
+
+
 def test_session_histogram_bucket_links_to_the_exported_trace(setup) -> None:
     world, agent, _cfg, _log = setup
     agent.start()
     errs = by_set(world, "__x64_sys_bpf")
     _session_histogram(errs)
-    errs.pending = error_session(errs)
-    agent.runtime.poll_once()
-    trace_id = wait_exported(world, 2)[0].context.trace_id
+    trace_id = _export_error_session(world, agent, errs)
     text = _openmetrics(agent.runtime.server.port)
     # root span: boot-clock end 5,100 ns + offset 1,000 s; duration 5,000 ns
     assert ('retsnoop_session_duration_seconds_bucket{entry_function="__x64_sys_bpf",le="8.192e-06",'
@@ -340,9 +345,7 @@ def test_origin_series_links_to_an_exported_trace_of_that_origin(setup) -> None:
     errs = by_set(world, "__x64_sys_bpf")
     errs.origin_counts = lambda: [OriginCount(errs.fid("__x64_sys_bpf"), errs.fid("array_map_alloc_check"), "EINVAL",
                                               3)]
-    errs.pending = error_session(errs)
-    agent.runtime.poll_once()
-    trace_id = wait_exported(world, 2)[0].context.trace_id
+    trace_id = _export_error_session(world, agent, errs)
     text = _openmetrics(agent.runtime.server.port)
     assert ('retsnoop_error_origins_total{entry="__x64_sys_bpf",error_type="EINVAL",origin="array_map_alloc_check",'
             f'probe_set="bpf_errors"}} 3.0 # {{trace_id="{trace_id:032x}"}} 1.0 1000.000005100\n') in text
