@@ -36,6 +36,7 @@ from typing import Any, Protocol
 from retsnoop_otel.appctx.exec_watch import EXEC_OUTCOMES, ExecWatches, Watch
 from retsnoop_otel.appctx.process_readers import AppSources, SourcesFactory
 from retsnoop_otel.appctx.stacks import WAIT_S, HeldSessions, StackWorker
+from retsnoop_otel.appctx.watched import WatchedSet, watches
 from retsnoop_otel.capture.model import Session
 from retsnoop_otel.capture.records import AppExecRec, AppProbeRec, AppRecord
 
@@ -55,20 +56,6 @@ class Log(Protocol):
     def debug(self, msg: str, **fields: Any) -> None: ...
 
     def warning(self, msg: str, **fields: Any) -> None: ...
-
-
-class WatchedSet(Protocol):
-    """What the watcher reads of a probe set's configuration (runtime.config.ProbeSetConfig)."""
-
-    app_context: bool
-    user_stacks: bool
-    mode: str
-
-
-def watches(ps: WatchedSet) -> bool:
-    """Whether a probe set's sessions go through the watcher: it reads thread context or takes user stacks
-    (a metrics-only set reports no session)."""
-    return (ps.app_context or ps.user_stacks) and ps.mode != "metrics"
 
 
 class AppTargets(Protocol):

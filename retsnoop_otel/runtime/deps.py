@@ -10,9 +10,8 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from retsnoop_otel.appctx.process_readers import AppSources
 from retsnoop_otel.export.otlp_settings import OtlpSettings
 from retsnoop_otel.export.resource import Resource, build_resource
 from retsnoop_otel.runtime.config import SymbolsConfig
@@ -25,12 +24,25 @@ from retsnoop_otel.runtime.environment import (
 )
 from retsnoop_otel.runtime.probe_set import TracerFactory, real_tracer_factory
 from retsnoop_otel.workload.k8s_settings import KubeSettings
-from retsnoop_otel.workload.resolver import WorkloadResolver, build_resolver
+
+if TYPE_CHECKING:
+    from retsnoop_otel.appctx.process_readers import AppSources
+    from retsnoop_otel.workload.resolver import WorkloadResolver
 
 
 def _build_sender(settings: OtlpSettings) -> Any:
     from retsnoop_otel.export.senders import build_sender  # grpc and protobuf load only for OTLP runs
     return build_sender(settings)
+
+
+def _app_sources(proc_root: str, stacks: bool, lines: bool) -> AppSources:
+    from retsnoop_otel.appctx.process_readers import AppSources  # only when a probe set reads the application
+    return AppSources.from_proc(proc_root, stacks, lines)
+
+
+def _build_resolver(root: str, monotonic: Callable[[], float], kube: KubeSettings | None, log: Any) -> WorkloadResolver:
+    from retsnoop_otel.workload.resolver import build_resolver
+    return build_resolver(root, monotonic, kube, log)
 
 
 def _boot_to_wall_offset() -> int:
@@ -54,9 +66,9 @@ class RuntimeDeps:
                  boot_to_wall_offset: Callable[[], int] = _boot_to_wall_offset,
                  make_resource: Callable[[Mapping[str, str]], Resource] = build_resource, console: TextIO | None = None,
                  monotonic: Callable[[], float] = time.monotonic, environ: Mapping[str, str] | None = None,
-                 root: str = "/", app_sources: Callable[[str, bool, bool], AppSources] = AppSources.from_proc,
+                 root: str = "/", app_sources: Callable[[str, bool, bool], AppSources] = _app_sources,
                  make_workloads: Callable[[str, Callable[[], float], KubeSettings | None, Any], WorkloadResolver]
-                 = build_resolver) -> None:
+                 = _build_resolver) -> None:
         self.load_env = load_env
         self.kernel_state = kernel_state  # a reload keeps the loaded env while this is unchanged
         self.find_vmlinux = find_vmlinux

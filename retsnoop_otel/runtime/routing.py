@@ -8,18 +8,19 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from retsnoop_otel.appctx.process_readers import AppSources
-from retsnoop_otel.appctx.watch import AppWatcher, watches
+from retsnoop_otel.appctx.watched import watches
 from retsnoop_otel.capture.model import Session
 from retsnoop_otel.capture.records import AppRecord
 from retsnoop_otel.command.logs import EventLog
 from retsnoop_otel.runtime.config import RuntimeConfig
 from retsnoop_otel.runtime.sinks import Sinks
 from retsnoop_otel.runtime.startup import Phase, phase_since
-from retsnoop_otel.workload.resolver import WorkloadResolver
 
 if TYPE_CHECKING:
+    from retsnoop_otel.appctx.process_readers import AppSources
+    from retsnoop_otel.appctx.watch import AppWatcher
     from retsnoop_otel.runtime.probe_set import ProbeSet
+    from retsnoop_otel.workload.resolver import WorkloadResolver
 
 
 class SessionRouter:
@@ -68,7 +69,8 @@ class SessionRouter:
     def watch_apps(self, cfg: RuntimeConfig, proc: str, sources: Callable[[str, bool, bool], AppSources],
                    clock: Callable[[], float]) -> None:
         """The application watcher, made the first time a config reads thread context or user stacks."""
-        if self.app_watch is None:
+        if self.app_watch is None and any(watches(ps) for ps in cfg.probe_sets):  # else nothing of it imported
+            from retsnoop_otel.appctx.watch import AppWatcher
             self.app_watch = AppWatcher.for_config(cfg.probe_sets, proc, cfg.symbols.source_lines, sources, clock,
                                                    self.log)
 

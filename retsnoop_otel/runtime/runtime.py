@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from retsnoop_otel.appctx.watch import watches
+from retsnoop_otel.appctx.watched import watches
 from retsnoop_otel.capture.model import CaptureStats, FuncTable, OriginCount
 from retsnoop_otel.command.errors import RunRefused
 from retsnoop_otel.command.logs import EventLog

@@ -21,14 +21,16 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from retsnoop_otel.capture.model import NO_WORKLOAD, Workload
 from retsnoop_otel.workload.cgroup_path import ContainerRef, parse_cgroup_path
 from retsnoop_otel.workload.cgroupfs import CgroupIndex, cgroup2_mount, has_cgroup_v1
 from retsnoop_otel.workload.k8s_settings import KubeSettings
-from retsnoop_otel.workload.pods import PodCache, PodMeta
 from retsnoop_otel.workload.procfs import container_of, exe_name, read_proc_cgroup, start_time, v2_path
+
+if TYPE_CHECKING:  # the pod cache only with the pod watch (build_resolver): its fields import datetime
+    from retsnoop_otel.workload.pods import PodCache, PodMeta
 
 MAX_CGROUPS = 16384  # cached workloads per cgroup id
 MAX_PROCESSES = 8192
@@ -203,5 +205,6 @@ def build_resolver(root: str, monotonic: Callable[[], float], kube: KubeSettings
     if kube is None:
         return WorkloadResolver(root, monotonic)
     from retsnoop_otel.workload.k8s_watch import PodWatch
+    from retsnoop_otel.workload.pods import PodCache
     pods = PodCache(monotonic, kube.keep_deleted_s)
     return WorkloadResolver(root, monotonic, pods, PodWatch(kube, pods, log, monotonic).start())
