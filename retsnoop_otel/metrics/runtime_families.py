@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 
 from retsnoop_otel import __version__
 from retsnoop_otel.metrics.kernel_families import read_bpf_stats_enabled
-from retsnoop_otel.workload.k8s_watch import REASONS as WATCH_ERROR_REASONS
+from retsnoop_otel.workload.k8s_settings import REASONS as WATCH_ERROR_REASONS
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,8 @@ from retsnoop_otel.inputs.tls_files import read_ca_bundle
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 NODE_ENV = "K8S_NODE_NAME"
+# why a pod list or watch failed (workload/k8s_watch.py), here so that /metrics lists them without importing the watch
+REASONS = ("unreachable", "unauthorized", "forbidden", "gone", "server_error", "invalid_response")
 WATCH_TIMEOUT_S = 300  # the server ends each watch after this; it is then resumed from the last resourceVersion
 
 

@@ -44,7 +44,6 @@ CONNECT_TIMEOUT_S = 10.0
 LIST_READ_TIMEOUT_S = 60.0
 EXPIRE_EVERY_S = 30.0
 MIN_WATCH_INTERVAL_S = 1.0  # a server that ends watches at once is not asked again in a tight loop
-REASONS = ("unreachable", "unauthorized", "forbidden", "gone", "server_error", "invalid_response")
 USER_AGENT = "retsnoop-otel"  # what the API server's audit log and priority-and-fairness see
 
 
