@@ -58,6 +58,13 @@ RUN case "$WHEEL" in source|prebuilt) ;; *) echo "WHEEL=$WHEEL: use WHEEL=source
     && apt-get install -y --no-install-recommends ca-certificates python3 python3-venv \
        $(if [ "$WHEEL" = source ]; then echo clang curl gcc libc6-dev libelf-dev llvm make zlib1g-dev; fi) \
     && rm -rf /var/lib/apt/lists/*
+# Bytecode: the runtime never writes any (PYTHONDONTWRITEBYTECODE, and a read-only root in Kubernetes), so every
+# module must have its .pyc in the image or each start compiles it again. pip compiles at install, with
+# timestamp-checked .pyc files: valid only while each source keeps the mtime and size they recorded, which a tool
+# that flattens, copies or converts the image need not keep; every import would then compile its module and read
+# its source on every start. compileall --invalidation-mode unchecked-hash writes .pyc files that are valid whatever
+# the timestamps: the import reads the .pyc and never the source (Python 3.11 still stats the source to find it).
+# The sources cannot change in an image, which is what makes not checking them safe.
 # copied, not bind-mounted: buildah's layer cache ignores what a RUN's bind mount holds, and would keep a venv
 # made from an older wheel
 COPY --from=wheels . /prebuilt/
@@ -78,6 +85,7 @@ RUN --mount=type=secret,id=pip-ca \
          exit 2; \
        fi \
     && /opt/retsnoop-otel/bin/pip uninstall -y -q setuptools pip \
+    && /opt/retsnoop-otel/bin/python -m compileall -q -f -j 0 --invalidation-mode unchecked-hash /opt/retsnoop-otel/lib \
     && /opt/retsnoop-otel/bin/retsnoop-otel --version
 
 # ---- runtime: Python, libelf and zlib (what our libbpf links), and the virtualenv ----------------------------------

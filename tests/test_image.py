@@ -2,8 +2,8 @@
 
 Built once per run from a base image made of Debian packages (tests/container_image.py: no registry is reachable
 here). Inside it: the version and our libbpf, the feature report, `agent --check` of the shipped config, the health
-check command of the HEALTHCHECK, kill for the reload, no compiler, the licenses and the OCI labels; its size is
-printed at the end of the run.
+check command of the HEALTHCHECK, kill for the reload, no compiler, the licenses, a .pyc for every module that needs
+no look at its source, and the OCI labels; its size is printed at the end of the run.
 """
 
 from __future__ import annotations
@@ -74,11 +74,20 @@ def test_health_check_command_follows_the_config(image: dict[str, str]) -> None:
             "probes)") in res.stderr, res.stderr
 
 
+# the modules of the virtualenv without a .pyc that the import may use without reading the source (unchecked hash,
+# flags 1): the runtime writes no bytecode, so each of them would be compiled at every start (Dockerfile)
+UNCOMPILED = ("python3 -c 'import importlib.util as u, pathlib as p, sys; "
+              "c = lambda f: p.Path(u.cache_from_source(f)); "
+              'print("UNCOMPILED", *sorted(str(f) for f in p.Path(sys.prefix, "lib").rglob("*.py") '
+              "if not c(str(f)).is_file() or c(str(f)).read_bytes()[4:8] != bytes([1, 0, 0, 0])), \"END\")'")
+
+
 def test_runtime_holds_no_compiler_but_kill_and_the_licenses(image: dict[str, str]) -> None:
     res = ci.run(image, "-c", "which gcc cc clang ld make kill; "
-                 "ls /usr/share/doc/retsnoop-otel /opt/retsnoop-otel/lib/python3*/site-packages/retsnoop_otel/bpf",
-                 entrypoint="sh")
+                 "ls /usr/share/doc/retsnoop-otel /opt/retsnoop-otel/lib/python3*/site-packages/retsnoop_otel/bpf; "
+                 + UNCOMPILED, entrypoint="sh")
     lines = res.stdout.split()
+    assert "UNCOMPILED" in lines and lines[lines.index("UNCOMPILED") + 1:lines.index("END")] == [], res.stdout
     assert "/bin/kill" in lines or "/usr/bin/kill" in lines, res.stdout  # `kubectl exec ... -- kill -HUP 1`
     assert not [x for x in lines if x.rsplit("/", 1)[-1] in ("gcc", "cc", "clang", "ld", "make")], res.stdout
     shipped = {"LICENSE", "LICENSE.bpf", "LICENSE.libbpf", "LICENSE.libelf", "libbpf.so.1", "retsnoop.bpf.o"}
