@@ -15,7 +15,7 @@ import collections
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from retsnoop_otel.export.sending import Sender
 from retsnoop_otel.export.span_encoder import EncodedTrace, build_request
@@ -23,12 +23,12 @@ from retsnoop_otel.export.span_encoder import EncodedTrace, build_request
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class ExportStats:
-    """Counters of one sink, read by the metrics collector at scrape time."""
+class ExportStats(NamedTuple):
+    """Counters of one sink, read by the metrics collector at scrape time (not a dataclass: dataclasses imports
+    inspect, ast and dis at start)."""
 
-    spans_exported: int = 0
-    spans_dropped: dict[str, int] = field(default_factory=dict)  # cause -> spans
+    spans_exported: int
+    spans_dropped: dict[str, int]  # cause -> spans
     export_errors: int = 0
 
 

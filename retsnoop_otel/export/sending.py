@@ -5,8 +5,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from retsnoop_otel import __version__
 from retsnoop_otel.export.otlp_settings import OtlpSettings
@@ -29,8 +28,7 @@ def signal_messages(signal: str) -> tuple[str, Any, Any, str]:
             mpb.ExportMetricsServiceResponse, "rejected_data_points")
 
 
-@dataclass(frozen=True)
-class SendResult:
+class SendResult(NamedTuple):  # not a dataclass: dataclasses imports inspect, ast and dis at start
     ok: bool
     rejected: int = 0  # items the receiver refused in a partial success (rejected_spans / rejected_data_points)
     error: str | None = None  # one line, for logs and counters (with ok=True: the partial success message)

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from retsnoop_otel import __version__
 from retsnoop_otel.capture.errnos import errno_name
@@ -62,8 +61,7 @@ class StatusCode(enum.IntEnum):
     ERROR = 2
 
 
-@dataclass(frozen=True, slots=True)
-class SpanStatus:
+class SpanStatus(NamedTuple):  # not a dataclass: dataclasses imports inspect, ast and dis at start
     code: StatusCode = StatusCode.UNSET
     message: str = ""
 

@@ -14,8 +14,7 @@ import functools
 import random
 import struct
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from retsnoop_otel.capture.errnos import MAX_ERRNO
 from retsnoop_otel.capture.model import Call, FuncTable, RetKind, Session, Workload, lookup_func
@@ -94,8 +93,7 @@ def _valid_pointer(raw: int) -> bool:
     return 0 < raw < (1 << 64) - MAX_ERRNO
 
 
-@dataclass(frozen=True, slots=True)
-class Envelope:
+class Envelope(NamedTuple):
     """The encoded resource and scope that the spans of a request are grouped under."""
 
     resource: bytes  # Resource message body
@@ -104,14 +102,29 @@ class Envelope:
     scope_schema_url: str
 
 
-@dataclass(frozen=True, slots=True)
 class EncodedTrace:
-    """One session's spans, each a complete ScopeSpans.spans field; the root span comes first."""
+    """One session's spans, each a complete ScopeSpans.spans field; the root span comes first. A slotted class, not
+    a dataclass (dataclasses imports inspect, ast and dis at start), nor a NamedTuple (its length is the spans')."""
 
-    envelope: Envelope
-    spans: list[bytes]
-    spans_dropped: int = 0  # calls left out by the per-trace span limit
-    trace_id: int = 0  # the spans' trace id (128 bits), for metric exemplars
+    __slots__ = ("envelope", "spans", "spans_dropped", "trace_id")
+
+    def __init__(self, envelope: Envelope, spans: list[bytes], spans_dropped: int = 0, trace_id: int = 0) -> None:
+        self.envelope = envelope
+        self.spans = spans
+        self.spans_dropped = spans_dropped  # calls left out by the per-trace span limit
+        self.trace_id = trace_id  # the spans' trace id (128 bits), for metric exemplars
+
+    def _fields(self) -> tuple[Envelope, list[bytes], int, int]:
+        return self.envelope, self.spans, self.spans_dropped, self.trace_id
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, EncodedTrace) and self._fields() == other._fields()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable spans: as the frozen dataclass with a list was
+
+    def __repr__(self) -> str:
+        return (f"EncodedTrace(envelope={self.envelope!r}, spans={self.spans!r}, spans_dropped={self.spans_dropped!r}, "
+                f"trace_id={self.trace_id!r})")
 
     def __len__(self) -> int:
         return len(self.spans)
