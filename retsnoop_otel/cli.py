@@ -86,7 +86,7 @@ def main(argv: Sequence[str] | None = None, deps: RuntimeDeps | None = None) -> 
     # retsnoop users type flags directly: treat `retsnoop-otel -e ...` as `retsnoop-otel trace -e ...`
     if args and args[0].startswith("-") and args[0] not in ("-h", "--help"):
         args = ["trace", *args]
-    cmd, rest = (args[0], args[1:]) if args else ("", [])
+    cmd, rest = (args[0], args[1:]) if args else (None, [])  # None: no command; '' is a command that does not exist
     if cmd == "trace":  # before its imports: Ctrl-C, SIGTERM and SIGHUP end a start the same way from here on
         StartSignals().install()
     streams = Streams(sys.stdout, sys.stderr).install()
@@ -106,12 +106,12 @@ def main(argv: Sequence[str] | None = None, deps: RuntimeDeps | None = None) -> 
     return code
 
 
-def _run(cmd: str, rest: list[str], deps: RuntimeDeps | None, main_t0: float, python_s: float | None,
+def _run(cmd: str | None, rest: list[str], deps: RuntimeDeps | None, main_t0: float, python_s: float | None,
          streams: Streams) -> int:
     """One command, writing to the guarded streams (command/streams.py decides how a failed one ends it)."""
     if cmd not in SUBCOMMANDS:
         parser = build_parser()
-        parser.parse_args([cmd, *rest] if cmd else [])  # prints help / errors for unknown commands
+        parser.parse_args([] if cmd is None else [cmd, *rest])  # prints help / errors for unknown commands
         parser.print_help()
         return EXIT_INPUT.code
     if cmd in ("trace", "agent"):
