@@ -494,7 +494,8 @@ def judge_signal(argv: tuple[str, ...], sig: int, code: int | None, stderr: str)
     if code is None:
         return ["hang"]
     if "Traceback" in stderr or "Exception ignored" in stderr:
-        found.append("traceback")
+        # before the console script runs (site, a .pth file): the interpreter's, no code of the package's yet
+        found.append("traceback" if 'bin/retsnoop-otel"' in stderr else "traceback before the package loads")
     want = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}[sig]
     # killed by the signal itself (before the handlers, nothing attached yet): the shell's $? is the same 128+N
     allowed = {want, -sig, 1, 0}

@@ -9,11 +9,13 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from retsnoop_otel import interrupted_while_loading
 from retsnoop_otel.command.errors import EXIT_INPUT, EXIT_INTERRUPTED, exit_code_epilog
 from retsnoop_otel.command.help_format import HelpFormatter, OneLineParser
 from retsnoop_otel.command.streams import SignalStop, StartSignals, Streams, exit_of
@@ -82,6 +84,8 @@ def main(argv: Sequence[str] | None = None, deps: RuntimeDeps | None = None) -> 
     """`deps`: trace's way out to the kernel (runtime/deps.py); None, as users run it, except where a bench passes
     another BPF object (bench/harness.py BASE_LAUNCH)."""
     main_t0, python_s = time.monotonic(), process_age_s()  # before any import of ours: Python's own start
+    if signal.getsignal(signal.SIGINT) is interrupted_while_loading:  # loaded: Ctrl-C raises, caught below (130)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     args = list(sys.argv[1:] if argv is None else argv)
     # retsnoop users type flags directly: treat `retsnoop-otel -e ...` as `retsnoop-otel trace -e ...`
     if args and args[0].startswith("-") and args[0] not in ("-h", "--help"):
