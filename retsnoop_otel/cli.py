@@ -9,11 +9,13 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from retsnoop_otel import interrupted_while_loading
 from retsnoop_otel.command.errors import EXIT_INPUT, EXIT_INTERRUPTED, exit_code_epilog
 from retsnoop_otel.command.help_format import HelpFormatter, OneLineParser
 from retsnoop_otel.command.streams import SignalStop, StartSignals, Streams, exit_of
@@ -82,11 +84,13 @@ def main(argv: Sequence[str] | None = None, deps: RuntimeDeps | None = None) -> 
     """`deps`: trace's way out to the kernel (runtime/deps.py); None, as users run it, except where a bench passes
     another BPF object (bench/harness.py BASE_LAUNCH)."""
     main_t0, python_s = time.monotonic(), process_age_s()  # before any import of ours: Python's own start
+    if signal.getsignal(signal.SIGINT) is interrupted_while_loading:  # loaded: Ctrl-C raises, caught below (130)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     args = list(sys.argv[1:] if argv is None else argv)
     # retsnoop users type flags directly: treat `retsnoop-otel -e ...` as `retsnoop-otel trace -e ...`
     if args and args[0].startswith("-") and args[0] not in ("-h", "--help"):
         args = ["trace", *args]
-    cmd, rest = (args[0], args[1:]) if args else ("", [])
+    cmd, rest = (args[0], args[1:]) if args else (None, [])  # None: no command; '' is a command that does not exist
     if cmd == "trace":  # before its imports: Ctrl-C, SIGTERM and SIGHUP end a start the same way from here on
         StartSignals().install()
     streams = Streams(sys.stdout, sys.stderr).install()
@@ -106,12 +110,12 @@ def main(argv: Sequence[str] | None = None, deps: RuntimeDeps | None = None) -> 
     return code
 
 
-def _run(cmd: str, rest: list[str], deps: RuntimeDeps | None, main_t0: float, python_s: float | None,
+def _run(cmd: str | None, rest: list[str], deps: RuntimeDeps | None, main_t0: float, python_s: float | None,
          streams: Streams) -> int:
     """One command, writing to the guarded streams (command/streams.py decides how a failed one ends it)."""
     if cmd not in SUBCOMMANDS:
         parser = build_parser()
-        parser.parse_args([cmd, *rest] if cmd else [])  # prints help / errors for unknown commands
+        parser.parse_args([] if cmd is None else [cmd, *rest])  # prints help / errors for unknown commands
         parser.print_help()
         return EXIT_INPUT.code
     if cmd in ("trace", "agent"):

@@ -111,3 +111,34 @@ def test_the_check_creates_nothing_and_holds_nothing(tmp_path: Path) -> None:
         out = _agent("--check", str(cfg), cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def _fuzz_configs() -> list:
+    """The agent configs of the subprocess fuzz corpus (tests/fixtures/fuzz_corpus.jsonl), each a Case."""
+    from tests.test_fuzz_commands import load_corpus
+    return [c for c in load_corpus() if c.argv[:2] == ("agent", "--check") and not c.stdout and not c.stderr]
+
+
+def test_every_fuzz_config_is_checked_as_it_runs() -> None:
+    """Issue 47's acceptance: for every fuzz config, `agent --check` exits 0 exactly when the run gets past its input
+    checks (here: to this host's refusal of kernel tracing), and otherwise with the run's own exit code. Each config
+    runs both ways through the installed command, without capabilities (tests/command_runs.py)."""
+    import tempfile
+    from concurrent.futures import ThreadPoolExecutor
+    from dataclasses import replace
+
+    from tests.command_runs import run_case
+    from tests.test_fuzz_commands import TIMEOUT_S, TRACING_REFUSED
+
+    def one(case: object) -> str:
+        with tempfile.TemporaryDirectory(prefix="agree-") as a, tempfile.TemporaryDirectory(prefix="agree-") as b:
+            check = run_case(case, Path(a), TIMEOUT_S)
+            run = run_case(replace(case, argv=("agent", "--config", *case.argv[2:])), Path(b), TIMEOUT_S)
+        past_input = run.code == 1 and any(r in run.stderr for r in TRACING_REFUSED)
+        agree = past_input if check.code == 0 else check.code is not None and check.code == run.code
+        return "" if agree else (f"{case.why}: check {check.code} {check.stderr.strip()[-160:]!r} / run {run.code} "
+                                 f"{run.stderr.strip()[-160:]!r}")
+    cases = _fuzz_configs()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        wrong = [w for w in pool.map(one, cases) if w]
+    assert len(cases) >= 50 and not wrong, "\n".join(wrong)

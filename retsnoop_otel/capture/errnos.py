@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import errno as _errno
 
+from retsnoop_otel.inputs.files import shown  # a name echoed cut and on one line
+
 MAX_ERRNO = 4095
 
 _KERNEL_INTERNAL = {
@@ -47,5 +49,5 @@ def parse_errno(text: str) -> int:
     """Parse 'EINVAL', '-EINVAL' or 'einval' into a positive errno number; ValueError if unknown."""
     name = text.strip().lstrip("-").upper()
     if name not in ERRNO_VALUES:
-        raise ValueError(f"unknown errno name '{text}' (expected a name such as EINVAL or -ENOMEM)")
+        raise ValueError(f"unknown errno name {shown(text)} (expected a name such as EINVAL or -ENOMEM)")
     return ERRNO_VALUES[name]

@@ -221,7 +221,7 @@ def _http_url(look: _Lookup, by_default: bool) -> tuple[str, bool]:
         which = "http/protobuf, the default" if by_default else "http/protobuf"
         raise _error(_hide_secrets(v), "not an http:// or https:// URL (a host:port without a scheme is for "
                      f"OTLP/gRPC, and the protocol is {which})", "write it like http://collector:4318, or set "
-                     f"{look.name('protocol')}=grpc (or {OTLP_PROTOCOL}=grpc) for gRPC")
+                     f"{look.name('protocol')}=grpc")  # the one protocol source named: the warning stays in 400
     parts = _split_url(v, text, "http://collector:4318")
     suffix = f"v1/{look.signal}"
     base = v.source in ("generic", "default") or (
@@ -394,8 +394,8 @@ def _resolve(look: _Lookup) -> OtlpSettings:
     cert = look.get("client_certificate", "CLIENT_CERTIFICATE")
     if (key.value is None) != (cert.value is None):
         given, missing = (key, "client_certificate") if cert.value is None else (cert, "client_key")
-        raise _error(given, f"mTLS needs both a client key and a client certificate, but {missing} is not set",
-                     f"also set {look.name(missing)} (or {otlp_var(missing.upper())}), or remove {given.name}")
+        raise _error(given, f"mTLS needs a client key and certificate, but {missing} is not set",
+                     f"set {look.name(missing)} too, or remove {given.name}")
     ca_data = None if certificate.value is None else look.reads.ca_bundle(str(certificate.value),
                                                                             _file_error(certificate))
     pair = None if cert.value is None else look.reads.key_pair(str(cert.value), str(key.value), _file_error(cert),

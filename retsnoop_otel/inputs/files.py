@@ -30,14 +30,15 @@ _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
 
 def shown(value: object, limit: int = ECHO_LIMIT, quote: bool = True) -> str:
     """A value as a message echoes it: at most `limit` characters, with the full length said when cut, e.g.
-    `'xxxx…' (100000 characters)`. Quoted with repr() (control characters escaped) unless `quote` is false."""
+    `'xxxx…' (100000 characters)`. Quoted with repr() unless `quote` is false; control characters escaped either
+    way."""
     text = str(value)
+    if not quote:  # unquoted, control characters still escaped: a message stays one line
+        return plain(text, limit)
     if len(text) <= limit:
-        return repr(text) if quote else text
-    if quote:
-        head = repr(text[:limit])
-        return f"{head[:-1]}…{head[-1]} ({len(text)} characters)"
-    return f"{text[:limit]}… ({len(text)} characters)"
+        return repr(text)
+    head = repr(text[:limit])
+    return f"{head[:-1]}…{head[-1]} ({len(text)} characters)"
 
 
 def plain(text: str, limit: int = 2 * ECHO_LIMIT) -> str:

@@ -182,11 +182,11 @@ def _filters(ctx: Nodes, node: yaml.Node, key: str, _m: Mapping[str, yaml.Node])
     values, f = read_section(ctx, node, key, FILTERS)
     try:
         values["errors"] = ErrorFilter.parse(values.pop("allow_errors", ()), values.pop("deny_errors", ()))
-    except ValueError as exc:
-        bad = f.get("allow_errors") or f["deny_errors"]
-        msg = str(exc).split(": ", 1)[-1]
-        raise ctx.fail(bad, f"{key}.allow_errors" if bad is f.get("allow_errors") else f"{key}.deny_errors",
-                       f"{msg} (use errno names such as EINVAL, -ENOMEM, NULL or any)") from None
+    except ValueError as exc:  # "-x/--allow-errors: ..." or "-X/--deny-errors: ...": the key of the list that failed
+        which = "deny_errors" if str(exc).startswith("-X/") else "allow_errors"
+        msg = str(exc).split(": ", 1)[-1].replace(" (expected a name such as EINVAL or -ENOMEM)", "")
+        raise ctx.fail(f[which], f"{key}.{which}", f"{msg} (use errno names such as EINVAL, -ENOMEM, NULL or any)"
+                       ) from None
     return values
 
 

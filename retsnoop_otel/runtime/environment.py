@@ -240,8 +240,8 @@ def cgroup_target(path: str, name: str = "cgroup", root: str = "/") -> tuple[int
         st = os.stat(full)
     except (OSError, ValueError) as exc:  # ValueError: a NUL character in the path
         why = exc.strerror if isinstance(exc, OSError) else "not a path (it holds a NUL character)"
-        where = "" if plain(full) == shown_path else f" ({plain(full)})"
+        where = "" if plain(full) == shown_path or len(full) > len(plain(full)) else f" ({plain(full)})"  # cut: once
         raise InputError(name_it(name, f"{shown_path}: {why}{where}; {hint}")) from None
     if not os.path.isdir(full):
-        raise InputError(name_it(name, f"{shown_path}: not a directory ({plain(full)}); {hint}"))
+        raise InputError(name_it(name, f"{shown_path}: not a directory ({plain(full, 80)}); {hint}"))
     return st.st_ino, len([p for p in rel.split("/") if p])

@@ -21,6 +21,7 @@ from retsnoop_otel.export.otlp_settings import OtlpSettings
 from retsnoop_otel.export.processor_env import DEFAULT_QUEUE_SPANS
 from retsnoop_otel.export.resource import Resource, with_cluster_name
 from retsnoop_otel.export.span_limits import SpanLimits
+from retsnoop_otel.inputs.files import plain
 from retsnoop_otel.metrics.trace_counts import TraceCounts
 from retsnoop_otel.render.formats import ArgsFormat
 from retsnoop_otel.runtime.config import ExporterConfig, Limits, RuntimeConfig
@@ -203,8 +204,8 @@ class Sinks:
         """A file output that failed (a full disk) ends the run like a failed stdout, with one line naming it."""
         if self.trace_json is not None and self.trace_json.error is not None:
             exc = self.trace_json.error
-            raise SetupError(f"{self._names.trace_json} {self.trace_json.path}: {exc.strerror or exc}; the file "
-                             "output stopped there")
+            raise SetupError(f"{self._names.trace_json} {plain(self.trace_json.path)}: {exc.strerror or exc}; the "
+                             "file output stopped there")
 
     def close(self, timeout: float) -> None:
         """Flush within `timeout` in total (shared by the exporters), then stop them."""
@@ -226,11 +227,11 @@ def _open(path: str, name: str, opener: Callable[[str], Any]) -> Any:
     span without a word."""
     refused = _kind_refused(path)
     if refused:
-        raise InputError(name_it(name, f"{path}: {refused}; give a regular file (or /dev/null)"))
+        raise InputError(name_it(name, f"{plain(path)}: {refused}; give a regular file (or /dev/null)"))
     try:
         return opener(path)
-    except OSError as exc:
-        raise InputError(name_it(name, f"{path}: {exc.strerror or exc}; give a writable file")) from None
+    except OSError as exc:  # the path echoed as every message does: one line, bounded
+        raise InputError(name_it(name, f"{plain(path)}: {exc.strerror or exc}; give a writable file")) from None
 
 
 def _kind_refused(path: str) -> str:

@@ -10,6 +10,7 @@ import os
 import stat
 from pathlib import Path
 
+from retsnoop_otel.inputs.files import plain
 from retsnoop_otel.kernel.build_id import running_build_id
 
 
@@ -48,23 +49,24 @@ def find_vmlinux(explicit: str | None = None, root: str = "/", release: str | No
     release = release or os.uname().release
     want = running_build_id(root)
     if explicit:
+        named = plain(explicit)  # as messages echo a path: one line, bounded
         try:
             if not stat.S_ISREG(os.stat(explicit).st_mode):
-                raise DwarfError(f"{explicit}: not a file")
+                raise DwarfError(f"{named}: not a file")
         except FileNotFoundError:
-            raise DwarfError(f"{explicit}: no such file") from None
+            raise DwarfError(f"{named}: no such file") from None
         except OSError as exc:
-            raise DwarfError(f"{explicit}: cannot read it ({exc.strerror or exc}); run as root or give a "
+            raise DwarfError(f"{named}: cannot read it ({exc.strerror or exc}); run as root or give a "
                              "readable vmlinux") from None
         try:
             have = elf_build_id(explicit)
         except OSError as exc:
-            raise DwarfError(f"{explicit}: cannot read it ({exc.strerror or exc}); run as root or give a "
+            raise DwarfError(f"{named}: cannot read it ({exc.strerror or exc}); run as root or give a "
                              "readable vmlinux") from None
         except Exception as exc:  # noqa: BLE001 - pyelftools raises many types on non-ELF input
-            raise DwarfError(f"{explicit}: not an ELF vmlinux ({exc})") from None
+            raise DwarfError(f"{named}: not an ELF vmlinux ({exc})") from None
         if want and have and want != have:
-            raise DwarfError(f"{explicit} belongs to another kernel build (build-id {have}, running kernel "
+            raise DwarfError(f"{named} belongs to another kernel build (build-id {have}, running kernel "
                              f"{want}): give the vmlinux of the running kernel ({release})")
         return explicit
     for path in candidate_paths(release, root):

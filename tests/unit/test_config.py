@@ -207,6 +207,16 @@ def test_names_errors_and_files() -> None:
         load_config("/no/such/agent.yaml")
 
 
+def test_a_bad_error_name_names_its_own_list_once_and_bounded() -> None:
+    """Black-box round 2: a bad deny_errors entry beside a valid allow_errors was blamed on allow_errors (its line),
+    the name was echoed whole (50,000 characters) and a newline in it split the line; the hint was given twice."""
+    text = err(BASE + "    filters:\n      allow_errors: [EINVAL]\n      deny_errors: [\"a\\nb\", ENOENT]\n")
+    assert text == ("agent.yaml:6: probe_sets[0].filters.deny_errors: unknown errno name 'a\\nb' (use errno names "
+                    "such as EINVAL, -ENOMEM, NULL or any)"), text
+    text = err(BASE + "    filters: {allow_errors: [" + "y" * 50000 + "]}\n")
+    assert "(50000 characters)" in text and len(text) < 300, text
+
+
 def test_listen_addresses() -> None:
     assert parse_listen("127.0.0.1:0") == ("127.0.0.1", 0)
     assert parse_listen(":9464") == ("0.0.0.0", 9464)

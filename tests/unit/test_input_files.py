@@ -127,6 +127,16 @@ def test_shown_bounds_the_echo():
     assert shown("x" * 100000) == "'" + "x" * 80 + "…' (100000 characters)"
     assert shown("y" * 81, quote=False) == "y" * 80 + "… (81 characters)"
     assert shown("\x00" * 100).endswith("…' (100 characters)") and "\x00" not in shown("\x00" * 100)
+    assert shown("a\nb\x1b[2J", quote=False) == "a\\nb\\x1b[2J"  # unquoted is still one line (issue 47.4)
+
+
+def test_an_explicit_vmlinux_is_echoed_bounded_and_on_one_line(tmp_path):
+    """-k PATH / vmlinux: a path of 100,000 characters or with a newline was echoed whole (black-box run)."""
+    from retsnoop_otel.symbols.vmlinux import DwarfError, find_vmlinux
+    for path, cut in (("a\nb", "a\\nb: no such file"), ("x" * 100000, "… (100000 characters): cannot read it")):
+        with pytest.raises(DwarfError) as info:
+            find_vmlinux(path)
+        assert cut in str(info.value) and "\n" not in str(info.value) and len(str(info.value)) < 300
 
 
 def test_no_name_when_the_caller_names_the_file(tmp_path):
