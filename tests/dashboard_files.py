@@ -40,7 +40,8 @@ PROMQL_KEYWORDS = frozenset({"by", "without", "on", "ignoring", "group_left", "g
 PROMETHEUS_SERIES = frozenset({"up", "scrape_duration_seconds", "scrape_samples_scraped",
                                "scrape_samples_post_metric_relabeling", "scrape_series_added"})
 # the alert rules dashboards/alerts.yml defines
-EXPECTED_ALERTS = {"KernelErrorSpike", "KernelNewErrno", "KernelLatencyP99High", "RetsnoopAgentLosingData",
+EXPECTED_ALERTS = {"KernelErrorSpike", "KernelNewErrno", "KernelErrorOriginSpike", "KernelNewErrorOrigin",
+                   "KernelLatencyP99High", "RetsnoopAgentLosingData",
                    "RetsnoopAgentDown", "RetsnoopConfigReloadFailed", "RetsnoopExportFailing",
                    "RetsnoopK8sMetadataStale"}
 

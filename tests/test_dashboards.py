@@ -100,7 +100,7 @@ def test_alerts_have_severity_for_and_runbook_sections() -> None:
         assert r["labels"]["severity"] in {"info", "warning", "critical"}
         ann = r["annotations"]
         # the kernel error alerts also link to the failing traces (their promtool tests expand the link)
-        traces = {"traces_url"} if r["alert"] in ("KernelErrorSpike", "KernelNewErrno") else set()
+        traces = {"traces_url"} if r["alert"].startswith(("KernelErrorSpike", "KernelNew", "KernelErrorOrigin")) else set()
         assert set(ann) == {"summary", "description", "runbook_url", "dashboard_url", *traces}, r["alert"]
         assert ann["summary"] and ann["description"], r["alert"]
         page, _, anchor = ann["runbook_url"].partition("#")
