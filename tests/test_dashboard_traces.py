@@ -35,6 +35,7 @@ import yaml
 from tests.dashboard_files import (
     ALERTS,
     DASHBOARDS,
+    EXPECTED_ALERTS,
     REPO,
     SCOPE_VARIABLES,
     SCRAPE_CONFIG,
@@ -423,3 +424,17 @@ def test_exemplars_reach_the_latency_and_origin_panels_with_the_trace_id(prom: P
                 assert f"{TRACE_ID:032x}" in ids, (name, panel["title"], res)
                 checked += 1
     assert checked >= 3
+
+
+def test_every_alert_rule_evaluates_on_the_real_server(prom: Prom) -> None:
+    """The shipped rules (the origin ones too) loaded by the server that scrapes the agent's real /metrics: each
+    one evaluated without error (promtool's unit tests say when they fire; this, that they run on real series)."""
+    def evaluated() -> list[dict] | None:
+        rules = [r for g in prom.api("/api/v1/rules")["data"]["groups"] for r in g["rules"]]
+        done = all(r["health"] != "unknown" for r in rules)  # "unknown" until its first evaluation
+        return rules if rules and done else None
+
+    rules = _wait(evaluated, timeout=60)
+    assert rules, prom.api("/api/v1/rules")
+    assert {r["name"] for r in rules} == EXPECTED_ALERTS
+    assert all(r["health"] == "ok" and not r.get("lastError") for r in rules), rules
