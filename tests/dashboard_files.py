@@ -40,7 +40,8 @@ PROMQL_KEYWORDS = frozenset({"by", "without", "on", "ignoring", "group_left", "g
 PROMETHEUS_SERIES = frozenset({"up", "scrape_duration_seconds", "scrape_samples_scraped",
                                "scrape_samples_post_metric_relabeling", "scrape_series_added"})
 # the alert rules dashboards/alerts.yml defines
-EXPECTED_ALERTS = {"KernelErrorSpike", "KernelNewErrno", "KernelLatencyP99High", "RetsnoopAgentLosingData",
+EXPECTED_ALERTS = {"KernelErrorSpike", "KernelNewErrno", "KernelErrorOriginSpike", "KernelNewErrorOrigin",
+                   "KernelLatencyP99High", "RetsnoopAgentLosingData",
                    "RetsnoopAgentDown", "RetsnoopConfigReloadFailed", "RetsnoopExportFailing",
                    "RetsnoopK8sMetadataStale"}
 
@@ -170,9 +171,12 @@ def _exposed_names(registry) -> set[str]:
 
 
 @contextlib.contextmanager
-def fake_agent_registry(exemplars: Callable[[str, str], Mapping[int, Any]] | None = None) -> Iterator[Any]:
+def fake_agent_registry(exemplars: Callable[[str, str], Mapping[int, Any]] | None = None,
+                        origin_exemplars: Callable[[str], Mapping[tuple[str, str, str], Any]] | None = None,
+                        ) -> Iterator[Any]:
     """The runtime's /metrics registry (what both commands serve), fed with fake stats whose counters grow
-    at every read (a scrape sees rates above zero); `exemplars` as RuntimeMetrics.exemplars gives them."""
+    at every read (a scrape sees rates above zero); `exemplars` and `origin_exemplars` as RuntimeMetrics's
+    methods of those names give them."""
     from retsnoop_otel.capture.model import (
         CaptureStats,
         FuncStats,
@@ -228,6 +232,8 @@ def fake_agent_registry(exemplars: Callable[[str, str], Mapping[int, Any]] | Non
             {"success": 1, "failure": 0}, k8s=WatchCounters(current=True))  # the pod watch is on
         if exemplars is not None:
             runtime.metrics.exemplars = exemplars  # type: ignore[method-assign]
+        if origin_exemplars is not None:
+            runtime.metrics.origin_exemplars = origin_exemplars  # type: ignore[method-assign]
         yield runtime.metrics.registry()
 
 

@@ -4,7 +4,8 @@
   retsnoop-otel) a target without cluster/namespace labels (a plain host) still shows data;
 - the Tempo and Jaeger data source variables, and data links on the panels split by function, entry
   function or errno that open Grafana's Explore on the matching trace search;
-- exemplars on every panel whose series carry them (the code's OpenMetrics exposition says which), and
+- exemplars on every panel whose series carry them (the code's OpenMetrics exposition says which: the session
+  duration buckets and the error origins counter), and
   dashboards/provisioning/datasources.yml linking their trace_id to Tempo and Jaeger.
 
 The Prometheus server (Debian package `prometheus`) runs the shipped config/prometheus-scrape.yml with
@@ -34,6 +35,7 @@ import yaml
 from tests.dashboard_files import (
     ALERTS,
     DASHBOARDS,
+    EXPECTED_ALERTS,
     REPO,
     SCOPE_VARIABLES,
     SCRAPE_CONFIG,
@@ -52,7 +54,7 @@ ATTRIBUTES_PAGE = REPO / "docs" / "reference" / "attributes.md"
 JOB = "retsnoop-otel"  # config/prometheus-scrape.yml's job and the PodMonitor's (tests/test_k8s_manifests.py)
 # what Kubernetes discovery (the PodMonitor: namespace) and an external or relabelled `cluster` give a target
 K8S_LABELS = {"cluster": "test-cluster", "namespace": "retsnoop-otel"}
-TRACE_LABELS = ("function", "entry_function", "error_type")  # series labels a trace search can use
+TRACE_LABELS = ("function", "entry_function", "entry", "origin", "error_type")  # series labels a trace search can use
 TRACE_ID = 0x4BF92F3577B34DA6A3CE929D0E0E4736
 _SELECTOR = re.compile(r"\b([a-zA-Z_:][\w:]*)\{([^}]*)\}")
 _TOKEN = re.compile(r"\$\{([\w.]+)(?::(\w+))?\}")
@@ -125,6 +127,8 @@ def _exemplar_store() -> Any:
     from retsnoop_otel.metrics.exemplars import ExemplarStore
     store = ExemplarStore()
     store.record("bpf", "__x64_sys_bpf", 5, TRACE_ID, time.time_ns())  # 5 ns: the sessions' slot 2
+    # the origin series of the fake registry (tests/dashboard_files.py): __x64_sys_bpf failing in array_map_alloc_check
+    store.record_origin("bpf", "__x64_sys_bpf", "array_map_alloc_check", "EINVAL", TRACE_ID, time.time_ns())
     return store
 
 
@@ -132,7 +136,7 @@ def exemplar_labels() -> dict[str, set[str]]:
     """Series name -> the label names of its exemplars, from the OpenMetrics exposition of the real collectors."""
     from prometheus_client.openmetrics.exposition import generate_latest
     store = _exemplar_store()
-    with fake_agent_registry(store.for_histogram) as registry:
+    with fake_agent_registry(store.for_histogram, store.for_origins) as registry:
         text = generate_latest(registry).decode()
     out: dict[str, set[str]] = {}
     for line in text.splitlines():
@@ -144,7 +148,8 @@ def exemplar_labels() -> dict[str, set[str]]:
 
 def test_exemplars_on_every_panel_whose_series_carry_them() -> None:
     carriers = exemplar_labels()
-    assert carriers == {"retsnoop_session_duration_seconds_bucket": {"trace_id"}}
+    assert carriers == {"retsnoop_session_duration_seconds_bucket": {"trace_id"},
+                        "retsnoop_error_origins_total": {"trace_id"}}
     with_exemplars = 0
     for name, _, panel in _panels():
         targets = _targets(panel)
@@ -154,7 +159,7 @@ def test_exemplars_on_every_panel_whose_series_carry_them() -> None:
             with_exemplars += 1
         for t, r in zip(targets, reads, strict=True):
             assert not t.get("exemplar") or r, f"{name}: {panel['title']}: exemplar on series without any"
-    assert with_exemplars >= 2  # the session latency percentiles and the session duration heatmap
+    assert with_exemplars >= 3  # the session latency percentiles, the session duration heatmap, the top error origins
 
 
 def test_provisioning_links_exemplars_to_the_trace_datasources() -> None:
@@ -167,7 +172,7 @@ def test_provisioning_links_exemplars_to_the_trace_datasources() -> None:
         assert ds["name"] and urllib.parse.urlsplit(ds["url"]).scheme == "http" and ds["access"] == "proxy"
         assert "$" not in yaml.safe_dump(ds), "Grafana expands ${...} here from its environment"
     destinations = sources["prometheus"]["jsonData"]["exemplarTraceIdDestinations"]
-    (label,) = exemplar_labels()["retsnoop_session_duration_seconds_bucket"]
+    (label,) = set.union(*exemplar_labels().values())
     assert {d["name"] for d in destinations} == {label}
     # one internal link per trace backend (datasourceUid; a `url` would make it an external link)
     assert sorted(d["datasourceUid"] for d in destinations) == sorted(
@@ -181,7 +186,8 @@ def test_provisioning_links_exemplars_to_the_trace_datasources() -> None:
 # URL and the JSON inside it, so a service name with " or \ would still break the link: none has them)
 SAMPLE = {"tempo": "tempo-uid", "jaeger": "jaeger-uid", "__org": "1", "__from": "1700000000000",
           "__to": "1700003600000", "service": "checkout api & co/v2?x=1#y", "function": "array_map_alloc_check",
-          "entry_function": "__x64_sys_bpf", "error_type": "EINVAL", "instance": "node-a.example.com|node-b"}
+          "entry_function": "__x64_sys_bpf", "error_type": "EINVAL", "instance": "node-a.example.com|node-b",
+          "entry": "__x64_sys_bpf", "origin": "array_map_alloc_check"}
 
 
 def render_link(url: str, fields: str) -> tuple[dict, list[str]]:
@@ -260,13 +266,17 @@ def test_panels_split_by_function_or_errno_link_to_tempo_and_jaeger() -> None:
         assert variables["service"]["type"] == "textbox"
         tags = dict(t.split("=", 1) for t in jaeger["tags"].split()) if jaeger["tags"] else {}
         assert set(tags) <= {"error"} | documented, tags
-        for label, attr in (("function", "name"), ("entry_function", "name"), ("error_type", "span.error.type")):
+        for label, attr in (("function", "name"), ("entry_function", "name"), ("entry", "name"),
+                            ("origin", "span.retsnoop.error.origin"), ("error_type", "span.error.type")):
             if label in labels:
                 assert f'{attr} = "{SAMPLE[label]}"' in traceql["query"], (panel["title"], traceql["query"])
         if "error_type" in labels:
             assert tags["error.type"] == SAMPLE["error_type"]
-        if labels & {"function", "entry_function"}:
-            assert jaeger["operation"] == SAMPLE["entry_function" if "entry_function" in labels else "function"]
+        if "origin" in labels:  # the root span's attribute, on the entry function's span (the operation)
+            assert tags["retsnoop.error.origin"] == SAMPLE["origin"] and "entry" in labels
+        entry = next((x for x in ("entry_function", "entry", "function") if x in labels), None)
+        if entry is not None:
+            assert jaeger["operation"] == SAMPLE[entry]
         if "error" in panel["title"].lower() and "entry_function" in labels:  # error sessions: failing traces
             assert "status = error" in traceql["query"] and tags == {"error": "true"}
     assert linked >= 10
@@ -322,7 +332,7 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prom]:
         pytest.fail("prometheus not found: install the Debian package 'prometheus' (make setup does)")
     tmp = tmp_path_factory.mktemp("prometheus")
     store = _exemplar_store()
-    with fake_agent_registry(store.for_histogram) as registry:
+    with fake_agent_registry(store.for_histogram, store.for_origins) as registry:
         server = MetricsServer("127.0.0.1", 0, registry, lambda: (True, {})).start()
         cfg = yaml.safe_load(SCRAPE_CONFIG.read_text())
         cfg["global"].update(scrape_interval="1s", evaluation_interval="1s")
@@ -397,7 +407,9 @@ def test_the_queries_the_docs_show_return_data(prom: Prom) -> None:
     assert absent and all(prom.query(expr) == [] for expr in absent)
 
 
-def test_exemplars_reach_the_latency_panels_with_the_trace_id(prom: Prom) -> None:
+def test_exemplars_reach_the_latency_and_origin_panels_with_the_trace_id(prom: Prom) -> None:
+    """The trace id the agent attached reaches Prometheus' exemplar storage through each panel's own query:
+    the session duration buckets and the error origins counter (the latest exported trace of an origin)."""
     now = time.time()
     checked = 0
     for name, dash in load_dashboards().items():
@@ -411,4 +423,18 @@ def test_exemplars_reach_the_latency_panels_with_the_trace_id(prom: Prom) -> Non
                 ids = {ex["labels"].get("trace_id") for series in res or [] for ex in series["exemplars"]}
                 assert f"{TRACE_ID:032x}" in ids, (name, panel["title"], res)
                 checked += 1
-    assert checked >= 2
+    assert checked >= 3
+
+
+def test_every_alert_rule_evaluates_on_the_real_server(prom: Prom) -> None:
+    """The shipped rules (the origin ones too) loaded by the server that scrapes the agent's real /metrics: each
+    one evaluated without error (promtool's unit tests say when they fire; this, that they run on real series)."""
+    def evaluated() -> list[dict] | None:
+        rules = [r for g in prom.api("/api/v1/rules")["data"]["groups"] for r in g["rules"]]
+        done = all(r["health"] != "unknown" for r in rules)  # "unknown" until its first evaluation
+        return rules if rules and done else None
+
+    rules = _wait(evaluated, timeout=60)
+    assert rules, prom.api("/api/v1/rules")
+    assert {r["name"] for r in rules} == EXPECTED_ALERTS
+    assert all(r["health"] == "ok" and not r.get("lastError") for r in rules), rules

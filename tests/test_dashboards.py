@@ -100,7 +100,7 @@ def test_alerts_have_severity_for_and_runbook_sections() -> None:
         assert r["labels"]["severity"] in {"info", "warning", "critical"}
         ann = r["annotations"]
         # the kernel error alerts also link to the failing traces (their promtool tests expand the link)
-        traces = {"traces_url"} if r["alert"] in ("KernelErrorSpike", "KernelNewErrno") else set()
+        traces = {"traces_url"} if r["alert"].startswith(("KernelError", "KernelNew")) else set()
         assert set(ann) == {"summary", "description", "runbook_url", "dashboard_url", *traces}, r["alert"]
         assert ann["summary"] and ann["description"], r["alert"]
         page, _, anchor = ann["runbook_url"].partition("#")
@@ -168,6 +168,8 @@ def test_dashboards_cover_the_issue() -> None:
     assert re.search(r"sum by \(function, error_type\) \(rate\(retsnoop_function_errors_total\{[^}]*\}\[5m\]\)\)",
                      exprs)
     assert "topk(20, sum by (function, error_type) (increase(retsnoop_function_errors_total" in exprs
+    # issue 46: the top error origins by rate, each origin once per entry function and errno
+    assert "topk(10, sum by (entry, origin, error_type) (rate(retsnoop_error_origins_total{" in exprs
     for family in ("retsnoop_session_duration_seconds_bucket", "retsnoop_function_duration_seconds_bucket"):
         assert re.search(rf"histogram_quantile\(0\.99, sum by \(\w+, le\) \(rate\({family}", exprs), family
     for health in ("up{", "retsnoop_spans_dropped_total", "retsnoop_records_lost_total", "retsnoop_export_errors_total",
