@@ -43,6 +43,9 @@ const volatile __u64 rb_bytes = 8 * 1024 * 1024;	/* the ring buffer's size */
 const volatile __u64 success_threshold = 0;	/* sampling.bpf.h */
 const volatile __u64 success_interval_ns = 0;
 const volatile __u64 success_burst_ns = 0;
+const volatile __u64 error_threshold = 0;	/* sampling.bpf.h: 0 reports every error session */
+const volatile __u64 error_interval_ns = 0;
+const volatile __u64 error_burst_ns = 0;
 
 /* Set by user space once every probe is attached: no session starts half-instrumented. */
 volatile bool ready = false;
@@ -364,6 +367,13 @@ static __always_inline void end_session(void *ctx, struct session *s, __u32 key,
 				cs->sampled_out++;
 			goto out;
 		}
+	} else if (error_threshold || error_interval_ns) {
+		sampling = sample_error(s, now);	/* after count_origin: the origin counts stay exact */
+		if (!sampling) {
+			if (cs)
+				cs->errors_sampled_out++;
+			goto out;
+		}
 	}
 	if (emit_calls && !s->streaming)
 		release_calls(s, key);	/* without its start record the session still ends, without calls */
@@ -493,7 +503,7 @@ _Static_assert(sizeof(struct rec_func_trace) == 40, "rec_func_trace layout");
 _Static_assert(sizeof(struct rec_session_end) == 1832, "rec_session_end layout");
 _Static_assert(sizeof(struct rec_func_batch) == 2584, "rec_func_batch layout");
 _Static_assert(sizeof(struct func_stats) == 344, "func_stats layout");
-_Static_assert(sizeof(struct capture_stats) == 64, "capture_stats layout");
+_Static_assert(sizeof(struct capture_stats) == 72, "capture_stats layout");
 _Static_assert(sizeof(struct origin_key) == 16, "origin_key layout");
 _Static_assert(sizeof(struct wl_key) == 16, "wl_key layout");
 _Static_assert(sizeof(struct func_info) == 16, "func_info layout");

@@ -206,9 +206,9 @@ struct rec_func_batch {
 	struct rec_func_trace recs[CALL_BUF_RECS];
 };
 
-/* rec_session_end.sampling: how the kernel side kept a successful session (0 for error sessions) */
-#define SAMPLED_PROBABILITY 0x1	/* randomness >= the success threshold (OTel probability sampling) */
-#define SAMPLED_RATE 0x2	/* within the rate of its entry function */
+/* rec_session_end.sampling: how the kernel side kept a session (0: an error session, not sampled) */
+#define SAMPLED_PROBABILITY 0x1	/* randomness >= the success (error) threshold (OTel probability sampling) */
+#define SAMPLED_RATE 0x2	/* within the rate of its entry function (of its error origin) */
 
 struct rec_session_end {
 	__u32 type;
@@ -266,6 +266,7 @@ struct capture_stats {
 	__u64 workload_dropped;		/* counts not kept per workload: wl_stats full */
 	__u64 sampled_out;		/* successful sessions the sampler dropped (in the kernel) */
 	__u64 origins_dropped;		/* failing sessions left out of origin_stats (the map was full) */
+	__u64 errors_sampled_out;	/* failing sessions the error sampler dropped (counted in origin_stats) */
 };
 
 /* Failing sessions by where their error started (map origin_stats): the entry function, the deepest

@@ -38,12 +38,19 @@ def _sampling_text(ps: Any, metrics: MetricsConfig) -> str:
     s = ps.sampling
     rng = ps.duration_range or metrics.duration_range
     buckets = f", duration buckets {rng.describe()}" if rng is not None else ""
+    errors = ""
+    if s.error_rate_per_s:
+        errors = f", error sessions: {s.error_rate_per_s:g}/s per error origin (no sampling threshold)"
+    elif s.error_probability < 1.0:
+        state = trace_state(threshold(s.error_probability))
+        errors = f", error sessions: probability {s.error_probability:g} ({state})"
     if not s.captures_success:
-        return f"success sessions: none{buckets}"
+        return f"success sessions: none{errors}{buckets}"
     if s.success_rate_per_s:
-        return f"success sessions: {s.success_rate_per_s:g}/s per entry function (no sampling threshold){buckets}"
+        return (f"success sessions: {s.success_rate_per_s:g}/s per entry function (no sampling threshold)"
+                f"{errors}{buckets}")
     return (f"success sessions: probability {s.success_probability:g} "
-            f"({trace_state(threshold(s.success_probability))}){buckets}")
+            f"({trace_state(threshold(s.success_probability))}){errors}{buckets}")
 
 
 class CheckHook(StartHook):

@@ -331,7 +331,7 @@ class Session:
         # no known probability) and the 56-bit randomness a probability decision compared with it
         self.sampling_threshold = sampling_threshold
         self.trace_randomness = trace_randomness
-        # how the kernel side kept a success (records.SAMPLED_*; 0: an error session)
+        # how the kernel side kept it (records.SAMPLED_*; 0: an error session, not sampled)
         self.kernel_sampling = kernel_sampling
         # filled in user space while the process lived (workload/resolver.py): its container and pod, and the
         # the executable's file name: read by the kernel as the session ended (REC_SESSION_END.exe), else the
@@ -378,6 +378,7 @@ class CaptureStats(NamedTuple):
     workload_dropped: int = 0  # counts not kept per workload (the kernel's per-cgroup map was full)
     sampled_out: int = 0  # successful sessions the sampler dropped in the kernel
     origins_dropped: int = 0  # failing sessions left out of the origin counts (the kernel's map was full)
+    errors_sampled_out: int = 0  # failing sessions the error sampler dropped in the kernel (counted by origin)
 
     @classmethod
     def summed(cls, stats: Iterable[CaptureStats]) -> CaptureStats:

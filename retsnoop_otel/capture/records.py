@@ -57,7 +57,7 @@ SESSION_END = struct.Struct(f"<IIIIQQQQIIBB2xiii16s16s64s{MAX_FSTACK_DEPTH}H{MAX
 FUNC_INFO = struct.Struct("<QII")
 FUNC_STATS = struct.Struct(f"<QQQ{DUR_BUCKETS}Q")
 ERR_KEY = struct.Struct("<II")
-CAPTURE_STATS = struct.Struct("<QQQQQQQQ")
+CAPTURE_STATS = struct.Struct("<QQQQQQQQQ")
 ORIGIN_KEY = struct.Struct("<III4x")  # entry_id, origin_id, err (map origin_stats)
 FUNC_BATCH_HEAD = struct.Struct("<IIQI4x")  # type, tid, start_ts, cnt; cnt FUNC_TRACE records follow
 FUNC_BATCH_SIZE = FUNC_BATCH_HEAD.size + CALL_BUF_RECS * FUNC_TRACE.size
@@ -134,7 +134,7 @@ class SessionEndRec(NamedTuple):
     chain_res: tuple[int, ...]
     chain_lat: tuple[int, ...]
     kstack: tuple[int, ...]
-    sampling: int = 0  # how the kernel kept a success: SAMPLED_PROBABILITY or SAMPLED_RATE (0: an error)
+    sampling: int = 0  # how the kernel kept it: SAMPLED_PROBABILITY or SAMPLED_RATE (0: an error, not sampled)
     randomness: int = 0  # SAMPLED_PROBABILITY: the 56-bit value compared with the threshold
     exe: str = ""  # the executable's file name, read by the kernel as the session ended
 

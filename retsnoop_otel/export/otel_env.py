@@ -130,8 +130,9 @@ def exemplars_on(environ: Mapping[str, str], warnings: EnvWarnings | None = None
     return text.lower() != "always_off"
 
 
-SAMPLING_NOT_USED = ("not used: error sessions are always exported, successful ones as the probe set's sampling says "
-                     "(agent: sampling.success_probability or success_rate_per_s; trace: -S or -T); "
+SAMPLING_NOT_USED = ("not used: sessions are exported as the probe set's sampling says (agent: sampling.errors or "
+                     "errors_rate_per_s, success_probability or success_rate_per_s; trace: --error-probability, -S "
+                     "or -T); "
                      "parentbased_always_on would export every successful kernel call")
 
 

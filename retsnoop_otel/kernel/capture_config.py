@@ -32,6 +32,9 @@ class CaptureConfig(NamedTuple):
     success_threshold: int = 0  # probability sampling: kept when the 56-bit randomness >= this (0: all)
     success_interval_ns: int = 0  # rate sampling: ns between kept successes per entry function (0: off)
     success_burst_ns: int = 0  # rate sampling: burst tolerance, (burst - 1) x interval
+    error_threshold: int = 0  # error sessions by probability: kept when the randomness >= this (0: all kept)
+    error_interval_ns: int = 0  # error sessions by rate: ns between kept ones per error origin (0: off)
+    error_burst_ns: int = 0
     min_duration_ns: int = 0
     pids: Sequence[int] = ()
     no_pids: Sequence[int] = ()
@@ -93,6 +96,9 @@ def configure(obj: lb.BpfObject, cfg: CaptureConfig, funcs: Sequence[TracedFunc]
         "success_threshold": struct.pack("<Q", cfg.success_threshold),
         "success_interval_ns": struct.pack("<Q", cfg.success_interval_ns),
         "success_burst_ns": struct.pack("<Q", cfg.success_burst_ns),
+        "error_threshold": struct.pack("<Q", cfg.error_threshold),
+        "error_interval_ns": struct.pack("<Q", cfg.error_interval_ns),
+        "error_burst_ns": struct.pack("<Q", cfg.error_burst_ns),
     }
     if missing := [name for name in values if name not in layout]:
         raise lb.LibbpfError(f"{obj.path} was built from older sources (no {', '.join(missing)}): "
@@ -123,6 +129,8 @@ def configure(obj: lb.BpfObject, cfg: CaptureConfig, funcs: Sequence[TracedFunc]
     obj.map("call_bufs").set_max_entries(min(cfg.max_sessions, MAX_HELD_SESSIONS) if held else 1)
     obj.map("rate_tat").set_max_entries(n if cfg.success_interval_ns else 1)
     obj.map("rate_busy").set_max_entries(n if cfg.success_interval_ns else 1)
+    obj.map("err_rate_tat").set_max_entries(n if cfg.error_interval_ns else 1)  # keyed by the origin's function id
+    obj.map("err_rate_busy").set_max_entries(n if cfg.error_interval_ns else 1)
     mode = attach_modes.BY_NAME.get(cfg.mode) if kfuncs else None  # None: no kernel functions
     progs = mode.autoload(kfuncs) if mode else ()
     user = uprobes.PROGRAMS[cfg.user_mode] if len(kfuncs) < len(funcs) else ()

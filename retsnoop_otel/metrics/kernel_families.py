@@ -329,7 +329,8 @@ class KernelCollector(Collector):
         attached = GaugeMetricFamily("retsnoop_attached_functions", "Kernel functions attached, by probe set "
                                      "and attach mode", labels=["probe_set", "mode"])
         not_exported = CounterMetricFamily("retsnoop_sessions_not_exported", "Sessions captured but not exported, "
-                                           "by reason (sampled: successful session not sampled; filtered: error "
+                                           "by reason (sampled: successful session not sampled; sampled_error: "
+                                           "error session not sampled, still counted by origin; filtered: error "
                                            "filter)", labels=["probe_set", "reason"])
         evicted = CounterMetricFamily("retsnoop_sessions_evicted", "Half-assembled sessions dropped in user space "
                                       "because too many threads had one open at once", labels=["probe_set"])
@@ -339,6 +340,7 @@ class KernelCollector(Collector):
                 fam.add_metric([ps.name], getattr(cap, attr))
             attached.add_metric([ps.name, ps.mode], ps.attached)
             not_exported.add_metric([ps.name, "sampled"], ps.sampled_out + cap.sampled_out)  # mostly the kernel's
+            not_exported.add_metric([ps.name, "sampled_error"], cap.errors_sampled_out)  # the kernel's alone
             not_exported.add_metric([ps.name, "filtered"], ps.filtered_out)
             evicted.add_metric([ps.name], ps.evicted)
         yield from families

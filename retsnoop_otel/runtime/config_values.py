@@ -106,8 +106,13 @@ LISTEN = simple(_listen, "[host]:port", {"type": "string"}, parse=parse_listen)
 # ---- sampling -------------------------------------------------------------------------------------------------
 
 SAMPLING = Section("sampling", Sampling, (
-    Key("errors", num(0, 1), "error sessions are always kept (1.0 is the only value)", default=lambda: 1.0,
-        check=lambda v: None if v == 1.0 else "error sessions are always kept: use 1.0 or leave it out"),
+    Key("errors", num(0, 1), "share of error sessions reported and exported (as tracestate ot=th:...); origin "
+        "counts stay exact", field="error_probability",
+        check=lambda v: None if v > 0 else "0 would export no error session: give a probability in (0, 1] "
+        "(mode: metrics counts without exporting)",
+        flag=Flag(("--error-probability",), "error_probability", metavar="P", group="what to capture and show")),
+    Key("errors_rate_per_s", num(0), "or at most this many error sessions a second, per error origin",
+        field="error_rate_per_s"),
     Key("success_probability", num(0, 1), "share of successful sessions kept (as tracestate ot=th:...)",
         flag=Flag(("-S", "--success-stacks"), "success_stacks", "store_true", "-S: all (retsnoop's: report sessions "
                   "without errors too)", default=False)),
@@ -120,7 +125,11 @@ def _sampling(ctx: Nodes, node: yaml.Node, key: str, _m: Mapping[str, yaml.Node]
     if "success_probability" in m and "success_rate_per_s" in m:
         raise ctx.fail(m["success_rate_per_s"], f"{key}.success_rate_per_s",
                        "give either success_probability or success_rate_per_s, not both")
-    values.pop("errors", None)
+    if "errors" in m and "errors_rate_per_s" in m:
+        raise ctx.fail(m["errors_rate_per_s"], f"{key}.errors_rate_per_s",
+                       "give either errors (a probability) or errors_rate_per_s, not both")
+    if not values.get("error_rate_per_s", 1):  # 0: no rate limit
+        del values["error_rate_per_s"]
     if not values.get("success_rate_per_s", 1):  # 0: no rate limit
         del values["success_rate_per_s"]
     return Sampling(**values)

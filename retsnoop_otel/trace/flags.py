@@ -183,7 +183,7 @@ def build_parser(prog: str = "retsnoop-otel trace") -> FlagParser:
                      help=f"retsnoop's preset globs of a subsystem, added to -e/-a/-d ({', '.join(CASES)})")
     _from_keys(sel, PROBE_SET, "entry", "allow", "deny", "attach_mode", "user_attach_mode")
     out = p.flag_group("what to capture and show")
-    _from_keys(out, SAMPLING, "success_probability")
+    _from_keys(out, SAMPLING, "success_probability", "errors")
     _from_keys(out, PROBE_SET, "mode")
     out.add_argument("-E", "--call-stack", action="store_true",
                      help="print the call stack under -T's call trace (needs -T)")
@@ -360,7 +360,8 @@ def parse(argv: Sequence[str], environ: Mapping[str, str],
     entry, allow, deny = (_globs(parser, globs, read) for globs in (entry, allow, deny))
     read_here = dict(entry=entry, allow=allow, deny=deny, comms=comms, no_comms=no_comms, errors=errors,
                      mode="calls" if args.calls or otlp or args.trace_json else "stack", lbr_branch_types=lbr_flags,
-                     inject=inject, sampling=Sampling(success_probability=1.0) if success else Sampling(),
+                     inject=inject, sampling=Sampling(success_probability=1.0 if success else 0.0,
+                                                      error_probability=args.error_probability),
                      arg_sizes=ArgSizes(**_fields(c, C_ARG_SIZES)))
     # the keys' flags as given (--probe-set, the attach modes, -p/-P, --cgroup, -L, -A, -U...), then what is read here
     probe_set = ProbeSetConfig(**{**field_values(args, PROBE_SET, FILTERS), **read_here})

@@ -184,7 +184,16 @@ def test_bad_endpoint_url() -> None:
 
 
 def test_sampling_rules() -> None:
-    assert "always kept" in err(BASE + "    sampling: {errors: 0.5}\n")
+    assert err(BASE + "    sampling: {errors: 0}\n") == (
+        "agent.yaml:4: probe_sets[0].sampling.errors: 0 would export no error session: give a probability in (0, 1] "
+        "(mode: metrics counts without exporting)")
+    assert "not both" in err(BASE + "    sampling: {errors: 0.5, errors_rate_per_s: 3}\n")
+    ps = parse_config(BASE + "    sampling: {errors: 0.1, success_probability: 0.01}\n").runtime.probe_sets[0]
+    assert (ps.sampling.error_probability, ps.sampling.error_rate_per_s) == (0.1, None)
+    ps = parse_config(BASE + "    sampling: {errors_rate_per_s: 2}\n").runtime.probe_sets[0]
+    assert (ps.sampling.error_probability, ps.sampling.error_rate_per_s) == (1.0, 2)
+    ps = parse_config(BASE + "    sampling: {errors_rate_per_s: 0}\n").runtime.probe_sets[0]  # 0: no rate limit
+    assert not ps.sampling.samples_errors
     assert "not both" in err(BASE + "    sampling: {success_probability: 0.1, success_rate_per_s: 3}\n")
     assert err(BASE + "    sampling: {success_probability: 2}\n") == (
         "agent.yaml:4: probe_sets[0].sampling.success_probability: must be between 0 and 1, got 2")
@@ -299,6 +308,8 @@ _SET = BASE + "    mode: stack\n"
     (_SET + "    filters:\n      min_duration_ms: {v}\n", "probe_sets[0].filters.min_duration_ms"),
     (_SET + "    sampling:\n      success_probability: {v}\n", "probe_sets[0].sampling.success_probability"),
     (_SET + "    sampling:\n      success_rate_per_s: {v}\n", "probe_sets[0].sampling.success_rate_per_s"),
+    (_SET + "    sampling:\n      errors: {v}\n", "probe_sets[0].sampling.errors"),
+    (_SET + "    sampling:\n      errors_rate_per_s: {v}\n", "probe_sets[0].sampling.errors_rate_per_s"),
     (_SET + "metrics:\n  stall_after_s: {v}\n", "metrics.stall_after_s"),
     (_SET + "metrics:\n  otlp_interval: {v}\n", "metrics.otlp_interval"),
     (_SET + "exporter:\n  otlp:\n    timeout: {v}\n", "exporter.otlp.timeout"),

@@ -19,7 +19,7 @@ from retsnoop_otel.workload.k8s_settings import KubernetesConfig
 
 # keys whose value the section's reader uses without a field of its own
 CONSUMED = {"probe_sets", "exporter", "metrics", "limits", "logging", "vmlinux", "kubernetes", "probe_sets.sampling",
-            "probe_sets.sampling.errors", "probe_sets.filters", "probe_sets.filters.allow_errors",
+            "probe_sets.filters", "probe_sets.filters.allow_errors",
             "probe_sets.filters.deny_errors"}
 
 

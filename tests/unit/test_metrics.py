@@ -69,9 +69,10 @@ retsnoop_error_origins_dropped_total{{probe_set="vfs"}} 0.0
 # HELP retsnoop_attached_functions Kernel functions attached, by probe set and attach mode
 # TYPE retsnoop_attached_functions gauge
 retsnoop_attached_functions{{mode="kprobe_multi",probe_set="vfs"}} 3.0
-# HELP retsnoop_sessions_not_exported_total Sessions captured but not exported, by reason (sampled: successful session not sampled; filtered: error filter)
+# HELP retsnoop_sessions_not_exported_total Sessions captured but not exported, by reason (sampled: successful session not sampled; sampled_error: error session not sampled, still counted by origin; filtered: error filter)
 # TYPE retsnoop_sessions_not_exported_total counter
 retsnoop_sessions_not_exported_total{{probe_set="vfs",reason="sampled"}} 4.0
+retsnoop_sessions_not_exported_total{{probe_set="vfs",reason="sampled_error"}} 0.0
 retsnoop_sessions_not_exported_total{{probe_set="vfs",reason="filtered"}} 1.0
 # HELP retsnoop_sessions_evicted_total Half-assembled sessions dropped in user space because too many threads had one open at once
 # TYPE retsnoop_sessions_evicted_total counter

@@ -150,9 +150,10 @@ def test_the_sampler_variables_are_warned_about_at_start_and_at_each_reload(tmp_
     agent.start()
     try:
         assert _warnings(log) == [
-            "OTEL_TRACES_SAMPLER='parentbased_always_on': not used: error sessions are always exported, successful "
-            "ones as the probe set's sampling says (agent: sampling.success_probability or success_rate_per_s; "
-            "trace: -S or -T); parentbased_always_on would export every successful kernel call; ignored, as if unset",
+            "OTEL_TRACES_SAMPLER='parentbased_always_on': not used: sessions are exported as the probe set's sampling "
+            "says (agent: sampling.errors or errors_rate_per_s, success_probability or success_rate_per_s; trace: "
+            "--error-probability, -S or -T); parentbased_always_on would export every successful kernel call; "
+            "ignored, as if unset",
             "OTEL_TRACES_SAMPLER_ARG='1': not used (see OTEL_TRACES_SAMPLER); ignored, as if unset"]
         prog = agent.runtime.config.probe_sets[1]
         assert prog.sampling.success_probability == 1.0  # the probe set's, whatever the variable says

@@ -113,10 +113,10 @@ def test_per_cpu_sums():
     two = records.FUNC_STATS.pack(3, 0, 700, *([0, 2] + [0] * (records.DUR_BUCKETS - 2)))
     calls, errors, dur, buckets = records.decode_func_stats(one + two, 2)
     assert (calls, errors, dur, buckets[:2]) == (5, 1, 1000, [1, 2])
-    cs = records.decode_capture_stats(records.CAPTURE_STATS.pack(1, 2, 3, 4, 5, 6, 7, 8) * 2, 2)
+    cs = records.decode_capture_stats(records.CAPTURE_STATS.pack(1, 2, 3, 4, 5, 6, 7, 8, 9) * 2, 2)
     assert (cs.dropped_sessions, cs.incomplete_sessions, cs.dropped_records, cs.sessions_started,
-            cs.sessions_reported, cs.workload_dropped, cs.sampled_out, cs.origins_dropped) == \
-        (2, 4, 6, 8, 10, 12, 14, 16)
+            cs.sessions_reported, cs.workload_dropped, cs.sampled_out, cs.origins_dropped, cs.errors_sampled_out) == \
+        (2, 4, 6, 8, 10, 12, 14, 16, 18)
 
 
 def app_record(tid=7, start_ts=100, status=records.APP_OK, err=0, size=5, attrs=b"\x00\x03abc", valid=1, flags=1):

@@ -171,3 +171,57 @@ def test_a_session_without_a_decision_says_nothing() -> None:
     """Sessions built outside a probe set (tests, replays) carry no tracestate, as before."""
     session = tree_session(calls=[Call(0, 0, 1_000, 9_000, 0)], is_err=False)
     assert {s.trace_state for s in _spans(assert_same(session))} == {""}
+
+
+# ---- error sessions sampled (issue 46 point 2) -------------------------------------------------------------
+
+def test_error_sampling_constants_for_the_kernel() -> None:
+    """A probability becomes the same rounded threshold successes use; a rate per origin a bucket like an entry
+    function's; errors are not sampled by default (threshold 0, no bucket: the kernel's path of today)."""
+    from retsnoop_otel.capture.sampling import kernel_sampling
+    assert kernel_sampling(Sampling()).error_threshold == ALWAYS
+    assert not Sampling().samples_errors and Sampling(error_probability=0.1).samples_errors
+    ks = kernel_sampling(Sampling(0.01, error_probability=0.1))
+    assert (ks.threshold, ks.error_threshold, ks.error_interval_ns) == (threshold(0.01), threshold(0.1), 0)
+    assert ks.errors_by_probability and th_value(ks.error_threshold) == "e666"
+    ks = kernel_sampling(Sampling(success_rate_per_s=4, error_rate_per_s=2))
+    assert (ks.error_threshold, ks.error_interval_ns, ks.error_burst_ns) == (ALWAYS, 500_000_000, 500_000_000)
+    assert not ks.errors_by_probability and ks.interval_ns == 250_000_000
+    assert kernel_sampling(Sampling(error_rate_per_s=0.01)).error_burst_ns == 0  # a burst of one, every 100 s
+
+
+def test_probe_set_states_how_each_error_session_was_kept() -> None:
+    """What the kernel sends (records.SAMPLED_* on the end record) becomes the spans' threshold: errors not sampled
+    say th:0, errors kept by probability that probability's threshold, errors kept by their origin's rate none."""
+    from retsnoop_otel.agent.config_file import parse_config
+    from retsnoop_otel.capture.records import SAMPLED_PROBABILITY, SAMPLED_RATE
+    from retsnoop_otel.runtime.probe_set import ProbeSet
+    from retsnoop_otel.symbols.discovery import discover
+    from tests.fakes import World, make_env, probe_set_config
+
+    env = make_env()
+    disc = discover(["__x64_sys_bpf"], [], [], env.ksyms, env.available, env.ret_kind, "kprobe")
+    limits = parse_config("probe_sets: {a: {entry: f}}").runtime.limits
+
+    def kept(sampling: Sampling, flags: int, randomness: int | None = None) -> Session:
+        s = Session(1, 1, "c", "c", 0, 1, True, [StackEntry(0, (1 << 64) - 22, 5)], [], kernel_sampling=flags,
+                    trace_randomness=randomness)
+        assert ProbeSet(probe_set_config(sampling=sampling), disc, limits, env, World().factory,
+                        lambda _p, _s: None).accepts(s)
+        return s
+
+    assert kept(Sampling(), 0).sampling_threshold == ALWAYS
+    s = kept(Sampling(0.01, error_probability=0.1), SAMPLED_PROBABILITY, LOW56)
+    assert (s.sampling_threshold, s.trace_randomness) == (threshold(0.1), LOW56)
+    assert kept(Sampling(error_rate_per_s=2), SAMPLED_RATE).sampling_threshold is None
+
+
+@pytest.mark.parametrize("kept", [dict(sampling_threshold=threshold(0.1), trace_randomness=R), dict()])
+def test_encoder_writes_an_error_sessions_threshold(kept: dict) -> None:
+    """A failing session's spans carry its threshold (and its trace id the randomness) as a success's do."""
+    session = tree_session(is_err=True, **kept)
+    trace = assert_same(session, symbolize=symbolize)
+    spans = _spans(trace)
+    assert {s.trace_state for s in spans} == {trace_state(session.sampling_threshold)}
+    if kept:
+        assert {s.trace_state for s in spans} == {"ot=th:e666"} and trace.trace_id & LOW56 == R
