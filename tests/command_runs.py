@@ -10,6 +10,7 @@ TEXT N times (so that the corpus stays small).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -28,6 +29,10 @@ PEAK_MEMORY = ("/usr/bin/time", "-f", "%M", "-o")
 # In a user namespace of its own the command holds no capability over the host's kernel: whatever the host
 # allows, valid input ends at the privilege check, and nothing can be attached (util-linux's unshare execs it).
 UNPRIVILEGED = ("unshare", "--user")
+CORPUS = Path(__file__).parent / "fixtures" / "fuzz_corpus.jsonl"  # the reproducers of every class found so far
+TIMEOUT_S = 15.0  # a hang detector (a refusal takes ~0.2 s), generous for a loaded two-core CI host
+# valid input ends here on a host without the privileges or the kernel to trace
+TRACING_REFUSED = ("needs root or the CAP_BPF and CAP_PERFMON capabilities", "kernel functions cannot be traced here")
 KEPT_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")  # nothing else of the caller's (no OTEL_* of the host)
 
 
@@ -149,3 +154,12 @@ def _peak_mb(path: Path) -> float:
 
 def _text(path: Path) -> str:
     return path.read_bytes().decode("utf-8", "replace")
+
+
+def load_corpus() -> list[Case]:
+    cases = []
+    for line in CORPUS.read_text().splitlines():
+        d = json.loads(line)
+        cases.append(Case(tuple(d["argv"]), d.get("env", {}), d.get("files", {}), d.get("expect", "refused"),
+                          d.get("secret", ""), d["why"], d.get("stdout", ""), d.get("stderr", "")))
+    return cases

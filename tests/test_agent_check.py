@@ -115,7 +115,7 @@ def test_the_check_creates_nothing_and_holds_nothing(tmp_path: Path) -> None:
 
 def _fuzz_configs() -> list:
     """The agent configs of the subprocess fuzz corpus (tests/fixtures/fuzz_corpus.jsonl), each a Case."""
-    from tests.test_fuzz_commands import load_corpus
+    from tests.command_runs import load_corpus
     return [c for c in load_corpus() if c.argv[:2] == ("agent", "--check") and not c.stdout and not c.stderr]
 
 
@@ -127,8 +127,7 @@ def test_every_fuzz_config_is_checked_as_it_runs() -> None:
     from concurrent.futures import ThreadPoolExecutor
     from dataclasses import replace
 
-    from tests.command_runs import run_case
-    from tests.test_fuzz_commands import TIMEOUT_S, TRACING_REFUSED
+    from tests.command_runs import TIMEOUT_S, TRACING_REFUSED, run_case
 
     def one(case: object) -> str:
         with tempfile.TemporaryDirectory(prefix="agree-") as a, tempfile.TemporaryDirectory(prefix="agree-") as b:

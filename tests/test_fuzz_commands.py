@@ -30,13 +30,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from retsnoop_otel.trace.flags import build_parser
-from tests.command_runs import Case, Outcome, run_case
+from tests.command_runs import TIMEOUT_S, TRACING_REFUSED, Case, Outcome, load_corpus, run_case
 
-CORPUS = Path(__file__).parent / "fixtures" / "fuzz_corpus.jsonl"
-TIMEOUT_S = 15.0  # a hang detector (a refusal takes ~0.2 s), generous for a loaded two-core CI host
 MAX_RSS_MB = 200
 MAX_LINE = 400
-TRACING_REFUSED = ("needs root or the CAP_BPF and CAP_PERFMON capabilities", "kernel functions cannot be traced here")
 # exit 1 for valid input: besides tracing, what the host may refuse (no LBR here, a port another process holds)
 HOST_REFUSALS = (*TRACING_REFUSED, "--lbr needs last branch records", "the address is already in use")
 PAIRS = int(os.environ.get("FUZZ_EXAMPLES", "75"))
@@ -125,15 +122,6 @@ def run_all(cases: list[Case]) -> list[str]:
                                      f"-> stderr {out.stderr[:300]!r}")
     with ThreadPoolExecutor(max_workers=2) as pool:
         return [r for r in pool.map(one, cases) if r]
-
-
-def load_corpus() -> list[Case]:
-    cases = []
-    for line in CORPUS.read_text().splitlines():
-        d = json.loads(line)
-        cases.append(Case(tuple(d["argv"]), d.get("env", {}), d.get("files", {}), d.get("expect", "refused"),
-                          d.get("secret", ""), d["why"], d.get("stdout", ""), d.get("stderr", "")))
-    return cases
 
 
 def test_corpus() -> None:

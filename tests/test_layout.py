@@ -182,7 +182,7 @@ def imported_modules(path: Path) -> Iterator[str]:
 
 # Test support that benches use too (the SDK-object span oracle, the openssl test certificates). It lives in tests/
 # and imports nothing of tests/ or bench/, so a bench that imports it is tied to nothing else of the tests.
-SHARED_TEST_SUPPORT = {"tests.oracle_spans", "tests.tls_certs"}
+SHARED_TEST_SUPPORT = {"tests.oracle_spans", "tests.tls_certs", "tests.command_runs"}
 
 
 def test_bench_is_a_package_whose_benches_share_one_module() -> None:

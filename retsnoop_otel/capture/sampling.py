@@ -106,6 +106,15 @@ class KernelSampling(NamedTuple):
     def errors_by_probability(self) -> bool:
         return self.error_threshold != ALWAYS and not self.error_interval_ns
 
+    def kept_threshold(self, error: bool, sampled: bool, by_probability: bool) -> int | None:
+        """What a kept session's tracestate says: ALWAYS for an error the kernel did not sample (it sends those
+        unflagged), the configured threshold when kept by probability, unknown (None) when kept by a rate."""
+        if error and not sampled:
+            return ALWAYS
+        if not by_probability:
+            return None
+        return self.error_threshold if error else self.threshold
+
 
 def _bucket(rate: float) -> tuple[int, int]:
     """A token bucket of `rate` per second with a burst of max(1, rate): (interval_ns, burst_ns)."""

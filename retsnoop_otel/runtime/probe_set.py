@@ -26,7 +26,7 @@ from retsnoop_otel.capture.model import (
     WorkloadCount,
 )
 from retsnoop_otel.capture.records import APP_RECORDS, SAMPLED_PROBABILITY, AppRecord, Record
-from retsnoop_otel.capture.sampling import ALWAYS, kernel_sampling
+from retsnoop_otel.capture.sampling import kernel_sampling
 from retsnoop_otel.capture.sessions import SessionAssembler
 from retsnoop_otel.command.errors import InputError, RunRefused, SetupError
 from retsnoop_otel.kernel.attach_modes import TRAMPOLINE
@@ -133,8 +133,7 @@ def capture_config(cfg: ProbeSetConfig, mode: str, limits: Limits, names: InputN
                          success_threshold=ks.threshold, success_interval_ns=ks.interval_ns,
                          success_burst_ns=ks.burst_ns, error_threshold=ks.error_threshold,
                          error_interval_ns=ks.error_interval_ns, error_burst_ns=ks.error_burst_ns,
-                         min_duration_ns=cfg.min_duration_ns,
-                         ringbuf_size=limits.ringbuf_size,
+                         min_duration_ns=cfg.min_duration_ns, ringbuf_size=limits.ringbuf_size,
                          lbr_branch_types=cfg.lbr_branch_types, capture_args=cfg.capture_args,
                          arg_specs=arg_specs or {}, app_context=cfg.app_context, user_stacks=cfg.user_stacks,
                          inject=inject)
@@ -182,9 +181,7 @@ class ProbeSet:
         capture = capture_config(cfg, found.mode, limits, names, arg_specs, counted=counted, user_mode=found.user_mode,
                                  inject=self.probes)
         self.tracer = tracer_factory(found.funcs, capture, env.btf_func_id)
-        ks = kernel_sampling(cfg.sampling)
-        self._success_threshold = ks.threshold if ks.by_probability else None  # what kept successes say
-        self._error_threshold = ks.error_threshold if ks.errors_by_probability else None  # and sampled errors
+        self._sampling = kernel_sampling(cfg.sampling)  # what kept sessions say in their tracestate
         self._on_session = on_session
         self._on_app_probe = on_app_probe
         # calls beyond the span limit would not be exported: do not keep them either
@@ -254,25 +251,16 @@ class ProbeSet:
         A kept session records how it was kept (threshold; the randomness came with it) for the spans'
         tracestate. The kernel counts the sessions it dropped (CaptureStats.sampled_out, errors_sampled_out).
         """
-        if session.is_err:
-            if self.cfg.errors.accepts(session, self.funcs):
-                session.sampling_threshold = self._error_sampling_threshold(session.kernel_sampling)
-                return True
+        if session.is_err and not self.cfg.errors.accepts(session, self.funcs):
             self._filtered_out += 1
             return False
-        if not session.kernel_sampling:  # not kept by the kernel's sampler (none sends such sessions)
+        flags = session.kernel_sampling
+        if not session.is_err and not flags:  # a success not kept by the kernel's sampler (none sends such)
             self._sampled_out += 1
             return False
-        by_probability = bool(session.kernel_sampling & SAMPLED_PROBABILITY)
-        session.sampling_threshold = self._success_threshold if by_probability else None
+        session.sampling_threshold = self._sampling.kept_threshold(session.is_err, bool(flags),
+                                                                   bool(flags & SAMPLED_PROBABILITY))
         return True
-
-    def _error_sampling_threshold(self, kernel_sampling: int) -> int | None:
-        """An error session's threshold: ALWAYS when errors are not sampled (the kernel sends them unflagged),
-        the configured one when kept by probability, unknown (None) when kept by its origin's rate."""
-        if not kernel_sampling:
-            return ALWAYS
-        return self._error_threshold if kernel_sampling & SAMPLED_PROBABILITY else None
 
     def poll(self, timeout_ms: int) -> int:
         return self.tracer.poll(timeout_ms) if self._started else 0
