@@ -46,8 +46,11 @@ class FailingText(io.StringIO):
 
 @pytest.fixture()
 def handlers() -> Iterator[None]:
-    """The test process's own signal handlers back after the test (trace and Requests install theirs)."""
+    """The test process's own signal handlers back after the test (trace and Requests install theirs). During the
+    test SIGHUP is at its default, as in a terminal: a run under nohup inherits it ignored, which the command
+    rightly keeps ignored (test_sighup_ignored_at_exec_stays_ignored_in_trace)."""
     saved = {s: signal.getsignal(s) for s in st.STOP_SIGNALS}
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
     yield
     for s, h in saved.items():
         signal.signal(s, h)
