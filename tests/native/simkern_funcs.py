@@ -3,7 +3,8 @@ trace through uprobes, and a walk over the call trees their sessions hold."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from retsnoop_otel.capture.model import Call, RetKind, TracedFunc
 
@@ -29,3 +30,15 @@ def walk(calls: list[Call]) -> Iterator[Call]:
     for c in calls:
         yield c
         yield from walk(c.children)
+
+
+def drive(tracer: Any, lib: Any, calls: list[tuple[str, int]], on_record: Callable[[Any], object]) -> None:
+    """Load and attach `tracer`, make simkern's `calls` (function name, argument), and read the ring buffer until it
+    is empty: what every native capture test does before it reads the tracer's counters."""
+    tracer.load()
+    tracer.attach(strict=True)
+    tracer.open_ring_buffer(on_record)
+    for fn, arg in calls:
+        getattr(lib, fn)(arg)
+    while tracer.poll(50):
+        pass

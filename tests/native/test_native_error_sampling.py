@@ -16,7 +16,7 @@ from retsnoop_otel.capture.sessions import SessionAssembler
 from retsnoop_otel.kernel.capture_config import CaptureConfig
 from retsnoop_otel.kernel.tracer import Tracer
 from retsnoop_otel.symbols.user_funcs import in_binary
-from tests.native.simkern_funcs import simkern_funcs
+from tests.native.simkern_funcs import drive, simkern_funcs
 
 LOW56 = (1 << 56) - 1
 
@@ -42,13 +42,7 @@ def _run(simkern, calls, sampling: Sampling, error_threshold: int | None = None,
             sessions.append(s)
 
     try:
-        tracer.load()
-        tracer.attach(strict=True)
-        tracer.open_ring_buffer(on_record)
-        for fn, arg in calls:
-            getattr(lib, fn)(arg)
-        while tracer.poll(50):
-            pass
+        drive(tracer, lib, calls, on_record)
         counts = sorted((funcs[c.entry_func_id].name, funcs[c.origin_func_id].name, c.error, c.count)
                         for c in tracer.origin_counts())
         cstats = tracer.capture_stats()

@@ -17,7 +17,7 @@ from retsnoop_otel.capture.sessions import SessionAssembler
 from retsnoop_otel.kernel.capture_config import CaptureConfig
 from retsnoop_otel.kernel.tracer import Tracer
 from retsnoop_otel.symbols.user_funcs import in_binary
-from tests.native.simkern_funcs import simkern_funcs
+from tests.native.simkern_funcs import drive, simkern_funcs
 from tests.origin_oracle import origin_from_calls
 
 CALLS = [("sk_syscall", 0)] * 4 + [("sk_syscall", 101)] * 3 + [("sk_syscall", 5)] * 50 + [("sk_recurse", 3)] * 2
@@ -33,13 +33,7 @@ def _run(simkern, calls, **cfg):
     sessions: list = []
     asm = SessionAssembler()
     try:
-        tracer.load()
-        tracer.attach(strict=True)
-        tracer.open_ring_buffer(lambda rec: (s := asm.feed(rec)) and sessions.append(s))
-        for fn, arg in calls:
-            getattr(lib, fn)(arg)
-        while tracer.poll(50):
-            pass
+        drive(tracer, lib, calls, lambda rec: (s := asm.feed(rec)) and sessions.append(s))
         counts = sorted((funcs[c.entry_func_id].name, funcs[c.origin_func_id].name, c.error, c.count)
                         for c in tracer.origin_counts())
         cstats = tracer.capture_stats()

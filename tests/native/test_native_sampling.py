@@ -16,7 +16,7 @@ from retsnoop_otel.capture.sessions import SessionAssembler
 from retsnoop_otel.kernel.capture_config import CaptureConfig
 from retsnoop_otel.kernel.tracer import Tracer
 from retsnoop_otel.symbols.user_funcs import in_binary
-from tests.native.simkern_funcs import simkern_funcs, walk
+from tests.native.simkern_funcs import drive, simkern_funcs, walk
 
 LOW56 = (1 << 56) - 1
 
@@ -41,13 +41,7 @@ def _run(simkern: tuple[str, ctypes.CDLL], calls: list[tuple[str, int]], samplin
             sessions.append(s)
 
     try:
-        tracer.load()
-        tracer.attach(strict=True)
-        tracer.open_ring_buffer(on_record)
-        for fn, arg in calls:
-            getattr(lib, fn)(arg)
-        while tracer.poll(50):
-            pass
+        drive(tracer, lib, calls, on_record)
         cstats = tracer.capture_stats()
     finally:
         tracer.close()
