@@ -91,41 +91,12 @@ def tree_lines(spans: list[Span]) -> list[str]:
     return lines
 
 
-class Jaeger:
-    """`jaeger --config config/collector.yaml` with every address on `host` (loopback: nothing else reaches it);
-    `decision_wait` and `sample_percent` set the tail sampler (errors are always kept)."""
+class JaegerApi:
+    """The query API of a Jaeger at `query` (http://HOST:PORT): what its UI reads. Apart from `Jaeger` because a
+    guest queries the host's Jaeger through a forward (tests/vm/host_forwards.py) without starting one."""
 
-    def __init__(self, host: str = "127.0.0.1", decision_wait: str = "2s", sample_percent: int = 0,
-                 ports: dict[str, int] | None = None) -> None:
-        self.host = host
-        p = {name: free_port(host) for name in ("otlp_grpc", "otlp_http", "query_http", "query_grpc", "health",
-                                                  "prometheus", "telemetry")}
-        p.update(ports or {})
-        self.ports = p
-        env = {"OTLP_GRPC_ENDPOINT": f"{host}:{p['otlp_grpc']}", "OTLP_HTTP_ENDPOINT": f"{host}:{p['otlp_http']}",
-               "QUERY_HTTP_ENDPOINT": f"{host}:{p['query_http']}", "QUERY_GRPC_ENDPOINT": f"{host}:{p['query_grpc']}",
-               "HEALTH_ENDPOINT": f"{host}:{p['health']}", "PROMETHEUS_ENDPOINT": f"{host}:{p['prometheus']}",
-               "TELEMETRY_HOST": host, "TELEMETRY_PORT": str(p["telemetry"]),
-               "DECISION_WAIT": decision_wait, "SAMPLE_PERCENT": str(sample_percent)}
-        self.proc = Proc([str(binary()), "--config", str(CONFIG)], env, str(ROOT))
-        self.proc.wait_for_line(r"Everything is ready", STARTUP_S)
-
-    @property
-    def otlp_http(self) -> str:
-        return f"http://{self.host}:{self.ports['otlp_http']}"
-
-    @property
-    def otlp_grpc(self) -> str:
-        return f"{self.host}:{self.ports['otlp_grpc']}"
-
-    @property
-    def query(self) -> str:
-        return f"http://{self.host}:{self.ports['query_http']}"
-
-    @property
-    def prometheus(self) -> str:
-        """Where the Collector's prometheus exporter serves the metrics the agents pushed."""
-        return f"http://{self.host}:{self.ports['prometheus']}/metrics"
+    def __init__(self, query: str) -> None:
+        self.query = query
 
     def search_url(self, service: str, tags: dict[str, str] | None = None, lookback: str = "1h",
                    limit: int = 100) -> str:
@@ -144,12 +115,20 @@ class Jaeger:
                 return {"data": []}
             raise
 
-    def find(self, service: str, tags: dict[str, str] | None = None) -> list[dict]:
-        return self.get(self.search_url(service, tags)).get("data") or []
+    def find(self, service: str, tags: dict[str, str] | None = None, limit: int = 100) -> list[dict]:
+        return self.get(self.search_url(service, tags, limit=limit)).get("data") or []
 
     def trace(self, trace_id: str) -> dict | None:
         data = self.get(f"{self.query}/api/traces/{trace_id}").get("data") or []
         return data[0] if data else None
+
+    def wait_trace(self, trace_id: str, timeout: float) -> dict | None:
+        """The trace once the store holds it (the tail sampler decides `decision_wait` after its first span), or
+        None at `timeout`."""
+        deadline = time.monotonic() + timeout
+        while (found := self.trace(trace_id)) is None and time.monotonic() < deadline:
+            time.sleep(2)
+        return found
 
     def services(self) -> list[str]:
         return self.get(f"{self.query}/api/services").get("data") or []
@@ -170,6 +149,40 @@ class Jaeger:
             if len(found) >= want or time.monotonic() > deadline:
                 return found
             time.sleep(1)
+
+
+class Jaeger(JaegerApi):
+    """`jaeger --config config/collector.yaml` with every address on `host` (loopback: nothing else reaches it);
+    `decision_wait` and `sample_percent` set the tail sampler (errors are always kept)."""
+
+    def __init__(self, host: str = "127.0.0.1", decision_wait: str = "2s", sample_percent: int = 0,
+                 ports: dict[str, int] | None = None) -> None:
+        self.host = host
+        p = {name: free_port(host) for name in ("otlp_grpc", "otlp_http", "query_http", "query_grpc", "health",
+                                                  "prometheus", "telemetry")}
+        p.update(ports or {})
+        self.ports = p
+        super().__init__(f"http://{host}:{p['query_http']}")
+        env = {"OTLP_GRPC_ENDPOINT": f"{host}:{p['otlp_grpc']}", "OTLP_HTTP_ENDPOINT": f"{host}:{p['otlp_http']}",
+               "QUERY_HTTP_ENDPOINT": f"{host}:{p['query_http']}", "QUERY_GRPC_ENDPOINT": f"{host}:{p['query_grpc']}",
+               "HEALTH_ENDPOINT": f"{host}:{p['health']}", "PROMETHEUS_ENDPOINT": f"{host}:{p['prometheus']}",
+               "TELEMETRY_HOST": host, "TELEMETRY_PORT": str(p["telemetry"]),
+               "DECISION_WAIT": decision_wait, "SAMPLE_PERCENT": str(sample_percent)}
+        self.proc = Proc([str(binary()), "--config", str(CONFIG)], env, str(ROOT))
+        self.proc.wait_for_line(r"Everything is ready", STARTUP_S)
+
+    @property
+    def otlp_http(self) -> str:
+        return f"http://{self.host}:{self.ports['otlp_http']}"
+
+    @property
+    def otlp_grpc(self) -> str:
+        return f"{self.host}:{self.ports['otlp_grpc']}"
+
+    @property
+    def prometheus(self) -> str:
+        """Where the Collector's prometheus exporter serves the metrics the agents pushed."""
+        return f"http://{self.host}:{self.ports['prometheus']}/metrics"
 
     def stop(self) -> int:
         return self.proc.terminate(timeout=60)

@@ -168,7 +168,8 @@ def _boots(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *plan: tuple[dict[st
     from tests.vm import conftest as vm_conftest
     from tests.vm import guest_batch
 
-    scenarios = [SimpleNamespace(name=n, module=f"tests.vm.scenarios.{n}", budget_s=10) for n in ("a", "b", "c")]
+    scenarios = [SimpleNamespace(name=n, module=f"tests.vm.scenarios.{n}", budget_s=10, peers=())
+                 for n in ("a", "b", "c")]
     monkeypatch.setattr(guest_batch, "discover", lambda: scenarios)
     monkeypatch.setattr(vm_conftest.tempfile, "mkdtemp", lambda prefix: str(tmp_path / "rw"))
     monkeypatch.setattr(vm_conftest, "CRASH_LOG", tmp_path / "test-logs" / "guest-crashes.txt")
@@ -412,7 +413,59 @@ def test_tests_vm_run_is_told_how_many_boots_it_may_make(monkeypatch, tmp_path):
     monkeypatch.setattr(vm_conftest.subprocess, "Popen", Popen)
     batches = vm_conftest.VmBatches(None, {}, parallel=False)
     batches._say = lambda line: None
-    scenario = SimpleNamespace(name="a", module="tests.vm.scenarios.a", budget_s=10)
+    scenario = SimpleNamespace(name="a", module="tests.vm.scenarios.a", budget_s=10, peers=())
     assert batches._boot_once("6.12", [scenario], tmp_path, tmp_path / "results", 1) == (0, "[batch] done\n")
     args = _load().parse_args(seen[0][1:])
     assert args.boot_attempts == 1 and args.kernel == "6.12"
+
+
+def test_a_boot_whose_scenario_names_jaeger_forwards_the_guest_to_a_host_jaeger(monkeypatch, tmp_path):
+    """peers=("jaeger",): one Jaeger on the host for the boot, the guest's OTLP/HTTP and query ports forwarded to
+    its own, stopped once tests/vm/run returns; the guest finds its ends in RETSNOOP_OTEL_TO_HOST."""
+    from types import SimpleNamespace
+
+    from tests.peers import jaeger as peers_jaeger
+    from tests.vm import conftest as vm_conftest
+    from tests.vm import host_forwards
+
+    events: list[str] = []
+
+    class Jaeger:
+        def __init__(self, decision_wait: str, sample_percent: int) -> None:
+            events.append(f"start {sample_percent}")
+            self.ports = {"otlp_http": 40001, "query_http": 40002}
+
+        def stop(self) -> int:
+            events.append("stop")
+            return 0
+
+    class Popen:
+        def __init__(self, cmd, **kwargs):
+            events.append("run")
+            seen.append(cmd)
+            self.stdout, self.returncode = iter(["[batch] done\n"]), 0
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(peers_jaeger, "Jaeger", Jaeger)
+    monkeypatch.setattr(vm_conftest.subprocess, "Popen", Popen)
+    batches = vm_conftest.VmBatches(None, {}, parallel=False)
+    batches._say = lambda line: None
+    scenarios = [SimpleNamespace(name="a", module="tests.vm.scenarios.a", budget_s=10, peers=("jaeger",)),
+                 SimpleNamespace(name="b", module="tests.vm.scenarios.b", budget_s=10, peers=())]
+    assert batches._boot_once("6.12", scenarios, tmp_path, tmp_path / "results", 1) == (0, "[batch] done\n")
+    assert events == ["start 100", "run", "stop"]
+    args = _load().parse_args(seen[0][1:])
+    assert sorted((f.guest_addr, f.guest_port, f.host_port) for f in args.forward_to_host) == [
+        ("10.0.2.100", host_forwards.JAEGER_OTLP_HTTP, 40001), ("10.0.2.100", host_forwards.JAEGER_QUERY, 40002)]
+    assert args.command[args.command.index("--only") + 1] == "a,b"
+    monkeypatch.setenv("RETSNOOP_OTEL_TO_HOST", "40001=10.0.2.100:4318 40002=10.0.2.100:16686")
+    assert host_forwards.guest_url(host_forwards.JAEGER_QUERY) == "http://10.0.2.100:16686"
+    monkeypatch.setenv("RETSNOOP_OTEL_TO_HOST", "")
+    with pytest.raises(RuntimeError, match="no forward to the host at guest port 4318"):
+        host_forwards.guest_url(host_forwards.JAEGER_OTLP_HTTP)

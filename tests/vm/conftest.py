@@ -8,7 +8,9 @@ Fixtures (all session-scoped, sharing one cache, so a kernel boots at most once 
 - `vm_batch_arm64`: the newest arm64 kernel, emulated, with a Debian arm64 root and the aarch64 wheel.
 What each boot proves is decided by the tests: a kernel's batch runs the scenario modules (tests/vm/scenarios/X.py)
 of the test modules (tests/vm/test_X.py) that asked for that kernel, so every scenario runs on the newest kernel
-and the others run what their markers name. Four kernels, one boot each, within CI's time.
+and the others run what their markers name. Four kernels, one boot each, within CI's time. A boot whose scenarios
+name host peers (`guest_batch.budget(..., peers=...)`) starts them on the host and forwards the guest to them
+(tests/vm/host_forwards.py); the others have no network.
 Each returns a `VmBatch`: a read-only mapping scenario name -> result dict (the name is the guest
 function's name without `scenario_`). Looking up a scenario that raised, overran its budget or never
 ran fails the test with the guest traceback; `raw(name)` returns the stored dict unchecked.
@@ -51,7 +53,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from tests.conftest import HOST_KERNELS, VM_KERNELS  # noqa: E402
-from tests.vm import guest_batch, guest_crash  # noqa: E402 - needs the repo root on sys.path
+from tests.vm import guest_batch, guest_crash, host_forwards  # noqa: E402 - needs the repo root on sys.path
 from tests.vm.guest_crash import GuestCrash  # noqa: E402
 
 OLDEST, NEWEST = HOST_KERNELS[0], HOST_KERNELS[-1]
@@ -320,11 +322,19 @@ class VmBatches:
                "--rwdir", str(rwdir), "--cpus", "1" if self.parallel else "2", "--boot-attempts", str(attempts)]
         if series in DBG_KERNELS:
             cmd.append("--dbg")
-        cmd += ["--", "python", "-m", "tests.vm.guest_batch", "--out", str(results),
-                "--only", ",".join(s.name for s in scenarios),
-                "--modules", ",".join(sorted({s.module.rsplit(".", 1)[-1] for s in scenarios}))]
+        peers = {p for s in scenarios for p in s.peers}
         self._say(f"\n[vm {series}] booting for {len(scenarios)} scenarios (timeout {timeout:.0f} s, "
-                  f"{'beside the other kernels, ' if self.parallel else ''}log {rwdir / 'batch.log'})")
+                  f"{'beside the other kernels, ' if self.parallel else ''}"
+                  f"{'host peers ' + ', '.join(sorted(peers)) + ', ' if peers else ''}log {rwdir / 'batch.log'})")
+        # the host's backends for this boot only: a fresh boot after a crash finds none of the crashed one's data
+        with host_forwards.started(peers) as forwards:
+            cmd += [*forwards, "--", "python", "-m", "tests.vm.guest_batch", "--out", str(results),
+                    "--only", ",".join(s.name for s in scenarios),
+                    "--modules", ",".join(sorted({s.module.rsplit(".", 1)[-1] for s in scenarios}))]
+            return self._run_vm(series, cmd, rwdir)
+
+    def _run_vm(self, series: str, cmd: list[str], rwdir: Path) -> tuple[int, str]:
+        """tests/vm/run's exit code and output, which goes to batch.log and, its progress lines, to the terminal."""
         lines: list[str] = []
         with open(rwdir / "batch.log", "w") as log, subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

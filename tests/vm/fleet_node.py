@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 
 from tests.procs import Proc
+from tests.vm.host_forwards import JAEGER_OTLP_HTTP, guest_url
 
 REPO = Path(__file__).resolve().parents[2]
 METRICS_PORT = 9464
-OTLP_GUEST_PORT = 4318
 RUN_LIMIT_S = 1800.0
 CONFIG = """
 probe_sets:
@@ -43,15 +43,6 @@ logging:
 """
 
 
-def _otlp_endpoint() -> str:
-    """The guest's end of the forward to the host's OTLP/HTTP port."""
-    for item in os.environ.get("RETSNOOP_OTEL_TO_HOST", "").split():
-        _, _, guest = item.partition("=")
-        if guest.endswith(f":{OTLP_GUEST_PORT}"):
-            return f"http://{guest}"
-    raise SystemExit(f"fleet_node: no forward to the host's port {OTLP_GUEST_PORT} in RETSNOOP_OTEL_TO_HOST")
-
-
 def main(role: str) -> int:
     rw = Path(os.environ["RETSNOOP_OTEL_RWDIR"])
     tmp = Path(tempfile.mkdtemp(prefix="fleet-"))
@@ -59,7 +50,7 @@ def main(role: str) -> int:
     subprocess.run(["gcc", "-O1", "-o", str(exe), str(REPO / "tests" / "native" / "map_fail.c")], check=True)
     cfg = tmp / "agent.yaml"
     cfg.write_text(CONFIG.format(port=METRICS_PORT))
-    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": _otlp_endpoint()}
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": guest_url(JAEGER_OTLP_HTTP)}
     agent = Proc([sys.executable, "-m", "retsnoop_otel", "agent", "--config", str(cfg)], env, str(REPO))
     result: dict = {"role": role, "hostname": os.uname().nodename, "endpoint": env["OTEL_EXPORTER_OTLP_ENDPOINT"],
                     "calls": {"EINVAL": 0, "E2BIG": 0}}

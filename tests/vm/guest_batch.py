@@ -17,7 +17,7 @@ Writing a scenario (guest side) and its test (host side):
     # tests/vm/scenarios/foo.py
     from tests.vm.guest_batch import budget
 
-    @budget(900)                      # seconds; default DEFAULT_BUDGET_S
+    @budget(900)                      # seconds; default DEFAULT_BUDGET_S; peers=("jaeger",): a host backend
     def scenario_foo(ctx) -> dict:
         rc, out, err = ctx.run(["bpftool", "version"], timeout=60)
         return {"rc": rc, "out": out}
@@ -56,11 +56,14 @@ SCENARIO_PACKAGE = "tests.vm.scenarios"
 SUMMARY_FILE = "_batch.json"
 
 
-def budget(seconds: float) -> Callable[[Callable], Callable]:
-    """Decorator: give a scenario its own time budget (the default is DEFAULT_BUDGET_S)."""
+def budget(seconds: float, peers: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
+    """Decorator: give a scenario its own time budget (the default is DEFAULT_BUDGET_S), and the backends it needs
+    on the host (`peers`, names of tests/vm/host_forwards.PEERS): the boot that runs it starts them and forwards
+    the guest to them."""
 
     def mark(fn: Callable) -> Callable:
         fn.budget_s = float(seconds)
+        fn.peers = tuple(peers)
         return fn
 
     return mark
@@ -72,6 +75,7 @@ class Scenario:
     module: str
     func: Callable
     budget_s: float
+    peers: tuple[str, ...] = ()
 
 
 def discover(package: str = SCENARIO_PACKAGE, default_budget: float = DEFAULT_BUDGET_S,
@@ -94,7 +98,8 @@ def discover(package: str = SCENARIO_PACKAGE, default_budget: float = DEFAULT_BU
             if name in seen:
                 raise ValueError(f"scenario name {name!r} defined in both {seen[name]} and {mod.__name__}")
             seen[name] = mod.__name__
-            found.append(Scenario(name, mod.__name__, f, float(getattr(f, "budget_s", default_budget))))
+            found.append(Scenario(name, mod.__name__, f, float(getattr(f, "budget_s", default_budget)),
+                                  tuple(getattr(f, "peers", ()))))
     return found
 
 

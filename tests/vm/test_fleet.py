@@ -30,6 +30,7 @@ from tests.dashboard_files import ALERTS, SCRAPE_CONFIG
 from tests.peers.jaeger import Jaeger, free_port, spans_of
 from tests.peers.prometheus import Alertmanager, History, Prometheus, Webhook, backfill
 from tests.procs import Proc
+from tests.vm.host_forwards import JAEGER_OTLP_HTTP
 
 pytestmark = pytest.mark.vm
 
@@ -92,7 +93,7 @@ def _history() -> list[History]:
 def _boot(node: str, series: str, role: str, rw: Path, otlp_port: int, metrics_port: int) -> Proc:
     return Proc([sys.executable, str(REPO / "tests" / "vm" / "run"), "--kernel", series, "--cpus", "1",
                  "--timeout", "3000", "--rwdir", str(rw), "--hostname", node,
-                 "--forward-to-host", f"4318={otlp_port}", "--forward-from-host", f"{metrics_port}=9464",
+                 "--forward-to-host", f"{JAEGER_OTLP_HTTP}={otlp_port}", "--forward-from-host", f"{metrics_port}=9464",
                  "--", f"python -m tests.vm.fleet_node {role}"], cwd=str(REPO))
 
 
@@ -163,7 +164,7 @@ def test_both_nodes_run_the_agent_and_are_scraped(fleet) -> None:
     assert fleet["ready"], {n: fleet.get(f"{n}_output", "")[-3000:] for n in NODES}
     for node in NODES:
         assert fleet[node] is not None and fleet[node]["hostname"] == node, fleet.get(f"{node}_output")
-        assert fleet[node]["endpoint"] == "http://10.0.2.100:4318"
+        assert fleet[node]["endpoint"] == f"http://10.0.2.100:{JAEGER_OTLP_HTTP}"
         assert fleet[node]["agent_rc"] == 0, fleet[node]["agent_log"]
         assert fleet[f"{node}_rc"] == 0, fleet[f"{node}_output"]
     ups = {s["metric"]["instance"]: s["value"][1] for s in fleet["up"]["data"]["result"]}
