@@ -278,6 +278,36 @@ def test_stop_signal_frees_a_write_blocked_on_a_reader_that_stopped_reading(hand
         os.close(r)
 
 
+def test_stop_signal_right_after_a_write_keeps_the_output(handlers) -> None:
+    """A reader that stops the command as soon as it reads a line: the handler runs right after the write's system
+    call, still inside the guarded write, with the pipe taking more. The stop is asked; the output is not given up
+    (what is printed at stop still comes)."""
+    r, w = os.pipe()
+    raw = open(w, "w", encoding="utf-8")  # noqa: SIM115 - closed by the test
+    requests = Requests().install(reload=False)
+
+    class SignalledAfterWrite:
+        def __getattr__(self, name: str) -> object:
+            return getattr(raw, name)
+
+        def write(self, text: str) -> int:
+            n = raw.write(text)
+            raw.flush()
+            os.kill(os.getpid(), signal.SIGTERM)  # handled before this guarded write ends
+            return n
+
+    streams = st.Streams(SignalledAfterWrite(), io.StringIO())  # type: ignore[arg-type]
+    try:
+        streams.out.write("an interval's table\n")
+        assert requests.stop and not streams.out.failed
+        streams.out.write("Detaching... DONE\n")
+        streams.out.flush()
+        assert os.read(r, 1000) == b"an interval's table\nDetaching... DONE\n"
+    finally:
+        raw.close()
+        os.close(r)
+
+
 def test_ctrl_c_during_clone_loads_drops_the_loads_not_begun() -> None:
     """A Ctrl-C during fentry's clone loads ends them at once: the queued loads are not waited for (minutes under
     emulation at thousands of functions, during which the command would not end)."""
