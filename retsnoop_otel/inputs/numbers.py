@@ -69,13 +69,17 @@ def parse_int(text: str, rng: IntRange, prefixes: bool = False) -> int:
     return value
 
 
-def parse_float(text: str, lo: float, hi: float, unit: str) -> float:
-    """A finite number with lo < value < hi (NaN and infinity refused: NaN passes every comparison)."""
+def parse_float(text: str, lo: float, hi: float, unit: str, closed: bool = False) -> float:
+    """A finite number with lo < value < hi, or lo <= value <= hi when `closed` (NaN and infinity refused: NaN
+    passes every comparison)."""
     try:
         value = float(text)
     except ValueError:
         raise NumberError(f"expected a number of {unit}, got {shown(text)}") from None
-    if not math.isfinite(value) or not lo < value < hi:
+    if closed:
+        if not math.isfinite(value) or not lo <= value <= hi:
+            raise NumberError(f"expected a number of {unit} from {lo:g} to {hi:.15g}, got {shown(text)}")
+    elif not math.isfinite(value) or not lo < value < hi:
         raise NumberError(f"expected a number of {unit} above {lo:g} and below {hi:.15g}, got {shown(text)}")
     return value
 

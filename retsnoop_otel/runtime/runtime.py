@@ -39,6 +39,7 @@ from retsnoop_otel.runtime.startup import Phase, attach_phases, phase_since
 POLL_MS = 100
 SHUTDOWN_FLUSH_S = 5.0
 HOUSEKEEPING_S = 60.0  # clock offset re-measurement and the periodic loss summary
+Hook = Callable[[], object]  # run()'s: `detaching`, and `after_poll` (trace's --origins-interval tables)
 
 
 class Runtime:
@@ -283,9 +284,9 @@ class Runtime:
             self._housekeeping()
 
     def run(self, requests: Requests, reload: Callable[[], object] | None = None,
-            detaching: Callable[[], object] = lambda: None) -> CaptureStats:
-        """The capture loop until a stop is requested, reloading between polls when asked (with `reload`); then
-        detach everything and flush. Returns the kernel's loss counters, read before detaching."""
+            detaching: Hook = lambda: None, after_poll: Hook = lambda: None) -> CaptureStats:
+        """The capture loop until a stop is requested, reloading between polls when asked (`reload`), `after_poll` after
+        each poll, on this thread; then detach and flush. Returns the kernel's loss counters, read before detaching."""
         try:
             while not requests.stop:
                 if requests.reload and reload is not None:
@@ -293,6 +294,7 @@ class Runtime:
                     reload()
                     continue
                 self.poll_once()
+                after_poll()
         finally:
             detaching()
             stats, self.origins_at_stop = stop_counts(list(self.probe_sets), lambda: self.shutdown(SHUTDOWN_FLUSH_S))

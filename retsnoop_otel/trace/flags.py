@@ -29,6 +29,7 @@ from retsnoop_otel.inputs.numbers import (
     U32_MAX,
     IntRange,
     NumberError,
+    parse_float,
     parse_int,
 )
 from retsnoop_otel.render.formats import ArgsFormat, StackFormat
@@ -53,6 +54,7 @@ from retsnoop_otel.runtime.config_flags import (
 from retsnoop_otel.runtime.config_keys import Section
 from retsnoop_otel.runtime.config_sections import EXPORTER, FILTERS, LIMITS, METRICS, PROBE_SET, TOP
 from retsnoop_otel.runtime.config_values import SAMPLING
+from retsnoop_otel.runtime.runtime import POLL_MS
 from retsnoop_otel.runtime.sdk_env import TRACE_EXPORTERS, exporters
 from retsnoop_otel.symbols.discovery import DiscoveryError, expand_glob_args
 from retsnoop_otel.trace.cases import CASES, with_cases
@@ -147,6 +149,18 @@ def _int_flag(rng: IntRange):  # type: ignore[no-untyped-def]
 
 
 _port = _int_flag(IntRange(1, 65535, "a TCP port"))
+MIN_INTERVAL_S = POLL_MS / 1000  # the capture loop's poll: an interval is printed between two polls
+MAX_INTERVAL_S = 86400.0  # a day; the table at stop covers longer runs
+
+
+def _seconds(text: str) -> float:
+    try:
+        return parse_float(text, MIN_INTERVAL_S, MAX_INTERVAL_S, "seconds", closed=True)
+    except NumberError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+_seconds.__name__ = "seconds"
 
 
 def _listen_host(text: str) -> str:
@@ -188,6 +202,10 @@ def build_parser(prog: str = "retsnoop-otel trace") -> FlagParser:
     out.add_argument("-E", "--call-stack", action="store_true",
                      help="print the call stack under -T's call trace (needs -T)")
     out.add_argument("--json", action="store_true", help="print one JSON object per session")
+    out.add_argument("--origins-interval", type=_seconds, default=None, metavar="SECONDS",
+                     help=f"also print the table of error origins every SECONDS ({MIN_INTERVAL_S:g} to "
+                          f"{MAX_INTERVAL_S:g}): that interval's failing sessions, counted in the kernel (--json: "
+                          "one object each); the whole run's table at stop as always")
     _from_keys(out, PROBE_SET, "capture_args", "user_stacks", "app_context", "inject")
     out.add_argument("--trace-json", metavar="FILE", help="write -T sessions as Chrome trace-event JSON (Perfetto)")
     _from_keys(out, PROBE_SET, "lbr")
@@ -227,6 +245,7 @@ class TraceRequest(NamedTuple):
     dry_run: bool = False
     verbose: int = 0
     version: bool = False
+    origins_interval: float | None = None  # --origins-interval: seconds between two tables of error origins
 
 
 def _c_values(parser: argparse.ArgumentParser, items: Sequence[str]) -> dict[str, int | bool | str]:
@@ -385,4 +404,4 @@ def parse(argv: Sequence[str], environ: Mapping[str, str],
                               inlines=level is None or level >= 2),
         names=TRACE_NAMES._replace(listen_host="--web.listen-address", listen="--web.listen-address")
         if args.web_listen_address is not None else TRACE_NAMES)
-    return TraceRequest(config, dry_run=args.dry_run, verbose=args.verbose)
+    return TraceRequest(config, dry_run=args.dry_run, verbose=args.verbose, origins_interval=args.origins_interval)

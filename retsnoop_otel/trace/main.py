@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Sequence
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from retsnoop_otel import __version__
 from retsnoop_otel.command.errors import RunRefused
@@ -26,6 +26,9 @@ from retsnoop_otel.runtime.requests import Requests
 from retsnoop_otel.runtime.runtime import Runtime
 from retsnoop_otel.runtime.startup import Phase, StartClock, format_phases, phase_since
 from retsnoop_otel.trace.flags import TraceRequest, capped_arg_sizes, parse
+
+if TYPE_CHECKING:
+    from retsnoop_otel.trace.origin_intervals import OriginIntervals
 
 
 def _version(request: TraceRequest, out: TextIO) -> int:
@@ -85,8 +88,9 @@ def run_trace(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.s
         print("Detaching... ", end="", file=out, flush=True)
         t0 = time.monotonic()
 
+    intervals = _intervals(runtime, request, out)
     try:
-        stats = runtime.run(requests, detaching=detaching)
+        stats = runtime.run(requests, detaching=detaching, after_poll=intervals.tick if intervals else lambda: None)
     except RunRefused as exc:  # a file output failed during the run (runtime/sinks.py): detached and flushed by now
         print(file=out, flush=True)  # the end of "Detaching... "
         print(f"retsnoop-otel: {exc.message}", file=err, flush=True)
@@ -95,25 +99,35 @@ def run_trace(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.s
         print(f"DROPPED SESSIONS: {stats.dropped_sessions}, INCOMPLETE SESSIONS: {stats.incomplete_sessions}, "
               f"LOST RECORDS: {stats.dropped_records}. ", end="", file=out)
     print(f"DONE in {(time.monotonic() - t0) * 1000:.0f} ms.", file=out, flush=True)
+    if intervals is not None:
+        intervals.stop(runtime.origins_at_stop)
     _print_origins(runtime, request, out)
     if request.verbose:
         print("\n".join(format_phases(runtime.stop_phases)), file=err, flush=True)
     return 0
 
 
+def _intervals(runtime: Runtime, request: TraceRequest, out: TextIO) -> OriginIntervals | None:
+    """--origins-interval's tables, from the kernel's counts of the running probe sets; its first interval starts
+    at "Receiving data..."."""
+    if request.origins_interval is None:
+        return None
+    from retsnoop_otel.trace.origin_intervals import OriginIntervals
+    return OriginIntervals(request.origins_interval, lambda: [(ps.funcs, ps.origin_counts())
+                                                              for ps in runtime.probe_sets],
+                           out, _json(request), runtime.deps.monotonic)
+
+
+def _json(request: TraceRequest) -> bool:
+    console = request.config.exporter.console
+    return console is not None and console.format == "json"
+
+
 def _print_origins(runtime: Runtime, request: TraceRequest, out: TextIO) -> None:
     """Where the run's errors started (every failing session the kernel counted), as a table or one JSON line."""
-    from retsnoop_otel.render.origin_table import origin_rows, origin_table, origins_json
+    from retsnoop_otel.render.origin_table import origin_rows, render_origins
 
-    rows = origin_rows(runtime.origins_at_stop)
-    if not rows:
-        return
-    console = request.config.exporter.console
-    if console is not None and console.format == "json":
-        import json
-        print(json.dumps(origins_json(rows)), file=out, flush=True)
-    else:
-        print("\n" + origin_table(rows), end="", file=out, flush=True)
+    print(render_origins(origin_rows(runtime.origins_at_stop), _json(request)), end="", file=out, flush=True)
 
 
 class _TraceHook(StartHook):

@@ -35,6 +35,13 @@ def test_parse_float_refuses_non_finite_and_out_of_range(text: str):
     assert parse_float("2.5", 0, 1000, "milliseconds") == 2.5
 
 
+@pytest.mark.parametrize("text", ["nan", "inf", "0.09", "-1", "86400.5", "1e400"])
+def test_parse_float_closed_includes_its_bounds_only(text: str):
+    with pytest.raises(NumberError, match=f"from 0.1 to 86400, got '{text}'"):
+        parse_float(text, 0.1, 86400, "seconds", closed=True)
+    assert [parse_float(t, 0.1, 86400, "seconds", closed=True) for t in ("0.1", "86400")] == [0.1, 86400]
+
+
 @pytest.mark.parametrize(("text", "value"), [("8M", 8 << 20), ("16MiB", 16 << 20), ("512k", 512 << 10),
                                              (" 4096 ", 4096), ("0x1000", 4096), ("2G", 2 << 30), ("1 KB", 1024)])
 def test_sizes_in_the_forms_the_config_and_the_flags_take(text: str, value: int) -> None:

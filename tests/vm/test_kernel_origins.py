@@ -5,6 +5,8 @@ max_entries 0 of an array) and 5 times in htab_map_alloc_check (of a hash map), 
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 
 pytestmark = [pytest.mark.vm, pytest.mark.kernels("oldest", "6.12", "newest")]
@@ -56,10 +58,28 @@ def test_every_attach_mode_of_the_kernel_counts_origins(vm_batch) -> None:
 def test_trace_prints_the_kernels_origin_table_at_stop(vm_batch) -> None:
     """-x E2BIG keeps every session out of the output; the table still counts them (the kernel's counts)."""
     r = vm_batch["trace_origin_table"]
-    assert r["workload"][:2] == [0, "{'ok': 0, 'array_failed': 3, 'hash_failed': 2}"], r["workload"]
+    assert [w[:2] for w in r["workload"]] == [[0, "{'ok': 0, 'array_failed': 3, 'hash_failed': 2}"],
+                                              [0, "{'ok': 0, 'array_failed': 2, 'hash_failed': 1}"]], r["workload"]
     assert r["tracer"]["rc"] == 0 and r["tracer"]["progs_after"] == [], r["tail"]
     assert r["session_origins"] == [], r["tail"]
     assert r["table"] == [{"origins": [
-        {"count": 3, "error": "EINVAL", "origin": "array_map_alloc_check", "entry": "__x64_sys_bpf", "share": 0.6},
-        {"count": 2, "error": "EINVAL", "origin": "htab_map_alloc_check", "entry": "__x64_sys_bpf", "share": 0.4},
+        {"count": 5, "error": "EINVAL", "origin": "array_map_alloc_check", "entry": "__x64_sys_bpf", "share": 0.625},
+        {"count": 3, "error": "EINVAL", "origin": "htab_map_alloc_check", "entry": "__x64_sys_bpf", "share": 0.375},
     ]}], r["tail"]
+
+
+def test_trace_origins_interval_tables_add_up_to_the_runs(vm_batch) -> None:
+    """--origins-interval 1: one object per interval, back to back, the last one ending at the stop; the two rounds
+    of failing calls land in different intervals, and the intervals' counts add up to the run's table."""
+    r = vm_batch["trace_origin_table"]
+    intervals, table = r["intervals"], r["table"]
+    assert sum(bool(o["origins"]) for o in intervals) >= 2, intervals
+    assert all(b["start_ns"] == a["end_ns"] for a, b in pairwise(intervals)), intervals
+    assert all(0 < o["seconds"] and o["end_ns"] > o["start_ns"] for o in intervals), intervals
+    summed: dict = {}
+    for o in intervals:
+        for row in o["origins"]:
+            key = (row["entry"], row["origin"], row["error"])
+            summed[key] = summed.get(key, 0) + row["count"]
+    assert len(table) == 1 and summed == {(row["entry"], row["origin"], row["error"]): row["count"]
+                                          for row in table[0]["origins"]}, (intervals, table)

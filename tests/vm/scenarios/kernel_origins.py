@@ -163,27 +163,43 @@ def _exposition(tracer, mode: str) -> list[str]:
     return [line for line in generate_latest(reg).decode().splitlines() if line.startswith("retsnoop_error_origins")]
 
 
+INTERVAL_S = 1
+INTERVAL_LINE = r'^\{"start_ns": \d+, "end_ns": \d+, "seconds": [0-9.]+, "origins": \[\{'  # a non-empty interval
+ROUNDS = (("0", "3", "2"), ("0", "2", "1"))  # no successes: on 5.10 (memlock accounting) the tracer's own maps can
+# leave the user none to create more
+
+
 @budget(900)
 def scenario_trace_origin_table(ctx) -> dict:
-    """`trace --json -x E2BIG`: no session is printed (none fails with E2BIG), yet the table at stop counts them
-    all, since it is the kernel's count of every failing session."""
+    """`trace --json -x E2BIG --origins-interval 1`: no session is printed (none fails with E2BIG), yet the tables
+    count them all, since they are the kernel's count of every failing session: one per interval, then the run's at
+    stop. Two rounds of failing calls, the second started once an interval showed the first's, so they fall in
+    different intervals."""
     import json
 
-    from tests.vm.scenarios.filters import SETTLE_S, json_sessions, start_tracer, stop_tracer
+    from tests.vm.scenarios.filters import json_sessions, start_tracer, stop_tracer
 
-    args = ["-e", ENTRY[0], *[a for f in ALLOW for a in ("-a", f)], "-n", COMM, "-x", "E2BIG", "--json"]
+    args = ["-e", ENTRY[0], *[a for f in ALLOW for a in ("-a", f)], "-n", COMM, "-x", "E2BIG", "--json",
+            "--origins-interval", str(INTERVAL_S)]
     tracer, attach_s = start_tracer(ctx, args)
-    result: dict = {"attach_s": attach_s}
+    result: dict = {"attach_s": attach_s, "workload": []}
+    t0 = time.monotonic()
     try:
-        # no successes: on 5.10 (memlock accounting) the tracer's own maps can leave the user none to create more
-        rc, stdout, err = ctx.run([PY, "-c", WORKLOAD, "0", "3", "2"], 300)
-        result["workload"] = [rc, stdout.strip(), err[-500:]]
-        tracer.wait_output_settled(SETTLE_S, timeout=120)
+        counted, want = 0, 0
+        for counts in ROUNDS:
+            rc, stdout, err = ctx.run([PY, "-c", WORKLOAD, *counts], 300)
+            result["workload"].append([rc, stdout.strip(), err[-500:]])
+            want += int(counts[1]) + int(counts[2])
+            while counted < want:  # the intervals' tables show every failing call made so far
+                counted += sum(o["count"] for o in json.loads(tracer.wait_for_line(INTERVAL_LINE, 120).string)
+                               ["origins"])
     finally:
+        result["rounds_s"] = round(time.monotonic() - t0, 1)
         result["tracer"] = stop_tracer(ctx, tracer)
     objs = [json.loads(line) for line in result["tracer"]["output"].splitlines() if line.startswith("{")]
     result["session_origins"] = [o["origin"] for o in json_sessions(result["tracer"]["output"]) if "origin" in o]
-    result["table"] = [o for o in objs if "origins" in o]  # the table object, which json_sessions leaves out
+    result["table"] = [o for o in objs if "origins" in o and "start_ns" not in o]  # the run's, at stop
+    result["intervals"] = [o for o in objs if "origins" in o and "start_ns" in o]
     result["tail"] = result["tracer"]["output"][-1500:]
     json.dumps(result)  # the batch stores it as JSON
     return result
