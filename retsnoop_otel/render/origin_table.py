@@ -73,12 +73,12 @@ def origin_table(rows: Sequence[OriginRow], span: Span | None = None) -> str:
     if span is None:
         if not rows:
             return ""
-        title = f"ERROR ORIGINS ({total} failing sessions, counted in the kernel):"
+        title = f"ERROR ORIGINS ({_sessions(total)}, counted in the kernel):"
     else:
         when = f"{format_ts(span.start_ns)} -> {format_ts(span.end_ns)} ({span.seconds:.1f} s"
         if not rows:
             return f"ERROR ORIGINS {when}): no failing sessions\n"
-        title = f"ERROR ORIGINS {when}, {total} failing sessions, counted in the kernel):"
+        title = f"ERROR ORIGINS {when}, {_sessions(total)}, counted in the kernel):"
     head = ("COUNT", "ERRNO", "ORIGIN", "ENTRY", "SHARE")
     cells = [(str(r.count), r.error, r.origin, r.entry, f"{r.share * 100:.1f}%") for r in rows]
     widths = [max(len(c[i]) for c in [head, *cells]) for i in range(len(head))]
@@ -87,6 +87,10 @@ def origin_table(rows: Sequence[OriginRow], span: Span | None = None) -> str:
         lines.append(f"{c[0]:>{widths[0]}}  {c[1]:<{widths[1]}}  {c[2]:<{widths[2]}}  {c[3]:<{widths[3]}}  "
                      f"{c[4]:>{widths[4]}}".rstrip())
     return "\n".join(lines) + "\n"
+
+
+def _sessions(n: int) -> str:
+    return f"{n} failing session" + ("" if n == 1 else "s")
 
 
 def origins_json(rows: Sequence[OriginRow], span: Span | None = None) -> dict[str, Any]:
@@ -99,11 +103,12 @@ def origins_json(rows: Sequence[OriginRow], span: Span | None = None) -> dict[st
     return out
 
 
-def render_origins(rows: Sequence[OriginRow], as_json: bool, span: Span | None = None) -> str:
-    """What `trace` prints of a table: one JSON line, or the text after a blank line; "" for a run's table with
-    no failing session (an interval's is always printed)."""
+def render_origins(rows: Sequence[OriginRow], as_json: bool, span: Span | None = None, running: bool = False) -> str:
+    """What `trace` prints of a table: one JSON line, or the text after a blank line (under "DONE"), or, `running`
+    (among the sessions), before one, as a session's block is; "" for a run's table with no failing session (an
+    interval's is always printed)."""
     if span is None and not rows:
         return ""
     if as_json:
         return json.dumps(origins_json(rows, span)) + "\n"
-    return "\n" + origin_table(rows, span)
+    return origin_table(rows, span) + "\n" if running else "\n" + origin_table(rows, span)

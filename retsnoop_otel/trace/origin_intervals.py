@@ -41,17 +41,17 @@ class OriginIntervals:
         self._due += self.every_s
         if self._due <= now:
             self._due = now + self.every_s
-        self._print(origin_totals(self._read()), now)
+        self._print(origin_totals(self._read()), now, running=True)
 
     def stop(self, at_stop: SetCounts) -> None:
         """The last interval, up to the stop, from the whole run's counts read after detaching."""
-        self._print(origin_totals(at_stop), self._clock())
+        self._print(origin_totals(at_stop), self._clock(), running=False)
 
-    def _print(self, totals: dict[OriginKey, int], now: float) -> None:
+    def _print(self, totals: dict[OriginKey, int], now: float, running: bool) -> None:
         rows = rows_of(counts_since(totals, self._before))
         span = Span(self._wall(self._start), self._wall(now))
         self._before, self._start = totals, now
-        print(render_origins(rows, self._json, span), end="", file=self._out, flush=True)
+        print(render_origins(rows, self._json, span, running), end="", file=self._out, flush=True)
 
     def _wall(self, t: float) -> int:
         return self._wall0 + round((t - self._t0) * 1e9)

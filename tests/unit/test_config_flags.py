@@ -16,7 +16,8 @@ from retsnoop_otel.runtime.config_sections import TOP
 from retsnoop_otel.trace.flags import C_FROM_KEYS, C_HELP, build_parser, parse
 
 HAND_WRITTEN = {"help", "config", "config_help", "case", "call_stack", "json", "trace_json", "lbr_max_count",
-                "symbolize", "metrics_port", "metrics_addr", "dry_run", "verbose", "version", "origins_interval"}  # no config key
+                "symbolize", "metrics_port", "metrics_addr", "dry_run", "verbose", "version",
+                "origins_interval"}  # no config key
 
 
 def _sections() -> list[Section]:

@@ -98,16 +98,23 @@ def test_each_due_interval_prints_one_json_object_and_the_stop_the_rest() -> Non
         [("array_map_alloc_check", 1, 1.0)]]
 
 
-def test_text_intervals_print_a_quiet_one_in_a_line(utc: None) -> None:
+def test_text_intervals_print_a_quiet_one_in_a_line_and_the_stop_under_done(utc: None) -> None:
+    """Among the sessions a table is a block followed by a blank line, as a session is; at stop it comes after a
+    blank line, as the run's table does."""
     iv, clock, out, _reads = _intervals(as_json=False)
     for _ in range(2):
         clock.t += 5.0
         iv.tick()
+    clock.t += 1.0
+    iv.stop([(FUNCS, [OriginCount(0, 1, "EINVAL", 3), OriginCount(0, 2, "E2BIG", 1)])])
     assert out.getvalue() == (
-        "\nERROR ORIGINS 05:46:40.000000 -> 05:46:45.000000 (5.0 s): no failing sessions\n"
-        "\nERROR ORIGINS 05:46:45.000000 -> 05:46:50.000000 (5.0 s, 3 failing sessions, counted in the kernel):\n"
+        "ERROR ORIGINS 05:46:40.000000 -> 05:46:45.000000 (5.0 s): no failing sessions\n\n"
+        "ERROR ORIGINS 05:46:45.000000 -> 05:46:50.000000 (5.0 s, 3 failing sessions, counted in the kernel):\n"
         "COUNT  ERRNO   ORIGIN                 ENTRY           SHARE\n"
-        "    3  EINVAL  array_map_alloc_check  __x64_sys_bpf  100.0%\n")
+        "    3  EINVAL  array_map_alloc_check  __x64_sys_bpf  100.0%\n\n"
+        "\nERROR ORIGINS 05:46:50.000000 -> 05:46:51.000000 (1.0 s, 1 failing session, counted in the kernel):\n"
+        "COUNT  ERRNO  ORIGIN                ENTRY           SHARE\n"
+        "    1  E2BIG  htab_map_alloc_check  __x64_sys_bpf  100.0%\n")
 
 
 def test_late_polls_do_not_drift_the_intervals_and_a_stall_skips_ahead() -> None:
