@@ -147,6 +147,7 @@ class Runtime:
                 hook.discovered(ps, None, exc)
                 continue
             self.phases.append(phase_since("discovery", t0, f"{len(found.funcs)} functions"
+                                           + (f" ({found.entry_count} syscall entries)" if ps.syscalls else "")
                                            + (f" of probe set {ps.name}" if len(cfg.probe_sets) > 1 else "")))
             hook.discovered(ps, found, None)
             out.append((ps, found))
