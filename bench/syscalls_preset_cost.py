@@ -97,7 +97,7 @@ def workload_s(cmd: list[str], iterations: int, fail_every: int) -> float:
     return float(out.strip().splitlines()[-1])
 
 
-class Tracer:
+class PresetRun:
     """`trace --syscalls` started, its attach time and phases read from its -v lines."""
 
     def __init__(self, budget: int | None, timeout: float) -> None:
@@ -137,7 +137,7 @@ def main() -> int:
         cmd = build(Path(tmp))
         workload_s(cmd, max(args.iterations // 10, 1), args.fail_every)  # warm: page cache, dentries
         untraced = [workload_s(cmd, args.iterations, args.fail_every) for _ in range(args.rounds)]
-        tracer = Tracer(args.budget, args.start_timeout)
+        tracer = PresetRun(args.budget, args.start_timeout)
         print(f"attached in {tracer.attach_s:.1f} s; phases: {tracer.phases}", file=sys.stderr, flush=True)
         try:
             traced = [workload_s(cmd, args.iterations, args.fail_every) for _ in range(args.rounds)]

@@ -10,14 +10,15 @@ from __future__ import annotations
 import os
 
 from retsnoop_otel.command.errors import SetupError
-from retsnoop_otel.kernel.attach_modes import BY_NAME
+from retsnoop_otel.kernel.attach_modes import BY_ADDRESS
 from retsnoop_otel.runtime.config import ProbeSetConfig
 from retsnoop_otel.runtime.environment import KernelEnv
 from retsnoop_otel.symbols import syscall_preset
 
-# the modes that attach a whole set with one syscall (a few links): the preset's thousand functions attach in
-# seconds there, where one trampoline or kprobe per function took many minutes under emulation
-MULTI_ATTACH = tuple(m for m in ("kprobe_session", "kprobe_multi", "fsession_multi") if m in BY_NAME)
+# the modes auto may choose that attach a whole set with one syscall (kprobe.multi links: kprobe.session and
+# kprobe.multi): the preset's ~1,400 functions attach in well under a second there, where one trampoline or kprobe per
+# function took many minutes under emulation
+MULTI_ATTACH = BY_ADDRESS
 
 
 def with_preset(cfg: ProbeSetConfig, env: KernelEnv, machine: str | None = None) -> ProbeSetConfig:
