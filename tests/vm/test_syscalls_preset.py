@@ -23,12 +23,14 @@ def test_the_workload_failed_as_planned(vm_batch) -> None:
     assert _run(vm_batch)["workload"] == [0, f"{FAILS} True"], _run(vm_batch)["workload"]
 
 
-def test_the_preset_attached_every_syscall_entry_and_an_allow_set(vm_batch) -> None:
+def test_the_preset_attached_every_syscall_entry_and_an_allow_set_in_one_call(vm_batch) -> None:
     log = "\n".join(_run(vm_batch)["log"])
-    m = re.search(r"(\d+) functions \((\d+) syscall entries\)", log)
+    m = re.search(r"would attach (\d+) \((\d+) entry\) in (\w+) mode", log)
     assert m, log
     total, entries = int(m.group(1)), int(m.group(2))
     assert entries > 300 and total - entries > 500, log
+    assert m.group(3) == "kprobe_session", log  # the cheapest multi-attach mode both kernels have
+    assert re.search(rf"^Phase discovery: \d+ ms \({total} functions \({entries} syscall entries\)\)", log, re.M), log
 
 
 def test_each_failing_bpf_call_is_captured_with_its_entry_and_origin(vm_batch) -> None:
