@@ -28,8 +28,10 @@ BUDGET = IntRange(0, 50000, "functions of the allow set")
 _WRAPPERS = re.compile(r"^__(?:x64|ia32|x32|arm64|se|do)_(?:compat_)?sys_")
 # Hot paths that run in every syscall (or outside any: interrupts, the scheduler, timers) and return an int:
 # a probe on them costs on every call, in a session or not, and they are not where a syscall's error starts; and
-# the BPF LSM's empty hooks (bpf_lsm_*), which return 0 unless a BPF LSM program is attached to them.
-HOT_PATHS = ("bpf_lsm_*", "*spin_*", "*_lock", "*_lock_*", "*_trylock*", "*mutex*", "*rwsem*", "*sched*", "*wake_up*",
+# the BPF LSM's empty hooks (bpf_lsm_*), which return 0 unless a BPF LSM program is attached to them, and the
+# tracepoints' generated code (their iterators, event output and offsets), never part of a syscall's error path.
+HOT_PATHS = ("bpf_lsm_*", "__traceiter_*", "trace_raw_output_*", "trace_event_*", "perf_trace_*", "__probestub_*",
+             "*spin_*", "*_lock", "*_lock_*", "*_trylock*", "*mutex*", "*rwsem*", "*sched*", "*wake_up*",
              "*irq*", "*hrtimer*", "*timer*", "tick_*", "rcu_*", "*printk*", "*console*", "*_nmi*", "perf_*",
              "*workqueue*", "*queue_work*", "*ktime*", "*clock*", "*_cpu_*", "*stack*", "*tlb*", "*seqcount*")
 _CHECKS = re.compile(r"(?:^|_)(?:check|checks|validate|valid|verify|sanity)(?:_|$)")
