@@ -3,8 +3,9 @@
 Entries: every syscall entry function of the running kernel's architecture (`__x64_sys_*`, `__arm64_sys_*`) that
 ftrace can hook. Allow set: functions whose BTF return type can carry an errno (int, long and their signed
 typedefs and enums; not void, bool, unsigned or pointers), traceable, minus the deny lists, at most `budget` of
-them. Pure: the kernel's tables come in as values (runtime/syscall_set.py passes the running kernel's), and the
-names chosen go to discovery (symbols/discovery.py) as exact globs, which checks and attaches them as any `-a`.
+them, in origin_rank's order (checks, then gates, then the rest; a hash of the name within each). Pure: the
+kernel's tables come in as values (runtime/syscall_set.py passes the running kernel's), and the names chosen go to
+discovery (symbols/discovery.py) as exact globs, which checks and attaches them as any `-a`.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ _GATES = re.compile(r"(?:^|_)(?:perm|permission|capable|may|security|parse|looku
 
 
 class Preset(NamedTuple):
-    """The functions chosen, and how many could have been (for the -v line and the dry run)."""
+    """The functions chosen, and how many could have been (what the budget left out: candidates - len(allow))."""
 
     entry: tuple[str, ...]
     allow: tuple[str, ...]
