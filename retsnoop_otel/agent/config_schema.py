@@ -29,6 +29,9 @@ def _object(section: Section, skip: tuple[str, ...] = ()) -> dict[str, Any]:
     required = [k.name for k in keys if k.required]
     if required:
         out["required"] = required
+    if {"entry", "syscalls"} <= {k.name for k in keys}:  # a probe set: its entry globs, the syscall preset or both
+        out["anyOf"] = [{"required": ["entry"]},
+                        {"required": ["syscalls"], "properties": {"syscalls": {"const": True}}}]
     return out
 
 

@@ -38,7 +38,7 @@ class ProbeSetConfig(NamedTuple):
     """
 
     name: str
-    entry: tuple[str, ...]  # globs as values: each '@file' was replaced by its lines where the input was parsed
+    entry: tuple[str, ...] = ()  # globs as values: each '@file' was replaced by its lines where the input was parsed
     allow: tuple[str, ...] = ()
     deny: tuple[str, ...] = ()
     mode: str = "stack"
@@ -60,6 +60,8 @@ class ProbeSetConfig(NamedTuple):
     duration_range: DurationRange | None = None  # histogram buckets; None: metrics.duration_range
     workload_label: str | None = None  # calls, errors and sessions also counted per namespace or container
     inject: tuple[InjectSpec, ...] = ()  # -J: probes recorded inside sessions (kprobe, kretprobe, rawtp, tp)
+    syscalls: bool = False  # the syscall preset (symbols/syscall_preset.py): entry and allow add to its functions
+    syscalls_budget: int = 1000  # the preset's allow functions at most (syscall_preset.DEFAULT_BUDGET)
 
     @property
     def records_calls(self) -> bool:

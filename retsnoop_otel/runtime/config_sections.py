@@ -59,6 +59,7 @@ from retsnoop_otel.runtime.config_values import (
 )
 from retsnoop_otel.runtime.yaml_nodes import Nodes, got, items, kind, scalar, yaml
 from retsnoop_otel.symbols.discovery import DiscoveryError, expand_glob_args, parse_glob
+from retsnoop_otel.symbols.syscall_preset import BUDGET as SYSCALLS_BUDGET
 
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -190,16 +191,17 @@ def _filters(ctx: Nodes, node: yaml.Node, key: str, _m: Mapping[str, yaml.Node])
     return values
 
 
+ENTRY_MISSING = "missing 'entry': a list of entry function globs (for example ['*sys_bpf']), or syscalls: true"
 PROBE_SET = Section("probe_sets[]", ProbeSetConfig, (
     Key("name", STR, "unique name, the probe_set label of its metrics", check=_valid_name,
         flag=Flag(("--probe-set",), "probe_set", note="trace: 'default' unless given", metavar="NAME",
                   default="default"),
         required="missing 'name' (each probe set needs a unique name, used as the probe_set metric label)"),
     Key("entry", GLOBS, "entry function globs ('func', 'func [module]', ':path/*.c', @FILE, or a user-space function "
-        "'u:BINARY:GLOB[=RULE]', RULE errno|neg|zero|null|ptr|none): a session starts at each call",
+        "'u:BINARY:GLOB[=RULE]', RULE errno|neg|zero|null|ptr|none): a session starts at each call; needed unless "
+        "syscalls is true",
         flag=Flag(("-e", "--entry"), "entry", "append", "repeatable", "GLOB"),
-        check=lambda globs: None if globs else "needs at least one entry function glob",
-        required="missing 'entry': a list of entry function globs (for example ['*sys_bpf'])"),
+        check=lambda globs: None if globs else "needs at least one entry function glob"),
     Key("allow", GLOBS, "other functions recorded inside sessions",
         flag=Flag(("-a", "--allow"), "allow", "append", "repeatable", "GLOB")),
     Key("deny", GLOBS, "functions never traced (wins over entry and allow)",
@@ -225,6 +227,11 @@ PROBE_SET = Section("probe_sets[]", ProbeSetConfig, (
         flag=Flag(("-U", "--user-stacks"), "user_stacks", "store_true", "frame-pointer unwinding")),
     Key("duration_range", DURATION_RANGE_KIND, "histogram buckets of this set (unset: metrics.duration_range)"),
     Key("workload_label", choices(WORKLOAD_LABELS), "calls, errors and sessions also per namespace or container"),
+    Key("syscalls", BOOL, "every syscall entry function of the kernel's architecture as an entry, and an allow set of "
+        "functions that can return an errno, chosen for error origins (entry and allow add to them)",
+        flag=Flag(("--syscalls",), "syscalls", "store_true", "no -e needed")),
+    Key("syscalls_budget", integer_in(SYSCALLS_BUDGET), "with syscalls: at most this many allow functions chosen",
+        flag=Flag(("--syscalls-budget",), "syscalls_budget", metavar="N", default=None)),
     Key("inject", INJECT, "probes recorded inside sessions, as span events: kprobe:FUNC[+OFF], kretprobe:FUNC, "
         "rawtp:NAME, tp:CATEGORY:NAME or @FILE (one per line)",
         flag=Flag(("-J", "--inject-probe"), "inject_probe", "append", "repeatable", "SPEC")),
@@ -237,6 +244,10 @@ def _probe_set(ctx: Nodes, node: yaml.Node, key: str, name: str | None) -> Probe
         if bad:
             raise ctx.fail(node, f"{key}.name", bad)
     values, _ = read_section(ctx, node, key, PROBE_SET, None if name is None else PROBE_SET.names[1:])
+    if "entry" not in values and not values.get("syscalls"):
+        raise ctx.fail(node, key, ENTRY_MISSING)
+    if "syscalls_budget" in values and not values.get("syscalls"):
+        raise ctx.fail(node, f"{key}.syscalls_budget", "is the syscall preset's budget: set syscalls: true too")
     return ProbeSetConfig(**({"name": name} if name is not None else {}), **values)
 
 

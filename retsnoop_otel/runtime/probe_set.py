@@ -33,7 +33,7 @@ from retsnoop_otel.kernel.attach_modes import TRAMPOLINE
 from retsnoop_otel.kernel.capture_config import CaptureConfig
 from retsnoop_otel.kernel.tracer import AttachReport
 from retsnoop_otel.metrics.workload_series import LABEL_NAMES, WorkloadSeries, WorkloadTotal
-from retsnoop_otel.runtime import carry
+from retsnoop_otel.runtime import carry, syscall_set
 from retsnoop_otel.runtime.config import AGENT_NAMES, InputNames, Limits, ProbeSetConfig
 from retsnoop_otel.runtime.environment import KernelEnv, cgroup_target, lbr_refusal
 from retsnoop_otel.symbols import discovery
@@ -87,6 +87,7 @@ METRICS_ONLY_NS = (1 << 64) - 1  # a minimum session duration nothing reaches
 def resolve(cfg: ProbeSetConfig, env: KernelEnv, names: InputNames = AGENT_NAMES) -> discovery.Discovery:
     """The functions a probe set would attach, in the attach mode it would use, and its injected probes checked
     against this kernel (nothing attached): the one resolution of a start, which the attach uses as it is."""
+    cfg = syscall_set.with_preset(cfg, env)  # syscalls: true, as the globs of its functions
     user, kernel = discovery.user_and_kernel_globs((*cfg.entry, *cfg.allow))  # values: '@file' read at input
     mode = env.auto_mode if cfg.attach_mode == "auto" else cfg.attach_mode
     try:

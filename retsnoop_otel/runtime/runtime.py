@@ -34,7 +34,7 @@ from retsnoop_otel.runtime.requests import Requests
 from retsnoop_otel.runtime.routing import SessionRouter
 from retsnoop_otel.runtime.settings import RunSettings, run_settings
 from retsnoop_otel.runtime.sinks import Sinks, sinks_key
-from retsnoop_otel.runtime.startup import Phase, attach_phases, phase_since
+from retsnoop_otel.runtime.startup import Phase, attach_phases, discovery_note, phase_since
 
 POLL_MS = 100
 SHUTDOWN_FLUSH_S = 5.0
@@ -147,8 +147,8 @@ class Runtime:
                     raise
                 hook.discovered(ps, None, exc)
                 continue
-            self.phases.append(phase_since("discovery", t0, f"{len(found.funcs)} functions"
-                                           + (f" of probe set {ps.name}" if len(cfg.probe_sets) > 1 else "")))
+            note = discovery_note(found, ps.syscalls, ps.name if len(cfg.probe_sets) > 1 else None)
+            self.phases.append(phase_since("discovery", t0, note))
             hook.discovered(ps, found, None)
             out.append((ps, found))
         return out
@@ -285,8 +285,8 @@ class Runtime:
 
     def run(self, requests: Requests, reload: Callable[[], object] | None = None,
             detaching: Hook = lambda: None, after_poll: Hook = lambda: None) -> CaptureStats:
-        """The capture loop until a stop is requested, reloading between polls when asked (`reload`), `after_poll` after
-        each poll, on this thread; then detach and flush. Returns the kernel's loss counters, read before detaching."""
+        """The capture loop on this thread until a stop (`reload` when asked, `after_poll` after each poll), then detach
+        and flush. Returns the kernel's loss counters, read before detaching."""
         try:
             while not requests.stop:
                 if requests.reload and reload is not None:

@@ -37,6 +37,13 @@ class StartClock(NamedTuple):
         return [Phase("python", self.python_s, "interpreter start and imports before main")]
 
 
+def discovery_note(found: Any, syscalls: bool, set_name: str | None) -> str:
+    """The discovery phase's detail: `found` a probe set's discovered functions (symbols/discovery.py), the syscall
+    preset's entries counted apart (tests/vm/test_syscalls_preset.py reads them), the set named when there are more."""
+    note = f"{len(found.funcs)} functions" + (f" ({found.entry_count} syscall entries)" if syscalls else "")
+    return note + (f" of probe set {set_name}" if set_name else "")
+
+
 def format_phases(phases: Iterable[Phase]) -> list[str]:
     """One line per phase, 'Phase NAME: N ms (detail)'."""
     return [f"Phase {p.name}: {p.seconds * 1000:.0f} ms" + (f" ({p.detail})" if p.detail else "") for p in phases]

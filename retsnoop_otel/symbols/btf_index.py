@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import array
 import bisect
+from collections.abc import Iterable
 
 from retsnoop_otel.capture.model import RET_KIND_CODES, RetKind
 from retsnoop_otel.symbols import kernel_tables
@@ -69,6 +70,11 @@ class FuncTypes:
     def _search(self, name: str) -> int | None:
         i = bisect.bisect_left(self._names, name)
         return self._packed[i] if i < len(self._packed) and self._names[i] == name else None
+
+    def names_returning(self, kinds: Iterable[RetKind]) -> list[str]:
+        """Every function whose return kind is one of `kinds`, in name order (the syscall preset's candidates)."""
+        codes = {RET_KIND_CODES[k] for k in kinds}
+        return [name for name, packed in zip(self._names.all(), self._packed, strict=True) if packed & 0xF in codes]
 
     def func_id(self, name: str) -> int | None:
         packed = self._lookup.get(name)

@@ -195,7 +195,8 @@ def build_parser(prog: str = "retsnoop-otel trace") -> FlagParser:
     sel = p.flag_group("function selection")
     sel.add_argument("-c", "--case", action="append", default=[], choices=tuple(CASES), metavar="CASE",
                      help=f"retsnoop's preset globs of a subsystem, added to -e/-a/-d ({', '.join(CASES)})")
-    _from_keys(sel, PROBE_SET, "entry", "allow", "deny", "attach_mode", "user_attach_mode")
+    _from_keys(sel, PROBE_SET, "entry", "allow", "deny", "syscalls", "syscalls_budget", "attach_mode",
+               "user_attach_mode")
     out = p.flag_group("what to capture and show")
     _from_keys(out, SAMPLING, "success_probability", "errors")
     _from_keys(out, PROBE_SET, "mode")
@@ -337,8 +338,10 @@ def parse(argv: Sequence[str], environ: Mapping[str, str],
     if args.version:
         return TraceRequest(RuntimeConfig(probe_sets=()), verbose=args.verbose, version=True)
     entry, allow, deny = with_cases(args.case, args.entry, args.allow, args.deny)
-    if not entry:
-        parser.error("at least one entry glob is needed: -e GLOB (for example -e '*sys_bpf'), or -c CASE")
+    if not entry and not args.syscalls:
+        parser.error("at least one entry glob is needed: -e GLOB (for example -e '*sys_bpf'), -c CASE or --syscalls")
+    if args.syscalls_budget is not None and not args.syscalls:
+        parser.error("--syscalls-budget is the budget of --syscalls: give --syscalls too")
     # -E adds the stack under -T's call trace (without -T the stack is all that is printed: -E alone would change
     # nothing); --trace-json writes -T's call traces. Neither is taken to mean -T, which changes what is printed.
     for given, flag in ((args.call_stack, "-E/--call-stack"), (args.trace_json is not None, "--trace-json")):

@@ -38,7 +38,7 @@ def test_a_case_adds_its_globs_to_the_users_own() -> None:
     assert both.allow[:2] == ("*perf_*", "*bpf*") and both.allow[-1] == "x_*"
     assert both.deny[-1] == "y" and set(CASES["bpf"].deny) <= set(both.deny)
     assert "invalid choice: 'net'" in refused("-c", "net")
-    assert "or -c CASE" in refused("-a", "x")
+    assert "-c CASE or --syscalls" in refused("-a", "x")
 
 
 def test_comm_filters_read_files_as_retsnoop_does(tmp_path: Path) -> None:

@@ -1,0 +1,166 @@
+"""What the syscall preset costs (issue 46 point 5): a syscall-heavy workload's time with and without
+`trace --syscalls` in the same boot, and the preset's start (attach) and stop (detach) times.
+
+    tests/vm/run --kernel 7.2 -- python -m bench.syscalls_preset_cost [--budget N] [--iterations N] [--rounds N]
+
+The workload (C, built with gcc; Python when there is none) runs --iterations rounds of seven syscalls each:
+getpid, open, read and close of /dev/zero, write to /dev/null, fstat, and a stat of a missing file every
+--fail-every rounds (ENOENT: a failing session the tracer reports). It prints its own loop's wall time. Each round
+of the bench runs it --rounds times untraced, then as often traced, then untraced again: the overhead is the
+traced mean against the mean of the untraced runs around it, so a slow minute of the machine does not land on one
+side only. The tracer is `python -m retsnoop_otel trace --syscalls -v --json` (auto attach mode: kprobe.session or
+kprobe.multi), its sessions read by the bench; attach is the time from its start to "Receiving data...", with its
+-v phase lines; detach, from SIGTERM to its exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.harness import PHASE_OURS, READY_OURS, Lines, stop
+
+WORKLOAD_C = r"""
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    long n = atol(argv[1]), fail_every = atol(argv[2]);
+    char buf[64];
+    struct stat st;
+    int out = open("/dev/null", O_WRONLY);
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    for (long i = 0; i < n; i++) {
+        getpid();
+        int fd = open("/dev/zero", O_RDONLY);
+        if (read(fd, buf, sizeof(buf)) < 0) return 1;
+        fstat(fd, &st);
+        close(fd);
+        if (write(out, buf, sizeof(buf)) < 0) return 1;
+        if (fail_every && i % fail_every == 0) stat("/nonexistent/syscalls_preset_cost", &st);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    printf("%.6f\n", (b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) / 1e9);
+    return 0;
+}
+"""
+
+WORKLOAD_PY = r"""
+import os, sys, time
+n, fail_every = int(sys.argv[1]), int(sys.argv[2])
+out = os.open("/dev/null", os.O_WRONLY)
+t0 = time.monotonic()
+for i in range(n):
+    os.getpid()
+    fd = os.open("/dev/zero", os.O_RDONLY)
+    buf = os.read(fd, 64)
+    os.fstat(fd)
+    os.close(fd)
+    os.write(out, buf)
+    if fail_every and i % fail_every == 0:
+        try:
+            os.stat("/nonexistent/syscalls_preset_cost")
+        except OSError:
+            pass
+print(f"{time.monotonic() - t0:.6f}")
+"""
+
+
+def build(tmp: Path) -> list[str]:
+    if shutil.which("gcc"):
+        src = tmp / "syscall_loop.c"
+        src.write_text(WORKLOAD_C)
+        exe = tmp / "syscall_loop"
+        if subprocess.run(["gcc", "-O2", "-o", str(exe), str(src)], capture_output=True).returncode == 0:
+            return [str(exe)]
+    script = tmp / "syscall_loop.py"
+    script.write_text(WORKLOAD_PY)
+    return [sys.executable, str(script)]
+
+
+def workload_s(cmd: list[str], iterations: int, fail_every: int) -> float:
+    out = subprocess.run([*cmd, str(iterations), str(fail_every)], capture_output=True, text=True, check=True,
+                         timeout=3600).stdout
+    return float(out.strip().splitlines()[-1])
+
+
+class PresetRun:
+    """`trace --syscalls` started, its attach time and phases read from its -v lines."""
+
+    def __init__(self, budget: int | None, timeout: float) -> None:
+        argv = [sys.executable, "-m", "retsnoop_otel", "trace", "--syscalls", "-v", "--json"]
+        argv += ["--syscalls-budget", str(budget)] if budget is not None else []
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines = Lines(self.proc)
+        ready = self.lines.wait_for(READY_OURS, timeout)
+        if ready is None:
+            stop(self.proc, timeout=600)
+            raise RuntimeError("the tracer did not attach:\n" + "\n".join(self.lines.tail(30)))
+        self.attach_s = ready[0] - t0
+        self.phases = {m.group(1): int(m.group(2)) / 1000 for _, m in self.lines.find(PHASE_OURS)}
+        self.detail = {m.group(1): m.group(3) or "" for _, m in self.lines.find(PHASE_OURS)}
+
+    def sessions_seen(self) -> int:
+        return sum(1 for _, m in self.lines.find(re.compile(r'^\{"tid"')))
+
+    def close(self) -> float:
+        t0 = time.monotonic()
+        stop(self.proc, timeout=900)
+        self.lines.join()
+        return time.monotonic() - t0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--budget", type=int, default=None, help="--syscalls-budget (default: the preset's)")
+    p.add_argument("--iterations", type=int, default=20000)
+    p.add_argument("--fail-every", type=int, default=100, help="a failing stat() every N rounds (0: none)")
+    p.add_argument("--rounds", type=int, default=2, help="untraced/traced/untraced triples")
+    p.add_argument("--start-timeout", type=float, default=1500.0)
+    p.add_argument("--json-out", default=None, help="also write the figures as JSON here")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory(dir=os.environ.get("RETSNOOP_OTEL_RWDIR")) as tmp:
+        cmd = build(Path(tmp))
+        workload_s(cmd, max(args.iterations // 10, 1), args.fail_every)  # warm: page cache, dentries
+        untraced = [workload_s(cmd, args.iterations, args.fail_every) for _ in range(args.rounds)]
+        tracer = PresetRun(args.budget, args.start_timeout)
+        print(f"attached in {tracer.attach_s:.1f} s; phases: {tracer.phases}", file=sys.stderr, flush=True)
+        try:
+            traced = [workload_s(cmd, args.iterations, args.fail_every) for _ in range(args.rounds)]
+        finally:
+            tracer.lines.quiet_for(3, 120)
+            sessions = tracer.sessions_seen()
+            detach_s = tracer.close()
+        untraced += [workload_s(cmd, args.iterations, args.fail_every) for _ in range(args.rounds)]
+    base, with_preset = statistics.mean(untraced), statistics.mean(traced)
+    figures = {"kernel": os.uname().release, "workload": cmd[0].rsplit("/", 1)[-1], "iterations": args.iterations,
+               "fail_every": args.fail_every, "untraced_s": untraced, "traced_s": traced,
+               "overhead_pct": round((with_preset / base - 1) * 100, 1), "attach_s": round(tracer.attach_s, 1),
+               "detach_s": round(detach_s, 1), "phases_s": tracer.phases, "phase_detail": tracer.detail,
+               "sessions_reported": sessions}
+    print(json.dumps(figures, indent=1))
+    print(f"\nkernel {figures['kernel']}: {args.iterations} x 7 syscalls ({cmd[0].rsplit('/', 1)[-1]}), a failing "
+          f"stat every {args.fail_every}: untraced {base:.3f} s (mean of {len(untraced)}), with --syscalls "
+          f"{with_preset:.3f} s (mean of {len(traced)}): {figures['overhead_pct']:+.1f}%; attach "
+          f"{figures['attach_s']} s, detach {figures['detach_s']} s")
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(figures, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

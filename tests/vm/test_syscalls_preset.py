@@ -1,0 +1,55 @@
+"""Issue 46 point 5 on real kernels: `trace --syscalls` attaches every syscall entry and its errno-returning allow
+set in the kernel's multi-attach mode, and captures a failing bpf() with its entry syscall and its error origin.
+
+Guest side: tests/vm/scenarios/syscalls_preset.py (one tracer run per kernel).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.vm.scenarios.syscalls_preset import FAILS
+
+pytestmark = [pytest.mark.vm, pytest.mark.kernels("6.12", "newest")]
+
+
+def _run(vm_batch) -> dict:
+    return vm_batch["syscalls_preset"]
+
+
+def test_the_workload_failed_as_planned(vm_batch) -> None:
+    assert _run(vm_batch)["workload"] == [0, f"{FAILS} True"], _run(vm_batch)["workload"]
+
+
+def test_the_preset_attached_every_syscall_entry_and_an_allow_set_in_one_call(vm_batch) -> None:
+    log = "\n".join(_run(vm_batch)["log"])
+    m = re.search(r"would attach (\d+) \((\d+) entry\) in (\w+) mode", log)
+    assert m, log
+    total, entries = int(m.group(1)), int(m.group(2))
+    assert entries > 300 and total - entries > 500, log
+    assert m.group(3) == "kprobe_session", log  # the cheapest multi-attach mode both kernels have
+    assert re.search(rf"^Phase discovery: \d+ ms \({total} functions \({entries} syscall entries\)\)", log, re.M), log
+
+
+def test_each_failing_bpf_call_is_captured_with_its_entry_and_origin(vm_batch) -> None:
+    sessions = _run(vm_batch)["sessions"]
+    bpf = [s for s in sessions if s["chain"] and s["chain"][0]["function"] == "__x64_sys_bpf"]
+    assert len(bpf) == FAILS, [[c["function"] for c in s["chain"]] for s in sessions]
+    for s in bpf:
+        assert s["is_err"] and s["origin"] == {"function": "array_map_alloc_check", "error": "EINVAL"}, s
+        assert s["chain"][-1]["function"] == "array_map_alloc_check", s["chain"]
+
+
+def test_the_failing_open_is_captured_with_its_entry_and_an_origin(vm_batch) -> None:
+    sessions = _run(vm_batch)["sessions"]
+    opens = [s for s in sessions if s["chain"] and s["chain"][0]["function"] in ("__x64_sys_openat", "__x64_sys_open")]
+    assert opens, [[c["function"] for c in s["chain"]] for s in sessions]
+    assert any(s["origin"]["error"] == "ENOENT" for s in opens), opens
+
+
+def test_the_tracer_detached_cleanly(vm_batch) -> None:
+    t = _run(vm_batch)["tracer"]
+    assert t["rc"] == 0 and "Traceback" not in t["output"], t["output"][-3000:]
+    assert t["progs_after"] == []
