@@ -18,8 +18,9 @@ SignalStop (128 + the signal's number); the start undoes what it attached on any
 the first one raises: the undoing is not interrupted by a second. The agent's start is interrupted by Ctrl-C only
 (SIGTERM and SIGHUP are kept as its stop and reload requests, for when the start is done). Once a trace is
 receiving, runtime/requests.py turns them into a stop request instead (detach, flush, exit 0). A signal that
-arrives while a write is blocked (a reader that stopped reading) abandons that write (interrupt_write): the
-output is given up, the stop goes on.
+arrives while a write is blocked (a reader that stopped reading) abandons that write (WritesInProgress, which
+Streams owns and its streams share; GuardedStream.interrupt_write is what runtime/requests.py calls): the output is
+given up, the stop goes on.
 """
 
 from __future__ import annotations
@@ -52,30 +53,43 @@ class SignalStop(BaseException):
 
 
 class WriteAbandoned(Exception):
-    """What a stream failed with when a stop signal came while it was blocked in a write (interrupt_write)."""
+    """What a stream failed with when a stop signal came while it was blocked in a write (WritesInProgress)."""
 
 
-_writing: list[tuple[int, GuardedStream]] = []  # (thread, stream) of the guarded writes in progress
+class WritesInProgress:
+    """The guarded writes under way, each with its thread: what a stop signal abandons (interrupt). One per Streams,
+    shared by its stdout and stderr, so that the process holds no module-level state."""
 
+    def __init__(self) -> None:
+        self._entries: list[tuple[int, GuardedStream]] = []
 
-def interrupt_write() -> None:
-    """From a stop signal's handler: a guarded write of this thread blocked now (a reader that stopped reading)
-    is given up. The stream's descriptor is pointed at /dev/null, so that the write the signal interrupted is
-    retried there (PEP 475) and returns; the output is abandoned, the stop goes on. No exception is raised in
-    the handler: it may run at any point of the writer's code."""
-    me = threading.get_ident()
-    for ident, stream in list(_writing):
-        if ident == me and stream.error is None:
-            stream.error = WriteAbandoned("a stop was asked while the output was blocked")
-            _to_devnull(stream)
+    def enter(self, stream: GuardedStream) -> tuple[int, GuardedStream]:
+        entry = (threading.get_ident(), stream)
+        self._entries.append(entry)
+        return entry
+
+    def leave(self, entry: tuple[int, GuardedStream]) -> None:
+        self._entries.remove(entry)
+
+    def interrupt(self) -> None:
+        """From a stop signal's handler: a guarded write of this thread blocked now (a reader that stopped reading)
+        is given up. The stream's descriptor is pointed at /dev/null, so that the write the signal interrupted is
+        retried there (PEP 475) and returns; the output is abandoned, the stop goes on. No exception is raised in
+        the handler: it may run at any point of the writer's code."""
+        me = threading.get_ident()
+        for ident, stream in list(self._entries):
+            if ident == me and stream.error is None:
+                stream.error = WriteAbandoned("a stop was asked while the output was blocked")
+                _to_devnull(stream)
 
 
 class GuardedStream:
     """A text stream whose write errors end the command, not the code that wrote (see the module's doc)."""
 
-    def __init__(self, stream: TextIO, name: str) -> None:
+    def __init__(self, stream: TextIO, name: str, writes: WritesInProgress | None = None) -> None:
         self._stream = stream
         self.name = name
+        self._writes = writes or WritesInProgress()  # Streams shares one between stdout and stderr
         self.error: BaseException | None = None
         self.listeners: list[Callable[[], object]] = []
         self._pipe_fd = _pipe_fd(stream)
@@ -91,15 +105,19 @@ class GuardedStream:
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         if self.error is not None:
             return None
-        entry = (threading.get_ident(), self)
-        _writing.append(entry)
+        entry = self._writes.enter(self)
         try:
             return fn(*args)
         except (OSError, ValueError) as exc:  # ValueError: a stream closed under us
             self._fail(exc)
             return None
         finally:
-            _writing.remove(entry)
+            self._writes.leave(entry)
+
+    def interrupt_write(self) -> None:
+        """A stop signal's handler: this thread's blocked guarded write, on this stream or its sibling, given up
+        (WritesInProgress.interrupt)."""
+        self._writes.interrupt()
 
     def _fail(self, exc: BaseException) -> None:
         if self.error is not None:
@@ -166,8 +184,10 @@ class Streams:
     """The process's stdout and stderr guarded for one command (cli.main), and its exit code decided by them."""
 
     def __init__(self, out: TextIO, err: TextIO) -> None:
-        self.out = GuardedStream(out, "stdout")
-        self.err = GuardedStream(err, "stderr")
+        writes = WritesInProgress()
+        self.out = GuardedStream(out, "stdout", writes)
+        self.err = GuardedStream(err, "stderr", writes)
+        self.interrupt_write = writes.interrupt  # for the run's stop signals (runtime/requests.py)
         self._saved: tuple[TextIO, TextIO] | None = None
 
     def install(self) -> Streams:
