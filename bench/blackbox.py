@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.command_runs import COMMAND, KEPT_ENV, REPO, Case, Outcome, _place, run_case
+from tests.command_runs import COMMAND, KEPT_ENV, REPO, Case, Outcome, _place, config_paths, run_case
 
 TIMEOUT_S = 20.0
 MAX_LINE = 400
@@ -115,14 +115,6 @@ CONFIG_VALUES = [None, True, [], {}, "", "x", -1, 0, 1e30, -1e30, 1 << 70, "1e30
                  "\x1b[31m", "a\nb", "{rep:y:50000}"]
 
 
-def _paths(node: object, prefix: tuple = ()) -> list[tuple]:
-    if isinstance(node, dict):
-        return [p for k, v in node.items() for p in [(*prefix, k), *_paths(v, (*prefix, k))]]
-    if isinstance(node, list):
-        return [p for i, v in enumerate(node) for p in [(*prefix, i), *_paths(v, (*prefix, i))]]
-    return []
-
-
 def _set(cfg: dict, path: tuple, value: object) -> dict:
     cfg = json.loads(json.dumps(cfg))
     parent = cfg
@@ -135,7 +127,7 @@ def _set(cfg: dict, path: tuple, value: object) -> dict:
 def config_probes() -> list[Probe]:
     """Every key of a full config with wrong values, unknown keys at every level, YAML tricks, outputs."""
     out = []
-    leaves = [p for p in _paths(CONFIG_BASE)]
+    leaves = config_paths(CONFIG_BASE)
     for i, path in enumerate(leaves):
         for j, value in enumerate(CONFIG_VALUES):
             if (i + j) % 3:  # a third of the grid: every key sees six values, every value every third key

@@ -11,6 +11,7 @@ import time
 
 from tests.vm.guest_batch import budget
 from tests.vm.scenarios.kernel_origins import ALLOW, COMM, ENTRY, WORKLOAD
+from tests.vm.traced_run import agent_outputs
 
 PY = sys.executable
 
@@ -26,15 +27,7 @@ probe_sets:
     sampling:
       success_probability: 0.01
       errors: 0.1
-exporter:
-  otlp:
-    endpoint: http://127.0.0.1:{port}
-    protocol: grpc
-metrics:
-  listen: "127.0.0.1:{metrics_port}"
-logging:
-  format: json
-"""
+""" + agent_outputs("http://127.0.0.1:{port}")
 SAMPLED_METRICS_PORT = 9473
 SAMPLED_COUNTS = (300, 70, 50)  # 120 failures at 0.1: ~12 exported; 7 and 5 would often export none of an origin
 
