@@ -20,8 +20,8 @@ class ExitCode(NamedTuple):
 EXIT_OK = ExitCode(0, "done", "done; Ctrl-C, SIGTERM or (`trace`, unless started under `nohup`) SIGHUP after "
                    "start-up detaches, flushes and ends here too")
 EXIT_HOST = ExitCode(1, "this host cannot do it", "this host cannot do it now: privileges, a missing kernel feature, "
-                     "no LBR, a busy or privileged port, a listen address that is not this machine's (or a name that does "
-                     "not resolve here), an agent that is not healthy (`agent --health`); or stdout "
+                     "no LBR, a busy or privileged port, a listen address that is not this machine's (or a name "
+                     "that does not resolve here), an agent that is not healthy (`agent --health`); or stdout "
                      "failed (a full disk, `>/dev/full`: one line on stderr, after detaching)")
 EXIT_INPUT = ExitCode(2, "bad input", "bad input: a flag, a config file, a file it names or a variable of its own "
                       "(an `OTEL_*` variable is warned about and ignored instead); nothing was loaded into the kernel")

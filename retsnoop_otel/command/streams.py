@@ -75,12 +75,26 @@ class WritesInProgress:
         """From a stop signal's handler: a guarded write of this thread blocked now (a reader that stopped reading)
         is given up. The stream's descriptor is pointed at /dev/null, so that the write the signal interrupted is
         retried there (PEP 475) and returns; the output is abandoned, the stop goes on. No exception is raised in
-        the handler: it may run at any point of the writer's code."""
+        the handler: it may run at any point of the writer's code. A write under way that is not blocked (its
+        descriptor takes more now: the signal came just before or after the system call) goes on: abandoning it
+        lost the rest of the output, "Detaching... DONE" included, of a Ctrl-C that came as a line went out."""
         me = threading.get_ident()
         for ident, stream in list(self._entries):
-            if ident == me and stream.error is None:
+            if ident == me and stream.error is None and _blocked(stream):
                 stream.error = WriteAbandoned("a stop was asked while the output was blocked")
                 _to_devnull(stream)
+
+
+def _blocked(stream: GuardedStream) -> bool:
+    """Whether a write to the stream's descriptor would wait now (a pipe or terminal that takes nothing more); a
+    reader that left (POLLERR) does not block: the write fails at once, with EPIPE."""
+    import select
+    try:
+        p = select.poll()
+        p.register(stream.fileno(), select.POLLOUT)
+        return not p.poll(0)
+    except (OSError, ValueError, AttributeError):  # no descriptor (a StringIO): nothing can block
+        return False
 
 
 class GuardedStream:
