@@ -481,10 +481,20 @@ def run_signal(argv: tuple[str, ...], sig: int, delay: float) -> tuple[int | Non
         return code, se, time.monotonic() - t0
 
 
+def in_pythons_start(sig: int, code: int | None, stderr: str) -> bool:
+    """Ended by a signal in Python's own start, before the package's handler is in: Python's traceback with no frame
+    of the package's but its __init__ (whose first imports come before the handler), and Python's exit (1, or killed
+    by the signal). The documented limit (docs/reference/exit-codes.md), no code of the package's has run."""
+    ours = [f for f in re.findall(r'File "([^"]+)"', stderr) if "/retsnoop_otel/" in f]
+    return "Traceback" in stderr and code in (1, -sig) and all(f.endswith("retsnoop_otel/__init__.py") for f in ours)
+
+
 def judge_signal(argv: tuple[str, ...], sig: int, code: int | None, stderr: str) -> list[str]:
     found = []
     if code is None:
         return ["hang"]
+    if in_pythons_start(sig, code, stderr):
+        return []
     if "Traceback" in stderr or "Exception ignored" in stderr:
         # before the console script runs (site, a .pth file): the interpreter's, no code of the package's yet
         found.append("traceback" if 'bin/retsnoop-otel"' in stderr else "traceback before the package loads")
