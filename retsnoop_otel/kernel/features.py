@@ -264,22 +264,29 @@ FORMAT_FEATURES = 1
 
 
 class ProbeCache:
-    """Where the build facts of this boot are kept: answers that policy, not the build, could have
-    given (EPERM/EACCES) are never stored, and the key holds the lockdown level, which root can raise."""
+    """Where the build facts are kept, across boots of one kernel build (the first start after a reboot
+    skips ~1.4 s of probes under emulation). Answers that policy, not the build, could have given
+    (EPERM/EACCES) are never stored, and the key holds what can change them between boots of one build or
+    at run time: the lockdown level (root can raise it), the kernel's command line and whether BPF
+    programs are JIT-compiled (no trampoline without the JIT)."""
 
     __slots__ = ("cache", "key", "hit")
 
     def __init__(self, cache: KernelCache, key: str | None, hit: bool = False) -> None:
         self.cache = cache
         self.key = key
-        self.hit = hit  # the last load() found this boot's facts
+        self.hit = hit  # the last load() found this build's facts
 
     @classmethod
-    def for_boot(cls, cache: KernelCache, ident: KernelIdentity, root: str = "/") -> ProbeCache:
-        boot = ident.boot_key()
+    def for_build(cls, cache: KernelCache, ident: KernelIdentity, root: str = "/") -> ProbeCache:
+        build = ident.build_key()
+        if build is None:
+            return cls(cache, None)
         lockdown = _read_text(os.path.join(root, "sys/kernel/security/lockdown"))
+        cmdline = _read_text(os.path.join(root, "proc/cmdline"))
+        jit = _read_text(os.path.join(root, "proc/sys/net/core/bpf_jit_enable"))
         major, minor = lb.version()
-        return cls(cache, None if boot is None else f"{boot}:{lockdown}:libbpf {major}.{minor}")
+        return cls(cache, f"{build}:{lockdown}:jit {jit}:{cmdline}:libbpf {major}.{minor}")
 
     def load(self) -> dict[str, Feature] | None:
         stored = self.cache.read(f"features-{FORMAT_FEATURES}", self.key)
@@ -330,7 +337,7 @@ def detect(root: str = "/", func_id: FuncIdLookup | None = None, thorough: bool 
 
     `func_id` finds the probes' target functions in BTF (else libbpf's BTF is loaded for that);
     `thorough=False` (a tracer starting) checks that available_filter_functions is readable without
-    counting its functions. `cache`: take the build facts from there when this boot stored them
+    counting its functions. `cache`: take the build facts from there when a start on this build stored them
     (each costs a program load and attach: 0.6 s together under emulation), else store them."""
     release = os.uname().release
     btf_feature = probe_btf(root)

@@ -152,7 +152,7 @@ def load_kernel_env(symbols: SymbolsConfig, vmlinux: str | None, lbr: tuple[str,
         types = None  # no BTF: the feature checks below say so
     t = time.monotonic()
     try:
-        probed = features.ProbeCache.for_boot(cache, ident, root)
+        probed = features.ProbeCache.for_build(cache, ident, root)
         feats = features.detect(root, func_id=types.func_id if types is not None else None,  # type: ignore[attr-defined]
                                 thorough=False, cache=probed)
     except lb.LibbpfUnavailable as exc:

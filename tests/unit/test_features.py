@@ -297,11 +297,11 @@ def test_main_json_and_text(capsys) -> None:
     assert capsys.readouterr().out.startswith(f"Kernel {os.uname().release} ({os.uname().machine}), libbpf ")
 
 
-# ---- the build facts, cached per boot -----------------------------------------------------------
+# ---- the build facts, cached per build -----------------------------------------------------------
 
 
-def _ident(boot: str = "b1") -> KernelIdentity:
-    return KernelIdentity("abcd", boot, "")
+def _ident(boot: str = "b1", build: str = "abcd") -> KernelIdentity:
+    return KernelIdentity(build, boot, "")
 
 
 def _fake_probes(monkeypatch: pytest.MonkeyPatch, answers: dict[str, Feature]) -> list[int]:
@@ -317,26 +317,37 @@ def _fake_probes(monkeypatch: pytest.MonkeyPatch, answers: dict[str, Feature]) -
 BUILD_OK = {n: Feature(n, True, f"{n} works") for n in features.BUILD_FACTS}
 
 
-def test_build_facts_are_probed_once_per_boot_and_lockdown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_build_facts_are_probed_once_per_build_and_policy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "root"
     _write(root, "proc/self/status", STATUS)
     _write(root, "sys/kernel/security/lockdown", "[none] integrity confidentiality\n")
+    _write(root, "proc/cmdline", "root=/dev/vda console=ttyS0\n")
+    _write(root, "proc/sys/net/core/bpf_jit_enable", "1\n")
     cache = KernelCache(tmp_path / "cache")
     answers = dict(BUILD_OK, kprobe_session=NO_KSESSION)
     calls = _fake_probes(monkeypatch, answers)
-    first = features.ProbeCache.for_boot(cache, _ident(), str(root))
+    first = features.ProbeCache.for_build(cache, _ident(), str(root))
     a = features.detect(str(root), cache=first)
     assert len(calls) == 1 and not first.hit
-    again = features.ProbeCache.for_boot(cache, _ident(), str(root))
+    # the same build after a reboot: its facts are still those of the build
+    again = features.ProbeCache.for_build(cache, _ident("b2"), str(root))
     b = features.detect(str(root), cache=again)
     assert len(calls) == 1 and again.hit and a == b and b.mode("kprobe_session") == NO_KSESSION
-    # another boot, or root raising the lockdown level: probed again
-    features.detect(str(root), cache=features.ProbeCache.for_boot(cache, _ident("b2"), str(root)))
-    assert len(calls) == 2
-    _write(root, "sys/kernel/security/lockdown", "none [integrity] confidentiality\n")
-    raised = features.ProbeCache.for_boot(cache, _ident("b2"), str(root))
-    features.detect(str(root), cache=raised)
-    assert len(calls) == 3 and not raised.hit
+    # another build, another command line, the JIT turned off, root raising the lockdown level: probed again
+    probes = 1
+    for change in (lambda: _ident(build="ef01"),
+                   lambda: (_write(root, "proc/cmdline", "root=/dev/vda lockdown=integrity\n"), _ident())[1],
+                   lambda: (_write(root, "proc/sys/net/core/bpf_jit_enable", "0\n"), _ident())[1],
+                   lambda: (_write(root, "sys/kernel/security/lockdown", "none [integrity] confidentiality\n"),
+                            _ident())[1]):
+        changed = features.ProbeCache.for_build(cache, change(), str(root))
+        features.detect(str(root), cache=changed)
+        probes += 1
+        assert len(calls) == probes and not changed.hit
+    # no build id: nothing to key the facts by, probed every time
+    for _ in range(2):
+        features.detect(str(root), cache=features.ProbeCache.for_build(cache, _ident(build=""), str(root)))
+    assert len(calls) == probes + 2
 
 
 def test_answers_of_policy_and_runs_without_privileges_are_not_cached(tmp_path: Path,
@@ -346,17 +357,17 @@ def test_answers_of_policy_and_runs_without_privileges_are_not_cached(tmp_path: 
     cache = KernelCache(tmp_path / "cache")
     calls = _fake_probes(monkeypatch, dict(BUILD_OK, fentry=FENTRY_EPERM))
     for _ in range(2):  # EPERM may be an LSM policy of the moment, not the kernel build
-        features.detect(str(root), cache=features.ProbeCache.for_boot(cache, _ident(), str(root)))
+        features.detect(str(root), cache=features.ProbeCache.for_build(cache, _ident(), str(root)))
     assert len(calls) == 2
     calls = _fake_probes(monkeypatch, BUILD_OK)
     _write(root, "proc/self/status", "CapEff:\t0000000000000000\n")
     for _ in range(2):  # without privileges every answer could be a refusal of this process
-        probed = features.ProbeCache.for_boot(cache, _ident(), str(root))
+        probed = features.ProbeCache.for_build(cache, _ident(), str(root))
         features.detect(str(root), cache=probed)
     assert len(calls) == 2 and not probed.hit
     _write(root, "proc/self/status", STATUS)
-    features.detect(str(root), cache=features.ProbeCache.for_boot(cache, _ident(), str(root)))
-    probed = features.ProbeCache.for_boot(cache, _ident(), str(root))
+    features.detect(str(root), cache=features.ProbeCache.for_build(cache, _ident(), str(root)))
+    probed = features.ProbeCache.for_build(cache, _ident(), str(root))
     features.detect(str(root), cache=probed)
     assert len(calls) == 3 and probed.hit
 
