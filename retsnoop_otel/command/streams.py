@@ -31,7 +31,8 @@ import signal
 import stat
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import CodeType, FrameType
 from typing import Any, TextIO
 
@@ -275,6 +276,24 @@ def raise_deferred() -> None:
         raise s.exception()
 
 
+@contextmanager
+def start_signals_held() -> Iterator[None]:
+    """A start signal that comes during the block is raised right after it (as one in a C callback is), not inside:
+    for code whose threads must all end before the caller unwinds (features.py's probes side by side), and around
+    Python's threading primitives, which a KeyboardInterrupt raised inside can leave broken ("RuntimeError: release
+    unlocked lock" out of Thread.start, seen by a Ctrl-C sweep of `features`). Nothing held without StartSignals."""
+    s = _installed[-1] if _installed and threading.current_thread() is threading.main_thread() else None
+    if s is None:
+        yield
+        return
+    s.holding += 1
+    try:
+        yield
+    finally:
+        s.holding -= 1
+    raise_deferred()
+
+
 class StartSignals:
     """Ctrl-C, SIGTERM and SIGHUP during a start: the first one raises (KeyboardInterrupt, SignalStop), later ones
     are ignored while the start undoes itself. Installed by `trace` before its first step. `passive`: the signals
@@ -284,6 +303,7 @@ class StartSignals:
     def __init__(self, passive: dict[int, Callable[[], object]] | None = None) -> None:
         self.fired: int | None = None
         self.deferred = False
+        self.holding = 0  # inside start_signals_held(): a signal is deferred, as in a C callback
         self.passive = passive or {}
 
     def install(self) -> StartSignals:
@@ -305,7 +325,7 @@ class StartSignals:
         if self.fired is not None:
             return
         self.fired = signum
-        if frame is not None and frame.f_code in _CALLBACKS:
+        if self.holding or frame is not None and frame.f_code in _CALLBACKS:
             self.deferred = True
             return
         raise self.exception()

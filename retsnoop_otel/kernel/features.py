@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 from typing import NamedTuple
 
+from retsnoop_otel.command.streams import start_signals_held
 from retsnoop_otel.kernel import attach_modes, bpfsys, uprobes
 from retsnoop_otel.kernel import libbpf as lb
 from retsnoop_otel.kernel.caps import TRACING_CAPS, CapsError, can_trace, effective_caps
@@ -237,11 +238,12 @@ def _side_by_side(probes: dict[str, Callable[[], Feature]]) -> dict[str, Feature
 
     threads = [threading.Thread(target=run, args=item, name=f"probe-{item[0]}") for item in probes.items()]
     try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    except BaseException:
+        with start_signals_held():  # a start's Ctrl-C: raised once they are done (the command's handler, cli.py)
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+    except BaseException:  # Python's own handler (the package imported by a program): in the middle of them
         with state:
             stopped.append(True)
             state.wait_for(lambda: not running)

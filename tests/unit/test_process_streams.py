@@ -399,3 +399,25 @@ def test_ctrl_c_landing_in_libbpfs_print_hook_during_features_is_130(handlers, m
     monkeypatch.setattr(features, "detect", detect)
     monkeypatch.setattr("sys.stdout", io.StringIO())
     assert cli.main(["features", "--json"]) == EXIT_INTERRUPTED.code
+
+
+def test_a_start_signal_is_held_through_the_side_by_side_probes_then_raised(handlers) -> None:
+    """Ctrl-C while features.py's probes run on threads: raised once they are all done, never inside Thread.start or
+    join (a KeyboardInterrupt there broke the threading lock: "RuntimeError: release unlocked lock", exit 1)."""
+    import time
+
+    from retsnoop_otel.kernel import features
+    st.StartSignals().install()
+    done: list[str] = []
+
+    def interrupting() -> features.Feature:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)  # the main thread, in join(), runs the handler meanwhile
+        done.append("a")
+        return features.Feature("a", True, "")
+    with pytest.raises(KeyboardInterrupt) as info:
+        features._side_by_side({"a": interrupting})  # noqa: SLF001
+    assert done == ["a"]
+    assert info.traceback[-1].name == "raise_deferred"  # after the threads, not from the handler inside join()
+    with st.start_signals_held():  # nothing pending: the block ends normally
+        pass
