@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.command_runs import COMMAND, KEPT_ENV, REPO, Case, Outcome, _place, run_case
+from tests.command_runs import COMMAND, KEPT_ENV, REPO, Case, Outcome, _place, config_paths, run_case
 
 TIMEOUT_S = 20.0
 MAX_LINE = 400
@@ -115,14 +115,6 @@ CONFIG_VALUES = [None, True, [], {}, "", "x", -1, 0, 1e30, -1e30, 1 << 70, "1e30
                  "\x1b[31m", "a\nb", "{rep:y:50000}"]
 
 
-def _paths(node: object, prefix: tuple = ()) -> list[tuple]:
-    if isinstance(node, dict):
-        return [p for k, v in node.items() for p in [(*prefix, k), *_paths(v, (*prefix, k))]]
-    if isinstance(node, list):
-        return [p for i, v in enumerate(node) for p in [(*prefix, i), *_paths(v, (*prefix, i))]]
-    return []
-
-
 def _set(cfg: dict, path: tuple, value: object) -> dict:
     cfg = json.loads(json.dumps(cfg))
     parent = cfg
@@ -135,7 +127,7 @@ def _set(cfg: dict, path: tuple, value: object) -> dict:
 def config_probes() -> list[Probe]:
     """Every key of a full config with wrong values, unknown keys at every level, YAML tricks, outputs."""
     out = []
-    leaves = [p for p in _paths(CONFIG_BASE)]
+    leaves = config_paths(CONFIG_BASE)
     for i, path in enumerate(leaves):
         for j, value in enumerate(CONFIG_VALUES):
             if (i + j) % 3:  # a third of the grid: every key sees six values, every value every third key
@@ -489,10 +481,20 @@ def run_signal(argv: tuple[str, ...], sig: int, delay: float) -> tuple[int | Non
         return code, se, time.monotonic() - t0
 
 
+def in_pythons_start(sig: int, code: int | None, stderr: str) -> bool:
+    """Ended by a signal in Python's own start, before the package's handler is in: Python's traceback with no frame
+    of the package's but its __init__ (whose first imports come before the handler), and Python's exit (1, or killed
+    by the signal). The documented limit (docs/reference/exit-codes.md), no code of the package's has run."""
+    ours = [f for f in re.findall(r'File "([^"]+)"', stderr) if "/retsnoop_otel/" in f]
+    return "Traceback" in stderr and code in (1, -sig) and all(f.endswith("retsnoop_otel/__init__.py") for f in ours)
+
+
 def judge_signal(argv: tuple[str, ...], sig: int, code: int | None, stderr: str) -> list[str]:
     found = []
     if code is None:
         return ["hang"]
+    if in_pythons_start(sig, code, stderr):
+        return []
     if "Traceback" in stderr or "Exception ignored" in stderr:
         # before the console script runs (site, a .pth file): the interpreter's, no code of the package's yet
         found.append("traceback" if 'bin/retsnoop-otel"' in stderr else "traceback before the package loads")

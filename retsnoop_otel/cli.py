@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from retsnoop_otel import interrupted_while_loading
 from retsnoop_otel.command.errors import EXIT_INPUT, EXIT_INTERRUPTED, exit_code_epilog
 from retsnoop_otel.command.help_format import HelpFormatter, OneLineParser
-from retsnoop_otel.command.streams import SignalStop, StartSignals, Streams, exit_of
+from retsnoop_otel.command.streams import SignalStop, StartSignals, Streams, exit_of, raise_deferred
 
 if TYPE_CHECKING:
     from retsnoop_otel.runtime.deps import RuntimeDeps
@@ -57,6 +57,7 @@ def features_main(argv: Sequence[str]) -> int:
     except lb.LibbpfUnavailable as exc:
         print(f"retsnoop-otel: {exc}", file=sys.stderr)
         return 1
+    raise_deferred()  # a Ctrl-C that landed in libbpf's print callback: 130, not lost (it printed a traceback, exit 0)
     if args.json:
         out = feats.to_dict()
         out["default_mode"] = features.choose_mode(feats)
@@ -91,8 +92,8 @@ def main(argv: Sequence[str] | None = None, deps: RuntimeDeps | None = None) -> 
     if args and args[0].startswith("-") and args[0] not in ("-h", "--help"):
         args = ["trace", *args]
     cmd, rest = (args[0], args[1:]) if args else (None, [])  # None: no command; '' is a command that does not exist
-    if cmd == "trace":  # before its imports: Ctrl-C, SIGTERM and SIGHUP end a start the same way from here on
-        StartSignals().install()
+    if cmd in ("trace", "features"):  # before their imports: Ctrl-C, SIGTERM and SIGHUP end a start the same way
+        StartSignals().install()  # from here on, also when one lands in libbpf's print callback (raise_deferred)
     streams = Streams(sys.stdout, sys.stderr).install()
     system_exit = False
     try:

@@ -156,6 +156,16 @@ def _text(path: Path) -> str:
     return path.read_bytes().decode("utf-8", "replace")
 
 
+def config_paths(node: object, prefix: tuple = ()) -> list[tuple]:
+    """Every key and list index of a config (nested dicts and lists), as paths from the top: the places a
+    mutation can hit (the fuzz's generated configs, the black-box bench's)."""
+    if isinstance(node, dict):
+        return [p for k, v in node.items() for p in [(*prefix, k), *config_paths(v, (*prefix, k))]]
+    if isinstance(node, list):
+        return [p for i, v in enumerate(node) for p in [(*prefix, i), *config_paths(v, (*prefix, i))]]
+    return []
+
+
 def load_corpus() -> list[Case]:
     cases = []
     for line in CORPUS.read_text().splitlines():

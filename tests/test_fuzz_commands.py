@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from retsnoop_otel.trace.flags import build_parser
-from tests.command_runs import TIMEOUT_S, TRACING_REFUSED, Case, Outcome, load_corpus, run_case
+from tests.command_runs import TIMEOUT_S, TRACING_REFUSED, Case, Outcome, config_paths, load_corpus, run_case
 
 MAX_RSS_MB = 200
 MAX_LINE = 400
@@ -190,16 +190,7 @@ BASE_CONFIG: dict = {
 }
 
 
-def _paths(node: object, prefix: tuple = ()) -> list[tuple]:
-    """Every key and list index of the base config: the places a mutation can hit."""
-    if isinstance(node, dict):
-        return [p for k, v in node.items() for p in [(*prefix, k), *_paths(v, (*prefix, k))]]
-    if isinstance(node, list):
-        return [p for i, v in enumerate(node) for p in [(*prefix, i), *_paths(v, (*prefix, i))]]
-    return []
-
-
-PATHS = _paths(BASE_CONFIG)
+PATHS = config_paths(BASE_CONFIG)  # every key and list index: the places a mutation can hit
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-2, 1 << 70), st.floats(allow_nan=True),
                     st.sampled_from([w for w in WORDS if "{rep" not in w]), st.text(max_size=10))
 NODES = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=3),

@@ -34,14 +34,15 @@ from retsnoop_otel.runtime.startup import Phase, StartClock, phase_fields, phase
 
 class Agent:
     def __init__(self, config_path: str, deps: RuntimeDeps | None = None, log: EventLog | None = None,
-                 started: StartClock | None = None, before: Sequence[Phase] = (), watch: bool = False) -> None:
+                 started: StartClock | None = None, before: Sequence[Phase] = (), watch: bool = False,
+                 requests: Requests | None = None) -> None:
         self.config_path = config_path
         self.started = started  # when main() began (cli.py): the start log says where the time went
         self.before = list(before)  # Python's start and the imports, measured by main()
         self.deps = deps or RuntimeDeps()
         self.log = log or EventLog()
         self.runtime: Runtime | None = None
-        self.requests = Requests()
+        self.requests = requests or Requests()
         self.watch_file = watch
         self.watch: ConfigWatch | None = None
 
@@ -178,7 +179,8 @@ def main(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr,
         p.error("--config FILE is required (or --check FILE)")
     log = EventLog(err)
     bridge_library_logs(log)  # grpc's and the exporters' own warnings follow the configured log format too
-    agent = Agent(args.config, log=log, started=started, before=before, watch=args.watch_config)
+    agent = Agent(args.config, log=log, started=started, before=before, watch=args.watch_config,
+                  requests=Requests(getattr(err, "interrupt_write", None)))  # a log write blocked: given up at a stop
     # Ctrl-C interrupts the start (130, what was attached detached); SIGTERM and SIGHUP wait for its end
     StartSignals({signal.SIGTERM: agent.requests.ask_stop,
                   signal.SIGHUP: lambda: agent.requests.ask_reload("SIGHUP")}).install()

@@ -20,18 +20,21 @@ class ExitCode(NamedTuple):
 EXIT_OK = ExitCode(0, "done", "done; Ctrl-C, SIGTERM or (`trace`, unless started under `nohup`) SIGHUP after "
                    "start-up detaches, flushes and ends here too")
 EXIT_HOST = ExitCode(1, "this host cannot do it", "this host cannot do it now: privileges, a missing kernel feature, "
-                     "no LBR, a busy or privileged port, an agent that is not healthy (`agent --health`); or stdout "
+                     "no LBR, a busy or privileged port, a listen address that is not this machine's (or a name "
+                     "that does not resolve here), an agent that is not healthy (`agent --health`); or stdout "
                      "failed (a full disk, `>/dev/full`: one line on stderr, after detaching)")
 EXIT_INPUT = ExitCode(2, "bad input", "bad input: a flag, a config file, a file it names or a variable of its own "
                       "(an `OTEL_*` variable is warned about and ignored instead); nothing was loaded into the kernel")
-EXIT_HANGUP = ExitCode(129, "SIGHUP during start-up", "SIGHUP during the start-up of `trace`: what was already "
-                       "attached is detached first (the agent reloads its config on SIGHUP instead)")
-EXIT_INTERRUPTED = ExitCode(130, "Ctrl-C during start-up", "Ctrl-C (SIGINT) during the start-up of `trace` or the "
-                            "agent, a slow BPF load or attach included: what was already attached is detached first")
+EXIT_HANGUP = ExitCode(129, "SIGHUP during start-up", "SIGHUP during the start-up of `trace` (or while `features` "
+                       "probes): what was already attached is detached first (the agent reloads its config on SIGHUP "
+                       "instead)")
+EXIT_INTERRUPTED = ExitCode(130, "Ctrl-C during start-up", "Ctrl-C (SIGINT) during the start-up of `trace`, `features` "
+                            "or the agent, a slow BPF load or attach included: what was already attached is detached "
+                            "first (not in Python's own start, before the package runs: docs/reference/exit-codes.md)")
 EXIT_PIPE = ExitCode(141, "the output's reader went away",
                      "the reader of the output went away (a `head` that read enough): said nowhere, after detaching")
-EXIT_TERMINATED = ExitCode(143, "SIGTERM during start-up", "SIGTERM during the start-up of `trace`: what was "
-                           "already attached is detached first")
+EXIT_TERMINATED = ExitCode(143, "SIGTERM during start-up", "SIGTERM during the start-up of `trace` (or while "
+                           "`features` probes): what was already attached is detached first")
 EXIT_CODES = (EXIT_OK, EXIT_HOST, EXIT_INPUT, EXIT_HANGUP, EXIT_INTERRUPTED, EXIT_PIPE, EXIT_TERMINATED)
 
 def exit_code_table() -> str:

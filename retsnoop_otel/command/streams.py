@@ -18,8 +18,9 @@ SignalStop (128 + the signal's number); the start undoes what it attached on any
 the first one raises: the undoing is not interrupted by a second. The agent's start is interrupted by Ctrl-C only
 (SIGTERM and SIGHUP are kept as its stop and reload requests, for when the start is done). Once a trace is
 receiving, runtime/requests.py turns them into a stop request instead (detach, flush, exit 0). A signal that
-arrives while a write is blocked (a reader that stopped reading) abandons that write (interrupt_write): the
-output is given up, the stop goes on.
+arrives while a write is blocked (a reader that stopped reading) abandons that write (WritesInProgress, which
+Streams owns and its streams share; GuardedStream.interrupt_write is what runtime/requests.py calls): the output is
+given up, the stop goes on.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ import signal
 import stat
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import CodeType, FrameType
 from typing import Any, TextIO
 
@@ -52,44 +54,57 @@ class SignalStop(BaseException):
 
 
 class WriteAbandoned(Exception):
-    """What a stream failed with when a stop signal came while it was blocked in a write (interrupt_write)."""
+    """What a stream failed with when a stop signal came while it was blocked in a write (WritesInProgress)."""
 
 
-_writing: list[tuple[int, GuardedStream]] = []  # (thread, stream) of the guarded writes in progress
+class WritesInProgress:
+    """The guarded writes under way, each with its thread: what a stop signal abandons (interrupt). One per Streams,
+    shared by its stdout and stderr, so that the process holds no module-level state."""
+
+    def __init__(self) -> None:
+        self._entries: list[tuple[int, GuardedStream]] = []
+
+    def enter(self, stream: GuardedStream) -> tuple[int, GuardedStream]:
+        entry = (threading.get_ident(), stream)
+        self._entries.append(entry)
+        return entry
+
+    def leave(self, entry: tuple[int, GuardedStream]) -> None:
+        self._entries.remove(entry)
+
+    def interrupt(self) -> None:
+        """From a stop signal's handler: a guarded write of this thread blocked now (a reader that stopped reading)
+        is given up. The stream's descriptor is pointed at /dev/null, so that the write the signal interrupted is
+        retried there (PEP 475) and returns; the output is abandoned, the stop goes on. No exception is raised in
+        the handler: it may run at any point of the writer's code. A write under way that is not blocked (its
+        descriptor takes more now: the signal came just before or after the system call) goes on: abandoning it
+        lost the rest of the output, "Detaching... DONE" included, of a Ctrl-C that came as a line went out."""
+        me = threading.get_ident()
+        for ident, stream in list(self._entries):
+            if ident == me and stream.error is None and _blocked(stream):
+                stream.error = WriteAbandoned("a stop was asked while the output was blocked")
+                _to_devnull(stream)
 
 
-def interrupt_write() -> None:
-    """From a stop signal's handler: a guarded write of this thread blocked now (a reader that stopped reading)
-    is given up. The stream's descriptor is pointed at /dev/null, so that the write the signal interrupted is
-    retried there (PEP 475) and returns; the output is abandoned, the stop goes on. No exception is raised in
-    the handler: it may run at any point of the writer's code."""
-    me = threading.get_ident()
-    for ident, stream in list(_writing):
-        if ident == me and stream.error is None and _write_waits(stream):
-            stream.error = WriteAbandoned("a stop was asked while the output was blocked")
-            _to_devnull(stream)
-
-
-def _write_waits(stream: GuardedStream) -> bool:
-    """Whether a write to `stream` waits now: its descriptor takes no byte (a pipe full of what its reader has not
-    read, a terminal stopped by Ctrl-S). A handler also runs right after a write's system call returned, before the
-    guarded write ends: the output is kept then (a reader that stops the command as soon as it reads a line would
-    lose "Detaching... DONE" and the tables printed at stop; trace --origins-interval's VM test did)."""
+def _blocked(stream: GuardedStream) -> bool:
+    """Whether a write to the stream's descriptor would wait now (a pipe or terminal that takes nothing more); a
+    reader that left (POLLERR) does not block: the write fails at once, with EPIPE."""
     import select
     try:
         p = select.poll()
         p.register(stream.fileno(), select.POLLOUT)
         return not p.poll(0)
-    except (OSError, ValueError):
-        return True  # no descriptor to ask: given up, as a blocked write must be
+    except (OSError, ValueError, AttributeError):  # no descriptor (a StringIO): nothing can block
+        return False
 
 
 class GuardedStream:
     """A text stream whose write errors end the command, not the code that wrote (see the module's doc)."""
 
-    def __init__(self, stream: TextIO, name: str) -> None:
+    def __init__(self, stream: TextIO, name: str, writes: WritesInProgress | None = None) -> None:
         self._stream = stream
         self.name = name
+        self._writes = writes or WritesInProgress()  # Streams shares one between stdout and stderr
         self.error: BaseException | None = None
         self.listeners: list[Callable[[], object]] = []
         self._pipe_fd = _pipe_fd(stream)
@@ -105,15 +120,19 @@ class GuardedStream:
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         if self.error is not None:
             return None
-        entry = (threading.get_ident(), self)
-        _writing.append(entry)
+        entry = self._writes.enter(self)
         try:
             return fn(*args)
         except (OSError, ValueError) as exc:  # ValueError: a stream closed under us
             self._fail(exc)
             return None
         finally:
-            _writing.remove(entry)
+            self._writes.leave(entry)
+
+    def interrupt_write(self) -> None:
+        """A stop signal's handler: this thread's blocked guarded write, on this stream or its sibling, given up
+        (WritesInProgress.interrupt)."""
+        self._writes.interrupt()
 
     def _fail(self, exc: BaseException) -> None:
         if self.error is not None:
@@ -180,8 +199,10 @@ class Streams:
     """The process's stdout and stderr guarded for one command (cli.main), and its exit code decided by them."""
 
     def __init__(self, out: TextIO, err: TextIO) -> None:
-        self.out = GuardedStream(out, "stdout")
-        self.err = GuardedStream(err, "stderr")
+        writes = WritesInProgress()
+        self.out = GuardedStream(out, "stdout", writes)
+        self.err = GuardedStream(err, "stderr", writes)
+        self.interrupt_write = writes.interrupt  # for the run's stop signals (runtime/requests.py)
         self._saved: tuple[TextIO, TextIO] | None = None
 
     def install(self) -> Streams:
@@ -255,6 +276,24 @@ def raise_deferred() -> None:
         raise s.exception()
 
 
+@contextmanager
+def start_signals_held() -> Iterator[None]:
+    """A start signal that comes during the block is raised right after it (as one in a C callback is), not inside:
+    for code whose threads must all end before the caller unwinds (features.py's probes side by side), and around
+    Python's threading primitives, which a KeyboardInterrupt raised inside can leave broken ("RuntimeError: release
+    unlocked lock" out of Thread.start, seen by a Ctrl-C sweep of `features`). Nothing held without StartSignals."""
+    s = _installed[-1] if _installed and threading.current_thread() is threading.main_thread() else None
+    if s is None:
+        yield
+        return
+    s.holding += 1
+    try:
+        yield
+    finally:
+        s.holding -= 1
+    raise_deferred()
+
+
 class StartSignals:
     """Ctrl-C, SIGTERM and SIGHUP during a start: the first one raises (KeyboardInterrupt, SignalStop), later ones
     are ignored while the start undoes itself. Installed by `trace` before its first step. `passive`: the signals
@@ -264,6 +303,7 @@ class StartSignals:
     def __init__(self, passive: dict[int, Callable[[], object]] | None = None) -> None:
         self.fired: int | None = None
         self.deferred = False
+        self.holding = 0  # inside start_signals_held(): a signal is deferred, as in a C callback
         self.passive = passive or {}
 
     def install(self) -> StartSignals:
@@ -285,7 +325,7 @@ class StartSignals:
         if self.fired is not None:
             return
         self.fired = signum
-        if frame is not None and frame.f_code in _CALLBACKS:
+        if self.holding or frame is not None and frame.f_code in _CALLBACKS:
             self.deferred = True
             return
         raise self.exception()

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 from typing import NamedTuple
 
+from retsnoop_otel.command.streams import start_signals_held
 from retsnoop_otel.kernel import attach_modes, bpfsys, uprobes
 from retsnoop_otel.kernel import libbpf as lb
 from retsnoop_otel.kernel.caps import TRACING_CAPS, CapsError, can_trace, effective_caps
@@ -211,20 +212,42 @@ def probe_capabilities(root: str) -> Feature:
 
 def _side_by_side(probes: dict[str, Callable[[], Feature]]) -> dict[str, Feature]:
     """Run probes on threads: each mostly waits on the kernel (verification, text patching, RCU grace
-    periods on detach) with the GIL dropped, so their waits overlap instead of adding up."""
+    periods on detach) with the GIL dropped, so their waits overlap instead of adding up.
+
+    A Ctrl-C in the caller's thread (while it starts or joins them) leaves only once no probe runs: the caller then
+    frees what they use (the kernel's BTF, in detect), and freed under a running probe it crashed the process
+    (SIGSEGV). A probe that has not begun by then does not begin."""
     results: dict[str, Feature | BaseException] = {}
+    state = threading.Condition()
+    running: set[str] = set()
+    stopped: list[bool] = []
 
     def run(name: str, probe: Callable[[], Feature]) -> None:
+        with state:
+            if stopped:
+                return
+            running.add(name)
         try:
             results[name] = probe()
         except BaseException as exc:  # noqa: BLE001 - re-raised below, in the caller's thread
             results[name] = exc
+        finally:
+            with state:
+                running.discard(name)
+                state.notify_all()
 
     threads = [threading.Thread(target=run, args=item, name=f"probe-{item[0]}") for item in probes.items()]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    try:
+        with start_signals_held():  # a start's Ctrl-C: raised once they are done (the command's handler, cli.py)
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+    except BaseException:  # Python's own handler (the package imported by a program): in the middle of them
+        with state:
+            stopped.append(True)
+            state.wait_for(lambda: not running)
+        raise
     out: dict[str, Feature] = {}
     for name in probes:
         res = results[name]

@@ -2,21 +2,23 @@
 
 A handler only sets a flag: detaching, flushing and reloading run on the loop's own thread, never inside a
 signal handler, for `trace` and the agent alike. A stop signal that arrives while the loop is blocked writing to an
-output whose reader stopped reading gives that output up (command/streams.py interrupt_write), so the stop is
-never held up by a reader.
+output whose reader stopped reading gives that output up (`interrupt_write`: the command's guarded streams',
+command/streams.py), so the stop is never held up by a reader.
 """
 
 from __future__ import annotations
 
 import signal
-
-from retsnoop_otel.command.streams import interrupt_write
+from collections.abc import Callable
 
 
 class Requests:
-    __slots__ = ("stop", "reload", "reload_cause")
+    __slots__ = ("stop", "reload", "reload_cause", "_interrupt_write")
 
-    def __init__(self) -> None:
+    def __init__(self, interrupt_write: Callable[[], None] | None = None) -> None:
+        """`interrupt_write`: what gives up a write blocked when a stop signal comes (GuardedStream.interrupt_write
+        of the command's streams; None for streams that are not guarded)."""
+        self._interrupt_write = interrupt_write
         self.stop = False
         self.reload = False
         self.reload_cause = ""  # what asked for the pending reload, for its log line: "SIGHUP", "file change"
@@ -43,7 +45,8 @@ class Requests:
 
     def _stop(self, _sig: int, _frame: object) -> None:
         self.stop = True
-        interrupt_write()
+        if self._interrupt_write is not None:
+            self._interrupt_write()
 
     def _reload(self, _sig: int, _frame: object) -> None:
         self.ask_reload("SIGHUP")

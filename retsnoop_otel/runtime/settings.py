@@ -5,7 +5,8 @@ server, the pod watch), so each OTLP endpoint, each OTEL_* variable and the web 
 read and checked in one place, before anything is bound, opened or loaded into the kernel; a start
 and a reload resolve the same way. Nothing here binds, opens for writing or touches the kernel.
 A config key or flag that cannot work is an InputError (exit 2); an OTEL_* variable that cannot is
-one of RunSettings.warnings and counts as unset (export/otel_env.py), which the runtime says at start.
+one of RunSettings.warnings and counts as unset (export/otel_env.py), which the runtime says at start; a run
+that does not export still checks the variables it does not read (check_unused), as docs/reference/environment.md says.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from retsnoop_otel.export.otel_env import (
     log_level,
     samplers_not_used,
 )
-from retsnoop_otel.export.otlp_settings import OtlpConfig, OtlpConfigError, OtlpSettings, resolve_settings
+from retsnoop_otel.export.otlp_settings import SIGNALS, OtlpConfig, OtlpConfigError, OtlpSettings, resolve_settings
 from retsnoop_otel.export.processor_env import BatchSettings, ReaderSettings, batch_settings, bounded, reader_settings
 from retsnoop_otel.export.resource import resource_attributes_problem
 from retsnoop_otel.export.span_limits import SpanLimits, span_limits
@@ -66,6 +67,25 @@ def check_resource_attributes(environ: Mapping[str, str], warnings: EnvWarnings)
     if problem:
         warnings.ignore(RESOURCE_ATTRIBUTES, f"{problem}; write it like key1=value1,key2=value2 with each value "
                         "percent-encoded")  # the value not shown: its values may hold secrets
+
+
+def check_unused(environ: Mapping[str, str], warnings: EnvWarnings, used: set[str], tls_reads: TlsReads) -> None:
+    """The OTEL_* variables a run does not read because it does not export (a text-only trace, an agent without
+    OTLP): checked all the same, so that a value that cannot work is warned about before the run that would use it,
+    not found then. `used`: what this run read already ("batch", "reader", "limits", "resource", and the signals it
+    exports). Only the warnings are kept; no export module is imported (export/ readers use the standard library)."""
+    if "batch" not in used:
+        batch_settings(environ, warnings)
+    if "reader" not in used:
+        reader_settings(environ, warnings)
+    if "limits" not in used:
+        span_limits(environ, warnings)
+        exemplars_on(environ, warnings)
+    if "resource" not in used:
+        check_resource_attributes(environ, warnings)
+    for signal in SIGNALS:
+        if signal not in used:  # no config values: only the variables' own problems, which go to the warnings
+            resolve_settings(OtlpConfig(), signal, environ, None, warnings, tls_reads)
 
 
 def _check_probe_sets(cfg: RuntimeConfig, root: str) -> None:
@@ -131,6 +151,9 @@ def run_settings(cfg: RuntimeConfig, environ: Mapping[str, str], root: str,
         samplers_not_used(environ, warnings)
     if exports:
         check_resource_attributes(environ, warnings)
+    used = {*(("batch", "reader", "resource") if exports else ()), *(("limits",) if exports_traces else ()),
+            *(("traces",) if traces is not None else ()), *(("metrics",) if metrics is not None else ())}
+    check_unused(environ, warnings, used, tls_reads)
     web = _web(cfg, tls_reads)
     try:
         kube = resolve_kubernetes(cfg.kubernetes, environ, root=root)

@@ -56,7 +56,7 @@ def run_trace(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.s
     if request.version:
         return _version(request, out)
     runtime = Runtime(request.config, deps, EventLog(err, level="debug" if request.verbose >= 2 else "error"))
-    requests = Requests()
+    requests = Requests(getattr(out, "interrupt_write", None))  # guarded streams (cli.py): a blocked write given up
     on_failure = getattr(out, "on_failure", None)  # a guarded stdout (command/streams.py): its failure stops the run
     if on_failure is not None:
         on_failure(requests.ask_stop)

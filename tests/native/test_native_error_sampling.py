@@ -8,15 +8,14 @@ randomness a probability compared). By rate, each origin has its own bucket: a r
 from __future__ import annotations
 
 import os
-from collections import Counter
 
 from retsnoop_otel.capture import records
 from retsnoop_otel.capture.sampling import MAX_THRESHOLD, Sampling, kernel_sampling, threshold
-from retsnoop_otel.capture.sessions import SessionAssembler
 from retsnoop_otel.kernel.capture_config import CaptureConfig
 from retsnoop_otel.kernel.tracer import Tracer
 from retsnoop_otel.symbols.user_funcs import in_binary
 from tests.native.simkern_funcs import drive, simkern_funcs
+from tests.record_sink import SessionSink
 
 LOW56 = (1 << 56) - 1
 
@@ -32,23 +31,15 @@ def _run(simkern, calls, sampling: Sampling, error_threshold: int | None = None,
                            error_threshold=ks.error_threshold if error_threshold is None else error_threshold,
                            error_interval_ns=ks.error_interval_ns, error_burst_ns=ks.error_burst_ns, **cfg)
     tracer = Tracer(in_binary(funcs, path), config)
-    sessions: list = []
-    kinds: Counter = Counter()
-    asm = SessionAssembler()
-
-    def on_record(rec: records.Record) -> None:
-        kinds[type(rec).__name__] += 1
-        if (s := asm.feed(rec)) is not None:
-            sessions.append(s)
-
+    sink = SessionSink()
     try:
-        drive(tracer, lib, calls, on_record)
+        drive(tracer, lib, calls, sink)
         counts = sorted((funcs[c.entry_func_id].name, funcs[c.origin_func_id].name, c.error, c.count)
                         for c in tracer.origin_counts())
         cstats = tracer.capture_stats()
     finally:
         tracer.close()
-    return sessions, kinds, counts, cstats
+    return sink.sessions, sink.kinds, counts, cstats
 
 
 def test_probability_exports_a_fraction_and_counts_every_origin(simkern) -> None:

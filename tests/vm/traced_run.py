@@ -1,5 +1,6 @@
-"""Guest-side helpers the scenarios share: which of our BPF programs are loaded, and one tracer run around one
-workload (started, or refused in one line; then stopped, and what it left loaded listed)."""
+"""Guest-side helpers the scenarios share: which of our BPF programs are loaded, one tracer run around one
+workload (started, or refused in one line; then stopped, and what it left loaded listed), and the outputs part of
+an agent's config."""
 
 from __future__ import annotations
 
@@ -9,6 +10,14 @@ import time
 from retsnoop_otel.kernel.tracer import PROGRAM_NAMES
 
 STARTED = r"Receiving data|retsnoop-otel: "  # trace's ready line, or its one-line refusal
+
+
+def agent_outputs(endpoint: str, protocol: str | None = "grpc") -> str:
+    """The end of a guest agent's config: spans to the OTLP `endpoint`, /metrics on 127.0.0.1 and logs as JSON
+    (what the scenarios read). A template still: its `{metrics_port}` is filled by the config's own format()."""
+    proto = f"    protocol: {protocol}\n" if protocol else ""
+    return (f"exporter:\n  otlp:\n    endpoint: {endpoint}\n{proto}"
+            'metrics:\n  listen: "127.0.0.1:{metrics_port}"\nlogging:\n  format: json\n')
 
 
 def our_progs(ctx) -> list[str]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tests.otlp_json import spans as otlp_spans
 from tests.vm.guest_batch import budget
-from tests.vm.traced_run import our_progs
+from tests.vm.traced_run import agent_outputs, our_progs
 
 PY = sys.executable
 METRICS_PORT = 9471
@@ -40,15 +40,7 @@ probe_sets:
       comms: [python]         # simfail, not bpftool's own iterator programs
     sampling:
       success_probability: 1.0
-exporter:
-  otlp:
-    endpoint: http://127.0.0.1:{port}
-    protocol: grpc
-metrics:
-  listen: "127.0.0.1:{metrics_port}"
-logging:
-  format: json
-{vmlinux}"""
+""" + agent_outputs("http://127.0.0.1:{port}") + "{vmlinux}"
 
 BROKEN = CONFIG.replace("    mode: stack\n", "    mode: stack\n    bogus_key: 1\n", 1)
 

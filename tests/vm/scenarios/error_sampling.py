@@ -18,6 +18,7 @@ import time
 from tests.vm.guest_batch import budget
 from tests.vm.host_forwards import JAEGER_OTLP_HTTP, JAEGER_QUERY, guest_url
 from tests.vm.scenarios.kernel_origins import ALLOW, COMM, ENTRY, WORKLOAD
+from tests.vm.traced_run import agent_outputs
 
 PY = sys.executable
 
@@ -33,14 +34,7 @@ probe_sets:
     sampling:
       success_probability: 0.01
       errors: 0.1
-exporter:
-  otlp:
-    endpoint: {otlp}
-metrics:
-  listen: "127.0.0.1:{metrics_port}"
-logging:
-  format: json
-"""
+""" + agent_outputs("{otlp}", protocol=None)
 SAMPLED_METRICS_PORT = 9473
 # 200 failures at 0.1: ~20 exported. Each origin needs an exported session for its exemplar: none of 90 at 0.1 is
 # 0.9**90 (1e-4), where the 7 and 5 of kernel_origins.py would leave one without half the time.

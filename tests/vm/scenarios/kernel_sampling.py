@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import sys
 import time
-from collections import Counter
 
 PY = sys.executable
 WORKLOAD = """
@@ -63,29 +62,21 @@ def scenario_kernel_sampling(ctx) -> dict:
 
 def _capture(ctx, funcs, cfg, kinds) -> tuple[list, dict, dict, tuple]:
     """Sessions, record kinds, capture statistics and the workload's outcome, for one run of WORKLOAD."""
-    from retsnoop_otel.capture.sessions import SessionAssembler
     from retsnoop_otel.kernel.tracer import Tracer
+    from tests.record_sink import SessionSink
 
     tracer = Tracer(funcs, cfg, btf_func_id=kinds.func_id)
-    kinds_seen: Counter = Counter()
-    sessions: list = []
-    asm = SessionAssembler()
-
-    def on_record(rec) -> None:
-        kinds_seen[type(rec).__name__] += 1
-        if (s := asm.feed(rec)) is not None:
-            sessions.append(s)
-
+    sink = SessionSink()
     try:
         tracer.load()
         tracer.attach(strict=True)
-        tracer.open_ring_buffer(on_record)
+        tracer.open_ring_buffer(sink)
         rc, _, err = ctx.run([PY, "-c", WORKLOAD], 120)
         deadline = time.monotonic() + 60
-        while not sessions and time.monotonic() < deadline:
+        while not sink.sessions and time.monotonic() < deadline:
             tracer.poll(200)
         tracer.poll(500)
         stats = tracer.capture_stats()._asdict()
     finally:
         tracer.close()
-    return sessions, dict(kinds_seen), stats, (rc, err[-500:])
+    return sink.sessions, dict(sink.kinds), stats, (rc, err[-500:])
