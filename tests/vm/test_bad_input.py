@@ -31,6 +31,8 @@ EXPECTED = {
     "web_config_key_mismatch": (2, "web-mismatch.yml:3: tls_server_config.key_file: "),
     "agent_web_config": (2, "web-hash.yml:2: basic_auth_users.alice: the value for user 'alice' is a string that "
                             "is not a bcrypt hash (not shown"),
+    "agent_check_all_denied": (2, "It matched only functions that cannot be attached: "),
+    "agent_all_denied": (2, "It matched only functions that cannot be attached: "),
 }
 ALWAYS = set(EXPECTED) - {"vmlinux_not_elf"}  # that one needs the other kernel's image in the cache
 WARNED = {"endpoint_env": "retsnoop-otel: warning: OTEL_EXPORTER_OTLP_TIMEOUT='soon': not a positive number"}
@@ -62,3 +64,13 @@ def test_one_clear_line_and_nothing_attached(vm_batch, case: str) -> None:
     assert "Receiving data" not in c["stdout"]
     assert c["progs_after"] == []
 
+
+def test_check_and_run_refuse_a_set_whose_entries_are_all_denied_alike(vm_batch) -> None:
+    """agent --check gives the run's exit code and the run's reason (issue 47: it said 1 on stdout, the run 2)."""
+    cases = vm_batch["bad_input"]["cases"]
+    check, run = cases["agent_check_all_denied"], cases["agent_all_denied"]
+    assert check["rc"] == run["rc"] == 2, (check, run)
+    reason = "Entry glob '*sys_bpf' doesn't match any kernel function! It matched only functions that cannot be "
+    assert reason in check["stderr"] and reason in run["stderr"], (check["stderr"], run["stderr"])
+    assert "denied by '*sys_bpf'" in check["stderr"] and "denied by '*sys_bpf'" in run["stderr"]
+    assert check["stdout"].strip() == "", check["stdout"]

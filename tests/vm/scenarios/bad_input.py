@@ -72,6 +72,9 @@ def _cases(others: dict[str, str]) -> dict[str, list[str]]:
         "web_config_key_mismatch": [*trace, *BPF_SET, "--metrics-addr", "127.0.0.1", "--metrics-port", "9464",
                                     "--web.config.file", "{web_mismatch}"],
         "agent_web_config": [PY, "-m", "retsnoop_otel", "agent", "--config", "{agent_web}"],
+        # issue 47: --check is the run without attaching: a set whose every entry is denied is the same bad input
+        "agent_check_all_denied": [PY, "-m", "retsnoop_otel", "agent", "--check", "{all_denied}"],
+        "agent_all_denied": [PY, "-m", "retsnoop_otel", "agent", "--config", "{all_denied}"],
     }
     if "vmlinuz" in others:  # a compressed boot image is not an ELF vmlinux at all
         cases["vmlinux_not_elf"] = [*trace, *BPF_SET, "-k", others["vmlinuz"]]
@@ -103,6 +106,9 @@ def scenario_bad_input(ctx) -> dict:
     bad_config = Path(ctx.tmpdir) / "agent.yaml"
     bad_config.write_text("probe_sets:\n  - name: x\n    entry: 5\n")
     web = _web_configs(Path(ctx.tmpdir))
+    web["all_denied"] = Path(ctx.tmpdir) / "all-denied.yaml"
+    web["all_denied"].write_text("probe_sets:\n  - name: x\n    entry: ['*sys_bpf']\n    deny: ['*sys_bpf']\n"
+                                 "    mode: metrics\nlogging:\n  format: text\n")
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen()

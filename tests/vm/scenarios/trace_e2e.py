@@ -17,7 +17,8 @@ def scenario_trace_dry_run(ctx) -> dict:
 
     Run three times over one kernel cache directory: empty (the kernel is read and the cache filled),
     again (kallsyms, available_filter_functions and BTF come from the cache), and after loading a
-    module (the symbols are read again; BTF, which belongs to the kernel build, still comes cached).
+    module (the symbols are read again; BTF and the feature answers, which belong to the kernel build, still come
+    cached).
     The second run lists each module Python imports (-X importtime, on its standard error): a warm start's."""
     before = our_progs(ctx)
     cmd = [PY, "-m", "retsnoop_otel", "trace", "--dry-run", "-v", "-e", "*sys_bpf", "-a", "array_map_*",
