@@ -421,15 +421,17 @@ print((time.monotonic_ns() - t0) / n)
 """
 
 
-def build_workload(tmp: Path) -> list[str]:
+def build_workload(tmp: Path, name: str = "bpf_fail_loop", c_source: str = WORKLOAD_C,
+                   py_source: str = WORKLOAD_PY) -> list[str]:
+    """The command of a workload: its C source built with gcc, or its Python twin where there is no gcc."""
     if shutil.which("gcc"):
-        src = tmp / "bpf_fail_loop.c"
-        src.write_text(WORKLOAD_C)
-        exe = tmp / "bpf_fail_loop"
+        src = tmp / f"{name}.c"
+        src.write_text(c_source)
+        exe = tmp / name
         if subprocess.run(["gcc", "-O2", "-o", str(exe), str(src)], capture_output=True).returncode == 0:
             return [str(exe)]
-    script = tmp / "bpf_fail_loop.py"
-    script.write_text(WORKLOAD_PY)
+    script = tmp / f"{name}.py"
+    script.write_text(py_source)
     return [sys.executable, str(script)]
 
 

@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -27,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.harness import PHASE_OURS, READY_OURS, Lines, stop
+from bench.harness import PHASE_OURS, READY_OURS, Lines, build_workload, stop
 
 WORKLOAD_C = r"""
 #include <fcntl.h>
@@ -80,15 +79,7 @@ print(f"{time.monotonic() - t0:.6f}")
 
 
 def build(tmp: Path) -> list[str]:
-    if shutil.which("gcc"):
-        src = tmp / "syscall_loop.c"
-        src.write_text(WORKLOAD_C)
-        exe = tmp / "syscall_loop"
-        if subprocess.run(["gcc", "-O2", "-o", str(exe), str(src)], capture_output=True).returncode == 0:
-            return [str(exe)]
-    script = tmp / "syscall_loop.py"
-    script.write_text(WORKLOAD_PY)
-    return [sys.executable, str(script)]
+    return build_workload(tmp, "syscall_loop", WORKLOAD_C, WORKLOAD_PY)
 
 
 def workload_s(cmd: list[str], iterations: int, fail_every: int) -> float:

@@ -398,9 +398,23 @@ def test_tests_vm_run_is_told_how_many_boots_it_may_make(monkeypatch, tmp_path):
     from tests.vm import conftest as vm_conftest
 
     seen: list[list[str]] = []
+    monkeypatch.setattr(vm_conftest.subprocess, "Popen", _batch_popen(seen))
+    batches = vm_conftest.VmBatches(None, {}, parallel=False)
+    batches._say = lambda line: None
+    scenario = SimpleNamespace(name="a", module="tests.vm.scenarios.a", budget_s=10, peers=())
+    assert batches._boot_once("6.12", [scenario], tmp_path, tmp_path / "results", 1) == (0, "[batch] done\n")
+    args = _load().parse_args(seen[0][1:])
+    assert args.boot_attempts == 1 and args.kernel == "6.12"
+
+
+def _batch_popen(seen: list[list[str]], events: list[str] | None = None) -> type:
+    """A stand-in for tests/vm/run's process: records its command line (and "run" in `events`), prints the batch's
+    last line and exits 0."""
 
     class Popen:
         def __init__(self, cmd, **kwargs):
+            if events is not None:
+                events.append("run")
             seen.append(cmd)
             self.stdout, self.returncode = iter(["[batch] done\n"]), 0
 
@@ -409,14 +423,7 @@ def test_tests_vm_run_is_told_how_many_boots_it_may_make(monkeypatch, tmp_path):
 
         def __exit__(self, *exc):
             return False
-
-    monkeypatch.setattr(vm_conftest.subprocess, "Popen", Popen)
-    batches = vm_conftest.VmBatches(None, {}, parallel=False)
-    batches._say = lambda line: None
-    scenario = SimpleNamespace(name="a", module="tests.vm.scenarios.a", budget_s=10, peers=())
-    assert batches._boot_once("6.12", [scenario], tmp_path, tmp_path / "results", 1) == (0, "[batch] done\n")
-    args = _load().parse_args(seen[0][1:])
-    assert args.boot_attempts == 1 and args.kernel == "6.12"
+    return Popen
 
 
 def test_a_boot_whose_scenario_names_jaeger_forwards_the_guest_to_a_host_jaeger(monkeypatch, tmp_path):
@@ -439,19 +446,8 @@ def test_a_boot_whose_scenario_names_jaeger_forwards_the_guest_to_a_host_jaeger(
             events.append("stop")
             return 0
 
-    class Popen:
-        def __init__(self, cmd, **kwargs):
-            events.append("run")
-            seen.append(cmd)
-            self.stdout, self.returncode = iter(["[batch] done\n"]), 0
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
     seen: list[list[str]] = []
+    Popen = _batch_popen(seen, events)
     monkeypatch.setattr(peers_jaeger, "Jaeger", Jaeger)
     monkeypatch.setattr(vm_conftest.subprocess, "Popen", Popen)
     batches = vm_conftest.VmBatches(None, {}, parallel=False)
