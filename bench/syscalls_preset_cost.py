@@ -2,6 +2,7 @@
 `trace --syscalls` in the same boot, and the preset's start (attach) and stop (detach) times.
 
     tests/vm/run --kernel 7.2 -- python -m bench.syscalls_preset_cost [--budget N] [--iterations N] [--rounds N]
+        [--base CHECKOUT]
 
 The workload (C, built with gcc; Python when there is none) runs --iterations rounds of seven syscalls each:
 getpid, open, read and close of /dev/zero, write to /dev/null, fstat, and a stat of a missing file every
@@ -10,7 +11,8 @@ of the bench runs it --rounds times untraced, then as often traced, then untrace
 traced mean against the mean of the untraced runs around it, so a slow minute of the machine does not land on one
 side only. The tracer is `python -m retsnoop_otel trace --syscalls -v --json` (auto attach mode: kprobe.session or
 kprobe.multi), its sessions read by the bench; attach is the time from its start to "Receiving data...", with its
--v phase lines; detach, from SIGTERM to its exit.
+-v phase lines; detach, from SIGTERM to its exit. With --base, another checkout of ours (its Python code and
+BPF object) is traced the same way right after ours, between the same untraced runs: two builds side by side.
 """
 
 from __future__ import annotations
@@ -91,11 +93,13 @@ def workload_s(cmd: list[str], iterations: int, fail_every: int) -> float:
 class PresetRun:
     """`trace --syscalls` started, its attach time and phases read from its -v lines."""
 
-    def __init__(self, budget: int | None, timeout: float) -> None:
+    def __init__(self, budget: int | None, timeout: float, tree: Path | None = None) -> None:
         argv = [sys.executable, "-m", "retsnoop_otel", "trace", "--syscalls", "-v", "--json"]
         argv += ["--syscalls-budget", str(budget)] if budget is not None else []
+        env = dict(os.environ, PYTHONPATH=str(tree)) if tree else None
         t0 = time.monotonic()
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                     cwd=tree)
         self.lines = Lines(self.proc)
         ready = self.lines.wait_for(READY_OURS, timeout)
         if ready is None:
@@ -115,6 +119,20 @@ class PresetRun:
         return time.monotonic() - t0
 
 
+def trace(cmd: list[str], args: argparse.Namespace, tree: Path | None) -> dict:
+    """The workload's runs under one tree's `trace --syscalls`, with its attach and detach times."""
+    tracer = PresetRun(args.budget, args.start_timeout, tree)
+    print(f"attached in {tracer.attach_s:.1f} s; phases: {tracer.phases}", file=sys.stderr, flush=True)
+    try:
+        traced = [workload_s(cmd, args.iterations, args.fail_every) for _ in range(args.rounds)]
+    finally:
+        tracer.lines.quiet_for(3, 120)
+        sessions = tracer.sessions_seen()
+        detach_s = tracer.close()
+    return {"traced_s": traced, "attach_s": round(tracer.attach_s, 1), "detach_s": round(detach_s, 1),
+            "phases_s": tracer.phases, "phase_detail": tracer.detail, "sessions_reported": sessions}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--budget", type=int, default=None, help="--syscalls-budget (default: the preset's)")
@@ -123,31 +141,27 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2, help="untraced/traced/untraced triples")
     p.add_argument("--start-timeout", type=float, default=1500.0)
     p.add_argument("--json-out", default=None, help="also write the figures as JSON here")
+    p.add_argument("--base", type=Path, default=None, help="another checkout of ours, traced the same way after ours")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(dir=os.environ.get("RETSNOOP_OTEL_RWDIR")) as tmp:
         cmd = build(Path(tmp))
         workload_s(cmd, max(args.iterations // 10, 1), args.fail_every)  # warm: page cache, dentries
         untraced = [workload_s(cmd, args.iterations, args.fail_every) for _ in range(args.rounds)]
-        tracer = PresetRun(args.budget, args.start_timeout)
-        print(f"attached in {tracer.attach_s:.1f} s; phases: {tracer.phases}", file=sys.stderr, flush=True)
-        try:
-            traced = [workload_s(cmd, args.iterations, args.fail_every) for _ in range(args.rounds)]
-        finally:
-            tracer.lines.quiet_for(3, 120)
-            sessions = tracer.sessions_seen()
-            detach_s = tracer.close()
+        trees = {"ours": None, **({"base": args.base} if args.base else {})}
+        runs = {name: trace(cmd, args, tree) for name, tree in trees.items()}
         untraced += [workload_s(cmd, args.iterations, args.fail_every) for _ in range(args.rounds)]
-    base, with_preset = statistics.mean(untraced), statistics.mean(traced)
+    base = statistics.mean(untraced)
     figures = {"kernel": os.uname().release, "workload": cmd[0].rsplit("/", 1)[-1], "iterations": args.iterations,
-               "fail_every": args.fail_every, "untraced_s": untraced, "traced_s": traced,
-               "overhead_pct": round((with_preset / base - 1) * 100, 1), "attach_s": round(tracer.attach_s, 1),
-               "detach_s": round(detach_s, 1), "phases_s": tracer.phases, "phase_detail": tracer.detail,
-               "sessions_reported": sessions}
+               "fail_every": args.fail_every, "untraced_s": untraced}
+    for name, run in runs.items():
+        run["overhead_pct"] = round((statistics.mean(run["traced_s"]) / base - 1) * 100, 1)
+        figures[name] = run
     print(json.dumps(figures, indent=1))
-    print(f"\nkernel {figures['kernel']}: {args.iterations} x 7 syscalls ({cmd[0].rsplit('/', 1)[-1]}), a failing "
-          f"stat every {args.fail_every}: untraced {base:.3f} s (mean of {len(untraced)}), with --syscalls "
-          f"{with_preset:.3f} s (mean of {len(traced)}): {figures['overhead_pct']:+.1f}%; attach "
-          f"{figures['attach_s']} s, detach {figures['detach_s']} s")
+    for name, run in runs.items():
+        print(f"\n{name}: kernel {figures['kernel']}: {args.iterations} x 7 syscalls ({figures['workload']}), a "
+              f"failing stat every {args.fail_every}: untraced {base:.3f} s (mean of {len(untraced)}), with "
+              f"--syscalls {statistics.mean(run['traced_s']):.3f} s (mean of {len(run['traced_s'])}): "
+              f"{run['overhead_pct']:+.1f}%; attach {run['attach_s']} s, detach {run['detach_s']} s")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(figures, indent=1))
     return 0

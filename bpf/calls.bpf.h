@@ -55,8 +55,7 @@ static __always_inline bool emit_start(struct session *s)
 	r->tgid = s->tgid;
 	r->cpu = s->cpu;
 	r->start_ts = s->start_ts;
-	__builtin_memcpy(r->comm, s->comm, sizeof(r->comm));
-	__builtin_memcpy(r->proc_comm, s->proc_comm, sizeof(r->proc_comm));
+	read_names(r->comm, r->proc_comm, s->tid, s->tgid);
 	bpf_ringbuf_submit(r, rb_wakeup(sizeof(*r)));
 	return true;
 }

@@ -52,6 +52,17 @@ static __always_inline const char *group_leader_comm(void)
 	return task->comm;	/* an address, relocated: nothing is read here */
 }
 
+/* The thread's and its process's names, read into a record as it is sent: most sessions are never reported. Read
+ * then, not at the session's start, they are the names after an execve or a PR_SET_NAME inside the session. */
+static __always_inline void read_names(char *comm, char *proc_comm, __u32 tid, __u32 tgid)
+{
+	bpf_get_current_comm(comm, TASK_COMM_LEN);
+	if (tid == tgid)	/* the process's main thread: its name is the process's */
+		__builtin_memcpy(proc_comm, comm, TASK_COMM_LEN);
+	else
+		bpf_probe_read_kernel_str(proc_comm, TASK_COMM_LEN, group_leader_comm());
+}
+
 static __always_inline const unsigned char *exe_name(void)
 {
 	struct task_struct *task;

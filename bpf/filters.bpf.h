@@ -21,6 +21,8 @@ static __always_inline bool filters_allow(__u32 tgid, __u32 tid)
 	char comm[TASK_COMM_LEN] = {};
 	__u8 *v;
 
+	if (tgid == self_tgid)	/* a compare, not a lookup: the one pid every run excludes */
+		return false;
 	if (cgroup_id_filter && bpf_get_current_ancestor_cgroup_id(cgroup_level) != cgroup_id_filter)
 		return false;
 	if (has_tgid_filter) {

@@ -27,6 +27,7 @@ const volatile __u64 min_duration_ns = 0;	/* -L */
 const volatile __u32 tgid_allow_cnt = 0;
 const volatile __u32 comm_allow_cnt = 0;
 const volatile bool has_tgid_filter = false;
+const volatile __u32 self_tgid = 0;		/* our own process, never traced (0: it may be, `--self`) */
 const volatile bool has_comm_filter = false;
 const volatile __u64 cgroup_id_filter = 0;	/* --cgroup: this cgroup v2 and everything below it */
 const volatile __u32 cgroup_level = 0;		/* its depth below the root cgroup */
@@ -62,6 +63,7 @@ struct session {
 	__s32 chain_depth;
 	__s32 chain_top;
 	__s32 kstack_sz;
+	__s32 sys_depth;	/* the depth while in a syscall the tracepoints hooked (syscalls.bpf.h); 0: in none */
 	__u32 cpu;		/* where it started */
 	__u32 origin_err;	/* errno_of() the error chain's deepest function returned (stats.bpf.h) */
 	__u8 is_err;
@@ -69,8 +71,6 @@ struct session {
 	__u8 want_success;	/* reported if it succeeds (sampling.bpf.h) */
 	__u8 streaming;		/* calls.bpf.h: per-call records go straight to the ring buffer */
 	__u8 active;		/* the entry outlives its session: the thread's next session reuses it */
-	char comm[TASK_COMM_LEN];
-	char proc_comm[TASK_COMM_LEN];
 	/* everything above is reset when a session starts; the arrays below are written before they are read */
 	__u16 func_ids[MAX_FSTACK_DEPTH];
 	__u64 func_ts[MAX_FSTACK_DEPTH];
@@ -230,12 +230,6 @@ static __always_inline struct session *start_session(struct session *s, __u32 ke
 	s->cpu = bpf_get_smp_processor_id();
 	if (workload_stats)
 		s->cgroup_id = bpf_get_current_cgroup_id();
-	bpf_get_current_comm(s->comm, sizeof(s->comm));
-	if (tid == tgid) {	/* the process's main thread: its comm is the process's */
-		__builtin_memcpy(s->proc_comm, s->comm, sizeof(s->comm));
-	} else {
-		bpf_probe_read_kernel_str(s->proc_comm, sizeof(s->proc_comm), group_leader_comm());
-	}
 	sample_at_start(s);
 	if (emit_calls) {
 		hold_calls(s, key);
@@ -345,7 +339,7 @@ static __always_inline void read_exe_name(char *out)
 
 static __always_inline void end_session(void *ctx, struct session *s, __u32 key, __u64 now)
 {
-	struct capture_stats *cs = cstats();
+	struct capture_stats *cs;
 	struct rec_session_end *r;
 	__u64 lat = now - s->start_ts;
 	__u32 entry_id = s->func_ids[0];
@@ -360,6 +354,7 @@ static __always_inline void end_session(void *ctx, struct session *s, __u32 key,
 		count_origin(s, entry_id);
 	if (s->defunct || !(s->is_err || capture_success) || lat < min_duration_ns)
 		goto out;
+	cs = cstats();	/* not before: most sessions end above, and on 5.10 and 6.1 the lookup is a call */
 	if (!s->is_err) {
 		sampling = sample_success(s, entry_id, now);
 		if (!sampling) {
@@ -402,8 +397,7 @@ static __always_inline void end_session(void *ctx, struct session *s, __u32 key,
 	r->chain_depth = s->chain_depth;
 	r->chain_top = s->chain_top;
 	r->kstack_sz = s->kstack_sz;
-	__builtin_memcpy(r->comm, s->comm, sizeof(r->comm));
-	__builtin_memcpy(r->proc_comm, s->proc_comm, sizeof(r->proc_comm));
+	read_names(r->comm, r->proc_comm, s->tid, s->tgid);
 	read_exe_name(r->exe);
 	/* user space reads chain_* up to chain_depth and kstack up to kstack_sz: the rest stays unwritten */
 	bpf_probe_read_kernel(r->chain_ids, upto(s->chain_depth, MAX_FSTACK_DEPTH) * sizeof(r->chain_ids[0]),
@@ -420,6 +414,8 @@ out:
 	drop_session(s, key);
 }
 
+#include "syscalls.bpf.h"
+
 /* `outer`: as for handle_entry(). A session's level 0 is always an entry function (a mismatch there drops
  * the session above), so the exits of the other functions never end one: fentry verifies a program pair
  * per traced function, and theirs leave the session's end out. */
@@ -430,8 +426,8 @@ static __always_inline void handle_exit(void *ctx, __s64 id, __s64 res, bool out
 	struct capture_stats *cs;
 	struct func_info *fi;
 	struct session *s;
-	bool failed, wanted;
-	__u64 now, lat;
+	bool failed, wanted, in_chain, new_chain;
+	__u64 now = 0, lat = 0;
 	__u32 err;
 	int d;
 
@@ -440,7 +436,10 @@ static __always_inline void handle_exit(void *ctx, __s64 id, __s64 res, bool out
 		return;
 	if (id == ID_BY_IP)
 		id = id_by_ip(ctx);
-	else if (id == ID_OF_TOP)	/* past max_depth any traced id does: that exit only counts the depth down */
+	else if (id == ID_OF_SYSCALL) {
+		if ((id = syscall_exit_id(s, key)) < 0)
+			return;
+	} else if (id == ID_OF_TOP)	/* past max_depth any traced id does: that exit only counts the depth down */
 		id = s->depth <= 0 ? -1 : s->func_ids[lvl(s->depth > max_depth ? 0 : s->depth - 1)];
 	if (id < 0)
 		return;
@@ -448,7 +447,6 @@ static __always_inline void handle_exit(void *ctx, __s64 id, __s64 res, bool out
 	fi = bpf_map_lookup_elem(&func_infos, &func_id);
 	if (!fi)
 		return;
-	now = bpf_ktime_get_boot_ns();
 	d = s->depth - 1;
 	if (d >= max_depth || d >= MAX_FSTACK_DEPTH) {
 		s->depth = d;
@@ -463,23 +461,29 @@ static __always_inline void handle_exit(void *ctx, __s64 id, __s64 res, bool out
 		return;
 	}
 	s->depth = d;
-	lat = now - s->func_ts[lvl(d)];
 	failed = is_failure(res, fi->flags);
 	err = failed ? errno_of(res, fi->flags) : 0;
+	wanted = s->want_success;	/* a success that would be reported (-S): its deepest chain is kept too */
+	/* the parent of the chain's top returns: always the same frame as in the chain (a failure above a success
+	 * chain is a new error instead); or a new error restarts the chain here (with -S, so does a deeper chain) */
+	in_chain = d == s->chain_top - 1 && (s->is_err || (wanted && !failed));
+	new_chain = !in_chain && (failed || (wanted && !s->is_err && d + 1 > s->chain_depth));
+	/* the clock only where the time is kept: most exits are successes that nothing records */
+	if (func_counts || emit_calls || in_chain || new_chain ||
+	    (outer && d == 0 && (s->is_err || capture_success))) {
+		now = bpf_ktime_get_boot_ns();
+		lat = now - s->func_ts[lvl(d)];
+	}
 	if (func_counts)
 		count_call(func_id, lat, failed, err);
 	if (workload_stats)
 		count_workload(s->cgroup_id, func_id, failed ? err + 1 : 0);
 
-	wanted = s->want_success;	/* a success that would be reported (-S): its deepest chain is kept too */
-	if (d == s->chain_top - 1 && (s->is_err || (wanted && !failed))) {
-		/* the parent of the chain's top returns: always the same frame as in the chain (a failure
-		 * above a success chain is a new error instead, below) */
+	if (in_chain) {
 		fill_level(s, d, res, lat);
 		if (s->is_err && !failed && can_fail(fi->flags))
 			s->is_err = 0;	/* a fallible function succeeded: the error was handled */
-	} else if (failed || (wanted && !s->is_err && d + 1 > s->chain_depth)) {
-		/* a new error restarts the chain here; with -S, so does a deeper call chain */
+	} else if (new_chain) {
 		take_chain(ctx, s, d, key, func_id, now, fi->flags & FUNC_IS_USER);
 		fill_level(s, d, res, lat);
 		if (failed) {

@@ -15,7 +15,7 @@ from typing import NamedTuple
 from retsnoop_otel.capture import records
 from retsnoop_otel.capture.inject import ProbeInfo
 from retsnoop_otel.capture.model import RET_KIND_CODES, TracedFunc
-from retsnoop_otel.kernel import app_hooks, attach_modes, clones, inject_attach, multi_link, uprobes
+from retsnoop_otel.kernel import app_hooks, attach_modes, clones, inject_attach, multi_link, syscall_hooks, uprobes
 from retsnoop_otel.kernel import libbpf as lb
 from retsnoop_otel.kernel.libbpf_btf import Btf
 
@@ -62,12 +62,23 @@ class CaptureConfig(NamedTuple):
     max_workload_counts: int = 16384  # (cgroup, function, outcome) counts the kernel side keeps
     max_origin_counts: int = 4096  # (entry, error origin, error) counts the kernel side keeps
     inject: Sequence[ProbeInfo] = ()  # -J injected probes (kernel/inject_attach.py); need emit_calls
+    # entry function name -> syscall numbers: these entries' sessions start and end at the syscall tracepoints
+    # instead of the mode's probes (the syscall preset's; kernel/syscall_hooks.py)
+    syscall_entries: Mapping[str, Sequence[int]] = MappingProxyType({})
+
+
+def mode_funcs(funcs: Sequence[TracedFunc], hooks: Mapping[int, Sequence[int]]) -> list[TracedFunc]:
+    """The functions the attach mode links: the kernel functions, but those the syscall tracepoints hook (the user
+    functions attach apart)."""
+    return [f for f in funcs if f.binary is None and f.id not in hooks]
 
 
 def configure(obj: lb.BpfObject, cfg: CaptureConfig, funcs: Sequence[TracedFunc], fentry: clones.FentryPrograms,
-              by_address: bool, ncpus: int) -> None:
-    """Before load: the object's read-only settings, its maps' sizes, and which programs load (and how)."""
-    kfuncs = [f for f in funcs if f.binary is None]  # the user functions attach apart
+              by_address: bool, ncpus: int, hooks: Mapping[int, Sequence[int]]) -> None:
+    """Before load: the object's read-only settings, its maps' sizes, and which programs load (and how).
+
+    `hooks`: function id -> syscall numbers of the entries the syscall tracepoints hook (syscall_hooks.hooked)."""
+    kfuncs = mode_funcs(funcs, hooks)
     rodata = obj.map(".rodata")
     data = bytearray(rodata.initial_value())
     layout = Btf.of_object(obj).datasec_vars(".rodata")
@@ -80,7 +91,8 @@ def configure(obj: lb.BpfObject, cfg: CaptureConfig, funcs: Sequence[TracedFunc]
         "min_duration_ns": struct.pack("<Q", cfg.min_duration_ns),
         "tgid_allow_cnt": struct.pack("<I", len(allow_pids)),
         "comm_allow_cnt": struct.pack("<I", len(allow_comms)),
-        "has_tgid_filter": struct.pack("<?", bool(cfg.pids or no_pids)),
+        "has_tgid_filter": struct.pack("<?", bool(cfg.pids or cfg.no_pids)),
+        "self_tgid": struct.pack("<I", os.getpid() if cfg.exclude_self else 0),
         "has_comm_filter": struct.pack("<?", bool(cfg.comms or cfg.no_comms)),
         "cgroup_id_filter": struct.pack("<Q", cfg.cgroup_id),
         "cgroup_level": struct.pack("<I", cfg.cgroup_level),
@@ -133,20 +145,23 @@ def configure(obj: lb.BpfObject, cfg: CaptureConfig, funcs: Sequence[TracedFunc]
     obj.map("err_rate_busy").set_max_entries(n if cfg.error_interval_ns else 1)
     mode = attach_modes.BY_NAME.get(cfg.mode) if kfuncs else None  # None: no kernel functions
     progs = mode.autoload(kfuncs) if mode else ()
-    user = uprobes.PROGRAMS[cfg.user_mode] if len(kfuncs) < len(funcs) else ()
+    user = uprobes.PROGRAMS[cfg.user_mode] if any(f.binary is not None for f in funcs) else ()
     for names in {*MODE_PROGRAMS.values(), *uprobes.PROGRAMS.values()}:
         for name in names:
             obj.program(name).set_autoload(name in progs or name in user)
     if mode:
         mode.prepare(obj, progs, fentry)
     app_hooks.configure(obj, cfg.app_context)
+    syscall_hooks.configure(obj, hooks)
     inject_attach.configure(obj, cfg.inject)
 
 
 def fill_maps(obj: lb.BpfObject, cfg: CaptureConfig, funcs: Sequence[TracedFunc], by_address: bool,
-              arg_specs: Mapping[int, Sequence[int]]) -> None:
-    """After load: the traced functions, their argument specs (-A) and the pid and comm filters."""
+              arg_specs: Mapping[int, Sequence[int]], hooks: Mapping[int, Sequence[int]]) -> None:
+    """After load: the traced functions, their argument specs (-A), the hooked syscalls and the pid and comm
+    filters."""
     inject_attach.fill(obj, cfg.inject)
+    syscall_hooks.fill(obj, hooks)
     infos = obj.map("func_infos")
     for f in funcs:
         kind = RET_KIND_CODES[f.ret] << records.FUNC_RET_KIND_SHIFT
@@ -160,7 +175,7 @@ def fill_maps(obj: lb.BpfObject, cfg: CaptureConfig, funcs: Sequence[TracedFunc]
     pids = obj.map("tgid_filter")
     for pid in cfg.pids:
         pids.update(struct.pack("<I", pid), bytes([1]))
-    for pid in _denied_pids(cfg):
+    for pid in cfg.no_pids:
         pids.update(struct.pack("<I", pid), bytes([2]))  # deny entries written last: they win
     comms = obj.map("comm_filter")
     for comm in cfg.comms:

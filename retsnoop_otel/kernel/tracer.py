@@ -35,6 +35,7 @@ from retsnoop_otel.kernel import (
     libbpf_progs,
     libbpf_ringbuf,
     stats_maps,
+    syscall_hooks,
     uprobes,
 )
 from retsnoop_otel.kernel import libbpf as lb
@@ -48,7 +49,8 @@ PARALLEL_DETACH_MIN = 32
 DETACH_THREADS = 32
 # every name a program of ours has in the kernel: what a check for leftovers after detach looks for
 PROGRAM_NAMES = frozenset({*(n for names in (*MODE_PROGRAMS.values(), *uprobes.PROGRAMS.values()) for n in names),
-                           *clones.TEMPLATES, *app_hooks.PROGRAMS, *inject_attach.PROGRAMS.values()})
+                           *clones.TEMPLATES, *app_hooks.PROGRAMS, *inject_attach.PROGRAMS.values(),
+                           *syscall_hooks.PROGRAMS})
 
 
 def bpf_object_path() -> Path:
@@ -72,7 +74,10 @@ class Tracer:
         if not funcs:
             raise ValueError("no functions to trace")
         self.funcs = list(funcs)
-        self._kfuncs = [f for f in self.funcs if f.binary is None]  # the user functions attach apart
+        # the entries the syscall tracepoints start sessions for (kernel/syscall_hooks.py), and what the mode links
+        self._sys_hooks = syscall_hooks.hooked(self.funcs, config.syscall_entries)
+        self._kfuncs = capture_config.mode_funcs(self.funcs, self._sys_hooks)
+        self._has_user = any(f.binary is not None for f in self.funcs)
         self.config = config
         self._object_path = object_path  # another build of retsnoop.bpf.c (benches compare builds); None: ours
         self._btf_func_id = btf_func_id
@@ -107,9 +112,10 @@ class Tracer:
         obj = lb.BpfObject.open_file(str(self._object_path or bpf_object_path()))
         self._obj = obj
         try:
-            capture_config.configure(obj, self.config, self.funcs, self._fentry, self._by_address, self._ncpus)
+            capture_config.configure(obj, self.config, self.funcs, self._fentry, self._by_address, self._ncpus,
+                                     self._sys_hooks)
             obj.load()
-            capture_config.fill_maps(obj, self.config, self.funcs, self._by_address, self._arg_specs)
+            capture_config.fill_maps(obj, self.config, self.funcs, self._by_address, self._arg_specs, self._sys_hooks)
         except BaseException:
             self.close()
             raise
@@ -133,6 +139,10 @@ class Tracer:
                 assert self._mode is not None
                 self._mode.attach(Job(self._obj, self._kfuncs, self._links, self._fentry, self._btf_func_id,
                                       self._by_address, self.detach_links), report, on_error, strict)
+            if self._sys_hooks:  # after the mode's: the sessions they start find every inner probe attached
+                syscall_hooks.attach(self._obj, self._sys_hooks, self._links)
+                report.attached.extend(f for f in self.funcs if f.id in self._sys_hooks)
+                report.syscall_entries = len(self._sys_hooks)
             if user := [f for f in self.funcs if f.binary is not None]:
                 uprobes.attach(self._obj.program, self.config.user_mode, user, self._links)
                 report.attached.extend(user)
@@ -241,8 +251,9 @@ class Tracer:
         """
         if self._obj is None:
             return []
-        user = uprobes.PROGRAMS[self.config.user_mode] if len(self._kfuncs) < len(self.funcs) else ()
+        user = uprobes.PROGRAMS[self.config.user_mode] if self._has_user else ()
         kernel = self._mode.running(self._obj, self._fentry) if self._mode and self._kfuncs else []
+        kernel += syscall_hooks.programs(self._obj, self._links) if self._sys_hooks else []
         named = {name for name, _ in kernel}
         return kernel + [(name, self._obj.program(name).fd) for name in dict.fromkeys(user) if name not in named]
 

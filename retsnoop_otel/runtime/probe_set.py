@@ -123,7 +123,8 @@ def capture_config(cfg: ProbeSetConfig, mode: str, limits: Limits, names: InputN
     common = {"mode": mode, "user_mode": user_mode or "uprobe", "pids": cfg.pids,
               "no_pids": cfg.no_pids, "comms": cfg.comms, "no_comms": cfg.no_comms,
               "cgroup_id": cg, "cgroup_level": level, "max_sessions": limits.max_sessions,
-              "workload_stats": counted and cfg.workload_label is not None, "func_counts": counted}
+              "workload_stats": counted and cfg.workload_label is not None, "func_counts": counted,
+              "syscall_entries": syscall_set.boundaries(cfg)}
     if cfg.mode == "metrics":
         # Counted in the kernel's per-CPU maps, never reported: no session reaches user space, so the
         # CPU spent in user space does not grow with the call rate, and a one-page ring buffer is enough.

@@ -69,6 +69,8 @@ def attach_phases(sets: Sequence[Any]) -> list[Phase]:
             mode = attach_modes.BY_NAME.get(ps.mode)
             what = mode.verified if mode else "a program"  # what its clones are: a pair for fentry
             clones = f", {verify / 1000:.1f} s of it verifying {what} per function" if verify else ""
+            hooked = ps.report.syscall_entries  # the syscall preset's entries: started at the tracepoints
+            tps = f", {hooked} syscall entries at the sys_enter and sys_exit tracepoints" if hooked else ""
             out.append(Phase("attach", ps.report.attach_ms / 1000,
-                             f"{ps.attached} functions, {ps.mode}{clones}{name}"))
+                             f"{ps.attached} functions, {ps.mode}{clones}{tps}{name}"))
     return out

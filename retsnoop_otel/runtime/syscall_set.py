@@ -13,7 +13,7 @@ from retsnoop_otel.command.errors import SetupError
 from retsnoop_otel.kernel.attach_modes import BY_ADDRESS
 from retsnoop_otel.runtime.config import ProbeSetConfig
 from retsnoop_otel.runtime.environment import KernelEnv
-from retsnoop_otel.symbols import syscall_preset
+from retsnoop_otel.symbols import syscall_numbers, syscall_preset
 
 # the modes auto may choose that attach a whole set with one syscall (kprobe.multi links: kprobe.session and
 # kprobe.multi): the preset's ~1,400 functions attach in well under a second there, where one trampoline or kprobe per
@@ -49,3 +49,10 @@ def with_preset(cfg: ProbeSetConfig, env: KernelEnv, machine: str | None = None)
     if not preset.entry:
         raise SetupError(f"the syscall preset found no traceable {prefix}* function on this kernel", cfg.name)
     return cfg._replace(entry=(*preset.entry, *cfg.entry), allow=(*preset.allow, *cfg.allow))
+
+
+def boundaries(cfg: ProbeSetConfig, machine: str | None = None) -> dict[str, tuple[int, ...]]:
+    """The preset's entry functions whose sessions the syscall tracepoints start and end, by name, with their
+    syscall numbers (kernel/syscall_hooks.py); none without `syscalls`. A raw tracepoint at every syscall costs
+    a fraction of a probe on each entry function, and the preset enters by every syscall."""
+    return syscall_numbers.entry_numbers(machine or os.uname().machine) if cfg.syscalls else {}

@@ -32,7 +32,7 @@ def test_an_object_without_a_setting_this_code_writes_says_to_rebuild_it(monkeyp
     funcs = [TracedFunc(1, "f", 0, RetKind.INT32, True)]
     with pytest.raises(lb.LibbpfError) as exc:
         capture_config.configure(Obj(), capture_config.CaptureConfig(mode="kprobe"), funcs,  # type: ignore[arg-type]
-                                 clones.FentryPrograms(funcs, None), by_address=False, ncpus=1)
+                                 clones.FentryPrograms(funcs, None), by_address=False, ncpus=1, hooks={})
     assert exc.value.errno == errno.ENOEXEC
     assert "/pkg/bpf/retsnoop.bpf.o was built from older sources" in str(exc.value)
     assert "func_counts" in str(exc.value) and "make bpf" in str(exc.value)

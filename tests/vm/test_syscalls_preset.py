@@ -33,6 +33,24 @@ def test_the_preset_attached_every_syscall_entry_and_an_allow_set_in_one_call(vm
     assert re.search(rf"^Phase discovery: \d+ ms \({total} functions \({entries} syscall entries\)\)", log, re.M), log
 
 
+def test_the_syscall_entries_start_their_sessions_at_the_syscall_tracepoints(vm_batch) -> None:
+    """Every native syscall entry the preset takes is hooked by number (bpf/syscalls.bpf.h). The rest stay on
+    kprobe.session: what the number table does not know (sys_ni_syscall, syscalls newer than the table) and the
+    `__x64_sys_*` stubs of syscalls only other ABIs have (waitpid, stime, ...), which never run here."""
+    log = "\n".join(_run(vm_batch)["log"])
+    entries = int(re.search(r"would attach \d+ \((\d+) entry\)", log).group(1))
+    m = re.search(r"^Phase attach: .*, (\d+) syscall entries at the sys_enter and sys_exit tracepoints", log, re.M)
+    assert m, log
+    assert 300 <= int(m.group(1)) <= entries, log  # 347 of 445 on 7.2
+
+
+def test_a_32_bit_syscall_is_not_taken_for_the_native_one_of_its_number(vm_batch) -> None:
+    run = _run(vm_batch)
+    assert run["ia32_rc"] == 2, run["ia32_rc"]  # its open failed with ENOENT: the ia32 syscall did run
+    entries = {s["chain"][0]["function"] for s in run["sessions"] if s["chain"]}
+    assert "__x64_sys_newfstat" not in entries, entries
+
+
 def test_each_failing_bpf_call_is_captured_with_its_entry_and_origin(vm_batch) -> None:
     sessions = _run(vm_batch)["sessions"]
     bpf = [s for s in sessions if s["chain"] and s["chain"][0]["function"] == "__x64_sys_bpf"]

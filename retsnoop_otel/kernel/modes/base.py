@@ -18,7 +18,7 @@ OnError = Callable[[TracedFunc, str], None]
 
 
 class AttachReport:
-    __slots__ = ("attached", "failed", "attach_ms", "verify_ms", "split_links", "hooks_missing")
+    __slots__ = ("attached", "failed", "attach_ms", "verify_ms", "split_links", "hooks_missing", "syscall_entries")
 
     def __init__(self, attached: list[TracedFunc] | None = None, failed: list[tuple[TracedFunc, str]] | None = None,
                  attach_ms: float = 0.0, verify_ms: float = 0.0, split_links: int = 0) -> None:
@@ -28,6 +28,7 @@ class AttachReport:
         self.verify_ms = verify_ms  # cloning modes: the part of attach_ms spent loading (verifying) per function
         self.split_links = split_links  # kprobe.multi links split in two for want of kernel memory (6.7-6.11)
         self.hooks_missing: list[str] = []  # thread-context publish hooks not attached (kernel/app_hooks.py)
+        self.syscall_entries = 0  # entries whose sessions the syscall tracepoints start (kernel/syscall_hooks.py)
 
 
 class Job(NamedTuple):

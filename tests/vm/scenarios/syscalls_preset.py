@@ -4,10 +4,16 @@ One `trace --syscalls` run with the preset as shipped (its default budget, auto 
 of the kernel and about a thousand errno-returning functions, attached in one call. A small workload makes bpf()
 fail in array_map_alloc_check (BPF_MAP_CREATE of an array with max_entries 0) and then makes one failing openat();
 the tracer follows its comm only (-n), so that the guest's other failing syscalls stay out of its output.
+
+Then a 32-bit process of the same comm makes one failing open() through int 0x80: ia32 syscall 5, which is fstat's
+number on x86-64. The preset's sessions start at the syscall tracepoints by number, so that call must not become a
+failing `__x64_sys_newfstat` session (the compat check of bpf/syscalls.bpf.h).
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import time
 
@@ -28,11 +34,40 @@ failed = sum(libc.syscall(321, 0, attr, ctypes.sizeof(attr)) < 0 for _ in range(
 missing = libc.open(b"/nonexistent/sysc_wl", 0) < 0
 print(failed, missing, flush=True)
 """
+# open("/nonexistent/sysc_ia32", O_RDONLY) by int 0x80 (ia32 nr 5), then exit(-result): 2 (ENOENT) when it ran
+IA32_ASM = """
+.globl _start
+.text
+_start:
+    movl $5, %eax
+    movl $path, %ebx
+    xorl %ecx, %ecx
+    int $0x80
+    movl %eax, %ebx
+    negl %ebx
+    movl $1, %eax
+    int $0x80
+.data
+path: .asciz "/nonexistent/sysc_ia32"
+"""
+
+
+def build_ia32(tmpdir: str) -> str | None:
+    """The 32-bit workload (binutils assembles and links i386 without a 32-bit libc); None off x86-64."""
+    if os.uname().machine != "x86_64":
+        return None
+    src, obj, exe = (os.path.join(tmpdir, n) for n in ("ia32.s", "ia32.o", COMM))
+    with open(src, "w") as f:
+        f.write(IA32_ASM)
+    subprocess.run(["as", "--32", "-o", obj, src], check=True)
+    subprocess.run(["ld", "-m", "elf_i386", "-o", exe, obj], check=True)
+    return exe
 
 
 @budget(1500)
 def scenario_syscalls_preset(ctx) -> dict:
     t0 = time.monotonic()
+    ia32 = build_ia32(ctx.tmpdir)
     tracer = ctx.spawn([PY, "-m", "retsnoop_otel", "trace", "--syscalls", "-n", COMM, "--json", "-v"])
     tracer.wait_for_line(r"^Receiving data\.\.\.", timeout=START_TIMEOUT_S)
     result: dict = {"attach_s": round(time.monotonic() - t0, 1)}
@@ -41,6 +76,8 @@ def scenario_syscalls_preset(ctx) -> dict:
         wl = ctx.spawn([PY, "-c", WORKLOAD])
         wl.popen.wait(300)
         result["workload"] = [wl.terminate(), wl.output().strip()]
+        if ia32:
+            result["ia32_rc"] = subprocess.run([ia32], timeout=60).returncode
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and len(json_sessions(tracer.output())) < FAILS + 1:
             time.sleep(1)
