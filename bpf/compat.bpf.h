@@ -88,3 +88,15 @@ static __always_inline bool session_is_return(void *ctx)
 		return bpf_session_is_return___ctx(ctx);
 	return bpf_session_is_return();
 }
+
+/* Linux 6.10+: the call's own 8 bytes, kept from its entry to its exit (kprobe.session); 7.0 gave it the context
+ * too, as bpf_session_is_return(). */
+extern __u64 *bpf_session_cookie(void) __ksym __weak;
+extern __u64 *bpf_session_cookie___ctx(void *ctx) __ksym __weak;
+
+static __always_inline __u64 *session_cookie(void *ctx)
+{
+	if (bpf_ksym_exists(bpf_session_cookie___ctx))
+		return bpf_session_cookie___ctx(ctx);
+	return bpf_session_cookie();
+}

@@ -106,12 +106,20 @@ int kmulti_exit(struct pt_regs *ctx)
  * so user space sets the expected attach type before load and attaches with its own BPF_LINK_CREATE. */
 static __always_inline int session_run(struct pt_regs *ctx, bool outer)
 {
+	__u64 kept;
+	__s64 id;
+
 	if (session_is_return(ctx)) {
 		snap_lbr();
-		handle_exit(ctx, ID_BY_IP, (__s64)PT_REGS_RC(ctx), outer);
+		kept = *session_cookie(ctx);	/* the id its entry kept: no address lookup at the exit */
+		handle_exit(ctx, kept ? (__s64)kept - 1 : ID_BY_IP, (__s64)PT_REGS_RC(ctx), outer);
 		return 0;
 	}
-	return handle_entry(ctx, ID_BY_IP, false, outer) ? 0 : 1;
+	id = handle_entry(ctx, ID_BY_IP, false, outer);
+	if (id < 0)
+		return 1;
+	*session_cookie(ctx) = id + 1;
+	return 0;
 }
 
 SEC("?kprobe.multi")
@@ -192,5 +200,5 @@ int usession(struct pt_regs *ctx)
 		handle_exit(ctx, id, (__s64)PT_REGS_RC(ctx), true);
 		return 0;
 	}
-	return handle_entry(ctx, id, false, true) ? 0 : 1;
+	return handle_entry(ctx, id, false, true) >= 0 ? 0 : 1;
 }

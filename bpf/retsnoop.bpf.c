@@ -242,11 +242,11 @@ static __always_inline struct session *start_session(struct session *s, __u32 ke
 	return s;
 }
 
-/* Returns whether the call's exit must be seen (kprobe.session skips the exits of all other calls).
+/* Returns the function's id when the call's exit must be seen, else -1 (kprobe.session skips the other exits).
  * `outer`: the function may start a session (an entry function, or a program for every function);
  * kprobe.multi and kprobe.session attach the other functions with programs where it is false, so that
  * their calls outside a session cost one lookup of the thread's session and nothing else. */
-static __always_inline bool handle_entry(void *ctx, __s64 id, bool fentry, bool outer)
+static __always_inline __s64 handle_entry(void *ctx, __s64 id, bool fentry, bool outer)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	__u32 tid = (__u32)pid_tgid, key = session_key(tid), func_id;
@@ -261,28 +261,28 @@ static __always_inline bool handle_entry(void *ctx, __s64 id, bool fentry, bool 
 		s = NULL;
 	}
 	if (!s && !outer)
-		return false;
+		return -1;
 	if (id == ID_BY_IP)
 		id = id_by_ip(ctx);
 	if (id < 0)
-		return false;
+		return -1;
 	func_id = id;
 	if (!s) {
 		/* most calls of a large set run outside any session: decide that before reading the clock */
 		fi = bpf_map_lookup_elem(&func_infos, &func_id);
 		if (!ready || !fi || !(fi->flags & FUNC_IS_ENTRY))
-			return false;
+			return -1;
 		now = bpf_ktime_get_boot_ns();
 		s = start_session(idle, key, tid, pid_tgid >> 32, now);
 		if (!s)
-			return false;
+			return -1;
 	} else {
 		now = bpf_ktime_get_boot_ns();
 	}
 	d = s->depth;
 	s->depth = d + 1;
 	if (d < 0 || d >= max_depth || d >= MAX_FSTACK_DEPTH)
-		return true;	/* too deep: tracked by depth only, never recorded */
+		return func_id;	/* too deep: tracked by depth only, never recorded */
 	s->func_ids[lvl(d)] = func_id;
 	s->func_ts[lvl(d)] = now;
 	if (emit_calls && !s->defunct) {
@@ -290,7 +290,7 @@ static __always_inline bool handle_entry(void *ctx, __s64 id, bool fentry, bool 
 		if (capture_args && !s->defunct)
 			emit_args(ctx, s, tid, d, func_id, s->next_seq - 1, fentry);
 	}
-	return true;
+	return func_id;
 }
 
 /* n clamped to [0, max] where the verifier can see it (the opaque copy keeps the compiler from folding
