@@ -35,6 +35,13 @@ HOT_PATHS = ("bpf_lsm_*", "__traceiter_*", "trace_raw_output_*", "trace_event_*"
              "*spin_*", "*_lock", "*_lock_*", "*_trylock*", "*mutex*", "*rwsem*", "*sched*", "*wake_up*",
              "*irq*", "*hrtimer*", "*timer*", "tick_*", "rcu_*", "*printk*", "*console*", "*_nmi*", "perf_*",
              "*workqueue*", "*queue_work*", "*ktime*", "*clock*", "*_cpu_*", "*stack*", "*tlb*", "*seqcount*")
+# Each security module's own implementation of an LSM hook (AppArmor, TOMOYO, Landlock, IMA/EVM, SELinux, Smack,
+# Yama, IPE): the security_* dispatcher that calls them returns what they return, so an LSM's refusal still has its
+# origin, the hook (security_file_open, EACCES), one `-a 'apparmor_*'` away from the module's own function. Every
+# open, read and write passes through several of them on success: a probe on each cost more than the syscall itself
+# in the preset's benchmark (bench/RESULTS.md "Syscall preset").
+LSM_MODULES = ("aa_*", "apparmor_*", "tomoyo_*", "hook_*", "landlock_*", "ima_*", "evm_*", "integrity_*", "selinux_*",
+               "smack_*", "yama_*", "ipe_*")
 _CHECKS = re.compile(r"(?:^|_)(?:check|checks|validate|valid|verify|sanity)(?:_|$)")
 _GATES = re.compile(r"(?:^|_)(?:perm|permission|capable|may|security|parse|lookup|alloc|charge|reserve|resolve|"
                     r"prepare|get_unused_fd|copy_from_user|access|limit|prot)(?:_|$)")
@@ -72,7 +79,7 @@ def _denied(names: Iterable[str], deny: Sequence[str], hot: bool) -> set[str]:
     blob = name_blob(names)
     plain = [g.strip() for g in deny if g.strip() and not is_user_spec(g) and not g.strip().startswith(":")
              and not any(c.isspace() for c in g.strip())]
-    globs = [*plain, *(HOT_PATHS if hot else ()), *(g for group in BUILTIN_DENY for g in group.globs)]
+    globs = [*plain, *(HOT_PATHS + LSM_MODULES if hot else ()), *(g for group in BUILTIN_DENY for g in group.globs)]
     return set().union(*(lines_matching(g, blob) for g in globs))
 
 

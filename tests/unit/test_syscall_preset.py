@@ -67,6 +67,16 @@ def test_entries_are_every_traceable_syscall_entry_of_the_arch() -> None:
     assert "__x64_sys_read" not in p.entry and "__ia32_sys_bpf" not in p.entry
 
 
+def test_the_allow_set_keeps_the_lsm_hooks_and_leaves_each_modules_implementation_out() -> None:
+    p = sp.select(ERRNO, Traceable(list(KINDS)), "__x64_sys_", budget=50000)
+    modules = [n for n in ERRNO if _matches(n, sp.LSM_MODULES)]
+    assert {"selinux_inode_permission", "yama_ptrace_access_check", "hook_ptrace_access_check"} <= set(modules)
+    assert not set(modules) & set(p.allow)
+    hooks = [n for n in ERRNO if n.startswith("security_")]
+    assert len(hooks) > 20 and not [n for n in hooks if _matches(n, sp.LSM_MODULES)]
+    assert {"security_bprm_check", "security_inode_get_acl", "security_file_ioctl_compat"} <= set(p.allow)
+
+
 def test_the_allow_set_is_bounded_and_holds_only_errno_returning_attachable_functions() -> None:
     twice = "array_map_alloc_check"
     p = sp.select(ERRNO, Traceable([*KINDS, twice]), "__x64_sys_", budget=300)
