@@ -56,6 +56,11 @@ def test_fentry_attach_says_how_much_of_it_was_verification() -> None:
     assert [p.detail for p in attach_phases([ps("fentry", 31_200.4)])][1] == \
         "1036 functions, fentry, 31.2 s of it verifying a program pair per function"
     assert [p.detail for p in attach_phases([ps("kprobe", 0.0)])][1] == "1036 functions, kprobe"
+    report = AttachReport(attach_ms=142)
+    report.syscall_entries = 347  # the syscall preset's entries, started at the tracepoints
+    preset = SimpleNamespace(name="s", load_s=0.7, attached=1445, mode="kprobe_session", report=report)
+    assert [p.detail for p in attach_phases([preset])][1] == \
+        "1445 functions, kprobe_session, 347 syscall entries at the sys_enter and sys_exit tracepoints"
 
 
 def test_phase_lines_and_log_fields() -> None:
