@@ -7,7 +7,7 @@ Each variant is a checkout of ours (its Python code and BPF object: a worktree w
 `trace` arguments it runs with (default `--syscalls`). Each round runs both workloads untraced, then under every
 variant in turn (started, ready, both workloads, stopped), then untraced again; the table gives each variant's
 mean against the mean of every untraced run. The workloads:
-- the loop of bench/syscalls_preset_cost.py: seven of the cheapest syscalls per round (getpid, open, read, fstat,
+- the loop of bench/syscall_loop.py: seven of the cheapest syscalls per round (getpid, open, read, fstat,
   close, write, and a failing stat every 100 rounds), the worst case of a tracer that makes every syscall a
   session;
 - `cp -r` of 1,500 files of 4 KiB in the guest's /tmp and `rm -r` of the copy (three times per run): syscalls that
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from bench.harness import READY_OURS, Lines, stop
-from bench.syscalls_preset_cost import build, workload_s
+from bench.syscall_loop import build, workload_s
 
 
 def tree_copy(root: Path) -> float:

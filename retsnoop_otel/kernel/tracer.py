@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import struct
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -45,7 +46,6 @@ from retsnoop_otel.kernel.modes.base import AttachReport, Job
 
 __all__ = ["AttachReport", "Tracer", "bpf_object_path"]
 
-PARALLEL_DETACH_MIN = 32
 DETACH_THREADS = 32
 # every name a program of ours has in the kernel: what a check for leftovers after detach looks for
 PROGRAM_NAMES = frozenset({*(n for names in (*MODE_PROGRAMS.values(), *uprobes.PROGRAMS.values()) for n in names),
@@ -84,6 +84,7 @@ class Tracer:
         self._arg_specs = arg_specs or config.arg_specs
         self._links: list[lb.Link] = []
         self._app_links: list[lb.Link] = []  # the watcher's hooks (app_context only), apart: _links holds pairs
+        self._sys_links: list[lb.Link] = []  # the syscall tracepoints (exit, entry), detached before the rest
         self._inject_links: list[lb.Link] = []  # -J
         self._mode = attach_modes.BY_NAME.get(config.mode)  # None: no kernel functions
         # the per-function clones of the cloning modes (kernel/modes/cloned.py; unused in the others)
@@ -140,7 +141,7 @@ class Tracer:
                 self._mode.attach(Job(self._obj, self._kfuncs, self._links, self._fentry, self._btf_func_id,
                                       self._by_address, self.detach_links), report, on_error, strict)
             if self._sys_hooks:  # after the mode's: the sessions they start find every inner probe attached
-                syscall_hooks.attach(self._obj, self._sys_hooks, self._links)
+                syscall_hooks.attach(self._obj, self._sys_hooks, self._sys_links)
                 report.attached.extend(f for f in self.funcs if f.id in self._sys_hooks)
                 report.syscall_entries = len(self._sys_hooks)
             if user := [f for f in self.funcs if f.binary is not None]:
@@ -253,7 +254,7 @@ class Tracer:
             return []
         user = uprobes.PROGRAMS[self.config.user_mode] if self._has_user else ()
         kernel = self._mode.running(self._obj, self._fentry) if self._mode and self._kfuncs else []
-        kernel += syscall_hooks.programs(self._obj, self._links) if self._sys_hooks else []
+        kernel += syscall_hooks.programs(self._obj, self._sys_links)
         named = {name for name, _ in kernel}
         return kernel + [(name, self._obj.program(name).fd) for name in dict.fromkeys(user) if name not in named]
 
@@ -267,25 +268,21 @@ class Tracer:
     # ---- teardown ------------------------------------------------------------------------
 
     def detach_links(self) -> None:
-        """Entries first (attached last), then exits; many links are destroyed from several threads.
+        """Entries first (attached last), then exits, each wave's links destroyed side by side.
 
-        Each kprobe or trampoline detach waits for an RCU grace period in the kernel; issued from
-        parallel threads (ctypes drops the GIL) those waits overlap instead of adding up.
+        Each kprobe, tracepoint or trampoline detach waits for an RCU grace period in the kernel; issued from
+        parallel threads (ctypes drops the GIL) those waits overlap instead of adding up: a stop of a few links
+        spent most of its detach in them one after another (bench/RESULTS.md, issue 48's side-by-side).
         """
+        sys_links, self._sys_links = self._sys_links, []
         links, self._links = self._links, []
-        # every attach appends (exit, entry): entries are the odd positions
-        for group in (links[1::2], links[0::2]):
-            if len(group) < PARALLEL_DETACH_MIN:
-                for link in reversed(group):
-                    link.destroy()
-                continue
-            from concurrent.futures import ThreadPoolExecutor
-            with ThreadPoolExecutor(max_workers=DETACH_THREADS) as pool:
-                list(pool.map(lambda link: link.destroy(), group))
+        hooks = [*self._app_links, *self._inject_links]  # the watcher's and -J's: outside any session's pairing
+        self._app_links, self._inject_links = [], []
+        # every attach appends (exit, entry): entries are the odd positions; the syscall tracepoints are (exit, entry)
+        destroy_all([*sys_links[1:], *links[1::2], *hooks])  # no session starts once its exit can no longer end it
+        destroy_all([*sys_links[:1], *links[0::2]])
 
     def detach(self) -> None:
-        self._app_links = app_hooks.detach(self._app_links)
-        self._inject_links = inject_attach.detach(self._inject_links)
         self.detach_links()
         self._fentry.close()
         lbr_fds, self._lbr_fds = self._lbr_fds, []
@@ -301,3 +298,21 @@ class Tracer:
             self._obj.close()
             self._obj = None
 
+
+def destroy_all(links: Sequence[lb.Link], threads: int = DETACH_THREADS) -> None:
+    """Destroy the links, side by side from up to `threads` threads when there are several (see detach_links)."""
+    if len(links) < 2:
+        for link in links:
+            link.destroy()
+        return
+    n = min(threads, len(links))
+    workers = [threading.Thread(target=_destroy_each, args=(links[i::n],), name="detach") for i in range(n)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+
+
+def _destroy_each(links: Sequence[lb.Link]) -> None:
+    for link in links:
+        link.destroy()
