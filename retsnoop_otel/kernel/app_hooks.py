@@ -40,3 +40,9 @@ def programs(obj: lb.BpfObject, links: list[lb.Link]) -> list[tuple[str, int]]:
     """(name, fd) of the hooks' programs while attached, for their run counts and times."""
     return [(name, obj.program(name).fd) for name in PROGRAMS] if links else []
 
+
+def detach(links: list[lb.Link]) -> list[lb.Link]:
+    """Destroys the links; returns the empty list the caller keeps."""
+    for link in reversed(links):
+        link.destroy()
+    return []

@@ -157,11 +157,16 @@ def attach(obj: lb.BpfObject, probes: Sequence[ProbeInfo]) -> list[lb.Link]:
             except lb.LibbpfError as exc:
                 raise _refusal(s, exc) from None
     except BaseException:
-        for link in reversed(links):
-            link.destroy()
+        detach(links)
         raise
     return links
 
+
+def detach(links: list[lb.Link]) -> list[lb.Link]:
+    """Destroys the links; returns the empty list the caller keeps."""
+    for link in reversed(links):
+        link.destroy()
+    return []
 
 
 def dry_run_lines(specs: Sequence[InjectSpec]) -> list[str]:

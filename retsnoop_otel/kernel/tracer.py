@@ -10,7 +10,6 @@ from __future__ import annotations
 import errno
 import os
 import struct
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -46,6 +45,7 @@ from retsnoop_otel.kernel.modes.base import AttachReport, Job
 
 __all__ = ["AttachReport", "Tracer", "bpf_object_path"]
 
+PARALLEL_DETACH_MIN = 32
 DETACH_THREADS = 32
 # every name a program of ours has in the kernel: what a check for leftovers after detach looks for
 PROGRAM_NAMES = frozenset({*(n for names in (*MODE_PROGRAMS.values(), *uprobes.PROGRAMS.values()) for n in names),
@@ -268,21 +268,28 @@ class Tracer:
     # ---- teardown ------------------------------------------------------------------------
 
     def detach_links(self) -> None:
-        """Entries first (attached last), then exits, each wave's links destroyed side by side.
+        """Entries first (attached last), then exits; many links are destroyed from several threads.
 
-        Each kprobe, tracepoint or trampoline detach waits for an RCU grace period in the kernel; issued from
-        parallel threads (ctypes drops the GIL) those waits overlap instead of adding up: a stop of a few links
-        spent most of its detach in them one after another (bench/RESULTS.md, issue 48's side-by-side).
+        Each kprobe or trampoline detach waits for an RCU grace period in the kernel; issued from
+        parallel threads (ctypes drops the GIL) those waits overlap instead of adding up.
         """
         sys_links, self._sys_links = self._sys_links, []
+        for link in reversed(sys_links):  # no session starts at a syscall once its exit can no longer end it
+            link.destroy()
         links, self._links = self._links, []
-        hooks = [*self._app_links, *self._inject_links]  # the watcher's and -J's: outside any session's pairing
-        self._app_links, self._inject_links = [], []
-        # every attach appends (exit, entry): entries are the odd positions; the syscall tracepoints are (exit, entry)
-        destroy_all([*sys_links[1:], *links[1::2], *hooks])  # no session starts once its exit can no longer end it
-        destroy_all([*sys_links[:1], *links[0::2]])
+        # every attach appends (exit, entry): entries are the odd positions
+        for group in (links[1::2], links[0::2]):
+            if len(group) < PARALLEL_DETACH_MIN:
+                for link in reversed(group):
+                    link.destroy()
+                continue
+            from concurrent.futures import ThreadPoolExecutor
+            with ThreadPoolExecutor(max_workers=DETACH_THREADS) as pool:
+                list(pool.map(lambda link: link.destroy(), group))
 
     def detach(self) -> None:
+        self._app_links = app_hooks.detach(self._app_links)
+        self._inject_links = inject_attach.detach(self._inject_links)
         self.detach_links()
         self._fentry.close()
         lbr_fds, self._lbr_fds = self._lbr_fds, []
@@ -298,21 +305,3 @@ class Tracer:
             self._obj.close()
             self._obj = None
 
-
-def destroy_all(links: Sequence[lb.Link], threads: int = DETACH_THREADS) -> None:
-    """Destroy the links, side by side from up to `threads` threads when there are several (see detach_links)."""
-    if len(links) < 2:
-        for link in links:
-            link.destroy()
-        return
-    n = min(threads, len(links))
-    workers = [threading.Thread(target=_destroy_each, args=(links[i::n],), name="detach") for i in range(n)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-
-
-def _destroy_each(links: Sequence[lb.Link]) -> None:
-    for link in links:
-        link.destroy()

@@ -31,7 +31,6 @@ from retsnoop_otel.export.probe_events import PROBE_KIND
 from retsnoop_otel.export.span_encoder import build_request
 from retsnoop_otel.kernel import inject_attach
 from retsnoop_otel.kernel import libbpf as lb
-from retsnoop_otel.kernel.tracer import destroy_all
 from retsnoop_otel.render.calls import render_calls
 from retsnoop_otel.render.console import session_json
 from retsnoop_otel.render.trace_json import trace_events
@@ -437,9 +436,7 @@ def test_only_the_programs_of_kinds_in_use_load_and_each_probe_gets_its_cookie()
                        ("autoload", "inject_tp", True), ("autoload", "inject_rawtp", False), ("max_entries", 2),
                        ("info", 0, 24), ("info", 1, 0),
                        ("attach", "tp", "syscalls", "sys_exit_bpf", 0), ("attach", "kprobe", "map_create", 4, 1)]
-    destroy_all(links)  # type: ignore[arg-type]  # as the tracer's detach does, side by side
-    assert sorted(e for e in obj.log if e[0] == "destroy") == [("destroy", "kprobe", "map_create", 4, 1),
-                                                               ("destroy", "tp", "syscalls", "sys_exit_bpf", 0)]
+    assert inject_attach.detach(links) == [] and obj.log[-1] == ("destroy", "tp", "syscalls", "sys_exit_bpf", 0)
     none = _Obj()
     inject_attach.configure(none, [])  # type: ignore[arg-type]
     assert ("max_entries", 1) in none.log and not any(e[0] == "autoload" and e[2] for e in none.log)
