@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Issue 48's side-by-side in one boot, ours (default mode: kprobe.session) against retsnoop v0.11 (-M): the agent's
+# start phases, start with the kernel cache empty and warm, stop, and BPF ns per call, 6 and ~1,700 functions.
+#   tests/vm/run --kernel 7.2 --rwdir OUT -- bash bench/start_stop_side_by_side.sh
+# TREE: the checkout to measure (default: this one); RETSNOOP_BIN: bench/build-retsnoop's binary; ROUNDS (2).
+# Figures land in $RETSNOOP_OTEL_RWDIR (start-*.txt, peer.txt, agent-*.log); bench/RESULTS.md reads them.
+set -x
+T=${TREE:-$(cd "$(dirname "$0")/.." && pwd)}
+cd $T
+export PYTHONPATH=$T RETSNOOP_BIN=${RETSNOOP_BIN:-${RETSNOOP_OTEL_CACHE:-$HOME/.cache/retsnoop-otel}/peers/retsnoop-v0.11/retsnoop}
+O=$RETSNOOP_OTEL_RWDIR
+R=${ROUNDS:-2}
+uname -r
+agents() {  # the agent's start phases (its log line "agent started"): inputs against btf
+  for i in 1 2 3; do
+    timeout 600 python -m retsnoop_otel agent --config $T/config/agent-minimal.yaml > $O/agent-$1-$i.log 2>&1 &
+    p=$!
+    for k in $(seq 1 300); do grep -q "agent started" $O/agent-$1-$i.log && break; sleep 1; done
+    kill -TERM $p; wait $p
+    grep -o "agent started.*" $O/agent-$1-$i.log
+  done
+}
+starts() {
+  for s in 6 1000; do
+    python -m bench.start_compare --set $s --rounds $R --peers retsnoop --modes kprobe_session --cold > $O/start-cold-$s-$1.txt 2>&1; tail -12 $O/start-cold-$s-$1.txt
+    python -m bench.start_compare --set $s --rounds $R --peers retsnoop --modes kprobe_session > $O/start-$s-$1.txt 2>&1; tail -12 $O/start-$s-$1.txt
+  done
+}
+agents 9p
+starts 9p
+python -m bench.peer_compare --sets 6,1000 --modes kprobe_session --peers retsnoop --rounds 2 --json $O/peer.json > $O/peer.txt 2>&1; tail -40 $O/peer.txt
