@@ -7,7 +7,7 @@
 set -x
 T=${TREE:-$(cd "$(dirname "$0")/.." && pwd)}
 cd $T
-export PYTHONPATH=$T RETSNOOP_BIN=${RETSNOOP_BIN:-${RETSNOOP_OTEL_CACHE:-$HOME/.cache/retsnoop-otel}/peers/retsnoop-v0.11/retsnoop}
+export PYTHONPATH=$T RETSNOOP_BIN=${RETSNOOP_BIN:-$HOME/.cache/retsnoop-otel/peers/retsnoop-v0.11/retsnoop}  # the host cache (the guest mounts it)
 O=$RETSNOOP_OTEL_RWDIR
 R=${ROUNDS:-2}
 uname -r
