@@ -38,8 +38,8 @@ HOT_PATHS = ("bpf_lsm_*", "__traceiter_*", "trace_raw_output_*", "trace_event_*"
 # Each security module's own implementation of an LSM hook (AppArmor, TOMOYO, Landlock, IMA/EVM, SELinux, Smack,
 # Yama, IPE): the security_* dispatcher that calls them returns what they return, so an LSM's refusal still has its
 # origin, the hook (security_file_open, EACCES), one `-a 'apparmor_*'` away from the module's own function. Every
-# open, read and write passes through several of them on success: a probe on each cost more than the syscall itself
-# in the preset's benchmark (bench/RESULTS.md "Syscall preset").
+# open, read and write passes through several of them on success, each with a probe's cost (leaving them out took
+# the preset's syscall loop from +348% to +301%: bench/RESULTS.md "Syscall preset").
 LSM_MODULES = ("aa_*", "apparmor_*", "tomoyo_*", "hook_*", "landlock_*", "ima_*", "evm_*", "integrity_*", "selinux_*",
                "smack_*", "yama_*", "ipe_*")
 _CHECKS = re.compile(r"(?:^|_)(?:check|checks|validate|valid|verify|sanity)(?:_|$)")
