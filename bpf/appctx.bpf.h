@@ -236,3 +236,26 @@ int app_publish_vma(struct syscall_enter_args *ctx)
 		return 0;
 	return report_publish((void *)ctx->args[4]);
 }
+
+/* The same two hooks as kprobes on the syscalls' entry functions (__x64_sys_memfd_create, ...), used where the
+ * kernel has kprobe.multi (kernel/app_hooks.py). A syscall tracepoint turns on the tracepoint path of every syscall
+ * of every task while it is attached, and detaching one waits for RCU grace periods under the kernel's event mutex
+ * (0.1 s each in the emulated VM, most of a stop); a kprobe on one function costs only that function's calls, and
+ * detaches at once. The entry function's one argument is the user's registers (ARCH_HAS_SYSCALL_WRAPPER). */
+SEC("?kprobe.multi")
+int app_pub_kp(struct pt_regs *ctx)
+{
+	struct pt_regs *regs = (struct pt_regs *)PT_REGS_PARM1(ctx);
+
+	return report_publish((void *)PT_REGS_PARM1_CORE_SYSCALL(regs));
+}
+
+SEC("?kprobe.multi")
+int app_pub_vma_kp(struct pt_regs *ctx)
+{
+	struct pt_regs *regs = (struct pt_regs *)PT_REGS_PARM1(ctx);
+
+	if (PT_REGS_PARM1_CORE_SYSCALL(regs) != PR_SET_VMA || PT_REGS_PARM2_CORE_SYSCALL(regs) != PR_SET_VMA_ANON_NAME)
+		return 0;
+	return report_publish((void *)PT_REGS_PARM5_CORE_SYSCALL(regs));
+}

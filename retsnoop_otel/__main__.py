@@ -1,7 +1,5 @@
 """`python -m retsnoop_otel`."""
 
-import sys
+from retsnoop_otel.cli import run
 
-from retsnoop_otel.cli import main
-
-sys.exit(main())
+run()

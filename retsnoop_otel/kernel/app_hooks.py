@@ -3,9 +3,12 @@ process's exec, and its creation of an OTEL_CTX process context. Loaded and atta
 read thread context.
 
 The exec hook is a raw tracepoint (every kernel from 5.10 on, and allowed where tracing programs are not); it
-is required. The publish hooks are syscall tracepoints (CONFIG_FTRACE_SYSCALLS, and tracefs to find them):
-without them the watcher still finds a process from its exec by its timed checks, later, so a hook that does
-not attach is named in the attach report instead of refusing the run.
+is required. The publish hooks are kprobes on the two syscalls' entry functions where the run's attach mode
+shows the kernel has kprobe.multi, and syscall tracepoints elsewhere (CONFIG_FTRACE_SYSCALLS, and tracefs to
+find them). A syscall tracepoint costs every syscall of every task while attached and takes two RCU grace
+periods to detach (bpf/appctx.bpf.h); the kprobes cost only memfd_create and prctl. Without a publish hook the
+watcher still finds a process from its exec by its timed checks, later, so a hook that does not attach is named
+in the attach report instead of refusing the run.
 """
 
 from __future__ import annotations
@@ -15,19 +18,39 @@ from retsnoop_otel.kernel import libbpf as lb
 EXEC_PROGRAM = "app_exec"  # on sched_process_exec
 PUBLISH_PROGRAMS = {"app_publish": ("syscalls", "sys_enter_memfd_create"),  # memfd_create("OTEL_CTX", ...)
                     "app_publish_vma": ("syscalls", "sys_enter_prctl")}  # prctl(PR_SET_VMA, ..., "OTEL_CTX")
-PROGRAMS = (EXEC_PROGRAM, *PUBLISH_PROGRAMS)
+PUBLISH_KPROBES = {"app_pub_kp": "memfd_create", "app_pub_vma_kp": "prctl"}  # the same, by kprobe.multi
+KPROBE_NAMES = dict(zip(PUBLISH_KPROBES, PUBLISH_PROGRAMS, strict=True))  # kprobe program -> tracepoint name
+PROGRAMS = (EXEC_PROGRAM, *PUBLISH_PROGRAMS, *PUBLISH_KPROBES)
+KPROBE_MULTI_FEATURES = frozenset({"kprobe_multi", "kprobe_session"})  # attach modes that prove kprobe.multi works
+SYSCALL_PREFIXES = {"x86_64": "__x64_sys_", "aarch64": "__arm64_sys_"}  # the syscalls' entry functions (uname -m)
 
 
-def configure(obj: lb.BpfObject, app_context: bool) -> None:
-    """Before load: the hooks' programs are loaded only when the probe set reads thread context."""
+def by_kprobe(feature: str, machine: str) -> bool:
+    """Whether the publish hooks go by kprobe.multi: the run's attach mode (its feature name) uses it, so the kernel
+    has it, and the entry functions' names are known for this architecture."""
+    return feature in KPROBE_MULTI_FEATURES and machine in SYSCALL_PREFIXES
+
+
+def configure(obj: lb.BpfObject, app_context: bool, kprobes: bool) -> None:
+    """Before load: the hooks' programs are loaded only when the probe set reads thread context, the publish hooks
+    of one kind (`kprobes`: by_kprobe's answer)."""
+    publish = PUBLISH_KPROBES if kprobes else PUBLISH_PROGRAMS
     for name in PROGRAMS:
-        obj.program(name).set_autoload(app_context)
+        obj.program(name).set_autoload(app_context and (name == EXEC_PROGRAM or name in publish))
 
 
-def attach(obj: lb.BpfObject, links: list[lb.Link]) -> list[str]:
+def attach(obj: lb.BpfObject, links: list[lb.Link], kprobes: bool, machine: str) -> list[str]:
     """Attach the hooks, appending their links; returns the publish hooks that did not attach, with why."""
     links.append(obj.program(EXEC_PROGRAM).attach_raw_tracepoint("sched_process_exec"))
     missing = []
+    if kprobes:
+        for name, syscall in PUBLISH_KPROBES.items():
+            func = SYSCALL_PREFIXES[machine] + syscall
+            try:
+                links.append(obj.program(name).attach_kprobe_multi(syms=[func]))
+            except lb.LibbpfError as exc:
+                missing.append(f"kprobe {func} ({str(exc).splitlines()[0]})")
+        return missing
     for name, (category, event) in PUBLISH_PROGRAMS.items():
         try:
             links.append(obj.program(name).attach_tracepoint(category, event))
@@ -37,8 +60,11 @@ def attach(obj: lb.BpfObject, links: list[lb.Link]) -> list[str]:
 
 
 def programs(obj: lb.BpfObject, links: list[lb.Link]) -> list[tuple[str, int]]:
-    """(name, fd) of the hooks' programs while attached, for their run counts and times."""
-    return [(name, obj.program(name).fd) for name in PROGRAMS] if links else []
+    """(name, fd) of the hooks' loaded programs while attached, for their run counts and times; a publish hook is
+    named the same whichever way it attached."""
+    if not links:
+        return []
+    return [(KPROBE_NAMES.get(name, name), fd) for name in PROGRAMS if (fd := obj.program(name).fd) >= 0]
 
 
 def detach(links: list[lb.Link]) -> list[lb.Link]:

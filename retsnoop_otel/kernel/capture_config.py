@@ -74,10 +74,11 @@ def mode_funcs(funcs: Sequence[TracedFunc], hooks: Mapping[int, Sequence[int]]) 
 
 
 def configure(obj: lb.BpfObject, cfg: CaptureConfig, funcs: Sequence[TracedFunc], fentry: clones.FentryPrograms,
-              by_address: bool, ncpus: int, hooks: Mapping[int, Sequence[int]]) -> None:
+              by_address: bool, ncpus: int, hooks: Mapping[int, Sequence[int]], app_kprobes: bool = False) -> None:
     """Before load: the object's read-only settings, its maps' sizes, and which programs load (and how).
 
-    `hooks`: function id -> syscall numbers of the entries the syscall tracepoints hook (syscall_hooks.hooked)."""
+    `hooks`: function id -> syscall numbers of the entries the syscall tracepoints hook (syscall_hooks.hooked);
+    `app_kprobes`: the thread-context publish hooks go by kprobe.multi (app_hooks.by_kprobe)."""
     kfuncs = mode_funcs(funcs, hooks)
     rodata = obj.map(".rodata")
     data = bytearray(rodata.initial_value())
@@ -151,7 +152,7 @@ def configure(obj: lb.BpfObject, cfg: CaptureConfig, funcs: Sequence[TracedFunc]
             obj.program(name).set_autoload(name in progs or name in user)
     if mode:
         mode.prepare(obj, progs, fentry)
-    app_hooks.configure(obj, cfg.app_context)
+    app_hooks.configure(obj, cfg.app_context, app_kprobes)
     syscall_hooks.configure(obj, hooks)
     inject_attach.configure(obj, cfg.inject)
 

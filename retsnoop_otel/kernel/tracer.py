@@ -87,6 +87,8 @@ class Tracer:
         self._sys_links: list[lb.Link] = []  # the syscall tracepoints (exit, entry), detached before the rest
         self._inject_links: list[lb.Link] = []  # -J
         self._mode = attach_modes.BY_NAME.get(config.mode)  # None: no kernel functions
+        self._machine = os.uname().machine
+        self._app_kprobes = app_hooks.by_kprobe(self._mode.feature if self._mode else "", self._machine)
         # the per-function clones of the cloning modes (kernel/modes/cloned.py; unused in the others)
         self._fentry = clones.FentryPrograms(self._kfuncs, btf_func_id, self._mode.clone_sets if self._mode else {},
                                              config.mode)
@@ -114,7 +116,7 @@ class Tracer:
         self._obj = obj
         try:
             capture_config.configure(obj, self.config, self.funcs, self._fentry, self._by_address, self._ncpus,
-                                     self._sys_hooks)
+                                     self._sys_hooks, self._app_kprobes)
             obj.load()
             capture_config.fill_maps(obj, self.config, self.funcs, self._by_address, self._arg_specs, self._sys_hooks)
         except BaseException:
@@ -152,7 +154,8 @@ class Tracer:
                 raise lb.LibbpfError(f"could not attach any function ({reason.splitlines()[0]})",
                                      errno.EINVAL)
             if self.config.app_context:  # processes exec'd or publishing from now on are reported
-                report.hooks_missing = app_hooks.attach(self._obj, self._app_links)
+                report.hooks_missing = app_hooks.attach(self._obj, self._app_links, self._app_kprobes,
+                                                         self._machine)
             self._inject_links = inject_attach.attach(self._obj, self.config.inject)
         except BaseException:
             self.detach()

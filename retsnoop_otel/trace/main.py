@@ -124,7 +124,10 @@ def _json(request: TraceRequest) -> bool:
 
 
 def _print_origins(runtime: Runtime, request: TraceRequest, out: TextIO) -> None:
-    """Where the run's errors started (every failing session the kernel counted), as a table or one JSON line."""
+    """Where the run's errors started (every failing session the kernel counted), as a table or one JSON line;
+    nothing (and nothing imported: this runs within the stop) when no session failed."""
+    if not any(counts for _, counts in runtime.origins_at_stop):
+        return
     from retsnoop_otel.render.origin_table import origin_rows, render_origins
 
     print(render_origins(origin_rows(runtime.origins_at_stop), _json(request)), end="", file=out, flush=True)

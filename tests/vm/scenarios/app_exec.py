@@ -120,6 +120,8 @@ def scenario_app_exec(ctx) -> dict:
     try:
         agent.wait_for_line(r'"agent started"', timeout=400)
         ctx.log(f"agent started at {time.monotonic() - t0:.0f} s")
+        # how the publish hooks attached: kprobes where the kernel has kprobe.multi, syscall tracepoints elsewhere
+        r["publish_prog_types"] = sorted({p["type"] for p in ctx.bpf_prog_ids() if p["name"].startswith("app_pub")})
 
         writer = ctx.spawn([bins["writer"], "valid", "2", "bpf"], stdin=True)
         ready = writer.wait_for_line(r"^ready pid=(\d+)", timeout=120)

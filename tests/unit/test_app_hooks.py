@@ -1,0 +1,93 @@
+"""The thread-context publish hooks: kprobes on the two syscalls' functions where the attach mode proves the kernel
+has kprobe.multi, syscall tracepoints elsewhere; named the same in the program metrics either way."""
+
+from __future__ import annotations
+
+import pytest
+
+from retsnoop_otel.kernel import app_hooks
+from retsnoop_otel.kernel import libbpf as lb
+
+
+class Prog:
+    def __init__(self, name: str, fail: bool = False) -> None:
+        self.name, self.fail = name, fail
+        self.autoload: bool | None = None
+        self.attached: list[tuple] = []
+        self.fd = -1
+
+    def set_autoload(self, on: bool) -> None:
+        self.autoload = on
+        self.fd = 10 if on else -1
+
+    def _attach(self, *how: object) -> lb.Link:
+        if self.fail:
+            raise lb.LibbpfError("attach kprobe.multi to 1 functions", 2)
+        self.attached.append(how)
+        return lb.Link(fd=None)
+
+    def attach_raw_tracepoint(self, tp: str) -> lb.Link:
+        return self._attach("raw_tp", tp)
+
+    def attach_tracepoint(self, category: str, name: str) -> lb.Link:
+        return self._attach("tp", category, name)
+
+    def attach_kprobe_multi(self, *, syms: list[str]) -> lb.Link:
+        return self._attach("kprobe.multi", *syms)
+
+
+class Obj:
+    def __init__(self, failing: tuple[str, ...] = ()) -> None:
+        self.progs = {n: Prog(n, n in failing) for n in app_hooks.PROGRAMS}
+
+    def program(self, name: str) -> Prog:
+        return self.progs[name]
+
+
+@pytest.mark.parametrize(("feature", "machine", "want"), [
+    ("kprobe_session", "x86_64", True), ("kprobe_multi", "aarch64", True),
+    ("kprobes", "x86_64", False),  # 5.10's default: no kprobe.multi shown
+    ("fentry", "x86_64", False), ("kprobe_session", "riscv64", False), ("", "x86_64", False)])
+def test_kprobes_only_where_the_attach_mode_proves_kprobe_multi(feature: str, machine: str, want: bool) -> None:
+    assert app_hooks.by_kprobe(feature, machine) is want
+
+
+@pytest.mark.parametrize("kprobes", [True, False])
+def test_one_kind_of_publish_hook_loads(kprobes: bool) -> None:
+    obj = Obj()
+    app_hooks.configure(obj, app_context=True, kprobes=kprobes)  # type: ignore[arg-type]
+    loaded = {n for n, p in obj.progs.items() if p.autoload}
+    assert loaded == {app_hooks.EXEC_PROGRAM, *(app_hooks.PUBLISH_KPROBES if kprobes else app_hooks.PUBLISH_PROGRAMS)}
+    off = Obj()
+    app_hooks.configure(off, app_context=False, kprobes=kprobes)  # type: ignore[arg-type]
+    assert not any(p.autoload for p in off.progs.values())
+
+
+def test_kprobes_attach_to_the_syscalls_entry_functions_of_the_architecture() -> None:
+    obj = Obj()
+    app_hooks.configure(obj, True, True)  # type: ignore[arg-type]
+    links: list[lb.Link] = []
+    assert app_hooks.attach(obj, links, True, "aarch64") == []  # type: ignore[arg-type]
+    assert obj.progs["app_pub_kp"].attached == [("kprobe.multi", "__arm64_sys_memfd_create")]
+    assert obj.progs["app_pub_vma_kp"].attached == [("kprobe.multi", "__arm64_sys_prctl")]
+    assert obj.progs["app_publish"].attached == [] and len(links) == 3
+    # the program metrics name a hook the same whichever way it attached
+    assert sorted(n for n, _ in app_hooks.programs(obj, links)) == ["app_exec", "app_publish", "app_publish_vma"]  # type: ignore[arg-type]
+
+
+def test_a_publish_kprobe_that_does_not_attach_is_named_not_fatal() -> None:
+    obj = Obj(failing=("app_pub_vma_kp",))
+    app_hooks.configure(obj, True, True)  # type: ignore[arg-type]
+    links: list[lb.Link] = []
+    missing = app_hooks.attach(obj, links, True, "x86_64")  # type: ignore[arg-type]
+    assert len(missing) == 1 and missing[0].startswith("kprobe __x64_sys_prctl (attach kprobe.multi to 1 functions")
+    assert len(links) == 2
+
+
+def test_tracepoints_where_there_is_no_kprobe_multi() -> None:
+    obj = Obj()
+    app_hooks.configure(obj, True, False)  # type: ignore[arg-type]
+    links: list[lb.Link] = []
+    assert app_hooks.attach(obj, links, False, "x86_64") == []  # type: ignore[arg-type]
+    assert obj.progs["app_publish"].attached == [("tp", "syscalls", "sys_enter_memfd_create")]
+    assert obj.progs["app_pub_kp"].attached == []
