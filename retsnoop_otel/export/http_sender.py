@@ -11,8 +11,6 @@ import time
 import zlib
 from urllib.parse import urlsplit
 
-from google.protobuf.message import DecodeError
-
 from retsnoop_otel.export.otlp_settings import OtlpConfigError, OtlpSettings, describe
 from retsnoop_otel.export.sending import (
     RETRYABLE_HTTP,
@@ -44,7 +42,7 @@ class HttpSender(Retrying):
         self._https = parts.scheme == "https"
         self._host, self._port = parts.hostname or "", parts.port or (443 if self._https else 80)
         self._path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        _, _, self._response_cls, self._field = signal_messages(settings.signal)
+        self._signal = settings.signal  # its response class is read at the first answer (signal_messages)
         self._headers = {"User-Agent": USER_AGENT, **dict(settings.headers), "Content-Type": "application/x-protobuf"}
         if settings.compression != "none":
             self._headers["Content-Encoding"] = settings.compression
@@ -131,8 +129,12 @@ class HttpSender(Retrying):
 
     def _result(self, response: http.client.HTTPResponse, data: bytes) -> tuple[SendResult, bool, float | None]:
         if 200 <= response.status < 300:
+            # in the export thread, not at start: the protobuf runtime is a quarter of an agent's start imports
+            from google.protobuf.message import DecodeError
+
+            _, _, response_cls, field = signal_messages(self._signal)
             try:
-                return partial_success(self._response_cls.FromString(data), self._field), False, None
+                return partial_success(response_cls.FromString(data), field), False, None
             except DecodeError:
                 return SendResult(True), False, None  # accepted; an unreadable response adds nothing
         error = f"HTTP {response.status}: {one_line(data[:200].decode('utf-8', 'replace'))}".rstrip(": ")

@@ -54,16 +54,27 @@ class RuntimeMetrics:
 
     def bind(self, settings: RunSettings) -> Any:
         """The /metrics and /healthz server (metrics.server.MetricsServer), bound now and answering from
-        `answer` on; None without a port."""
+        `answer` on, its registry made then; None without a port."""
         cfg = settings.config
         if cfg.metrics.port is None:
             return None
         from retsnoop_otel.metrics.server import ListenError, MetricsServer
         try:
-            return MetricsServer(cfg.metrics.host, cfg.metrics.port, self.registry(), self.health,
+            return MetricsServer(cfg.metrics.host, cfg.metrics.port, self.registry, self.health,
                                  setting=cfg.names.listen, host_setting=cfg.names.listen_host, web=self.web(settings))
         except ListenError as exc:
             raise SetupError(str(exc)) from None
+
+    @staticmethod
+    def modules(settings: RunSettings) -> list[str]:
+        """What serving /metrics and the OTLP push import, for runtime/prefetch.py: not before they are needed."""
+        out = []
+        if settings.config.metrics.port is not None:
+            out += ["retsnoop_otel.metrics.http_app", "retsnoop_otel.metrics.kernel_families",
+                    "retsnoop_otel.metrics.runtime_families"]
+        if settings.metrics is not None:
+            out.append("retsnoop_otel.export.metrics_push")
+        return out
 
     def check(self, settings: RunSettings) -> None:
         """agent --check's outputs step: /metrics bound (with its web config) and released at once, the output

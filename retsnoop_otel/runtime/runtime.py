@@ -2,10 +2,11 @@
 
 `_steps` is the one sequence of the start's steps (agent --check's too), in the order that keeps a refused run from
 leaving anything behind: settings (pure; settings.py; the OTEL_* values it ignores go to the hook's warned()), outputs
-(binds /metrics, opens files and exporters), privileges, kernel, discovery (per probe set, nothing attached), attach.
-`start` keeps what they made (build.py); `reload` runs them for a new config, building the changed outputs and the
-probe sets beside the running ones and swapping them in once attached, so a bad new config leaves the old one running.
-Commands act between the steps through a StartHook (hooks.py); the kernel, the network, the clock: RuntimeDeps.
+(binds /metrics, opens files and exporters), privileges, kernel, discovery (per probe set, nothing attached), attach
+(what serves the outputs imported beside it: prefetch.py). `start` keeps what they made (build.py); `reload` runs them
+for a new config, building the changed outputs and the probe sets beside the running ones and swapping them in once
+attached, so a bad new config leaves the old one running. Commands act between the steps through a StartHook
+(hooks.py); the kernel, the network, the clock: RuntimeDeps.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from retsnoop_otel.runtime.heap import freeze_heap, refreeze_heap
 from retsnoop_otel.runtime.hooks import Resolved, StartHook
 from retsnoop_otel.runtime.losses import LossSummary, losses
 from retsnoop_otel.runtime.metrics_view import RuntimeMetrics, push_key
+from retsnoop_otel.runtime.prefetch import prefetch
 from retsnoop_otel.runtime.probe_set import ProbeSet, hand_over, resolve, start_probe_sets, stop_counts
 from retsnoop_otel.runtime.requests import Requests
 from retsnoop_otel.runtime.routing import SessionRouter
@@ -54,8 +56,7 @@ class Runtime:
         self.route = SessionRouter(self.log)  # the sinks, the workload resolver and the application watcher
         self.server: Any = None  # metrics.server.MetricsServer while /metrics is served
         self.metrics_push: Any = None  # export.metrics_push.OtlpMetricsPusher when metrics.otlp is set
-        self.reloads = {"success": 0, "failure": 0}
-        self.reloading = False
+        self.reloads, self.reloading = {"success": 0, "failure": 0}, False
         self.lock = threading.RLock()  # guards probe_sets/sinks against the scrape thread
         self.resource: Resource | None = None
         self.last_poll = self.deps.monotonic()
@@ -92,6 +93,7 @@ class Runtime:
         found = self._discover(b.settings.config, b.env, hook)
         if not hook.go_on(self, found):
             return False
+        prefetch(self.metrics.modules(b.settings) if hook.outputs else ())  # read while the kernel loads and attaches
         b.sets = self._attach(found, b.env, b.settings.config, ready=running is None)
         return True
 
@@ -277,8 +279,7 @@ class Runtime:
         for ps in sets:
             ps.poll(per_set)
         self.route.service()
-        now = self.deps.monotonic()
-        self.last_poll = now
+        self.last_poll = now = self.deps.monotonic()
         if now >= self._next_housekeeping:
             self._next_housekeeping = now + HOUSEKEEPING_S
             self._housekeeping()
@@ -345,6 +346,5 @@ class Runtime:
         with self.lock:
             now = losses(self.probe_sets, sinks)
             last_errors = sinks.last_errors() if sinks is not None else []
-        grown = self._losses.grown(now, last_errors)
-        if grown:
+        if grown := self._losses.grown(now, last_errors):
             self.log.warning("data lost since the last summary", **grown)

@@ -20,8 +20,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 
-import retsnoop_otel.metrics.server as server_module
-from retsnoop_otel.metrics.server import HealthFn, ListenError, MetricsServer
+import retsnoop_otel.metrics.http_app as server_module
+from retsnoop_otel.metrics.http_app import HealthFn
+from retsnoop_otel.metrics.server import ListenError, MetricsServer
 
 REPO = Path(__file__).resolve().parents[2]
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"

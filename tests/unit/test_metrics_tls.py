@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 
 import retsnoop_otel.metrics.basic_auth as basic_auth_module
-import retsnoop_otel.metrics.server as server_module
+import retsnoop_otel.metrics.http_app as server_module
 from retsnoop_otel.agent.main import Agent
 from retsnoop_otel.command.errors import InputError
 from retsnoop_otel.command.logs import EventLog
