@@ -150,6 +150,8 @@ def main() -> int:
     ap.add_argument("--deny", default="", metavar="GLOB[,GLOB]", help="leave these functions out for every tool")
     ap.add_argument("--cold", action="store_true", help="every start of ours with an empty kernel cache, as the "
                     "first start after a boot or a kernel update")
+    ap.add_argument("--drop-caches", action="store_true", help="drop the kernel's page cache before every start "
+                    "(both tools): their files are read again from the disk or the 9p server, as after a boot")
     args = ap.parse_args()
     peers = [p for p in args.peers.split(",") if p not in ("", "none")]  # none: ours (and --base) only
     if unknown := [p for p in peers if p not in ("bpftrace", RETSNOOP)]:
@@ -192,6 +194,8 @@ def main() -> int:
                     if tool in peers and key in done:
                         res = done[key]
                     else:
+                        if args.drop_caches:
+                            drop_caches()
                         try:
                             res = start_once(tool, mode, entry, allow, same[mode].names, tmp, args.base, tool_deny,
                                              rs_bin, f"cache-cold-{r}-{mode}" if args.cold else "cache")
@@ -202,9 +206,16 @@ def main() -> int:
                     results.setdefault((mode, tool), []).append(res)
                     print(f"round {r} {mode} {tool}: " + ", ".join(f"{k} {v:.2f}" for k, v in res.items()), flush=True)
     print(f"\nkernel {os.uname().release}; set {args.set}; medians of {args.rounds} rounds (seconds)"
-          f"{'; ours with an empty kernel cache at every start' if args.cold else ''}\n")
+          f"{'; ours with an empty kernel cache at every start' if args.cold else ''}"
+          f"{'; page cache dropped before every start' if args.drop_caches else ''}\n")
     print(start_table(results, modes, tools))
     return 0
+
+
+def drop_caches() -> None:
+    """Clean pages written back, then the page cache, dentries and inodes dropped (root only: the VM)."""
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
 if __name__ == "__main__":

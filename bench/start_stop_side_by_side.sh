@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Issue 48's side-by-side in one boot, ours (default mode: kprobe.session) against retsnoop v0.11 (-M): the agent's
 # start phases, start with the kernel cache empty and warm, stop, and BPF ns per call, 6 and ~1,700 functions.
-#   tests/vm/run --kernel 7.2 --rwdir OUT -- bash bench/start_stop_side_by_side.sh
+#   tests/vm/run --kernel 7.2 --rwdir OUT [--disk IMAGE] -- bash bench/start_stop_side_by_side.sh
+# First start: our kernel cache empty and the page cache dropped (both tools' files read again, as after a boot).
+# With --disk (an image of bench/local_disk_image.sh, label rslocal), the starts run again with the same paths bound
+# to that disk: the package, its Python and retsnoop read from a block device instead of the host over 9p.
 # TREE: the checkout to measure (default: this one); RETSNOOP_BIN: bench/build-retsnoop's binary; ROUNDS (2).
 # Figures land in $RETSNOOP_OTEL_RWDIR (start-*.txt, peer.txt, agent-*.log); bench/RESULTS.md reads them.
 set -x
@@ -22,10 +25,26 @@ agents() {  # the agent's start phases (its log line "agent started"): inputs ag
 }
 starts() {
   for s in 6 1000; do
-    python -m bench.start_compare --set $s --rounds $R --peers retsnoop --modes kprobe_session --cold > $O/start-cold-$s-$1.txt 2>&1; tail -12 $O/start-cold-$s-$1.txt
+    python -m bench.start_compare --set $s --rounds $R --peers retsnoop --modes kprobe_session --cold --drop-caches > $O/start-cold-$s-$1.txt 2>&1; tail -12 $O/start-cold-$s-$1.txt
     python -m bench.start_compare --set $s --rounds $R --peers retsnoop --modes kprobe_session > $O/start-$s-$1.txt 2>&1; tail -12 $O/start-$s-$1.txt
   done
+}
+local_disk() {  # the same paths, bound to the rslocal disk's copies (bench/local_disk_image.sh)
+  modprobe -a virtio_scsi sd_mod ext4 || return 1
+  local dev=""
+  for k in $(seq 1 10); do dev=$(blkid -L rslocal) && break; sleep 1; done
+  [ -n "$dev" ] || { echo "no rslocal disk (tests/vm/run --disk): the package over 9p only"; return 1; }
+  local py venv
+  venv=$(readlink -f $T/.venv); py=$(dirname "$(dirname "$(readlink -f $venv/bin/python)")")
+  mkdir -p /mnt/rslocal && mount -o ro "$dev" /mnt/rslocal || return 1
+  mount --bind /mnt/rslocal/py "$py" && mount --bind /mnt/rslocal/venv "$venv" && mount --bind /mnt/rslocal/tree $T \
+    && mount --bind /mnt/rslocal/peers/retsnoop "$RETSNOOP_BIN" || return 1
+  cd $T && findmnt -T $T/retsnoop_otel && findmnt -T "$py/lib"
 }
 agents 9p
 starts 9p
 python -m bench.peer_compare --sets 6,1000 --modes kprobe_session --peers retsnoop --rounds 2 --json $O/peer.json > $O/peer.txt 2>&1; tail -40 $O/peer.txt
+if local_disk; then
+  agents disk
+  starts disk
+fi

@@ -14,12 +14,14 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import NamedTuple
 
+import yaml  # at the agent's import, not in its inputs phase: it always reads its config
+
 from retsnoop_otel.inputs.files import MAX_CONFIG_BYTES, read_text
 from retsnoop_otel.kernel.kcache import AGENT_CACHE_DIR
 from retsnoop_otel.runtime.config import ExporterConfig, RuntimeConfig, SymbolsConfig
 from retsnoop_otel.runtime.config_keys import read_section
 from retsnoop_otel.runtime.config_sections import TOP, LoggingConfig
-from retsnoop_otel.runtime.yaml_nodes import ConfigError, Nodes, expansion_bounded, yaml
+from retsnoop_otel.runtime.yaml_nodes import ConfigError, Nodes, expansion_bounded
 
 __all__ = ["AgentConfig", "ConfigError", "LoggingConfig", "load_config", "parse_config"]
 

@@ -1,14 +1,15 @@
-"""OTLP/HTTP: protobuf POSTs over one kept-alive http.client connection, gzip or deflate, TLS and mTLS."""
+"""OTLP/HTTP: protobuf POSTs over one kept-alive http.client connection, gzip or deflate, TLS and mTLS.
+
+http.client (with the email package it parses headers with), gzip and, over plain HTTP, ssl are imported by the
+export thread at its first send, not in a start's inputs phase (bench/RESULTS.md, issue 48).
+"""
 
 from __future__ import annotations
 
-import gzip
-import http.client
 import socket
-import ssl
 import threading
 import time
-import zlib
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from retsnoop_otel.export.otlp_settings import OtlpConfigError, OtlpSettings, describe
@@ -22,6 +23,10 @@ from retsnoop_otel.export.sending import (
     signal_messages,
 )
 from retsnoop_otel.inputs.tls_files import load_key_pair
+
+if TYPE_CHECKING:
+    import http.client
+    import ssl
 
 GRPC_PORT_HINT = ("the server answered in HTTP/2, as an OTLP/gRPC receiver does (port 4317?): send OTLP/HTTP to "
                   "its OTLP/HTTP port (4318), or set the protocol to grpc")
@@ -48,6 +53,8 @@ class HttpSender(Retrying):
             self._headers["Content-Encoding"] = settings.compression
         self._context: ssl.SSLContext | None = None
         if self._https:
+            import ssl  # here, at start: a certificate or key that cannot load refuses the run
+
             try:
                 # the bytes read and checked at start (otlp_settings), not the files again
                 ca = settings.ca_data
@@ -63,8 +70,12 @@ class HttpSender(Retrying):
 
     def _encode(self, body: bytes) -> bytes:
         if self.settings.compression == "gzip":
+            import gzip
+
             return gzip.compress(body, compresslevel=6, mtime=0)
         if self.settings.compression == "deflate":
+            import zlib
+
             return zlib.compress(body, 6)  # HTTP "deflate" is the zlib format (RFC 9110)
         return body
 
@@ -96,6 +107,9 @@ class HttpSender(Retrying):
             self._conn = None
 
     def _attempt(self, payload: bytes, deadline: float) -> tuple[SendResult, bool, float | None]:
+        import http.client
+        import ssl
+
         for _ in range(2):
             left = deadline - time.monotonic()
             if left <= 0:

@@ -21,7 +21,7 @@ RUN = Path(__file__).resolve().parents[1] / "vm" / "run"
 
 def _args(**given: object) -> argparse.Namespace:
     """tests/vm/run's parsed arguments: no network forwards or hostname unless given."""
-    return argparse.Namespace(**{"hostname": None, "forward_to_host": [], "forward_from_host": [], **given})
+    return argparse.Namespace(**{"hostname": None, "forward_to_host": [], "forward_from_host": [], "disk": [], **given})
 
 def _load():
     loader = importlib.machinery.SourceFileLoader("vm_run", str(RUN))
@@ -465,3 +465,23 @@ def test_a_boot_whose_scenario_names_jaeger_forwards_the_guest_to_a_host_jaeger(
     monkeypatch.setenv("RETSNOOP_OTEL_TO_HOST", "")
     with pytest.raises(RuntimeError, match="no forward to the host at guest port 4318"):
         host_forwards.guest_url(host_forwards.JAEGER_OTLP_HTTP)
+
+
+def test_a_disk_image_is_attached_to_a_native_guest_and_refused_elsewhere(tmp_path: Path, capsys) -> None:
+    """--disk: bench/local_disk_image.sh's image as the guest's virtio-scsi disk (issue 48's local-disk starts)."""
+    module = _load()
+    img = tmp_path / "local.img"
+    img.write_bytes(b"\0" * 512)
+    args = module.parse_args(["--disk", str(img), "--", "true"])
+    assert args.disk == [img]
+    vng = module.vng_command(Path("vmlinuz"), module.Guest("amd64", module.REPO, tmp_path), tmp_path, 2,
+                             disks=args.disk)
+    assert f"--disk={img.resolve()}" in vng
+    assert not any(a.startswith("--disk") for a in module.vng_command(Path("vmlinuz"),
+                                                                     module.Guest("amd64", module.REPO, tmp_path),
+                                                                     tmp_path, 2))
+    for argv, why in ((["--disk", str(tmp_path / "missing.img")], "is not a file"),
+                      (["--kernel", "7.2-arm64", "--disk", str(img)], "native kernels only")):
+        with pytest.raises(SystemExit):
+            module.parse_args([*argv, "--", "true"])
+        assert why in capsys.readouterr().err
