@@ -12,8 +12,7 @@ import os
 import struct
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 SIGNATURE = b"OTEL_CTX"
 VERSIONS = (2, 1)  # 2 is current, 1 is allowed for development
@@ -28,9 +27,9 @@ _SCHEMA_KEY = "threadlocal.schema_version"
 _KEY_MAP_KEY = "threadlocal.attribute_key_map"
 
 
-@dataclass(frozen=True)
-class ProcessContext:
-    """What one process published: read once per process, it names the thread-record attribute keys."""
+class ProcessContext(NamedTuple):
+    """What one process published: read once per process, it names the thread-record attribute keys. Not a
+    dataclass (thread_ctx.TlsLocation says why)."""
 
     attributes: dict[str, Any]  # the Resource's attributes (string, int, bool, double, arrays as tuples)
     schema_version: str | None  # threadlocal.schema_version

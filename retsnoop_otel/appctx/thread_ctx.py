@@ -28,7 +28,6 @@ from __future__ import annotations
 import os
 import stat
 import struct
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from retsnoop_otel.appctx.elf_dynsym import EM_AARCH64, EM_X86_64, DynSym, find_dynsym, read_headers, relocations
@@ -63,9 +62,9 @@ def host_abi() -> TlsAbi | None:
     return _ABIS.get(os.uname().machine)
 
 
-@dataclass(frozen=True)
-class TlsLocation:
-    """Where otel_thread_ctx_v1 lives in every thread of one process (glibc)."""
+class TlsLocation(NamedTuple):
+    """Where otel_thread_ctx_v1 lives in every thread of one process (glibc). Not a dataclass: dataclasses imports
+    inspect, ast and dis, 0.3-0.5 s of the first session under emulation, which a stop right after ready waited for."""
 
     modid: int  # 0: the variable is at thread_pointer + tp_offset; > 0: at dtv[modid].val + offset,
     tp_offset: int  # where dtv = *(u64 *)(thread_pointer + 8) and entries are 16 bytes (glibc's dtv_t)
@@ -82,8 +81,7 @@ class ThreadCtxError(Exception):
     """One line: which process, and what of it could not be read."""
 
 
-@dataclass(frozen=True)
-class _ElfInfo:
+class _ElfInfo(NamedTuple):
     """What the locator needs of one ELF file; cached per file identity."""
 
     exec_type: bool  # ET_EXEC (loaded at its link addresses) rather than ET_DYN
