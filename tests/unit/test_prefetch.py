@@ -34,3 +34,28 @@ def test_the_modules_are_those_of_the_outputs_the_run_has() -> None:
     assert RuntimeMetrics.modules(_settings(["-e", "map_create"])) == []
     served = RuntimeMetrics.modules(_settings(["-e", "map_create", "--metrics-port", "9464"]))
     assert served[0] == "retsnoop_otel.metrics.http_app" and "retsnoop_otel.metrics.kernel_families" in served
+
+
+def test_metrics_binds_without_its_http_app_and_serves_once_started() -> None:
+    """The inputs phase binds /metrics with the socket module alone; what serves it is imported at start()."""
+    code = ("import sys, socket, urllib.request\n"
+            "from retsnoop_otel.metrics.server import MetricsServer\n"
+            "made = []\n"
+            "def registry():\n"
+            "    from prometheus_client import CollectorRegistry\n"
+            "    made.append(1)\n"
+            "    return CollectorRegistry()\n"
+            "s = MetricsServer('127.0.0.1', 0, registry, lambda: (True, {'status': 'ok'}))\n"
+            "print(sorted(m for m in ('prometheus_client', 'wsgiref', 'retsnoop_otel.metrics.http_app') "
+            "if m in sys.modules), made)\n"
+            "try:\n"
+            "    socket.create_connection(('127.0.0.1', s.port), timeout=30).close()\n"
+            "    print('answered before start')\n"
+            "except ConnectionRefusedError:\n"
+            "    print('refused before start')\n"
+            "s.start()\n"
+            "with urllib.request.urlopen(f'http://127.0.0.1:{s.port}/healthz', timeout=60) as r:\n"
+            "    print(r.status, made)\n"
+            "s.close()\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.splitlines() == ["[] []", "refused before start", "200 [1]"], out.stdout + out.stderr
