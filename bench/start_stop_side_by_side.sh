@@ -30,7 +30,7 @@ starts() {
   done
 }
 local_disk() {  # the same paths, bound to the rslocal disk's copies (bench/local_disk_image.sh)
-  modprobe -a virtio_scsi sd_mod ext4 || return 1
+  modprobe -a virtio_blk ext4 || return 1  # vng --disk attaches a virtio-blk disk
   local dev=""
   for k in $(seq 1 10); do dev=$(blkid -L rslocal) && break; sleep 1; done
   [ -n "$dev" ] || { echo "no rslocal disk (tests/vm/run --disk): the package over 9p only"; return 1; }

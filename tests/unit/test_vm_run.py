@@ -468,7 +468,7 @@ def test_a_boot_whose_scenario_names_jaeger_forwards_the_guest_to_a_host_jaeger(
 
 
 def test_a_disk_image_is_attached_to_a_native_guest_and_refused_elsewhere(tmp_path: Path, capsys) -> None:
-    """--disk: bench/local_disk_image.sh's image as the guest's virtio-scsi disk (issue 48's local-disk starts)."""
+    """--disk: bench/local_disk_image.sh's image as the guest's virtio-blk disk (issue 48's local-disk starts)."""
     module = _load()
     img = tmp_path / "local.img"
     img.write_bytes(b"\0" * 512)
