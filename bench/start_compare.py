@@ -98,6 +98,12 @@ def start_once(tool: str, mode: str, entry: list[str], allow: list[str], names: 
             proc.wait()
         out["stop"] = time.monotonic() - t_stop  # the first stop signal to the exit
         lines.join()
+        if tool in ("ours", "ours-base"):  # where a stop went: before "Detaching..." (the loop busy), the -v phases
+            said = [t for t, _ in lines.find(re.compile(r"^Detaching")) if t >= t_stop]
+            if said:
+                out["to_detaching"] = said[0] - t_stop
+            out |= {f"stop_{m.group(1)}": int(m.group(2)) / 1000 for t, m in lines.find(PHASE_OURS)
+                    if t >= t_stop and m.group(1) in ("detach", "drain", "flush")}
         for _ in range(120):  # the next start must not pay for this one's teardown
             if enabled_count() <= 0:
                 break
