@@ -23,6 +23,7 @@ tar -C "$VENV" --exclude="$SP/kubernetes_validate" --exclude="$SP/material" --ex
   --exclude="$SP/pip" --exclude="$SP/mkdocs*" --exclude="$SP/pygments" --exclude="$SP/setuptools" \
   --exclude="$SP/mypy*" --exclude="$SP/ruff*" -cf - . | tar -C "$STAGE/venv" -xf -
 tar -C "$TREE" --exclude=./.git --exclude=./.venv --exclude=./dist --exclude=./build -cf - . | tar -C "$STAGE/tree" -xf -
+ln -s "$VENV" "$STAGE/tree/.venv"  # the virtualenv by its host path, which the guest binds to the image's copy
 cp -p "$RS" "$STAGE/peers/retsnoop"
 du -sh "$STAGE"/*
 rm -f "$IMG"

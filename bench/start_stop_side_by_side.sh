@@ -36,9 +36,9 @@ local_disk() {  # the same paths, bound to the rslocal disk's copies (bench/loca
   [ -n "$dev" ] || { echo "no rslocal disk (tests/vm/run --disk): the package over 9p only"; return 1; }
   local py venv
   venv=$(readlink -f $T/.venv); py=$(dirname "$(dirname "$(readlink -f $venv/bin/python)")")
-  mkdir -p /mnt/rslocal && mount -o ro "$dev" /mnt/rslocal || return 1
-  mount --bind /mnt/rslocal/py "$py" && mount --bind /mnt/rslocal/venv "$venv" && mount --bind /mnt/rslocal/tree $T \
-    && mount --bind /mnt/rslocal/peers/retsnoop "$RETSNOOP_BIN" || return 1
+  mkdir -p /run/rslocal && mount -o ro "$dev" /run/rslocal || return 1
+  mount --bind /run/rslocal/py "$py" && mount --bind /run/rslocal/venv "$venv" && mount --bind /run/rslocal/tree $T \
+    && mount --bind /run/rslocal/peers/retsnoop "$RETSNOOP_BIN" || return 1
   cd $T && findmnt -T $T/retsnoop_otel && findmnt -T "$py/lib"
 }
 agents 9p
