@@ -284,8 +284,8 @@ class World:
 
     def app_sources(self, _proc_root, _user_stacks, _lines) -> AppSources:
         ctx = SimpleNamespace(attributes={"service.name": "shop"}, key_map=("http.route",))
-        return AppSources(self.publishing.get, lambda pid: ctx if pid in self.publishing else None,
-                          thread_attributes)
+        return AppSources(lambda pid, _deadline=None: self.publishing.get(pid),
+                          lambda pid: ctx if pid in self.publishing else None, thread_attributes)
 
     def live(self) -> list[FakeTracer]:
         return [t for t in self.tracers if t.state == "attached"]

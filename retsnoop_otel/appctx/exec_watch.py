@@ -65,6 +65,10 @@ class ExecWatches:
                 return tgid, w
         return None
 
+    def again(self, tgid: int, w: Watch) -> None:
+        """Back on the schedule, due as it was: a check that ran out of its turn's time goes on at the next turn."""
+        heapq.heappush(self._schedule, (w.due, w.seq, tgid))
+
     def schedule_next(self, tgid: int, w: Watch, now: float) -> bool:
         """Schedule the process's next check, one interval from now (the interval doubles, up to
         EXEC_RECHECK_MAX_S); False, and nothing scheduled, when that is past EXEC_WATCH_S after its exec."""

@@ -16,7 +16,9 @@ class AppSources:
 
     def __init__(self, locate: Callable[[int], Any], read_context: Callable[[int], Any],
                  thread_attributes: Callable[[bytes, Any], dict[str, str]], user_symbolizer: Any = None) -> None:
-        self.locate = locate  # pid -> TlsLocation | None; raises on an unreadable or exited process
+        # (pid, deadline) -> TlsLocation | None; raises on an unreadable or exited process, and
+        # thread_ctx.CheckDeferred past the deadline (time.monotonic(); None: none)
+        self.locate = locate
         self.read_context = read_context  # pid -> ProcessContext | None
         self.thread_attributes = thread_attributes  # (attrs-data, key map) -> attributes
         self.user_symbolizer = user_symbolizer  # UserSymbolizer when user stacks are on
@@ -27,12 +29,12 @@ class AppSources:
         call that needs them: a run whose sessions come from no publishing process may never call them."""
         locator: Any = None  # thread_ctx.TlsLocator, built at the first locate (it caches per ELF file)
 
-        def locate(pid: int) -> Any:
+        def locate(pid: int, deadline: float | None = None) -> Any:
             nonlocal locator
             if locator is None:
                 from retsnoop_otel.appctx.thread_ctx import TlsLocator
                 locator = TlsLocator(proc_root)
-            return locator.locate(pid)
+            return locator.locate(pid, deadline)
 
         def read_context(pid: int) -> Any:
             from retsnoop_otel.appctx.process_context import read_process_context

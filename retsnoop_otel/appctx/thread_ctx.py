@@ -28,8 +28,10 @@ from __future__ import annotations
 import os
 import stat
 import struct
+import time
 from typing import NamedTuple
 
+from retsnoop_otel.appctx.deferral import CheckDeferred
 from retsnoop_otel.appctx.elf_dynsym import EM_AARCH64, EM_X86_64, DynSym, find_dynsym, read_headers, relocations
 
 SYMBOL = "otel_thread_ctx_v1"
@@ -174,8 +176,9 @@ def _parse_maps(text: str) -> list[_Mapping]:
 class _Process:
     """One look at one process: its maps, its memory, and the ELF files behind its mappings."""
 
-    def __init__(self, locator: TlsLocator, pid: int) -> None:
+    def __init__(self, locator: TlsLocator, pid: int, deadline: float | None = None) -> None:
         self.locator, self.pid = locator, pid
+        self.deadline, self.read_files = deadline, 0  # CheckDeferred past the deadline, once a file was read
         self.base = f"{locator.proc_root}/{pid}"
         self._mem: int | None = None
         with open(f"{self.base}/maps") as f:
@@ -213,10 +216,13 @@ class _Process:
                 key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
                 cache = self.locator._cache
                 if key not in cache:
+                    if self.read_files and self.deadline is not None and time.monotonic() > self.deadline:
+                        raise CheckDeferred(self.pid)
                     if len(cache) >= _CACHE_LIMIT:
                         cache.clear()
                     with open(candidate, "rb") as f:
                         cache[key] = _read_elf(f, self.locator.abi)
+                    self.read_files += 1
                 return cache[key]
             except OSError as exc:
                 error = exc
@@ -326,20 +332,21 @@ class TlsLocator:
         self.abi = abi or host_abi()
         self._cache: dict[tuple[int, int, int, int], _ElfInfo | None] = {}
 
-    def locate(self, pid: int) -> TlsLocation | None:
-        """None when no ELF of the process exports an STT_TLS otel_thread_ctx_v1 in .dynsym."""
+    def locate(self, pid: int, deadline: float | None = None) -> TlsLocation | None:
+        """None when no ELF of the process exports an STT_TLS otel_thread_ctx_v1 in .dynsym. CheckDeferred when
+        `deadline` (time.monotonic()) passed while it read the process's files: call again to go on."""
         try:
-            return self._locate(pid)
+            return self._locate(pid, deadline)
         except OSError as exc:
             if not os.path.exists(f"{self.proc_root}/{pid}"):
                 raise ThreadCtxError(f"pid {pid}: the process has exited") from None
             what = f"{exc.filename}: " if exc.filename else ""
             raise ThreadCtxError(f"pid {pid}: cannot read {what}{exc.strerror or exc}") from None
 
-    def _locate(self, pid: int) -> TlsLocation | None:
+    def _locate(self, pid: int, deadline: float | None) -> TlsLocation | None:
         if self.abi is None:
             return None
-        proc = _Process(self, pid)
+        proc = _Process(self, pid, deadline)
         try:
             return self._find(proc) if proc.maps else None
         finally:

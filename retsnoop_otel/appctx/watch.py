@@ -4,7 +4,8 @@ The kernel side reads a thread's context only for processes it has a location fo
 This watcher finds them, between polls: it locates `otel_thread_ctx_v1` in the process's ELF files, reads
 its process context (service.name, the attribute key map), has its mappings snapshotted for user stacks
 (symbolized off the loop: appctx/stacks.py), and writes the answer into every probe set's map. It looks at:
-- the processes running at start, all of them, a few dozen per poll-loop turn (the backlog);
+- the processes running at start, all of them, a few dozen per poll-loop turn (the backlog); every check stays
+  within its turn's time (BACKLOG_BUDGET_S), one that reads many files going on at the next turn (CheckDeferred);
 - a process born later, from its exec: the kernel side reports every exec the probe set's filters let
   through (REC_APP_EXEC, bpf/appctx.bpf.h app_exec). Just exec'd, the process has not loaded its libraries
   (nor a runtime its OTel SDK and publisher), so it is checked when the record is read, then again after
@@ -20,11 +21,11 @@ its process context (service.name, the attribute key map), has its mappings snap
   exec watch could see it, one whose exec record was lost, or after its watch): that session sends one
   probe record (REC_APP_PROBE) and stays unlinked; the answer lands before the next one.
 
-A process found not to publish at a probe is asked about again after a back-off (0.5 s doubling to 60 s),
-since runtimes load the publisher late (a Python service imports its SDK after its first system calls).
-Exited processes are forgotten at the next sweep; until then (at most SWEEP_S) a reused PID would be
-read at its predecessor's location, which gives a fault or an invalid record, never a wrong link: the
-record's own valid byte and ids are read from the new process's memory.
+A process found not to publish at a probe is asked about again after a back-off (0.5 s doubling to 60 s), since
+runtimes load the publisher late (a Python service imports its SDK after its first system calls). Exited processes
+are forgotten at the next sweep; until then (at most SWEEP_S) a reused PID would be read at its predecessor's
+location, which gives a fault or an invalid record, never a wrong link: the record's own valid byte and ids are
+read from the new process's memory.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
+from retsnoop_otel.appctx.deferral import CheckDeferred
 from retsnoop_otel.appctx.exec_watch import EXEC_OUTCOMES, ExecWatches, Watch
 from retsnoop_otel.appctx.process_readers import AppSources, SourcesFactory
 from retsnoop_otel.appctx.stacks import WAIT_S, HeldSessions, StackWorker
@@ -140,8 +142,7 @@ class AppWatcher:
         """The probe sets' BPF objects (after start or reload): each gets every answer known so far.
 
         The first time, every running process is queued for a check, so that the processes already
-        running when the agent starts have their sessions linked from the first one on.
-        """
+        running when the agent starts have their sessions linked from the first one on."""
         first = not self._targets and not self._known
         self._targets = list(targets)
         for proc in self._known.values():
@@ -174,8 +175,7 @@ class AppWatcher:
 
         Checked at once. A process watched from its exec is watched on from the first interval; one that was
         found not to publish is asked about again; one already located has its process context re-read at
-        its next session (an update of the context creates a new one).
-        """
+        its next session (an update of the context creates a new one)."""
         if not self.read_app:
             return
         now = self._now()
@@ -198,8 +198,7 @@ class AppWatcher:
         """A probe record: a session started in a process the kernel side has no answer for.
 
         `answer`: check it at once, before the records that follow it in the ring buffer (its own
-        session's end among them: symbolizing a first user stack can keep the loop busy for a while).
-        """
+        session's end among them: symbolizing a first user stack can keep the loop busy for a while)."""
         self._pending[tgid] = None
         if answer:
             self._answer(self._now(), MAX_CHECKS_PER_SERVICE)
@@ -208,8 +207,7 @@ class AppWatcher:
         """An exec record: the process has a new image, not checked yet (its libraries are still loading).
 
         Checked at the next service(), then on EXEC_RECHECK_* until located, exited or EXEC_WATCH_S have passed.
-        An earlier image's answer (a pid reused, or a process that exec'd again) is withdrawn first.
-        """
+        An earlier image's answer (a pid reused, or a process that exec'd again) is withdrawn first."""
         if not self.read_app:
             return
         w = self.execs.watched.get(tgid)
@@ -223,11 +221,14 @@ class AppWatcher:
         self.execs.start(tgid, self._now())
 
     def _answer(self, now: float, budget: int) -> int:
+        until = self._now() + BACKLOG_BUDGET_S
         while self._pending and budget:
             tgid = next(iter(self._pending))
             del self._pending[tgid]
-            self._check(tgid, now)
             budget -= 1
+            if not self._check(tgid, now, until):
+                self._pending = {tgid: None, **self._pending}  # first again at the next turn
+                break
         return budget
 
     def service(self) -> None:
@@ -238,36 +239,45 @@ class AppWatcher:
         budget = self._answer(now, MAX_CHECKS_PER_SERVICE)
         until = self._now() + BACKLOG_BUDGET_S
         while budget and self._now() < until and (due := self.execs.pop_due(now)) is not None:
-            self._recheck(*due, now)
             budget -= 1
+            if not self._recheck(*due, now, until):
+                break
         while self._backlog and budget and self._now() < until:
             tgid = self._backlog.pop()
             if tgid not in self._known:
-                self._check(tgid, now)
                 budget -= 1
+                if not self._check(tgid, now, until):
+                    self._backlog.append(tgid)  # goes on at the next turn, from the files it read
+                    break
         if now >= self._next_sweep:
             self._next_sweep = now + SWEEP_S
             self._sweep(now)
 
-    def _recheck(self, tgid: int, w: Watch, now: float) -> None:
-        """One check of a process watched from its exec. Only a location is written to the maps: until then the
-        process has no answer there, and its first reported session (if it comes first) asks as any would."""
+    def _recheck(self, tgid: int, w: Watch, now: float, until: float | None = None) -> bool:
+        """One check of a process watched from its exec; False when it ran past `until` (it goes on at the next
+        turn). Only a location is written to the maps: until then the process has no answer there, and its first
+        reported session (if it comes first) asks as any would."""
         proc = self._known.get(tgid)
         if proc is not None and proc.location is not None and proc.location.settled:
             self._end_watch(tgid, w, now, "located")  # a probe of one of its sessions found it meanwhile
-            return
+            return True
+        try:
+            location, error = self.sources.locate(tgid, until), None
+        except CheckDeferred:
+            self.execs.again(tgid, w)
+            return False
+        except Exception as exc:  # noqa: BLE001 - one unreadable process must not stop the others
+            location, error = None, exc
         w.checks += 1
         self.counters.processes_checked += 1
-        try:
-            location = self.sources.locate(tgid)
-        except Exception as exc:  # noqa: BLE001 - one unreadable process must not stop the others
+        if error is not None:
             if not os.path.exists(f"{self.proc_root}/{tgid}"):
                 self._end_watch(tgid, w, now, "exited")  # short-lived: most exec'd processes end this way
-                return
+                return True
             self.counters.check_errors += 1
-            self._log_error("thread context of a process not located", pid=tgid, error=str(exc))
+            self._log_error("thread context of a process not located", pid=tgid, error=str(error))
             self._end_watch(tgid, w, now, "error")
-            return
+            return True
         if location is not None and (proc is None or proc.location != location):
             # written at once, even while not settled (its library just loaded: where glibc puts its block is
             # decided at its first access), and again when a later check finds it elsewhere
@@ -287,8 +297,9 @@ class AppWatcher:
         if location is None or not location.settled:
             if not self.execs.schedule_next(tgid, w, now):  # watched long enough: its sessions ask, as any do
                 self._end_watch(tgid, w, now, "not_located" if location is None else "located")
-            return
+            return True
         self._end_watch(tgid, w, now, "located")
+        return True
 
     def _end_watch(self, tgid: int, w: Watch, now: float, outcome: str) -> None:
         self.execs.end(tgid)
@@ -302,24 +313,29 @@ class AppWatcher:
         self.log.debug("exec'd process watched for thread context", pid=tgid, outcome=outcome, checks=w.checks,
                        after_exec_s=round(now - w.born_at, 3))
 
-    def _check(self, tgid: int, now: float) -> None:
+    def _check(self, tgid: int, now: float, until: float | None = None) -> bool:
+        """False when the check ran past `until`: nothing recorded, the caller queues it for the next turn."""
         proc = self._known.get(tgid)
         if proc is not None and proc.in_kernel:
             self._push(proc, self._targets)  # a probe set that lost or never had the answer (reload)
-            return
+            return True
+        try:
+            location, error = (self.sources.locate(tgid, until) if self.read_app else None), None
+        except CheckDeferred:
+            return False
+        except Exception as exc:  # noqa: BLE001 - one unreadable process must not stop the others
+            location, error = None, exc
         first = proc is None
         if first:
             proc = self._known[tgid] = _Process(tgid)
             if self.stacks.worker is not None:
                 self.stacks.worker.remember(tgid)
         self.counters.processes_checked += 1
-        try:
-            proc.location = self.sources.locate(tgid) if self.read_app else None
-        except Exception as exc:  # noqa: BLE001 - one unreadable process must not stop the others
+        proc.location = location
+        if error is not None:
             self.counters.check_errors += 1
-            proc.location = None
             if os.path.exists(f"{self.proc_root}/{tgid}"):
-                self._log_error("thread context of a process not located", pid=tgid, error=str(exc))
+                self._log_error("thread context of a process not located", pid=tgid, error=str(error))
         self.log.debug("process checked for thread context", pid=tgid, first=first,
                        publishes=proc.location is not None)
         if proc.location is not None:
@@ -332,6 +348,7 @@ class AppWatcher:
             proc.recheck_at = float("inf")  # user stacks only: nothing to find later
         proc.in_kernel = True
         self._push(proc, self._targets)
+        return True
 
     def _push(self, proc: _Process, targets: Iterable[AppTargets]) -> None:
         loc = proc.location
@@ -382,8 +399,7 @@ class AppWatcher:
         """The session with its record's attributes named and its service.
 
         `reads_app`: whether the session's probe set reads thread context (a set that only takes user
-        stacks has no context to miss).
-        """
+        stacks has no context to miss)."""
         app = session.app
         proc = self._known.get(session.pid)
         if app is None:

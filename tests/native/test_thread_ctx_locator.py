@@ -356,3 +356,31 @@ def test_exited_process_is_an_error() -> None:
     with pytest.raises(ThreadCtxError) as info:
         TlsLocator().locate(2**22 + 12345)  # beyond pid_max's range: never existed
     assert "\n" not in str(info.value)
+
+
+def test_a_check_past_its_deadline_is_deferred_and_goes_on_from_the_files_it_read() -> None:
+    """One file read per call once the deadline has passed: this interpreter maps dozens of ELF files, so a check
+    with a deadline already gone is deferred call after call, and each call reads one more, until the answer,
+    the same as one check without a deadline (the poll loop's turns stay short: appctx/watch.py)."""
+    from retsnoop_otel.appctx.deferral import CheckDeferred
+
+    parsed: list[str] = []
+    real = thread_ctx._read_elf
+
+    def counting(f, abi):
+        parsed.append(f.name)
+        return real(f, abi)
+
+    locator, calls, answer = TlsLocator(), 0, None
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(thread_ctx, "_read_elf", counting)
+        while True:
+            calls += 1
+            before = len(parsed)
+            try:
+                answer = locator.locate(os.getpid(), deadline=0.0)
+                break
+            except CheckDeferred:
+                assert len(parsed) == before + 1, parsed[before:]
+            assert calls < 500
+    assert calls >= 3 and answer == TlsLocator().locate(os.getpid())

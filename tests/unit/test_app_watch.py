@@ -43,7 +43,7 @@ def watcher(tmp_path, publishing=(), alive=(), symbolizer=None, errors=None):
         (tmp_path / str(pid)).mkdir(exist_ok=True)
     located: list[int] = []
 
-    def locate(pid):
+    def locate(pid, _deadline=None):
         located.append(pid)
         if errors and pid in errors:
             raise OSError(errors[pid])
@@ -168,7 +168,7 @@ def test_the_config_decides_whether_and_what_the_watcher_reads(tmp_path):
 
     def sources(proc_root, stacks, lines):
         made.append((proc_root, stacks, lines))
-        return AppSources(lambda pid: None, lambda pid: None, lambda data, keys: {})
+        return AppSources(lambda pid, _deadline=None: None, lambda pid: None, lambda data, keys: {})
 
     log = EventLog(level="error")
     # a metrics-only set reports no session: nothing to watch
@@ -194,7 +194,7 @@ def exec_watcher(tmp_path, pids, cost=0.0, where=None):
     loaded: set[int] = set()
     checks: list[tuple[int, float]] = []
 
-    def locate(pid):
+    def locate(pid, _deadline=None):
         checks.append((pid, clock.t))
         clock.t += cost
         if not (tmp_path / str(pid)).exists():
@@ -292,7 +292,7 @@ def test_a_publish_record_of_a_process_found_not_to_publish_asks_again_at_once(t
     w, maps, clock, located = watcher(tmp_path, alive={40, 41})
     w.heard(AppProbeRec(40))  # its first session asked: not publishing yet
     assert located == [40] and maps[0].entries == {40: (0, 0, 0, False)}
-    w.sources.locate = lambda pid: located.append(pid) or LOC
+    w.sources.locate = lambda pid, _deadline=None: located.append(pid) or LOC
     w.sources.read_context = lambda pid: CTX
     w.heard(AppPublishRec(40))  # well before its back-off ends
     assert located == [40, 40] and maps[0].entries == maps[1].entries == {40: (-8, 0, 0, True)}
@@ -391,3 +391,61 @@ def test_no_exec_watch_where_thread_context_is_not_read(tmp_path):
     w.born(70)
     w.service()
     assert checks == [] and w.execs.watched == {}
+
+
+# ---- a check past its turn's time goes on at the next turn (CheckDeferred) ------------------------------------
+
+def _deferring(tmp_path, defer_first: set[int], exec_pids=()):
+    """A watcher whose locate() defers each pid of `defer_first` once (as TlsLocator does past the deadline it got),
+    then answers; calls are recorded with the deadline they had."""
+    from retsnoop_otel.appctx.deferral import CheckDeferred
+    for pid in exec_pids:
+        (tmp_path / str(pid)).mkdir()
+    calls: list[tuple[int, float | None]] = []
+
+    def locate(pid, deadline=None):
+        calls.append((pid, deadline))
+        if pid in defer_first:
+            defer_first.discard(pid)
+            raise CheckDeferred(pid)
+        return LOC
+
+    clock = Clock(100.0)
+    w = AppWatcher(AppSources(locate, lambda pid: CTX, lambda data, keys: {}), clock, EventLog(level="error"),
+                   str(tmp_path), start_worker=False)
+    maps = [FakeMap()]
+    w.set_targets(maps)
+    w._backlog = []
+    return w, maps, calls
+
+
+def test_a_deferred_backlog_check_ends_the_turn_and_goes_on_first_at_the_next(tmp_path):
+    w, maps, calls = _deferring(tmp_path, {5})
+    w._backlog = [7, 6, 5]  # popped from the end: 5 first
+    w.service()
+    assert [p for p, _ in calls] == [5] and calls[0][1] is not None  # a deadline given; the turn ended there
+    assert 5 not in maps[0].entries and w.counters.processes_checked == 0  # nothing recorded for a deferral
+    w.service()
+    assert [p for p, _ in calls] == [5, 5, 6, 7] and maps[0].entries[5] == (-8, 0, 0, True)
+    assert w.counters.processes_checked == 3
+
+
+def test_a_deferred_exec_check_is_due_again_without_advancing_its_watch(tmp_path):
+    w, maps, calls = _deferring(tmp_path, {40}, exec_pids=[40])
+    w.born(40)
+    w.service()
+    watch = w.execs.watched[40]
+    assert [p for p, _ in calls] == [40] and watch.checks == 0
+    w.service()  # the same clock: due as it was, so checked at the next turn, not an interval later
+    assert [p for p, _ in calls] == [40, 40] and maps[0].entries[40] == (-8, 0, 0, True)
+    assert 40 not in w.execs.watched  # located and settled: the watch ended
+
+
+def test_a_deferred_probe_answer_comes_first_at_the_next_turn(tmp_path):
+    w, maps, calls = _deferring(tmp_path, {99})
+    w.asked(99)
+    w.asked(98)
+    w.service()
+    assert [p for p, _ in calls] == [99]
+    w.service()
+    assert [p for p, _ in calls] == [99, 99, 98] and set(maps[0].entries) == {98, 99}

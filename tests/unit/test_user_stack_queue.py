@@ -228,7 +228,7 @@ def test_the_runtime_exports_in_order_without_waiting_on_a_slow_stack(tmp_path: 
     sym, clock = SlowSymbolizer({7: gate}), Clock()
     world = World()
     world.app_sources = lambda _root, _stacks, _lines: AppSources(  # type: ignore[method-assign]
-        lambda pid: None, lambda pid: None, lambda data, keys: {}, sym)
+        lambda pid, _deadline=None: None, lambda pid: None, lambda data, keys: {}, sym)
     deps = world.deps()
     deps.monotonic = clock
     cfg = tmp_path / "agent.yaml"
