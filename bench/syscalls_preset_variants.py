@@ -12,9 +12,9 @@ mean against the mean of every untraced run. The workloads:
   session;
 - `cp -r` of 1,500 files of 4 KiB in the guest's /tmp and `rm -r` of the copy (three times per run): syscalls that
   move data, with process starts.
-A variant `-e __x64_sys_memfd_secret` (a function nothing calls) measures the floor every syscall tracer pays here:
-the syscall tracepoints the thread-context hooks enable (`syscalls:sys_enter_memfd_create`), which put every syscall
-on the kernel's slow path.
+A variant `-e __x64_sys_memfd_secret` (a function nothing calls) measures what a trace costs the workload beside its
+probes: the thread-context hooks (syscall tracepoints until 8da1c1d, which put every syscall on the kernel's slow
+path; kprobes on memfd_create and prctl since, in the kprobe modes) and the tracer's own work.
 """
 
 from __future__ import annotations
