@@ -201,7 +201,7 @@ class AppWatcher:
         session's end among them: symbolizing a first user stack can keep the loop busy for a while)."""
         self._pending[tgid] = None
         if answer:
-            self._answer(self._now(), MAX_CHECKS_PER_SERVICE)
+            self._answer(self._now(), MAX_CHECKS_PER_SERVICE, bounded=False)  # whole: before its session's end
 
     def born(self, tgid: int) -> None:
         """An exec record: the process has a new image, not checked yet (its libraries are still loading).
@@ -220,8 +220,8 @@ class AppWatcher:
             self._forget(tgid)  # the hook withdrew it from its own probe set's maps, not from the others'
         self.execs.start(tgid, self._now())
 
-    def _answer(self, now: float, budget: int) -> int:
-        until = self._now() + BACKLOG_BUDGET_S
+    def _answer(self, now: float, budget: int, bounded: bool = True) -> int:
+        until = self._now() + BACKLOG_BUDGET_S if bounded else None
         while self._pending and budget:
             tgid = next(iter(self._pending))
             del self._pending[tgid]

@@ -405,7 +405,7 @@ def _deferring(tmp_path, defer_first: set[int], exec_pids=()):
 
     def locate(pid, deadline=None):
         calls.append((pid, deadline))
-        if pid in defer_first:
+        if pid in defer_first and deadline is not None:  # as TlsLocator: only a check given a deadline defers
             defer_first.discard(pid)
             raise CheckDeferred(pid)
         return LOC
@@ -449,3 +449,10 @@ def test_a_deferred_probe_answer_comes_first_at_the_next_turn(tmp_path):
     assert [p for p, _ in calls] == [99]
     w.service()
     assert [p for p, _ in calls] == [99, 99, 98] and set(maps[0].entries) == {98, 99}
+
+
+def test_a_probe_answered_before_its_sessions_end_is_checked_whole(tmp_path):
+    """asked(answer=True) comes before the records that follow it (its session's end): no deadline, no deferral."""
+    w, maps, calls = _deferring(tmp_path, {99})
+    w.asked(99, answer=True)
+    assert calls == [(99, None)] and maps[0].entries[99] == (-8, 0, 0, True)
