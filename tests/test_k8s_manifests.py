@@ -250,7 +250,7 @@ def test_each_host_access_is_used_by_the_agent(pod, agent) -> None:
 
 def test_startup_probe_covers_a_long_attach(core, agent) -> None:
     health = {"path": "/healthz", "port": "metrics"}
-    assert '"/healthz"' in (REPO / "retsnoop_otel/metrics/server.py").read_text()
+    assert '"/healthz"' in (REPO / "retsnoop_otel/metrics/http_app.py").read_text()
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert agent[probe]["httpGet"] == health, probe
     ports = {p["name"]: p["containerPort"] for p in agent["ports"]}
