@@ -156,6 +156,8 @@ def main() -> int:
     ap.add_argument("--deny", default="", metavar="GLOB[,GLOB]", help="leave these functions out for every tool")
     ap.add_argument("--cold", action="store_true", help="every start of ours with an empty kernel cache, as the "
                     "first start after a boot or a kernel update")
+    ap.add_argument("--cache-from", type=Path, metavar="DIR", help="every start of ours with a copy of this kernel "
+                    "cache (RETSNOOP_OTEL_CACHE of a run in an earlier boot): the first start after a reboot")
     ap.add_argument("--drop-caches", action="store_true", help="drop the kernel's page cache before every start "
                     "(both tools): their files are read again from the disk or the 9p server, as after a boot")
     args = ap.parse_args()
@@ -200,11 +202,15 @@ def main() -> int:
                     if tool in peers and key in done:
                         res = done[key]
                     else:
+                        cache = f"cache-cold-{r}-{mode}" if args.cold else "cache"
+                        if args.cache_from and tool == "ours":  # as an earlier boot left it, at every start
+                            cache = f"cache-from-{r}-{mode}"
+                            shutil.copytree(args.cache_from, tmp / cache, symlinks=True)
                         if args.drop_caches:
                             drop_caches()
                         try:
                             res = start_once(tool, mode, entry, allow, same[mode].names, tmp, args.base, tool_deny,
-                                             rs_bin, f"cache-cold-{r}-{mode}" if args.cold else "cache")
+                                             rs_bin, cache)
                         except RuntimeError as exc:  # one tool that cannot start here: the others still run
                             print(f"round {r} {mode} {tool}: {exc}", flush=True)
                             res = {}
@@ -213,6 +219,7 @@ def main() -> int:
                     print(f"round {r} {mode} {tool}: " + ", ".join(f"{k} {v:.2f}" for k, v in res.items()), flush=True)
     print(f"\nkernel {os.uname().release}; set {args.set}; medians of {args.rounds} rounds (seconds)"
           f"{'; ours with an empty kernel cache at every start' if args.cold else ''}"
+          f"{f'; ours with the kernel cache {args.cache_from} left at every start' if args.cache_from else ''}"
           f"{'; page cache dropped before every start' if args.drop_caches else ''}\n")
     print(start_table(results, modes, tools))
     return 0

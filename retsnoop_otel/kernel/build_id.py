@@ -23,3 +23,13 @@ def running_build_id(root: str = "/") -> str | None:
         return parse_notes_build_id(Path(root, "sys/kernel/notes").read_bytes())
     except OSError:
         return None
+
+
+def module_build_id(name: str, root: str = "/") -> str:
+    """A loaded module's GNU build-id ('' when it has none or it cannot be read): with its name and size, what
+    says a module loaded at another boot is the same file, its symbols at the same offsets from its base."""
+    try:
+        data = Path(root, "sys/module", name, "notes/.note.gnu.build-id").read_bytes()
+    except OSError:
+        return ""
+    return parse_notes_build_id(data) or ""

@@ -22,7 +22,7 @@ from typing import NamedTuple
 from retsnoop_otel.inputs.files import shown
 from retsnoop_otel.kernel.build_id import parse_notes_build_id
 
-FORMAT = 2  # 2: kallsyms and traceable functions as flat columns (symbols/kallsyms.py)
+FORMAT = 3  # 2: kallsyms and traceable functions as flat columns (symbols/kallsyms.py); 3: with their layout
 AGENT_CACHE_DIR = "/var/cache/retsnoop-otel"
 
 
@@ -85,6 +85,27 @@ class KernelIdentity(NamedTuple):
             return None
         return f"{self.build_id}:{self.boot_id}:{self.modules}:{sys.version_info[:2]}"
 
+    def layout_key(self) -> str | None:
+        """The build and the loaded modules without their addresses: while it holds, the symbols of another boot
+        (or of a module reloaded elsewhere) are these, moved (symbols/kernel_facts.py)."""
+        if not self.build_id:
+            return None
+        rows = "\n".join(row.rsplit(" ", 1)[0] for row in self.modules.splitlines())
+        return f"{self.build_id}:{rows}:{sys.version_info[:2]}"
+
+    def module_bases(self) -> dict[str, int] | None:
+        """Where each module's text begins; None when /proc/modules hides the addresses (not root)."""
+        bases = {}
+        for row in self.modules.splitlines():
+            name, _, _, addr = row.split(" ")
+            try:
+                bases[name] = int(addr, 16)
+            except ValueError:
+                return None
+            if not bases[name]:
+                return None
+        return bases
+
 
 def _read(path: str, mode: str = "r") -> str | bytes | None:
     try:
@@ -131,8 +152,15 @@ class KernelCache:
 
     def read(self, name: str, key: str | None) -> object | None:
         """The payload stored under `name` when its key is `key`; None on any mismatch or problem."""
+        if key is None:
+            return None
+        stored = self.read_keyed(name)
+        return stored[1] if stored is not None and stored[0] == key else None
+
+    def read_keyed(self, name: str) -> tuple[str, object] | None:
+        """(key, payload) stored under `name`, whatever its key; None when there is none or it is unusable."""
         path = self._path(name)
-        if path is None or key is None:
+        if path is None:
             return None
         try:
             with open(path, "rb") as f:
@@ -141,7 +169,7 @@ class KernelCache:
                 fmt, stored_key, payload = marshal.loads(f.read())
         except (OSError, EOFError, ValueError, TypeError):
             return None
-        return payload if fmt == FORMAT and stored_key == key else None
+        return (stored_key, payload) if fmt == FORMAT and isinstance(stored_key, str) else None
 
     def write(self, name: str, key: str | None, payload: object) -> bool:
         """Store atomically (a reader never sees half a file); False when the directory is unwritable."""

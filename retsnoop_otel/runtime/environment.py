@@ -177,11 +177,11 @@ def load_kernel_env(symbols: SymbolsConfig, vmlinux: str | None, lbr: tuple[str,
         raise SetupError(f"cannot read {os.path.join(root, 'sys/kernel/btf/vmlinux')}: run as root")
     t = time.monotonic()
     try:
-        ksyms, available, cached = (Kallsyms([]), Traceable(()), False) if refusal else load_symbols(cache, ident, root)
+        ksyms, available, source = (Kallsyms([]), Traceable(()), "") if refusal else load_symbols(cache, ident, root)
     except (KallsymsError, tracefs.TracefsError) as exc:
         raise SetupError(str(exc)) from None
     phases.append(phase_since("symbols", t, f"{len(ksyms)} kallsyms functions, {len(available)} traceable"
-                              + (", cached" if cached else "")))
+                              + (f", {source}" if source else "")))
     symbolizer: object = KallsymsSymbolizer(ksyms)
     resolve = None
     close = _nothing

@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 import re
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from itertools import chain, groupby, repeat
 from operator import itemgetter
 from pathlib import Path
@@ -245,11 +245,65 @@ class Kallsyms:
             return "bpf"
         return self._run_mods[bisect.bisect_right(self._run_starts, i) - 1] or None
 
+    def moved(self, deltas: Mapping[str, int]) -> Kallsyms | None:
+        """These symbols where another boot put them: each run moved by its module's delta ('': the kernel's
+        KASLR offset; a module's: where it was loaded), names and their order kept (a copy of the addresses
+        only). None when a run has no delta, a module has several runs, or the moved runs would change their
+        order by address (modules loaded in another order): then the table is read again."""
+        mods = self._run_mods
+        if self._bpf_addrs or len(set(mods)) != len(mods) or not all(m in deltas for m in mods):
+            return None
+        ends, addrs, below = [*self._run_starts[1:], len(self._addrs)], self._addrs, -1
+        for start, end, mod in zip(self._run_starts, ends, mods, strict=True):
+            if start < end:
+                first, last = addrs[start] + deltas[mod], addrs[end - 1] + deltas[mod]
+                if first <= below or last >= 1 << 64:
+                    return None
+                below = last
+        moved = addrs[:]
+        kernel_tables.shift_runs(moved, self._run_starts, [deltas[m] for m in mods])
+        ks = Kallsyms.__new__(Kallsyms)
+        ks._set_columns(moved, self._names, list(self._run_starts), list(mods), self._by_name)
+        return ks
+
     @property
     def stext(self) -> int | None:
         """Runtime address of _stext: the KASLR-shifted start of kernel text."""
         syms = self.by_name("_stext")
         return syms[0].addr if syms else None
+
+
+def head_symbols(root: str = "/", until: tuple[str, ...] = ("_stext", "_text"), limit: int = 1 << 20
+                 ) -> list[tuple[int, str]] | None:
+    """(address, name) of the kernel's own code symbols at the head of /proc/kallsyms, up to the first named in
+    `until`: what tells a table cached at another boot where KASLR put the kernel now, read in a few kB (the
+    whole file is ~10 MB, generated line by line by the kernel). None when unreadable or not found in `limit`."""
+    try:
+        with open(Path(root, "proc/kallsyms"), "rb") as f:
+            head = b""
+            while len(head) < limit:
+                chunk = f.read(65536)
+                if not chunk:
+                    break
+                head += chunk
+                lines = head[:head.rfind(b"\n") + 1].decode("utf-8", "replace").splitlines()
+                found = _code_lines(lines, until)
+                if found is not None:
+                    return found
+    except OSError:
+        return None
+    return None
+
+
+def _code_lines(lines: list[str], until: tuple[str, ...]) -> list[tuple[int, str]] | None:
+    out = []
+    for line in lines:
+        f = line.split()
+        if len(f) == 3 and f[1] in ("t", "T", "w", "W"):
+            out.append((int(f[0], 16), f[2]))
+            if f[2] in until:
+                return out
+    return None
 
 
 def _bpf_symbols(text: str | bytes) -> list[tuple[int, str]]:

@@ -2,7 +2,11 @@
 
 Symbols and traceable functions are keyed by the boot and the loaded modules (a module load or
 unload changes both), function types by the kernel build (its BTF cannot change). What is read
-fresh is stored back only if the kernel's identity did not change while it was read.
+fresh is stored back only if the kernel's identity did not change while it was read. After a reboot
+(or a module reloaded elsewhere) the same build with the same modules has the same symbols, moved:
+the kernel's by its KASLR offset (read from the head of kallsyms), each module's by its new base
+(/proc/modules); those tables are moved rather than read again when each module's build-id still
+matches and the moved runs keep their order.
 """
 
 from __future__ import annotations
@@ -10,30 +14,84 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from retsnoop_otel.kernel.build_id import module_build_id
 from retsnoop_otel.kernel.kcache import KernelCache, KernelIdentity, kernel_identity
 from retsnoop_otel.symbols.btf_index import BtfFormatError, FuncTypes
-from retsnoop_otel.symbols.kallsyms import Kallsyms
+from retsnoop_otel.symbols.kallsyms import Kallsyms, head_symbols
 from retsnoop_otel.symbols.traceable import Traceable
 
 
-def load_symbols(cache: KernelCache, ident: KernelIdentity, root: str = "/") -> tuple[Kallsyms, Traceable, bool]:
-    """(kallsyms, available_filter_functions, whether both came from the cache)."""
+def load_symbols(cache: KernelCache, ident: KernelIdentity, root: str = "/") -> tuple[Kallsyms, Traceable, str]:
+    """(kallsyms, available_filter_functions, where both came from: "" read, "cached", or MOVED: cached at
+    another boot, or before a module was reloaded elsewhere, and moved to where the kernel and modules are now)."""
     name = f"symbols-{ident.build_id}"
     key = ident.boot_key()
-    cached = cache.read(name, key)
-    if isinstance(cached, tuple) and len(cached) == 2:
-        try:
-            return Kallsyms.from_state(cached[0]), Traceable.from_state(cached[1]), True
-        except (TypeError, ValueError):
-            pass  # a payload of another shape: read the kernel instead
+    stored = cache.read_keyed(name) if key is not None else None
+    if stored is not None:
+        tables = _cached_tables(stored, key, ident, root)  # type: ignore[arg-type]
+        if tables is not None:
+            ksyms, available, layout = tables
+            if layout is None:
+                return ksyms, available, "cached"
+            if kernel_identity(root) == ident:  # this boot's next start: a plain hit
+                cache.write(name, key, (ksyms.state(), available.state(), layout))
+            return ksyms, available, MOVED
     # what comes and goes without a module load is left out whether cached or not, so that a run finds
     # the same functions either way; the tracer merges its own [bpf] symbols after attaching (fentry)
     ksyms = Kallsyms.load(root, stable=True)
     available = Traceable.load(root)
     available.not_in(ksyms)  # found once here, kept with the cache
     if key is not None and cache.directory is not None and kernel_identity(root) == ident:
-        cache.write(name, key, (ksyms.state(), available.state()))
-    return ksyms, available, False
+        cache.write(name, key, (ksyms.state(), available.state(), _layout(ident, root)))
+    return ksyms, available, ""
+
+
+MOVED = "cached at another boot, moved"
+
+
+def _cached_tables(stored: tuple[str, object], key: str, ident: KernelIdentity, root: str
+                   ) -> tuple[Kallsyms, Traceable, tuple | None] | None:
+    """(the stored tables, None) under this boot's key; (moved ones, their new layout) from another."""
+    payload = stored[1]
+    if not (isinstance(payload, tuple) and len(payload) == 3):
+        return None
+    try:
+        ksyms, available = Kallsyms.from_state(payload[0]), Traceable.from_state(payload[1])
+    except (TypeError, ValueError):
+        return None  # a payload of another shape: read the kernel instead
+    if stored[0] == key:
+        return ksyms, available, None
+    moved = _moved(ksyms, payload[2], ident, root)
+    return None if moved is None else (moved[0], available, moved[1])
+
+
+def _layout(ident: KernelIdentity, root: str) -> tuple | None:
+    """Where the kernel's text and each module's began when these tables were read, and what must hold for them
+    to be moved to another boot: the build and modules (ident.layout_key) and each module's build-id."""
+    bases, head = ident.module_bases(), head_symbols(root)
+    if bases is None or not head:
+        return None
+    return ident.layout_key(), head[-1], {m: (base, module_build_id(m, root)) for m, base in bases.items()}
+
+
+def _moved(ksyms: Kallsyms, layout: object, ident: KernelIdentity, root: str) -> tuple[Kallsyms, tuple] | None:
+    """The tables of an earlier boot moved to this one, with this boot's layout; None when anything says they
+    may differ."""
+    if not (isinstance(layout, tuple) and len(layout) == 3) or layout[0] != ident.layout_key():
+        return None
+    (old_text, anchor), modules, bases, head = layout[1], layout[2], ident.module_bases(), head_symbols(root)
+    if bases is None or not head or head[-1][1] != anchor or set(bases) != set(modules):
+        return None
+    deltas, now = {"": head[-1][0] - old_text}, {}
+    for mod, base in bases.items():
+        old_base, build_id = modules[mod]
+        if module_build_id(mod, root) != build_id:
+            return None  # rebuilt (DKMS) with the same name and size: its symbols may sit elsewhere
+        deltas[mod], now[mod] = base - old_base, (base, build_id)
+    moved = ksyms.moved(deltas)
+    if moved is None or not all(addr in (s.addr for s in moved.by_name(n) if s.module is None) for addr, n in head):
+        return None  # modules loaded in another order, or the head of kallsyms disagrees: read it whole
+    return moved, (layout[0], head[-1], now)
 
 
 def load_func_types(cache: KernelCache, ident: KernelIdentity, root: str = "/",

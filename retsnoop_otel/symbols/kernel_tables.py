@@ -16,7 +16,7 @@ from typing import NamedTuple
 from retsnoop_otel.capture.model import RET_KIND_CODES, RetKind
 
 LIBRARY = Path(__file__).resolve().parent / "libkernel_tables.so"
-ABI = 3  # KT_ABI of kernel_tables.c
+ABI = 4  # KT_ABI of kernel_tables.c
 # the return kinds in the order of kernel_tables.c's R_* enumeration
 RET_KINDS = (RetKind.VOID, RetKind.POINTER, RetKind.BOOL, RetKind.UNSIGNED, RetKind.INT32, RetKind.SIGNED,
              RetKind.UNKNOWN)
@@ -55,6 +55,8 @@ def library(path: Path = LIBRARY) -> ctypes.CDLL:
                                ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_uint64]
     lib.kt_find.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_uint64,
                             ctypes.c_char_p, ctypes.c_char_p, ctypes.c_uint64]
+    lib.kt_shift.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64]
+    lib.kt_shift.restype = None
     if lib.kt_abi() != ABI:
         raise RuntimeError(f"retsnoop-otel: {path} is of another version: rebuild it (`make bpf`)")
     return lib
@@ -112,6 +114,17 @@ def _run(fn_name: str, *args: object) -> tuple[ctypes.CDLL, ctypes._Pointer]:
         lib.kt_free(ptr)
         raise TableError(message)
     return lib, ptr
+
+
+def shift_runs(addrs: array, run_starts: list[int], deltas: list[int]) -> None:
+    """Add deltas[r] to the addresses of run r (from run_starts[r] to the next run's start), in place."""
+    if not addrs or not run_starts:
+        return
+    n = len(run_starts)
+    buf = (ctypes.c_uint64 * len(addrs)).from_buffer(addrs)
+    starts = (ctypes.c_uint64 * n)(*run_starts)
+    moves = (ctypes.c_uint64 * n)(*(d & 0xFFFF_FFFF_FFFF_FFFF for d in deltas))
+    library().kt_shift(buf, len(addrs), starts, moves, n)
 
 
 def kallsyms_columns(text: bytes, stable: bool) -> KallsymsColumns:

@@ -17,6 +17,7 @@ import pytest
 
 from retsnoop_otel.kernel import kcache
 from retsnoop_otel.kernel.kcache import KernelCache, cache_base, kernel_identity, modules_state
+from retsnoop_otel.symbols import kernel_facts
 from retsnoop_otel.symbols.kernel_facts import load_func_types, load_symbols
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "kernel_root"
@@ -136,7 +137,7 @@ def test_symbols_come_from_the_cache_while_boot_and_modules_hold(tmp_path: Path,
     (root / "proc/kallsyms").rename(root / "proc/kallsyms.away")
     (root / "sys/kernel/tracing/available_filter_functions").rename(root / "aff.away")
     warm, warm_available, cached = load_symbols(cache, kernel_identity(str(root)), str(root))
-    assert cached and warm_available == available
+    assert cached == "cached" and warm_available == available
     assert [s.addr for s in warm.by_name("show_stat")] == [s.addr for s in ksyms.by_name("show_stat")]
     assert warm.lookup(0xFFFFFFFF81001010 + 0x35) == ksyms.lookup(0xFFFFFFFF81001010 + 0x35)
     # what changes without any module load is left out, cached or not: [bpf] programs, ftrace trampolines
@@ -146,10 +147,9 @@ def test_symbols_come_from_the_cache_while_boot_and_modules_hold(tmp_path: Path,
 
 
 @pytest.mark.parametrize("change", [
-    {"boot": "boot-2"},  # a reboot (KASLR moves every address)
     {"modules": MODULES + "dummy 16384 0 - Live 0xffffffffc0c00000\n"},  # a module loaded
     {"modules": MODULES.splitlines(keepends=True)[0]},  # a module unloaded
-    {"modules": MODULES.replace("0xffffffffc0400000", "0xffffffffc0600000")},  # reloaded elsewhere
+    {"modules": MODULES.replace("1204224", "1208320")},  # another build of a module
     {"build_id": b"\x34" * 20},  # another kernel
 ])
 def test_symbols_are_read_again_when_the_kernel_changes(tmp_path: Path, cache: KernelCache, change: dict) -> None:
@@ -158,8 +158,84 @@ def test_symbols_are_read_again_when_the_kernel_changes(tmp_path: Path, cache: K
     root = make_root(tmp_path, **change)
     kallsyms = root / "proc/kallsyms"
     kallsyms.write_text(kallsyms.read_text() + "ffffffffc0c00000 t dummy_xmit\t[dummy]\n")
-    ksyms, _, cached = load_symbols(cache, kernel_identity(str(root)), str(root))
-    assert not cached and ksyms.by_name("dummy_xmit")
+    ksyms, _, source = load_symbols(cache, kernel_identity(str(root)), str(root))
+    assert source == "" and ksyms.by_name("dummy_xmit")
+
+
+CORE_MOVE, KVM_MOVE, NFT_MOVE = 0x1E00000, -0x200000, 0x40000
+
+
+def moved_text(text: str, core: int, mods: dict[str, int]) -> str:
+    """kallsyms as another boot shows it: the kernel's text moved by `core` (KASLR), each module's by its own."""
+    out = []
+    for line in text.splitlines():
+        addr, rest = line.split(" ", 1)
+        mod = rest.partition("[")[2].rstrip("]")
+        delta = mods.get(mod, 0) if mod else core
+        out.append(f"{int(addr, 16) + delta:016x} {rest}")
+    return "\n".join(out) + "\n"
+
+
+def move_root(tmp_path: Path, core: int, kvm: int, nft: int, boot: str = "boot-2") -> Path:
+    """The fixture root at another boot: kallsyms and /proc/modules moved alike."""
+    modules = (MODULES.replace("0xffffffffc0400000", f"0x{0xFFFFFFFFC0400000 + kvm:x}")
+               .replace("0xffffffffc0a00000", f"0x{0xFFFFFFFFC0A00000 + nft:x}"))
+    root = make_root(tmp_path, boot=boot, modules=modules)
+    fresh = (FIXTURE / "proc/kallsyms").read_text()
+    (root / "proc/kallsyms").write_text(moved_text(fresh, core, {"kvm": kvm, "nf_tables": nft}))
+    return root
+
+
+def module_notes(root: Path, builds: dict[str, bytes]) -> None:
+    for mod, build in builds.items():
+        (root / "sys/module" / mod / "notes").mkdir(parents=True, exist_ok=True)
+        (root / "sys/module" / mod / "notes/.note.gnu.build-id").write_bytes(_notes(build))
+
+
+def test_symbols_of_another_boot_are_moved_not_read(tmp_path: Path, cache: KernelCache) -> None:
+    root = make_root(tmp_path)
+    module_notes(root, {"kvm": b"\x01" * 20, "nf_tables": b"\x02" * 20})
+    load_symbols(cache, kernel_identity(str(root)), str(root))
+    root = move_root(tmp_path, CORE_MOVE, KVM_MOVE, NFT_MOVE)
+    moved, available, source = load_symbols(cache, kernel_identity(str(root)), str(root))
+    read, read_available, _ = load_symbols(KernelCache(None), kernel_identity(str(root)), str(root))
+    assert source == kernel_facts.MOVED
+    assert list(moved.items()) == list(read.items()) and available == read_available
+    assert moved.lookup(0xFFFFFFFF81001010 + CORE_MOVE + 0x35) == read.lookup(0xFFFFFFFF81001010 + CORE_MOVE + 0x35)
+    assert [s.addr for s in moved.by_name("show_stat")] == [s.addr for s in read.by_name("show_stat")]
+    # stored back under this boot's key: the next start reads nothing of the kernel's tables
+    (root / "proc/kallsyms").rename(root / "proc/kallsyms.away")
+    (root / "sys/kernel/tracing/available_filter_functions").rename(root / "aff.away")
+    again, _, source = load_symbols(cache, kernel_identity(str(root)), str(root))
+    assert source == "cached" and list(again.items()) == list(read.items())
+
+
+def test_a_module_reloaded_elsewhere_moves_alone(tmp_path: Path, cache: KernelCache) -> None:
+    root = make_root(tmp_path)
+    load_symbols(cache, kernel_identity(str(root)), str(root))
+    root = move_root(tmp_path, 0, 0, 0x100000, boot="boot-1")  # nf_tables unloaded, loaded again higher up
+    moved, _, source = load_symbols(cache, kernel_identity(str(root)), str(root))
+    read, _, _ = load_symbols(KernelCache(None), kernel_identity(str(root)), str(root))
+    assert source == kernel_facts.MOVED and list(moved.items()) == list(read.items())
+
+
+@pytest.mark.parametrize("why", ["another order", "another module build", "addresses hidden", "another anchor"])
+def test_symbols_are_read_again_when_moving_could_be_wrong(tmp_path: Path, cache: KernelCache, why: str) -> None:
+    root = make_root(tmp_path)
+    module_notes(root, {"kvm": b"\x01" * 20})
+    load_symbols(cache, kernel_identity(str(root)), str(root))
+    kvm = 0x800000 if why == "another order" else KVM_MOVE  # kvm loaded after nf_tables this time
+    root = move_root(tmp_path, CORE_MOVE, kvm, NFT_MOVE)
+    if why == "another module build":
+        module_notes(root, {"kvm": b"\x03" * 20})
+    if why == "addresses hidden":
+        (root / "proc/modules").write_text(MODULES.replace("0xffffffffc0400000", "0x0000000000000000"))
+    if why == "another anchor":  # the kernel's first text symbol is another one: do not guess
+        lines = (root / "proc/kallsyms").read_text().splitlines(keepends=True)
+        (root / "proc/kallsyms").write_text("".join(lines[1:]))
+    ksyms, _, source = load_symbols(cache, kernel_identity(str(root)), str(root))
+    read, _, _ = load_symbols(KernelCache(None), kernel_identity(str(root)), str(root))
+    assert source == "" and list(ksyms.items()) == list(read.items())
 
 
 def test_nothing_is_stored_when_the_kernel_changed_during_the_read(tmp_path: Path, cache: KernelCache) -> None:

@@ -75,6 +75,25 @@ def test_dry_run_phases_and_the_kernel_cache(vm_batch) -> None:
     after = _phases(module["err"])
     assert module["rc"] == 0 and after["btf"].endswith(", cached") and "cached" not in after["symbols"], after
     assert after["features"] == "kernel feature probes, cached", after
+    for step in ("cold", "warm", "module", "reloaded", "another boot"):  # what the cache holds is what kallsyms says
+        assert runs[step]["symbols_same"], (step, runs[step]["symbols_differ"])
+
+
+def test_the_symbols_of_another_boot_or_a_reloaded_module_are_moved_not_read(vm_batch) -> None:
+    """The same build with the same modules has the same symbols, moved: the kernel's by its KASLR offset, each
+    module's by where it was loaded. A module reloaded elsewhere, and a cache entry rewritten as another boot
+    (another boot id, the kernel's text and every module lower) are moved to match kallsyms exactly."""
+    runs = {run["step"]: run for run in vm_batch["trace_dry_run"]["runs"]}
+    reloaded, other = runs["reloaded"], runs["another boot"]
+    assert reloaded["reload_rc"] == 0 and reloaded["dummy_moved_by"], reloaded
+    assert reloaded["rc"] == 0 and _phases(reloaded["err"])["symbols"].endswith(", cached at another boot, moved")
+    assert reloaded["out"] == runs["module"]["out"]  # the same functions found (dummy's among them)
+    # the rewritten entry: Debian's modules carry build-ids, so a rebuilt module would be told apart
+    assert other["rewritten"]["anchor"] in ("_text", "_stext") and "dummy" in other["rewritten"]["modules"]
+    assert len(other["rewritten"]["build_ids"]) == len(other["rewritten"]["modules"]), other["rewritten"]
+    assert other["rc"] == 0 and _phases(other["err"])["symbols"].endswith(", cached at another boot, moved")
+    assert other["out"] == runs["module"]["out"] and other["symbols_source"] == "cached"
+    assert other["symbols_same"] and "dummy" in other["symbols_modules"], other["symbols_differ"]
 
 
 def test_call_table_and_arguments(vm_batch) -> None:
