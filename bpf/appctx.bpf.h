@@ -237,24 +237,24 @@ int app_publish_vma(struct syscall_enter_args *ctx)
 	return report_publish((void *)ctx->args[4]);
 }
 
-/* The same two hooks as kprobes on the syscalls' entry functions (__x64_sys_memfd_create, ...), used where the
- * kernel has kprobe.multi (kernel/app_hooks.py). A syscall tracepoint turns on the tracepoint path of every syscall
- * of every task while it is attached, and detaching one waits for RCU grace periods under the kernel's event mutex
- * (0.1 s each in the emulated VM, most of a stop); a kprobe on one function costs only that function's calls, and
- * detaches at once. The entry function's one argument is the user's registers (ARCH_HAS_SYSCALL_WRAPPER). */
+/* The same two hooks as one program on the syscalls' entry functions (__x64_sys_memfd_create, ...), by one
+ * kprobe.multi link where the kernel has kprobe.multi (kernel/app_hooks.py), its cookie saying which syscall. A
+ * syscall tracepoint turns on the tracepoint path of every syscall of every task while it is attached, and
+ * detaching one waits for RCU grace periods under the kernel's event mutex (0.1 s each in the emulated VM, most of
+ * a stop); a kprobe costs only these two functions' calls. One link, not one per syscall: before fprobe ran on
+ * fgraph (6.14), each kprobe.multi link's detach waited for grace periods of its own under ftrace's lock (80-140 ms
+ * each on 6.12 in the emulated VM). The entry function's one argument is the user's registers
+ * (ARCH_HAS_SYSCALL_WRAPPER). */
+#define APP_PUB_MEMFD_CREATE 0	/* the cookies (kernel/app_hooks.py PUBLISH_SYSCALLS, in that order) */
+#define APP_PUB_PRCTL 1
+
 SEC("?kprobe.multi")
 int app_pub_kp(struct pt_regs *ctx)
 {
 	struct pt_regs *regs = (struct pt_regs *)PT_REGS_PARM1(ctx);
 
-	return report_publish((void *)PT_REGS_PARM1_CORE_SYSCALL(regs));
-}
-
-SEC("?kprobe.multi")
-int app_pub_vma_kp(struct pt_regs *ctx)
-{
-	struct pt_regs *regs = (struct pt_regs *)PT_REGS_PARM1(ctx);
-
+	if (bpf_get_attach_cookie(ctx) == APP_PUB_MEMFD_CREATE)
+		return report_publish((void *)PT_REGS_PARM1_CORE_SYSCALL(regs));	/* memfd_create(name, flags) */
 	if (PT_REGS_PARM1_CORE_SYSCALL(regs) != PR_SET_VMA || PT_REGS_PARM2_CORE_SYSCALL(regs) != PR_SET_VMA_ANON_NAME)
 		return 0;
 	return report_publish((void *)PT_REGS_PARM5_CORE_SYSCALL(regs));

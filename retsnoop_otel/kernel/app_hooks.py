@@ -3,10 +3,12 @@ process's exec, and its creation of an OTEL_CTX process context. Loaded and atta
 read thread context.
 
 The exec hook is a raw tracepoint (every kernel from 5.10 on, and allowed where tracing programs are not); it
-is required. The publish hooks are kprobes on the two syscalls' entry functions where the run's attach mode
-shows the kernel has kprobe.multi, and syscall tracepoints elsewhere (CONFIG_FTRACE_SYSCALLS, and tracefs to
-find them). A syscall tracepoint costs every syscall of every task while attached and takes two RCU grace
-periods to detach (bpf/appctx.bpf.h); the kprobes cost only memfd_create and prctl. Without a publish hook the
+is required. The publish hooks are one program on the two syscalls' entry functions, by one kprobe.multi link
+(its cookie says which syscall), where the run's attach mode shows the kernel has kprobe.multi, and syscall
+tracepoints elsewhere (CONFIG_FTRACE_SYSCALLS, and tracefs to find them). A syscall tracepoint costs every
+syscall of every task while attached and takes two RCU grace periods to detach (bpf/appctx.bpf.h); the kprobes
+cost only memfd_create and prctl, and before 6.14 every kprobe.multi link took grace periods of its own to detach
+(80-140 ms on 6.12 in the emulated VM): one link, not two. Without a publish hook the
 watcher still finds a process from its exec by its timed checks, later, so a hook that does not attach is named
 in the attach report instead of refusing the run.
 """
@@ -18,9 +20,9 @@ from retsnoop_otel.kernel import libbpf as lb
 EXEC_PROGRAM = "app_exec"  # on sched_process_exec
 PUBLISH_PROGRAMS = {"app_publish": ("syscalls", "sys_enter_memfd_create"),  # memfd_create("OTEL_CTX", ...)
                     "app_publish_vma": ("syscalls", "sys_enter_prctl")}  # prctl(PR_SET_VMA, ..., "OTEL_CTX")
-PUBLISH_KPROBES = {"app_pub_kp": "memfd_create", "app_pub_vma_kp": "prctl"}  # the same, by kprobe.multi
-KPROBE_NAMES = dict(zip(PUBLISH_KPROBES, PUBLISH_PROGRAMS, strict=True))  # kprobe program -> tracepoint name
-PROGRAMS = (EXEC_PROGRAM, *PUBLISH_PROGRAMS, *PUBLISH_KPROBES)
+PUBLISH_KPROBE = "app_pub_kp"  # both, by kprobe.multi: its cookie is the syscall's place in PUBLISH_SYSCALLS
+PUBLISH_SYSCALLS = ("memfd_create", "prctl")  # bpf/appctx.bpf.h APP_PUB_MEMFD_CREATE, APP_PUB_PRCTL
+PROGRAMS = (EXEC_PROGRAM, *PUBLISH_PROGRAMS, PUBLISH_KPROBE)
 KPROBE_MULTI_FEATURES = frozenset({"kprobe_multi", "kprobe_session"})  # attach modes that prove kprobe.multi works
 SYSCALL_PREFIXES = {"x86_64": "__x64_sys_", "aarch64": "__arm64_sys_"}  # the syscalls' entry functions (uname -m)
 
@@ -34,7 +36,7 @@ def by_kprobe(feature: str, machine: str) -> bool:
 def configure(obj: lb.BpfObject, app_context: bool, kprobes: bool) -> None:
     """Before load: the hooks' programs are loaded only when the probe set reads thread context, the publish hooks
     of one kind (`kprobes`: by_kprobe's answer)."""
-    publish = PUBLISH_KPROBES if kprobes else PUBLISH_PROGRAMS
+    publish = (PUBLISH_KPROBE,) if kprobes else tuple(PUBLISH_PROGRAMS)
     for name in PROGRAMS:
         obj.program(name).set_autoload(app_context and (name == EXEC_PROGRAM or name in publish))
 
@@ -44,10 +46,16 @@ def attach(obj: lb.BpfObject, links: list[lb.Link], kprobes: bool, machine: str)
     links.append(obj.program(EXEC_PROGRAM).attach_raw_tracepoint("sched_process_exec"))
     missing = []
     if kprobes:
-        for name, syscall in PUBLISH_KPROBES.items():
-            func = SYSCALL_PREFIXES[machine] + syscall
+        prog = obj.program(PUBLISH_KPROBE)
+        funcs = [SYSCALL_PREFIXES[machine] + syscall for syscall in PUBLISH_SYSCALLS]
+        try:
+            links.append(prog.attach_kprobe_multi(syms=funcs, cookies=list(range(len(funcs)))))
+            return missing
+        except lb.LibbpfError:
+            pass  # one of them is not traceable here: each alone, so that the other still reports
+        for cookie, func in enumerate(funcs):
             try:
-                links.append(obj.program(name).attach_kprobe_multi(syms=[func]))
+                links.append(prog.attach_kprobe_multi(syms=[func], cookies=[cookie]))
             except lb.LibbpfError as exc:
                 missing.append(f"kprobe {func} ({str(exc).splitlines()[0]})")
         return missing
@@ -60,11 +68,12 @@ def attach(obj: lb.BpfObject, links: list[lb.Link], kprobes: bool, machine: str)
 
 
 def programs(obj: lb.BpfObject, links: list[lb.Link]) -> list[tuple[str, int]]:
-    """(name, fd) of the hooks' loaded programs while attached, for their run counts and times; a publish hook is
-    named the same whichever way it attached."""
+    """(name, fd) of the hooks' loaded programs while attached, for their run counts and times. The kprobe program
+    of both publish hooks is named as the first tracepoint program (`app_publish`): it runs at both syscalls."""
     if not links:
         return []
-    return [(KPROBE_NAMES.get(name, name), fd) for name in PROGRAMS if (fd := obj.program(name).fd) >= 0]
+    first = next(iter(PUBLISH_PROGRAMS))
+    return [(first if name == PUBLISH_KPROBE else name, fd) for name in PROGRAMS if (fd := obj.program(name).fd) >= 0]
 
 
 def detach(links: list[lb.Link]) -> list[lb.Link]:

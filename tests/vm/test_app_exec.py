@@ -60,6 +60,9 @@ def test_a_python_service_started_after_the_agent_joins_from_its_first_request(v
     # its memfd_create("OTEL_CTX") reached the agent (bpf/appctx.bpf.h app_publish): it was checked then, not
     # up to a second later at its next timed check, a second its first request may not leave
     assert [p for p in r["published"] if p["pid"] == r["service_pid"]], (r["published"], r["agent_output"][-3000:])
+    # and a mapping named OTEL_CTX by prctl(PR_SET_VMA) reached it too (the kprobe program's other syscall, by its
+    # cookie, where the publish hooks are kprobes)
+    assert [p for p in r["published"] if p["pid"] == r["vma_namer_pid"]], (r["published"], r["agent_output"][-3000:])
     # the default mode on a kernel with kprobe.multi (5.18+) proves it: the publish hooks are kprobes on the two
     # syscalls' functions there, which detach at once and leave other syscalls alone (kernel/app_hooks.py)
     assert r["publish_prog_types"] == (["kprobe"] if vm_batch.at_least(5, 18) else ["tracepoint"]), \

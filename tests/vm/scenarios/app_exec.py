@@ -45,6 +45,17 @@ logging:
   format: json
   level: debug
 """
+# prctl(PR_SET_VMA, PR_SET_VMA_ANON_NAME, addr, len, "OTEL_CTX"): the other way a process context is published (the
+# kernel may refuse the name, CONFIG_ANON_VMA_NAME; the hook sees the call at its entry either way)
+VMA_NAMER = """
+import ctypes, mmap, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+m = mmap.mmap(-1, 4096)
+addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+rc = libc.prctl(0x53564D41, 0, ctypes.c_ulong(addr), ctypes.c_ulong(4096), ctypes.c_char_p(b"OTEL_CTX"))
+print(f"named pid={os.getpid()} rc={rc} errno={ctypes.get_errno()}", flush=True)
+time.sleep(3)
+"""
 WATCHED = "exec'd process watched for thread context"
 PUBLISHED = "process published its process context"  # appctx/watch.py PUBLISHED
 
@@ -135,6 +146,10 @@ def scenario_app_exec(ctx) -> dict:
 
         bystander = ctx.spawn([bins["bystander"], "valid", "1", "bpf"], stdin=True)
         r["bystander_pid"] = int(bystander.wait_for_line(r"^ready pid=(\d+)", timeout=120).group(1))
+
+        namer = ctx.spawn([PY, "-c", VMA_NAMER])
+        r["vma_namer_pid"] = int(namer.wait_for_line(r"^named pid=(\d+)", timeout=120).group(1))
+        namer.popen.wait(120)
 
         svc_env = {"OTEL_PYTHON_CONTEXT": "retsnoop_thread_ctx", "OTEL_SERVICE_NAME": "orders-service",
                    "RETSNOOP_OTEL_THREAD_ATTRIBUTES": "user.id"}
