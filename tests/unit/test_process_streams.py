@@ -61,10 +61,10 @@ def bounded_runs(monkeypatch) -> None:
     polls = {"n": 0}
     poll_once = Runtime.poll_once
 
-    def counted(self: Runtime) -> None:
+    def counted(self: Runtime, *stopping) -> None:
         polls["n"] += 1
         assert polls["n"] < MAX_POLLS, "the failed output never stopped the run"
-        poll_once(self)
+        poll_once(self, *stopping)
     monkeypatch.setattr(Runtime, "poll_once", counted)
 
 
