@@ -19,6 +19,7 @@ from retsnoop_otel.kernel import kcache
 from retsnoop_otel.kernel.kcache import KernelCache, cache_base, kernel_identity, modules_state
 from retsnoop_otel.symbols import kernel_facts
 from retsnoop_otel.symbols.kernel_facts import load_func_types, load_symbols
+from retsnoop_otel.symbols.traceable import Traceable
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "kernel_root"
 MODULES = ("kvm 1204224 1 kvm_intel, Live 0xffffffffc0400000\n"
@@ -274,3 +275,22 @@ def test_function_types_are_cached_per_kernel_build(tmp_path: Path, cache: Kerne
     make_root(tmp_path, build_id=b"\x56" * 20)
     with pytest.raises(OSError):
         load_func_types(cache, kernel_identity(str(root)), str(root))
+
+
+def test_the_two_tables_are_read_together_and_each_failure_is_said(tmp_path: Path, cache: KernelCache) -> None:
+    """available_filter_functions is read on another thread while kallsyms is parsed: a failure of either is raised
+    on the caller's thread, kallsyms' first when both fail (as when they were read one after the other)."""
+    from retsnoop_otel.kernel.tracefs import TracefsError
+    from retsnoop_otel.symbols.kallsyms import KallsymsError
+    root = make_root(tmp_path)
+    aff = root / "sys/kernel/tracing/available_filter_functions"
+    aff.rename(root / "aff.away")
+    with pytest.raises(TracefsError, match="available_filter_functions"):
+        load_symbols(cache, kernel_identity(str(root)), str(root))
+    (root / "proc/kallsyms").rename(root / "proc/kallsyms.away")
+    with pytest.raises(KallsymsError, match="cannot read"):
+        load_symbols(cache, kernel_identity(str(root)), str(root))
+    (root / "aff.away").rename(aff)
+    (root / "proc/kallsyms.away").rename(root / "proc/kallsyms")
+    ksyms, available, source = load_symbols(cache, kernel_identity(str(root)), str(root))
+    assert source == "" and len(ksyms) == 47 - 4 and available == Traceable.parse(aff.read_bytes())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+from tests.vm.scenarios.kernel_cache_moves import as_if_cached_at_another_boot, symbols_as_read
 from tests.vm.scenarios.trace_modes import PY, trace_mode
 from tests.vm.traced_run import our_progs
 
@@ -37,11 +38,11 @@ def scenario_trace_dry_run(ctx) -> dict:
             mod_rc, _, mod_err = ctx.run("rmmod dummy && modprobe ifb && modprobe dummy && rmmod ifb", 60)
             extra = {"dummy_moved_by": _module_base("dummy") - was, "reload_rc": mod_rc, "reload_err": mod_err}
         if step == "another boot":
-            extra = {"rewritten": _as_if_cached_at_another_boot(f"{ctx.tmpdir}/cache")}
+            extra = {"rewritten": as_if_cached_at_another_boot(f"{ctx.tmpdir}/cache")}
         step_env = f"{env} PYTHONPROFILEIMPORTTIME=1" if step == "warm" else env
         rc, out, err = ctx.run(f"{step_env} {' '.join(repr(c) if '*' in c else c for c in cmd)}", 300)
         runs.append({"step": step, "rc": rc, "out": out, "err": err, **extra,
-                     **_symbols_as_read(f"{ctx.tmpdir}/cache")})
+                     **symbols_as_read(f"{ctx.tmpdir}/cache")})
     ctx.run("rmmod dummy", 60)
     # retsnoop's presets (-c) resolve on this kernel: both cases' entry functions found, nothing loaded
     rc, out, err = ctx.run(f"{env} {PY} -m retsnoop_otel trace --dry-run -c bpf -c perf", 300)
@@ -57,39 +58,6 @@ def _module_base(name: str) -> int:
         if f[0] == name:
             return int(f[5], 16)
     return 0
-
-
-def _symbols_as_read(cache_dir: str) -> dict:
-    """The symbols the cache holds now (what the run before left there) against kallsyms read whole."""
-    from retsnoop_otel.kernel.kcache import KernelCache, kernel_identity
-    from retsnoop_otel.symbols.kallsyms import Kallsyms
-    from retsnoop_otel.symbols.kernel_facts import load_symbols
-    cached, _, source = load_symbols(KernelCache.at(cache_dir), kernel_identity())
-    have, want = list(cached.items()), list(Kallsyms.load(stable=True).items())
-    differ = [(hex(a[0]), a[1], a[2], hex(b[0]), b[1], b[2]) for a, b in zip(have, want, strict=False) if a != b]
-    return {"symbols_source": source, "symbols_same": have == want, "symbols_count": len(want),
-            "symbols_differ": differ[:5], "symbols_modules": sorted({m for _, _, m in want if m})}
-
-
-CORE_SHIFT, MODULE_SHIFT = 0x4000000, 0x10000
-
-
-def _as_if_cached_at_another_boot(cache_dir: str) -> dict:
-    """Rewrite this boot's cache entry of symbols as another boot would have left it: another boot id, the
-    kernel's text 64 MB lower (KASLR) and every module 64 kB lower, with the layout saying so."""
-    from retsnoop_otel.kernel.kcache import KernelCache, kernel_identity
-    from retsnoop_otel.symbols.kallsyms import Kallsyms
-    ident, cache = kernel_identity(), KernelCache.at(cache_dir)
-    name = f"symbols-{ident.build_id}"
-    key, (ksyms, available, layout) = cache.read_keyed(name)  # type: ignore[misc]
-    tables = Kallsyms.from_state(ksyms)
-    mods = {m for _, _, m in tables.items() if m}
-    moved = tables.moved({"": -CORE_SHIFT, **{m: -MODULE_SHIFT for m in mods}})
-    layout_key, (text, anchor), bases = layout
-    bases = {m: (base - MODULE_SHIFT, bid) for m, (base, bid) in bases.items()}
-    cache.write(name, key.replace(ident.boot_id, "another-boot"),
-                (moved.state(), available, (layout_key, (text - CORE_SHIFT, anchor), bases)))  # type: ignore[union-attr]
-    return {"anchor": anchor, "modules": sorted(bases), "build_ids": sorted(b for _, b in bases.values() if b)}
 
 
 def scenario_trace_calls_args(ctx) -> dict:
