@@ -11,11 +11,9 @@ matches and the moved runs keep their order.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from retsnoop_otel.kernel import tracefs
 from retsnoop_otel.kernel.build_id import module_build_id
 from retsnoop_otel.kernel.kcache import KernelCache, KernelIdentity, kernel_identity
 from retsnoop_otel.symbols.btf_index import BtfFormatError, FuncTypes
@@ -38,7 +36,10 @@ def load_symbols(cache: KernelCache, ident: KernelIdentity, root: str = "/") -> 
             if kernel_identity(root) == ident:  # this boot's next start: a plain hit
                 cache.write(name, key, (ksyms.state(), available.state(), layout))
             return ksyms, available, MOVED
-    ksyms, available = read_tables(root)
+    # what comes and goes without a module load is left out whether cached or not, so that a run finds
+    # the same functions either way; the tracer merges its own [bpf] symbols after attaching (fentry)
+    ksyms = Kallsyms.load(root, stable=True)
+    available = Traceable.load(root)
     available.not_in(ksyms)  # found once here, kept with the cache
     if key is not None and cache.directory is not None and kernel_identity(root) == ident:
         cache.write(name, key, (ksyms.state(), available.state(), _layout(ident, root)))
@@ -46,31 +47,6 @@ def load_symbols(cache: KernelCache, ident: KernelIdentity, root: str = "/") -> 
 
 
 MOVED = "cached at another boot, moved"
-
-
-def read_tables(root: str = "/") -> tuple[Kallsyms, Traceable]:
-    """kallsyms read and parsed on this thread while available_filter_functions is read on another: the kernel
-    formats each line by line (0.3 and 0.2 s under emulation) and reads and the C parse run without the GIL, so
-    the two overlap. What comes and goes without a module load is left out ([bpf], ftrace trampolines), cached or
-    not, so that a run finds the same functions either way; the tracer merges its own [bpf] symbols after
-    attaching (fentry)."""
-    got: list[object] = []
-
-    def read_traceable() -> None:
-        try:
-            got.append(tracefs.read_available_filter_functions_bytes(root))
-        except BaseException as exc:  # noqa: BLE001 - raised on the caller's thread, after kallsyms' own error
-            got.append(exc)
-
-    reader = threading.Thread(target=read_traceable, name="traceable-read", daemon=True)
-    reader.start()
-    try:
-        ksyms = Kallsyms.load(root, stable=True)
-    finally:
-        reader.join()
-    if isinstance(got[0], BaseException):
-        raise got[0]
-    return ksyms, Traceable.parse(got[0])  # type: ignore[arg-type]
 
 
 def _cached_tables(stored: tuple[str, object], key: str, ident: KernelIdentity, root: str

@@ -277,9 +277,8 @@ def test_function_types_are_cached_per_kernel_build(tmp_path: Path, cache: Kerne
         load_func_types(cache, kernel_identity(str(root)), str(root))
 
 
-def test_the_two_tables_are_read_together_and_each_failure_is_said(tmp_path: Path, cache: KernelCache) -> None:
-    """available_filter_functions is read on another thread while kallsyms is parsed: a failure of either is raised
-    on the caller's thread, kallsyms' first when both fail (as when they were read one after the other)."""
+def test_each_table_that_cannot_be_read_is_said(tmp_path: Path, cache: KernelCache) -> None:
+    """A failure of either table is said, kallsyms' first when both fail."""
     from retsnoop_otel.kernel.tracefs import TracefsError
     from retsnoop_otel.symbols.kallsyms import KallsymsError
     root = make_root(tmp_path)
