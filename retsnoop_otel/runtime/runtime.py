@@ -274,14 +274,9 @@ class Runtime:
     # ---- running and stopping --------------------------------------------------------------------
 
     def poll_once(self, stopping: Callable[[], bool] = lambda: False) -> None:
-        """The sets' records read (waiting up to POLL_MS), then the timed work of a run that goes on: not once
-        `stopping` says a stop came (a signal ends the wait), since the thread-context watcher's turn can take a
-        tenth of a second under emulation and the drain at detach emits and flushes what is due anyway."""
-        sets = self.probe_sets
-        per_set = max(1, POLL_MS // max(1, len(sets)))
-        for ps in sets:
-            ps.poll(per_set)
-        if stopping():
+        for ps in (sets := self.probe_sets):
+            ps.poll(max(1, POLL_MS // max(1, len(sets))))
+        if stopping():  # a stop signal ended the wait: the drain at detach emits what is due, no watcher turn
             return
         self.route.service()
         self.last_poll = now = self.deps.monotonic()
