@@ -8,7 +8,8 @@
 # TREE: the checkout to measure (default: this one); RETSNOOP_BIN: bench/build-retsnoop's binary; ROUNDS (2).
 # Figures land in $RETSNOOP_OTEL_RWDIR (start-*.txt, peer.txt, agent-*.log); bench/RESULTS.md reads them.
 set -x
-T=${TREE:-$(cd "$(dirname "$0")/.." && pwd)}
+HERE=$(cd "$(dirname "$0")" && pwd)
+T=${TREE:-$(cd "$HERE/.." && pwd)}
 cd $T
 export PYTHONPATH=$T RETSNOOP_BIN=${RETSNOOP_BIN:-$HOME/.cache/retsnoop-otel/peers/retsnoop-v0.11/retsnoop}  # the host cache (the guest mounts it)
 O=$RETSNOOP_OTEL_RWDIR
@@ -29,18 +30,7 @@ starts() {
     python -m bench.start_compare --set $s --rounds $R --peers retsnoop --modes kprobe_session > $O/start-$s-$1.txt 2>&1; tail -12 $O/start-$s-$1.txt
   done
 }
-local_disk() {  # the same paths, bound to the rslocal disk's copies (bench/local_disk_image.sh)
-  modprobe -a virtio_blk ext4 || return 1  # vng --disk attaches a virtio-blk disk
-  local dev=""
-  for k in $(seq 1 10); do dev=$(blkid -L rslocal) && break; sleep 1; done
-  [ -n "$dev" ] || { echo "no rslocal disk (tests/vm/run --disk): the package over 9p only"; return 1; }
-  local py venv
-  venv=$(readlink -f $T/.venv); py=$(dirname "$(dirname "$(readlink -f $venv/bin/python)")")
-  mkdir -p /run/rslocal && mount -o ro "$dev" /run/rslocal || return 1
-  mount --bind /run/rslocal/py "$py" && mount --bind /run/rslocal/venv "$venv" && mount --bind /run/rslocal/tree $T \
-    && mount --bind /run/rslocal/peers/retsnoop "$RETSNOOP_BIN" || return 1
-  cd $T && findmnt -T $T/retsnoop_otel && findmnt -T "$py/lib"
-}
+. "$HERE/local_disk_bind.sh"
 agents 9p
 starts 9p
 python -m bench.peer_compare --sets 6,1000 --modes kprobe_session --peers retsnoop --rounds 2 --json $O/peer.json > $O/peer.txt 2>&1; tail -40 $O/peer.txt
