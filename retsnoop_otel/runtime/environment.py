@@ -145,15 +145,11 @@ def load_kernel_env(symbols: SymbolsConfig, vmlinux: str | None, lbr: tuple[str,
     assert symbols.cache_dir is not None, "resolved with the run's environment (runtime/settings.py)"
     cache = KernelCache.at(symbols.cache_dir)
     t = time.monotonic()
-    # the facts the read-ahead stored in the cache are this start's own reads, done beside its imports
-    fetched = ahead.wait() if ahead is not None else frozenset()
-    ahead_note = ", read beside the imports"
     ident = kernel_identity(root)
     try:  # the kernel's function types first: the feature probes look their targets up in them
         types, cached = load_func_types(cache, ident, root, lambda: ReturnKinds(Btf.load_vmlinux()))
         count = f"{len(types)} functions" if isinstance(types, Sized) else "libbpf lookups"
-        phases.append(phase_since("btf", t, count + ((ahead_note if "btf" in fetched else ", cached") if cached
-                                                      else "")))
+        phases.append(phase_since("btf", t, count + (", cached" if cached else "")))
     except (OSError, lb.LibbpfError, lb.LibbpfUnavailable):
         types = None  # no BTF: the feature checks below say so
     t = time.monotonic()
@@ -163,8 +159,7 @@ def load_kernel_env(symbols: SymbolsConfig, vmlinux: str | None, lbr: tuple[str,
                                 thorough=False, cache=probed)
     except lb.LibbpfUnavailable as exc:
         raise SetupError(str(exc)) from None
-    phases.append(phase_since("features", t, "kernel feature probes"
-                              + ((ahead_note if "features" in fetched else ", cached") if probed.hit else "")))
+    phases.append(phase_since("features", t, "kernel feature probes" + (", cached" if probed.hit else "")))
 
     def check_mode(mode: str) -> None:
         try:
