@@ -22,7 +22,6 @@ from retsnoop_otel.command.streams import SignalStop, StartSignals, Streams, exi
 
 if TYPE_CHECKING:
     from retsnoop_otel.runtime.deps import RuntimeDeps
-    from retsnoop_otel.symbols.read_ahead import SymbolsAhead
 
 SUBCOMMANDS = ("trace", "features", "simfail", "agent")
 
@@ -82,10 +81,9 @@ def process_age_s(root: str = "/") -> float | None:
         return None
 
 
-def main(argv: Sequence[str] | None = None, deps: RuntimeDeps | None = None, read_ahead: bool = False) -> int:
+def main(argv: Sequence[str] | None = None, deps: RuntimeDeps | None = None) -> int:
     """`deps`: trace's way out to the kernel (runtime/deps.py); None, as users run it, except where a bench passes
-    another BPF object (bench/harness.py BASE_LAUNCH). `read_ahead`: a start that will read the kernel's symbols
-    begins that read now, beside its imports (symbols/read_ahead.py; the installed command's way)."""
+    another BPF object (bench/harness.py BASE_LAUNCH)."""
     main_t0, python_s = time.monotonic(), process_age_s()  # before any import of ours: Python's own start
     if signal.getsignal(signal.SIGINT) is interrupted_while_loading:  # loaded: Ctrl-C raises, caught below (130)
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -100,8 +98,7 @@ def main(argv: Sequence[str] | None = None, deps: RuntimeDeps | None = None, rea
     system_exit = False
     try:
         try:
-            ahead = _symbols_ahead(cmd, rest) if read_ahead else None
-            code = _run(cmd, rest, deps, main_t0, python_s, streams, ahead)
+            code = _run(cmd, rest, deps, main_t0, python_s, streams)
         except SystemExit as exc:  # argparse: --help, --version, a bad flag
             system_exit, code = True, _system_exit_code(exc, streams)
         except (KeyboardInterrupt, SignalStop) as exc:
@@ -114,18 +111,8 @@ def main(argv: Sequence[str] | None = None, deps: RuntimeDeps | None = None, rea
     return code
 
 
-def _symbols_ahead(cmd: str | None, rest: list[str]) -> SymbolsAhead | None:
-    """The read-ahead of a `trace` or `agent --config` start (not of its help, version, check or health)."""
-    words = set(rest)
-    if cmd == "trace" and not words & {"-h", "--help", "-V", "--version"} or \
-            cmd == "agent" and any(w.startswith("--config") for w in words) and not words & {"--check", "--health"}:
-        from retsnoop_otel.symbols import read_ahead
-        return read_ahead.start(cmd)
-    return None
-
-
 def _run(cmd: str | None, rest: list[str], deps: RuntimeDeps | None, main_t0: float, python_s: float | None,
-         streams: Streams, ahead: SymbolsAhead | None) -> int:
+         streams: Streams) -> int:
     """One command, writing to the guarded streams (command/streams.py decides how a failed one ends it)."""
     if cmd not in SUBCOMMANDS:
         parser = build_parser()
@@ -138,7 +125,7 @@ def _run(cmd: str | None, rest: list[str], deps: RuntimeDeps | None, main_t0: fl
         from retsnoop_otel.runtime.startup import StartClock
         from retsnoop_otel.trace.main import run_trace
         return run_trace(rest, out=streams.out, err=streams.err, deps=deps,  # type: ignore[arg-type]
-                         started=StartClock(main_t0, python_s), ahead=ahead)
+                         started=StartClock(main_t0, python_s))
     if cmd == "features":
         return features_main(rest)
     if cmd == "simfail":
@@ -147,7 +134,7 @@ def _run(cmd: str | None, rest: list[str], deps: RuntimeDeps | None, main_t0: fl
     from retsnoop_otel.agent import main as agent_cmd
     from retsnoop_otel.runtime.startup import StartClock
     return agent_cmd.main(rest, out=streams.out, err=streams.err,  # type: ignore[arg-type]
-                          started=StartClock(main_t0, python_s), ahead=ahead)
+                          started=StartClock(main_t0, python_s))
 
 
 def run() -> NoReturn:
@@ -158,7 +145,7 @@ def run() -> NoReturn:
     and unload every module, memory the kernel frees at once at exit: 50-70 ms of a stop in the emulated VM, where
     retsnoop's whole stop is 70-140 ms (bench/RESULTS.md "Start and stop side by side")."""
     try:
-        code = main(read_ahead=True)
+        code = main()
     except SystemExit as exc:  # main's own: argparse's help, version or refusal, its code decided
         code = exc.code if isinstance(exc.code, int) else 1
     for stream in (sys.stdout, sys.stderr):

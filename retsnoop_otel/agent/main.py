@@ -12,8 +12,7 @@ from __future__ import annotations
 import signal
 import sys
 from collections.abc import Sequence
-from functools import partial
-from typing import TYPE_CHECKING, TextIO
+from typing import TextIO
 
 from retsnoop_otel import __version__
 from retsnoop_otel.agent.check import check, located
@@ -26,15 +25,11 @@ from retsnoop_otel.command.logs import EventLog
 from retsnoop_otel.command.streams import StartSignals, raise_deferred
 from retsnoop_otel.export.otel_env import log_level
 from retsnoop_otel.runtime.deps import RuntimeDeps
-from retsnoop_otel.runtime.environment import load_kernel_env
 from retsnoop_otel.runtime.hooks import StartHook
 from retsnoop_otel.runtime.probe_set import ProbeSet
 from retsnoop_otel.runtime.requests import Requests
 from retsnoop_otel.runtime.runtime import Runtime
 from retsnoop_otel.runtime.startup import Phase, StartClock, phase_fields, phase_since
-
-if TYPE_CHECKING:
-    from retsnoop_otel.symbols.read_ahead import SymbolsAhead
 
 
 class Agent:
@@ -144,8 +139,7 @@ class _AgentHook(StartHook):
 
 
 def main(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr,
-         started: StartClock | None = None, ahead: SymbolsAhead | None = None) -> int:
-    """`ahead`: the kernel symbols' read begun by cli.main (symbols/read_ahead.py), for the run's first load."""
+         started: StartClock | None = None) -> int:
     before = [*started.before_main(), phase_since("imports", started.main_t0, "the agent's modules")] if started else []
     p = OneLineParser(prog="retsnoop-otel agent", formatter_class=HelpFormatter,
                                 description="Run the long-running exporter: probe sets from a YAML config, "
@@ -185,8 +179,7 @@ def main(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr,
         p.error("--config FILE is required (or --check FILE)")
     log = EventLog(err)
     bridge_library_logs(log)  # grpc's and the exporters' own warnings follow the configured log format too
-    deps = RuntimeDeps(load_env=partial(load_kernel_env, ahead=ahead)) if ahead is not None else None
-    agent = Agent(args.config, deps=deps, log=log, started=started, before=before, watch=args.watch_config,
+    agent = Agent(args.config, log=log, started=started, before=before, watch=args.watch_config,
                   requests=Requests(getattr(err, "interrupt_write", None)))  # a log write blocked: given up at a stop
     # Ctrl-C interrupts the start (130, what was attached detached); SIGTERM and SIGHUP wait for its end
     StartSignals({signal.SIGTERM: agent.requests.ask_stop,

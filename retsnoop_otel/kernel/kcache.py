@@ -150,11 +150,6 @@ class KernelCache:
     def _path(self, name: str) -> Path | None:
         return None if self.directory is None else self.directory / f"{name}.marshal"
 
-    def has(self, name: str) -> bool:
-        """Whether an entry is stored under `name`, whatever its key (a stat, nothing read)."""
-        path = self._path(name)
-        return path is not None and path.exists()
-
     def read(self, name: str, key: str | None) -> object | None:
         """The payload stored under `name` when its key is `key`; None on any mismatch or problem."""
         if key is None:

@@ -22,7 +22,6 @@ from retsnoop_otel.workload.cgroupfs import cgroup2_mount
 
 if TYPE_CHECKING:
     from retsnoop_otel.capture.inject import TpFormat
-    from retsnoop_otel.symbols.read_ahead import SymbolsAhead
 
 
 def _nothing() -> None:
@@ -122,13 +121,12 @@ def lbr_refusal(setting: str, why: str, probe_set: str | None = None) -> SetupEr
 
 
 def load_kernel_env(symbols: SymbolsConfig, vmlinux: str | None, lbr: tuple[str, str | None] | None = None,
-                    root: str = "/", ahead: SymbolsAhead | None = None) -> KernelEnv:
+                    root: str = "/") -> KernelEnv:
     """Features, kallsyms, available_filter_functions, BTF and (optionally) a DWARF vmlinux.
 
     `lbr`: (how the user asked for LBR, the probe set that did) when one did: a machine without LBR
     is said first, before what else it lacks, since that is what the user asked for. Kernel symbols
-    and function types come from the kernel cache when their key still holds (kernel/kcache.py); `ahead`: the
-    symbols' read begun at the command's start (symbols/read_ahead.py), taken once.
+    and function types come from the kernel cache when their key still holds (kernel/kcache.py).
     """
     from retsnoop_otel.kernel import features, tracefs
     from retsnoop_otel.kernel import libbpf as lb
@@ -179,8 +177,7 @@ def load_kernel_env(symbols: SymbolsConfig, vmlinux: str | None, lbr: tuple[str,
         raise SetupError(f"cannot read {os.path.join(root, 'sys/kernel/btf/vmlinux')}: run as root")
     t = time.monotonic()
     try:
-        ksyms, available, source = (Kallsyms([]), Traceable(()), "") if refusal \
-            else load_symbols(cache, ident, root, ahead)
+        ksyms, available, source = (Kallsyms([]), Traceable(()), "") if refusal else load_symbols(cache, ident, root)
     except (KallsymsError, tracefs.TracefsError) as exc:
         raise SetupError(str(exc)) from None
     phases.append(phase_since("symbols", t, f"{len(ksyms)} kallsyms functions, {len(available)} traceable"

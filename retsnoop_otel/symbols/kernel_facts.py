@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from retsnoop_otel.kernel.build_id import module_build_id
 from retsnoop_otel.kernel.kcache import KernelCache, KernelIdentity, kernel_identity
@@ -21,15 +20,10 @@ from retsnoop_otel.symbols.btf_index import BtfFormatError, FuncTypes
 from retsnoop_otel.symbols.kallsyms import Kallsyms, head_symbols
 from retsnoop_otel.symbols.traceable import Traceable
 
-if TYPE_CHECKING:
-    from retsnoop_otel.symbols.read_ahead import SymbolsAhead
 
-
-def load_symbols(cache: KernelCache, ident: KernelIdentity, root: str = "/", ahead: SymbolsAhead | None = None
-                 ) -> tuple[Kallsyms, Traceable, str]:
-    """(kallsyms, available_filter_functions, where both came from: "" read, AHEAD: read by `ahead` beside the
-    start's imports (symbols/read_ahead.py), "cached", or MOVED: cached at another boot, or before a module was
-    reloaded elsewhere, and moved to where the kernel and modules are now)."""
+def load_symbols(cache: KernelCache, ident: KernelIdentity, root: str = "/") -> tuple[Kallsyms, Traceable, str]:
+    """(kallsyms, available_filter_functions, where both came from: "" read, "cached", or MOVED: cached at
+    another boot, or before a module was reloaded elsewhere, and moved to where the kernel and modules are now)."""
     name = f"symbols-{ident.build_id}"
     key = ident.boot_key()
     stored = cache.read_keyed(name) if key is not None else None
@@ -44,20 +38,15 @@ def load_symbols(cache: KernelCache, ident: KernelIdentity, root: str = "/", ahe
             return ksyms, available, MOVED
     # what comes and goes without a module load is left out whether cached or not, so that a run finds
     # the same functions either way; the tracer merges its own [bpf] symbols after attaching (fentry)
-    taken = ahead.take(ident) if ahead is not None else None
-    if taken is not None:
-        ksyms, available = taken
-    else:
-        ksyms = Kallsyms.load(root, stable=True)
-        available = Traceable.load(root)
-        available.not_in(ksyms)  # found once here, kept with the cache
+    ksyms = Kallsyms.load(root, stable=True)
+    available = Traceable.load(root)
+    available.not_in(ksyms)  # found once here, kept with the cache
     if key is not None and cache.directory is not None and kernel_identity(root) == ident:
         cache.write(name, key, (ksyms.state(), available.state(), _layout(ident, root)))
-    return ksyms, available, "" if taken is None else AHEAD
+    return ksyms, available, ""
 
 
 MOVED = "cached at another boot, moved"
-AHEAD = "read beside the imports"
 
 
 def _cached_tables(stored: tuple[str, object], key: str, ident: KernelIdentity, root: str
