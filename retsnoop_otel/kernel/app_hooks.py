@@ -22,6 +22,7 @@ PUBLISH_PROGRAMS = {"app_publish": ("syscalls", "sys_enter_memfd_create"),  # me
                     "app_publish_vma": ("syscalls", "sys_enter_prctl")}  # prctl(PR_SET_VMA, ..., "OTEL_CTX")
 PUBLISH_KPROBE = "app_pub_kp"  # both, by kprobe.multi: its cookie is the syscall's place in PUBLISH_SYSCALLS
 PUBLISH_SYSCALLS = ("memfd_create", "prctl")  # bpf/appctx.bpf.h APP_PUB_MEMFD_CREATE, APP_PUB_PRCTL
+PUBLISH_KPROBE_SHOWN = next(iter(PUBLISH_PROGRAMS))  # its name in the program metrics: the first tracepoint's
 PROGRAMS = (EXEC_PROGRAM, *PUBLISH_PROGRAMS, PUBLISH_KPROBE)
 KPROBE_MULTI_FEATURES = frozenset({"kprobe_multi", "kprobe_session"})  # attach modes that prove kprobe.multi works
 SYSCALL_PREFIXES = {"x86_64": "__x64_sys_", "aarch64": "__arm64_sys_"}  # the syscalls' entry functions (uname -m)
@@ -72,8 +73,8 @@ def programs(obj: lb.BpfObject, links: list[lb.Link]) -> list[tuple[str, int]]:
     of both publish hooks is named as the first tracepoint program (`app_publish`): it runs at both syscalls."""
     if not links:
         return []
-    first = next(iter(PUBLISH_PROGRAMS))
-    return [(first if name == PUBLISH_KPROBE else name, fd) for name in PROGRAMS if (fd := obj.program(name).fd) >= 0]
+    return [(PUBLISH_KPROBE_SHOWN if name == PUBLISH_KPROBE else name, fd) for name in PROGRAMS
+            if (fd := obj.program(name).fd) >= 0]
 
 
 def detach(links: list[lb.Link]) -> list[lb.Link]:

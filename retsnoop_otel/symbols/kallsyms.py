@@ -278,32 +278,32 @@ def head_symbols(root: str = "/", until: tuple[str, ...] = ("_stext", "_text"), 
     """(address, name) of the kernel's own code symbols at the head of /proc/kallsyms, up to the first named in
     `until`: what tells a table cached at another boot where KASLR put the kernel now, read in a few kB (the
     whole file is ~10 MB, generated line by line by the kernel). None when unreadable or not found in `limit`."""
+    out: list[tuple[int, str]] = []
+    rest, seen = b"", 0
     try:
         with open(Path(root, "proc/kallsyms"), "rb") as f:
-            head = b""
-            while len(head) < limit:
+            while seen < limit:
                 chunk = f.read(65536)
                 if not chunk:
                     break
-                head += chunk
-                lines = head[:head.rfind(b"\n") + 1].decode("utf-8", "replace").splitlines()
-                found = _code_lines(lines, until)
-                if found is not None:
-                    return found
+                seen += len(chunk)
+                *lines, rest = (rest + chunk).split(b"\n")  # a line cut by the chunk waits for the next one
+                if _code_lines(lines, until, out):
+                    return out
     except OSError:
         return None
     return None
 
 
-def _code_lines(lines: list[str], until: tuple[str, ...]) -> list[tuple[int, str]] | None:
-    out = []
+def _code_lines(lines: list[bytes], until: tuple[str, ...], out: list[tuple[int, str]]) -> bool:
+    """Appends the code symbols of `lines` to `out`; True once one named in `until` is among them."""
     for line in lines:
         f = line.split()
-        if len(f) == 3 and f[1] in ("t", "T", "w", "W"):
-            out.append((int(f[0], 16), f[2]))
-            if f[2] in until:
-                return out
-    return None
+        if len(f) == 3 and f[1] in (b"t", b"T", b"w", b"W"):
+            out.append((int(f[0], 16), f[2].decode("utf-8", "replace")))
+            if out[-1][1] in until:
+                return True
+    return False
 
 
 def _bpf_symbols(text: str | bytes) -> list[tuple[int, str]]:
