@@ -248,14 +248,24 @@ int app_publish_vma(struct syscall_enter_args *ctx)
 #define APP_PUB_MEMFD_CREATE 0	/* the cookies (kernel/app_hooks.py PUBLISH_SYSCALLS, in that order) */
 #define APP_PUB_PRCTL 1
 
-SEC("?kprobe.multi")
-int app_pub_kp(struct pt_regs *ctx)
+static __always_inline int publish_call(struct pt_regs *ctx, __u64 which)
 {
 	struct pt_regs *regs = (struct pt_regs *)PT_REGS_PARM1(ctx);
 
-	if (bpf_get_attach_cookie(ctx) == APP_PUB_MEMFD_CREATE)
+	if (which == APP_PUB_MEMFD_CREATE)
 		return report_publish((void *)PT_REGS_PARM1_CORE_SYSCALL(regs));	/* memfd_create(name, flags) */
 	if (PT_REGS_PARM1_CORE_SYSCALL(regs) != PR_SET_VMA || PT_REGS_PARM2_CORE_SYSCALL(regs) != PR_SET_VMA_ANON_NAME)
 		return 0;
 	return report_publish((void *)PT_REGS_PARM5_CORE_SYSCALL(regs));
 }
+
+SEC("?kprobe.multi")
+int app_pub_kp(struct pt_regs *ctx)
+{
+	return publish_call(ctx, bpf_get_attach_cookie(ctx));
+}
+
+/* Folded into the attach mode's link of entry functions instead (kprobe.session, kprobe.multi: one link fewer to
+ * detach, each kprobe.multi link's detach waiting for grace periods of its own before 6.14): the two entry functions
+ * are in map ip_ids under these ids, above every traced function's, and handle_entry() hands their calls here. */
+#define APP_PUB_ID 0xffffff00u

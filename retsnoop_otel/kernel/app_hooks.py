@@ -8,13 +8,18 @@ is required. The publish hooks are one program on the two syscalls' entry functi
 tracepoints elsewhere (CONFIG_FTRACE_SYSCALLS, and tracefs to find them). A syscall tracepoint costs every
 syscall of every task while attached and takes two RCU grace periods to detach (bpf/appctx.bpf.h); the kprobes
 cost only memfd_create and prctl, and before 6.14 every kprobe.multi link took grace periods of its own to detach
-(80-140 ms on 6.12 in the emulated VM): one link, not two. Without a publish hook the
-watcher still finds a process from its exec by its timed checks, later, so a hook that does not attach is named
-in the attach report instead of refusing the run.
+(80-140 ms on 6.12 in the emulated VM): one link, not two, and none of their own where the attach mode links its
+entry functions by kprobe.session or kprobe.multi: there the two functions join that link (fold), under ids above
+every traced function's in map ip_ids, and the mode's entry program hands their calls to the publish code. Without
+a publish hook the watcher still finds a process from its exec by its timed checks, later, so a hook that does not
+attach is named in the attach report instead of refusing the run.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
+from retsnoop_otel.capture.model import RetKind, TracedFunc
 from retsnoop_otel.kernel import libbpf as lb
 
 EXEC_PROGRAM = "app_exec"  # on sched_process_exec
@@ -25,6 +30,8 @@ PUBLISH_SYSCALLS = ("memfd_create", "prctl")  # bpf/appctx.bpf.h APP_PUB_MEMFD_C
 PUBLISH_KPROBE_SHOWN = next(iter(PUBLISH_PROGRAMS))  # its name in the program metrics: the first tracepoint's
 PROGRAMS = (EXEC_PROGRAM, *PUBLISH_PROGRAMS, PUBLISH_KPROBE)
 KPROBE_MULTI_FEATURES = frozenset({"kprobe_multi", "kprobe_session"})  # attach modes that prove kprobe.multi works
+FOLD_MODES = frozenset({"kprobe_multi", "kprobe_session"})  # modes whose entry link takes the publish hooks
+PUB_ID = 0xFFFFFF00  # bpf/appctx.bpf.h APP_PUB_ID: the first publish hook's id in ip_ids, the cookie's order after
 SYSCALL_PREFIXES = {"x86_64": "__x64_sys_", "aarch64": "__arm64_sys_"}  # the syscalls' entry functions (uname -m)
 
 
@@ -34,18 +41,46 @@ def by_kprobe(feature: str, machine: str) -> bool:
     return feature in KPROBE_MULTI_FEATURES and machine in SYSCALL_PREFIXES
 
 
-def configure(obj: lb.BpfObject, app_context: bool, kprobes: bool) -> None:
+def publish_targets(machine: str, addr_of: Callable[[str], int | None]) -> tuple[tuple[str, int], ...]:
+    """(name, address) of the publish hooks' functions, in cookie order, for a fold; () when this architecture's
+    names are unknown or either is not found once in kallsyms, or not traceable (`addr_of` says None)."""
+    if machine not in SYSCALL_PREFIXES:
+        return ()
+    found = []
+    for name in (SYSCALL_PREFIXES[machine] + syscall for syscall in PUBLISH_SYSCALLS):
+        addr = addr_of(name)
+        if addr is None:
+            return ()
+        found.append((name, addr))
+    return tuple(found)
+
+
+def folded(mode: str, targets: Sequence[tuple[str, int]], kfuncs: Sequence[TracedFunc]) -> list[TracedFunc]:
+    """The publish hooks as members of the mode's entry link, or [] where they go by a link of their own: another
+    mode, no targets, no entry function for the mode to link (the syscall preset's entries at the tracepoints), or
+    either function traced (its calls are the user's there)."""
+    if mode not in FOLD_MODES or not targets or not any(f.is_entry for f in kfuncs):
+        return []
+    if {name for name, _ in targets} & {f.name for f in kfuncs}:
+        return []
+    return [TracedFunc(PUB_ID + i, name, addr, RetKind.SIGNED, True) for i, (name, addr) in enumerate(targets)]
+
+
+def configure(obj: lb.BpfObject, app_context: bool, kprobes: bool, fold: bool = False) -> None:
     """Before load: the hooks' programs are loaded only when the probe set reads thread context, the publish hooks
-    of one kind (`kprobes`: by_kprobe's answer)."""
-    publish = (PUBLISH_KPROBE,) if kprobes else tuple(PUBLISH_PROGRAMS)
+    of one kind (`kprobes`: by_kprobe's answer), none where they are folded into the mode's entry link."""
+    publish = () if fold else (PUBLISH_KPROBE,) if kprobes else tuple(PUBLISH_PROGRAMS)
     for name in PROGRAMS:
         obj.program(name).set_autoload(app_context and (name == EXEC_PROGRAM or name in publish))
 
 
-def attach(obj: lb.BpfObject, links: list[lb.Link], kprobes: bool, machine: str) -> list[str]:
-    """Attach the hooks, appending their links; returns the publish hooks that did not attach, with why."""
+def attach(obj: lb.BpfObject, links: list[lb.Link], kprobes: bool, machine: str, fold: bool = False) -> list[str]:
+    """Attach the hooks, appending their links (the exec hook's alone where the publish hooks are folded: the mode
+    attached them); returns the publish hooks that did not attach, with why."""
     links.append(obj.program(EXEC_PROGRAM).attach_raw_tracepoint("sched_process_exec"))
-    missing = []
+    missing: list[str] = []
+    if fold:
+        return missing
     if kprobes:
         prog = obj.program(PUBLISH_KPROBE)
         funcs = [SYSCALL_PREFIXES[machine] + syscall for syscall in PUBLISH_SYSCALLS]

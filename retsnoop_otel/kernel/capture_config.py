@@ -65,6 +65,9 @@ class CaptureConfig(NamedTuple):
     # entry function name -> syscall numbers: these entries' sessions start and end at the syscall tracepoints
     # instead of the mode's probes (the syscall preset's; kernel/syscall_hooks.py)
     syscall_entries: Mapping[str, Sequence[int]] = MappingProxyType({})
+    # (name, address) of the thread-context publish hooks' functions, which may join the mode's entry link
+    # (kernel/app_hooks.py folded); () where they go by a link of their own
+    publish_targets: Sequence[tuple[str, int]] = ()
 
 
 def mode_funcs(funcs: Sequence[TracedFunc], hooks: Mapping[int, Sequence[int]]) -> list[TracedFunc]:
@@ -74,11 +77,13 @@ def mode_funcs(funcs: Sequence[TracedFunc], hooks: Mapping[int, Sequence[int]]) 
 
 
 def configure(obj: lb.BpfObject, cfg: CaptureConfig, funcs: Sequence[TracedFunc], fentry: clones.FentryPrograms,
-              by_address: bool, ncpus: int, hooks: Mapping[int, Sequence[int]], app_kprobes: bool = False) -> None:
+              by_address: bool, ncpus: int, hooks: Mapping[int, Sequence[int]], app_kprobes: bool = False,
+              publish: Sequence[TracedFunc] = ()) -> None:
     """Before load: the object's read-only settings, its maps' sizes, and which programs load (and how).
 
     `hooks`: function id -> syscall numbers of the entries the syscall tracepoints hook (syscall_hooks.hooked);
-    `app_kprobes`: the thread-context publish hooks go by kprobe.multi (app_hooks.by_kprobe)."""
+    `app_kprobes`: the thread-context publish hooks go by kprobe.multi (app_hooks.by_kprobe); `publish`: they are
+    members of the mode's entry link instead (app_hooks.folded)."""
     kfuncs = mode_funcs(funcs, hooks)
     rodata = obj.map(".rodata")
     data = bytearray(rodata.initial_value())
@@ -137,7 +142,7 @@ def configure(obj: lb.BpfObject, cfg: CaptureConfig, funcs: Sequence[TracedFunc]
     obj.map("app_asked").set_max_entries(cfg.max_app_processes if watch else 1)
     obj.map("origin_stats").set_max_entries(max(cfg.max_origin_counts, 1))
     obj.map("wl_stats").set_max_entries(cfg.max_workload_counts if cfg.workload_stats else 1)
-    obj.map("ip_ids").set_max_entries(n if by_address else 1)
+    obj.map("ip_ids").set_max_entries(n + len(publish) if by_address else 1)
     held = cfg.emit_calls and not cfg.capture_args  # -A records are too large to hold: they stream
     obj.map("call_bufs").set_max_entries(min(cfg.max_sessions, MAX_HELD_SESSIONS) if held else 1)
     obj.map("rate_tat").set_max_entries(n if cfg.success_interval_ns else 1)
@@ -152,15 +157,16 @@ def configure(obj: lb.BpfObject, cfg: CaptureConfig, funcs: Sequence[TracedFunc]
             obj.program(name).set_autoload(name in progs or name in user)
     if mode:
         mode.prepare(obj, progs, fentry)
-    app_hooks.configure(obj, cfg.app_context, app_kprobes)
+    app_hooks.configure(obj, cfg.app_context, app_kprobes, fold=bool(publish))
     syscall_hooks.configure(obj, hooks)
     inject_attach.configure(obj, cfg.inject)
 
 
 def fill_maps(obj: lb.BpfObject, cfg: CaptureConfig, funcs: Sequence[TracedFunc], by_address: bool,
-              arg_specs: Mapping[int, Sequence[int]], hooks: Mapping[int, Sequence[int]]) -> None:
-    """After load: the traced functions, their argument specs (-A), the hooked syscalls and the pid and comm
-    filters."""
+              arg_specs: Mapping[int, Sequence[int]], hooks: Mapping[int, Sequence[int]],
+              publish: Sequence[TracedFunc] = ()) -> None:
+    """After load: the traced functions (and the publish hooks folded into the entry link: their ids by address),
+    their argument specs (-A), the hooked syscalls and the pid and comm filters."""
     inject_attach.fill(obj, cfg.inject)
     syscall_hooks.fill(obj, hooks)
     infos = obj.map("func_infos")
@@ -169,7 +175,7 @@ def fill_maps(obj: lb.BpfObject, cfg: CaptureConfig, funcs: Sequence[TracedFunc]
         flags = (records.FUNC_IS_ENTRY if f.is_entry else 0) | (records.FUNC_IS_USER if f.binary else 0) | kind
         infos.update(struct.pack("<I", f.id), records.FUNC_INFO.pack(f.addr, flags, 0))
     if by_address:
-        multi_link.fill_ip_ids(obj.map("ip_ids"), [f for f in funcs if f.binary is None])
+        multi_link.fill_ip_ids(obj.map("ip_ids"), [*(f for f in funcs if f.binary is None), *publish])
     specs = obj.map("arg_specs")
     for fid, words in arg_specs.items():
         specs.update(struct.pack("<I", fid), records.ARG_SPEC.pack(*words))

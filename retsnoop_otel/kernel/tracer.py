@@ -89,6 +89,9 @@ class Tracer:
         self._mode = attach_modes.BY_NAME.get(config.mode)  # None: no kernel functions
         self._machine = os.uname().machine
         self._app_kprobes = app_hooks.by_kprobe(self._mode.feature if self._mode else "", self._machine)
+        # the publish hooks as members of the mode's entry link, where they can be (else a link of their own)
+        self._publish = app_hooks.folded(config.mode, config.publish_targets, self._kfuncs) \
+            if config.app_context and self._app_kprobes else []
         # the per-function clones of the cloning modes (kernel/modes/cloned.py; unused in the others)
         self._fentry = clones.FentryPrograms(self._kfuncs, btf_func_id, self._mode.clone_sets if self._mode else {},
                                              config.mode)
@@ -116,9 +119,10 @@ class Tracer:
         self._obj = obj
         try:
             capture_config.configure(obj, self.config, self.funcs, self._fentry, self._by_address, self._ncpus,
-                                     self._sys_hooks, self._app_kprobes)
+                                     self._sys_hooks, self._app_kprobes, self._publish)
             obj.load()
-            capture_config.fill_maps(obj, self.config, self.funcs, self._by_address, self._arg_specs, self._sys_hooks)
+            capture_config.fill_maps(obj, self.config, self.funcs, self._by_address, self._arg_specs, self._sys_hooks,
+                                     self._publish)
         except BaseException:
             self.close()
             raise
@@ -141,7 +145,7 @@ class Tracer:
             if self._kfuncs:
                 assert self._mode is not None
                 self._mode.attach(Job(self._obj, self._kfuncs, self._links, self._fentry, self._btf_func_id,
-                                      self._by_address, self.detach_links), report, on_error, strict)
+                                      self._by_address, self.detach_links, self._publish), report, on_error, strict)
             if self._sys_hooks:  # after the mode's: the sessions they start find every inner probe attached
                 syscall_hooks.attach(self._obj, self._sys_hooks, self._sys_links)
                 report.attached.extend(f for f in self.funcs if f.id in self._sys_hooks)
@@ -155,7 +159,7 @@ class Tracer:
                                      errno.EINVAL)
             if self.config.app_context:  # processes exec'd or publishing from now on are reported
                 report.hooks_missing = app_hooks.attach(self._obj, self._app_links, self._app_kprobes,
-                                                         self._machine)
+                                                         self._machine, fold=bool(self._publish))
             self._inject_links = inject_attach.attach(self._obj, self.config.inject)
         except BaseException:
             self.detach()

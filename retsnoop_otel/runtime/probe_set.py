@@ -7,6 +7,7 @@ without a kernel in tests.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -29,6 +30,7 @@ from retsnoop_otel.capture.records import APP_RECORDS, SAMPLED_PROBABILITY, AppR
 from retsnoop_otel.capture.sampling import kernel_sampling
 from retsnoop_otel.capture.sessions import SessionAssembler
 from retsnoop_otel.command.errors import InputError, RunRefused, SetupError
+from retsnoop_otel.kernel import app_hooks
 from retsnoop_otel.kernel.attach_modes import TRAMPOLINE
 from retsnoop_otel.kernel.capture_config import CaptureConfig
 from retsnoop_otel.kernel.tracer import AttachReport
@@ -157,6 +159,14 @@ def resolve_injected(cfg: ProbeSetConfig, env: KernelEnv, root: str = "/") -> li
         raise InputError(str(exc), cfg.name) from None
 
 
+def _traceable_once(env: KernelEnv) -> Callable[[str], int | None]:
+    """A function's address where the kernel has one instance of it, traceable; else None."""
+    def addr_of(name: str) -> int | None:
+        syms = [s for s in env.ksyms.by_name(name) if s.module is None]  # type: ignore[attr-defined]
+        return syms[0].addr if len(syms) == 1 and env.available.count(name) == 1 else None  # type: ignore[attr-defined]
+    return addr_of
+
+
 class ProbeSet:
     """One named probe set at run time: its BPF object, session assembly and keep/drop decision."""
 
@@ -182,6 +192,9 @@ class ProbeSet:
         self.probes = list(found.probes)  # resolved with its functions (resolve), not again here
         capture = capture_config(cfg, found.mode, limits, names, arg_specs, counted=counted, user_mode=found.user_mode,
                                  inject=self.probes)
+        if cfg.app_context and found.mode in app_hooks.FOLD_MODES:  # where the publish hooks may join its link
+            capture = capture._replace(publish_targets=app_hooks.publish_targets(os.uname().machine,
+                                                                                 _traceable_once(env)))
         self.tracer = tracer_factory(found.funcs, capture, env.btf_func_id)
         self._sampling = kernel_sampling(cfg.sampling)  # what kept sessions say in their tracestate
         self._on_session = on_session

@@ -101,3 +101,43 @@ def test_tracepoints_where_there_is_no_kprobe_multi() -> None:
     assert app_hooks.attach(obj, links, False, "x86_64") == []  # type: ignore[arg-type]
     assert obj.progs["app_publish"].attached == [("tp", "syscalls", "sys_enter_memfd_create")]
     assert obj.progs["app_pub_kp"].attached == []
+
+
+def _func(name: str, entry: bool = True, fid: int = 0):
+    from retsnoop_otel.capture.model import RetKind, TracedFunc
+    return TracedFunc(fid, name, 0x1000 + fid, RetKind.SIGNED, entry)
+
+
+TARGETS = (("__x64_sys_memfd_create", 0xffffffff81300000), ("__x64_sys_prctl", 0xffffffff81100000))
+
+
+def test_publish_targets_need_both_functions_once_and_traceable() -> None:
+    addrs = dict(TARGETS)
+    assert app_hooks.publish_targets("x86_64", addrs.get) == TARGETS  # in cookie order
+    assert app_hooks.publish_targets("x86_64", {TARGETS[0][0]: 1}.get) == ()  # prctl not traceable, or twice
+    assert app_hooks.publish_targets("riscv64", addrs.get) == ()
+
+
+def test_the_publish_hooks_join_the_entry_link_of_kprobe_session_and_kprobe_multi() -> None:
+    funcs = [_func("__x64_sys_bpf"), _func("array_map_alloc_check", entry=False, fid=1)]
+    for mode in ("kprobe_session", "kprobe_multi"):
+        pub = app_hooks.folded(mode, TARGETS, funcs)
+        # ids above every traced function's (bpf/appctx.bpf.h APP_PUB_ID), in the cookies' order
+        assert [(f.id, f.name, f.addr, f.is_entry) for f in pub] == [
+            (app_hooks.PUB_ID, "__x64_sys_memfd_create", 0xffffffff81300000, True),
+            (app_hooks.PUB_ID + 1, "__x64_sys_prctl", 0xffffffff81100000, True)]
+    assert app_hooks.folded("fentry", TARGETS, funcs) == [] and app_hooks.folded("kprobe", TARGETS, funcs) == []
+    assert app_hooks.folded("kprobe_session", (), funcs) == []
+    assert app_hooks.folded("kprobe_session", TARGETS, funcs[1:]) == []  # no entry link (the syscall preset's)
+    traced = [*funcs, _func("__x64_sys_prctl", fid=2)]
+    assert app_hooks.folded("kprobe_session", TARGETS, traced) == []  # the user's own: a link of their own
+
+
+def test_folded_publish_hooks_load_and_attach_no_program_of_their_own() -> None:
+    obj = Obj()
+    app_hooks.configure(obj, True, True, fold=True)  # type: ignore[arg-type]
+    assert {n for n, p in obj.progs.items() if p.autoload} == {app_hooks.EXEC_PROGRAM}
+    links: list[lb.Link] = []
+    assert app_hooks.attach(obj, links, True, "x86_64", fold=True) == []  # type: ignore[arg-type]
+    assert obj.progs["app_pub_kp"].attached == [] and len(links) == 1  # the exec hook's
+    assert [n for n, _ in app_hooks.programs(obj, links)] == ["app_exec"]  # type: ignore[arg-type]

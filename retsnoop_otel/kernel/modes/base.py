@@ -41,6 +41,7 @@ class Job(NamedTuple):
     btf_func_id: FuncIdLookup | None
     by_address: bool  # the programs find the function id by address (map ip_ids), not by cookie
     detach: Callable[[], None]  # undo every link made so far
+    publish: Sequence[TracedFunc] = ()  # the thread-context publish hooks, linked with the entry functions (app_hooks)
 
 
 class AttachMode:

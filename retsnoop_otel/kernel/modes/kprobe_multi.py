@@ -39,10 +39,11 @@ class KprobeMulti(AttachMode):
 
     def attach(self, job: Job, report: AttachReport, on_error: OnError | None, strict: bool) -> None:
         """Exits of every function, then the functions that only record inside a session (kmulti_inner: a call
-        outside one costs one session lookup, without finding its function id), then the entry functions."""
+        outside one costs one session lookup, without finding its function id), then the entry functions (with the
+        publish hooks folded into their link: their exits are not needed)."""
         entry, exit_, inner = (job.obj.program(name) for name in self.programs)
         groups = [(exit_, job.funcs, True), (inner, [f for f in job.funcs if not f.is_entry], False),
-                  (entry, [f for f in job.funcs if f.is_entry], False)]
+                  (entry, [*(f for f in job.funcs if f.is_entry), *job.publish], False)]
         report.split_links = multi_link.attach(groups, link, job.links, job.detach)
         report.attached.extend(job.funcs)
 

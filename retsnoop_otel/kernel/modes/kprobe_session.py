@@ -50,10 +50,11 @@ class KprobeSession(AttachMode):
             obj.program(name).set_expected_attach_type(bpfsys.ATTACH_TRACE_KPROBE_SESSION)
 
     def attach(self, job: Job, report: AttachReport, on_error: OnError | None, strict: bool) -> None:
-        """The functions that only record inside a session (ksession_inner), then the entry functions."""
+        """The functions that only record inside a session (ksession_inner), then the entry functions (with the
+        publish hooks folded into their link)."""
         entry, inner = (job.obj.program(name) for name in self.programs)
         groups: list[multi_link.Group] = [(inner, [f for f in job.funcs if not f.is_entry], False),
-                                          (entry, [f for f in job.funcs if f.is_entry], False)]
+                                          (entry, [*(f for f in job.funcs if f.is_entry), *job.publish], False)]
         report.split_links = multi_link.attach(groups, link, job.links, job.detach)
         report.attached.extend(job.funcs)
 
