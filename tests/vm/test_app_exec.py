@@ -2,8 +2,8 @@
 under its own span. The agent finds it from its exec (the raw tracepoint sched_process_exec) and checks it again as
 its libraries load, before any session of it ran.
 
-Guest side: tests/vm/scenarios/app_exec.py (scenario app_exec). The oldest supported kernel (syscall tracepoints),
-6.1 (kprobe.multi) and the newest (kprobe.session): the publish hooks' three ways.
+Guest side: tests/vm/scenarios/app_exec.py (scenario app_exec). The oldest supported kernel (the publish hooks at
+syscall tracepoints) and the newest (folded into kprobe.session's link of entry functions).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 from tests.otlp_json import spans as otlp_spans
 
-pytestmark = [pytest.mark.vm, pytest.mark.kernels("oldest", "6.1", "newest")]
+pytestmark = [pytest.mark.vm, pytest.mark.kernels("oldest", "newest")]
 ROUND = re.compile(r"round (\d+) tid=(\d+) trace=([0-9a-f]{32}) span=([0-9a-f]{16}) ret=(-?\d+)")
 
 
@@ -64,10 +64,10 @@ def test_a_python_service_started_after_the_agent_joins_from_its_first_request(v
     # and a mapping named OTEL_CTX by prctl(PR_SET_VMA) reached it too (the kprobe program's other syscall, by its
     # cookie, where the publish hooks are kprobes)
     assert [p for p in r["published"] if p["pid"] == r["vma_namer_pid"]], (r["published"], r["agent_output"][-3000:])
-    # the default mode on a kernel with kprobe.multi (5.18+: kprobe.multi on 6.1, kprobe.session on 7.x) proves it:
-    # the publish hooks are members of that mode's link of entry functions there (no program of their own; the two
-    # records above came through the mode's entry program), which leave other syscalls alone and add no link to
-    # detach (kernel/app_hooks.py folded); syscall tracepoints on 5.10
+    # the default mode on the newest kernel (kprobe.session) proves it: the publish hooks are members of that mode's
+    # link of entry functions there (no program of their own: the two records above came through the mode's entry
+    # program), which leave other syscalls alone and add no link to detach (kernel/app_hooks.py folded); syscall
+    # tracepoints on 5.10 (no kprobe.multi)
     assert r["publish_prog_types"] == ([] if vm_batch.at_least(5, 18) else ["tracepoint"]), \
         (r["publish_prog_types"], r["agent_output"][-3000:])
 
