@@ -262,11 +262,8 @@ static __always_inline __s64 handle_entry(void *ctx, __s64 id, bool fentry, bool
 	}
 	if (!s && !outer)
 		return -1;
-	if (id == ID_BY_IP) {
-		id = id_by_ip(ctx);
-		if (outer && id >= APP_PUB_ID)	/* a thread-context publish hook in the entry link (appctx.bpf.h) */
-			return publish_call(ctx, id - APP_PUB_ID), -1;
-	}
+	if (id == ID_BY_IP && (id = id_by_ip(ctx)) >= APP_PUB_ID && outer)	/* a publish hook (appctx.bpf.h) */
+		return publish_call(ctx, id - APP_PUB_ID), -1;
 	if (id < 0)
 		return -1;
 	func_id = id;

@@ -17,6 +17,7 @@ attach is named in the attach report instead of refusing the run.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 
 from retsnoop_otel.capture.model import RetKind, TracedFunc
@@ -41,9 +42,10 @@ def by_kprobe(feature: str, machine: str) -> bool:
     return feature in KPROBE_MULTI_FEATURES and machine in SYSCALL_PREFIXES
 
 
-def publish_targets(machine: str, addr_of: Callable[[str], int | None]) -> tuple[tuple[str, int], ...]:
+def publish_targets(addr_of: Callable[[str], int | None], machine: str | None = None) -> tuple[tuple[str, int], ...]:
     """(name, address) of the publish hooks' functions, in cookie order, for a fold; () when this architecture's
-    names are unknown or either is not found once in kallsyms, or not traceable (`addr_of` says None)."""
+    (uname -m) names are unknown or either is not found once in kallsyms, or not traceable (`addr_of` says None)."""
+    machine = machine or os.uname().machine
     if machine not in SYSCALL_PREFIXES:
         return ()
     found = []

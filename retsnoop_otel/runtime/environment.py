@@ -78,6 +78,11 @@ class KernelEnv:
         if self.kernel_refusal and not any(is_user_spec(g) for ps in sets for g in (*ps.entry, *ps.allow)):
             raise SetupError(self.kernel_refusal)
 
+    def traceable_once(self, name: str) -> int | None:
+        """A kernel function's address where the kernel has one instance of it, traceable; else None."""
+        syms = [s for s in self.ksyms.by_name(name) if s.module is None]  # type: ignore[attr-defined]
+        return syms[0].addr if len(syms) == 1 and self.available.count(name) == 1 else None  # type: ignore[attr-defined]
+
     def kernel_btf(self) -> object | None:
         if self.btf is None and self.load_btf is not None:
             self.btf, self.load_btf = self.load_btf(), None

@@ -7,7 +7,6 @@ without a kernel in tests.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -159,14 +158,6 @@ def resolve_injected(cfg: ProbeSetConfig, env: KernelEnv, root: str = "/") -> li
         raise InputError(str(exc), cfg.name) from None
 
 
-def _traceable_once(env: KernelEnv) -> Callable[[str], int | None]:
-    """A function's address where the kernel has one instance of it, traceable; else None."""
-    def addr_of(name: str) -> int | None:
-        syms = [s for s in env.ksyms.by_name(name) if s.module is None]  # type: ignore[attr-defined]
-        return syms[0].addr if len(syms) == 1 and env.available.count(name) == 1 else None  # type: ignore[attr-defined]
-    return addr_of
-
-
 class ProbeSet:
     """One named probe set at run time: its BPF object, session assembly and keep/drop decision."""
 
@@ -192,9 +183,8 @@ class ProbeSet:
         self.probes = list(found.probes)  # resolved with its functions (resolve), not again here
         capture = capture_config(cfg, found.mode, limits, names, arg_specs, counted=counted, user_mode=found.user_mode,
                                  inject=self.probes)
-        if cfg.app_context and found.mode in app_hooks.FOLD_MODES:  # where the publish hooks may join its link
-            capture = capture._replace(publish_targets=app_hooks.publish_targets(os.uname().machine,
-                                                                                 _traceable_once(env)))
+        if cfg.app_context and found.mode in app_hooks.FOLD_MODES:  # the publish hooks may join the mode's link
+            capture = capture._replace(publish_targets=app_hooks.publish_targets(env.traceable_once))
         self.tracer = tracer_factory(found.funcs, capture, env.btf_func_id)
         self._sampling = kernel_sampling(cfg.sampling)  # what kept sessions say in their tracestate
         self._on_session = on_session
@@ -403,10 +393,8 @@ class ProbeSet:
 
 
 def start_probe_sets(found: Sequence[tuple[ProbeSetConfig, discovery.Discovery]], env: KernelEnv, limits: Limits,
-                     tracer_factory: TracerFactory, on_session: SessionCallback,
-                     names: InputNames = AGENT_NAMES,
-                     on_app_probe: AppProbeCallback | None = None,
-                     workload_series: WorkloadSeriesFactory | None = None,
+                     tracer_factory: TracerFactory, on_session: SessionCallback, names: InputNames = AGENT_NAMES,
+                     on_app_probe: AppProbeCallback | None = None, workload_series: WorkloadSeriesFactory | None = None,
                      counted: bool = True, ready: bool = True) -> list[ProbeSet]:
     """Attach every resolved set, or (on the first failure) detach the ones already attached and raise.
     `ready`: as for ProbeSet.start."""
@@ -448,7 +436,6 @@ def tracer_factory(object_path: Path | None = None) -> TracerFactory:
 
 
 real_tracer_factory = tracer_factory()
-
 
 SetOrigins = list[tuple[FuncTable, list[OriginCount]]]  # each probe set's functions and its error origins
 

@@ -113,9 +113,9 @@ TARGETS = (("__x64_sys_memfd_create", 0xffffffff81300000), ("__x64_sys_prctl", 0
 
 def test_publish_targets_need_both_functions_once_and_traceable() -> None:
     addrs = dict(TARGETS)
-    assert app_hooks.publish_targets("x86_64", addrs.get) == TARGETS  # in cookie order
-    assert app_hooks.publish_targets("x86_64", {TARGETS[0][0]: 1}.get) == ()  # prctl not traceable, or twice
-    assert app_hooks.publish_targets("riscv64", addrs.get) == ()
+    assert app_hooks.publish_targets(addrs.get, "x86_64") == TARGETS  # in cookie order
+    assert app_hooks.publish_targets({TARGETS[0][0]: 1}.get, "x86_64") == ()  # prctl not traceable, or twice
+    assert app_hooks.publish_targets(addrs.get, "riscv64") == ()
 
 
 def test_the_publish_hooks_join_the_entry_link_of_kprobe_session_and_kprobe_multi() -> None:
