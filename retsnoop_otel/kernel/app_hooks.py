@@ -19,9 +19,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from retsnoop_otel.capture.model import RetKind, TracedFunc
 from retsnoop_otel.kernel import libbpf as lb
+
+if TYPE_CHECKING:
+    from retsnoop_otel.kernel.modes.base import AttachMode
 
 EXEC_PROGRAM = "app_exec"  # on sched_process_exec
 PUBLISH_PROGRAMS = {"app_publish": ("syscalls", "sys_enter_memfd_create"),  # memfd_create("OTEL_CTX", ...)
@@ -31,7 +35,6 @@ PUBLISH_SYSCALLS = ("memfd_create", "prctl")  # bpf/appctx.bpf.h APP_PUB_MEMFD_C
 PUBLISH_KPROBE_SHOWN = next(iter(PUBLISH_PROGRAMS))  # its name in the program metrics: the first tracepoint's
 PROGRAMS = (EXEC_PROGRAM, *PUBLISH_PROGRAMS, PUBLISH_KPROBE)
 KPROBE_MULTI_FEATURES = frozenset({"kprobe_multi", "kprobe_session"})  # attach modes that prove kprobe.multi works
-FOLD_MODES = frozenset({"kprobe_multi", "kprobe_session"})  # modes whose entry link takes the publish hooks
 PUB_ID = 0xFFFFFF00  # bpf/appctx.bpf.h APP_PUB_ID: the first publish hook's id in ip_ids, the cookie's order after
 SYSCALL_PREFIXES = {"x86_64": "__x64_sys_", "aarch64": "__arm64_sys_"}  # the syscalls' entry functions (uname -m)
 
@@ -57,11 +60,12 @@ def publish_targets(addr_of: Callable[[str], int | None], machine: str | None = 
     return tuple(found)
 
 
-def folded(mode: str, targets: Sequence[tuple[str, int]], kfuncs: Sequence[TracedFunc]) -> list[TracedFunc]:
-    """The publish hooks as members of the mode's entry link, or [] where they go by a link of their own: another
-    mode, no targets, no entry function for the mode to link (the syscall preset's entries at the tracepoints), or
-    either function traced (its calls are the user's there)."""
-    if mode not in FOLD_MODES or not targets or not any(f.is_entry for f in kfuncs):
+def folded(mode: AttachMode | None, targets: Sequence[tuple[str, int]], kfuncs: Sequence[TracedFunc]
+           ) -> list[TracedFunc]:
+    """The publish hooks as members of the mode's entry link, or [] where they go by a link of their own: a mode
+    whose entry link does not take them (takes_publish), no targets, no entry function for the mode to link (the
+    syscall preset's entries at the tracepoints), or either function traced (its calls are the user's there)."""
+    if mode is None or not mode.takes_publish or not targets or not any(f.is_entry for f in kfuncs):
         return []
     if {name for name, _ in targets} & {f.name for f in kfuncs}:
         return []

@@ -90,7 +90,7 @@ class Tracer:
         self._machine = os.uname().machine
         self._app_kprobes = app_hooks.by_kprobe(self._mode.feature if self._mode else "", self._machine)
         # the publish hooks as members of the mode's entry link, where they can be (else a link of their own)
-        self._publish = app_hooks.folded(config.mode, config.publish_targets, self._kfuncs) \
+        self._publish = app_hooks.folded(self._mode, config.publish_targets, self._kfuncs) \
             if config.app_context and self._app_kprobes else []
         # the per-function clones of the cloning modes (kernel/modes/cloned.py; unused in the others)
         self._fentry = clones.FentryPrograms(self._kfuncs, btf_func_id, self._mode.clone_sets if self._mode else {},

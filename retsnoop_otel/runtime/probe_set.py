@@ -30,7 +30,7 @@ from retsnoop_otel.capture.sampling import kernel_sampling
 from retsnoop_otel.capture.sessions import SessionAssembler
 from retsnoop_otel.command.errors import InputError, RunRefused, SetupError
 from retsnoop_otel.kernel import app_hooks
-from retsnoop_otel.kernel.attach_modes import TRAMPOLINE
+from retsnoop_otel.kernel.attach_modes import BY_NAME, TRAMPOLINE
 from retsnoop_otel.kernel.capture_config import CaptureConfig
 from retsnoop_otel.kernel.tracer import AttachReport
 from retsnoop_otel.metrics.workload_series import LABEL_NAMES, WorkloadSeries, WorkloadTotal
@@ -183,7 +183,7 @@ class ProbeSet:
         self.probes = list(found.probes)  # resolved with its functions (resolve), not again here
         capture = capture_config(cfg, found.mode, limits, names, arg_specs, counted=counted, user_mode=found.user_mode,
                                  inject=self.probes)
-        if cfg.app_context and found.mode in app_hooks.FOLD_MODES:  # the publish hooks may join the mode's link
+        if cfg.app_context and (mode := BY_NAME.get(found.mode)) is not None and mode.takes_publish:
             capture = capture._replace(publish_targets=app_hooks.publish_targets(env.traceable_once))
         self.tracer = tracer_factory(found.funcs, capture, env.btf_func_id)
         self._sampling = kernel_sampling(cfg.sampling)  # what kept sessions say in their tracestate

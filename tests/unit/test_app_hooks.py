@@ -7,6 +7,7 @@ import pytest
 
 from retsnoop_otel.kernel import app_hooks
 from retsnoop_otel.kernel import libbpf as lb
+from retsnoop_otel.kernel.attach_modes import BY_NAME
 
 
 class Prog:
@@ -120,17 +121,18 @@ def test_publish_targets_need_both_functions_once_and_traceable() -> None:
 
 def test_the_publish_hooks_join_the_entry_link_of_kprobe_session_and_kprobe_multi() -> None:
     funcs = [_func("__x64_sys_bpf"), _func("array_map_alloc_check", entry=False, fid=1)]
-    for mode in ("kprobe_session", "kprobe_multi"):
+    for mode in (BY_NAME["kprobe_session"], BY_NAME["kprobe_multi"]):
         pub = app_hooks.folded(mode, TARGETS, funcs)
         # ids above every traced function's (bpf/appctx.bpf.h APP_PUB_ID), in the cookies' order
         assert [(f.id, f.name, f.addr, f.is_entry) for f in pub] == [
             (app_hooks.PUB_ID, "__x64_sys_memfd_create", 0xffffffff81300000, True),
             (app_hooks.PUB_ID + 1, "__x64_sys_prctl", 0xffffffff81100000, True)]
-    assert app_hooks.folded("fentry", TARGETS, funcs) == [] and app_hooks.folded("kprobe", TARGETS, funcs) == []
-    assert app_hooks.folded("kprobe_session", (), funcs) == []
-    assert app_hooks.folded("kprobe_session", TARGETS, funcs[1:]) == []  # no entry link (the syscall preset's)
+    assert app_hooks.folded(BY_NAME["fentry"], TARGETS, funcs) == [] and \
+        app_hooks.folded(BY_NAME["kprobe"], TARGETS, funcs) == [] and app_hooks.folded(None, TARGETS, funcs) == []
+    assert app_hooks.folded(BY_NAME["kprobe_session"], (), funcs) == []
+    assert app_hooks.folded(BY_NAME["kprobe_session"], TARGETS, funcs[1:]) == []  # no entry link (the preset's)
     traced = [*funcs, _func("__x64_sys_prctl", fid=2)]
-    assert app_hooks.folded("kprobe_session", TARGETS, traced) == []  # the user's own: a link of their own
+    assert app_hooks.folded(BY_NAME["kprobe_session"], TARGETS, traced) == []  # the user's own: a link of their own
 
 
 def test_folded_publish_hooks_load_and_attach_no_program_of_their_own() -> None:

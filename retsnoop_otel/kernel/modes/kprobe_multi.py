@@ -33,6 +33,7 @@ class KprobeMulti(AttachMode):
     programs = ("kmulti_entry", "kmulti_exit", "kmulti_inner")
     position, auto_rank, offer_rank = 2, 1, 1
     by_address = True
+    takes_publish = True
 
     def probe(self, root: str, btf: Btf | FuncIdLookup | None, config: dict[str, str]) -> Feature:
         return probe_kprobe_multi(btf)

@@ -41,6 +41,7 @@ class KprobeSession(AttachMode):
     programs = ("ksession", "ksession_inner")
     position, auto_rank, offer_rank = 3, 0, 0
     by_address = True
+    takes_publish = True
 
     def probe(self, root: str, btf: Btf | FuncIdLookup | None, config: dict[str, str]) -> Feature:
         return probe_kprobe_session(btf)
