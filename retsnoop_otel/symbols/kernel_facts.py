@@ -11,6 +11,7 @@ matches and the moved runs keep their order.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,8 +39,9 @@ def load_symbols(cache: KernelCache, ident: KernelIdentity, root: str = "/") -> 
             return ksyms, available, MOVED
     # what comes and goes without a module load is left out whether cached or not, so that a run finds
     # the same functions either way; the tracer merges its own [bpf] symbols after attaching (fentry)
+    traceable = _traceable_beside(root)
     ksyms = Kallsyms.load(root, stable=True)
-    available = Traceable.load(root)
+    available = traceable()
     available.not_in(ksyms)  # found once here, kept with the cache
     if key is not None and cache.directory is not None and kernel_identity(root) == ident:
         cache.write(name, key, (ksyms.state(), available.state(), _layout(ident, root)))
@@ -47,6 +49,31 @@ def load_symbols(cache: KernelCache, ident: KernelIdentity, root: str = "/") -> 
 
 
 MOVED = "cached at another boot, moved"
+
+def _traceable_beside(root: str) -> Callable[[], Traceable]:
+    """available_filter_functions read and parsed on a thread from now; the call returned joins it and
+    raises what the read raised.
+
+    Reading it and kallsyms is the kernel formatting ~250k lines under the read calls, then a C parse
+    through ctypes: neither holds the GIL, so the two take the machine's two CPUs instead of adding up.
+    """
+    out: list[Traceable | BaseException] = []
+
+    def read() -> None:
+        try:
+            out.append(Traceable.load(root))
+        except BaseException as exc:  # noqa: BLE001 - raised where the table is asked for
+            out.append(exc)
+
+    thread = threading.Thread(target=read, name="kernel-tables", daemon=True)
+    thread.start()
+
+    def result() -> Traceable:
+        thread.join()
+        if isinstance(out[0], BaseException):
+            raise out[0]
+        return out[0]
+    return result
 
 
 def _cached_tables(stored: tuple[str, object], key: str, ident: KernelIdentity, root: str

@@ -98,6 +98,12 @@ static int cmp_str(const char *a, uint32_t alen, const char *b, uint32_t blen)
 	return c ? c : (alen > blen) - (alen < blen);
 }
 
+/* equal strings: no call for the common answers (lengths differ, both empty) */
+static int same_str(const char *a, uint32_t alen, const char *b, uint32_t blen)
+{
+	return alen == blen && (!alen || (a[0] == b[0] && !memcmp(a, b, alen)));
+}
+
 static int cmp_sym(const void *pa, const void *pb)
 {
 	const struct sym *a = pa, *b = pb;
@@ -185,15 +191,24 @@ struct keyed {
 	uint32_t len, pos;
 };
 
-static uint64_t prefix_of(const char *name, uint32_t len)
+/* the 8 bytes of a name from `at`, zeros past its end */
+static uint64_t prefix_at(const char *name, uint32_t len, uint32_t at)
 {
 	uint64_t p = 0;
 	uint32_t i;
 
-	for (i = 0; i < 8; i++)
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+	if (len >= at + 8) { /* most names: one load */
+		memcpy(&p, name + at, 8);
+		return __builtin_bswap64(p);
+	}
+#endif
+	for (i = at; i < at + 8; i++)
 		p = p << 8 | (i < len ? (uint8_t)name[i] : 0);
 	return p;
 }
+
+static uint64_t prefix_of(const char *name, uint32_t len) { return prefix_at(name, len, 0); }
 
 static int cmp_keyed(const void *pa, const void *pb)
 {
@@ -204,6 +219,88 @@ static int cmp_keyed(const void *pa, const void *pb)
 		return a->prefix < b->prefix ? -1 : 1;
 	c = cmp_str(a->name, a->len, b->name, b->len); /* names hold no NUL: equal prefixes, equal 8 bytes */
 	return c ? c : (a->pos > b->pos) - (a->pos < b->pos);
+}
+
+/* k[0..n) by prefix, a stable LSD radix sort; its own frame, so that the 16 KiB of counts are not on the stack
+ * of every level of sort_keyed_from (names of 512 bytes sharing their heads go 64 levels deep) */
+static __attribute__((noinline)) void radix_by_prefix(struct keyed *k, struct keyed *tmp, uint64_t n)
+{
+	uint64_t count[8][256], i;
+	struct keyed *from = k, *to = tmp, *swap;
+	unsigned d;
+
+	memset(count, 0, sizeof(count));
+	for (i = 0; i < n; i++) {
+		uint64_t x = k[i].prefix;
+
+		count[0][x & 0xff]++, count[1][x >> 8 & 0xff]++, count[2][x >> 16 & 0xff]++;
+		count[3][x >> 24 & 0xff]++, count[4][x >> 32 & 0xff]++, count[5][x >> 40 & 0xff]++;
+		count[6][x >> 48 & 0xff]++, count[7][x >> 56]++;
+	}
+	for (d = 0; d < 8; d++) { /* least significant byte first */
+		uint64_t at = 0, c;
+
+		if (count[d][k[0].prefix >> (8 * d) & 0xff] == n)
+			continue; /* one value of this byte: nothing moves */
+		for (c = 0; c < 256; c++) {
+			uint64_t m = count[d][c];
+
+			count[d][c] = at, at += m;
+		}
+		for (i = 0; i < n; i++)
+			to[count[d][from[i].prefix >> (8 * d) & 0xff]++] = from[i];
+		swap = from, from = to, to = swap;
+	}
+	if (from != k)
+		memcpy(k, from, n * sizeof(*k));
+}
+
+/*
+ * k[0..n) (prefixes of the 8 bytes from `depth`, every name equal before it) sorted by (name, position)
+ * as qsort with cmp_keyed would: by the prefix, then each run of one prefix by the next 8 bytes. qsort's
+ * 2M indirect comparisons of 150k names were a third of a kallsyms parse. Stable passes keep the input's
+ * position order among equal names; `tmp` holds n entries.
+ */
+static void sort_keyed_from(struct keyed *k, struct keyed *tmp, uint64_t n, uint32_t depth)
+{
+	uint64_t i, j, m;
+
+	if (n < 32) { /* insertion sort: stable, and cmp_keyed's name comparison settles the rest */
+		for (i = 1; i < n; i++) {
+			struct keyed x = k[i];
+
+			for (j = i; j > 0 && cmp_keyed(&k[j - 1], &x) > 0; j--)
+				k[j] = k[j - 1];
+			k[j] = x;
+		}
+		return;
+	}
+	radix_by_prefix(k, tmp, n);
+	for (i = 0; i < n; i = j) {
+		int longer = 0;
+
+		for (j = i + 1; j < n && k[j].prefix == k[i].prefix; j++)
+			;
+		for (m = i; m < j && j - i > 1; m++)
+			longer |= k[m].len > depth + 8;
+		if (!longer)
+			continue; /* one name (or one entry): in position order already */
+		for (m = i; m < j; m++)
+			k[m].prefix = prefix_at(k[m].name, k[m].len, depth + 8);
+		sort_keyed_from(k + i, tmp, j - i, depth + 8);
+	}
+}
+
+/* sorted by (name, position); 0 when out of memory */
+static int sort_keyed(struct keyed *k, uint64_t n)
+{
+	struct keyed *tmp = malloc((n ? n : 1) * sizeof(*k));
+
+	if (!tmp)
+		return 0;
+	sort_keyed_from(k, tmp, n, 0);
+	free(tmp);
+	return 1;
 }
 
 /* positions 0..n-1 of names[] sorted by (name, position), into order[]; 0 when out of memory */
@@ -218,7 +315,10 @@ static int sort_by_name(const struct sym *rows, uint64_t n, uint32_t *order)
 		k[i].prefix = prefix_of(rows[i].name, rows[i].name_len);
 		k[i].name = rows[i].name, k[i].len = rows[i].name_len, k[i].pos = (uint32_t)i;
 	}
-	qsort(k, n, sizeof(*k), cmp_keyed);
+	if (!sort_keyed(k, n)) {
+		free(k);
+		return 0;
+	}
 	for (i = 0; i < n; i++)
 		order[i] = k[i].pos;
 	free(k);
@@ -234,6 +334,12 @@ struct kt_table *kt_kallsyms(const char *text, uint64_t len, int stable)
 
 	if (!t)
 		return NULL;
+	for (cap = 1; p < end && (p = memchr(p, '\n', (size_t)(end - p))); p++)
+		cap++; /* a row per line at most: no growth copies (page faults are dear under emulation) */
+	rows = malloc(cap * sizeof(*rows));
+	if (!rows)
+		return fail(t, "out of memory parsing kallsyms");
+	p = text;
 	while (p < end) {
 		const char *nl = memchr(p, '\n', (size_t)(end - p));
 		const char *eol = nl ? nl : end;
@@ -270,7 +376,7 @@ struct kt_table *kt_kallsyms(const char *text, uint64_t len, int stable)
 	t->dups = malloc(n * sizeof(*t->dups));
 	t->run_starts = malloc(n * sizeof(*t->run_starts));
 	for (i = 0; i < n; i++)
-		if (i == 0 || cmp_str(rows[i].mod, rows[i].mod_len, rows[i - 1].mod, rows[i - 1].mod_len))
+		if (i == 0 || !same_str(rows[i].mod, rows[i].mod_len, rows[i - 1].mod, rows[i - 1].mod_len))
 			mods += rows[i].mod_len + 1;
 	t->run_mods = malloc(mods + 1);
 	if (!t->values || !t->blob || !t->starts || !t->order || !t->dups || !t->run_starts || !t->run_mods) {
@@ -285,7 +391,7 @@ struct kt_table *kt_kallsyms(const char *text, uint64_t len, int stable)
 		memcpy(t->blob + t->blob_len, rows[i].name, rows[i].name_len);
 		t->blob_len += rows[i].name_len;
 		t->blob[t->blob_len++] = '\n';
-		if (i == 0 || cmp_str(rows[i].mod, rows[i].mod_len, rows[i - 1].mod, rows[i - 1].mod_len)) {
+		if (i == 0 || !same_str(rows[i].mod, rows[i].mod_len, rows[i - 1].mod, rows[i - 1].mod_len)) {
 			t->run_starts[t->nruns++] = (uint32_t)i;
 			memcpy(t->run_mods + t->run_mods_len, rows[i].mod, rows[i].mod_len);
 			t->run_mods_len += rows[i].mod_len;
@@ -306,7 +412,7 @@ struct kt_table *kt_kallsyms(const char *text, uint64_t len, int stable)
 	for (k = 1; k < n; k++) {
 		const struct sym *a = &rows[t->order[k - 1]], *b = &rows[t->order[k]];
 
-		if (!cmp_str(a->name, a->name_len, b->name, b->name_len))
+		if (same_str(a->name, a->name_len, b->name, b->name_len))
 			t->dups[t->ndups++] = (uint32_t)k;
 	}
 	free(rows);
@@ -378,9 +484,7 @@ struct kt_table *kt_traceable(const char *text, uint64_t len)
 			p++;
 		p++;
 	}
-	if (n)
-		qsort(k, n, sizeof(*k), cmp_keyed);
-	if (!names_table(t, k, n, blob)) {
+	if (!sort_keyed(k, n) || !names_table(t, k, n, blob)) {
 		free(k);
 		return fail(t, "out of memory parsing available_filter_functions");
 	}

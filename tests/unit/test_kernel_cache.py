@@ -293,3 +293,15 @@ def test_each_table_that_cannot_be_read_is_said(tmp_path: Path, cache: KernelCac
     (root / "proc/kallsyms.away").rename(root / "proc/kallsyms")
     ksyms, available, source = load_symbols(cache, kernel_identity(str(root)), str(root))
     assert source == "" and len(ksyms) == 47 - 4 and available == Traceable.parse(aff.read_bytes())
+
+
+def test_an_unreadable_traceable_list_read_beside_kallsyms_is_said(tmp_path: Path, cache: KernelCache) -> None:
+    """available_filter_functions is read on a thread beside kallsyms: its refusal still reaches the caller."""
+    from retsnoop_otel.kernel.tracefs import TracefsError
+
+    root = make_root(tmp_path)
+    for aff in root.rglob("available_filter_functions"):
+        aff.unlink()
+    with pytest.raises(TracefsError, match="available_filter_functions"):
+        load_symbols(cache, kernel_identity(str(root)), str(root))
+    assert not list(cache.directory.rglob("symbols-*"))  # type: ignore[union-attr]

@@ -83,6 +83,40 @@ def test_real_kallsyms_match_the_regex_parse() -> None:
                 columns(text, stable)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_large_tables_sort_by_name_as_python(seed: int) -> None:
+    """Past the insertion sort's size: names sharing 8, 16 and more leading bytes, ending inside and on the
+    8-byte prefixes, repeated at several addresses, some beyond ASCII: the order and repeats Python finds."""
+    rng = random.Random(seed)
+    heads = ["", "__pfx_", "__x64_sys_", "security_inode_", "abcdefgh", "abcdefghabcdefgh", "\u00e9t\u00e9_"]
+    names = [rng.choice(heads) + "".join(rng.choice("ab_h") for _ in range(rng.randrange(0, 12)))
+             for _ in range(rng.randrange(40, 3000))]
+    names = [n or "x" for n in names] + rng.sample(names, 20) if names else names
+    lines = [f"{0xffffffff81000000 + rng.randrange(1 << 20):x} t {n}" for n in names]
+    text = "\n".join(lines) + "\n"
+    assert columns(text, True) == oracle(text, True)
+    aff = "".join(f"{n}\n" for n in names if n)
+    assert kt.traceable_names(aff.encode()).blob == "\n" + "".join(n + "\n" for n in sorted(n for n in names if n))
+
+
+def test_names_sharing_hundreds_of_bytes_sort_on_a_small_thread_stack() -> None:
+    """The sort goes a level deeper per 8 shared bytes: 500-byte heads (Rust's mangled names come close) on a
+    thread of 256 KiB, as available_filter_functions is parsed beside kallsyms."""
+    import threading
+
+    names = ["q" * 500 + f"{i % 97:03d}" for i in range(300)]
+    text = "".join(f"{n}\n" for n in names).encode()
+    out: list = []
+    old = threading.stack_size(256 * 1024)
+    try:
+        thread = threading.Thread(target=lambda: out.append(kt.traceable_names(text)))
+        thread.start()
+        thread.join()
+    finally:
+        threading.stack_size(old)
+    assert out and out[0].blob == "\n" + "".join(n + "\n" for n in sorted(names))
+
+
 def _btf(types: bytes, strings: bytes = b"\0f\0g\0") -> bytes:
     return struct.pack("<HBBIIIII", 0xEB9F, 1, 0, 24, 0, len(types), len(types), len(strings)) + types + strings
 
