@@ -96,6 +96,12 @@ bpf: $(TABLES_SO)
 $(TABLES_SO): retsnoop_otel/symbols/kernel_tables.c
 	@$(TARGET_CC) -O2 -fPIC -shared -fvisibility=default -Wall -Wextra -Werror -o $@ $<
 
+# libbpf's print hook with its debug messages dropped in C (retsnoop_otel/kernel/libbpf.py loads it)
+PRINT_SO := retsnoop_otel/kernel/libprint_filter.so
+bpf: $(PRINT_SO)
+$(PRINT_SO): retsnoop_otel/kernel/print_filter.c
+	@$(TARGET_CC) -O2 -fPIC -shared -fvisibility=default -Wall -Wextra -Werror -o $@ $<
+
 # the thread-context publisher for Python services (retsnoop_otel/publisher): TLSDESC, only its API exported
 PUBLISHER_SO := retsnoop_otel/publisher/libotel_thread_ctx.so
 bpf: $(PUBLISHER_SO)
@@ -189,7 +195,7 @@ clean:
 	rm -rf build *.egg-info .pytest_cache .ruff_cache .benchmarks
 	find . \( -path ./$(VENV) -o -path ./$(LOW_VENV) \) -prune -o -name __pycache__ -type d -print0 | xargs -0 rm -rf
 	@$(MAKE) --no-print-directory -s -C bpf clean OUT=$(CURDIR)/retsnoop_otel/bpf
-	rm -f $(LIBBPF_SO) $(TABLES_SO) retsnoop_otel/bpf/LICENSE.libbpf retsnoop_otel/bpf/LICENSE.libelf
+	rm -f $(LIBBPF_SO) $(TABLES_SO) $(PRINT_SO) retsnoop_otel/bpf/LICENSE.libbpf retsnoop_otel/bpf/LICENSE.libelf
 	rm -rf dist
 
 distclean: clean

@@ -60,7 +60,8 @@ def test_sdist_holds_the_sources_and_nothing_built(dist: Path) -> None:
     with tarfile.open(sdist) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
     assert {"Makefile", "LICENSE", "bpf/LICENSE", "bpf/build-libbpf", "bpf/retsnoop.bpf.c", "bpf/Makefile",
-            "retsnoop_otel/publisher/otel_thread_ctx.c", "setup.py", "pyproject.toml"} <= names
+            "retsnoop_otel/publisher/otel_thread_ctx.c", "retsnoop_otel/symbols/kernel_tables.c",
+            "retsnoop_otel/kernel/print_filter.c", "setup.py", "pyproject.toml"} <= names
     assert not [n for n in names if n.endswith((".so", ".so.1", ".bpf.o", ".pyc"))], names
 
 
@@ -74,6 +75,7 @@ def test_wheel_tag_matches_what_it_holds(dist: Path) -> None:
     assert "Root-Is-Purelib: false" in tag and f"Tag: py3-none-manylinux_{m[1]}_{m[2]}_{m[3]}" in tag, tag
     for f in ("retsnoop_otel/bpf/libbpf.so.1", "retsnoop_otel/bpf/retsnoop.bpf.o", "retsnoop_otel/bpf/LICENSE.libbpf",
               "retsnoop_otel/bpf/LICENSE.libelf", "retsnoop_otel/publisher/libotel_thread_ctx.so",
+              "retsnoop_otel/kernel/libprint_filter.so", "retsnoop_otel/symbols/libkernel_tables.so",
               "retsnoop_otel-0.1.0.dist-info/licenses/LICENSE", "retsnoop_otel-0.1.0.dist-info/licenses/bpf/LICENSE"):
         assert f in names, f
     assert [n for n in names if n.startswith("retsnoop_otel.libs/libelf")], "auditwheel takes libelf in"
