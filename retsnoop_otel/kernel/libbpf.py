@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 
 from retsnoop_otel.command.streams import callback_code, raise_deferred
 from retsnoop_otel.kernel import libbpf_abi as abi
+from retsnoop_otel.kernel.print_filter import without_debug
 
 MIN_VERSION = (1, 7)
 
@@ -97,7 +98,7 @@ class _Libbpf:
         self.interrupt: BaseException | None = None  # a signal's exception raised inside the print hook
         self._lock = threading.Lock()
         self._print_cb = abi.PRINT_FN(self._on_print)  # kept alive for the life of the process
-        self.lib.libbpf_set_print(_without_debug(self._print_cb))
+        self.lib.libbpf_set_print(without_debug(self._print_cb, _LIBBPF_INFO))
 
     def _on_print(self, level: int, fmt: bytes, args: int) -> int:
         """libbpf's print hook: a ctypes callback, where an exception cannot propagate (Python prints "Exception
@@ -125,22 +126,6 @@ class _Libbpf:
             lines = list(self.log)
             self.log.clear()
         return lines
-
-
-PRINT_FILTER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libprint_filter.so")
-
-
-def _without_debug(hook: ctypes._CFuncPtr) -> ctypes._CFuncPtr:
-    """`hook` behind print_filter.c, which drops libbpf's debug messages in C: 4,699 in one load of our object,
-    each a call into Python that needs the GIL (0.1-0.3 s of a load under emulation). `hook` itself where the
-    filter library is missing (a checkout without `make bpf`): the same messages, only slower."""
-    try:
-        lib = ctypes.CDLL(PRINT_FILTER)
-    except OSError:
-        return hook
-    lib.pf_install.restype = ctypes.c_void_p
-    lib.pf_install.argtypes = [abi.PRINT_FN, ctypes.c_int]
-    return abi.PRINT_FN(lib.pf_install(hook, _LIBBPF_INFO))
 
 
 callback_code(_Libbpf._on_print.__code__)  # a start signal is raised after the libbpf call, not in the hook
