@@ -96,7 +96,7 @@ bpf: $(TABLES_SO)
 $(TABLES_SO): retsnoop_otel/symbols/kernel_tables.c
 	@$(TARGET_CC) -O2 -fPIC -shared -fvisibility=default -Wall -Wextra -Werror -o $@ $<
 
-# libbpf's print hook with its debug messages dropped in C (retsnoop_otel/kernel/print_filter.py loads it)
+# libbpf's print hook with its debug messages dropped in C (retsnoop_otel/kernel/libbpf_abi.py loads it)
 PRINT_SO := retsnoop_otel/kernel/libprint_filter.so
 bpf: $(PRINT_SO)
 $(PRINT_SO): retsnoop_otel/kernel/print_filter.c

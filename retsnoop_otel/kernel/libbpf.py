@@ -21,7 +21,6 @@ from collections.abc import Iterator, Sequence
 
 from retsnoop_otel.command.streams import callback_code, raise_deferred
 from retsnoop_otel.kernel import libbpf_abi as abi
-from retsnoop_otel.kernel.print_filter import without_debug
 
 MIN_VERSION = (1, 7)
 
@@ -98,7 +97,7 @@ class _Libbpf:
         self.interrupt: BaseException | None = None  # a signal's exception raised inside the print hook
         self._lock = threading.Lock()
         self._print_cb = abi.PRINT_FN(self._on_print)  # kept alive for the life of the process
-        self.lib.libbpf_set_print(without_debug(self._print_cb, _LIBBPF_INFO))
+        self.lib.libbpf_set_print(abi.without_debug(self._print_cb, _LIBBPF_INFO))
 
     def _on_print(self, level: int, fmt: bytes, args: int) -> int:
         """libbpf's print hook: a ctypes callback, where an exception cannot propagate (Python prints "Exception

@@ -9,8 +9,26 @@ Layouts are those of libbpf 1.1; the `sz` field of each opts struct lets newer l
 from __future__ import annotations
 
 import ctypes
+import os
 
 PRINT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+# print_filter.c, built with the package: libbpf's debug messages dropped in C, before the Python hook (4,699 in
+# one load of our object, each a call into Python that needs the GIL: 0.1-0.3 s of an agent's load under
+# emulation, where a thread imports beside it)
+PRINT_FILTER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libprint_filter.so")
+
+
+def without_debug(hook: ctypes._CFuncPtr, most_verbose: int, library: str | None = None) -> ctypes._CFuncPtr:
+    """What to hand libbpf_set_print(): `hook` for messages of level `most_verbose` (enum libbpf_print_level) and
+    more severe; `hook` itself where the library is missing (a checkout without `make bpf`): every message then
+    reaches it, only slower."""
+    try:
+        lib = ctypes.CDLL(library or PRINT_FILTER)
+    except OSError:
+        return hook
+    lib.pf_install.restype = ctypes.c_void_p
+    lib.pf_install.argtypes = [PRINT_FN, ctypes.c_int]
+    return PRINT_FN(lib.pf_install(hook, most_verbose))
 
 
 class KprobeOpts(ctypes.Structure):

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSD-2-Clause
 /*
  * libbpf's print hook with its debug messages dropped in C, before they reach the Python hook
- * (kernel/libbpf.py, through kernel/print_filter.py): one load of our CO-RE object prints 4,699 of
+ * (kernel/libbpf.py, through kernel/libbpf_abi.py): one load of our CO-RE object prints 4,699 of
  * them (relocations, map setup), and each call into Python takes the GIL, which a thread importing
  * beside the load holds for up to a switch interval at a time. libbpf itself filters only for its
  * own default hook (LIBBPF_LOG_LEVEL).

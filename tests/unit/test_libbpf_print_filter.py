@@ -11,15 +11,15 @@ import sys
 from pathlib import Path
 
 from retsnoop_otel.kernel import libbpf as lb
-from retsnoop_otel.kernel import print_filter
+from retsnoop_otel.kernel import libbpf_abi
 
 OBJECT = Path(lb.__file__).resolve().parent.parent / "bpf" / "retsnoop.bpf.o"
 
 SCRIPT = """
 import json, sys
-from retsnoop_otel.kernel import libbpf as lb, print_filter
+from retsnoop_otel.kernel import libbpf as lb, libbpf_abi
 if sys.argv[1] == "missing":
-    print_filter.LIBRARY = "/nonexistent/libprint_filter.so"
+    libbpf_abi.PRINT_FILTER = "/nonexistent/libprint_filter.so"
 levels = []
 on_print = lb._Libbpf._on_print
 lb._Libbpf._on_print = lambda self, level, fmt, args: (levels.append(level), on_print(self, level, fmt, args))[1]
@@ -42,7 +42,7 @@ def _run(filter_lib: str, tmp_path: Path) -> dict:
 
 
 def test_debug_messages_stop_in_c_and_warnings_reach_the_log(tmp_path: Path) -> None:
-    assert Path(print_filter.LIBRARY).exists() and OBJECT.exists(), "`make bpf` builds them"
+    assert Path(libbpf_abi.PRINT_FILTER).exists() and OBJECT.exists(), "`make bpf` builds them"
     unfiltered = _run("missing", tmp_path)
     assert unfiltered["debug"] > 10  # what the filter saves: opening the object alone prints this many
     filtered = _run("present", tmp_path)
