@@ -13,6 +13,10 @@ side only. The tracer is `python -m retsnoop_otel trace --syscalls -v --json` (a
 kprobe.multi), its sessions read by the bench; attach is the time from its start to "Receiving data...", with its
 -v phase lines; detach, from SIGTERM to its exit. With --base, another checkout of ours (its Python code and
 BPF object) is traced the same way right after ours, between the same untraced runs: two builds side by side.
+With --peers retsnoop (--retsnoop-bin or RETSNOOP_BIN), retsnoop v0.11 traces the same functions the same way after
+them: the preset's entry and allow functions as our dry run lists them (those retsnoop would also attach), as its
+-e and -a, in its kprobe.multi mode (-M: a kprobe.multi and a kretprobe.multi link over all of them; it has no
+tracepoint boundaries, so every syscall's session starts at its entry function's kprobe).
 """
 
 from __future__ import annotations
@@ -28,7 +32,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.harness import PHASE_OURS, READY_OURS, Lines, stop
+from bench.harness import (
+    PHASE_OURS,
+    READY_OURS,
+    Lines,
+    retsnoop_bin,
+    retsnoop_command,
+    retsnoop_functions,
+    roomy_nofile,
+    stop,
+)
 from bench.syscall_loop import build, workload_s
 
 
@@ -75,6 +88,50 @@ def trace(cmd: list[str], args: argparse.Namespace, tree: Path | None) -> dict:
             "phases_s": tracer.phases, "phase_detail": tracer.detail, "sessions_reported": sessions}
 
 
+def preset_functions(budget: int | None) -> tuple[list[str], list[str]]:
+    """(entry, allow): the preset's functions as `trace --syscalls --dry-run` lists them."""
+    argv = [sys.executable, "-m", "retsnoop_otel", "trace", "--syscalls", "--dry-run"]
+    argv += ["--syscalls-budget", str(budget)] if budget is not None else []
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=1500, check=True).stdout
+    groups: dict[str, list[str]] = {"Entry functions:": [], "Other functions:": []}
+    current = None
+    for line in out.splitlines():
+        if line in groups:
+            current = groups[line]
+        elif not line.startswith("    "):
+            current = None
+        elif current is not None:
+            current.append(line.split()[0])
+    return groups["Entry functions:"], groups["Other functions:"]
+
+
+def trace_retsnoop(cmd: list[str], args: argparse.Namespace, binary: Path) -> dict:
+    """The workload's runs under retsnoop -M tracing the preset's functions (those it would attach too)."""
+    entry, allow = preset_functions(args.budget)
+    takes = retsnoop_functions(binary, "kprobe_multi", entry, allow)
+    entry, allow = [n for n in entry if n in takes], [n for n in allow if n in takes]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(retsnoop_command(binary, "kprobe_multi", entry, allow), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, errors="replace", preexec_fn=roomy_nofile)
+    lines = Lines(proc)
+    ready = lines.wait_for(READY_OURS, args.start_timeout)  # retsnoop says "Receiving data..." too
+    if ready is None:
+        stop(proc, timeout=600)
+        raise RuntimeError("retsnoop did not attach:\n" + "\n".join(lines.tail(30)))
+    attach_s = ready[0] - t0
+    print(f"retsnoop attached {len(entry)} entry and {len(allow)} other functions in {attach_s:.1f} s",
+          file=sys.stderr, flush=True)
+    try:
+        traced = [workload_s(cmd, args.iterations, args.fail_every) for _ in range(args.rounds)]
+    finally:
+        lines.quiet_for(3, 120)
+        t1 = time.monotonic()
+        stop(proc, timeout=900)
+        lines.join()
+    return {"traced_s": traced, "attach_s": round(attach_s, 1), "detach_s": round(time.monotonic() - t1, 1),
+            "entry": len(entry), "allow": len(allow)}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--budget", type=int, default=None, help="--syscalls-budget (default: the preset's)")
@@ -84,13 +141,25 @@ def main() -> int:
     p.add_argument("--start-timeout", type=float, default=1500.0)
     p.add_argument("--json-out", default=None, help="also write the figures as JSON here")
     p.add_argument("--base", type=Path, default=None, help="another checkout of ours, traced the same way after ours")
+    p.add_argument("--peers", default="none", choices=["none", "retsnoop"], help="retsnoop: the same functions under "
+                   "retsnoop v0.11 -M, after ours")
+    p.add_argument("--retsnoop-bin", type=Path, default=None, help="the retsnoop binary (default: $RETSNOOP_BIN)")
     args = p.parse_args()
+    rs_bin = None
+    if args.peers == "retsnoop":
+        try:
+            rs_bin = retsnoop_bin(args.retsnoop_bin)
+        except ValueError as exc:
+            print(f"bench.syscalls_preset_cost: {exc}", file=sys.stderr)
+            return 2
     with tempfile.TemporaryDirectory(dir=os.environ.get("RETSNOOP_OTEL_RWDIR")) as tmp:
         cmd = build(Path(tmp))
         workload_s(cmd, max(args.iterations // 10, 1), args.fail_every)  # warm: page cache, dentries
         untraced = [workload_s(cmd, args.iterations, args.fail_every) for _ in range(args.rounds)]
         trees = {"ours": None, **({"base": args.base} if args.base else {})}
         runs = {name: trace(cmd, args, tree) for name, tree in trees.items()}
+        if rs_bin is not None:
+            runs["retsnoop"] = trace_retsnoop(cmd, args, rs_bin)
         untraced += [workload_s(cmd, args.iterations, args.fail_every) for _ in range(args.rounds)]
     base = statistics.mean(untraced)
     figures = {"kernel": os.uname().release, "workload": cmd[0].rsplit("/", 1)[-1], "iterations": args.iterations,
@@ -100,9 +169,10 @@ def main() -> int:
         figures[name] = run
     print(json.dumps(figures, indent=1))
     for name, run in runs.items():
+        tracer = "retsnoop -M" if name == "retsnoop" else "--syscalls"
         print(f"\n{name}: kernel {figures['kernel']}: {args.iterations} x 7 syscalls ({figures['workload']}), a "
               f"failing stat every {args.fail_every}: untraced {base:.3f} s (mean of {len(untraced)}), with "
-              f"--syscalls {statistics.mean(run['traced_s']):.3f} s (mean of {len(run['traced_s'])}): "
+              f"{tracer} {statistics.mean(run['traced_s']):.3f} s (mean of {len(run['traced_s'])}): "
               f"{run['overhead_pct']:+.1f}%; attach {run['attach_s']} s, detach {run['detach_s']} s")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(figures, indent=1))
