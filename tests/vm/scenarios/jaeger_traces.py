@@ -71,7 +71,10 @@ def scenario_jaeger_traces(ctx) -> dict:
         agent.wait_for_line(r"agent started", timeout=900)
         rc, out, err = ctx.run([PY, "-m", "retsnoop_otel", "simfail", "bpf-bad-map-max-entries-array"], 300)
         r["simfail"] = {"rc": rc, "out": out, "err": err}
-        service = ctx.spawn([PY, "-m", "tests.otel_service", "--requests", "3", "--interval", "3", "--endpoint",
+        # 6 s apart: the agent locates the service's thread context after its first failing call (its ELF files read
+        # in 10 ms turns between polls); with 3 s, beside the host tests, one run ended with one of three joined
+        # (the cause is not established: this gives the locate more slack, the outcome asserted is the same)
+        service = ctx.spawn([PY, "-m", "tests.otel_service", "--requests", "3", "--interval", "6", "--endpoint",
                              jaeger.otlp_grpc],
                             env={"OTEL_PYTHON_CONTEXT": "retsnoop_thread_ctx", "OTEL_SERVICE_NAME": SERVICE})
         r["service_rc"] = service.wait(900)
