@@ -321,15 +321,15 @@ def _probe_build_facts(root: str, targets: Btf | FuncIdLookup | None, config: di
     """`btf`: the kernel's BTF, for the facts a name -> id lookup cannot answer (a kfunc's prototype, the attach
     types); called from one thread only. Everything is probed side by side: libbpf's load of the BTF (40-70 ms
     under emulation) and the helpers' loads wait beside the modes' attaches and detaches."""
-    cookies: list[Feature] = []
+    facts: dict[str, Feature] = {}  # what btf_facts finds besides its own answer
 
     def btf_facts() -> Feature:  # one thread: the BTF is loaded once, then only read
         kernel_btf = targets if isinstance(targets, Btf) else btf()
-        cookies.append(probe_helper("bpf_cookie", HELPER_GET_ATTACH_COOKIE, "bpf_get_attach_cookie", "Linux 5.15"))
+        facts["bpf_cookie"] = probe_helper("bpf_cookie", HELPER_GET_ATTACH_COOKIE, "bpf_get_attach_cookie",
+                                           "Linux 5.15")
         facts["session_kfunc"] = probe_session_kfunc(kernel_btf)
-        return probe_user_functions(kernel_btf, cookies[0])
+        return probe_user_functions(kernel_btf, facts["bpf_cookie"])
 
-    facts: dict[str, Feature] = {}
     # a feature several modes share (the same kernel capability, attached differently) is probed once
     probes = {f: partial(m.probe, root, targets, config) for f, m in attach_modes.FEATURES.items()}
     found = _side_by_side({**probes, "user_functions": btf_facts, "ringbuf": probe_ringbuf,
@@ -337,7 +337,7 @@ def _probe_build_facts(root: str, targets: Btf | FuncIdLookup | None, config: di
                                               "Linux 5.15"),
                            "branch_snapshot": partial(probe_helper, "branch_snapshot", HELPER_GET_BRANCH_SNAPSHOT,
                                                       "bpf_get_branch_snapshot", "Linux 5.16")})
-    return {**found, **facts, "bpf_cookie": cookies[0]}
+    return {**found, **facts}
 
 
 def detect(root: str = "/", func_id: FuncIdLookup | None = None, thorough: bool = True,
