@@ -94,7 +94,9 @@ def test_the_services_trace_holds_its_spans_and_the_kernel_chain(vm_batch) -> No
         names = {s.name for s in spans}
         if {"GET /users/{id}", "load_user", "__x64_sys_bpf"} <= names:
             joined.append(spans)
-    assert len(joined) >= 2, [sorted({s.name for s in spans_of(t)}) for t in r["app"]]
+    assert len(joined) >= 2, {"found by service and tags": [sorted({s.name for s in spans_of(t)}) for t in r["app"]],
+                              "by the requests' trace ids": r.get("requests"), "service": r["service_out"],
+                              "agent's thread-context log": r.get("appctx_log")}
     for spans in joined:
         by_id = {s.span_id: s for s in spans}
         kernel_root = next(s for s in spans if s.name == "__x64_sys_bpf")

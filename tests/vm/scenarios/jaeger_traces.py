@@ -12,6 +12,7 @@ prometheus exporter, scraped at the same moment. Host-side assertions: tests/vm/
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 import urllib.request
@@ -42,6 +43,7 @@ metrics:
   otlp_interval: 2
 logging:
   format: json
+  level: debug
 """
 
 
@@ -57,6 +59,23 @@ def _wait_metric(url: str, needle: str, timeout: float) -> str:
         if needle in text or time.monotonic() > deadline:
             return text
         time.sleep(2)
+
+
+def _requests_in_jaeger(jaeger: Jaeger, service_out: str) -> list[dict]:
+    """What Jaeger holds under each request's own trace id (the service prints them): evidence for a failure, which
+    of the requests lost its kernel chain, its own spans or both."""
+    out = []
+    for line in service_out.splitlines():
+        try:
+            req = json.loads(line)
+        except ValueError:
+            continue
+        if "trace_id" not in req:
+            continue
+        trace = jaeger.trace(req["trace_id"]) or {}
+        names = sorted({s["operationName"] for s in trace.get("spans", [])})
+        out.append({"request": req["request"], "trace_id": req["trace_id"], "tid": req["tid"], "names": names})
+    return out
 
 
 @budget(1800)
@@ -91,6 +110,7 @@ def scenario_jaeger_traces(ctx) -> dict:
             if len(joined) >= 2 or time.monotonic() > deadline:
                 break
             time.sleep(2)
+        r["requests"] = _requests_in_jaeger(jaeger, r["service_out"])
         r["services"] = jaeger.services()
         # the same families twice: the agent's own /metrics, and its metrics.otlp push through the Collector
         r["agent_metrics"] = _get(f"http://127.0.0.1:{METRICS_PORT}/metrics")
@@ -100,6 +120,8 @@ def scenario_jaeger_traces(ctx) -> dict:
     finally:
         if agent is not None:
             r["agent_rc"] = agent.terminate(timeout=300)
-            r["agent_log"] = agent.output()[-10000:]
+            log = agent.output()
+            r["agent_log"] = log[-10000:]
+            r["appctx_log"] = [line for line in log.splitlines() if "thread context" in line or "published" in line]
         r["jaeger_rc"] = jaeger.stop()
     return r
