@@ -6,7 +6,9 @@ Under tests/vm the package is read over 9p, where every stat and open an import 
 number of modules and files a start touches is what its "python" and "imports" phases cost, more than their
 size. Each run is a fresh interpreter that runs the package's `main` as `python -m retsnoop_otel ARGS` does, with
 an audit hook (sys.addaudithook) counting the "open" events (a module's .pyc, an extension, a config, /proc) and
-the import system's directory listings ("os.listdir", "os.scandir"). The counts are taken at the runtime's
+the import system's directory listings ("os.listdir", "os.scandir"); the modules imported and files opened by the
+thread that reads the kernel's symbol tables beside the start (symbols/read_ahead.py) are counted apart, as
+"beside": they are not on the start's path. The counts are taken at the runtime's
 privilege check, right after its inputs phase (flags or config, outputs) and before anything of the kernel: a
 point a host that cannot trace reaches too, as root or not, before it refuses. The tree's bytecode is compiled
 first, as tests/vm/run does. --base measures another checkout (`git worktree add /tmp/base REV`) the same way.
@@ -26,19 +28,26 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # the child: the hook first, then the package as `python -m retsnoop_otel` would run it
 CHILD = r"""
-import sys
-opens, listings, snap = [], [], {}
+import sys, _thread
+opens, listings, snap, beside_opens, beside_modules = [], [], {}, [], set()
+main_thread = _thread.get_ident()
 def hook(event, args):
+    main = _thread.get_ident() == main_thread
     if event == "open" and isinstance(args[0], (str, bytes)):
-        opens.append(args[0] if isinstance(args[0], str) else args[0].decode(errors="replace"))
+        name = args[0] if isinstance(args[0], str) else args[0].decode(errors="replace")
+        (opens if main else beside_opens).append(name)
     elif event in ("os.listdir", "os.scandir"):
         listings.append(str(args[0]))
+    elif event == "import" and not main:
+        beside_modules.add(args[0])
 sys.addaudithook(hook)
 before = set(sys.modules)
 def snapshot(reached):
     if not snap:
-        snap.update(reached=reached, modules=sorted(set(sys.modules) - before), opens=list(opens),
-                    listings=list(listings), interpreter_modules=len(before))
+        new = set(sys.modules) - before
+        snap.update(reached=reached, modules=sorted(new - beside_modules), opens=list(opens),
+                    listings=list(listings), interpreter_modules=len(before),
+                    beside_modules=sorted(new & beside_modules), beside_opens=list(beside_opens))
 from retsnoop_otel.runtime.deps import RuntimeDeps
 init = RuntimeDeps.__init__
 def deps_init(self, *args, **kwargs):
@@ -92,6 +101,7 @@ def summary(snap: dict) -> dict:
     mods = snap["modules"]
     return {"modules": len(mods), "ours": sum(m.startswith("retsnoop_otel") for m in mods),
             "opens": len(snap["opens"]), "listings": len(snap["listings"]),
+            "beside": f"{len(snap.get('beside_modules', ()))}/{len(snap.get('beside_opens', ()))}",
             "heavy": sorted({h for h in HEAVY for m in mods if m == h or m.startswith(h + ".")}),
             "optional": sorted({o.split(".")[1] for o in OURS_OPTIONAL for m in mods if m.startswith(o + ".")})}
 
@@ -101,16 +111,16 @@ def main() -> int:
     trees = {"this checkout": ROOT}
     if "--base" in args:
         trees["base"] = Path(args[args.index("--base") + 1]).resolve()
-    print("| tree | run | modules imported (ours) | files opened | directory listings | libraries | our optional "
-          "sub-packages |")
-    print("|---|---|---|---|---|---|---|")
+    print("| tree | run | modules imported (ours) | files opened | directory listings | beside: modules/files | "
+          "libraries | our optional sub-packages |")
+    print("|---|---|---|---|---|---|---|---|")
     snaps = {(tree, name): measure(argv, env, root)
              for tree, root in trees.items() for name, (argv, env) in RUNS.items()}
     for (tree, name), snap in snaps.items():
         s = summary(snap)
         reached = "" if snap["reached"] else " (privilege check not reached)"
         print(f"| {tree} | {name}{reached} | {s['modules']} ({s['ours']}) | {s['opens']} | {s['listings']} | "
-              f"{', '.join(s['heavy']) or '-'} | {', '.join(s['optional']) or '-'} |")
+              f"{s['beside']} | {', '.join(s['heavy']) or '-'} | {', '.join(s['optional']) or '-'} |")
     if "--list" in args:
         for (tree, name), snap in snaps.items():
             print(f"\n## {tree}: {name}\n" + "\n".join(snap["modules"]))

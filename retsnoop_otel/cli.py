@@ -19,6 +19,7 @@ from retsnoop_otel import interrupted_while_loading
 from retsnoop_otel.command.errors import EXIT_INPUT, EXIT_INTERRUPTED, exit_code_epilog
 from retsnoop_otel.command.help_format import HelpFormatter, OneLineParser
 from retsnoop_otel.command.streams import SignalStop, StartSignals, Streams, exit_of, raise_deferred
+from retsnoop_otel.symbols.read_ahead import read_ahead
 
 if TYPE_CHECKING:
     from retsnoop_otel.runtime.deps import RuntimeDeps
@@ -121,11 +122,13 @@ def _run(cmd: str | None, rest: list[str], deps: RuntimeDeps | None, main_t0: fl
         return EXIT_INPUT.code
     if cmd in ("trace", "agent"):
         gc.disable()  # start-up builds large tables that all live on: no collection passes (runtime.py)
+    # the kernel's symbol tables read from here on, beside the imports below (its own; not where a bench passes deps)
+    ahead = read_ahead(cmd, rest, os.environ) if deps is None else None
     if cmd == "trace":
         from retsnoop_otel.runtime.startup import StartClock
         from retsnoop_otel.trace.main import run_trace
         return run_trace(rest, out=streams.out, err=streams.err, deps=deps,  # type: ignore[arg-type]
-                         started=StartClock(main_t0, python_s))
+                         started=StartClock(main_t0, python_s), ahead=ahead)
     if cmd == "features":
         return features_main(rest)
     if cmd == "simfail":
@@ -134,7 +137,7 @@ def _run(cmd: str | None, rest: list[str], deps: RuntimeDeps | None, main_t0: fl
     from retsnoop_otel.agent import main as agent_cmd
     from retsnoop_otel.runtime.startup import StartClock
     return agent_cmd.main(rest, out=streams.out, err=streams.err,  # type: ignore[arg-type]
-                          started=StartClock(main_t0, python_s))
+                          started=StartClock(main_t0, python_s), ahead=ahead)
 
 
 def run() -> NoReturn:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import signal
 import sys
 from collections.abc import Sequence
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from retsnoop_otel import __version__
 from retsnoop_otel.agent.check import check, located
@@ -25,11 +25,15 @@ from retsnoop_otel.command.logs import EventLog
 from retsnoop_otel.command.streams import StartSignals, raise_deferred
 from retsnoop_otel.export.otel_env import log_level
 from retsnoop_otel.runtime.deps import RuntimeDeps
+from retsnoop_otel.runtime.environment import kernel_env_loader
 from retsnoop_otel.runtime.hooks import StartHook
 from retsnoop_otel.runtime.probe_set import ProbeSet
 from retsnoop_otel.runtime.requests import Requests
 from retsnoop_otel.runtime.runtime import Runtime
 from retsnoop_otel.runtime.startup import Phase, StartClock, phase_fields, phase_since
+
+if TYPE_CHECKING:
+    from retsnoop_otel.symbols.read_ahead import SymbolsAhead
 
 
 class Agent:
@@ -139,7 +143,8 @@ class _AgentHook(StartHook):
 
 
 def main(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr,
-         started: StartClock | None = None) -> int:
+         started: StartClock | None = None, ahead: SymbolsAhead | None = None) -> int:
+    """`ahead`: the kernel's symbol tables being read since main() began (symbols/read_ahead.py)."""
     before = [*started.before_main(), phase_since("imports", started.main_t0, "the agent's modules")] if started else []
     p = OneLineParser(prog="retsnoop-otel agent", formatter_class=HelpFormatter,
                                 description="Run the long-running exporter: probe sets from a YAML config, "
@@ -179,7 +184,8 @@ def main(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr,
         p.error("--config FILE is required (or --check FILE)")
     log = EventLog(err)
     bridge_library_logs(log)  # grpc's and the exporters' own warnings follow the configured log format too
-    agent = Agent(args.config, log=log, started=started, before=before, watch=args.watch_config,
+    agent = Agent(args.config, deps=RuntimeDeps(load_env=kernel_env_loader(ahead)), log=log, started=started,
+                  before=before, watch=args.watch_config,
                   requests=Requests(getattr(err, "interrupt_write", None)))  # a log write blocked: given up at a stop
     # Ctrl-C interrupts the start (130, what was attached detached); SIGTERM and SIGHUP wait for its end
     StartSignals({signal.SIGTERM: agent.requests.ask_stop,

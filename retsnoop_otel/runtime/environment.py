@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence, Sized
+from functools import partial
 from typing import TYPE_CHECKING
 
 from retsnoop_otel.capture.model import RetKind
@@ -22,6 +23,7 @@ from retsnoop_otel.workload.cgroupfs import cgroup2_mount
 
 if TYPE_CHECKING:
     from retsnoop_otel.capture.inject import TpFormat
+    from retsnoop_otel.symbols.read_ahead import SymbolsAhead
 
 
 def _nothing() -> None:
@@ -125,8 +127,13 @@ def lbr_refusal(setting: str, why: str, probe_set: str | None = None) -> SetupEr
                       "whose CPU exposes LBR to this kernel (bare metal or a VM with LBR passthrough)", probe_set)
 
 
+def kernel_env_loader(ahead: SymbolsAhead | None) -> Callable[..., KernelEnv]:
+    """load_kernel_env, taking the symbol tables `ahead` read (symbols/read_ahead.py) when it read them."""
+    return load_kernel_env if ahead is None else partial(load_kernel_env, ahead=ahead)
+
+
 def load_kernel_env(symbols: SymbolsConfig, vmlinux: str | None, lbr: tuple[str, str | None] | None = None,
-                    root: str = "/") -> KernelEnv:
+                    root: str = "/", ahead: SymbolsAhead | None = None) -> KernelEnv:
     """Features, kallsyms, available_filter_functions, BTF and (optionally) a DWARF vmlinux.
 
     `lbr`: (how the user asked for LBR, the probe set that did) when one did: a machine without LBR
@@ -140,7 +147,7 @@ def load_kernel_env(symbols: SymbolsConfig, vmlinux: str | None, lbr: tuple[str,
     from retsnoop_otel.kernel.libbpf_btf import Btf
     from retsnoop_otel.symbols.btf import ReturnKinds
     from retsnoop_otel.symbols.kallsyms import Kallsyms, KallsymsError
-    from retsnoop_otel.symbols.kernel_facts import load_func_types, load_symbols
+    from retsnoop_otel.symbols.kernel_facts import load_func_types, read_symbols, store_symbols
     from retsnoop_otel.symbols.symbolize import DwarfSymbolizer, KallsymsSymbolizer
     from retsnoop_otel.symbols.traceable import Traceable
 
@@ -181,12 +188,21 @@ def load_kernel_env(symbols: SymbolsConfig, vmlinux: str | None, lbr: tuple[str,
     if types is None:
         raise SetupError(f"cannot read {os.path.join(root, 'sys/kernel/btf/vmlinux')}: run as root")
     t = time.monotonic()
-    try:
-        ksyms, available, source = (Kallsyms([]), Traceable(()), "") if refusal else load_symbols(cache, ident, root)
-    except (KallsymsError, tracefs.TracefsError) as exc:
-        raise SetupError(str(exc)) from None
+    ahead_s = None
+    if refusal:
+        ksyms, available, source = Kallsyms([]), Traceable(()), ""
+    else:
+        got = ahead.take(symbols.cache_dir, ident, root) if ahead is not None else None
+        try:
+            tables = got.tables if got is not None else read_symbols(cache, ident, root)
+        except (KallsymsError, tracefs.TracefsError) as exc:
+            raise SetupError(str(exc)) from None
+        store_symbols(cache, ident, tables, root)
+        ksyms, available, source = tables.ksyms, tables.available, tables.source
+        ahead_s = got.seconds if got is not None else None
+    beside = f", read beside the imports in {ahead_s * 1000:.0f} ms" if ahead_s is not None else ""
     phases.append(phase_since("symbols", t, f"{len(ksyms)} kallsyms functions, {len(available)} traceable"
-                              + (f", {source}" if source else "")))
+                              + beside + (f", {source}" if source else "")))
     symbolizer: object = KallsymsSymbolizer(ksyms)
     resolve = None
     close = _nothing

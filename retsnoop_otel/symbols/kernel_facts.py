@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from retsnoop_otel.kernel.build_id import module_build_id
 from retsnoop_otel.kernel.kcache import KernelCache, KernelIdentity, kernel_identity
@@ -22,9 +23,26 @@ from retsnoop_otel.symbols.kallsyms import Kallsyms, head_symbols
 from retsnoop_otel.symbols.traceable import Traceable
 
 
+class SymbolTables(NamedTuple):
+    """kallsyms and available_filter_functions as one read gave them, and what to store of them."""
+
+    ksyms: Kallsyms
+    available: Traceable
+    source: str  # "" read, "cached", or MOVED: cached at another boot, or before a module was reloaded elsewhere
+    store: tuple | None  # the cache's payload when the cache should hold them (read, or moved), else None
+
+
 def load_symbols(cache: KernelCache, ident: KernelIdentity, root: str = "/") -> tuple[Kallsyms, Traceable, str]:
     """(kallsyms, available_filter_functions, where both came from: "" read, "cached", or MOVED: cached at
     another boot, or before a module was reloaded elsewhere, and moved to where the kernel and modules are now)."""
+    tables = read_symbols(cache, ident, root)
+    store_symbols(cache, ident, tables, root)
+    return tables.ksyms, tables.available, tables.source
+
+
+def read_symbols(cache: KernelCache, ident: KernelIdentity, root: str = "/") -> SymbolTables:
+    """The tables from the cache, or from the kernel; nothing written (store_symbols does: this may run on a
+    thread of a process that exits before it is done, symbols/read_ahead.py)."""
     name = f"symbols-{ident.build_id}"
     key = ident.boot_key()
     stored = cache.read_keyed(name) if key is not None else None
@@ -33,19 +51,25 @@ def load_symbols(cache: KernelCache, ident: KernelIdentity, root: str = "/") -> 
         if tables is not None:
             ksyms, available, layout = tables
             if layout is None:
-                return ksyms, available, "cached"
-            if kernel_identity(root) == ident:  # this boot's next start: a plain hit
-                cache.write(name, key, (ksyms.state(), available.state(), layout))
-            return ksyms, available, MOVED
+                return SymbolTables(ksyms, available, "cached", None)
+            return SymbolTables(ksyms, available, MOVED, (ksyms.state(), available.state(), layout))
     # what comes and goes without a module load is left out whether cached or not, so that a run finds
     # the same functions either way; the tracer merges its own [bpf] symbols after attaching (fentry)
     traceable = _traceable_beside(root)
     ksyms = Kallsyms.load(root, stable=True)
     available = traceable()
     available.not_in(ksyms)  # found once here, kept with the cache
-    if key is not None and cache.directory is not None and kernel_identity(root) == ident:
-        cache.write(name, key, (ksyms.state(), available.state(), _layout(ident, root)))
-    return ksyms, available, ""
+    store = (ksyms.state(), available.state(), _layout(ident, root)) if cache.directory is not None else None
+    return SymbolTables(ksyms, available, "", store)
+
+
+def store_symbols(cache: KernelCache, ident: KernelIdentity, tables: SymbolTables, root: str = "/") -> bool:
+    """Keep what read_symbols read or moved, if the kernel's identity still is the one they were read under (a
+    module loaded meanwhile may be in one table and not the other)."""
+    key = ident.boot_key()
+    if tables.store is None or key is None or kernel_identity(root) != ident:
+        return False
+    return cache.write(f"symbols-{ident.build_id}", key, tables.store)
 
 
 MOVED = "cached at another boot, moved"

@@ -20,6 +20,7 @@ from retsnoop_otel.command.errors import RunRefused
 from retsnoop_otel.command.logs import EventLog
 from retsnoop_otel.command.streams import raise_deferred
 from retsnoop_otel.runtime.deps import RuntimeDeps
+from retsnoop_otel.runtime.environment import kernel_env_loader
 from retsnoop_otel.runtime.hooks import Resolved, StartHook
 from retsnoop_otel.runtime.probe_set import ProbeSet
 from retsnoop_otel.runtime.requests import Requests
@@ -28,6 +29,7 @@ from retsnoop_otel.runtime.startup import Phase, StartClock, format_phases, phas
 from retsnoop_otel.trace.flags import TraceRequest, capped_arg_sizes, parse
 
 if TYPE_CHECKING:
+    from retsnoop_otel.symbols.read_ahead import SymbolsAhead
     from retsnoop_otel.trace.origin_intervals import OriginIntervals
 
 
@@ -45,12 +47,14 @@ def _version(request: TraceRequest, out: TextIO) -> int:
 
 
 def run_trace(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr,
-              deps: RuntimeDeps | None = None, started: StartClock | None = None) -> int:
-    """`started`: when main() began (cli.main), so that -v can say where the time to "Receiving data..." went."""
+              deps: RuntimeDeps | None = None, started: StartClock | None = None,
+              ahead: SymbolsAhead | None = None) -> int:
+    """`started`: when main() began (cli.main), so that -v can say where the time to "Receiving data..." went;
+    `ahead`: the kernel's symbol tables being read since then (symbols/read_ahead.py), taken with `deps` None."""
     started = started or StartClock(time.monotonic(), None)
     imports = phase_since("imports", started.main_t0, "the trace command's modules")
     t0 = time.monotonic()
-    deps = deps or RuntimeDeps(console=out)
+    deps = deps or RuntimeDeps(console=out, load_env=kernel_env_loader(ahead))
     request = parse(argv, deps.environ)
     flags = phase_since("flags", t0, "command line")
     if request.version:

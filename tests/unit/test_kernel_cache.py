@@ -8,7 +8,6 @@ available_filter_functions) plus the files the key is made of: /sys/kernel/notes
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import struct
 from pathlib import Path
@@ -20,26 +19,7 @@ from retsnoop_otel.kernel.kcache import KernelCache, cache_base, kernel_identity
 from retsnoop_otel.symbols import kernel_facts
 from retsnoop_otel.symbols.kernel_facts import load_func_types, load_symbols
 from retsnoop_otel.symbols.traceable import Traceable
-
-FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "kernel_root"
-MODULES = ("kvm 1204224 1 kvm_intel, Live 0xffffffffc0400000\n"
-           "nf_tables 352256 0 - Live 0xffffffffc0a00000\n")
-
-
-def _notes(build_id: bytes) -> bytes:
-    return struct.pack("<III", 4, len(build_id), 3) + b"GNU\0" + build_id
-
-
-def make_root(tmp_path: Path, build_id: bytes = b"\x12" * 20, boot: str = "boot-1", modules: str = MODULES) -> Path:
-    root = tmp_path / "root"
-    if not root.exists():
-        shutil.copytree(FIXTURE, root)
-    (root / "sys/kernel").mkdir(parents=True, exist_ok=True)
-    (root / "sys/kernel/notes").write_bytes(_notes(build_id))
-    (root / "proc/sys/kernel/random").mkdir(parents=True, exist_ok=True)
-    (root / "proc/sys/kernel/random/boot_id").write_text(boot + "\n")
-    (root / "proc/modules").write_text(modules)
-    return root
+from tests.kernel_roots import FIXTURE, MODULES, make_root, notes
 
 
 @pytest.fixture
@@ -190,7 +170,7 @@ def move_root(tmp_path: Path, core: int, kvm: int, nft: int, boot: str = "boot-2
 def module_notes(root: Path, builds: dict[str, bytes]) -> None:
     for mod, build in builds.items():
         (root / "sys/module" / mod / "notes").mkdir(parents=True, exist_ok=True)
-        (root / "sys/module" / mod / "notes/.note.gnu.build-id").write_bytes(_notes(build))
+        (root / "sys/module" / mod / "notes/.note.gnu.build-id").write_bytes(notes(build))
 
 
 def test_symbols_of_another_boot_are_moved_not_read(tmp_path: Path, cache: KernelCache) -> None:
