@@ -7,7 +7,7 @@ number of modules and files a start touches is what its "python" and "imports" p
 size. Each run is a fresh interpreter that runs the package's `main` as `python -m retsnoop_otel ARGS` does, with
 an audit hook (sys.addaudithook) counting the "open" events (a module's .pyc, an extension, a config, /proc) and
 the import system's directory listings ("os.listdir", "os.scandir"); the modules imported and files opened by the
-thread that reads the kernel's symbol tables beside the start (symbols/read_ahead.py) are counted apart, as
+thread that reads the kernel's tables beside the start (symbols/read_ahead.py) are counted apart, as
 "beside": they are not on the start's path. The counts are taken at the runtime's
 privilege check, right after its inputs phase (flags or config, outputs) and before anything of the kernel: a
 point a host that cannot trace reaches too, as root or not, before it refuses. The tree's bytecode is compiled

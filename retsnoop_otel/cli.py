@@ -122,7 +122,8 @@ def _run(cmd: str | None, rest: list[str], deps: RuntimeDeps | None, main_t0: fl
         return EXIT_INPUT.code
     if cmd in ("trace", "agent"):
         gc.disable()  # start-up builds large tables that all live on: no collection passes (runtime.py)
-    # the kernel's symbol tables read from here on, beside the imports below (its own; not where a bench passes deps)
+    # the kernel's tables (BTF functions, symbols) read from here on, beside the imports below; not where a bench
+    # passes deps
     ahead = read_ahead(cmd, rest, os.environ) if deps is None else None
     if cmd == "trace":
         from retsnoop_otel.runtime.startup import StartClock

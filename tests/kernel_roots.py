@@ -27,3 +27,17 @@ def make_root(tmp_path: Path, build_id: bytes = b"\x12" * 20, boot: str = "boot-
     (root / "proc/sys/kernel/random/boot_id").write_text(boot + "\n")
     (root / "proc/modules").write_text(modules)
     return root
+
+
+def btf_blob() -> bytes:
+    """int f_int(void); long f_long(void): the smallest BTF with two functions."""
+    strings = b"\0int\0f_int\0long\0f_long\0"
+    types = b"".join([
+        struct.pack("<III", 1, 1 << 24, 4), struct.pack("<I", 1 << 24 | 32),  # 1: INT int, signed, 32 bits
+        struct.pack("<III", 0, 13 << 24, 1),  # 2: FUNC_PROTO -> int
+        struct.pack("<III", 5, 12 << 24 | 1, 2),  # 3: FUNC f_int
+        struct.pack("<III", 11, 1 << 24, 8), struct.pack("<I", 1 << 24 | 64),  # 4: INT long
+        struct.pack("<III", 0, 13 << 24, 4),  # 5: FUNC_PROTO -> long
+        struct.pack("<III", 16, 12 << 24 | 1, 5),  # 6: FUNC f_long
+    ])
+    return struct.pack("<HBBIIIII", 0xEB9F, 1, 0, 24, 0, len(types), len(types), len(strings)) + types + strings

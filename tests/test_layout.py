@@ -388,7 +388,7 @@ def test_the_runtime_hub_stays_small() -> None:
 # applications, not in a run of this tool, and reads their environment.
 ENVIRON_READERS = {
     "retsnoop_otel.runtime.deps": "the injected environment's default: the process's own, for the commands",
-    "retsnoop_otel.cli": "the cache directory of the symbol tables read beside the start (symbols/read_ahead.py), "
+    "retsnoop_otel.cli": "the cache directory of the kernel tables read beside the start (symbols/read_ahead.py), "
                          "before RuntimeDeps is imported; a run takes them only when its own resolves the same",
     "retsnoop_otel.command.help_format": "COLUMNS, the terminal's width, in the formatter argparse builds itself",
     "retsnoop_otel.symbols.dwarf": "the cache directory of its own command, python -m retsnoop_otel.symbols.dwarf",

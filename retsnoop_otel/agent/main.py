@@ -33,7 +33,7 @@ from retsnoop_otel.runtime.runtime import Runtime
 from retsnoop_otel.runtime.startup import Phase, StartClock, phase_fields, phase_since
 
 if TYPE_CHECKING:
-    from retsnoop_otel.symbols.read_ahead import SymbolsAhead
+    from retsnoop_otel.symbols.read_ahead import TablesAhead
 
 
 class Agent:
@@ -143,8 +143,8 @@ class _AgentHook(StartHook):
 
 
 def main(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr,
-         started: StartClock | None = None, ahead: SymbolsAhead | None = None) -> int:
-    """`ahead`: the kernel's symbol tables being read since main() began (symbols/read_ahead.py)."""
+         started: StartClock | None = None, ahead: TablesAhead | None = None) -> int:
+    """`ahead`: the kernel's tables being read since main() began (symbols/read_ahead.py)."""
     before = [*started.before_main(), phase_since("imports", started.main_t0, "the agent's modules")] if started else []
     p = OneLineParser(prog="retsnoop-otel agent", formatter_class=HelpFormatter,
                                 description="Run the long-running exporter: probe sets from a YAML config, "

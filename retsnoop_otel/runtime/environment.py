@@ -23,7 +23,7 @@ from retsnoop_otel.workload.cgroupfs import cgroup2_mount
 
 if TYPE_CHECKING:
     from retsnoop_otel.capture.inject import TpFormat
-    from retsnoop_otel.symbols.read_ahead import SymbolsAhead
+    from retsnoop_otel.symbols.read_ahead import Ahead, TablesAhead
 
 
 def _nothing() -> None:
@@ -127,13 +127,17 @@ def lbr_refusal(setting: str, why: str, probe_set: str | None = None) -> SetupEr
                       "whose CPU exposes LBR to this kernel (bare metal or a VM with LBR passthrough)", probe_set)
 
 
-def kernel_env_loader(ahead: SymbolsAhead | None) -> Callable[..., KernelEnv]:
-    """load_kernel_env, taking the symbol tables `ahead` read (symbols/read_ahead.py) when it read them."""
+def _beside(got: Ahead | None) -> str:
+    return f", read beside the imports in {got.seconds * 1000:.0f} ms" if got is not None else ""
+
+
+def kernel_env_loader(ahead: TablesAhead | None) -> Callable[..., KernelEnv]:
+    """load_kernel_env, taking the kernel's tables `ahead` read (symbols/read_ahead.py) when it read them."""
     return load_kernel_env if ahead is None else partial(load_kernel_env, ahead=ahead)
 
 
 def load_kernel_env(symbols: SymbolsConfig, vmlinux: str | None, lbr: tuple[str, str | None] | None = None,
-                    root: str = "/", ahead: SymbolsAhead | None = None) -> KernelEnv:
+                    root: str = "/", ahead: TablesAhead | None = None) -> KernelEnv:
     """Features, kallsyms, available_filter_functions, BTF and (optionally) a DWARF vmlinux.
 
     `lbr`: (how the user asked for LBR, the probe set that did) when one did: a machine without LBR
@@ -147,7 +151,7 @@ def load_kernel_env(symbols: SymbolsConfig, vmlinux: str | None, lbr: tuple[str,
     from retsnoop_otel.kernel.libbpf_btf import Btf
     from retsnoop_otel.symbols.btf import ReturnKinds
     from retsnoop_otel.symbols.kallsyms import Kallsyms, KallsymsError
-    from retsnoop_otel.symbols.kernel_facts import load_func_types, read_symbols, store_symbols
+    from retsnoop_otel.symbols.kernel_facts import load_func_types, read_symbols, store_func_types, store_symbols
     from retsnoop_otel.symbols.symbolize import DwarfSymbolizer, KallsymsSymbolizer
     from retsnoop_otel.symbols.traceable import Traceable
 
@@ -157,9 +161,14 @@ def load_kernel_env(symbols: SymbolsConfig, vmlinux: str | None, lbr: tuple[str,
     t = time.monotonic()
     ident = kernel_identity(root)
     try:  # the kernel's function types first: the feature probes look their targets up in them
-        types, cached = load_func_types(cache, ident, root, lambda: ReturnKinds(Btf.load_vmlinux()))
+        got = ahead.take("types", symbols.cache_dir, ident, root) if ahead is not None else None
+        if got is not None:
+            store_func_types(cache, ident, got.value)  # type: ignore[arg-type]
+            types, cached = got.value.types, got.value.cached  # type: ignore[attr-defined]
+        else:
+            types, cached = load_func_types(cache, ident, root, lambda: ReturnKinds(Btf.load_vmlinux()))
         count = f"{len(types)} functions" if isinstance(types, Sized) else "libbpf lookups"
-        phases.append(phase_since("btf", t, count + (", cached" if cached else "")))
+        phases.append(phase_since("btf", t, count + _beside(got) + (", cached" if cached else "")))
     except (OSError, lb.LibbpfError, lb.LibbpfUnavailable):
         types = None  # no BTF: the feature checks below say so
     t = time.monotonic()
@@ -188,21 +197,19 @@ def load_kernel_env(symbols: SymbolsConfig, vmlinux: str | None, lbr: tuple[str,
     if types is None:
         raise SetupError(f"cannot read {os.path.join(root, 'sys/kernel/btf/vmlinux')}: run as root")
     t = time.monotonic()
-    ahead_s = None
+    got = None
     if refusal:
         ksyms, available, source = Kallsyms([]), Traceable(()), ""
     else:
-        got = ahead.take(symbols.cache_dir, ident, root) if ahead is not None else None
+        got = ahead.take("symbols", symbols.cache_dir, ident, root) if ahead is not None else None
         try:
-            tables = got.tables if got is not None else read_symbols(cache, ident, root)
+            tables = got.value if got is not None else read_symbols(cache, ident, root)
         except (KallsymsError, tracefs.TracefsError) as exc:
             raise SetupError(str(exc)) from None
-        store_symbols(cache, ident, tables, root)
-        ksyms, available, source = tables.ksyms, tables.available, tables.source
-        ahead_s = got.seconds if got is not None else None
-    beside = f", read beside the imports in {ahead_s * 1000:.0f} ms" if ahead_s is not None else ""
+        store_symbols(cache, ident, tables, root)  # type: ignore[arg-type]
+        ksyms, available, source = tables.ksyms, tables.available, tables.source  # type: ignore[attr-defined]
     phases.append(phase_since("symbols", t, f"{len(ksyms)} kallsyms functions, {len(available)} traceable"
-                              + beside + (f", {source}" if source else "")))
+                              + _beside(got) + (f", {source}" if source else "")))
     symbolizer: object = KallsymsSymbolizer(ksyms)
     resolve = None
     close = _nothing

@@ -145,25 +145,42 @@ def _moved(ksyms: Kallsyms, layout: object, ident: KernelIdentity, root: str) ->
     return moved, (layout[0], head[-1], now)
 
 
+class TypesRead(NamedTuple):
+    """BTF function types as one read gave them, and what to store of them."""
+
+    types: FuncTypes
+    cached: bool
+    store: object | None  # the cache's payload when the cache should hold them, else None
+
+
 def load_func_types(cache: KernelCache, ident: KernelIdentity, root: str = "/",
                     fallback: Callable[[], object] | None = None) -> tuple[object, bool]:
     """(function types: FuncTypes, or `fallback()` for BTF this parser does not know; whether cached).
 
     Raises OSError when the kernel has no readable BTF."""
-    name = f"btf-{ident.build_id}"
-    key = ident.build_key()
-    cached = cache.read(name, key)
-    if cached is not None:
-        try:
-            return FuncTypes.from_state(cached), True  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            pass  # a payload of another shape: read the kernel instead
-    data = Path(root, "sys/kernel/btf/vmlinux").read_bytes()
     try:
-        types = FuncTypes.from_raw_btf(data)
+        read = read_func_types(cache, ident, root)
     except BtfFormatError:
         if fallback is None:
             raise
         return fallback(), False
-    cache.write(name, key, types.state())
-    return types, False
+    store_func_types(cache, ident, read)
+    return read.types, read.cached
+
+
+def read_func_types(cache: KernelCache, ident: KernelIdentity, root: str = "/") -> TypesRead:
+    """From the cache, or from /sys/kernel/btf/vmlinux; nothing written (store_func_types does).
+
+    Raises OSError when the kernel has no readable BTF, BtfFormatError for BTF this parser does not know."""
+    cached = cache.read(f"btf-{ident.build_id}", ident.build_key())
+    if cached is not None:
+        try:
+            return TypesRead(FuncTypes.from_state(cached), True, None)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            pass  # a payload of another shape: read the kernel instead
+    types = FuncTypes.from_raw_btf(Path(root, "sys/kernel/btf/vmlinux").read_bytes())
+    return TypesRead(types, False, types.state() if cache.directory is not None else None)
+
+
+def store_func_types(cache: KernelCache, ident: KernelIdentity, read: TypesRead) -> bool:
+    return read.store is not None and cache.write(f"btf-{ident.build_id}", ident.build_key(), read.store)

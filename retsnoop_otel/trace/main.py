@@ -29,7 +29,7 @@ from retsnoop_otel.runtime.startup import Phase, StartClock, format_phases, phas
 from retsnoop_otel.trace.flags import TraceRequest, capped_arg_sizes, parse
 
 if TYPE_CHECKING:
-    from retsnoop_otel.symbols.read_ahead import SymbolsAhead
+    from retsnoop_otel.symbols.read_ahead import TablesAhead
     from retsnoop_otel.trace.origin_intervals import OriginIntervals
 
 
@@ -48,9 +48,9 @@ def _version(request: TraceRequest, out: TextIO) -> int:
 
 def run_trace(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr,
               deps: RuntimeDeps | None = None, started: StartClock | None = None,
-              ahead: SymbolsAhead | None = None) -> int:
+              ahead: TablesAhead | None = None) -> int:
     """`started`: when main() began (cli.main), so that -v can say where the time to "Receiving data..." went;
-    `ahead`: the kernel's symbol tables being read since then (symbols/read_ahead.py), taken with `deps` None."""
+    `ahead`: the kernel's tables being read since then (symbols/read_ahead.py), taken with `deps` None."""
     started = started or StartClock(time.monotonic(), None)
     imports = phase_since("imports", started.main_t0, "the trace command's modules")
     t0 = time.monotonic()

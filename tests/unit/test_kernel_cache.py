@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import stat
-import struct
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from retsnoop_otel.kernel.kcache import KernelCache, cache_base, kernel_identity
 from retsnoop_otel.symbols import kernel_facts
 from retsnoop_otel.symbols.kernel_facts import load_func_types, load_symbols
 from retsnoop_otel.symbols.traceable import Traceable
-from tests.kernel_roots import FIXTURE, MODULES, make_root, notes
+from tests.kernel_roots import FIXTURE, MODULES, btf_blob, make_root, notes
 
 
 @pytest.fixture
@@ -228,24 +227,10 @@ def test_nothing_is_stored_when_the_kernel_changed_during_the_read(tmp_path: Pat
     assert not cached
 
 
-def _btf_blob() -> bytes:
-    """int f_int(void); long f_long(void): the smallest BTF with two functions."""
-    strings = b"\0int\0f_int\0long\0f_long\0"
-    types = b"".join([
-        struct.pack("<III", 1, 1 << 24, 4), struct.pack("<I", 1 << 24 | 32),  # 1: INT int, signed, 32 bits
-        struct.pack("<III", 0, 13 << 24, 1),  # 2: FUNC_PROTO -> int
-        struct.pack("<III", 5, 12 << 24 | 1, 2),  # 3: FUNC f_int
-        struct.pack("<III", 11, 1 << 24, 8), struct.pack("<I", 1 << 24 | 64),  # 4: INT long
-        struct.pack("<III", 0, 13 << 24, 4),  # 5: FUNC_PROTO -> long
-        struct.pack("<III", 16, 12 << 24 | 1, 5),  # 6: FUNC f_long
-    ])
-    return struct.pack("<HBBIIIII", 0xEB9F, 1, 0, 24, 0, len(types), len(types), len(strings)) + types + strings
-
-
 def test_function_types_are_cached_per_kernel_build(tmp_path: Path, cache: KernelCache) -> None:
     root = make_root(tmp_path)
     (root / "sys/kernel/btf").mkdir(parents=True)
-    (root / "sys/kernel/btf/vmlinux").write_bytes(_btf_blob())
+    (root / "sys/kernel/btf/vmlinux").write_bytes(btf_blob())
     types, cached = load_func_types(cache, kernel_identity(str(root)), str(root))
     assert not cached and types.func_id("f_long") == 6  # type: ignore[attr-defined]
     (root / "sys/kernel/btf/vmlinux").unlink()

@@ -1,6 +1,6 @@
-"""The symbol tables read beside a start's imports (symbols/read_ahead.py): taken only when they are this run's.
+"""The kernel's tables read beside a start's imports (symbols/read_ahead.py): taken only when they are this run's.
 
-Fixture kernel roots as in test_kernel_cache.py; the thread reads them as the run's own load would.
+Fixture kernel roots (tests/kernel_roots.py); the thread reads them as the run's own load would.
 """
 
 from __future__ import annotations
@@ -9,59 +9,89 @@ from pathlib import Path
 
 from retsnoop_otel.kernel.kcache import KernelCache, cache_base, kernel_identity
 from retsnoop_otel.runtime.environment import kernel_env_loader, load_kernel_env
-from retsnoop_otel.symbols.kernel_facts import load_symbols, read_symbols, store_symbols
-from retsnoop_otel.symbols.read_ahead import SymbolsAhead, read_ahead
-from tests.kernel_roots import MODULES, make_root
+from retsnoop_otel.symbols.kernel_facts import (
+    load_func_types,
+    load_symbols,
+    read_func_types,
+    read_symbols,
+    store_func_types,
+    store_symbols,
+)
+from retsnoop_otel.symbols.read_ahead import TablesAhead, read_ahead
+from tests.kernel_roots import MODULES, btf_blob, make_root
 
 
-def _ahead(tmp_path: Path, root: Path) -> tuple[SymbolsAhead, Path]:
+def _root(tmp_path: Path) -> Path:
+    root = make_root(tmp_path)
+    (root / "sys/kernel/btf").mkdir(parents=True, exist_ok=True)
+    (root / "sys/kernel/btf/vmlinux").write_bytes(btf_blob())
+    return root
+
+
+def _ahead(tmp_path: Path, root: Path) -> tuple[TablesAhead, Path]:
     cache_dir = tmp_path / "cache"
-    return SymbolsAhead(False, {"RETSNOOP_OTEL_CACHE": str(cache_dir)}, str(root)).start(), cache_dir
+    return TablesAhead(False, {"RETSNOOP_OTEL_CACHE": str(cache_dir)}, str(root)).start(), cache_dir
 
 
 def test_the_tables_read_ahead_are_the_ones_read_in_place_and_nothing_is_written(tmp_path: Path) -> None:
-    root = make_root(tmp_path)
+    root = _root(tmp_path)
     ahead, cache_dir = _ahead(tmp_path, root)
     ident = kernel_identity(str(root))
-    got = ahead.take(str(cache_dir), ident, str(root))
-    assert got is not None and got.tables.source == "" and got.seconds >= 0
+    types = ahead.take("types", str(cache_dir), ident, str(root))
+    symbols = ahead.take("symbols", str(cache_dir), ident, str(root))
+    assert types is not None and symbols is not None and types.seconds >= 0 and symbols.seconds >= 0
     assert not (cache_dir / "kernel").exists()  # the thread only reads: the run stores what it takes
+    assert not types.value.cached and types.value.types.func_id("f_long") == 6
     direct = read_symbols(KernelCache(None), ident, str(root))
-    assert list(got.tables.ksyms.items()) == list(direct.ksyms.items())
-    assert got.tables.available.state() == direct.available.state()
-    assert ahead.take(str(cache_dir), ident, str(root)) is None  # once
+    assert symbols.value.source == ""
+    assert list(symbols.value.ksyms.items()) == list(direct.ksyms.items())
+    assert symbols.value.available.state() == direct.available.state()
+    assert ahead.take("symbols", str(cache_dir), ident, str(root)) is None  # once each
+    assert ahead.take("types", str(cache_dir), ident, str(root)) is None
     cache = KernelCache.at(cache_dir)
-    assert store_symbols(cache, ident, got.tables, str(root))
+    assert store_symbols(cache, ident, symbols.value, str(root)) and store_func_types(cache, ident, types.value)
     assert load_symbols(cache, ident, str(root))[2] == "cached"  # stored as the run's own read would have
+    assert load_func_types(cache, ident, str(root))[1]
 
 
 def test_a_warm_start_takes_the_cached_tables(tmp_path: Path) -> None:
-    root = make_root(tmp_path)
-    cache_dir = tmp_path / "cache"
-    load_symbols(KernelCache.at(cache_dir), kernel_identity(str(root)), str(root))
-    ahead, _ = _ahead(tmp_path, root)
-    got = ahead.take(cache_dir, kernel_identity(str(root)), str(root))
-    assert got is not None and got.tables.source == "cached" and got.tables.store is None
+    root = _root(tmp_path)
+    cache, ident = KernelCache.at(tmp_path / "cache"), kernel_identity(str(root))
+    load_symbols(cache, ident, str(root))
+    load_func_types(cache, ident, str(root))
+    ahead, cache_dir = _ahead(tmp_path, root)
+    symbols = ahead.take("symbols", cache_dir, ident, str(root))
+    types = ahead.take("types", cache_dir, ident, str(root))
+    assert symbols is not None and symbols.value.source == "cached" and symbols.value.store is None
+    assert types is not None and types.value.cached and types.value.store is None
+    assert read_func_types(cache, ident, str(root)).cached
 
 
 def test_tables_of_another_kernel_state_cache_or_root_are_not_taken(tmp_path: Path) -> None:
-    root = make_root(tmp_path)
+    root = _root(tmp_path)
     ahead, cache_dir = _ahead(tmp_path, root)
     before = kernel_identity(str(root))
+    ahead.take("types", cache_dir, before, str(root))  # read under the identity before the module loaded
     make_root(tmp_path, modules=MODULES + "dummy 16384 0 - Live 0xffffffffc0c00000\n")  # a module loaded meanwhile
-    assert ahead.take(cache_dir, kernel_identity(str(root)), str(root)) is None
+    assert ahead.take("symbols", cache_dir, kernel_identity(str(root)), str(root)) is None
     ahead, cache_dir = _ahead(tmp_path, root)
-    assert ahead.take(tmp_path / "elsewhere", kernel_identity(str(root)), str(root)) is None
+    assert ahead.take("symbols", tmp_path / "elsewhere", kernel_identity(str(root)), str(root)) is None
     ahead, cache_dir = _ahead(tmp_path, root)
-    assert ahead.take(cache_dir, before, "/") is None
+    assert ahead.take("symbols", cache_dir, kernel_identity(str(root)), "/") is None
+    assert ahead.take("dwarf", cache_dir, kernel_identity(str(root)), str(root)) is None
 
 
 def test_a_failed_read_is_left_to_the_run(tmp_path: Path) -> None:
-    """The run reads again where it needs the tables, and says what failed there."""
-    root = make_root(tmp_path)
+    """The run reads again where it needs the table, and says what failed there; the other table is still taken."""
+    root = make_root(tmp_path)  # no BTF
     (root / "proc/kallsyms").unlink()
     ahead, cache_dir = _ahead(tmp_path, root)
-    assert ahead.take(cache_dir, kernel_identity(str(root)), str(root)) is None
+    assert ahead.take("types", cache_dir, kernel_identity(str(root)), str(root)) is None
+    assert ahead.take("symbols", cache_dir, kernel_identity(str(root)), str(root)) is None
+    root = make_root(tmp_path / "second")  # no BTF, kallsyms there
+    ahead, cache_dir = _ahead(tmp_path / "second", root)
+    assert ahead.take("types", cache_dir, kernel_identity(str(root)), str(root)) is None
+    assert ahead.take("symbols", cache_dir, kernel_identity(str(root)), str(root)) is not None
 
 
 def test_started_for_runs_only() -> None:
@@ -72,22 +102,22 @@ def test_started_for_runs_only() -> None:
         assert read_ahead(command, args, env) is None, (command, args)
     for command in ("trace", "agent"):
         ahead = read_ahead(command, ["--config", "a.yaml"] if command == "agent" else ["-e", "x"], env)
-        assert isinstance(ahead, SymbolsAhead) and ahead.agent == (command == "agent")
+        assert isinstance(ahead, TablesAhead) and ahead.agent == (command == "agent")
         ahead._thread.join()
 
 
 def test_the_agents_cache_directory_is_its_own(tmp_path: Path) -> None:
     """Without RETSNOOP_OTEL_CACHE the agent's tables are read for /var/cache's cache, trace's for the user's."""
-    root = make_root(tmp_path)
+    root = _root(tmp_path)
+    env = {"HOME": str(tmp_path / "home"), "XDG_CACHE_HOME": str(tmp_path / "xdg")}
     for agent, configured in ((True, "/var/cache/retsnoop-otel"), (False, None)):
-        env = {"HOME": str(tmp_path / "home"), "XDG_CACHE_HOME": str(tmp_path / "xdg")}
-        ahead = SymbolsAhead(agent, env, str(root)).start()
-        got = ahead.take(cache_base(configured, env), kernel_identity(str(root)), str(root))
+        ahead = TablesAhead(agent, env, str(root)).start()
+        got = ahead.take("symbols", cache_base(configured, env), kernel_identity(str(root)), str(root))
         assert got is not None and got.cache_dir == cache_base(configured, env)
 
 
 def test_the_runs_loader_takes_the_read_ahead() -> None:
     assert kernel_env_loader(None) is load_kernel_env
-    ahead = SymbolsAhead(False, {})
+    ahead = TablesAhead(False, {})
     loader = kernel_env_loader(ahead)
     assert loader.func is load_kernel_env and loader.keywords == {"ahead": ahead}  # type: ignore[attr-defined]

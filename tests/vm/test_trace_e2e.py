@@ -78,7 +78,8 @@ def test_dry_run_phases_and_the_kernel_cache(vm_batch) -> None:
     for step in ("cold", "warm", "module", "reloaded", "another boot"):  # what the cache holds is what kallsyms says
         assert runs[step]["symbols_same"], (step, runs[step]["symbols_differ"])
         # read (or taken from the cache) on a thread from the command's first line, beside the imports
-        assert re.search(r", read beside the imports in \d+ ms", _phases(runs[step]["err"])["symbols"]), runs[step]
+        phases = _phases(runs[step]["err"])
+        assert all(re.search(r", read beside the imports in \d+ ms", phases[p]) for p in ("btf", "symbols")), phases
 
 
 def test_the_symbols_of_another_boot_or_a_reloaded_module_are_moved_not_read(vm_batch) -> None:
