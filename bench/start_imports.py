@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # the child: the hook first, then the package as `python -m retsnoop_otel` would run it
 CHILD = r"""
 import sys, _thread
+import atexit, os  # the harness's own, before the snapshot (json: when it writes, after it)
 opens, listings, snap, beside_opens, beside_modules = [], [], {}, [], set()
 main_thread = _thread.get_ident()
 def hook(event, args):
@@ -58,9 +59,9 @@ def deps_init(self, *args, **kwargs):
         return check()
     self.check_privileges = at_privileges
 RuntimeDeps.__init__ = deps_init
-import atexit, json, os
 out = sys.argv.pop(1)
 def dump():
+    import json
     snapshot(False)
     with open(out, "w") as f:
         json.dump(snap, f)

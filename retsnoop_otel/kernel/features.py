@@ -387,6 +387,14 @@ def detect(root: str = "/", func_id: FuncIdLookup | None = None, thorough: bool 
     )
 
 
+def detect_at_start(cache: KernelCache, ident: KernelIdentity, root: str = "/",
+                    func_id: FuncIdLookup | None = None) -> tuple[Features, bool]:
+    """What a tracer's start probes (the build facts from the kernel cache when a start on this build stored them);
+    (the features, whether the build facts were cached)."""
+    probed = ProbeCache.for_build(cache, ident, root)
+    return detect(root, func_id=func_id, thorough=False, cache=probed), probed.hit
+
+
 # ---- using the result ---------------------------------------------------------------------------
 
 def choose_mode(features: Features) -> str:

@@ -194,7 +194,30 @@ class KernelCache:
                 raise
         except (OSError, ValueError):
             return False
+        _sweep(path.parent, name)
         return True
+
+
+def _sweep(directory: Path, name: str) -> None:
+    """Remove what writers of `name` that ended mid-write left (a process killed, or one that exited while its
+    read-ahead thread wrote, symbols/read_ahead.py): temporary files of processes no longer running."""
+    try:
+        left = [f for f in os.listdir(directory) if f.startswith(f".{name}.")]
+    except OSError:
+        return
+    for tmp in left:
+        pid = tmp[len(name) + 2:].split(".")[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            try:
+                os.unlink(directory / tmp)
+            except OSError:
+                pass
+        except OSError:
+            pass  # running, as another user: not ours to remove
 
 
 def _trusted(st: os.stat_result) -> bool:

@@ -151,7 +151,7 @@ def load_kernel_env(symbols: SymbolsConfig, vmlinux: str | None, lbr: tuple[str,
     from retsnoop_otel.kernel.libbpf_btf import Btf
     from retsnoop_otel.symbols.btf import ReturnKinds
     from retsnoop_otel.symbols.kallsyms import Kallsyms, KallsymsError
-    from retsnoop_otel.symbols.kernel_facts import load_func_types, read_symbols, store_func_types, store_symbols
+    from retsnoop_otel.symbols.kernel_facts import load_func_types, load_symbols
     from retsnoop_otel.symbols.symbolize import DwarfSymbolizer, KallsymsSymbolizer
     from retsnoop_otel.symbols.traceable import Traceable
 
@@ -162,8 +162,7 @@ def load_kernel_env(symbols: SymbolsConfig, vmlinux: str | None, lbr: tuple[str,
     ident = kernel_identity(root)
     try:  # the kernel's function types first: the feature probes look their targets up in them
         got = ahead.take("types", symbols.cache_dir, ident, root) if ahead is not None else None
-        if got is not None:
-            store_func_types(cache, ident, got.value)  # type: ignore[arg-type]
+        if got is not None:  # stored in the cache by the thread that read it
             types, cached = got.value.types, got.value.cached  # type: ignore[attr-defined]
         else:
             types, cached = load_func_types(cache, ident, root, lambda: ReturnKinds(Btf.load_vmlinux()))
@@ -172,13 +171,13 @@ def load_kernel_env(symbols: SymbolsConfig, vmlinux: str | None, lbr: tuple[str,
     except (OSError, lb.LibbpfError, lb.LibbpfUnavailable):
         types = None  # no BTF: the feature checks below say so
     t = time.monotonic()
+    got = ahead.take("features", symbols.cache_dir, ident, root) if ahead is not None and types is not None else None
     try:
-        probed = features.ProbeCache.for_build(cache, ident, root)
-        feats = features.detect(root, func_id=types.func_id if types is not None else None,  # type: ignore[attr-defined]
-                                thorough=False, cache=probed)
+        feats, hit = got.value if got is not None else features.detect_at_start(  # type: ignore[misc]
+            cache, ident, root, types.func_id if types is not None else None)  # type: ignore[attr-defined]
     except lb.LibbpfUnavailable as exc:
         raise SetupError(str(exc)) from None
-    phases.append(phase_since("features", t, "kernel feature probes" + (", cached" if probed.hit else "")))
+    phases.append(phase_since("features", t, "kernel feature probes" + _beside(got) + (", cached" if hit else "")))
 
     def check_mode(mode: str) -> None:
         try:
@@ -202,12 +201,10 @@ def load_kernel_env(symbols: SymbolsConfig, vmlinux: str | None, lbr: tuple[str,
         ksyms, available, source = Kallsyms([]), Traceable(()), ""
     else:
         got = ahead.take("symbols", symbols.cache_dir, ident, root) if ahead is not None else None
-        try:
-            tables = got.value if got is not None else read_symbols(cache, ident, root)
+        try:  # what the thread read, it stored in the cache
+            ksyms, available, source = got.value[:3] if got is not None else load_symbols(cache, ident, root)  # type: ignore[index]
         except (KallsymsError, tracefs.TracefsError) as exc:
             raise SetupError(str(exc)) from None
-        store_symbols(cache, ident, tables, root)  # type: ignore[arg-type]
-        ksyms, available, source = tables.ksyms, tables.available, tables.source  # type: ignore[attr-defined]
     phases.append(phase_since("symbols", t, f"{len(ksyms)} kallsyms functions, {len(available)} traceable"
                               + _beside(got) + (f", {source}" if source else "")))
     symbolizer: object = KallsymsSymbolizer(ksyms)

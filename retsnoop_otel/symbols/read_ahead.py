@@ -2,14 +2,15 @@
 
 On a kernel build the cache has not seen, reading BTF's function types, kallsyms and available_filter_functions
 takes about a second under emulation (the kernel formatting text under the read calls, then a C parse through
-ctypes: no GIL held), and importing the command's modules takes seconds where the package sits on slow storage (the
-VM's 9p, network storage, a cold disk after a reboot), mostly waiting on file reads. Side by side, the two overlap
+ctypes: no GIL held), and the feature probes as long again on some kernels (program loads and attaches, mostly
+waiting on the kernel), while importing the command's modules takes seconds where the package sits on slow storage
+(the VM's 9p, network storage, a cold disk after a reboot), mostly waiting on file reads. Side by side, they overlap
 instead of adding up. On a warm start the thread reads the kernel cache instead, which is short.
 
-The thread only reads: what it read is stored in the cache by the run that takes it (symbols/kernel_facts.py
-store_*), so a run that ends early (a bad flag) leaves nothing half-written. A run takes a table only when it was
-read for its cache directory and root, under the kernel identity it sees itself; otherwise, and when the read failed,
-it reads the table as it would have without this (and says the failure then).
+The thread stores what it read in the kernel cache, as the run would have (its write is then off the run's path too;
+one cut short by the process's exit leaves a temporary file, which the next write of that entry removes). A run takes
+a table only when it was read for its cache directory and root, under the kernel identity it sees itself; otherwise,
+and when the read failed, it reads the table as it would have without this (and says the failure then).
 """
 
 from __future__ import annotations
@@ -24,13 +25,13 @@ if TYPE_CHECKING:
     from retsnoop_otel.kernel.kcache import KernelCache, KernelIdentity
 
 HELP_FLAGS = frozenset(("-h", "--help", "-V", "--version"))
-TABLES = ("types", "symbols")  # in the order the run asks for them (runtime/environment.py load_kernel_env)
+TABLES = ("types", "features", "symbols")  # as the run asks for them (runtime/environment.py load_kernel_env)
 
 
 class Ahead(NamedTuple):
     cache_dir: Path
     ident: KernelIdentity
-    value: object  # kernel_facts.TypesRead or kernel_facts.SymbolTables
+    value: object  # kernel_facts.TypesRead, (features.Features, cached) or kernel_facts.SymbolTables
     seconds: float  # the read's own time, on the thread
 
 
@@ -51,22 +52,45 @@ class TablesAhead:
         return self
 
     def _read_all(self) -> None:
+        """BTF's function types first (the feature probes look their targets up in them), then the feature probes
+        here (mostly waiting on the kernel: program loads, attaches, grace periods) while the symbols are read on
+        a thread of their own (mostly CPU: the kernel formatting kallsyms, the C parse)."""
+        started: set[str] = set()
         try:
             from retsnoop_otel.kernel.kcache import AGENT_CACHE_DIR, KernelCache, cache_base, kernel_identity
             from retsnoop_otel.symbols import kernel_facts
             cache_dir = cache_base(AGENT_CACHE_DIR if self.agent else None, self.environ)
             cache, ident = KernelCache.at(cache_dir), kernel_identity(self.root)
-            readers = {"types": kernel_facts.read_func_types, "symbols": kernel_facts.read_symbols}
-            for name in TABLES:
-                self._one(name, readers[name], cache, cache_dir, ident)
+
+            def types(cache: KernelCache, ident: KernelIdentity, root: str) -> object:
+                read = kernel_facts.read_func_types(cache, ident, root)
+                kernel_facts.store_func_types(cache, ident, read)
+                return read
+
+            def symbols(cache: KernelCache, ident: KernelIdentity, root: str) -> object:
+                read = kernel_facts.read_symbols(cache, ident, root)
+                kernel_facts.store_symbols(cache, ident, read, root)
+                return read
+
+            started.add("types")
+            found = self._one("types", types, cache, cache_dir, ident)
+            threading.Thread(target=self._one, args=("symbols", symbols, cache, cache_dir, ident),
+                             name="symbols-ahead", daemon=True).start()
+            started.add("symbols")
+            if found is not None:
+                from retsnoop_otel.kernel.features import detect_at_start
+                func_id = found.value.types.func_id  # type: ignore[attr-defined]
+                started.add("features")
+                self._one("features", lambda c, i, r: detect_at_start(c, i, r, func_id), cache, cache_dir, ident)
         except BaseException:  # noqa: BLE001, S110 - every table not read here is read by the run itself
             pass
         finally:
-            for done in self._read.values():
-                done.set()
+            for name, done in self._read.items():
+                if name not in started:
+                    done.set()  # never read: the run reads it
 
     def _one(self, name: str, read: Callable[[KernelCache, KernelIdentity, str], object], cache: KernelCache,
-             cache_dir: Path, ident: KernelIdentity) -> None:
+             cache_dir: Path, ident: KernelIdentity) -> Ahead | None:
         t0 = time.monotonic()
         try:
             self._out[name] = Ahead(cache_dir, ident, read(cache, ident, self.root), time.monotonic() - t0)
@@ -74,6 +98,7 @@ class TablesAhead:
             self._out[name] = None
         finally:
             self._read[name].set()
+        return self._out[name]
 
     def take(self, name: str, cache_dir: str | Path, ident: KernelIdentity, root: str) -> Ahead | None:
         """Table `name` (TABLES) once the thread read it, when it read it for this cache directory, root and kernel

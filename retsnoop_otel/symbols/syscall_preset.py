@@ -11,8 +11,7 @@ discovery (symbols/discovery.py) as exact globs, which checks and attaches them 
 from __future__ import annotations
 
 import re
-import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
 from retsnoop_otel.capture.model import RetKind
@@ -64,13 +63,14 @@ def entry_prefix(machine: str) -> str:
                          f", not {machine}'s: give entry globs (-e) instead") from None
 
 
-def origin_rank(name: str) -> tuple[int, int]:
+def origin_rank(name: str, crc32: Callable[[bytes], int]) -> tuple[int, int]:
     """The order in which candidates fill the budget: functions that check and validate first (where EINVAL,
     E2BIG and the like start), then the gates (permissions, lookups, allocations, parsing: EPERM, ENOENT, ENOMEM),
     then the rest; within a tier, by CRC-32 of the name, a fixed order spread over every subsystem rather than
-    the alphabet's first few. The same tables give the same set on every run and every node."""
+    the alphabet's first few. The same tables give the same set on every run and every node. `crc32`: zlib's,
+    imported by the caller (an extension module: loaded by the preset's runs, not by every start)."""
     tier = 0 if _CHECKS.search(name) else 1 if _GATES.search(name) else 2
-    return tier, zlib.crc32(name.encode())
+    return tier, crc32(name.encode())
 
 
 def _denied(names: Iterable[str], deny: Sequence[str], hot: bool) -> set[str]:
@@ -96,5 +96,6 @@ def select(errno_funcs: Iterable[str], available: Traceable, prefix: str, budget
     denied = _denied(entries, deny, hot=False)
     entry = tuple(n for n in entries if n not in denied and available.count(n) == 1)
     denied = _denied(candidates, deny, hot=True)
-    kept = sorted((n for n in candidates if n not in denied), key=origin_rank)
+    from zlib import crc32
+    kept = sorted((n for n in candidates if n not in denied), key=lambda n: origin_rank(n, crc32))
     return Preset(entry=entry, allow=tuple(sorted(kept[:budget])), candidates=len(kept))

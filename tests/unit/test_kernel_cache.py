@@ -270,3 +270,20 @@ def test_an_unreadable_traceable_list_read_beside_kallsyms_is_said(tmp_path: Pat
     with pytest.raises(TracefsError, match="available_filter_functions"):
         load_symbols(cache, kernel_identity(str(root)), str(root))
     assert not list(cache.directory.rglob("symbols-*"))  # type: ignore[union-attr]
+
+
+def test_a_write_removes_what_writers_cut_short_left(tmp_path: Path, cache: KernelCache) -> None:
+    """A process that ended mid-write (killed, or exited while its read-ahead thread wrote) leaves a temporary file:
+    the next write of that entry removes it, not those of running processes or of other entries."""
+    import subprocess
+    dead = subprocess.Popen(["true"])
+    assert dead.wait() == 0 and cache.directory is not None
+    cache.directory.mkdir(parents=True)
+    left = cache.directory / f".symbols-ab.{dead.pid}.0123456789ab"
+    running = cache.directory / f".symbols-ab.{os.getppid()}.0123456789ab"
+    other = cache.directory / f".btf-ab.{dead.pid}.0123456789ab"
+    for f in (left, running, other):
+        f.write_bytes(b"half")
+    assert cache.write("symbols-ab", "key", (1, 2))
+    assert not left.exists() and running.exists() and other.exists()
+    assert cache.read("symbols-ab", "key") == (1, 2)

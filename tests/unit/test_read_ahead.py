@@ -7,16 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from retsnoop_otel.kernel.features import detect_at_start
 from retsnoop_otel.kernel.kcache import KernelCache, cache_base, kernel_identity
 from retsnoop_otel.runtime.environment import kernel_env_loader, load_kernel_env
-from retsnoop_otel.symbols.kernel_facts import (
-    load_func_types,
-    load_symbols,
-    read_func_types,
-    read_symbols,
-    store_func_types,
-    store_symbols,
-)
+from retsnoop_otel.symbols.kernel_facts import load_func_types, load_symbols, read_func_types, read_symbols
 from retsnoop_otel.symbols.read_ahead import TablesAhead, read_ahead
 from tests.kernel_roots import MODULES, btf_blob, make_root
 
@@ -33,14 +27,13 @@ def _ahead(tmp_path: Path, root: Path) -> tuple[TablesAhead, Path]:
     return TablesAhead(False, {"RETSNOOP_OTEL_CACHE": str(cache_dir)}, str(root)).start(), cache_dir
 
 
-def test_the_tables_read_ahead_are_the_ones_read_in_place_and_nothing_is_written(tmp_path: Path) -> None:
+def test_the_tables_read_ahead_are_the_ones_read_in_place_and_are_stored(tmp_path: Path) -> None:
     root = _root(tmp_path)
     ahead, cache_dir = _ahead(tmp_path, root)
     ident = kernel_identity(str(root))
     types = ahead.take("types", str(cache_dir), ident, str(root))
     symbols = ahead.take("symbols", str(cache_dir), ident, str(root))
     assert types is not None and symbols is not None and types.seconds >= 0 and symbols.seconds >= 0
-    assert not (cache_dir / "kernel").exists()  # the thread only reads: the run stores what it takes
     assert not types.value.cached and types.value.types.func_id("f_long") == 6
     direct = read_symbols(KernelCache(None), ident, str(root))
     assert symbols.value.source == ""
@@ -48,10 +41,34 @@ def test_the_tables_read_ahead_are_the_ones_read_in_place_and_nothing_is_written
     assert symbols.value.available.state() == direct.available.state()
     assert ahead.take("symbols", str(cache_dir), ident, str(root)) is None  # once each
     assert ahead.take("types", str(cache_dir), ident, str(root)) is None
-    cache = KernelCache.at(cache_dir)
-    assert store_symbols(cache, ident, symbols.value, str(root)) and store_func_types(cache, ident, types.value)
-    assert load_symbols(cache, ident, str(root))[2] == "cached"  # stored as the run's own read would have
-    assert load_func_types(cache, ident, str(root))[1]
+    cache = KernelCache.at(cache_dir)  # stored by the thread, as the run's own read would have
+    assert read_symbols(cache, ident, str(root)).source == "cached" and read_func_types(cache, ident, str(root)).cached
+    assert sorted(f.name for f in (cache_dir / "kernel").iterdir()) == [
+        f"btf-{ident.build_id}.marshal", f"symbols-{ident.build_id}.marshal"]
+
+
+def test_the_feature_probes_ahead_are_the_starts_own(tmp_path: Path) -> None:
+    """Probed after BTF's types, with their function ids, as the run's own start would; stored for the next."""
+    root = _root(tmp_path)
+    ahead, cache_dir = _ahead(tmp_path, root)
+    ident = kernel_identity(str(root))
+    got = ahead.take("features", cache_dir, ident, str(root))
+    assert got is not None
+    feats, cached = got.value
+    assert not cached
+    here, _ = detect_at_start(KernelCache(None), ident, str(root), read_func_types(KernelCache(None), ident,
+                                                                                   str(root)).types.func_id)
+    assert feats.to_dict() == here.to_dict()
+    assert ahead.take("features", cache_dir, ident, str(root)) is None
+
+
+def test_no_feature_probes_ahead_without_btf_types(tmp_path: Path) -> None:
+    """The probes look their targets up in BTF's types: without them the run probes, after its own BTF fallback."""
+    root = make_root(tmp_path)  # no BTF
+    ahead, cache_dir = _ahead(tmp_path, root)
+    ident = kernel_identity(str(root))
+    assert ahead.take("features", cache_dir, ident, str(root)) is None
+    assert ahead.take("symbols", cache_dir, ident, str(root)) is not None
 
 
 def test_a_warm_start_takes_the_cached_tables(tmp_path: Path) -> None:
@@ -64,7 +81,6 @@ def test_a_warm_start_takes_the_cached_tables(tmp_path: Path) -> None:
     types = ahead.take("types", cache_dir, ident, str(root))
     assert symbols is not None and symbols.value.source == "cached" and symbols.value.store is None
     assert types is not None and types.value.cached and types.value.store is None
-    assert read_func_types(cache, ident, str(root)).cached
 
 
 def test_tables_of_another_kernel_state_cache_or_root_are_not_taken(tmp_path: Path) -> None:
