@@ -53,7 +53,10 @@ def main(argv: list[str] | None = None) -> int:
                                                                                        "users-service")}))
     if args.endpoint:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-        provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=args.endpoint, insecure=True)))
+        # 60 s, not the default 10: a loaded emulated guest (the collector beside the agent) must not lose the
+        # service's own spans, which the tests read as the other half of each joined trace
+        provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=args.endpoint, insecure=True,
+                                                                         timeout=60)))
     tracer = provider.get_tracer("users-service")
     print(json.dumps({"pid": os.getpid(), "context": os.environ.get("OTEL_PYTHON_CONTEXT", "")}), flush=True)
     for i in range(args.requests):
