@@ -57,8 +57,18 @@ class TablesAhead:
         a thread of their own (mostly CPU: the kernel formatting kallsyms, the C parse)."""
         started: set[str] = set()
         try:
-            from retsnoop_otel.kernel.kcache import AGENT_CACHE_DIR, KernelCache, cache_base, kernel_identity
+            from retsnoop_otel.kernel.kcache import (
+                AGENT_CACHE_DIR,
+                CACHE_VARIABLE,
+                KernelCache,
+                cache_base,
+                cache_dir_problem,
+                kernel_identity,
+            )
             from retsnoop_otel.symbols import kernel_facts
+            named = self.environ.get(CACHE_VARIABLE, "")
+            if named and cache_dir_problem(named):
+                return  # the run refuses it (runtime/settings.py): nothing is made or written there
             cache_dir = cache_base(AGENT_CACHE_DIR if self.agent else None, self.environ)
             cache, ident = KernelCache.at(cache_dir), kernel_identity(self.root)
 

@@ -110,6 +110,21 @@ def test_a_failed_read_is_left_to_the_run(tmp_path: Path) -> None:
     assert ahead.take("symbols", cache_dir, kernel_identity(str(root)), str(root)) is not None
 
 
+def test_a_cache_directory_the_run_refuses_is_neither_read_nor_made(tmp_path: Path) -> None:
+    """RETSNOOP_OTEL_CACHE naming a file, a device or a new top-level directory: the run refuses it (exit 2), and
+    the thread must not have made the directory or written into it meanwhile."""
+    root = _root(tmp_path)
+    (tmp_path / "file").write_text("")
+    ident = kernel_identity(str(root))
+    for named in (str(tmp_path / "file"), str(tmp_path / "file" / "below"), "/dev/null",
+                  "/no-such-top-level-dir-48/cache"):
+        ahead = TablesAhead(False, {"RETSNOOP_OTEL_CACHE": named}, str(root)).start()
+        for name in ("types", "features", "symbols"):
+            assert ahead.take(name, named, ident, str(root)) is None, (named, name)
+    assert not Path("/no-such-top-level-dir-48").exists()
+    assert (tmp_path / "file").read_text() == ""
+
+
 def test_started_for_runs_only() -> None:
     env = {"RETSNOOP_OTEL_CACHE": "/nonexistent/retsnoop-otel-test"}
     for command, args in (("trace", ["-h"]), ("trace", ["-e", "x", "--version"]), ("agent", ["--help"]),
