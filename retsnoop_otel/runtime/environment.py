@@ -162,10 +162,8 @@ def load_kernel_env(symbols: SymbolsConfig, vmlinux: str | None, lbr: tuple[str,
     ident = kernel_identity(root)
     try:  # the kernel's function types first: the feature probes look their targets up in them
         got = ahead.take("types", symbols.cache_dir, ident, root) if ahead is not None else None
-        if got is not None:  # stored in the cache by the thread that read it
-            types, cached = got.value.types, got.value.cached  # type: ignore[attr-defined]
-        else:
-            types, cached = load_func_types(cache, ident, root, lambda: ReturnKinds(Btf.load_vmlinux()))
+        types, cached = got.value if got is not None else load_func_types(  # the thread stored what it read
+            cache, ident, root, lambda: ReturnKinds(Btf.load_vmlinux()))
         count = f"{len(types)} functions" if isinstance(types, Sized) else "libbpf lookups"
         phases.append(phase_since("btf", t, count + _beside(got) + (", cached" if cached else "")))
     except (OSError, lb.LibbpfError, lb.LibbpfUnavailable):
@@ -173,7 +171,7 @@ def load_kernel_env(symbols: SymbolsConfig, vmlinux: str | None, lbr: tuple[str,
     t = time.monotonic()
     got = ahead.take("features", symbols.cache_dir, ident, root) if ahead is not None and types is not None else None
     try:
-        feats, hit = got.value if got is not None else features.detect_at_start(  # type: ignore[misc]
+        feats, hit = got.value if got is not None else features.detect_at_start(
             cache, ident, root, types.func_id if types is not None else None)  # type: ignore[attr-defined]
     except lb.LibbpfUnavailable as exc:
         raise SetupError(str(exc)) from None
@@ -202,7 +200,7 @@ def load_kernel_env(symbols: SymbolsConfig, vmlinux: str | None, lbr: tuple[str,
     else:
         got = ahead.take("symbols", symbols.cache_dir, ident, root) if ahead is not None else None
         try:  # what the thread read, it stored in the cache
-            ksyms, available, source = got.value[:3] if got is not None else load_symbols(cache, ident, root)  # type: ignore[index]
+            ksyms, available, source = got.value if got is not None else load_symbols(cache, ident, root)
         except (KallsymsError, tracefs.TracefsError) as exc:
             raise SetupError(str(exc)) from None
     phases.append(phase_since("symbols", t, f"{len(ksyms)} kallsyms functions, {len(available)} traceable"

@@ -31,7 +31,7 @@ TABLES = ("types", "features", "symbols")  # as the run asks for them (runtime/e
 class Ahead(NamedTuple):
     cache_dir: Path
     ident: KernelIdentity
-    value: object  # kernel_facts.TypesRead, (features.Features, cached) or kernel_facts.SymbolTables
+    value: tuple  # what kernel_facts.load_func_types, features.detect_at_start or kernel_facts.load_symbols return
     seconds: float  # the read's own time, on the thread
 
 
@@ -72,24 +72,14 @@ class TablesAhead:
             cache_dir = cache_base(AGENT_CACHE_DIR if self.agent else None, self.environ)
             cache, ident = KernelCache.at(cache_dir), kernel_identity(self.root)
 
-            def types(cache: KernelCache, ident: KernelIdentity, root: str) -> object:
-                read = kernel_facts.read_func_types(cache, ident, root)
-                kernel_facts.store_func_types(cache, ident, read)
-                return read
-
-            def symbols(cache: KernelCache, ident: KernelIdentity, root: str) -> object:
-                read = kernel_facts.read_symbols(cache, ident, root)
-                kernel_facts.store_symbols(cache, ident, read, root)
-                return read
-
             started.add("types")
-            found = self._one("types", types, cache, cache_dir, ident)
-            threading.Thread(target=self._one, args=("symbols", symbols, cache, cache_dir, ident),
+            found = self._one("types", kernel_facts.load_func_types, cache, cache_dir, ident)  # no libbpf fallback
+            threading.Thread(target=self._one, args=("symbols", kernel_facts.load_symbols, cache, cache_dir, ident),
                              name="symbols-ahead", daemon=True).start()
             started.add("symbols")
             if found is not None:
                 from retsnoop_otel.kernel.features import detect_at_start
-                func_id = found.value.types.func_id  # type: ignore[attr-defined]
+                func_id = found.value[0].func_id  # type: ignore[index]
                 started.add("features")
                 self._one("features", lambda c, i, r: detect_at_start(c, i, r, func_id), cache, cache_dir, ident)
         except BaseException:  # noqa: BLE001, S110 - every table not read here is read by the run itself

@@ -34,11 +34,11 @@ def test_the_tables_read_ahead_are_the_ones_read_in_place_and_are_stored(tmp_pat
     types = ahead.take("types", str(cache_dir), ident, str(root))
     symbols = ahead.take("symbols", str(cache_dir), ident, str(root))
     assert types is not None and symbols is not None and types.seconds >= 0 and symbols.seconds >= 0
-    assert not types.value.cached and types.value.types.func_id("f_long") == 6
+    assert not types.value[1] and types.value[0].func_id("f_long") == 6
     direct = read_symbols(KernelCache(None), ident, str(root))
-    assert symbols.value.source == ""
-    assert list(symbols.value.ksyms.items()) == list(direct.ksyms.items())
-    assert symbols.value.available.state() == direct.available.state()
+    assert symbols.value[2] == ""
+    assert list(symbols.value[0].items()) == list(direct.ksyms.items())
+    assert symbols.value[1].state() == direct.available.state()
     assert ahead.take("symbols", str(cache_dir), ident, str(root)) is None  # once each
     assert ahead.take("types", str(cache_dir), ident, str(root)) is None
     cache = KernelCache.at(cache_dir)  # stored by the thread, as the run's own read would have
@@ -79,8 +79,8 @@ def test_a_warm_start_takes_the_cached_tables(tmp_path: Path) -> None:
     ahead, cache_dir = _ahead(tmp_path, root)
     symbols = ahead.take("symbols", cache_dir, ident, str(root))
     types = ahead.take("types", cache_dir, ident, str(root))
-    assert symbols is not None and symbols.value.source == "cached" and symbols.value.store is None
-    assert types is not None and types.value.cached and types.value.store is None
+    assert symbols is not None and symbols.value[2] == "cached"
+    assert types is not None and types.value[1]
 
 
 def test_tables_of_another_kernel_state_cache_or_root_are_not_taken(tmp_path: Path) -> None:
