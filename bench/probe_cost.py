@@ -86,8 +86,9 @@ def build_variants() -> Path:
         return VARIANTS_OBJ
     VARIANTS_OBJ.parent.mkdir(exist_ok=True)
     arch = {"x86_64": "x86", "aarch64": "arm64"}[os.uname().machine]
-    subprocess.run(["clang", "-g", "-O2", "-target", "bpf", f"-D__TARGET_ARCH_{arch}", "-Wall", "-Werror",
-                    "-c", str(VARIANTS_SRC), "-o", str(VARIANTS_OBJ)], check=True)
+    include = HERE.parent / "build" / f"libbpf-{os.uname().machine}" / "include"  # our libbpf's (bpf/Makefile)
+    subprocess.run(["clang", "-g", "-O2", "-target", "bpf", f"-D__TARGET_ARCH_{arch}", f"-I{include}",
+                    "-Wall", "-Werror", "-c", str(VARIANTS_SRC), "-o", str(VARIANTS_OBJ)], check=True)
     return VARIANTS_OBJ
 
 

@@ -10,11 +10,13 @@ instead of adding up. On a warm start the thread reads the kernel cache instead,
 The thread stores what it read in the kernel cache, as the run would have (its write is then off the run's path too;
 one cut short by the process's exit leaves a temporary file, which the next write of that entry removes). A run takes
 a table only when it was read for its cache directory and root, under the kernel identity it sees itself; otherwise,
-and when the read failed, it reads the table as it would have without this (and says the failure then).
+and when the read failed, it reads the table as it would have without this (and says the failure then). Where the
+run will stop at its privilege check, or refuse its cache directory, the thread reads and writes nothing.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -69,6 +71,8 @@ class TablesAhead:
             named = self.environ.get(CACHE_VARIABLE, "")
             if named and cache_dir_problem(named):
                 return  # the run refuses it (runtime/settings.py): nothing is made or written there
+            if not self._may_trace():
+                return  # the run stops at its privilege check (runtime/environment.py): it writes no cache entry
             cache_dir = cache_base(AGENT_CACHE_DIR if self.agent else None, self.environ)
             cache, ident = KernelCache.at(cache_dir), kernel_identity(self.root)
 
@@ -88,6 +92,16 @@ class TablesAhead:
             for name, done in self._read.items():
                 if name not in started:
                     done.set()  # never read: the run reads it
+
+    def _may_trace(self) -> bool:
+        """runtime/environment.py check_privileges' test, without its message."""
+        if os.geteuid() == 0:
+            return True
+        from retsnoop_otel.kernel.caps import CapsError, can_trace, effective_caps
+        try:
+            return can_trace(effective_caps(self.root))
+        except CapsError:
+            return False
 
     def _one(self, name: str, read: Callable[[KernelCache, KernelIdentity, str], object], cache: KernelCache,
              cache_dir: Path, ident: KernelIdentity) -> Ahead | None:

@@ -5,7 +5,10 @@ Fixture kernel roots (tests/kernel_roots.py); the thread reads them as the run's
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+import pytest
 
 from retsnoop_otel.kernel.features import detect_at_start
 from retsnoop_otel.kernel.kcache import KernelCache, cache_base, kernel_identity
@@ -123,6 +126,22 @@ def test_a_cache_directory_the_run_refuses_is_neither_read_nor_made(tmp_path: Pa
             assert ahead.take(name, named, ident, str(root)) is None, (named, name)
     assert not Path("/no-such-top-level-dir-48").exists()
     assert (tmp_path / "file").read_text() == ""
+
+
+def test_a_user_who_may_not_trace_reads_nothing_ahead(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run stops at its privilege check (runtime/environment.py check_privileges): its thread must not have
+    read the tables or left a cache entry in that user's cache meanwhile. With CAP_BPF and CAP_PERFMON it reads."""
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    for caps, read in (("0000000000000000", False), ("000000c000000000", True), (None, False)):
+        root = _root(tmp_path / str(caps))
+        (root / "proc/self").mkdir(parents=True)
+        if caps is not None:
+            (root / "proc/self/status").write_text(f"Name:\tpython3\nCapEff:\t{caps}\n")
+        ahead, cache_dir = _ahead(tmp_path / str(caps), root)
+        ident = kernel_identity(str(root))
+        for name in ("types", "symbols"):
+            assert (ahead.take(name, cache_dir, ident, str(root)) is not None) == read, (caps, name)
+        assert (cache_dir / "kernel").exists() == read, caps
 
 
 def test_started_for_runs_only() -> None:
