@@ -415,6 +415,7 @@ out:
 }
 
 #include "syscalls.bpf.h"
+#include "origins.bpf.h"
 
 /* `outer`: as for handle_entry(). A session's level 0 is always an entry function (a mismatch there drops
  * the session above), so the exits of the other functions never end one: fentry verifies a program pair

@@ -121,26 +121,20 @@ static __always_inline void count_call(__u32 func_id, __u64 lat, bool failed, __
 		bpf_map_update_elem(&err_stats, &ek, &one, BPF_NOEXIST);
 }
 
-/* The session failed: its error chain's deepest level is where the error started. A chain deeper than
- * MAX_FSTACK_DEPTH (or max_depth) keeps its deepest recorded level, as the stack view does. */
-static __always_inline void count_origin(struct session *s, __u32 entry_id)
+/* One more failing call of k's entry function whose error started at k's origin (or the map was full). */
+static __always_inline void count_origin_key(struct origin_key *k)
 {
-	struct origin_key k = { .entry_id = entry_id, .err = s->origin_err };
 	struct capture_stats *cs;
 	__u64 one = 1, *cnt;
-	int d = s->chain_depth - 1;
 
-	if (d < 0)
-		return;
-	k.origin_id = s->chain_ids[lvl(d)];
-	cnt = bpf_map_lookup_elem(&origin_stats, &k);
+	cnt = bpf_map_lookup_elem(&origin_stats, k);
 	if (cnt) {
 		(*cnt)++;
 		return;
 	}
-	if (!bpf_map_update_elem(&origin_stats, &k, &one, BPF_NOEXIST))
+	if (!bpf_map_update_elem(&origin_stats, k, &one, BPF_NOEXIST))
 		return;
-	cnt = bpf_map_lookup_elem(&origin_stats, &k);	/* another CPU added the key first */
+	cnt = bpf_map_lookup_elem(&origin_stats, k);	/* another CPU added the key first */
 	if (cnt) {
 		(*cnt)++;
 		return;
@@ -148,4 +142,17 @@ static __always_inline void count_origin(struct session *s, __u32 entry_id)
 	cs = cstats();
 	if (cs)
 		cs->origins_dropped++;
+}
+
+/* The session failed: its error chain's deepest level is where the error started. A chain deeper than
+ * MAX_FSTACK_DEPTH (or max_depth) keeps its deepest recorded level, as the stack view does. */
+static __always_inline void count_origin(struct session *s, __u32 entry_id)
+{
+	struct origin_key k = { .entry_id = entry_id, .err = s->origin_err };
+	int d = s->chain_depth - 1;
+
+	if (d < 0)
+		return;
+	k.origin_id = s->chain_ids[lvl(d)];
+	count_origin_key(&k);
 }

@@ -99,6 +99,7 @@ struct mm_struct {
 } __attribute__((preserve_access_index));
 
 struct task_struct {
+	void *stack;
 	struct mm_struct *mm;
 	int pid;
 	int tgid;

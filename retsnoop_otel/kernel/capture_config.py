@@ -133,7 +133,9 @@ def configure(obj: lb.BpfObject, cfg: CaptureConfig, funcs: Sequence[TracedFunc]
         obj.map("err_stats").set_max_entries(1)
     obj.map("arg_specs").set_max_entries(n)
     obj.map("rb").set_max_entries(_ringbuf_size(cfg.ringbuf_size))
-    obj.map("sessions").set_max_entries(cfg.max_sessions)
+    sessions = (kmode := attach_modes.BY_NAME.get(cfg.mode)) is None or kmode.sessions
+    obj.map("sessions").set_max_entries(cfg.max_sessions if sessions else 1)
+    obj.map("pending").set_max_entries(1 if sessions else cfg.max_sessions)  # bpf/origins.bpf.h: a chain per thread
     # without --lbr the LBR maps keep one entry each: no memory for a feature that is off
     obj.map("lbr_snaps").set_max_entries(ncpus if cfg.lbr_branch_types else 1)
     obj.map("session_lbrs").set_max_entries(cfg.max_sessions if cfg.lbr_branch_types else 1)

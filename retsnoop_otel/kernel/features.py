@@ -425,10 +425,11 @@ def require_tracing(features: Features, mode: str) -> None:
         return
     feat = features.mode(mode)
     if not feat.available:
-        instead = " or ".join(attach_modes.BY_NAME[m].shown for m in usable)
-        shown = attach_modes.BY_NAME[mode].shown
-        raise FeatureError(f"this kernel {feat.why}, so {shown} cannot be used here: use {instead} "
-                           "instead, or leave the mode out to pick one automatically")
+        m = attach_modes.BY_NAME[mode]  # a mode without sessions (--origins-only): none of the others does what it does
+        instead = (f"use {' or '.join(attach_modes.BY_NAME[u].shown for u in usable)} instead, or leave the mode out "
+                   "to pick one automatically") if m.sessions else ("leave it out, and the sessions of another mode "
+                                                                   "count the origins too, at a higher cost per call")
+        raise FeatureError(f"this kernel {feat.why}, so {m.shown} cannot be used here: {instead}")
 
 
 def format_features(features: Features) -> str:

@@ -75,7 +75,8 @@ class Tracer:
             raise ValueError("no functions to trace")
         self.funcs = list(funcs)
         # the entries the syscall tracepoints start sessions for (kernel/syscall_hooks.py), and what the mode links
-        self._sys_hooks = syscall_hooks.hooked(self.funcs, config.syscall_entries)
+        mode = attach_modes.BY_NAME.get(config.mode)
+        self._sys_hooks = syscall_hooks.hooked(self.funcs, config.syscall_entries) if not mode or mode.sessions else {}
         self._kfuncs = capture_config.mode_funcs(self.funcs, self._sys_hooks)
         self._has_user = any(f.binary is not None for f in self.funcs)
         self.config = config

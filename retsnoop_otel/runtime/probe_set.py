@@ -121,14 +121,14 @@ def capture_config(cfg: ProbeSetConfig, mode: str, limits: Limits, names: InputN
         cg, level = cgroup_target(cfg.cgroup, names.cgroup, root) if cfg.cgroup else (0, 0)
     except InputError as exc:
         raise exc.for_set(cfg.name) from None
+    counted = (sessions := (kmode := BY_NAME.get(mode)) is None or kmode.sessions) and counted  # else origins only
     common = {"mode": mode, "user_mode": user_mode or "uprobe", "pids": cfg.pids,
               "no_pids": cfg.no_pids, "comms": cfg.comms, "no_comms": cfg.no_comms,
               "cgroup_id": cg, "cgroup_level": level, "max_sessions": limits.max_sessions,
               "workload_stats": counted and cfg.workload_label is not None, "func_counts": counted,
-              "syscall_entries": syscall_set.boundaries(cfg)}
-    if cfg.mode == "metrics":
-        # Counted in the kernel's per-CPU maps, never reported: no session reaches user space, so the
-        # CPU spent in user space does not grow with the call rate, and a one-page ring buffer is enough.
+              "syscall_entries": syscall_set.boundaries(cfg) if sessions else {}}
+    if cfg.mode == "metrics" or not sessions:
+        # counted in the kernel, never reported: user space's CPU stays flat with the call rate; one page of ring buffer
         return CaptureConfig(**common, emit_calls=False, capture_success=False, min_duration_ns=METRICS_ONLY_NS,
                              ringbuf_size=4096, kernel_stack=False)
     ks = kernel_sampling(cfg.sampling)

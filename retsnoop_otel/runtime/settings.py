@@ -28,6 +28,7 @@ from retsnoop_otel.export.resource import resource_attributes_problem
 from retsnoop_otel.export.span_limits import SpanLimits, span_limits
 from retsnoop_otel.inputs.files import shown
 from retsnoop_otel.inputs.tls_files import TlsReads
+from retsnoop_otel.kernel import attach_modes
 from retsnoop_otel.kernel.kcache import CACHE_VARIABLE, cache_base, cache_dir_problem
 from retsnoop_otel.runtime.config import RuntimeConfig, SymbolsConfig
 from retsnoop_otel.runtime.environment import cgroup_target
@@ -103,6 +104,43 @@ def _check_probe_sets(cfg: RuntimeConfig, root: str) -> None:
                 cgroup_target(ps.cgroup, cfg.names.cgroup, root)
             except InputError as exc:
                 raise exc.for_set(ps.name) from None
+        mode = attach_modes.BY_NAME.get(ps.attach_mode)
+        if mode and not mode.sessions and (conflict := _counts_only_conflict(ps, mode, cfg.names.attach_mode)):
+            raise InputError(conflict, ps.name)
+
+
+# what needs the sessions a counting mode (--origins-only) does not keep: (whether the set asks for it, its config
+# key, its trace flag)
+_SESSION_SETTINGS: tuple[tuple[Callable[[Any], bool], str, str], ...] = (
+    (lambda ps: ps.mode == "calls", "mode: calls", "-T"),
+    (lambda ps: ps.capture_args, "capture_args", "-A"),
+    (lambda ps: bool(ps.inject), "inject", "-J"),
+    (lambda ps: bool(ps.lbr_branch_types), "lbr", "--lbr"),
+    (lambda ps: ps.user_stacks, "user_stacks", "-U"),
+    (lambda ps: ps.sampling.captures_success, "sampling", "-S"),
+    (lambda ps: ps.workload_label is not None, "workload_label", "--workload-label"),
+    (lambda ps: any(g.startswith("u:") for g in (*ps.entry, *ps.allow)), "u:BINARY:GLOB functions",
+     "u:BINARY:GLOB functions"),
+)
+
+
+def _counts_only_conflict(ps: Any, kmode: Any, attach_name: str) -> str | None:
+    """The first setting of the set that needs sessions, which counting origins from the returns does not keep."""
+    by_flag = attach_name.startswith("-")  # trace names its settings by flag
+    mode = kmode.flags[0] if by_flag else f"attach_mode: {kmode.name}"
+    if not ps.syscalls:  # one syscall per chain (bpf/origins.bpf.h): entry functions that never nest
+        return (f"{mode} counts error origins per syscall, over the syscall preset's functions: add "
+                f"{'--syscalls' if by_flag else 'syscalls: true'} (and filter with -n, -p or --cgroup)")
+    if ps.entry:
+        what = "-e" if by_flag else "entry"
+        return (f"{mode} takes its entry functions from the syscall preset (every syscall), which never call each "
+                f"other: drop {what} (add functions to look into with {'-a' if by_flag else 'allow'})")
+    for asks, key, flag in _SESSION_SETTINGS:
+        if asks(ps):
+            what = flag if by_flag else key
+            return (f"{mode} counts error origins from the functions' returns and keeps no sessions, so {what} has "
+                    f"nothing to record: drop {what}, or use another attach mode")
+    return None
 
 
 def _web(cfg: RuntimeConfig, tls_reads: TlsReads) -> Any:

@@ -83,3 +83,22 @@ def test_trace_origins_interval_tables_add_up_to_the_runs(vm_batch) -> None:
             summed[key] = summed.get(key, 0) + row["count"]
     assert len(table) == 1 and summed == {(row["entry"], row["origin"], row["error"]): row["count"]
                                           for row in table[0]["origins"]}, (intervals, table)
+
+
+def test_trace_origins_only_counts_every_failing_call_without_sessions(vm_batch) -> None:
+    """--syscalls --origins-only (kretprobe.multi, Linux 5.18+): the table at stop counts the failing bpf() calls
+    exactly, 20 successes not at all, and no session is printed; 5.10 says in one line that it lacks kprobe.multi."""
+    r = vm_batch["trace_origins_only"]
+    if vm_batch.series == "5.10":
+        assert r["refused"] and r["rc"] == 1 and r["progs_after"] == [], r["output"]
+        (line,) = [x for x in r["output"].splitlines() if x.startswith("retsnoop-otel: ")]
+        assert "has no kprobe_multi (Linux 5.18+ needed), so --origins-only (kretprobe.multi) cannot be used" in line, \
+            line
+        return
+    assert not r["refused"], r["output"]
+    assert r["workload"][:2] == [0, "{'ok': 20, 'array_failed': 3, 'hash_failed': 2}"], r["workload"]
+    assert r["tracer"]["rc"] == 0 and r["tracer"]["progs_after"] == [], r["tail"]
+    (table,) = r["lines"]  # the workload's other failing syscalls (Python's start looks for files) are there too
+    rows = [row for row in table["origins"] if row["entry"] == "__x64_sys_bpf"]
+    assert [(row["origin"], row["error"], row["count"]) for row in rows] == [
+        ("array_map_alloc_check", "EINVAL", 3), ("htab_map_alloc_check", "EINVAL", 2)], table

@@ -71,3 +71,35 @@ def test_the_tracer_detached_cleanly(vm_batch) -> None:
     t = _run(vm_batch)["tracer"]
     assert t["rc"] == 0 and "Traceback" not in t["output"], t["output"][-3000:]
     assert t["progs_after"] == []
+
+
+def _origins_only(vm_batch) -> dict:
+    return vm_batch["syscalls_origins_only"]
+
+
+def test_origins_only_attaches_the_preset_by_its_returns(vm_batch) -> None:
+    """--origins-only: the same functions, in one kretprobe.multi call per group, and no syscall tracepoint."""
+    run = _origins_only(vm_batch)
+    log = "\n".join(run["log"])
+    assert run["workload"] == [0, f"{FAILS} True"], run["workload"]
+    m = re.search(r"would attach (\d+) \((\d+) entry\) in origin_exits mode", log)
+    assert m and int(m.group(2)) > 300 and int(m.group(1)) - int(m.group(2)) > 500, log
+    assert re.search(rf"^Phase attach: \d+ ms \({m.group(1)} functions, origin_exits\)$", log, re.M), log
+    assert run["sessions"] == [], run["sessions"][:3]  # counts only
+    t = run["tracer"]
+    assert t["rc"] == 0 and "Traceback" not in t["output"] and t["progs_after"] == [], t["output"][-3000:]
+
+
+def test_origins_only_counts_each_failing_call_where_the_sessions_find_its_origin(vm_batch) -> None:
+    """The chain rebuilt from the returns alone names the origin the preset's sessions name (the scenario before,
+    in the same boot): the failing bpf() calls' map callback, and the failing open's deepest failing function, deep
+    in the path walk. The 32-bit open goes through another entry function, which the preset does not take."""
+    (table,) = _origins_only(vm_batch)["table"]
+    rows = {(r["entry"], r["origin"], r["error"]): r["count"] for r in table["origins"]}
+    assert rows.get(("__x64_sys_bpf", "array_map_alloc_check", "EINVAL")) == FAILS, rows
+    opens = [s for s in _run(vm_batch)["sessions"]
+             if s["chain"] and s["chain"][0]["function"] in ("__x64_sys_openat", "__x64_sys_open")]
+    want = {(s["chain"][0]["function"], s["origin"]["function"], s["origin"]["error"]) for s in opens}
+    assert want and all(rows.get(k) == 1 for k in want), (rows, want)
+    failing = [s for s in _run(vm_batch)["sessions"] if s["is_err"]]  # of the same comm, and the same workload
+    assert sum(rows.values()) == len(failing), (rows, [[c["function"] for c in s["chain"]] for s in failing])

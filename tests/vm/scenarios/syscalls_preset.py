@@ -90,3 +90,31 @@ def scenario_syscalls_preset(ctx) -> dict:
     result["log"] = [line for line in out.splitlines() if not line.startswith(("{", " "))][:200]
     result["guest_seconds"] = round(time.monotonic() - t0, 1)
     return result
+
+
+@budget(1500)
+def scenario_syscalls_origins_only(ctx) -> dict:
+    """`trace --syscalls --origins-only`: the preset's functions with their returns hooked only (no session, no
+    syscall tracepoint); the same workload, and the origin table at stop must count its failing calls."""
+    import json
+
+    t0 = time.monotonic()
+    ia32 = build_ia32(ctx.tmpdir)
+    tracer = ctx.spawn([PY, "-m", "retsnoop_otel", "trace", "--syscalls", "--origins-only", "-n", COMM, "--json",
+                        "-v"])
+    tracer.wait_for_line(r"^Receiving data\.\.\.", timeout=START_TIMEOUT_S)
+    result: dict = {"attach_s": round(time.monotonic() - t0, 1)}
+    try:
+        wl = ctx.spawn([PY, "-c", WORKLOAD])
+        wl.popen.wait(300)
+        result["workload"] = [wl.terminate(), wl.output().strip()]
+        if ia32:
+            result["ia32_rc"] = subprocess.run([ia32], timeout=60).returncode
+        time.sleep(SETTLE_S)
+    finally:
+        result["tracer"] = stop_tracer(ctx, tracer)
+    out = result["tracer"]["output"]
+    result["sessions"] = json_sessions(out)
+    result["table"] = [json.loads(line) for line in out.splitlines() if line.startswith('{"origins"')]
+    result["log"] = [line for line in out.splitlines() if not line.startswith(("{", " "))][:200]
+    return result
