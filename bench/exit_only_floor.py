@@ -27,7 +27,6 @@ from pathlib import Path
 
 from bench import harness
 from bench.harness import READY_OURS, Lines, stop
-from bench.probe_cost import build_variants
 from bench.syscall_loop import build, workload_s
 from retsnoop_otel.kernel import libbpf as lb
 
@@ -38,7 +37,7 @@ class ExitOnly:
     """One stand-in program on the returns of a function set, by one kretprobe.multi link."""
 
     def __init__(self, variant: str, addrs: list[int]) -> None:
-        self.obj = lb.BpfObject.open_file(str(build_variants()))
+        self.obj = lb.BpfObject.open_file(str(harness.build_variants()))
         for prefix in ("k_", "m_"):
             for v in VARIANTS:
                 self.obj.program(prefix + v).set_autoload(prefix + v == "m_" + variant)

@@ -824,3 +824,21 @@ def writer_location(pid: int, tries: int = 200) -> object:
             time.sleep(0.01)
     assert loc is not None, "otel_thread_ctx_v1 not found in the writer"
     return loc
+
+
+# ---- stand-in probe programs (bench/probe_variants.bpf.c): probe_cost and exit_only_floor ---------------------
+BENCH_DIR = Path(__file__).resolve().parent
+VARIANTS_SRC = BENCH_DIR / "probe_variants.bpf.c"
+VARIANTS_OBJ = BENCH_DIR / "build" / "probe_variants.bpf.o"
+
+
+def build_variants() -> Path:
+    """The stand-ins' object, built with clang when older than its source."""
+    if VARIANTS_OBJ.exists() and VARIANTS_OBJ.stat().st_mtime >= VARIANTS_SRC.stat().st_mtime:
+        return VARIANTS_OBJ
+    VARIANTS_OBJ.parent.mkdir(exist_ok=True)
+    arch = {"x86_64": "x86", "aarch64": "arm64"}[os.uname().machine]
+    include = BENCH_DIR.parent / "build" / f"libbpf-{os.uname().machine}" / "include"  # our libbpf's (bpf/Makefile)
+    subprocess.run(["clang", "-g", "-O2", "-target", "bpf", f"-D__TARGET_ARCH_{arch}", f"-I{include}",
+                    "-Wall", "-Werror", "-c", str(VARIANTS_SRC), "-o", str(VARIANTS_OBJ)], check=True)
+    return VARIANTS_OBJ

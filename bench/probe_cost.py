@@ -55,7 +55,6 @@ import os
 import resource
 import statistics
 import struct
-import subprocess
 import sys
 import tempfile
 import threading
@@ -72,24 +71,10 @@ from retsnoop_otel.kernel.libbpf_btf import Btf
 from retsnoop_otel.kernel.tracer import Tracer
 from retsnoop_otel.symbols.btf import ReturnKinds
 
-HERE = Path(__file__).resolve().parent
-VARIANTS_SRC = HERE / "probe_variants.bpf.c"
-VARIANTS_OBJ = HERE / "build" / "probe_variants.bpf.o"
 ATTACH_KPROBE_SESSION = 56
 TRACER_MODES = set(tracer_modes_)
 # variants that run retsnoop-otel's own Tracer
 FULL = ("full", "counted", "nostack", "norecord", "bare", "calls", "full_app", "full_live")
-
-
-def build_variants() -> Path:
-    if VARIANTS_OBJ.exists() and VARIANTS_OBJ.stat().st_mtime >= VARIANTS_SRC.stat().st_mtime:
-        return VARIANTS_OBJ
-    VARIANTS_OBJ.parent.mkdir(exist_ok=True)
-    arch = {"x86_64": "x86", "aarch64": "arm64"}[os.uname().machine]
-    include = HERE.parent / "build" / f"libbpf-{os.uname().machine}" / "include"  # our libbpf's (bpf/Makefile)
-    subprocess.run(["clang", "-g", "-O2", "-target", "bpf", f"-D__TARGET_ARCH_{arch}", f"-I{include}",
-                    "-Wall", "-Werror", "-c", str(VARIANTS_SRC), "-o", str(VARIANTS_OBJ)], check=True)
-    return VARIANTS_OBJ
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -149,7 +134,7 @@ class VariantRun:
     """One variant program attached to the entry and exit of every function of the set."""
 
     def __init__(self, mode: str, variant: str, funcs: list) -> None:
-        self.obj = lb.BpfObject.open_file(str(build_variants()))
+        self.obj = lb.BpfObject.open_file(str(harness.build_variants()))
         self.name = ("k_" if mode == "kprobe" else "m_") + variant
         for prefix in ("k_", "m_"):
             for v in ("empty", "cookie", "funcip", "iphash", "tidhash", "ktime", "guard", "count"):
@@ -432,7 +417,7 @@ def main() -> int:
                 parse_spec(spec)
         except ValueError as exc:
             ap.error(str(exc))
-    build_variants()
+    harness.build_variants()
     if args.build_only:
         return 0
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
