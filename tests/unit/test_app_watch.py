@@ -161,8 +161,8 @@ def test_the_proc_readers_import_their_modules_at_their_first_call() -> None:
 
 
 def test_the_config_decides_whether_and_what_the_watcher_reads(tmp_path):
-    def ps(app_context=False, user_stacks=False, mode="errors"):
-        return SimpleNamespace(app_context=app_context, user_stacks=user_stacks, mode=mode)
+    def ps(app_context=False, user_stacks=False, mode="errors", attach_mode="auto"):
+        return SimpleNamespace(app_context=app_context, user_stacks=user_stacks, mode=mode, attach_mode=attach_mode)
 
     made: list[tuple] = []
 
@@ -174,6 +174,9 @@ def test_the_config_decides_whether_and_what_the_watcher_reads(tmp_path):
     # a metrics-only set reports no session: nothing to watch
     clock = Clock(100.0)
     assert AppWatcher.for_config([ps(True, True, "metrics"), ps()], str(tmp_path), True, sources, clock, log) is None
+    # nor a set counted from the returns alone (--origins-only): it has no sessions
+    assert AppWatcher.for_config([ps(True, attach_mode="origin_exits")], str(tmp_path), True, sources, clock,
+                                 log) is None
     assert made == []
     w = AppWatcher.for_config([ps(user_stacks=True), ps(app_context=True, mode="metrics")], str(tmp_path), False,
                               sources, Clock(100.0), log)

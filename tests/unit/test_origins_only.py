@@ -65,3 +65,10 @@ def test_no_sessions_no_syscall_tracepoints_no_per_call_counts() -> None:
     assert not cfg.capture_success and not cfg.kernel_stack
     sessions = capture_config(ps, "kprobe_session", Limits(), AGENT_NAMES)
     assert sessions.syscall_entries and sessions.func_counts
+
+
+def test_no_application_watcher_without_sessions() -> None:
+    """The watcher checks processes for thread context to join sessions to: a mode without sessions starts none."""
+    from retsnoop_otel.appctx.watched import watches
+    assert watches(probe_set_config(syscalls=True))
+    assert not watches(probe_set_config(syscalls=True, attach_mode="origin_exits"))
