@@ -30,8 +30,6 @@ from bench.harness import READY_OURS, Lines, stop
 from bench.syscall_loop import build, workload_s
 from retsnoop_otel.kernel import libbpf as lb
 
-VARIANTS = ("empty", "cookie", "funcip", "iphash", "tidhash", "ktime", "guard", "count")
-
 
 class ExitOnly:
     """One stand-in program on the returns of a function set, by one kretprobe.multi link."""
@@ -39,7 +37,7 @@ class ExitOnly:
     def __init__(self, variant: str, addrs: list[int]) -> None:
         self.obj = lb.BpfObject.open_file(str(harness.build_variants()))
         for prefix in ("k_", "m_"):
-            for v in VARIANTS:
+            for v in harness.VARIANTS:
                 self.obj.program(prefix + v).set_autoload(prefix + v == "m_" + variant)
         self.obj.load()
         t0 = time.monotonic()

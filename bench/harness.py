@@ -830,6 +830,7 @@ def writer_location(pid: int, tries: int = 200) -> object:
 BENCH_DIR = Path(__file__).resolve().parent
 VARIANTS_SRC = BENCH_DIR / "probe_variants.bpf.c"
 VARIANTS_OBJ = BENCH_DIR / "build" / "probe_variants.bpf.o"
+VARIANTS = ("empty", "cookie", "funcip", "iphash", "tidhash", "ktime", "guard", "count")  # its k_/m_ programs
 
 
 def build_variants() -> Path:

@@ -137,7 +137,7 @@ class VariantRun:
         self.obj = lb.BpfObject.open_file(str(harness.build_variants()))
         self.name = ("k_" if mode == "kprobe" else "m_") + variant
         for prefix in ("k_", "m_"):
-            for v in ("empty", "cookie", "funcip", "iphash", "tidhash", "ktime", "guard", "count"):
+            for v in harness.VARIANTS:
                 self.obj.program(prefix + v).set_autoload(prefix + v == self.name)
         prog = self.obj.program(self.name)
         if mode == "kprobe_session":

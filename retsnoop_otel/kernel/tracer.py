@@ -74,9 +74,10 @@ class Tracer:
         if not funcs:
             raise ValueError("no functions to trace")
         self.funcs = list(funcs)
+        self._mode = attach_modes.BY_NAME.get(config.mode)  # None: no kernel functions
         # the entries the syscall tracepoints start sessions for (kernel/syscall_hooks.py), and what the mode links
-        mode = attach_modes.BY_NAME.get(config.mode)
-        self._sys_hooks = syscall_hooks.hooked(self.funcs, config.syscall_entries) if not mode or mode.sessions else {}
+        self._sys_hooks = syscall_hooks.hooked(self.funcs, config.syscall_entries) \
+            if not self._mode or self._mode.sessions else {}
         self._kfuncs = capture_config.mode_funcs(self.funcs, self._sys_hooks)
         self._has_user = any(f.binary is not None for f in self.funcs)
         self.config = config
@@ -87,7 +88,6 @@ class Tracer:
         self._app_links: list[lb.Link] = []  # the watcher's hooks (app_context only), apart: _links holds pairs
         self._sys_links: list[lb.Link] = []  # the syscall tracepoints (exit, entry), detached before the rest
         self._inject_links: list[lb.Link] = []  # -J
-        self._mode = attach_modes.BY_NAME.get(config.mode)  # None: no kernel functions
         self._machine = os.uname().machine
         self._app_kprobes = app_hooks.by_kprobe(self._mode.feature if self._mode else "", self._machine)
         # the publish hooks as members of the mode's entry link, where they can be (else a link of their own)

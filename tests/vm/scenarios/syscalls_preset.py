@@ -64,6 +64,15 @@ def build_ia32(tmpdir: str) -> str | None:
     return exe
 
 
+def _workloads(ctx, ia32: str | None, result: dict) -> None:
+    """The failing bpf() and open() calls, then (x86-64) the 32-bit open, each waited for."""
+    wl = ctx.spawn([PY, "-c", WORKLOAD])
+    wl.popen.wait(300)
+    result["workload"] = [wl.terminate(), wl.output().strip()]
+    if ia32:
+        result["ia32_rc"] = subprocess.run([ia32], timeout=60).returncode
+
+
 @budget(1500)
 def scenario_syscalls_preset(ctx) -> dict:
     t0 = time.monotonic()
@@ -73,11 +82,7 @@ def scenario_syscalls_preset(ctx) -> dict:
     result: dict = {"attach_s": round(time.monotonic() - t0, 1)}
     ctx.log(f"--syscalls tracer ready in {result['attach_s']} s")
     try:
-        wl = ctx.spawn([PY, "-c", WORKLOAD])
-        wl.popen.wait(300)
-        result["workload"] = [wl.terminate(), wl.output().strip()]
-        if ia32:
-            result["ia32_rc"] = subprocess.run([ia32], timeout=60).returncode
+        _workloads(ctx, ia32, result)
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and len(json_sessions(tracer.output())) < FAILS + 1:
             time.sleep(1)
@@ -105,11 +110,7 @@ def scenario_syscalls_origins_only(ctx) -> dict:
     tracer.wait_for_line(r"^Receiving data\.\.\.", timeout=START_TIMEOUT_S)
     result: dict = {"attach_s": round(time.monotonic() - t0, 1)}
     try:
-        wl = ctx.spawn([PY, "-c", WORKLOAD])
-        wl.popen.wait(300)
-        result["workload"] = [wl.terminate(), wl.output().strip()]
-        if ia32:
-            result["ia32_rc"] = subprocess.run([ia32], timeout=60).returncode
+        _workloads(ctx, ia32, result)
         time.sleep(SETTLE_S)
     finally:
         result["tracer"] = stop_tracer(ctx, tracer)
