@@ -5,6 +5,7 @@ them under a /proc root (AppSources.from_proc); tests script them.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -52,3 +53,11 @@ class AppSources:
 
 
 SourcesFactory = Callable[[str, bool, bool], AppSources]  # (proc root, user stacks, source lines)
+
+
+def running(proc_root: str) -> set[int]:
+    """The processes under `proc_root` now (empty when it cannot be listed)."""
+    try:
+        return {int(n) for n in os.listdir(proc_root) if n.isdigit()}
+    except OSError:
+        return set()

@@ -220,7 +220,7 @@ class _Process:
                         raise CheckDeferred(self.pid)
                     if len(cache) >= _CACHE_LIMIT:
                         cache.clear()
-                    with open(candidate, "rb") as f:
+                    with open(candidate, "rb", buffering=0) as f:  # a few small reads, not st_blksize each
                         cache[key] = _read_elf(f, self.locator.abi)
                     self.read_files += 1
                 return cache[key]

@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 from retsnoop_otel.appctx.deferral import CheckDeferred
 from retsnoop_otel.appctx.exec_watch import EXEC_OUTCOMES, ExecWatches, Watch
-from retsnoop_otel.appctx.process_readers import AppSources, SourcesFactory
+from retsnoop_otel.appctx.process_readers import AppSources, SourcesFactory, running
 from retsnoop_otel.appctx.stacks import WAIT_S, HeldSessions, StackWorker
 from retsnoop_otel.appctx.watched import WatchedSet, watches
 from retsnoop_otel.capture.model import Session
@@ -149,15 +149,7 @@ class AppWatcher:
             if proc.in_kernel:
                 self._push(proc, self._targets)
         if first and self.read_app and self._targets:
-            self._backlog = self._running()
-
-    def _running(self) -> list[int]:
-        try:
-            names = os.listdir(self.proc_root)
-        except OSError:
-            return []
-        me = os.getpid()
-        return [int(n) for n in names if n.isdigit() and int(n) != me]
+            self._backlog = sorted(running(self.proc_root) - {os.getpid()})
 
     # ---- kernel side's questions ----------------------------------------------------------------
 
@@ -362,8 +354,9 @@ class AppWatcher:
                 self._log_error("process not added to the thread-context map", pid=proc.tgid, error=str(exc))
 
     def _sweep(self, now: float) -> None:
-        for tgid, proc in list(self._known.items()):
-            if not os.path.exists(f"{self.proc_root}/{tgid}"):
+        alive = running(self.proc_root)  # one read of the directory: a stat per known process was most of an
+        for tgid, proc in list(self._known.items()):  # idle watcher's CPU under emulation
+            if tgid not in alive:
                 del self._known[tgid]
                 self._pending.pop(tgid, None)
                 self._forget(tgid)

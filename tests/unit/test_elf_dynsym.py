@@ -202,3 +202,30 @@ def test_where_the_executables_block_starts(tls: tuple[int, int, int], interp: b
     """TLS variant II below the thread pointer (x86-64), variant I above the TCB (aarch64)."""
     assert thread_ctx._exe_tls_block(tls, interp, thread_ctx.X86_64) == x86
     assert thread_ctx._exe_tls_block(tls, interp, thread_ctx.AARCH64) == arm
+
+
+class _Counted(io.FileIO):
+    """A file that counts the bytes read from it."""
+
+    read_bytes = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = super().read(size)
+        self.read_bytes += len(data)
+        return data
+
+
+def test_a_lookup_reads_the_words_it_visits_not_the_tables() -> None:
+    """Almost every file a watcher asks is answered "absent" by the GNU table's Bloom filter: whole tables read
+    over 9p or NFS cost a large read each (Python's buffer is st_blksize there)."""
+    libc = next(p for p in _mapped_libraries() if p.name.startswith("libc.so"))
+    with _Counted(libc) as f:
+        found = read_headers(f)
+        assert found is not None
+        headers = f.read_bytes
+        assert find_dynsym(f, found[1], thread_ctx.SYMBOL) is None
+        assert find_dynsym(f, found[1], ABSENT) is None
+        sym = find_dynsym(f, found[1], "malloc")
+        assert sym is not None and sym.shndx != 0
+    tables = sum(s[5] for s in found[1] if s[1] in (5, 11, 0x6FFFFFF6))  # hash and .dynsym sections
+    assert f.read_bytes - headers < 512 < tables, (f.read_bytes, headers, tables)
