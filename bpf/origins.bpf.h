@@ -3,7 +3,8 @@
  * nothing recorded on a success path. Part of retsnoop.bpf.c.
  *
  * Every traced function's return runs an origin_exit_* program (kretprobe.multi, the cookie is the function's id)
- * and every entry function's return origin_entry_exit. A failing return is an error chain's link: the first one of the
+ * and every syscall's exit origin_sys_exit (entry functions without a syscall number: origin_entry_exit at their
+ * return). A failing return is an error chain's link: the first one of the
  * thread's current chain is its origin (the deepest function: it returned first). The stack pointer at a return is
  * its caller's, so a return whose stack pointer is above the chain top's comes from an ancestor of every link so far
  * (the chain goes on, or, if it succeeds while it could fail, the error was handled and the chain ends); one at the
@@ -111,17 +112,17 @@ int origin_exit_never(struct pt_regs *ctx)	/* void, bool, unsigned: never fails,
 	return origin_return(ctx, RK_VOID);
 }
 
-SEC("?kprobe.multi")
-int origin_entry_exit(struct pt_regs *ctx)
+/* An entry function's return: a failure counts (entry, origin, errno), the thread's chain its origin when the chain is
+ * this call's (its top below `sp`; `sp` 0: at sys_exit, where every chain is the syscall's); either way the chain
+ * ends, so the next call starts afresh (its stack may sit higher: the kernel randomizes it per syscall). */
+static __always_inline int entry_return(__u32 id, __s64 res, __u64 sp)
 {
-	__u32 id = bpf_get_attach_cookie(ctx);
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	__u32 tid = (__u32)pid_tgid;
 	struct pending *p = bpf_map_lookup_elem(&pending, &tid);
 	struct func_info *fi = bpf_map_lookup_elem(&func_infos, &id);
 	struct origin_key k = { .entry_id = id, .origin_id = id };
 	struct capture_stats *cs;
-	__s64 res = PT_REGS_RC(ctx);
 
 	if (!fi)
 		return 0;
@@ -131,11 +132,11 @@ int origin_entry_exit(struct pt_regs *ctx)
 		return 0;
 	}
 	if (p && p->active) {
-		if (PT_REGS_SP(ctx) > p->top_sp) {	/* its chain */
+		if (!sp || sp > p->top_sp) {	/* its chain */
 			k.origin_id = p->origin_id;
 			k.err = p->err;
 		}
-		p->active = 0;	/* the next call starts afresh (its stack may sit higher: the kernel randomizes it) */
+		p->active = 0;
 	}
 	if (k.origin_id == id)	/* nothing failed below it: it is its own origin */
 		k.err = errno_of(res, fi->flags);
@@ -145,5 +146,30 @@ int origin_entry_exit(struct pt_regs *ctx)
 	if (cs)
 		cs->sessions_started++;	/* a failing call of an entry function: a failing session's count */
 	count_origin_key(&k);
+	return 0;
+}
+
+SEC("?kprobe.multi")
+int origin_entry_exit(struct pt_regs *ctx)	/* an entry function without a syscall number */
+{
+	return entry_return(bpf_get_attach_cookie(ctx), PT_REGS_RC(ctx), PT_REGS_SP(ctx));
+}
+
+/* The syscall preset's entry functions end at the sys_exit raw tracepoint (kernel/syscall_hooks.py), their ids found
+ * by syscall number (nr_ids, bpf/syscalls.bpf.h): no return hook on ~450 functions, the most a cheap syscall paid for
+ * here (bench/RESULTS.md). A syscall not hooked, or a 32-bit one, only ends the thread's chain. */
+SEC("?raw_tp/sys_exit")
+int BPF_PROG(origin_sys_exit, struct pt_regs *regs, long ret)
+{
+	long nr = SYSCALL_NR(regs);
+	__u32 key = nr, tid, *id = nr >= 0 && nr < MAX_SYSCALL_NR ? bpf_map_lookup_elem(&nr_ids, &key) : NULL;
+	struct pending *p;
+
+	if (id && *id && native_syscall(regs))
+		return entry_return(*id - 1, ret, 0);
+	tid = (__u32)bpf_get_current_pid_tgid();
+	p = bpf_map_lookup_elem(&pending, &tid);
+	if (p && p->active)
+		p->active = 0;
 	return 0;
 }

@@ -49,6 +49,8 @@ struct pt_regs {
 		sp, ss;
 } __attribute__((preserve_access_index));
 
+#define SYSCALL_NR(regs) BPF_CORE_READ(regs, orig_ax)	/* at sys_exit: the syscall's number (-1: rt_sigreturn) */
+
 struct thread_struct {
 	unsigned long fsbase;	/* the user thread pointer (TLS variant II: the TCB above the TLS blocks) */
 } __attribute__((preserve_access_index));
@@ -65,7 +67,9 @@ struct user_pt_regs {
 struct pt_regs {
 	struct user_pt_regs user_regs;
 	__u64 orig_x0;
+	int syscallno;
 } __attribute__((preserve_access_index));
+#define SYSCALL_NR(regs) BPF_CORE_READ(regs, syscallno)
 
 struct thread_struct {
 	struct {

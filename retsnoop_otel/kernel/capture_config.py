@@ -160,7 +160,7 @@ def configure(obj: lb.BpfObject, cfg: CaptureConfig, funcs: Sequence[TracedFunc]
     if mode:
         mode.prepare(obj, progs, fentry)
     app_hooks.configure(obj, cfg.app_context, app_kprobes, fold=bool(publish))
-    syscall_hooks.configure(obj, hooks)
+    syscall_hooks.configure(obj, hooks, syscall_hooks.for_mode(attach_modes.BY_NAME.get(cfg.mode)))
     inject_attach.configure(obj, cfg.inject)
 
 

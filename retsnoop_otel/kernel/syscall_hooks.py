@@ -4,19 +4,33 @@ each of those functions. A cheap syscall cost several times its own time with a 
 (bench/RESULTS.md "Syscall preset"); a raw tracepoint and an array lookup by number cost a fraction of that.
 
 Only the preset's entry functions go this way (CaptureConfig.syscall_entries): they are what it enters by, and it
-knows every syscall's. Raw tracepoints exist on every kernel from 5.10 on.
+knows every syscall's. Raw tracepoints exist on every kernel from 5.10 on. --origins-only (no sessions) hooks the
+exit alone, where a failing syscall counts its error chain's origin (bpf/origins.bpf.h).
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from retsnoop_otel.capture.model import TracedFunc
 from retsnoop_otel.kernel import libbpf as lb
 
-PROGRAMS = {"sys_exit_session": "sys_exit", "sys_enter_session": "sys_enter"}  # exits first: none starts unended
+if TYPE_CHECKING:
+    from retsnoop_otel.kernel.modes.base import AttachMode
+
+# program -> tracepoint: the sessions' (exits first: none starts unended), and --origins-only's (bpf/origins.bpf.h),
+# where a syscall's exit ends its error chain and counts a failure
+SESSIONS = {"sys_exit_session": "sys_exit", "sys_enter_session": "sys_enter"}
+ORIGINS = {"origin_sys_exit": "sys_exit"}
+PROGRAMS = {**SESSIONS, **ORIGINS}
 MAX_SYSCALL_NR = 1024  # bpf/syscalls.bpf.h
+
+
+def for_mode(mode: AttachMode | None) -> dict[str, str]:
+    """The programs of a mode's syscall entries: sessions, or the origin counts of a mode without them."""
+    return SESSIONS if mode is None or mode.sessions else ORIGINS
 
 
 def hooked(funcs: Sequence[TracedFunc], entries: Mapping[str, Sequence[int]]) -> dict[int, tuple[int, ...]]:
@@ -31,10 +45,10 @@ def hooked(funcs: Sequence[TracedFunc], entries: Mapping[str, Sequence[int]]) ->
     return out
 
 
-def configure(obj: lb.BpfObject, hooks: Mapping[int, Sequence[int]]) -> None:
-    """Before load: the programs load only when there are syscalls to hook."""
+def configure(obj: lb.BpfObject, hooks: Mapping[int, Sequence[int]], programs: Mapping[str, str]) -> None:
+    """Before load: `programs` (for_mode) load only when there are syscalls to hook, the others never."""
     for name in PROGRAMS:
-        obj.program(name).set_autoload(bool(hooks))
+        obj.program(name).set_autoload(bool(hooks) and name in programs)
 
 
 def fill(obj: lb.BpfObject, hooks: Mapping[int, Sequence[int]]) -> None:
@@ -47,13 +61,15 @@ def fill(obj: lb.BpfObject, hooks: Mapping[int, Sequence[int]]) -> None:
             ids.update(struct.pack("<I", nr), struct.pack("<I", fid + 1))
 
 
-def attach(obj: lb.BpfObject, hooks: Mapping[int, Sequence[int]], links: list[lb.Link]) -> None:
-    """Attach both tracepoints (appending their links), or raise: without them the hooked entries have no sessions."""
+def attach(obj: lb.BpfObject, hooks: Mapping[int, Sequence[int]], links: list[lb.Link],
+           programs: Mapping[str, str]) -> None:
+    """Attach the tracepoints (appending their links), or raise: without them the hooked entries have no sessions
+    (no counts)."""
     if hooks:
-        for name, tracepoint in PROGRAMS.items():
+        for name, tracepoint in programs.items():
             links.append(obj.program(name).attach_raw_tracepoint(tracepoint))
 
 
-def programs(obj: lb.BpfObject, links: list[lb.Link]) -> list[tuple[str, int]]:
+def running(obj: lb.BpfObject, links: list[lb.Link], programs: Mapping[str, str]) -> list[tuple[str, int]]:
     """(name, fd) of the programs while attached, for their run counts and times."""
-    return [(name, obj.program(name).fd) for name in PROGRAMS] if links else []
+    return [(name, obj.program(name).fd) for name in programs] if links else []

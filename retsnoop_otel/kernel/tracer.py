@@ -76,8 +76,8 @@ class Tracer:
         self.funcs = list(funcs)
         self._mode = attach_modes.BY_NAME.get(config.mode)  # None: no kernel functions
         # the entries the syscall tracepoints start sessions for (kernel/syscall_hooks.py), and what the mode links
-        self._sys_hooks = syscall_hooks.hooked(self.funcs, config.syscall_entries) \
-            if not self._mode or self._mode.sessions else {}
+        self._sys_hooks = syscall_hooks.hooked(self.funcs, config.syscall_entries)
+        self._sys_programs = syscall_hooks.for_mode(self._mode)
         self._kfuncs = capture_config.mode_funcs(self.funcs, self._sys_hooks)
         self._has_user = any(f.binary is not None for f in self.funcs)
         self.config = config
@@ -148,7 +148,7 @@ class Tracer:
                 self._mode.attach(Job(self._obj, self._kfuncs, self._links, self._fentry, self._btf_func_id,
                                       self._by_address, self.detach_links, self._publish), report, on_error, strict)
             if self._sys_hooks:  # after the mode's: the sessions they start find every inner probe attached
-                syscall_hooks.attach(self._obj, self._sys_hooks, self._sys_links)
+                syscall_hooks.attach(self._obj, self._sys_hooks, self._sys_links, self._sys_programs)
                 report.attached.extend(f for f in self.funcs if f.id in self._sys_hooks)
                 report.syscall_entries = len(self._sys_hooks)
             if user := [f for f in self.funcs if f.binary is not None]:
@@ -262,7 +262,7 @@ class Tracer:
             return []
         user = uprobes.PROGRAMS[self.config.user_mode] if self._has_user else ()
         kernel = self._mode.running(self._obj, self._fentry) if self._mode and self._kfuncs else []
-        kernel += syscall_hooks.programs(self._obj, self._sys_links)
+        kernel += syscall_hooks.running(self._obj, self._sys_links, self._sys_programs)
         named = {name for name, _ in kernel}
         return kernel + [(name, self._obj.program(name).fd) for name in dict.fromkeys(user) if name not in named]
 

@@ -126,7 +126,7 @@ def capture_config(cfg: ProbeSetConfig, mode: str, limits: Limits, names: InputN
               "no_pids": cfg.no_pids, "comms": cfg.comms, "no_comms": cfg.no_comms,
               "cgroup_id": cg, "cgroup_level": level, "max_sessions": limits.max_sessions,
               "workload_stats": counted and cfg.workload_label is not None, "func_counts": counted,
-              "syscall_entries": syscall_set.boundaries(cfg) if sessions else {}}
+              "syscall_entries": syscall_set.boundaries(cfg)}
     if cfg.mode == "metrics" or not sessions:
         # counted in the kernel, never reported: user space's CPU stays flat with the call rate; one page of ring buffer
         return CaptureConfig(**common, emit_calls=False, capture_success=False, min_duration_ns=METRICS_ONLY_NS,

@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-from retsnoop_otel.kernel import attach_modes
+from retsnoop_otel.kernel import attach_modes, syscall_hooks
 
 
 class Phase(NamedTuple):
@@ -70,7 +70,9 @@ def attach_phases(sets: Sequence[Any]) -> list[Phase]:
             what = mode.verified if mode else "a program"  # what its clones are: a pair for fentry
             clones = f", {verify / 1000:.1f} s of it verifying {what} per function" if verify else ""
             hooked = ps.report.syscall_entries  # the syscall preset's entries: started at the tracepoints
-            tps = f", {hooked} syscall entries at the sys_enter and sys_exit tracepoints" if hooked else ""
+            points = sorted(syscall_hooks.for_mode(mode).values())
+            tps = f", {hooked} syscall entries at the {' and '.join(points)} tracepoint{'s' * (len(points) > 1)}" \
+                if hooked else ""
             out.append(Phase("attach", ps.report.attach_ms / 1000,
                              f"{ps.attached} functions, {ps.mode}{clones}{tps}{name}"))
     return out

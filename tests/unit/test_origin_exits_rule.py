@@ -32,9 +32,10 @@ def _returns(calls: list[Call]) -> Iterator[Call]:
         yield c
 
 
-def origin_by_returns(calls: list[Call], funcs: Mapping[int, TracedFunc]) -> int | None:
-    """origin_exit and origin_entry_exit of bpf/origins.bpf.h over one thread's returns; the sp at a return is
-    its caller's (a level up). None when the entry function (depth 0) did not fail."""
+def origin_by_returns(calls: list[Call], funcs: Mapping[int, TracedFunc], at_sys_exit: bool = False) -> int | None:
+    """origin_exit and entry_return of bpf/origins.bpf.h over one thread's returns; the sp at a return is its
+    caller's (a level up). None when the entry function (depth 0) did not fail. `at_sys_exit`: the entry's return is
+    seen at the sys_exit tracepoint (origin_sys_exit), where any active chain is the syscall's."""
     active, top_sp, origin = False, 0, None
     for c in _returns(calls):
         kind = funcs[c.func_id].ret
@@ -43,7 +44,7 @@ def origin_by_returns(calls: list[Call], funcs: Mapping[int, TracedFunc]) -> int
         if c.depth == 0:  # the entry function's return
             if not failed:
                 return None
-            return origin if active and sp > top_sp else c.func_id
+            return origin if active and (at_sys_exit or sp > top_sp) else c.func_id
         if not failed:
             if active and sp > top_sp:
                 if kind in FALLIBLE_NOT:
@@ -68,10 +69,11 @@ def trees(draw: st.DrawFn, depth: int = 0) -> Call:
 
 
 @settings(max_examples=1000, deadline=None)
-@given(trees())
-def test_every_traced_the_returns_name_the_sessions_origin(root: Call) -> None:
-    """With every function traced, the first return above the chain's top is its parent's: the same rule."""
-    assert origin_by_returns([root], FUNCS) == origin_from_calls([root], FUNCS)
+@given(trees(), st.booleans())
+def test_every_traced_the_returns_name_the_sessions_origin(root: Call, at_sys_exit: bool) -> None:
+    """With every function traced, the first return above the chain's top is its parent's: the same rule, whether
+    the syscall's end is its entry function's return or the sys_exit tracepoint."""
+    assert origin_by_returns([root], FUNCS, at_sys_exit) == origin_from_calls([root], FUNCS)
 
 
 def test_a_handled_error_below_is_not_the_origin() -> None:

@@ -3,10 +3,14 @@ that needs sessions (bpf/origins.bpf.h; the VM scenarios count with it on real k
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from retsnoop_otel.agent.config_file import parse_config
 from retsnoop_otel.command.errors import InputError
+from retsnoop_otel.kernel import syscall_hooks
+from retsnoop_otel.kernel.attach_modes import BY_NAME
 from retsnoop_otel.runtime.config import AGENT_NAMES, Limits
 from retsnoop_otel.runtime.probe_set import capture_config
 from retsnoop_otel.runtime.settings import run_settings
@@ -56,15 +60,23 @@ def test_the_agent_names_the_key() -> None:
     assert "so capture_args has nothing to record: drop capture_args" in exc.value.message, exc.value.message
 
 
-def test_no_sessions_no_syscall_tracepoints_no_per_call_counts() -> None:
-    """What the kernel side is loaded with: no session boundaries at the syscall tracepoints, nothing reported, no
-    per-function counts (their maps would hold zeros), no thread-context hooks."""
+def test_no_sessions_the_sys_exit_tracepoint_alone_no_per_call_counts() -> None:
+    """What the kernel side is loaded with: the syscalls end at the sys_exit tracepoint (origin_sys_exit) and no
+    session starts at sys_enter, nothing reported, no per-function counts (their maps would hold zeros), no
+    thread-context hooks."""
     ps = probe_set_config(syscalls=True, attach_mode="origin_exits")
     cfg = capture_config(ps, "origin_exits", Limits(), AGENT_NAMES)
-    assert cfg.syscall_entries == {} and not cfg.func_counts and not cfg.app_context and not cfg.emit_calls
+    assert not cfg.func_counts and not cfg.app_context and not cfg.emit_calls
     assert not cfg.capture_success and not cfg.kernel_stack
     sessions = capture_config(ps, "kprobe_session", Limits(), AGENT_NAMES)
     assert sessions.syscall_entries and sessions.func_counts
+    assert cfg.syscall_entries == sessions.syscall_entries  # the same entries leave the mode's links for the tracepoint
+    assert syscall_hooks.for_mode(BY_NAME["origin_exits"]) == {"origin_sys_exit": "sys_exit"}
+    assert syscall_hooks.for_mode(BY_NAME["kprobe_session"]) == syscall_hooks.SESSIONS
+    loads: dict[str, bool] = {}
+    obj = SimpleNamespace(program=lambda name: SimpleNamespace(set_autoload=lambda on: loads.__setitem__(name, on)))
+    syscall_hooks.configure(obj, {0: (321,)}, syscall_hooks.for_mode(BY_NAME["origin_exits"]))  # type: ignore[arg-type]
+    assert loads == {"origin_sys_exit": True, "sys_exit_session": False, "sys_enter_session": False}
 
 
 def test_no_application_watcher_without_sessions() -> None:

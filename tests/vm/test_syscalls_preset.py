@@ -78,13 +78,16 @@ def _origins_only(vm_batch) -> dict:
 
 
 def test_origins_only_attaches_the_preset_by_its_returns(vm_batch) -> None:
-    """--origins-only: the same functions, in one kretprobe.multi call per group, and no syscall tracepoint."""
+    """--origins-only: the same functions, the numbered syscall entries ended at the sys_exit tracepoint (no
+    sys_enter, no session), the others' returns in one kretprobe.multi call per group."""
     run = _origins_only(vm_batch)
     log = "\n".join(run["log"])
     assert run["workload"] == [0, f"{FAILS} True"], run["workload"]
     m = re.search(r"would attach (\d+) \((\d+) entry\) in origin_exits mode", log)
     assert m and int(m.group(2)) > 300 and int(m.group(1)) - int(m.group(2)) > 500, log
-    assert re.search(rf"^Phase attach: \d+ ms \({m.group(1)} functions, origin_exits\)$", log, re.M), log
+    tp = re.search(rf"^Phase attach: \d+ ms \({m.group(1)} functions, origin_exits, (\d+) syscall entries at the "
+                   r"sys_exit tracepoint\)$", log, re.M)
+    assert tp and 300 <= int(tp.group(1)) <= int(m.group(2)), log
     assert run["sessions"] == [], run["sessions"][:3]  # counts only
     t = run["tracer"]
     assert t["rc"] == 0 and "Traceback" not in t["output"] and t["progs_after"] == [], t["output"][-3000:]
@@ -101,5 +104,6 @@ def test_origins_only_counts_each_failing_call_where_the_sessions_find_its_origi
              if s["chain"] and s["chain"][0]["function"] in ("__x64_sys_openat", "__x64_sys_open")]
     want = {(s["chain"][0]["function"], s["origin"]["function"], s["origin"]["error"]) for s in opens}
     assert want and all(rows.get(k) == 1 for k in want), (rows, want)
+    assert not any(entry == "__x64_sys_newfstat" for entry, _, _ in rows), rows  # the 32-bit open's number (5)
     failing = [s for s in _run(vm_batch)["sessions"] if s["is_err"]]  # of the same comm, and the same workload
     assert sum(rows.values()) == len(failing), (rows, [[c["function"] for c in s["chain"]] for s in failing])

@@ -99,8 +99,8 @@ def scenario_syscalls_preset(ctx) -> dict:
 
 @budget(1500)
 def scenario_syscalls_origins_only(ctx) -> dict:
-    """`trace --syscalls --origins-only`: the preset's functions with their returns hooked only (no session, no
-    syscall tracepoint); the same workload, and the origin table at stop must count its failing calls."""
+    """`trace --syscalls --origins-only`: the preset's functions with their returns hooked only, the syscalls' at the
+    sys_exit tracepoint (no session); the same workload, and the origin table at stop must count its failing calls."""
     import json
 
     t0 = time.monotonic()
