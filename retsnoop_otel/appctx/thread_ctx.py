@@ -26,9 +26,11 @@ ELF files are read through /proc/PID/root/<path> (so containerised processes wor
 from __future__ import annotations
 
 import os
+import re
 import stat
 import struct
 import time
+from collections.abc import Callable
 from typing import NamedTuple
 
 from retsnoop_otel.appctx.deferral import CheckDeferred
@@ -40,6 +42,9 @@ _DT_DEBUG = 21
 _STT_TLS = 6
 _MAX_OBJECTS = 8192  # a corrupt or cyclic r_map list must not loop for ever
 _CACHE_LIMIT = 4096
+_EXEC_FILES = re.compile(r"^\S+ ..x. \S+ (\S+ \S+) +(/.*)$", re.M)  # maps: (device and inode, path) of each
+ABSENT_S = 60.0  # how long "none of these files defines it" answers a process with the same files (an exec'd
+#                  process that loads a library later has other files; a process whose answer is stale asks again)
 
 
 class TlsAbi(NamedTuple):
@@ -179,11 +184,30 @@ class _Process:
     def __init__(self, locator: TlsLocator, pid: int, deadline: float | None = None) -> None:
         self.locator, self.pid = locator, pid
         self.deadline, self.read_files = deadline, 0  # CheckDeferred past the deadline, once a file was read
+        self.defines: bool | None = None  # whether any of its files defines SYMBOL (None: not asked)
         self.base = f"{locator.proc_root}/{pid}"
         self._mem: int | None = None
         with open(f"{self.base}/maps") as f:
-            self.maps = _parse_maps(f.read())  # empty for kernel threads and zombies
-        self.exe = os.readlink(f"{self.base}/exe") if self.maps else ""  # " (deleted)" as in maps
+            self.text = f.read()  # empty for kernel threads and zombies
+        self._maps: list[_Mapping] | None = None
+        self._exe: str | None = None
+
+    @property
+    def maps(self) -> list[_Mapping]:
+        """Parsed at the first use: a process answered by its signature alone is never parsed."""
+        if self._maps is None:
+            self._maps = _parse_maps(self.text)
+        return self._maps
+
+    @property
+    def exe(self) -> str:
+        if self._exe is None:
+            self._exe = os.readlink(f"{self.base}/exe") if self.text else ""  # " (deleted)" as in maps
+        return self._exe
+
+    def signature(self) -> frozenset[tuple[str, str]]:
+        """The files of its executable mappings as maps names them (device and inode, path): what _find reads."""
+        return frozenset(_EXEC_FILES.findall(self.text))
 
     def read(self, addr: int, size: int) -> bytes:
         if not 0 <= addr < 1 << 63:
@@ -327,10 +351,16 @@ class TlsLocator:
     exports the symbol, its st_value, and its PT_TLS p_memsz/p_align, so scanning many processes that share
     libraries is cheap."""
 
-    def __init__(self, proc_root: str = "/proc", abi: TlsAbi | None = None) -> None:
+    def __init__(self, proc_root: str = "/proc", abi: TlsAbi | None = None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.proc_root = proc_root.rstrip("/") or "/"
         self.abi = abi or host_abi()
         self._cache: dict[tuple[int, int, int, int], _ElfInfo | None] = {}
+        # the executable mappings of processes none of whose files define SYMBOL -> when that was found: a process
+        # with the same files (the workers of one service, the shells of a host) is answered without a stat of each
+        # (a stat per file and process was most of a start's check of every running process under emulation)
+        self._absent: dict[frozenset[tuple[str, str]], float] = {}
+        self._now = monotonic
 
     def locate(self, pid: int, deadline: float | None = None) -> TlsLocation | None:
         """None when no ELF of the process exports an STT_TLS otel_thread_ctx_v1 in .dynsym. CheckDeferred when
@@ -348,7 +378,17 @@ class TlsLocator:
             return None
         proc = _Process(self, pid, deadline)
         try:
-            return self._find(proc) if proc.maps else None
+            if not proc.text:
+                return None
+            files, now = proc.signature(), self._now()
+            if now - self._absent.get(files, -ABSENT_S) < ABSENT_S:
+                return None
+            found = self._find(proc)
+            if found is None and proc.defines is False:
+                if len(self._absent) >= _CACHE_LIMIT:
+                    self._absent.clear()
+                self._absent[files] = now
+            return found
         finally:
             proc.close()
 
@@ -359,7 +399,8 @@ class TlsLocator:
             tp_offset = _exe_tls_block(exe.tls, exe.interp, self.abi) + exe.value
             return TlsLocation(0, tp_offset, exe.value, proc.exe, "executable")
         infos = {path: proc.info(path) for path in proc.objects()}
-        if not any(i is not None and i.value is not None for i in infos.values()):
+        proc.defines = any(i is not None and i.value is not None for i in infos.values())
+        if not proc.defines:
             return None
         found = self._count_modid(proc, exe, infos)
         if found is None:

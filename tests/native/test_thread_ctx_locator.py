@@ -348,6 +348,41 @@ def test_process_without_the_symbol_is_none(build: Build) -> None:
         proc.wait(timeout=10)
 
 
+def test_processes_with_the_same_files_are_answered_from_the_first_absence(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second of two processes mapping the same files (none defines the symbol) is answered without a stat of
+    its files; after ABSENT_S it is read again."""
+    now = [100.0]
+    locator = TlsLocator(monotonic=lambda: now[0])
+    procs = [subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL) for _ in range(2)]
+    stats: list[str] = []
+    real_stat = os.stat
+
+    def counting(path, *args, **kwargs):
+        stats.append(str(path))
+        return real_stat(path, *args, **kwargs)
+
+    try:
+        deadline = time.monotonic() + 10
+        for p in procs:
+            while not os.readlink(f"/proc/{p.pid}/exe").endswith("/cat") and time.monotonic() < deadline:
+                time.sleep(0.01)
+            while "libc" not in Path(f"/proc/{p.pid}/maps").read_text() and time.monotonic() < deadline:
+                time.sleep(0.01)  # its libraries mapped: the same files as the other's from here on
+        monkeypatch.setattr(os, "stat", counting)
+        assert locator.locate(procs[0].pid) is None
+        assert any(f"/proc/{procs[0].pid}/" in s for s in stats), stats
+        stats.clear()
+        assert locator.locate(procs[1].pid) is None
+        assert stats == []
+        now[0] += thread_ctx.ABSENT_S
+        assert locator.locate(procs[1].pid) is None
+        assert any(f"/proc/{procs[1].pid}/" in s for s in stats), stats
+    finally:
+        for p in procs:
+            p.stdin.close()
+            p.wait(timeout=10)
+
+
 def test_exited_process_is_an_error() -> None:
     child = subprocess.Popen(["true"])
     child.wait(timeout=10)
