@@ -23,29 +23,51 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from bench import harness
 from bench.harness import READY_OURS, Lines, stop
 from bench.syscall_loop import build, workload_s
+from retsnoop_otel.kernel import bpfsys
 from retsnoop_otel.kernel import libbpf as lb
+from retsnoop_otel.kernel.modes.fsession_multi import attach_set
+
+FEXIT = ("empty", "tidhash")  # the stand-ins built as fexit.multi programs too (f_*)
 
 
 class ExitOnly:
-    """One stand-in program on the returns of a function set, by one kretprobe.multi link."""
+    """One stand-in program on the returns of a function set, by one kretprobe.multi link, or (`fexit`) one
+    tracing_multi link of fexit.multi (Linux 7.2+; a function the trampoline cannot take is left out)."""
 
-    def __init__(self, variant: str, addrs: list[int]) -> None:
+    def __init__(self, variant: str, funcs: list[Any], btf_func_id: Callable[[str], int | None] | None = None,
+                 fexit: bool = False) -> None:
         self.obj = lb.BpfObject.open_file(str(harness.build_variants()))
+        chosen = ("f_" if fexit else "m_") + variant
         for prefix in ("k_", "m_"):
             for v in harness.VARIANTS:
-                self.obj.program(prefix + v).set_autoload(prefix + v == "m_" + variant)
+                self.obj.program(prefix + v).set_autoload(prefix + v == chosen)
+        for v in FEXIT:
+            self.obj.program("f_" + v).set_autoload("f_" + v == chosen)
+        if fexit:
+            self.obj.program(chosen).set_type(lb.PROG_TYPE_TRACING)
+            self.obj.program(chosen).set_expected_attach_type(bpfsys.ATTACH_TRACE_FEXIT_MULTI)
         self.obj.load()
+        self.links: list[lb.Link] = []
         t0 = time.monotonic()
-        self.link = self.obj.program("m_" + variant).attach_kprobe_multi(addrs=addrs, retprobe=True)
+        if fexit:
+            self.left_out = len(attach_set(self.obj.program(chosen), funcs, btf_func_id, self.links,
+                                           attach_type=bpfsys.ATTACH_TRACE_FEXIT_MULTI))
+        else:
+            self.left_out = 0
+            self.links.append(self.obj.program(chosen).attach_kprobe_multi(
+                addrs=sorted({f.addr for f in funcs}), retprobe=True))
         self.attach_s = time.monotonic() - t0
 
     def close(self) -> None:
-        self.link.destroy()
+        for link in self.links:
+            link.destroy()
         self.obj.close()
 
 
@@ -54,13 +76,22 @@ def main() -> int:
     p.add_argument("--iterations", type=int, default=100000, help="rounds of the syscall loop per run")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--start-timeout", type=float, default=900.0)
+    p.add_argument("--fexit", action="store_true", help="also the stand-ins as fexit.multi (Linux 7.2+)")
+    p.add_argument("--only", default="", help="comma-separated parts of the labels to run")
+    p.add_argument("--no-preset", action="store_true", help="leave out the preset itself")
     args = p.parse_args()
-    found, _btf = harness.discovered(["--syscalls"])
-    entries = sorted({f.addr for f in found.funcs if f.is_entry})
-    every = sorted({f.addr for f in found.funcs})
+    found, btf_func_id = harness.discovered(["--syscalls"])
+    entries = [f for f in found.funcs if f.is_entry]
+    every = list(found.funcs)
     print(f"the preset's functions: {len(every)} ({len(entries)} syscall entry functions)", file=sys.stderr)
-    kinds = [("exit-only empty, entries", "empty", entries), ("exit-only empty, all", "empty", every),
-             ("exit-only tidhash, entries", "tidhash", entries), ("exit-only tidhash, all", "tidhash", every)]
+    kinds = [("exit-only empty, entries", "empty", entries, False), ("exit-only empty, all", "empty", every, False),
+             ("exit-only tidhash, entries", "tidhash", entries, False),
+             ("exit-only tidhash, all", "tidhash", every, False)]
+    if args.fexit:
+        kinds += [("fexit.multi empty, all", "empty", every, True),
+                  ("fexit.multi tidhash, all", "tidhash", every, True)]
+    if args.only:
+        kinds = [k for k in kinds if any(o in k[0] for o in args.only.split(","))]
     loop: dict[str, list[float]] = {}
     attach: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -73,14 +104,18 @@ def main() -> int:
 
         for _ in range(args.rounds):
             run("untraced")
-            for label, variant, addrs in kinds:
-                prog = ExitOnly(variant, addrs)
+            for label, variant, funcs, fexit in kinds:
+                prog = ExitOnly(variant, funcs, btf_func_id, fexit)
                 try:
                     attach.setdefault(label, []).append(prog.attach_s)
+                    if prog.left_out:
+                        print(f"{label}: {prog.left_out} functions left out", file=sys.stderr)
                     run(label)
                 finally:
                     prog.close()
             run("untraced")
+            if args.no_preset:
+                continue
             proc = subprocess.Popen([sys.executable, "-m", "retsnoop_otel", "trace", "--json", "--syscalls"],
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             lines = Lines(proc)

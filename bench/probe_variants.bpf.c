@@ -208,6 +208,10 @@ static __always_inline int v_names(struct pt_regs *ctx)
 	SEC("kprobe") int k_##name(struct pt_regs *ctx) { return v_##name(ctx); }	\
 	SEC("kprobe.multi") int m_##name(struct pt_regs *ctx) { return v_##name(ctx); }
 
+/* fexit.multi (Linux 7.2+, a tracing_multi link): loaded without a target function (the bench sets its type) */
+SEC("?fexit.multi") int f_empty(void *ctx) { return v_empty(ctx); }
+SEC("?fexit.multi") int f_tidhash(void *ctx) { return v_tidhash(ctx); }
+
 VARIANT(empty)
 VARIANT(cookie)
 VARIANT(funcip)

@@ -26,7 +26,7 @@ def probe_fsession_multi(btf: Btf | FuncIdLookup | None) -> Feature:
 
 def attach_set(prog: lb.BpfProgram, funcs: Sequence[TracedFunc], btf_func_id: Callable[[str], int | None] | None,
               links: list[lb.Link], load_btf: Callable[[], Btf] = Btf.load_vmlinux,
-              ) -> list[tuple[TracedFunc, lb.LibbpfError]]:
+              attach_type: int = bpfsys.ATTACH_TRACE_FSESSION_MULTI) -> list[tuple[TracedFunc, lb.LibbpfError]]:
     """fsession.multi: the set in one tracing_multi link, each function by its vmlinux BTF id with its id as cookie;
     returns the functions left out and why. The kernel takes or refuses a link whole (kernel/bpf/trampoline.c: a
     function it cannot trace refuses them all). After a refusal the functions whose BTF prototype it refuses are
@@ -50,7 +50,7 @@ def attach_set(prog: lb.BpfProgram, funcs: Sequence[TracedFunc], btf_func_id: Ca
         what = group[0][1].name if len(group) == 1 else f"{len(group)} functions"
         try:
             return lb.Link(fd=bpfsys.link_create_tracing_multi(prog.fd, [i for i, _ in group],
-                                                               [f.id for _, f in group]))
+                                                               [f.id for _, f in group], attach_type))
         except OSError as exc:
             raise lb.LibbpfError(f"attach fsession.multi to {what}", exc.errno or errno.EINVAL) from None
 

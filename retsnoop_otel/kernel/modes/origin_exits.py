@@ -1,5 +1,6 @@
-"""origin_exits mode (--origins-only): error origins counted from the returns alone (bpf/origins.bpf.h), by two
-kretprobe.multi links, the function id in each function's BPF cookie. No session, no entry program, nothing
+"""origin_exits mode (--origins-only): error origins counted from the returns alone (bpf/origins.bpf.h), by
+kretprobe.multi links, the function id in each function's BPF cookie; the syscall entries the number table knows end
+at the sys_exit tracepoint instead (kernel/syscall_hooks.py). No session, no entry program, nothing
 recorded or reported but the origin counts (map origin_stats): what a preset that makes every syscall an entry can
 afford (bench/RESULTS.md "Syscall preset"). Linux 5.18+ (kprobe.multi)."""
 
