@@ -96,7 +96,8 @@ def test_fsession_multi_links_the_set_once_with_each_id_as_its_cookie(monkeypatc
     bad = {100 + 4, 100 + 5}  # the kernel refuses f4 and f5 (EINVAL)
     calls: list[tuple[list[int], list[int]]] = []
 
-    def link_create(prog_fd: int, btf_ids, cookies) -> int:
+    def link_create(prog_fd: int, btf_ids, cookies, attach_type: int) -> int:
+        assert attach_type == fsession_multi.bpfsys.ATTACH_TRACE_FSESSION_MULTI
         calls.append((list(btf_ids), list(cookies)))
         if bad & set(btf_ids):
             raise OSError(errno.EINVAL, "bpf(BPF_LINK_CREATE tracing_multi)")
@@ -137,7 +138,7 @@ def test_the_kernels_prototype_rules_for_trampolines() -> None:
 
 
 def test_fsession_multi_errors_of_the_whole_request_are_not_halved(monkeypatch: pytest.MonkeyPatch) -> None:
-    def link_create(prog_fd: int, btf_ids, cookies) -> int:
+    def link_create(prog_fd: int, btf_ids, cookies, attach_type: int) -> int:
         raise OSError(errno.EPERM, "bpf(BPF_LINK_CREATE tracing_multi)")
 
     class Prog:
