@@ -459,7 +459,7 @@ def traced_workload(root: Path, tracer: str, workload: list[str], calls: int) ->
 
 # ---- the tools: ours, bpftrace, upstream retsnoop ----------------------------------------------
 
-FLAGS = {m.name: m.flags[0] for m in attach_modes.MODES}
+FLAGS = {m.name: m.flags[0] for m in attach_modes.MODES if m.flags}
 READY_OURS = re.compile(r"^Receiving data")
 READY_BT = re.compile(r"^READY$")
 ATTACHING_BT = re.compile(r"^Attaching (\d+) probes")

@@ -2,7 +2,8 @@
 /* Error origins from the returns alone (--origins-only, kernel/modes/origin_exits.py): no session, no entry program,
  * nothing recorded on a success path. Part of retsnoop.bpf.c.
  *
- * Every traced function's return runs an origin_exit_* program (kretprobe.multi, the cookie is the function's id)
+ * Every traced function's return runs an origin_exit_* program (kretprobe.multi; fexit.multi's origin_fexit_* on
+ * 7.2+ x86-64; the cookie is the function's id)
  * and every syscall's exit origin_sys_exit (entry functions without a syscall number: origin_entry_exit at their
  * return). A failing return is an error chain's link: the first one of the
  * thread's current chain is its origin (the deepest function: it returned first). The stack pointer at a return is
@@ -49,15 +50,13 @@ static __always_inline bool on_task_stack(__u64 sp)
 /* One program per return kind (user space links each function by its kind): the kind is a constant here, so a
  * success costs the thread's lookup alone, and the function's id (a binary search of the link's cookies) is read
  * only when something fails. */
-static __always_inline int origin_return(struct pt_regs *ctx, __u32 kind)
+static __always_inline int origin_return(void *ctx, __u32 kind, __s64 res, __u64 sp)
 {
 	__u32 flags = kind << FUNC_RET_KIND_SHIFT, tid = (__u32)bpf_get_current_pid_tgid();
 	struct pending *p = bpf_map_lookup_elem(&pending, &tid), fresh = {};
-	__s64 res = PT_REGS_RC(ctx);
-	__u64 sp;
 
 	if (!is_failure(res, flags)) {
-		if (!p || !p->active || (sp = PT_REGS_SP(ctx)) <= p->top_sp || !on_task_stack(sp))
+		if (!p || !p->active || sp <= p->top_sp || !on_task_stack(sp))
 			return 0;
 		if (can_fail(flags))
 			p->active = 0;	/* an ancestor of the chain could have failed and did not: the error was handled */
@@ -65,7 +64,6 @@ static __always_inline int origin_return(struct pt_regs *ctx, __u32 kind)
 			p->top_sp = sp;	/* one that cannot fail (void, bool): the error passes up through it */
 		return 0;
 	}
-	sp = PT_REGS_SP(ctx);
 	if (!on_task_stack(sp))
 		return 0;
 	if (!p) {
@@ -88,28 +86,65 @@ static __always_inline int origin_return(struct pt_regs *ctx, __u32 kind)
 	return 0;
 }
 
+#if defined(__TARGET_ARCH_x86)
+/* fexit.multi (Linux 7.2+, a tracing_multi link; x86-64 only, kernel/modes/origin_fexits.py): the same rule from the
+ * trampoline, at 0.6-0.7x of a kretprobe.multi return's cost on the preset (bench/RESULTS.md), with the stack pointer
+ * a kretprobe reads (FEXIT_RET_SLOT), so the two kinds of link order one chain alike. */
+static __always_inline int origin_fexit(__u64 *ctx, __u32 kind)
+{
+	__u64 ret = 0;
+
+	bpf_get_func_ret(ctx, &ret);
+	return origin_return(ctx, kind, (__s64)ret, FEXIT_RET_SLOT(ctx));
+}
+
+SEC("?fexit.multi")
+int origin_fexit_int(__u64 *ctx)
+{
+	return origin_fexit(ctx, RK_INT32);
+}
+
+SEC("?fexit.multi")
+int origin_fexit_long(__u64 *ctx)
+{
+	return origin_fexit(ctx, RK_SIGNED);
+}
+
+SEC("?fexit.multi")
+int origin_fexit_ptr(__u64 *ctx)
+{
+	return origin_fexit(ctx, RK_POINTER);
+}
+
+SEC("?fexit.multi")
+int origin_fexit_never(__u64 *ctx)
+{
+	return origin_fexit(ctx, RK_VOID);
+}
+#endif
+
 SEC("?kprobe.multi")
 int origin_exit_int(struct pt_regs *ctx)	/* int and what BTF does not say: the low 32 bits */
 {
-	return origin_return(ctx, RK_INT32);
+	return origin_return(ctx, RK_INT32, PT_REGS_RC(ctx), PT_REGS_SP(ctx));
 }
 
 SEC("?kprobe.multi")
 int origin_exit_long(struct pt_regs *ctx)
 {
-	return origin_return(ctx, RK_SIGNED);
+	return origin_return(ctx, RK_SIGNED, PT_REGS_RC(ctx), PT_REGS_SP(ctx));
 }
 
 SEC("?kprobe.multi")
 int origin_exit_ptr(struct pt_regs *ctx)
 {
-	return origin_return(ctx, RK_POINTER);
+	return origin_return(ctx, RK_POINTER, PT_REGS_RC(ctx), PT_REGS_SP(ctx));
 }
 
 SEC("?kprobe.multi")
 int origin_exit_never(struct pt_regs *ctx)	/* void, bool, unsigned: never fails, passes an error up */
 {
-	return origin_return(ctx, RK_VOID);
+	return origin_return(ctx, RK_VOID, PT_REGS_RC(ctx), PT_REGS_SP(ctx));
 }
 
 /* An entry function's return: a failure counts (entry, origin, errno), the thread's chain its origin when the chain is

@@ -50,6 +50,12 @@ struct pt_regs {
 } __attribute__((preserve_access_index));
 
 #define SYSCALL_NR(regs) BPF_CORE_READ(regs, orig_ax)	/* at sys_exit: the syscall's number (-1: rt_sigreturn) */
+/* In a fexit program, the stack pointer a kretprobe reads at the same return (its regs' sp: the slot of the
+ * function's return address). The x86-64 trampoline keeps the argument slots at ctx (their count below ctx, at most
+ * 12), the return value above them, then its saved frame pointer, its return address into the function, and then the
+ * function's return address: 8 * (slots + 3) above ctx, whatever the count (tests/vm/scenarios/syscalls_preset.py
+ * compares both on 7.2 for functions of 1, 3 and 9 arguments). */
+#define FEXIT_RET_SLOT(ctx) ((__u64)(ctx) + 8 * (bpf_get_func_arg_cnt(ctx) & 15) + 24)
 
 struct thread_struct {
 	unsigned long fsbase;	/* the user thread pointer (TLS variant II: the TCB above the TLS blocks) */

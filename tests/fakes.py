@@ -155,7 +155,7 @@ def make_env(fail: str | None = None) -> KernelEnv:
     ksyms = Kallsyms.parse(KALLSYMS)
     names = [line.split()[2] for line in KALLSYMS.splitlines()[1:]]
     return KernelEnv(ksyms=ksyms, available=Traceable(names), ret_kind=lambda _n: RetKind.INT32,
-                     btf_func_id=lambda _n: 1, auto_mode="kprobe", check_mode=lambda _m: None,
+                     btf_func_id=lambda _n: 1, auto_mode="kprobe", kernel_mode=lambda m: m,
                      symbolizer=KallsymsSymbolizer(ksyms), phases=[Phase("symbols", 0.25, "cached")])
 
 

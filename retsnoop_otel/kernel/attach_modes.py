@@ -42,6 +42,7 @@ FEATURES: dict[str, AttachMode] = {}
 for _mode in MODES:
     FEATURES.setdefault(_mode.feature, _mode)
 NAMES: tuple[str, ...] = tuple(BY_NAME)
+ASKED: tuple[str, ...] = tuple(m.name for m in MODES if m.flags)  # the others are flavours the runtime picks (cheaper)
 PROGRAMS: dict[str, tuple[str, ...]] = {m.name: m.programs for m in MODES}
 TRAMPOLINE: frozenset[str] = frozenset(m.name for m in MODES if m.trampoline)
 BY_ADDRESS: frozenset[str] = frozenset(m.name for m in MODES if m.by_address)

@@ -127,21 +127,24 @@ def probe_fprobe_link(name: str, what: str, attach_type: int, prog_name: bytes, 
     return Feature(name, True, f"{what} link attached to {func}")
 
 
-def probe_fsession_kind(name: str, called: str, since: str, btf: Btf | FuncIdLookup | None, multi: bool) -> Feature:
+def probe_fsession_kind(name: str, called: str, since: str, btf: Btf | FuncIdLookup | None, multi: bool,
+                        attach_type: int | None = None) -> Feature:
     """Load a program that does what ours need of the kernel (the return value and the link's cookie) as fsession,
     or as fsession.multi (loaded without a target, then linked to the function by its BTF id in a tracing_multi
-    link), link it with a cookie, and undo both; `called` names the mode in the one-line refusals."""
+    link; `attach_type` another kind of those, fexit.multi), link it with a cookie, and undo both; `called` names the
+    mode in the one-line refusals."""
     func, tid = target_func(btf)
     if not tid:
         return Feature(name, False, "needs kernel BTF to name the attach target", _errno.ENOENT,
                        f"has no BTF for {called} programs")
-    attach_type = bpfsys.ATTACH_TRACE_FSESSION_MULTI if multi else bpfsys.ATTACH_TRACE_FSESSION
+    if attach_type is None:
+        attach_type = bpfsys.ATTACH_TRACE_FSESSION_MULTI if multi else bpfsys.ATTACH_TRACE_FSESSION
     prog = link = -1
     try:
         prog = bpfsys.prog_load(bpfsys.PROG_TRACING, fexit_as_traced(), expected_attach_type=attach_type,
                                 attach_btf_id=0 if multi else tid,
                                 name=b"rs_probe_fsmult" if multi else b"rs_probe_fsess")
-        link = bpfsys.link_create_tracing_multi(prog, [tid], [1]) if multi else \
+        link = bpfsys.link_create_tracing_multi(prog, [tid], [1], attach_type) if multi else \
             bpfsys.link_create(prog, attach_type, cookie=1)
     except OSError as exc:
         err = exc.errno or _errno.EINVAL

@@ -26,7 +26,7 @@ from retsnoop_otel.workload.k8s_settings import KubernetesConfig
 
 PROBE_MODES = ("stack", "calls", "metrics")
 WORKLOAD_LABELS = ("namespace", "container")  # a probe set's metrics labelled by Kubernetes namespace or container
-ATTACH_MODES = ("auto", *attach_modes.NAMES)
+ATTACH_MODES = ("auto", *attach_modes.ASKED)
 USER_ATTACH_MODES = ("auto", *attach_modes.USER_NAMES)
 
 

@@ -209,7 +209,8 @@ PROBE_SET = Section("probe_sets[]", ProbeSetConfig, (
     Key("mode", choices(PROBE_MODES), "stack: the error chain; calls: every traced call; metrics: counts only",
         flag=Flag(("-T", "--trace"), "calls", "store_true", "-T: calls, printed as a call trace", default=False)),
     Key("attach_mode", choices(ATTACH_MODES), "how kernel functions attach (auto: the best the kernel has)",
-        flag=tuple(Flag(m.flags, "attach_mode", "store_const", m.help, const=m.name) for m in attach_modes.MODES)),
+        flag=tuple(Flag(m.flags, "attach_mode", "store_const", m.help, const=m.name)
+                   for m in attach_modes.MODES if m.flags)),
     Key("user_attach_mode", choices(USER_ATTACH_MODES), "how user-space functions (u:BINARY:GLOB) attach: "
         "uprobe_session (Linux 6.13+), uprobe_multi (6.6+), uprobe (single uprobes) or auto, the first the kernel has",
         flag=Flag(("--user-attach",), "user_attach", metavar="MODE")),

@@ -42,12 +42,12 @@ def name_it(name: str, message: str) -> str:
 class KernelEnv:
     """Facts about the running kernel that discovery and symbolization need."""
 
-    __slots__ = ("ksyms", "available", "ret_kind", "btf_func_id", "auto_mode", "check_mode", "symbolizer",
+    __slots__ = ("ksyms", "available", "ret_kind", "btf_func_id", "auto_mode", "kernel_mode", "symbolizer",
                  "resolve_source_glob", "close", "lbr_missing", "btf", "vmlinux", "phases", "load_btf",
                  "kernel_refusal", "user_mode", "tp_formats")
 
     def __init__(self, ksyms: object, available: object, ret_kind: Callable[[str], RetKind],
-                 btf_func_id: Callable[[str], int | None] | None, auto_mode: str, check_mode: Callable[[str], None],
+                 btf_func_id: Callable[[str], int | None] | None, auto_mode: str, kernel_mode: Callable[[str], str],
                  symbolizer: object, resolve_source_glob: Callable[[str], set[str]] | None = None,
                  close: Callable[[], None] = _nothing, lbr_missing: str = "", btf: object | None = None,
                  vmlinux: str | None = None, phases: list[Phase] | None = None,
@@ -58,7 +58,9 @@ class KernelEnv:
         self.ret_kind = ret_kind
         self.btf_func_id = btf_func_id
         self.auto_mode = auto_mode
-        self.check_mode = check_mode  # raises SetupError when the mode cannot trace here
+        # the kernel attach mode asked -> the one to use (a cheaper flavour of it where this kernel has one); raises
+        # SetupError when the mode cannot trace here
+        self.kernel_mode = kernel_mode
         self.symbolizer = symbolizer  # symbols.symbolize.Symbolizer
         self.resolve_source_glob = resolve_source_glob
         self.close = close
@@ -177,18 +179,19 @@ def load_kernel_env(symbols: SymbolsConfig, vmlinux: str | None, lbr: tuple[str,
         raise SetupError(str(exc)) from None
     phases.append(phase_since("features", t, "kernel feature probes" + _beside(got) + (", cached" if hit else "")))
 
-    def check_mode(mode: str) -> None:
+    def kernel_mode(mode: str) -> str:
         try:
             features.require_tracing(feats, mode)
         except features.FeatureError as exc:
             raise SetupError(str(exc)) from None
+        return features.cheapest(feats, mode)
 
     missing = lbr_missing(feats.lbr, feats.branch_snapshot)
     if lbr is not None and missing:
         raise lbr_refusal(lbr[0], missing, lbr[1])
     refusal = ""
     try:
-        check_mode("auto")
+        kernel_mode("auto")
     except SetupError as exc:  # said when a probe set names a kernel function: user functions may still run
         refusal = exc.message
     if types is None:
@@ -239,7 +242,7 @@ def load_kernel_env(symbols: SymbolsConfig, vmlinux: str | None, lbr: tuple[str,
             btf.free()  # type: ignore[attr-defined]
 
     return KernelEnv(ksyms=ksyms, available=available, ret_kind=types, btf_func_id=types.func_id,  # type: ignore
-                     auto_mode="" if refusal else features.choose_mode(feats), check_mode=check_mode,
+                     auto_mode="" if refusal else features.choose_mode(feats), kernel_mode=kernel_mode,
                      symbolizer=symbolizer, kernel_refusal=refusal, user_mode=user_mode,
                      resolve_source_glob=resolve, close=close, load_btf=load_btf, vmlinux=vmlinux,
                      lbr_missing=missing, phases=phases)

@@ -95,7 +95,7 @@ def resolve(cfg: ProbeSetConfig, env: KernelEnv, names: InputNames = AGENT_NAMES
         if kernel and env.kernel_refusal:
             raise SetupError(env.kernel_refusal)
         if kernel:
-            env.check_mode(mode)
+            mode = env.kernel_mode(mode)
         user_mode = env.user_mode(cfg.user_attach_mode) if user else ""
     except SetupError as exc:
         raise SetupError(exc.message, cfg.name) from None

@@ -15,11 +15,13 @@ from retsnoop_otel.kernel import caps, features, kconfig, libbpf_btf, mode_probe
 from retsnoop_otel.kernel.features import Feature, FeatureError, Features
 from retsnoop_otel.kernel.kcache import KernelCache, KernelIdentity
 from retsnoop_otel.kernel.modes import kprobe as kprobe_mode
+from retsnoop_otel.kernel.modes import origin_fexits
+from retsnoop_otel.runtime.config import ATTACH_MODES
 
 
 def _feats(**over: Feature) -> Features:
     """A kernel where everything works, with the given entries replaced."""
-    modes = ["fentry", "kprobes", "kprobe_multi", "kprobe_session", "fsession", "fsession_multi"]
+    modes = ["fentry", "kprobes", "kprobe_multi", "kprobe_session", "fsession", "fsession_multi", "fexit_multi"]
     names = ["btf", "session_kfunc", "user_functions", "ringbuf", "func_ip", "bpf_cookie", "branch_snapshot", "lbr",
              "filter_functions", "kallsyms", "capabilities"]
     entries = {n: over.get(n, Feature(n, True, f"{n} works")) for n in names}
@@ -39,7 +41,10 @@ NO_FSESSION = Feature("fsession", False, "refused (EINVAL): unknown", errno.EINV
                       "has no fsession (Linux 7.0+ needed)")
 NO_FSESSION_MULTI = Feature("fsession_multi", False, "refused (EINVAL): unknown", errno.EINVAL,
                             "has no fsession.multi (Linux 7.2+ needed)")
-OLDER = {"fsession": NO_FSESSION, "fsession_multi": NO_FSESSION_MULTI}  # every kernel before 7.0
+NO_FEXIT_MULTI = Feature("fexit_multi", False, "refused (EINVAL): unknown", errno.EINVAL,
+                         "has no fexit.multi (Linux 7.2+ needed)")
+OLDER = {"fsession": NO_FSESSION, "fsession_multi": NO_FSESSION_MULTI,  # every kernel before 7.0
+         "fexit_multi": NO_FEXIT_MULTI}
 HOST = _feats(fentry=FENTRY_EPERM, kprobes=NO_KPROBES, kprobe_multi=NO_KMULTI, kprobe_session=NO_KSESSION, **OLDER)
 KERNEL_61 = _feats(kprobe_multi=NO_KMULTI, kprobe_session=NO_KSESSION, **OLDER)
 KERNEL_612 = _feats(**OLDER)
@@ -91,6 +96,19 @@ def test_fsession_modes_refused_before_their_release_with_what_works_instead() -
         features.require_tracing(_feats(fsession_multi=NO_FSESSION_MULTI), "fsession_multi")
 
 
+def test_origins_only_runs_its_fexit_flavour_where_the_kernel_has_fexit_multi() -> None:
+    """--origins-only (origin_exits) is one choice for the user: the runtime runs its inner returns by fexit.multi
+    where the kernel has it (7.2+, x86-64), by kretprobe.multi elsewhere; no other mode changes."""
+    assert features.cheapest(_feats(), "origin_exits") == "origin_fexits"
+    assert features.cheapest(KERNEL_612, "origin_exits") == "origin_exits"
+    arm64 = _feats(fexit_multi=origin_fexits.probe_fexit_multi(None, "aarch64"))
+    assert features.cheapest(arm64, "origin_exits") == "origin_exits"
+    assert arm64.mode("origin_fexits").why == "is not x86-64 (aarch64)"
+    for mode in ("auto", "kprobe_session", "kprobe_multi", "fsession_multi", "fentry", "kprobe"):
+        assert features.cheapest(_feats(), mode) == mode
+    assert "origin_fexits" not in ATTACH_MODES and "origin_exits" in ATTACH_MODES  # not asked for by name
+
+
 def test_choose_mode_prefers_kprobe_session_then_kprobe_multi_then_kprobe_then_fentry() -> None:
     assert features.choose_mode(_feats()) == "kprobe_session"  # also where fsession modes work (7.2)
     assert features.choose_mode(_feats(kprobe_session=NO_KSESSION)) == "kprobe_multi"
@@ -114,7 +132,7 @@ def test_format_features_lists_every_entry_and_the_verdict() -> None:
     text = features.format_features(HOST)
     lines = text.splitlines()
     assert lines[0] == "Kernel 6.12.117+deb12-amd64, libbpf 1.1 (built with the package)"
-    assert len(lines) == 3 + 17
+    assert len(lines) == 3 + 18
     fentry_line = next(x for x in lines if x.split()[0] == "fentry")
     assert fentry_line.split()[1] == "NO" and fentry_line.endswith("refused (EPERM): denied")
     assert next(x for x in lines if x.split()[0] == "btf").split()[1] == "yes"
@@ -131,7 +149,7 @@ def test_format_features_lists_every_entry_and_the_verdict() -> None:
 def test_to_dict_is_json_ready() -> None:
     d = json.loads(json.dumps(HOST.to_dict()))
     assert d["kernel_release"] == "6.12.117+deb12-amd64" and d["libbpf_version"] == "1.1"
-    assert len(d["features"]) == 17
+    assert len(d["features"]) == 18
     assert d["features"]["fentry"] == {"available": False, "detail": "refused (EPERM): denied",
                                        "errno": errno.EPERM, "why": "refuses fentry/fexit programs (EPERM)"}
 

@@ -12,7 +12,7 @@ import pytest
 from retsnoop_otel.capture.model import RetKind, TracedFunc
 from retsnoop_otel.kernel import libbpf as lb
 from retsnoop_otel.kernel import libbpf_btf as lbtf
-from retsnoop_otel.kernel.modes import fsession_multi, kprobe_multi
+from retsnoop_otel.kernel.modes import fsession_multi, kprobe_multi, origin_fexits
 from retsnoop_otel.kernel.modes.base import AttachReport, Job
 
 
@@ -23,7 +23,7 @@ class FakeProgram:
         self.name, self.fits, self.err = name, fits, err
         self.linked: list[list[int]] = []
 
-    def attach_kprobe_multi(self, *, addrs=None, syms=None, retprobe=False) -> lb.Link:
+    def attach_kprobe_multi(self, *, addrs=None, syms=None, retprobe=False, cookies=None) -> lb.Link:
         where = list(addrs if addrs is not None else syms)
         if len(where) > self.fits:
             raise lb.LibbpfError(f"attach kprobe.multi to {len(where)} functions", self.err)
@@ -176,3 +176,35 @@ def test_prototype_rules_on_a_made_up_btf() -> None:
     names = {1000 + i: name for i, name in enumerate(protos)}
     assert {names[tid]: text.split(" ")[1] for tid, text in why.items()} == {
         "struct_ret": "return", "big_arg": "argument", "many": "has", "slots": "arguments"}
+
+
+def test_origins_only_by_fexit_multi_leaves_what_the_trampoline_refuses_on_kretprobe_multi(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """origin_fexits: the inner functions in one fexit.multi link per return kind; a module function (no vmlinux BTF
+    id) goes with the entry functions to kretprobe.multi, to the program of its kind; each function attached once."""
+    funcs = [TracedFunc(0, "entry", 0x1000, RetKind.INT32, True), TracedFunc(1, "a", 0x1001, RetKind.INT32, False),
+             TracedFunc(2, "b", 0x1002, RetKind.POINTER, False), TracedFunc(3, "mod", 0x1003, RetKind.INT32, False)]
+    tracing: list[tuple[int, list[int], int]] = []
+
+    def link_create(prog_fd: int, btf_ids, cookies, attach_type: int) -> int:
+        tracing.append((prog_fd, list(cookies), attach_type))
+        return -1
+
+    class Prog(FakeProgram):
+        def __init__(self, name: str, fd: int = 0) -> None:
+            super().__init__(name, fits=100)
+            self.fd = fd
+
+    progs = {p.name: p for p in (Prog("origin_entry_exit"), Prog("origin_exit_int"), Prog("origin_exit_ptr"),
+                                 Prog("origin_fexit_int", 7), Prog("origin_fexit_ptr", 8))}
+    monkeypatch.setattr(fsession_multi.bpfsys, "link_create_tracing_multi", link_create)
+    links: list[lb.Link] = []
+    report = AttachReport()
+    job = Job(SimpleNamespace(program=progs.__getitem__), funcs, links, None,  # type: ignore[arg-type]
+              {"a": 101, "b": 102, "entry": 100}.get, True, links.clear)
+    origin_fexits.MODE.attach(job, report, None, False)
+    fexit = origin_fexits.bpfsys.ATTACH_TRACE_FEXIT_MULTI
+    assert sorted(tracing) == [(7, [1], fexit), (8, [2], fexit)]
+    assert progs["origin_exit_int"].linked == [[0x1003]] and progs["origin_entry_exit"].linked == [[0x1000]]
+    assert progs["origin_exit_ptr"].linked == []
+    assert sorted(f.id for f in report.attached) == [0, 1, 2, 3] and len(links) == 4

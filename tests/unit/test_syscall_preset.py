@@ -115,7 +115,7 @@ def test_entry_prefix_by_arch() -> None:
 
 def _env(auto_mode: str = "kprobe_session", refusal: str = "", types: object | None = None) -> KernelEnv:
     return KernelEnv(ksyms=None, available=Traceable(KINDS), ret_kind=types or _types(KINDS),  # type: ignore[arg-type]
-                     btf_func_id=None, auto_mode=auto_mode, check_mode=lambda _m: None, symbolizer=None,
+                     btf_func_id=None, auto_mode=auto_mode, kernel_mode=lambda m: m, symbolizer=None,
                      kernel_refusal=refusal)
 
 

@@ -281,14 +281,14 @@ def test_a_host_refusing_kernel_tracing_is_refused_in_one_line_unless_a_set_trac
     from retsnoop_otel.runtime.environment import KernelEnv
 
     env = KernelEnv(ksyms=None, available=None, ret_kind=lambda _n: RetKind.INT32, btf_func_id=None, auto_mode="",
-                    check_mode=lambda _m: None, symbolizer=None, kernel_refusal="this kernel refuses fentry")
+                    kernel_mode=lambda m: m, symbolizer=None, kernel_refusal="this kernel refuses fentry")
     kernel = ProbeSetConfig("k", entry=("*sys_bpf",))
     user = ProbeSetConfig("u", entry=("u:/bin/app:handle_*",), allow=("*sys_bpf",))
     with pytest.raises(SetupError, match="^this kernel refuses fentry$"):
         env.refuse_kernel_only([kernel])
     env.refuse_kernel_only([kernel, user])  # each set is then resolved, and refused, on its own
     KernelEnv(ksyms=None, available=None, ret_kind=lambda _n: RetKind.INT32, btf_func_id=None, auto_mode="kprobe",
-              check_mode=lambda _m: None, symbolizer=None).refuse_kernel_only([kernel])
+              kernel_mode=lambda m: m, symbolizer=None).refuse_kernel_only([kernel])
 
 
 def test_a_weak_alias_names_its_function_and_an_address_is_traced_once(tmp_path: Path) -> None:

@@ -79,13 +79,15 @@ def _origins_only(vm_batch) -> dict:
 
 def test_origins_only_attaches_the_preset_by_its_returns(vm_batch) -> None:
     """--origins-only: the same functions, the numbered syscall entries ended at the sys_exit tracepoint (no
-    sys_enter, no session), the others' returns in one kretprobe.multi call per group."""
+    sys_enter, no session), the others' returns in one kretprobe.multi call per group, or on 7.2 the inner
+    functions' in one fexit.multi link per group (origin_fexits)."""
     run = _origins_only(vm_batch)
     log = "\n".join(run["log"])
     assert run["workload"] == [0, f"{FAILS} True"], run["workload"]
-    m = re.search(r"would attach (\d+) \((\d+) entry\) in origin_exits mode", log)
+    mode = "origin_fexits" if vm_batch.at_least(7, 2) else "origin_exits"
+    m = re.search(rf"would attach (\d+) \((\d+) entry\) in {mode} mode", log)
     assert m and int(m.group(2)) > 300 and int(m.group(1)) - int(m.group(2)) > 500, log
-    tp = re.search(rf"^Phase attach: \d+ ms \({m.group(1)} functions, origin_exits, (\d+) syscall entries at the "
+    tp = re.search(rf"^Phase attach: \d+ ms \({m.group(1)} functions, {mode}, (\d+) syscall entries at the "
                    r"sys_exit tracepoint\)$", log, re.M)
     assert tp and 300 <= int(tp.group(1)) <= int(m.group(2)), log
     assert run["sessions"] == [], run["sessions"][:3]  # counts only
@@ -107,3 +109,19 @@ def test_origins_only_counts_each_failing_call_where_the_sessions_find_its_origi
     assert not any(entry == "__x64_sys_newfstat" for entry, _, _ in rows), rows  # the 32-bit open's number (5)
     failing = [s for s in _run(vm_batch)["sessions"] if s["is_err"]]  # of the same comm, and the same workload
     assert sum(rows.values()) == len(failing), (rows, [[c["function"] for c in s["chain"]] for s in failing])
+
+
+def test_a_fexit_programs_stack_position_is_the_one_a_kretprobe_reads(vm_batch) -> None:
+    """Where the trampoline refuses a function, --origins-only links it by kretprobe.multi beside fexit.multi links:
+    the stack pointer derived in the trampoline (FEXIT_RET_SLOT) must equal kretprobe's at every return, for
+    functions with arguments in registers and on the stack. Before 7.2 the feature check finds no fexit.multi."""
+    r = vm_batch["stack_position"]
+    available, detail = r["fexit_multi"]
+    assert available == vm_batch.at_least(7, 2), detail
+    if not available:
+        assert "Linux 7.2+ needed" in detail, detail
+        return
+    assert min(r["args"].values()) == 1 and max(r["args"].values()) > 6, r["args"]  # do_mmap: stack arguments
+    assert all(all(fexit) and all(kret) for fexit, kret in r["sp"].values()), r["sp"]  # each return seen by both
+    apart = {name: [f - k for f, k in zip(fexit, kret, strict=True)] for name, (fexit, kret) in r["sp"].items()}
+    assert apart == {name: [0] * len(fexit) for name, (fexit, _) in r["sp"].items()}, (apart, r["args"])

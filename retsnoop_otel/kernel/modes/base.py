@@ -60,6 +60,7 @@ class AttachMode:
     basic: bool = False  # every kernel since 5.5 has this one or another basic one: their refusals say why none works
     by_address: bool = False  # the programs find the function id by address (map ip_ids): kprobe.multi links
     takes_publish: bool = False  # its entry link takes job.publish, the thread-context publish hooks (app_hooks)
+    cheaper: str | None = None  # a mode doing the same with cheaper probes: run instead where the kernel has it
     sessions: bool = True  # its programs keep sessions (else only counts): the syscall tracepoints start them
     trampoline: bool = False  # BPF trampolines: attached by BTF id (one instance per name), stacks run through them
     clone_sets: Mapping[bool, tuple[str, ...]] = MappingProxyType({})  # is_entry -> templates cloned per function

@@ -119,3 +119,76 @@ def scenario_syscalls_origins_only(ctx) -> dict:
     result["table"] = [json.loads(line) for line in out.splitlines() if line.startswith('{"origins"')]
     result["log"] = [line for line in out.splitlines() if not line.startswith(("{", " "))][:200]
     return result
+
+
+# functions of 1, 3 and 9 arguments (do_mmap's last three on the stack: the trampoline copies them to its frame),
+# each called by what the scenario below does on its own thread
+STACK_FUNCS = ("array_map_alloc_check", "path_openat", "do_mmap")
+STACK_CALLS = 3
+
+
+@budget(600)
+def scenario_stack_position(ctx) -> dict:
+    """FEXIT_RET_SLOT (bpf/vmlinux_min.h), the stack pointer --origins-only's fexit.multi programs derive, against
+    the one kretprobe.multi reads at the same returns (tests/native/stack_position.bpf.c): both kinds of link order
+    one chain where the trampoline refuses a function. Where the feature check finds no fexit.multi, only that."""
+    import ctypes
+    import mmap
+    import struct
+    import threading
+
+    from retsnoop_otel.kernel import bpfsys
+    from retsnoop_otel.kernel import libbpf as lb
+    from retsnoop_otel.kernel.libbpf_btf import BTF_KIND_FUNC, Btf
+    from retsnoop_otel.kernel.modes.origin_fexits import probe_fexit_multi
+
+    machine = os.uname().machine
+    btf = Btf.load_vmlinux()
+    try:
+        feature = probe_fexit_multi(btf, machine)
+        ids = {name: btf.find(name, BTF_KIND_FUNC) for name in STACK_FUNCS}
+        args = {name: btf.shape(btf.shape(tid)[2])[1] for name, tid in ids.items() if tid}
+    finally:
+        btf.free()
+    result: dict = {"fexit_multi": [feature.available, feature.detail], "args": args}
+    if not feature.available:
+        return result
+    assert all(ids.values()), f"not in this kernel's BTF: {[n for n, i in ids.items() if not i]}"
+    obj_path = os.path.join(ctx.tmpdir, "stack_position.bpf.o")
+    include = os.path.join(ctx.cwd, "build", f"libbpf-{machine}", "include")
+    rc, _, err = ctx.run(["clang", "-g", "-O2", "-target", "bpf", "-D__TARGET_ARCH_x86", f"-I{include}", "-c",
+                          os.path.join(ctx.cwd, "tests/native/stack_position.bpf.c"), "-o", obj_path], timeout=300)
+    assert rc == 0, err
+    obj = lb.BpfObject.open_file(obj_path)
+    links: list[lb.Link] = []
+    try:
+        fexit, kret = obj.program("at_fexit"), obj.program("at_kretprobe")
+        fexit.set_type(lb.PROG_TYPE_TRACING)
+        fexit.set_expected_attach_type(bpfsys.ATTACH_TRACE_FEXIT_MULTI)
+        for prog in (fexit, kret):
+            prog.set_autoload(True)
+        obj.load()
+        cookies = list(range(len(STACK_FUNCS)))
+        links.append(lb.Link(fd=bpfsys.link_create_tracing_multi(fexit.fd, [ids[n] for n in STACK_FUNCS], cookies,
+                                                                  bpfsys.ATTACH_TRACE_FEXIT_MULTI)))
+        links.append(kret.attach_kprobe_multi(syms=list(STACK_FUNCS), cookies=cookies, retprobe=True))
+        obj.map("counts").update(struct.pack("I", 63), struct.pack("I", threading.get_native_id()))
+        libc = ctypes.CDLL(None, use_errno=True)
+        attr = (ctypes.c_uint32 * 30)(2, 4, 4, 0)  # an array map of max_entries 0: array_map_alloc_check fails
+        for _ in range(STACK_CALLS):
+            libc.syscall(321, 0, attr, ctypes.sizeof(attr))
+            try:
+                os.open("/nonexistent/stack_position", os.O_RDONLY)
+            except OSError:
+                pass
+            mmap.mmap(-1, 4096).close()
+        obj.map("counts").update(struct.pack("I", 63), struct.pack("I", 0))
+        seen = obj.map("seen")
+        result["sp"] = {name: [[int.from_bytes(seen.lookup(struct.pack("III", i, kind, call)) or b"", "little")
+                                for call in range(STACK_CALLS)] for kind in (0, 1)]
+                        for i, name in enumerate(STACK_FUNCS)}
+    finally:
+        for link in reversed(links):
+            link.destroy()
+        obj.close()
+    return result
