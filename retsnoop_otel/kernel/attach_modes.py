@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Callable
 
 from retsnoop_otel.kernel import modes, uprobes
 from retsnoop_otel.kernel.modes.base import AttachMode
@@ -46,6 +47,13 @@ ASKED: tuple[str, ...] = tuple(m.name for m in MODES if m.flags)  # the others a
 PROGRAMS: dict[str, tuple[str, ...]] = {m.name: m.programs for m in MODES}
 TRAMPOLINE: frozenset[str] = frozenset(m.name for m in MODES if m.trampoline)
 BY_ADDRESS: frozenset[str] = frozenset(m.name for m in MODES if m.by_address)
+
+
+def cheapest(mode: str, available: Callable[[str], bool]) -> str:
+    """The mode that runs for `mode`: its cheaper flavour where `available` says the kernel has it (--origins-only's
+    returns by fexit.multi on 7.2+), else itself."""
+    m = BY_NAME.get(mode)
+    return m.cheaper if m is not None and m.cheaper and available(m.cheaper) else mode
 
 
 # the user-space modes: records of kernel/uprobes.py, which attaches them

@@ -432,13 +432,6 @@ def require_tracing(features: Features, mode: str) -> None:
         raise FeatureError(f"this kernel {feat.why}, so {m.shown} cannot be used here: {instead}")
 
 
-def cheapest(features: Features, mode: str) -> str:
-    """The mode that runs for `mode` here: its cheaper flavour where this kernel has that (--origins-only's returns by
-    fexit.multi on 7.2+), else itself."""
-    m = attach_modes.BY_NAME.get(mode)
-    return m.cheaper if m is not None and m.cheaper and features.mode(m.cheaper).available else mode
-
-
 def format_features(features: Features) -> str:
     machine = f" ({features.machine})" if features.machine else ""
     lines = [f"Kernel {features.kernel_release}{machine}, libbpf {features.libbpf_version} (built with the package)"]

@@ -146,7 +146,7 @@ def load_kernel_env(symbols: SymbolsConfig, vmlinux: str | None, lbr: tuple[str,
     is said first, before what else it lacks, since that is what the user asked for. Kernel symbols
     and function types come from the kernel cache when their key still holds (kernel/kcache.py).
     """
-    from retsnoop_otel.kernel import features, tracefs
+    from retsnoop_otel.kernel import attach_modes, features, tracefs
     from retsnoop_otel.kernel import libbpf as lb
     from retsnoop_otel.kernel.kcache import KernelCache, kernel_identity
     from retsnoop_otel.kernel.lbr import lbr_missing
@@ -184,7 +184,7 @@ def load_kernel_env(symbols: SymbolsConfig, vmlinux: str | None, lbr: tuple[str,
             features.require_tracing(feats, mode)
         except features.FeatureError as exc:
             raise SetupError(str(exc)) from None
-        return features.cheapest(feats, mode)
+        return attach_modes.cheapest(mode, lambda m: feats.mode(m).available)
 
     missing = lbr_missing(feats.lbr, feats.branch_snapshot)
     if lbr is not None and missing:

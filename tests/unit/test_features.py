@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from retsnoop_otel.kernel import caps, features, kconfig, libbpf_btf, mode_probes
+from retsnoop_otel.kernel import attach_modes, caps, features, kconfig, libbpf_btf, mode_probes
 from retsnoop_otel.kernel.features import Feature, FeatureError, Features
 from retsnoop_otel.kernel.kcache import KernelCache, KernelIdentity
 from retsnoop_otel.kernel.modes import kprobe as kprobe_mode
@@ -99,13 +99,16 @@ def test_fsession_modes_refused_before_their_release_with_what_works_instead() -
 def test_origins_only_runs_its_fexit_flavour_where_the_kernel_has_fexit_multi() -> None:
     """--origins-only (origin_exits) is one choice for the user: the runtime runs its inner returns by fexit.multi
     where the kernel has it (7.2+, x86-64), by kretprobe.multi elsewhere; no other mode changes."""
-    assert features.cheapest(_feats(), "origin_exits") == "origin_fexits"
-    assert features.cheapest(KERNEL_612, "origin_exits") == "origin_exits"
+    def cheapest(feats: Features, mode: str) -> str:
+        return attach_modes.cheapest(mode, lambda m: feats.mode(m).available)
+
+    assert cheapest(_feats(), "origin_exits") == "origin_fexits"
+    assert cheapest(KERNEL_612, "origin_exits") == "origin_exits"
     arm64 = _feats(fexit_multi=origin_fexits.probe_fexit_multi(None, "aarch64"))
-    assert features.cheapest(arm64, "origin_exits") == "origin_exits"
+    assert cheapest(arm64, "origin_exits") == "origin_exits"
     assert arm64.mode("origin_fexits").why == "is not x86-64 (aarch64)"
     for mode in ("auto", "kprobe_session", "kprobe_multi", "fsession_multi", "fentry", "kprobe"):
-        assert features.cheapest(_feats(), mode) == mode
+        assert cheapest(_feats(), mode) == mode
     assert "origin_fexits" not in ATTACH_MODES and "origin_exits" in ATTACH_MODES  # not asked for by name
 
 

@@ -3,7 +3,7 @@ kretprobe.multi links, the function id in each function's BPF cookie; the syscal
 at the sys_exit tracepoint instead (kernel/syscall_hooks.py). No session, no entry program, nothing
 recorded or reported but the origin counts (map origin_stats): what a preset that makes every syscall an entry can
 afford (bench/RESULTS.md "Syscall preset"). Linux 5.18+ (kprobe.multi); on 7.2+ (x86-64) the inner returns go by
-fexit.multi instead (modes/origin_fexits.py, the runtime's choice: features.cheapest)."""
+fexit.multi instead (modes/origin_fexits.py, the runtime's choice: attach_modes.cheapest)."""
 
 from __future__ import annotations
 

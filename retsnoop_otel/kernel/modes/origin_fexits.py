@@ -1,7 +1,7 @@
 """origin_fexits: what --origins-only runs where the kernel has fexit.multi (Linux 7.2+, x86-64): the same rule
 (bpf/origins.bpf.h) with the inner functions' returns in one tracing_multi link per return kind, whose return path
 costs 0.6-0.7x of a kretprobe.multi's on the syscall preset (bench/RESULTS.md). Not asked for by name:
-features.cheapest picks it for origin_exits. The functions the trampoline refuses, module functions and the entry
+attach_modes.cheapest picks it for origin_exits. The functions the trampoline refuses, module functions and the entry
 functions stay on kretprobe.multi, whose stack pointer at a return equals the one derived from the trampoline's
 frame (FEXIT_RET_SLOT; tests/vm/scenarios/syscalls_preset.py checks it), so both kinds of link order one chain."""
 
