@@ -26,7 +26,11 @@ class Build:
         self.sets: list[ProbeSet] = []
 
     def close(self, running_env: KernelEnv | None) -> None:
-        """A start or reload that failed: never the running parts (the kernel tables may be shared)."""
+        """A start or reload that failed: never the running parts (the kernel tables may be shared). Its sets are
+        attached only when what follows the attach failed (the sinks)."""
+        for ps in self.sets:
+            ps.close()
+        self.sets = []
         if self.server is not None:
             self.server.close()
         if self.sinks is not None:

@@ -2,11 +2,11 @@
 
 `_steps` is the one sequence of the start's steps (agent --check's too), in the order that keeps a refused run from
 leaving anything behind: settings (pure; settings.py; the OTEL_* values it ignores go to the hook's warned()), outputs
-(binds /metrics, opens files and exporters), privileges, kernel, discovery (per probe set, nothing attached), attach
-(what serves the outputs imported beside it: prefetch.py). `start` keeps what they made (build.py); `reload` runs them
-for a new config, building the changed outputs and the probe sets beside the running ones and swapping them in once
-attached, so a bad new config leaves the old one running. Commands act between the steps through a StartHook
-(hooks.py); the kernel, the network, the clock: RuntimeDeps.
+(binds /metrics, checks the output files), privileges, kernel, discovery (per probe set, nothing attached), attach
+(what serves the outputs imported beside it: prefetch.py), the exporters. `start` keeps what they made (build.py);
+`reload` runs them for a new config, building the changed outputs and the probe sets beside the running ones and
+swapping them in once attached, so a bad new config leaves the old one running. Commands act between the steps
+through a StartHook (hooks.py); the kernel, the network, the clock: RuntimeDeps.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from retsnoop_otel.runtime.probe_set import ProbeSet, hand_over, resolve, start_
 from retsnoop_otel.runtime.requests import Requests
 from retsnoop_otel.runtime.routing import SessionRouter
 from retsnoop_otel.runtime.settings import RunSettings, run_settings
-from retsnoop_otel.runtime.sinks import Sinks, sinks_key
+from retsnoop_otel.runtime.sinks import Sinks
 from retsnoop_otel.runtime.startup import Phase, attach_phases, discovery_note, phase_since
 
 POLL_MS = 100
@@ -81,9 +81,8 @@ class Runtime:
         if running is None:
             self.config = b.settings.config  # the hooks read the run's config and kernel tables
         hook.warned(self, b.settings.warnings)
-        if hook.outputs:
-            self._outputs(b, running)
-        else:  # agent --check: the same outputs, opened and released at once
+        sinks = hook.outputs and self._outputs(b, running)
+        if not hook.outputs:  # agent --check: the same outputs, opened and released at once
             self.metrics.check(b.settings)
         self.phases.append(phase_since("inputs", t0, "flags or config, outputs"))
         self.deps.check_privileges()
@@ -93,15 +92,20 @@ class Runtime:
         found = self._discover(b.settings.config, b.env, hook)
         if not hook.go_on(self, found):
             return False
-        prefetch(self.metrics.modules(b.settings) if hook.outputs else ())  # read while the kernel loads and attaches
+        if hook.outputs:  # read while the kernel loads and attaches
+            prefetch([*(Sinks.modules(b.settings) if sinks else ()), *self.metrics.modules(b.settings)])
         b.sets = self._attach(found, b.env, b.settings.config, ready=running is None)
+        if sinks:  # their modules were imported beside the load, their files checked before it
+            t0 = time.monotonic()
+            b.sinks = Sinks(b.settings, self.resource, self.deps.console, self.deps.make_sender)  # type: ignore[arg-type]
+            self.phases.append(phase_since("outputs", t0, "exporters"))
         return True
 
-    def _outputs(self, b: Build, running: RuntimeConfig | None) -> None:
-        """/metrics bound and the outputs opened: everything short of the kernel. A reload opens only what its
-        config changed (a new listener answers at once: the running sets count on meanwhile)."""
-        s = b.settings
-        assert s is not None
+    def _outputs(self, b: Build, running: RuntimeConfig | None) -> bool:
+        """/metrics bound and the output files checked: everything short of the kernel. A reload opens only what
+        its config changed (a new listener answers at once: the running sets count on meanwhile). True: the sinks
+        are to be built, after the attach (their imports overlap the kernel's load)."""
+        assert (s := b.settings) is not None
         cfg = s.config
         if running is None:
             if s.switched_off:
@@ -115,11 +119,9 @@ class Runtime:
                 self.metrics.answer(b.server)
         else:
             b.web = self.metrics.web(s)  # read again even when unchanged: SIGHUP is how users ask for that
-        if running is None or sinks_key(cfg) != sinks_key(running):
-            assert self.resource is not None
-            b.sinks = Sinks(s, self.resource, self.deps.console, self.deps.make_sender)
         if running is None or cfg.kubernetes.watched != running.kubernetes.watched:  # waits for nothing on the network
             b.workloads = self.deps.make_workloads(self.deps.root, self.deps.monotonic, s.kube, self.log)
+        return Sinks.due(s, running)
 
     def _kernel(self, settings: RunSettings) -> tuple[KernelEnv, tuple | None]:
         """The kernel's tables, read again only when the kernel, its modules or the symbol settings changed: a
@@ -164,8 +166,7 @@ class Runtime:
         return sets
 
     def _app_targets(self, sets: list[ProbeSet]) -> None:
-        watch = self.route.app_watch
-        if watch is not None:
+        if (watch := self.route.app_watch) is not None:
             watch.set_targets(ps.tracer for ps in sets if watches(ps.cfg))  # type: ignore[misc]
             watch.set_wait(self.config.limits.user_stack_wait_s)
 
@@ -328,8 +329,7 @@ class Runtime:
                 self._drain_and_close(ps)
         if sets:
             self.log.info("detached", probe_sets=len(sets))
-        flushed = self.route.close(flush_s, bool(sets))
-        if flushed is not None:
+        if (flushed := self.route.close(flush_s, bool(sets))) is not None:
             self.stop_phases.append(flushed)
         for part in (self.server, self.env):
             if part is not None:

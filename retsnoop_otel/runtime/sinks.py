@@ -121,6 +121,29 @@ class Sinks:
             self.close(0.0)
             raise
 
+    @staticmethod
+    def due(settings: RunSettings, running: RuntimeConfig | None) -> bool:
+        """Whether a start or a reload (`running`: the config it replaces) builds sinks: a reload only when their
+        config changed. Built after the attach; their files are checked now, so an unwritable one is said first."""
+        if due := running is None or sinks_key(settings.config) != sinks_key(running):
+            check_outputs(settings)
+        return due
+
+    @staticmethod
+    def modules(settings: RunSettings) -> list[str]:
+        """What building these sinks imports, for runtime/prefetch.py (beside the kernel's load)."""
+        cfg, out = settings.config.exporter, []
+        if cfg.spans:
+            out += ["retsnoop_otel.export.otlp_sink", "retsnoop_otel.export.span_encoder",
+                    "retsnoop_otel.metrics.exemplars"]
+        if settings.traces is not None:
+            out.append("retsnoop_otel.export.senders")
+        if cfg.file is not None or cfg.otlp_console:
+            out.append("retsnoop_otel.export.otlp_file")
+        if cfg.trace_json is not None:
+            out.append("retsnoop_otel.render.trace_json")
+        return out
+
     def _outputs(self, ps: Any) -> _SetOutputs:
         out = self._per_set.get(ps)
         if out is None:

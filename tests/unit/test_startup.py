@@ -109,8 +109,8 @@ def test_verbose_trace_prints_phases_before_receiving_data_and_after_detaching(w
     assert rc == 0
     names = [p[0] for p in _phases(err.getvalue())]
     # no "python" phase when /proc could not say; start phases, then the shutdown's after "Detaching..."
-    assert names == ["imports", "flags", "inputs", "symbols", "discovery", "load", "attach", "other", "ready",
-                     "detach", "drain", "flush"]
+    assert names == ["imports", "flags", "inputs", "symbols", "discovery", "load", "attach", "outputs", "other",
+                     "ready", "detach", "drain", "flush"]
     attach = next(p for p in _phases(err.getvalue()) if p[0] == "attach")
     assert attach[2] == "3 functions, kprobe"
     assert out.getvalue().startswith("Receiving data...\n") and "Detaching... DONE in" in out.getvalue()
