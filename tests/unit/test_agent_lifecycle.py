@@ -270,6 +270,38 @@ def test_start_failure_leaves_nothing_attached(tmp_path: Path, world: World) -> 
     assert world.live() == [] and agent.runtime is None
 
 
+def test_exporters_built_after_the_attach_leave_nothing_attached_when_they_fail(tmp_path: Path, world: World) -> None:
+    """The exporters are built once the sets are attached (their imports overlap the kernel's load): one that cannot
+    be built then fails the start with every new set detached, and a reload with the old sets still running."""
+    deps = world.deps()
+
+    def broken(settings):
+        raise SetupError("the OTLP exporter cannot be built here")
+
+    deps.make_sender = broken
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(AGENT_CONFIG.format(prob=1.0))
+    agent = Agent(str(cfg), deps, EventLog(io.StringIO()))
+    with pytest.raises(SetupError, match="cannot be built"):
+        agent.start()
+    assert world.tracers and world.live() == [] and all(t.state == "closed" for t in world.tracers)
+
+
+def test_a_reload_whose_new_exporters_fail_detaches_its_new_sets(setup) -> None:
+    world, agent, cfg, _ = setup
+    agent.start()
+    running = list(world.live())
+
+    def broken(settings):
+        raise SetupError("the OTLP exporter cannot be built here")
+
+    agent.runtime.deps.make_sender = broken
+    cfg.write_text(AGENT_CONFIG.format(prob=1.0).replace("4318", "4319"))  # another endpoint: sinks built again
+    assert agent.reload() is False
+    assert world.live() == running and all(t.state == "closed" for t in world.tracers if t not in running)
+    assert len(world.tracers) > len(running)
+
+
 def test_metrics_and_healthz_over_http(setup) -> None:
     world, agent, _cfg, _log = setup
     agent.start()
