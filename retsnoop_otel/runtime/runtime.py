@@ -81,7 +81,7 @@ class Runtime:
         if running is None:
             self.config = b.settings.config  # the hooks read the run's config and kernel tables
         hook.warned(self, b.settings.warnings)
-        sinks = hook.outputs and self._outputs(b, running)
+        sinks = hook.outputs and self._outputs(b, b.settings, running)
         if not hook.outputs:  # agent --check: the same outputs, opened and released at once
             self.metrics.check(b.settings)
         self.phases.append(phase_since("inputs", t0, "flags or config, outputs"))
@@ -101,11 +101,10 @@ class Runtime:
             self.phases.append(phase_since("outputs", t0, "exporters"))
         return True
 
-    def _outputs(self, b: Build, running: RuntimeConfig | None) -> bool:
+    def _outputs(self, b: Build, s: RunSettings, running: RuntimeConfig | None) -> bool:
         """/metrics bound and the output files checked: everything short of the kernel. A reload opens only what
         its config changed (a new listener answers at once: the running sets count on meanwhile). True: the sinks
         are to be built, after the attach (their imports overlap the kernel's load)."""
-        assert (s := b.settings) is not None
         cfg = s.config
         if running is None:
             if s.switched_off:
