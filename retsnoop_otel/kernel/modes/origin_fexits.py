@@ -24,11 +24,11 @@ FEXIT_BY_KIND = {kind: name.replace("origin_exit_", "origin_fexit_") for kind, n
 
 
 def probe_fexit_multi(btf: Btf | FuncIdLookup | None, machine: str) -> Feature:
-    """BPF_TRACE_FEXIT_MULTI through a tracing_multi link (Linux 7.2+), on x86-64: the programs read the caller's
-    stack pointer from the x86-64 trampoline's frame (another architecture keeps kretprobe.multi)."""
+    """BPF_TRACE_FEXIT_MULTI through a tracing_multi link (Linux 7.2+), on x86-64: the programs find the stack
+    position of the return address in the x86-64 trampoline's frame (another architecture keeps kretprobe.multi)."""
     if machine != "x86_64":
-        return Feature("fexit_multi", False, f"not used on {machine}: --origins-only reads the caller's stack pointer "
-                       "from the x86-64 trampoline's frame", errno.EOPNOTSUPP, f"is not x86-64 ({machine})")
+        return Feature("fexit_multi", False, f"not used on {machine}: --origins-only finds the return address's stack "
+                       "slot in the x86-64 trampoline's frame", errno.EOPNOTSUPP, f"is not x86-64 ({machine})")
     return probe_fsession_kind("fexit_multi", "fexit.multi", "Linux 7.2", btf, multi=True,
                                attach_type=bpfsys.ATTACH_TRACE_FEXIT_MULTI)
 
