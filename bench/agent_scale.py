@@ -230,7 +230,7 @@ def report(out: dict) -> str:
     row("start, kernel cache filled", f"{w.get('start_s', 0):.1f} s")
     sp = w.get("start_phases_ms", {})
     row("of which Python's own start", ms(sp, "python"))
-    for name in ("imports", "inputs", "btf", "features", "symbols", "discovery", "load", "attach"):
+    for name in ("imports", "inputs", "btf", "features", "symbols", "discovery", "load", "attach", "outputs"):
         row(f"of which {name}", ms(sp, name))
     row("RSS after start", f"{w.get('rss_mb_started', 0):.0f} MB")
     if "ns_per_call" in w:

@@ -86,16 +86,20 @@ static __always_inline int origin_return(void *ctx, __u32 kind, __s64 res, __u64
 	return 0;
 }
 
-#if defined(__TARGET_ARCH_x86)
-/* fexit.multi (Linux 7.2+, a tracing_multi link; x86-64 only, kernel/modes/origin_fexits.py): the same rule from the
- * trampoline, at 0.6-0.7x of a kretprobe.multi return's cost on the preset (bench/RESULTS.md), with the stack pointer
- * a kretprobe reads (FEXIT_RET_SLOT), so the two kinds of link order one chain alike. */
+/* fexit.multi (Linux 7.2+, a tracing_multi link; kernel/modes/origin_fexits.py): the same rule from the trampoline,
+ * at 0.6-0.7x of a kretprobe.multi return's cost on the preset (bench/RESULTS.md), with the stack pointer a kretprobe
+ * reads (FEXIT_RET_SLOT), so the two kinds of link order one chain alike. x86-64 only: elsewhere the programs exist
+ * (user space sets every program's autoload) but never load, since the feature probe refuses the mode there. */
 static __always_inline int origin_fexit(__u64 *ctx, __u32 kind)
 {
+#if defined(__TARGET_ARCH_x86)
 	__u64 ret = 0;
 
 	bpf_get_func_ret(ctx, &ret);
 	return origin_return(ctx, kind, (__s64)ret, FEXIT_RET_SLOT(ctx));
+#else
+	return 0;
+#endif
 }
 
 SEC("?fexit.multi")
@@ -121,7 +125,6 @@ int origin_fexit_never(__u64 *ctx)
 {
 	return origin_fexit(ctx, RK_VOID);
 }
-#endif
 
 SEC("?kprobe.multi")
 int origin_exit_int(struct pt_regs *ctx)	/* int and what BTF does not say: the low 32 bits */

@@ -134,7 +134,7 @@ def test_attach_modes(vm_batch, scenario) -> None:
     # -v: one line per start-up phase before "Receiving data...", the shutdown's after "Detaching..."
     phases = re.findall(r"^Phase (\S+): \d+ ms", r["output"], re.M)
     assert phases == ["python", "imports", "flags", "inputs", "btf", "features", "symbols", "discovery", "load",
-                      "attach", "other", "ready", "detach", "drain", "flush"], r["output"][:3000]
+                      "attach", "outputs", "other", "ready", "detach", "drain", "flush"], r["output"][:3000]
     # fentry's attach also says how much of it was the kernel verifying a program pair per function (fsession: one)
     per_function = {"fentry": "a program pair", "fsession": "a program"}.get(MODES[scenario])
     verified = rf", [\d.]+ s of it verifying {per_function} per function" if per_function else ""
