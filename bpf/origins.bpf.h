@@ -102,53 +102,25 @@ static __always_inline int origin_fexit(__u64 *ctx, __u32 kind)
 #endif
 }
 
-SEC("?fexit.multi")
-int origin_fexit_int(__u64 *ctx)
-{
-	return origin_fexit(ctx, RK_INT32);
+/* Each return kind's pair of programs, kretprobe.multi's and fexit.multi's (user space links each function by its
+ * kind, and by fexit.multi where the kernel has it), the kind a constant in both. */
+#define ORIGIN_RETURNS(suffix, kind)							\
+SEC("?kprobe.multi")									\
+int origin_exit_##suffix(struct pt_regs *ctx)						\
+{											\
+	return origin_return(ctx, kind, PT_REGS_RC(ctx), PT_REGS_SP(ctx));		\
+}											\
+											\
+SEC("?fexit.multi")									\
+int origin_fexit_##suffix(__u64 *ctx)							\
+{											\
+	return origin_fexit(ctx, kind);							\
 }
 
-SEC("?fexit.multi")
-int origin_fexit_long(__u64 *ctx)
-{
-	return origin_fexit(ctx, RK_SIGNED);
-}
-
-SEC("?fexit.multi")
-int origin_fexit_ptr(__u64 *ctx)
-{
-	return origin_fexit(ctx, RK_POINTER);
-}
-
-SEC("?fexit.multi")
-int origin_fexit_never(__u64 *ctx)
-{
-	return origin_fexit(ctx, RK_VOID);
-}
-
-SEC("?kprobe.multi")
-int origin_exit_int(struct pt_regs *ctx)	/* int and what BTF does not say: the low 32 bits */
-{
-	return origin_return(ctx, RK_INT32, PT_REGS_RC(ctx), PT_REGS_SP(ctx));
-}
-
-SEC("?kprobe.multi")
-int origin_exit_long(struct pt_regs *ctx)
-{
-	return origin_return(ctx, RK_SIGNED, PT_REGS_RC(ctx), PT_REGS_SP(ctx));
-}
-
-SEC("?kprobe.multi")
-int origin_exit_ptr(struct pt_regs *ctx)
-{
-	return origin_return(ctx, RK_POINTER, PT_REGS_RC(ctx), PT_REGS_SP(ctx));
-}
-
-SEC("?kprobe.multi")
-int origin_exit_never(struct pt_regs *ctx)	/* void, bool, unsigned: never fails, passes an error up */
-{
-	return origin_return(ctx, RK_VOID, PT_REGS_RC(ctx), PT_REGS_SP(ctx));
-}
+ORIGIN_RETURNS(int, RK_INT32)		/* int and what BTF does not say: the low 32 bits */
+ORIGIN_RETURNS(long, RK_SIGNED)
+ORIGIN_RETURNS(ptr, RK_POINTER)
+ORIGIN_RETURNS(never, RK_VOID)		/* void, bool, unsigned: never fails, passes an error up */
 
 /* An entry function's return: a failure counts (entry, origin, errno), the thread's chain its origin when the chain is
  * this call's (its top below `sp`; `sp` 0: at sys_exit, where every chain is the syscall's); either way the chain
