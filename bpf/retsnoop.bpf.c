@@ -50,6 +50,9 @@ const volatile __u64 error_burst_ns = 0;
 
 /* Set by user space once every probe is attached: no session starts half-instrumented. */
 volatile bool ready = false;
+/* Set by user space before it detaches: the links go at once, in parallel, so a session in progress could end
+ * after some of its inner probes went; from here on a session's end drops it instead of reporting it. */
+volatile bool stopping = false;
 
 struct session {
 	__u64 start_ts;
@@ -494,8 +497,12 @@ static __always_inline void handle_exit(void *ctx, __s64 id, __s64 res, bool out
 	}
 	if (emit_calls && !s->defunct)
 		emit_trace(s, key, REC_FUNC_EXIT, tid, now, d, func_id, lat, res);
-	if (outer && d == 0)
-		end_session(ctx, s, key, now);
+	if (outer && d == 0) {
+		if (stopping)
+			drop_session(s, key);
+		else
+			end_session(ctx, s, key, now);
+	}
 }
 
 #include "flavours.bpf.h"

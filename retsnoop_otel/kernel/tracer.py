@@ -45,7 +45,6 @@ from retsnoop_otel.kernel.modes.base import AttachReport, Job
 
 __all__ = ["AttachReport", "Tracer", "bpf_object_path"]
 
-PARALLEL_DETACH_MIN = 32
 DETACH_THREADS = 32
 # every name a program of ours has in the kernel: what a check for leftovers after detach looks for
 PROGRAM_NAMES = frozenset({*(n for names in (*MODE_PROGRAMS.values(), *uprobes.PROGRAMS.values()) for n in names),
@@ -184,11 +183,22 @@ class Tracer:
 
     def set_ready(self, ready: bool) -> None:
         """The kernel side's `ready`: whether entry functions start sessions (calls in progress go on)."""
+        self._set_run_state(ready=ready, stopping=False)
+
+    def stop_sessions(self) -> None:
+        """No session starts from here on, and none in progress is reported when it ends: detach()'s first step,
+        which lets it remove every link at once (set_ready(True) starts them again)."""
+        self._set_run_state(ready=False, stopping=True)
+
+    def _set_run_state(self, ready: bool, stopping: bool) -> None:
+        """.bss's two flags, written together (the section is one map value user space alone writes)."""
         assert self._obj is not None
         bss = self._obj.map(".bss")
-        off, size = Btf.of_object(self._obj).datasec_vars(".bss")["ready"]
+        where = Btf.of_object(self._obj).datasec_vars(".bss")
         value = bytearray(bss.value_size)
-        value[off:off + size] = b"\x01" if ready else b"\x00"
+        for name, on in (("ready", ready), ("stopping", stopping)):
+            off, size = where[name]
+            value[off:off + size] = b"\x01" if on else b"\x00"
         bss.update(struct.pack("<I", 0), bytes(value))
 
     # ---- capture -------------------------------------------------------------------------
@@ -276,26 +286,32 @@ class Tracer:
     # ---- teardown ------------------------------------------------------------------------
 
     def detach_links(self) -> None:
-        """Entries first (attached last), then exits; many links are destroyed from several threads.
+        """Every link at once, from parallel threads: each detach waits for an RCU grace period in the kernel, and
+        from several threads (ctypes drops the GIL) those waits overlap instead of adding up. Their order does not
+        matter: no session starts during an attach (`ready` is set after it), nor ends reported once detach() set
+        `stopping`."""
+        links = [*self._sys_links, *self._links]
+        self._sys_links, self._links = [], []
+        if len(links) < 2:
+            for link in links:
+                link.destroy()
+            return
+        import threading  # noqa: PLC0415 - needed only here, and loaded by every runtime that gets here
 
-        Each kprobe or trampoline detach waits for an RCU grace period in the kernel; issued from
-        parallel threads (ctypes drops the GIL) those waits overlap instead of adding up.
-        """
-        sys_links, self._sys_links = self._sys_links, []
-        for link in reversed(sys_links):  # no session starts at a syscall once its exit can no longer end it
-            link.destroy()
-        links, self._links = self._links, []
-        # every attach appends (exit, entry): entries are the odd positions
-        for group in (links[1::2], links[0::2]):
-            if len(group) < PARALLEL_DETACH_MIN:
-                for link in reversed(group):
-                    link.destroy()
-                continue
-            from concurrent.futures import ThreadPoolExecutor
-            with ThreadPoolExecutor(max_workers=DETACH_THREADS) as pool:
-                list(pool.map(lambda link: link.destroy(), group))
+        def destroy(part: Sequence[lb.Link]) -> None:
+            for link in part:
+                link.destroy()
+        n = min(len(links), DETACH_THREADS)
+        threads = [threading.Thread(target=destroy, args=(links[i::n],), daemon=True) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
 
     def detach(self) -> None:
+        """Sessions stopped first (see detach_links), then every probe detached."""
+        if self._obj is not None:
+            self.stop_sessions()
         self._app_links = app_hooks.detach(self._app_links)
         self._inject_links = inject_attach.detach(self._inject_links)
         self.detach_links()

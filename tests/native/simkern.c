@@ -2,6 +2,7 @@
  * session logic on hosts where kernel functions cannot be traced (tests/test_native_sessions.py). */
 #include <stddef.h>
 #include <stdbool.h>
+#include <unistd.h>
 
 #define NOINLINE __attribute__((noinline, used))
 
@@ -37,4 +38,12 @@ NOINLINE long sk_many(int n)	/* a long session: n calls of sk_flag; fails (-EINV
 	for (int i = 0; i < n; i++)
 		sk_flag(i);
 	return n & 1 ? -22 : 0;
+}
+NOINLINE long sk_wait(int fd)	/* a session in progress until a byte arrives on fd, then sk_create's error */
+{
+	char c;
+
+	if (read(fd, &c, 1) != 1)
+		return -5;
+	return sk_create(0);
 }

@@ -17,6 +17,7 @@ SIMKERN_FUNCS = [
     ("sk_flag", RetKind.BOOL, False),
     ("sk_recurse", RetKind.INT32, True),
     ("sk_many", RetKind.SIGNED, True),
+    ("sk_wait", RetKind.SIGNED, True),
 ]
 
 
