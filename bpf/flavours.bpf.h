@@ -76,11 +76,12 @@ int kretprobe_exit(struct pt_regs *ctx)
 	return 0;
 }
 
-/* kprobe.multi: entry functions (may start a session) and the others (kmulti_inner) in two links */
+/* kprobe.multi: entry functions (may start a session) and the others (kmulti_inner) in two links, or every function
+ * in kmulti_entry's (one_link) */
 SEC("kprobe.multi")
 int kmulti_entry(struct pt_regs *ctx)
 {
-	handle_entry(ctx, ID_BY_IP, false, true);
+	handle_entry(ctx, ID_BY_IP, false, OUTER_LINKED);
 	return 0;
 }
 
@@ -101,10 +102,10 @@ int kmulti_exit(struct pt_regs *ctx)
 
 /* kprobe.session (Linux 6.10+): one program at entry and exit; a non-zero return at entry tells the
  * kernel not to run it at that call's exit, which skips the exits of every call outside a session.
- * Two links, as for kprobe.multi: entry functions (ksession) and the others (ksession_inner).
+ * Two links, as for kprobe.multi: entry functions (ksession) and the others (ksession_inner), or one (one_link).
  * In section kprobe.multi, not loaded unless asked ("?"): libbpf 1.1 knows no kprobe.session section,
  * so user space sets the expected attach type before load and attaches with its own BPF_LINK_CREATE. */
-static __always_inline int session_run(struct pt_regs *ctx, bool outer)
+static __always_inline int session_run(struct pt_regs *ctx, int outer)
 {
 	__u64 kept;
 	__s64 id;
@@ -125,7 +126,7 @@ static __always_inline int session_run(struct pt_regs *ctx, bool outer)
 SEC("?kprobe.multi")
 int ksession(struct pt_regs *ctx)
 {
-	return session_run(ctx, true);
+	return session_run(ctx, OUTER_LINKED);
 }
 
 SEC("?kprobe.multi")

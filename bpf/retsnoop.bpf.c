@@ -123,6 +123,29 @@ static __always_inline __s64 id_by_ip(void *ctx)
 	return id ? *id : -1;
 }
 
+/* kprobe.multi and kprobe.session with few entry functions (user space sets one_link): one program and one link for
+ * every function, the entry functions told apart by address, and only where no session runs; a stop then detaches
+ * one link, not two (on Linux 6.12 each link's unregistration waits for its own grace periods, one after another).
+ * The publish hooks folded into the entry link count among them. */
+#define FEW_ENTRIES 16
+const volatile bool one_link = false;
+const volatile __u32 few_entry_cnt = 0;
+const volatile __u64 few_entry_ips[FEW_ENTRIES] = {};
+
+static __always_inline bool few_entry(void *ctx)
+{
+	__u64 ip = func_ip(ctx);
+
+	for (__u32 i = 0; i < FEW_ENTRIES && i < few_entry_cnt; i++)
+		if (few_entry_ips[i] == ip)
+			return true;
+	return false;
+}
+
+/* handle_entry()'s `outer`: whether the function may start a session */
+enum { OUTER_NO = 0, OUTER_YES = 1, OUTER_BY_IP = 2 };
+#define OUTER_LINKED (one_link ? OUTER_BY_IP : OUTER_YES)	/* an entry link's program (see one_link) */
+
 /* Template for a thread's first session: BPF cannot memset a 2 KB value, but can copy this zeroed one. */
 static const struct session empty_session = {};
 
@@ -247,9 +270,10 @@ static __always_inline struct session *start_session(struct session *s, __u32 ke
 
 /* Returns the function's id when the call's exit must be seen, else -1 (kprobe.session skips the other exits).
  * `outer`: the function may start a session (an entry function, or a program for every function);
- * kprobe.multi and kprobe.session attach the other functions with programs where it is false, so that
- * their calls outside a session cost one lookup of the thread's session and nothing else. */
-static __always_inline __s64 handle_entry(void *ctx, __s64 id, bool fentry, bool outer)
+ * kprobe.multi and kprobe.session attach the other functions with programs where it is OUTER_NO, so that
+ * their calls outside a session cost one lookup of the thread's session and nothing else, or (OUTER_BY_IP, one
+ * link for all) that and a look at the few entry addresses. */
+static __always_inline __s64 handle_entry(void *ctx, __s64 id, bool fentry, int outer)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	__u32 tid = (__u32)pid_tgid, key = session_key(tid), func_id;
@@ -263,7 +287,7 @@ static __always_inline __s64 handle_entry(void *ctx, __s64 id, bool fentry, bool
 		idle = s;
 		s = NULL;
 	}
-	if (!s && !outer)
+	if (!s && (outer == OUTER_NO || (outer == OUTER_BY_IP && !few_entry(ctx))))
 		return -1;
 	if (id == ID_BY_IP && (id = id_by_ip(ctx)) >= APP_PUB_ID && outer)	/* a publish hook (appctx.bpf.h) */
 		return publish_call(ctx, id - APP_PUB_ID), -1;

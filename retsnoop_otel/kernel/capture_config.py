@@ -118,6 +118,9 @@ def configure(obj: lb.BpfObject, cfg: CaptureConfig, funcs: Sequence[TracedFunc]
         "error_interval_ns": struct.pack("<Q", cfg.error_interval_ns),
         "error_burst_ns": struct.pack("<Q", cfg.error_burst_ns),
     }
+    mode = attach_modes.BY_NAME.get(cfg.mode) if kfuncs else None  # None: no kernel functions
+    if mode and mode.joins_entries:
+        values |= multi_link.one_link_rodata(kfuncs, publish)
     if missing := [name for name in values if name not in layout]:
         raise lb.LibbpfError(f"{obj.path} was built from older sources (no {', '.join(missing)}): "
                              "rebuild it with `make bpf`", errno.ENOEXEC)
@@ -151,7 +154,6 @@ def configure(obj: lb.BpfObject, cfg: CaptureConfig, funcs: Sequence[TracedFunc]
     obj.map("rate_busy").set_max_entries(n if cfg.success_interval_ns else 1)
     obj.map("err_rate_tat").set_max_entries(n if cfg.error_interval_ns else 1)  # keyed by the origin's function id
     obj.map("err_rate_busy").set_max_entries(n if cfg.error_interval_ns else 1)
-    mode = attach_modes.BY_NAME.get(cfg.mode) if kfuncs else None  # None: no kernel functions
     progs = mode.autoload(kfuncs) if mode else ()
     user = uprobes.PROGRAMS[cfg.user_mode] if any(f.binary is not None for f in funcs) else ()
     for names in {*MODE_PROGRAMS.values(), *uprobes.PROGRAMS.values()}:

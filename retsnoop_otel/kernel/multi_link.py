@@ -21,6 +21,27 @@ from retsnoop_otel.kernel import libbpf as lb
 T = TypeVar("T")
 
 
+# bpf/retsnoop.bpf.c FEW_ENTRIES: the entry addresses an entry link's program holds to take every function in one
+# link; room is kept for the two publish hooks (kernel/app_hooks.py) that may join them
+FEW_ENTRIES = 16
+PUBLISH_ROOM = 2
+
+
+def one_link(funcs: Sequence[TracedFunc]) -> bool:
+    """Whether the entry link takes every function (its program tells the few entry functions by address): one
+    link to detach instead of two, whose grace periods would run one after the other at a stop."""
+    return sum(f.is_entry for f in funcs) <= FEW_ENTRIES - PUBLISH_ROOM
+
+
+def one_link_rodata(funcs: Sequence[TracedFunc], publish: Sequence[TracedFunc]) -> dict[str, bytes]:
+    """The entry program's settings for one_link(funcs): the entry functions' and the publish hooks' addresses."""
+    if not one_link(funcs):
+        return {}
+    addrs = [f.addr for f in (*funcs, *publish) if f.is_entry]
+    return {"one_link": struct.pack("<?", True), "few_entry_cnt": struct.pack("<I", len(addrs)),
+            "few_entry_ips": struct.pack(f"<{FEW_ENTRIES}Q", *addrs, *[0] * (FEW_ENTRIES - len(addrs)))}
+
+
 def fill_ip_ids(ip_ids: lb.BpfMap, funcs: Sequence[TracedFunc]) -> None:
     for f in funcs:
         ip_ids.update(struct.pack("<Q", f.addr), struct.pack("<I", f.id))

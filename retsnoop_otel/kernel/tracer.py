@@ -98,6 +98,7 @@ class Tracer:
         self._rb: libbpf_ringbuf.RingBuffer | None = None
         self._lbr_fds: list[int] = []
         self._obj: lb.BpfObject | None = None
+        self._sessions = False  # whether sessions ever could start (set_ready): then a stop first stops them
         self._ncpus = lb.num_possible_cpus()
         # whether the programs find the function id by address (map ip_ids) rather than by BPF cookie
         self._by_address = bool(self._mode and self._mode.uses_addresses())
@@ -200,6 +201,7 @@ class Tracer:
             off, size = where[name]
             value[off:off + size] = b"\x01" if on else b"\x00"
         bss.update(struct.pack("<I", 0), bytes(value))
+        self._sessions |= ready
 
     # ---- capture -------------------------------------------------------------------------
 
@@ -310,7 +312,7 @@ class Tracer:
 
     def detach(self) -> None:
         """Sessions stopped first (see detach_links), then every probe detached."""
-        if self._obj is not None:
+        if self._sessions:
             self.stop_sessions()
         self._app_links = app_hooks.detach(self._app_links)
         self._inject_links = inject_attach.detach(self._inject_links)

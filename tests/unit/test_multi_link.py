@@ -5,6 +5,7 @@ fsession.multi's one tracing_multi link is halved the same way around the functi
 from __future__ import annotations
 
 import errno
+import struct
 from types import SimpleNamespace
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from retsnoop_otel.capture.model import RetKind, TracedFunc
 from retsnoop_otel.kernel import libbpf as lb
 from retsnoop_otel.kernel import libbpf_btf as lbtf
+from retsnoop_otel.kernel import multi_link
 from retsnoop_otel.kernel.modes import fsession_multi, kprobe_multi, origin_fexits
 from retsnoop_otel.kernel.modes.base import AttachReport, Job
 
@@ -53,8 +55,35 @@ def test_a_link_the_kernel_has_no_memory_for_is_split_until_each_part_fits() -> 
     exits = progs[0].linked
     assert [a for part in exits for a in part] == [f.addr for f in funcs]  # each exit once, in order
     assert max(len(part) for part in exits) <= 3 and splits == len(exits) - 1
-    assert progs[1].linked == [[f.addr for f in funcs[1:]]] and progs[2].linked == [[funcs[0].addr]]
-    assert len(links) == len(exits) + 2
+    # one entry function: the entry program's link takes every function (multi_link.one_link)
+    assert progs[1].linked == [] and progs[2].linked == [[f.addr for f in funcs]]
+    assert len(links) == len(exits) + 1
+
+
+def test_many_entry_functions_keep_a_link_of_their_own_and_few_share_the_others() -> None:
+    """Past the addresses the entry program holds, the functions that cannot start a session go by kmulti_inner;
+    within them one link for all, and the program told the entry addresses (the publish hooks' among them)."""
+    few = multi_link.FEW_ENTRIES - multi_link.PUBLISH_ROOM
+    for entries, one in ((few, True), (few + 1, False)):
+        funcs = [TracedFunc(i, f"f{i}", 0x1000 + i, RetKind.INT32, i < entries) for i in range(entries + 5)]
+        progs = [FakeProgram("kmulti_exit", fits=100), FakeProgram("kmulti_inner", fits=100),
+                 FakeProgram("kmulti_entry", fits=100)]
+        _attach_kprobe_multi(progs, funcs, [])
+        assert multi_link.one_link(funcs) is one
+        loads = ("kmulti_entry", "kmulti_exit") if one else kprobe_multi.MODE.programs
+        assert kprobe_multi.MODE.autoload(funcs) == loads
+        if one:
+            assert progs[1].linked == [] and progs[2].linked == [[f.addr for f in funcs]]
+        else:
+            assert progs[1].linked == [[f.addr for f in funcs[entries:]]]
+            assert progs[2].linked == [[f.addr for f in funcs[:entries]]]
+    publish = [TracedFunc(0xFFFFFF00 + i, f"p{i}", 0x9000 + i, RetKind.SIGNED, True) for i in range(2)]
+    funcs = [TracedFunc(i, f"f{i}", 0x1000 + i, RetKind.INT32, i < few) for i in range(few + 5)]
+    values = multi_link.one_link_rodata(funcs, publish)
+    addrs = struct.unpack(f"<{multi_link.FEW_ENTRIES}Q", values["few_entry_ips"])
+    assert values["one_link"] == b"\x01" and struct.unpack("<I", values["few_entry_cnt"]) == (multi_link.FEW_ENTRIES,)
+    assert addrs == (*(0x1000 + i for i in range(few)), 0x9000, 0x9001)
+    assert multi_link.one_link_rodata([*funcs, TracedFunc(99, "g", 0x2000, RetKind.INT32, True)], publish) == {}
 
 
 def test_other_errors_are_not_split() -> None:

@@ -60,6 +60,7 @@ class AttachMode:
     basic: bool = False  # every kernel since 5.5 has this one or another basic one: their refusals say why none works
     by_address: bool = False  # the programs find the function id by address (map ip_ids): kprobe.multi links
     takes_publish: bool = False  # its entry link takes job.publish, the thread-context publish hooks (app_hooks)
+    joins_entries: bool = False  # with few entry functions, its entry program takes every function (multi_link)
     cheaper: str | None = None  # a mode doing the same with cheaper probes: run instead where the kernel has it
     sessions: bool = True  # its programs keep sessions (else only counts): the syscall tracepoints start them
     trampoline: bool = False  # BPF trampolines: attached by BTF id (one instance per name), stacks run through them
@@ -87,8 +88,8 @@ class AttachMode:
         raise NotImplementedError
 
     def running(self, obj: lb.BpfObject, fentry: clones.FentryPrograms) -> list[tuple[str, int]]:
-        """(name, fd) of the programs that run when a traced function is hit."""
-        return [(name, obj.program(name).fd) for name in self.programs]
+        """(name, fd) of the programs that run when a traced function is hit (the loaded ones)."""
+        return [(name, fd) for name in self.programs if (fd := obj.program(name).fd) >= 0]
 
 
 def attach_each(job: Job, report: AttachReport, on_error: OnError | None, strict: bool,

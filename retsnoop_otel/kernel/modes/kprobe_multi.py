@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from retsnoop_otel.capture.model import TracedFunc
 from retsnoop_otel.kernel import bpfsys, multi_link
 from retsnoop_otel.kernel import libbpf as lb
 from retsnoop_otel.kernel.libbpf_btf import Btf
@@ -34,17 +35,26 @@ class KprobeMulti(AttachMode):
     position, auto_rank, offer_rank = 2, 1, 1
     by_address = True
     takes_publish = True
+    joins_entries = True
 
     def probe(self, root: str, btf: Btf | FuncIdLookup | None, config: dict[str, str]) -> Feature:
         return probe_kprobe_multi(btf)
 
+    def autoload(self, funcs: Sequence[TracedFunc]) -> tuple[str, ...]:
+        return self.programs[:2] if multi_link.one_link(funcs) else self.programs
+
     def attach(self, job: Job, report: AttachReport, on_error: OnError | None, strict: bool) -> None:
         """Exits of every function, then the functions that only record inside a session (kmulti_inner: a call
         outside one costs one session lookup, without finding its function id), then the entry functions (with the
-        publish hooks folded into their link: their exits are not needed)."""
-        entry, exit_, inner = (job.obj.program(name) for name in self.programs)
-        groups = [(exit_, job.funcs, True), (inner, [f for f in job.funcs if not f.is_entry], False),
-                  (entry, [*(f for f in job.funcs if f.is_entry), *job.publish], False)]
+        publish hooks folded into their link: their exits are not needed). Where the entry functions are few
+        (multi_link.one_link), the entry program's link takes the others too."""
+        entry, exit_ = (job.obj.program(name) for name in self.programs[:2])
+        groups: list[multi_link.Group] = [(exit_, job.funcs, True)]
+        if multi_link.one_link(job.funcs):
+            groups.append((entry, [*job.funcs, *job.publish], False))
+        else:
+            groups += [(job.obj.program(self.programs[2]), [f for f in job.funcs if not f.is_entry], False),
+                       (entry, [*(f for f in job.funcs if f.is_entry), *job.publish], False)]
         report.split_links = multi_link.attach(groups, link, job.links, job.detach)
         report.attached.extend(job.funcs)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 from collections.abc import Sequence
 
+from retsnoop_otel.capture.model import TracedFunc
 from retsnoop_otel.kernel import bpfsys, clones, multi_link
 from retsnoop_otel.kernel import libbpf as lb
 from retsnoop_otel.kernel.libbpf_btf import Btf
@@ -42,20 +43,29 @@ class KprobeSession(AttachMode):
     position, auto_rank, offer_rank = 3, 0, 0
     by_address = True
     takes_publish = True
+    joins_entries = True
 
     def probe(self, root: str, btf: Btf | FuncIdLookup | None, config: dict[str, str]) -> Feature:
         return probe_kprobe_session(btf)
+
+    def autoload(self, funcs: Sequence[TracedFunc]) -> tuple[str, ...]:
+        return self.programs[:1] if multi_link.one_link(funcs) else self.programs
 
     def prepare(self, obj: lb.BpfObject, progs: Sequence[str], fentry: clones.FentryPrograms) -> None:
         for name in progs:  # declared kprobe.multi: libbpf 1.1 knows no kprobe.session section
             obj.program(name).set_expected_attach_type(bpfsys.ATTACH_TRACE_KPROBE_SESSION)
 
     def attach(self, job: Job, report: AttachReport, on_error: OnError | None, strict: bool) -> None:
-        """The functions that only record inside a session (ksession_inner), then the entry functions (with the
-        publish hooks folded into their link)."""
-        entry, inner = (job.obj.program(name) for name in self.programs)
-        groups: list[multi_link.Group] = [(inner, [f for f in job.funcs if not f.is_entry], False),
-                                          (entry, [*(f for f in job.funcs if f.is_entry), *job.publish], False)]
+        """Every function in the entry program's link where the entry functions are few (multi_link.one_link);
+        else the functions that only record inside a session (ksession_inner), then the entry functions. The
+        publish hooks folded into the entry link."""
+        entry = job.obj.program(self.programs[0])
+        groups: list[multi_link.Group]
+        if multi_link.one_link(job.funcs):
+            groups = [(entry, [*job.funcs, *job.publish], False)]
+        else:
+            groups = [(job.obj.program(self.programs[1]), [f for f in job.funcs if not f.is_entry], False),
+                      (entry, [*(f for f in job.funcs if f.is_entry), *job.publish], False)]
         report.split_links = multi_link.attach(groups, link, job.links, job.detach)
         report.attached.extend(job.funcs)
 
