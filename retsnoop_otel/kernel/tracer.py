@@ -45,6 +45,7 @@ from retsnoop_otel.kernel.modes.base import AttachReport, Job
 
 __all__ = ["AttachReport", "Tracer", "bpf_object_path"]
 
+PARALLEL_DETACH_MIN = 32
 DETACH_THREADS = 32
 # every name a program of ours has in the kernel: what a check for leftovers after detach looks for
 PROGRAM_NAMES = frozenset({*(n for names in (*MODE_PROGRAMS.values(), *uprobes.PROGRAMS.values()) for n in names),
@@ -288,13 +289,14 @@ class Tracer:
     # ---- teardown ------------------------------------------------------------------------
 
     def detach_links(self) -> None:
-        """Every link at once, from parallel threads: each detach waits for an RCU grace period in the kernel, and
-        from several threads (ctypes drops the GIL) those waits overlap instead of adding up. Their order does not
-        matter: no session starts during an attach (`ready` is set after it), nor ends reported once detach() set
-        `stopping`."""
+        """Every link, in any order: no session starts during an attach (`ready` is set after it), nor ends reported
+        once detach() set `stopping`. Many links (fentry's, one per function) go from parallel threads: each detach
+        waits for an RCU grace period in the kernel, and from several threads (ctypes drops the GIL) those waits
+        overlap. A few kprobe.multi links go one after the other: on 6.12 their unregistrations wait for each other
+        anyway, and started together took longer (bench/RESULTS.md, 86884f5)."""
         links = [*self._sys_links, *self._links]
         self._sys_links, self._links = [], []
-        if len(links) < 2:
+        if len(links) < PARALLEL_DETACH_MIN:
             for link in links:
                 link.destroy()
             return
