@@ -15,6 +15,7 @@ import os
 import random
 import re
 import resource
+import select
 import shutil
 import signal
 import socket
@@ -53,6 +54,22 @@ BPF_STATS = Path("/proc/sys/kernel/bpf_stats_enabled")  # kernel.bpf_stats_enabl
 
 
 # ---- child processes ----------------------------------------------------------------------------
+
+
+def wait_exit(proc: subprocess.Popen, timeout: float) -> float:
+    """When the child exited (time.monotonic()), to the scheduler's precision, then reaped; TimeoutExpired if it did
+    not within `timeout`. Popen.wait(timeout) polls in growing sleeps of up to 50 ms, which measured a 70 ms stop as
+    113 ms and a 40 ms one as 63 ms: a pidfd becomes readable at the exit itself."""
+    fd = os.pidfd_open(proc.pid)
+    try:
+        ready, _, _ = select.select([fd], [], [], timeout)
+        t = time.monotonic()
+    finally:
+        os.close(fd)
+    if not ready:
+        raise subprocess.TimeoutExpired(proc.args, timeout)
+    proc.wait()
+    return t
 
 
 def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 60.0) -> None:

@@ -122,6 +122,7 @@ from bench.harness import (
     settle_hooks,
     start_command,
     stop,
+    wait_exit,
     warm_up,
 )
 from retsnoop_otel.kernel import features
@@ -310,8 +311,7 @@ def one_run(tool: str, mode: str, set_name: str, entry: Sequence[str], allow: Se
         t1 = time.monotonic()
         seen = len(lines.lines)
         proc.send_signal(signal.SIGINT if peer else signal.SIGTERM)
-        proc.wait(timeout=timeout)
-        run.detach_s = time.monotonic() - t1
+        run.detach_s = wait_exit(proc, timeout) - t1
         lines.join()
         if done := lines.find(DONE_OURS):
             run.detach_own_s = int(done[-1][1].group(1)) / 1000

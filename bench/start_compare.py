@@ -47,6 +47,7 @@ from bench.harness import (
     roomy_nofile,
     same_names,
     start_command,
+    wait_exit,
     warm_up,
 )
 
@@ -83,11 +84,11 @@ def start_once(tool: str, mode: str, entry: list[str], allow: list[str], names: 
             out["after_python"] = out["start"] - out.get("python", 0.0)
     finally:
         # bpftrace ignores a SIGINT that comes right after its BEGIN output: ask again every 5 s
-        t_stop = time.monotonic()
+        t_stop = t_exit = time.monotonic()
         for _ in range(24):
             proc.send_signal(signal.SIGINT if tool == "bpftrace" else signal.SIGTERM)
             try:
-                proc.wait(timeout=5)
+                t_exit = wait_exit(proc, 5)
                 break
             except subprocess.TimeoutExpired:
                 continue
@@ -96,7 +97,8 @@ def start_once(tool: str, mode: str, entry: list[str], allow: list[str], names: 
                   + " | ".join(lines.tail()), flush=True)
             proc.kill()
             proc.wait()
-        out["stop"] = time.monotonic() - t_stop  # the first stop signal to the exit
+            t_exit = time.monotonic()
+        out["stop"] = t_exit - t_stop  # the first stop signal to the exit
         lines.join()
         if tool in ("ours", "ours-base"):  # where a stop went: before "Detaching..." (the loop busy), the -v phases
             said = [t for t, _ in lines.find(re.compile(r"^Detaching")) if t >= t_stop]
