@@ -50,8 +50,8 @@ const volatile __u64 error_burst_ns = 0;
 
 /* Set by user space once every probe is attached: no session starts half-instrumented. */
 volatile bool ready = false;
-/* Set by user space before it detaches: the links go at once, in parallel, so a session in progress could end
- * after some of its inner probes went; from here on a session's end drops it instead of reporting it. */
+/* Set by user space before it detaches: the links go in any order (many from parallel threads), so a session in
+ * progress could end after some of its inner probes went; from here on a session's end drops it, unreported. */
 volatile bool stopping = false;
 
 struct session {
