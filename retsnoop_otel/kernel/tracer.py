@@ -99,7 +99,7 @@ class Tracer:
         self._rb: libbpf_ringbuf.RingBuffer | None = None
         self._lbr_fds: list[int] = []
         self._obj: lb.BpfObject | None = None
-        self._sessions = False  # whether sessions ever could start (set_ready): then a stop first stops them
+        self._sessions = False  # whether sessions may run (set_ready, until a stop): then a stop first stops them
         self._ncpus = lb.num_possible_cpus()
         # whether the programs find the function id by address (map ip_ids) rather than by BPF cookie
         self._by_address = bool(self._mode and self._mode.uses_addresses())
@@ -202,7 +202,7 @@ class Tracer:
             off, size = where[name]
             value[off:off + size] = b"\x01" if on else b"\x00"
         bss.update(struct.pack("<I", 0), bytes(value))
-        self._sessions |= ready
+        self._sessions = ready or (self._sessions and not stopping)  # a handover's sessions in progress go on
 
     # ---- capture -------------------------------------------------------------------------
 
@@ -300,17 +300,9 @@ class Tracer:
             for link in links:
                 link.destroy()
             return
-        import threading  # noqa: PLC0415 - needed only here, and loaded by every runtime that gets here
-
-        def destroy(part: Sequence[lb.Link]) -> None:
-            for link in part:
-                link.destroy()
-        n = min(len(links), DETACH_THREADS)
-        threads = [threading.Thread(target=destroy, args=(links[i::n],), daemon=True) for i in range(n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415 - only for many links
+        with ThreadPoolExecutor(max_workers=DETACH_THREADS) as pool:
+            list(pool.map(lambda link: link.destroy(), links))
 
     def detach(self) -> None:
         """Sessions stopped first (see detach_links), then every probe detached."""
