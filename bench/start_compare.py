@@ -128,21 +128,27 @@ def start_table(results: dict[tuple[str, str], list[dict[str, float]]], modes: l
     def num(v: float | None) -> str:
         return "-" if v is None else f"{v:.2f}"
 
+    def ms(v: float | None) -> str:  # a stop of tens of ms under emulation: in ms, or the ratio is hidden
+        return "-" if v is None else f"{v * 1000:.0f} ms"
+
     out = ["| mode | tool | start | start after Python's own | imports | other phases | ratio to bpftrace "
-           "| ratio to retsnoop (Python's start included) | stop (signal to exit) |", "|---" * 9 + "|"]
+           "| ratio to retsnoop (Python's start included) | stop (signal to exit) | stop ratio to retsnoop |",
+           "|---" * 10 + "|"]
     for mode in modes:
         bt, rs = med(mode, "bpftrace", "start"), med(mode, RETSNOOP, "start")
+        rs_stop = med(mode, RETSNOOP, "stop")
         for tool in tools:
             start = med(mode, tool, "start")
             if tool in ("bpftrace", RETSNOOP):
                 flag = RETSNOOP_FLAGS[NEAREST[mode]] if tool == RETSNOOP else NEAREST[mode]
                 out.append(f"| {mode} | {tool} ({flag}) | {num(start)} | - | - | - | - | - "
-                           f"| {num(med(mode, tool, 'stop'))} |")
+                           f"| {ms(med(mode, tool, 'stop'))} | - |")
                 continue
             after, imports = med(mode, tool, "after_python"), med(mode, tool, "imports")
             other = None if after is None else after - (imports or 0.0)
             out.append(f"| {mode} | {tool} | {num(start)} | {num(after)} | {num(imports)} | {num(other)} "
-                       f"| {ratio(after, bt)} | {ratio(start, rs)} | {num(med(mode, tool, 'stop'))} |")
+                       f"| {ratio(after, bt)} | {ratio(start, rs)} | {ms(stop := med(mode, tool, 'stop'))} "
+                       f"| {ratio(stop, rs_stop)} |")
     return "\n".join(out)
 
 
@@ -218,7 +224,7 @@ def main() -> int:
                             res = {}
                         done[key] = res
                     results.setdefault((mode, tool), []).append(res)
-                    print(f"round {r} {mode} {tool}: " + ", ".join(f"{k} {v:.2f}" for k, v in res.items()), flush=True)
+                    print(f"round {r} {mode} {tool}: " + ", ".join(f"{k} {v:.3f}" for k, v in res.items()), flush=True)
     print(f"\nkernel {os.uname().release}; set {args.set}; medians of {args.rounds} rounds (seconds)"
           f"{'; ours with an empty kernel cache at every start' if args.cold else ''}"
           f"{f'; ours with the kernel cache {args.cache_from} left at every start' if args.cache_from else ''}"

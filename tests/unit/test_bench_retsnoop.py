@@ -106,11 +106,11 @@ def test_start_ratios_take_python_out_for_bpftrace_and_keep_it_for_retsnoop() ->
         ("kprobe_session", "retsnoop"): [{"start": 3.5, "stop": 0.2}, {}, {"start": 3.5}],  # a failed start: left out
     }
     rows = sc.start_table(results, ["kprobe_session"], ["ours", "bpftrace", "retsnoop"]).splitlines()
-    assert rows[2] == "| kprobe_session | ours | 7.00 | 5.00 | 1.00 | 4.00 | 1.00x | 2.00x | 0.60 |"
-    assert rows[3] == "| kprobe_session | bpftrace (kprobe_multi) | 5.00 | - | - | - | - | - | - |"
-    assert rows[4] == "| kprobe_session | retsnoop (-M) | 3.50 | - | - | - | - | - | 0.20 |"
+    assert rows[2] == "| kprobe_session | ours | 7.00 | 5.00 | 1.00 | 4.00 | 1.00x | 2.00x | 600 ms | 3.00x |"
+    assert rows[3] == "| kprobe_session | bpftrace (kprobe_multi) | 5.00 | - | - | - | - | - | - | - |"
+    assert rows[4] == "| kprobe_session | retsnoop (-M) | 3.50 | - | - | - | - | - | 200 ms | - |"
     no_peers = sc.start_table({("fentry", "ours"): [{"start": 2.0, "after_python": 1.0}]}, ["fentry"], ["ours"])
-    assert no_peers.splitlines()[-1] == "| fentry | ours | 2.00 | 1.00 | - | 1.00 | - | - | - |"
+    assert no_peers.splitlines()[-1] == "| fentry | ours | 2.00 | 1.00 | - | 1.00 | - | - | - | - |"
 
 
 def test_a_peer_run_serves_the_modes_of_ours_that_map_to_the_same_run() -> None:
