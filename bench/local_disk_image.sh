@@ -8,6 +8,10 @@
 # virtualenv's site-packages otherwise whole. RETSNOOP_BIN: retsnoop's binary (default: bench/build-retsnoop's).
 set -euo pipefail
 TREE=$(cd "$1" && pwd) IMG=$2
+if [ ! -L "$TREE/.venv" ]; then  # the guest binds the image's tree over TREE: a real .venv there would link to itself
+  echo "$TREE/.venv is not a link: measure a worktree (git worktree add DIR; ln -s $(pwd)/.venv DIR/.venv)" >&2
+  exit 2
+fi
 RS=${RETSNOOP_BIN:-$HOME/.cache/retsnoop-otel/peers/retsnoop-v0.11/retsnoop}
 VENV=$(readlink -f "$TREE/.venv")
 PYROOT=$(dirname "$(dirname "$(readlink -f "$VENV/bin/python")")")

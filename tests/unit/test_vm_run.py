@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib.machinery
 import importlib.util
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -485,3 +486,15 @@ def test_a_disk_image_is_attached_to_a_native_guest_and_refused_elsewhere(tmp_pa
         with pytest.raises(SystemExit):
             module.parse_args([*argv, "--", "true"])
         assert why in capsys.readouterr().err
+
+
+def test_the_local_disk_image_refuses_a_tree_whose_virtualenv_is_not_a_link(tmp_path: Path) -> None:
+    """The guest binds the image's tree over the tree's path: a real .venv there would be bound to a link to itself
+    (the run failed in the guest with "Too many levels of symbolic links"), so the image is refused on the host."""
+    tree = tmp_path / "tree"
+    (tree / ".venv").mkdir(parents=True)
+    script = Path(__file__).resolve().parents[2] / "bench" / "local_disk_image.sh"
+    run = subprocess.run(["bash", str(script), str(tree), str(tmp_path / "local.img")], capture_output=True, text=True)
+    assert run.returncode == 2
+    assert ".venv is not a link: measure a worktree" in run.stderr
+    assert not (tmp_path / "local.img").exists()
