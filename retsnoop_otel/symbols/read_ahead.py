@@ -125,12 +125,40 @@ class TablesAhead:
         return found if found and found.cache_dir == Path(cache_dir) and found.ident == ident else None
 
 
-def read_ahead(command: str | None, args: list[str], environ: Mapping[str, str]) -> TablesAhead | None:
+def read_ahead(command: str | None, args: list[str], environ: Mapping[str, str],
+               cpus: Callable[[], float] | None = None) -> TablesAhead | None:
     """Started for a `trace` or `agent` run (not for their help, version, or the agent's --check and --health),
     in the cache directory the run will resolve (runtime/settings.py): RETSNOOP_OTEL_CACHE, else the agent's
-    /var/cache, else the user's XDG cache."""
+    /var/cache, else the user's XDG cache; and only where the process may use two CPUs at once (`cpus`: by
+    default usable_cpus). On one CPU the thread's reads and parses take turns with the imports instead of
+    overlapping them: pinned to one CPU on 7.2, a first start took 4.92 s with it and 4.82 s without (medians of
+    8, bench/RESULTS.md), and the run reads its tables itself at no loss."""
     if command not in ("trace", "agent") or HELP_FLAGS.intersection(args):
         return None
     if command == "agent" and any(a.startswith(("--check", "--health")) for a in args):
         return None  # not a run: --check reads the kernel through a run's checks of its own (agent/check.py)
+    if (cpus or usable_cpus)() < 2:
+        return None
     return TablesAhead(command == "agent", environ).start()
+
+
+def usable_cpus(root: str = "/", affinity: int | None = None) -> float:
+    """How many CPUs this process may keep busy at once: its CPU affinity (`affinity`, else the kernel's), capped by
+    the cgroup v2 CPU quotas (cpu.max) of its cgroup and of each ancestor, as a container's CPU limit or a systemd
+    unit's CPUQuota= sets them. cgroup v1 quotas are not read (counted as no limit)."""
+    cpus = float(len(os.sched_getaffinity(0)) if affinity is None else affinity)
+    try:
+        with open(os.path.join(root, "proc/self/cgroup")) as f:
+            path = next((line.split(":", 2)[2].strip() for line in f if line.startswith("0::")), None)
+    except OSError:
+        return cpus
+    parts = [p for p in (path or "").split("/") if p and p not in (".", "..")]
+    for depth in range(len(parts), -1, -1) if path is not None else ():
+        try:
+            with open(os.path.join(root, "sys/fs/cgroup", *parts[:depth], "cpu.max")) as f:
+                quota, _, period = f.read().partition(" ")
+            if quota != "max" and int(period) > 0:
+                cpus = min(cpus, int(quota) / int(period))
+        except (OSError, ValueError):
+            continue
+    return cpus

@@ -84,6 +84,10 @@ def test_dry_run_phases_and_the_kernel_cache(vm_batch) -> None:
         beside = [p for p in ("btf", "features", "symbols") if re.search(r", read beside the imports in \d+ ms",
                                                                           phases[p])]
         assert beside == ["btf", "features", "symbols"], phases
+    one = runs["one cpu"]  # pinned to one CPU: the run reads every table itself, finds the same, fills the cache
+    phases = _phases(one["err"])
+    assert one["rc"] == 0 and one["out"] == runs["cold"]["out"] and one["symbols_same"], one["err"][-2000:]
+    assert list(phases) == list(cold) and not [p for p in phases.values() if "beside" in p or "cached" in p], phases
 
 
 def test_the_symbols_of_another_boot_or_a_reloaded_module_are_moved_not_read(vm_batch) -> None:
