@@ -3,8 +3,8 @@
 A ConfigMap volume never rewrites the file: kubelet writes a new timestamped directory, renames a new `..data`
 symlink over the old one and removes the old directory, so `agent.yaml -> ..data/agent.yaml` keeps its own inode and
 a watch on the file alone sees nothing. Editors save by renaming a new file over the old one, with the same effect.
-So what is compared is the file as the path resolves now: its real path, device, inode, mtime and size, and the hash
-of its bytes (a touch or a rewrite with the same bytes is no change). inotify on the directories of the path and of
+So what is compared is the file as the path resolves now: its real path, device, inode, mtime and size, and its bytes
+(a touch or a rewrite with the same bytes is no change). inotify on the directories of the path and of
 its target wakes the check at once; a stat every `poll_s` stands in where inotify misses something (network file
 systems, no inotify instances left). A change is posted once the file has stayed the same for `settle_s`, so a burst
 of writes (kubelet's three steps, an editor's save) is one reload, and never a half-written file. A file that is
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import hashlib
 import os
 import select
 import stat as stat_mod
@@ -38,12 +37,13 @@ class Seen(NamedTuple):
     """The file as one look found it; None fields: not there or not readable."""
 
     stat: tuple | None
-    digest: bytes | None
+    content: bytes | None  # kept whole rather than hashed: a config is small (MAX_CONFIG_BYTES at most), and hashlib
+    # would load OpenSSL's libcrypto at the agent's start for it
 
 
 def look(path: str, previous: Seen | None = None, read: bool = True) -> Seen:
-    """Stat the path (following its symlinks) and hash its bytes; without `read`, an unchanged stat keeps the
-    previous hash (the periodic check costs one stat)."""
+    """Stat the path (following its symlinks) and read its bytes; without `read`, an unchanged stat keeps the
+    previous bytes (the periodic check costs one stat)."""
     try:
         st = os.stat(path)
         stat = (os.path.realpath(path), st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
@@ -52,7 +52,7 @@ def look(path: str, previous: Seen | None = None, read: bool = True) -> Seen:
         if not stat_mod.S_ISREG(st.st_mode):  # /dev/zero, a FIFO: never read here (the load refuses them)
             return Seen(stat, b"")
         with open(path, "rb") as f:  # bounded as the load is: a file growing without end is not read to its end
-            return Seen(stat, hashlib.sha256(f.read(MAX_CONFIG_BYTES + 1)).digest())
+            return Seen(stat, f.read(MAX_CONFIG_BYTES + 1))
     except OSError:
         return Seen(None, None)
 
@@ -96,7 +96,7 @@ class ConfigWatch:
         self.log = log or EventLog(level="error")
         self.poll_s, self.settle_s = poll_s, settle_s
         self.seen = look(path)  # taken before the agent loads the file: a change during its start is not missed
-        self.loaded = self.seen.digest  # the bytes of the last reload asked for or made (or of the start)
+        self.loaded = self.seen.content  # the bytes of the last reload asked for or made (or of the start)
         self._lock = threading.Lock()  # `loaded`: compared and set by this thread, set by reloading()
         self.inotify: _Inotify | None = None
         if use_inotify:
@@ -130,7 +130,7 @@ class ConfigWatch:
         """A reload (SIGHUP's too) is about to read the file: its bytes count as loaded, so the change that a
         SIGHUP already applied (or refused) is not reloaded a second time when the watch sees it."""
         with self._lock:
-            self.loaded = look(self.path).digest
+            self.loaded = look(self.path).content
 
     @property
     def running(self) -> bool:
@@ -170,13 +170,13 @@ class ConfigWatch:
             if self.inotify is not None:
                 self.inotify.watch_dirs_of(self.path)  # a new target directory (the new ..data)
             self.seen = now
-            if now.digest is None:
+            if now.content is None:
                 if not missing:
                     self.log.warning("config file gone or unreadable; the running config stays", config=self.path)
                 missing = True
                 continue
             missing = False
             with self._lock:
-                if now.digest != self.loaded:
-                    self.loaded = now.digest
+                if now.content != self.loaded:
+                    self.loaded = now.content
                     self.post()
