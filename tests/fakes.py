@@ -198,7 +198,7 @@ class FakeTracer:
     def open_ring_buffer(self, on_record) -> None:
         self.on_record = on_record
 
-    def poll(self, timeout_ms: int) -> int:
+    def poll(self, timeout_ms: int, wake_fd: int | None = None) -> int:
         assert self.state in ("attached", "detached"), "poll after close"
         pending, self.pending = self.pending, []
         for rec in pending:

@@ -166,5 +166,6 @@ SIGNATURES: dict[str, tuple[object, list[object]]] = {
     "ring_buffer__new": (ctypes.c_void_p, [ctypes.c_int, SAMPLE_FN, ctypes.c_void_p, ctypes.c_void_p]),
     "ring_buffer__poll": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int]),
     "ring_buffer__consume": (ctypes.c_int, [ctypes.c_void_p]),
+    "ring_buffer__epoll_fd": (ctypes.c_int, [ctypes.c_void_p]),
     "ring_buffer__free": (None, [ctypes.c_void_p]),
 }

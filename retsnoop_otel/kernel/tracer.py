@@ -214,9 +214,9 @@ class Tracer:
 
         self._rb = libbpf_ringbuf.RingBuffer(self._obj.map("rb").fd, on_raw)
 
-    def poll(self, timeout_ms: int) -> int:
+    def poll(self, timeout_ms: int, wake_fd: int | None = None) -> int:
         assert self._rb is not None
-        return self._rb.poll(timeout_ms)
+        return self._rb.poll(timeout_ms, wake_fd)
 
     # ---- application processes -------------------------------------------------------------
 

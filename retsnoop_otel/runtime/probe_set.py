@@ -54,7 +54,7 @@ class TracerLike(Protocol):
 
     def open_ring_buffer(self, on_record: Callable[[Record], None]) -> None: ...
 
-    def poll(self, timeout_ms: int) -> int: ...
+    def poll(self, timeout_ms: int, wake_fd: int | None = None) -> int: ...
 
     def func_stats(self) -> list[FuncStats]: ...
 
@@ -267,8 +267,9 @@ class ProbeSet:
                                                                    bool(flags & SAMPLED_PROBABILITY))
         return True
 
-    def poll(self, timeout_ms: int) -> int:
-        return self.tracer.poll(timeout_ms) if self._started else 0
+    def poll(self, timeout_ms: int, wake_fd: int | None = None) -> int:
+        """`wake_fd` readable ends the wait (runtime/requests.py: a stop or reload signal came)."""
+        return self.tracer.poll(timeout_ms, wake_fd) if self._started else 0
 
     def set_ready(self, ready: bool) -> None:
         """Whether calls of its entry functions start sessions (attached probes see the calls either way)."""

@@ -8,12 +8,13 @@ command/streams.py), so the stop is never held up by a reader.
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Callable
 
 
 class Requests:
-    __slots__ = ("stop", "reload", "reload_cause", "_interrupt_write")
+    __slots__ = ("stop", "reload", "reload_cause", "wake_fd", "_interrupt_write")
 
     def __init__(self, interrupt_write: Callable[[], None] | None = None) -> None:
         """`interrupt_write`: what gives up a write blocked when a stop signal comes (GuardedStream.interrupt_write
@@ -22,6 +23,7 @@ class Requests:
         self.stop = False
         self.reload = False
         self.reload_cause = ""  # what asked for the pending reload, for its log line: "SIGHUP", "file change"
+        self.wake_fd: int | None = None  # readable once a signal came (install): the loop's wait ends on it
 
     def ask_reload(self, cause: str) -> None:
         """From a signal handler or another thread (the agent's config watch): the cause first, then the flag."""
@@ -30,7 +32,13 @@ class Requests:
 
     def install(self, reload: bool) -> Requests:
         """SIGTERM and SIGINT ask for a stop; SIGHUP for a reload with `reload` (the agent), else for a stop too
-        (`trace`: a closed terminal detaches and flushes, as SIGTERM does; ignored under nohup, as it was at exec)."""
+        (`trace`: a closed terminal detaches and flushes, as SIGTERM does; ignored under nohup, as it was at exec).
+        Each signal also writes a byte to `wake_fd`'s pipe (signal.set_wakeup_fd, from whichever thread takes it), so
+        a signal that lands between the loop's last look at its flags and its wait still ends that wait."""
+        if self.wake_fd is None:
+            read_end, write_end = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+            signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+            self.wake_fd = read_end
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
         if reload:

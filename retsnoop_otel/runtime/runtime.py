@@ -273,9 +273,9 @@ class Runtime:
 
     # ---- running and stopping --------------------------------------------------------------------
 
-    def poll_once(self, stopping: Callable[[], bool] = lambda: False) -> None:
+    def poll_once(self, stopping: Callable[[], bool] = lambda: False, wake_fd: int | None = None) -> None:
         for ps in (sets := self.probe_sets):
-            ps.poll(max(1, POLL_MS // max(1, len(sets))))
+            ps.poll(max(1, POLL_MS // max(1, len(sets))), wake_fd)
         if stopping():  # a stop signal ended the wait: the drain at detach emits what is due, no watcher turn
             return
         self.route.service()
@@ -294,7 +294,7 @@ class Runtime:
                     requests.reload = False
                     reload()
                     continue
-                self.poll_once(lambda: requests.stop)
+                self.poll_once(lambda: requests.stop, requests.wake_fd)
                 after_poll()
         finally:
             detaching()

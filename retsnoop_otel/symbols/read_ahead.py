@@ -40,10 +40,11 @@ class Ahead(NamedTuple):
 class TablesAhead:
     """One read of each table on a daemon thread, each taken at most once."""
 
-    def __init__(self, agent: bool, environ: Mapping[str, str], root: str = "/") -> None:
+    def __init__(self, agent: bool, environ: Mapping[str, str], root: str = "/", symbols: bool = True) -> None:
         self.agent = agent  # the agent's cache directory is /var/cache's (kernel/kcache.py cache_base)
         self.environ = environ
         self.root = root
+        self.symbols = symbols  # False: the run reads them (read_ahead: on one CPU they only take turns)
         self._read = {name: threading.Event() for name in TABLES}
         self._out: dict[str, Ahead | None] = {}
         self._taken: set[str] = set()  # by the run's thread, the only one that takes
@@ -78,9 +79,10 @@ class TablesAhead:
 
             started.add("types")
             found = self._one("types", kernel_facts.load_func_types, cache, cache_dir, ident)  # no libbpf fallback
-            threading.Thread(target=self._one, args=("symbols", kernel_facts.load_symbols, cache, cache_dir, ident),
-                             name="symbols-ahead", daemon=True).start()
-            started.add("symbols")
+            if self.symbols:
+                threading.Thread(target=self._one, args=("symbols", kernel_facts.load_symbols, cache, cache_dir,
+                                                         ident), name="symbols-ahead", daemon=True).start()
+                started.add("symbols")
             if found is not None:
                 from retsnoop_otel.kernel.features import detect_at_start
                 func_id = found.value[0].func_id  # type: ignore[index]
@@ -129,17 +131,16 @@ def read_ahead(command: str | None, args: list[str], environ: Mapping[str, str],
                cpus: Callable[[], float] | None = None) -> TablesAhead | None:
     """Started for a `trace` or `agent` run (not for their help, version, or the agent's --check and --health),
     in the cache directory the run will resolve (runtime/settings.py): RETSNOOP_OTEL_CACHE, else the agent's
-    /var/cache, else the user's XDG cache; and only where the process may use two CPUs at once (`cpus`: by
-    default usable_cpus). On one CPU the thread's reads and parses take turns with the imports instead of
-    overlapping them: pinned to one CPU on 7.2, a first start took 4.92 s with it and 4.82 s without (medians of
-    8, bench/RESULTS.md), and the run reads its tables itself at no loss."""
+    /var/cache, else the user's XDG cache. Where the process may not keep two CPUs busy (`cpus`: by default
+    usable_cpus) the symbols are left to the run: their read and parse are CPU work that would only take turns
+    with the imports, while the feature probes mostly wait on the kernel and still overlap them. Pinned to one CPU,
+    first start with 7 functions, medians of 6 (bench/RESULTS.md): 7.2 5.26-5.46 s this way, 5.69 s with no
+    thread, 5.85 s with the whole read-ahead; 6.12 5.03-5.07, 5.73 and 5.13 s."""
     if command not in ("trace", "agent") or HELP_FLAGS.intersection(args):
         return None
     if command == "agent" and any(a.startswith(("--check", "--health")) for a in args):
         return None  # not a run: --check reads the kernel through a run's checks of its own (agent/check.py)
-    if (cpus or usable_cpus)() < 2:
-        return None
-    return TablesAhead(command == "agent", environ).start()
+    return TablesAhead(command == "agent", environ, symbols=(cpus or usable_cpus)() >= 2).start()
 
 
 def usable_cpus(root: str = "/", affinity: int | None = None) -> float:

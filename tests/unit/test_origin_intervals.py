@@ -136,7 +136,7 @@ def _trace(argv: list[str], world: World, polls: int, per_poll_s: float) -> str:
     done = {"polls": 0}
     real_poll = FakeTracer.poll
 
-    def poll(self: FakeTracer, timeout_ms: int) -> int:
+    def poll(self: FakeTracer, timeout_ms: int, wake_fd: int | None = None) -> int:
         if timeout_ms == 0:  # the drain after detaching
             return real_poll(self, timeout_ms)
         done["polls"] += 1

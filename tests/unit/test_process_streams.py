@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import select
 import signal
 import threading
 from collections.abc import Iterator
@@ -50,10 +51,13 @@ def handlers() -> Iterator[None]:
     test SIGHUP is at its default, as in a terminal: a run under nohup inherits it ignored, which the command
     rightly keeps ignored (test_sighup_ignored_at_exec_stays_ignored_in_trace)."""
     saved = {s: signal.getsignal(s) for s in st.STOP_SIGNALS}
+    wakeup = signal.set_wakeup_fd(-1)  # Requests.install sets its own
+    signal.set_wakeup_fd(wakeup)
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
     yield
     for s, h in saved.items():
         signal.signal(s, h)
+    signal.set_wakeup_fd(wakeup)
 
 
 @pytest.fixture()
@@ -248,6 +252,15 @@ def test_sighup_stops_a_running_trace_and_reloads_the_agent(handlers) -> None:
     agent = Requests().install(reload=True)
     os.kill(os.getpid(), signal.SIGHUP)
     assert agent.reload and agent.reload_cause == "SIGHUP" and not agent.stop
+
+
+def test_a_stop_signal_makes_the_loops_wake_fd_readable(handlers) -> None:
+    """From whichever thread takes it (signal.set_wakeup_fd): the capture loop's wait ends on it (libbpf_ringbuf.py)."""
+    requests = Requests().install(reload=False)
+    assert requests.wake_fd is not None and select.select([requests.wake_fd], [], [], 0)[0] == []
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert requests.stop and select.select([requests.wake_fd], [], [], 0)[0] == [requests.wake_fd]
+    assert requests.install(reload=False).wake_fd == requests.wake_fd  # installed once
 
 
 def test_stop_signal_frees_a_write_blocked_on_a_reader_that_stopped_reading(handlers) -> None:

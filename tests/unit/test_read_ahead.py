@@ -152,11 +152,23 @@ def test_started_for_runs_only() -> None:
         assert read_ahead(command, args, env, lambda: 2.0) is None, (command, args)
     for command in ("trace", "agent"):
         args = ["--config", "a.yaml"] if command == "agent" else ["-e", "x"]
-        ahead = read_ahead(command, args, env, lambda: 2.0)
-        assert isinstance(ahead, TablesAhead) and ahead.agent == (command == "agent")
-        ahead._thread.join()
-        for cpus in (1.0, 1.5):  # the thread would take turns with the imports: the run reads its tables itself
-            assert read_ahead(command, args, env, lambda c=cpus: c) is None, (command, cpus)
+        for cpus, symbols in ((2.0, True), (1.0, False), (1.5, False)):
+            ahead = read_ahead(command, args, env, lambda c=cpus: c)
+            assert isinstance(ahead, TablesAhead) and ahead.agent == (command == "agent"), (command, cpus)
+            assert ahead.symbols == symbols, (command, cpus)  # on one CPU the run parses its symbols itself
+            ahead._thread.join()
+
+
+def test_on_one_cpu_only_the_types_and_the_feature_probes_are_read_ahead(tmp_path: Path) -> None:
+    """What waits on the kernel (the probes) still overlaps the imports; the symbols, all CPU, are the run's."""
+    root = _root(tmp_path)
+    cache_dir = tmp_path / "cache"
+    ahead = TablesAhead(False, {"RETSNOOP_OTEL_CACHE": str(cache_dir)}, str(root), symbols=False).start()
+    ident = kernel_identity(str(root))
+    assert ahead.take("types", cache_dir, ident, str(root)) is not None
+    assert ahead.take("features", cache_dir, ident, str(root)) is not None
+    assert ahead.take("symbols", cache_dir, ident, str(root)) is None
+    assert not list(cache_dir.glob("**/symbols-*"))  # nothing of the symbols read or stored by the thread
 
 
 def _cgroups(tmp_path: Path, member: str, limits: dict[str, str]) -> str:

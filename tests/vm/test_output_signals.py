@@ -66,3 +66,12 @@ def test_sighup_still_reloads_the_agent(vm_batch) -> None:
     assert r["rc"] == 0, r["output"][-3000:]
     assert "Traceback" not in r["output"]
     assert r["progs_after"] == []
+
+
+def test_a_stop_signal_handled_before_the_wait_still_ends_it(vm_batch) -> None:
+    """Within the 30 s the wait allows (it returned: the outcome, not a speed), and the same wait without a signal
+    lasts its 300 ms: the wake fd ends a wait only when a signal came."""
+    r = vm_batch["streams_signal_before_wait"]
+    assert r["rc"] == 0, r["err"]
+    assert r["stop"] and r["drained"], r
+    assert r["returned_s"] < 15 and r["control_s"] >= 0.25, r

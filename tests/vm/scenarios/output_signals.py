@@ -4,12 +4,14 @@
 - `full`: stdout is /dev/full: one line on stderr, exit 1, detached;
 - `sigint_attach`: Ctrl-C while about 1,700 functions load and attach: exit 130, nothing left attached;
 - `sighup_running`: SIGHUP on a trace that captured a session: detach, flush ("DONE"), exit 0;
-- `agent_sighup`: the agent still reloads on SIGHUP, then stops on SIGTERM with nothing left attached.
+- `agent_sighup`: the agent still reloads on SIGHUP, then stops on SIGTERM with nothing left attached;
+- `signal_before_wait`: a stop signal handled just before the capture loop's wait still ends that wait at once.
 Host-side assertions: tests/vm/test_output_signals.py.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import select
@@ -153,3 +155,30 @@ def scenario_streams_agent_sighup(ctx) -> dict:
     time.sleep(1)
     r["progs_after"] = our_progs(ctx)
     return r
+
+
+SIGNAL_BEFORE_WAIT = """
+import json, os, signal, time
+from retsnoop_otel.kernel import bpfsys
+from retsnoop_otel.kernel.libbpf_ringbuf import RingBuffer
+from retsnoop_otel.runtime.requests import Requests
+rb = RingBuffer(bpfsys.map_create(27, 0, 0, 4096), lambda b: None)  # BPF_MAP_TYPE_RINGBUF, nothing writes to it
+requests = Requests().install(reload=False)
+os.kill(os.getpid(), signal.SIGTERM)  # handled here, in Python, before the wait: nothing left to interrupt it
+t0 = time.monotonic(); rb.poll(30_000, requests.wake_fd); returned = time.monotonic() - t0
+try:
+    drained = not os.read(requests.wake_fd, 1)
+except BlockingIOError:
+    drained = True
+t0 = time.monotonic(); rb.poll(300, requests.wake_fd); control = time.monotonic() - t0  # no signal: the full wait
+print(json.dumps({"stop": requests.stop, "returned_s": returned, "drained": drained, "control_s": control}))
+"""
+
+
+@budget(300)
+def scenario_streams_signal_before_wait(ctx) -> dict:
+    """The race the wakeup fd closes (runtime/requests.py): a SIGTERM whose handler ran before libbpf's epoll_wait
+    interrupted nothing, and the stop waited out the poll's whole timeout."""
+    proc = subprocess.run([PY, "-c", SIGNAL_BEFORE_WAIT], capture_output=True, text=True, timeout=240)
+    found = json.loads(proc.stdout) if proc.returncode == 0 else {}
+    return {"rc": proc.returncode, "err": proc.stderr[-3000:], **found}

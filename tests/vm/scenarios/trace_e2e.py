@@ -44,7 +44,7 @@ def scenario_trace_dry_run(ctx) -> dict:
         runs.append({"step": step, "rc": rc, "out": out, "err": err, **extra,
                      **symbols_as_read(f"{ctx.tmpdir}/cache")})
     ctx.run("rmmod dummy", 60)
-    # a first start on one CPU (pinned): no thread reads the tables beside the imports, the run reads them itself
+    # a first start on one CPU (pinned): the symbols are not read beside the imports, the run reads them itself
     one = f"RETSNOOP_OTEL_CACHE={ctx.tmpdir}/cache-one-cpu"
     rc, out, err = ctx.run(f"{one} taskset -c 0 {' '.join(repr(c) if '*' in c else c for c in cmd)}", 300)
     runs.append({"step": "one cpu", "rc": rc, "out": out, "err": err, **symbols_as_read(f"{ctx.tmpdir}/cache-one-cpu")})
