@@ -267,8 +267,7 @@ class ProbeSet:
                                                                    bool(flags & SAMPLED_PROBABILITY))
         return True
 
-    def poll(self, timeout_ms: int, wake_fd: int | None = None) -> int:
-        """`wake_fd` readable ends the wait (runtime/requests.py: a stop or reload signal came)."""
+    def poll(self, timeout_ms: int, wake_fd: int | None = None) -> int:  # wake_fd: runtime/requests.py
         return self.tracer.poll(timeout_ms, wake_fd) if self._started else 0
 
     def set_ready(self, ready: bool) -> None:
