@@ -9,6 +9,7 @@ few threads before the tracer links them to their trampolines, which the kernel 
 from __future__ import annotations
 
 import errno
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
@@ -17,8 +18,9 @@ from typing import TypeVar
 from retsnoop_otel.capture.model import TracedFunc
 from retsnoop_otel.kernel import bpfsys, libbpf_progs
 from retsnoop_otel.kernel import libbpf as lb
+from retsnoop_otel.kernel.cgroups import usable_cpus
 
-CLONE_THREADS = 4  # clones verified at once (bounded by the CPUs)
+CLONE_THREADS = 4  # clones verified at once (bounded by the CPUs the affinity and quotas leave: more take turns)
 # template -> the kernel's name for its clones (at most 15 characters), and their attach type
 _TEMPLATES = {"fexit_exit": ("rs_fexit", libbpf_progs.ATTACH_TRACE_FEXIT),
               "fentry_entry": ("rs_fentry", libbpf_progs.ATTACH_TRACE_FENTRY),
@@ -47,15 +49,6 @@ def load_clone(templates: Sequence[lb.BpfProgram], btf_id: int) -> Clone:
     return out
 
 
-def usable_cpus() -> int:
-    """CPUs this process may run on (a cpuset or taskset leaves fewer than the machine has): more
-    verifying threads than that only take turns on the same CPUs."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except OSError:
-        return os.cpu_count() or 1
-
-
 def load_all(funcs: Sequence[T], load: Callable[[T], Clone], threads: int = CLONE_THREADS,
              cpus: int | None = None) -> dict[int, Clone | BaseException]:
     """func.id -> its clone, or the LibbpfError that refused it (the caller reports it as not attached)."""
@@ -65,7 +58,7 @@ def load_all(funcs: Sequence[T], load: Callable[[T], Clone], threads: int = CLON
         except lb.LibbpfError as exc:
             return exc
 
-    n = max(1, min(threads, usable_cpus() if cpus is None else cpus, len(funcs)))
+    n = max(1, min(threads, math.ceil(usable_cpus()) if cpus is None else cpus, len(funcs)))
     if n == 1:
         results = [one(f) for f in funcs]
     else:

@@ -102,9 +102,8 @@ class Runtime:
         return True
 
     def _outputs(self, b: Build, s: RunSettings, running: RuntimeConfig | None) -> bool:
-        """/metrics bound and the output files checked: everything short of the kernel. A reload opens only what
-        its config changed (a new listener answers at once: the running sets count on meanwhile). True: the sinks
-        are to be built, after the attach (their imports overlap the kernel's load)."""
+        """/metrics bound, output files checked: everything short of the kernel. A reload opens only what its config
+        changed. True: the sinks are to be built after the attach (their imports overlap the kernel's load)."""
         cfg = s.config
         if running is None:
             if s.switched_off:
@@ -274,7 +273,9 @@ class Runtime:
     # ---- running and stopping --------------------------------------------------------------------
 
     def poll_once(self, stopping: Callable[[], bool] = lambda: False, wake_fd: int | None = None) -> None:
-        for ps in (sets := self.probe_sets):
+        for i, ps in enumerate(sets := self.probe_sets):
+            if i and stopping():  # the wait a stop ended drained the wake fd: the next sets' would run their share
+                return
             ps.poll(max(1, POLL_MS // max(1, len(sets))), wake_fd)
         if stopping():  # a stop signal ended the wait: the drain at detach emits what is due, no watcher turn
             return

@@ -23,6 +23,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from retsnoop_otel.kernel.cgroups import usable_cpus
+
 if TYPE_CHECKING:
     from retsnoop_otel.kernel.kcache import KernelCache, KernelIdentity
 
@@ -141,25 +143,3 @@ def read_ahead(command: str | None, args: list[str], environ: Mapping[str, str],
     if command == "agent" and any(a.startswith(("--check", "--health")) for a in args):
         return None  # not a run: --check reads the kernel through a run's checks of its own (agent/check.py)
     return TablesAhead(command == "agent", environ, symbols=(cpus or usable_cpus)() >= 2).start()
-
-
-def usable_cpus(root: str = "/", affinity: int | None = None) -> float:
-    """How many CPUs this process may keep busy at once: its CPU affinity (`affinity`, else the kernel's), capped by
-    the cgroup v2 CPU quotas (cpu.max) of its cgroup and of each ancestor, as a container's CPU limit or a systemd
-    unit's CPUQuota= sets them. cgroup v1 quotas are not read (counted as no limit)."""
-    cpus = float(len(os.sched_getaffinity(0)) if affinity is None else affinity)
-    try:
-        with open(os.path.join(root, "proc/self/cgroup")) as f:
-            path = next((line.split(":", 2)[2].strip() for line in f if line.startswith("0::")), None)
-    except OSError:
-        return cpus
-    parts = [p for p in (path or "").split("/") if p and p not in (".", "..")]
-    for depth in range(len(parts), -1, -1) if path is not None else ():
-        try:
-            with open(os.path.join(root, "sys/fs/cgroup", *parts[:depth], "cpu.max")) as f:
-                quota, _, period = f.read().partition(" ")
-            if quota != "max" and int(period) > 0:
-                cpus = min(cpus, int(quota) / int(period))
-        except (OSError, ValueError):
-            continue
-    return cpus

@@ -24,10 +24,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from retsnoop_otel.capture.model import NO_WORKLOAD, Workload
+from retsnoop_otel.kernel.cgroups import read_proc_cgroup, v2_path
 from retsnoop_otel.workload.cgroup_path import ContainerRef, parse_cgroup_path
 from retsnoop_otel.workload.cgroupfs import CgroupIndex, cgroup2_mount, has_cgroup_v1
 from retsnoop_otel.workload.k8s_settings import KubeSettings
-from retsnoop_otel.workload.procfs import container_of, exe_name, read_proc_cgroup, start_time, v2_path
+from retsnoop_otel.workload.procfs import container_of, exe_name, start_time
 
 if TYPE_CHECKING:  # the pod cache only with the pod watch (build_resolver): its fields import datetime
     from retsnoop_otel.workload.pods import PodCache, PodMeta

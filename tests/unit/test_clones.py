@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import concurrent.futures
 import threading
 
 from retsnoop_otel.kernel import clones
@@ -37,8 +37,20 @@ def test_several_cpus_keep_each_functions_result() -> None:
     assert isinstance(out[3], lb.LibbpfError)
 
 
-def test_usable_cpus_follow_the_affinity_mask() -> None:
-    assert clones.usable_cpus() == len(os.sched_getaffinity(0)) <= (os.cpu_count() or 1)
+def test_the_threads_are_bounded_by_the_usable_cpus(monkeypatch) -> None:
+    """A cpuset, taskset or CPU quota (kernel/cgroups.py usable_cpus) leaves fewer CPUs than the machine has; a
+    fraction of one more is worth a thread."""
+    seen: list[int] = []
+
+    class Pool(concurrent.futures.ThreadPoolExecutor):
+        def __init__(self, max_workers: int) -> None:
+            seen.append(max_workers)
+            super().__init__(max_workers)
+
+    monkeypatch.setattr(concurrent.futures, "ThreadPoolExecutor", Pool)
+    monkeypatch.setattr(clones, "usable_cpus", lambda: 1.5)
+    out = clones.load_all([F(i) for i in range(8)], _load(set()), threads=4)
+    assert sorted(out) == list(range(8)) and seen == [2]
 
 
 def test_entry_functions_get_the_session_pair_and_the_others_the_inner_pair(monkeypatch) -> None:

@@ -14,7 +14,7 @@ from retsnoop_otel.kernel.features import detect_at_start
 from retsnoop_otel.kernel.kcache import KernelCache, cache_base, kernel_identity
 from retsnoop_otel.runtime.environment import kernel_env_loader, load_kernel_env
 from retsnoop_otel.symbols.kernel_facts import load_func_types, load_symbols, read_func_types, read_symbols
-from retsnoop_otel.symbols.read_ahead import TablesAhead, read_ahead, usable_cpus
+from retsnoop_otel.symbols.read_ahead import TablesAhead, read_ahead
 from tests.kernel_roots import MODULES, btf_blob, make_root
 
 
@@ -169,31 +169,6 @@ def test_on_one_cpu_only_the_types_and_the_feature_probes_are_read_ahead(tmp_pat
     assert ahead.take("features", cache_dir, ident, str(root)) is not None
     assert ahead.take("symbols", cache_dir, ident, str(root)) is None
     assert not list(cache_dir.glob("**/symbols-*"))  # nothing of the symbols read or stored by the thread
-
-
-def _cgroups(tmp_path: Path, member: str, limits: dict[str, str]) -> str:
-    """A root whose /proc/self/cgroup names `member` and whose cgroupfs holds cpu.max files at `limits`' paths."""
-    (tmp_path / "proc/self").mkdir(parents=True)
-    (tmp_path / "proc/self/cgroup").write_text(f"1:name=systemd:/old\n0::{member}\n")
-    for path, value in limits.items():
-        (tmp_path / "sys/fs/cgroup" / path).mkdir(parents=True, exist_ok=True)
-        (tmp_path / "sys/fs/cgroup" / path / "cpu.max").write_text(value + "\n")
-    return str(tmp_path)
-
-
-def test_usable_cpus_are_the_affinity_capped_by_every_cgroup_quota_up_the_path(tmp_path: Path) -> None:
-    unit = _cgroups(tmp_path / "unit", "/system.slice/agent.service",
-                    {"system.slice/agent.service": "max 100000", "system.slice": "150000 100000"})
-    assert usable_cpus(unit, affinity=4) == 1.5  # the slice's quota, though the unit has none of its own
-    assert usable_cpus(unit, affinity=1) == 1.0  # pinned below the quota
-    pod = _cgroups(tmp_path / "pod", "/", {"": "50000 100000"})  # a private cgroup namespace: its own root
-    assert usable_cpus(pod, affinity=8) == 0.5
-    free = _cgroups(tmp_path / "free", "/user.slice", {"user.slice": "max 100000"})
-    assert usable_cpus(free, affinity=2) == 2.0
-    odd = _cgroups(tmp_path / "odd", "/a", {"a": "lots 0"})  # unreadable values count as no limit
-    assert usable_cpus(odd, affinity=3) == 3.0
-    assert usable_cpus(str(tmp_path / "nowhere"), affinity=2) == 2.0  # no /proc: the affinity alone
-    assert usable_cpus() == min(len(os.sched_getaffinity(0)), usable_cpus(affinity=10_000))
 
 
 def test_the_agents_cache_directory_is_its_own(tmp_path: Path) -> None:

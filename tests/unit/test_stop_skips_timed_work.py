@@ -32,3 +32,30 @@ def test_the_poll_a_stop_ended_skips_the_timed_work_and_its_session_is_still_sen
     finally:
         rt.shutdown(2.0)
     assert "__x64_sys_bpf" in {s.name for s in world.exported}  # read by that poll, sent by the drain at detach
+
+
+def test_a_stop_during_one_sets_wait_leaves_the_other_sets_waits_out(tmp_path: Path, world: World) -> None:
+    """Each probe set waits its share of the poll in turn, and the stop's wake fd is drained by the wait it ended:
+    the sets after it would wait out their shares before the loop saw the stop."""
+    path = tmp_path / "agent.yaml"
+    path.write_text(AGENT_CONFIG.format(prob=1.0))
+    agent = Agent(str(path), world.deps(), EventLog(io.StringIO()))
+    agent.start()
+    rt = agent.runtime
+    polled: list[int] = []
+    stop = []
+    for i, tracer in enumerate(world.live()):
+        def poll(timeout_ms: int, wake_fd: int | None = None, i: int = i, inner=tracer.poll) -> int:
+            polled.append(i)
+            stop.append(1)  # the signal comes during this wait
+            return inner(timeout_ms, wake_fd)
+        tracer.poll = poll  # type: ignore[method-assign]
+    try:
+        assert len(rt.probe_sets) == len(world.live()) == 2
+        rt.poll_once()
+        assert sorted(polled) == [0, 1]  # no stop asked: every set waits its share
+        polled.clear()
+        rt.poll_once(lambda: bool(stop))
+        assert len(polled) == 1
+    finally:
+        rt.shutdown(2.0)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import pytest
 
+from retsnoop_otel.kernel.cgroups import parse_proc_cgroup, v2_path
 from retsnoop_otel.workload.cgroup_path import ContainerRef, parse_cgroup_path, split_k8s_container_id
-from retsnoop_otel.workload.procfs import container_of, parse_proc_cgroup, v2_path
+from retsnoop_otel.workload.procfs import container_of
 
 CID = "3a8f1c4b2d9e7f6051a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f7a8"
 CID2 = "e4b0f6b9d3c1a2f8e7d6c5b4a3928170f6e5d4c3b2a19080f7e6d5c4b3a29180"
