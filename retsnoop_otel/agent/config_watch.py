@@ -11,8 +11,6 @@ of writes (kubelet's three steps, an editor's save) is one reload, and never a h
 gone or unreadable posts nothing: the running config stays, and the file is picked up again when it is back.
 """
 
-from __future__ import annotations
-
 import ctypes
 import errno
 import os
@@ -109,7 +107,7 @@ class ConfigWatch:
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="config-watch", daemon=True)
 
-    def start(self) -> ConfigWatch:
+    def start(self) -> "ConfigWatch":
         if self.inotify is not None:
             self.inotify.watch_dirs_of(self.path)
         self._thread.start()

@@ -5,8 +5,6 @@ A HEALTHCHECK that hard-codes http://127.0.0.1:9464 breaks as soon as a user mov
 reads the same files the agent reads.
 """
 
-from __future__ import annotations
-
 import http.client
 import ssl
 from typing import NamedTuple

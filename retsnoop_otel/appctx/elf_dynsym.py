@@ -8,8 +8,6 @@ sections a lookup needs, with struct. Only ELF64 little-endian files of the mach
 and aarch64 are what the thread context locator supports); anything else, or a malformed file, is `None`.
 """
 
-from __future__ import annotations
-
 import struct
 from typing import BinaryIO, NamedTuple
 

@@ -6,8 +6,6 @@ or the same user with a permissive yama.ptrace_scope), as OTEP 4719 says. The he
 (64-bit little-endian: x86-64 and arm64 alike) layout.
 """
 
-from __future__ import annotations
-
 import os
 import struct
 import time

@@ -23,8 +23,6 @@ ELF files are read through /proc/PID/root/<path> (so containerised processes wor
 /proc/PID/map_files/<range> when the file was deleted or replaced; process memory through /proc/PID/mem.
 """
 
-from __future__ import annotations
-
 import os
 import re
 import stat
@@ -181,7 +179,7 @@ def _parse_maps(text: str) -> list[_Mapping]:
 class _Process:
     """One look at one process: its maps, its memory, and the ELF files behind its mappings."""
 
-    def __init__(self, locator: TlsLocator, pid: int, deadline: float | None = None) -> None:
+    def __init__(self, locator: "TlsLocator", pid: int, deadline: float | None = None) -> None:
         self.locator, self.pid = locator, pid
         self.deadline, self.read_files = deadline, 0  # CheckDeferred past the deadline, once a file was read
         self.defines: bool | None = None  # whether any of its files defines SYMBOL (None: not asked)

@@ -6,8 +6,6 @@ CLOCK_REALTIME on both sides of a CLOCK_BOOTTIME read; the sample with the tight
 the error best. The offset drifts when NTP steps the wall clock, so long-running users re-measure.
 """
 
-from __future__ import annotations
-
 import time
 from collections.abc import Callable
 from typing import NamedTuple

@@ -1,7 +1,5 @@
 """-x/-X error filters, applied to assembled sessions in user space (as retsnoop does)."""
 
-from __future__ import annotations
-
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
@@ -18,7 +16,7 @@ class ErrorFilter(NamedTuple):
     deny: frozenset[str] = frozenset()
 
     @classmethod
-    def parse(cls, allow: Iterable[str], deny: Iterable[str]) -> ErrorFilter:
+    def parse(cls, allow: Iterable[str], deny: Iterable[str]) -> "ErrorFilter":
         def norm(items: Iterable[str], flag: str) -> frozenset[str]:
             out = set()
             for item in items:

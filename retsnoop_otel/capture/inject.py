@@ -6,8 +6,6 @@ Specs, as retsnoop writes them: `kprobe:FUNC[+OFF]`, `kretprobe:FUNC`, `rawtp:NA
 (events/CATEGORY/NAME/format), which says each field's offset, size and sign in the raw entry the probe copies.
 """
 
-from __future__ import annotations
-
 import re
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path

@@ -6,8 +6,6 @@ are built up while a session is decoded (Call, Session) are plain slotted classe
 path uses dataclasses: its import (with inspect, ast, dis and tokenize) was 0.5 s of an emulated start.
 """
 
-from __future__ import annotations
-
 import enum
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
@@ -172,7 +170,7 @@ class Call:
                  "probes")
 
     def __init__(self, func_id: int, depth: int, start_ns: int, end_ns: int | None = None,
-                 result: int | None = None, seq: int = 0, children: list[Call] | None = None,
+                 result: int | None = None, seq: int = 0, children: list["Call"] | None = None,
                  missing_before: int = 0, args: tuple[ArgValue, ...] | None = None) -> None:
         self.func_id = func_id
         self.depth = depth
@@ -381,7 +379,7 @@ class CaptureStats(NamedTuple):
     errors_sampled_out: int = 0  # failing sessions the error sampler dropped in the kernel (counted by origin)
 
     @classmethod
-    def summed(cls, stats: Iterable[CaptureStats]) -> CaptureStats:
+    def summed(cls, stats: Iterable["CaptureStats"]) -> "CaptureStats":
         """Several probe sets' counters as the run's."""
         return cls(*(sum(column) for column in zip(cls(), *stats, strict=True)))
 

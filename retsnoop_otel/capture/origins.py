@@ -6,8 +6,6 @@ origin, which the stack view marks '!' and the kernel counts in map origin_stats
 module gives user space the same answer for the sessions it receives (root span, --json, the trace summary).
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 

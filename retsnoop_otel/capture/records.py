@@ -6,8 +6,6 @@ constants with the header's (tests/unit/test_records.py, test_lbr_capture.py), s
 one side cannot go unnoticed.
 """
 
-from __future__ import annotations
-
 import struct
 from typing import NamedTuple
 

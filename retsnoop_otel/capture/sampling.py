@@ -22,8 +22,6 @@ there and travels with the session end record, so a dropped session never reache
 origin is known there only at the session's end, where error sampling decides: a success's path is unchanged.
 """
 
-from __future__ import annotations
-
 import functools
 import math
 from typing import NamedTuple

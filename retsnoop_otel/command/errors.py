@@ -5,8 +5,6 @@ SetupError: this host or kernel cannot do it now (privileges, a kernel feature, 
 Both are raised before anything is loaded into the kernel, or after everything was detached.
 """
 
-from __future__ import annotations
-
 from typing import NamedTuple
 
 
@@ -60,7 +58,7 @@ class RunRefused(Exception):
     def __str__(self) -> str:
         return f"probe set '{self.probe_set}': {self.message}" if self.probe_set else self.message
 
-    def for_set(self, probe_set: str) -> RunRefused:
+    def for_set(self, probe_set: str) -> "RunRefused":
         """The same error, naming the probe set it happened in."""
         return type(self)(self.message, probe_set)
 

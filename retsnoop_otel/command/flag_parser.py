@@ -12,8 +12,6 @@ The parser keeps what it declares (`declared`, `exclusive`, `groups`) because ar
 attributes: the docs generator and the tests read these.
 """
 
-from __future__ import annotations
-
 import argparse
 import sys
 from collections.abc import Sequence
@@ -48,7 +46,7 @@ def merge_kind(action: object) -> str:
     return getattr(action, "merge", "last")
 
 
-def option_words(parser: FlagParser) -> tuple[frozenset[str], frozenset[str]]:
+def option_words(parser: "FlagParser") -> tuple[frozenset[str], frozenset[str]]:
     """(every option spelling, the short ones): what a word must start with to be only an option."""
     names = frozenset(o for d in parser.declared for o in d.action.option_strings)
     return names, frozenset(o for o in names if len(o) == 2 and o[0] == "-" and o[1] != "-")
@@ -98,7 +96,7 @@ def joined_values(words: Sequence[str], takes_value: frozenset[str]) -> list[str
 class FlagGroup:
     """An argparse argument group (or mutually exclusive group) that tells its parser what it declares."""
 
-    def __init__(self, parser: FlagParser, title: str, group: Any, exclusive: list[argparse.Action] | None = None):
+    def __init__(self, parser: "FlagParser", title: str, group: Any, exclusive: list[argparse.Action] | None = None):
         self.parser, self.title, self.group, self.members = parser, title, group, exclusive
 
     def add_argument(self, *names: str, **kwargs: Any) -> argparse.Action:
@@ -108,7 +106,7 @@ class FlagGroup:
             self.members.append(action)
         return action
 
-    def add_mutually_exclusive_group(self) -> FlagGroup:
+    def add_mutually_exclusive_group(self) -> "FlagGroup":
         members: list[argparse.Action] = []
         self.parser.exclusive.append(members)
         return FlagGroup(self.parser, self.title, self.group.add_mutually_exclusive_group(), members)

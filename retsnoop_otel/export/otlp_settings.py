@@ -11,8 +11,6 @@ collected in otel_env.EnvWarnings for the runtime to say at start.
 Only the standard library is used, so nothing here depends on the OpenTelemetry SDK.
 """
 
-from __future__ import annotations
-
 import math
 import re
 from collections.abc import Mapping

@@ -9,8 +9,6 @@ to the sender; every span ends up counted as exported or dropped (with a cause).
 trace for more; a flush or shutdown sends it at once.
 """
 
-from __future__ import annotations
-
 import collections
 import logging
 import threading

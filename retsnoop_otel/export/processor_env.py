@@ -10,8 +10,6 @@ number of the right kind is, as the specification says, warned about (otel_env.E
 default applies.
 """
 
-from __future__ import annotations
-
 import math
 from collections.abc import Mapping
 from typing import NamedTuple

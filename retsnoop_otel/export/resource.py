@@ -6,8 +6,6 @@ than through the SDK's resource detector: its import costs seconds of start-up i
 twenty lines of parsing (tests compare the result with the SDK's own detector).
 """
 
-from __future__ import annotations
-
 import os
 import re
 from collections.abc import Mapping

@@ -1,7 +1,5 @@
 """What every OTLP sender shares: the Sender contract, its result, and the retry loop of the network ones."""
 
-from __future__ import annotations
-
 import random
 import threading
 import time

@@ -10,8 +10,6 @@ end (start = parent end - latency, clamped to the parent's start) and marked
 retsnoop.start_estimated=true. Durations are exact unless clamped.
 """
 
-from __future__ import annotations
-
 import enum
 from collections.abc import Callable
 from typing import Any, NamedTuple

@@ -8,8 +8,6 @@ flags of a span) is encoded once and cached as bytes, so a span costs a tree ste
 timestamps and a join. What the spans say is decided in span_attributes.
 """
 
-from __future__ import annotations
-
 import functools
 import random
 import struct
@@ -129,7 +127,7 @@ class EncodedTrace:
     def __len__(self) -> int:
         return len(self.spans)
 
-    def split(self, count: int) -> tuple[EncodedTrace, EncodedTrace]:
+    def split(self, count: int) -> tuple["EncodedTrace", "EncodedTrace"]:
         """The first `count` spans and the rest; an export request must not exceed the batch size."""
         return (EncodedTrace(self.envelope, self.spans[:count], self.spans_dropped, self.trace_id),
                 EncodedTrace(self.envelope, self.spans[count:], 0, self.trace_id))

@@ -7,8 +7,6 @@ Applied by the span encoder: value lengths as attributes are made (span_attribut
 encoded spans (span_caps.py), attributes per event as the injected probes' events are written (probe_events.py).
 """
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 from typing import NamedTuple
 

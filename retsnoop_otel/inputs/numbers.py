@@ -9,8 +9,6 @@ The text is checked before int() converts it: Python refuses decimal strings ove
 (and cannot print such integers back), so over-long digit strings are refused here by their length.
 """
 
-from __future__ import annotations
-
 import math
 import re
 from typing import NamedTuple

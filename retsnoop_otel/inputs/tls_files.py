@@ -11,8 +11,6 @@ one start (tests/unit/test_start_reads.py). OpenSSL loads a certificate chain fr
 bytes reach it through a memfd (never a temporary file on disk, where a key could be left behind).
 """
 
-from __future__ import annotations
-
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -89,7 +87,7 @@ def read_ca_bundle(path: str, error: ErrorFactory) -> bytes:
     return data
 
 
-def load_ca_data(ctx: ssl.SSLContext, data: bytes) -> None:
+def load_ca_data(ctx: "ssl.SSLContext", data: bytes) -> None:
     """CA certificates already read (read_ca_bundle) into `ctx`."""
     ctx.load_verify_locations(cadata=data.decode("latin-1"))
 
@@ -117,7 +115,7 @@ def read_key_pair(cert_path: str, key_path: str, cert_error: ErrorFactory, key_e
     return pair
 
 
-def load_key_pair(ctx: ssl.SSLContext, pair: KeyPair) -> None:
+def load_key_pair(ctx: "ssl.SSLContext", pair: KeyPair) -> None:
     """A key pair already read (read_key_pair) into `ctx`, from memory."""
     with _memory_path(pair.cert) as cert, _memory_path(pair.key) as key:
         ctx.load_cert_chain(cert, key, password=_no_password)

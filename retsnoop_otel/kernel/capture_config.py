@@ -3,8 +3,6 @@ before load its read-only settings, the sizes of its maps and which of its progr
 the maps' first contents: the traced functions, argument specs and pid and comm filters (fill_maps).
 """
 
-from __future__ import annotations
-
 import errno
 import os
 import struct

@@ -6,8 +6,6 @@ threads are worth starting: symbols/read_ahead.py, kernel/clones.py). Every read
 fixture tree in tests).
 """
 
-from __future__ import annotations
-
 import os
 from typing import NamedTuple
 

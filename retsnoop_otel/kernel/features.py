@@ -6,8 +6,6 @@ to a harmless function and closing it at once; the kernel config only explains a
 result says why when something is missing.
 """
 
-from __future__ import annotations
-
 import errno as _errno
 import os
 import threading
@@ -280,7 +278,7 @@ class ProbeCache:
         self.hit = hit  # the last load() found this build's facts
 
     @classmethod
-    def for_build(cls, cache: KernelCache, ident: KernelIdentity, root: str = "/") -> ProbeCache:
+    def for_build(cls, cache: KernelCache, ident: KernelIdentity, root: str = "/") -> "ProbeCache":
         build = ident.build_key()
         if build is None:
             return cls(cache, None)

@@ -9,8 +9,6 @@ corrupt file or one not owned by this user (or writable by others) reads as a mi
 fails because of it.
 """
 
-from __future__ import annotations
-
 import marshal
 import os
 import stat
@@ -143,7 +141,7 @@ class KernelCache:
         self.directory = directory
 
     @classmethod
-    def at(cls, base: str | Path) -> KernelCache:
+    def at(cls, base: str | Path) -> "KernelCache":
         """The kernel facts' directory under the run's cache directory (cache_base)."""
         return cls(Path(base) / "kernel")
 

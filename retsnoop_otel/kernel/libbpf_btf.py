@@ -5,8 +5,6 @@ libbpf parses in C, which keeps loading the kernel's tens of thousands of types 
 emulation; this module only reads the records libbpf hands back.
 """
 
-from __future__ import annotations
-
 import ctypes
 import errno as _errno
 from typing import NamedTuple
@@ -50,12 +48,12 @@ class Btf:
         self._owned = owned
 
     @classmethod
-    def load_vmlinux(cls) -> Btf:
+    def load_vmlinux(cls) -> "Btf":
         lb.lib().take_log()
         return cls(lb.check_ptr(lb.lib().lib.btf__load_vmlinux_btf(), "load kernel BTF"))
 
     @classmethod
-    def of_object(cls, obj: lb.BpfObject) -> Btf:
+    def of_object(cls, obj: lb.BpfObject) -> "Btf":
         """A BPF object's BTF, data-section offsets fixed up by libbpf at open (owned by the object)."""
         return cls(lb.check_ptr(lb.lib().lib.bpf_object__btf(obj.ptr), f"BTF of {obj.path}"), owned=False)
 

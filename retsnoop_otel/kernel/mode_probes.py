@@ -5,8 +5,6 @@ a mode is offered only where the kernel really runs it; a refusal says what is m
 release. Part of features.py's report (features.detect() runs them side by side).
 """
 
-from __future__ import annotations
-
 import errno as _errno
 import os
 from collections.abc import Callable

@@ -6,8 +6,6 @@ single uprobes last. All of them need BPF cookies (5.15+), the only way their pr
 the address a uprobe sees differs in every process.
 """
 
-from __future__ import annotations
-
 import errno
 from collections.abc import Callable, Container, Sequence
 from typing import NamedTuple

@@ -10,8 +10,6 @@ The range is widened outward to powers of two of nanoseconds (min rounded down, 
 every duration from min to max falls in a bucket of its own resolution.
 """
 
-from __future__ import annotations
-
 import re
 from typing import NamedTuple
 
@@ -55,7 +53,7 @@ class DurationRange(_Bounds):
 
     __slots__ = ()
 
-    def __new__(cls, min_ns: int = 1 << FIRST_EXP, max_ns: int = 1 << LAST_EXP) -> DurationRange:
+    def __new__(cls, min_ns: int = 1 << FIRST_EXP, max_ns: int = 1 << LAST_EXP) -> "DurationRange":
         if min_ns < 1 << FIRST_EXP:
             raise RangeError(f"min {format_ns(min_ns)} is below the kernel's first bucket bound (2ns); "
                              "use 2ns or more")

@@ -1,7 +1,5 @@
 """Bounds on label values, for fleets that trace many functions (metrics.max_error_types, metrics.functions)."""
 
-from __future__ import annotations
-
 import fnmatch
 import threading
 from collections.abc import Mapping

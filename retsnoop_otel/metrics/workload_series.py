@@ -13,8 +13,6 @@ container. Three rules keep those series honest counters:
   series ends, so container churn does not push every new container into `other` for good.
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 

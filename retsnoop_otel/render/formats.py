@@ -2,8 +2,6 @@
 (runtime/config.py's ConsoleConfig holds them; render/ reads them, and the runtime hands the argument ones to
 symbols/args.py's formatter)."""
 
-from __future__ import annotations
-
 from typing import NamedTuple
 
 

@@ -7,8 +7,6 @@ counted: the kernel counts every failing session, so the table holds the ones th
 table is what they grew by between two reads (counts_since), so the intervals' tables add up to the run's.
 """
 
-from __future__ import annotations
-
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 

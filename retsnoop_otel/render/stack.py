@@ -7,8 +7,6 @@ addresses inside them; the deepest one (its frame is gone once it returns) and a
 returned do not, and are printed with the '!' mark, as retsnoop does.
 """
 
-from __future__ import annotations
-
 import time
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple

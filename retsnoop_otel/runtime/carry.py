@@ -7,8 +7,6 @@ function name (ids are each config's own): functions the new config still traces
 were, functions it dropped leave their series.
 """
 
-from __future__ import annotations
-
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 

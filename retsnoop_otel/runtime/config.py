@@ -8,8 +8,6 @@ Both commands produce this: `agent` from its YAML file (agent/config_file.py), `
 flags (trace/options.py, one ad-hoc probe set). Nothing here reads files or the environment.
 """
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import NamedTuple

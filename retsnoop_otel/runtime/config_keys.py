@@ -9,8 +9,6 @@ agent/config_schema.py) and `trace`'s flags (runtime/config_flags.py) are made f
 Here, below trace/ and agent/, so that both build on them; PyYAML is imported only when a file is read.
 """
 
-from __future__ import annotations
-
 import math
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
@@ -40,7 +38,7 @@ class Kind(NamedTuple):
     read: Reader
     what: str
     schema: Mapping[str, Any]
-    section: Section | None = None  # a mapping of declared keys (documented and schema'd key by key)
+    section: "Section | None" = None  # a mapping of declared keys (documented and schema'd key by key)
     parse: Callable[[str], Any] | None = None  # a flag's text as this value, same range (raises NumberError)
     choices: tuple[str, ...] | None = None  # the names it takes (a flag gets argparse's choices)
 
@@ -107,8 +105,8 @@ class Section(NamedTuple):
         return defaults.get(key.fields[0])
 
 
-def read_section(ctx: Nodes, node: yaml.Node, prefix: str, section: Section,
-                 only: tuple[str, ...] | None = None) -> tuple[dict[str, Any], dict[str, yaml.Node]]:
+def read_section(ctx: Nodes, node: "yaml.Node", prefix: str, section: Section,
+                 only: tuple[str, ...] | None = None) -> "tuple[dict[str, Any], dict[str, yaml.Node]]":
     """The values of the keys given, by field (keys left out are left out: the target's defaults apply), and
     the nodes by key. `only`: the keys allowed here (the others are unknown keys, errors as such)."""
     m = mapping(ctx, node, prefix, section.names if only is None else only)
@@ -135,7 +133,7 @@ def read_section(ctx: Nodes, node: yaml.Node, prefix: str, section: Section,
 # ---- kinds ------------------------------------------------------------------------------------------------
 
 
-def simple(read: Callable[[Nodes, yaml.Node, str], Any], what: str, schema: Mapping[str, Any],
+def simple(read: Callable[[Nodes, "yaml.Node", str], Any], what: str, schema: Mapping[str, Any],
            parse: Callable[[str], Any] | None = str, choices: tuple[str, ...] | None = None) -> Kind:
     return Kind(lambda ctx, node, key, _m: read(ctx, node, key), what, schema, parse=parse, choices=choices)
 

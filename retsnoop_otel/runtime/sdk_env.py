@@ -12,8 +12,6 @@ about and ignored: an exporter this tool has not (zipkin, jaeger) is left out of
 nothing counts as unset; OTEL_SDK_DISABLED other than true or false counts as false.
 """
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 from typing import NamedTuple
 

@@ -9,8 +9,6 @@ one of RunSettings.warnings and counts as unset (export/otel_env.py), which the 
 that does not export still checks the variables it does not read (check_unused), as docs/reference/environment.md says.
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 

@@ -5,8 +5,6 @@ symbol reads, BTF, the BPF object's verification, attaching) is what a user need
 on it, and what bench/peer_compare.py reads.
 """
 
-from __future__ import annotations
-
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple

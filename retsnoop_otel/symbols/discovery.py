@@ -7,8 +7,6 @@ expand_glob_args(); discover() takes the globs as values). Deny always wins; ent
 allow globs; a plain entry glob that ends up attaching nothing is an error, as in retsnoop.
 """
 
-from __future__ import annotations
-
 import re
 from collections.abc import Callable, Container, Iterable, Sequence
 from typing import NamedTuple

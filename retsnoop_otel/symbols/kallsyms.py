@@ -11,8 +11,6 @@ The [bpf] symbols (JIT-ed programs, trampolines) come and go with every attach, 
 small table of their own beside those columns: bringing them up to date never copies the 100k others.
 """
 
-from __future__ import annotations
-
 import bisect
 import re
 from array import array
@@ -80,7 +78,7 @@ class Kallsyms:
             self._bpf_by_name.setdefault(n, []).append(len(self._addrs) + j)
 
     @classmethod
-    def parse(cls, text: str | bytes, stable: bool = False) -> Kallsyms:
+    def parse(cls, text: str | bytes, stable: bool = False) -> "Kallsyms":
         """Lines 'addr type name' or 'addr type name\t[module]' whose type is a code symbol (t/T/w/W,
         weak ones included). `stable`: without the pseudo-modules that come and go with no module load,
         [bpf] (JIT-ed programs, trampolines) and [__builtin__*] (ftrace and kprobe trampolines). What
@@ -105,7 +103,7 @@ class Kallsyms:
         return ks
 
     @classmethod
-    def load(cls, root: str = "/", stable: bool = False) -> Kallsyms:
+    def load(cls, root: str = "/", stable: bool = False) -> "Kallsyms":
         path = Path(root, "proc/kallsyms")
         try:
             text = path.read_bytes()
@@ -129,7 +127,7 @@ class Kallsyms:
                 self._bpf_addrs.tobytes(), tuple(self._bpf_names))
 
     @classmethod
-    def from_state(cls, state: tuple) -> Kallsyms:
+    def from_state(cls, state: tuple) -> "Kallsyms":
         """Raises ValueError for a state of another layout."""
         tag, addrs, names, run_starts, run_mods, bpf_addrs, bpf_names = state
         if tag != _STATE:
@@ -245,7 +243,7 @@ class Kallsyms:
             return "bpf"
         return self._run_mods[bisect.bisect_right(self._run_starts, i) - 1] or None
 
-    def moved(self, deltas: Mapping[str, int]) -> Kallsyms | None:
+    def moved(self, deltas: Mapping[str, int]) -> "Kallsyms | None":
         """These symbols where another boot put them: each run moved by its module's delta ('': the kernel's
         KASLR offset; a module's: where it was loaded), names and their order kept (a copy of the addresses
         only). None when a run has no delta, a module has several runs, or the moved runs would change their

@@ -9,8 +9,6 @@ the kernel's by its KASLR offset (read from the head of kallsyms), each module's
 matches and the moved runs keep their order.
 """
 
-from __future__ import annotations
-
 import threading
 from collections.abc import Callable
 from pathlib import Path

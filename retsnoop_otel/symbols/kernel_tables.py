@@ -5,8 +5,6 @@ and ~150k BTF types. In Python that was 5-6 s of a 10 s start under emulation, a
 start; the C parse takes tens of milliseconds and hands back the flat columns symbols/names.py keeps.
 """
 
-from __future__ import annotations
-
 import ctypes
 from array import array
 from functools import cache

@@ -14,8 +14,6 @@ and when the read failed, it reads the table as it would have without this (and 
 run will stop at its privilege check, or refuse its cache directory, the thread reads and writes nothing.
 """
 
-from __future__ import annotations
-
 import os
 import threading
 import time
@@ -34,7 +32,7 @@ TABLES = ("types", "features", "symbols")  # as the run asks for them (runtime/e
 
 class Ahead(NamedTuple):
     cache_dir: Path
-    ident: KernelIdentity
+    ident: "KernelIdentity"
     value: tuple  # what kernel_facts.load_func_types, features.detect_at_start or kernel_facts.load_symbols return
     seconds: float  # the read's own time, on the thread
 
@@ -52,7 +50,7 @@ class TablesAhead:
         self._taken: set[str] = set()  # by the run's thread, the only one that takes
         self._thread = threading.Thread(target=self._read_all, name="tables-ahead", daemon=True)
 
-    def start(self) -> TablesAhead:
+    def start(self) -> "TablesAhead":
         self._thread.start()
         return self
 
@@ -107,8 +105,8 @@ class TablesAhead:
         except CapsError:
             return False
 
-    def _one(self, name: str, read: Callable[[KernelCache, KernelIdentity, str], object], cache: KernelCache,
-             cache_dir: Path, ident: KernelIdentity) -> Ahead | None:
+    def _one(self, name: str, read: Callable[["KernelCache", "KernelIdentity", str], object], cache: "KernelCache",
+             cache_dir: Path, ident: "KernelIdentity") -> Ahead | None:
         t0 = time.monotonic()
         try:
             self._out[name] = Ahead(cache_dir, ident, read(cache, ident, self.root), time.monotonic() - t0)
@@ -118,7 +116,7 @@ class TablesAhead:
             self._read[name].set()
         return self._out[name]
 
-    def take(self, name: str, cache_dir: str | Path, ident: KernelIdentity, root: str) -> Ahead | None:
+    def take(self, name: str, cache_dir: str | Path, ident: "KernelIdentity", root: str) -> Ahead | None:
         """Table `name` (TABLES) once the thread read it, when it read it for this cache directory, root and kernel
         identity; None otherwise, and on every call after the first for that table."""
         if name not in self._read or name in self._taken or root != self.root:

@@ -8,8 +8,6 @@ Every symbolizer has the same two methods, so renderers and exporters do not car
 Addresses are symbolized as given (stack return addresses included), as retsnoop prints them.
 """
 
-from __future__ import annotations
-
 from typing import NamedTuple, Protocol
 
 from retsnoop_otel.symbols.kallsyms import Kallsyms

@@ -8,8 +8,6 @@ kernel's tables come in as values (runtime/syscall_set.py passes the running ker
 discovery (symbols/discovery.py) as exact globs, which checks and attaches them as any `-a`.
 """
 
-from __future__ import annotations
-
 import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple

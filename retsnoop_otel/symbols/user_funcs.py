@@ -11,8 +11,6 @@ nothing like BTF says a user function's type: errno (-4095..-1, the default, as 
 null, ptr (NULL or an ERR_PTR), none.
 """
 
-from __future__ import annotations
-
 import errno
 import functools
 import glob as _glob

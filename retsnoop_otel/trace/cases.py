@@ -7,8 +7,6 @@ colleague's shell history means the same functions here, with one correction: re
 `*_sys_perf_event_open`.
 """
 
-from __future__ import annotations
-
 from types import MappingProxyType
 from typing import NamedTuple
 

@@ -5,8 +5,6 @@ output in retsnoop's layouts, optional OTLP export and /metrics. Bad flags end h
 and exit code 2, before anything else runs.
 """
 
-from __future__ import annotations
-
 import argparse
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType

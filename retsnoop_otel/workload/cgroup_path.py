@@ -18,8 +18,6 @@ from another cgroup namespace start with `/..` components; only the components t
 innermost container component wins and a kubelet `--cgroup-root` prefix does not matter.
 """
 
-from __future__ import annotations
-
 import re
 from functools import lru_cache
 from typing import NamedTuple

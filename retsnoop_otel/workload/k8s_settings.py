@@ -9,8 +9,6 @@ runtime starts, before anything is loaded into the kernel: a watch that cannot s
 error naming the setting.
 """
 
-from __future__ import annotations
-
 import os
 from collections.abc import Mapping
 from typing import NamedTuple
@@ -37,7 +35,7 @@ class KubernetesConfig(NamedTuple):
     cluster_name: str | None = None  # k8s.cluster.name of every resource (None: OTEL_RESOURCE_ATTRIBUTES' if any)
 
     @property
-    def watched(self) -> KubernetesConfig:
+    def watched(self) -> "KubernetesConfig":
         """What the pod watch is made from: a reload that changes only the cluster's name keeps the watch."""
         return self._replace(cluster_name=None)
 

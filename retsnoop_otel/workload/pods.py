@@ -8,8 +8,6 @@ writer replaces whole, so they never wait. A deleted pod stays for `keep_deleted
 are still in the ring buffer or the export queue when the API server reports it gone.
 """
 
-from __future__ import annotations
-
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType

@@ -2,8 +2,6 @@
 the attach job the tracer hands a mode, the report it fills, and the per-function attach loop of the modes that
 link one function at a time."""
 
-from __future__ import annotations
-
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import NamedTuple
