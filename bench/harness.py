@@ -648,7 +648,9 @@ def our_flag(mode: str) -> str:
 
 
 def start_command(tool: str, mode: str, entry: Sequence[str], allow: Sequence[str], program: Path,
-                  base_object: Path | None = None, deny: Sequence[str] = (), retsnoop: Path | None = None) -> list[str]:
+                  base_object: Path | None = None, deny: Sequence[str] = (), retsnoop: Path | None = None,
+                  python: str = sys.executable) -> list[str]:
+    """The command line of one start; ours runs under `python` (by default the bench's own interpreter)."""
     if tool in PEERS:
         return ["bpftrace", "-B", "none", str(program)]
     if tool == RETSNOOP:
@@ -656,10 +658,10 @@ def start_command(tool: str, mode: str, entry: Sequence[str], allow: Sequence[st
         return retsnoop_command(retsnoop, mode, entry, allow, deny)
     by_object = tool == "ours-base" and base_object is not None and not base_object.is_dir()
     launch = ["-c", BASE_LAUNCH, str(base_object)] if by_object else ["-m", "retsnoop_otel"]
-    return [sys.executable, *launch, "trace", "-v", our_flag(mode), *trace_argv(entry, allow, deny)]
+    return [python, *launch, "trace", "-v", our_flag(mode), *trace_argv(entry, allow, deny)]
 
 
-def warm_up(tmp: Path) -> dict[str, dict[str, int]]:
+def warm_up(tmp: Path, python: str = sys.executable) -> dict[str, dict[str, int]]:
     """Both tools once, untimed, so that neither pays for reading its files into the page cache; ours
     twice, with an empty kernel cache and then the one it filled (which every timed run of ours uses):
     returns the -v phases of both (cold, warm). (retsnoop's first run is its untimed --dry-run: retsnoop_functions.)"""
@@ -667,7 +669,7 @@ def warm_up(tmp: Path) -> dict[str, dict[str, int]]:
         subprocess.run(["bpftrace", "-e", "BEGIN { exit(); }"], capture_output=True, timeout=600)
     out = {}
     for label in ("cold", "warm"):
-        res = subprocess.run([sys.executable, "-m", "retsnoop_otel", "trace", "-v", "-e", "*sys_bpf", "--dry-run"],
+        res = subprocess.run([python, "-m", "retsnoop_otel", "trace", "-v", "-e", "*sys_bpf", "--dry-run"],
                              cwd=ROOT, capture_output=True, text=True, timeout=600,
                              env=dict(os.environ, RETSNOOP_OTEL_CACHE=str(tmp / "cache")))
         out[label] = {m.group(1): int(m.group(2)) for line in res.stderr.splitlines() if (m := PHASE_OURS.match(line))}

@@ -2,6 +2,7 @@
 
     tests/vm/run --kernel 6.12 -- python -m bench.start_compare [--modes kprobe_session,kprobe_multi]
         [--set 1000] [--rounds 5] [--base CHECKOUT] [--peers bpftrace,retsnoop --retsnoop-bin PATH]
+        [--python /usr/bin/python3] [--base-python PATH]
 
 Under emulation one start of the same build moves by a third between runs of one boot (Python's own start
 measured 1.4 to 2.4 s in bench/peer_compare.py's runs), so one run per tool cannot say whether a change
@@ -54,7 +55,7 @@ from bench.harness import (
 
 def start_once(tool: str, mode: str, entry: list[str], allow: list[str], names: list[str], tmp: Path,
                base: Path | None, deny: list[str] | None = None, rs_bin: Path | None = None,
-               cache: str = "cache") -> dict[str, float]:
+               cache: str = "cache", python: str = sys.executable) -> dict[str, float]:
     program = tmp / f"{mode}.bt"
     program.write_text(bpftrace_program(mode, entry, allow, names))
     env = dict(os.environ, BPFTRACE_MAX_PROBES=str(4 * len(names) + 64),
@@ -67,7 +68,7 @@ def start_once(tool: str, mode: str, entry: list[str], allow: list[str], names: 
         env["PYTHONPATH"] = str(tree)
     print(f"  {time.strftime('%H:%M:%S')} starting {tool} {mode}", flush=True)
     t0 = time.monotonic()
-    proc = subprocess.Popen(start_command(tool, mode, entry, allow, program, tree, deny or (), rs_bin),
+    proc = subprocess.Popen(start_command(tool, mode, entry, allow, program, tree, deny or (), rs_bin, python),
                             cwd=tree or ROOT, env=env,
                             text=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             preexec_fn=roomy_nofile)
@@ -159,6 +160,10 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--cpu", type=int, default=0, help="run everything on this CPU (-1: anywhere)")
     ap.add_argument("--base", type=Path, help="another checkout of ours (its Python code and BPF object)")
+    ap.add_argument("--python", default=sys.executable, help="the interpreter ours runs under (default: this one; "
+                    "e.g. /usr/bin/python3, Debian's, as a Debian host or the container image runs it: a text-only "
+                    "trace needs no library of the virtualenv)")
+    ap.add_argument("--base-python", default=sys.executable, help="the interpreter --base runs under")
     ap.add_argument("--peers", default="bpftrace", help="bpftrace, retsnoop, both or none (retsnoop: --retsnoop-bin)")
     ap.add_argument("--retsnoop-bin", type=Path, help=f"the retsnoop binary (default: ${RETSNOOP_ENV})")
     ap.add_argument("--deny", default="", metavar="GLOB[,GLOB]", help="leave these functions out for every tool")
@@ -190,9 +195,9 @@ def main() -> int:
     results: dict[tuple[str, str], list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="start-compare-") as tmpdir:
         tmp = Path(tmpdir)
-        warm_up(tmp)
+        warm_up(tmp, args.python)
         if args.base:  # the other checkout fills its own kernel cache too (untimed)
-            subprocess.run([sys.executable, "-m", "retsnoop_otel", "trace", "-e", "*sys_bpf", "--dry-run"],
+            subprocess.run([args.base_python, "-m", "retsnoop_otel", "trace", "-e", "*sys_bpf", "--dry-run"],
                            cwd=args.base, capture_output=True, timeout=600,
                            env=dict(os.environ, PYTHONPATH=str(args.base), RETSNOOP_OTEL_CACHE=str(tmp / "cache-base")))
         modes = args.modes.split(",")
@@ -218,7 +223,7 @@ def main() -> int:
                             drop_caches()
                         try:
                             res = start_once(tool, mode, entry, allow, same[mode].names, tmp, args.base, tool_deny,
-                                             rs_bin, cache)
+                                             rs_bin, cache, args.base_python if tool == "ours-base" else args.python)
                         except RuntimeError as exc:  # one tool that cannot start here: the others still run
                             print(f"round {r} {mode} {tool}: {exc}", flush=True)
                             res = {}
