@@ -1,5 +1,6 @@
-# Sourced by the side-by-side benches: local_disk binds the package, its Python, the tree and retsnoop's binary to their
-# copies on the rslocal disk (bench/local_disk_image.sh; tests/vm/run --disk IMAGE), at the paths they have over 9p.
+# Sourced by the side-by-side benches: local_disk binds the package, its Python, the system python3, the tree and
+# retsnoop's binary to their copies on the rslocal disk (bench/local_disk_image.sh; tests/vm/run --disk IMAGE), at
+# the paths they have over 9p.
 # Needs T (the tree) and RETSNOOP_BIN; returns non-zero when there is no such disk.
 local_disk() {  # the same paths, bound to the rslocal disk's copies (bench/local_disk_image.sh)
   modprobe -a virtio_blk ext4 || return 1  # vng --disk attaches a virtio-blk disk
@@ -11,5 +12,9 @@ local_disk() {  # the same paths, bound to the rslocal disk's copies (bench/loca
   mkdir -p /run/rslocal && mount -o ro "$dev" /run/rslocal || return 1
   mount --bind /run/rslocal/py "$py" && mount --bind /run/rslocal/venv "$venv" && mount --bind /run/rslocal/tree $T \
     && mount --bind /run/rslocal/peers/retsnoop "$RETSNOOP_BIN" || return 1
-  cd $T && findmnt -T $T/retsnoop_otel && findmnt -T "$py/lib"
+  if [ -d /run/rslocal/syspy ]; then  # the system python3 and its standard library, where the image has them
+    mount --bind /run/rslocal/syspy/lib "$(/usr/bin/python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')" \
+      && mount --bind /run/rslocal/syspy/python3 "$(readlink -f /usr/bin/python3)" || return 1
+  fi
+  cd $T && findmnt -T $T/retsnoop_otel && findmnt -T "$py/lib" && findmnt -T "$(readlink -f /usr/bin/python3)"
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Issue 48's "from a local disk": the checkout TREE, its virtualenv, the Python it runs on and retsnoop's binary on an
-# ext4 image (label rslocal) that bench/start_stop_side_by_side.sh mounts in the VM and binds over the paths they have
-# on the host, so the same commands read the same files from a block device instead of the host over 9p.
+# Issue 48's "from a local disk": the checkout TREE, its virtualenv, the Python it runs on, the system python3 (the
+# interpreter and its standard library) and retsnoop's binary on an ext4 image (label rslocal) that
+# bench/start_stop_side_by_side.sh mounts in the VM and binds over the paths they have on the host, so the same
+# commands read the same files from a block device instead of the host over 9p.
 #   bash bench/local_disk_image.sh TREE IMAGE
 #   tests/vm/run --kernel 7.2 --disk IMAGE --rwdir OUT -- env TREE=TREE bash bench/start_stop_side_by_side.sh
 # Left out: what no start reads (Python's tests, tkinter, the docs tools and linters of the virtualenv); the
@@ -29,6 +30,13 @@ tar -C "$VENV" --exclude="$SP/kubernetes_validate" --exclude="$SP/material" --ex
 tar -C "$TREE" --exclude=./.git --exclude=./.venv --exclude=./dist --exclude=./build -cf - . | tar -C "$STAGE/tree" -xf -
 ln -s "$VENV" "$STAGE/tree/.venv"  # the virtualenv by its host path, which the guest binds to the image's copy
 cp -p "$RS" "$STAGE/peers/retsnoop"
+# the system python3 (Debian's), which the side by side runs ours under as a Debian host does: its standard library and
+# its interpreter, one file (libpython is linked in)
+SYSLIB=$(/usr/bin/python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
+mkdir -p "$STAGE/syspy/lib"
+tar -C "$SYSLIB" --exclude=./test --exclude='./config-*' --exclude=./idlelib --exclude=./tkinter --exclude=./lib2to3 \
+  --exclude=./ensurepip -cf - . | tar -C "$STAGE/syspy/lib" -xf -
+cp -p "$(readlink -f /usr/bin/python3)" "$STAGE/syspy/python3"
 du -sh "$STAGE"/*
 rm -f "$IMG"
 mke2fs -q -t ext4 -L rslocal -E root_owner=0:0 -d "$STAGE" "$IMG" 1500M

@@ -5,7 +5,10 @@
 # First start: our kernel cache empty and the page cache dropped (both tools' files read again, as after a boot).
 # With --disk (an image of bench/local_disk_image.sh, label rslocal), the starts run again with the same paths bound
 # to that disk: the package, its Python and retsnoop read from a block device instead of the host over 9p.
-# TREE: the checkout to measure (default: this one); RETSNOOP_BIN: bench/build-retsnoop's binary; ROUNDS (2).
+# TREE: the checkout to measure (default: this one); RETSNOOP_BIN: bench/build-retsnoop's binary; ROUNDS (2);
+# PYTHON_OURS: the interpreter of ours' starts (default: the system python3, Debian's, as a Debian host and the container
+# image run it; a text-only trace needs nothing of the virtualenv). The agent's starts and the per-call bench run
+# in the virtualenv.
 # Figures land in $RETSNOOP_OTEL_RWDIR (start-*.txt, peer.txt, agent-*.log); bench/RESULTS.md reads them.
 set -x
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -14,7 +17,10 @@ cd $T
 export PYTHONPATH=$T RETSNOOP_BIN=${RETSNOOP_BIN:-$HOME/.cache/retsnoop-otel/peers/retsnoop-v0.11/retsnoop}  # the host cache (the guest mounts it)
 O=$RETSNOOP_OTEL_RWDIR
 R=${ROUNDS:-2}
+PY=${PYTHON_OURS:-/usr/bin/python3}
+[ -x "$PY" ] || PY=$(command -v python)
 uname -r
+"$PY" -VV
 agents() {  # the agent's start phases (its log line "agent started"): inputs against btf
   for i in 1 2 3; do
     timeout 600 python -m retsnoop_otel agent --config $T/config/agent-minimal.yaml > $O/agent-$1-$i.log 2>&1 &
@@ -26,8 +32,8 @@ agents() {  # the agent's start phases (its log line "agent started"): inputs ag
 }
 starts() {
   for s in 6 1000; do
-    python -m bench.start_compare --set $s --rounds $R --peers retsnoop --modes kprobe_session --cold --drop-caches > $O/start-cold-$s-$1.txt 2>&1; tail -12 $O/start-cold-$s-$1.txt
-    python -m bench.start_compare --set $s --rounds $R --peers retsnoop --modes kprobe_session > $O/start-$s-$1.txt 2>&1; tail -12 $O/start-$s-$1.txt
+    python -m bench.start_compare --set $s --rounds $R --peers retsnoop --modes kprobe_session --cold --drop-caches --python "$PY" > $O/start-cold-$s-$1.txt 2>&1; tail -12 $O/start-cold-$s-$1.txt
+    python -m bench.start_compare --set $s --rounds $R --peers retsnoop --modes kprobe_session --python "$PY" > $O/start-$s-$1.txt 2>&1; tail -12 $O/start-$s-$1.txt
   done
 }
 . "$HERE/local_disk_bind.sh"

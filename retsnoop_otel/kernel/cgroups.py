@@ -52,16 +52,16 @@ def cpu_quota(cgroupfs: str, path: str) -> float | None:
     container's CPU limit or a systemd unit's CPUQuota= sets them (a unit without one may sit in a slice that has
     one); None where none is set or readable."""
     parts = [p for p in path.split("/") if p and p not in (".", "..")]
-    quota: float | None = None
+    quotas = []
     for depth in range(len(parts), -1, -1):
         try:
             with open(os.path.join(cgroupfs, *parts[:depth], "cpu.max")) as f:
                 limit, _, period = f.read().partition(" ")
             if limit != "max" and int(period) > 0:
-                quota = min(quota if quota is not None else float("inf"), int(limit) / int(period))
+                quotas.append(int(limit) / int(period))
         except (OSError, ValueError):
             continue
-    return quota
+    return min(quotas, default=None)
 
 
 def usable_cpus(root: str = "/", affinity: int | None = None) -> float:

@@ -105,6 +105,9 @@ def test_the_guest_binds_the_repo_python_and_cache_from_the_cached_export(tmp_pa
     trees = module.cached_trees()
     assert trees[0] == module.REPO
     assert any((t / "bin").is_dir() and t != module.REPO for t in trees)  # the venv's base Python
+    if Path("/usr/bin/python3").exists():  # and Debian's, which the benches run ours under (start_compare --python)
+        assert Path("/usr/bin/python3").resolve() in trees
+        assert any(t.name.startswith("python3.") and (t / "os.py").is_file() for t in trees)
     args = _args(kernel="6.12", command=["true"])
     script = module.guest_script(args, module.Guest("amd64", module.REPO, tmp_path / "rw"), tmp_path / "rw", None)
     assert f"cache=loose {module.CACHED_TAG} {module.CACHED_MOUNT}" in script
