@@ -7,8 +7,9 @@
 # to that disk: the package, its Python and retsnoop read from a block device instead of the host over 9p.
 # TREE: the checkout to measure (default: this one); RETSNOOP_BIN: bench/build-retsnoop's binary; ROUNDS (2);
 # PYTHON_OURS: the interpreter of ours' starts (default: the system python3, Debian's, as a Debian host and the container
-# image run it; a text-only trace needs nothing of the virtualenv). The agent's starts and the per-call bench run
-# in the virtualenv.
+# image run it), through a virtualenv of its own with nothing installed (the package from PYTHONPATH), as a `pip
+# install` into a virtualenv leaves it: no .pth or sitecustomize of the host's dist-packages (a text-only trace needs
+# no library). The agent's starts and the per-call bench run in the repository's virtualenv.
 # Figures land in $RETSNOOP_OTEL_RWDIR (start-*.txt, peer.txt, agent-*.log); bench/RESULTS.md reads them.
 set -x
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -18,9 +19,10 @@ export PYTHONPATH=$T RETSNOOP_BIN=${RETSNOOP_BIN:-$HOME/.cache/retsnoop-otel/pee
 O=$RETSNOOP_OTEL_RWDIR
 R=${ROUNDS:-2}
 PY=${PYTHON_OURS:-/usr/bin/python3}
-[ -x "$PY" ] || PY=$(command -v python)
+if [ -x "$PY" ] && "$PY" -m venv --without-pip /tmp/ours-venv; then PY=/tmp/ours-venv/bin/python; else PY=$(command -v python); fi
 uname -r
 "$PY" -VV
+"$PY" -c 'import sys; print(sys.prefix, sys.path)'
 agents() {  # the agent's start phases (its log line "agent started"): inputs against btf
   for i in 1 2 3; do
     timeout 600 python -m retsnoop_otel agent --config $T/config/agent-minimal.yaml > $O/agent-$1-$i.log 2>&1 &
