@@ -9,7 +9,6 @@ too, so that they run before the slow kernel reads.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Callable, Sequence, Sized
 from functools import partial
@@ -31,11 +30,6 @@ def _nothing() -> None:
     return None
 
 
-def _run_all(calls: list[Callable[[], object]]) -> None:
-    for call in calls:
-        call()
-
-
 def _no_uprobes(asked: str) -> str:
     raise SetupError("user-space functions cannot be traced with this kernel environment")
 
@@ -49,8 +43,8 @@ class KernelEnv:
     """Facts about the running kernel that discovery and symbolization need."""
 
     __slots__ = ("ksyms", "available", "ret_kind", "btf_func_id", "auto_mode", "kernel_mode", "symbolizer",
-                 "resolve_source_glob", "close_symbolizer", "lbr_missing", "btf", "vmlinux", "phases", "load_btf",
-                 "kernel_refusal", "user_mode", "tp_formats", "writes")
+                 "resolve_source_glob", "close", "lbr_missing", "btf", "vmlinux", "phases", "load_btf",
+                 "kernel_refusal", "user_mode", "tp_formats")
 
     def __init__(self, ksyms: object, available: object, ret_kind: Callable[[str], RetKind],
                  btf_func_id: Callable[[str], int | None] | None, auto_mode: str, kernel_mode: Callable[[str], str],
@@ -58,8 +52,7 @@ class KernelEnv:
                  close: Callable[[], None] = _nothing, lbr_missing: str = "", btf: object | None = None,
                  vmlinux: str | None = None, phases: list[Phase] | None = None,
                  load_btf: Callable[[], object] | None = None, kernel_refusal: str = "",
-                 user_mode: Callable[[str], str] | None = None,
-                 writes: list[Callable[[], object]] | None = None) -> None:
+                 user_mode: Callable[[str], str] | None = None) -> None:
         self.ksyms = ksyms  # symbols.kallsyms.Kallsyms
         self.available = available  # symbols.traceable.Traceable
         self.ret_kind = ret_kind
@@ -70,7 +63,7 @@ class KernelEnv:
         self.kernel_mode = kernel_mode
         self.symbolizer = symbolizer  # symbols.symbolize.Symbolizer
         self.resolve_source_glob = resolve_source_glob
-        self.close_symbolizer = close
+        self.close = close
         self.lbr_missing = lbr_missing  # why LBR capture cannot work here ("" = it can)
         self.btf = btf  # kernel.libbpf_btf.Btf, for argument capture (-A): see kernel_btf()
         self.vmlinux = vmlinux  # the DWARF vmlinux in use
@@ -82,23 +75,6 @@ class KernelEnv:
         # tracepoint formats (capture.inject.TpFormat) by (category, name), read from tracefs once for this kernel
         # by the injected probes that name them (runtime/probe_set.py resolve_injected)
         self.tp_formats: dict[tuple[str, str], TpFormat] = {}
-        self.writes = [] if writes is None else writes  # the kernel cache's, left for write_cache
-
-    def write_cache(self, later: bool = False) -> None:
-        """Store what this start read in the kernel cache, once. `later`: on a thread, for a run that is ready:
-        nothing before needs it, and the symbols are a 7 MB write (70-130 ms under emulation, up to 1.5 s over a
-        busy 9p host). A process that exits meanwhile leaves a temporary file the next write removes."""
-        writes, self.writes = self.writes, []
-        if later and writes:
-            threading.Thread(target=_run_all, args=(writes,), name="kernel-cache", daemon=True).start()
-        else:
-            _run_all(writes)
-
-    def close(self) -> None:
-        """The writes write_cache has not made are made now (a dry run's, a refused start's: the next run finds
-        them), then the DWARF symbolizer is closed."""
-        self.write_cache()
-        self.close_symbolizer()
 
     def refuse_kernel_only(self, sets: Sequence[ProbeSetConfig]) -> None:
         """A kernel that refuses kernel tracing and no probe set of user functions: the host's one-line refusal."""
@@ -182,16 +158,14 @@ def load_kernel_env(symbols: SymbolsConfig, vmlinux: str | None, lbr: tuple[str,
     from retsnoop_otel.symbols.traceable import Traceable
 
     phases: list[Phase] = []
-    writes: list[Callable[[], object]] = []  # the kernel cache's, once the run is ready (KernelEnv.write_cache)
     assert symbols.cache_dir is not None, "resolved with the run's environment (runtime/settings.py)"
     cache = KernelCache.at(symbols.cache_dir)
     t = time.monotonic()
     ident = kernel_identity(root)
     try:  # the kernel's function types first: the feature probes look their targets up in them
         got = ahead.take("types", symbols.cache_dir, ident, root) if ahead is not None else None
-        writes.extend(got.writes if got is not None else ())
-        types, cached = got.value if got is not None else load_func_types(
-            cache, ident, root, lambda: ReturnKinds(Btf.load_vmlinux()), writes.append)
+        types, cached = got.value if got is not None else load_func_types(  # the thread stored what it read
+            cache, ident, root, lambda: ReturnKinds(Btf.load_vmlinux()))
         count = f"{len(types)} functions" if isinstance(types, Sized) else "libbpf lookups"
         phases.append(phase_since("btf", t, count + _beside(got) + (", cached" if cached else "")))
     except (OSError, lb.LibbpfError, lb.LibbpfUnavailable):
@@ -228,10 +202,8 @@ def load_kernel_env(symbols: SymbolsConfig, vmlinux: str | None, lbr: tuple[str,
         ksyms, available, source = Kallsyms([]), Traceable(()), ""
     else:
         got = ahead.take("symbols", symbols.cache_dir, ident, root) if ahead is not None else None
-        writes.extend(got.writes if got is not None else ())
-        try:
-            ksyms, available, source = got.value if got is not None else load_symbols(cache, ident, root,
-                                                                                          writes.append)
+        try:  # what the thread read, it stored in the cache
+            ksyms, available, source = got.value if got is not None else load_symbols(cache, ident, root)
         except (KallsymsError, tracefs.TracefsError) as exc:
             raise SetupError(str(exc)) from None
     phases.append(phase_since("symbols", t, f"{len(ksyms)} kallsyms functions, {len(available)} traceable"
@@ -273,7 +245,7 @@ def load_kernel_env(symbols: SymbolsConfig, vmlinux: str | None, lbr: tuple[str,
                      auto_mode="" if refusal else features.choose_mode(feats), kernel_mode=kernel_mode,
                      symbolizer=symbolizer, kernel_refusal=refusal, user_mode=user_mode,
                      resolve_source_glob=resolve, close=close, load_btf=load_btf, vmlinux=vmlinux,
-                     lbr_missing=missing, phases=phases, writes=writes)
+                     lbr_missing=missing, phases=phases)
 
 
 def cgroup_target(path: str, name: str = "cgroup", root: str = "/") -> tuple[int, int]:

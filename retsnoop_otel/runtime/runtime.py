@@ -59,7 +59,9 @@ class Runtime:
         self.reloads, self.reloading = {"success": 0, "failure": 0}, False
         self.lock = threading.RLock()  # guards probe_sets/sinks against the scrape thread
         self.resource: Resource | None = None
-        self.last_poll, self._next_housekeeping, self._losses = self.deps.monotonic(), 0.0, LossSummary()
+        self.last_poll = self.deps.monotonic()
+        self._next_housekeeping = 0.0
+        self._losses = LossSummary()
         self.metrics = RuntimeMetrics(self)  # collectors, /metrics server, OTLP push
         self.phases: list[Phase] = []  # where the last start or reload spent its time
         self.stop_phases: list[Phase] = []  # and the last shutdown
@@ -199,7 +201,6 @@ class Runtime:
         self.last_poll = self.deps.monotonic()
         self._next_housekeeping = self.last_poll + HOUSEKEEPING_S
         freeze_heap()
-        self.env.write_cache(later=True)  # type: ignore[union-attr]  # off the path to ready (environment.py)
         return True
 
     def reload(self, cfg: RuntimeConfig, hook: StartHook | None = None) -> bool:
@@ -223,7 +224,6 @@ class Runtime:
         self.reloading = False
         hook.attached(self, b.sets)
         refreeze_heap()  # here, once the swap's locals no longer hold the previous config's objects
-        self.env.write_cache(later=True)  # type: ignore[union-attr]
         self.last_poll = self.deps.monotonic()
         return True
 

@@ -11,7 +11,6 @@ matches and the moved runs keep their order.
 
 import threading
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import NamedTuple
 
@@ -31,21 +30,11 @@ class SymbolTables(NamedTuple):
     store: tuple | None  # the cache's payload when the cache should hold them (read, or moved), else None
 
 
-Defer = Callable[[Callable[[], object]], object]  # takes the cache's write, to run it when the caller has time
-
-
-def _now(write: Callable[[], object]) -> None:
-    write()
-
-
-def load_symbols(cache: KernelCache, ident: KernelIdentity, root: str = "/",
-                 defer: Defer | None = None) -> tuple[Kallsyms, Traceable, str]:
+def load_symbols(cache: KernelCache, ident: KernelIdentity, root: str = "/") -> tuple[Kallsyms, Traceable, str]:
     """(kallsyms, available_filter_functions, where both came from: "" read, "cached", or MOVED: cached at
-    another boot, or before a module was reloaded elsewhere, and moved to where the kernel and modules are now).
-    What to store is written now, or handed to `defer` (a start writes it once it is ready: a 7 MB write)."""
+    another boot, or before a module was reloaded elsewhere, and moved to where the kernel and modules are now)."""
     tables = read_symbols(cache, ident, root)
-    write = partial(store_symbols, cache, ident, tables, root)
-    (defer or _now)(write)
+    store_symbols(cache, ident, tables, root)
     return tables.ksyms, tables.available, tables.source
 
 
@@ -163,9 +152,8 @@ class TypesRead(NamedTuple):
 
 
 def load_func_types(cache: KernelCache, ident: KernelIdentity, root: str = "/",
-                    fallback: Callable[[], object] | None = None, defer: Defer | None = None) -> tuple[object, bool]:
-    """(function types: FuncTypes, or `fallback()` for BTF this parser does not know; whether cached); what to
-    store is written now or handed to `defer`, as load_symbols does.
+                    fallback: Callable[[], object] | None = None) -> tuple[object, bool]:
+    """(function types: FuncTypes, or `fallback()` for BTF this parser does not know; whether cached).
 
     Raises OSError when the kernel has no readable BTF."""
     try:
@@ -174,8 +162,7 @@ def load_func_types(cache: KernelCache, ident: KernelIdentity, root: str = "/",
         if fallback is None:
             raise
         return fallback(), False
-    write = partial(store_func_types, cache, ident, read)
-    (defer or _now)(write)
+    store_func_types(cache, ident, read)
     return read.types, read.cached
 
 

@@ -7,13 +7,11 @@ waiting on the kernel), while importing the command's modules takes seconds wher
 (the VM's 9p, network storage, a cold disk after a reboot), mostly waiting on file reads. Side by side, they overlap
 instead of adding up. On a warm start the thread reads the kernel cache instead, which is short.
 
-The thread writes the tables it reads to the kernel cache no more than the run does: what to store of BTF's types
-and the symbols goes to the run with them, and the run stores it with what it read itself once it is ready
-(runtime/environment.py KernelEnv.write_cache); the feature probes' answers, a few hundred bytes, are stored as they
-are probed. A run takes a table only when it was read for its cache directory and root, under the kernel identity it
-sees itself; otherwise, and when the read failed, it reads the table as it would have without this (and says the
-failure then). Where the run will stop at its privilege check, or refuse its cache directory, the thread reads and
-writes nothing.
+The thread stores what it read in the kernel cache, as the run would have (its write is then off the run's path too;
+one cut short by the process's exit leaves a temporary file, which the next write of that entry removes). A run takes
+a table only when it was read for its cache directory and root, under the kernel identity it sees itself; otherwise,
+and when the read failed, it reads the table as it would have without this (and says the failure then). Where the
+run will stop at its privilege check, or refuse its cache directory, the thread reads and writes nothing.
 """
 
 import os
@@ -37,7 +35,6 @@ class Ahead(NamedTuple):
     ident: "KernelIdentity"
     value: tuple  # what kernel_facts.load_func_types, features.detect_at_start or kernel_facts.load_symbols return
     seconds: float  # the read's own time, on the thread
-    writes: tuple  # what to store of it in the kernel cache: the run writes it when its own reads' writes go
 
 
 class TablesAhead:
@@ -90,8 +87,7 @@ class TablesAhead:
                 from retsnoop_otel.kernel.features import detect_at_start
                 func_id = found.value[0].func_id  # type: ignore[index]
                 started.add("features")
-                self._one("features", lambda c, i, r, defer: detect_at_start(c, i, r, func_id), cache, cache_dir,
-                          ident)
+                self._one("features", lambda c, i, r: detect_at_start(c, i, r, func_id), cache, cache_dir, ident)
         except BaseException:  # noqa: BLE001, S110 - every table not read here is read by the run itself
             pass
         finally:
@@ -109,13 +105,11 @@ class TablesAhead:
         except CapsError:
             return False
 
-    def _one(self, name: str, read: Callable[..., object], cache: "KernelCache", cache_dir: Path,
-             ident: "KernelIdentity") -> Ahead | None:
+    def _one(self, name: str, read: Callable[["KernelCache", "KernelIdentity", str], object], cache: "KernelCache",
+             cache_dir: Path, ident: "KernelIdentity") -> Ahead | None:
         t0 = time.monotonic()
-        writes: list[Callable[[], object]] = []
         try:
-            value = read(cache, ident, self.root, defer=writes.append)
-            self._out[name] = Ahead(cache_dir, ident, value, time.monotonic() - t0, tuple(writes))
+            self._out[name] = Ahead(cache_dir, ident, read(cache, ident, self.root), time.monotonic() - t0)
         except BaseException:  # noqa: BLE001 - the run reads again where it needs the table, and says what failed
             self._out[name] = None
         finally:

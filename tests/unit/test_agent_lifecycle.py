@@ -219,7 +219,7 @@ def test_reload_keeps_the_kernel_tables_while_the_kernel_is_unchanged(setup) -> 
     agent.start()
     env = agent.runtime.env
     closed = []
-    env.close_symbolizer = lambda: closed.append(True)
+    env.close = lambda: closed.append(True)
     cfg.write_text(AGENT_CONFIG.format(prob=0.5).replace("bpf_errors", "errors2"))
     assert agent.reload() is True and agent.runtime.env is env and world.env_loads == 1 and closed == []
     reloaded = [e for e in log_events(logbuf) if e["msg"] == "config reloaded"]
