@@ -82,10 +82,9 @@ def process_age_s(root: str = "/") -> float | None:
         return None
 
 
-def main(argv: Sequence[str] | None = None, deps: RuntimeDeps | None = None, exiting: bool = False) -> int:
+def main(argv: Sequence[str] | None = None, deps: RuntimeDeps | None = None) -> int:
     """`deps`: trace's way out to the kernel (runtime/deps.py); None, as users run it, except where a bench passes
-    another BPF object (bench/harness.py BASE_LAUNCH). `exiting`: the process ends once this returns (run()), so a
-    run's stop leaves what the exit frees (the BPF objects, their ring buffers) to it."""
+    another BPF object (bench/harness.py BASE_LAUNCH)."""
     main_t0, python_s = time.monotonic(), process_age_s()  # before any import of ours: Python's own start
     if signal.getsignal(signal.SIGINT) is interrupted_while_loading:  # loaded: Ctrl-C raises, caught below (130)
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -100,7 +99,7 @@ def main(argv: Sequence[str] | None = None, deps: RuntimeDeps | None = None, exi
     system_exit = False
     try:
         try:
-            code = _run(cmd, rest, deps, main_t0, python_s, streams, exiting)
+            code = _run(cmd, rest, deps, main_t0, python_s, streams)
         except SystemExit as exc:  # argparse: --help, --version, a bad flag
             system_exit, code = True, _system_exit_code(exc, streams)
         except (KeyboardInterrupt, SignalStop) as exc:
@@ -114,7 +113,7 @@ def main(argv: Sequence[str] | None = None, deps: RuntimeDeps | None = None, exi
 
 
 def _run(cmd: str | None, rest: list[str], deps: RuntimeDeps | None, main_t0: float, python_s: float | None,
-         streams: Streams, exiting: bool = False) -> int:
+         streams: Streams) -> int:
     """One command, writing to the guarded streams (command/streams.py decides how a failed one ends it)."""
     if cmd not in SUBCOMMANDS:
         parser = build_parser()
@@ -130,7 +129,7 @@ def _run(cmd: str | None, rest: list[str], deps: RuntimeDeps | None, main_t0: fl
         from retsnoop_otel.runtime.startup import StartClock
         from retsnoop_otel.trace.main import run_trace
         return run_trace(rest, out=streams.out, err=streams.err, deps=deps,  # type: ignore[arg-type]
-                         started=StartClock(main_t0, python_s), ahead=ahead, exiting=exiting)
+                         started=StartClock(main_t0, python_s), ahead=ahead)
     if cmd == "features":
         return features_main(rest)
     if cmd == "simfail":
@@ -139,7 +138,7 @@ def _run(cmd: str | None, rest: list[str], deps: RuntimeDeps | None, main_t0: fl
     from retsnoop_otel.agent import main as agent_cmd
     from retsnoop_otel.runtime.startup import StartClock
     return agent_cmd.main(rest, out=streams.out, err=streams.err,  # type: ignore[arg-type]
-                          started=StartClock(main_t0, python_s), ahead=ahead, exiting=exiting)
+                          started=StartClock(main_t0, python_s), ahead=ahead)
 
 
 def run() -> NoReturn:
@@ -150,7 +149,7 @@ def run() -> NoReturn:
     and unload every module, memory the kernel frees at once at exit: 50-70 ms of a stop in the emulated VM, where
     retsnoop's whole stop is 70-140 ms (bench/RESULTS.md "Start and stop side by side")."""
     try:
-        code = main(exiting=True)
+        code = main()
     except SystemExit as exc:  # main's own: argparse's help, version or refusal, its code decided
         code = exc.code if isinstance(exc.code, int) else 1
     for stream in (sys.stdout, sys.stderr):

@@ -88,11 +88,11 @@ class Agent:
     def request_reload(self) -> None:
         self.requests.reload = True
 
-    def run(self, exiting: bool = False) -> int:
-        """The capture loop; returns when a stop was requested (after shutdown; `exiting`: Runtime.run's)."""
+    def run(self) -> int:
+        """The capture loop; returns when a stop was requested (after shutdown)."""
         assert self.runtime is not None, "start() first"
         try:
-            self.runtime.run(self.requests, reload=self.reload, exiting=exiting)
+            self.runtime.run(self.requests, reload=self.reload)
         finally:
             self.stop_watch()
         return 0
@@ -143,9 +143,8 @@ class _AgentHook(StartHook):
 
 
 def main(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr,
-         started: StartClock | None = None, ahead: TablesAhead | None = None, exiting: bool = False) -> int:
-    """`ahead`: the kernel's tables being read since main() began (symbols/read_ahead.py); `exiting`: the process
-    ends when this returns (cli.run), so the stop leaves the BPF objects to its exit."""
+         started: StartClock | None = None, ahead: TablesAhead | None = None) -> int:
+    """`ahead`: the kernel's tables being read since main() began (symbols/read_ahead.py)."""
     before = [*started.before_main(), phase_since("imports", started.main_t0, "the agent's modules")] if started else []
     p = OneLineParser(prog="retsnoop-otel agent", formatter_class=HelpFormatter,
                                 description="Run the long-running exporter: probe sets from a YAML config, "
@@ -206,4 +205,4 @@ def main(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr,
             agent.runtime.shutdown(0.0)
         agent.stop_watch()
         raise
-    return agent.run(exiting)
+    return agent.run()

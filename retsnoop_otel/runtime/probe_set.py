@@ -221,7 +221,8 @@ class ProbeSet:
             self.load_s = time.monotonic() - t0
             report = self.tracer.attach(on_error=lambda f, e: self.attach_failures.append((f.name, e)), ready=ready)
             self.tracer.open_ring_buffer(self._on_record)
-            # fexit stacks name our trampolines from a fresh kallsyms read: done before the first stack is shown
+            # fexit stacks run through trampolines and our programs, named by a fresh kallsyms read: taken
+            # before the first stack is shown rather than here, where it was most of a small set's start
             self._bpf_names_due = self.mode in TRAMPOLINE and hasattr(self._ksyms, "refresh_bpf_symbols")
         except BaseException as exc:
             self.tracer.close()
@@ -377,16 +378,15 @@ class ProbeSet:
         """Every probe detached; the ring buffer and the counts stay readable until close()."""
         self.tracer.detach()
 
-    def close(self, free: bool = True) -> None:
-        """Detach, keep the final counts (a successor carries them on), free the BPF object (unless the exit will)."""
+    def close(self) -> None:
+        """Detach, keep the final counts (a successor carries them on), free the BPF object."""
         started, self._started = self._started, False
         self.tracer.detach()
         with self._stats_lock:
             if started:
                 self._final = self._totals_now()
                 self._prev = self._carried = None
-            if free:
-                self.tracer.close()
+            self.tracer.close()
         successor, self._next = self._next, None
         if successor is not None and self._final is not None:
             successor._settle(self._final)

@@ -122,8 +122,9 @@ class Runtime:
         return Sinks.due(s, running)
 
     def _kernel(self, settings: RunSettings) -> tuple[KernelEnv, tuple | None]:
-        """The kernel's tables, read again only when the kernel, its modules or the symbol settings changed: a reload
-        keeps them (a million objects at 10,000 functions: bench/agent_scale.py). The tables, what they were for."""
+        """The kernel's tables, read again only when the kernel, its modules or the symbol settings changed: a
+        reload keeps them (a million objects at 10,000 functions; reading them per reload grew the heap at
+        every reload, bench/agent_scale.py). Returns the tables and what they were read for."""
         cfg = settings.config
         state = self.deps.kernel_state()
         lbr = next(((cfg.names.lbr, ps.name) for ps in cfg.probe_sets if ps.lbr_branch_types), None)
@@ -284,10 +285,10 @@ class Runtime:
             self._next_housekeeping = now + HOUSEKEEPING_S
             self._housekeeping()
 
-    def run(self, requests: Requests, reload: Callable[[], object] | None = None, detaching: Hook = lambda: None,
-            after_poll: Hook = lambda: None, exiting: bool = False) -> CaptureStats:
-        """The capture loop until a stop (`reload` when asked, `after_poll` after each poll), then detach and flush
-        (`exiting`: the process's exit frees the BPF objects). Returns the kernel's loss counters, read before."""
+    def run(self, requests: Requests, reload: Callable[[], object] | None = None,
+            detaching: Hook = lambda: None, after_poll: Hook = lambda: None) -> CaptureStats:
+        """The capture loop on this thread until a stop (`reload` when asked, `after_poll` after each poll), then detach
+        and flush. Returns the kernel's loss counters, read before detaching."""
         try:
             while not requests.stop:
                 if requests.reload and reload is not None:
@@ -298,11 +299,10 @@ class Runtime:
                 after_poll()
         finally:
             detaching()
-            stats, self.origins_at_stop = stop_counts(list(self.probe_sets),
-                                                      lambda: self.shutdown(SHUTDOWN_FLUSH_S, free=not exiting))
+            stats, self.origins_at_stop = stop_counts(list(self.probe_sets), lambda: self.shutdown(SHUTDOWN_FLUSH_S))
         return stats
 
-    def _drain_and_close(self, ps: ProbeSet, free: bool = True) -> None:
+    def _drain_and_close(self, ps: ProbeSet) -> None:
         """Detached first, then drained: every session that ended before its probes went is read and sent."""
         t0, drained = time.monotonic(), 0
         ps.detach()
@@ -314,19 +314,19 @@ class Runtime:
                 self.route.sinks.flush()
         except Exception as exc:  # noqa: BLE001 - freeing the object matters more than the last records
             self.log.warning("could not drain probe set after detaching", probe_set=ps.name, error=str(exc))
-        ps.close(free)
+        ps.close()
         self.stop_phases += [Phase("detach", t1 - t0, ps.name),
                              phase_since("drain", t1, f"{drained} records of {ps.name}")]
 
-    def shutdown(self, flush_s: float, free: bool = True) -> None:
-        """Detach everything, flush the exporters within `flush_s`, stop listening; idempotent (`free`: see run)."""
+    def shutdown(self, flush_s: float) -> None:
+        """Detach everything, flush the exporters within `flush_s`, stop listening. Idempotent."""
         if self.metrics_push is not None:  # last push while the kernel maps still hold the counts
             push, self.metrics_push = self.metrics_push, None
             push.stop(final_push=flush_s > 0)
         with self.lock:
             sets, self.probe_sets = self.probe_sets, []
             for ps in sets:
-                self._drain_and_close(ps, free)
+                self._drain_and_close(ps)
         if sets:
             self.log.info("detached", probe_sets=len(sets))
         if (flushed := self.route.close(flush_s, bool(sets))) is not None:

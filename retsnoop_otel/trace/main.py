@@ -48,10 +48,9 @@ def _version(request: TraceRequest, out: TextIO) -> int:
 
 def run_trace(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr,
               deps: RuntimeDeps | None = None, started: StartClock | None = None,
-              ahead: TablesAhead | None = None, exiting: bool = False) -> int:
+              ahead: TablesAhead | None = None) -> int:
     """`started`: when main() began (cli.main), so that -v can say where the time to "Receiving data..." went;
-    `ahead`: the kernel's tables being read since then (symbols/read_ahead.py), taken with `deps` None; `exiting`:
-    the process ends when this returns (cli.run), so the stop leaves the BPF objects to its exit."""
+    `ahead`: the kernel's tables being read since then (symbols/read_ahead.py), taken with `deps` None."""
     started = started or StartClock(time.monotonic(), None)
     imports = phase_since("imports", started.main_t0, "the trace command's modules")
     t0 = time.monotonic()
@@ -95,8 +94,7 @@ def run_trace(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.s
 
     intervals = _intervals(runtime, request, out)
     try:
-        stats = runtime.run(requests, detaching=detaching, after_poll=intervals.tick if intervals else lambda: None,
-                            exiting=exiting)
+        stats = runtime.run(requests, detaching=detaching, after_poll=intervals.tick if intervals else lambda: None)
     except RunRefused as exc:  # a file output failed during the run (runtime/sinks.py): detached and flushed by now
         print(file=out, flush=True)  # the end of "Detaching... "
         print(f"retsnoop-otel: {exc.message}", file=err, flush=True)
