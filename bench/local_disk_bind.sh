@@ -12,9 +12,10 @@ local_disk() {  # the same paths, bound to the rslocal disk's copies (bench/loca
   mkdir -p /run/rslocal && mount -o ro "$dev" /run/rslocal || return 1
   mount --bind /run/rslocal/py "$py" && mount --bind /run/rslocal/venv "$venv" && mount --bind /run/rslocal/tree $T \
     && mount --bind /run/rslocal/peers/retsnoop "$RETSNOOP_BIN" || return 1
+  local syspy; syspy=$(readlink -f /usr/bin/python3)
   if [ -d /run/rslocal/syspy ]; then  # the system python3 and its standard library, where the image has them
-    mount --bind /run/rslocal/syspy/lib "$(/usr/bin/python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')" \
-      && mount --bind /run/rslocal/syspy/python3 "$(readlink -f /usr/bin/python3)" || return 1
+    mount --bind /run/rslocal/syspy/lib "$($syspy -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')" \
+      && mount --bind /run/rslocal/syspy/python3 "$syspy" || return 1
   fi
-  cd $T && findmnt -T $T/retsnoop_otel && findmnt -T "$py/lib" && findmnt -T "$(readlink -f /usr/bin/python3)"
+  cd $T && findmnt -T $T/retsnoop_otel && findmnt -T "$py/lib" && findmnt -T "$syspy"
 }
