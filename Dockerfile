@@ -64,7 +64,9 @@ RUN case "$WHEEL" in source|prebuilt) ;; *) echo "WHEEL=$WHEEL: use WHEEL=source
 # that flattens, copies or converts the image need not keep; every import would then compile its module and read
 # its source on every start. compileall --invalidation-mode unchecked-hash writes .pyc files that are valid whatever
 # the timestamps: the import reads the .pyc and never the source (Python 3.11 still stats the source to find it).
-# The sources cannot change in an image, which is what makes not checking them safe.
+# The sources cannot change in an image, which is what makes not checking them safe. The package's own modules are
+# also written into one bundle (retsnoop_otel/code_bundle.py: one file read instead of a stat and a .pyc per module),
+# unchecked too.
 # copied, not bind-mounted: buildah's layer cache ignores what a RUN's bind mount holds, and would keep a venv
 # made from an older wheel
 COPY --from=wheels . /prebuilt/
@@ -86,6 +88,8 @@ RUN --mount=type=secret,id=pip-ca \
        fi \
     && /opt/retsnoop-otel/bin/pip uninstall -y -q setuptools pip \
     && /opt/retsnoop-otel/bin/python -m compileall -q -f -j 0 --invalidation-mode unchecked-hash /opt/retsnoop-otel/lib \
+    && /opt/retsnoop-otel/bin/python -c "import os, retsnoop_otel, retsnoop_otel.code_bundle as b; \
+         b.write(os.path.dirname(retsnoop_otel.__file__), checked=False)" \
     && /opt/retsnoop-otel/bin/retsnoop-otel --version
 
 # ---- runtime: Python, libelf and zlib (what our libbpf links), and the virtualenv ----------------------------------

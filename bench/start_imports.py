@@ -10,9 +10,9 @@ the import system's directory listings ("os.listdir", "os.scandir"); the modules
 thread that reads the kernel's tables beside the start (symbols/read_ahead.py) are counted apart, as
 "beside": they are not on the start's path. The counts are taken at the runtime's
 privilege check, right after its inputs phase (flags or config, outputs) and before anything of the kernel: a
-point a host that cannot trace reaches too, as root or not, before it refuses. The tree's bytecode is compiled
-first, as tests/vm/run does. --base measures another checkout (`git worktree add /tmp/base REV`) the same way.
-tests/unit/test_start_imports.py keeps the counts under a bound with the same child.
+point a host that cannot trace reaches too, as root or not, before it refuses. The tree's bytecode and its code
+bundle (retsnoop_otel/code_bundle.py) are written first, as tests/vm/run does. --base measures another checkout
+(`git worktree add /tmp/base REV`) the same way. tests/unit/test_start_imports.py keeps the counts under a bound with the same child.
 """
 
 from __future__ import annotations
@@ -88,6 +88,8 @@ def measure(argv: Sequence[str], env: Mapping[str, str] = {}, root: Path = ROOT)
     """One start in a fresh interpreter: the modules it imported and the files it opened up to the kernel step."""
     import tempfile
     subprocess.run([sys.executable, "-m", "compileall", "-qq", "retsnoop_otel"], cwd=root, check=False, timeout=300)
+    subprocess.run([sys.executable, "-c", "from retsnoop_otel.code_bundle import write; write('retsnoop_otel')"],
+                   cwd=root, check=False, timeout=300)
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "snap.json")
         child_env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")} | dict(env)

@@ -28,3 +28,12 @@ def _quiet_interrupt_while_loading() -> None:
 
 
 _quiet_interrupt_while_loading()
+
+
+def _load_from_bundle() -> None:
+    """The package's modules from its code bundle where one was written (code_bundle.py says why)."""
+    from retsnoop_otel.code_bundle import install
+    install(_os.path.dirname(__file__))
+
+
+_load_from_bundle()

@@ -21,7 +21,9 @@ MAX_BPF_LINES = 500  # a source of bpf/, give or take 5%
 # command/ holds what every command shares (exit codes, refusals, event log, --help layout) and knows no tracing.
 LAYERS = ("command", "inputs", "publisher", "capture", "kernel", "symbols", "appctx", "workload", "render", "export",
           "metrics", "runtime", "trace", "agent")
-TOP_LEVEL = {"retsnoop_otel", "retsnoop_otel.__main__", "retsnoop_otel.cli", "retsnoop_otel.simfail"}
+# code_bundle: how the package's own modules are loaded, installed by its __init__ before any layer is imported
+TOP_LEVEL = {"retsnoop_otel", "retsnoop_otel.__main__", "retsnoop_otel.cli", "retsnoop_otel.simfail",
+             "retsnoop_otel.code_bundle"}
 
 
 def modules() -> dict[str, Path]:
