@@ -12,7 +12,8 @@ thread that reads the kernel's tables beside the start (symbols/read_ahead.py) a
 privilege check, right after its inputs phase (flags or config, outputs) and before anything of the kernel: a
 point a host that cannot trace reaches too, as root or not, before it refuses. The tree's bytecode and its code
 bundle (retsnoop_otel/code_bundle.py) are written first, as tests/vm/run does. --base measures another checkout
-(`git worktree add /tmp/base REV`) the same way. tests/unit/test_start_imports.py keeps the counts under a bound with the same child.
+(`git worktree add /tmp/base REV`) the same way. tests/unit/test_start_imports.py keeps the counts under a bound
+with the same child.
 """
 
 from __future__ import annotations
