@@ -25,6 +25,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from retsnoop_otel.code_bundle import write as write_bundle
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # the child: the hook first, then the package as `python -m retsnoop_otel` would run it
@@ -89,8 +91,7 @@ def measure(argv: Sequence[str], env: Mapping[str, str] = {}, root: Path = ROOT)
     """One start in a fresh interpreter: the modules it imported and the files it opened up to the kernel step."""
     import tempfile
     subprocess.run([sys.executable, "-m", "compileall", "-qq", "retsnoop_otel"], cwd=root, check=False, timeout=300)
-    subprocess.run([sys.executable, "-c", "from retsnoop_otel.code_bundle import write; write('retsnoop_otel')"],
-                   cwd=root, check=False, timeout=300)
+    write_bundle(str(root / "retsnoop_otel"))  # this interpreter's, as the child's
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "snap.json")
         child_env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")} | dict(env)
