@@ -63,9 +63,12 @@ def test_a_text_only_trace_imports_no_exporter_metrics_or_watcher() -> None:
     # its thread imports the kernel cache's modules first, which bench.start_imports counts apart); 143 (119), 137
     # files and 18 listings once zlib was left to the syscall preset and json, the harness's, no longer counted;
     # 122 ours once /proc/self/cgroup's reader moved to kernel/cgroups.py (the resolver's and the clones' too); 123
-    # with code_bundle.py, whose bundle took the files opened from 139 to 23 and the listings from 19 to 5
-    assert len(mods) <= 155 and sum(m.startswith("retsnoop_otel") for m in mods) <= 123
-    assert len(snap["opens"]) <= 30 and len(snap["listings"]) <= 8
+    # with code_bundle.py, whose bundle took the files opened from 139 to 23 and the listings from 19 to 5. 182
+    # modules and 46 files once the venv's editable install became a path entry (Makefile EDITABLE): its finder had
+    # imported 34 of the standard library's modules (pathlib, re, enum, typing...) before the count began, which a
+    # wheel's or the image's start imports as ours, so they count
+    assert len(mods) <= 190 and sum(m.startswith("retsnoop_otel") for m in mods) <= 123
+    assert len(snap["opens"]) <= 52 and len(snap["listings"]) <= 8
 
 
 def test_a_trace_exporting_otlp_imports_no_exporter_before_the_kernel() -> None:
@@ -75,8 +78,9 @@ def test_a_trace_exporting_otlp_imports_no_exporter_before_the_kernel() -> None:
     assert [m for m in (*EXPORTERS, "grpc", "prometheus_client", "yaml", "retsnoop_otel.metrics.server",
                         "dataclasses", "google.protobuf", "http.client", "email", "ssl") if _has(mods, m)] == []
     # measured: 145 modules (121 ours), 139 files opened, as a text-only start (177 and 163 while the exporters were
-    # built before the kernel, 252 and 230 before their libraries were deferred); 148 and 23 with the code bundle
-    assert len(mods) <= 155 and len(snap["opens"]) <= 30
+    # built before the kernel, 252 and 230 before their libraries were deferred); 148 and 23 with the code bundle;
+    # 182 and 46 counted without the editable install's finder
+    assert len(mods) <= 190 and len(snap["opens"]) <= 52
 
 
 def test_the_exporters_modules_are_read_beside_the_kernels_load() -> None:
@@ -100,8 +104,9 @@ def test_an_agent_exporting_otlp_imports_its_exporter_beside_the_kernel(name: st
     assert [m for m in (*EXPORTERS, "grpc", "prometheus_client", "wsgiref", "retsnoop_otel.metrics.http_app",
                         "google.protobuf", "http.client", "email") if _has(mods, m)] == []
     # measured: 184 modules (121 ours), 169 files opened (204 and 184 with the exporter built before the kernel,
-    # 331 and 307 before the libraries were deferred); 183 and 52 with the code bundle
-    assert len(mods) <= 195 and len(snap["opens"]) <= 62
+    # 331 and 307 before the libraries were deferred); 183 and 52 with the code bundle; 217 and 75 counted without the
+    # editable install's finder
+    assert len(mods) <= 225 and len(snap["opens"]) <= 82
 
 
 def test_an_agent_without_otlp_imports_no_exporter() -> None:
@@ -110,8 +115,8 @@ def test_an_agent_without_otlp_imports_no_exporter() -> None:
     assert [m for m in (*EXPORTERS, "grpc", "google.protobuf", "opentelemetry", "retsnoop_otel.workload.k8s_watch",
                         "retsnoop_otel.appctx.watch") if _has(mods, m)] == []
     # measured: 190 modules (120 ours), 172 files opened (268 and 249 before /metrics bound with the socket module);
-    # 188 and 56 with the code bundle
-    assert len(mods) <= 200 and len(snap["opens"]) <= 66
+    # 188 and 56 with the code bundle; 222 and 79 counted without the editable install's finder
+    assert len(mods) <= 230 and len(snap["opens"]) <= 86
 
 
 def test_records_are_built_from_evaluated_annotations() -> None:
