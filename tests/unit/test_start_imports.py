@@ -65,7 +65,7 @@ def test_a_text_only_trace_imports_no_exporter_metrics_or_watcher() -> None:
     # 122 ours once /proc/self/cgroup's reader moved to kernel/cgroups.py (the resolver's and the clones' too); 123
     # with code_bundle.py, whose bundle took the files opened from 139 to 23 and the listings from 19 to 5. 182
     # modules and 46 files once the venv's editable install became a path entry (Makefile EDITABLE): its finder had
-    # imported 34 of the standard library's modules (pathlib, re, enum, typing...) before the count began, which a
+    # imported 34 of the standard library's modules (pathlib, re, enum, contextlib...) before the count began, which a
     # wheel's or the image's start imports as ours, so they count
     assert len(mods) <= 190 and sum(m.startswith("retsnoop_otel") for m in mods) <= 123
     assert len(snap["opens"]) <= 52 and len(snap["listings"]) <= 8
