@@ -18,6 +18,7 @@ with the same child.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -87,11 +88,17 @@ HEAVY = ("grpc", "google.protobuf", "opentelemetry", "prometheus_client", "yaml"
 OURS_OPTIONAL = ("retsnoop_otel.export", "retsnoop_otel.workload", "retsnoop_otel.metrics", "retsnoop_otel.appctx")
 
 
+@functools.cache
+def prepare(root: Path) -> None:
+    """The tree's bytecode and code bundle, once per process: every start measured reads the same."""
+    subprocess.run([sys.executable, "-m", "compileall", "-qq", "retsnoop_otel"], cwd=root, check=False, timeout=300)
+    write_bundle(str(root / "retsnoop_otel"))  # this interpreter's, as the child's
+
+
 def measure(argv: Sequence[str], env: Mapping[str, str] = {}, root: Path = ROOT) -> dict:
     """One start in a fresh interpreter: the modules it imported and the files it opened up to the kernel step."""
     import tempfile
-    subprocess.run([sys.executable, "-m", "compileall", "-qq", "retsnoop_otel"], cwd=root, check=False, timeout=300)
-    write_bundle(str(root / "retsnoop_otel"))  # this interpreter's, as the child's
+    prepare(root)
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "snap.json")
         child_env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")} | dict(env)
