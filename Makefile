@@ -158,18 +158,25 @@ kernels: setup
 ## them, the host tests (unit, native uprobes, artifacts), then those again with the lowest allowed library versions.
 ## The emulated guests keep about one of two cores busy: the host tests fill the other (their output follows the VM
 ## tests'; in $(TEST_LOGS) while they run).
+## The VM tests' progress lines carry the time since make began (+M:SS): CI keeps only the output's tail.
 TEST_LOGS := build/test-logs
+TEST_T0 := $(shell date +%s)
 test: setup kernels lint wheel
-	@mkdir -p $(TEST_LOGS); rm -f $(TEST_LOGS)/*; \
+	@echo "make test: setup, kernels, lint and wheel took $$(( $$(date +%s) - $(TEST_T0) )) s"; \
+	export RETSNOOP_OTEL_TEST_T0=$(TEST_T0); \
+	mkdir -p $(TEST_LOGS); rm -f $(TEST_LOGS)/*; \
 	( $(PY) -m pytest -m 'not vm' -p no:cacheprovider $(PYTEST_ARGS) >$(TEST_LOGS)/host.log 2>&1; echo $$? >$(TEST_LOGS)/host.rc; \
+	  echo "+$$(( $$(date +%s) - $(TEST_T0) )) s" >$(TEST_LOGS)/host.end; \
 	  $(MAKE) --no-print-directory lowest PYTEST_ARGS='-p no:cacheprovider $(PYTEST_ARGS)' >$(TEST_LOGS)/lowest.log 2>&1; \
-	  echo $$? >$(TEST_LOGS)/lowest.rc ) & \
+	  echo $$? >$(TEST_LOGS)/lowest.rc; echo "+$$(( $$(date +%s) - $(TEST_T0) )) s" >$(TEST_LOGS)/lowest.end ) & \
 	echo "host tests running beside the VM tests: $(TEST_LOGS)/host.log, then $(TEST_LOGS)/lowest.log"; \
-	$(PY) -m pytest -m vm $(PYTEST_ARGS); vm=$$?; wait; \
+	$(PY) -m pytest -m vm $(PYTEST_ARGS); vm=$$?; vm_end=$$(( $$(date +%s) - $(TEST_T0) )); wait; \
 	echo "=== host tests ($(TEST_LOGS)/host.log)"; cat $(TEST_LOGS)/host.log; \
 	echo "=== host tests, lowest library versions ($(TEST_LOGS)/lowest.log)"; cat $(TEST_LOGS)/lowest.log; \
 	host=$$(cat $(TEST_LOGS)/host.rc); lowest=$$(cat $(TEST_LOGS)/lowest.rc); \
-	echo "make test: VM tests exit $$vm, host tests exit $$host, lowest versions exit $$lowest"; \
+	ended="VM tests +$$vm_end s, host tests $$(cat $(TEST_LOGS)/host.end), lowest $$(cat $(TEST_LOGS)/lowest.end)"; \
+	echo "make test: VM tests exit $$vm, host tests exit $$host, lowest versions exit $$lowest ($$ended; in all" \
+	  "$$(( $$(date +%s) - $(TEST_T0) )) s)"; \
 	[ $$vm = 0 ] && [ $$host = 0 ] && [ $$lowest = 0 ]
 
 ## lowest: the host tests in a venv holding the lowest versions pyproject.toml allows (OTel, protobuf, grpcio,

@@ -53,7 +53,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from tests.conftest import HOST_KERNELS, VM_KERNELS  # noqa: E402
-from tests.vm import guest_batch, guest_crash, host_forwards  # noqa: E402 - needs the repo root on sys.path
+from tests.vm import guest_batch, guest_crash, guest_stall, host_forwards  # noqa: E402 - needs the repo root on sys.path
 from tests.vm.guest_crash import GuestCrash  # noqa: E402
 
 OLDEST, NEWEST = HOST_KERNELS[0], HOST_KERNELS[-1]
@@ -63,6 +63,7 @@ FIXTURE_KERNEL = {"vm_batch_510": "5.10", "vm_batch_61": "6.1", "vm_batch_612": 
                   "vm_batch_arm64": ARM64}
 ROLES = {"oldest": (OLDEST,), "newest": (NEWEST,), "all": HOST_KERNELS}
 BOOT_MARGIN_S = 900.0  # boot (20-40 s under TCG) + guest Python start-up and imports, generously
+STALL_MARGIN_S = 600.0  # beyond a scenario's budget, silence from the guest means it hangs (guest_stall)
 LOG_TAIL = 80
 STASH = pytest.StashKey["VmBatches"]()
 WANTED = pytest.StashKey[dict]()  # series -> the scenario modules its collected tests read
@@ -168,6 +169,7 @@ class VmBatches:
         self._lines: queue.Queue[str] = queue.Queue()
         self._procs: list[subprocess.Popen] = []
         self.crashes: list[str] = []  # one line per guest kernel crash, for the terminal summary
+        self.t0 = _test_t0()
 
     def get(self, series: str) -> VmBatch:
         for s in ([*self.wanted, series] if self.parallel else [series]):
@@ -199,7 +201,10 @@ class VmBatches:
             thread.join(30)
 
     def _say(self, line: str) -> None:
-        self._lines.put(line)
+        """A progress line stamped with the time since `make test` began (RETSNOOP_OTEL_TEST_T0, else since this
+        session began): CI shows only the output's tail, and the stamps there say where the time went."""
+        body = line.lstrip("\n")
+        self._lines.put(f"{line[:len(line) - len(body)]}{_elapsed(self.t0)} {body}")
 
     def say_pending(self) -> None:
         """Progress on the terminal even while pytest captures output (a batch takes minutes)."""
@@ -334,20 +339,49 @@ class VmBatches:
             return self._run_vm(series, cmd, rwdir)
 
     def _run_vm(self, series: str, cmd: list[str], rwdir: Path) -> tuple[int, str]:
-        """tests/vm/run's exit code and output, which goes to batch.log and, its progress lines, to the terminal."""
+        """tests/vm/run's exit code and output, which goes to batch.log and, its progress lines, to the terminal.
+
+        A guest that goes silent for longer than the scenario running in it may take (the guest kills a scenario at
+        its budget and says so) is stopped: a hung guest kernel costs that much, not the boot's whole timeout."""
         lines: list[str] = []
+        stall = guest_stall.Stall(BOOT_MARGIN_S, STALL_MARGIN_S * (PARALLEL_SLOWDOWN if self.parallel else 1.0))
         with open(rwdir / "batch.log", "w") as log, subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                 errors="replace", cwd=REPO) as proc:
             self._procs.append(proc)
+            watchdog = threading.Thread(target=stall.watch, args=(proc,), name=f"vm-{series}-stall", daemon=True)
+            watchdog.start()
             assert proc.stdout is not None
             for line in proc.stdout:
+                stall.saw(line)
                 lines.append(line)
                 log.write(line)
                 log.flush()
                 if line.startswith(("[batch]", "tests/vm/run:", "[vm]")):
                     self._say(f"[vm {series}] {line.rstrip()}")
+            proc.wait()
+            stall.done.set()
+        if stall.why:
+            line = f"[vm {series}] stopped the VM: {stall.why}\n"
+            self._say(line.rstrip())
+            log_line = f"tests/vm/conftest.py: {line}"
+            with open(rwdir / "batch.log", "a") as log:
+                log.write(log_line)
+            lines.append(log_line)
         return proc.returncode, "".join(lines)
+
+
+def _test_t0() -> float:
+    """When `make test` began (its Makefile passes the epoch seconds), else now."""
+    try:
+        return float(os.environ["RETSNOOP_OTEL_TEST_T0"])
+    except (KeyError, ValueError):
+        return time.time()
+
+
+def _elapsed(t0: float) -> str:
+    m, s = divmod(max(0, int(time.time() - t0)), 60)
+    return f"+{m}:{s:02d}"
 
 
 def _read(path: Path) -> str:

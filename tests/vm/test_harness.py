@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import sys
 import textwrap
 import time
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.vm import guest_batch, guest_crash
+from tests.vm import guest_batch, guest_crash, guest_stall
 from tests.vm.guest_batch import Context, Proc, discover, run_batch
 
 CRASHES = Path(__file__).resolve().parents[1] / "fixtures" / "guest_crash"
@@ -311,3 +312,38 @@ def test_a_crash_before_the_first_scenario_is_told_from_one_between_scenarios() 
     assert not during.before_scenarios and (during.scenario, during.after) == ("a", None)
     (boot,) = guest_crash.boot_crashes(OUT_72)  # tests/vm/run's first attempt of the recorded run
     assert boot.before_scenarios and guest_crash.attempts(OUT_72) == 2
+
+
+def test_a_silent_guest_is_stopped_after_its_scenarios_budget_and_the_margin() -> None:
+    stall = guest_stall.Stall(boot_s=60, margin_s=0.5, poll_s=0.1)
+    stall.saw("[batch] 2 scenarios, discovered in 0.1 s\n")
+    assert stall.allowed_s == 60  # still booting: the boot's margin
+    stall.saw("[batch] soak: start (budget 1 s)\n")
+    assert (stall.scenario, stall.allowed_s) == ("soak", 1.0)
+    stall.saw("[soak] a line of its own\n")
+    assert stall.allowed_s == 1.0
+    proc = subprocess.Popen(["sleep", "60"])
+    t0 = time.monotonic()
+    stall.watch(proc)
+    assert proc.wait(10) == -signal.SIGTERM
+    assert time.monotonic() - t0 >= 1.4  # its budget and the margin, from its last line
+    assert "no output for" in stall.why and "(soak;" in stall.why
+
+
+def test_a_guest_between_scenarios_may_not_be_silent_beyond_the_margin() -> None:
+    stall = guest_stall.Stall(boot_s=600, margin_s=0.3, poll_s=0.1)
+    stall.saw("[batch] soak: start (budget 900 s)\n")
+    stall.saw("[batch] soak: ok in 3.0 s\n")
+    assert (stall.scenario, stall.allowed_s) == ("after soak", 0.0)
+    proc = subprocess.Popen(["sleep", "60"])
+    stall.watch(proc)
+    assert proc.wait(10) == -signal.SIGTERM and "after soak" in stall.why
+
+
+def test_a_guest_that_ends_is_not_stopped() -> None:
+    stall = guest_stall.Stall(boot_s=0, margin_s=0, poll_s=0.05)
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    stall.done.set()
+    stall.watch(proc)
+    assert stall.why == ""
