@@ -359,8 +359,7 @@ class VmBatches:
                 log.flush()
                 if line.startswith(("[batch]", "tests/vm/run:", "[vm]")):
                     self._say(f"[vm {series}] {line.rstrip()}")
-            proc.wait()
-            stall.done.set()
+            stall.done.set()  # its output ended: tests/vm/run exits (the `with` waits for it)
         if stall.why:
             line = f"[vm {series}] stopped the VM: {stall.why}\n"
             self._say(line.rstrip())

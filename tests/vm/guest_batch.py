@@ -50,7 +50,7 @@ from pathlib import Path
 
 from tests.procs import Command, Proc  # Proc: what Context.spawn returns
 
-DEFAULT_BUDGET_S = 600.0
+DEFAULT_BUDGET_S = 300.0
 SCENARIO_PREFIX = "scenario_"
 SCENARIO_PACKAGE = "tests.vm.scenarios"
 SUMMARY_FILE = "_batch.json"
@@ -59,7 +59,10 @@ SUMMARY_FILE = "_batch.json"
 def budget(seconds: float, peers: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
     """Decorator: give a scenario its own time budget (the default is DEFAULT_BUDGET_S), and the backends it needs
     on the host (`peers`, names of tests/vm/host_forwards.PEERS): the boot that runs it starts them and forwards
-    the guest to them."""
+    the guest to them.
+
+    A budget is about ten times what the scenario takes in a guest alone on this 2-core machine, and at least
+    DEFAULT_BUDGET_S: slack for a loaded machine, while a scenario that hangs costs minutes, not the CI run."""
 
     def mark(fn: Callable) -> Callable:
         fn.budget_s = float(seconds)

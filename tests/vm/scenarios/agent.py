@@ -93,7 +93,7 @@ def _simfail_mix(ctx, out_file: Path) -> tuple[dict, list[tuple[str, str]]]:
     return run, _roots(reqs)
 
 
-@budget(2100)
+@budget(500)
 def scenario_agent_two_probe_sets(ctx) -> dict:
     r: dict = {}
     out_file = Path(ctx.tmpdir) / "otlp.jsonl"

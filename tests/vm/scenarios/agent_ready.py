@@ -96,7 +96,7 @@ def _exported(spans: list[dict]) -> dict:
     return {"roots": sum(1 for s in spans if not s.get("parentSpanId")), "leaves": leaves}
 
 
-@budget(1500)
+@budget(700)
 def scenario_agent_ready(ctx) -> dict:
     r: dict = {}
     exe = _build(ctx)

@@ -131,7 +131,7 @@ def _wait_roots(path: Path, want: int, timeout: float, settle: float = 90) -> in
     return _kernel_roots(path)
 
 
-@budget(1800)
+@budget(900)
 def scenario_app_context(ctx) -> dict:
     r: dict = {}
     tmp = Path(ctx.tmpdir)

@@ -115,7 +115,7 @@ def _metrics(port: int) -> str:
         return resp.read().decode()
 
 
-@budget(1500)
+@budget(500)
 def scenario_app_exec(ctx) -> dict:
     r: dict = {}
     tmp = Path(ctx.tmpdir)

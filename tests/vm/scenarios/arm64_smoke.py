@@ -98,7 +98,7 @@ def _b64_trace(hex_id: str) -> str:
     return base64.b64encode(bytes.fromhex(hex_id)).decode()
 
 
-@budget(2400)
+@budget(600)
 def scenario_arm64_smoke(ctx: Context) -> dict:
     result: dict = {"machine": platform.machine(), "package": str(Path(retsnoop_otel.__file__).parent)}
     result["features"] = ctx.run([*TOOL, "features", "--json"], timeout=400)

@@ -98,7 +98,7 @@ def _web_configs(d: Path) -> dict[str, Path]:
     return {"web_mismatch": mismatch, "agent_web": agent}
 
 
-@budget(1200)
+@budget(400)
 def scenario_bad_input(ctx) -> dict:
     t0 = time.monotonic()
     others = _other_kernel_files()

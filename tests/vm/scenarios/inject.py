@@ -74,7 +74,7 @@ def _run(ctx, exit_entry: str, flags: list[str], otlp_port: int | None = None, t
                       progs_while_attached=True)
 
 
-@budget(1500)
+@budget(400)
 def scenario_inject_probes(ctx) -> dict:
     accepted, refused = _kprobe_offsets(FUNC)
     near = _traceable("syscall", "exit_to_user", "sys_exit")

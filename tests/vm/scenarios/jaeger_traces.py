@@ -78,7 +78,7 @@ def _requests_in_jaeger(jaeger: Jaeger, service_out: str) -> list[dict]:
     return out
 
 
-@budget(1800)
+@budget(400)
 def scenario_jaeger_traces(ctx) -> dict:
     r: dict = {}
     jaeger = Jaeger(decision_wait="3s")

@@ -17,7 +17,7 @@ from tests.vm.guest_batch import budget
 PY = sys.executable
 
 
-@budget(900)
+@budget(300)
 def scenario_lbr_kernel_path(ctx) -> dict:
     from retsnoop_otel.kernel import bpfsys, features
     from retsnoop_otel.kernel import libbpf_btf as lb

@@ -59,7 +59,7 @@ def _wait(proc: subprocess.Popen, timeout: float) -> tuple[int | None, float]:
         return None, time.monotonic() - t0
 
 
-@budget(900)
+@budget(300)
 def scenario_streams_head(ctx) -> dict:
     """`trace ... | head -1`: the reader takes "Receiving data..." and leaves; bpf() calls then fail."""
     err_path = Path(ctx.tmpdir) / "err.txt"
@@ -81,7 +81,7 @@ def scenario_streams_head(ctx) -> dict:
     return r
 
 
-@budget(900)
+@budget(300)
 def scenario_streams_full(ctx) -> dict:
     """stdout is /dev/full: "Receiving data..." cannot be written; the run detaches and says so in one line."""
     with open("/dev/full", "wb") as full:
@@ -98,7 +98,7 @@ def scenario_streams_full(ctx) -> dict:
     return {"rc": rc, "stderr": err.decode(errors="replace"), "progs_after": our_progs(ctx)}
 
 
-@budget(1500)
+@budget(300)
 def scenario_streams_sigint_attach(ctx) -> dict:
     """Ctrl-C once about 1,700 functions were found, while they load and attach."""
     proc = ctx.spawn([*TRACE, *LARGE, "-v"])
@@ -119,7 +119,7 @@ def scenario_streams_sigint_attach(ctx) -> dict:
     return r
 
 
-@budget(900)
+@budget(300)
 def scenario_streams_sighup_running(ctx) -> dict:
     """SIGHUP on a trace that captured the failing call: a stop like SIGTERM's."""
     return traced_run(ctx, [*TRACE, *SMALL], WORKLOAD, r"array_map_alloc_check", settle_s=3, stop=signal.SIGHUP,
@@ -137,7 +137,7 @@ metrics:
 """
 
 
-@budget(1200)
+@budget(300)
 def scenario_streams_agent_sighup(ctx) -> dict:
     """The agent reloads on SIGHUP (trace's stop is not the agent's), then stops on SIGTERM."""
     cfg = Path(ctx.tmpdir) / "agent.yaml"

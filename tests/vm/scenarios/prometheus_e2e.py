@@ -156,7 +156,7 @@ def agent_get(tmp: Path, path: str = "/metrics", auth: str | None = None, tls: b
         conn.close()
 
 
-@budget(1200)
+@budget(400)
 def scenario_prometheus_e2e(ctx) -> dict:
     r: dict = {}
     tmp = Path(ctx.tmpdir)

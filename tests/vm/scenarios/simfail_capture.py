@@ -27,7 +27,7 @@ def _wait_sessions(tracer, pid: int, want: int, timeout: float) -> int:
         time.sleep(1)
 
 
-@budget(1200)
+@budget(300)
 def scenario_simfail_capture(ctx) -> dict:
     t0 = time.monotonic()
     tracer, attach_s = start_tracer(ctx, [*CAPTURE_SET, "--json", "-v"])

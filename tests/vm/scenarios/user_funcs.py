@@ -44,7 +44,7 @@ def _run(ctx, app: str, extra: list[str]) -> dict:
                       progs_while_attached=True)
 
 
-@budget(1800)
+@budget(400)
 def scenario_user_funcs(ctx) -> dict:
     tmp = Path(ctx.tmpdir)
     app = build(ctx, tmp)

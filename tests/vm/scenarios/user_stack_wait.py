@@ -122,7 +122,7 @@ def _brief(s: dict) -> dict:
             "stack": s["attrs"].get("retsnoop.user_stacktrace", "")}
 
 
-@budget(1500)
+@budget(400)
 def scenario_user_stack_wait(ctx) -> dict:
     r: dict = {"wait_s": WAIT_S}
     tmp = Path(ctx.tmpdir)

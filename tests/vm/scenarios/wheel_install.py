@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[3]
 PY = sys.executable
 
 
-@budget(900)
+@budget(300)
 def scenario_wheel_install(ctx: Context) -> dict:
     wheels = sorted((REPO / "dist").glob("retsnoop_otel-*-manylinux_*.whl"))
     if len(wheels) != 1 or not (REPO / "dist" / "deps").is_dir():

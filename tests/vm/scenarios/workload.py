@@ -20,7 +20,7 @@ def _ours(ctx) -> list[str]:
     return [p["name"] for p in ctx.bpf_prog_ids() if p["name"].startswith(OUR_PROG_PREFIXES)]
 
 
-@budget(600)
+@budget(300)
 def scenario_simfail_cases(ctx) -> dict:
     """Every case in one `simfail --json` process (guest Python starts slowly), then exit codes of
     single-case runs: a repeated failing case, the kernel-dependent fentry case, an unknown case."""
@@ -38,7 +38,7 @@ def scenario_simfail_cases(ctx) -> dict:
     return {"rc": rc, "results": results, "stderr": err[-2000:], "alone": alone, "progs_left": _ours(ctx)}
 
 
-@budget(600)
+@budget(300)
 def scenario_features(ctx) -> dict:
     """`features --json` and the human report; nothing may stay loaded afterwards."""
     rc, out, err = ctx.run([PY, "-m", "retsnoop_otel", "features", "--json"], timeout=300)

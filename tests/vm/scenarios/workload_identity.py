@@ -117,7 +117,7 @@ def _run_in(ctx, procs_files: list[Path], *after: str) -> tuple[int, int, str]:
     return proc.pid, proc.returncode if proc.returncode is not None else -999, proc.output()[-500:]
 
 
-@budget(900)
+@budget(300)
 def scenario_workload_identity(ctx) -> dict:
     t0 = time.monotonic()
     r: dict = {"cgroup_mount": _cgroup_mount(ctx), "layouts": LAYOUTS}
