@@ -17,9 +17,10 @@ class Stall:
     """When a guest's silence means it hangs: no line for the running scenario's budget (the guest's batch kills a
     scenario at its budget and prints a line), or for the boot's margin before the first one, plus `margin`."""
 
-    def __init__(self, boot_s: float, margin_s: float, poll_s: float = 5.0) -> None:
+    def __init__(self, boot_s: float, margin_s: float, poll_s: float = 5.0, grace_s: float = 60.0) -> None:
         self.margin_s = margin_s
         self.poll_s = poll_s
+        self.grace_s = grace_s  # from SIGTERM (tests/vm/run stops QEMU) to SIGKILL
         self.allowed_s = boot_s  # what the guest may take before its next line
         self.scenario = "booting"
         self.last = time.monotonic()
@@ -41,7 +42,9 @@ class Stall:
                 self.why = (f"no output for {silent:.0f} s ({self.scenario}; the guest may take {self.allowed_s:.0f} s "
                             f"+ {self.margin_s:.0f} s): the guest hangs")
                 proc.terminate()  # tests/vm/run stops QEMU on SIGTERM
-                if self.done.wait(60.0):
-                    return
-                proc.kill()
+                deadline = time.monotonic() + self.grace_s
+                while proc.poll() is None and time.monotonic() < deadline:
+                    time.sleep(min(self.poll_s, 1.0))
+                if proc.poll() is None:
+                    proc.kill()
                 return

@@ -347,3 +347,14 @@ def test_a_guest_that_ends_is_not_stopped() -> None:
     stall.done.set()
     stall.watch(proc)
     assert stall.why == ""
+
+
+def test_a_guest_that_ignores_the_stop_is_killed_after_the_grace() -> None:
+    stall = guest_stall.Stall(boot_s=0, margin_s=0.2, poll_s=0.1, grace_s=0.5)
+    proc = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+                             "print('ignoring', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "ignoring\n"
+    stall.saw("ignoring\n")
+    stall.watch(proc)
+    assert proc.wait(10) == -signal.SIGKILL and "booting" in stall.why
+    proc.stdout.close()
