@@ -160,7 +160,10 @@ kernels: setup
 ## tests'; in $(TEST_LOGS) while they run).
 ## The VM tests' progress lines carry the time since make began (+M:SS): CI keeps only the output's tail.
 TEST_LOGS := build/test-logs
+ifndef TEST_T0  # once, for sub-makes too
 TEST_T0 := $(shell date +%s)
+export TEST_T0
+endif
 test: setup kernels lint wheel
 	@echo "make test: setup, kernels, lint and wheel took $$(( $$(date +%s) - $(TEST_T0) )) s"; \
 	export RETSNOOP_OTEL_TEST_T0=$(TEST_T0); \

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.procs import Command, Proc  # Proc: what Context.spawn returns
+from tests.vm import batch_lines
 
 DEFAULT_BUDGET_S = 300.0
 SCENARIO_PREFIX = "scenario_"
@@ -228,11 +229,11 @@ def run_batch(scenarios: Iterable[Scenario], out: Path, release: str = "") -> di
     summary: dict = {"release": release or os.uname().release,
                      "series": os.environ.get("RETSNOOP_OTEL_KERNEL_SERIES", ""), "scenarios": {}}
     for sc in scenarios:
-        print(f"[batch] {sc.name}: start (budget {sc.budget_s:g} s)", flush=True)
+        print(batch_lines.start(sc.name, sc.budget_s), flush=True)
         status, secs = run_one(sc, out)
         summary["scenarios"][sc.name] = {"status": status, "seconds": round(secs, 1), "budget_s": sc.budget_s,
                                          "module": sc.module}
-        print(f"[batch] {sc.name}: {status} in {secs:.1f} s", flush=True)
+        print(batch_lines.end(sc.name, status, secs), flush=True)
         _write_json(out / SUMMARY_FILE, summary)
     _write_json(out / SUMMARY_FILE, summary)
     return summary

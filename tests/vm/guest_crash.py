@@ -26,6 +26,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from tests.vm import batch_lines
+
 BOOTING = "tests/vm/run: booting "
 CONSOLE_TAIL = "last console lines:"  # tests/vm/run's line before the console tail of a VM without an exit code
 FINISHED = ("ok", "error", "timeout")  # guest_batch's statuses: the scenario ran to an outcome
@@ -37,8 +39,6 @@ MAX_EXCERPT = 40  # console lines kept from the first crash line on
 
 _TIMESTAMP = re.compile(r"^\s*\[\s*\d+\.\d+\]\s?")
 _DIE_HEADER = re.compile(r"^[\w ]+: [0-9a-f]{4} \[#\d+\]")  # int3: 0000 [#1] SMP NOPTI (before 6.9)
-_BATCH_START = re.compile(r"^\[batch\] (\S+): start\b")
-_BATCH_END = re.compile(r"^\[batch\] (\S+): (\w+) in [\d.]+ s")
 _RIP = re.compile(r"\bRIP: 0010:(\S+)")  # the kernel's (0033: user space, after a syscall)
 _COMM = re.compile(r"\bComm: (\S+)")
 
@@ -114,10 +114,8 @@ def _progress(output: str) -> tuple[str | None, str | None]:
     started: list[str] = []
     finished: list[str] = []
     for line in last_boot(output).splitlines():
-        if m := _BATCH_START.match(line):
-            started.append(m.group(1))
-        elif m := _BATCH_END.match(line):
-            finished.append(m.group(1))
+        if p := batch_lines.parse(line):
+            (started if p.started else finished).append(p.name)
     unfinished = [n for n in started if n not in finished]
     return (unfinished[-1] if unfinished else None), (finished[-1] if finished else None)
 

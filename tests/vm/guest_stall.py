@@ -12,6 +12,8 @@ import subprocess
 import threading
 import time
 
+from tests.vm import batch_lines
+
 
 class Stall:
     """When a guest's silence means it hangs: no line for the running scenario's budget (the guest's batch kills a
@@ -29,10 +31,10 @@ class Stall:
 
     def saw(self, line: str) -> None:
         self.last = time.monotonic()
-        if line.startswith("[batch] ") and ": start (budget " in line:
-            self.scenario = line.split()[1].rstrip(":")
-            self.allowed_s = float(line.rsplit("(budget ", 1)[1].split()[0])
-        elif line.startswith(f"[batch] {self.scenario}: "):  # its outcome
+        p = batch_lines.parse(line)
+        if p and p.started:
+            self.scenario, self.allowed_s = p.name, p.budget_s
+        elif p and p.name == self.scenario:  # its outcome
             self.scenario, self.allowed_s = f"after {self.scenario}", 0.0
 
     def watch(self, proc: subprocess.Popen) -> None:

@@ -1,4 +1,5 @@
-"""Issue 5 faults and endurance on 6.12: OTLP/HTTP receiver down at start then back, three-minute soak.
+"""Issue 5 faults and endurance in the newest kernel's boot: OTLP/HTTP receiver down at start then back, a
+three-minute soak.
 
 Guest side: tests/vm/scenarios/agent_faults.py.
 """

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.vm import guest_batch, guest_crash, guest_stall
+from tests.vm import batch_lines, guest_batch, guest_crash, guest_stall
 from tests.vm.guest_batch import Context, Proc, discover, run_batch
 
 CRASHES = Path(__file__).resolve().parents[1] / "fixtures" / "guest_crash"
@@ -172,8 +172,8 @@ def test_context_run_timeout_and_env(tmp_path: Path) -> None:
 # 6.1-sysrq.*: the same from tests/vm/test_crash_drill.py's first boot (a panic on purpose, in crash_drill).
 OUT_72 = (CRASHES / "7.2-user_funcs.out").read_text()
 CONSOLE_72 = (CRASHES / "7.2-user_funcs.console").read_bytes().decode()  # CRLF kept
-ORDER_72 = [line.split()[1].rstrip(":") for line in guest_crash.last_boot(OUT_72).splitlines()
-            if line.startswith("[batch]") and line.endswith("s)")]  # the scenarios the attempt started, in order
+ORDER_72 = [p.name for line in guest_crash.last_boot(OUT_72).splitlines()
+            if (p := batch_lines.parse(line)) and p.started]  # the scenarios the attempt started, in order
 
 
 def _vm_output(batch: str, console: str | None, release: str = "6.1.0-56-amd64") -> str:
@@ -312,6 +312,14 @@ def test_a_crash_before_the_first_scenario_is_told_from_one_between_scenarios() 
     assert not during.before_scenarios and (during.scenario, during.after) == ("a", None)
     (boot,) = guest_crash.boot_crashes(OUT_72)  # tests/vm/run's first attempt of the recorded run
     assert boot.before_scenarios and guest_crash.attempts(OUT_72) == 2
+
+
+def test_the_batch_progress_lines_read_back_as_printed() -> None:
+    assert batch_lines.parse(batch_lines.start("soak", 1800)) == batch_lines.Progress("soak", True, budget_s=1800)
+    assert batch_lines.parse(batch_lines.end("soak", "timeout", 1800.04)) == \
+        batch_lines.Progress("soak", False, status="timeout")
+    for other in ("[batch] 2 scenarios, discovered in 0.1 s", "[batch] done in 9.0 s; not ok: none", "[soak] start"):
+        assert batch_lines.parse(other) is None
 
 
 def test_a_silent_guest_is_stopped_after_its_scenarios_budget_and_the_margin() -> None:

@@ -15,7 +15,6 @@ import urllib.request
 from pathlib import Path
 
 from tests.configmap import configmap_update
-from tests.vm.guest_batch import budget
 from tests.vm.traced_run import our_progs
 
 PY = sys.executable
@@ -59,7 +58,6 @@ def _update(ctx, agent, mount: Path, text: str, wait_for: str) -> dict:
     return r
 
 
-@budget(300)  # 43 s alone on 6.12 under TCG
 def scenario_agent_config_swap(ctx) -> dict:
     r: dict = {}
     mount = Path(ctx.tmpdir) / "config"

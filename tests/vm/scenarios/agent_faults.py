@@ -1,5 +1,5 @@
-"""Guest side of the agent's fault and endurance checks (issue 5), on 6.12 only (one kernel is enough
-for user-space behaviour, and the soak costs three minutes of VM time).
+"""Guest side of the agent's fault and endurance checks (issue 5), in the newest kernel's boot only (one kernel
+is enough for user-space behaviour, and the soak costs three minutes of VM time).
 
 One agent exports over OTLP/HTTP (protobuf) to a port where nothing listens yet:
 1. receiver down: simfail failures are captured, the exports fail, the losses are counted;

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import sys
 
-from tests.vm.guest_batch import budget
 from tests.vm.traced_run import our_progs
 
 PY = sys.executable
@@ -36,7 +35,6 @@ def _run(ctx, cmd: list[str], settle_s: float = 10, printed: str = r"← bpf_pro
     return result
 
 
-@budget(300)
 def scenario_calls_prog_load(ctx) -> dict:
     if ctx.vmlinux:
         cmd = ["-e", "bpf_prog_load", "-a", ":kernel/bpf/*.c", "-d", "bpf_lsm*", "-d", "push_insn",
@@ -46,7 +44,6 @@ def scenario_calls_prog_load(ctx) -> dict:
     return _run(ctx, cmd)
 
 
-@budget(300)
 def scenario_calls_record_loss(ctx) -> dict:
     r = _run(ctx, ["-e", "bpf_prog_load", *NAME_SET, "-S", "-T", "-C", "bpf.ringbuf-size=4096"], settle_s=5,
              # any record can be lost, bpf_prog_load's own exit too: then the table ends with the gap line

@@ -54,7 +54,6 @@ def _one_capture(ctx, args: list[str]) -> dict:
     return out
 
 
-@budget(300)
 def scenario_dwarf_levels(ctx) -> dict:
     """-s (file:line, no inlined frames) and -sn (no DWARF at all) with the kernel's DWARF at hand (6.1)."""
     if not ctx.vmlinux:

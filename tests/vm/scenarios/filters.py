@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tests.procs import remove_cgroups
-from tests.vm.guest_batch import budget
 from tests.vm.traced_run import our_progs
 
 PY = sys.executable
@@ -84,7 +83,6 @@ def wait_for_pid_session(tracer, pid: int, timeout: float = 180) -> None:
     tracer.wait_output_settled(SETTLE_S, timeout=120)
 
 
-@budget(300)
 def scenario_filter_comm_errors(ctx) -> dict:
     """-n @file (sfa, sfb) -N sfb -x EINVAL: sfa's EINVAL kept; sfa's E2BIG (-x), sfb (-N wins) and sfc (-n)
     dropped."""
@@ -106,7 +104,6 @@ def scenario_filter_comm_errors(ctx) -> dict:
     return result
 
 
-@budget(300)
 def scenario_filter_pid_errors(ctx) -> dict:
     """-p A -X -E2BIG: A's EINVAL kept; A's E2BIG (-X) and another process's EINVAL (-p) dropped."""
     t0 = time.monotonic()
@@ -136,7 +133,6 @@ def _cgroup_mount(ctx) -> str:
     return "mounted by the scenario"
 
 
-@budget(300)
 def scenario_filter_duration_pid_cgroup(ctx) -> dict:
     """-S -L 500 -P D --cgroup CG on the nanosleep syscalls, four sleepers each meant for one outcome.
 

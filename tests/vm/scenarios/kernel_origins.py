@@ -14,8 +14,6 @@ import sys
 import time
 from collections import Counter
 
-from tests.vm.guest_batch import budget
-
 PY = sys.executable
 COMM = "origins_wl"
 WORKLOAD = """
@@ -170,7 +168,6 @@ ROUNDS = (("0", "3", "2"), ("0", "2", "1"))  # no successes: on 5.10 (memlock ac
 # leave the user none to create more
 
 
-@budget(300)
 def scenario_trace_origin_table(ctx) -> dict:
     """`trace --json -x E2BIG --origins-interval 1`: no session is printed (none fails with E2BIG), yet the tables
     count them all, since they are the kernel's count of every failing session: one per interval, then the run's at
@@ -206,7 +203,6 @@ def scenario_trace_origin_table(ctx) -> dict:
     return result
 
 
-@budget(300)
 def scenario_trace_origins_only(ctx) -> dict:
     """`trace --syscalls --origins-only --json` (the bpf() callbacks allowed too, should the preset's budget leave
     them out): no session printed, the table at stop counts every failing call by origin; on a kernel without

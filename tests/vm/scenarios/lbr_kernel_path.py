@@ -12,12 +12,9 @@ from __future__ import annotations
 import sys
 import time
 
-from tests.vm.guest_batch import budget
-
 PY = sys.executable
 
 
-@budget(300)
 def scenario_lbr_kernel_path(ctx) -> dict:
     from retsnoop_otel.kernel import bpfsys, features
     from retsnoop_otel.kernel import libbpf_btf as lb

@@ -21,7 +21,6 @@ import sys
 import time
 from pathlib import Path
 
-from tests.vm.guest_batch import budget
 from tests.vm.traced_run import our_progs, traced_run
 
 PY = sys.executable
@@ -59,7 +58,6 @@ def _wait(proc: subprocess.Popen, timeout: float) -> tuple[int | None, float]:
         return None, time.monotonic() - t0
 
 
-@budget(300)
 def scenario_streams_head(ctx) -> dict:
     """`trace ... | head -1`: the reader takes "Receiving data..." and leaves; bpf() calls then fail."""
     err_path = Path(ctx.tmpdir) / "err.txt"
@@ -81,7 +79,6 @@ def scenario_streams_head(ctx) -> dict:
     return r
 
 
-@budget(300)
 def scenario_streams_full(ctx) -> dict:
     """stdout is /dev/full: "Receiving data..." cannot be written; the run detaches and says so in one line."""
     with open("/dev/full", "wb") as full:
@@ -98,7 +95,6 @@ def scenario_streams_full(ctx) -> dict:
     return {"rc": rc, "stderr": err.decode(errors="replace"), "progs_after": our_progs(ctx)}
 
 
-@budget(300)
 def scenario_streams_sigint_attach(ctx) -> dict:
     """Ctrl-C once about 1,700 functions were found, while they load and attach."""
     proc = ctx.spawn([*TRACE, *LARGE, "-v"])
@@ -119,7 +115,6 @@ def scenario_streams_sigint_attach(ctx) -> dict:
     return r
 
 
-@budget(300)
 def scenario_streams_sighup_running(ctx) -> dict:
     """SIGHUP on a trace that captured the failing call: a stop like SIGTERM's."""
     return traced_run(ctx, [*TRACE, *SMALL], WORKLOAD, r"array_map_alloc_check", settle_s=3, stop=signal.SIGHUP,
@@ -137,7 +132,6 @@ metrics:
 """
 
 
-@budget(300)
 def scenario_streams_agent_sighup(ctx) -> dict:
     """The agent reloads on SIGHUP (trace's stop is not the agent's), then stops on SIGTERM."""
     cfg = Path(ctx.tmpdir) / "agent.yaml"
@@ -175,7 +169,6 @@ print(json.dumps({"stop": requests.stop, "returned_s": returned, "drained": drai
 """
 
 
-@budget(300)
 def scenario_streams_signal_before_wait(ctx) -> dict:
     """The race the wakeup fd closes (runtime/requests.py): a SIGTERM whose handler ran before libbpf's epoll_wait
     interrupted nothing, and the stop waited out the poll's whole timeout."""

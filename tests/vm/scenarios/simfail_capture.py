@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 
-from tests.vm.guest_batch import budget
 from tests.vm.scenarios.filters import SETTLE_S, finish, json_sessions, spawn_simfail, start_tracer, stop_tracer
 
 CAPTURE_SET = ["-e", "*sys_bpf", "-e", "*sys_perf_event_open",
@@ -27,7 +26,6 @@ def _wait_sessions(tracer, pid: int, want: int, timeout: float) -> int:
         time.sleep(1)
 
 
-@budget(300)
 def scenario_simfail_capture(ctx) -> dict:
     t0 = time.monotonic()
     tracer, attach_s = start_tracer(ctx, [*CAPTURE_SET, "--json", "-v"])

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.vm.guest_batch import Context, budget
+from tests.vm.guest_batch import Context
 
 ECHO_SERVER = """
 import socket
@@ -83,7 +83,6 @@ def _tcp_echo(ctx: Context) -> dict:
     return {"port": port, "reply": reply.decode(), "server_rc": server.terminate(timeout=30)}
 
 
-@budget(300)
 def scenario_smoke(ctx: Context) -> dict:
     rc, release, _ = ctx.run(["uname", "-r"], timeout=30)
     result: dict = {"uname_rc": rc, "release": release.strip(), "series": ctx.kernel_series,

@@ -17,7 +17,6 @@ import subprocess
 import sys
 import time
 
-from tests.vm.guest_batch import budget
 from tests.vm.scenarios.filters import SETTLE_S, json_sessions, stop_tracer
 
 PY = sys.executable
@@ -73,7 +72,6 @@ def _workloads(ctx, ia32: str | None, result: dict) -> None:
         result["ia32_rc"] = subprocess.run([ia32], timeout=60).returncode
 
 
-@budget(300)
 def scenario_syscalls_preset(ctx) -> dict:
     t0 = time.monotonic()
     ia32 = build_ia32(ctx.tmpdir)
@@ -97,7 +95,6 @@ def scenario_syscalls_preset(ctx) -> dict:
     return result
 
 
-@budget(300)
 def scenario_syscalls_origins_only(ctx) -> dict:
     """`trace --syscalls --origins-only`: the preset's functions with their returns hooked only, the syscalls' at the
     sys_exit tracepoint (no session); the same workload, and the origin table at stop must count its failing calls."""
@@ -127,7 +124,6 @@ STACK_FUNCS = ("array_map_alloc_check", "path_openat", "do_mmap")
 STACK_CALLS = 3
 
 
-@budget(300)
 def scenario_stack_position(ctx) -> dict:
     """FEXIT_RET_SLOT (bpf/vmlinux_min.h), the stack pointer --origins-only's fexit.multi programs derive, against
     the one kretprobe.multi reads at the same returns (tests/native/stack_position.bpf.c): both kinds of link order

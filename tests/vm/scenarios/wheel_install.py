@@ -8,13 +8,12 @@ import sys
 from pathlib import Path
 
 from tests.otlp_json import wait_requests
-from tests.vm.guest_batch import Context, budget
+from tests.vm.guest_batch import Context
 
 REPO = Path(__file__).resolve().parents[3]
 PY = sys.executable
 
 
-@budget(300)
 def scenario_wheel_install(ctx: Context) -> dict:
     wheels = sorted((REPO / "dist").glob("retsnoop_otel-*-manylinux_*.whl"))
     if len(wheels) != 1 or not (REPO / "dist" / "deps").is_dir():

@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import sys
 
-from tests.vm.guest_batch import budget
-
 PY = sys.executable
 OUR_PROG_PREFIXES = ("simfail_", "rs_probe_")
 
@@ -20,7 +18,6 @@ def _ours(ctx) -> list[str]:
     return [p["name"] for p in ctx.bpf_prog_ids() if p["name"].startswith(OUR_PROG_PREFIXES)]
 
 
-@budget(300)
 def scenario_simfail_cases(ctx) -> dict:
     """Every case in one `simfail --json` process (guest Python starts slowly), then exit codes of
     single-case runs: a repeated failing case, the kernel-dependent fentry case, an unknown case."""
@@ -38,7 +35,6 @@ def scenario_simfail_cases(ctx) -> dict:
     return {"rc": rc, "results": results, "stderr": err[-2000:], "alone": alone, "progs_left": _ours(ctx)}
 
 
-@budget(300)
 def scenario_features(ctx) -> dict:
     """`features --json` and the human report; nothing may stay loaded afterwards."""
     rc, out, err = ctx.run([PY, "-m", "retsnoop_otel", "features", "--json"], timeout=300)

@@ -22,7 +22,6 @@ from pathlib import Path
 from tests.fake_apiserver import FIXTURES, make_test_ca
 from tests.otlp_json import spans as otlp_spans
 from tests.procs import remove_cgroups
-from tests.vm.guest_batch import budget
 from tests.vm.scenarios.filters import CGROUP_ROOT, _cgroup_mount
 
 PY = sys.executable
@@ -117,7 +116,6 @@ def _run_in(ctx, procs_files: list[Path], *after: str) -> tuple[int, int, str]:
     return proc.pid, proc.returncode if proc.returncode is not None else -999, proc.output()[-500:]
 
 
-@budget(300)
 def scenario_workload_identity(ctx) -> dict:
     t0 = time.monotonic()
     r: dict = {"cgroup_mount": _cgroup_mount(ctx), "layouts": LAYOUTS}
