@@ -9,7 +9,7 @@ result says why when something is missing.
 import errno as _errno
 import os
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
 from typing import NamedTuple
 
@@ -74,6 +74,44 @@ class Features(NamedTuple):
         return {"kernel_release": self.kernel_release, "machine": self.machine, "libbpf_version": self.libbpf_version,
                 "features": {f.name: {k: v for k, v in f._asdict().items() if k != "name"}
                              for f in self.entries()}}
+
+
+class ModeFacts(Mapping[str, Feature]):
+    """The attach modes' answers by feature name (attach_modes.FEATURES, in that order), each probed the first time
+    it is asked for when not given. A start needs only the mode it runs (the first usable of AUTO_ORDER, or the one
+    asked for), while every other mode's probe attaches and detaches too: on 6.12 under emulation 100-600 ms each,
+    which the kernel does one after another (ftrace's lock), so a first start waited for all of them
+    (bench/RESULTS.md). Safe to ask from any thread: a probe runs once."""
+
+    def __init__(self, known: Mapping[str, Feature], probe: Callable[[str], Feature] | None = None,
+                 probed: Callable[[dict[str, Feature]], None] | None = None) -> None:
+        self._known = dict(known)
+        self._probe = probe  # None: every answer is given
+        self._probed = probed  # told every answer known each time one more was probed (the kernel cache stores them)
+        self._lock = threading.Lock()
+
+    def __getitem__(self, name: str) -> Feature:
+        found = self._known.get(name)
+        if found is not None:
+            return found
+        if name not in attach_modes.FEATURES or self._probe is None:
+            raise KeyError(name)
+        with self._lock:
+            if name not in self._known:
+                self._known[name] = self._probe(name)
+                if self._probed is not None:
+                    self._probed(dict(self._known))
+            return self._known[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(attach_modes.FEATURES)
+
+    def __len__(self) -> int:
+        return len(attach_modes.FEATURES)
+
+    def known(self) -> dict[str, Feature]:
+        """The answers found so far, without probing."""
+        return dict(self._known)
 
 
 # ---- probes -------------------------------------------------------------------------------------
@@ -259,6 +297,7 @@ def _side_by_side(probes: dict[str, Callable[[], Feature]]) -> dict[str, Feature
 # process's privileges, LBR, kallsyms visibility or tracefs, which are probed at every start.
 BUILD_FACTS = (*attach_modes.FEATURES, "session_kfunc", "user_functions", "ringbuf", "func_ip",
                "bpf_cookie", "branch_snapshot")
+OTHER_FACTS = tuple(f for f in BUILD_FACTS if f not in attach_modes.FEATURES)  # probed together at every probe
 DENIED = (_errno.EPERM, _errno.EACCES)
 FORMAT_FEATURES = 1
 
@@ -289,8 +328,9 @@ class ProbeCache:
         return cls(cache, f"{build}:{lockdown}:jit {jit}:{cmdline}:libbpf {major}.{minor}")
 
     def load(self) -> dict[str, Feature] | None:
+        """Every build fact but the modes', and the modes' a start on this build asked for."""
         stored = self.cache.read(f"features-{FORMAT_FEATURES}", self.key)
-        if not isinstance(stored, dict) or set(stored) != set(BUILD_FACTS):
+        if not isinstance(stored, dict) or not set(OTHER_FACTS) <= set(stored) <= set(BUILD_FACTS):
             return None
         try:
             facts = {name: Feature(*row) for name, row in stored.items()}
@@ -299,7 +339,7 @@ class ProbeCache:
         self.hit = True
         return facts
 
-    def store(self, facts: dict[str, Feature], capabilities: Feature) -> None:
+    def store(self, facts: Mapping[str, Feature], capabilities: Feature) -> None:
         if not capabilities.available or any(f.errno in DENIED for f in facts.values()):
             return
         self.cache.write(f"features-{FORMAT_FEATURES}", self.key,
@@ -315,10 +355,12 @@ def _read_text(path: str) -> str:
 
 
 def _probe_build_facts(root: str, targets: Btf | FuncIdLookup | None, config: dict[str, str],
-                       btf: Callable[[], Btf | None]) -> dict[str, Feature]:
-    """`btf`: the kernel's BTF, for the facts a name -> id lookup cannot answer (a kfunc's prototype, the attach
-    types); called from one thread only. Everything is probed side by side: libbpf's load of the BTF (40-70 ms
-    under emulation) and the helpers' loads wait beside the modes' attaches and detaches."""
+                       btf: Callable[[], Btf | None], modes: Iterable[str] = attach_modes.FEATURES,
+                       others: bool = True) -> dict[str, Feature]:
+    """The facts of `modes` (feature names), and with `others` those of OTHER_FACTS. `btf`: the kernel's BTF, for
+    the facts a name -> id lookup cannot answer (a kfunc's prototype, the attach types); called from one thread only.
+    Everything is probed side by side: libbpf's load of the BTF (40-70 ms under emulation) and the helpers' loads
+    wait beside the modes' attaches and detaches."""
     facts: dict[str, Feature] = {}  # what btf_facts finds besides its own answer
 
     def btf_facts() -> Feature:  # one thread: the BTF is loaded once, then only read
@@ -329,29 +371,34 @@ def _probe_build_facts(root: str, targets: Btf | FuncIdLookup | None, config: di
         return probe_user_functions(kernel_btf, facts["bpf_cookie"])
 
     # a feature several modes share (the same kernel capability, attached differently) is probed once
-    probes = {f: partial(m.probe, root, targets, config) for f, m in attach_modes.FEATURES.items()}
-    found = _side_by_side({**probes, "user_functions": btf_facts, "ringbuf": probe_ringbuf,
-                           "func_ip": partial(probe_helper, "func_ip", HELPER_GET_FUNC_IP, "bpf_get_func_ip",
-                                              "Linux 5.15"),
-                           "branch_snapshot": partial(probe_helper, "branch_snapshot", HELPER_GET_BRANCH_SNAPSHOT,
-                                                      "bpf_get_branch_snapshot", "Linux 5.16")})
-    return {**found, **facts}
+    probes: dict[str, Callable[[], Feature]] = {f: partial(attach_modes.FEATURES[f].probe, root, targets, config)
+                                                for f in modes}
+    if others:
+        probes |= {"user_functions": btf_facts, "ringbuf": probe_ringbuf,
+                   "func_ip": partial(probe_helper, "func_ip", HELPER_GET_FUNC_IP, "bpf_get_func_ip", "Linux 5.15"),
+                   "branch_snapshot": partial(probe_helper, "branch_snapshot", HELPER_GET_BRANCH_SNAPSHOT,
+                                              "bpf_get_branch_snapshot", "Linux 5.16")}
+    return {**_side_by_side(probes), **facts}
 
 
 def detect(root: str = "/", func_id: FuncIdLookup | None = None, thorough: bool = True,
            cache: ProbeCache | None = None) -> Features:
     """Probe the running kernel; files (sysfs, procfs, tracefs) are read under `root`.
 
-    `func_id` finds the probes' target functions in BTF (else libbpf's BTF is loaded for that);
-    `thorough=False` (a tracer starting) checks that available_filter_functions is readable without
-    counting its functions. `cache`: take the build facts from there when a start on this build stored them
-    (each costs a program load and attach: 0.6 s together under emulation), else store them."""
+    `func_id` finds the probes' target functions in BTF (else libbpf's BTF is loaded for that, and every mode is
+    probed now); `thorough=False` (a tracer starting) checks that available_filter_functions is readable without
+    counting its functions, and probes only the first mode of AUTO_ORDER now, any other when asked for (ModeFacts).
+    `cache`: take the build facts from there when a start on this build stored them (each costs a program load and
+    attach: 0.6 s together under emulation), else store them, and the modes probed later too."""
     release = os.uname().release
     btf_feature = probe_btf(root)
     capabilities = probe_capabilities(root)
     major, minor = lb.version()
+    lazy = not thorough and func_id is not None and btf_feature.available
+    now = {attach_modes.BY_NAME[attach_modes.AUTO_ORDER[0]].feature} if lazy else set(attach_modes.FEATURES)
     facts = cache.load() if cache is not None and capabilities.available else None
-    if facts is None:
+    config: dict[str, str] = {}
+    if facts is None or not now <= set(facts):
         config = kernel_config(root, release)
         loaded: list[Btf] = []
 
@@ -365,19 +412,32 @@ def detect(root: str = "/", func_id: FuncIdLookup | None = None, thorough: bool 
         targets: Btf | FuncIdLookup | None = func_id if btf_feature.available and func_id is not None \
             else kernel_btf()
         try:
-            facts = _probe_build_facts(root, targets, config, kernel_btf)
+            facts = {**(facts or {}), **_probe_build_facts(root, targets, config, kernel_btf,
+                                                           sorted(now - set(facts or {})), others=facts is None)}
         finally:
             for btf in loaded:
                 btf.free()
         if cache is not None:
+            cache.hit = False
             cache.store(facts, capabilities)
+    others = {f: facts[f] for f in OTHER_FACTS}
+
+    def probe_mode(feature: str) -> Feature:
+        return _probe_build_facts(root, func_id, config or kernel_config(root, release), lambda: None, [feature],
+                                  others=False)[feature]
+
+    def probed(modes: dict[str, Feature]) -> None:
+        if cache is not None:
+            cache.store({**others, **modes}, capabilities)
+    modes = ModeFacts({f: facts[f] for f in attach_modes.FEATURES if f in facts}, probe_mode if lazy else None,
+                      probed)
     return Features(
         kernel_release=release,
         machine=os.uname().machine,
         libbpf_version=f"{major}.{minor}",
         btf=btf_feature,
-        modes={f: facts.pop(f) for f in attach_modes.FEATURES},
-        **facts,
+        modes=modes,
+        **others,
         lbr=probe_lbr(),
         filter_functions=probe_filter_functions(root, count=thorough),
         kallsyms=probe_kallsyms(root),
@@ -415,14 +475,14 @@ def require_tracing(features: Features, mode: str) -> None:
                         (features.ringbuf, "to stream captured calls")):
         if not prereq.available:
             raise FeatureError(f"this kernel {prereq.why}, which retsnoop-otel needs {use}: {VM_HINT}")
-    usable = [m for m in attach_modes.OFFER_ORDER if features.mode(m).available]
-    if not usable:
+    if not any(features.mode(m).available for m in attach_modes.OFFER_ORDER):  # the first usable ends the probes
         raise FeatureError(f"this kernel {' and '.join(features.mode(m).why for m in attach_modes.BASIC)}, so kernel "
                            f"functions cannot be traced here: {VM_HINT}")
     if mode == "auto":
         return
     feat = features.mode(mode)
     if not feat.available:
+        usable = [m for m in attach_modes.OFFER_ORDER if features.mode(m).available]
         m = attach_modes.BY_NAME[mode]  # a mode without sessions (--origins-only): none of the others does what it does
         instead = (f"use {' or '.join(attach_modes.BY_NAME[u].shown for u in usable)} instead, or leave the mode out "
                    "to pick one automatically") if m.sessions else ("leave it out, and the sessions of another mode "

@@ -177,7 +177,6 @@ def load_kernel_env(symbols: SymbolsConfig, vmlinux: str | None, lbr: tuple[str,
             cache, ident, root, types.func_id if types is not None else None)  # type: ignore[attr-defined]
     except lb.LibbpfUnavailable as exc:
         raise SetupError(str(exc)) from None
-    phases.append(phase_since("features", t, "kernel feature probes" + _beside(got) + (", cached" if hit else "")))
 
     def kernel_mode(mode: str) -> str:
         try:
@@ -186,14 +185,15 @@ def load_kernel_env(symbols: SymbolsConfig, vmlinux: str | None, lbr: tuple[str,
             raise SetupError(str(exc)) from None
         return attach_modes.cheapest(mode, lambda m: feats.mode(m).available)
 
-    missing = lbr_missing(feats.lbr, feats.branch_snapshot)
-    if lbr is not None and missing:
-        raise lbr_refusal(lbr[0], missing, lbr[1])
     refusal = ""
-    try:
+    try:  # a mode not probed yet is probed here (features.ModeFacts): counted in this phase
         kernel_mode("auto")
     except SetupError as exc:  # said when a probe set names a kernel function: user functions may still run
         refusal = exc.message
+    phases.append(phase_since("features", t, "kernel feature probes" + _beside(got) + (", cached" if hit else "")))
+    missing = lbr_missing(feats.lbr, feats.branch_snapshot)
+    if lbr is not None and missing:
+        raise lbr_refusal(lbr[0], missing, lbr[1])
     if types is None:
         raise SetupError(f"cannot read {os.path.join(root, 'sys/kernel/btf/vmlinux')}: run as root")
     t = time.monotonic()

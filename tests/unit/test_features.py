@@ -325,12 +325,17 @@ def _ident(boot: str = "b1", build: str = "abcd") -> KernelIdentity:
     return KernelIdentity(build, boot, "")
 
 
-def _fake_probes(monkeypatch: pytest.MonkeyPatch, answers: dict[str, Feature]) -> list[int]:
+def _fake_probes(monkeypatch: pytest.MonkeyPatch, answers: dict[str, Feature],
+                 asked: list[list[str]] | None = None) -> list[int]:
+    """`answers` stand in for the kernel; `asked` gets each call's facts."""
     calls: list[int] = []
 
-    def probe(root, targets, config, btf):  # noqa: ANN001, ANN202 - stands in for the kernel
+    def probe(root, targets, config, btf, modes=attach_modes.FEATURES, others=True):  # noqa: ANN001, ANN202
         calls.append(1)
-        return dict(answers)
+        names = [*modes, *(features.OTHER_FACTS if others else ())]
+        if asked is not None:
+            asked.append(names)
+        return {n: answers[n] for n in names}
     monkeypatch.setattr(features, "_probe_build_facts", probe)
     return calls
 
@@ -369,6 +374,32 @@ def test_build_facts_are_probed_once_per_build_and_policy(tmp_path: Path, monkey
     for _ in range(2):
         features.detect(str(root), cache=features.ProbeCache.for_build(cache, _ident(build=""), str(root)))
     assert len(calls) == probes + 2
+
+
+def test_a_start_probes_the_modes_it_uses_and_the_cache_keeps_each(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A start probes the first mode of AUTO_ORDER with the other build facts, then each mode only when asked (the
+    next in AUTO_ORDER where that one is refused, a mode the user names); the cache keeps every answer found, and
+    `features` (thorough) probes what no start asked for."""
+    root = tmp_path / "root"
+    _write(root, "proc/self/status", STATUS)
+    _write(root, "sys/kernel/btf/vmlinux", "BTF")
+    cache = KernelCache(tmp_path / "cache")
+    asked: list[list[str]] = []
+    _fake_probes(monkeypatch, dict(BUILD_OK, kprobe_session=NO_KSESSION), asked)  # a 6.1 kernel, say
+    feats, hit = features.detect_at_start(cache, _ident(), str(root), func_id=lambda name: 7)
+    assert not hit and asked == [[attach_modes.AUTO_ORDER[0], *features.OTHER_FACTS]]
+    assert features.choose_mode(feats) == "kprobe_multi" and asked[1:] == [["kprobe_multi"]]
+    features.require_tracing(feats, "auto")
+    assert len(asked) == 2  # the first usable mode ends the check
+    again, hit = features.detect_at_start(cache, _ident("b2"), str(root), func_id=lambda name: 7)  # after a reboot
+    assert hit and features.choose_mode(again) == "kprobe_multi" and len(asked) == 2
+    assert again.mode("fentry").available and asked[2:] == [["fentry"]]  # `trace -F`
+    assert set(again.modes.known()) == {"kprobe_session", "kprobe_multi", "fentry"}  # type: ignore[attr-defined]
+    report = features.detect(str(root), cache=features.ProbeCache.for_build(cache, _ident(), str(root)))
+    assert sorted(asked[3]) == sorted(set(attach_modes.FEATURES) - {"kprobe_session", "kprobe_multi", "fentry"})
+    answers = dict(BUILD_OK, kprobe_session=NO_KSESSION)
+    assert dict(report.modes) == {f: answers[f] for f in attach_modes.FEATURES} and len(asked) == 4
 
 
 def test_answers_of_policy_and_runs_without_privileges_are_not_cached(tmp_path: Path,
