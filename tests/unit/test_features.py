@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from retsnoop_otel.kernel import attach_modes, caps, features, kconfig, libbpf_btf, mode_probes
+from retsnoop_otel.kernel import attach_modes, build_facts, caps, features, kconfig, libbpf_btf, mode_probes
 from retsnoop_otel.kernel.features import Feature, FeatureError, Features
 from retsnoop_otel.kernel.kcache import KernelCache, KernelIdentity
 from retsnoop_otel.kernel.modes import kprobe as kprobe_mode
@@ -332,7 +332,7 @@ def _fake_probes(monkeypatch: pytest.MonkeyPatch, answers: dict[str, Feature],
 
     def probe(root, targets, config, btf, modes=attach_modes.FEATURES, others=True):  # noqa: ANN001, ANN202
         calls.append(1)
-        names = [*modes, *(features.OTHER_FACTS if others else ())]
+        names = [*modes, *(build_facts.OTHER_FACTS if others else ())]
         if asked is not None:
             asked.append(names)
         return {n: answers[n] for n in names}
@@ -340,7 +340,7 @@ def _fake_probes(monkeypatch: pytest.MonkeyPatch, answers: dict[str, Feature],
     return calls
 
 
-BUILD_OK = {n: Feature(n, True, f"{n} works") for n in features.BUILD_FACTS}
+BUILD_OK = {n: Feature(n, True, f"{n} works") for n in build_facts.BUILD_FACTS}
 
 
 def test_build_facts_are_probed_once_per_build_and_policy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -352,11 +352,11 @@ def test_build_facts_are_probed_once_per_build_and_policy(tmp_path: Path, monkey
     cache = KernelCache(tmp_path / "cache")
     answers = dict(BUILD_OK, kprobe_session=NO_KSESSION)
     calls = _fake_probes(monkeypatch, answers)
-    first = features.ProbeCache.for_build(cache, _ident(), str(root))
+    first = build_facts.ProbeCache.for_build(cache, _ident(), str(root))
     a = features.detect(str(root), cache=first)
     assert len(calls) == 1 and not first.hit
     # the same build after a reboot: its facts are still those of the build
-    again = features.ProbeCache.for_build(cache, _ident("b2"), str(root))
+    again = build_facts.ProbeCache.for_build(cache, _ident("b2"), str(root))
     b = features.detect(str(root), cache=again)
     assert len(calls) == 1 and again.hit and a == b and b.mode("kprobe_session") == NO_KSESSION
     # another build, another command line, the JIT turned off, root raising the lockdown level: probed again
@@ -366,13 +366,13 @@ def test_build_facts_are_probed_once_per_build_and_policy(tmp_path: Path, monkey
                    lambda: (_write(root, "proc/sys/net/core/bpf_jit_enable", "0\n"), _ident())[1],
                    lambda: (_write(root, "sys/kernel/security/lockdown", "none [integrity] confidentiality\n"),
                             _ident())[1]):
-        changed = features.ProbeCache.for_build(cache, change(), str(root))
+        changed = build_facts.ProbeCache.for_build(cache, change(), str(root))
         features.detect(str(root), cache=changed)
         probes += 1
         assert len(calls) == probes and not changed.hit
     # no build id: nothing to key the facts by, probed every time
     for _ in range(2):
-        features.detect(str(root), cache=features.ProbeCache.for_build(cache, _ident(build=""), str(root)))
+        features.detect(str(root), cache=build_facts.ProbeCache.for_build(cache, _ident(build=""), str(root)))
     assert len(calls) == probes + 2
 
 
@@ -388,7 +388,7 @@ def test_a_start_probes_the_modes_it_uses_and_the_cache_keeps_each(tmp_path: Pat
     asked: list[list[str]] = []
     _fake_probes(monkeypatch, dict(BUILD_OK, kprobe_session=NO_KSESSION), asked)  # a 6.1 kernel, say
     feats, hit = features.detect_at_start(cache, _ident(), str(root), func_id=lambda name: 7)
-    assert not hit and asked == [[attach_modes.AUTO_ORDER[0], *features.OTHER_FACTS]]
+    assert not hit and asked == [[attach_modes.AUTO_ORDER[0], *build_facts.OTHER_FACTS]]
     assert features.choose_mode(feats) == "kprobe_multi" and asked[1:] == [["kprobe_multi"]]
     features.require_tracing(feats, "auto")
     assert len(asked) == 2  # the first usable mode ends the check
@@ -396,7 +396,7 @@ def test_a_start_probes_the_modes_it_uses_and_the_cache_keeps_each(tmp_path: Pat
     assert hit and features.choose_mode(again) == "kprobe_multi" and len(asked) == 2
     assert again.mode("fentry").available and asked[2:] == [["fentry"]]  # `trace -F`
     assert set(again.modes.known()) == {"kprobe_session", "kprobe_multi", "fentry"}  # type: ignore[attr-defined]
-    report = features.detect(str(root), cache=features.ProbeCache.for_build(cache, _ident(), str(root)))
+    report = features.detect(str(root), cache=build_facts.ProbeCache.for_build(cache, _ident(), str(root)))
     assert sorted(asked[3]) == sorted(set(attach_modes.FEATURES) - {"kprobe_session", "kprobe_multi", "fentry"})
     answers = dict(BUILD_OK, kprobe_session=NO_KSESSION)
     assert dict(report.modes) == {f: answers[f] for f in attach_modes.FEATURES} and len(asked) == 4
@@ -409,17 +409,17 @@ def test_answers_of_policy_and_runs_without_privileges_are_not_cached(tmp_path: 
     cache = KernelCache(tmp_path / "cache")
     calls = _fake_probes(monkeypatch, dict(BUILD_OK, fentry=FENTRY_EPERM))
     for _ in range(2):  # EPERM may be an LSM policy of the moment, not the kernel build
-        features.detect(str(root), cache=features.ProbeCache.for_build(cache, _ident(), str(root)))
+        features.detect(str(root), cache=build_facts.ProbeCache.for_build(cache, _ident(), str(root)))
     assert len(calls) == 2
     calls = _fake_probes(monkeypatch, BUILD_OK)
     _write(root, "proc/self/status", "CapEff:\t0000000000000000\n")
     for _ in range(2):  # without privileges every answer could be a refusal of this process
-        probed = features.ProbeCache.for_build(cache, _ident(), str(root))
+        probed = build_facts.ProbeCache.for_build(cache, _ident(), str(root))
         features.detect(str(root), cache=probed)
     assert len(calls) == 2 and not probed.hit
     _write(root, "proc/self/status", STATUS)
-    features.detect(str(root), cache=features.ProbeCache.for_build(cache, _ident(), str(root)))
-    probed = features.ProbeCache.for_build(cache, _ident(), str(root))
+    features.detect(str(root), cache=build_facts.ProbeCache.for_build(cache, _ident(), str(root)))
+    probed = build_facts.ProbeCache.for_build(cache, _ident(), str(root))
     features.detect(str(root), cache=probed)
     assert len(calls) == 3 and probed.hit
 

@@ -67,7 +67,7 @@ class AttachMode:
 
     def probe(self, root: str, btf: Btf | FuncIdLookup | None, config: dict[str, str]) -> Feature:
         """Whether this kernel runs the mode (root of /sys and /proc, the probe's target function lookup, the
-        kernel's config): a fact of the kernel build, cached per build (features.ProbeCache)."""
+        kernel's config): a fact of the kernel build, cached per build (build_facts.ProbeCache)."""
         raise NotImplementedError
 
     def uses_addresses(self) -> bool:
