@@ -13,7 +13,7 @@
 # Figures land in $RETSNOOP_OTEL_RWDIR (start-*.txt, peer.txt, agent-*.log); bench/RESULTS.md reads them.
 set -x
 HERE=$(cd "$(dirname "$0")" && pwd)
-T=${TREE:-$(cd "$HERE/.." && pwd)}
+T=$(cd "${TREE:-$HERE/..}" && pwd)  # absolute: the agent's --config is given under it after the cd
 cd $T
 export PYTHONPATH=$T RETSNOOP_BIN=${RETSNOOP_BIN:-$HOME/.cache/retsnoop-otel/peers/retsnoop-v0.11/retsnoop}  # the host cache (the guest mounts it)
 O=$RETSNOOP_OTEL_RWDIR
