@@ -24,6 +24,7 @@ from retsnoop_otel.command.log_bridge import bridge_library_logs
 from retsnoop_otel.command.logs import EventLog
 from retsnoop_otel.command.streams import StartSignals, raise_deferred
 from retsnoop_otel.export.otel_env import log_level
+from retsnoop_otel.metrics import server as _listener  # noqa: F401 - with the agent: every agent binds /metrics
 from retsnoop_otel.runtime.deps import RuntimeDeps
 from retsnoop_otel.runtime.environment import kernel_env_loader
 from retsnoop_otel.runtime.hooks import StartHook
