@@ -377,7 +377,9 @@ def require_tracing(features: Features, mode: str) -> None:
                         (features.ringbuf, "to stream captured calls")):
         if not prereq.available:
             raise FeatureError(f"this kernel {prereq.why}, which retsnoop-otel needs {use}: {VM_HINT}")
-    if not any(features.mode(m).available for m in attach_modes.OFFER_ORDER):  # the first usable ends the probes
+    # the first usable mode ends the probes (ModeFacts): those the automatic choice takes first
+    if not any(features.mode(m).available for m in dict.fromkeys((*attach_modes.AUTO_ORDER,
+                                                                   *attach_modes.OFFER_ORDER))):
         raise FeatureError(f"this kernel {' and '.join(features.mode(m).why for m in attach_modes.BASIC)}, so kernel "
                            f"functions cannot be traced here: {VM_HINT}")
     if mode == "auto":

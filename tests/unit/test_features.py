@@ -400,6 +400,15 @@ def test_a_start_probes_the_modes_it_uses_and_the_cache_keeps_each(tmp_path: Pat
     assert sorted(asked[3]) == sorted(set(attach_modes.FEATURES) - {"kprobe_session", "kprobe_multi", "fentry"})
     answers = dict(BUILD_OK, kprobe_session=NO_KSESSION)
     assert dict(report.modes) == {f: answers[f] for f in attach_modes.FEATURES} and len(asked) == 4
+    # 6.1: no fprobe at all; kprobes are the automatic choice, and neither fentry nor the fsession kinds are probed
+    asked.clear()
+    no_fprobe = Feature("kprobe_multi", False, "not supported (EOPNOTSUPP)", errno.EOPNOTSUPP, "has no kprobe.multi")
+    _fake_probes(monkeypatch, dict(BUILD_OK, kprobe_session=NO_KSESSION, kprobe_multi=no_fprobe), asked)
+    feats, _ = features.detect_at_start(KernelCache(None), _ident(), str(root), func_id=lambda name: 7)
+    features.require_tracing(feats, "auto")
+    assert features.choose_mode(feats) == "kprobe"
+    assert [a for call in asked for a in call if a in attach_modes.FEATURES] == ["kprobe_session", "kprobe_multi",
+                                                                                 "kprobes"]
 
 
 def test_answers_of_policy_and_runs_without_privileges_are_not_cached(tmp_path: Path,
