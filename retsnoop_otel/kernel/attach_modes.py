@@ -35,6 +35,8 @@ AUTO_ORDER: tuple[str, ...] = tuple(m.name for m in sorted((m for m in MODES if 
                                                            key=lambda m: m.auto_rank or 0))  # first usable wins
 OFFER_ORDER: tuple[str, ...] = tuple(m.name for m in sorted((m for m in MODES if m.offer_rank is not None),
                                                             key=lambda m: m.offer_rank or 0))  # a refusal's
+# whether any mode can trace, asked in the order that probes least (build_facts.ModeFacts): the automatic choice's first
+CHECK_ORDER: tuple[str, ...] = tuple(dict.fromkeys((*AUTO_ORDER, *OFFER_ORDER)))
 BASIC: tuple[str, ...] = tuple(m.name for m in MODES if m.basic)  # when none works, their refusals say why
 BY_NAME: dict[str, AttachMode] = {m.name: m for m in MODES}
 # the Features fields the modes read, each with the first mode that reads it (whose probe finds out): modes may share

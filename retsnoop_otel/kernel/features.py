@@ -325,8 +325,9 @@ def detect(root: str = "/", func_id: FuncIdLookup | None = None, thorough: bool 
     others = {f: facts[f] for f in OTHER_FACTS}
 
     def probe_mode(feature: str) -> Feature:
-        return _probe_build_facts(root, func_id, config or kernel_config(root, release), lambda: None, [feature],
-                                  others=False)[feature]
+        if not config:  # the build facts came from the cache: the kernel's config read for the first mode asked
+            config.update(kernel_config(root, release))
+        return _probe_build_facts(root, func_id, config, lambda: None, [feature], others=False)[feature]
 
     def probed(modes: dict[str, Feature]) -> None:
         if cache is not None:
@@ -377,9 +378,7 @@ def require_tracing(features: Features, mode: str) -> None:
                         (features.ringbuf, "to stream captured calls")):
         if not prereq.available:
             raise FeatureError(f"this kernel {prereq.why}, which retsnoop-otel needs {use}: {VM_HINT}")
-    # the first usable mode ends the probes (ModeFacts): those the automatic choice takes first
-    if not any(features.mode(m).available for m in dict.fromkeys((*attach_modes.AUTO_ORDER,
-                                                                   *attach_modes.OFFER_ORDER))):
+    if not any(features.mode(m).available for m in attach_modes.CHECK_ORDER):  # the first usable ends the probes
         raise FeatureError(f"this kernel {' and '.join(features.mode(m).why for m in attach_modes.BASIC)}, so kernel "
                            f"functions cannot be traced here: {VM_HINT}")
     if mode == "auto":

@@ -7,8 +7,8 @@ import re
 from dataclasses import dataclass
 
 PREFIX = "[batch] "
-_START = re.compile(r"^\[batch\] (\S+): start \(budget ([\d.]+) s\)")
-_END = re.compile(r"^\[batch\] (\S+): (\w+) in [\d.]+ s")
+_START = re.compile(re.escape(PREFIX) + r"(\S+): start \(budget ([\d.]+) s\)")
+_END = re.compile(re.escape(PREFIX) + r"(\S+): (\w+) in [\d.]+ s")
 
 
 @dataclass(frozen=True)
